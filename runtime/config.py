@@ -267,18 +267,26 @@ class ModelConfig:
         if m is not None and len(m.layers) != self.num_layers:
             raise ValueError(f"the Mamba layers must name each of the {self.num_layers} layers")
 
-    def hybrid_params(self) -> int:
-        """What a hybrid's layers hold beyond (or short of) Llama's shape: its Mamba2 mixers,
-        less attention where a layer has none and (Nemotron-H) the MLP where it has none."""
+    def hybrid_params(self, tp: int = 1) -> int:
+        """What a hybrid's layers hold beyond (or short of) Llama's shape on one of `tp` ranks:
+        its Mamba2 mixers (the rank's heads, `MambaConfig.on_ranks`), less attention where a
+        layer has none and (Nemotron-H) the MLP where it has none (both split by the ranks, KV
+        heads replicated when fewer); Nemotron-H's experts and shared expert split by width."""
         m, h = self.family.mamba, self.hidden_size
         if m is None:
             return 0
-        attn = h * self.head_dim * (self.num_heads * 2 + self.num_kv_heads * 2)
-        out = m.num_layers * m.mixer_params(h) - (self.num_layers - self.num_kv_layers) * attn
+        kv = max(1, self.num_kv_heads // tp)
+        attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
+        mixer = m.on_ranks(tp).mixer_params(h)
+        out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
         if m.mlp_layers:  # an ungated MLP in those layers only
-            out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size
-        if m.moe is not None:  # Nemotron-H's MoE blocks
-            out += sum(m.moe.layers) * m.moe.params(h)
+            out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size // tp
+        if m.moe is not None:  # Nemotron-H's MoE blocks: the router and latent projections
+            e = m.moe  # whole on every rank
+            split = (
+                e.num_experts * 2 * (e.latent or h) * e.intermediate + 2 * h * e.shared_intermediate
+            )
+            out += sum(e.layers) * (e.params(h) - split + split // tp)
         return out
 
     @property

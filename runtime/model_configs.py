@@ -5,7 +5,7 @@ experts and the Mamba2 mixers of the hybrid models. Validated in ``__post_init__
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from pagoda.runtime import option_rules
@@ -213,6 +213,15 @@ class MambaConfig:
         return (
             not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer]) and not moe
         )
+
+    def on_ranks(self, tp: int) -> MambaConfig:
+        """The mixers' shapes on one of `tp` ranks (`model/mamba_shard.py`, which says which
+        heads and groups): n_heads / tp heads, and n_groups / tp groups where tp divides them,
+        else the one group a rank's heads read (replicated)."""
+        if tp == 1:
+            return self
+        groups = self.n_groups // tp if self.n_groups % tp == 0 else 1
+        return replace(self, n_heads=self.n_heads // tp, n_groups=groups)
 
     def mixer_params(self, hidden: int) -> int:
         """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias."""

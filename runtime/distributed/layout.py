@@ -8,6 +8,7 @@ Megatron-style sharding, as vLLM's: rank r of N holds
   N / Hkv ranks, so the grouped-query mapping of every query head is what it was on one device;
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
+- a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says;
 - rows ``[r V'/N, (r+1) V'/N)`` of the embedding and LM head, V' the vocabulary rounded up to a
   multiple of N (the padding rows are zeros on the embedding side and cut from the logits).
 
@@ -17,9 +18,14 @@ Megatron-style sharding, as vLLM's: rank r of N holds
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pagoda.runtime import options
-from pagoda.runtime.config import ModelConfig
+
+if TYPE_CHECKING:  # (config reads a rank's Mamba2 shapes from model/mamba_shard.py, which
+    # imports this module)
+    from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.model_configs import MambaConfig
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,18 @@ class TPLayout:
         return self.rank * part, (self.rank + 1) * part
 
 
+def mamba_problem(m: MambaConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
+    divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`)."""
+    if m.n_heads % size:
+        return (f"--tensor-parallel-size {size} does not divide the Mamba2 heads "
+                f"(mamba n_heads {m.n_heads})")  # fmt: skip
+    if m.n_groups % size and size % m.n_groups:
+        return (f"--tensor-parallel-size {size} neither divides the Mamba2 groups "
+                f"(n_groups {m.n_groups}) nor is a multiple of them")  # fmt: skip
+    return None
+
+
 def check(config: ModelConfig, size: int) -> None:
     """ValueError, one line, if `config` cannot be split over `size` ranks (the arithmetic is
     `options.tensor_parallel_problem`'s, which the operator also runs for the built-in models)."""
@@ -76,5 +94,15 @@ def check(config: ModelConfig, size: int) -> None:
     if problem is None and shared % size:
         problem = (f"--tensor-parallel-size {size} does not divide the shared expert's width "
                    f"(shared_expert_intermediate_size {shared})")  # fmt: skip
+    m = f.mamba
+    if problem is None and m is not None and m.num_layers:  # the Mamba2 mixers' heads, groups
+        problem = mamba_problem(m, size)
+    moe = None if m is None else m.moe  # Nemotron-H's experts, split by width
+    widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,
+                                     "moe_shared_expert_intermediate_size": moe.shared_intermediate}  # fmt: skip
+    for key, width in widths.items():
+        if problem is None and width % size:
+            problem = (f"--tensor-parallel-size {size} does not divide the experts' width "
+                       f"({key} {width})")  # fmt: skip
     if problem is not None:
         raise ValueError(problem)

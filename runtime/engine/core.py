@@ -71,8 +71,6 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         check_dtype(config, loaded.config)
-        fp8 = config.quantization or ("fp8" if loaded.fp8_scheme is not None else None)
-        recurrent.check_engine(loaded.config, config.parallel.tensor_parallel_size, fp8)
         config = recurrent.engine_config(config, loaded.config)  # prefix caching off
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)

@@ -4,8 +4,6 @@ layers, `model_configs.MambaConfig`): checked and applied once, at start.
 - Prefix caching is off: a cached prefix's KV blocks hold the attention layers' keys and values
   but not the Mamba layers' state after it, so a hit could not skip those tokens (vLLM v1 keeps
   per-block state snapshots for that; not done here). A log line says so.
-- Tensor parallelism and FP8 are refused in one line (neither is implemented for the Mamba
-  layers).
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
   starts again (`worker/mamba_state.py`).
 """
@@ -18,20 +16,6 @@ import logging
 from pagoda.runtime.config import EngineConfig, ModelConfig
 
 log = logging.getLogger(__name__)
-
-
-def check_engine(mc: ModelConfig, tensor_parallel_size: int, quantization: str | None) -> None:
-    """ValueError, one line, for what a model with Mamba layers is not served with here;
-    `quantization`: --quantization, or the checkpoint's own ("fp8")."""
-    if mc.family.mamba is None:
-        return
-    if tensor_parallel_size > 1 and keeps_state(mc):  # (attention alone splits as Llama's)
-        raise ValueError(f"--tensor-parallel-size {tensor_parallel_size}: a {mc.architecture} "
-                         "model (Mamba2 layers) runs on one rank only")  # fmt: skip
-    if quantization is not None:
-        raise ValueError(f"{quantization} quantization is not supported for a "
-                         f"{mc.architecture} model (Mamba2 layers): serve its 16-bit "
-                         "checkpoint")  # fmt: skip
 
 
 def keeps_state(mc: ModelConfig) -> bool:

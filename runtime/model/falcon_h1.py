@@ -21,7 +21,6 @@ from pagoda.runtime.model.llama import (
     LlamaLayer,
     LlamaModel,
     Step,
-    linear_layer,
 )
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
 
@@ -48,8 +47,7 @@ class FalconH1Layer(LlamaLayer):
         super().__init__(model, w, prefix, index, ctx)
         c = model.config
         self.mlp_norm = model.read_norm(w, prefix + "pre_ff_layernorm.weight")
-        self.mixer = Mamba2Mixer(c.family.mamba, w, prefix, index, c.rms_norm_eps,
-                                 lambda names: linear_layer(ctx, w, names))  # fmt: skip
+        self.mixer = Mamba2Mixer(c.family.mamba, w, prefix, index, c.rms_norm_eps, ctx)
         self.s = c.family.mamba.falcon
 
     def linears(self):

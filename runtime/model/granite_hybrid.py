@@ -21,6 +21,7 @@ from pagoda.runtime.model.granite import GraniteModel
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
 from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
+from pagoda.runtime.model.parallel_linear import RowParallelLinear, column_linear, row_linear
 
 BAMBA_FINAL_NORM = "model.final_layernorm.weight"  # Bamba's name for `model.norm`
 
@@ -32,8 +33,15 @@ class SharedMLP(GatedMLP):
     __slots__ = ()
 
     def __init__(self, ctx: LayerContext, w: DeviceWeights, prefix: str) -> None:
-        self.gate_up = linear_layer(ctx, w, [prefix + "input_linear.weight"])
-        self.down = linear_layer(ctx, w, [prefix + "output_linear.weight"])
+        stacked, down = prefix + "input_linear.weight", prefix + "output_linear.weight"
+        if ctx.tp is None:
+            self.gate_up = linear_layer(ctx, w, [stacked])
+            self.down = linear_layer(ctx, w, [down])
+        else:  # this rank's rows of gate and of up (column-parallel), down row-parallel
+            width = w.length(stacked, 0) // 2
+            (a, b) = ctx.tp.layout.even(width)
+            self.gate_up = column_linear(ctx, w, [stacked] * 2, [(a, b), (width + a, width + b)])
+            self.down = row_linear(ctx, w, down)
         self.act_and_mul = ctx.act_and_mul
 
 
@@ -54,8 +62,7 @@ class HybridLayer(LlamaLayer):
             self.ctx, self.index = ctx, index
             self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
             self.mlp = model.make_mlp(w, prefix, index, ctx)
-            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps,
-                                     lambda names: linear_layer(ctx, w, names))  # fmt: skip
+            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps, ctx)
         norm = "pre_ff_layernorm" if c.architecture == "bamba" else "post_attention_layernorm"
         self.mlp_norm = model.read_norm(w, f"{prefix}{norm}.weight")
         self.scale = c.family.residual_multiplier
@@ -96,6 +103,8 @@ class HybridModel(GraniteModel):
         shared = SharedMLP(ctx, w, prefix + "shared_mlp.")
         if not self.config.family.num_experts:
             return shared
+        if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'
+            shared.down = shared.down.inner  # (one all-reduce for both)
         return SharedExpertMoE(SparseMoE.from_weights(self, w, prefix, ctx), shared, None)
 
     def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:

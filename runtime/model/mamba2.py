@@ -28,6 +28,10 @@ d_state]. A step's rows are decodes first, then prefill chunks (`attention.base`
   chunk from its SSM state); the final states go back to their slots, so a prompt split over
   steps (chunked prefill) computes what one pass would. No loop over sequences, no host sync
   (the layout is built on the host from the scheduled lengths).
+
+With tensor parallelism a rank holds its heads and the B/C groups they read (`mamba_shard.py`):
+in_proj column-parallel (its rows of each of the five parts), out_proj row-parallel, the gated
+norm's sums of squares gathered where one group spans ranks; its state slots hold its heads.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu import mamba_step
-from pagoda.runtime.model import ssd
+from pagoda.runtime.model import mamba_shard, ssd
+from pagoda.runtime.model.llama import linear_layer
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 from pagoda.runtime.model.ssd import ssd_scan_bytes
 from pagoda.runtime.model_configs import MambaConfig
 
@@ -84,21 +90,23 @@ class MambaStep:
     prefill: Prefill | None = None  # the prefill chunks (rows after the decodes)
 
 
-def scan_bytes(mc: ModelConfig, tokens: int, seqs: int) -> int:
+def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
     """A hybrid's chunked-scan temporaries for a step of `tokens` prefill tokens in at most
-    `seqs` sequences (0 without Mamba layers): what the CUDA runner keeps free beside its
-    activations' headroom, the fit check and the memory estimate count (`step_scan_bytes`)."""
-    m = mc.family.mamba
+    `seqs` sequences (0 without Mamba layers) on one of `tp` ranks (its heads and groups:
+    `mamba_shard.local`): what the CUDA runner keeps free beside its activations' headroom,
+    the fit check and the memory estimate count (`step_scan_bytes`)."""
+    m = mamba_shard.local(mc.family.mamba, tp)
     if m is None:
         return 0
     return ssd_scan_bytes(tokens, seqs, m.n_heads, m.head_dim, m.d_state, m.n_groups,
                           m.chunk_size)  # fmt: skip
 
 
-def step_scan_bytes(mc: ModelConfig, sched) -> int:
-    """`scan_bytes` of the engine's largest step: ``max_num_batched_tokens`` prefill tokens
-    in up to ``max_num_seqs`` sequences (`config.SchedulerConfig`)."""
-    return scan_bytes(mc, sched.max_num_batched_tokens, sched.max_num_seqs)
+def step_scan_bytes(mc: ModelConfig, sched, tp: int = 1) -> int:
+    """`scan_bytes` of the engine's largest step on one of `tp` ranks:
+    ``max_num_batched_tokens`` prefill tokens in up to ``max_num_seqs`` sequences
+    (`config.SchedulerConfig`)."""
+    return scan_bytes(mc, sched.max_num_batched_tokens, sched.max_num_seqs, tp)
 
 
 def recurrent_step(
@@ -137,45 +145,76 @@ def conv_step(
     return F.silu(out), window[..., 1:]
 
 
-def _group_norm(h: torch.Tensor, group: int, eps: float) -> torch.Tensor:
-    g = h.view(*h.shape[:-1], -1, group)
-    return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).view(h.shape)
+def _group_norm(h: torch.Tensor, group: int, eps: float, spread=None) -> torch.Tensor:
+    """RMSNorm over groups of `group` channels; `spread`: (the tensor-parallel group, the ranks
+    one group spans) where this rank holds a part of its one group (`mamba_shard.py`): the
+    sums of squares of those ranks' parts added."""
+    if spread is None:
+        g = h.view(*h.shape[:-1], -1, group)
+        return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).view(h.shape)
+    tp, ranks = spread
+    sums = tp.gather_columns(h.pow(2).sum(-1, keepdim=True))  # [T, tp size]
+    first = tp.rank // ranks * ranks
+    total = sums[:, first : first + ranks].sum(-1, keepdim=True)
+    return h * torch.rsqrt(total / group + eps)
 
 
 def gated_rms_norm(
-    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float
+    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float, spread=None
 ) -> torch.Tensor:
     """weight * RMSNorm(y * SiLU(z)) over groups of `group` channels, in float32, rounded to
     the input's dtype before the weight (transformers' `MambaRMSNormGated`)."""
     h = y.float() * F.silu(z.float())
-    return weight * _group_norm(h, group, eps).to(y.dtype)
+    return weight * _group_norm(h, group, eps, spread).to(y.dtype)
 
 
 def norm_then_gate(
-    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float
+    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float, spread=None
 ) -> torch.Tensor:
     """weight * RMSNorm(y) * SiLU(z), in float32, rounded once (Falcon-H1's
     `norm_before_gate`)."""
-    return (weight * _group_norm(y.float(), group, eps) * F.silu(z.float())).to(y.dtype)
+    h = _group_norm(y.float(), group, eps, spread)
+    return (weight * h * F.silu(z.float())).to(y.dtype)
+
+
+def _projections(ctx, w, p: str, s: mamba_shard.MambaShard):
+    """in_proj (this rank's rows of its z, x, B, C and dt parts) and out_proj (row-parallel:
+    this rank's heads' columns, summed over the ranks)."""
+    name = p + "in_proj.weight"
+    if ctx.tp is None:
+        return linear_layer(ctx, w, [name]), linear_layer(ctx, w, [p + "out_proj.weight"])
+    return (column_linear(ctx, w, [name] * 5, s.in_proj_rows()),
+            row_linear(ctx, w, p + "out_proj.weight"))  # fmt: skip
+
+
+def _rows(w, name: str, parts: list[tuple[int, int]], tp) -> torch.Tensor:
+    """Rows `parts` of tensor `name`, joined (all of it for one rank)."""
+    return w[name] if tp is None else torch.cat([w.part(name, 0, *r) for r in parts])
 
 
 class Mamba2Mixer:
     """One Mamba2 layer's weights and forward (module docstring)."""
 
-    def __init__(self, m: MambaConfig, w, prefix: str, index: int, eps: float, linear) -> None:
-        """`w`: the model's `DeviceWeights`; `linear`: a function of the names of the
-        checkpoint matrices to stack (`llama.linear_layer`)."""
-        self.m, self.index, self.eps = m, index, eps
+    def __init__(self, m: MambaConfig, w, prefix: str, index: int, eps: float, ctx) -> None:
+        """`w`: the model's `DeviceWeights`; `ctx`: its `LayerContext` (with a tensor-parallel
+        group, this rank's heads and groups: `mamba_shard.py`)."""
+        tp = ctx.tp
+        s = mamba_shard.shard(m, None if tp is None else tp.layout)
+        self.m, self.index, self.eps = s.local, index, eps
+        self.tp, self.norm_ranks, self.group = tp, s.norm_ranks, m.d_inner // m.n_groups
         p = prefix + "mamba."
-        self.in_proj = linear([p + "in_proj.weight"])
-        self.out_proj = linear([p + "out_proj.weight"])
-        self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [C, K]
-        self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
+        self.in_proj, self.out_proj = _projections(ctx, w, p, s)
+
+        def read(name: str, parts: list[tuple[int, int]]) -> torch.Tensor:
+            return _rows(w, p + name, parts, tp)
+
+        self.conv_weight = read("conv1d.weight", s.conv_rows())[:, 0, :].contiguous()  # [C, K]
+        self.conv_bias = read("conv1d.bias", s.conv_rows()) if m.conv_bias else None
         # float32 as transformers computes with them (A = -exp(A_log.float()))
-        self.A = -torch.exp(w[p + "A_log"].float())
-        self.D = w[p + "D"].float()
-        self.dt_bias = w[p + "dt_bias"]
-        self.norm = w[p + "norm.weight"] if m.gated_norm else None
+        self.A = -torch.exp(read("A_log", [s.heads]).float())
+        self.D = read("D", [s.heads]).float()
+        self.dt_bias = read("dt_bias", [s.heads])
+        self.norm = read("norm.weight", [s.head_channels()]) if m.gated_norm else None
         # the CPU's native recurrence for float32 states (`cpu/mamba_step.py`), else torch's
         self.native = mamba_step.load(recurrent_step) if w.device.type == "cpu" else None
         self.clamp = (m.dt_min, m.dt_max) != (0.0, float("inf"))
@@ -184,8 +223,7 @@ class Mamba2Mixer:
         self.in_scale = f.ssm_in if f is not None and f.ssm_in != 1.0 else None
         self.mup = None
         if f is not None and any(x != 1.0 for x in f.zxbcdt):
-            gn = m.n_groups * m.d_state
-            sizes = [m.d_inner, m.d_inner, gn, gn, m.n_heads]
+            sizes = [b - a for a, b in s.in_proj_rows()]
             self.mup = torch.cat([torch.full((n,), x, dtype=self.A.dtype, device=self.A.device)
                                   for n, x in zip(sizes, f.zxbcdt)]).to(self.dt_bias.dtype)  # fmt: skip
 
@@ -221,9 +259,10 @@ class Mamba2Mixer:
         m = self.m
         if self.norm is None:  # Falcon-H1 without `mamba_rms_norm`: the gate alone
             return (y * F.silu(z.float())).to(dtype)
+        spread = (self.tp, self.norm_ranks) if self.norm_ranks > 1 else None
         if m.norm_before_gate:
-            return norm_then_gate(y, z, self.norm, m.d_inner // m.n_groups, self.eps).to(dtype)
-        return gated_rms_norm(y.to(dtype), z, self.norm, m.d_inner // m.n_groups, self.eps)
+            return norm_then_gate(y, z, self.norm, self.group, self.eps, spread).to(dtype)
+        return gated_rms_norm(y.to(dtype), z, self.norm, self.group, self.eps, spread)
 
     def _decode(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, step: MambaStep):
         """The decode rows' one recurrence step: on the CPU with float32 states, the native

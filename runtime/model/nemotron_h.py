@@ -7,7 +7,8 @@ a stack of single blocks, each ``x + mixer(norm(x))`` with one norm, the mixer p
 - attention without rotary (softmax scale head_dim ** -0.5), or
 - an ungated MLP, down(relu(up(x))²) (`ungated_mlp.UngatedMLP`), or
 - a MoE block (`NemotronHMoE`, Nemotron 3): ReLU² experts routed by DeepSeek-V3's sigmoid
-  router (`moe_routing.GroupedRouter`) beside a shared expert.
+  router (`moe_routing.GroupedRouter`) beside a shared expert; with tensor parallelism both
+  split by width (the latent projections whole on every rank).
 
 The RMSNorm scales the float32 rows by the weight and rounds once (`ops.gemma_rms_norm` with
 the weight in float32, as Gemma's and OLMo 2's). The checkpoint's `backbone.` names are read as
@@ -23,6 +24,7 @@ from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
 from pagoda.runtime.model.moe import grouped_experts
 from pagoda.runtime.model.moe_routing import GroupedRouter
 from pagoda.runtime.model.ops import gemma_rms_norm
+from pagoda.runtime.model.parallel_linear import RowParallelLinear, column_linear, row_linear
 from pagoda.runtime.model.ungated_mlp import UngatedMLP, relu2
 
 
@@ -38,12 +40,11 @@ class NemotronHMoE:
         gate = ctx.linear(w.source(p + "gate.weight").float())  # float32, as transformers'
         self.route = GroupedRouter(gate, w.source(p + "gate.e_score_correction_bias"),
                                    e.routing, e.top_k, e.norm_topk_prob)  # fmt: skip
-        self.experts = [
-            (linear_layer(ctx, w, [f"{p}experts.{x}.up_proj.weight"]),
-             linear_layer(ctx, w, [f"{p}experts.{x}.down_proj.weight"]))
-            for x in range(e.num_experts)
-        ]  # fmt: skip
+        self.experts = [_expert(ctx, w, f"{p}experts.{x}.") for x in range(e.num_experts)]
         self.shared = UngatedMLP(ctx, w, p + "shared_experts.", "relu2")
+        self.tp = ctx.tp  # the experts and shared expert split by width: one all-reduce
+        if isinstance(self.shared.down, RowParallelLinear):
+            self.shared.down = self.shared.down.inner  # (no bias: its partial sum joins theirs)
         self.latent = None  # the latent projections (Nemotron 3 Super's), where the config says
         if e.latent:
             self.latent = [linear_layer(ctx, w, [f"{p}fc{i}_latent_proj.weight"]) for i in (1, 2)]
@@ -68,9 +69,21 @@ class NemotronHMoE:
             out = torch.zeros_like(h)
             for e in range(len(self.experts)):
                 out += (self._expert(e, h) * dense[:, e : e + 1]).to(out.dtype)
-        if self.latent is not None:
-            out = self.latent[1](out)
-        return out + self.shared(x)
+        if self.latent is not None:  # (on the experts' sum: a projection of its own)
+            out = self.latent[1](out if self.tp is None else self.tp.all_reduce(out))
+            shared = self.shared(x)
+            return out + (shared if self.tp is None else self.tp.all_reduce(shared))
+        out = out + self.shared(x)
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+
+def _expert(ctx: LayerContext, w: DeviceWeights, p: str):
+    """One expert's up and down; with tensor parallelism this rank's rows of up and columns of
+    down (its partial product, summed with the block's all-reduce)."""
+    up, down = p + "up_proj.weight", p + "down_proj.weight"
+    if ctx.tp is None:
+        return linear_layer(ctx, w, [up]), linear_layer(ctx, w, [down])
+    return column_linear(ctx, w, [up]), row_linear(ctx, w, down).inner
 
 
 class NemotronHLayer(LlamaLayer):
@@ -91,8 +104,7 @@ class NemotronHLayer(LlamaLayer):
         self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
         self.mlp = model.make_mlp(w, prefix, index, ctx)
         if m.layers[index]:
-            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps,
-                                     lambda names: linear_layer(ctx, w, names))  # fmt: skip
+            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps, ctx)
 
     def linears(self):
         if self.attends:

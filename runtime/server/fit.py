@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
+from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.server import memory
 from pagoda.runtime.server import weights as weights_of
 from pagoda.runtime.server.memory import gib
@@ -83,7 +84,7 @@ class Plan:
 
     def state_bytes(self, mc: ModelConfig) -> int:
         """A hybrid's Mamba state slots, one per sequence (`worker/mamba_state.py`)."""
-        m = mc.family.mamba
+        m = mamba_shard.local(mc.family.mamba, self.tp)  # this rank's heads
         return 0 if m is None else m.state_bytes(self.dtype, self.max_num_seqs)
 
     def need(self, mc: ModelConfig) -> int:
@@ -136,7 +137,8 @@ def check(
         how += f", and {gib(state)} of Mamba state for {plan.max_num_seqs} sequences"
     have, where = usable(cfg, device)
     tokens = cfg.scheduler.max_num_batched_tokens
-    if device.type == "cuda" and (scan := memory.step_scan_bytes(mc, cfg.scheduler)):  # kept free
+    scan = memory.step_scan_bytes(mc, cfg.scheduler, tensor_parallel_size)  # a rank's
+    if device.type == "cuda" and scan:  # kept free
         have -= scan
         where = f"{where[:-1]}, and {gib(scan)} for the Mamba scan of a {tokens}-token step)"
     kv = plan.kv_bytes(mc)
@@ -147,7 +149,7 @@ def check(
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
                    how, float32_fix(mc, cfg, model_path, plan, have),
-                   quantizable=model_path.suffix != ".gguf" and mc.family.mamba is None)  # fmt: skip
+                   quantizable=model_path.suffix != ".gguf")  # fmt: skip
     raise ReasonedError(text, reason=REASON)
 
 
@@ -214,12 +216,10 @@ def message(
 
 def _splits(mc: ModelConfig, tp: int) -> bool:
     """Whether `mc` can be split over `tp` ranks (`distributed.layout.check`: heads and widths
-    that divide; DeepSeek's latent attention not at all; a hybrid's Mamba layers not at all:
-    `engine/recurrent.py`), so that no refused size is offered."""
+    that divide, a hybrid's Mamba2 heads and groups too; DeepSeek's latent attention not at
+    all), so that no refused size is offered."""
     from pagoda.runtime.distributed.layout import check
 
-    if mc.family.mamba is not None and mc.family.mamba.num_layers:
-        return False
     try:
         check(mc, tp)
     except ValueError:

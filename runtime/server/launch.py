@@ -80,7 +80,6 @@ def preflight(
     check_checkpoint_form(engine_cfg.quantization, str(resolve_model_path(model_path)))
     if parallel is not None:
         engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)
-    check_recurrent(model_config, engine_cfg, resolve_model_path(model_path))
     check_parallel(model_config, engine_cfg)  # a group's GPUs first: it says how many it needs
     check_device_present(engine_cfg)
     check_step_budget(engine_kwargs, engine_cfg)
@@ -164,18 +163,6 @@ def check_context(kwargs: dict[str, Any], model_config: ModelConfig) -> None:
     asked = kwargs.get("max_model_len")
     if asked is None or (isinstance(asked, int) and not isinstance(asked, bool)):
         kwargs["max_model_len"] = check_max_model_len(asked, model_config)
-
-
-def check_recurrent(model_config: ModelConfig, engine_cfg: EngineConfig, path: Path) -> None:
-    """A model with Mamba layers on one rank, unquantized (`engine.recurrent.check_engine`)."""
-    from pagoda.runtime.engine.recurrent import check_engine
-    from pagoda.runtime.model.hf_loader import read_quantization
-
-    if model_config.family.mamba is None:
-        return
-    stored = read_quantization(path) if path.is_dir() else None
-    fp8 = engine_cfg.quantization or ("fp8" if stored is not None else None)
-    check_engine(model_config, engine_cfg.parallel.tensor_parallel_size, fp8)
 
 
 def check_parallel(model_config: ModelConfig, engine_cfg: EngineConfig) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.model.mamba2 import step_scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
@@ -141,8 +142,11 @@ def estimate(
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:
         graphs = min(sched.max_num_seqs, CUDA_GRAPH_MAX_BATCH) * (width * 4 + 64)
-    m = mc.family.mamba
+    # one rank's Mamba state slots (its heads: `model/mamba_shard.py`), every rank's on a CPU
+    m = mamba_shard.local(mc.family.mamba, cfg.parallel.tensor_parallel_size)
     state = 0 if m is None else m.state_bytes(dtype, sched.max_num_seqs)
+    if device.type == "cpu":
+        state *= cfg.parallel.ranks_per_node
     return Footprint(w, kv, blocks, tables, rope, graphs,
                      step_bytes(mc, cfg, dtype, blocks or None), held.how, state)  # fmt: skip
 
@@ -162,11 +166,12 @@ def step_bytes(
     qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
     per_token = (4 * mc.hidden_size + qkv + 3 * mc.intermediate_size) * dtype.itemsize
     scan = 0
-    if (m := mc.family.mamba) is not None:  # the chunked scan's float32 temporaries and the
-        # conv's input and output (`ssd.ssd_scan_bytes`): the runner's and the fit check's
-        # figure (`mamba2.step_scan_bytes`)
+    tp = cfg.parallel.tensor_parallel_size
+    if (m := mamba_shard.local(mc.family.mamba, tp)) is not None:  # the chunked scan's float32
+        # temporaries and the conv's input and output (`ssd.ssd_scan_bytes`), a rank's: the
+        # runner's and the fit check's figure (`mamba2.step_scan_bytes`)
         per_token += 2 * m.conv_dim * 4
-        scan = step_scan_bytes(mc, sched)
+        scan = step_scan_bytes(mc, sched, tp)
     return tokens * per_token + scan + rows * mc.vocab_size * 8  # float32 logits, probabilities
 
 
@@ -187,7 +192,8 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
         free, total = device_available(device)
         if fp.kv_cache == 0:  # default budget: what the runner will take after the weights
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
-            budget -= fp.weights + fp.state + GPU_HEADROOM + step_scan_bytes(mc, cfg.scheduler)
+            scan = step_scan_bytes(mc, cfg.scheduler, cfg.parallel.tensor_parallel_size)
+            budget -= fp.weights + fp.state + GPU_HEADROOM + scan
             fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
             derived = True
         where = f"free on {device} ({gib(total)} in all)"

@@ -259,8 +259,41 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
         norms = (2 * n + 1) * h * 4
-    hybrid = mc.hybrid_params() * item  # Mamba2 mixers (`model_configs.MambaConfig`; one rank)
+    hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`model_configs.MambaConfig`)
     return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
+
+
+def _hybrid_bytes(mc: ModelConfig, item: int, fp8: bool, t: int) -> float:
+    """What a hybrid's layers hold beyond (or short of) Llama's shape on one of `t` ranks
+    (`ModelConfig.hybrid_params`), in bytes; with FP8, the Mamba2 projections, the attention
+    and MLPs a layer lacks, and Nemotron-H's experts, shared expert and latent projections at
+    one byte plus a float32 scale per output row (row-parallel ones' rows whole)."""
+    from pagoda.runtime.model import mamba_shard
+
+    m, h = mc.family.mamba, mc.hidden_size
+    if not fp8 or m is None:
+        return mc.hybrid_params(t) * item
+
+    def fp8_bytes(rows: float, cols: float, scales: float) -> float:
+        return rows * cols + 4 * scales
+
+    loc = mamba_shard.local(m, t)
+    in_rows = loc.d_inner + loc.conv_dim + loc.n_heads
+    proj = in_rows * h + h * loc.d_inner
+    mixer = (loc.mixer_params(h) - proj) * item + proj + 4 * (in_rows + h)
+    d, heads, kv = mc.head_dim, mc.num_heads / t, max(1, mc.num_kv_heads // t)
+    attn = fp8_bytes(1, h * d * (2 * heads + 2 * kv), (heads + 2 * kv) * d + h)
+    out = m.num_layers * mixer - (mc.num_layers - mc.num_kv_layers) * attn
+    i = mc.intermediate_size
+    if m.mlp_layers:  # an ungated MLP in those layers only
+        out -= (mc.num_layers - sum(m.mlp_layers)) * fp8_bytes(2 * h, i / t, i / t + h)
+    if (e := m.moe) is not None:
+        w, n, s = e.latent or h, e.intermediate / t, e.shared_intermediate / t
+        block = e.num_experts * fp8_bytes(2 * w, n, n + w) + fp8_bytes(2 * h, s, s + h)
+        block += fp8_bytes(2 * h, e.latent, e.latent + h) if e.latent else 0
+        block += e.num_experts * (h + 1) * item  # the router and its bias
+        out += sum(e.layers) * block
+    return out
 
 
 def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:
@@ -326,8 +359,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         elif mc.family.mla is not None and _KV_B.search(name):
             total += _absorbed_kv_b(t, mc, lay, p)
         elif _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
-            # A and D in float32 (`model/mamba2.py`)
-            total += t.numel * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
+            # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
+            n = t.numel * _mamba_share(name, mc, lay)
+            total += int(n) * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
         elif norm and (
@@ -345,7 +379,7 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         held = _bound(parts) if p.blocks and parts[0].kind != _HELD else None
         if held is not None:
             total, blocks = total + held, blocks + 1
-        elif p.fp8 is not None and _runs_in_fp8(parts[0].name, p.fp8):
+        elif p.fp8 is not None and _runs_in_fp8(parts[0].name, p.fp8, mc):
             for t in parts:  # E4M3 values and a float32 scale per output row
                 rows, cols = _local(t.name, t.shape, mc, lay)
                 whole_rows = t.shape[0] if _row_parallel(t.name) else rows
@@ -404,6 +438,9 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
+_HYBRID_FP8 = re.compile(r"(mamba\.(in|out)_proj|shared_mlp\.(input|output)_linear|"
+                         r"feed_forward\.(gate|up|down)_proj|mlp\.experts\.\d+\.(up|down)_proj|"
+                         r"mlp\.fc[12]_latent_proj)\.weight$")  # fmt: skip
 _SHARED_EXPERT = re.compile(r"mlp\.(shared_experts?|shared_mlp)\.(gate|up|down)_proj\.weight$")
 
 
@@ -420,16 +457,19 @@ def _llama4_experts(t: Stored) -> tuple[str, Stored]:
     return t.name, t
 
 
-def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
+def _runs_in_fp8(name: str, scheme: Fp8Scheme, mc: ModelConfig | None = None) -> bool:
     """A dense layer's projection the FP8 scheme names (`llama.linear_layer`): not the router,
     the experts, the embedding or the LM head; Qwen2-MoE's shared expert is a dense MLP
-    (`moe.SharedExpertMoE`)."""
+    (`moe.SharedExpertMoE`); a hybrid's Mamba2 projections, Granite 4.0's shared MLP, Bamba's
+    and Falcon-H1's `feed_forward`, and Nemotron-H's experts (each its own linear layer)."""
     dense = _PROJECTIONS.search(name) or _SHARED_EXPERT.search(name)
-    return bool(dense) and scheme.quantizes(name.removesuffix(".weight"))
+    hybrid = mc is not None and mc.family.mamba is not None and _HYBRID_FP8.search(name)
+    return bool(dense or hybrid) and scheme.quantizes(name.removesuffix(".weight"))
 
 
 def _row_parallel(name: str) -> bool:
-    down = ("o_proj.weight", "down_proj.weight", "output_linear.weight", "mlp.c_proj.weight")
+    down = ("o_proj.weight", "down_proj.weight", "output_linear.weight", "mlp.c_proj.weight",
+            "mamba.out_proj.weight")  # fmt: skip
     return name.endswith(down) or bool(re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name))
 
 
@@ -458,11 +498,37 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
+    if part.startswith(
+        "mamba."
+    ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors
+        share = _mamba_share(name, mc, lay)
+        return (rows, int(cols * share)) if "out_proj.weight" in part else (int(rows * share), cols)
     if part.endswith(".weight") and _row_parallel(name):
         return rows, cols // lay.size  # input columns
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _mamba_share(name: str, mc: ModelConfig, lay) -> float:
+    """The part of a Mamba2 mixer's tensor one rank holds (`model/mamba_shard.py`): in_proj's
+    rows, the conv's channels, out_proj's input columns, the heads' A, D, dt_bias and norm
+    (out_proj's bias whole)."""
+    from pagoda.runtime.model import mamba_shard
+
+    m = mc.family.mamba
+    if lay.size == 1 or m is None or name.endswith("out_proj.bias"):
+        return 1.0
+    loc = mamba_shard.shard(m, lay).local
+    if "in_proj." in name:
+        return _in_proj_rows(loc) / _in_proj_rows(m)
+    if "conv1d." in name:
+        return loc.conv_dim / m.conv_dim
+    return loc.n_heads / m.n_heads  # A_log, D, dt_bias; norm and out_proj by d_inner alike
+
+
+def _in_proj_rows(m) -> int:
+    return m.d_inner + m.conv_dim + m.n_heads
 
 
 def _float32_router(t: Stored, p: Placement) -> int:

@@ -12,6 +12,10 @@ over its requests. The slot is zeroed whenever a sequence starts from its first 
 cache; a row changes hands only then). Slots of rows whose request no longer runs (finished,
 aborted or preempted) are taken back when the free ones run out.
 
+With tensor parallelism each rank's slots hold its heads and groups (`model/mamba_shard.py`);
+rank 0 alone keeps the slot column (`prepare`) and sends each step's `HostSlots` to the others
+(`worker/step_channel.py`), which build the same `MambaStep` from them (`device_step`).
+
 Prefix caching is off for these models (`engine/recurrent.py`): a cached prefix's KV blocks
 say nothing of the state after it.
 """
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.model.mamba2 import MambaStep, Prefill, ScanGroup
 from pagoda.runtime.model.ssd import pack
 from pagoda.runtime.request import RUNNING, Request
@@ -40,17 +45,26 @@ class HostSlots:
     num_decodes: int
 
 
-def state_bytes(mc: ModelConfig, dtype: torch.dtype, max_num_seqs: int) -> int:
-    """The bytes of every slot (0 for a model without Mamba layers)."""
-    m = mc.family.mamba
+def state_bytes(mc: ModelConfig, dtype: torch.dtype, max_num_seqs: int, tp: int = 1) -> int:
+    """The bytes of one rank's slots (0 for a model without Mamba layers)."""
+    m = mamba_shard.local(mc.family.mamba, tp)
     return 0 if m is None else m.state_bytes(dtype, max_num_seqs)
 
 
 class MambaState:
     def __init__(
-        self, mc: ModelConfig, num_slots: int, dtype: torch.dtype, device, rows: BlockTables
+        self,
+        mc: ModelConfig,
+        num_slots: int,
+        dtype: torch.dtype,
+        device,
+        rows: BlockTables,
+        tp: int = 1,
     ) -> None:
-        m = mc.family.mamba
+        """`rows`: the runner's block tables (the slot column hangs off their rows); `tp`: the
+        ranks the mixers are split over (this rank's heads and groups alone:
+        `model/mamba_shard.py`)."""
+        m = mamba_shard.local(mc.family.mamba, tp)
         self.m = m
         self.layers = [i for i, mamba in enumerate(m.layers) if mamba]
         self.states = {
@@ -70,9 +84,11 @@ class MambaState:
 
     @classmethod
     def for_model(
-        cls, mc: ModelConfig, num_slots: int, dtype, device, rows: BlockTables
+        cls, mc: ModelConfig, num_slots: int, dtype, device, rows: BlockTables, tp: int = 1
     ) -> MambaState | None:
-        return None if mc.family.mamba is None else cls(mc, num_slots, dtype, device, rows)
+        if mc.family.mamba is None:
+            return None
+        return cls(mc, num_slots, dtype, device, rows, tp)
 
     def layer_caches(self, kv_caches: list) -> list:
         """Every layer's entry of the step's caches: the attention layers' paged K and V

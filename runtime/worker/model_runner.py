@@ -93,7 +93,8 @@ class ModelRunner:
         # a hybrid's Mamba layers: their state slots (a column per block-table row), before the
         # KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
-                                          self.device, self.block_tables)  # fmt: skip
+                                          self.device, self.block_tables,
+                                          1 if tp is None else tp.size)  # fmt: skip
         self.num_blocks = self._num_blocks(max_model_len)
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
@@ -209,7 +210,10 @@ class ModelRunner:
             used = total - free
             # activations and CUDA graphs, and a hybrid's chunked-scan temporaries
             sched = self.config.scheduler
-            headroom = options.GPU_HEADROOM + mamba2.step_scan_bytes(self.model_config, sched)
+            ranks = 1 if self.tp is None else self.tp.size
+            headroom = options.GPU_HEADROOM + mamba2.step_scan_bytes(
+                self.model_config, sched, ranks
+            )
             budget = int(total * cache.gpu_memory_utilization) - used - headroom
         else:
             budget = CPU_DEFAULT_KV_BYTES

@@ -9,6 +9,7 @@ crosses in three broadcasts:
 2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
    lengths, their prefix sums, the prompts' lengths (longrope's table: `model/longrope.py`),
    the sampling rows, the rows scored for prompt logprobs;
+   and a hybrid's state slots (`worker/mamba_state.HostSlots`: each sequence's, those to zero);
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.worker.mamba_state import HostSlots
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
@@ -34,11 +36,14 @@ class StepChannel:
         t, (b, width), s = ids.shape[0], inp.table.shape, len(inp.sampling)
         extra = inp.extra_rows if inp.extra_rows is not None else np.empty(0, dtype=np.int64)
         h = self._header
-        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), 0]))
+        mamba = inp.mamba  # a hybrid's state slots: [B] slots, then those to zero
+        state = () if mamba is None else (mamba.slots, mamba.fresh)
+        fresh = 0 if mamba is None else len(mamba.fresh) + 1
+        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh]))
         self.tp.broadcast_host(h)
         prompt_lens = inp.prompt_lens if inp.prompt_lens is not None else inp.seq_lens
         parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu,
-                 prompt_lens)  # fmt: skip
+                 prompt_lens, *state)  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
                                   np.asarray(inp.sampling, dtype=np.int64), extra])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
@@ -55,12 +60,13 @@ class StepChannel:
         h = self.tp.broadcast_host(self._header).tolist()
         if h[0] == STOP:
             return None
-        t, b, width, s, nd, e = h[1:7]
-        payload = torch.empty(2 * t + b * width + 4 * b + 1 + s + e, dtype=torch.int64)
+        t, b, width, s, nd, e, fresh = h[1:8]
+        state = b + fresh - 1 if fresh else 0
+        payload = torch.empty(2 * t + b * width + 4 * b + 1 + state + s + e, dtype=torch.int64)
         a = self.tp.broadcast_host(payload).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, s])
-        positions, slots, table, qlens, seq_lens, cu, prompt_lens, sampling, extra = np.split(
-            a, cuts
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, s])
+        positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, sampling, extra = (
+            np.split(a, cuts)
         )
         ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
         self.tp.broadcast(ids)
@@ -70,4 +76,6 @@ class StepChannel:
             qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
             extra_rows=extra if e else None, prompt_lens=prompt_lens,
         )  # fmt: skip
+        if fresh:
+            inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)
         return inp, ids

@@ -236,17 +236,12 @@ def _granite_4_micro(path):
 
 def test_granite_4_micro_all_attention_keeps_prefix_caching(tmp_path):
     """No layer of Granite-4.0-Micro keeps a recurrent state, so prefix caching stays on: a
-    second pass over the prompts hits the cache and still reads as transformers'. FP8 stays
-    refused (not run on these families here); two ranks are not (below)."""
+    second pass over the prompts hits the cache and still reads as transformers'."""
     from arch_cases import check_chunked_cached_batched
-    from pagoda.runtime.engine.recurrent import check_engine
 
     _, loaded, reference = _granite_4_micro(tmp_path)
     llm = check_chunked_cached_batched(loaded, reference, "granite-4.0-micro")
     assert llm.engine.config.cache.enable_prefix_caching and llm.engine.kv.prefix_hits > 0
-    check_engine(loaded.config, 2, None)
-    with pytest.raises(ValueError, match="fp8 quantization is not supported"):
-        check_engine(loaded.config, 1, "fp8")
 
 
 @pytest.mark.slow  # a second process (gloo): ~6 s on 2 busy cores
@@ -303,21 +298,25 @@ def test_the_slot_column_is_written_only_when_a_request_joins(built, monkeypatch
     assert (mamba.slot_of_row >= 0).sum() == 2 and mamba.num_held == 0
 
 
-def test_tensor_parallel_and_fp8_refused(built):
-    """In the engine, and in `pagoda serve`'s checks before it binds (one line, exit 2)."""
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.server.launch import check_recurrent
+def test_tensor_parallel_sizes_that_do_not_split_the_mixers(built):
+    """A --tensor-parallel-size that does not split the Mamba2 heads or groups
+    (`layout.mamba_problem`), in `pagoda serve`'s checks before it binds (one line, exit 2); two
+    ranks run in tests/runtime/distributed/test_tp_hybrid.py."""
+    from pagoda.runtime.distributed.layout import check
+    from pagoda.runtime.distributed.layout import mamba_problem as problem
 
-    path, _, loaded, _ = built("granite4-dense-nope")
-    with pytest.raises(ValueError, match="runs on one rank only"):
-        LLM(loaded=loaded, dtype="float32", tensor_parallel_size=2)
-    two = EngineConfig.create(str(path), device="cpu", tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2: a granitemoehybrid model"):
-        check_recurrent(loaded.config, two, path)
-    fp8 = EngineConfig.create(str(path), device="cpu")
-    fp8 = dataclasses.replace(fp8, quantization="fp8")  # (as a CUDA engine would take it)
-    with pytest.raises(ValueError, match="fp8 quantization is not supported"):
-        check_recurrent(loaded.config, fp8, path)
+    _, _, loaded, _ = built("granite4-dense-nope")
+    m = loaded.config.family.mamba  # 4 heads, 1 group
+    assert problem(m, 2) is None and problem(m, 4) is None
+    assert "does not divide the Mamba2 heads (mamba n_heads 4)" in problem(m, 8)
+    six = dataclasses.replace(m, n_heads=12, n_groups=4)  # 6 ranks: 4 groups neither way
+    assert problem(six, 2) is None and "n_groups 4" in problem(six, 6)
+    c = loaded.config
+    wide = dataclasses.replace(c, num_heads=12, num_kv_heads=6, intermediate_size=96,
+                               family=dataclasses.replace(c.family, mamba=six))  # fmt: skip
+    check(wide, 2)
+    with pytest.raises(ValueError, match="neither divides the Mamba2 groups"):
+        check(wide, 6)  # (attention and the MLP split over 6; the 12 Mamba2 heads too)
 
 
 def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
@@ -347,8 +346,10 @@ def test_the_weights_and_state_estimates(built, name):
     float32); the KV cache's bytes per token count the attention layers only."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import mamba_problem
+    from pagoda.runtime.model import mamba_shard
     from pagoda.runtime.server import memory
-    from pagoda.runtime.server.weights import from_shapes
+    from pagoda.runtime.server.weights import estimate, from_shapes
 
     path, _, loaded, _ = built(name)
     check_estimate(path)
@@ -356,6 +357,15 @@ def test_the_weights_and_state_estimates(built, name):
     stored = sum(t.numel() for t in loaded.weights.values()) * 2  # every tensor, in bf16
     assert shapes == pytest.approx(stored, rel=0.02)
     mc = loaded.config
+    if mamba_problem(mc.family.mamba, 2) is None:  # rank 0 of two: its heads' share
+        check_estimate(path, tp=2)
+        two = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8,
+                                  tensor_parallel_size=2)  # fmt: skip
+        unpacked = estimate(mc, two, path, device=torch.device("cuda"))  # (no CPU packing)
+        assert from_shapes(mc, torch.bfloat16, False, 2) == pytest.approx(unpacked.bytes, rel=0.02)
+        local = mamba_shard.local(mc.family.mamba, 2)  # every rank's slots, on this host
+        want = 2 * local.state_bytes(torch.bfloat16, 8)
+        assert memory.estimate(mc, two, path, torch.device("cpu")).parts()["Mamba state"] == want
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
     fp = memory.estimate(mc, cfg, path, torch.device("cpu"))
     m = mc.family.mamba
