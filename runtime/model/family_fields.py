@@ -415,8 +415,14 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     clip, scale = a.get("clip_qkv"), a.get("softmax_scale")
     if clip is not None and not float(clip) > 0:
         raise ValueError(f"clip_qkv must be positive, got {clip}")
+    # the slopes' alibi_bias_max as MPT's own code and vLLM read it (transformers' MPT runs 8
+    # whatever the config says)
+    bias_max = float(8 if a.get("alibi_bias_max") is None else a["alibi_bias_max"])
+    if not bias_max > 0:
+        raise ValueError(f"attn_config.alibi_bias_max must be positive, got {bias_max}")
     fields.update(falcon_qkv="stacked", clip_qkv=None if clip is None else float(clip),
-                  attention_multiplier=None if scale is None else float(scale))  # fmt: skip
+                  attention_multiplier=None if scale is None else float(scale),
+                  alibi_bias_max=bias_max)  # fmt: skip
     return fields
 
 

@@ -276,6 +276,20 @@ def test_slopes_are_transformers_own():
         assert torch.equal(-build_mpt_alibi_tensor(n, 2)[:, 0, 0], mpt_slopes(n))
 
 
+def test_mpt_alibi_bias_max_is_read(tmp_path):
+    """attn_config.alibi_bias_max other than 8 (MPT's own code and vLLM read it; transformers'
+    MPT runs 8): the slopes are MPT's formula with it, not silently 8's."""
+    from pagoda.runtime.model.alibi import slopes
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    make_tiny_model(tmp_path, "Mpt", num_hidden_layers=1, hidden_size=96, num_attention_heads=6)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["attn_config"] = {**cfg["attn_config"], "alibi_bias_max": 16}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    want = -build_mpt_alibi_tensor(6, 2, alibi_bias_max=16)[:, 0, 0]
+    assert torch.equal(slopes(read_model_config(str(tmp_path))), want)
+
+
 def test_vocab_and_merges_tokenize_as_transformers(built, tmp_path):
     """OPT's tokenizer files (vocab.json and merges.txt, no tokenizer.json): the engine's
     tokenizer encodes and decodes as transformers' GPT2Tokenizer over the same files, its
