@@ -276,6 +276,26 @@ def test_slopes_are_transformers_own():
         assert torch.equal(-build_mpt_alibi_tensor(n, 2)[:, 0, 0], mpt_slopes(n))
 
 
+@pytest.mark.parametrize("tcfg", [{}, {"model_max_length": 1024}, {"eos_token": None}])
+def test_vocab_and_merges_without_named_tokens_keep_endoftext_whole(tmp_path, tcfg):
+    """GPT-2's files with a tokenizer_config.json that names no special token (or none):
+    GPT2Tokenizer's default `<|endoftext|>` is special, one id, as transformers' (a token named
+    null is not)."""
+    from pagoda.runtime.model.bpe_files import read_bpe_dir
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["a b c <|endoftext|>"], vocab_size=270,
+                            special_tokens=["<|endoftext|>"])  # fmt: skip
+    bpe.save_model(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    ref = transformers.GPT2TokenizerFast.from_pretrained(tmp_path)
+    tok = read_bpe_dir(tmp_path, tcfg)
+    for s in ["x<|endoftext|>y", " <|endoftext|> \n"]:
+        assert tok.encode(s).ids == ref(s)["input_ids"], s
+    assert len(tok.encode("<|endoftext|>").ids) == 1
+
+
 def test_mpt_alibi_bias_max_is_read(tmp_path):
     """attn_config.alibi_bias_max other than 8 (MPT's own code and vLLM read it; transformers'
     MPT runs 8): the slopes are MPT's formula with it, not silently 8's."""
