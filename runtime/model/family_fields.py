@@ -409,6 +409,9 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     if a.get("attn_type", "multihead_attention") != "multihead_attention" or a.get("prefix_lm"):
         raise ValueError(f"MPT attn_config attn_type {a.get('attn_type')!r} / prefix_lm is not "
                          "supported (multihead_attention, causal)")  # fmt: skip
+    if cfg.get("logit_scale") not in (None, 1, 1.0):  # MPT's own code scales the logits
+        raise ValueError(f"MPT with logit_scale {cfg['logit_scale']!r} (the logits scaled) is not "
+                         "supported (transformers' MPT does not scale them)")  # fmt: skip
     if not cfg.get("no_bias", True):
         raise ValueError("MPT with no_bias false (biases transformers' MPT does not load) is "
                          "not supported")  # fmt: skip

@@ -190,6 +190,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ("Bloom", {"apply_residual_connection_post_layernorm": True}, "post_layernorm"),
     ("Mpt", {"attn_config": {"qk_ln": True}}, "qk_ln"),
     ("Mpt", {"attn_config": {"alibi": False}}, "MPT without attn_config.alibi"),
+    ("Mpt", {"logit_scale": "inv_sqrt_d_model"}, "logit_scale 'inv_sqrt_d_model'"),
     ("OPT", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
