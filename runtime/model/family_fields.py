@@ -365,9 +365,8 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     an ungated MLP, a fused q/k/v (GPT-2's stacked, StarCoder 1's multi-query or per head)."""
     fields: dict[str, Any] = {"positions": "learned", "gated_mlp": False, "layer_norm_bias": True}
     if arch in ("gpt2", "gpt_bigcode"):
-        if cfg.get("scale_attn_by_inverse_layer_idx"):
-            raise ValueError("scale_attn_by_inverse_layer_idx (a softmax scale per layer) is "
-                             "not supported")  # fmt: skip
+        if cfg.get("scale_attn_by_inverse_layer_idx"):  # (GPT-2's: BioMedLM's, CRFM's)
+            fields["q_scale_by_layer"] = True
         if cfg.get("add_cross_attention"):
             raise ValueError("add_cross_attention (an encoder-decoder's cross-attention) is "
                              "not supported: Pagoda serves causal decoders")  # fmt: skip

@@ -6,7 +6,8 @@ that requests are preempted; logits within 1e-3 of transformers' plain greedy lo
 Learned absolute positions (`model/positions.py`):
 
 - GPT-2 (`GPT2LMHeadModel`): Conv1D matrices stored [in, out], the fused `c_attn`, gelu_new,
-  a tied head; once with the hub's names (gpt2's files have no `transformer.` prefix);
+  a tied head; once with the hub's names (gpt2's files have no `transformer.` prefix), once
+  with `scale_attn_by_inverse_layer_idx` (BioMedLM's: layer i's scores / (i + 1));
 - GPTBigCode (`GPTBigCodeForCausalLM`: StarCoder 1, SantaCoder): multi-query (one KV head) and
   multi-head (q/k/v per head in `c_attn`);
 - OPT (`OPTForCausalLM`): positions offset by 2, biases (or none: `enable_bias` false), ReLU,
@@ -50,6 +51,9 @@ CASES = {
     "gpt2": ("GPT2", dict(num_key_value_heads=None), None),
     "gpt2-hub-names": ("GPT2", dict(num_key_value_heads=None, scale_attn_weights=False),
                        "transformer."),
+    "gpt2-inverse-layer-scale": ("GPT2", dict(num_key_value_heads=None, scale=8.0,
+                                 scale_attn_by_inverse_layer_idx=True,
+                                 reorder_and_upcast_attn=True), None),
     "gpt_bigcode-mqa": ("GPTBigCode", dict(multi_query=True), None),
     "gpt_bigcode-mha": ("GPTBigCode", dict(multi_query=False, activation_function="gelu"), None),
     "opt-pre-norm": ("OPT", dict(ffn_dim=128, enable_bias=True), None),
@@ -186,7 +190,6 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
-    ("GPT2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("Bloom", {"apply_residual_connection_post_layernorm": True}, "post_layernorm"),
     ("Mpt", {"attn_config": {"qk_ln": True}}, "qk_ln"),
     ("Mpt", {"attn_config": {"alibi": False}}, "MPT without attn_config.alibi"),
