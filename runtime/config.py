@@ -138,6 +138,8 @@ class FamilyConfig:
     # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`)
     positions: str = "rope"
     position_offset: int = 0  # OPT's 2
+    # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores / (i + 1) (q scaled)
+    q_scale_by_layer: bool = False
     alibi_slopes: str = ""
     alibi_bias_max: float = 8.0
     # OPT: norms after each sublayer's residual add (`do_layer_norm_before` false: opt-350m),

@@ -9,7 +9,7 @@
 - MPT (`MPTForCausalLM`): Llama's sequential layer over LayerNorms with a weight and no bias
   (`norm_1`, `norm_2`, `norm_f`, as transformers builds them), q, k, v stacked in `Wqkv`
   (clamped to [-clip_qkv, clip_qkv] where `attn_config` says), no biases, an exact-GELU MLP
-  (`ffn.up_proj` / `down_proj`), a tied head; MPT's slopes (`alibi_bias_max` 8), the softmax
+  (`ffn.up_proj` / `down_proj`), a tied head; MPT's slopes (`attn_config.alibi_bias_max`, 8 by default), the softmax
   scale `attn_config.softmax_scale` where set. Its tensors read under Llama's names
   (`safetensors_weights`).
 """

@@ -4,7 +4,9 @@ tokenizer.json (OPT's checkpoints, older GPT-2 and BLOOM-era ones): built as tra
 or suffix, `add_prefix_space` from tokenizer_config.json, the byte-level decoder), so encode,
 decode, streaming and chat templates take the path every tokenizer.json takes. The special
 tokens tokenizer_config.json (or special_tokens_map.json) names (`bos_token`, `eos_token`,
-`unk_token`, `pad_token`, `added_tokens_decoder`) are added as special: never split, skipped when decoding. Whether a
+`unk_token`, `pad_token`, `added_tokens_decoder`; bos/eos/unk named by neither file are
+GPT2Tokenizer's default `<|endoftext|>`, where the vocabulary has it) are added as special:
+never split, skipped when decoding. Whether a
 prompt gets BOS first is tokenizer_config.json's `add_bos_token` (OPT's `</s>`), as the loader
 reads it for any tokenizer without a post-processor (`hf_loader._adds_bos`).
 """
@@ -20,6 +22,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 VOCAB, MERGES, SPECIAL_MAP = "vocab.json", "merges.txt", "special_tokens_map.json"
 _NAMED = ("bos_token", "eos_token", "unk_token", "pad_token")
+# what transformers' GPT2Tokenizer takes for a token neither file names (None: named null)
+_DEFAULTS = dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>")
 
 
 def has_bpe_files(model_dir: Path) -> bool:
@@ -59,8 +63,8 @@ def read_bpe_dir(model_dir: Path, tcfg: Mapping[str, Any]) -> Tokenizer:
         raise ValueError("tokenizer_config.json added_tokens_decoder is not an object")
     special: dict[str, bool] = {}
     named = _special_map(model_dir)  # (transformers reads both; tokenizer_config.json wins)
-    for name in _NAMED:
-        text = _content(tcfg.get(name, named.get(name)))
+    for name in _NAMED:  # GPT2Tokenizer's default for the three it names: <|endoftext|>
+        text = _content(tcfg.get(name, named.get(name, _DEFAULTS.get(name))))
         if text is not None and text in vocab:
             special[text] = True
     for _, entry in sorted(added.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):

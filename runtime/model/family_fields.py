@@ -365,9 +365,8 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     an ungated MLP, a fused q/k/v (GPT-2's stacked, StarCoder 1's multi-query or per head)."""
     fields: dict[str, Any] = {"positions": "learned", "gated_mlp": False, "layer_norm_bias": True}
     if arch in ("gpt2", "gpt_bigcode"):
-        if cfg.get("scale_attn_by_inverse_layer_idx"):
-            raise ValueError("scale_attn_by_inverse_layer_idx (a softmax scale per layer) is "
-                             "not supported")  # fmt: skip
+        if cfg.get("scale_attn_by_inverse_layer_idx"):  # (GPT-2's: BioMedLM's, CRFM's)
+            fields["q_scale_by_layer"] = True
         if cfg.get("add_cross_attention"):
             raise ValueError("add_cross_attention (an encoder-decoder's cross-attention) is "
                              "not supported: Pagoda serves causal decoders")  # fmt: skip
@@ -409,14 +408,23 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     if a.get("attn_type", "multihead_attention") != "multihead_attention" or a.get("prefix_lm"):
         raise ValueError(f"MPT attn_config attn_type {a.get('attn_type')!r} / prefix_lm is not "
                          "supported (multihead_attention, causal)")  # fmt: skip
+    if cfg.get("logit_scale") not in (None, 1, 1.0):  # MPT's own code scales the logits
+        raise ValueError(f"MPT with logit_scale {cfg['logit_scale']!r} (the logits scaled) is not "
+                         "supported (transformers' MPT does not scale them)")  # fmt: skip
     if not cfg.get("no_bias", True):
         raise ValueError("MPT with no_bias false (biases transformers' MPT does not load) is "
                          "not supported")  # fmt: skip
     clip, scale = a.get("clip_qkv"), a.get("softmax_scale")
     if clip is not None and not float(clip) > 0:
         raise ValueError(f"clip_qkv must be positive, got {clip}")
+    # the slopes' alibi_bias_max as MPT's own code and vLLM read it (transformers' MPT runs 8
+    # whatever the config says)
+    bias_max = float(8 if a.get("alibi_bias_max") is None else a["alibi_bias_max"])
+    if not bias_max > 0:
+        raise ValueError(f"attn_config.alibi_bias_max must be positive, got {bias_max}")
     fields.update(falcon_qkv="stacked", clip_qkv=None if clip is None else float(clip),
-                  attention_multiplier=None if scale is None else float(scale))  # fmt: skip
+                  attention_multiplier=None if scale is None else float(scale),
+                  alibi_bias_max=bias_max)  # fmt: skip
     return fields
 
 

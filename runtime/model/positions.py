@@ -7,6 +7,8 @@ row ``p + FamilyConfig.position_offset`` added to the embedding of the token at 
   bias, eps `layer_norm_epsilon`), an ungated MLP ``c_proj(gelu_new(c_fc(x)))``, biases
   everywhere, a tied head. Its Conv1D matrices are stored [in, out] and read transposed
   (`transpose_conv1d`); the fused `c_attn` is q, k, v stacked (`falcon.split_qkv`, "stacked").
+  `scale_attn_by_inverse_layer_idx` (BioMedLM's, Stanford CRFM's): layer i's scores divided by
+  i + 1 (its q scaled, `OptLayer.before_rotary`).
   Tensors are read under Llama's names (`safetensors_weights`: `wte`, `wpe` as
   `model.embed_positions`, `h.N.attn.c_attn` as qkv_proj, `attn.c_proj` as o_proj,
   `mlp.c_fc` / `c_proj` as up / down, `ln_1` / `ln_2` / `ln_f`), checkpoints saved without the
@@ -52,6 +54,11 @@ class OptLayer(LlamaLayer):
     def __init__(self, model, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
         super().__init__(model, w, prefix, index, ctx)
         self.post_norm = model.config.family.post_norm
+        # scale_attn_by_inverse_layer_idx: the scores / (index + 1), as q scaled
+        self.q_scale = 1.0 / (index + 1) if model.config.family.q_scale_by_layer else None
+
+    def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (q, k) if self.q_scale is None else (q * self.q_scale, k)
 
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step

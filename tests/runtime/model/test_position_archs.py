@@ -6,7 +6,8 @@ that requests are preempted; logits within 1e-3 of transformers' plain greedy lo
 Learned absolute positions (`model/positions.py`):
 
 - GPT-2 (`GPT2LMHeadModel`): Conv1D matrices stored [in, out], the fused `c_attn`, gelu_new,
-  a tied head; once with the hub's names (gpt2's files have no `transformer.` prefix);
+  a tied head; once with the hub's names (gpt2's files have no `transformer.` prefix), once
+  with `scale_attn_by_inverse_layer_idx` (BioMedLM's: layer i's scores / (i + 1));
 - GPTBigCode (`GPTBigCodeForCausalLM`: StarCoder 1, SantaCoder): multi-query (one KV head) and
   multi-head (q/k/v per head in `c_attn`);
 - OPT (`OPTForCausalLM`): positions offset by 2, biases (or none: `enable_bias` false), ReLU,
@@ -50,6 +51,9 @@ CASES = {
     "gpt2": ("GPT2", dict(num_key_value_heads=None), None),
     "gpt2-hub-names": ("GPT2", dict(num_key_value_heads=None, scale_attn_weights=False),
                        "transformer."),
+    "gpt2-inverse-layer-scale": ("GPT2", dict(num_key_value_heads=None, scale=8.0,
+                                 scale_attn_by_inverse_layer_idx=True,
+                                 reorder_and_upcast_attn=True), None),
     "gpt_bigcode-mqa": ("GPTBigCode", dict(multi_query=True), None),
     "gpt_bigcode-mha": ("GPTBigCode", dict(multi_query=False, activation_function="gelu"), None),
     "opt-pre-norm": ("OPT", dict(ffn_dim=128, enable_bias=True), None),
@@ -186,10 +190,10 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
-    ("GPT2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("Bloom", {"apply_residual_connection_post_layernorm": True}, "post_layernorm"),
     ("Mpt", {"attn_config": {"qk_ln": True}}, "qk_ln"),
     ("Mpt", {"attn_config": {"alibi": False}}, "MPT without attn_config.alibi"),
+    ("Mpt", {"logit_scale": "inv_sqrt_d_model"}, "logit_scale 'inv_sqrt_d_model'"),
     ("OPT", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
@@ -274,6 +278,40 @@ def test_slopes_are_transformers_own():
         ones = torch.ones(1, 2)  # position 1's bias is the slope itself
         assert torch.equal(build_alibi_tensor(ones, n, torch.float32)[:, 0, 1], bloom_slopes(n))
         assert torch.equal(-build_mpt_alibi_tensor(n, 2)[:, 0, 0], mpt_slopes(n))
+
+
+@pytest.mark.parametrize("tcfg", [{}, {"model_max_length": 1024}, {"eos_token": None}])
+def test_vocab_and_merges_without_named_tokens_keep_endoftext_whole(tmp_path, tcfg):
+    """GPT-2's files with a tokenizer_config.json that names no special token (or none):
+    GPT2Tokenizer's default `<|endoftext|>` is special, one id, as transformers' (a token named
+    null is not)."""
+    from pagoda.runtime.model.bpe_files import read_bpe_dir
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["a b c <|endoftext|>"], vocab_size=270,
+                            special_tokens=["<|endoftext|>"])  # fmt: skip
+    bpe.save_model(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    ref = transformers.GPT2TokenizerFast.from_pretrained(tmp_path)
+    tok = read_bpe_dir(tmp_path, tcfg)
+    for s in ["x<|endoftext|>y", " <|endoftext|> \n"]:
+        assert tok.encode(s).ids == ref(s)["input_ids"], s
+    assert len(tok.encode("<|endoftext|>").ids) == 1
+
+
+def test_mpt_alibi_bias_max_is_read(tmp_path):
+    """attn_config.alibi_bias_max other than 8 (MPT's own code and vLLM read it; transformers'
+    MPT runs 8): the slopes are MPT's formula with it, not silently 8's."""
+    from pagoda.runtime.model.alibi import slopes
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    make_tiny_model(tmp_path, "Mpt", num_hidden_layers=1, hidden_size=96, num_attention_heads=6)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["attn_config"] = {**cfg["attn_config"], "alibi_bias_max": 16}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    want = -build_mpt_alibi_tensor(6, 2, alibi_bias_max=16)[:, 0, 0]
+    assert torch.equal(slopes(read_model_config(str(tmp_path))), want)
 
 
 def test_vocab_and_merges_tokenize_as_transformers(built, tmp_path):
