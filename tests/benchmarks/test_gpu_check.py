@@ -68,13 +68,14 @@ def test_dry_run_checks_each_command_and_installs_the_wheels(tmp_path):
 
 
 def test_family_steps_hold_every_gpu_marked_model_test_file_once():
-    """FAMILY_TESTS (families) and FAMILY_TESTS2 (families2) between them list each test file of
-    tests/runtime/model with a gpu-marked test, once: a new family's GPU test is not left out."""
+    """FAMILY_TESTS (families), FAMILY_TESTS2 (families2) and FAMILY_TESTS3 (families3) between
+    them list each test file of tests/runtime/model with a gpu-marked test, once: a new family's
+    GPU test is not left out."""
     import re
 
     script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
     lists = [re.search(rf"^{name}=\$\{{{name}:-(.*?)\}}$", script, re.M | re.S)
-             for name in ("FAMILY_TESTS", "FAMILY_TESTS2")]  # fmt: skip
+             for name in ("FAMILY_TESTS", "FAMILY_TESTS2", "FAMILY_TESTS3")]  # fmt: skip
     listed = [p for m in lists for p in m.group(1).replace("\\\n", " ").split()]
     marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/runtime/model").glob("test_*.py")
                     if "mark.gpu" in p.read_text())  # fmt: skip

@@ -348,6 +348,19 @@ CASES: dict[str, dict] = {
     "d256-bf16-split-decode": dict(head_dim=256, heads=16, kv_heads=4, dtype=BF16,
                                    kv_dtype=BF16, seqs=[(1, 5)] * 3 + [(70, 90)],
                                    max_seq_len=32768, num_decodes=3, num_kv_splits=4),
+    # The learned-position and ALiBi families: BLOOM-560m's ALiBi at head size 64 (16 heads,
+    # MHA; its 80/96/112/128 heads and MPT's 128/112 take the 128 lanes of the alibi-* cases),
+    # StarCoder's multi-query attention (GPTBigCode: 48 query heads on one KV head at 128, 64
+    # rows of one tile) in the split-KV decodes and every row's prefill kernel
+    "alibi-d64-split-decode": dict(head_dim=64, heads=16, kv_heads=16, dtype=BF16, kv_dtype=BF16,
+                                   seqs=[(1, 5)] * 3 + [(70, 90)], max_seq_len=32768,
+                                   num_decodes=3, num_kv_splits=4, alibi=True),
+    "mqa48-d128-split-decode": dict(head_dim=128, heads=48, kv_heads=1, dtype=BF16,
+                                    kv_dtype=BF16, seqs=[(1, 5)] * 3 + [(70, 90)],
+                                    max_seq_len=32768, num_decodes=3, num_kv_splits=4),
+    "mqa48-d128-invariant": dict(head_dim=128, heads=48, kv_heads=1, dtype=BF16, kv_dtype=BF16,
+                                 seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                                 batch_invariant=True),
     # ... at DeepSeek-V3's 128 query heads on one GPU: 393 kB of shared memory in one tile
     # (past sm_90's 227 kB) before `attention.max_query_heads`; now 8 launches of 16 heads
     "latent-d576-h128-split-decode": dict(head_dim=576, heads=128, kv_heads=1, dtype=BF16,
@@ -383,6 +396,9 @@ SLOW = {
     "d96-gqa4-invariant",
     "d112-gqa2-unified-fp8",
     "d256-bf16-split-decode",
+    "alibi-d64-split-decode",
+    "mqa48-d128-split-decode",
+    "mqa48-d128-invariant",
 }
 # Cases with a kernel that spills registers (ptxas 13.4 for sm_90a, Triton 3.9; bytes stored
 # and loaded): a config file's extremes (float32 at head 256: 19.6 kB; the deep MoE config in

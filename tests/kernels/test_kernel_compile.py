@@ -69,5 +69,6 @@ def test_new_families_variants_compile_for_sm90() -> None:
     experts at gpt-oss's, DeepSeek-V3's and V2-Lite's shapes under the packaged configs,
     Llama 4's chunked attention (5 query heads per KV head) in fp16 and over an FP8 cache,
     DeepSeek's latent cache (one tensor as both caches, 576 wide in 1024 lanes; bf16 and FP8,
-    16 and 128 query heads), the new dense families' heads of 80, 96, 112 and 256 in bf16."""
+    16 and 128 query heads), the new dense families' heads of 80, 96, 112 and 256 in bf16,
+    BLOOM's ALiBi at head size 64 and StarCoder's 48 query heads on one KV head at 128."""
     _compile("--slow")
