@@ -51,8 +51,10 @@ from pagoda.runtime.model.gguf_dequant import dequantize
 ENGINE_ARCH = {"gpt-oss": "gpt_oss", "phi3": "phi3", "exaone4": "exaone4",
                "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "starcoder2": "starcoder2",
                "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral",
-               "glm4moe": "glm4_moe", "llama4": "llama4"}  # fmt: skip
-PERMUTED = ("arcee", "mistral3")  # converted by llama.cpp's LlamaModel: Q/K rows permuted
+               "glm4moe": "glm4_moe", "llama4": "llama4",
+               "granitehybrid": "granitemoehybrid"}  # fmt: skip
+# converted by llama.cpp's LlamaModel (its permute kept: `undo_permute`): Q/K rows permuted
+PERMUTED = ("arcee", "mistral3", "granitehybrid")
 GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
 # tokens llama.cpp ends a generation on by their text (llama-vocab.cpp), beside the file's EOS
 # and EOT ids; where <|return|> and <|call|> are (harmony), <|end|> is not one
@@ -83,10 +85,31 @@ NAMES: dict[str, dict[str, str]] = {
                  **{f"ffn_{p}_exps": f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")},
                  **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                     for p in ("gate", "up", "down")}},
+    # Granite 4.0-H: the Mamba2 mixer; the shared MLP (ffn_* dense, ffn_*_shexp beside experts)
+    # and GraniteMoe's experts, gate and up read back as one (`JOINED`)
+    "granitemoehybrid": {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj",
+                         "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
+                         "ffn_down": "shared_mlp.output_linear",
+                         "ffn_down_shexp": "shared_mlp.output_linear",
+                         "ffn_gate_inp": "block_sparse_moe.router.layer",
+                         "ffn_down_exps": "block_sparse_moe.output_linear",
+                         **{f"ffn_{p}{x}": f"{to}.{p}" for p in ("gate", "up")
+                            for x, to in (("", "shared_mlp.input_linear"),
+                                          ("_shexp", "shared_mlp.input_linear"),
+                                          ("_exps", "block_sparse_moe.input_linear"))}},
 }  # fmt: skip
+# engine tensors stored as parts (gate rows, then up rows): the parts' names (as `hf_name`
+# gives them, `<whole>.gate.weight`, `<whole>.up.weight`) read back as one `<whole>.weight`
+JOINED = {"granitemoehybrid": ("shared_mlp.input_linear", "block_sparse_moe.input_linear")}
+JOINED_PARTS = ("gate", "up")
 # names without a weight/bias suffix in the engine's checkpoints
 BARE = {("gpt_oss", "attn_sinks"): "self_attn.sinks",
-        ("glm4_moe", "exp_probs_b"): "mlp.gate.e_score_correction_bias"}  # fmt: skip
+        ("glm4_moe", "exp_probs_b"): "mlp.gate.e_score_correction_bias",
+        ("granitemoehybrid", "ssm_dt"): "mamba.dt_bias"}  # fmt: skip
+# the Mamba2 mixer's tensors llama.cpp names without a suffix (`blk.N.ssm_a`): A as -exp(A_log)
+# and D, each [n_head, 1]
+SUFFIXLESS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
+_SUFFIXLESS = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d)$")
 _FUSED = {"attn_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "ffn_up": ("mlp.gate_proj", "mlp.up_proj")}  # phi3's, in row order  # fmt: skip
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -106,6 +129,41 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
         return f"model.layers.{layer}.{BARE[architecture, part]}"
     name = NAMES.get(architecture, {}).get(part)
     return None if name is None else f"model.layers.{layer}.{name}.{kind}"
+
+
+def suffixless_name(name: str, architecture: str) -> str | None:
+    """The engine's name of a Mamba2 `blk.N.ssm_a` / `blk.N.ssm_d` (None for another tensor)."""
+    m = _SUFFIXLESS.match(name)
+    if m is None or architecture not in JOINED:
+        return None
+    return f"model.layers.{m.group(1)}.{SUFFIXLESS[m.group(2)]}"
+
+
+def joined(names, architecture: str) -> dict[str, tuple[str, str]]:
+    """The engine's tensors read as two of the file's joined (gate rows, then up rows; `JOINED`):
+    {whole: (gate part, up part)} over the engine `names` the file has."""
+    out = {}
+    for name in names:
+        for whole in JOINED.get(architecture, ()):
+            prefix, sep, kind = name.rpartition(f"{whole}.gate.")
+            if sep and kind in ("weight", "bias"):
+                parts = (name, f"{prefix}{whole}.up.{kind}")
+                if parts[1] in names:
+                    out[f"{prefix}{whole}.{kind}"] = parts
+    return out
+
+
+def mamba_value(name: str, w: torch.Tensor) -> torch.Tensor:
+    """A Mamba2 mixer's tensor as the checkpoint holds it, from llama.cpp's form: A_log from
+    A = -exp(A_log), A and D [n_head, 1] flat, the conv [channels, width] as [channels, 1,
+    width], the norm [groups, channels / groups] flat."""
+    if name.endswith("mamba.A_log"):
+        return torch.log(-w.flatten())
+    if name.endswith(("mamba.D", "mamba.norm.weight")):
+        return w.flatten()
+    if name.endswith("mamba.conv1d.weight") and w.dim() == 2:
+        return w[:, None, :]
+    return w
 
 
 def fused_parts(name: str, rows: int, config) -> list[tuple[str, int, int]]:
@@ -164,6 +222,8 @@ def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern,
         return _glm4_moe(get, tensors)
     if gguf_arch == "llama4":
         return _llama4(get, layers)
+    if gguf_arch == "granitehybrid":
+        return _granite_hybrid(get, layers, tensors)
     if gguf_arch == "gpt-oss":
         alpha, limit = GPT_OSS_SWIGLU
         return dict(attention_sinks=True, swiglu_alpha=alpha, swiglu_limit=limit,
@@ -219,6 +279,39 @@ def _glm4_moe(get: Get, tensors: set[str]) -> dict[str, Any]:
             "shared_expert_intermediate_size": width * int(get("expert_shared_count", 0) or 0)}  # fmt: skip
 
 
+def _granite_hybrid(get: Get, layers: int, tensors: set[str]) -> dict[str, Any]:
+    """Granite 4.0-H's Mamba2 mixers from `ssm.*` (`time_step_rank`: the heads, `inner_size`
+    over them: a head's width), on the layers whose `attention.head_count_kv` is 0 (a value a
+    layer); no rotary unless `rope.scaling.finetuned` (llama.cpp's test: its Bamba). Granite's
+    scalars and the experts are read as granitemoe's."""
+    from pagoda.runtime.model_configs import MambaConfig
+
+    kv = get("attention.head_count_kv")
+    if not isinstance(kv, list) or len(kv) != layers:
+        raise ValueError(f"GGUF granitehybrid needs attention.head_count_kv with a value for "
+                         f"each of its {layers} layers (0: a Mamba2 layer)")  # fmt: skip
+    mamba = [not int(k) for k in kv]
+    keys = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
+    ssm = {k: get(f"ssm.{k}") for k in keys}
+    missing = [f"ssm.{k}" for k, v in ssm.items() if not v]
+    if missing:
+        raise ValueError(f"GGUF granitehybrid needs {', '.join(missing)}")
+    heads, inner = int(ssm["time_step_rank"]), int(ssm["inner_size"])
+    if inner % heads:
+        raise ValueError(f"GGUF granitehybrid ssm.inner_size {inner} is not a multiple of its "
+                         f"{heads} heads (ssm.time_step_rank)")  # fmt: skip
+    first = next((i for i, m in enumerate(mamba) if m), 0)
+    config = MambaConfig(layers=tuple(mamba), n_heads=heads, head_dim=inner // heads,
+                         d_state=int(ssm["state_size"]), n_groups=int(ssm["group_count"]),
+                         d_conv=int(ssm["conv_kernel"]),
+                         conv_bias=f"blk.{first}.ssm_conv1d.bias" in tensors,
+                         proj_bias=f"blk.{first}.ssm_in.bias" in tensors)  # fmt: skip
+    fields: dict[str, Any] = {"mamba": config}
+    if not get("rope.scaling.finetuned"):  # NoPE: no layer rotates
+        fields["rope_layers"] = (False,) * layers
+    return fields
+
+
 def _llama4(get: Get, layers: int) -> dict[str, Any]:
     """Llama 4 as llama.cpp builds it (no keys for most of it): `attention.sliding_window` 0
     (the converter's for all-full-attention configs) means rotary on every layer, no chunks, no
@@ -250,6 +343,9 @@ def rope_scaling(get: Get, gguf_arch: str, scaling: dict | None, head_dim: int,
     `scaling` is what the common reading made of the file (None for phi3, which it skips)."""
     if gguf_arch == "phi3":
         return _phi3_rope(get, head_dim, tensors)
+    rotated = get("rope.dimension_count")
+    if gguf_arch == "granitehybrid" and rotated and int(rotated) != head_dim:
+        return {**(scaling or {}), "partial_rotary_factor": int(rotated) / head_dim}
     if scaling and scaling.get("rope_type") == "yarn":
         if gguf_arch == "gpt-oss":
             return {**scaling, "truncate": False}

@@ -1,0 +1,159 @@
+"""GGUFs of Granite 4.0-H (llama.cpp's `granitehybrid`), written here as llama.cpp's converter
+(`GraniteHybridModel`) writes them: the `ssm.*` keys, `attention.head_count_kv` a value a layer
+(0 on the Mamba2 layers), the mixer's tensors in llama.cpp's forms (A as -exp(A_log) and D as
+[n_head, 1], the conv squeezed, the norm [groups, channels / groups], dt_bias as `ssm_dt.bias`),
+the shared MLP's and the experts' gate and up apart, Q/K permuted, Q8_0 matrices: the engine
+matches transformers running on exactly the dequantized weights, token for token."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime.model.gguf_loader import load_gguf
+from test_gguf_archs import PROMPTS, _generate
+from test_gguf_families import _byte_level_vocab, _oracle, _permute
+
+transformers = pytest.importorskip("transformers")
+MAMBA = dict(mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8, mamba_n_groups=2)
+CASES = {
+    "dense": dict(num_hidden_layers=3, layer_types=["attention", "mamba", "mamba"], **MAMBA,
+                  num_local_experts=0, shared_intermediate_size=64, embedding_multiplier=2.0,
+                  residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=1.5),
+    "moe": dict(num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], **MAMBA,
+                num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                shared_intermediate_size=64),
+}  # fmt: skip
+
+
+def _store(w, name: str, arr: np.ndarray, qtype=Q.Q8_0) -> np.ndarray:
+    """`arr` written as `name` (Q8_0 where 2-D or more, else F32); what the file gives back."""
+    if arr.ndim == 1 or qtype == Q.F32:
+        data = back = np.ascontiguousarray(arr, dtype=np.float32)
+        qtype = Q.F32
+    else:
+        data = gguf.quants.quantize(np.ascontiguousarray(arr), qtype)
+        back = gguf.quants.dequantize(data, qtype).reshape(arr.shape)
+    w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+    return back
+
+
+def convert(path, hf_dir) -> dict[str, torch.Tensor]:
+    """The checkpoint as llama.cpp's converter writes a `granitehybrid` file (module
+    docstring); the checkpoint's tensors as the file gives them back."""
+    from safetensors.torch import load_file
+
+    cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
+    n, experts = cfg.num_hidden_layers, cfg.num_local_experts
+    attn = [i for i, t in enumerate(cfg.layer_types) if t in ("attention", "full_attention")]
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    inner = cfg.mamba_expand * cfg.hidden_size
+    w = gguf.GGUFWriter(str(path), "granitehybrid")
+    w.add_block_count(n)
+    w.add_context_length(2**20)  # NoPE: the converter's
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv([kv if i in attn else 0 for i in range(n)])
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_embedding_scale(cfg.embedding_multiplier)
+    w.add_residual_scale(cfg.residual_multiplier)
+    w.add_attention_scale(cfg.attention_multiplier)
+    w.add_logit_scale(cfg.logits_scaling)
+    w.add_expert_shared_feed_forward_length(cfg.shared_intermediate_size)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_ssm_conv_kernel(cfg.mamba_d_conv)
+    w.add_ssm_state_size(cfg.mamba_d_state)
+    w.add_ssm_group_count(cfg.mamba_n_groups)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_time_step_rank(cfg.mamba_n_heads)
+    w.add_rope_scaling_finetuned(False)
+    tokens, types, merges = _byte_level_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(cfg.vocab_size - 1)
+    out = {"model.embed_tokens.weight": _store(w, "token_embd.weight",
+                                               sd["model.embed_tokens.weight"]),
+           "model.norm.weight": _store(w, "output_norm.weight", sd["model.norm.weight"])}  # fmt: skip
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = _store(w, "output.weight", sd["lm_head.weight"])
+    for i in range(n):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+
+        def put(gname, hf, arr=None, qtype=Q.Q8_0, p=p, b=b):
+            out[p + hf] = _store(w, b + gname, sd[p + hf] if arr is None else arr, qtype)
+
+        put("attn_norm.weight", "input_layernorm.weight")
+        put("ffn_norm.weight", "post_attention_layernorm.weight")
+        if i in attn:
+            for g, hf, h in (("attn_q", "q_proj", heads), ("attn_k", "k_proj", kv)):
+                stored = _store(w, f"{b}{g}.weight", _permute(sd[f"{p}self_attn.{hf}.weight"], h))
+                out[f"{p}self_attn.{hf}.weight"] = _unpermute(stored, h)
+            put("attn_v.weight", "self_attn.v_proj.weight")
+            put("attn_output.weight", "self_attn.o_proj.weight")
+        else:
+            m = p + "mamba."
+            put("ssm_in.weight", "mamba.in_proj.weight")
+            put("ssm_out.weight", "mamba.out_proj.weight")
+            put("ssm_conv1d.weight", "mamba.conv1d.weight", sd[m + "conv1d.weight"].squeeze(1),
+                Q.F32)  # fmt: skip
+            out[m + "conv1d.weight"] = out[m + "conv1d.weight"][:, None, :]
+            put("ssm_conv1d.bias", "mamba.conv1d.bias")
+            put("ssm_dt.bias", "mamba.dt_bias")
+            a = _store(w, b + "ssm_a", -np.exp(sd[m + "A_log"])[:, None], Q.F32)
+            out[m + "A_log"] = np.log(-a[:, 0])
+            out[m + "D"] = _store(w, b + "ssm_d", sd[m + "D"][:, None], Q.F32)[:, 0]
+            g = cfg.mamba_n_groups
+            norm = _store(w, b + "ssm_norm.weight", sd[m + "norm.weight"].reshape(g, -1), Q.F32)
+            out[m + "norm.weight"] = norm.reshape(-1)
+        s, x = ("_shexp", p + "shared_mlp.") if experts else ("", p + "shared_mlp.")
+        gate, up = np.split(sd[x + "input_linear.weight"], 2, axis=0)
+        out[x + "input_linear.weight"] = np.concatenate(
+            [_store(w, f"{b}ffn_gate{s}.weight", gate), _store(w, f"{b}ffn_up{s}.weight", up)]
+        )
+        out[x + "output_linear.weight"] = _store(w, f"{b}ffn_down{s}.weight",
+                                                 sd[x + "output_linear.weight"])  # fmt: skip
+        if experts:
+            e = p + "block_sparse_moe."
+            put("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", qtype=Q.F32)
+            gate, up = np.split(sd[e + "input_linear.weight"], 2, axis=1)
+            out[e + "input_linear.weight"] = np.concatenate(
+                [_store(w, b + "ffn_gate_exps.weight", gate),
+                 _store(w, b + "ffn_up_exps.weight", up)], axis=1)  # fmt: skip
+            put("ffn_down_exps.weight", "block_sparse_moe.output_linear.weight")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
+
+
+def _unpermute(a, n):
+    return a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_granite_hybrid_gguf_matches_transformers_on_its_dequantized_weights(tmp_path, case):
+    make_tiny_model(tmp_path / "hf", "GraniteMoeHybrid", **CASES[case])
+    path = tmp_path / f"{case}.gguf"
+    expected = convert(path, tmp_path / "hf")
+    oracle = _oracle(tmp_path, expected)
+    config, weights, _, _ = load_gguf(path)
+    assert config.architecture == "granitemoehybrid"
+    m = config.family.mamba
+    assert m.layers == tuple(t == "mamba" for t in CASES[case]["layer_types"])
+    assert (m.n_heads, m.head_dim, m.n_groups, m.d_state) == (4, 32, 2, 16)
+    for name, want in expected.items():
+        torch.testing.assert_close(weights[name], want, rtol=1e-6, atol=1e-6, msg=name)
+    want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
+    assert _generate(path, PROMPTS) == want, case
