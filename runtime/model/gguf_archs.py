@@ -41,6 +41,7 @@ For all of them, llama.cpp's end-of-generation tokens by their text (`EOG_TEXTS`
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -164,6 +165,15 @@ def mamba_value(name: str, w: torch.Tensor) -> torch.Tensor:
     if name.endswith("mamba.conv1d.weight") and w.dim() == 2:
         return w[:, None, :]
     return w
+
+
+def mamba_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The checkpoint's shape of a tensor `shape` in the file (`mamba_value`'s reshapes)."""
+    if name.endswith(("mamba.A_log", "mamba.D", "mamba.norm.weight")):
+        return (math.prod(shape),)
+    if name.endswith("mamba.conv1d.weight") and len(shape) == 2:
+        return (shape[0], 1, shape[1])
+    return shape
 
 
 def fused_parts(name: str, rows: int, config) -> list[tuple[str, int, int]]:

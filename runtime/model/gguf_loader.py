@@ -578,6 +578,12 @@ def _shape(t) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
 
 
+def held_shape(name: str, t) -> tuple[int, ...]:
+    """The shape of `t` (engine name `name`) as the loader gives it (a Mamba2 mixer's A, D,
+    conv and norm reshaped: `gguf_archs.mamba_value`), for the weights estimate."""
+    return gguf_archs.mamba_shape(name, _shape(t))
+
+
 def load_gguf(
     path: str | Path,
 ) -> tuple[ModelConfig, GGUFWeights, Tokenizer, GGUFBlocks]:

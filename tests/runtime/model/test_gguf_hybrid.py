@@ -3,7 +3,8 @@
 (0 on the Mamba2 layers), the mixer's tensors in llama.cpp's forms (A as -exp(A_log) and D as
 [n_head, 1], the conv squeezed, the norm [groups, channels / groups], dt_bias as `ssm_dt.bias`),
 the shared MLP's and the experts' gate and up apart, Q/K permuted, Q8_0 matrices: the engine
-matches transformers running on exactly the dequantized weights, token for token."""
+matches transformers running on exactly the dequantized weights, token for token, and the
+start-up weights estimate is what the built model holds."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
-from test_gguf_archs import PROMPTS, _generate
+from test_gguf_archs import PROMPTS, _check_estimate, _generate
 from test_gguf_families import _byte_level_vocab, _oracle, _permute
 
 transformers = pytest.importorskip("transformers")
@@ -157,3 +158,4 @@ def test_granite_hybrid_gguf_matches_transformers_on_its_dequantized_weights(tmp
         torch.testing.assert_close(weights[name], want, rtol=1e-6, atol=1e-6, msg=name)
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
     assert _generate(path, PROMPTS) == want, case
+    _check_estimate(path, "bfloat16")  # (the mixer's tensors counted in the shapes it holds)
