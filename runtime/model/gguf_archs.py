@@ -1,6 +1,6 @@
 """GGUFs of the families the engine runs from safetensors that llama.cpp's converter writes
 under architectures of their own: `gpt-oss`, `phi3`, `exaone4`, `seed_oss`, `ernie4_5`,
-`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe` and `llama4`, read into the names and
+`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe`, `llama4` and `granitehybrid`, read into the names and
 `FamilyConfig` fields of the models the safetensors loader builds (`gguf_loader` asks this
 module where they differ from Llama's).
 
@@ -34,6 +34,14 @@ module where they differ from Llama's).
   (`ffn_{gate,up,down}_exps`, read as `model/llama4.py` reads them), the shared expert
   `ffn_*_shexp`, dense `ffn_*` on the other layers; Q/K as stored; llama.cpp's built-in chunks,
   NoPE layers, q temperature and q/k norms (`_llama4`).
+
+- granitehybrid (Granite 4.0-H, and Bamba): the Mamba2 layers where the per-layer
+  `attention.head_count_kv` is 0, the mixer from `ssm.*` (`time_step_rank`: its heads), its
+  tensors back in the checkpoint's forms (`mamba_value`: A_log from `ssm_a` = -exp(A_log), A, D
+  and the grouped `ssm_norm` flat, the squeezed conv [C, 1, K]; `ssm_dt.bias` the dt bias), the
+  shared MLP's (`ffn_*`, `ffn_*_shexp` beside experts) and the experts' gate and up read back
+  as one `input_linear` (`JOINED`), Q/K permuted, Granite's scalars; rotary only with
+  `rope.scaling.finetuned` (llama.cpp's), on `rope.dimension_count` of each head (Bamba's half).
 
 For all of them, llama.cpp's end-of-generation tokens by their text (`EOG_TEXTS`: Phi-3's
 `<|end|>`, gpt-oss's `<|return|>` and `<|call|>` but not its `<|end|>`) join the EOS ids.

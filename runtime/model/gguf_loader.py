@@ -7,7 +7,7 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
 layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
 (`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus,
-mistral3, glm4moe and llama4 (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
+mistral3, glm4moe, llama4 and granitehybrid (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
 Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
 builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -349,8 +349,9 @@ def _family_rope(reader, gguf_arch: str, head_dim: int) -> dict | None:
     partial = gguf_glm_cohere.partial_rotary(
         gguf_arch, _field(reader, p + "rope.dimension_count"), head_dim
     )
+    partial_ok = partial is not None or gguf_arch == "granitehybrid"  # (Bamba's: gguf_archs)
     rope_scaling = (None if gguf_arch == "phi3"  # (its longrope: gguf_archs)
-                    else _rope_scaling(reader, p, head_dim, partial is not None))  # fmt: skip
+                    else _rope_scaling(reader, p, head_dim, partial_ok))  # fmt: skip
     rope_scaling = {**(rope_scaling or {}), **partial} if partial else rope_scaling
     if gguf_arch in gguf_archs.ENGINE_ARCH:
         rope_scaling = gguf_archs.rope_scaling(
@@ -525,7 +526,8 @@ class GGUFWeights(_ByName):
         (`gguf_dequant`: the stored blocks are what crosses to a GPU)."""
         t = self._tensors[name]
         if name in self._joined:  # gate rows, then up rows
-            return torch.cat([self.read(n, device, dtype) for n in self._joined[name]], dim=-2)
+            parts = [self.read(n, device, dtype) for n in self._joined[name]]
+            return torch.cat(parts, dim=-2 if parts[0].dim() > 1 else 0)
         if isinstance(t, torch.Tensor):  # from the metadata
             return t.to(device=device, dtype=dtype)
         w = dequantize(t.data, t.tensor_type.name, _shape(t), dtype, device)

@@ -27,6 +27,10 @@ CASES = {
     "moe": dict(num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], **MAMBA,
                 num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                 shared_intermediate_size=64),
+    # Bamba, which the converter writes as `granitehybrid` too: rotary (half of each head) on
+    # its attention layers, a dense biased MLP, no scalars
+    "bamba": dict(num_hidden_layers=3, attn_layer_indices=[1], **MAMBA, mamba_d_head=32,
+                  mlp_bias=True, max_position_embeddings=512),
 }  # fmt: skip
 
 
@@ -49,24 +53,46 @@ def convert(path, hf_dir) -> dict[str, torch.Tensor]:
 
     cfg = transformers.AutoConfig.from_pretrained(hf_dir)
     sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
-    n, experts = cfg.num_hidden_layers, cfg.num_local_experts
-    attn = [i for i, t in enumerate(cfg.layer_types) if t in ("attention", "full_attention")]
+    n, experts = cfg.num_hidden_layers, getattr(cfg, "num_local_experts", 0)
+    bamba = cfg.model_type == "bamba"
+    if bamba:  # Granite's names for its MLP, its norms
+        renamed = {"feed_forward.gate_proj": "shared_mlp.gate", "feed_forward.up_proj":
+                   "shared_mlp.up", "feed_forward.down_proj": "shared_mlp.output_linear",
+                   "pre_ff_layernorm": "post_attention_layernorm",
+                   "final_layernorm": "norm"}  # fmt: skip
+        for k in list(sd):
+            for old, new in renamed.items():
+                if f".{old}." in k:
+                    sd[k.replace(old, new)] = sd.pop(k)
+        for kind in ("weight", "bias"):
+            parts = [sd.pop(f"model.layers.{i}.shared_mlp.{p}.{kind}", None) for i in range(n)
+                     for p in ("gate", "up")]  # fmt: skip
+            for i in range(n) if parts[0] is not None else ():
+                sd[f"model.layers.{i}.shared_mlp.input_linear.{kind}"] = np.concatenate(
+                    parts[2 * i : 2 * i + 2]
+                )
+        attn = list(cfg.attn_layer_indices)
+    else:
+        attn = [i for i, t in enumerate(cfg.layer_types) if t in ("attention", "full_attention")]
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     inner = cfg.mamba_expand * cfg.hidden_size
     w = gguf.GGUFWriter(str(path), "granitehybrid")
     w.add_block_count(n)
-    w.add_context_length(2**20)  # NoPE: the converter's
+    w.add_context_length(cfg.max_position_embeddings if bamba else 2**20)  # NoPE: 2**20
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(heads)
     w.add_head_count_kv([kv if i in attn else 0 for i in range(n)])
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_embedding_scale(cfg.embedding_multiplier)
-    w.add_residual_scale(cfg.residual_multiplier)
-    w.add_attention_scale(cfg.attention_multiplier)
-    w.add_logit_scale(cfg.logits_scaling)
-    w.add_expert_shared_feed_forward_length(cfg.shared_intermediate_size)
+    if bamba:  # (its config's attn_rotary_emb: half of each head, as transformers rotates)
+        w.add_rope_dimension_count(cfg.hidden_size // heads // 2)
+    else:
+        w.add_embedding_scale(cfg.embedding_multiplier)
+        w.add_residual_scale(cfg.residual_multiplier)
+        w.add_attention_scale(cfg.attention_multiplier)
+        w.add_logit_scale(cfg.logits_scaling)
+        w.add_expert_shared_feed_forward_length(cfg.shared_intermediate_size)
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -75,7 +101,7 @@ def convert(path, hf_dir) -> dict[str, torch.Tensor]:
     w.add_ssm_group_count(cfg.mamba_n_groups)
     w.add_ssm_inner_size(inner)
     w.add_ssm_time_step_rank(cfg.mamba_n_heads)
-    w.add_rope_scaling_finetuned(False)
+    w.add_rope_scaling_finetuned(bamba)  # (llama.cpp: rotary only then)
     tokens, types, merges = _byte_level_vocab(cfg.vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -118,12 +144,13 @@ def convert(path, hf_dir) -> dict[str, torch.Tensor]:
             norm = _store(w, b + "ssm_norm.weight", sd[m + "norm.weight"].reshape(g, -1), Q.F32)
             out[m + "norm.weight"] = norm.reshape(-1)
         s, x = ("_shexp", p + "shared_mlp.") if experts else ("", p + "shared_mlp.")
-        gate, up = np.split(sd[x + "input_linear.weight"], 2, axis=0)
-        out[x + "input_linear.weight"] = np.concatenate(
-            [_store(w, f"{b}ffn_gate{s}.weight", gate), _store(w, f"{b}ffn_up{s}.weight", up)]
-        )
-        out[x + "output_linear.weight"] = _store(w, f"{b}ffn_down{s}.weight",
-                                                 sd[x + "output_linear.weight"])  # fmt: skip
+        for kind in ("weight", "bias") if bamba else ("weight",):
+            gate, up = np.split(sd[f"{x}input_linear.{kind}"], 2, axis=0)
+            out[f"{x}input_linear.{kind}"] = np.concatenate(
+                [_store(w, f"{b}ffn_gate{s}.{kind}", gate), _store(w, f"{b}ffn_up{s}.{kind}", up)]
+            )
+            out[f"{x}output_linear.{kind}"] = _store(w, f"{b}ffn_down{s}.{kind}",
+                                                     sd[f"{x}output_linear.{kind}"])  # fmt: skip
         if experts:
             e = p + "block_sparse_moe."
             put("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", qtype=Q.F32)
@@ -139,22 +166,45 @@ def convert(path, hf_dir) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
 
 
+def _bamba_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Bamba's checkpoint names of `convert`'s tensors (Granite's: its MLP, its norms)."""
+    out = {}
+    for k, v in tensors.items():
+        if ".shared_mlp.input_linear." in k:
+            gate, up = v.chunk(2)
+            kind = k.rsplit(".", 1)[1]
+            out[k.replace(f"shared_mlp.input_linear.{kind}", f"feed_forward.gate_proj.{kind}")] = (
+                gate
+            )
+            out[k.replace(f"shared_mlp.input_linear.{kind}", f"feed_forward.up_proj.{kind}")] = up
+            continue
+        k = k.replace("shared_mlp.output_linear", "feed_forward.down_proj")
+        k = k.replace("post_attention_layernorm", "pre_ff_layernorm")
+        out[k.replace("model.norm.", "model.final_layernorm.")] = v
+    return out
+
+
 def _unpermute(a, n):
     return a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_granite_hybrid_gguf_matches_transformers_on_its_dequantized_weights(tmp_path, case):
-    make_tiny_model(tmp_path / "hf", "GraniteMoeHybrid", **CASES[case])
+    make_tiny_model(tmp_path / "hf", "Bamba" if case == "bamba" else "GraniteMoeHybrid",
+                    **CASES[case])  # fmt: skip
     path = tmp_path / f"{case}.gguf"
     expected = convert(path, tmp_path / "hf")
-    oracle = _oracle(tmp_path, expected)
+    oracle = _oracle(tmp_path, _bamba_names(expected) if case == "bamba" else expected)
     config, weights, _, _ = load_gguf(path)
     assert config.architecture == "granitemoehybrid"
     m = config.family.mamba
-    assert m.layers == tuple(t == "mamba" for t in CASES[case]["layer_types"])
+    types = CASES[case].get("layer_types") or ["mamba", "attention", "mamba"]
+    assert m.layers == tuple(t == "mamba" for t in types)
     assert (m.n_heads, m.head_dim, m.n_groups, m.d_state) == (4, 32, 2, 16)
-    for name, want in expected.items():
+    if case == "bamba":  # half of each head rotates; NoPE otherwise
+        assert config.rope_scaling == {"partial_rotary_factor": 0.5}
+    assert config.family.rope_layers == (() if case == "bamba" else (False,) * 3)
+    for name, want in expected.items():  # (Bamba's under Granite's names)
         torch.testing.assert_close(weights[name], want, rtol=1e-6, atol=1e-6, msg=name)
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
     assert _generate(path, PROMPTS) == want, case
