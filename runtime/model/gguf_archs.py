@@ -1,6 +1,7 @@
 """GGUFs of the families the engine runs from safetensors that llama.cpp's converter writes
 under architectures of their own: `gpt-oss`, `phi3`, `exaone4`, `seed_oss`, `ernie4_5`,
-`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe`, `llama4` and `granitehybrid`, read into the names and
+`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe`, `llama4`, `granitehybrid` and
+`nemotron_h`, read into the names and
 `FamilyConfig` fields of the models the safetensors loader builds (`gguf_loader` asks this
 module where they differ from Llama's).
 
@@ -42,6 +43,10 @@ module where they differ from Llama's).
   shared MLP's (`ffn_*`, `ffn_*_shexp` beside experts) and the experts' gate and up read back
   as one `input_linear` (`JOINED`), Q/K permuted, Granite's scalars; rotary only with
   `rope.scaling.finetuned` (llama.cpp's), on `rope.dimension_count` of each head (Bamba's half).
+- nemotron_h (Nemotron-H, dense): the same mixer; attention where the per-layer
+  `attention.head_count_kv` is not 0, an ungated ReLU² MLP block where `feed_forward_length` is
+  not, a Mamba2 mixer elsewhere; no rotary; Q/K permuted (no rotary: the scores the same).
+  Its MoE files (`nemotron_h_moe`) and pure `mamba2` ones are not read.
 
 For all of them, llama.cpp's end-of-generation tokens by their text (`EOG_TEXTS`: Phi-3's
 `<|end|>`, gpt-oss's `<|return|>` and `<|call|>` but not its `<|end|>`) join the EOS ids.
@@ -61,9 +66,9 @@ ENGINE_ARCH = {"gpt-oss": "gpt_oss", "phi3": "phi3", "exaone4": "exaone4",
                "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "starcoder2": "starcoder2",
                "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral",
                "glm4moe": "glm4_moe", "llama4": "llama4",
-               "granitehybrid": "granitemoehybrid"}  # fmt: skip
+               "granitehybrid": "granitemoehybrid", "nemotron_h": "nemotron_h"}  # fmt: skip
 # converted by llama.cpp's LlamaModel (its permute kept: `undo_permute`): Q/K rows permuted
-PERMUTED = ("arcee", "mistral3", "granitehybrid")
+PERMUTED = ("arcee", "mistral3", "granitehybrid", "nemotron_h")
 GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
 # tokens llama.cpp ends a generation on by their text (llama-vocab.cpp), beside the file's EOS
 # and EOT ids; where <|return|> and <|call|> are (harmony), <|end|> is not one
@@ -106,6 +111,9 @@ NAMES: dict[str, dict[str, str]] = {
                             for x, to in (("", "shared_mlp.input_linear"),
                                           ("_shexp", "shared_mlp.input_linear"),
                                           ("_exps", "block_sparse_moe.input_linear"))}},
+    # Nemotron-H: the Mamba2 mixer (its MLP blocks' ffn_up / ffn_down, its norm: Llama's names)
+    "nemotron_h": {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj",
+                   "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm"},
 }  # fmt: skip
 # engine tensors stored as parts (gate rows, then up rows): the parts' names (as `hf_name`
 # gives them, `<whole>.gate.weight`, `<whole>.up.weight`) read back as one `<whole>.weight`
@@ -114,7 +122,8 @@ JOINED_PARTS = ("gate", "up")
 # names without a weight/bias suffix in the engine's checkpoints
 BARE = {("gpt_oss", "attn_sinks"): "self_attn.sinks",
         ("glm4_moe", "exp_probs_b"): "mlp.gate.e_score_correction_bias",
-        ("granitemoehybrid", "ssm_dt"): "mamba.dt_bias"}  # fmt: skip
+        ("granitemoehybrid", "ssm_dt"): "mamba.dt_bias",
+        ("nemotron_h", "ssm_dt"): "mamba.dt_bias"}  # fmt: skip
 # the Mamba2 mixer's tensors llama.cpp names without a suffix (`blk.N.ssm_a`): A as -exp(A_log)
 # and D, each [n_head, 1]
 SUFFIXLESS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
@@ -143,7 +152,7 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
 def suffixless_name(name: str, architecture: str) -> str | None:
     """The engine's name of a Mamba2 `blk.N.ssm_a` / `blk.N.ssm_d` (None for another tensor)."""
     m = _SUFFIXLESS.match(name)
-    if m is None or architecture not in JOINED:
+    if m is None or architecture not in ("granitemoehybrid", "nemotron_h"):
         return None
     return f"model.layers.{m.group(1)}.{SUFFIXLESS[m.group(2)]}"
 
@@ -240,8 +249,8 @@ def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern,
         return _glm4_moe(get, tensors)
     if gguf_arch == "llama4":
         return _llama4(get, layers)
-    if gguf_arch == "granitehybrid":
-        return _granite_hybrid(get, layers, tensors)
+    if gguf_arch in ("granitehybrid", "nemotron_h"):
+        return _mamba_hybrid(get, gguf_arch, layers, tensors)
     if gguf_arch == "gpt-oss":
         alpha, limit = GPT_OSS_SWIGLU
         return dict(attention_sinks=True, swiglu_alpha=alpha, swiglu_limit=limit,
@@ -297,35 +306,49 @@ def _glm4_moe(get: Get, tensors: set[str]) -> dict[str, Any]:
             "shared_expert_intermediate_size": width * int(get("expert_shared_count", 0) or 0)}  # fmt: skip
 
 
-def _granite_hybrid(get: Get, layers: int, tensors: set[str]) -> dict[str, Any]:
-    """Granite 4.0-H's Mamba2 mixers from `ssm.*` (`time_step_rank`: the heads, `inner_size`
-    over them: a head's width), on the layers whose `attention.head_count_kv` is 0 (a value a
-    layer); no rotary unless `rope.scaling.finetuned` (llama.cpp's test: its Bamba). Granite's
-    scalars and the experts are read as granitemoe's."""
+def _per_layer(get: Get, gguf_arch: str, key: str, layers: int) -> list[int]:
+    values = get(key)
+    if not isinstance(values, list) or len(values) != layers:
+        raise ValueError(f"GGUF {gguf_arch} needs {key} with a value for each of its {layers} "
+                         "layers (0 where the layer has none)")  # fmt: skip
+    return [int(v) for v in values]
+
+
+def _mamba_hybrid(get: Get, gguf_arch: str, layers: int, tensors: set[str]) -> dict[str, Any]:
+    """Granite 4.0-H's and Nemotron-H's Mamba2 mixers from `ssm.*` (`time_step_rank`: the
+    heads, `inner_size` over them: a head's width), on the layers whose per-layer
+    `attention.head_count_kv` is 0 (and, Nemotron-H's, `feed_forward_length` too: else an MLP
+    block, ungated ReLU²); Granite's rotary only with `rope.scaling.finetuned` (llama.cpp's
+    test: its Bamba), Nemotron-H's none. Granite's scalars and experts are read as
+    granitemoe's."""
     from pagoda.runtime.model_configs import MambaConfig
 
-    kv = get("attention.head_count_kv")
-    if not isinstance(kv, list) or len(kv) != layers:
-        raise ValueError(f"GGUF granitehybrid needs attention.head_count_kv with a value for "
-                         f"each of its {layers} layers (0: a Mamba2 layer)")  # fmt: skip
-    mamba = [not int(k) for k in kv]
+    kv = _per_layer(get, gguf_arch, "attention.head_count_kv", layers)
+    mlp = [False] * layers
+    if gguf_arch == "nemotron_h":
+        mlp = [bool(f) for f in _per_layer(get, gguf_arch, "feed_forward_length", layers)]
+    mamba = [not k and not f for k, f in zip(kv, mlp)]
     keys = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
     ssm = {k: get(f"ssm.{k}") for k in keys}
     missing = [f"ssm.{k}" for k, v in ssm.items() if not v]
     if missing:
-        raise ValueError(f"GGUF granitehybrid needs {', '.join(missing)}")
+        raise ValueError(f"GGUF {gguf_arch} needs {', '.join(missing)}")
     heads, inner = int(ssm["time_step_rank"]), int(ssm["inner_size"])
     if inner % heads:
-        raise ValueError(f"GGUF granitehybrid ssm.inner_size {inner} is not a multiple of its "
+        raise ValueError(f"GGUF {gguf_arch} ssm.inner_size {inner} is not a multiple of its "
                          f"{heads} heads (ssm.time_step_rank)")  # fmt: skip
     first = next((i for i, m in enumerate(mamba) if m), 0)
     config = MambaConfig(layers=tuple(mamba), n_heads=heads, head_dim=inner // heads,
                          d_state=int(ssm["state_size"]), n_groups=int(ssm["group_count"]),
                          d_conv=int(ssm["conv_kernel"]),
                          conv_bias=f"blk.{first}.ssm_conv1d.bias" in tensors,
-                         proj_bias=f"blk.{first}.ssm_in.bias" in tensors)  # fmt: skip
+                         proj_bias=f"blk.{first}.ssm_in.bias" in tensors,
+                         mlp_layers=tuple(mlp) if any(mlp) else (),
+                         ssm_float32=gguf_arch == "nemotron_h")  # fmt: skip
     fields: dict[str, Any] = {"mamba": config}
-    if not get("rope.scaling.finetuned"):  # NoPE: no layer rotates
+    if gguf_arch == "nemotron_h":  # (its state in float32: transformers' default)
+        fields.update(gated_mlp=False, hidden_act="relu2")
+    if gguf_arch == "nemotron_h" or not get("rope.scaling.finetuned"):  # NoPE
         fields["rope_layers"] = (False,) * layers
     return fields
 

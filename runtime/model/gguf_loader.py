@@ -7,7 +7,7 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
 layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
 (`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus,
-mistral3, glm4moe, llama4 and granitehybrid (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
+mistral3, glm4moe, llama4, granitehybrid and nemotron_h (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
 Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
 builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -419,7 +419,7 @@ def read_config(reader) -> ModelConfig:
             if gguf_arch == "granitehybrid"
             else 0
         )
-        or int(_field(reader, p + "feed_forward_length")),
+        or _widest(_field(reader, p + "feed_forward_length")),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -436,6 +436,12 @@ def read_config(reader) -> ModelConfig:
         family=deepseek.get("family")
         or _family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),
     )
+
+
+def _widest(value) -> int:
+    """`feed_forward_length`, or the widest of its per-layer values (Nemotron-H's: 0 on the
+    layers without an MLP)."""
+    return int(max(value) if isinstance(value, list) else value)
 
 
 def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:

@@ -166,6 +166,106 @@ def convert(path, hf_dir) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
 
 
+NEMOTRON = dict(layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
+                num_hidden_layers=5, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16,
+                n_groups=2, chunk_size=8, head_dim=16, use_bias=True, mlp_bias=True)  # fmt: skip
+
+
+def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
+    """The checkpoint as llama.cpp's converter (`NemotronHModel`) writes a `nemotron_h` file:
+    `attention.head_count_kv` and `feed_forward_length` a value a layer (0 where the layer has
+    none), the mixer as Granite 4.0-H's; the tensors as the file gives them back, by the
+    checkpoint's (`backbone.`) names."""
+    from pagoda.runtime.model.mamba_config import nemotron_name
+    from safetensors.torch import load_file
+
+    cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
+    types, heads, kv = cfg.layers_block_type, cfg.num_attention_heads, cfg.num_key_value_heads
+    n = len(types)
+    w = gguf.GGUFWriter(str(path), "nemotron_h")
+    w.add_block_count(n)
+    w.add_context_length(2**20)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length([cfg.intermediate_size if t == "mlp" else 0 for t in types])
+    w.add_head_count(heads)
+    w.add_head_count_kv([kv if t in ("attention", "full_attention") else 0 for t in types])
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(cfg.layer_norm_epsilon)
+    w.add_ssm_conv_kernel(cfg.conv_kernel)
+    w.add_ssm_state_size(cfg.ssm_state_size)
+    w.add_ssm_group_count(cfg.n_groups)
+    w.add_ssm_inner_size(cfg.mamba_num_heads * cfg.mamba_head_dim)
+    w.add_ssm_time_step_rank(cfg.mamba_num_heads)
+    w.add_rope_scaling_finetuned(False)
+    tokens, types_, merges = _byte_level_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types_)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(cfg.vocab_size - 1)
+    gnames = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+              "output_norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
+    parts = {"input_layernorm": "attn_norm", "mamba.in_proj": "ssm_in", "mamba.out_proj":
+             "ssm_out", "mamba.conv1d": "ssm_conv1d", "mamba.norm": "ssm_norm",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output"}  # fmt: skip
+    out = {}
+    for stored, arr in sd.items():
+        name = stored if stored == "lm_head.weight" else nemotron_name(stored)
+        if name in gnames:
+            out[stored] = _store(w, gnames[name], arr)
+            continue
+        i, rest = name.removeprefix("model.layers.").split(".", 1)
+        b, (part, kind) = f"blk.{i}.", rest.rsplit(".", 1) if "." in rest else (rest, "")
+        if rest == "mamba.A_log":
+            out[stored] = np.log(-_store(w, b + "ssm_a", -np.exp(arr)[:, None], Q.F32)[:, 0])
+        elif rest == "mamba.D":
+            out[stored] = _store(w, b + "ssm_d", arr[:, None], Q.F32)[:, 0]
+        elif rest == "mamba.dt_bias":
+            out[stored] = _store(w, b + "ssm_dt.bias", arr)
+        elif rest == "mamba.conv1d.weight":
+            out[stored] = _store(w, b + "ssm_conv1d.weight", arr[:, 0], Q.F32)[:, None]
+        elif rest == "mamba.norm.weight":
+            g = cfg.n_groups
+            out[stored] = _store(w, b + "ssm_norm.weight", arr.reshape(g, -1), Q.F32).reshape(-1)
+        elif part in ("self_attn.q_proj", "self_attn.k_proj"):
+            h = heads if part == "self_attn.q_proj" else kv
+            out[stored] = _unpermute(_store(w, f"{b}{parts[part]}.{kind}", _permute(arr, h)), h)
+        else:
+            out[stored] = _store(w, f"{b}{parts[part]}.{kind}", arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
+
+
+def test_nemotron_h_gguf_matches_transformers_on_its_dequantized_weights(tmp_path):
+    from pagoda.runtime.model.mamba_config import nemotron_name
+
+    make_tiny_model(tmp_path / "hf", "NemotronH", **NEMOTRON)
+    path = tmp_path / "nemotron_h.gguf"
+    expected = convert_nemotron_h(path, tmp_path / "hf")
+    oracle = _oracle(tmp_path, expected)
+    config, weights, _, _ = load_gguf(path)
+    assert config.architecture == "nemotron_h"
+    m = config.family.mamba
+    assert m.layers == (True, False, False, False, True)
+    assert m.mlp_layers == (False, True, False, True, False)
+    assert [m.attention(i) for i in range(5)] == [False, False, True, False, False]
+    for name, want in expected.items():
+        name = name if name == "lm_head.weight" else nemotron_name(name)
+        torch.testing.assert_close(weights[name], want, rtol=1e-6, atol=1e-6,
+                                   msg=name)  # fmt: skip
+    want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
+    assert _generate(path, PROMPTS) == want
+
+
 def _bamba_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Bamba's checkpoint names of `convert`'s tensors (Granite's: its MLP, its norms)."""
     out = {}
