@@ -1,6 +1,7 @@
 """GGUFs of the families the engine runs from safetensors that llama.cpp's converter writes
 under architectures of their own: `gpt-oss`, `phi3`, `exaone4`, `seed_oss`, `ernie4_5`,
-`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe` and `llama4`, read into the names and
+`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe`, `llama4`, `granitehybrid` and
+`nemotron_h`, read into the names and
 `FamilyConfig` fields of the models the safetensors loader builds (`gguf_loader` asks this
 module where they differ from Llama's).
 
@@ -35,12 +36,25 @@ module where they differ from Llama's).
   `ffn_*_shexp`, dense `ffn_*` on the other layers; Q/K as stored; llama.cpp's built-in chunks,
   NoPE layers, q temperature and q/k norms (`_llama4`).
 
+- granitehybrid (Granite 4.0-H, and Bamba): the Mamba2 layers where the per-layer
+  `attention.head_count_kv` is 0, the mixer from `ssm.*` (`time_step_rank`: its heads), its
+  tensors back in the checkpoint's forms (`mamba_value`: A_log from `ssm_a` = -exp(A_log), A, D
+  and the grouped `ssm_norm` flat, the squeezed conv [C, 1, K]; `ssm_dt.bias` the dt bias), the
+  shared MLP's (`ffn_*`, `ffn_*_shexp` beside experts) and the experts' gate and up read back
+  as one `input_linear` (`JOINED`), Q/K permuted, Granite's scalars; rotary only with
+  `rope.scaling.finetuned` (llama.cpp's), on `rope.dimension_count` of each head (Bamba's half).
+- nemotron_h (Nemotron-H, dense): the same mixer; attention where the per-layer
+  `attention.head_count_kv` is not 0, an ungated ReLU² MLP block where `feed_forward_length` is
+  not, a Mamba2 mixer elsewhere; no rotary; Q/K permuted (no rotary: the scores the same).
+  Its MoE files (`nemotron_h_moe`) and pure `mamba2` ones are not read.
+
 For all of them, llama.cpp's end-of-generation tokens by their text (`EOG_TEXTS`: Phi-3's
 `<|end|>`, gpt-oss's `<|return|>` and `<|call|>` but not its `<|end|>`) join the EOS ids.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -51,8 +65,10 @@ from pagoda.runtime.model.gguf_dequant import dequantize
 ENGINE_ARCH = {"gpt-oss": "gpt_oss", "phi3": "phi3", "exaone4": "exaone4",
                "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "starcoder2": "starcoder2",
                "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral",
-               "glm4moe": "glm4_moe", "llama4": "llama4"}  # fmt: skip
-PERMUTED = ("arcee", "mistral3")  # converted by llama.cpp's LlamaModel: Q/K rows permuted
+               "glm4moe": "glm4_moe", "llama4": "llama4",
+               "granitehybrid": "granitemoehybrid", "nemotron_h": "nemotron_h"}  # fmt: skip
+# converted by llama.cpp's LlamaModel (its permute kept: `undo_permute`): Q/K rows permuted
+PERMUTED = ("arcee", "mistral3", "granitehybrid", "nemotron_h")
 GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
 # tokens llama.cpp ends a generation on by their text (llama-vocab.cpp), beside the file's EOS
 # and EOT ids; where <|return|> and <|call|> are (harmony), <|end|> is not one
@@ -83,10 +99,35 @@ NAMES: dict[str, dict[str, str]] = {
                  **{f"ffn_{p}_exps": f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")},
                  **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                     for p in ("gate", "up", "down")}},
+    # Granite 4.0-H: the Mamba2 mixer; the shared MLP (ffn_* dense, ffn_*_shexp beside experts)
+    # and GraniteMoe's experts, gate and up read back as one (`JOINED`)
+    "granitemoehybrid": {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj",
+                         "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
+                         "ffn_down": "shared_mlp.output_linear",
+                         "ffn_down_shexp": "shared_mlp.output_linear",
+                         "ffn_gate_inp": "block_sparse_moe.router.layer",
+                         "ffn_down_exps": "block_sparse_moe.output_linear",
+                         **{f"ffn_{p}{x}": f"{to}.{p}" for p in ("gate", "up")
+                            for x, to in (("", "shared_mlp.input_linear"),
+                                          ("_shexp", "shared_mlp.input_linear"),
+                                          ("_exps", "block_sparse_moe.input_linear"))}},
+    # Nemotron-H: the Mamba2 mixer (its MLP blocks' ffn_up / ffn_down, its norm: Llama's names)
+    "nemotron_h": {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj",
+                   "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm"},
 }  # fmt: skip
+# engine tensors stored as parts (gate rows, then up rows): the parts' names (as `hf_name`
+# gives them, `<whole>.gate.weight`, `<whole>.up.weight`) read back as one `<whole>.weight`
+JOINED = {"granitemoehybrid": ("shared_mlp.input_linear", "block_sparse_moe.input_linear")}
+JOINED_PARTS = ("gate", "up")
 # names without a weight/bias suffix in the engine's checkpoints
 BARE = {("gpt_oss", "attn_sinks"): "self_attn.sinks",
-        ("glm4_moe", "exp_probs_b"): "mlp.gate.e_score_correction_bias"}  # fmt: skip
+        ("glm4_moe", "exp_probs_b"): "mlp.gate.e_score_correction_bias",
+        ("granitemoehybrid", "ssm_dt"): "mamba.dt_bias",
+        ("nemotron_h", "ssm_dt"): "mamba.dt_bias"}  # fmt: skip
+# the Mamba2 mixer's tensors llama.cpp names without a suffix (`blk.N.ssm_a`): A as -exp(A_log)
+# and D, each [n_head, 1]
+SUFFIXLESS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
+_SUFFIXLESS = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d)$")
 _FUSED = {"attn_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "ffn_up": ("mlp.gate_proj", "mlp.up_proj")}  # phi3's, in row order  # fmt: skip
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -106,6 +147,50 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
         return f"model.layers.{layer}.{BARE[architecture, part]}"
     name = NAMES.get(architecture, {}).get(part)
     return None if name is None else f"model.layers.{layer}.{name}.{kind}"
+
+
+def suffixless_name(name: str, architecture: str) -> str | None:
+    """The engine's name of a Mamba2 `blk.N.ssm_a` / `blk.N.ssm_d` (None for another tensor)."""
+    m = _SUFFIXLESS.match(name)
+    if m is None or architecture not in ("granitemoehybrid", "nemotron_h"):
+        return None
+    return f"model.layers.{m.group(1)}.{SUFFIXLESS[m.group(2)]}"
+
+
+def joined(names, architecture: str) -> dict[str, tuple[str, str]]:
+    """The engine's tensors read as two of the file's joined (gate rows, then up rows; `JOINED`):
+    {whole: (gate part, up part)} over the engine `names` the file has."""
+    out = {}
+    for name in names:
+        for whole in JOINED.get(architecture, ()):
+            prefix, sep, kind = name.rpartition(f"{whole}.gate.")
+            if sep and kind in ("weight", "bias"):
+                parts = (name, f"{prefix}{whole}.up.{kind}")
+                if parts[1] in names:
+                    out[f"{prefix}{whole}.{kind}"] = parts
+    return out
+
+
+def mamba_value(name: str, w: torch.Tensor) -> torch.Tensor:
+    """A Mamba2 mixer's tensor as the checkpoint holds it, from llama.cpp's form: A_log from
+    A = -exp(A_log), A and D [n_head, 1] flat, the conv [channels, width] as [channels, 1,
+    width], the norm [groups, channels / groups] flat."""
+    if name.endswith("mamba.A_log"):
+        return torch.log(-w.flatten())
+    if name.endswith(("mamba.D", "mamba.norm.weight")):
+        return w.flatten()
+    if name.endswith("mamba.conv1d.weight") and w.dim() == 2:
+        return w[:, None, :]
+    return w
+
+
+def mamba_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The checkpoint's shape of a tensor `shape` in the file (`mamba_value`'s reshapes)."""
+    if name.endswith(("mamba.A_log", "mamba.D", "mamba.norm.weight")):
+        return (math.prod(shape),)
+    if name.endswith("mamba.conv1d.weight") and len(shape) == 2:
+        return (shape[0], 1, shape[1])
+    return shape
 
 
 def fused_parts(name: str, rows: int, config) -> list[tuple[str, int, int]]:
@@ -164,6 +249,8 @@ def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern,
         return _glm4_moe(get, tensors)
     if gguf_arch == "llama4":
         return _llama4(get, layers)
+    if gguf_arch in ("granitehybrid", "nemotron_h"):
+        return _mamba_hybrid(get, gguf_arch, layers, tensors)
     if gguf_arch == "gpt-oss":
         alpha, limit = GPT_OSS_SWIGLU
         return dict(attention_sinks=True, swiglu_alpha=alpha, swiglu_limit=limit,
@@ -219,6 +306,53 @@ def _glm4_moe(get: Get, tensors: set[str]) -> dict[str, Any]:
             "shared_expert_intermediate_size": width * int(get("expert_shared_count", 0) or 0)}  # fmt: skip
 
 
+def _per_layer(get: Get, gguf_arch: str, key: str, layers: int) -> list[int]:
+    values = get(key)
+    if not isinstance(values, list) or len(values) != layers:
+        raise ValueError(f"GGUF {gguf_arch} needs {key} with a value for each of its {layers} "
+                         "layers (0 where the layer has none)")  # fmt: skip
+    return [int(v) for v in values]
+
+
+def _mamba_hybrid(get: Get, gguf_arch: str, layers: int, tensors: set[str]) -> dict[str, Any]:
+    """Granite 4.0-H's and Nemotron-H's Mamba2 mixers from `ssm.*` (`time_step_rank`: the
+    heads, `inner_size` over them: a head's width), on the layers whose per-layer
+    `attention.head_count_kv` is 0 (and, Nemotron-H's, `feed_forward_length` too: else an MLP
+    block, ungated ReLU²); Granite's rotary only with `rope.scaling.finetuned` (llama.cpp's
+    test: its Bamba), Nemotron-H's none. Granite's scalars and experts are read as
+    granitemoe's."""
+    from pagoda.runtime.model_configs import MambaConfig
+
+    kv = _per_layer(get, gguf_arch, "attention.head_count_kv", layers)
+    mlp = [False] * layers
+    if gguf_arch == "nemotron_h":
+        mlp = [bool(f) for f in _per_layer(get, gguf_arch, "feed_forward_length", layers)]
+    mamba = [not k and not f for k, f in zip(kv, mlp)]
+    keys = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
+    ssm = {k: get(f"ssm.{k}") for k in keys}
+    missing = [f"ssm.{k}" for k, v in ssm.items() if not v]
+    if missing:
+        raise ValueError(f"GGUF {gguf_arch} needs {', '.join(missing)}")
+    heads, inner = int(ssm["time_step_rank"]), int(ssm["inner_size"])
+    if inner % heads:
+        raise ValueError(f"GGUF {gguf_arch} ssm.inner_size {inner} is not a multiple of its "
+                         f"{heads} heads (ssm.time_step_rank)")  # fmt: skip
+    first = next((i for i, m in enumerate(mamba) if m), 0)
+    config = MambaConfig(layers=tuple(mamba), n_heads=heads, head_dim=inner // heads,
+                         d_state=int(ssm["state_size"]), n_groups=int(ssm["group_count"]),
+                         d_conv=int(ssm["conv_kernel"]),
+                         conv_bias=f"blk.{first}.ssm_conv1d.bias" in tensors,
+                         proj_bias=f"blk.{first}.ssm_in.bias" in tensors,
+                         mlp_layers=tuple(mlp) if any(mlp) else (),
+                         ssm_float32=gguf_arch == "nemotron_h")  # fmt: skip
+    fields: dict[str, Any] = {"mamba": config}
+    if gguf_arch == "nemotron_h":  # (its state in float32: transformers' default)
+        fields.update(gated_mlp=False, hidden_act="relu2")
+    if gguf_arch == "nemotron_h" or not get("rope.scaling.finetuned"):  # NoPE
+        fields["rope_layers"] = (False,) * layers
+    return fields
+
+
 def _llama4(get: Get, layers: int) -> dict[str, Any]:
     """Llama 4 as llama.cpp builds it (no keys for most of it): `attention.sliding_window` 0
     (the converter's for all-full-attention configs) means rotary on every layer, no chunks, no
@@ -250,6 +384,9 @@ def rope_scaling(get: Get, gguf_arch: str, scaling: dict | None, head_dim: int,
     `scaling` is what the common reading made of the file (None for phi3, which it skips)."""
     if gguf_arch == "phi3":
         return _phi3_rope(get, head_dim, tensors)
+    rotated = get("rope.dimension_count")
+    if gguf_arch == "granitehybrid" and rotated and int(rotated) != head_dim:
+        return {**(scaling or {}), "partial_rotary_factor": int(rotated) / head_dim}
     if scaling and scaling.get("rope_type") == "yarn":
         if gguf_arch == "gpt-oss":
             return {**scaling, "truncate": False}

@@ -7,7 +7,7 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
 layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
 (`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus,
-mistral3, glm4moe and llama4 (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
+mistral3, glm4moe, llama4, granitehybrid and nemotron_h (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
 Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
 builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -88,7 +88,7 @@ _MOE_BLOCKS = {  # architecture -> (block prefix, expert weight names) as the mo
 }
 _MOE_ROUTERS = {"granitemoe": "router.layer"}  # ffn_gate_inp where the model's is not `gate`
 # llama.cpp renormalises the top-k routing weights of these (the others' it hands on as they are)
-_RENORMALISED = ("mixtral", "qwen3moe", "granitemoe")
+_RENORMALISED = ("mixtral", "qwen3moe", "granitemoe", "granitemoehybrid")
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer is global
 GEMMA3_LOCAL_THETA = 10_000.0
 # llama.cpp's Gemma 2: every other layer global, soft caps 50 (attention) and 30 (final)
@@ -122,8 +122,8 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _BLOCK.match(name)
-    if not m:
-        return None
+    if not m:  # (a Mamba2 mixer's A and D: `blk.N.ssm_a`)
+        return gguf_archs.suffixless_name(name, architecture)
     layer, part, kind = m.groups()
     if architecture in gguf_deepseek.ARCHITECTURES:  # deepseek2 (gguf_deepseek.py)
         return gguf_deepseek.hf_name(layer, part, kind)
@@ -177,7 +177,7 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
         fields.update(qk_norm_whole=True, olmo2_norms=arch == "olmo2")
     if arch == "granitemoe" and _field(reader, p + "expert_shared_feed_forward_length"):
         raise ValueError("GGUF granitemoe with a shared expert (GraniteMoeShared) is not supported")
-    if arch in ("granite", "granitemoe"):
+    if arch in ("granite", "granitemoe", "granitemoehybrid"):
         fields.update(_granite_scalars(reader, p))
     fields.update(_expert_fields(reader, p, arch, layers))
     return FamilyConfig(**fields)
@@ -245,8 +245,12 @@ def _expert_fields(reader, p: str, arch: str, layers: int) -> dict:
         norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", arch in _RENORMALISED)),
         moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)),
     )
-    if arch in ("qwen3moe", "qwen2moe", "olmoe", "granitemoe"):
+    if arch in ("qwen3moe", "qwen2moe", "olmoe", "granitemoe", "granitemoehybrid"):
         fields["round_topk_to_model_dtype"] = True
+    if arch == "granitemoehybrid":  # the shared MLP beside the experts
+        fields["shared_expert_intermediate_size"] = int(
+            _field(reader, p + "expert_shared_feed_forward_length")
+        )
     if arch == "qwen2moe":  # the key, else the shared expert's rows (llama.cpp: the same)
         shexp = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_shexp.weight")),
                      None)  # fmt: skip
@@ -345,8 +349,9 @@ def _family_rope(reader, gguf_arch: str, head_dim: int) -> dict | None:
     partial = gguf_glm_cohere.partial_rotary(
         gguf_arch, _field(reader, p + "rope.dimension_count"), head_dim
     )
+    partial_ok = partial is not None or gguf_arch == "granitehybrid"  # (Bamba's: gguf_archs)
     rope_scaling = (None if gguf_arch == "phi3"  # (its longrope: gguf_archs)
-                    else _rope_scaling(reader, p, head_dim, partial is not None))  # fmt: skip
+                    else _rope_scaling(reader, p, head_dim, partial_ok))  # fmt: skip
     rope_scaling = {**(rope_scaling or {}), **partial} if partial else rope_scaling
     if gguf_arch in gguf_archs.ENGINE_ARCH:
         rope_scaling = gguf_archs.rope_scaling(
@@ -380,7 +385,10 @@ def read_config(reader) -> ModelConfig:
         arch = "mixtral"  # llama.cpp stores Mixtral as llama with experts
     hidden = int(_field(reader, p + "embedding_length"))
     heads = int(_field(reader, p + "attention.head_count"))
-    kv_heads = int(_field(reader, p + "attention.head_count_kv", heads))
+    kv_heads = _field(reader, p + "attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):  # a value a layer (granitehybrid: 0 on its Mamba2 layers)
+        kv_heads = max(kv_heads) or heads
+    kv_heads = int(kv_heads)
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = int(_field(reader, p + "vocab_size", len(tokens)))
     deepseek: dict = {}
@@ -406,7 +414,12 @@ def read_config(reader) -> ModelConfig:
     return ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, p + "feed_forward_length")),
+        intermediate_size=int(  # Granite 4.0-H's: its shared MLP's (feed_forward_length: the
+            _field(reader, p + "expert_shared_feed_forward_length", 0)  # experts')
+            if gguf_arch == "granitehybrid"
+            else 0
+        )
+        or _widest(_field(reader, p + "feed_forward_length")),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -423,6 +436,12 @@ def read_config(reader) -> ModelConfig:
         family=deepseek.get("family")
         or _family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),
     )
+
+
+def _widest(value) -> int:
+    """`feed_forward_length`, or the widest of its per-layer values (Nemotron-H's: 0 on the
+    layers without an MLP)."""
+    return int(max(value) if isinstance(value, list) else value)
 
 
 def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
@@ -496,6 +515,9 @@ class GGUFWeights(_ByName):
                 self._tensors[name], self._rows[name] = t, (start, stop)
         # values the converter wrote as metadata (Apertus' xIELU parameters)
         self._tensors.update(gguf_archs.extra_tensors(reader, gguf_arch, config.num_layers))
+        # tensors stored as gate and up apart, read as one (Granite 4.0-H's input_linear)
+        self._joined = gguf_archs.joined(set(self._tensors), config.architecture)
+        self._tensors.update(dict.fromkeys(self._joined))
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.read(name)
@@ -509,6 +531,9 @@ class GGUFWeights(_ByName):
         """Tensor `name` as `dtype` on `device` (default: the CPU), dequantized there
         (`gguf_dequant`: the stored blocks are what crosses to a GPU)."""
         t = self._tensors[name]
+        if name in self._joined:  # gate rows, then up rows
+            parts = [self.read(n, device, dtype) for n in self._joined[name]]
+            return torch.cat(parts, dim=-2 if parts[0].dim() > 1 else 0)
         if isinstance(t, torch.Tensor):  # from the metadata
             return t.to(device=device, dtype=dtype)
         w = dequantize(t.data, t.tensor_type.name, _shape(t), dtype, device)
@@ -516,6 +541,8 @@ class GGUFWeights(_ByName):
             w = w[slice(*self._rows[name])].contiguous()
         if w.dim() == 1 and name.endswith("shared_expert_gate.weight"):  # squeezed: [hidden]
             return w[None]
+        if ".mamba." in name:  # llama.cpp's forms of the mixer's tensors
+            return gguf_archs.mamba_value(name, w)
         heads = _permuted_heads(self._config, name, self._permuted)
         return _unpermute(w, heads) if heads else w
 
@@ -535,6 +562,7 @@ class GGUFBlocks(_ByName):
             name: t
             for name, t in tensors.items()
             if name.endswith(".weight")
+            and t is not None  # (a joined tensor: read from its parts)
             and not isinstance(t, torch.Tensor)
             and len(_shape(t)) in (2, 3)  # 3: stacked experts, their rows one after another
             and readable(t.tensor_type.name, _shape(t)[-1])
@@ -556,6 +584,12 @@ class GGUFBlocks(_ByName):
 
 def _shape(t) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
+
+
+def held_shape(name: str, t) -> tuple[int, ...]:
+    """The shape of `t` (engine name `name`) as the loader gives it (a Mamba2 mixer's A, D,
+    conv and norm reshaped: `gguf_archs.mamba_value`), for the weights estimate."""
+    return gguf_archs.mamba_shape(name, _shape(t))
 
 
 def load_gguf(

@@ -169,7 +169,7 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         for t in reader.tensors:
             name = gguf_loader._hf_name(t.name, architecture)  # None: not read (rope_freqs)
             if name is not None:
-                tensors[name] = Stored(name, t.tensor_type.name, gguf_loader._shape(t),
+                tensors[name] = Stored(name, t.tensor_type.name, gguf_loader.held_shape(name, t),
                                        int(t.n_bytes))  # fmt: skip
         return Checkpoint("GGUF", tensors, path.stat().st_size)
     from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, checkpoint_files
