@@ -281,6 +281,12 @@ def _refuse_unsupported(s: dict, path: str) -> None:
     if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
         raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
                           "supported")  # fmt: skip
+    kinds = s.get("type", "string")
+    if s.get("format") == "regex" and "string" in (kinds if isinstance(kinds, list) else [kinds]):
+        # xgrammar lets any string through (a regex's syntax is no regular language), while the
+        # `jsonschema` format checker refuses "(" as a regex
+        raise SchemaError(f"{path}/format", 'format "regex" is not supported by constrained '
+                          "decoding (use a pattern)")  # fmt: skip
     if isinstance(s.get("pattern"), str):  # '"', '\\' and controls: `pattern_escapes`
         check_pattern(s["pattern"], f"{path}/pattern")
     for key in s.get("patternProperties") or ():

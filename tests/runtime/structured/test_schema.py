@@ -64,6 +64,10 @@ from structured_testlib import random_schema
         ({"type": "object", "patternProperties": {'^"': {}}}, "/patternProperties"),
         ({"$defs": {"a": {"$anchor": "foo", "type": "integer"}}, "$ref": "#foo"}, "/$ref"),
         ({"$dynamicRef": "#x"}, "/$dynamicRef"),
+        # a format xgrammar does not enforce (any string, "(" too) and no pattern can say
+        ({"type": "object", "properties": {"r": {"type": "string", "format": "regex"}}},
+         "/properties/r/format"),
+        ({"format": "regex"}, "/format"),
         ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "maximum": 3}, "/maximum"),
         # keywords beside enum/const or anyOf that no value or branch satisfies
         ({"enum": ["a", "b"], "type": "integer"}, ""),
