@@ -4,9 +4,12 @@ grammar allows validates against the schema the client sent.
 xgrammar (0.2.x) compiles some keywords loosely without an error: it ignores `uniqueItems`,
 `not`, `if`/`then`/`else`, `multipleOf` on numbers, `contains`, `dependentRequired`/
 `dependentSchemas`, `minLength` and `maxLength` beside a `pattern`, the second branch of an
-`allOf`, `required` names that are not in `properties`, and turns an overlapping `oneOf` into
-`anyOf`. A grammar that allows invalid output is worse than a refusal, so (as vLLM does for
-features its xgrammar backend lacks):
+`allOf`, `required` names that are not in `properties`, `pattern`/`minLength`/`maxLength`
+beside a `format` it writes itself, the `patternProperties` schema of a name `properties` lists,
+the `format: "regex"` assertion; it writes integers beyond 64 bits in `enum`/`const` as floats,
+reads `\\A`/`\\Z` as letters, and turns an overlapping `oneOf` into `anyOf`. A grammar that
+allows invalid output is worse than a refusal, so (as vLLM does for features its xgrammar
+backend lacks):
 
 * what can be said exactly in keywords xgrammar enforces is rewritten (`schema_rewrites.py`):
   `allOf` of compatible object schemas is merged; a `required` name missing from `properties`
@@ -32,12 +35,14 @@ import jsonschema
 from pagoda.runtime.structured import pattern_escapes
 from pagoda.runtime.structured.schema_rewrites import (
     ASSERTIONS,
+    FORMAT_LENGTHS,
     FORMAT_PATTERNS,
     FORMAT_SUBSETS,
     SchemaError,
     distribute,
     enum_within,
     fill_required,
+    format_lengths,
     in_new_spellings,
     merge_all_of,
     multiple_of,
@@ -253,6 +258,7 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if "anyOf" in out or "oneOf" in out:
         out = distribute(out, path, lambda b, where: _normalise(b, where, lp))
     fill_required(out, path)
+    _check_pattern_overlap(out, path)
     _check_min_properties(out, path)
     _drop_forbidden_properties(out)
     props = out.get("properties")
@@ -281,6 +287,11 @@ def _refuse_unsupported(s: dict, path: str) -> None:
     if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
         raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
                           "supported")  # fmt: skip
+    for key in ("const", "enum"):
+        if key in s and _huge_int(s[key]):
+            raise SchemaError(f"{path}/{key}", f"integers beyond 64 bits in {key} are not "
+                              "supported by constrained decoding (it writes them as floats: "
+                              "1.2345678901234568e+29)")  # fmt: skip
     kinds = s.get("type", "string")
     if s.get("format") == "regex" and "string" in (kinds if isinstance(kinds, list) else [kinds]):
         # xgrammar lets any string through (a regex's syntax is no regular language), while the
@@ -293,6 +304,18 @@ def _refuse_unsupported(s: dict, path: str) -> None:
         check_pattern(key, f"{path}/patternProperties", in_json=True)
 
 
+def _huge_int(value: Any) -> bool:
+    """Whether a JSON value holds an integer outside int64 (xgrammar's `const`/`enum` writes
+    those as floats, which `json.loads` reads as another value)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not -(1 << 63) <= value < (1 << 63)
+    if isinstance(value, dict):
+        return any(_huge_int(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_huge_int(v) for v in value)
+    return False
+
+
 def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
     """`out` (normalised from `s`) with its string keywords as xgrammar enforces them: a format
     it does not know as the one it does or as a pattern, lengths folded into the pattern (`lp`:
@@ -300,13 +323,17 @@ def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
     written = out.get("format")  # the schema's (or a merged allOf branch's) own name
     if written in FORMAT_SUBSETS:
         out["format"] = FORMAT_SUBSETS[written]
-    if (
-        out.get("format") in FORMAT_PATTERNS
-        and out.get("type") == "string"
-        and "pattern" not in out
-    ):
+    kinds = out.get("type")
+    strings = "string" in ([kinds] if isinstance(kinds, str) else kinds or ())
+    if out.get("format") in FORMAT_PATTERNS and strings:
+        if "pattern" in out:  # xgrammar would keep one of the two
+            raise SchemaError(f"{path}/pattern", f'pattern beside format "{written}" is not '
+                              "supported (constrained decoding would enforce only one of them); "
+                              "keep one")  # fmt: skip
         out = {k: v for k, v in out.items() if k != "format"}
         out["pattern"] = FORMAT_PATTERNS[written]
+    elif out.get("format") in FORMAT_LENGTHS and strings:
+        out = format_lengths(out, path)
     if "pattern" in out and ("minLength" in out or "maxLength" in out):
         out = pattern_lengths(out, path)
     elif lp and ("minLength" in out or "maxLength" in out):
@@ -319,6 +346,28 @@ def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
         out["patternProperties"] = {optional_groups_as_alternatives(k): v
                                     for k, v in out["patternProperties"].items()}  # fmt: skip
     return out
+
+
+def _check_pattern_overlap(s: dict, path: str) -> None:
+    """SchemaError for a listed property whose name a `patternProperties` pattern also matches,
+    under another schema: its value must satisfy both, but xgrammar writes it under the
+    `properties` schema alone (`{"ab": "x"}` beside `"^a": {"type": "integer"}`)."""
+    props, patterns = s.get("properties"), s.get("patternProperties")
+    if not isinstance(props, dict) or not isinstance(patterns, dict):
+        return
+    for pattern, sub in patterns.items():
+        if sub in (True, {}):
+            continue
+        try:
+            matched = [n for n in props if props[n] != sub and re.search(pattern, n)]
+        except re.error:  # not Python's dialect: xgrammar's parser reports it
+            continue
+        if matched:
+            raise SchemaError(f"{path}/patternProperties", f"property {matched[0]!r} also "
+                              f"matches patternProperties {pattern!r}, whose schema differs: its "
+                              "value must satisfy both, which constrained decoding does not "
+                              "combine; write the combined schema under properties, or use a "
+                              "pattern that does not match the name")  # fmt: skip
 
 
 def _check_min_properties(s: dict, path: str) -> None:
@@ -433,6 +482,9 @@ def _regex_items(items: list, first: bool, last: bool):
 
 
 def _check_regex_item(op, av, at_start: bool, at_end: bool, path: str | None) -> None:
+    if op is sre_parse.AT and av in (sre_parse.AT_BEGINNING_STRING, sre_parse.AT_END_STRING):
+        raise SchemaError(path, "\\A and \\Z are not supported by constrained decoding (it "
+                          "reads them as the letters A and Z); use ^ and $")  # fmt: skip
     if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
         raise SchemaError(path, "lookahead and lookbehind are not supported by "
                           "constrained decoding")  # fmt: skip
