@@ -7,7 +7,8 @@ xgrammar (0.2.x) compiles some keywords loosely without an error: it ignores `un
 `allOf`, `required` names that are not in `properties`, `pattern`/`minLength`/`maxLength`
 beside a `format` it writes itself, the `patternProperties` schema of a name `properties` lists,
 the `format: "regex"` assertion; it writes integers beyond 64 bits in `enum`/`const` as floats,
-reads `\\A`/`\\Z` as letters, and turns an overlapping `oneOf` into `anyOf`. A grammar that
+reads `\\A`/`\\Z` as letters, writes `properties` names `propertyNames` refuses, allowed an
+empty value for a number range with no number of 6 decimals, and turns an overlapping `oneOf` into `anyOf`. A grammar that
 allows invalid output is worse than a refusal, so (as vLLM does for features its xgrammar
 backend lacks):
 
@@ -28,6 +29,7 @@ unknown `type` names, a non-regex `pattern`): also a 400 with the path.
 from __future__ import annotations
 
 import re
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 from urllib.parse import unquote
 
@@ -78,6 +80,7 @@ UNSUPPORTED = {
 # stop): bounded
 MAX_OPTIONAL_PROPERTIES = 256  # per object
 MAX_PROPERTIES = 4096  # in a whole schema (4000 required ones compile in about 1 s)
+NUMBER_DECIMALS = 6  # decimal places xgrammar (0.2.x) writes in a number with a range
 # keywords of one type that xgrammar drops from a schema without `type`
 _TYPED_KEYWORDS = {"minLength", "maxLength", "pattern", "format", "minimum", "maximum",
                    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
@@ -275,6 +278,7 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
         out = multiple_of(out, path)
+    _check_number_range(out, path)
     return _string_keywords(out, s, path, lp)
 
 
@@ -302,6 +306,35 @@ def _refuse_unsupported(s: dict, path: str) -> None:
         check_pattern(s["pattern"], f"{path}/pattern")
     for key in s.get("patternProperties") or ():
         check_pattern(key, f"{path}/patternProperties", in_json=True)
+
+
+def _check_number_range(s: dict, path: str) -> None:
+    """SchemaError for a number range holding no number of at most `NUMBER_DECIMALS` decimal
+    places: xgrammar writes numbers in a range with that many at most, and for such a range its
+    grammar allowed an empty value (`{"v": }`, not JSON) rather than none."""
+    kinds = s.get("type")
+    if "number" not in ([kinds] if isinstance(kinds, str) else kinds or ()):
+        return
+    lows = [(k, s[k]) for k in ("minimum", "exclusiveMinimum") if _is_number(s.get(k))]
+    highs = [(k, s[k]) for k in ("maximum", "exclusiveMaximum") if _is_number(s.get(k))]
+    if not lows or not highs:
+        return
+    step = Decimal(1).scaleb(-NUMBER_DECIMALS)
+    # the least multiple of `step` above every lower bound, and whether it is below the upper
+    least = max((Decimal(repr(v)) / step).to_integral_value(ROUND_FLOOR) + 1
+                if k == "exclusiveMinimum" else (Decimal(repr(v)) / step).to_integral_value(
+                    ROUND_CEILING) for k, v in lows) * step  # fmt: skip
+    if all(least < Decimal(repr(v)) if k == "exclusiveMaximum" else least <= Decimal(repr(v))
+           for k, v in highs):  # fmt: skip
+        return
+    key = highs[0][0]
+    raise SchemaError(f"{path}/{key}", f"no number of at most {NUMBER_DECIMALS} decimal places "
+                      "lies in this range, and constrained decoding writes numbers in a range "
+                      f"with at most {NUMBER_DECIMALS}; widen the range")  # fmt: skip
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _huge_int(value: Any) -> bool:
@@ -418,6 +451,30 @@ def _string_keys(root: Any) -> None:
             del s["propertyNames"]
         elif isinstance(names, dict):
             s["propertyNames"] = _as_key(names, root, f"{path}/propertyNames")
+            _listed_names_as_keys(s, root, path)
+
+
+def _listed_names_as_keys(s: dict, root: Any, path: str) -> None:
+    """`properties` names that `propertyNames` refuses left out of `s`, in place (xgrammar
+    wrote them: `{"ABC": 1}` beside `"propertyNames": {"pattern": "^[a-z]+$"}`); no name can
+    then be written, as propertyNames holds for every other name too. A required one: refused
+    (no object satisfies the schema)."""
+    props = s.get("properties")
+    if not isinstance(props, dict) or not props:
+        return
+    cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+    try:
+        keys = cls(root, format_checker=cls.FORMAT_CHECKER).evolve(schema=s["propertyNames"])
+        refused = [n for n in props if not keys.is_valid(n)]
+    except Exception as e:  # a reference the validator cannot follow
+        raise SchemaError(f"{path}/propertyNames", "propertyNames beside properties could not "
+                          f"be checked against the listed names: {e}") from e  # fmt: skip
+    required = [n for n in refused if n in (s.get("required") or ())]
+    if required:
+        raise SchemaError(f"{path}/required", f"required property {required[0]!r} does not "
+                          "satisfy propertyNames: no object can satisfy this schema")  # fmt: skip
+    if refused:
+        s["properties"] = {n: v for n, v in props.items() if n not in refused}
 
 
 def _as_key(s: dict, root: Any, path: str) -> dict:

@@ -89,6 +89,14 @@ from structured_testlib import random_schema
         ({"enum": [1, [2**64]]}, "/enum"),
         ({"type": "string", "pattern": "^ab\\Z"}, "/pattern"),
         ({"type": "string", "pattern": "\\Aab$"}, "/pattern"),
+        # a number range without a number of 6 decimals (xgrammar's grammar allowed `{"v": }`)
+        ({"type": "object", "properties": {"v": {"type": "number", "minimum": 1.5e-6,
+                                                 "maximum": 1.9e-6}}}, "/properties/v/maximum"),
+        ({"type": ["number", "null"], "exclusiveMinimum": 0, "exclusiveMaximum": 1e-6},
+         "/exclusiveMaximum"),
+        # a required name propertyNames refuses
+        ({"type": "object", "properties": {"ABC": {}}, "required": ["ABC"],
+          "propertyNames": {"maxLength": 2}}, "/required"),
         ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "maximum": 3}, "/maximum"),
         # keywords beside enum/const or anyOf that no value or branch satisfies
         ({"enum": ["a", "b"], "type": "integer"}, ""),
@@ -291,6 +299,11 @@ LOOSE = [
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
       "additionalProperties": False, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
      ["{}", '{"c": 1}', '{"a": 1}']),
+    # listed names propertyNames refuses (xgrammar wrote them); a range with numbers of 6
+    # decimals (more are not written: a subset)
+    ({"type": "object", "properties": {"ABC": {"type": "integer"}, "abc": {"type": "integer"}},
+      "propertyNames": {"pattern": "^[a-z]+$"}}, ['{"ABC": 1}', '{"abc": 1}']),
+    ({"type": "number", "minimum": 1e-6, "maximum": 2e-6}, ["", "0.000001"]),
     # a property whose schema is `false` must not appear (xgrammar refused the schema)
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": False}, "required": ["a"]},
      ['{"a": 1, "b": 2}', '{"a": 1}']),
