@@ -8,9 +8,9 @@ xgrammar (0.2.x) compiles some keywords loosely without an error: it ignores `un
 beside a `format` it writes itself, the `patternProperties` schema of a name `properties` lists,
 the `format: "regex"` assertion; it writes integers beyond 64 bits in `enum`/`const` as floats,
 reads `\\A`/`\\Z` as letters, writes `properties` names `propertyNames` refuses, allowed an
-empty value for a number range with no number of 6 decimals, and turns an overlapping `oneOf` into `anyOf`. A grammar that
-allows invalid output is worse than a refusal, so (as vLLM does for features its xgrammar
-backend lacks):
+empty value for a number range with no number of 6 decimals, and turns an overlapping `oneOf`
+into `anyOf`. A grammar that allows invalid output is worse than a refusal, so (as vLLM does for
+features its xgrammar backend lacks):
 
 * what can be said exactly in keywords xgrammar enforces is rewritten (`schema_rewrites.py`):
   `allOf` of compatible object schemas is merged; a `required` name missing from `properties`
