@@ -375,6 +375,7 @@ def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
     if isinstance(out.get("pattern"), str):
         out["pattern"] = optional_groups_as_alternatives(out["pattern"])
         out["pattern"] = pattern_escapes.escape(out["pattern"], f"{path}/pattern")
+        out["pattern"] = pattern_escapes.python_whitespace(out["pattern"])
     if isinstance(out.get("patternProperties"), dict):
         out["patternProperties"] = {optional_groups_as_alternatives(k): v
                                     for k, v in out["patternProperties"].items()}  # fmt: skip

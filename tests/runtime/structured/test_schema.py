@@ -304,6 +304,9 @@ LOOSE = [
     ({"type": "object", "properties": {"ABC": {"type": "integer"}, "abc": {"type": "integer"}},
       "propertyNames": {"pattern": "^[a-z]+$"}}, ['{"ABC": 1}', '{"abc": 1}']),
     ({"type": "number", "minimum": 1e-6, "maximum": 2e-6}, ["", "0.000001"]),
+    # `\s` as Python reads it: xgrammar's (ECMA's) also matched U+FEFF
+    ({"type": "string", "pattern": "^a\\sb$"}, ['"a\ufeffb"', '"a b"', '"a\u3000b"']),
+    ({"type": "string", "pattern": "^[\\s,]{2}$"}, ['"\ufeff,"', '", "']),
     # a property whose schema is `false` must not appear (xgrammar refused the schema)
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": False}, "required": ["a"]},
      ['{"a": 1, "b": 2}', '{"a": 1}']),
