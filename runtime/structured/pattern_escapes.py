@@ -103,6 +103,43 @@ def _class_end(pattern: str, i: int, path: str) -> int:
     return j + 1
 
 
+# Python's `\s` (str.isspace) without the controls xgrammar never writes raw in a string:
+# xgrammar's (ECMA 262's) also matches U+FEFF, which Python's, and so the client's check, do not
+_PY_SPACE = " \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def python_whitespace(pattern: str) -> str:
+    """`pattern` with each `\\s` written as the characters Python's `re` matches there (a
+    class of them, or its members inside a class), so that it keeps no U+FEFF. A negated class
+    keeps its `\\s` (xgrammar's leaves out U+FEFF too: a subset of Python's)."""
+    out: list[str] = []
+    i, n, in_class, negated = 0, len(pattern), False, False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and pattern.startswith("s", i + 1) and not negated:
+            out.append(_PY_SPACE if in_class else f"[{_PY_SPACE}]")
+            i += 2
+            continue
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class, negated = True, pattern.startswith("^", i + 1)
+            out.append(c)
+            i += 1
+            for lead in ("^", "]"):  # a leading `]` is a literal (Python's reading)
+                if pattern.startswith(lead, i):
+                    out.append(lead)
+                    i += 1
+            continue
+        if c == "]" and in_class:
+            in_class = negated = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _is_hex(text: str, width: int) -> bool:
     return len(text) == width and all(c in "0123456789abcdefABCDEF" for c in text)
 

@@ -4,8 +4,12 @@ grammar allows validates against the schema the client sent.
 xgrammar (0.2.x) compiles some keywords loosely without an error: it ignores `uniqueItems`,
 `not`, `if`/`then`/`else`, `multipleOf` on numbers, `contains`, `dependentRequired`/
 `dependentSchemas`, `minLength` and `maxLength` beside a `pattern`, the second branch of an
-`allOf`, `required` names that are not in `properties`, and turns an overlapping `oneOf` into
-`anyOf`. A grammar that allows invalid output is worse than a refusal, so (as vLLM does for
+`allOf`, `required` names that are not in `properties`, `pattern`/`minLength`/`maxLength`
+beside a `format` it writes itself, the `patternProperties` schema of a name `properties` lists,
+the `format: "regex"` assertion; it writes integers beyond 64 bits in `enum`/`const` as floats,
+reads `\\A`/`\\Z` as letters, writes `properties` names `propertyNames` refuses, allowed an
+empty value for a number range with no number of 6 decimals, and turns an overlapping `oneOf`
+into `anyOf`. A grammar that allows invalid output is worse than a refusal, so (as vLLM does for
 features its xgrammar backend lacks):
 
 * what can be said exactly in keywords xgrammar enforces is rewritten (`schema_rewrites.py`):
@@ -25,6 +29,7 @@ unknown `type` names, a non-regex `pattern`): also a 400 with the path.
 from __future__ import annotations
 
 import re
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 from urllib.parse import unquote
 
@@ -32,12 +37,14 @@ import jsonschema
 from pagoda.runtime.structured import pattern_escapes
 from pagoda.runtime.structured.schema_rewrites import (
     ASSERTIONS,
+    FORMAT_LENGTHS,
     FORMAT_PATTERNS,
     FORMAT_SUBSETS,
     SchemaError,
     distribute,
     enum_within,
     fill_required,
+    format_lengths,
     in_new_spellings,
     merge_all_of,
     multiple_of,
@@ -73,6 +80,7 @@ UNSUPPORTED = {
 # stop): bounded
 MAX_OPTIONAL_PROPERTIES = 256  # per object
 MAX_PROPERTIES = 4096  # in a whole schema (4000 required ones compile in about 1 s)
+NUMBER_DECIMALS = 6  # decimal places xgrammar (0.2.x) writes in a number with a range
 # keywords of one type that xgrammar drops from a schema without `type`
 _TYPED_KEYWORDS = {"minLength", "maxLength", "pattern", "format", "minimum", "maximum",
                    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
@@ -253,6 +261,7 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if "anyOf" in out or "oneOf" in out:
         out = distribute(out, path, lambda b, where: _normalise(b, where, lp))
     fill_required(out, path)
+    _check_pattern_overlap(out, path)
     _check_min_properties(out, path)
     _drop_forbidden_properties(out)
     props = out.get("properties")
@@ -269,6 +278,7 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
         out = multiple_of(out, path)
+    _check_number_range(out, path)
     return _string_keywords(out, s, path, lp)
 
 
@@ -281,10 +291,62 @@ def _refuse_unsupported(s: dict, path: str) -> None:
     if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
         raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
                           "supported")  # fmt: skip
+    for key in ("const", "enum"):
+        if key in s and _huge_int(s[key]):
+            raise SchemaError(f"{path}/{key}", f"integers beyond 64 bits in {key} are not "
+                              "supported by constrained decoding (it writes them as floats: "
+                              "1.2345678901234568e+29)")  # fmt: skip
+    kinds = s.get("type", "string")
+    if s.get("format") == "regex" and "string" in (kinds if isinstance(kinds, list) else [kinds]):
+        # xgrammar lets any string through (a regex's syntax is no regular language), while the
+        # `jsonschema` format checker refuses "(" as a regex
+        raise SchemaError(f"{path}/format", 'format "regex" is not supported by constrained '
+                          "decoding (use a pattern)")  # fmt: skip
     if isinstance(s.get("pattern"), str):  # '"', '\\' and controls: `pattern_escapes`
         check_pattern(s["pattern"], f"{path}/pattern")
     for key in s.get("patternProperties") or ():
         check_pattern(key, f"{path}/patternProperties", in_json=True)
+
+
+def _check_number_range(s: dict, path: str) -> None:
+    """SchemaError for a number range holding no number of at most `NUMBER_DECIMALS` decimal
+    places: xgrammar writes numbers in a range with that many at most, and for such a range its
+    grammar allowed an empty value (`{"v": }`, not JSON) rather than none."""
+    kinds = s.get("type")
+    if "number" not in ([kinds] if isinstance(kinds, str) else kinds or ()):
+        return
+    lows = [(k, s[k]) for k in ("minimum", "exclusiveMinimum") if _is_number(s.get(k))]
+    highs = [(k, s[k]) for k in ("maximum", "exclusiveMaximum") if _is_number(s.get(k))]
+    if not lows or not highs:
+        return
+    step = Decimal(1).scaleb(-NUMBER_DECIMALS)
+    # the least multiple of `step` above every lower bound, and whether it is below the upper
+    least = max((Decimal(repr(v)) / step).to_integral_value(ROUND_FLOOR) + 1
+                if k == "exclusiveMinimum" else (Decimal(repr(v)) / step).to_integral_value(
+                    ROUND_CEILING) for k, v in lows) * step  # fmt: skip
+    if all(least < Decimal(repr(v)) if k == "exclusiveMaximum" else least <= Decimal(repr(v))
+           for k, v in highs):  # fmt: skip
+        return
+    key = highs[0][0]
+    raise SchemaError(f"{path}/{key}", f"no number of at most {NUMBER_DECIMALS} decimal places "
+                      "lies in this range, and constrained decoding writes numbers in a range "
+                      f"with at most {NUMBER_DECIMALS}; widen the range")  # fmt: skip
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _huge_int(value: Any) -> bool:
+    """Whether a JSON value holds an integer outside int64 (xgrammar's `const`/`enum` writes
+    those as floats, which `json.loads` reads as another value)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not -(1 << 63) <= value < (1 << 63)
+    if isinstance(value, dict):
+        return any(_huge_int(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_huge_int(v) for v in value)
+    return False
 
 
 def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
@@ -294,13 +356,17 @@ def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
     written = out.get("format")  # the schema's (or a merged allOf branch's) own name
     if written in FORMAT_SUBSETS:
         out["format"] = FORMAT_SUBSETS[written]
-    if (
-        out.get("format") in FORMAT_PATTERNS
-        and out.get("type") == "string"
-        and "pattern" not in out
-    ):
+    kinds = out.get("type")
+    strings = "string" in ([kinds] if isinstance(kinds, str) else kinds or ())
+    if out.get("format") in FORMAT_PATTERNS and strings:
+        if "pattern" in out:  # xgrammar would keep one of the two
+            raise SchemaError(f"{path}/pattern", f'pattern beside format "{written}" is not '
+                              "supported (constrained decoding would enforce only one of them); "
+                              "keep one")  # fmt: skip
         out = {k: v for k, v in out.items() if k != "format"}
         out["pattern"] = FORMAT_PATTERNS[written]
+    elif out.get("format") in FORMAT_LENGTHS and strings:
+        out = format_lengths(out, path)
     if "pattern" in out and ("minLength" in out or "maxLength" in out):
         out = pattern_lengths(out, path)
     elif lp and ("minLength" in out or "maxLength" in out):
@@ -309,10 +375,33 @@ def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
     if isinstance(out.get("pattern"), str):
         out["pattern"] = optional_groups_as_alternatives(out["pattern"])
         out["pattern"] = pattern_escapes.escape(out["pattern"], f"{path}/pattern")
+        out["pattern"] = pattern_escapes.python_whitespace(out["pattern"])
     if isinstance(out.get("patternProperties"), dict):
         out["patternProperties"] = {optional_groups_as_alternatives(k): v
                                     for k, v in out["patternProperties"].items()}  # fmt: skip
     return out
+
+
+def _check_pattern_overlap(s: dict, path: str) -> None:
+    """SchemaError for a listed property whose name a `patternProperties` pattern also matches,
+    under another schema: its value must satisfy both, but xgrammar writes it under the
+    `properties` schema alone (`{"ab": "x"}` beside `"^a": {"type": "integer"}`)."""
+    props, patterns = s.get("properties"), s.get("patternProperties")
+    if not isinstance(props, dict) or not isinstance(patterns, dict):
+        return
+    for pattern, sub in patterns.items():
+        if sub in (True, {}):
+            continue
+        try:
+            matched = [n for n in props if props[n] != sub and re.search(pattern, n)]
+        except re.error:  # not Python's dialect: xgrammar's parser reports it
+            continue
+        if matched:
+            raise SchemaError(f"{path}/patternProperties", f"property {matched[0]!r} also "
+                              f"matches patternProperties {pattern!r}, whose schema differs: its "
+                              "value must satisfy both, which constrained decoding does not "
+                              "combine; write the combined schema under properties, or use a "
+                              "pattern that does not match the name")  # fmt: skip
 
 
 def _check_min_properties(s: dict, path: str) -> None:
@@ -363,6 +452,30 @@ def _string_keys(root: Any) -> None:
             del s["propertyNames"]
         elif isinstance(names, dict):
             s["propertyNames"] = _as_key(names, root, f"{path}/propertyNames")
+            _listed_names_as_keys(s, root, path)
+
+
+def _listed_names_as_keys(s: dict, root: Any, path: str) -> None:
+    """`properties` names that `propertyNames` refuses left out of `s`, in place (xgrammar
+    wrote them: `{"ABC": 1}` beside `"propertyNames": {"pattern": "^[a-z]+$"}`); no name can
+    then be written, as propertyNames holds for every other name too. A required one: refused
+    (no object satisfies the schema)."""
+    props = s.get("properties")
+    if not isinstance(props, dict) or not props:
+        return
+    cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+    try:
+        keys = cls(root, format_checker=cls.FORMAT_CHECKER).evolve(schema=s["propertyNames"])
+        refused = [n for n in props if not keys.is_valid(n)]
+    except Exception as e:  # a reference the validator cannot follow
+        raise SchemaError(f"{path}/propertyNames", "propertyNames beside properties could not "
+                          f"be checked against the listed names: {e}") from e  # fmt: skip
+    required = [n for n in refused if n in (s.get("required") or ())]
+    if required:
+        raise SchemaError(f"{path}/required", f"required property {required[0]!r} does not "
+                          "satisfy propertyNames: no object can satisfy this schema")  # fmt: skip
+    if refused:
+        s["properties"] = {n: v for n, v in props.items() if n not in refused}
 
 
 def _as_key(s: dict, root: Any, path: str) -> dict:
@@ -427,6 +540,9 @@ def _regex_items(items: list, first: bool, last: bool):
 
 
 def _check_regex_item(op, av, at_start: bool, at_end: bool, path: str | None) -> None:
+    if op is sre_parse.AT and av in (sre_parse.AT_BEGINNING_STRING, sre_parse.AT_END_STRING):
+        raise SchemaError(path, "\\A and \\Z are not supported by constrained decoding (it "
+                          "reads them as the letters A and Z); use ^ and $")  # fmt: skip
     if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
         raise SchemaError(path, "lookahead and lookbehind are not supported by "
                           "constrained decoding")  # fmt: skip

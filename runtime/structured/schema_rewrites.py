@@ -8,7 +8,8 @@ subset xgrammar can enforce), or raises `SchemaError` naming where no exact rewr
   a schema there; `multipleOf` with a whole step on numbers made an integer schema;
 * `minLength`/`maxLength` beside a `pattern` dropped when the pattern's width lies within them,
   or folded into a single repeated class's count;
-* older drafts' spellings as 2020-12's, and date/time formats as exact patterns.
+* older drafts' spellings as 2020-12's, and date/time formats as exact patterns; lengths beside
+  a format xgrammar writes itself dropped where every value of the format has them.
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ FORMAT_PATTERNS = {"date": f"^{_DATE}$", "date-time": f"^{_DATE}T{_TIME}$", "tim
 # one, a URI an IRI.
 FORMAT_SUBSETS = {"idn-email": "email", "idn-hostname": "hostname", "iri": "uri",
                   "iri-reference": "uri-reference"}  # fmt: skip
+# Formats xgrammar writes with grammars of its own, dropping `pattern`, `minLength` and
+# `maxLength` beside them (`{"format": "uri", "maxLength": 12}` allowed any length): the lengths
+# in characters that every value of the format has (least, most; None: no bound)
+FORMAT_LENGTHS = {"email": (3, None), "hostname": (1, None), "ipv6": (2, None),
+                  "uri": (2, None), "uri-reference": (0, None), "uri-template": (0, None),
+                  "uuid": (36, 36), "duration": (3, None), "json-pointer": (0, None),
+                  "relative-json-pointer": (1, None)}  # fmt: skip
 
 
 def in_new_spellings(s: dict) -> dict:
@@ -100,7 +108,7 @@ def enum_within(original: dict, s: dict, path: str) -> dict:
         values = [v for v in values if v in original["enum"]]
     cls = jsonschema.validators.validator_for(original, default=jsonschema.Draft202012Validator)
     try:
-        validator = cls(original)
+        validator = cls(original, format_checker=cls.FORMAT_CHECKER)  # formats assert here
         kept = [v for v in values if validator.is_valid(v)]
     except Exception as e:  # a $ref inside cannot be resolved from this subschema alone
         raise SchemaError(path, "enum or const beside keywords that refer elsewhere ($ref) "
@@ -145,6 +153,8 @@ def with_siblings(branch: Any, siblings: dict, where: str) -> dict | None:
     if "$ref" in branch:
         raise SchemaError(where, "keywords beside anyOf/oneOf with a $ref branch are not "
                           "supported; move them into the branches")  # fmt: skip
+    _check_closed(siblings, branch, f"{where}/properties", "beside anyOf/oneOf")
+    _check_closed(branch, siblings, f"{where}/additionalProperties", "in this branch")
     merged = dict(branch)
     for key, value in siblings.items():
         if key not in merged or merged[key] == value:
@@ -169,6 +179,23 @@ def with_siblings(branch: Any, siblings: dict, where: str) -> dict | None:
             raise SchemaError(f"{where}/{key}", f"{key} is set both in this branch and beside "
                               "it; keep one")  # fmt: skip
     return merged
+
+
+def _check_closed(closed: dict, other: dict, path: str, at: str) -> None:
+    """SchemaError where `closed`'s additionalProperties would, once merged, cover names that
+    only `other` lists: it sees the properties of its own schema alone, so `{"additionalProperties":
+    false, "anyOf": [{"properties": {"a": ...}, "required": ["a"]}]}` allows no "a" (nor any
+    object), while the merged branch would allow it."""
+    if closed.get("additionalProperties", True) in (True, {}):
+        return
+    own = closed.get("properties") or {}
+    extra = [n for n in other.get("properties") or {} if n not in own]
+    if extra or other.get("patternProperties"):
+        what = f"property {extra[0]!r}" if extra else "patternProperties"
+        raise SchemaError(path, f"additionalProperties {at} applies "
+                          f"to {what}, which only the other side lists: moving it into the "
+                          "branches would change what it allows; list the properties beside "
+                          "additionalProperties")  # fmt: skip
 
 
 def type_meet(a: Any, b: Any) -> list[str]:
@@ -281,6 +308,23 @@ def pattern_lengths(s: dict, path: str) -> dict:
         "minLength/maxLength beside a pattern are supported when the pattern's own length "
         "range lies within them, or when the pattern is one repeated character class",
     )
+
+
+def format_lengths(s: dict, path: str) -> dict:
+    """`pattern`, `minLength` and `maxLength` beside a format xgrammar writes itself (it drops
+    them): lengths every value of the format has dropped, anything else refused."""
+    fmt = s["format"]
+    if "pattern" in s:
+        raise SchemaError(f"{path}/pattern", f'pattern beside format "{fmt}" is not supported '
+                          "(constrained decoding would enforce only one of them); keep one")  # fmt: skip
+    least, most = FORMAT_LENGTHS[fmt]
+    lo, hi = s.get("minLength", 0), s.get("maxLength")
+    if lo <= least and (hi is None or (most is not None and most <= hi)):
+        return {k: v for k, v in s.items() if k not in ("minLength", "maxLength")}
+    key = "minLength" if lo > least else "maxLength"
+    raise SchemaError(f"{path}/{key}", f'{key} beside format "{fmt}" is not supported '
+                      "(constrained decoding enforces the format alone; its values can be "
+                      "longer or shorter); drop the length or use a pattern instead of the format")  # fmt: skip
 
 
 def _counts(rep: str) -> tuple[int, int | None]:

@@ -64,6 +64,39 @@ from structured_testlib import random_schema
         ({"type": "object", "patternProperties": {'^"': {}}}, "/patternProperties"),
         ({"$defs": {"a": {"$anchor": "foo", "type": "integer"}}, "$ref": "#foo"}, "/$ref"),
         ({"$dynamicRef": "#x"}, "/$dynamicRef"),
+        # a format xgrammar does not enforce (any string, "(" too) and no pattern can say
+        ({"type": "object", "properties": {"r": {"type": "string", "format": "regex"}}},
+         "/properties/r/format"),
+        ({"format": "regex"}, "/format"),
+        # a format xgrammar writes itself, beside keywords it then drops: lengths its values do
+        # not all have (pydantic's HttpUrl: maxLength 2083), a pattern
+        ({"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083}, "/maxLength"),
+        ({"type": "string", "format": "uuid", "minLength": 40}, "/minLength"),
+        ({"type": "string", "format": "email", "pattern": "^[a-z]+@x[.]com$"}, "/pattern"),
+        ({"type": "string", "format": "date", "pattern": "^2020"}, "/pattern"),
+        # a listed name a patternProperties pattern matches too (xgrammar: the listed schema only)
+        ({"type": "object", "properties": {"ab": {"type": "string"}},
+          "patternProperties": {"^a": {"type": "integer"}}}, "/patternProperties"),
+        # additionalProperties merged into anyOf branches would see the other side's names
+        ({"type": "object", "additionalProperties": False,
+          "anyOf": [{"properties": {"a": {"const": 1}}, "required": ["a"]}]},
+         "/anyOf/0/properties"),
+        ({"type": "object", "properties": {"x": {"type": "integer"}},
+          "anyOf": [{"properties": {"a": {"const": 1}}, "additionalProperties": False}]},
+         "/anyOf/0/additionalProperties"),
+        # integers beyond int64 (xgrammar writes them as floats) and \A, \Z (read as letters)
+        ({"const": 123456789012345678901234567890}, "/const"),
+        ({"enum": [1, [2**64]]}, "/enum"),
+        ({"type": "string", "pattern": "^ab\\Z"}, "/pattern"),
+        ({"type": "string", "pattern": "\\Aab$"}, "/pattern"),
+        # a number range without a number of 6 decimals (xgrammar's grammar allowed `{"v": }`)
+        ({"type": "object", "properties": {"v": {"type": "number", "minimum": 1.5e-6,
+                                                 "maximum": 1.9e-6}}}, "/properties/v/maximum"),
+        ({"type": ["number", "null"], "exclusiveMinimum": 0, "exclusiveMaximum": 1e-6},
+         "/exclusiveMaximum"),
+        # a required name propertyNames refuses
+        ({"type": "object", "properties": {"ABC": {}}, "required": ["ABC"],
+          "propertyNames": {"maxLength": 2}}, "/required"),
         ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "maximum": 3}, "/maximum"),
         # keywords beside enum/const or anyOf that no value or branch satisfies
         ({"enum": ["a", "b"], "type": "integer"}, ""),
@@ -255,6 +288,25 @@ LOOSE = [
     # idn-email, left unconstrained by xgrammar, as an ASCII address
     ({"type": "string", "format": "ipv4"}, ['"1.2.3.04"', '"1.2.3.4"', '"10.200.0.255"']),
     ({"type": "string", "format": "idn-email"}, ['"no at sign"', '"ab@example.com"']),
+    # formats: an enum's values that are not of the format; a format beside a type list (it
+    # was left to xgrammar's own date grammar: 02-31); lengths every uuid has (kept)
+    ({"type": "string", "format": "date", "enum": ["2020-01-01", "nope"]},
+     ['"nope"', '"2020-01-01"']),
+    ({"type": ["string", "null"], "format": "date"}, ['"2021-02-31"', '"2021-02-28"', "null"]),
+    ({"type": "string", "format": "uuid", "minLength": 36, "maxLength": 40},
+     ['"123e4567-e89b-12d3-a456"', '"123e4567-e89b-12d3-a456-426614174000"']),
+    # additionalProperties beside anyOf branches that list no other names: still merged
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "additionalProperties": False, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+     ["{}", '{"c": 1}', '{"a": 1}']),
+    # listed names propertyNames refuses (xgrammar wrote them); a range with numbers of 6
+    # decimals (more are not written: a subset)
+    ({"type": "object", "properties": {"ABC": {"type": "integer"}, "abc": {"type": "integer"}},
+      "propertyNames": {"pattern": "^[a-z]+$"}}, ['{"ABC": 1}', '{"abc": 1}']),
+    ({"type": "number", "minimum": 1e-6, "maximum": 2e-6}, ["", "0.000001"]),
+    # `\s` as Python reads it: xgrammar's (ECMA's) also matched U+FEFF
+    ({"type": "string", "pattern": "^a\\sb$"}, ['"a\ufeffb"', '"a b"', '"a\u3000b"']),
+    ({"type": "string", "pattern": "^[\\s,]{2}$"}, ['"\ufeff,"', '", "']),
     # a property whose schema is `false` must not appear (xgrammar refused the schema)
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": False}, "required": ["a"]},
      ['{"a": 1, "b": 2}', '{"a": 1}']),
