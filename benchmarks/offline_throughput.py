@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -200,6 +201,7 @@ def main() -> int:
         "--long-context", type=int, default=5000, help="context of the long case (0: skip it)"
     )
     ap.add_argument("--old-ref", help="also run Pagoda as of this git commit (before/after)")
+    ap.add_argument("--rounds", type=int, default=2, help="before/after rounds (--old-ref)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -212,7 +214,8 @@ def main() -> int:
     )
     if args.old_ref:
         with tempfile.TemporaryDirectory() as tmp:
-            return before_after(args, loaded, prompts, _old_tree(args.old_ref, Path(tmp)))
+            tree = _old_tree(args.old_ref, Path(tmp))
+            return before_after(args, loaded, prompts, tree, args.rounds)
     n_prompt = sum(len(p) for p in prompts)
     print(
         f"workload: {len(prompts)} prompts, {n_prompt} prompt tokens (mean {n_prompt / len(prompts):.0f}), "
@@ -282,32 +285,39 @@ def child_generate(args) -> int:
 
 
 def before_after(args, loaded, prompts, old_tree: Path, rounds: int = 2) -> int:
-    """Pagoda as of `--old-ref` (a child process importing that commit's runtime) and as of now
-    (this process), alternating for `rounds` rounds so that drift hits both alike."""
+    """Pagoda as of `--old-ref` and as of now, each a fresh child process (the same start for
+    both: a parent that built engines before holds their memory), alternating for `rounds`
+    rounds, who goes first alternating too, so that drift on a shared machine hits both alike."""
     cmd = [sys.executable, "-P", __file__, "--child", "--dtype", args.dtype]
     for flag in ("num_prompts", "min_len", "max_len", "output_len", "seed"):
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    env = dict(os.environ, PYTHONPATH=str(old_tree))
+    import pagoda.runtime
+
+    trees = {"before": old_tree, "after": Path(pagoda.runtime.__file__).resolve().parent}
+    paths = {"before": str(old_tree), "after": os.environ.get("PYTHONPATH", "")}
     runs: dict[str, list[float]] = {"before": [], "after": []}
-    for _ in range(rounds):
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
-        if res.returncode or not lines:
-            raise RuntimeError(f"Pagoda at {args.old_ref} failed:\n{res.stderr[-3000:]}")
-        old = json.loads(lines[-1][len("RESULT ") :])
-        if not old["runtime"].startswith(str(old_tree.parent.resolve())):  # the archive
-            raise RuntimeError(f"the child imported {old['runtime']}, not {args.old_ref}'s runtime")
-        runs["before"].append(old["tok_s"])
-        runs["after"].append(timed_generate(loaded, prompts, args.output_len, args.dtype)["tok_s"])
+    for r in range(rounds):
+        for label in ("before", "after")[:: 1 if r % 2 == 0 else -1]:
+            env = dict(os.environ, PYTHONPATH=paths[label])
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+            if res.returncode or not lines:
+                raise RuntimeError(f"Pagoda {label} failed:\n{res.stderr[-3000:]}")
+            row = json.loads(lines[-1][len("RESULT ") :])
+            want = old_tree.parent.resolve() if label == "before" else trees["after"]
+            if not row["runtime"].startswith(str(want)):
+                raise RuntimeError(f"the {label} child imported {row['runtime']}, not {want}")
+            runs[label].append(row["tok_s"])
         print(
-            f"before ({args.old_ref}) {runs['before'][-1]:.1f} tok/s, after {runs['after'][-1]:.1f}"
+            f"before ({args.old_ref}) {runs['before'][-1]:.1f} tok/s, after {runs['after'][-1]:.1f}",
+            flush=True,
         )
-    mean = {k: sum(v) / len(v) for k, v in runs.items()}
+    mean = {k: statistics.median(v) for k, v in runs.items()}
     rows = [
         [f"pagoda {k}", " / ".join(f"{x:.1f}" for x in v), f"{mean[k]:.1f}"]
         for k, v in runs.items()
     ]
-    print(markdown_table(["system", "output tok/s per round", "mean"], rows))
+    print(markdown_table(["system", "output tok/s per round", "median"], rows))
     print(f"after / before ({args.old_ref}): {mean['after'] / mean['before']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"old_ref": args.old_ref, "runs": runs}, indent=2))

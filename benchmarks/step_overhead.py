@@ -47,7 +47,11 @@ from common import machine, markdown_table, until_decoding, write_random_llama
 from long_context import _old_tree
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
-from pagoda.runtime.sampling import native as sampler_native
+
+try:
+    from pagoda.runtime.sampling import native as sampler_native
+except ImportError:  # an --old-ref runtime from before the sampling package (early Dec 2026)
+    from pagoda.runtime import sampler_native
 
 TINY = dict(
     vocab_size=32000,
