@@ -225,6 +225,21 @@ async def test_bad_inputs_do_not_disturb_a_stream(server):
     assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/rerank", "/v1/audio/transcriptions"])
+def test_unserved_openai_api_is_named(http, path):
+    """vLLM's answer for a generative model: a 400 naming the API, not a bare 404."""
+    r = send(http, path, {"model": MODEL, "input": "x"})
+    check_error(r, 400, None)
+    assert r.json()["error"]["code"] == "unsupported_api" and "API" in r.json()["error"]["message"]
+
+
+def test_unknown_path_is_an_openai_error(http):
+    r = send(http, "/v1/nope", {})
+    check_error(r, 404, None)
+    assert "POST /v1/nope" in r.json()["error"]["message"]
+    assert http.get(COMP).status_code == 405 and http.get(COMP).json()["error"]["code"]
+
+
 def test_empty_messages_is_openais_empty_array(http):
     """OpenAI's answer to `messages: []` (its minItems 1): code `empty_array`, param messages."""
     r = send(http, CHAT, {"model": MODEL, "messages": []})
