@@ -102,6 +102,9 @@ CASES = [
         "grammar": 'root ::= root "a"'}}, 400, "structured_outputs.grammar"),
     ("regex-allows-nothing", COMP, {"prompt": "x", "structured_outputs": {
         "regex": "[^\\x00-\\U0010FFFF]"}}, 400, "structured_outputs.regex"),
+    ("schema-name-pattern", CHAT, {"messages": MSGS, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "my schema", "schema": {"type": "integer"}}}}, 400,
+     "response_format.json_schema.name"),
     ("pattern-lookahead", CHAT, {"messages": MSGS, "response_format": {"type": "json_schema",
         "json_schema": {"name": "a", "schema": {"type": "string", "pattern": "(?!a)."}}}}, 400,
      "response_format.json_schema.schema"),
