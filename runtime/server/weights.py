@@ -370,7 +370,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
         elif norm and (
-            mc.family.gemma_norms or mc.family.cohere_layer or mc.architecture == "gpt_oss"
+            mc.family.gemma_norms
+            or mc.family.cohere_layer
+            or mc.architecture == "gpt_oss"
             or float32_norm
         ):
             # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's

@@ -109,8 +109,11 @@ def test_tool_choice_shapes_the_chat_prompt_as_chat_completions_does(tiny):
         assert r.status_code == 200, r.text
         counts[choice] = r.json()["count"]
     # ("required" is not asked of chat: this vocabulary cannot write the call grammar's text)
-    chat = httpx.post(f"{srv.base}/v1/chat/completions", timeout=60, json={
-        "messages": messages, "tools": [tool], "tool_choice": "none", "max_tokens": 1})
+    chat = httpx.post(
+        f"{srv.base}/v1/chat/completions",
+        timeout=60,
+        json={"messages": messages, "tools": [tool], "tool_choice": "none", "max_tokens": 1},
+    )
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["prompt_tokens"] == counts["none"]
     plain = httpx.post(f"{srv.base}/tokenize", json={"messages": messages}, timeout=30).json()
