@@ -81,6 +81,9 @@ async def until_disconnect(raw: Request, work: Awaitable[Any]) -> tuple[bool, An
     return True, task.result()
 
 
+HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
 def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
@@ -123,8 +126,12 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         return error_response(e)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(APIError(e.status_code, str(e.detail)))
+    async def _http_error(raw: Request, e: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own refusals (no such path, wrong method) in OpenAI's error shape."""
+        message, code = str(e.detail), HTTP_ERROR_CODES.get(e.status_code)
+        if code is not None:  # name what was asked for: "Not Found: POST /v1/nope"
+            message = f"{message}: {raw.method} {raw.url.path}"
+        return error_response(APIError(e.status_code, message, code=code, headers=e.headers))
 
     endpoints = {
         "/v1/completions": CompletionEndpoint(
@@ -138,6 +145,7 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         ),
     }
     add_openai_routes(app, cfg, serving, endpoints)
+    add_unserved_routes(app, authorizer(cfg))
     add_tokenizer_routes(app, serving, endpoints["/v1/chat/completions"], authorizer(cfg),
                          endpoints["/v1/completions"].resolve_model, cfg.max_request_bytes)  # fmt: skip
     add_probe_routes(app, engine, metrics)
@@ -207,6 +215,38 @@ def add_openai_routes(
         """OpenAI's model retrieval (`client.models.retrieve`); 404 naming the model."""
         authorize(raw)
         return card(endpoints["/v1/chat/completions"].resolve_model(name))
+
+
+# OpenAI (and vLLM pooling) APIs that a generative server does not serve: the API's name, per path
+UNSERVED_APIS = {
+    "/v1/embeddings": "Embeddings",
+    "/v1/rerank": "Rerank",
+    "/v2/rerank": "Rerank",
+    "/rerank": "Rerank",
+    "/v1/score": "Score",
+    "/score": "Score",
+    "/pooling": "Pooling",
+    "/classify": "Classification",
+    "/v1/moderations": "Moderations",
+    "/v1/audio/{rest:path}": "Audio",
+    "/v1/images/{rest:path}": "Images",
+}
+
+
+def add_unserved_routes(app: FastAPI, authorize: Callable[[Request], None]) -> None:
+    """A 400 naming the API (vLLM's answer to a generative model), not a bare 404."""
+
+    def refuse(api: str) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(raw: Request) -> Response:
+            authorize(raw)
+            raise APIError(400, f"The model does not support the {api} API: this server runs "
+                           "generative models (/v1/completions, /v1/chat/completions)",
+                           code="unsupported_api")  # fmt: skip
+
+        return handle
+
+    for path, api in UNSERVED_APIS.items():
+        app.add_api_route(path, refuse(api), methods=["POST"], include_in_schema=False)
 
 
 def add_probe_routes(app: FastAPI, engine: AsyncEngine, metrics: ServerMetrics) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -203,6 +204,15 @@ class JsonSchemaSpec(_Strict):
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _name_as_openai_allows(self) -> JsonSchemaSpec:
+        if not re.fullmatch(r"[a-zA-Z0-9_-]+", self.name):  # OpenAI's pattern (1-64: `Field`)
+            raise APIError(400, "Invalid 'response_format.json_schema.name': string does not "
+                           "match pattern. Expected a string that matches the pattern "
+                           f"'^[a-zA-Z0-9_-]+$', got {shorten(self.name, 80)!r}",
+                           param="response_format.json_schema.name", code="invalid_value")  # fmt: skip
+        return self
 
 
 class ResponseFormat(_Strict):

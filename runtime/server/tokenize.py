@@ -5,7 +5,7 @@ They let a client use the served model's own tokenizer: lm-evaluation-harness's
 them (`tokenizer_backend=remote`, its default `auto`) to count context tokens for loglikelihood
 requests; without them it needs a Hugging Face tokenizer on the client. `/tokenize` takes a text
 `prompt` or, as vLLM's `TokenizeChatRequest`, chat `messages` (with `add_generation_prompt`,
-`continue_final_message`, `chat_template_kwargs`, `tools`): their ids are those
+`continue_final_message`, `chat_template_kwargs`, `tools`, `tool_choice`): their ids are those
 `/v1/chat/completions` feeds the engine (its `usage.prompt_tokens` is their `count`), rendered by
 the chat endpoint's own code. `return_token_strs` adds each id's vocabulary string (vLLM's
 `convert_ids_to_tokens`). As in vLLM, a prompt longer than `max_model_len` is counted, not
@@ -55,6 +55,7 @@ class TokenizeChatRequest(_Strict):
     return_token_strs: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None  # `none` changes the prompt (no tool prompt where Pagoda writes one)
 
 
 def _tokenize_form(data: Any) -> str:

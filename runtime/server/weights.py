@@ -211,6 +211,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     attn = h * d * (2 * mc.num_heads / t + 2 * kv)
     attn_rows = (mc.num_heads / t + 2 * kv) * d + h
     norms = (2 * n + 1) * h * item
+    if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
+        norms = (n + 1) * h * 4
     if mc.architecture == "afmoe":  # attention's output gate (as q) and two more norms a layer
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
@@ -354,6 +356,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             total += t.numel * p.dtype.itemsize
             continue
         norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
+        # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
+        # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
+        float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"
         if float32_router and _FLOAT32_ROUTER.search(name):
             total += _float32_router(t, p)
         elif mc.family.mla is not None and _KV_B.search(name):
@@ -365,9 +370,13 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
         elif norm and (
-            mc.family.gemma_norms or mc.family.cohere_layer or mc.architecture == "gpt_oss"
+            mc.family.gemma_norms
+            or mc.family.cohere_layer
+            or mc.architecture == "gpt_oss"
+            or float32_norm
         ):
-            # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's w
+            # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
+            # w, Nemotron-H's
             total += math.prod(_local(name, t.shape, mc, lay)) * 4
         elif name.endswith("self_attn.sinks"):  # float32, this rank's heads
             start, stop = lay.heads(mc.num_heads)

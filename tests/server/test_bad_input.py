@@ -102,6 +102,9 @@ CASES = [
         "grammar": 'root ::= root "a"'}}, 400, "structured_outputs.grammar"),
     ("regex-allows-nothing", COMP, {"prompt": "x", "structured_outputs": {
         "regex": "[^\\x00-\\U0010FFFF]"}}, 400, "structured_outputs.regex"),
+    ("schema-name-pattern", CHAT, {"messages": MSGS, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "my schema", "schema": {"type": "integer"}}}}, 400,
+     "response_format.json_schema.name"),
     ("pattern-lookahead", CHAT, {"messages": MSGS, "response_format": {"type": "json_schema",
         "json_schema": {"name": "a", "schema": {"type": "string", "pattern": "(?!a)."}}}}, 400,
      "response_format.json_schema.schema"),
@@ -223,6 +226,21 @@ async def test_bad_inputs_do_not_disturb_a_stream(server):
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 24
     assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/rerank", "/v1/audio/transcriptions"])
+def test_unserved_openai_api_is_named(http, path):
+    """vLLM's answer for a generative model: a 400 naming the API, not a bare 404."""
+    r = send(http, path, {"model": MODEL, "input": "x"})
+    check_error(r, 400, None)
+    assert r.json()["error"]["code"] == "unsupported_api" and "API" in r.json()["error"]["message"]
+
+
+def test_unknown_path_is_an_openai_error(http):
+    r = send(http, "/v1/nope", {})
+    check_error(r, 404, None)
+    assert "POST /v1/nope" in r.json()["error"]["message"]
+    assert http.get(COMP).status_code == 405 and http.get(COMP).json()["error"]["code"]
 
 
 def test_empty_messages_is_openais_empty_array(http):

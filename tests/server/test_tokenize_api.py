@@ -94,3 +94,27 @@ def test_chat_messages_are_what_chat_completions_feeds_the_engine(tiny):
     long = " ".join(["w9"] * 600)  # counted, not refused (vLLM's too): the count says it
     r = httpx.post(f"{srv.base}/tokenize", json={"prompt": long}, timeout=30)
     assert r.status_code == 200 and r.json()["count"] == 600, r.text
+
+
+def test_tool_choice_shapes_the_chat_prompt_as_chat_completions_does(tiny):
+    """`tool_choice` is taken (`none` leaves the tool prompt out where Pagoda writes it): the
+    count is a chat request's `usage.prompt_tokens` with the same tool fields."""
+    srv = tiny[1]
+    messages = [{"role": "user", "content": "w10 w299"}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    counts = {}
+    for choice in ("none", "required"):
+        fields = {"messages": messages, "tools": [tool], "tool_choice": choice}
+        r = httpx.post(f"{srv.base}/tokenize", json=fields, timeout=30)
+        assert r.status_code == 200, r.text
+        counts[choice] = r.json()["count"]
+    # ("required" is not asked of chat: this vocabulary cannot write the call grammar's text)
+    chat = httpx.post(
+        f"{srv.base}/v1/chat/completions",
+        timeout=60,
+        json={"messages": messages, "tools": [tool], "tool_choice": "none", "max_tokens": 1},
+    )
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["prompt_tokens"] == counts["none"]
+    plain = httpx.post(f"{srv.base}/tokenize", json={"messages": messages}, timeout=30).json()
+    assert counts["none"] == plain["count"] < counts["required"]

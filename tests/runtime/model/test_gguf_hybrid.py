@@ -264,6 +264,7 @@ def test_nemotron_h_gguf_matches_transformers_on_its_dequantized_weights(tmp_pat
                                    msg=name)  # fmt: skip
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
     assert _generate(path, PROMPTS) == want
+    _check_estimate(path, "bfloat16", rel=0)  # its float32 norms counted: exactly
 
 
 def _bamba_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -352,7 +352,8 @@ def test_the_weights_and_state_estimates(built, name):
     from pagoda.runtime.server.weights import estimate, from_shapes
 
     path, _, loaded, _ = built(name)
-    check_estimate(path)
+    # Nemotron-H's exactly (its float32 block and final norms counted)
+    check_estimate(path, rel=0 if name.startswith("nemotron-h") else 0.02)
     shapes = from_shapes(loaded.config, torch.bfloat16, False)  # a config.json alone
     stored = sum(t.numel() for t in loaded.weights.values()) * 2  # every tensor, in bf16
     assert shapes == pytest.approx(stored, rel=0.02)
