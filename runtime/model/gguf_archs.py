@@ -46,7 +46,11 @@ module where they differ from Llama's).
 - nemotron_h (Nemotron-H, dense): the same mixer; attention where the per-layer
   `attention.head_count_kv` is not 0, an ungated ReLU² MLP block where `feed_forward_length` is
   not, a Mamba2 mixer elsewhere; no rotary; Q/K permuted (no rotary: the scores the same).
-  Its MoE files (`nemotron_h_moe`) and pure `mamba2` ones are not read.
+- nemotron_h_moe (Nemotron 3): the same, a MoE block where `feed_forward_length` is not 0:
+  ReLU² experts (`ffn_*_exps`, stacked) routed by V3's sigmoid router (`exp_probs_b`,
+  `expert_weights_scale`, `expert_weights_norm`, `expert_group_count`: one group, as the
+  converter writes no `expert_group_used_count`), the shared expert (`ffn_*_shexp`), the
+  latent projections where `moe_latent_size` is set. Pure `mamba2` files are not read.
 
 For all of them, llama.cpp's end-of-generation tokens by their text (`EOG_TEXTS`: Phi-3's
 `<|end|>`, gpt-oss's `<|return|>` and `<|call|>` but not its `<|end|>`) join the EOS ids.
@@ -66,9 +70,10 @@ ENGINE_ARCH = {"gpt-oss": "gpt_oss", "phi3": "phi3", "exaone4": "exaone4",
                "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "starcoder2": "starcoder2",
                "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral",
                "glm4moe": "glm4_moe", "llama4": "llama4",
-               "granitehybrid": "granitemoehybrid", "nemotron_h": "nemotron_h"}  # fmt: skip
+               "granitehybrid": "granitemoehybrid", "nemotron_h": "nemotron_h",
+               "nemotron_h_moe": "nemotron_h"}  # fmt: skip
 # converted by llama.cpp's LlamaModel (its permute kept: `undo_permute`): Q/K rows permuted
-PERMUTED = ("arcee", "mistral3", "granitehybrid", "nemotron_h")
+PERMUTED = ("arcee", "mistral3", "granitehybrid", "nemotron_h", "nemotron_h_moe")
 GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
 # tokens llama.cpp ends a generation on by their text (llama-vocab.cpp), beside the file's EOS
 # and EOT ids; where <|return|> and <|call|> are (harmony), <|end|> is not one
@@ -113,7 +118,16 @@ NAMES: dict[str, dict[str, str]] = {
                                           ("_exps", "block_sparse_moe.input_linear"))}},
     # Nemotron-H: the Mamba2 mixer (its MLP blocks' ffn_up / ffn_down, its norm: Llama's names)
     "nemotron_h": {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj",
-                   "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm"},
+                   "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
+                   # its MoE blocks (`nemotron_h_moe`): the router, the experts stacked
+                   # [E, N, K] (`model/nemotron_h.py` slices them), the shared expert, the
+                   # latent projections (Nemotron 3 Super's)
+                   "ffn_gate_inp": "mlp.gate", "ffn_up_exps": "mlp.experts.up_proj",
+                   "ffn_down_exps": "mlp.experts.down_proj",
+                   "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                   "ffn_down_shexp": "mlp.shared_experts.down_proj",
+                   "ffn_latent_down": "mlp.fc1_latent_proj",
+                   "ffn_latent_up": "mlp.fc2_latent_proj"},
 }  # fmt: skip
 # engine tensors stored as parts (gate rows, then up rows): the parts' names (as `hf_name`
 # gives them, `<whole>.gate.weight`, `<whole>.up.weight`) read back as one `<whole>.weight`
@@ -123,7 +137,8 @@ JOINED_PARTS = ("gate", "up")
 BARE = {("gpt_oss", "attn_sinks"): "self_attn.sinks",
         ("glm4_moe", "exp_probs_b"): "mlp.gate.e_score_correction_bias",
         ("granitemoehybrid", "ssm_dt"): "mamba.dt_bias",
-        ("nemotron_h", "ssm_dt"): "mamba.dt_bias"}  # fmt: skip
+        ("nemotron_h", "ssm_dt"): "mamba.dt_bias",
+        ("nemotron_h", "exp_probs_b"): "mlp.gate.e_score_correction_bias"}  # fmt: skip
 # the Mamba2 mixer's tensors llama.cpp names without a suffix (`blk.N.ssm_a`): A as -exp(A_log)
 # and D, each [n_head, 1]
 SUFFIXLESS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
@@ -249,7 +264,7 @@ def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern,
         return _glm4_moe(get, tensors)
     if gguf_arch == "llama4":
         return _llama4(get, layers)
-    if gguf_arch in ("granitehybrid", "nemotron_h"):
+    if gguf_arch in ("granitehybrid", "nemotron_h", "nemotron_h_moe"):
         return _mamba_hybrid(get, gguf_arch, layers, tensors)
     if gguf_arch == "gpt-oss":
         alpha, limit = GPT_OSS_SWIGLU
@@ -324,10 +339,12 @@ def _mamba_hybrid(get: Get, gguf_arch: str, layers: int, tensors: set[str]) -> d
     from pagoda.runtime.model_configs import MambaConfig
 
     kv = _per_layer(get, gguf_arch, "attention.head_count_kv", layers)
-    mlp = [False] * layers
-    if gguf_arch == "nemotron_h":
-        mlp = [bool(f) for f in _per_layer(get, gguf_arch, "feed_forward_length", layers)]
-    mamba = [not k and not f for k, f in zip(kv, mlp)]
+    nemotron = gguf_arch in ("nemotron_h", "nemotron_h_moe")
+    ffn = [False] * layers
+    if nemotron:
+        ffn = [bool(f) for f in _per_layer(get, gguf_arch, "feed_forward_length", layers)]
+    mamba = [not k and not f for k, f in zip(kv, ffn)]
+    mlp = ffn if gguf_arch == "nemotron_h" else [False] * layers
     keys = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
     ssm = {k: get(f"ssm.{k}") for k in keys}
     missing = [f"ssm.{k}" for k, v in ssm.items() if not v]
@@ -343,14 +360,34 @@ def _mamba_hybrid(get: Get, gguf_arch: str, layers: int, tensors: set[str]) -> d
                          d_conv=int(ssm["conv_kernel"]),
                          conv_bias=f"blk.{first}.ssm_conv1d.bias" in tensors,
                          proj_bias=f"blk.{first}.ssm_in.bias" in tensors,
-                         mlp_layers=tuple(mlp) if any(mlp) else (),
-                         ssm_float32=gguf_arch == "nemotron_h")  # fmt: skip
+                         mlp_layers=tuple(mlp) if nemotron else (), ssm_float32=nemotron,
+                         moe=_nemotron_experts(get, ffn) if gguf_arch == "nemotron_h_moe" else None)  # fmt: skip
     fields: dict[str, Any] = {"mamba": config}
-    if gguf_arch == "nemotron_h":  # (its state in float32: transformers' default)
+    if nemotron:  # (its state in float32: transformers' default)
         fields.update(gated_mlp=False, hidden_act="relu2")
-    if gguf_arch == "nemotron_h" or not get("rope.scaling.finetuned"):  # NoPE
+    if nemotron or not get("rope.scaling.finetuned"):  # NoPE
         fields["rope_layers"] = (False,) * layers
     return fields
+
+
+def _nemotron_experts(get: Get, layers: list[bool]):
+    """Nemotron 3's MoE blocks (on `layers`) as llama.cpp's converter writes them: V3's
+    sigmoid router in one group (it writes `expert_group_count`, not the groups used)."""
+    from pagoda.runtime.model_configs import ExpertRouting, NemotronHExperts
+
+    groups = int(get("expert_group_count", 1) or 1)
+    if groups != 1:
+        raise ValueError(f"GGUF nemotron_h_moe expert_group_count {groups} is not supported "
+                         "(1: the file does not say how many groups are used)")  # fmt: skip
+    routing = ExpertRouting(scoring="sigmoid", topk_method="noaux_tc", n_group=1, topk_group=1,
+                            routed_scaling_factor=float(get("expert_weights_scale", 1.0) or 1.0))  # fmt: skip
+    latent = int(get("moe_latent_size", 0) or 0)
+    return NemotronHExperts(
+        layers=tuple(layers), num_experts=int(get("expert_count")),
+        top_k=int(get("expert_used_count")), intermediate=int(get("expert_feed_forward_length")),
+        shared_intermediate=int(get("expert_shared_feed_forward_length")), routing=routing,
+        norm_topk_prob=bool(get("expert_weights_norm", False)), latent=latent or None,
+    )  # fmt: skip
 
 
 def _llama4(get: Get, layers: int) -> dict[str, Any]:

@@ -40,7 +40,13 @@ class NemotronHMoE:
         gate = ctx.linear(w.source(p + "gate.weight").float())  # float32, as transformers'
         self.route = GroupedRouter(gate, w.source(p + "gate.e_score_correction_bias"),
                                    e.routing, e.top_k, e.norm_topk_prob)  # fmt: skip
-        self.experts = [_expert(ctx, w, f"{p}experts.{x}.") for x in range(e.num_experts)]
+        x = p + "experts."  # a GGUF's experts stacked [E, N, K] (read once, then sliced)
+        stacked = (
+            [w[f"{x}{n}_proj.weight"] for n in ("up", "down")]
+            if x + "up_proj.weight" in w
+            else None
+        )
+        self.experts = [_expert(ctx, w, x, i, stacked) for i in range(e.num_experts)]
         self.shared = UngatedMLP(ctx, w, p + "shared_experts.", "relu2")
         self.tp = ctx.tp  # the experts and shared expert split by width: one all-reduce
         if isinstance(self.shared.down, RowParallelLinear):
@@ -77,10 +83,17 @@ class NemotronHMoE:
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
-def _expert(ctx: LayerContext, w: DeviceWeights, p: str):
-    """One expert's up and down; with tensor parallelism this rank's rows of up and columns of
-    down (its partial product, summed with the block's all-reduce)."""
-    up, down = p + "up_proj.weight", p + "down_proj.weight"
+def _expert(ctx: LayerContext, w: DeviceWeights, p: str, x: int, stacked=None):
+    """Expert `x`'s up and down; with tensor parallelism this rank's rows of up and columns of
+    down (its partial product, summed with the block's all-reduce). From a GGUF's `stacked`
+    (up, down [E, N, K]: `experts.up_proj` / `experts.down_proj`): expert `x`'s slices."""
+    if stacked is not None:
+        up, down = stacked[0][x], stacked[1][x]
+        if ctx.tp is not None:  # this rank's rows of up, those columns of down
+            a, b = ctx.tp.layout.even(up.shape[0])
+            up, down = up[a:b], down[:, a:b]
+        return ctx.linear(up.contiguous()), ctx.linear(down.contiguous())
+    up, down = f"{p}{x}.up_proj.weight", f"{p}{x}.down_proj.weight"
     if ctx.tp is None:
         return linear_layer(ctx, w, [up]), linear_layer(ctx, w, [down])
     return column_linear(ctx, w, [up]), row_linear(ctx, w, down).inner

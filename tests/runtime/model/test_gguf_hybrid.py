@@ -171,23 +171,42 @@ NEMOTRON = dict(layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
                 n_groups=2, chunk_size=8, head_dim=16, use_bias=True, mlp_bias=True)  # fmt: skip
 
 
+NEMOTRON_MOE = dict(NEMOTRON, layers_block_type=["mamba", "moe", "attention", "moe", "mamba"],
+                    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                    moe_shared_expert_intermediate_size=96, n_group=1, topk_group=1,
+                    routed_scaling_factor=2.5)  # fmt: skip
+
+
 def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
     """The checkpoint as llama.cpp's converter (`NemotronHModel`) writes a `nemotron_h` file:
     `attention.head_count_kv` and `feed_forward_length` a value a layer (0 where the layer has
     none), the mixer as Granite 4.0-H's; the tensors as the file gives them back, by the
-    checkpoint's (`backbone.`) names."""
+    checkpoint's (`backbone.`) names. With experts a `nemotron_h_moe` file: the MoE layers'
+    `feed_forward_length` the experts' width, the `expert_*` keys, each layer's experts
+    stacked (`ffn_up_exps`, `ffn_down_exps`), the router's bias `exp_probs_b.bias`."""
     from pagoda.runtime.model.mamba_config import nemotron_name
     from safetensors.torch import load_file
 
     cfg = transformers.AutoConfig.from_pretrained(hf_dir)
     sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
     types, heads, kv = cfg.layers_block_type, cfg.num_attention_heads, cfg.num_key_value_heads
-    n = len(types)
-    w = gguf.GGUFWriter(str(path), "nemotron_h")
+    n, moe = len(types), "moe" in types
+    w = gguf.GGUFWriter(str(path), "nemotron_h_moe" if moe else "nemotron_h")
     w.add_block_count(n)
     w.add_context_length(2**20)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length([cfg.intermediate_size if t == "mlp" else 0 for t in types])
+    if moe:  # (the converter's: only the "moe" layers count, its dense ones' none)
+        w.add_feed_forward_length([cfg.moe_intermediate_size if t == "moe" else 0 for t in types])
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(cfg.moe_shared_expert_intermediate_size)
+        w.add_expert_count(cfg.n_routed_experts)
+        w.add_expert_shared_count(cfg.n_shared_experts)
+        w.add_expert_weights_norm(cfg.norm_topk_prob)
+        w.add_expert_weights_scale(cfg.routed_scaling_factor)
+        w.add_expert_group_count(cfg.n_group)
+    else:
+        w.add_feed_forward_length([cfg.intermediate_size if t == "mlp" else 0 for t in types])
     w.add_head_count(heads)
     w.add_head_count_kv([kv if t in ("attention", "full_attention") else 0 for t in types])
     w.add_key_length(cfg.head_dim)
@@ -213,8 +232,19 @@ def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
              "ssm_out", "mamba.conv1d": "ssm_conv1d", "mamba.norm": "ssm_norm",
              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "self_attn.q_proj": "attn_q",
              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output"}  # fmt: skip
+             "self_attn.o_proj": "attn_output", "mlp.gate": "ffn_gate_inp",
+             "mlp.shared_experts.up_proj": "ffn_up_shexp",
+             "mlp.shared_experts.down_proj": "ffn_down_shexp"}  # fmt: skip
     out = {}
+    for i in range(n) if moe else ():  # each MoE layer's experts, stacked
+        for x in ("up", "down"):
+            names = [f"backbone.layers.{i}.mixer.experts.{e}.{x}_proj.weight"
+                     for e in range(cfg.n_routed_experts)]  # fmt: skip
+            if names[0] in sd:
+                back = _store(
+                    w, f"blk.{i}.ffn_{x}_exps.weight", np.stack([sd.pop(k) for k in names])
+                )
+                out.update(zip(names, back))
     for stored, arr in sd.items():
         name = stored if stored == "lm_head.weight" else nemotron_name(stored)
         if name in gnames:
@@ -226,6 +256,10 @@ def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
             out[stored] = np.log(-_store(w, b + "ssm_a", -np.exp(arr)[:, None], Q.F32)[:, 0])
         elif rest == "mamba.D":
             out[stored] = _store(w, b + "ssm_d", arr[:, None], Q.F32)[:, 0]
+        elif rest == "mlp.gate.e_score_correction_bias":
+            out[stored] = _store(w, b + "exp_probs_b.bias", arr)
+        elif rest == "mlp.gate.weight":  # (the router in float32, as llama.cpp keeps it)
+            out[stored] = _store(w, b + "ffn_gate_inp.weight", arr, Q.F32)
         elif rest == "mamba.dt_bias":
             out[stored] = _store(w, b + "ssm_dt.bias", arr)
         elif rest == "mamba.conv1d.weight":
@@ -245,10 +279,11 @@ def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
 
 
-def test_nemotron_h_gguf_matches_transformers_on_its_dequantized_weights(tmp_path):
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_nemotron_h_gguf_matches_transformers_on_its_dequantized_weights(tmp_path, moe):
     from pagoda.runtime.model.mamba_config import nemotron_name
 
-    make_tiny_model(tmp_path / "hf", "NemotronH", **NEMOTRON)
+    make_tiny_model(tmp_path / "hf", "NemotronH", **(NEMOTRON_MOE if moe else NEMOTRON))
     path = tmp_path / "nemotron_h.gguf"
     expected = convert_nemotron_h(path, tmp_path / "hf")
     oracle = _oracle(tmp_path, expected)
@@ -256,7 +291,18 @@ def test_nemotron_h_gguf_matches_transformers_on_its_dequantized_weights(tmp_pat
     assert config.architecture == "nemotron_h"
     m = config.family.mamba
     assert m.layers == (True, False, False, False, True)
-    assert m.mlp_layers == (False, True, False, True, False)
+    if moe:
+        assert not any(m.mlp_layers) and m.moe.layers == (False, True, False, True, False)
+        assert m.moe.routing.routed_scaling_factor == 2.5 and m.moe.shared_intermediate == 96
+        for i in (1, 3):  # the experts stacked as the file holds them
+            for x in ("up", "down"):
+                stack = weights[f"model.layers.{i}.mlp.experts.{x}_proj.weight"]
+                for e in range(4):
+                    want = expected[f"backbone.layers.{i}.mixer.experts.{e}.{x}_proj.weight"]
+                    torch.testing.assert_close(stack[e], want, rtol=1e-6, atol=1e-6)
+        expected = {k: v for k, v in expected.items() if ".experts." not in k}
+    else:
+        assert m.mlp_layers == (False, True, False, True, False)
     assert [m.attention(i) for i in range(5)] == [False, False, True, False, False]
     for name, want in expected.items():
         name = name if name == "lm_head.weight" else nemotron_name(name)
