@@ -205,6 +205,8 @@ def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
         w.add_expert_weights_norm(cfg.norm_topk_prob)
         w.add_expert_weights_scale(cfg.routed_scaling_factor)
         w.add_expert_group_count(cfg.n_group)
+        if cfg.moe_latent_size is not None:
+            w.add_moe_latent_size(cfg.moe_latent_size)
     else:
         w.add_feed_forward_length([cfg.intermediate_size if t == "mlp" else 0 for t in types])
     w.add_head_count(heads)
@@ -234,7 +236,8 @@ def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate": "ffn_gate_inp",
              "mlp.shared_experts.up_proj": "ffn_up_shexp",
-             "mlp.shared_experts.down_proj": "ffn_down_shexp"}  # fmt: skip
+             "mlp.shared_experts.down_proj": "ffn_down_shexp",
+             "mlp.fc1_latent_proj": "ffn_latent_down", "mlp.fc2_latent_proj": "ffn_latent_up"}  # fmt: skip
     out = {}
     for i in range(n) if moe else ():  # each MoE layer's experts, stacked
         for x in ("up", "down"):
@@ -279,11 +282,12 @@ def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+@pytest.mark.parametrize("moe", [None, 0, 32], ids=["dense", "moe", "moe-latent"])
 def test_nemotron_h_gguf_matches_transformers_on_its_dequantized_weights(tmp_path, moe):
     from pagoda.runtime.model.mamba_config import nemotron_name
 
-    make_tiny_model(tmp_path / "hf", "NemotronH", **(NEMOTRON_MOE if moe else NEMOTRON))
+    hf = NEMOTRON if moe is None else dict(NEMOTRON_MOE, moe_latent_size=moe or None)
+    make_tiny_model(tmp_path / "hf", "NemotronH", **hf)
     path = tmp_path / "nemotron_h.gguf"
     expected = convert_nemotron_h(path, tmp_path / "hf")
     oracle = _oracle(tmp_path, expected)
@@ -291,7 +295,8 @@ def test_nemotron_h_gguf_matches_transformers_on_its_dequantized_weights(tmp_pat
     assert config.architecture == "nemotron_h"
     m = config.family.mamba
     assert m.layers == (True, False, False, False, True)
-    if moe:
+    if moe is not None:
+        assert m.moe.latent == (moe or None)
         assert not any(m.mlp_layers) and m.moe.layers == (False, True, False, True, False)
         assert m.moe.routing.routed_scaling_factor == 2.5 and m.moe.shared_intermediate == 96
         for i in (1, 3):  # the experts stacked as the file holds them
