@@ -77,7 +77,7 @@ class FalconH1Model(LlamaModel):
         return FalconMLP(ctx, w, prefix + "feed_forward.", s.mlp_gate, s.mlp_down)
 
     def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:
-        if name == "model.norm.weight":
+        if name == "model.norm.weight" and name not in w:  # (a GGUF's output_norm: Llama's)
             name = BAMBA_FINAL_NORM  # (Bamba's name too)
         return super().read_norm(w, name)
 
@@ -87,4 +87,5 @@ class FalconH1Model(LlamaModel):
         return e * scale if scale != 1.0 else e
 
     def logits(self, x, head):
-        return self.lm_head(x) * self.config.family.mamba.falcon.lm_head
+        scale = self.config.family.mamba.falcon.lm_head  # (1.0: the sampling fused into the head)
+        return super().logits(x, head) if scale == 1.0 else self.lm_head(x) * scale

@@ -1,7 +1,7 @@
 """GGUFs of the families the engine runs from safetensors that llama.cpp's converter writes
 under architectures of their own: `gpt-oss`, `phi3`, `exaone4`, `seed_oss`, `ernie4_5`,
-`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe`, `llama4`, `granitehybrid` and
-`nemotron_h`, read into the names and
+`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe`, `llama4`, `granitehybrid`,
+`nemotron_h`, `nemotron_h_moe` and `falcon-h1`, read into the names and
 `FamilyConfig` fields of the models the safetensors loader builds (`gguf_loader` asks this
 module where they differ from Llama's).
 
@@ -51,6 +51,12 @@ module where they differ from Llama's).
   `expert_weights_scale`, `expert_weights_norm`, `expert_group_count`: one group, as the
   converter writes no `expert_group_used_count`), the shared expert (`ffn_*_shexp`), the
   latent projections where `moe_latent_size` is set. Pure `mamba2` files are not read.
+- falcon-h1 (Falcon-H1): the mixer (as Granite 4.0-H's tensors) beside attention in every
+  layer, `ffn_norm` its `pre_ff_layernorm`; the µP multipliers baked into the weights by the
+  converter (embedding, lm_head, q/k/v, o, the mixer's in (by z/x/B/C/dt part) and out, the
+  MLP's gate and down): none applied; the mixer's norm after the gate, as llama.cpp's graph
+  (the file does not keep `mamba_norm_before_gate`), none without `ssm_norm`; Q/K as stored
+  (NeoX rotary).
 
 For all of them, llama.cpp's end-of-generation tokens by their text (`EOG_TEXTS`: Phi-3's
 `<|end|>`, gpt-oss's `<|return|>` and `<|call|>` but not its `<|end|>`) join the EOS ids.
@@ -71,7 +77,7 @@ ENGINE_ARCH = {"gpt-oss": "gpt_oss", "phi3": "phi3", "exaone4": "exaone4",
                "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral",
                "glm4moe": "glm4_moe", "llama4": "llama4",
                "granitehybrid": "granitemoehybrid", "nemotron_h": "nemotron_h",
-               "nemotron_h_moe": "nemotron_h"}  # fmt: skip
+               "nemotron_h_moe": "nemotron_h", "falcon-h1": "falcon_h1"}  # fmt: skip
 # converted by llama.cpp's LlamaModel (its permute kept: `undo_permute`): Q/K rows permuted
 PERMUTED = ("arcee", "mistral3", "granitehybrid", "nemotron_h", "nemotron_h_moe")
 GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
@@ -128,6 +134,11 @@ NAMES: dict[str, dict[str, str]] = {
                    "ffn_down_shexp": "mlp.shared_experts.down_proj",
                    "ffn_latent_down": "mlp.fc1_latent_proj",
                    "ffn_latent_up": "mlp.fc2_latent_proj"},
+    # Falcon-H1: the Mamba2 mixer beside attention in every layer, its MLP and norm's names
+    "falcon_h1": {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj",
+                  "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
+                  "ffn_norm": "pre_ff_layernorm", "ffn_gate": "feed_forward.gate_proj",
+                  "ffn_up": "feed_forward.up_proj", "ffn_down": "feed_forward.down_proj"},
 }  # fmt: skip
 # engine tensors stored as parts (gate rows, then up rows): the parts' names (as `hf_name`
 # gives them, `<whole>.gate.weight`, `<whole>.up.weight`) read back as one `<whole>.weight`
@@ -138,7 +149,8 @@ BARE = {("gpt_oss", "attn_sinks"): "self_attn.sinks",
         ("glm4_moe", "exp_probs_b"): "mlp.gate.e_score_correction_bias",
         ("granitemoehybrid", "ssm_dt"): "mamba.dt_bias",
         ("nemotron_h", "ssm_dt"): "mamba.dt_bias",
-        ("nemotron_h", "exp_probs_b"): "mlp.gate.e_score_correction_bias"}  # fmt: skip
+        ("nemotron_h", "exp_probs_b"): "mlp.gate.e_score_correction_bias",
+        ("falcon_h1", "ssm_dt"): "mamba.dt_bias"}  # fmt: skip
 # the Mamba2 mixer's tensors llama.cpp names without a suffix (`blk.N.ssm_a`): A as -exp(A_log)
 # and D, each [n_head, 1]
 SUFFIXLESS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
@@ -167,7 +179,7 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
 def suffixless_name(name: str, architecture: str) -> str | None:
     """The engine's name of a Mamba2 `blk.N.ssm_a` / `blk.N.ssm_d` (None for another tensor)."""
     m = _SUFFIXLESS.match(name)
-    if m is None or architecture not in ("granitemoehybrid", "nemotron_h"):
+    if m is None or architecture not in ("granitemoehybrid", "nemotron_h", "falcon_h1"):
         return None
     return f"model.layers.{m.group(1)}.{SUFFIXLESS[m.group(2)]}"
 
@@ -266,6 +278,8 @@ def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern,
         return _llama4(get, layers)
     if gguf_arch in ("granitehybrid", "nemotron_h", "nemotron_h_moe"):
         return _mamba_hybrid(get, gguf_arch, layers, tensors)
+    if gguf_arch == "falcon-h1":
+        return _falcon_h1(get, layers, tensors)
     if gguf_arch == "gpt-oss":
         alpha, limit = GPT_OSS_SWIGLU
         return dict(attention_sinks=True, swiglu_alpha=alpha, swiglu_limit=limit,
@@ -368,6 +382,31 @@ def _mamba_hybrid(get: Get, gguf_arch: str, layers: int, tensors: set[str]) -> d
     if nemotron or not get("rope.scaling.finetuned"):  # NoPE
         fields["rope_layers"] = (False,) * layers
     return fields
+
+
+def _falcon_h1(get: Get, layers: int, tensors: set[str]) -> dict[str, Any]:
+    """Falcon-H1 as llama.cpp runs it: a Mamba2 mixer beside attention in every layer, the
+    mixer's output gated then normed by group (`ssm_norm` where the file has it, else gated
+    only); the µP multipliers are in the weights (the converter's), so none is applied."""
+    from pagoda.runtime.model_configs import FalconH1Scales, MambaConfig
+
+    keys = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
+    ssm = {k: get(f"ssm.{k}") for k in keys}
+    missing = [f"ssm.{k}" for k, v in ssm.items() if not v]
+    if missing:
+        raise ValueError(f"GGUF falcon-h1 needs {', '.join(missing)}")
+    heads, inner = int(ssm["time_step_rank"]), int(ssm["inner_size"])
+    if inner % heads:
+        raise ValueError(f"GGUF falcon-h1 ssm.inner_size {inner} is not a multiple of its "
+                         f"{heads} heads (ssm.time_step_rank)")  # fmt: skip
+    config = MambaConfig(layers=(True,) * layers, n_heads=heads, head_dim=inner // heads,
+                         d_state=int(ssm["state_size"]), n_groups=int(ssm["group_count"]),
+                         d_conv=int(ssm["conv_kernel"]),
+                         conv_bias="blk.0.ssm_conv1d.bias" in tensors,
+                         proj_bias="blk.0.ssm_in.bias" in tensors,
+                         gated_norm="blk.0.ssm_norm.weight" in tensors, norm_before_gate=False,
+                         parallel_attention=True, falcon=FalconH1Scales())  # fmt: skip
+    return {"mamba": config}
 
 
 def _nemotron_experts(get: Get, layers: list[bool]):

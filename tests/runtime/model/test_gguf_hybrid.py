@@ -361,3 +361,112 @@ def test_granite_hybrid_gguf_matches_transformers_on_its_dequantized_weights(tmp
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
     assert _generate(path, PROMPTS) == want, case
     _check_estimate(path, "bfloat16")  # (the mixer's tensors counted in the shapes it holds)
+
+
+FALCON = dict(num_hidden_layers=2, mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64,
+              mamba_d_state=16, mamba_n_groups=2, mamba_chunk_size=8, mamba_rms_norm=True,
+              mamba_norm_before_gate=False, tie_word_embeddings=False, embedding_multiplier=2.0,
+              lm_head_multiplier=0.5, key_multiplier=0.7, attention_in_multiplier=1.3,
+              attention_out_multiplier=0.8, ssm_in_multiplier=1.1, ssm_out_multiplier=0.9,
+              ssm_multipliers=[1.2, 0.8, 1.1, 0.9, 1.5], mlp_multipliers=[1.2, 0.7])  # fmt: skip
+
+
+def convert_falcon_h1(path, hf_dir) -> dict[str, torch.Tensor]:
+    """The checkpoint as llama.cpp's converter (`FalconH1Model`) writes a `falcon-h1` file: the
+    µP multipliers multiplied into the weights (embedding, lm_head, q/k/v by attention_in and k
+    by key too, o, the mixer's in by ssm_in and its z/x/B/C/dt rows, out, the MLP's gate and
+    down), the mixer as Granite 4.0-H's, Q/K as they are; the checkpoint's tensors as the file
+    gives them back (divided by their multipliers again: what transformers multiplies)."""
+    from safetensors.torch import load_file
+
+    cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
+    n, inner, g = cfg.num_hidden_layers, cfg.mamba_d_ssm, cfg.mamba_n_groups
+    w = gguf.GGUFWriter(str(path), "falcon-h1")
+    w.add_block_count(n)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads  # (its config's)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_ssm_conv_kernel(cfg.mamba_d_conv)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(cfg.mamba_d_state)
+    w.add_ssm_time_step_rank(inner // cfg.mamba_d_head)
+    w.add_ssm_group_count(g)
+    tokens, types, merges = _byte_level_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(cfg.vocab_size - 1)
+    gs = g * cfg.mamba_d_state
+    rows = np.ones(2 * inner + 2 * gs + cfg.mamba_n_heads, dtype=np.float32)
+    for m, (a, b) in zip(cfg.ssm_multipliers, ((0, inner), (inner, 2 * inner),
+                         (2 * inner, 2 * inner + gs), (2 * inner + gs, 2 * inner + 2 * gs),
+                         (2 * inner + 2 * gs, len(rows)))):  # fmt: skip
+        rows[a:b] = m
+    att = cfg.attention_in_multiplier
+    scale = {"self_attn.q_proj": att, "self_attn.k_proj": att * cfg.key_multiplier,
+             "self_attn.v_proj": att, "self_attn.o_proj": cfg.attention_out_multiplier,
+             "mamba.out_proj": cfg.ssm_out_multiplier,
+             "mamba.in_proj": cfg.ssm_in_multiplier * rows[:, None],
+             "feed_forward.gate_proj": cfg.mlp_multipliers[0],
+             "feed_forward.down_proj": cfg.mlp_multipliers[1]}  # fmt: skip
+    parts = {"input_layernorm": "attn_norm", "pre_ff_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mamba.in_proj": "ssm_in", "mamba.out_proj": "ssm_out",
+             "mamba.conv1d": "ssm_conv1d", "feed_forward.gate_proj": "ffn_gate",
+             "feed_forward.up_proj": "ffn_up", "feed_forward.down_proj": "ffn_down"}  # fmt: skip
+    top = {"model.embed_tokens.weight": ("token_embd.weight", cfg.embedding_multiplier),
+           "lm_head.weight": ("output.weight", cfg.lm_head_multiplier),
+           "model.final_layernorm.weight": ("output_norm.weight", 1.0)}  # fmt: skip
+    out = {}
+    for stored, arr in sd.items():
+        if stored in top:
+            gname, mult = top[stored]
+            out[stored] = _store(w, gname, arr * mult) / mult
+            continue
+        i, rest = stored.removeprefix("model.layers.").split(".", 1)
+        b, (part, kind) = f"blk.{i}.", rest.rsplit(".", 1)
+        if rest == "mamba.A_log":
+            out[stored] = np.log(-_store(w, b + "ssm_a", -np.exp(arr)[:, None], Q.F32)[:, 0])
+        elif rest == "mamba.D":
+            out[stored] = _store(w, b + "ssm_d", arr[:, None], Q.F32)[:, 0]
+        elif rest == "mamba.dt_bias":
+            out[stored] = _store(w, b + "ssm_dt.bias", arr)
+        elif rest == "mamba.conv1d.weight":
+            out[stored] = _store(w, b + "ssm_conv1d.weight", arr[:, 0], Q.F32)[:, None]
+        elif rest == "mamba.norm.weight":
+            out[stored] = _store(w, b + "ssm_norm.weight", arr.reshape(g, -1), Q.F32).reshape(-1)
+        else:
+            mult = scale.get(part, 1.0) if kind == "weight" else 1.0
+            out[stored] = _store(w, f"{b}{parts[part]}.{kind}", arr * mult) / mult
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("norm", [True, False], ids=["ssm-norm", "gate-only"])
+def test_falcon_h1_gguf_matches_transformers_with_its_multipliers_baked_in(tmp_path, norm):
+    make_tiny_model(tmp_path / "hf", "FalconH1", **dict(FALCON, mamba_rms_norm=norm))
+    path = tmp_path / "falcon_h1.gguf"
+    expected = convert_falcon_h1(path, tmp_path / "hf")
+    oracle = _oracle(tmp_path, expected)
+    config, _, _, _ = load_gguf(path)
+    assert config.architecture == "falcon_h1"
+    m = config.family.mamba
+    assert m.parallel_attention and m.gated_norm == norm and not m.norm_before_gate
+    assert m.falcon.embedding == m.falcon.lm_head == 1.0  # (in the weights)
+    want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
+    assert _generate(path, PROMPTS) == want
+    _check_estimate(path, "bfloat16")
