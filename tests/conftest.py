@@ -39,7 +39,6 @@ SLOW_IN_PARALLEL = (
     "tests/benchmarks/",
     "tests/docs/test_readme.py",  # `make serve`'s command answers the README's examples
     "tests/docs/test_structured_outputs_doc.py",  # the doc's SDK examples, as written
-    "tests/kernels/test_kernel_compile.py",  # offline sm_90 compiles, one process; nothing timed
     "tests/kernels/test_kernel_invariance.py",
     "tests/runtime/attention/test_kv_int8.py",  # g++ builds, KL against float32
     "tests/runtime/cpu/test_cpu_attention.py",
@@ -48,7 +47,6 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/engine/test_differential.py",
     "tests/runtime/engine/test_exit.py",  # an inner pytest run's last line
     "tests/runtime/engine/test_invariance.py",
-    "tests/runtime/engine/test_llm_internlm3_spm.py",  # tokens equal transformers'
     "tests/runtime/engine/test_warmup.py",  # which kernel variants a run launches
     "tests/runtime/model/test_gguf.py",
     "tests/runtime/model/test_dense_archs.py",  # two ranks over gloo; nothing timed
@@ -69,7 +67,6 @@ SLOW_IN_PARALLEL = (
     "tests/server/test_hybrid_serve.py",  # answers equal transformers'
     "tests/server/test_parallel_flags.py",  # exit 2 before loading
     "tests/server/test_reasoning_api.py",  # replies split as the completions oracle's text
-    "tests/server/test_spm_server.py",  # ids and tokens equal transformers'
     "tests/server/test_structured_outputs.py",  # every output validates
     "tests/server/test_tiktoken_server.py",  # ids and tokens equal the references
     "tests/server/test_base_model_serve.py",  # texts equal transformers'
