@@ -359,15 +359,7 @@ def _mamba_hybrid(get: Get, gguf_arch: str, layers: int, tensors: set[str]) -> d
         ffn = [bool(f) for f in _per_layer(get, gguf_arch, "feed_forward_length", layers)]
     mamba = [not k and not f for k, f in zip(kv, ffn)]
     mlp = ffn if gguf_arch == "nemotron_h" else [False] * layers
-    keys = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
-    ssm = {k: get(f"ssm.{k}") for k in keys}
-    missing = [f"ssm.{k}" for k, v in ssm.items() if not v]
-    if missing:
-        raise ValueError(f"GGUF {gguf_arch} needs {', '.join(missing)}")
-    heads, inner = int(ssm["time_step_rank"]), int(ssm["inner_size"])
-    if inner % heads:
-        raise ValueError(f"GGUF {gguf_arch} ssm.inner_size {inner} is not a multiple of its "
-                         f"{heads} heads (ssm.time_step_rank)")  # fmt: skip
+    ssm, heads, inner = _ssm_sizes(get, gguf_arch)
     first = next((i for i, m in enumerate(mamba) if m), 0)
     config = MambaConfig(layers=tuple(mamba), n_heads=heads, head_dim=inner // heads,
                          d_state=int(ssm["state_size"]), n_groups=int(ssm["group_count"]),
@@ -384,21 +376,27 @@ def _mamba_hybrid(get: Get, gguf_arch: str, layers: int, tensors: set[str]) -> d
     return fields
 
 
+def _ssm_sizes(get: Get, gguf_arch: str) -> tuple[dict[str, Any], int, int]:
+    """The Mamba2 mixer's `ssm.*` keys (all required), its head count and inner width."""
+    keys = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
+    ssm = {k: get(f"ssm.{k}") for k in keys}
+    missing = [f"ssm.{k}" for k, v in ssm.items() if not v]
+    if missing:
+        raise ValueError(f"GGUF {gguf_arch} needs {', '.join(missing)}")
+    heads, inner = int(ssm["time_step_rank"]), int(ssm["inner_size"])
+    if inner % heads:
+        raise ValueError(f"GGUF {gguf_arch} ssm.inner_size {inner} is not a multiple of its "
+                         f"{heads} heads (ssm.time_step_rank)")  # fmt: skip
+    return ssm, heads, inner
+
+
 def _falcon_h1(get: Get, layers: int, tensors: set[str]) -> dict[str, Any]:
     """Falcon-H1 as llama.cpp runs it: a Mamba2 mixer beside attention in every layer, the
     mixer's output gated then normed by group (`ssm_norm` where the file has it, else gated
     only); the µP multipliers are in the weights (the converter's), so none is applied."""
     from pagoda.runtime.model_configs import FalconH1Scales, MambaConfig
 
-    keys = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
-    ssm = {k: get(f"ssm.{k}") for k in keys}
-    missing = [f"ssm.{k}" for k, v in ssm.items() if not v]
-    if missing:
-        raise ValueError(f"GGUF falcon-h1 needs {', '.join(missing)}")
-    heads, inner = int(ssm["time_step_rank"]), int(ssm["inner_size"])
-    if inner % heads:
-        raise ValueError(f"GGUF falcon-h1 ssm.inner_size {inner} is not a multiple of its "
-                         f"{heads} heads (ssm.time_step_rank)")  # fmt: skip
+    ssm, heads, inner = _ssm_sizes(get, "falcon-h1")
     config = MambaConfig(layers=(True,) * layers, n_heads=heads, head_dim=inner // heads,
                          d_state=int(ssm["state_size"]), n_groups=int(ssm["group_count"]),
                          d_conv=int(ssm["conv_kernel"]),
