@@ -108,7 +108,7 @@ class RunningOperator:
         self._frozen.clear()
         self.loop.call_soon_threadsafe(self._frozen.wait)
 
-    async def shutdown(self, timeout: float = 15.0) -> None:
+    async def shutdown(self, timeout: float = 45.0) -> None:
         self._frozen.set()
         self.stop.set()
         await wait_for(lambda: not self.thread.is_alive(), timeout, what="operator stopped")

@@ -153,6 +153,7 @@ def replica(name: str, priority: int | None) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow  # two operators and the emulator share this process: `make test` runs it alone
 async def test_one_replica_acts_and_the_other_takes_over(
     emulator: Emulator, kube: KubeApi, start_operator: Any
 ) -> None:
