@@ -67,6 +67,9 @@ _BUFFERS = (".attn.bias", ".attn.masked_bias")
 # the top-level names of checkpoints saved from the base model (gpt2's, bloom's: `h.0.`, `wte`)
 # and OPT's (`decoder.`), under the causal LM's prefix
 _BARE = re.compile(r"^(?:h|wte|wpe|ln_f|word_embeddings|word_embeddings_layernorm)\.")
+# and Llama-style ones (`layers.0.`, `embed_tokens`: a LlamaModel's), under `model.`, as
+# transformers adds its base_model_prefix to a checkpoint saved without it
+_BARE_MODEL = re.compile(r"^(?:embed_tokens|layers|norm|final_layernorm)\.")
 # OPT's names -> Llama's (model/positions.py), on `model.decoder.` names
 _OPT_RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^model\.decoder\.final_layer_norm\.", "model.norm."),
@@ -112,7 +115,7 @@ def _text_name(stored: str) -> str | None:
             return new + stored[len(old) :]
     if _BARE.match(stored):
         stored = "transformer." + stored
-    elif stored.startswith("decoder."):
+    elif stored.startswith("decoder.") or _BARE_MODEL.match(stored):
         stored = "model." + stored
     renames = _RENAMES if stored.startswith("transformer.") else _PHI_RENAMES
     if stored.startswith(("gpt_neox.", "embed_out.")):

@@ -1,0 +1,111 @@
+"""Checkpoints that ship PyTorch pickles only, as transformers saved them before safetensors
+(`model/pickle_weights.py`): a sharded `pytorch_model-0000x-of-0000y.bin` set with its index and
+an old single `pytorch_model.bin` (torch's legacy format, a base model's names, the LM head tied)
+give transformers' own greedy tokens from the same files; safetensors are read where both are
+there; a pickle that would run code is refused in one line (exit 2) and never run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model
+from pagoda.runtime.model.safetensors_weights import checkpoint_files
+
+transformers = pytest.importorskip("transformers")
+PROMPT = [(7 * i + 3) % 290 + 5 for i in range(30)]
+GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A tiny Qwen3 with a tied LM head, as transformers saves it (its safetensors), and its
+    state dict as transformers 4 pickled it (the head and the embedding one storage)."""
+    path = tmp_path_factory.mktemp("safetensors")
+    model = make_tiny_model(path, "Qwen3", scale=6.0, head_dim=64, tie_word_embeddings=True)
+    return path, model.state_dict()
+
+
+def _bin_dir(tiny, folder: Path) -> Path:
+    """`tiny`'s config and tokenizer in `folder`, without weights."""
+    folder.mkdir()
+    for f in tiny[0].iterdir():
+        if f.name != "model.safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    return folder
+
+
+def _same_tokens_as_transformers(path: Path) -> None:
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    want = hf_greedy_plain(ref, PROMPT, 5)[0]
+    assert len(set(want)) > 1, want  # not a flat pick: the weights matter
+    llm = LLM(loaded=load_model(str(path)), dtype="float32", kv_cache_memory=8 << 20)
+    got = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)[0].outputs[0].token_ids
+    assert got == want
+
+
+def test_sharded_pickles_match_transformers(tiny, tmp_path):
+    path = _bin_dir(tiny, tmp_path / "sharded")
+    state = tiny[1]
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    names = list(state)
+    shards = [names[i : i + 9] for i in range(0, len(names), 9)]
+    weight_map = {}
+    for i, part in enumerate(shards, 1):
+        shard = f"pytorch_model-{i:05d}-of-{len(shards):05d}.bin"
+        torch.save({n: state[n] for n in part}, path / shard)
+        weight_map |= dict.fromkeys(part, shard)
+    (path / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    assert [f.name for f in checkpoint_files(path)] == sorted(set(weight_map.values()))
+    _same_tokens_as_transformers(path)
+
+
+def test_an_old_single_pickle_of_a_base_model_matches_transformers(tiny, tmp_path):
+    """torch's legacy (non-zip) format, which cannot be memory-mapped; LlamaModel-style names
+    without `model.` and no LM head (tied), which transformers loads under its prefix."""
+    path = _bin_dir(tiny, tmp_path / "single")
+    base = {n.removeprefix("model."): t for n, t in tiny[1].items() if n != "lm_head.weight"}
+    torch.save(base, path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    _same_tokens_as_transformers(path)
+
+
+def test_safetensors_are_read_where_both_are_there(tiny, tmp_path):
+    path = _bin_dir(tiny, tmp_path / "both")
+    (path / "model.safetensors").write_bytes((tiny[0] / "model.safetensors").read_bytes())
+    (path / "pytorch_model.bin").write_bytes(b"not read")
+    assert checkpoint_files(path) == [path / "model.safetensors"]
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_that_would_run_code_is_refused_in_one_line(tiny, tmp_path):
+    path = _bin_dir(tiny, tmp_path / "evil")
+    marker = tmp_path / "ran"
+    state = {n: t.clone() for n, t in tiny[1].items()}
+    torch.save({**state, "extra": _RunsCode(marker)}, path / "pytorch_model.bin")
+    with pytest.raises(ValueError) as err:
+        load_model(str(path))
+    assert "\n" not in str(err.value) and "posix.system" in str(err.value), err.value
+    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", str(path), "--device", "cpu"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pytorch_model.bin: refused" in lines[0], done.stderr
+    assert not marker.exists()
