@@ -109,3 +109,44 @@ def test_a_pickle_that_would_run_code_is_refused_in_one_line(tiny, tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "pytorch_model.bin: refused" in lines[0], done.stderr
     assert not marker.exists()
+
+
+def _held(model) -> list[torch.Tensor]:
+    """Every tensor a built model holds, in the order its attributes list them."""
+    out, stack, seen = [], [model], set()
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, (int, float, str, bool, type(None))):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            out.append(o.to_dense() if o.is_mkldnn else o)
+        elif isinstance(o, (list, tuple)):
+            stack.extend(reversed(o))
+        elif isinstance(o, dict):
+            stack.extend(reversed(list(o.values())))
+        else:
+            names = list(getattr(o, "__dict__", {}))
+            names += [n for c in type(o).__mro__ for n in getattr(c, "__slots__", ())]
+            names = [n for n in names if n not in ("config", "ctx") and hasattr(o, n)]
+            stack.extend(getattr(o, n) for n in reversed(names))
+    return out
+
+
+def test_fp8_on_a_tensor_parallel_rank_builds_the_same_from_pickles(tiny, tmp_path):
+    """`--quantization fp8` and a rank of two (`model_bytes.build`: rank 0 built alone) read
+    the pickles through the same seam: the same FP8 codes and scales, the same shards."""
+    from model_bytes import build
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+
+    path = _bin_dir(tiny, tmp_path / "fp8")
+    torch.save(tiny[1], path / "pytorch_model.bin")
+    rank0 = TPGroup(TPLayout(0, 2), torch.device("cpu"), None, None)
+    built = [build(p, torch.bfloat16, tp=rank0, fp8=ONLINE_SCHEME) for p in (path, tiny[0])]
+    assert any(t.dtype == torch.float8_e4m3fn for t in _held(built[0]))
+    pickled, safetensors = (_held(m) for m in built)
+    assert len(pickled) == len(safetensors)
+    for a, b in zip(pickled, safetensors, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
