@@ -29,6 +29,7 @@ _DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
            torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
            torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
            torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}  # fmt: skip
+_LFS = b"version https://git-lfs"
 _GLOBAL = re.compile(r"(?i)unsupported global:?\s+(?:GLOBAL\s+)?([\w.]+)")
 
 
@@ -36,22 +37,32 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of the pickle at `path`, memory-mapped (module docstring); ValueError, one
     line, for a file torch's weights-only unpickler refuses or cannot read."""
     try:
+        with open(path, "rb") as f:
+            if f.read(len(_LFS)) == _LFS:
+                raise ValueError(f"{path.name} is a Git LFS pointer, not the weights (fetch the "
+                                 "LFS object itself)")  # fmt: skip
         try:
             loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError as e:
             if "mmap can only be used" not in str(e):
                 raise
             loaded = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
+    except ValueError:
+        raise
     except pickle.UnpicklingError as e:
         found = _GLOBAL.search(str(e))
-        what = f" ({found[1]})" if found else ""
+        if found is None:  # not a global: a byte no pickle has (a foreign or damaged file)
+            said = str(e).partition("WeightsUnpickler error:")[2].strip().split("\n\n")[0]
+            said = " ".join(said.split())[:200]
+            raise ValueError(f"{path.name}: cannot read it as PyTorch weights (damaged or not "
+                             f"a pickle: {said or 'unpickling failed'})") from None  # fmt: skip
         raise ValueError(
-            f"{path.name}: refused: the pickle needs more than tensors to load{what}; pickled "
-            "weights are read with torch.load(weights_only=True) only (convert it to "
+            f"{path.name}: refused: the pickle needs more than tensors to load ({found[1]}); "
+            "pickled weights are read with torch.load(weights_only=True) only (convert it to "
             "safetensors from a trusted copy)"
         ) from None
     except Exception as e:  # a truncated or foreign file: the zip reader's or torch's error
-        said = " ".join(str(e).split("\n")[0].split())[:200]
+        said = " ".join(str(e).split("\n")[0].split(". ")[0].split())[:200] or "empty or truncated"
         raise ValueError(f"{path.name}: cannot read it as PyTorch weights: "
                          f"{type(e).__name__}: {said}") from None  # fmt: skip
     if not isinstance(loaded, dict):

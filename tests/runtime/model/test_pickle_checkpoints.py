@@ -15,7 +15,7 @@ import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model, read_model_config
-from pagoda.runtime.model.safetensors_weights import checkpoint_files
+from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, checkpoint_files
 
 transformers = pytest.importorskip("transformers")
 PROMPT = [(7 * i + 3) % 290 + 5 for i in range(30)]
@@ -107,6 +107,28 @@ def test_a_pickle_that_would_run_code_is_refused_in_one_line(tiny, tmp_path):
         assert "\n" not in said and "pytorch_model.bin: refused" in said, said
         assert "posix.system" in said, said
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 9\n", "Git LFS pointer"),
+        (b"PK\3\4" + b"\0" * 60, "cannot read it as PyTorch weights: RuntimeError: "),
+        (b"\x80\x02v" + b"\0" * 20, "damaged or not a pickle: Unsupported operand 118"),
+        (None, "holds a list, not a state dict"),
+    ],
+    ids=["lfs-pointer", "truncated-zip", "foreign-bytes", "a-list"],
+)
+def test_a_damaged_pickle_is_one_line_naming_it(tmp_path, content, needle):
+    path = tmp_path / "pytorch_model.bin"
+    if content is None:
+        torch.save([torch.zeros(2)], path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError) as err:
+        SafetensorsWeights.open(tmp_path)
+    said = str(err.value)
+    assert said.startswith("pytorch_model.bin") and needle in said and "\n" not in said, said
 
 
 def _held(model) -> list[torch.Tensor]:
