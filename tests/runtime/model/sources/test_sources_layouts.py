@@ -296,6 +296,14 @@ def test_a_checkpoint_of_pickles_only_fetches_the_shards_its_index_names(
     assert got == sorted(set(files) - {"training_args.bin", "README.md"}), got
     assert load_model(str(path)).config.vocab_size == 64
     assert resolve_model(uri, tmp_path, offline=True) == str(path)
+    if source == "hf":  # a snapshot huggingface_hub downloaded, found offline while complete
+        from huggingface_hub import snapshot_download
+
+        hub = request.getfixturevalue("hub")
+        got = snapshot_download("org/bin-only", cache_dir=tmp_path / "hf", endpoint=hub.endpoint)
+        assert resolve_model(uri, tmp_path / "hf", offline=True) == got
+        (pathlib.Path(got) / "pytorch_model-00002-of-00002.bin").unlink()
+        assert failure(uri, tmp_path / "hf", offline=True).detail == "NotCached"
 
 
 def test_a_checkpoint_of_other_pickles_is_refused_naming_them(
