@@ -191,8 +191,7 @@ def test_without_weight_files_the_shapes_count_and_pickles_their_tensors(tmp_pat
     torch.save(model.state_dict(), pickled / "pytorch_model.bin")
     got = estimate(pickled, "float32")  # bf16 matrices read in place where `qgemm` loads
     assert "BF16 .bin" in got.how, got
-    assert got.bytes == estimate(bf16, "float32").bytes
-    assert got.bytes == pytest.approx(held_bytes(build(pickled, torch.float32)), rel=0.02), got
+    assert got.bytes == estimate(bf16, "float32").bytes  # (checked against `build` above)
 
 
 def _llama_checkpoint(mc, kind: str = "BF16") -> Checkpoint:
