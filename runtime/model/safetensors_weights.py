@@ -4,10 +4,10 @@ Which files: the shards `model.safetensors.index.json` names (so that a director
 sharded and consolidated copies, as some Mistral repositories do, is read once), else
 `model.safetensors`, else every `*.safetensors`. Tensors are read one at a time from the
 memory-mapped files as the model is built: loading never holds a second copy of the checkpoint.
-Without safetensors files, PyTorch pickles as transformers saved them (`pytorch_model.bin`, or the
-shards `pytorch_model.bin.index.json` names: transformers' order) are read the same way through `pickle_weights`
-(``torch.load(weights_only=True, mmap=True)``: nothing but tensors is unpickled); safetensors
-are preferred where both are there, as transformers and vLLM prefer them.
+Without safetensors files, PyTorch pickles as transformers saved them (`pytorch_model.bin`, else
+the shards `pytorch_model.bin.index.json` names: transformers' order) are read the same way
+through `pickle_weights` (``torch.load(weights_only=True, mmap=True)``: nothing but tensors is
+unpickled); safetensors are preferred where both are there, as transformers and vLLM prefer them.
 Gemma 3's multimodal checkpoints keep the text model under `language_model`: those names are
 mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights are not listed.
 EXAONE 3 / 3.5's and Falcon's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are

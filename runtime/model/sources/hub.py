@@ -3,8 +3,8 @@
 `HF_ENDPOINT` (a mirror, or a local server in tests) and `HF_TOKEN` are huggingface_hub's own
 settings. The revision is resolved to a commit first, then only the files the engine reads are
 listed (ALLOW_PATTERNS, top level of the repo; of the weights, only those the loader reads:
-`select_weights`, safetensors where the repo has them, else transformers' `pytorch_model*.bin`), their sizes checked against the free space, and `snapshot_download` fetches
-them into huggingface_hub's cache layout under the download dir (after `resume` has completed
+`select_weights`, safetensors where the repo has them, else transformers' `pytorch_model*.bin`),
+their sizes checked against the free space, and `snapshot_download` fetches them into huggingface_hub's cache layout under the download dir (after `resume` has completed
 the file a killed download was on). The revision asked for is
 recorded under `refs/` as huggingface_hub does, so its own offline mode finds the copy too.
 """
