@@ -2,7 +2,7 @@
 
 Reads `config.json` (for Gemma 3's multimodal checkpoints, its `text_config`), the safetensors
 weights (`safetensors_weights`: one file or shards named by `model.safetensors.index.json`, read
-lazily), `tokenizer.json` (or a tiktoken file: `tiktoken_files`) with the chat template
+lazily; without them, `pytorch_model.bin` or its shards, through `pickle_weights`), `tokenizer.json` (or a tiktoken file: `tiktoken_files`) with the chat template
 (`template_files`: a processor's `chat_template.json`, `chat_template.jinja` or
 `tokenizer_config.json`), and
 `generation_config.json` (EOS ids, sampling defaults).
@@ -43,7 +43,7 @@ from pagoda.runtime.model.hf_tables import (
     WRAPPER_TIES,
 )
 from pagoda.runtime.model.ops import rope_inv_freq, rotary_dim
-from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
+from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, has_weight_files
 from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
@@ -350,11 +350,12 @@ def _adds_bos(tok: HFTokenizer, bos: int | None, tcfg: Mapping[str, Any]) -> boo
 def check_weights(
     model_dir: Path, config: ModelConfig, weights: SafetensorsWeights | None = None
 ) -> SafetensorsWeights | None:
-    """`checkpoint_check.check_checkpoint` on the directory's safetensors headers: ValueError,
-    one line, where the weights do not match config.json. Returns the opened weights; None for
-    a directory without safetensors files (a config alone: what is checked before loading)."""
+    """`checkpoint_check.check_checkpoint` on the directory's safetensors headers (or its
+    pickles' tensors, memory-mapped): ValueError, one line, where the weights do not match
+    config.json. Returns the opened weights; None for a directory without weight files (a
+    config alone: what is checked before loading)."""
     if weights is None:
-        if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
+        if not has_weight_files(model_dir):
             return None
         weights = read_weights(model_dir)
     try:

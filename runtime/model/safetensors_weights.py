@@ -4,6 +4,10 @@ Which files: the shards `model.safetensors.index.json` names (so that a director
 sharded and consolidated copies, as some Mistral repositories do, is read once), else
 `model.safetensors`, else every `*.safetensors`. Tensors are read one at a time from the
 memory-mapped files as the model is built: loading never holds a second copy of the checkpoint.
+Without safetensors files, PyTorch pickles as transformers saved them (`pytorch_model.bin`, else
+the shards `pytorch_model.bin.index.json` names: transformers' order) are read the same way
+through `pickle_weights` (``torch.load(weights_only=True, mmap=True)``: nothing but tensors is
+unpickled); safetensors are preferred where both are there, as transformers and vLLM prefer them.
 Gemma 3's multimodal checkpoints keep the text model under `language_model`: those names are
 mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights are not listed.
 EXAONE 3 / 3.5's and Falcon's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import torch
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_dense
+from pagoda.runtime.model.pickle_weights import BIN_INDEX, BIN_SINGLE, PickleFile
 
 INDEX = "model.safetensors.index.json"
 _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGeneration)
@@ -62,6 +67,9 @@ _BUFFERS = (".attn.bias", ".attn.masked_bias")
 # the top-level names of checkpoints saved from the base model (gpt2's, bloom's: `h.0.`, `wte`)
 # and OPT's (`decoder.`), under the causal LM's prefix
 _BARE = re.compile(r"^(?:h|wte|wpe|ln_f|word_embeddings|word_embeddings_layernorm)\.")
+# and Llama-style ones (`layers.0.`, `embed_tokens`: a LlamaModel's), under `model.`, as
+# transformers adds its base_model_prefix to a checkpoint saved without it
+_BARE_MODEL = re.compile(r"^(?:embed_tokens|layers|norm|final_layernorm)\.")
 # OPT's names -> Llama's (model/positions.py), on `model.decoder.` names
 _OPT_RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^model\.decoder\.final_layer_norm\.", "model.norm."),
@@ -107,7 +115,7 @@ def _text_name(stored: str) -> str | None:
             return new + stored[len(old) :]
     if _BARE.match(stored):
         stored = "transformer." + stored
-    elif stored.startswith("decoder."):
+    elif stored.startswith("decoder.") or _BARE_MODEL.match(stored):
         stored = "model." + stored
     renames = _RENAMES if stored.startswith("transformer.") else _PHI_RENAMES
     if stored.startswith(("gpt_neox.", "embed_out.")):
@@ -120,36 +128,63 @@ def _text_name(stored: str) -> str | None:
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
-    """The safetensors files holding the checkpoint (module docstring); ValueError if none."""
+    """The weight files holding the checkpoint (module docstring): safetensors, else PyTorch
+    pickles; ValueError if none."""
     index = model_dir / INDEX
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{INDEX} is unreadable or has no weight_map: {e}") from e
-        files = [model_dir / f for f in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.exists()]
-        if missing:
-            raise ValueError(f"{INDEX} names shards that are not there: {', '.join(missing)}")
-        return files
+        return _indexed(index)
     single = model_dir / "model.safetensors"
     files = [single] if single.exists() else sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir} has no *.safetensors files")
+    if files:
+        return files
+    if (model_dir / BIN_SINGLE).is_file():  # transformers' order: the single file first
+        return [model_dir / BIN_SINGLE]
+    if (model_dir / BIN_INDEX).exists():
+        return _indexed(model_dir / BIN_INDEX)
+    raise ValueError(f"{model_dir} has no *.safetensors files (nor {BIN_SINGLE})")
+
+
+def has_weight_files(model_dir: Path) -> bool:
+    """Whether the directory holds weight files `checkpoint_files` reads (else a config alone)."""
+    return any((model_dir / n).exists() for n in (INDEX, BIN_INDEX, BIN_SINGLE)) or any(
+        model_dir.glob("*.safetensors")
+    )
+
+
+def _indexed(index: Path) -> list[Path]:
+    """The shards an index's weight_map names; ValueError where it is unreadable or one is
+    missing."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{index.name} is unreadable or has no weight_map: {e}") from e
+    files = [index.parent / f for f in names]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise ValueError(f"{index.name} names shards that are not there: {', '.join(missing)}")
     return files
 
 
+def _open(file: Path):
+    """A file's tensors by name: safetensors' `safe_open`, or a pickle's (`PickleFile`)."""
+    if file.suffix == ".bin":
+        return PickleFile(file)
+    from safetensors import safe_open
+
+    return safe_open(str(file), framework="pt")
+
+
 class SafetensorsWeights(Mapping):
-    """name -> tensor as stored (its dtype), read on access (module docstring)."""
+    """name -> tensor as stored (its dtype), read on access (module docstring); from
+    safetensors files or PyTorch pickles alike."""
 
     def __init__(self, files: list[Path]) -> None:
-        from safetensors import safe_open
-
         # an FP8 checkpoint's block-wise scale tile [rows, cols] (the loader sets it from
         # config.json's quantization_config): how its weights are dequantized
         self.fp8_block: tuple[int, int] | None = None
 
-        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._handles = [_open(Path(f)) for f in files]
         self._where: dict[str, tuple[int, str]] = {}  # name -> (handle, stored name)
         # a `split_rows` part -> its rows: (start, stop) ranges of the stored tensor, in order
         self._rows: dict[str, tuple[tuple[int, int], ...]] = {}

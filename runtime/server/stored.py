@@ -29,7 +29,7 @@ class Stored:
 class Checkpoint:
     """The tensors of a checkpoint (metadata only) and its files' size."""
 
-    form: str  # "GGUF", "safetensors", ".bin" / "file" (sizes only), "" (no weight files)
+    form: str  # "GGUF", "safetensors", ".bin" (pickles), "file" (its size only), "" (none)
     tensors: dict[str, Stored] = field(default_factory=dict)
     file_bytes: int = 0
 

@@ -7,7 +7,7 @@ one served as float32 twice (unless the CPU's quantized GEMM reads it in place),
 one byte per weight only where the FP8 kernels run. `pagoda serve` counts the weights here before
 it loads anything (`memory.check`, `fit.check`), by applying the loader's own rules to each
 tensor's name, stored type and shape (a GGUF's tensor table through `gguf_reader.open_reader`, the
-safetensors headers through `SafetensorsWeights`; no tensor data is read):
+safetensors headers, or a pickle's tensors, through `SafetensorsWeights`; no tensor data is read):
 
 * the tensors the model reads (the loader's names), no others: not a GGUF's ``rope_freqs``, a
   checkpoint's rotary ``inv_freq`` or vision tower, nor the LM head of a tied model; FP8 scales
@@ -34,9 +34,10 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
   [E, hidden, 2I], one `Linear` per expert (never `qgemm`'s blocks), their attention sinks and
   norms in float32.
 
-Pickled ``.bin`` checkpoints count as their file size (their dtypes need unpickling, and the
-loader reads safetensors only); a directory without weight files (a config.json alone) counts
-from the model's shapes (`from_shapes`, which `fit.Plan` also uses for the plans it suggests).
+Transformers' pickled ``pytorch_model*.bin`` checkpoints count the same way: their tensors' dtypes
+and shapes come from the pickle memory-mapped with ``torch.load(weights_only=True, mmap=True)``
+(`model/pickle_weights.py`; no tensor data is read); a directory without weight files (a
+config.json alone) counts from the model's shapes (`from_shapes`, which `fit.Plan` also uses for the plans it suggests).
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ def estimate(
     tp = cfg.parallel.tensor_parallel_size if tp is None else tp
     ckpt = read_checkpoint(Path(path), mc.architecture)
     place = placement(cfg, Path(path), tp, device)
-    if ckpt.form in (".bin", "file"):  # pickled (dtypes need unpickling) or unparsed: its size
-        what = "the .bin files" if ckpt.form == ".bin" else "the file (no tensor table read)"
+    if ckpt.form == "file":  # unparsed: its size
+        what = "the file (no tensor table read)"
         return Weights(-(-ckpt.file_bytes // tp), f"(the size of {what}{_ranks(tp)})")
     name = str(place.dtype).removeprefix("torch.")
     if ckpt.form == "":  # config.json alone: the shapes
@@ -176,12 +177,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
 
     try:
         files = checkpoint_files(path)
-    except ValueError:  # no safetensors: pickled weights, or none
-        pickled = [p for pat in ("*.bin", "*.pt") for p in path.glob(pat) if p.is_file()]
-        if pickled:
-            return Checkpoint(".bin", {}, sum(p.stat().st_size for p in pickled))
+    except ValueError:  # no weight files the loader reads
         return Checkpoint("")
-    weights = SafetensorsWeights(files)  # headers only: tensors are read on access
+    # headers only (a pickle's tensors memory-mapped, none read): tensors are read on access
+    weights = SafetensorsWeights(files)
     if architecture == "gpt2":  # its Conv1D matrices, listed [out, in] as the loader reads them
         from pagoda.runtime.model.positions import transpose_conv1d
 
@@ -191,7 +190,8 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         kind, shape = weights.dtype_and_shape(name)
         numel = math.prod(shape)
         tensors[name] = Stored(name, kind, tuple(shape), numel * ITEM_BYTES.get(kind, 4))
-    return Checkpoint("safetensors", tensors, sum(f.stat().st_size for f in files))
+    form = ".bin" if files[0].suffix == ".bin" else "safetensors"
+    return Checkpoint(form, tensors, sum(f.stat().st_size for f in files))
 
 
 def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:

@@ -239,7 +239,9 @@ def test_a_checkpoint_directory_without_weights_or_tokenizer_is_refused_before_l
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ValueError) as err:
         engine_config(*argv)
-    assert str(err.value) == f"model {str(tmp_path)!r}: {tmp_path} has no *.safetensors files"
+    assert str(err.value) == (
+        f"model {str(tmp_path)!r}: {tmp_path} has no *.safetensors files (nor pytorch_model.bin)"
+    )
 
 
 @pytest.mark.slow

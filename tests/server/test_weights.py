@@ -172,7 +172,10 @@ def test_fp8_projections_at_one_byte_and_a_scale_per_row(tmp_path, monkeypatch):
     assert got.how.startswith("as FP8 projections + bfloat16")
 
 
-def test_without_weight_files_the_shapes_count_and_bin_files_their_size(tmp_path):
+def test_without_weight_files_the_shapes_count_and_pickles_their_tensors(tmp_path):
+    """A config.json alone counts from its shapes; transformers' pytorch_model.bin from its
+    tensors' dtypes and shapes (memory-mapped, as exact as safetensors' headers), no longer
+    from its file size."""
     hf = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2}  # fmt: skip
@@ -181,8 +184,14 @@ def test_without_weight_files_the_shapes_count_and_bin_files_their_size(tmp_path
     got = estimate(tmp_path, "bfloat16")
     assert got.bytes == pytest.approx(2 * mc.num_params, rel=0.01)
     assert "from the config's shapes" in got.how
-    (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 12345)
-    assert estimate(tmp_path, "bfloat16").bytes == 12345
+    f32, bf16, pickled = tmp_path / "f32", tmp_path / "bf16", tmp_path / "bin"
+    model = make_tiny_model(f32, "Llama")
+    _resave(model, f32, bf16, torch.bfloat16)  # the safetensors twin
+    shutil.copytree(bf16, pickled, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    got = estimate(pickled, "float32")  # bf16 matrices read in place where `qgemm` loads
+    assert "BF16 .bin" in got.how, got
+    assert got.bytes == estimate(bf16, "float32").bytes  # (checked against `build` above)
 
 
 def _llama_checkpoint(mc, kind: str = "BF16") -> Checkpoint:

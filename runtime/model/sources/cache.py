@@ -159,7 +159,8 @@ def _from_manifest(root: Path, manifest: Path, uri: str) -> Path | None:
 def hub_snapshot(root: Path, ref: HfURI) -> Path | None:
     """A snapshot huggingface_hub completed under `root` (its cache layout): the revision's
     commit (from refs/REVISION unless it is a commit) with config.json and every weights file
-    the loader reads there (the shards its index names, else some *.safetensors)."""
+    the loader reads there (the shards its index names, else some *.safetensors; without
+    safetensors, pytorch_model.bin or the shards its index names)."""
     storage = root / ("models--" + ref.repo.replace("/", "--"))
     revision = ref.revision or DEFAULT_REVISION
     try:
@@ -170,6 +171,10 @@ def hub_snapshot(root: Path, ref: HfURI) -> Path | None:
     if not (snapshot / "config.json").is_file():
         return None
     index = snapshot / "model.safetensors.index.json"
+    if not index.is_file() and not any(p.is_file() for p in snapshot.glob("*.safetensors")):
+        if (snapshot / "pytorch_model.bin").is_file():
+            return snapshot
+        index = snapshot / "pytorch_model.bin.index.json"
     try:
         if index.is_file():
             shards = set(json.loads(index.read_text())["weight_map"].values())

@@ -3,8 +3,8 @@
 `HF_ENDPOINT` (a mirror, or a local server in tests) and `HF_TOKEN` are huggingface_hub's own
 settings. The revision is resolved to a commit first, then only the files the engine reads are
 listed (ALLOW_PATTERNS, top level of the repo; of the weights, only those the loader reads:
-`select_weights`), their sizes checked against the free space, and `snapshot_download` fetches
-them into huggingface_hub's cache layout under the download dir (after `resume` has completed
+`select_weights`, safetensors where the repo has them, else transformers' `pytorch_model*.bin`),
+their sizes checked against the free space, and `snapshot_download` fetches them into huggingface_hub's cache layout under the download dir (after `resume` has completed
 the file a killed download was on). The revision asked for is
 recorded under `refs/` as huggingface_hub does, so its own offline mode finds the copy too.
 """
@@ -48,10 +48,15 @@ ALLOW_PATTERNS = (
     "processor_config.json",  # a multimodal checkpoint's chat template may be there
     "*.safetensors",
     "*.safetensors.index.json",
+    # transformers' PyTorch pickles (model/pickle_weights.py), fetched only without safetensors
+    "pytorch_model.bin",
+    "pytorch_model-*.bin",
+    "pytorch_model.bin.index.json",
 )
 BPE_FILES = ("vocab.json", "merges.txt")
-PICKLES = (".bin", ".pt", ".pth", ".ckpt")  # weights the engine refuses to read (pickles)
+PICKLES = (".bin", ".pt", ".pth", ".ckpt")  # pickles the engine does not read (but transformers')
 INDEX = "model.safetensors.index.json"  # what the loader reads (model/safetensors_weights.py)
+BIN_INDEX, BIN_SINGLE = "pytorch_model.bin.index.json", "pytorch_model.bin"
 MAX_WORKERS = 4
 log = logging.getLogger("pagoda.runtime.model.sources")
 
@@ -69,44 +74,64 @@ def wanted(path: str) -> bool:
 
 
 def select_weights(
-    uri: str, names: dict[str, int], read_index: Callable[[], bytes]
+    uri: str, names: dict[str, int], read_index: Callable[[str], bytes]
 ) -> dict[str, int]:
     """Of the wanted files, the weights the loader reads (a repo holding both a sharded and a
     consolidated copy, as Mistral's do, is downloaded once): with model.safetensors.index.json,
     only the shards its weight_map names (NotFound if one is missing) and no other index; else
-    every *.safetensors. vocab.json and merges.txt, tokenizer.model and added_tokens.json only
-    without a tokenizer.json (which the loader reads first: Qwen's repos hold vocab.json and
-    merges.txt too)."""
+    every *.safetensors; without safetensors, transformers' pickles as it picks them:
+    pytorch_model.bin, else the shards pytorch_model.bin.index.json names (never both formats).
+    `read_index(name)`: the index file's bytes. vocab.json and merges.txt, tokenizer.model and
+    added_tokens.json only without a tokenizer.json (which the loader reads first: Qwen's repos
+    hold vocab.json and merges.txt too)."""
     if "tokenizer.json" in names:
         spm = ("tokenizer.model", "added_tokens.json")
         names = {n: size for n, size in names.items() if n not in BPE_FILES + spm}
+    pickled = {n for n in names if n.startswith("pytorch_model")}
+    if any(n.endswith(".safetensors") for n in names) or BIN_SINGLE in names:
+        keep = BIN_SINGLE if not any(n.endswith(".safetensors") for n in names) else None
+        names = {n: size for n, size in names.items() if n not in pickled or n == keep}
+    elif BIN_INDEX in names:
+        return _indexed(uri, names, BIN_INDEX, read_index, pickled)
     if INDEX not in names:
         return dict(names)
+    safetensors = {n for n in names if n.endswith((".safetensors", ".index.json"))}
+    return _indexed(uri, names, INDEX, read_index, safetensors)
+
+
+def _indexed(
+    uri: str, names: dict[str, int], index: str, read_index: Callable[[str], bytes],
+    weights: set[str],
+) -> dict[str, int]:  # fmt: skip
+    """`names` less the `weights` files `index`'s weight_map does not name (the index kept);
+    NotFound if it names one that is not there."""
     try:
-        shards = set(json.loads(read_index())["weight_map"].values())
+        shards = set(json.loads(read_index(index))["weight_map"].values())
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DownloadError(
-            errors.FAILED, f"{uri}: {INDEX} is unreadable or has no weight_map ({e})"
+            errors.FAILED, f"{uri}: {index} is unreadable or has no weight_map ({e})"
         ) from None
     missing = sorted(str(s) for s in shards if s not in names)
     if missing:
         raise DownloadError(
-            errors.NOT_FOUND, f"{uri}: {INDEX} names shards that are not there: "
+            errors.NOT_FOUND, f"{uri}: {index} names shards that are not there: "
             + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         )  # fmt: skip
-    return {
-        n: size
-        for n, size in names.items()
-        if (n in shards if n.endswith(".safetensors") else not n.endswith(".index.json"))
-        or n == INDEX
-    }
+    return {n: size for n, size in names.items() if n not in weights or n in shards or n == index}
+
+
+def loadable(names: Sequence[str]) -> bool:
+    """Whether the listing holds weights the loader reads: safetensors, or transformers'
+    pickles (pytorch_model.bin, or an index with its shards)."""
+    return any(n.endswith(".safetensors") or n in (BIN_SINGLE, BIN_INDEX) for n in names)
 
 
 def check_layout(uri: str, names: list[str], where: str, others: Sequence[str] = ()) -> None:
-    """NotFound unless the listing holds a loadable checkpoint (config + safetensors);
-    `others`: the listing's other top-level files, to say what is there instead."""
+    """NotFound unless the listing holds a loadable checkpoint (config + safetensors or
+    transformers' pickles); `others`: the listing's other top-level files, to say what is there
+    instead."""
     ggufs = [n for n in others if n.endswith(".gguf")]
-    if ggufs and not any(n.endswith(".safetensors") for n in names):
+    if ggufs and not loadable(names):
         raise DownloadError(
             errors.NOT_FOUND,
             f"{uri}: {where} holds GGUF files ({', '.join(sorted(ggufs)[:3])}"
@@ -115,20 +140,20 @@ def check_layout(uri: str, names: list[str], where: str, others: Sequence[str] =
         )
     if "config.json" not in names:
         raise DownloadError(errors.NOT_FOUND, f"{uri}: no config.json in {where}")
-    if not any(n.endswith(".safetensors") for n in names):
+    if not loadable(names):
         pickles = sorted(n for n in others if n.endswith(PICKLES))
         if pickles:
             raise DownloadError(
                 errors.NOT_FOUND,
                 f"{uri}: {where} holds PyTorch pickle weights ({', '.join(pickles[:3])}"
-                f"{', ...' if len(pickles) > 3 else ''}), not safetensors: the engine reads "
-                "safetensors only (convert them, e.g. transformers' save_pretrained with "
-                "safe_serialization=True, or pick a repo that has *.safetensors)",
+                f"{', ...' if len(pickles) > 3 else ''}) but not as transformers saves them: "
+                f"the engine reads *.safetensors, or {BIN_SINGLE} (or the shards "
+                f"{BIN_INDEX} names)",
             )
         raise DownloadError(
             errors.NOT_FOUND,
-            f"{uri}: no *.safetensors weights in {where} (the engine reads safetensors; "
-            "for a GGUF file download it and pass its path)",
+            f"{uri}: no *.safetensors weights in {where} (nor {BIN_SINGLE}; for a GGUF file "
+            "download it and pass its path)",
         )
 
 
@@ -203,11 +228,11 @@ def _fetch(
     storage = root / repo_folder_name(repo_id=ref.repo, repo_type="model")
     snapshot = storage / "snapshots" / commit
 
-    def read_index() -> bytes:
+    def read_index(name: str) -> bytes:
         from huggingface_hub import hf_hub_download
 
         return Path(
-            hf_hub_download(ref.repo, INDEX, revision=commit, cache_dir=root,
+            hf_hub_download(ref.repo, name, revision=commit, cache_dir=root,
                             endpoint=endpoint, token=token)
         ).read_bytes()  # fmt: skip
 

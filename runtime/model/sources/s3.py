@@ -28,7 +28,6 @@ from typing import Any
 from pagoda.runtime.model.sources import cache, errors, s3_parts
 from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
 from pagoda.runtime.model.sources.hub import (
-    INDEX,
     check_layout,
     is_network_error,
     log,
@@ -166,7 +165,7 @@ def _fetch(
         many = f"{seen} object{'' if seen == 1 else 's'}"
         check_layout(ref.uri, sorted(objects), f"{where} ({many})", found.others)
         sizes = select_weights(ref.uri, {r: o[1] for r, o in objects.items()},
-                               lambda: _read(s3, ref.bucket, objects[INDEX][0]))  # fmt: skip
+                               lambda name: _read(s3, ref.bucket, objects[name][0]))  # fmt: skip
         objects = {rel: obj for rel, obj in objects.items() if rel in sizes}
     known = _etags(local)
     todo = {

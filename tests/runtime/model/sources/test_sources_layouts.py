@@ -248,15 +248,41 @@ def test_what_a_killed_download_left_is_removed(hub: FakeHub, tmp_path: pathlib.
     assert not list(blobs.glob("*.incomplete"))
 
 
-@pytest.mark.parametrize("source", ["hf", "s3"])
-def test_a_checkpoint_of_pickles_only_is_refused_naming_them(
-    request: pytest.FixtureRequest, tmp_path: pathlib.Path, checkpoint: pathlib.Path, source: str
-) -> None:
-    """config.json + pytorch_model.bin (older repos): NotFound saying these are PyTorch pickles
-    and the engine reads safetensors only."""
+def pickled_layout(checkpoint: pathlib.Path) -> dict[str, bytes]:
+    """The tiny checkpoint as older repos hold theirs: PyTorch pickles only, two shards named by
+    pytorch_model.bin.index.json (transformers 4's save_pretrained), and a training_args.bin."""
+    import io
+
+    import torch
+    from safetensors.torch import load_file
+
     files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
     del files["model.safetensors"]
-    files["pytorch_model.bin"] = b"PK\3\4" + b"\0" * 60
+    state = load_file(str(checkpoint / "model.safetensors"))
+    names = sorted(state)
+    weight_map = {}
+    for i, part in enumerate((names[::2], names[1::2]), 1):
+        shard, buf = f"pytorch_model-{i:05d}-of-00002.bin", io.BytesIO()
+        torch.save({n: state[n] for n in part}, buf)
+        files[shard] = buf.getvalue()
+        weight_map |= dict.fromkeys(part, shard)
+    files["pytorch_model.bin.index.json"] = json.dumps(
+        {"metadata": {}, "weight_map": weight_map}
+    ).encode()
+    files["training_args.bin"] = b"\0" * 64
+    return files
+
+
+@pytest.mark.parametrize("source", ["hf", "s3"])
+def test_a_checkpoint_of_pickles_only_fetches_the_shards_its_index_names(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path, checkpoint: pathlib.Path, source: str
+) -> None:
+    """config.json + pytorch_model-0000x-of-0000y.bin (older repos): the shards and their index
+    are fetched (not training_args.bin) and load; beside safetensors they are not fetched
+    (`test_hf_sharded_beside_consolidated_fetches_the_shards_only`)."""
+    from pagoda.runtime.model.loader import load_model
+
+    files = pickled_layout(checkpoint)
     if source == "hf":
         request.getfixturevalue("hub").add("org/bin-only", files)
         uri = "hf://org/bin-only"
@@ -265,6 +291,30 @@ def test_a_checkpoint_of_pickles_only_is_refused_naming_them(
         for name, data in files.items():
             s3.put_object(Bucket="models", Key=f"bin-only/{name}", Body=data)
         uri = "s3://models/bin-only"
-    err = failure(uri, tmp_path)
+    path = pathlib.Path(resolve_model(uri, tmp_path))
+    got = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    assert got == sorted(set(files) - {"training_args.bin", "README.md"}), got
+    assert load_model(str(path)).config.vocab_size == 64
+    assert resolve_model(uri, tmp_path, offline=True) == str(path)
+    if source == "hf":  # a snapshot huggingface_hub downloaded, found offline while complete
+        from huggingface_hub import snapshot_download
+
+        hub = request.getfixturevalue("hub")
+        got = snapshot_download("org/bin-only", cache_dir=tmp_path / "hf", endpoint=hub.endpoint)
+        assert resolve_model(uri, tmp_path / "hf", offline=True) == got
+        (pathlib.Path(got) / "pytorch_model-00002-of-00002.bin").unlink()
+        assert failure(uri, tmp_path / "hf", offline=True).detail == "NotCached"
+
+
+def test_a_checkpoint_of_other_pickles_is_refused_naming_them(
+    hub: FakeHub, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    """config.json + model.pt (not a name transformers saves): NotFound naming it and what the
+    engine reads."""
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    del files["model.safetensors"]
+    files["model.pt"] = b"PK\3\4" + b"\0" * 60
+    hub.add("org/pt-only", files)
+    err = failure("hf://org/pt-only", tmp_path)
     assert err.detail == "NotFound", err
-    assert "pytorch_model.bin" in str(err) and "safetensors only" in str(err), err
+    assert "model.pt" in str(err) and "pytorch_model.bin" in str(err), err
