@@ -198,10 +198,11 @@ def cases(
     return out
 
 
-def before_after(args, rounds: int = 4) -> None:
+def before_after(args) -> None:
     """This tree and `--old-ref`'s runtime, each in a child process, alternating for `rounds`
     rounds (each round the other one first) so that drift on a shared machine hits both alike;
     medians of the rounds."""
+    rounds = args.rounds
     cmd = [sys.executable, "-P", __file__, "--child", "--steps", str(args.steps)]
     cmd += ["--prompt-len", str(args.prompt_len), "--seqs", *map(str, args.seqs)]
     cmd += ["--decoded", str(args.decoded), "--cases", *args.cases]
@@ -293,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--filters", action="store_true", help="also time top-p, top-k and mixed steps")
     ap.add_argument("--extras", action="store_true", help="also time penalty and logprobs steps")
     ap.add_argument("--old-ref", help="also time the runtime of this git commit (before/after)")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="with --old-ref: rounds of before and after, alternating (medians)")  # fmt: skip
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:

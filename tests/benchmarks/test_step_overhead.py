@@ -37,7 +37,7 @@ def test_small_run_reports_each_sampler_and_phase(capsys, monkeypatch):
 def test_old_ref_times_that_commits_runtime_beside_this_one(capsys):
     import step_overhead
 
-    step_overhead.main(["--seqs", "2", "--steps", "1", "--old-ref", "HEAD"])
+    step_overhead.main(["--seqs", "2", "--steps", "1", "--old-ref", "HEAD", "--rounds", "1"])
     out = capsys.readouterr().out
     assert "before = HEAD" in out
     totals, phases = out.split("phases, median ms before / after:")
