@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import weakref
 
 import pytest
 import torch
 from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from hybrid_cases import CASES, MAMBA
+from live_bytes import LiveBytes
 from pagoda.runtime import LLM
 from pagoda.runtime.model.ssd import pack, scan_rows, scan_step, ssd_scan_bytes
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 transformers = pytest.importorskip("transformers")
 
@@ -444,40 +442,6 @@ def test_gpu_matches_transformers_without_host_syncs(built, name):
         check(g, want, f"{name}: prompt {i}, cuda, preempted")
 
 
-class _LiveBytes(TorchDispatchMode):
-    """The peak bytes of the storages that ops create and that some tensor still holds (the
-    inputs' storages left out): an allocator's peak, measured on the CPU, op by op."""
-
-    def __init__(self, inputs):
-        super().__init__()
-        self.outside = {t.untyped_storage().data_ptr() for t in inputs}
-        self.live: dict[int, list[int]] = {}  # storage -> [bytes, tensors holding it]
-        self.now = self.peak = 0
-
-    def _release(self, key: int) -> None:
-        entry = self.live[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.now -= entry[0]
-            del self.live[key]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                key = s.data_ptr()
-                if key in self.outside or s.nbytes() == 0:
-                    continue
-                if key not in self.live:
-                    self.live[key] = [s.nbytes(), 0]
-                    self.now += s.nbytes()
-                self.live[key][1] += 1
-                weakref.finalize(t, self._release, key)
-        self.peak = max(self.peak, self.now)
-        return out
-
-
 def _scan_peak(lens, heads, head_dim, d_state, groups, chunk) -> int:
     """The measured peak of the step's scan (`ssd.scan_step`: each group of sequences packed
     and scanned) of prompts of `lens` tokens, its inputs and output counted."""
@@ -495,7 +459,7 @@ def _scan_peak(lens, heads, head_dim, d_state, groups, chunk) -> int:
     A = -torch.rand(heads, generator=g)
     ssm = torch.zeros(len(lens), heads, head_dim, d_state)
     t = sum(lens)
-    with _LiveBytes([A, ssm]) as live:
+    with LiveBytes([A, ssm]) as live:
         x = torch.randn(t, heads, head_dim, generator=g)
         dt = torch.rand(t, heads, generator=g)
         B = torch.randn(t, groups, d_state, generator=g)
