@@ -154,33 +154,82 @@ def paged_attention(
         num_decodes = num_seqs if max_query_len == 1 else 0
     if not 0 <= num_decodes <= num_seqs:
         raise ValueError(f"num_decodes={num_decodes} outside [0, {num_seqs}]")
-    kv_heads, group = k_cache.shape[2], max_query_heads(q)
-    per_kv = q.shape[1] // kv_heads
-    if per_kv > group:  # the kernels hold a KV head's query heads in one tile: launch in groups
-        for h in range(kv_heads):
-            kv = slice(h, h + 1)
-            for first in range(h * per_kv, (h + 1) * per_kv, group):
-                heads = slice(first, min(first + group, (h + 1) * per_kv))
-                paged_attention(
-                    q=q[:, heads], k_cache=k_cache[:, :, kv], v_cache=v_cache[:, :, kv],
-                    block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
-                    max_query_len=max_query_len, max_seq_len=max_seq_len, scale=scale,
-                    out=out[:, heads], num_decodes=num_decodes, num_kv_splits=num_kv_splits,
-                    batch_invariant=batch_invariant, sliding_window=sliding_window,
-                    softcap=softcap, k_scale=_kv_head(k_scale, kv), v_scale=_kv_head(v_scale, kv),
-                    flash_prefill=flash_prefill, sinks=None if sinks is None else sinks[heads],
-                    attention_chunk=attention_chunk,
-                    alibi_slopes=None if alibi_slopes is None else alibi_slopes[heads],
-                )  # fmt: skip
-        return out
-    if flash_prefill:
-        _flash_launches(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
-            max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
-            softcap, k_scale, v_scale, sinks, attention_chunk=attention_chunk,
-            alibi_slopes=alibi_slopes,
+    if q.shape[1] // k_cache.shape[2] > max_query_heads(q):
+        _in_head_groups(
+            q=q, k_cache=k_cache, v_cache=v_cache, out=out, k_scale=k_scale, v_scale=v_scale,
+            sinks=sinks, alibi_slopes=alibi_slopes, block_tables=block_tables, seq_lens=seq_lens,
+            query_start_loc=query_start_loc, max_query_len=max_query_len,
+            max_seq_len=max_seq_len, scale=scale, num_decodes=num_decodes,
+            num_kv_splits=num_kv_splits, batch_invariant=batch_invariant,
+            sliding_window=sliding_window, softcap=softcap, flash_prefill=flash_prefill,
+            attention_chunk=attention_chunk,
         )  # fmt: skip
         return out
+    launches = _flash_launches if flash_prefill else _unified_launches
+    launches(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+        max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
+        softcap, k_scale, v_scale, sinks, attention_chunk=attention_chunk,
+        alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    return out
+
+
+def _in_head_groups(
+    *,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    **rest,
+) -> None:
+    """`paged_attention` a KV head's query heads at a time, at most `max_query_heads` in a
+    launch (the kernels hold a KV head's query heads in one tile): q, out, the caches, their
+    FP8 scales, the sinks and the ALiBi slopes cut to each launch's heads; `rest` as given."""
+    kv_heads, group = k_cache.shape[2], max_query_heads(q)
+    per_kv = q.shape[1] // kv_heads
+    for h in range(kv_heads):
+        kv = slice(h, h + 1)
+        for first in range(h * per_kv, (h + 1) * per_kv, group):
+            heads = slice(first, min(first + group, (h + 1) * per_kv))
+            paged_attention(
+                q=q[:, heads], k_cache=k_cache[:, :, kv], v_cache=v_cache[:, :, kv],
+                out=out[:, heads], k_scale=_kv_head(k_scale, kv), v_scale=_kv_head(v_scale, kv),
+                sinks=None if sinks is None else sinks[heads],
+                alibi_slopes=None if alibi_slopes is None else alibi_slopes[heads], **rest,
+            )  # fmt: skip
+
+
+def _unified_launches(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    out: torch.Tensor,
+    num_decodes: int,
+    num_kv_splits: int | None,
+    batch_invariant: bool,
+    sliding_window: int | None,
+    softcap: float | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> None:
+    """``flash_prefill=False``: the decodes in the split-KV kernel where it splits (or where the
+    batch is all decodes; never when batch-invariant), every other sequence in one launch of the
+    unified kernel (batch-invariant: every row, with one config)."""
+    num_seqs = seq_lens.shape[0]
     first_seq = 0
     if num_decodes > 0 and not batch_invariant:
         first_seq = _launch_decodes(
@@ -211,7 +260,6 @@ def paged_attention(
             attention_chunk=attention_chunk,
             alibi_slopes=alibi_slopes,
         )
-    return out
 
 
 def _launch_decodes(
