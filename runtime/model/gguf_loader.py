@@ -371,18 +371,9 @@ def _eos_ids(reader, gguf_arch: str, tokens) -> tuple[int, ...]:
 
 
 def read_config(reader) -> ModelConfig:
-    gguf_arch = _field(reader, "general.architecture")
-    if gguf_arch not in SUPPORTED_ARCHS:
-        raise ValueError(
-            f"unsupported GGUF architecture {gguf_arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
-        )
+    gguf_arch, arch = _architectures(reader)
     _check_pre_tokenizer(reader)
     p = f"{gguf_arch}."
-    arch = gguf_glm_cohere.ENGINE_ARCH.get(gguf_arch, gguf_arch)
-    if gguf_arch in gguf_archs.ENGINE_ARCH:
-        arch = gguf_archs.engine_arch(gguf_arch, lambda key, d=None: _field(reader, p + key, d))
-    if arch == "llama" and _field(reader, p + "expert_count", 0):
-        arch = "mixtral"  # llama.cpp stores Mixtral as llama with experts
     hidden = int(_field(reader, p + "embedding_length"))
     heads = int(_field(reader, p + "attention.head_count"))
     kv_heads = _field(reader, p + "attention.head_count_kv", heads)
@@ -405,21 +396,13 @@ def read_config(reader) -> ModelConfig:
     eos = _eos_ids(reader, gguf_arch, tokens)
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    layers = int(_field(reader, p + "block_count"))
-    if gguf_arch in gguf_archs.ENGINE_ARCH:  # EXAONE 4.5's MTP blocks follow the decoder's
-        layers -= int(_field(reader, p + "nextn_predict_layers", 0) or 0)
-    gguf_archs.extra_tensors(reader, gguf_arch, layers)  # (Apertus' xIELU: checked at start-up)
+    layers = _decoder_layers(reader, gguf_arch)
     if deepseek:
         arch, kv_heads = deepseek["architecture"], deepseek["num_kv_heads"]
     return ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(  # Granite 4.0-H's: its shared MLP's (feed_forward_length: the
-            _field(reader, p + "expert_shared_feed_forward_length", 0)  # experts')
-            if gguf_arch == "granitehybrid"
-            else 0
-        )
-        or _widest(_field(reader, p + "feed_forward_length")),
+        intermediate_size=_intermediate_size(reader, gguf_arch),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -436,6 +419,45 @@ def read_config(reader) -> ModelConfig:
         family=deepseek.get("family")
         or _family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),
     )
+
+
+def _architectures(reader) -> tuple[str, str]:
+    """(the file's `general.architecture`, the engine's architecture for it): llama.cpp's
+    names that differ from the engine's (GLM-4, Cohere, the `gguf_archs` families), Mixtral as
+    `llama` with experts; an architecture outside `SUPPORTED_ARCHS` refused."""
+    gguf_arch = _field(reader, "general.architecture")
+    if gguf_arch not in SUPPORTED_ARCHS:
+        raise ValueError(
+            f"unsupported GGUF architecture {gguf_arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+    p = f"{gguf_arch}."
+    arch = gguf_glm_cohere.ENGINE_ARCH.get(gguf_arch, gguf_arch)
+    if gguf_arch in gguf_archs.ENGINE_ARCH:
+        arch = gguf_archs.engine_arch(gguf_arch, lambda key, d=None: _field(reader, p + key, d))
+    if arch == "llama" and _field(reader, p + "expert_count", 0):
+        arch = "mixtral"  # llama.cpp stores Mixtral as llama with experts
+    return gguf_arch, arch
+
+
+def _decoder_layers(reader, gguf_arch: str) -> int:
+    """`block_count` less the multi-token-prediction blocks after the decoder's (EXAONE 4.5's);
+    a family's extra tensors checked (`gguf_archs.extra_tensors`: Apertus' xIELU)."""
+    p = f"{gguf_arch}."
+    layers = int(_field(reader, p + "block_count"))
+    if gguf_arch in gguf_archs.ENGINE_ARCH:
+        layers -= int(_field(reader, p + "nextn_predict_layers", 0) or 0)
+    gguf_archs.extra_tensors(reader, gguf_arch, layers)
+    return layers
+
+
+def _intermediate_size(reader, gguf_arch: str) -> int:
+    """The dense MLP's width: `feed_forward_length` (the widest of its per-layer values);
+    Granite 4.0-H's shared MLP's where it has one (its feed_forward_length is the experts')."""
+    p = f"{gguf_arch}."
+    shared = 0
+    if gguf_arch == "granitehybrid":
+        shared = int(_field(reader, p + "expert_shared_feed_forward_length", 0))
+    return shared or _widest(_field(reader, p + "feed_forward_length"))
 
 
 def _widest(value) -> int:
