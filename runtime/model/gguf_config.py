@@ -119,7 +119,7 @@ def _expert_fields(reader, p: str, arch: str, layers: int) -> dict:
     """The experts' fields (none for a dense model): their count, top-k, width, renormalising,
     the layers that have them; Qwen2-MoE's shared expert."""
     experts = int(_field(reader, p + "expert_count", 0) or 0)
-    if not experts or arch == "nemotron_h":  # (Nemotron 3's: `gguf_archs._nemotron_experts`)
+    if not experts or arch == "nemotron_h":  # (Nemotron 3's: `gguf_mamba._nemotron_experts`)
         return {}
     names = {t.name for t in reader.tensors}
     fields: dict = dict(

@@ -7,7 +7,8 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
 layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
 (`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus,
-mistral3, glm4moe, llama4, granitehybrid, nemotron_h, nemotron_h_moe and falcon-h1 (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
+mistral3, glm4moe, llama4 (`gguf_archs.py`: their names, fused rows and fields), granitehybrid,
+nemotron_h, nemotron_h_moe and falcon-h1 (`gguf_mamba.py`: the hybrids' Mamba2 mixers). Quantized tensors (Q4_0,
 Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
 builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
-from pagoda.runtime.model import gguf_archs, gguf_deepseek, gguf_glm_cohere
+from pagoda.runtime.model import gguf_archs, gguf_deepseek, gguf_glm_cohere, gguf_mamba
 from pagoda.runtime.model.gguf_config import SUPPORTED_ARCHS, read_config  # noqa: F401 - its API
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import field as _field
@@ -107,7 +108,7 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
         return _GLOBAL_NAMES[name]
     m = _BLOCK.match(name)
     if not m:  # (a Mamba2 mixer's A and D: `blk.N.ssm_a`)
-        return gguf_archs.suffixless_name(name, architecture)
+        return gguf_mamba.suffixless_name(name, architecture)
     layer, part, kind = m.groups()
     if architecture in gguf_deepseek.ARCHITECTURES:  # deepseek2 (gguf_deepseek.py)
         return gguf_deepseek.hf_name(layer, part, kind)
@@ -200,7 +201,7 @@ class GGUFWeights(_ByName):
         # values the converter wrote as metadata (Apertus' xIELU parameters)
         self._tensors.update(gguf_archs.extra_tensors(reader, gguf_arch, config.num_layers))
         # tensors stored as gate and up apart, read as one (Granite 4.0-H's input_linear)
-        self._joined = gguf_archs.joined(set(self._tensors), config.architecture)
+        self._joined = gguf_mamba.joined(set(self._tensors), config.architecture)
         self._tensors.update(dict.fromkeys(self._joined))
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -226,7 +227,7 @@ class GGUFWeights(_ByName):
         if w.dim() == 1 and name.endswith("shared_expert_gate.weight"):  # squeezed: [hidden]
             return w[None]
         if ".mamba." in name:  # llama.cpp's forms of the mixer's tensors
-            return gguf_archs.mamba_value(name, w)
+            return gguf_mamba.mamba_value(name, w)
         heads = _permuted_heads(self._config, name, self._permuted)
         return _unpermute(w, heads) if heads else w
 
@@ -268,8 +269,8 @@ class GGUFBlocks(_ByName):
 
 def held_shape(name: str, t) -> tuple[int, ...]:
     """The shape of `t` (engine name `name`) as the loader gives it (a Mamba2 mixer's A, D,
-    conv and norm reshaped: `gguf_archs.mamba_value`), for the weights estimate."""
-    return gguf_archs.mamba_shape(name, _shape(t))
+    conv and norm reshaped: `gguf_mamba.mamba_value`), for the weights estimate."""
+    return gguf_mamba.mamba_shape(name, _shape(t))
 
 
 def load_gguf(
