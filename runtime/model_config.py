@@ -26,6 +26,11 @@ UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: 
 POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
 
 
+def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
+    """`value` where `flags` (one a layer; () for all of them) marks `layer`, else None."""
+    return None if value is None or (flags and not flags[layer]) else value
+
+
 @dataclass(frozen=True)
 class FamilyConfig:
     """The defaults are Llama's: a Llama, Mistral or Qwen2 checkpoint changes nothing here but
@@ -179,19 +184,11 @@ class FamilyConfig:
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None where it attends to its whole context."""
-        if self.sliding_window is None:
-            return None
-        if self.window_layers and not self.window_layers[layer]:
-            return None
-        return self.sliding_window
+        return _on_layer(self.sliding_window, self.window_layers, layer)
 
     def chunk(self, layer: int) -> int | None:
         """The attention chunk of `layer` (chunked attention), or None where it has none."""
-        if self.attention_chunk_size is None:
-            return None
-        if self.chunk_layers and not self.chunk_layers[layer]:
-            return None
-        return self.attention_chunk_size
+        return _on_layer(self.attention_chunk_size, self.chunk_layers, layer)
 
     def has_rope(self, layer: int) -> bool:
         """Whether `layer` rotates q and k (`rope_layers`)."""
