@@ -28,16 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import weakref
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime"))
 from common import machine, markdown_table
+from live_bytes import LiveBytes
 
 SHAPE = dict(vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=8192,
@@ -49,39 +47,6 @@ CASES = {  # name: prompt lengths, one step
     "8 x 512": [512] * 8,
     "1 x 4096": [4096],
 }
-
-
-class LiveBytes(TorchDispatchMode):
-    """The peak bytes of storages created under it that some tensor still holds."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, list[int]] = {}
-        self.now = self.peak = 0
-
-    def _release(self, key: int) -> None:
-        entry = self.live[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.now -= entry[0]
-            del self.live[key]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        made = not (func.is_view or func._schema.is_mutable)  # a view or in-place op: not new
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                key = s.data_ptr()
-                if s.nbytes() == 0 or (key not in self.live and not made):
-                    continue  # (a view of, or a write into, a storage made before)
-                if key not in self.live:
-                    self.live[key] = [s.nbytes(), 0]
-                    self.now += s.nbytes()
-                self.live[key][1] += 1
-                weakref.finalize(t, self._release, key)
-        self.peak = max(self.peak, self.now)
-        return out
 
 
 def prompts(lens: list[int]) -> list[dict]:

@@ -32,6 +32,8 @@ Everything is decided from shapes and host ints, so the launcher can be captured
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from pagoda.kernels._common import check_device, next_pow2
 from pagoda.kernels.attn_common import kv_scale_args
@@ -154,128 +156,131 @@ def paged_attention(
         num_decodes = num_seqs if max_query_len == 1 else 0
     if not 0 <= num_decodes <= num_seqs:
         raise ValueError(f"num_decodes={num_decodes} outside [0, {num_seqs}]")
-    kv_heads, group = k_cache.shape[2], max_query_heads(q)
-    per_kv = q.shape[1] // kv_heads
-    if per_kv > group:  # the kernels hold a KV head's query heads in one tile: launch in groups
-        for h in range(kv_heads):
-            kv = slice(h, h + 1)
-            for first in range(h * per_kv, (h + 1) * per_kv, group):
-                heads = slice(first, min(first + group, (h + 1) * per_kv))
-                paged_attention(
-                    q=q[:, heads], k_cache=k_cache[:, :, kv], v_cache=v_cache[:, :, kv],
-                    block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
-                    max_query_len=max_query_len, max_seq_len=max_seq_len, scale=scale,
-                    out=out[:, heads], num_decodes=num_decodes, num_kv_splits=num_kv_splits,
-                    batch_invariant=batch_invariant, sliding_window=sliding_window,
-                    softcap=softcap, k_scale=_kv_head(k_scale, kv), v_scale=_kv_head(v_scale, kv),
-                    flash_prefill=flash_prefill, sinks=None if sinks is None else sinks[heads],
-                    attention_chunk=attention_chunk,
-                    alibi_slopes=None if alibi_slopes is None else alibi_slopes[heads],
-                )  # fmt: skip
-        return out
-    if flash_prefill:
-        _flash_launches(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
-            max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
-            softcap, k_scale, v_scale, sinks, attention_chunk=attention_chunk,
-            alibi_slopes=alibi_slopes,
-        )  # fmt: skip
-        return out
-    first_seq = 0
-    if num_decodes > 0 and not batch_invariant:
-        first_seq = _launch_decodes(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes,
-            num_decodes == num_seqs, max_seq_len, num_kv_splits, sliding_window, softcap,
-            k_scale, v_scale, sinks, attention_chunk=attention_chunk, alibi_slopes=alibi_slopes,
-        )  # fmt: skip
-    if first_seq < num_seqs:
-        bucket = INVARIANT_QUERY_LEN if batch_invariant else max_query_len
-        shape = {"head_dim": q.shape[2], "max_query_len": bucket}
-        launch_unified_attention(
-            q=q,
-            k_cache=k_cache,
-            v_cache=v_cache,
-            block_tables=block_tables,
-            seq_lens=seq_lens,
-            query_start_loc=query_start_loc,
-            scale=scale,
-            out=out,
-            first_seq=first_seq,
-            first_token=first_seq,  # decodes have exactly one token each
-            config=get_kernel_config("paged_attention", shape, out.device),
-            sliding_window=sliding_window,
-            softcap=softcap,
-            k_scale=k_scale,
-            v_scale=v_scale,
-            sinks=sinks,
-            attention_chunk=attention_chunk,
-            alibi_slopes=alibi_slopes,
-        )
+    call = _Call(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+        max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
+        softcap, k_scale, v_scale, sinks, attention_chunk, alibi_slopes,
+    )  # fmt: skip
+    if q.shape[1] // k_cache.shape[2] > max_query_heads(q):
+        _in_head_groups(call, flash_prefill)
+    elif flash_prefill:
+        _flash_launches(call)
+    else:
+        _unified_launches(call)
     return out
 
 
-def _launch_decodes(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    out: torch.Tensor,
-    num_decodes: int,
-    decode_only: bool,
-    max_seq_len: int,
-    num_kv_splits: int | None,
-    sliding_window: int | None,
-    softcap: float | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    sinks: torch.Tensor | None = None,
-    attention_chunk: int | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-) -> int:
+class _Call(NamedTuple):
+    """A `paged_attention` call's arguments as its launches read them (``num_decodes``
+    resolved, ``out`` given)."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    scale: float
+    out: torch.Tensor
+    num_decodes: int
+    num_kv_splits: int | None
+    batch_invariant: bool
+    sliding_window: int | None
+    softcap: float | None
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    sinks: torch.Tensor | None
+    attention_chunk: int | None
+    alibi_slopes: torch.Tensor | None
+
+    def kernel_args(self, *, query_start_loc: bool = True) -> dict:
+        """The arguments every kernel launcher takes alike (the decode kernel no
+        ``query_start_loc``: `query_start_loc` False)."""
+        args = dict(
+            q=self.q, k_cache=self.k_cache, v_cache=self.v_cache, block_tables=self.block_tables,
+            seq_lens=self.seq_lens, scale=self.scale, out=self.out,
+            sliding_window=self.sliding_window, softcap=self.softcap, k_scale=self.k_scale,
+            v_scale=self.v_scale, sinks=self.sinks, attention_chunk=self.attention_chunk,
+            alibi_slopes=self.alibi_slopes,
+        )  # fmt: skip
+        if query_start_loc:
+            args["query_start_loc"] = self.query_start_loc
+        return args
+
+
+def _in_head_groups(c: _Call, flash_prefill: bool) -> None:
+    """`paged_attention` a KV head's query heads at a time, at most `max_query_heads` in a
+    launch (the kernels hold a KV head's query heads in one tile): q, out, the caches, their
+    FP8 scales, the sinks and the ALiBi slopes cut to each launch's heads."""
+    kv_heads, group = c.k_cache.shape[2], max_query_heads(c.q)
+    per_kv = c.q.shape[1] // kv_heads
+    whole = c._asdict()
+    for h in range(kv_heads):
+        kv = slice(h, h + 1)
+        for first in range(h * per_kv, (h + 1) * per_kv, group):
+            heads = slice(first, min(first + group, (h + 1) * per_kv))
+            paged_attention(**{
+                **whole, "flash_prefill": flash_prefill, "q": c.q[:, heads],
+                "k_cache": c.k_cache[:, :, kv], "v_cache": c.v_cache[:, :, kv],
+                "out": c.out[:, heads], "k_scale": _kv_head(c.k_scale, kv),
+                "v_scale": _kv_head(c.v_scale, kv),
+                "sinks": None if c.sinks is None else c.sinks[heads],
+                "alibi_slopes": None if c.alibi_slopes is None else c.alibi_slopes[heads],
+            })  # fmt: skip
+
+
+def _unified_launches(c: _Call) -> None:
+    """``flash_prefill=False``: the decodes in the split-KV kernel where it splits (or where the
+    batch is all decodes; never when batch-invariant), every other sequence in one launch of the
+    unified kernel (batch-invariant: every row, with one config)."""
+    num_seqs = c.seq_lens.shape[0]
+    first_seq = 0
+    if c.num_decodes > 0 and not c.batch_invariant:
+        first_seq = _launch_decodes(c, decode_only=c.num_decodes == num_seqs)
+    if first_seq < num_seqs:
+        bucket = INVARIANT_QUERY_LEN if c.batch_invariant else c.max_query_len
+        shape = {"head_dim": c.q.shape[2], "max_query_len": bucket}
+        launch_unified_attention(
+            **c.kernel_args(),
+            first_seq=first_seq,
+            first_token=first_seq,  # decodes have exactly one token each
+            config=get_kernel_config("paged_attention", shape, c.out.device),
+        )
+
+
+def _launch_decodes(c: _Call, decode_only: bool) -> int:
     """Run the leading decodes through the split-KV kernel when it splits (or when the batch is
     all decodes); returns how many sequences it took (0: the unified kernel does them)."""
-    if sliding_window is not None:
-        max_seq_len = min(max_seq_len, sliding_window)  # the keys a decode reads
-    if attention_chunk is not None:
-        max_seq_len = min(max_seq_len, attention_chunk)
-    shape = {"head_dim": q.shape[2], "num_seqs": num_decodes, "max_seq_len": max_seq_len}
-    cfg = get_kernel_config("decode_attention", shape, q.device)
-    if num_kv_splits is not None:
-        if num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1):
-            raise ValueError(f"num_kv_splits must be a power of two, got {num_kv_splits}")
-        splits = num_kv_splits
+    max_seq_len = c.max_seq_len
+    if c.sliding_window is not None:
+        max_seq_len = min(max_seq_len, c.sliding_window)  # the keys a decode reads
+    if c.attention_chunk is not None:
+        max_seq_len = min(max_seq_len, c.attention_chunk)
+    shape = {"head_dim": c.q.shape[2], "num_seqs": c.num_decodes, "max_seq_len": max_seq_len}
+    cfg = get_kernel_config("decode_attention", shape, c.q.device)
+    if c.num_kv_splits is not None:
+        if c.num_kv_splits < 1 or c.num_kv_splits & (c.num_kv_splits - 1):
+            raise ValueError(f"num_kv_splits must be a power of two, got {c.num_kv_splits}")
+        splits = c.num_kv_splits
     else:
         splits = choose_num_splits(
-            num_decodes=num_decodes,
-            num_kv_heads=k_cache.shape[2],
+            num_decodes=c.num_decodes,
+            num_kv_heads=c.k_cache.shape[2],
             max_seq_len=max_seq_len,
-            num_sms=num_sms(q.device),
+            num_sms=num_sms(c.q.device),
             config=cfg,
         )
     if splits == 1 and not decode_only:
         return 0
     launch_decode_attention(
-        q=q,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        block_tables=block_tables,
-        seq_lens=seq_lens,
-        scale=scale,
-        out=out,
-        num_decodes=num_decodes,
+        **c.kernel_args(query_start_loc=False),
+        num_decodes=c.num_decodes,
         num_splits=splits,
         config=cfg,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        sinks=sinks,
-        attention_chunk=attention_chunk,
-        alibi_slopes=alibi_slopes,
     )
-    return num_decodes
+    return c.num_decodes
 
 
 def flash_configs(
@@ -291,51 +296,22 @@ def flash_configs(
     return decode, prefill
 
 
-def _flash_launches(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-    out: torch.Tensor,
-    num_decodes: int,
-    num_kv_splits: int | None,
-    batch_invariant: bool,
-    sliding_window: int | None,
-    softcap: float | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    sinks: torch.Tensor | None = None,
-    attention_chunk: int | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-) -> None:
+def _flash_launches(c: _Call) -> None:
     """Decodes (split-KV, or the prefill kernel's decode launch when batch-invariant), then the
     other sequences in the prefill kernel."""
-    num_seqs, num_tokens = seq_lens.shape[0], q.shape[0]
-    decode_cfg, prefill_cfg = flash_configs(q.shape[2], max_query_len, out.device, batch_invariant)
-    common = dict(
-        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
-        query_start_loc=query_start_loc, scale=scale, out=out, sliding_window=sliding_window,
-        softcap=softcap, k_scale=k_scale, v_scale=v_scale, sinks=sinks,
-        attention_chunk=attention_chunk, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
-    if num_decodes > 0 and batch_invariant:
+    num_seqs, num_tokens, num_decodes = c.seq_lens.shape[0], c.q.shape[0], c.num_decodes
+    decode_cfg, prefill_cfg = flash_configs(
+        c.q.shape[2], c.max_query_len, c.out.device, c.batch_invariant
+    )
+    if num_decodes > 0 and c.batch_invariant:
         launch_prefill_attention(
-            **common, first_seq=0, last_seq=num_decodes, first_token=0, last_token=num_decodes,
-            config=decode_cfg, one_token_per_seq=True,
+            **c.kernel_args(), first_seq=0, last_seq=num_decodes, first_token=0,
+            last_token=num_decodes, config=decode_cfg, one_token_per_seq=True,
         )  # fmt: skip
     elif num_decodes > 0:
-        _launch_decodes(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes, True,
-            max_seq_len, num_kv_splits, sliding_window, softcap, k_scale, v_scale, sinks,
-            attention_chunk=attention_chunk, alibi_slopes=alibi_slopes,
-        )  # fmt: skip
+        _launch_decodes(c, decode_only=True)
     if num_decodes < num_seqs:
         launch_prefill_attention(
-            **common, first_seq=num_decodes, last_seq=num_seqs, first_token=num_decodes,
+            **c.kernel_args(), first_seq=num_decodes, last_seq=num_seqs, first_token=num_decodes,
             last_token=num_tokens, config=prefill_cfg,
         )  # fmt: skip

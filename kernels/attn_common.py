@@ -176,6 +176,16 @@ def tile_size(config: dict, head_dim: int, dtype: torch.dtype) -> int:
     return max(min(tile, MAX_KV_TILE_BYTES // row_bytes), 16)
 
 
+def query_tile(config: dict, head_dim: int, dtype: torch.dtype, queries_per_kv: int):
+    """(BLOCK_M, BLOCK_Q): a program's query tile of the unified and prefill kernels, BLOCK_Q
+    tokens × a KV head's ``queries_per_kv`` query heads in BLOCK_M rows; the config's
+    ``BLOCK_M`` divided by :func:`width_shrink`, as a power of two, at least 16 rows and one
+    token. A function of the config, head size and dtype only (batch invariance)."""
+    shrink = width_shrink(head_dim, dtype)
+    block_m = next_pow2(max(int(config["BLOCK_M"]) // shrink, 16, queries_per_kv))
+    return block_m, block_m // queries_per_kv
+
+
 def paged_meta(q: torch.Tensor, k_cache: torch.Tensor, config: dict) -> dict:
     """Constexprs and launch options both attention kernels share, from shapes and the config."""
     head_dim = q.shape[2]

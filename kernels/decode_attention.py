@@ -270,17 +270,7 @@ def launch_decode_attention(
     num_kv_heads = k_cache.shape[2]
     queries_per_kv = num_heads // num_kv_heads
     head_dim_padded = max(next_pow2(head_dim), 16)
-    if num_splits > 1:
-        mid_o = torch.empty(
-            (num_decodes, num_heads, num_splits, head_dim_padded),
-            dtype=torch.float32,
-            device=q.device,
-        )
-        mid_lse = torch.empty(
-            (num_decodes, num_heads, num_splits), dtype=torch.float32, device=q.device
-        )
-    else:  # unused by the kernel; any float32 pointer will do
-        mid_o = mid_lse = out
+    mid_o, mid_lse = _split_partials(out, num_decodes, num_heads, num_splits, head_dim_padded)
     sinks, has_sinks = sinks_arg(sinks, num_heads, seq_lens)
     alibi, has_alibi = alibi_arg(alibi_slopes, num_heads, seq_lens)
     _decode_stage1_kernel[(num_decodes, num_kv_heads, num_splits)](
@@ -310,17 +300,50 @@ def launch_decode_attention(
         **paged_meta(q, k_cache, config),
     )
     if num_splits > 1:
-        _decode_stage2_kernel[(num_decodes, num_heads)](
-            out,
-            mid_o,
-            mid_lse,
-            sinks,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=num_heads,
-            HEAD_DIM=head_dim,
-            HEAD_DIM_PADDED=head_dim_padded,
-            NUM_SPLITS=num_splits,
-            HAS_SINKS=has_sinks,
-            num_warps=4 if head_dim_padded >= 128 else 2,
-        )
+        _merge_splits(out, mid_o, mid_lse, sinks, has_sinks, head_dim)
+
+
+def _split_partials(
+    out: torch.Tensor, num_decodes: int, num_heads: int, num_splits: int, head_dim_padded: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's per-split results, float32: each split's output ``[decodes, heads, splits,
+    head_dim_padded]`` and log-sum-exp ``[decodes, heads, splits]``. With one split stage 1
+    writes ``out`` itself and reads neither: ``out`` stands in (any pointer will do)."""
+    if num_splits == 1:
+        return out, out
+    mid_o = torch.empty(
+        (num_decodes, num_heads, num_splits, head_dim_padded),
+        dtype=torch.float32,
+        device=out.device,
+    )
+    mid_lse = torch.empty(
+        (num_decodes, num_heads, num_splits), dtype=torch.float32, device=out.device
+    )
+    return mid_o, mid_lse
+
+
+def _merge_splits(
+    out: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    sinks: torch.Tensor,
+    has_sinks: bool,
+    head_dim: int,
+) -> None:
+    """Stage 2: each decode's and head's split outputs merged into ``out`` by their log-sum-exps
+    (a head's sink joining the denominator here, `has_sinks`)."""
+    num_decodes, num_heads, num_splits, head_dim_padded = mid_o.shape
+    _decode_stage2_kernel[(num_decodes, num_heads)](
+        out,
+        mid_o,
+        mid_lse,
+        sinks,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PADDED=head_dim_padded,
+        NUM_SPLITS=num_splits,
+        HAS_SINKS=has_sinks,
+        num_warps=4 if head_dim_padded >= 128 else 2,
+    )

@@ -52,12 +52,12 @@ from pagoda.kernels.attn_common import (
     kv_scales,
     mma,
     paged_strides,
+    query_tile,
     score_scale,
     scores,
     sinks_arg,
     softcap_arg,
     tile_size,
-    width_shrink,
     window_arg,
 )
 
@@ -390,10 +390,8 @@ def launch_prefill_attention(
     # float32 at 128) get tiles shrunk in proportion (`attn_common.width_shrink`), so the K/V
     # stages and the query tile keep their shared-memory and register size. A function of the
     # head size and dtype only: both launches of batch-invariant mode shrink alike.
-    shrink = width_shrink(head_dim, q.dtype)
     tile = tile_size(config, head_dim, q.dtype)
-    block_m = next_pow2(max(int(config["BLOCK_M"]) // shrink, 16, queries_per_kv))
-    block_q = block_m // queries_per_kv
+    block_m, block_q = query_tile(config, head_dim, q.dtype, queries_per_kv)
     num_seqs = last_seq - first_seq
     if one_token_per_seq:
         grid = (num_seqs, num_kv_heads)

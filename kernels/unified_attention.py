@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
     add_alibi,
     add_sink,
@@ -26,12 +25,12 @@ from pagoda.kernels.attn_common import (
     online_softmax_step,
     paged_meta,
     paged_strides,
+    query_tile,
     score_scale,
     scores,
     sinks_arg,
     softcap_arg,
     widen_kv,
-    width_shrink,
     window_arg,
 )
 
@@ -232,9 +231,7 @@ def launch_unified_attention(
     num_seqs = seq_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
     queries_per_kv = num_heads // num_kv_heads
-    shrink = width_shrink(q.shape[2], q.dtype)  # wide rows: smaller tiles (`paged_meta`)
-    block_m = next_pow2(max(int(config["BLOCK_M"]) // shrink, 16, queries_per_kv))
-    block_q = block_m // queries_per_kv
+    block_m, block_q = query_tile(config, q.shape[2], q.dtype, queries_per_kv)
     grid = ((num_tokens - first_token) // block_q + (num_seqs - first_seq), num_kv_heads)
     if grid[0] <= 0:
         return

@@ -77,6 +77,20 @@ def take_reader(path: str | Path) -> Any:
     return _lookup(str(path), share=False)
 
 
+def field(reader, key: str, default=None):
+    """Metadata `key`'s value (`contents()`: one value, or a list), `default` where the file
+    has none."""
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def tensor_shape(t) -> tuple[int, ...]:
+    """A tensor's shape as torch's, slowest dimension first (GGUF lists them fastest-first)."""
+    return tuple(int(d) for d in reversed(t.shape))
+
+
 def _lookup(path: str, share: bool) -> Any:
     try:
         st = os.stat(path)
@@ -199,7 +213,7 @@ def _array_field_class() -> type:
         """A metadata array held whole as its last part (an ndarray of numbers, or a list of
         str); `contents()` as the stock field's (one value for an int, a list otherwise).
         `data` indexes that one part, not one part per element: read values through
-        `contents()` (as `gguf_loader._field` does), not `parts[data[i]]`."""
+        `contents()` (as `field` does), not `parts[data[i]]`."""
 
         __slots__ = ()
 

@@ -202,20 +202,63 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     scales of row-parallel o and down whole on every rank, norms (q/k norms too) and routers on
     every rank; q/k/v biases by the rank's heads, o's and the LM head's (PhiMoE's) whole;
     Qwen2-MoE's shared expert as a dense MLP (FP8 too)."""
-    h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, tp
+    h, i, n, t = mc.hidden_size, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
     f = mc.family
     moe = sum(f.has_experts(x) for x in range(n))
     kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
-    # this rank's projections: q and o split by heads, k and v its KV heads, the MLP by width
+    attn, attn_rows = _attention_shape(mc, t, kv)
+    norms = _norms_and_biases(mc, item, t, kv)
+    absorbed = 0.0  # latent attention's W_UK and W_UV, dense in the dtype whatever runs in FP8
+    if f.mla is not None:
+        absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
+    mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
+    if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
+        # every rank: split by input columns, their scales replicated)
+        rows = n * attn_rows + (n - moe) * ((2 if f.gated_mlp else 1) * i / t + h)
+        projections = n * attn + mlp + 4 * rows
+    else:
+        projections = (n * attn + mlp) * item
+    experts, routers, shared = _expert_bytes(mc, item, fp8, t, moe)
+    projections += shared
+    width = f.embed_proj_dim or h  # (OPT's narrower embeddings, projected in and out)
+    embed = mc.vocab_size * width * (1 if mc.tie_word_embeddings else 2) * item
+    if mc.architecture == "gpt_oss":  # biases, sinks (float32)
+        heads = mc.num_heads / t
+        biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
+        biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
+        projections += n * biases * item + n * 4 * heads
+    hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`model_configs.MambaConfig`)
+    return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
+
+
+def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
+    """(weights, output rows) of one layer's attention projections on one of `t` ranks, `kv`
+    its KV heads: q and o split by heads, k and v its KV heads; AFMoE's output gate as q;
+    DeepSeek's latent attention as its projections (`_mla_matrices`)."""
+    h, d = mc.hidden_size, mc.head_dim
     attn = h * d * (2 * mc.num_heads / t + 2 * kv)
     attn_rows = (mc.num_heads / t + 2 * kv) * d + h
+    if mc.architecture == "afmoe":  # attention's output gate (as q)
+        attn += h * d * mc.num_heads / t
+        attn_rows += mc.num_heads / t * d
+    if mc.family.mla is not None:
+        mats = _mla_matrices(h, mc.num_heads, mc.family.mla, t)
+        attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
+    return attn, attn_rows
+
+
+def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
+    """The norms (q/k norms too), biases, OPT's embedding projections and a learned position
+    table on one of `t` ranks, `kv` its KV heads: whole on every rank, q/k/v biases by the
+    rank's heads."""
+    h, d, n, f = mc.hidden_size, mc.head_dim, mc.num_layers, mc.family
+    if mc.architecture == "gpt_oss":  # its norms in float32 (its biases and sinks: from_shapes)
+        return (2 * n + 1) * h * 4
     norms = (2 * n + 1) * h * item
     if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
         norms = (n + 1) * h * 4
-    if mc.architecture == "afmoe":  # attention's output gate (as q) and two more norms a layer
-        attn += h * d * mc.num_heads / t
-        attn_rows += mc.num_heads / t * d
+    if mc.architecture == "afmoe":  # two more norms a layer
         norms += 2 * n * h * item
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
         norms *= 2
@@ -226,43 +269,30 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     if mc.attention_bias:  # q/k/v biases this rank's; o's (PhiMoE's) whole, as the LM head's
         norms += n * ((mc.num_heads / t + 2 * kv) * d + h * f.o_proj_bias) * item
     norms += mc.vocab_size * item * f.lm_head_bias
-    absorbed = 0.0  # latent attention's W_UK and W_UV
-    if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms; kv_b
-        # as the absorbed W_UK and W_UV, dense in the dtype whatever runs in FP8
-        mats = _mla_matrices(h, mc.num_heads, f.mla, t)
-        attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
+    if f.mla is not None:  # DeepSeek's latent attention's two norms
         norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
-        absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
-    mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
-    if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
-        # every rank: split by input columns, their scales replicated)
-        rows = n * attn_rows + (n - moe) * ((2 if f.gated_mlp else 1) * i / t + h)
-        projections = n * attn + mlp + 4 * rows
-    else:
-        projections = (n * attn + mlp) * item
-    experts = moe * f.num_experts * 3 * h * f.moe_intermediate_size * item
-    routers = moe * f.num_experts * h * item  # whole on every rank
-    if f.routing is not None:  # DeepSeek's: float32, with V3's correction bias
-        routers = moe * f.num_experts * (h + f.routing.bias) * 4
-    if s := f.shared_expert_intermediate_size:  # a dense MLP (FP8 with the projections,
-        # gate/up split by rows, down by columns) and Qwen2-MoE's gate, whole
-        shared = 3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item
-        projections += moe * shared
-        routers += moe * h * item if f.routing is None else 0
-    width = f.embed_proj_dim or h  # (OPT's narrower embeddings, projected in and out)
-    embed = mc.vocab_size * width * (1 if mc.tie_word_embeddings else 2) * item
     if f.embed_proj_dim:
         norms += 2 * h * f.embed_proj_dim * item
     if f.positions == "learned":  # the table, whole on every rank
         norms += (mc.max_position_embeddings + f.position_offset) * h * item
-    if mc.architecture == "gpt_oss":  # biases, sinks (float32), norms in float32
-        heads = mc.num_heads / t
-        biases = (heads + 2 * kv) * d + h  # q/k/v this rank's, o's whole
-        biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
-        projections += n * biases * item + n * 4 * heads
-        norms = (2 * n + 1) * h * 4
-    hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`model_configs.MambaConfig`)
-    return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
+    return norms
+
+
+def _expert_bytes(mc: ModelConfig, item: int, fp8: bool, t: int, moe: int):
+    """(experts, routers, shared experts) of the `moe` expert layers: the experts whole (the
+    caller splits them over the ranks), the routers whole on every rank (DeepSeek's in float32,
+    with V3's correction bias), a shared expert as a dense MLP split over `t` ranks (FP8 with
+    the projections, gate/up split by rows, down by columns) and Qwen2-MoE's gate, whole."""
+    h, f = mc.hidden_size, mc.family
+    experts = moe * f.num_experts * 3 * h * f.moe_intermediate_size * item
+    routers = moe * f.num_experts * h * item
+    if f.routing is not None:
+        routers = moe * f.num_experts * (h + f.routing.bias) * 4
+    shared = 0.0
+    if s := f.shared_expert_intermediate_size:
+        shared = moe * (3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item)
+        routers += moe * h * item if f.routing is None else 0
+    return experts, routers, shared
 
 
 def _hybrid_bytes(mc: ModelConfig, item: int, fp8: bool, t: int) -> float:
@@ -347,42 +377,14 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
-    m = mc.family.mamba  # DeepSeek's router, and Nemotron-H's (the same one), held in float32
-    float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
             continue
-        if name == POSITIONS:  # a table (not a Linear), whole on every rank
-            total += t.numel * p.dtype.itemsize
-            continue
-        norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
-        # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
-        # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
-        float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"
-        if float32_router and _FLOAT32_ROUTER.search(name):
-            total += _float32_router(t, p)
-        elif mc.family.mla is not None and _KV_B.search(name):
-            total += _absorbed_kv_b(t, mc, lay, p)
-        elif _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
-            # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
-            n = t.numel * _mamba_share(name, mc, lay)
-            total += int(n) * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
-        elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
+        held = _held_apart(name, t, mc, lay, p)
+        if held is None:
             groups.setdefault(_group(name), []).append(t)
-        elif norm and (
-            mc.family.gemma_norms
-            or mc.family.cohere_layer
-            or mc.architecture == "gpt_oss"
-            or float32_norm
-        ):
-            # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
-            # w, Nemotron-H's
-            total += math.prod(_local(name, t.shape, mc, lay)) * 4
-        elif name.endswith("self_attn.sinks"):  # float32, this rank's heads
-            start, stop = lay.heads(mc.num_heads)
-            total += (stop - start) * 4
-        else:  # norms and biases (o's and down's whole on every rank)
-            total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
+        else:
+            total += held
     fp8_layers = blocks = 0
     for parts in groups.values():
         held = _bound(parts) if p.blocks and parts[0].kind != _HELD else None
@@ -401,6 +403,42 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     if fp8_layers:
         notes["fp8"] = str(fp8_layers)
     return total, notes
+
+
+def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
+    """The bytes one rank holds of a tensor that is no `Linear`'s matrix: a position table,
+    a float32 router, latent attention's absorbed kv_b, a Mamba2 mixer's conv, A and D, norms,
+    sinks and biases; None for a `Linear`'s matrix (`resident` counts them by layer)."""
+    if name == POSITIONS:  # a table (not a Linear), whole on every rank
+        return t.numel * p.dtype.itemsize
+    m = mc.family.mamba  # DeepSeek's router, and Nemotron-H's (the same one), held in float32
+    float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
+    norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
+    # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
+    # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
+    float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"
+    if float32_router and _FLOAT32_ROUTER.search(name):
+        return _float32_router(t, p)
+    if mc.family.mla is not None and _KV_B.search(name):
+        return _absorbed_kv_b(t, mc, lay, p)
+    if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
+        # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
+        n = t.numel * _mamba_share(name, mc, lay)
+        return int(n) * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
+    if name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
+        return None
+    if norm and (
+        mc.family.gemma_norms or mc.family.cohere_layer or mc.architecture == "gpt_oss"
+        or float32_norm
+    ):  # fmt: skip
+        # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
+        # w, Nemotron-H's
+        return math.prod(_local(name, t.shape, mc, lay)) * 4
+    if name.endswith("self_attn.sinks"):  # float32, this rank's heads
+        start, stop = lay.heads(mc.num_heads)
+        return (stop - start) * 4
+    return _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize  # norms and biases (o's and
+    # down's whole on every rank)
 
 
 _HELD = "held"  # a tensor made at load (gpt-oss's experts): no stored form to read in place

@@ -41,6 +41,7 @@ from pagoda.runtime.structured import schema as schemas
 from pagoda.runtime.structured import structural_tag as structural_tags
 from pagoda.runtime.structured.matcher import Closer
 from pagoda.runtime.structured.params import StructuredOutputsParams, parse_schema_text
+from pagoda.runtime.structured.pattern_check import check_pattern
 
 DEFAULT_CACHE_BYTES = 256 << 20
 DEFAULT_TIMEOUT_S = 10.0
@@ -389,7 +390,7 @@ def _grammar_source(spec: StructuredOutputsParams, length_patterns: bool) -> tup
         schema = parse_schema_text(spec.json, where) if kind == "json" else {"type": "object"}
         return "json", json.dumps(schemas.check(schema, length_patterns=length_patterns))
     if kind == "regex":
-        schemas.check_pattern(spec.regex, "")
+        check_pattern(spec.regex, "")
         return "regex", spec.regex
     if kind == "choice":
         return "ebnf", _choice_ebnf(spec.choice)

@@ -19,8 +19,8 @@ features its xgrammar backend lacks):
   a pattern's '"', backslashes and control characters match their JSON escapes
   (`pattern_escapes.py`);
 * what cannot is refused: `check` raises `SchemaError(path, message)`, a 400 naming the keyword
-  (this module walks the schema, refuses what has no rewrite, and checks `oneOf`, patterns and
-  that some finite value satisfies the schema).
+  (this module walks the schema, refuses what has no rewrite, and checks `oneOf`, patterns
+  (`pattern_check.py`) and that some finite value satisfies the schema).
 
 The schema itself is first checked against its metaschema with `jsonschema` (bad types,
 unknown `type` names, a non-regex `pattern`): also a 400 with the path.
@@ -35,6 +35,7 @@ from urllib.parse import unquote
 
 import jsonschema
 from pagoda.runtime.structured import pattern_escapes
+from pagoda.runtime.structured.pattern_check import check_pattern
 from pagoda.runtime.structured.schema_rewrites import (
     ASSERTIONS,
     FORMAT_LENGTHS,
@@ -51,11 +52,6 @@ from pagoda.runtime.structured.schema_rewrites import (
     optional_groups_as_alternatives,
     pattern_lengths,
 )
-
-try:  # Python's own regex parser, to find the lookarounds and anchors xgrammar drops
-    import re._parser as sre_parse  # type: ignore[import-not-found]
-except ImportError:  # Python < 3.11
-    import sre_parse  # type: ignore[no-redef]
 
 # Keywords whose constraint xgrammar does not enforce (see the module docstring).
 UNSUPPORTED = {
@@ -88,12 +84,6 @@ _TYPED_KEYWORDS = {"minLength", "maxLength", "pattern", "format", "minimum", "ma
 _COMBINED = {"$ref", "enum", "const", "anyOf", "oneOf", "allOf"}
 _ANY_TYPE = ("string", "number", "boolean", "null", "object", "array")
 _LOCAL_REF = re.compile(r"^#(?:/.*)?$", re.DOTALL)
-_AT_START = {sre_parse.AT_BEGINNING, sre_parse.AT_BEGINNING_STRING}
-_AT_END = {sre_parse.AT_END, sre_parse.AT_END_STRING}
-_REPEATS = tuple(
-    getattr(sre_parse, n) for n in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
-    if hasattr(sre_parse, n)
-)  # fmt: skip
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("additionalProperties", "items", "propertyNames")
@@ -502,73 +492,6 @@ def _as_key(s: dict, root: Any, path: str) -> dict:
                               "none")  # fmt: skip
         out["type"] = "string"
     return out
-
-
-def check_pattern(pattern: str, path: str | None, in_json: bool = False) -> None:
-    """SchemaError for regex features xgrammar compiles loosely: lookaround (it drops it inside
-    JSON Schema patterns) and anchors other than at the start and end (it drops them). `in_json`
-    (a `patternProperties` name, matched by a JSON string's value): also a literal '"',
-    backslash or control character, which xgrammar writes into the string unescaped (`^a"b$`
-    gave `"a"b"`, not JSON), also in a class; ranges leave '"' and backslash out. A `pattern`'s
-    are written escaped instead (`pattern_escapes`)."""
-    try:
-        parsed = sre_parse.parse(pattern)
-    except Exception:  # not Python's dialect: left to xgrammar's own parser
-        return
-    items = list(_regex_items(list(parsed), True, True))
-    for op, av, at_start, at_end in items:
-        _check_regex_item(op, av, at_start, at_end, path)
-    if in_json:
-        for op, av, _, _ in items:
-            _check_json_literal(op, av, path)
-
-
-def _regex_items(items: list, first: bool, last: bool):
-    """(op, av, at_start, at_end) of every item of a parsed pattern, nested ones included."""
-    for i, (op, av) in enumerate(items):
-        at_start, at_end = first and i == 0, last and i == len(items) - 1
-        yield op, av, at_start, at_end
-        if op is sre_parse.BRANCH:
-            for alt in av[1]:
-                yield from _regex_items(list(alt), at_start, at_end)
-        elif op is sre_parse.SUBPATTERN:
-            yield from _regex_items(list(av[-1]), at_start, at_end)
-        elif op in _REPEATS:
-            yield from _regex_items(list(av[2]), False, False)
-        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
-            yield from _regex_items(list(av), False, False)
-
-
-def _check_regex_item(op, av, at_start: bool, at_end: bool, path: str | None) -> None:
-    if op is sre_parse.AT and av in (sre_parse.AT_BEGINNING_STRING, sre_parse.AT_END_STRING):
-        raise SchemaError(path, "\\A and \\Z are not supported by constrained decoding (it "
-                          "reads them as the letters A and Z); use ^ and $")  # fmt: skip
-    if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
-        raise SchemaError(path, "lookahead and lookbehind are not supported by "
-                          "constrained decoding")  # fmt: skip
-    if op is sre_parse.AT and not ((av in _AT_START and at_start) or (av in _AT_END and at_end)):
-        raise SchemaError(path, "anchors (^, $, \\b) are supported at the start and end "
-                          "of the pattern only")  # fmt: skip
-
-
-def _unescaped(c: int) -> bool:
-    return c < 0x20 or c in (0x22, 0x5C)
-
-
-def _check_json_literal(op, av, path: str | None) -> None:
-    bad = None
-    if op is sre_parse.LITERAL and _unescaped(av):
-        bad = chr(av)
-    elif op is sre_parse.IN and (not av or av[0][0] is not sre_parse.NEGATE):
-        for kind, v in av:
-            if kind is sre_parse.LITERAL and _unescaped(v):
-                bad = chr(v)
-            elif kind is sre_parse.RANGE and v[0] < 0x20:  # ranges leave '"' and '\' out
-                bad = chr(v[0])
-    if bad is not None:
-        raise SchemaError(path, f"a pattern that matches {bad!r} is not supported by "
-                          "constrained decoding: xgrammar would write '\"', backslashes "
-                          "and control characters into the JSON string unescaped")  # fmt: skip
 
 
 def _assertions(s: dict, *but: str) -> list[str]:

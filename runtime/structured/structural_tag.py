@@ -18,6 +18,7 @@ from typing import Any
 
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.structured import schema as schemas
+from pagoda.runtime.structured.pattern_check import check_pattern
 
 SCHEMA_FORMATS = ("json_schema", "qwen_xml_parameter")
 
@@ -65,6 +66,6 @@ def _checked(node: Any, path: str) -> Any:
         except schemas.SchemaError as e:
             raise schemas.SchemaError(None, f"{e} in the schema at {path}/json_schema") from e
     if kind == "regex" and isinstance(node.get("pattern"), str):
-        schemas.check_pattern(node["pattern"], f"{path}/pattern")
+        check_pattern(node["pattern"], f"{path}/pattern")
         return node
     return {k: _checked(v, f"{path}/{k}") for k, v in node.items()}

@@ -121,6 +121,14 @@ def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):
     return model
 
 
+def drop_tokenizer(path) -> None:
+    """The Hugging Face tokenizer files make_tiny_model wrote beside the checkpoint removed, for
+    a test to write a tokenizer of another kind (SentencePiece's, tiktoken's) in their place."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "chat_template.jinja"):  # fmt: skip
+        (path / name).unlink(missing_ok=True)
+
+
 def save_multimodal_gemma3(path, cfg):
     """Gemma3ForConditionalGeneration from `cfg` (a transformers.Gemma3Config) with random
     weights scaled as make_tiny_model's, saved to `path` with a borrowed tokenizer: the model."""

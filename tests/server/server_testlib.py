@@ -112,6 +112,22 @@ def openai_client(*args: str) -> Iterator[Any]:
         srv.stop()
 
 
+# `pagoda serve` of a tiny float32 checkpoint: a 16 MiB KV cache, 256-token contexts
+TINY_SERVE = ("--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-model-len", "256",
+              "--log-level", "warning")  # fmt: skip
+
+
+def greedy_chat(client: Any, messages: list[dict], max_tokens: int, **fields: Any):
+    """A greedy chat completion of `max_tokens` (EOS ignored, special tokens kept in the text),
+    asked whole and then streamed: (the completion, the streamed text, the request's fields)."""
+    kw = dict(model=client.models.list().data[0].id, messages=messages, max_tokens=max_tokens,
+              temperature=0, extra_body={"ignore_eos": True, "skip_special_tokens": False},
+              **fields)  # fmt: skip
+    got = client.chat.completions.create(**kw)
+    stream = client.chat.completions.create(**kw, stream=True)
+    return got, "".join(c.choices[0].delta.content or "" for c in stream if c.choices), kw
+
+
 def chat_prompt_ids(client: Any, **body: Any) -> list[int]:
     """The prompt ids /tokenize renders for a chat `body` (its messages, chat_template_kwargs,
     tools ...): the /v1/completions oracle's prompt."""

@@ -15,6 +15,7 @@ import pytest
 import torch
 from pagoda.runtime import config
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.model_configs import MlaConfig
 from pagoda.runtime.server import fit, memory
 from pagoda.runtime.termination import ReasonedError
 
@@ -157,7 +158,7 @@ def test_the_cpus_int8_kv_cache_counts_its_bytes_and_scales(tmp_path, monkeypatc
                                             r"\(int8 KV\)"):  # fmt: skip
         fit.check(mc, cfg, tmp_path)
     v3 = {**LLAMA_8B, "num_layers": 61, "num_kv_heads": 1, "head_dim": 576, "num_heads": 128}
-    mla = dataclasses.replace(ModelConfig(**v3), family=config.FamilyConfig(mla=config.MlaConfig(
+    mla = dataclasses.replace(ModelConfig(**v3), family=config.FamilyConfig(mla=MlaConfig(
         kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)))  # fmt: skip
     assert plan.kv_bytes_per_token(mla) == 61 * 580
 

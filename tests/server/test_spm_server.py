@@ -4,12 +4,11 @@ SentencePiece `tokenizer.model` and a Llama-2-style tokenizer_config.json
 
 from __future__ import annotations
 
-import openai
 import pytest
 import sentencepiece as spm
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from hf_oracle import drop_tokenizer, hf_greedy_plain, make_tiny_model
 from sentencepiece_testlib import slow_tokenizer, train, write_spm_dir
-from server_testlib import ServerProcess
+from server_testlib import TINY_SERVE, greedy_chat, openai_client
 
 
 def piece_bytes(sp: spm.SentencePieceProcessor, i: int) -> list[int]:
@@ -30,9 +29,7 @@ def test_pagoda_serve_answers_a_chat_with_a_tokenizer_model_llama(tmp_path):
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
     # scale 6: greedy picks well apart (the smallest top-two gap 0.04; at 3, 0.015)
     model = make_tiny_model(tmp_path, "Llama", scale=6.0, vocab_size=sp.get_piece_size())
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "chat_template.jinja"):  # fmt: skip
-        (tmp_path / name).unlink(missing_ok=True)
+    drop_tokenizer(tmp_path)
     write_spm_dir(tmp_path, model_bytes)
     messages = [{"role": "user", "content": "Hello  東京 🙂 x=12345\n\tnaïve"}]
     rendered = (
@@ -41,27 +38,8 @@ def test_pagoda_serve_answers_a_chat_with_a_tokenizer_model_llama(tmp_path):
     prompt = slow_tokenizer(tmp_path).encode(rendered, add_special_tokens=False)
     assert prompt[0] == 1 and prompt[1] != 1
     want, _ = hf_greedy_plain(model, prompt, 10)
-    srv = ServerProcess("--model", str(tmp_path), "--dtype", "float32", "--kv-cache-memory",
-                        "16MiB", "--max-model-len", "256", "--log-level", "warning")  # fmt: skip
-    try:
-        srv.wait_ready()
-        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0)
-        kw = dict(
-            model=client.models.list().data[0].id,
-            messages=messages,
-            max_tokens=10,
-            temperature=0,
-            logprobs=True,
-            extra_body={"ignore_eos": True, "skip_special_tokens": False},
-        )
-        got = client.chat.completions.create(**kw)
-        streamed = [
-            c.choices[0].delta.content or ""
-            for c in client.chat.completions.create(**kw, stream=True)
-            if c.choices
-        ]
-    finally:
-        srv.stop()
+    with openai_client("--model", str(tmp_path), *TINY_SERVE) as client:
+        got, streamed, _ = greedy_chat(client, messages, 10, logprobs=True)
     assert got.usage.prompt_tokens == len(prompt)
     assert [t.bytes for t in got.choices[0].logprobs.content] == [piece_bytes(sp, i) for i in want]
-    assert got.choices[0].message.content == "".join(streamed)
+    assert got.choices[0].message.content == streamed

@@ -3,10 +3,9 @@ for Kimi K2's tiktoken files (`model/tiktoken_files.py`), through the `openai` S
 
 from __future__ import annotations
 
-import openai
 import pytest
-from hf_oracle import hf_greedy_plain, make_tiny_model
-from server_testlib import ServerProcess
+from hf_oracle import drop_tokenizer, hf_greedy_plain, make_tiny_model
+from server_testlib import TINY_SERVE, greedy_chat, openai_client
 from tiktoken_testlib import tiktoken_encode, train_ranks, write_tiktoken_dir
 
 
@@ -26,40 +25,20 @@ def test_pagoda_serve_answers_a_chat_with_a_tiktoken_deepseek_v3(tmp_path):
         num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
         moe_intermediate_size=32, first_k_dense_replace=1,
     )  # fmt: skip
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "chat_template.jinja"):  # fmt: skip
-        (tmp_path / name).unlink(missing_ok=True)
+    drop_tokenizer(tmp_path)
     specials = write_tiktoken_dir(tmp_path, ranks)
     messages = [{"role": "user", "content": "Hello 你好 😀 x=12345"}]
     rendered = ("<|im_user|>user<|im_middle|>Hello 你好 😀 x=12345<|im_end|>"
                 "<|im_assistant|>assistant<|im_middle|>")  # Kimi K2's layout  # fmt: skip
     prompt = tiktoken_encode(ranks, specials, rendered)
     want, _ = hf_greedy_plain(model, prompt, 8)
-    srv = ServerProcess("--model", str(tmp_path), "--dtype", "float32", "--kv-cache-memory",
-                        "16MiB", "--max-model-len", "256", "--log-level", "warning")  # fmt: skip
-    try:
-        srv.wait_ready()
-        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0)
-        kw = dict(
-            model=client.models.list().data[0].id,
-            messages=messages,
-            max_tokens=8,
-            temperature=0,
-            extra_body={"ignore_eos": True, "skip_special_tokens": False},
-        )
-        got = client.chat.completions.create(**kw)
-        streamed = [
-            c.choices[0].delta.content or ""
-            for c in client.chat.completions.create(**kw, stream=True)
-            if c.choices
-        ]
+    with openai_client("--model", str(tmp_path), *TINY_SERVE) as client:
+        got, streamed, kw = greedy_chat(client, messages, 8)
         choice = client.chat.completions.create(
             **{**kw, "max_tokens": 20, "extra_body": {"structured_outputs": {
                 "choice": ["你好 Kimi", "😀 x=12345"]}}})  # fmt: skip
-    finally:
-        srv.stop()
     assert got.usage.prompt_tokens == len(prompt)
     by_id = {i: t for t, i in ranks.items()} | {i: t.encode() for t, i in specials.items()}
     text = b"".join(by_id[i] for i in want).decode("utf-8", errors="replace")
-    assert got.choices[0].message.content == text == "".join(streamed)
+    assert got.choices[0].message.content == text == streamed
     assert choice.choices[0].message.content in ("你好 Kimi", "😀 x=12345")

@@ -12,7 +12,7 @@ import pytest
 import sentencepiece as spm
 import torch
 import transformers
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from hf_oracle import drop_tokenizer, hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.sampling.params import SamplingParams
 from sentencepiece_testlib import slow_tokenizer, train, write_spm_dir
@@ -32,9 +32,7 @@ def test_llm_chat_on_an_internlm3_with_only_a_tokenizer_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     # the oracle: transformers reading the hub-shaped config.json back
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "chat_template.jinja"):  # fmt: skip
-        (tmp_path / name).unlink(missing_ok=True)
+    drop_tokenizer(tmp_path)
     write_spm_dir(
         tmp_path, model_bytes, tokenizer_class="InternLM3Tokenizer",
         auto_map={"AutoTokenizer": ["tokenization_internlm3.InternLM3Tokenizer", None]},

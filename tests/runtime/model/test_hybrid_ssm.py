@@ -23,75 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import weakref
 
 import pytest
 import torch
 from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
+from hybrid_cases import CASES, MAMBA
+from live_bytes import LiveBytes
 from pagoda.runtime import LLM
 from pagoda.runtime.model.ssd import pack, scan_rows, scan_step, ssd_scan_bytes
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 transformers = pytest.importorskip("transformers")
-MAMBA = dict(mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8)
-CASES = {
-    "granite4-moe-rope": (
-        "GraniteMoeHybrid",
-        dict(num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], **MAMBA,
-             mamba_n_groups=2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
-             shared_intermediate_size=48, position_embedding_type="rope",
-             embedding_multiplier=2.0, residual_multiplier=0.7, attention_multiplier=0.1,
-             logits_scaling=1.5),
-    ),
-    "granite4-dense-nope": (
-        "GraniteMoeHybrid",
-        dict(num_hidden_layers=3, layer_types=["attention", "mamba", "mamba"], **MAMBA,
-             num_local_experts=0, shared_intermediate_size=64, residual_multiplier=0.5),
-    ),
-    "granite4-all-mamba": (  # transformers' default layer_types: no attention, no KV cache
-        "GraniteMoeHybrid",
-        dict(num_hidden_layers=2, **MAMBA, num_local_experts=0, shared_intermediate_size=64),
-    ),
-    "bamba": (
-        "Bamba",
-        dict(num_hidden_layers=3, attn_layer_indices=[1], **MAMBA, mamba_d_head=32,
-             mlp_bias=True, max_position_embeddings=512),
-    ),
-    # one block a layer: Mamba2 (biased projections), ReLU² MLP, attention without rotary
-    "nemotron-h": (
-        "NemotronH",
-        dict(layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
-             num_hidden_layers=5, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16,
-             n_groups=2, chunk_size=8, head_dim=16, use_bias=True, mlp_bias=True),
-    ),
-    # Nemotron 3's MoE blocks: sigmoid router over 2 groups with correction biases (scrambled
-    # below), routed scale, latent projections, a shared expert
-    "nemotron-h-moe": (
-        "NemotronH",
-        dict(layers_block_type=["mamba", "moe", "attention", "moe"], num_hidden_layers=4,
-             mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=2, chunk_size=8,
-             head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-             moe_shared_expert_intermediate_size=48, moe_latent_size=32, n_group=2,
-             topk_group=1, routed_scaling_factor=2.5),
-    ),
-    # attention and Mamba2 side by side, every µP multiplier, the norm before the gate
-    "falcon-h1-mup": (
-        "FalconH1",
-        dict(num_hidden_layers=2, mamba_d_ssm=96, mamba_n_heads=3, mamba_d_state=16,
-             mamba_chunk_size=8, mamba_rms_norm=True, head_dim=16, key_multiplier=0.5,
-             attention_in_multiplier=1.5, attention_out_multiplier=0.8, ssm_in_multiplier=1.2,
-             ssm_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
-             mlp_multipliers=[0.7, 1.4], embedding_multiplier=2.0, lm_head_multiplier=0.6,
-             projectors_bias=True),
-    ),
-    "falcon-h1-gate-only": (  # no output norm: y * silu(z); two groups of B/C
-        "FalconH1",
-        dict(num_hidden_layers=2, mamba_n_heads=4, mamba_d_ssm=128, mamba_d_state=16,
-             mamba_n_groups=2, mamba_chunk_size=8, mamba_rms_norm=False, mamba_proj_bias=True),
-    ),
-}  # fmt: skip
 
 
 def _make(name: str, path):
@@ -500,40 +442,6 @@ def test_gpu_matches_transformers_without_host_syncs(built, name):
         check(g, want, f"{name}: prompt {i}, cuda, preempted")
 
 
-class _LiveBytes(TorchDispatchMode):
-    """The peak bytes of the storages that ops create and that some tensor still holds (the
-    inputs' storages left out): an allocator's peak, measured on the CPU, op by op."""
-
-    def __init__(self, inputs):
-        super().__init__()
-        self.outside = {t.untyped_storage().data_ptr() for t in inputs}
-        self.live: dict[int, list[int]] = {}  # storage -> [bytes, tensors holding it]
-        self.now = self.peak = 0
-
-    def _release(self, key: int) -> None:
-        entry = self.live[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.now -= entry[0]
-            del self.live[key]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                key = s.data_ptr()
-                if key in self.outside or s.nbytes() == 0:
-                    continue
-                if key not in self.live:
-                    self.live[key] = [s.nbytes(), 0]
-                    self.now += s.nbytes()
-                self.live[key][1] += 1
-                weakref.finalize(t, self._release, key)
-        self.peak = max(self.peak, self.now)
-        return out
-
-
 def _scan_peak(lens, heads, head_dim, d_state, groups, chunk) -> int:
     """The measured peak of the step's scan (`ssd.scan_step`: each group of sequences packed
     and scanned) of prompts of `lens` tokens, its inputs and output counted."""
@@ -551,7 +459,7 @@ def _scan_peak(lens, heads, head_dim, d_state, groups, chunk) -> int:
     A = -torch.rand(heads, generator=g)
     ssm = torch.zeros(len(lens), heads, head_dim, d_state)
     t = sum(lens)
-    with _LiveBytes([A, ssm]) as live:
+    with LiveBytes([A, ssm]) as live:
         x = torch.randn(t, heads, head_dim, generator=g)
         dt = torch.rand(t, heads, generator=g)
         B = torch.randn(t, groups, d_state, generator=g)

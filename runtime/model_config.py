@@ -1,0 +1,325 @@
+"""What a checkpoint describes, read once by the loaders: `ModelConfig` (the Llama-family
+decoder's sizes, rotary, special tokens) and `FamilyConfig` (what a family changes in the Llama
+layer; its per-family sub-configs in `model_configs.py`). Frozen and validated in
+``__post_init__`` like the engine's settings (`config.py`, which re-exports both)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagoda.runtime import option_rules
+from pagoda.runtime.model_configs import (
+    ExpertRouting,
+    Llama4Attention,
+    MambaConfig,
+    MlaConfig,
+)
+
+# What a model family changes in the Llama decoder, read once from the checkpoint's config by
+# the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
+# attention backends only the sliding window, the attention chunk and the soft cap.
+ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
+# an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
+# Apertus' xIELU (its parameters per layer, from the checkpoint)
+UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
+POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
+
+
+def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
+    """`value` where `flags` (one a layer; () for all of them) marks `layer`, else None."""
+    return None if value is None or (flags and not flags[layer]) else value
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """The defaults are Llama's: a Llama, Mistral or Qwen2 checkpoint changes nothing here but
+    Mistral's sliding window."""
+
+    # attention
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k before rotary (Qwen3, Gemma 3)
+    sliding_window: int | None = None  # keys a window layer sees, its own position included
+    window_layers: tuple[bool, ...] = ()  # per layer: True = a window layer; () = all of them
+    local_rope_theta: float | None = None  # window layers' rotary base (Gemma 3), no scaling
+    # chunked attention (Llama 4): a chunked layer's query at p sees the keys p - p % C .. p
+    attention_chunk_size: int | None = None
+    chunk_layers: tuple[bool, ...] = ()  # per layer: True = chunked; () = all of them
+    query_pre_attn_scalar: float | None = None  # softmax scale = this ** -0.5 (None: head_dim)
+    # scores = cap * tanh(scores / cap) (Gemma 2's; Gemma 3 configs carry it unused)
+    attn_logit_softcapping: float | None = None
+    # Gemma 3's layer: (1 + w) RMSNorm, norms after attention and around the MLP, the embedding
+    # scaled by sqrt(hidden_size) in the model's dtype
+    gemma_norms: bool = False
+    norms_hold_one_plus_w: bool = False  # the checkpoint stores 1 + w (llama.cpp's Gemma GGUFs)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    hidden_act: str = "silu"  # the gated MLP's activation (`ACTIVATIONS`)
+    # mixture of experts: router softmax, top-k, SwiGLU experts
+    num_experts: int = 0  # 0: a dense MLP in every layer
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k probabilities to sum to 1 (Mixtral: yes)
+    round_topk_to_model_dtype: bool = False  # Qwen3-MoE rounds the routing weights (HF does)
+    moe_layers: tuple[bool, ...] = ()  # per layer: True = experts; () = all (when num_experts)
+    # a shared expert of this width beside the routed ones (0: none), its output scaled by
+    # sigmoid(shared_expert_gate(x)) in Qwen2-MoE, ungated where `routing` is set (DeepSeek)
+    shared_expert_intermediate_size: int = 0
+    # OLMo 2's layer: norms on attention's and the MLP's outputs (none on their inputs), RMSNorm
+    # scaling in float32 (EXAONE 4's: the same layer, Llama's RMSNorm)
+    olmo2_norms: bool = False
+    qk_norm_whole: bool = False  # an RMSNorm over all of q and of k (OLMo 2, OLMoE), not per head
+    # Granite: embeddings x embedding_multiplier, each residual branch x residual_multiplier,
+    # softmax scale attention_multiplier (None: head_dim ** -0.5), logits / logits_scaling
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
+    # rotary: per layer, True = rotated; () = every layer (SmolLM3's NoPE layers, Cohere 2's
+    # global layers attend without positions)
+    rope_layers: tuple[bool, ...] = ()
+    rope_interleaved: bool = False  # rotate pairs (2i, 2i + 1), not halves (GLM, Cohere)
+    # GLM-4's layer: RMSNorms on attention's and the MLP's outputs too, before their residual adds
+    glm4_norms: bool = False
+    # Cohere's layer: LayerNorm (weight, no bias) for RMSNorm, attention and the MLP in parallel
+    # off one norm (x + attn(n) + mlp(n)); with qk_norm, a LayerNorm over each head of q and of
+    # k with a weight per head ([heads, head_dim])
+    cohere_layer: bool = False
+    logit_scale: float = 1.0  # logits x this (Cohere's `logit_scale`)
+    # DeepSeek-V2/V3 (model/deepseek.py): latent attention (its softmax scale in
+    # attention_multiplier), the grouped router, and an ungated shared expert of
+    # shared_expert_intermediate_size (moe_intermediate_size x n_shared_experts)
+    mla: MlaConfig | None = None
+    routing: ExpertRouting | None = None
+    # gpt-oss (`model/gpt_oss.py`): a learned logit per head that joins each softmax's
+    # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
+    # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
+    attention_sinks: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
+    # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
+    # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
+    query_scale_beta: float = 0.0
+    query_scale_context: int = 0
+    # the MLP: down(act(up(x))), no gate (`model/ungated_mlp.py`: Arcee, Apertus, StarCoder2)
+    gated_mlp: bool = True
+    # StarCoder2's norms: LayerNorm with a weight and a bias (in the model's dtype) for RMSNorm
+    layer_norm_bias: bool = False
+    # biases on attention's output projection (with `ModelConfig.attention_bias`) and on the LM
+    # head: PhiMoE's (the model reads them where the checkpoint has them; `server/weights.py`'s
+    # count from the config alone needs to know)
+    o_proj_bias: bool = False
+    lm_head_bias: bool = False
+    # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by sigmoids of
+    # the top-k logits that scale the experts' inputs, beside an ungated shared expert
+    llama4: Llama4Attention | None = None
+    clip_qkv: float | None = None  # OLMo's: q, k and v clamped to [-clip_qkv, clip_qkv]
+    # a fused q/k/v's layout ("multi_query", "grouped", "per_head", "stacked": Falcon's, GPT-NeoX's,
+    # GPT-2's, StarCoder 1's, BLOOM's, MPT's) and Falcon's layer's norms ("one", "two",
+    # "sequential"): model/falcon.py
+    falcon_qkv: str = ""
+    falcon_norms: str = ""
+    # hybrid state-space models (Granite 4.0, Bamba): the Mamba2 layers, None: all attention
+    mamba: MambaConfig | None = None
+    # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
+    # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
+    # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
+    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`)
+    positions: str = "rope"
+    position_offset: int = 0  # OPT's 2
+    # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores / (i + 1) (q scaled)
+    q_scale_by_layer: bool = False
+    alibi_slopes: str = ""
+    alibi_bias_max: float = 8.0
+    # OPT: norms after each sublayer's residual add (`do_layer_norm_before` false: opt-350m),
+    # and the embedding's width where it differs from hidden_size (`word_embed_proj_dim`:
+    # project_in / project_out around the layers; 0: none)
+    post_norm: bool = False
+    embed_proj_dim: int = 0
+
+    @property
+    def transforms_logits(self) -> bool:
+        """The logits are changed after the LM head (Gemma's soft cap, Granite's and Cohere's
+        scales)."""
+        return (
+            bool(self.final_logit_softcapping)
+            or self.logits_scaling != 1.0
+            or self.logit_scale != 1.0
+        )
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {', '.join(POSITIONS)}, got "
+                             f"{self.positions!r}")  # fmt: skip
+        if self.positions == "alibi" and self.alibi_slopes not in ("bloom", "mpt"):
+            raise ValueError(f"ALiBi slopes must be 'bloom' or 'mpt', got {self.alibi_slopes!r}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.attention_chunk_size is not None and self.attention_chunk_size < 1:
+            raise ValueError(f"attention_chunk_size must be positive, got "
+                             f"{self.attention_chunk_size}")  # fmt: skip
+        allowed = ACTIVATIONS if self.gated_mlp else UNGATED_ACTIVATIONS
+        if self.hidden_act not in allowed:
+            which = "a gated" if self.gated_mlp else "an ungated"
+            raise ValueError(f"hidden activation {self.hidden_act!r} in {which} MLP is not one "
+                             f"of {', '.join(allowed)}")  # fmt: skip
+        for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
+                     "attention_multiplier", "logits_scaling", "logit_scale", "swiglu_limit"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.query_scale_beta and self.query_scale_context < 1:
+            raise ValueError("query_scale_context must be positive with a query_scale_beta")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok must be in [1, {self.num_experts}], "
+                    f"got {self.num_experts_per_tok}"
+                )
+            if self.moe_intermediate_size < 1:
+                raise ValueError("moe_intermediate_size must be positive")
+            if self.shared_expert_intermediate_size < 0:
+                raise ValueError("shared_expert_intermediate_size must not be negative")
+            if self.routing is not None and self.num_experts % self.routing.n_group:
+                raise ValueError(f"n_group ({self.routing.n_group}) must divide the "
+                                 f"{self.num_experts} routed experts")  # fmt: skip
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, or None where it attends to its whole context."""
+        return _on_layer(self.sliding_window, self.window_layers, layer)
+
+    def chunk(self, layer: int) -> int | None:
+        """The attention chunk of `layer` (chunked attention), or None where it has none."""
+        return _on_layer(self.attention_chunk_size, self.chunk_layers, layer)
+
+    def has_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates q and k (`rope_layers`)."""
+        return not self.rope_layers or self.rope_layers[layer]
+
+    def has_experts(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is a mixture of experts."""
+        if not self.num_experts:
+            return False
+        return not self.moe_layers or self.moe_layers[layer]
+
+    def attention_scale(self, head_dim: int) -> float:
+        """The softmax scale applied to q . k."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
+        return (self.query_pre_attn_scalar or head_dim) ** -0.5
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Llama-family decoder (Llama, Mistral, Qwen2/3, Gemma 3, Mixtral, ...);
+    what a family changes in the Llama layer is in `family`."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has biases on q/k/v projections
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    architecture: str = "llama"
+    family: FamilyConfig = field(default_factory=FamilyConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers"):
+            option_rules.check_int(name, getattr(self, name))
+        for name in ("num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            option_rules.check_int(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
+            raise ValueError("rms_norm_eps and rope_theta must be positive")
+        for name in ("window_layers", "moe_layers", "rope_layers", "chunk_layers"):
+            if len(getattr(self.family, name)) not in (0, self.num_layers):
+                raise ValueError(f"{name} must name each of the {self.num_layers} layers")
+        m = self.family.mamba
+        if m is not None and len(m.layers) != self.num_layers:
+            raise ValueError(f"the Mamba layers must name each of the {self.num_layers} layers")
+
+    def hybrid_params(self, tp: int = 1) -> int:
+        """What a hybrid's layers hold beyond (or short of) Llama's shape on one of `tp` ranks:
+        its Mamba2 mixers (the rank's heads, `MambaConfig.on_ranks`), less attention where a
+        layer has none and (Nemotron-H) the MLP where it has none (both split by the ranks, KV
+        heads replicated when fewer); Nemotron-H's experts and shared expert split by width."""
+        m, h = self.family.mamba, self.hidden_size
+        if m is None:
+            return 0
+        kv = max(1, self.num_kv_heads // tp)
+        attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
+        mixer = m.on_ranks(tp).mixer_params(h)
+        out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
+        if m.mlp_layers:  # an ungated MLP in those layers only
+            out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size // tp
+        if m.moe is not None:  # Nemotron-H's MoE blocks: the router and latent projections
+            e = m.moe  # whole on every rank
+            split = (
+                e.num_experts * 2 * (e.latent or h) * e.intermediate + 2 * h * e.shared_intermediate
+            )
+            out += sum(e.layers) * (e.params(h) - split + split // tp)
+        return out
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers that keep a KV cache: all but a hybrid's Mamba layers."""
+        m = self.family.mamba
+        return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model serves (the default and the bound of max_model_len),
+        derived as vLLM derives it: `max_position_embeddings`, stretched by a `linear` scaling's
+        factor or to a `yarn` scaling's original context times its factor. llama3's scaling is
+        in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
+        rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
+        s, context = self.rope_scaling or {}, self.max_position_embeddings
+        kind = s.get("rope_type", s.get("type", "default"))
+        if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
+            return context
+        base = s.get("original_max_position_embeddings") if kind == "yarn" else None
+        return max(context, int((base or context) * float(s["factor"])))
+
+    @property
+    def kv_tensors(self) -> int:
+        """KV-cache tensors per layer: K and V (2), or one latent row serving as both (1:
+        multi-head latent attention, `MlaConfig`; `num_kv_heads` 1, `head_dim` its width)."""
+        return 1 if self.family.mla is not None else 2
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        f = self.family
+        if f.mla is not None:
+            attn = mla_params(h, self.num_heads, f.mla)
+        moe = sum(f.has_experts(n) for n in range(self.num_layers))
+        experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
+        if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
+            gate = h if f.routing is None else 0
+            experts += moe * (3 * h * f.shared_expert_intermediate_size + gate)
+        mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
+        mlps = (self.num_layers - moe) * mats * h * i + experts
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * (attn + 2 * h) + mlps + emb + h + self.hybrid_params()
+
+
+def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
+    """The weights of one latent attention layer (`MlaConfig`): its projections and norms."""
+    q = hidden * heads * m.qk_head_dim
+    if m.q_lora_rank is not None:
+        q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    kv_a = hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+    kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    return q + kv_a + kv_b + heads * m.v_head_dim * hidden
