@@ -14,9 +14,13 @@ the whole sequence) at every step.
 
 Each case runs prompts in 16-token steps (chunked prefill carries the state across chunks; the
 SSD scan's chunk of 8 splits them further), three prompts sharing steps with two state slots
-(slots reused, zeroed for the new sequence), then again in reverse order on the same engine;
-then a KV pool so small that requests are preempted (their state rebuilt by recompute); a
-one-token prompt (its first step a decode row from a zeroed slot).
+(slots reused, zeroed for the new sequence), then again in reverse order on the same engine,
+whose prefix cache then serves the shared prefix (KV blocks and Mamba state snapshots at every
+16-token boundary, saved at the chunks' ends); then a KV pool so small that requests are
+preempted (their state rebuilt by recompute, or restored from a snapshot); a one-token prompt
+(its first step a decode row from a zeroed slot). A warm batch after whole-prompt steps (the
+snapshots saved from inside the scan) reports its cached tokens, and reads otherwise with the
+restore skipped.
 """
 
 from __future__ import annotations
@@ -115,12 +119,14 @@ def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
     name, _, model, loaded, reference = case
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
               max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
-    assert not llm.engine.config.cache.enable_prefix_caching  # off for recurrent layers
+    assert llm.engine.config.cache.enable_prefix_caching  # with Mamba state snapshots
     cold = generate(llm, prompts())
+    hits = llm.engine.kv.prefix_hits
     warm = generate(llm, prompts()[::-1])[::-1]
     for i, want in enumerate(reference):
         check(cold[i], want, f"{name}: prompt {i}, cold")
         check(warm[i], want, f"{name}: prompt {i}, again")
+    assert llm.engine.kv.prefix_hits - hits == 32 + 48  # the shared prefix, to a boundary
     assert llm.engine.runner.mamba.num_held == 0
     one = [7]  # a one-token prompt: its first step is a decode row
     check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
@@ -195,6 +201,57 @@ def test_mixed_lengths_in_one_step(built, monkeypatch, name):
     assert steps[0] == (2, [40, 3, 11])  # the budget spent: the 5-token prompt next
     for i, p in enumerate(ps):
         check(got[i], hf_greedy_plain(model, p, NEW), f"{name}: prompt {i}")
+
+
+def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
+    """Whole prompts a step (max_num_batched_tokens 64): the shared prompt's snapshots at 16
+    and 32 are saved from inside the scan (its chunk boundaries), at 48 from the slot. Then a
+    batch of three sharing that prefix reports its cached tokens (a whole-prompt hit stops at
+    a boundary before its last token) and reads as transformers'; with the restore replaced by
+    zeroing, the same warm batch does not."""
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.worker.mamba_state import MambaState
+
+    name = "granite4-moe-rope"
+    _, model, loaded, reference = built(name)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=64, max_num_seqs=4)  # fmt: skip
+    shared = prompts()[2]
+    other = [*shared, 20, 21, 22]
+    batch = [prompts()[0], other, shared]
+    want = [reference[0], hf_greedy_plain(model, other, NEW), reference[2]]
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    cold = llm.generate([{"prompt_token_ids": shared}], params)[0]
+    assert cold.num_cached_tokens == 0
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
+    ]
+
+    def warm():
+        seen.clear()
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
+        return [((o.outputs[0].token_ids, seen[o.request_id]), o.num_cached_tokens) for o in outs]
+
+    got = warm()
+    assert [cached for _, cached in got] == [48, 48, 32]
+    for i, (g, _) in enumerate(got):
+        check(g, want[i], f"{name}: prompt {i}, warm")
+    restored = []
+
+    def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
+        restored.append(len(slots))
+        for conv, ssm in self.states.values():
+            conv.index_fill_(0, slots, 0)
+            ssm.index_fill_(0, slots, 0)
+
+    monkeypatch.setattr(MambaState, "restore", zeroed)
+    wrong = warm()
+    assert restored and sum(restored) == 3
+    with pytest.raises(AssertionError):
+        for i, (g, _) in enumerate(wrong):
+            check(g, want[i], "restore skipped")
+    llm.engine.check_integrity()
 
 
 def test_parallel_samples_each_prefill_their_own_state(built):
