@@ -22,8 +22,8 @@ so the step stays short and the rest of the budget goes to decodes and new promp
 prompt takes the whole budget (nothing waits on it). 0 turns the cap off.
 
 A hybrid model's prefix caching (`core/state_snapshots.py`): a prefill chunk cut short of its
-prompt's end (by the budget or the cap) is cut at a snapshot boundary where one lies in it, so
-the next chunk starts on one; each step plans the state copies (`SnapshotPlan`): a hit's snapshot
+prompt's end (by the budget or the cap) ends on a multiple of the SSD chunk where one lies in
+it, so the next chunk starts on one; each step plans the state copies (`SnapshotPlan`): a hit's snapshot
 restored into its slot, the boundaries its prefill chunks reach saved.
 """
 
@@ -150,11 +150,13 @@ class Scheduler:
 
     def _aligned(self, start: int, n: int, left: int) -> int:
         """A prefill chunk of `n` of the `left` tokens a request has to compute from `start`:
-        cut short, it ends at the last snapshot boundary in it where there is one."""
+        cut short, it ends on a multiple of the SSD chunk where one lies in it, so the next
+        chunk starts on one and the scan's chunk boundaries, where its snapshots are read, fall
+        on the snapshot boundaries (`core/state_snapshots.py`)."""
         if self.snapshots is None or n >= left:
             return n
         end = start + n
-        end -= end % self.snapshots.interval
+        end -= end % self.snapshots.chunk
         return end - start if end > start else n
 
     def _snapshot_plan(self, scheduled: list[ScheduledRequest]) -> SnapshotPlan | None:

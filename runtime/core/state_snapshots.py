@@ -10,10 +10,12 @@ published checkpoints' chunk of 256). Why there: the chunked scan computes the s
 its chunk boundaries anyway (`ssd.ssd_scan`, the recurrence over chunk positions), so a snapshot
 there is a copy, not more compute, as long as the scan's chunks fall on multiples of the chunk
 size, i.e. a sequence's chunk of the step starts at one. It does: a prompt starts at 0 or at a
-hit (a boundary), and the scheduler cuts a prefill chunk that does not reach the prompt's end
-at a boundary where it can (`Scheduler._aligned`). The end of a step's chunk may be a boundary
-whatever its start (the state is then the one left in the slot). Every boundary of a prompt is
-saved (where the prompts that follow diverge is not known), none past the prompt.
+hit (a boundary), and the scheduler ends a prefill chunk that stops short of the prompt's end
+on a multiple of the SSD chunk where one lies in it (`Scheduler._aligned`; only a step with
+less budget left than a chunk, 256 tokens for those checkpoints, cuts elsewhere, and the
+boundaries inside the chunk after such a cut are not saved). The end of a step's chunk may be
+a boundary whatever its start (the state is then the one left in the slot). Every boundary of
+a prompt is saved (where the prompts that follow diverge is not known), none past the prompt.
 
 A hit resumes at the deepest boundary that has both its KV blocks and a snapshot; a prefix that
 ends between boundaries computes the rest (a partial block, as for attention, and the blocks

@@ -371,14 +371,14 @@ def test_threshold_is_validated_once():
 
 
 def test_hybrid_snapshots_align_cut_chunks_save_boundaries_and_restore_hits():
-    """A hybrid's prefix caching (`core/state_snapshots.py`), boundaries every 8 tokens: a
-    chunk cut by the budget ends on a boundary; each boundary a prompt's chunks reach is planned
+    """A hybrid's prefix caching (`core/state_snapshots.py`), boundaries every 8 tokens (and
+    an SSD chunk of 8): a chunk cut by the budget ends on a boundary; each boundary a prompt's chunks reach is planned
     as a save, visible only once its step ended (a twin admitted in the same step computes
     from 0); a later prompt sharing 24 tokens restores the snapshot at 24; a full pool evicts
     the least recently used, and an entry goes with its evicted KV block."""
     from pagoda.runtime.core.state_snapshots import StateSnapshots
 
-    snaps = StateSnapshots(3, every=2, block_size=BS, chunk=4)
+    snaps = StateSnapshots(3, every=2, block_size=BS, chunk=8)
     s = Scheduler(SchedulerConfig(max_num_batched_tokens=12, max_num_seqs=8),
                   KVCacheManager(64, BS, True, snaps), lambda: 0.0)  # fmt: skip
     s.add_request(req("a", 30))
