@@ -207,8 +207,9 @@ def test_mixed_lengths_in_one_step(built, monkeypatch, name):
 def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     """Whole prompts a step (max_num_batched_tokens 64): the shared prompt's snapshots at 16
     and 32 are saved from inside the scan (its chunk boundaries), at 48 from the slot. Then a
-    batch of three sharing that prefix reports its cached tokens (a whole-prompt hit stops at
-    a boundary before its last token) and reads as transformers'; with the restore replaced by
+    batch of four sharing that prefix reports its cached tokens (a whole-prompt hit stops at
+    a boundary before its last token; one with a token left after its hit runs as a decode
+    row) and reads as transformers'; with the restore replaced by
     zeroing, the same warm batch does not."""
     from pagoda.runtime import SamplingParams
     from pagoda.runtime.worker.mamba_state import MambaState
@@ -218,9 +219,10 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
               max_num_batched_tokens=64, max_num_seqs=4)  # fmt: skip
     shared = prompts()[2]
-    other = [*shared, 20, 21, 22]
-    batch = [prompts()[0], other, shared]
-    want = [reference[0], hf_greedy_plain(model, other, NEW), reference[2]]
+    other, one_left = [*shared, 20, 21, 22], [*shared, 30]  # (a decode row after its hit)
+    batch = [prompts()[0], other, shared, one_left]
+    want = [reference[0], *(hf_greedy_plain(model, p, NEW) for p in (other, one_left))]
+    want.insert(2, reference[2])
     params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     cold = llm.generate([{"prompt_token_ids": shared}], params)[0]
     assert cold.num_cached_tokens == 0
@@ -235,7 +237,7 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
         return [((o.outputs[0].token_ids, seen[o.request_id]), o.num_cached_tokens) for o in outs]
 
     got = warm()
-    assert [cached for _, cached in got] == [48, 48, 32]
+    assert [cached for _, cached in got] == [48, 48, 32, 48]
     for i, (g, _) in enumerate(got):
         check(g, want[i], f"{name}: prompt {i}, warm")
     restored = []
@@ -248,7 +250,7 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
 
     monkeypatch.setattr(MambaState, "restore", zeroed)
     wrong = warm()
-    assert restored and sum(restored) == 3
+    assert sum(restored) == 4
     with pytest.raises(AssertionError):
         for i, (g, _) in enumerate(wrong):
             check(g, want[i], "restore skipped")
