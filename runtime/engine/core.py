@@ -71,7 +71,6 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         check_dtype(config, loaded.config)
-        config = recurrent.engine_config(config, loaded.config)  # a hybrid's prefix caching
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None

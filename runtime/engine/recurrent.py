@@ -7,8 +7,10 @@ layers, `model_configs.MambaConfig`): checked and applied once, at start.
   shared tokens in every layer: the deepest boundary of the cached prefix with a snapshot is
   restored into the sequence's state slot before its remaining prefill (`worker/mamba_state.py`)
   and the rest is computed. The snapshots take a share of the KV cache's budget
-  (`ModelRunner._num_blocks`); where it holds none, or the model runs over several ranks (the
-  snapshots are not split over ranks), prefix caching is off, and a log line says so.
+  (`ModelRunner._num_blocks`; with tensor parallelism each rank's entries hold its heads, as
+  its slots do, and the step's copies go to the other ranks with its slots:
+  `worker/step_channel.py`); where it holds none, prefix caching is off, and a log line says
+  so.
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
   starts again, or restored from a snapshot where its prefix is still cached.
 """
@@ -28,16 +30,6 @@ def keeps_state(mc: ModelConfig) -> bool:
     """Whether some layer keeps a recurrent state (Granite-4.0-Micro, a hybrid family with
     attention in every layer, keeps none: its KV blocks hold all it needs)."""
     return mc.family.mamba is not None and mc.family.mamba.num_layers > 0
-
-
-def engine_config(config: EngineConfig, mc: ModelConfig) -> EngineConfig:
-    """`config` with prefix caching off for a model with Mamba layers over several ranks
-    (module docstring)."""
-    if not keeps_state(mc) or not config.cache.enable_prefix_caching:
-        return config
-    if config.parallel.tensor_parallel_size > 1:
-        return _off(config, mc, "its Mamba state snapshots are not split over ranks")
-    return config
 
 
 def snapshots(

@@ -102,6 +102,8 @@ class ModelRunner:
         self.num_blocks = self._num_blocks(max_model_len)
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
+            if self.snapshot_interval:  # (every rank computes the same interval)
+                self.num_snapshots = tp.agree_min(self.num_snapshots)
         if self.num_snapshots:  # a hybrid's prefix caching: its Mamba state snapshots
             self.mamba.allocate_snapshots(self.num_snapshots)
         self.channel = StepChannel(tp) if tp is not None and tp.rank == 0 else None
