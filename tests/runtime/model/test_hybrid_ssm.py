@@ -257,6 +257,38 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     llm.engine.check_integrity()
 
 
+@pytest.mark.parametrize("name", ["nemotron-h", "falcon-h1-gate-only"])
+def test_snapshots_saved_inside_the_scan_are_the_states_a_chunk_end_leaves(built, name):
+    """Two prompts (48 and 23 tokens) in one step save the states at 16 and 32 from inside
+    the scan (its chunk boundaries in the two sequences' packed layout, the conv inputs before
+    them); in 16-token steps, at the chunks' ends, from the slots. Both hold the same conv and
+    SSM states (within the scan's rounding) for every Mamba layer; so does the one at 48, the
+    chunk's end either way."""
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.core.kv_cache_manager import hash_block
+
+    _, _, loaded, _ = built(name)
+    shared, other = prompts()[2], prompts()[1]
+    hashes = []
+    for p, n in ((shared, 3), (other, 1)):
+        h = None
+        for i in range(n):
+            h = hash_block(h, p[16 * i : 16 * (i + 1)])
+            hashes.append(h)
+
+    def snapshots(budget: int) -> list[torch.Tensor]:
+        llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+                  max_num_batched_tokens=budget, max_num_seqs=2)  # fmt: skip
+        llm.generate([{"prompt_token_ids": p} for p in (shared, other)],
+                     SamplingParams(max_tokens=1))  # fmt: skip
+        entries = torch.tensor([llm.engine.kv.snapshots.entry(h) for h in hashes])
+        snaps = llm.engine.runner.mamba.snaps.values()
+        return [t.index_select(0, entries) for pair in snaps for t in pair]
+
+    for a, b in zip(snapshots(80), snapshots(16), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_parallel_samples_each_prefill_their_own_state(built):
     """`n` > 1: without prefix caching the siblings of a request share their prompt's KV
     blocks (one salt); a hybrid's siblings must not, or a sibling's Mamba state would skip the
