@@ -23,8 +23,8 @@ prompt takes the whole budget (nothing waits on it). 0 turns the cap off.
 
 A hybrid model's prefix caching (`core/state_snapshots.py`): a prefill chunk cut short of its
 prompt's end (by the budget or the cap) ends on a multiple of the SSD chunk where one lies in
-it, so the next chunk starts on one; each step plans the state copies (`SnapshotPlan`): a hit's snapshot
-restored into its slot, the boundaries its prefill chunks reach saved.
+it, so the next chunk starts on one; each step plans the state copies (`SnapshotPlan`): a
+hit's snapshot restored into its slot, the boundaries its prefill chunks reach saved.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ class MambaState:
             parts = [host.slots[nd:][p.order], p.conv_rows, p.conv_out, p.state_rows, p.end_rows]
             for g in p.groups:
                 parts += [g.tokens, g.rows, g.chunk_of, g.in_chunk]
-            mid = None if host.save_mid is None else _mid_saves(host, p, m.chunk_size, m.d_conv)
+            mid = None if host.save_mid is None else _mid_saves(host, p, m.d_conv)
             if mid is not None:
                 parts += mid
             # one copy to the device, split there into views
@@ -227,7 +227,7 @@ class MambaState:
         return sum(_running(self.rows.request(r)) for r in self._row_of_slot.tolist() if r >= 0)
 
 
-def _mid_saves(host: HostSlots, p, chunk: int, d_conv: int) -> list[np.ndarray]:
+def _mid_saves(host: HostSlots, p, d_conv: int) -> list[np.ndarray]:
     """The host arrays of the snapshots at boundaries inside prefill chunks (each on one of the
     scan's chunk boundaries: `core/state_snapshots.py`): the conv rows before each boundary in
     the conv segments (`ssd.pack`) and its entry, then per scan group the packed chunk the
