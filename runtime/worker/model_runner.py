@@ -53,9 +53,6 @@ from pagoda.runtime.worker.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = options.DEFAULT_CPU_KV_CACHE_MEMORY
-# The share of the KV cache's budget a hybrid's prefix caching gives its Mamba state snapshots
-# (at most one per snapshot boundary the blocks left hold)
-SNAPSHOT_SHARE = 0.25
 
 
 class ModelRunner:
@@ -223,17 +220,28 @@ class ModelRunner:
                 return positions
         budget = self._cache_budget()
         if interval:
-            snap = self.mamba.snapshot_bytes
-            blocks = positions or budget // self.bytes_per_block
-            self.num_snapshots = min(int(budget * SNAPSHOT_SHARE) // snap,
-                                     blocks * self.block_size // interval)  # fmt: skip
-            budget -= self.num_snapshots * snap
+            self.num_snapshots = self._snapshot_entries(budget, positions)
+            budget -= self.num_snapshots * self.mamba.snapshot_bytes
         if positions:
             return positions
         n = budget // self.bytes_per_block
         if n < 2:
             raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
         return int(n)
+
+    def _snapshot_entries(self, budget: int, positions: int) -> int:
+        """A hybrid's snapshot entries from a cache budget of `budget` bytes: at most its
+        `SNAPSHOT_SHARE`, one per snapshot boundary its blocks (`positions` blocks without
+        attention layers) hold, and, with an explicit `--max-model-len`, leaving the blocks of
+        that context where the budget held them (`server/memory.check_context_fits`)."""
+        snap, bs = self.mamba.snapshot_bytes, self.block_size
+        blocks = positions or budget // self.bytes_per_block
+        n = min(int(budget * options.SNAPSHOT_SHARE) // snap, blocks * bs // self.snapshot_interval)
+        asked = self.config.scheduler.max_model_len
+        if not positions and asked is not None:
+            keep = min(blocks, -(-asked // bs))
+            n = min(n, (blocks - keep) * self.bytes_per_block // snap)
+        return n
 
     @property
     def snapshot_interval(self) -> int:

@@ -289,6 +289,23 @@ def test_snapshots_saved_inside_the_scan_are_the_states_a_chunk_end_leaves(built
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_snapshots_leave_an_explicit_context_its_blocks(built):
+    """The snapshots take at most a quarter of the cache budget, but never the blocks an
+    explicit `--max-model-len` that the budget holds needs: a budget of the 512-token context's
+    32 blocks and two snapshots gives two snapshots (a quarter would be four, leaving 28
+    blocks: the context capped to 448)."""
+    from pagoda.runtime.server.memory import kv_bytes_per_token
+
+    _, _, loaded, _ = built("falcon-h1-mup")
+    mc = loaded.config
+    block = 16 * kv_bytes_per_token(mc, torch.float32, "auto")
+    snap = mc.family.mamba.state_bytes(torch.float32, 1)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=32 * block + 2 * snap + block // 2,
+              block_size=16, max_model_len=512)  # fmt: skip
+    assert llm.engine.max_model_len == 512 and llm.engine.runner.num_snapshots == 2
+    assert llm.engine.config.cache.enable_prefix_caching
+
+
 def test_parallel_samples_each_prefill_their_own_state(built):
     """`n` > 1: without prefix caching the siblings of a request share their prompt's KV
     blocks (one salt); a hybrid's siblings must not, or a sibling's Mamba state would skip the
@@ -495,14 +512,22 @@ def test_nemotron_h_configs_of_the_hub(tmp_path):
 
 def test_a_model_without_attention_layers_keeps_no_kv_cache(built):
     """Mamba2 alone: the KV cache's bytes are 0, its blocks (positions only) enough for every
-    sequence's whole context; the start-up checks count the state slots alone."""
+    sequence's whole context; the start-up checks count the state slots alone, and with
+    prefix caching the state snapshots' share of the budget."""
+    from pagoda.runtime import options
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import fit, memory
 
     path, _, loaded, _ = built("granite4-all-mamba")
-    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8,
+                              enable_prefix_caching=False)  # fmt: skip
     parts = memory.check(loaded.config, cfg, path, 256).parts()
     assert parts["KV cache"] == 0 and parts["Mamba state"] > 0
+    cached = dataclasses.replace(
+        cfg, cache=dataclasses.replace(cfg.cache, enable_prefix_caching=True)
+    )
+    budget = options.DEFAULT_CPU_KV_CACHE_MEMORY * options.SNAPSHOT_SHARE
+    assert memory.check(loaded.config, cached, path, 256).parts()["KV cache"] == budget
     assert fit.check(loaded.config, cfg, path).state_bytes(loaded.config) == parts["Mamba state"]
     llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=4, max_model_len=512)
     assert llm.engine.runner.bytes_per_block == 0 and llm.engine.max_model_len == 512
