@@ -103,6 +103,9 @@ DEFAULT_BLOCK_SIZE = 16
 DEFAULT_KV_CACHE_DTYPE = "auto"
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 << 30  # bytes; on CUDA the default is a share of free memory
 GPU_HEADROOM = 1 << 30  # the runner keeps this much free on CUDA (activations, CUDA graphs)
+# The most of the KV cache's budget a hybrid's prefix caching gives its Mamba state snapshots
+# (`core/state_snapshots.py`; `ModelRunner._num_blocks`)
+SNAPSHOT_SHARE = 0.25
 DEFAULT_MAX_NUM_SEQS = 64
 # With chunked prefill; without it the default is max(this, max_model_len) so any prompt fits.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048

@@ -10,7 +10,7 @@ Safety contract (checked by `check_integrity`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class KVCacheBlock:
@@ -79,6 +79,8 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVCacheBlock] = {}
+        # told of each hash whose block is evicted (a hybrid's state snapshots go with it)
+        self.on_evict: Callable[[bytes], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -100,6 +102,8 @@ class BlockPool:
             b = self.free_queue.popleft()
             if b.block_hash is not None:
                 del self.cached[b.block_hash]
+                if self.on_evict is not None:
+                    self.on_evict(b.block_hash)
                 b.block_hash = None
             b.ref_cnt = 1
             out.append(b)

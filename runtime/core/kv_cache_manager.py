@@ -4,6 +4,9 @@ A full block is named by ``hash(parent_hash, its token ids)``, so equal names me
 prefixes. Blocks are registered in the cache when allocated for tokens that this step computes:
 every layer writes the step's K/V before attending, so a request admitted later in the same
 step may already reuse them.
+
+A hybrid model's Mamba layers also need their state at the end of a hit: with `snapshots`
+(`core/state_snapshots.py`) a hit stops at the deepest boundary that has one.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagoda.runtime.core.block_pool import BlockPool, KVCacheBlock
+from pagoda.runtime.core.state_snapshots import StateSnapshots
 from pagoda.runtime.request import Request
 
 _ROOT = b"pagoda-prefix-root"
@@ -41,10 +45,20 @@ class PeakUsage:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        snapshots: StateSnapshots | None = None,
+    ) -> None:
+        """`snapshots`: a hybrid model's Mamba state snapshots (module docstring)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks)
+        self.snapshots = snapshots
+        if snapshots is not None:
+            self.pool.on_evict = snapshots.drop
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_block_ids: dict[str, list[int]] = {}  # the same, as ids (read every step)
         self._num_cached: dict[str, int] = {}  # leading blocks of a request registered by hash
@@ -66,7 +80,7 @@ class KVCacheManager:
         self.peak.tokens = sum(s.request.num_computed_tokens + s.num_new_tokens for s in scheduled)
         self.peak.slots = sum(len(s.block_ids) for s in scheduled) * self.block_size
 
-    def _caches(self, req: Request) -> bool:
+    def caches(self, req: Request) -> bool:
         return self.enable_caching or req.cache_salt is not None
 
     def _update_hashes(self, req: Request) -> None:
@@ -80,7 +94,7 @@ class KVCacheManager:
         """Longest cached prefix of a not-yet-running request (always leaves one token to compute).
         None for a request that still needs prompt logprobs: a cached block holds keys and
         values, not the logits of its positions (as vLLM skips the cache for them)."""
-        if not self._caches(req) or req.wants_prompt_logprobs:
+        if not self.caches(req) or req.wants_prompt_logprobs:
             return [], 0
         self._update_hashes(req)
         limit = (req.num_tokens - 1) // self.block_size
@@ -90,7 +104,13 @@ class KVCacheManager:
             if b is None:
                 break
             hits.append(b)
+        if self.snapshots is not None and hits:  # where a Mamba state snapshot is too
+            del hits[self.snapshots.deepest(req.block_hashes, len(hits)) :]
         return hits, len(hits) * self.block_size
+
+    def snapshot_entry(self, req: Request, num_cached: int) -> int:
+        """The snapshot entry of a hybrid's hit of `num_cached` tokens (`get_computed_blocks`)."""
+        return self.snapshots.entry(req.block_hashes[num_cached // self.block_size - 1])
 
     def record_prefix_lookup(self, req: Request, num_cached: int) -> None:
         """Count a first admission's prompt tokens and how many of them the cache supplied."""
@@ -129,7 +149,7 @@ class KVCacheManager:
         self.req_block_ids[rid] = ids + [b.block_id for b in blocks[had:]]
         n_cached = self._num_cached.get(req.request_id, 0) + len(computed)
         self._cached_before_step[req.request_id] = n_cached
-        if self._caches(req):
+        if self.caches(req):
             self._update_hashes(req)
             n_full = min(total // bs, len(req.block_hashes))
             for i in range(n_cached, n_full):
@@ -163,6 +183,8 @@ class KVCacheManager:
 
     def end_step(self) -> None:
         self._cached_before_step.clear()
+        if self.snapshots is not None:
+            self.snapshots.end_step()
 
     def block_ids(self, request_id: str) -> list[int]:
         """The request's block table (kept up to date by allocation; do not mutate)."""
@@ -181,6 +203,8 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
+        if self.snapshots is not None:
+            self.snapshots.check_integrity()
         held: dict[int, int] = {}
         for rid, blocks in self.req_blocks.items():
             if self.req_block_ids.get(rid, []) != [b.block_id for b in blocks]:

@@ -18,11 +18,22 @@ class ScheduledRequest(msgspec.Struct, gc=False):
 
 
 @dataclass
+class SnapshotPlan:
+    """A step's Mamba state snapshot copies (`core/state_snapshots.py`), by row of
+    `SchedulerOutput.scheduled`: the states to restore into the rows' slots before the step, and
+    the boundaries whose states to save (a position the row's chunk reaches)."""
+
+    restores: list[tuple[int, int]] = field(default_factory=list)  # (row, entry)
+    saves: list[tuple[int, int, int]] = field(default_factory=list)  # (row, boundary, entry)
+
+
+@dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]  # decodes (1 new token) first, then prefill chunks
     num_decodes: int
     num_batched_tokens: int
     preempted: list[Request] = field(default_factory=list)
+    snapshots: SnapshotPlan | None = None  # a hybrid's, on steps that copy any
 
     @property
     def is_empty(self) -> bool:

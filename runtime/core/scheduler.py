@@ -20,6 +20,11 @@ A long prompt does not stall the others (vLLM's `long_prefill_token_threshold`):
 request is running or waiting, a prefill chunk is at most `long_prefill_token_threshold` tokens,
 so the step stays short and the rest of the budget goes to decodes and new prompts. Alone, a
 prompt takes the whole budget (nothing waits on it). 0 turns the cap off.
+
+A hybrid model's prefix caching (`core/state_snapshots.py`): a prefill chunk cut short of its
+prompt's end (by the budget or the cap) ends on a multiple of the SSD chunk where one lies in
+it, so the next chunk starts on one; each step plans the state copies (`SnapshotPlan`): a
+hit's snapshot restored into its slot, the boundaries its prefill chunks reach saved.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Callable
 
 from pagoda.runtime.config import SchedulerConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
-from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput
+from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput, SnapshotPlan
 from pagoda.runtime.request import RUNNING, Request, RequestStatus
 
 PROMPT_LOGPROB_ROWS = 1024  # a step's logits rows for prompt logprobs (chunked prefill)
@@ -55,6 +60,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self._scored_room = PROMPT_LOGPROB_ROWS  # this step's (`_scored_chunk`)
+        # a hybrid's prefix caching: this step's prefill rows, and its hits' snapshot entries
+        self.snapshots = kv.snapshots
+        self._prefills: list[Request] = []
+        self._restores: dict[str, int] = {}
 
     # -- queue management -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -136,7 +145,41 @@ class Scheduler:
             num_tokens = sum(s.num_new_tokens for s in scheduled)
         else:
             num_decodes = num_tokens = len(scheduled)
-        return SchedulerOutput(scheduled, num_decodes, num_tokens, preempted)
+        plan = self._snapshot_plan(scheduled) if self._prefills else None
+        return SchedulerOutput(scheduled, num_decodes, num_tokens, preempted, plan)
+
+    def _aligned(self, start: int, n: int, left: int) -> int:
+        """A prefill chunk of `n` of the `left` tokens a request has to compute from `start`:
+        cut short, it ends on a multiple of the SSD chunk where one lies in it, so the next
+        chunk starts on one and the scan's chunk boundaries, where its snapshots are read, fall
+        on the snapshot boundaries (`core/state_snapshots.py`)."""
+        if self.snapshots is None or n >= left:
+            return n
+        end = start + n
+        end -= end % self.snapshots.chunk
+        return end - start if end > start else n
+
+    def _snapshot_plan(self, scheduled: list[ScheduledRequest]) -> SnapshotPlan | None:
+        """The step's snapshot copies: the hits' restores, the boundaries its prefill rows reach
+        (`StateSnapshots.plan_saves`), for the rows the step kept (one preempted after it was
+        planned is gone)."""
+        prefills, restores = self._prefills, self._restores
+        self._prefills, self._restores = [], {}
+        row = {s.request.request_id: i for i, s in enumerate(scheduled)}
+        plan = SnapshotPlan()
+        for rid, entry in restores.items():
+            if rid in row:
+                plan.restores.append((row[rid], entry))
+        caches = self.kv.caches
+        for req in prefills:
+            i = row.get(req.request_id)
+            if i is None or not caches(req):
+                continue
+            start = req.num_computed_tokens
+            end = start + scheduled[i].num_new_tokens
+            saves = self.snapshots.plan_saves(req.block_hashes, start, end, req.num_prompt_tokens)
+            plan.saves += [(i, b, entry) for b, entry in saves]
+        return plan if plan.restores or plan.saves else None
 
     def _schedule_prefills(
         self,
@@ -151,6 +194,7 @@ class Scheduler:
         chunked prefill; without, its whole remainder or nothing). Returns the budget left."""
         allocate, block_ids = self.kv.allocate_slots, self.kv.block_ids
         chunked = self.config.enable_chunked_prefill
+        snapshots = self.snapshots
         self._scored_room = PROMPT_LOGPROB_ROWS
         for req in partial:
             if budget <= 0 or req.status != RUNNING:
@@ -170,6 +214,9 @@ class Scheduler:
                 n = self._scored_chunk(n)
                 if n <= 0:
                     continue
+            if snapshots is not None:
+                left = len(req.token_ids) + req.num_pending - req.num_computed_tokens
+                n = self._aligned(req.num_computed_tokens, n, left)
             if not allocate(req, n):
                 fits, back = self._make_room(req, n, plan, preempted)
                 budget += back
@@ -177,6 +224,8 @@ class Scheduler:
                     continue
             plan[req.request_id] = ScheduledRequest(req, n, block_ids(req.request_id))
             budget -= n
+            if snapshots is not None:
+                self._prefills.append(req)
         return budget
 
     def _scored_chunk(self, n: int) -> int:
@@ -243,6 +292,7 @@ class Scheduler:
                 n = self._scored_chunk(n)
                 if n <= 0:
                     break
+            n = self._aligned(num_cached, n, req.num_tokens - num_cached)
             if not self.kv.allocate_slots(req, n, computed):
                 break
             if req is self.waiting[0]:
@@ -261,6 +311,10 @@ class Scheduler:
             self.running.append(req)
             plan[req.request_id] = ScheduledRequest(req, n, self.kv.block_ids(req.request_id))
             budget -= n
+            if self.snapshots is not None:
+                self._prefills.append(req)
+                if num_cached:  # the Mamba layers' state at the hit, restored into its slot
+                    self._restores[req.request_id] = self.kv.snapshot_entry(req, num_cached)
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance progress of every scheduled request (tokens are appended by the engine)."""

@@ -71,7 +71,6 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         check_dtype(config, loaded.config)
-        config = recurrent.engine_config(config, loaded.config)  # prefix caching off
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -97,8 +96,11 @@ class EngineCore:
         if config.scheduler.max_model_len != limit:  # left to the model, or capped to the cache
             config = config.with_max_model_len(limit)
         config = config.with_device_defaults()
+        config, snapshots = recurrent.snapshots(config, self.model_config, self.runner)
         self.config = config
-        self.kv = KVCacheManager(self.runner.num_blocks, bs, config.cache.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            self.runner.num_blocks, bs, config.cache.enable_prefix_caching, snapshots
+        )
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner.capture_cuda_graphs(config.scheduler.max_num_seqs, limit)
         self.outputs = OutputProcessor(self.tokenizer)
@@ -214,8 +216,9 @@ class EngineCore:
         """One `Request` per sample (`n`): `request_id` itself for one, `request_id#i` for
         several, each with its own seed drawn from the request's (`bulk` with several)."""
         salt = None
-        # siblings share their prompt's blocks, except a hybrid's: a cached block does not hold
-        # its Mamba layers' state (`engine/recurrent.py`), each sibling prefills its own
+        # siblings share their prompt's blocks, except a hybrid's without prefix caching: a
+        # cached block does not hold its Mamba layers' state, only a snapshot does
+        # (`engine/recurrent.py`), so each sibling prefills its own
         if (params.n > 1 and not self.config.cache.enable_prefix_caching
                 and not recurrent.keeps_state(self.model_config)):  # fmt: skip
             salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()

@@ -1,11 +1,18 @@
 """What the engine does differently for a model with recurrent layers (a hybrid's Mamba2
 layers, `model_configs.MambaConfig`): checked and applied once, at start.
 
-- Prefix caching is off: a cached prefix's KV blocks hold the attention layers' keys and values
-  but not the Mamba layers' state after it, so a hit could not skip those tokens (vLLM v1 keeps
-  per-block state snapshots for that; not done here). A log line says so.
+- Prefix caching keeps, beside the attention layers' KV blocks, snapshots of the Mamba layers'
+  conv and SSM state at boundaries every lcm(block size, SSD chunk) tokens
+  (`core/state_snapshots.py`: why there, how they are kept and evicted), so a hit skips the
+  shared tokens in every layer: the deepest boundary of the cached prefix with a snapshot is
+  restored into the sequence's state slot before its remaining prefill (`worker/mamba_state.py`)
+  and the rest is computed. The snapshots take a share of the KV cache's budget
+  (`ModelRunner._num_blocks`; with tensor parallelism each rank's entries hold its heads, as
+  its slots do, and the step's copies go to the other ranks with its slots:
+  `worker/step_channel.py`); where it holds none, prefix caching is off, and a log line says
+  so.
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
-  starts again (`worker/mamba_state.py`).
+  starts again, or restored from a snapshot where its prefix is still cached.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import dataclasses
 import logging
 
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.core.state_snapshots import StateSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +32,23 @@ def keeps_state(mc: ModelConfig) -> bool:
     return mc.family.mamba is not None and mc.family.mamba.num_layers > 0
 
 
-def engine_config(config: EngineConfig, mc: ModelConfig) -> EngineConfig:
-    """`config` with prefix caching off for a model with Mamba layers (module docstring)."""
+def snapshots(
+    config: EngineConfig, mc: ModelConfig, runner
+) -> tuple[EngineConfig, StateSnapshots | None]:
+    """The prefix cache's Mamba state snapshots of a hybrid (none for another model), from the
+    entries the runner allocated; with none, `config` with prefix caching off."""
     if not keeps_state(mc) or not config.cache.enable_prefix_caching:
-        return config
-    log.info("prefix caching off: a %s model's Mamba layers keep a state per sequence that "
-             "cached KV blocks do not hold", mc.architecture)  # fmt: skip
+        return config, None
+    if not runner.num_snapshots:
+        why = f"its KV cache budget holds no snapshot of {runner.mamba.snapshot_bytes} bytes"
+        return _off(config, mc, why), None
+    bs = config.cache.block_size
+    every = runner.snapshot_interval // bs
+    return config, StateSnapshots(runner.num_snapshots, every, bs, runner.mamba.m.chunk_size)
+
+
+def _off(config: EngineConfig, mc: ModelConfig, why: str) -> EngineConfig:
+    log.info("prefix caching off for this %s model: %s", mc.architecture, why)
     return dataclasses.replace(
         config, cache=dataclasses.replace(config.cache, enable_prefix_caching=False)
     )

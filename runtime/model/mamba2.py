@@ -62,6 +62,9 @@ class ScanGroup:
     rows: torch.Tensor  # int64 [Tg]
     chunk_of: torch.Tensor  # int64 [Tg]
     in_chunk: torch.Tensor  # int64 [Tg]
+    # prefix caching: the packed chunks whose start states are saved, into these entries
+    snap_chunks: torch.Tensor | None = None
+    snap_entries: torch.Tensor | None = None
 
 
 @dataclass
@@ -76,6 +79,10 @@ class Prefill:
     state_rows: torch.Tensor  # int64 [S * (d_conv - 1)]
     end_rows: torch.Tensor  # int64 [S * (d_conv - 1)]
     groups: list[ScanGroup]
+    # prefix caching: the conv rows before each boundary inside a chunk [M * (d_conv - 1)],
+    # and the snapshot entries they go to [M]
+    snap_conv_rows: torch.Tensor | None = None
+    snap_conv_entries: torch.Tensor | None = None
 
 
 @dataclass
@@ -88,6 +95,10 @@ class MambaStep:
     states: dict[int, tuple[torch.Tensor, torch.Tensor]]
     decode_run: tuple[int, int] | None = None  # the decode rows' slots, when they are a..b - 1
     prefill: Prefill | None = None  # the prefill chunks (rows after the decodes)
+    # prefix caching (`worker/mamba_state.py`): layer -> its snapshot entries (as `states`),
+    # on a step that saves some; (slots, entries) whose state is saved after the layer's step
+    snaps: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    save_end: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
@@ -251,7 +262,13 @@ class Mamba2Mixer:
         if nd:
             y[:nd] = self._decode(conv, ssm, xbc[:nd], dt[:nd], step)
         if step.prefill is not None:
-            y[nd:] = self._prefill(conv, ssm, xbc[nd:], dt[nd:], step.prefill)
+            snaps = None if step.snaps is None else step.snaps[self.index]
+            y[nd:] = self._prefill(conv, ssm, xbc[nd:], dt[nd:], step.prefill, snaps)
+        if step.save_end is not None:  # boundaries at a chunk's end: the state in the slot
+            slots, entries = step.save_end
+            snap_conv, snap_ssm = step.snaps[self.index]
+            snap_conv.index_copy_(0, entries, conv.index_select(0, slots))
+            snap_ssm.index_copy_(0, entries, ssm.index_select(0, slots))
         return self.out_proj(self._output(y.view(t, m.d_inner), z, h.dtype))
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -288,10 +305,11 @@ class Mamba2Mixer:
             ssm.index_copy_(0, slots, state.to(ssm.dtype))
         return y
 
-    def _prefill(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, pre: Prefill):
+    def _prefill(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, pre: Prefill, snaps=None):
         """The step's prefill chunks, all at once (`ssd`'s packed layout): the causal conv over
         each sequence's segment (its conv state, then its tokens), the chunked scan from each
-        one's SSM state; both states left in their slots, the outputs in the step's rows."""
+        one's SSM state; both states left in their slots, the outputs in the step's rows.
+        `snaps`: the layer's snapshot entries, where the step saves states inside its chunks."""
         m = self.m
         k, n_seq = m.d_conv - 1, pre.slots.shape[0]
         window = xbc.new_empty(pre.conv_len, m.conv_dim).index_copy_(0, pre.conv_rows, xbc)
@@ -299,12 +317,16 @@ class Mamba2Mixer:
         window.index_copy_(0, pre.state_rows, start.to(window.dtype))
         new_conv = window.index_select(0, pre.end_rows).view(n_seq, k, -1).transpose(1, 2)
         conv.index_copy_(0, pre.slots, new_conv.to(conv.dtype))
+        if pre.snap_conv_rows is not None:  # the conv inputs before boundaries inside chunks
+            at = window.index_select(0, pre.snap_conv_rows).view(-1, k, m.conv_dim)
+            snaps[0].index_copy_(0, pre.snap_conv_entries, at.transpose(1, 2).to(conv.dtype))
         c = F.conv1d(window.t()[None], self.conv_weight[:, None, :], self.conv_bias,
                      groups=m.conv_dim)[0]  # fmt: skip
         del window
         x, B, C = self._split(F.silu(c.index_select(1, pre.conv_out).t()))
         del c
-        y = ssd.scan_step(x, dt, self.A, B, C, ssm, pre.groups, m.chunk_size)
+        y = ssd.scan_step(x, dt, self.A, B, C, ssm, pre.groups, m.chunk_size,
+                          None if pre.snap_conv_rows is None else snaps[1])  # fmt: skip
         return y + x.float() * self.D[:, None]
 
     def _split(self, xbc: torch.Tensor):

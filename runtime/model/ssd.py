@@ -129,15 +129,20 @@ def scan_step(
     ssm: torch.Tensor,  # [slots, H, P, N] the SSM state slots: read, and written back
     groups: list,  # (`ScanGroup`'s fields on the device: slots, tokens, rows, chunk_of, in_chunk)
     chunk: int,
+    snaps: torch.Tensor | None = None,  # [entries, H, P, N] prefix caching's snapshots
 ) -> torch.Tensor:
     """y [T, H, P] float32 (without the D x skip): `ssd_scan` of each group of sequences in
-    its packed layout, from their states in `ssm`, which get the final ones."""
+    its packed layout, from their states in `ssm`, which get the final ones. With `snaps`, a
+    group's `snap_chunks`' start states are copied into its `snap_entries` of them."""
     y = torch.empty(*x.shape, dtype=torch.float32, device=x.device)
     for g in groups:
         r = g.num_chunks * chunk
         xp, dtp, Bp, Cp = (_packed(t, g, r) for t in (x, dt, B, C))
+        keep = None
+        if snaps is not None and g.snap_chunks is not None and g.snap_chunks.numel():
+            keep = (g.snap_chunks, snaps, g.snap_entries)
         yg, final = ssd_scan(xp, dtp, A, Bp, Cp, ssm.index_select(0, g.slots).float(), chunk,
-                             g.counts)  # fmt: skip
+                             g.counts, keep)  # fmt: skip
         del xp, dtp, Bp, Cp
         ssm.index_copy_(0, g.slots, final.to(ssm.dtype))
         y.index_copy_(0, g.tokens, yg[g.chunk_of, :, g.in_chunk])
@@ -153,10 +158,13 @@ def ssd_scan(
     state: torch.Tensor,  # [S, H, P, N] float32, each sequence's state (sorted order): updated
     chunk: int,
     counts: list[int],  # `PackedHost.counts`
+    keep: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y [chunks, H, chunk, P] without the D x skip, final states [S, H, P, N] (`state`
     itself)): transformers' `mamba2_chunk_scan` over the packed layout. Within a chunk the
-    decay from s to l is exp(cumsum(a)[l] - cumsum(a)[s]) (as vLLM's kernels take it)."""
+    decay from s to l is exp(cumsum(a)[l] - cumsum(a)[s]) (as vLLM's kernels take it).
+    `keep`: (packed chunks, a state tensor, its rows): those chunks' start states copied
+    there (prefix caching's snapshots)."""
     R, H, P = x.shape
     G, N = B.shape[1:]
     hpg, nc, ln = H // G, R // chunk, chunk
@@ -190,6 +198,9 @@ def ssd_scan(
         state[:n] = new
         off += n
     del new
+    if keep is not None:  # each chunk's start state is in `own` now
+        chunks, dst, rows = keep
+        dst.index_copy_(0, rows, own.index_select(0, chunks).to(dst.dtype))
     # 4. each chunk's start state read out at every position of it
     out = torch.matmul(Cg, own.view(nc, G, hpg * P, N).transpose(-1, -2))  # [nc, G, l, hpg*P]
     del own

@@ -131,8 +131,11 @@ def estimate(
     if device.type == "cpu" and cache.num_blocks_override is None:
         kv *= cfg.parallel.ranks_per_node  # a budget per rank, every rank on this host
     width = math.ceil(max_len / cache.block_size)
-    if per_token == 0:  # no attention layer (Mamba2 alone): blocks hold nothing
-        kv, blocks = 0, sched.max_num_seqs * (width + 1)
+    if per_token == 0:  # no attention layer (Mamba2 alone): blocks hold nothing; with prefix
+        # caching, its state snapshots take up to their share of the budget (`ModelRunner`)
+        caching = cache.enable_prefix_caching and mc.family.mamba is not None
+        kv = int(kv * options.SNAPSHOT_SHARE) if caching else 0
+        blocks = sched.max_num_seqs * (width + 1)
     else:
         blocks = kv // (per_token * cache.block_size)
     rows = 2 * sched.max_num_seqs

@@ -16,8 +16,13 @@ With tensor parallelism each rank's slots hold its heads and groups (`model/mamb
 rank 0 alone keeps the slot column (`prepare`) and sends each step's `HostSlots` to the others
 (`worker/step_channel.py`), which build the same `MambaStep` from them (`device_step`).
 
-Prefix caching is off for these models (`engine/recurrent.py`): a cached prefix's KV blocks
-say nothing of the state after it.
+Prefix caching (`core/state_snapshots.py`): a pool of snapshot entries beside the slots, one
+state of every Mamba layer each, preallocated (`allocate_snapshots`) from the KV cache's budget.
+A step's `SnapshotPlan` becomes index copies, a few per layer whatever the number of sequences:
+a hit's entry copied into its slot before the forward (`device_step`), and the boundaries the
+step's chunks reach copied out as each layer computes them (`model/mamba2.py`: the state left
+in a slot at a chunk's end; inside a prefill chunk, the scan's state at one of its chunk
+boundaries and the conv inputs before it).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.core.sched_output import SnapshotPlan
 from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.model.mamba2 import MambaStep, Prefill, ScanGroup
 from pagoda.runtime.model.ssd import pack
@@ -43,6 +49,12 @@ class HostSlots:
     fresh: np.ndarray  # int64 slots to zero before the step (sequences at their first token)
     query_lens: list[int]
     num_decodes: int
+    # prefix caching (`SnapshotPlan`): int64 [2, n] (slots, entries) to restore before the step,
+    # and to save after it (boundaries at a chunk's end); boundaries inside prefill chunks as
+    # int64 [3, n] (prefill row, offset in its chunk, entry)
+    restore: np.ndarray | None = None
+    save_end: np.ndarray | None = None
+    save_mid: np.ndarray | None = None
 
 
 def state_bytes(mc: ModelConfig, dtype: torch.dtype, max_num_seqs: int, tp: int = 1) -> int:
@@ -77,6 +89,8 @@ class MambaState:
         }  # fmt: skip
         # the persistent slot column: each block-table row's slot (-1: none), written only when
         # a row gets a slot or gives it back; a step reads its rows' slots in one indexing
+        self.snaps: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # prefix caching's
+        self.num_snapshots = 0
         self.rows = rows
         self.slot_of_row = np.full(len(rows.lens), -1, dtype=np.int64)
         self._row_of_slot = np.full(num_slots, -1, dtype=np.int64)
@@ -90,6 +104,18 @@ class MambaState:
             return None
         return cls(mc, num_slots, dtype, device, rows, tp)
 
+    @property
+    def snapshot_bytes(self) -> int:
+        """The bytes of one snapshot entry: one slot's states (every Mamba layer's)."""
+        return self.m.state_bytes(next(iter(self.states.values()))[0].dtype, 1)
+
+    def allocate_snapshots(self, num: int) -> None:
+        """The prefix cache's `num` snapshot entries (`core/state_snapshots.py`), shaped and
+        typed as the slots."""
+        self.num_snapshots = num
+        self.snaps = {i: (conv.new_zeros(num, *conv.shape[1:]), ssm.new_zeros(num, *ssm.shape[1:]))
+                      for i, (conv, ssm) in self.states.items()}  # fmt: skip
+
     def layer_caches(self, kv_caches: list) -> list:
         """Every layer's entry of the step's caches: the attention layers' paged K and V
         (`kv_caches`, in layer order), nothing for the others (a Mamba layer's state is in
@@ -98,26 +124,51 @@ class MambaState:
         return [next(kv) if self.m.attention(i) else () for i in range(len(self.m.layers))]
 
     def prepare(
-        self, rows: np.ndarray, starts: np.ndarray, query_lens: np.ndarray, num_decodes: int
+        self,
+        rows: np.ndarray,
+        starts: np.ndarray,
+        query_lens: np.ndarray,
+        num_decodes: int,
+        plan: SnapshotPlan | None = None,
     ) -> HostSlots:
         """The step's slots: its block-table rows' (`BlockTables.gather`), a slot claimed for
         a row that has none (a request joining); the slots of sequences at their first token
         to be zeroed. A request keeps its row while it runs; a row changes hands only once its
-        request stopped running, and the next one starts from its first token: zeroed."""
+        request stopped running, and the next one starts from its first token: zeroed (or,
+        after a prefix hit, `plan`'s snapshot restored into it)."""
         slots = self.slot_of_row[rows]
         for i in np.flatnonzero(slots < 0).tolist():  # only the rows without a slot
             slots[i] = self._claim(int(rows[i]))
         fresh = slots[starts == 0]
-        return HostSlots(slots, fresh, query_lens.tolist(), num_decodes)
+        host = HostSlots(slots, fresh, query_lens.tolist(), num_decodes)
+        if plan is not None:
+            if plan.restores:
+                r, entry = np.array(plan.restores, dtype=np.int64).T
+                host.restore = np.stack([slots[r], entry])
+            if plan.saves:
+                r, pos, entry = np.array(plan.saves, dtype=np.int64).T
+                off = pos - starts[r]
+                end = off == query_lens[r]
+                if end.any():
+                    host.save_end = np.stack([slots[r[end]], entry[end]])
+                if not end.all():
+                    mid = ~end
+                    host.save_mid = np.stack([r[mid] - num_decodes, off[mid], entry[mid]])
+        return host
 
     def device_step(self, host: HostSlots, to_device: Callable[[np.ndarray], torch.Tensor]):
-        """The step's `MambaStep`, the slots of sequences at their first token zeroed."""
+        """The step's `MambaStep`, the slots of sequences at their first token zeroed, those
+        of prefix hits restored from their snapshots."""
         if len(host.fresh):
             fresh = to_device(host.fresh)
             for conv, ssm in self.states.values():
                 conv.index_fill_(0, fresh, 0)
                 ssm.index_fill_(0, fresh, 0)
+        if host.restore is not None:
+            self.restore(*to_device(host.restore))
+        save_end = None if host.save_end is None else tuple(to_device(host.save_end))
         nd, slots = host.num_decodes, host.slots.tolist()
+        snaps = self.snaps if host.save_end is not None or host.save_mid is not None else None
         run = None
         if nd and slots[:nd] == list(range(slots[0], slots[0] + nd)):
             run = (slots[0], slots[0] + nd)
@@ -129,13 +180,28 @@ class MambaState:
             parts = [host.slots[nd:][p.order], p.conv_rows, p.conv_out, p.state_rows, p.end_rows]
             for g in p.groups:
                 parts += [g.tokens, g.rows, g.chunk_of, g.in_chunk]
+            mid = None if host.save_mid is None else _mid_saves(host, p, m.d_conv)
+            if mid is not None:
+                parts += mid
             # one copy to the device, split there into views
             idx = to_device(np.concatenate(parts)).split([len(a) for a in parts])
             slots = idx[0]
             groups = [ScanGroup(g.counts, g.num_chunks, slots[slice(*g.seqs)], *idx[5 + 4 * i : 9 + 4 * i])
                       for i, g in enumerate(p.groups)]  # fmt: skip
             prefill = Prefill(p.conv_len, *idx[:5], groups)
-        return MambaStep(on_device, nd, self.states, run, prefill)
+            if mid is not None:  # the conv rows and entries, then each group's chunks, entries
+                k = 5 + 4 * len(groups)
+                prefill.snap_conv_rows, prefill.snap_conv_entries = idx[k : k + 2]
+                for i, g in enumerate(groups):
+                    g.snap_chunks, g.snap_entries = idx[k + 2 + 2 * i : k + 4 + 2 * i]
+        return MambaStep(on_device, nd, self.states, run, prefill, snaps, save_end)
+
+    def restore(self, slots: torch.Tensor, entries: torch.Tensor) -> None:
+        """Copy snapshot `entries` into state `slots` (every layer's; a prefix hit's)."""
+        for i, (conv, ssm) in self.states.items():
+            snap_conv, snap_ssm = self.snaps[i]
+            conv.index_copy_(0, slots, snap_conv.index_select(0, entries))
+            ssm.index_copy_(0, slots, snap_ssm.index_select(0, entries))
 
     def _claim(self, row: int) -> int:
         if not self._free:
@@ -159,6 +225,24 @@ class MambaState:
     def num_held(self) -> int:
         """Slots held by running requests (tests: all back after the requests end)."""
         return sum(_running(self.rows.request(r)) for r in self._row_of_slot.tolist() if r >= 0)
+
+
+def _mid_saves(host: HostSlots, p, d_conv: int) -> list[np.ndarray]:
+    """The host arrays of the snapshots at boundaries inside prefill chunks (each on one of the
+    scan's chunk boundaries: `core/state_snapshots.py`): the conv rows before each boundary in
+    the conv segments (`ssd.pack`) and its entry, then per scan group the packed chunk the
+    boundary starts (whose start state is the snapshot's) and its entry."""
+    rows, off, entry = host.save_mid
+    lens = np.asarray(host.query_lens[host.num_decodes :], dtype=np.int64)
+    token = (np.cumsum(lens) - lens)[rows] + off  # the boundary's first token, in the chunk
+    k = d_conv - 1
+    out = [(p.conv_out[token][:, None] + np.arange(k)).reshape(-1), entry]
+    rank = np.empty_like(p.order)
+    rank[p.order] = np.arange(len(p.order))
+    for g in p.groups:
+        here = (rank[rows] >= g.seqs[0]) & (rank[rows] < g.seqs[1])
+        out += [g.chunk_of[np.searchsorted(g.tokens, token[here])], entry[here]]
+    return out
 
 
 def _running(req: Request | None) -> bool:

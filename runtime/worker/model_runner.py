@@ -13,6 +13,7 @@ for step N does not wait for step N+1 queued after it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -98,6 +99,10 @@ class ModelRunner:
         self.num_blocks = self._num_blocks(max_model_len)
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
+            if self.snapshot_interval:  # (every rank computes the same interval)
+                self.num_snapshots = tp.agree_min(self.num_snapshots)
+        if self.num_snapshots:  # a hybrid's prefix caching: its Mamba state snapshots
+            self.mamba.allocate_snapshots(self.num_snapshots)
         self.channel = StepChannel(tp) if tp is not None and tp.rank == 0 else None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
             self.backend.allocate_kv_cache(
@@ -196,13 +201,62 @@ class ModelRunner:
     def _num_blocks(self, max_model_len: int) -> int:
         """From the memory budget: bytes on CPU, a fraction of free memory on GPU. A model
         without attention layers (Mamba2 alone) keeps no KV cache: its blocks, which only
-        count positions, are enough for every sequence's whole context."""
+        count positions, are enough for every sequence's whole context. A hybrid with prefix
+        caching takes its state snapshots (`num_snapshots`) from the same budget first."""
         cache = self.config.cache
-        if cache.num_blocks_override is not None:
-            return cache.num_blocks_override
+        interval = self.snapshot_interval
+        self.num_snapshots = 0
+        if cache.num_blocks_override is not None:  # tests: as many snapshots as slots
+            n = cache.num_blocks_override
+            if interval:
+                self.num_snapshots = min(n * self.block_size // interval,
+                                         self.config.scheduler.max_num_seqs)  # fmt: skip
+            return n
+        positions = 0
         if self.bytes_per_block == 0:
             per_seq = -(-max_model_len // self.block_size) + 1
-            return self.config.scheduler.max_num_seqs * per_seq
+            positions = self.config.scheduler.max_num_seqs * per_seq
+            if not interval:
+                return positions
+        budget = self._cache_budget()
+        if interval:
+            self.num_snapshots = self._snapshot_entries(budget, positions)
+            budget -= self.num_snapshots * self.mamba.snapshot_bytes
+        if positions:
+            return positions
+        n = budget // self.bytes_per_block
+        if n < 2:
+            raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
+        return int(n)
+
+    def _snapshot_entries(self, budget: int, positions: int) -> int:
+        """A hybrid's snapshot entries from a cache budget of `budget` bytes: at most its
+        `SNAPSHOT_SHARE`, one per snapshot boundary its blocks (`positions` blocks without
+        attention layers) hold, and, with an explicit `--max-model-len`, leaving the blocks of
+        that context where the budget held them (`server/memory.check_context_fits`)."""
+        snap, bs = self.mamba.snapshot_bytes, self.block_size
+        blocks = positions or budget // self.bytes_per_block
+        n = min(int(budget * options.SNAPSHOT_SHARE) // snap, blocks * bs // self.snapshot_interval)
+        asked = self.config.scheduler.max_model_len
+        if not positions and asked is not None:
+            keep = min(blocks, -(-asked // bs))
+            n = min(n, (blocks - keep) * self.bytes_per_block // snap)
+        return n
+
+    @property
+    def snapshot_interval(self) -> int:
+        """Tokens between a hybrid's state snapshots (`core/state_snapshots.py`): the least
+        common multiple of the block size and the SSD chunk; 0 without prefix caching for
+        them (off, or no Mamba layer)."""
+        if self.mamba is None or not self.mamba.layers:
+            return 0
+        if not self.config.cache.enable_prefix_caching:
+            return 0
+        return math.lcm(self.block_size, self.mamba.m.chunk_size)
+
+    def _cache_budget(self) -> int:
+        """The bytes the KV cache (and a hybrid's snapshots) may take."""
+        cache = self.config.cache
         if cache.kv_cache_memory is not None:
             budget = cache.kv_cache_memory
         elif self.device.type == "cuda":
@@ -217,10 +271,7 @@ class ModelRunner:
             budget = int(total * cache.gpu_memory_utilization) - used - headroom
         else:
             budget = CPU_DEFAULT_KV_BYTES
-        n = budget // self.bytes_per_block
-        if n < 2:
-            raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
-        return int(n)
+        return budget
 
     def to_device(self, arr: np.ndarray) -> torch.Tensor:
         """Host array → device tensor; on CUDA through pinned memory, asynchronously (no sync)."""
@@ -356,7 +407,8 @@ class ModelRunner:
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
         if self.mamba is not None:  # the Mamba layers' state slots
-            inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd)
+            inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
+                                           out.snapshots)  # fmt: skip
         if self.model.long_rope:  # which rotary table a longrope prompt's chunks read
             inp.prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, count=n)
         if self.prompt_logprob_requests:  # some request asked: are its prompt positions here?

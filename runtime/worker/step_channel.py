@@ -9,7 +9,8 @@ crosses in three broadcasts:
 2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
    lengths, their prefix sums, the prompts' lengths (longrope's table: `model/longrope.py`),
    the sampling rows, the rows scored for prompt logprobs;
-   and a hybrid's state slots (`worker/mamba_state.HostSlots`: each sequence's, those to zero);
+   and a hybrid's state slots (`worker/mamba_state.HostSlots`: each sequence's, those to zero,
+   and its prefix cache's snapshot copies: restores, saves at chunk ends and inside chunks);
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it.
 """
@@ -23,7 +24,8 @@ from pagoda.runtime.worker.mamba_state import HostSlots
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
-HEADER = 8
+HEADER = 11
+SNAPSHOT_ROWS = (2, 2, 3)  # rows of `HostSlots.restore`, `save_end`, `save_mid`
 
 
 class StepChannel:
@@ -39,11 +41,15 @@ class StepChannel:
         mamba = inp.mamba  # a hybrid's state slots: [B] slots, then those to zero
         state = () if mamba is None else (mamba.slots, mamba.fresh)
         fresh = 0 if mamba is None else len(mamba.fresh) + 1
-        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh]))
+        snaps = [] if mamba is None else [mamba.restore, mamba.save_end, mamba.save_mid]
+        snaps = [np.empty((n, 0), dtype=np.int64) if a is None else a
+                 for n, a in zip(SNAPSHOT_ROWS, snaps)]  # fmt: skip
+        counts = [a.shape[1] for a in snaps] if snaps else [0, 0, 0]
+        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh, *counts]))
         self.tp.broadcast_host(h)
         prompt_lens = inp.prompt_lens if inp.prompt_lens is not None else inp.seq_lens
         parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu,
-                 prompt_lens, *state)  # fmt: skip
+                 prompt_lens, *state, *(a.reshape(-1) for a in snaps))  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
                                   np.asarray(inp.sampling, dtype=np.int64), extra])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
@@ -61,13 +67,14 @@ class StepChannel:
         if h[0] == STOP:
             return None
         t, b, width, s, nd, e, fresh = h[1:8]
+        counts = h[8:11]
         state = b + fresh - 1 if fresh else 0
-        payload = torch.empty(2 * t + b * width + 4 * b + 1 + state + s + e, dtype=torch.int64)
-        a = self.tp.broadcast_host(payload).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, s])
-        positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, sampling, extra = (
-            np.split(a, cuts)
-        )
+        snap = [n * c for n, c in zip(SNAPSHOT_ROWS, counts)]
+        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + s + e
+        a = self.tp.broadcast_host(torch.empty(size, dtype=torch.int64)).numpy()
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, s])
+        (positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, restore, save_end,
+         save_mid, sampling, extra) = np.split(a, cuts)  # fmt: skip
         ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
         self.tp.broadcast(ids)
         inp = StepInputs(
@@ -78,4 +85,8 @@ class StepChannel:
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)
+            for name, rows, c, arr in zip(("restore", "save_end", "save_mid"), SNAPSHOT_ROWS,
+                                          counts, (restore, save_end, save_mid)):  # fmt: skip
+                if c:
+                    setattr(inp.mamba, name, arr.reshape(rows, c))
         return inp, ids

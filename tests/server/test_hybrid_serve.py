@@ -2,9 +2,9 @@
 attention layers, experts beside the shared MLP) written by transformers, answering through the
 `openai` SDK as transformers does: completions (whole and streamed) and a chat turn give
 transformers' greedy tokens, three requests at once (one engine step holds their prefill chunks
-and decodes, each sequence in its own state slot) as one at a time. Prefix caching is off for
-the model (its state is not in the KV blocks): the second identical request computes it all
-again and still answers the same."""
+and decodes, each sequence in its own state slot) as one at a time. The second identical
+request is served from the prefix cache (KV blocks and a Mamba state snapshot at the 32-token
+boundary), says so in `usage.prompt_tokens_details.cached_tokens`, and answers the same."""
 
 from __future__ import annotations
 
@@ -37,12 +37,15 @@ def served(tmp_path_factory) -> Iterator[tuple]:
         yield client, model, tok
 
 
-def _complete(client, prompt: list[int], **kw) -> str:
+def _complete(client, prompt: list[int], cached: list | None = None, **kw) -> str:
+    """The completion's words; its cached prompt tokens appended to `cached`."""
     r = client.completions.create(model=client.models.list().data[0].id, prompt=prompt,
                                   max_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
                                   **kw)  # fmt: skip
     if kw.get("stream"):
         return _words("".join(c.choices[0].text for c in r))
+    if cached is not None:
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
     return _words(r.choices[0].text)
 
 
@@ -59,7 +62,9 @@ def test_completions_and_chat_answer_as_transformers(served):
     with ThreadPoolExecutor(3) as pool:  # at once: one batch
         together = list(pool.map(lambda p: _complete(client, p), prompts))
     assert together == want
-    assert [_complete(client, p) for p in prompts] == want  # again, one at a time
+    cached: list[int] = []
+    assert [_complete(client, p, cached) for p in prompts] == want  # again, one at a time
+    assert cached == [32, 0, 0]  # the 40-token prompt to its last 16-token boundary
     assert _complete(client, prompts[0], stream=True) == want[0]
     # the chat template: "w3 <content> w4 " -> [3, 5, 6, 7, 4]
     r = client.chat.completions.create(model=client.models.list().data[0].id,

@@ -368,3 +368,59 @@ def test_threshold_is_validated_once():
     assert off.with_device_defaults().scheduler.long_prefill_token_threshold == 0
     mine = EngineConfig.create(device="cpu", long_prefill_token_threshold=64)
     assert mine.with_device_defaults().scheduler.long_prefill_token_threshold == 64
+
+
+def test_hybrid_snapshots_align_cut_chunks_save_boundaries_and_restore_hits():
+    """A hybrid's prefix caching (`core/state_snapshots.py`), boundaries every 8 tokens (and
+    an SSD chunk of 8): a chunk cut by the budget ends on a boundary; each boundary a prompt's chunks reach is planned
+    as a save, visible only once its step ended (a twin admitted in the same step computes
+    from 0); a later prompt sharing 24 tokens restores the snapshot at 24; a full pool evicts
+    the least recently used, and an entry goes with its evicted KV block."""
+    from pagoda.runtime.core.state_snapshots import StateSnapshots
+
+    snaps = StateSnapshots(3, every=2, block_size=BS, chunk=8)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=12, max_num_seqs=8),
+                  KVCacheManager(64, BS, True, snaps), lambda: 0.0)  # fmt: skip
+    s.add_request(req("a", 30))
+    s.add_request(req("twin", 30))
+    out = step(s)
+    assert [x.num_new_tokens for x in out.scheduled] == [8, 4]  # cut at 8; the rest of 12
+    assert s.requests["twin"].num_cached_tokens == 0  # a's snapshot at 8 not written yet
+    assert out.snapshots.restores == [] and [b for _, b, _ in out.snapshots.saves] == [8]
+    s.abort("twin")
+    saved, ends = [8], []
+    while s.requests["a"].num_output_tokens == 0:
+        out = step(s)
+        saved += [b for _, b, _ in out.snapshots.saves] if out.snapshots else []
+        ends.append(s.requests["a"].num_computed_tokens)
+    assert ends == [16, 24, 30]  # 12 tokens a step, cut at the boundaries
+    assert saved == [8, 16, 24] and snaps.num_cached == 3  # none past the prompt's 30
+    b = Request("b", [*range(24), 99, 98, 97, 96, 95], SamplingParams(max_tokens=1))
+    s.add_request(b)
+    out = step(s)
+    assert b.num_cached_tokens == 24  # restored in row 1 (a decodes in row 0)
+    assert out.snapshots.restores == [(1, snaps.entry(b.block_hashes[5]))]
+    c = Request("c", [*range(16), *range(50, 66)], SamplingParams(max_tokens=1))
+    s.add_request(c)
+    out = step(s)  # c's hit is at 16 (refreshed); its chunk's boundary 24 evicts 8, the oldest
+    assert c.num_cached_tokens == 16 and [b for _, b, _ in out.snapshots.saves] == [24]
+    assert snaps.deepest(s.requests["a"].block_hashes, 2) == 0
+    snaps.drop(s.requests["a"].block_hashes[3])  # its KV block evicted: the entry is free
+    assert snaps.deepest(s.requests["a"].block_hashes, 4) == 0 and snaps.num_cached == 2
+    snaps.check_integrity()
+
+
+def test_hybrid_snapshot_saves_inside_an_unaligned_chunk_are_not_planned():
+    """A chunk that starts off an SSD chunk boundary (a budget too small to cut at a snapshot
+    boundary) saves only a boundary at its end: the scan's states inside it are not at
+    multiples of the chunk."""
+    from pagoda.runtime.core.state_snapshots import StateSnapshots
+
+    snaps = StateSnapshots(8, every=2, block_size=BS, chunk=4)
+    hashes = [bytes([i]) * 16 for i in range(10)]
+    assert [b for b, _ in snaps.plan_saves(hashes, 6, 24, 40)] == [24]
+    assert [b for b, _ in snaps.plan_saves(hashes, 6, 23, 40)] == []
+    # aligned: every boundary reached, but 24's save is already planned
+    assert [b for b, _ in snaps.plan_saves(hashes, 4, 33, 40)] == [8, 16, 32]
+    snaps.end_step()
+    assert snaps.deepest(hashes, 10) == 8

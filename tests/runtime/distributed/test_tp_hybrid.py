@@ -5,7 +5,8 @@ replicated, its gated norm over a group both ranks hold half of), Nemotron-H (th
 experts and shared expert split by width, with latent projections and without; one group or
 two) and Falcon-H1 (µP multipliers on in_proj's five parts, the norm before the gate over a
 group split across the ranks). Each on the small pool: 16-token chunks, three prompts sharing
-steps, preempted and recomputed."""
+steps, preempted and recomputed, then again from the prefix cache (each rank restoring its
+heads' Mamba state from its snapshots, the copies sent with the step's slots)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def test_two_ranks_match_transformers(built, name):
         got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
         core = two.engine
         assert core.scheduler.num_preemptions > 0
+        assert core.kv.prefix_hits > 0  # KV blocks and each rank's Mamba state snapshots
         m = loaded.config.family.mamba
         layer = next(i for i, x in enumerate(m.layers) if x)
         conv, ssm = core.runner.mamba.states[layer]  # this rank's heads (and its groups)

@@ -14,9 +14,13 @@ the whole sequence) at every step.
 
 Each case runs prompts in 16-token steps (chunked prefill carries the state across chunks; the
 SSD scan's chunk of 8 splits them further), three prompts sharing steps with two state slots
-(slots reused, zeroed for the new sequence), then again in reverse order on the same engine;
-then a KV pool so small that requests are preempted (their state rebuilt by recompute); a
-one-token prompt (its first step a decode row from a zeroed slot).
+(slots reused, zeroed for the new sequence), then again in reverse order on the same engine,
+whose prefix cache then serves the shared prefix (KV blocks and Mamba state snapshots at every
+16-token boundary, saved at the chunks' ends); then a KV pool so small that requests are
+preempted (their state rebuilt by recompute, or restored from a snapshot); a one-token prompt
+(its first step a decode row from a zeroed slot). A warm batch after whole-prompt steps (the
+snapshots saved from inside the scan) reports its cached tokens, and reads otherwise with the
+restore skipped.
 """
 
 from __future__ import annotations
@@ -57,12 +61,15 @@ def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
     name, _, model, loaded, reference = case
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
               max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
-    assert not llm.engine.config.cache.enable_prefix_caching  # off for recurrent layers
+    assert llm.engine.config.cache.enable_prefix_caching  # with Mamba state snapshots
     cold = generate(llm, prompts())
+    hits = llm.engine.kv.prefix_hits
     warm = generate(llm, prompts()[::-1])[::-1]
     for i, want in enumerate(reference):
         check(cold[i], want, f"{name}: prompt {i}, cold")
         check(warm[i], want, f"{name}: prompt {i}, again")
+    # each prompt (48, 23, 53 tokens) from the cache up to its last boundary before its end
+    assert llm.engine.kv.prefix_hits - hits == 32 + 16 + 48
     assert llm.engine.runner.mamba.num_held == 0
     one = [7]  # a one-token prompt: its first step is a decode row
     check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
@@ -137,6 +144,108 @@ def test_mixed_lengths_in_one_step(built, monkeypatch, name):
     assert steps[0] == (2, [40, 3, 11])  # the budget spent: the 5-token prompt next
     for i, p in enumerate(ps):
         check(got[i], hf_greedy_plain(model, p, NEW), f"{name}: prompt {i}")
+
+
+def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
+    """Whole prompts a step (max_num_batched_tokens 64): the shared prompt's snapshots at 16
+    and 32 are saved from inside the scan (its chunk boundaries), at 48 from the slot. Then a
+    batch of four sharing that prefix reports its cached tokens (a whole-prompt hit stops at
+    a boundary before its last token; one with a token left after its hit runs as a decode
+    row) and reads as transformers'; with the restore replaced by
+    zeroing, the same warm batch does not."""
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.worker.mamba_state import MambaState
+
+    name = "granite4-moe-rope"
+    _, model, loaded, reference = built(name)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=64, max_num_seqs=4)  # fmt: skip
+    shared = prompts()[2]
+    other, one_left = [*shared, 20, 21, 22], [*shared, 30]  # (a decode row after its hit)
+    batch = [prompts()[0], other, shared, one_left]
+    want = [reference[0], *(hf_greedy_plain(model, p, NEW) for p in (other, one_left))]
+    want.insert(2, reference[2])
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    cold = llm.generate([{"prompt_token_ids": shared}], params)[0]
+    assert cold.num_cached_tokens == 0
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
+    ]
+
+    def warm():
+        seen.clear()
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
+        return [((o.outputs[0].token_ids, seen[o.request_id]), o.num_cached_tokens) for o in outs]
+
+    got = warm()
+    assert [cached for _, cached in got] == [48, 48, 32, 48]
+    for i, (g, _) in enumerate(got):
+        check(g, want[i], f"{name}: prompt {i}, warm")
+    restored = []
+
+    def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
+        restored.append(len(slots))
+        for conv, ssm in self.states.values():
+            conv.index_fill_(0, slots, 0)
+            ssm.index_fill_(0, slots, 0)
+
+    monkeypatch.setattr(MambaState, "restore", zeroed)
+    wrong = warm()
+    assert sum(restored) == 4
+    with pytest.raises(AssertionError):
+        for i, (g, _) in enumerate(wrong):
+            check(g, want[i], "restore skipped")
+    llm.engine.check_integrity()
+
+
+@pytest.mark.parametrize("name", ["nemotron-h", "falcon-h1-gate-only"])
+def test_snapshots_saved_inside_the_scan_are_the_states_a_chunk_end_leaves(built, name):
+    """Two prompts (48 and 23 tokens) in one step save the states at 16 and 32 from inside
+    the scan (its chunk boundaries in the two sequences' packed layout, the conv inputs before
+    them); in 16-token steps, at the chunks' ends, from the slots. Both hold the same conv and
+    SSM states (within the scan's rounding) for every Mamba layer; so does the one at 48, the
+    chunk's end either way."""
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.core.kv_cache_manager import hash_block
+
+    _, _, loaded, _ = built(name)
+    shared, other = prompts()[2], prompts()[1]
+    hashes = []
+    for p, n in ((shared, 3), (other, 1)):
+        h = None
+        for i in range(n):
+            h = hash_block(h, p[16 * i : 16 * (i + 1)])
+            hashes.append(h)
+
+    def snapshots(budget: int) -> list[torch.Tensor]:
+        llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+                  max_num_batched_tokens=budget, max_num_seqs=2)  # fmt: skip
+        llm.generate([{"prompt_token_ids": p} for p in (shared, other)],
+                     SamplingParams(max_tokens=1))  # fmt: skip
+        entries = torch.tensor([llm.engine.kv.snapshots.entry(h) for h in hashes])
+        snaps = llm.engine.runner.mamba.snaps.values()
+        return [t.index_select(0, entries) for pair in snaps for t in pair]
+
+    for a, b in zip(snapshots(80), snapshots(16), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_snapshots_leave_an_explicit_context_its_blocks(built):
+    """The snapshots take at most a quarter of the cache budget, but never the blocks an
+    explicit `--max-model-len` that the budget holds needs: a budget of the 512-token context's
+    32 blocks and two snapshots gives two snapshots (a quarter would be four, leaving 28
+    blocks: the context capped to 448)."""
+    from pagoda.runtime.server.memory import kv_bytes_per_token
+
+    _, _, loaded, _ = built("falcon-h1-mup")
+    mc = loaded.config
+    block = 16 * kv_bytes_per_token(mc, torch.float32, "auto")
+    snap = mc.family.mamba.state_bytes(torch.float32, 1)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=32 * block + 2 * snap + block // 2,
+              block_size=16, max_model_len=512)  # fmt: skip
+    assert llm.engine.max_model_len == 512 and llm.engine.runner.num_snapshots == 2
+    assert llm.engine.config.cache.enable_prefix_caching
 
 
 def test_parallel_samples_each_prefill_their_own_state(built):
@@ -345,14 +454,22 @@ def test_nemotron_h_configs_of_the_hub(tmp_path):
 
 def test_a_model_without_attention_layers_keeps_no_kv_cache(built):
     """Mamba2 alone: the KV cache's bytes are 0, its blocks (positions only) enough for every
-    sequence's whole context; the start-up checks count the state slots alone."""
+    sequence's whole context; the start-up checks count the state slots alone, and with
+    prefix caching the state snapshots' share of the budget."""
+    from pagoda.runtime import options
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import fit, memory
 
     path, _, loaded, _ = built("granite4-all-mamba")
-    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8,
+                              enable_prefix_caching=False)  # fmt: skip
     parts = memory.check(loaded.config, cfg, path, 256).parts()
     assert parts["KV cache"] == 0 and parts["Mamba state"] > 0
+    cached = dataclasses.replace(
+        cfg, cache=dataclasses.replace(cfg.cache, enable_prefix_caching=True)
+    )
+    budget = options.DEFAULT_CPU_KV_CACHE_MEMORY * options.SNAPSHOT_SHARE
+    assert memory.check(loaded.config, cached, path, 256).parts()["KV cache"] == budget
     assert fit.check(loaded.config, cfg, path).state_bytes(loaded.config) == parts["Mamba state"]
     llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=4, max_model_len=512)
     assert llm.engine.runner.bytes_per_block == 0 and llm.engine.max_model_len == 512
