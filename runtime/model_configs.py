@@ -6,6 +6,7 @@ like the rest.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -185,8 +186,14 @@ class MambaConfig:
     parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
     falcon: FalconH1Scales | None = None
     moe: NemotronHExperts | None = None  # Nemotron-H's MoE blocks
+    # the recurrent layers' kind: "mamba2" (the mixer above), or "short_conv" (LFM2's gated
+    # short convolutions, `model/lfm2.py`: a conv state over d_inner = hidden channels, no SSM
+    # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread)
+    mixer: str = "mamba2"
 
     def __post_init__(self) -> None:
+        if self.mixer not in ("mamba2", "short_conv"):
+            raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
         if self.n_heads % self.n_groups:
@@ -199,8 +206,18 @@ class MambaConfig:
 
     @property
     def conv_dim(self) -> int:
-        """The channels the causal conv runs over: x, B and C."""
+        """The channels the causal conv runs over: x, B and C (a short conv's: d_inner)."""
+        if self.mixer == "short_conv":
+            return self.d_inner
         return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def ssm_shape(self) -> tuple[int, ...]:
+        """One sequence's SSM state in one layer: [n_heads, head_dim, d_state]; (0,) for a
+        short conv (no SSM state: an empty slot tensor, so the slot code needs no branch)."""
+        if self.mixer == "short_conv":
+            return (0,)
+        return (self.n_heads, self.head_dim, self.d_state)
 
     @property
     def num_layers(self) -> int:
@@ -225,8 +242,11 @@ class MambaConfig:
         return replace(self, n_heads=self.n_heads // tp, n_groups=groups)
 
     def mixer_params(self, hidden: int) -> int:
-        """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias."""
+        """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias (a
+        short conv's: in_proj [3 d, hidden], out_proj, the conv, their biases)."""
         c = self.conv_dim
+        if self.mixer == "short_conv":
+            return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
         proj = (self.d_inner + c + self.n_heads) * hidden + hidden * self.d_inner
         return (
             proj
@@ -242,5 +262,5 @@ class MambaConfig:
         """The state slots of `seqs` sequences over every Mamba layer: conv [conv_dim,
         d_conv - 1] in `dtype`, SSM [heads, head_dim, d_state] in `ssm_dtype`."""
         conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
-        ssm = self.n_heads * self.head_dim * self.d_state * self.ssm_dtype(dtype).itemsize
+        ssm = math.prod(self.ssm_shape) * self.ssm_dtype(dtype).itemsize
         return self.num_layers * (conv + ssm) * seqs

@@ -66,7 +66,10 @@ class TPLayout:
 
 def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
-    divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`)."""
+    divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`). LFM2's short
+    convs are not split: refused."""
+    if m.mixer != "mamba2":
+        return f"--tensor-parallel-size {size} is not supported for a model with {m.mixer} layers"
     if m.n_heads % size:
         return (f"--tensor-parallel-size {size} does not divide the Mamba2 heads "
                 f"(mamba n_heads {m.n_heads})")  # fmt: skip

@@ -96,7 +96,7 @@ def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
     `mamba_shard.local`): what the CUDA runner keeps free beside its activations' headroom,
     the fit check and the memory estimate count (`step_scan_bytes`)."""
     m = mamba_shard.local(mc.family.mamba, tp)
-    if m is None:
+    if m is None or m.mixer != "mamba2":  # (LFM2's short convs: no scan)
         return 0
     return ssd_scan_bytes(tokens, seqs, m.n_heads, m.head_dim, m.d_state, m.n_groups,
                           m.chunk_size)  # fmt: skip

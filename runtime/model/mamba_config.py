@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import lfm2_config
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
@@ -46,6 +47,7 @@ ARCHITECTURES = {
     "BambaForCausalLM": "bamba",
     "NemotronHForCausalLM": "nemotron_h",
     "FalconH1ForCausalLM": "falcon_h1",
+    **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -69,6 +71,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "falcon_h1": {**_MAMBA_DEFAULTS, "mamba_d_ssm": 1024, "rms_norm_eps": 1e-5,
                   "num_key_value_heads": 8, "max_position_embeddings": 8192,
                   "mamba_norm_before_gate": True, "mamba_rms_norm": False},
+    **lfm2_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
 _NEMOTRON_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
@@ -228,6 +231,8 @@ def _falcon_fields(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """config.json fields read otherwise for `ModelConfig`: Granite 4.0's MLP in every layer is
     the shared one (`shared_intermediate_size`), its experts' width goes to the family."""
+    if arch == "lfm2":
+        return lfm2_config.overrides(cfg)
     if arch == "granitemoehybrid":
         return {"intermediate_size": cfg["shared_intermediate_size"],
                 "granite_expert_width": cfg.get("intermediate_size")}  # fmt: skip
@@ -240,6 +245,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 
 
 def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
+    if arch == "lfm2":
+        return lfm2_config.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
     if arch == "granitemoehybrid":
         experts = int(cfg.get("num_local_experts") or 0)
@@ -290,6 +297,8 @@ def nemotron_name(stored: str) -> str:
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s tensors besides its norms: its Mamba2 mixer (or nothing for an attention
     layer, checked as Llama's) and, for Granite 4.0, its MLP."""
+    if c.architecture == "lfm2":
+        return lfm2_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out: dict[str, tuple[int, ...]] = {}
     if m.layers[i]:

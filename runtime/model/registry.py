@@ -67,6 +67,7 @@ MODEL_CLASSES = {
     "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
     "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
     "falcon_h1": ("falcon_h1", "FalconH1Model"),  # attention and Mamba2 side by side
+    "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
