@@ -1,4 +1,4 @@
-"""Tiny hybrid checkpoints (Mamba2 layers among attention layers) as transformers' configs:
+"""Tiny hybrid checkpoints (Mamba2 layers, or LFM2's short convs, among attention layers) as transformers' configs:
 shared by tests/runtime/model/test_hybrid_ssm.py (`CASES`, one rank) and
 tests/runtime/distributed/test_tp_hybrid.py (`TP_CASES`, two ranks: every case's heads, groups
 and widths split in two)."""
@@ -61,6 +61,19 @@ CASES = {
         "FalconH1",
         dict(num_hidden_layers=2, mamba_n_heads=4, mamba_d_ssm=128, mamba_d_state=16,
              mamba_n_groups=2, mamba_chunk_size=8, mamba_rms_norm=False, mamba_proj_bias=True),
+    ),
+    # LFM2: gated short convs among Qwen3-style attention layers (q/k norms), tied, the MLP's
+    # width adjusted (2/3, x 1.5, rounded up to 16); then biases on the convs and their
+    # projections, a wider conv, the older config keys (full_attn_idxs, block_ff_dim as is)
+    "lfm2": (
+        "Lfm2",
+        dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+             block_multiple_of=16, block_ffn_dim_multiplier=1.5),
+    ),
+    "lfm2-bias": (
+        "Lfm2",
+        dict(num_hidden_layers=3, full_attn_idxs=[2], conv_bias=True, conv_L_cache=4,
+             block_auto_adjust_ff_dim=False, tie_word_embeddings=False),
     ),
 }  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;

@@ -539,3 +539,58 @@ def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monke
                                                  max_num_batched_tokens=8192),
                          tmp_path, torch.device("cpu"))  # fmt: skip
     assert fp.activations >= scan
+
+
+def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
+    """LFM2's short convs in the start-up arithmetic: the weights estimate against the built
+    model, state slots of a conv state alone (no SSM state, no scan), the checkpoint check
+    naming a conv tensor; tensor parallelism refused in one line; LFM2-1.2B's config.json
+    (its older keys beside the new) read without weights; an unknown layer type refused."""
+    import json
+
+    from model_bytes import check_estimate
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.model import mamba2
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import memory
+    from pagoda.runtime.server.weights import from_shapes
+
+    path, _, loaded, _ = built("lfm2-bias")
+    mc = loaded.config
+    check_estimate(path, rel=0.02)
+    stored = sum(t.numel() for t in loaded.weights.values()) * 2
+    assert from_shapes(mc, torch.bfloat16, False) == pytest.approx(stored, rel=0.02)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
+    state = memory.estimate(mc, cfg, path, torch.device("cpu")).parts()["Mamba state"]
+    assert state == 8 * 2 * 64 * 3 * 2 and mamba2.scan_bytes(mc, 256, 8) == 0  # 2 conv layers
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2 is not supported for a model "
+                                         "with short_conv layers"):  # fmt: skip
+        tp_check(mc, 2)
+    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}  # (read as Llama's)
+    check_checkpoint(mc, headers)
+    del headers["model.layers.1.conv.conv.bias"]
+    with pytest.raises(
+        ValueError, match=re.escape("missing tensor 'model.layers.1.conv.conv.bias'")
+    ):
+        check_checkpoint(mc, headers)
+    types = ["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
+             "full_attention", "conv", "full_attention", "conv", "full_attention", "conv",
+             "full_attention", "conv"]  # fmt: skip
+    hub = {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "block_dim": 2048,
+           "block_ff_dim": 12288, "block_auto_adjust_ff_dim": True, "block_multiple_of": 256,
+           "block_ffn_dim_multiplier": 1.0, "conv_L_cache": 3, "conv_bias": False,
+           "hidden_size": 2048, "intermediate_size": 12288, "layer_types": types,
+           "max_position_embeddings": 128000, "norm_eps": 1e-05, "num_attention_heads": 32,
+           "num_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+           "rope_theta": 1000000.0, "tie_embedding": True, "vocab_size": 65536}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    hub_mc = read_model_config(str(tmp_path))
+    assert hub_mc.intermediate_size == 8192 and hub_mc.tie_word_embeddings
+    assert hub_mc.family.mamba.num_layers == 10 and hub_mc.num_kv_layers == 6
+    assert hub_mc.rms_norm_eps == 1e-5 and hub_mc.rope_theta == 1e6
+    assert 1.1e9 < hub_mc.num_params < 1.3e9  # LFM2-1.2B
+    (tmp_path / "config.json").write_text(json.dumps({**hub, "layer_types": ["mamba"] * 16}))
+    with pytest.raises(ValueError, match=re.escape("layer_types ['mamba'] are not supported")):
+        read_model_config(str(tmp_path))
