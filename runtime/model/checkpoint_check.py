@@ -239,7 +239,14 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     ungated MLP's (up, up, down)."""
     out = []
     for i in range(c.num_layers):
-        if c.architecture in ("granitemoe", "gpt_oss", "granitemoehybrid", "nemotron_h", "lfm2"):
+        if c.architecture in (
+            "granitemoe",
+            "gpt_oss",
+            "granitemoehybrid",
+            "nemotron_h",
+            "lfm2",
+            "lfm2_moe",
+        ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         if c.architecture in ("bamba", "falcon_h1"):
             p = f"model.layers.{i}.feed_forward."

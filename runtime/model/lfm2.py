@@ -14,7 +14,8 @@ its last ``conv_L_cache - 1`` conv inputs in the hybrids' state slots (`worker/m
 layout come as the Mamba2 layers' do (`mamba2.MambaStep`): the decode rows one batched conv
 step over their slots, the prefill chunks one conv over each sequence's state and tokens
 (`ssd.pack`'s conv segments), so a prompt split over steps computes what one pass would.
-Prefix caching is off for it (`engine/recurrent.py`); tensor parallelism is refused
+LFM2-MoE (`Lfm2MoeForCausalLM`) is this model with `moe.SparseMoE` experts after its first
+dense layers (`lfm2_config.py`). Prefix caching is off for it (`engine/recurrent.py`); tensor parallelism is refused
 (`distributed/layout.py`).
 """
 
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep
+from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model_configs import MambaConfig
 
@@ -124,6 +126,16 @@ class Lfm2Layer(Qwen3Layer):
 
 class Lfm2Model(LlamaModel):
     layer_class = Lfm2Layer
+    # LFM2-MoE's experts (`moe.SparseMoE`), its router and choice-only bias
+    moe_names = ("feed_forward.", ("w1", "w3", "w2"))
+    moe_router, moe_bias = "gate.weight", "expert_bias"
 
     def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        if self.config.family.has_experts(index):
+            return SparseMoE.from_weights(self, w, prefix, ctx)
         return GatedMLP(ctx, w, prefix + "feed_forward.", ("w1", "w3", "w2"))
+
+
+class Lfm2MoeModel(Lfm2Model):
+    """LFM2-MoE (`Lfm2MoeForCausalLM`): LFM2's layers, experts after the first dense ones
+    (`lfm2_config.py`)."""

@@ -10,6 +10,12 @@ layer code.
 - the MLP is SwiGLU (`w1`, `w3`, `w2`), its width `intermediate_size` (or `block_ff_dim`)
   adjusted as `Lfm2MLP` does where `block_auto_adjust_ff_dim`: 2/3 of it, times
   `block_ffn_dim_multiplier`, rounded up to `block_multiple_of`;
+- LFM2-MoE (`Lfm2MoeForCausalLM`: LFM2-8B-A1B): dense MLPs (`intermediate_size` as it is) in
+  the first `num_dense_layers` layers, then SwiGLU experts (`feed_forward.experts.{e}.w1/w3/w2`)
+  picked by the sigmoid of the router's logits plus a choice-only `expert_bias` (where
+  `use_expert_bias`), weighted by the uncorrected scores renormalised (`norm_topk_prob`) times
+  `routed_scaling_factor` (`moe_routing.GroupedRouter`; its 1e-20 in the renormalising sum where
+  transformers adds 1e-6: a relative 1e-6 on the weights);
 - `norm_eps`; tied by default (`tie_embedding`, the older key, wins where set); `conv_bias`
   puts biases on the conv and both of its projections.
 
@@ -23,9 +29,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.model_configs import ExpertRouting, MambaConfig
 
-ARCHITECTURES = {"Lfm2ForCausalLM": "lfm2"}
+ARCHITECTURES = {"Lfm2ForCausalLM": "lfm2", "Lfm2MoeForCausalLM": "lfm2_moe"}
 # transformers' Lfm2Config defaults, where config.json leaves one out
 DEFAULTS = {
     "lfm2": {"vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288,
@@ -34,6 +40,13 @@ DEFAULTS = {
              "rope_theta": 1_000_000.0, "conv_bias": False, "conv_L_cache": 3,
              "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
              "block_auto_adjust_ff_dim": True},
+    "lfm2_moe": {"vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 7168,
+                 "moe_intermediate_size": 1792, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "max_position_embeddings": 128_000, "norm_eps": 1e-5,
+                 "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "conv_bias": False,
+                 "conv_L_cache": 3, "num_dense_layers": 2, "num_experts_per_tok": 4,
+                 "num_experts": 32, "use_expert_bias": True, "routed_scaling_factor": 1.0,
+                 "norm_topk_prob": True},
 }  # fmt: skip
 _CONV, _ATTENTION = "conv", "full_attention"
 
@@ -54,7 +67,9 @@ def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
 
 
 def _mlp_width(cfg: Mapping[str, Any]) -> int:
-    """`Lfm2MLP`'s width."""
+    """`Lfm2MLP`'s width (LFM2-MoE's dense MLPs: `intermediate_size` as it is)."""
+    if "moe_intermediate_size" in cfg:
+        return int(cfg["intermediate_size"])
     width = int(cfg.get("block_ff_dim") or cfg["intermediate_size"])
     if not cfg.get("block_auto_adjust_ff_dim"):
         return width
@@ -88,7 +103,17 @@ def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
 
 
 def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
-    return {"mamba": mamba(cfg, n)}
+    fields: dict[str, Any] = {"mamba": mamba(cfg, n)}
+    if "moe_intermediate_size" in cfg:  # LFM2-MoE: experts after the first dense layers
+        dense = int(cfg["num_dense_layers"])
+        routing = ExpertRouting(scoring="sigmoid", correction_bias=bool(cfg["use_expert_bias"]),
+                                routed_scaling_factor=float(cfg["routed_scaling_factor"]))  # fmt: skip
+        fields.update(routing=routing, num_experts=int(cfg["num_experts"]),
+                      num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                      moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                      norm_topk_prob=bool(cfg["norm_topk_prob"]),
+                      moe_layers=tuple(i >= dense for i in range(n)))  # fmt: skip
+    return fields
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
@@ -107,5 +132,14 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         a = p + "self_attn."
         out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (c.head_dim,)
     s, f = c.intermediate_size, p + "feed_forward."
+    if c.family.has_experts(i):  # LFM2-MoE's router, its choice-only bias, each expert
+        e, s, f = c.family.num_experts, c.family.moe_intermediate_size, f + "experts."
+        out[p + "feed_forward.gate.weight"] = (e, h)
+        if c.family.routing.bias:
+            out[p + "feed_forward.expert_bias"] = (e,)
+        for x in range(e):
+            g = f"{f}{x}."
+            out.update({g + "w1.weight": (s, h), g + "w3.weight": (s, h), g + "w2.weight": (h, s)})
+        return out
     out.update({f + "w1.weight": (s, h), f + "w3.weight": (s, h), f + "w2.weight": (h, s)})
     return out

@@ -231,7 +231,7 @@ def _falcon_fields(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """config.json fields read otherwise for `ModelConfig`: Granite 4.0's MLP in every layer is
     the shared one (`shared_intermediate_size`), its experts' width goes to the family."""
-    if arch == "lfm2":
+    if arch in lfm2_config.DEFAULTS:
         return lfm2_config.overrides(cfg)
     if arch == "granitemoehybrid":
         return {"intermediate_size": cfg["shared_intermediate_size"],
@@ -245,7 +245,7 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 
 
 def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
-    if arch == "lfm2":
+    if arch in lfm2_config.DEFAULTS:
         return lfm2_config.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
     if arch == "granitemoehybrid":
@@ -297,7 +297,7 @@ def nemotron_name(stored: str) -> str:
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s tensors besides its norms: its Mamba2 mixer (or nothing for an attention
     layer, checked as Llama's) and, for Granite 4.0, its MLP."""
-    if c.architecture == "lfm2":
+    if c.architecture in lfm2_config.DEFAULTS:
         return lfm2_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out: dict[str, tuple[int, ...]] = {}

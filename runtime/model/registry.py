@@ -68,6 +68,7 @@ MODEL_CLASSES = {
     "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
     "falcon_h1": ("falcon_h1", "FalconH1Model"),  # attention and Mamba2 side by side
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
+    "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections

@@ -81,7 +81,7 @@ _MAMBA_TENSORS = re.compile(
 )  # (LFM2's conv)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
-_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.((router\.)?gate\.(wg\.)?weight|"
+_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
                              r"((gate|moe_statics)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 

@@ -75,6 +75,14 @@ CASES = {
         dict(num_hidden_layers=3, full_attn_idxs=[2], conv_bias=True, conv_L_cache=4,
              block_auto_adjust_ff_dim=False, tie_word_embeddings=False),
     ),
+    # LFM2-MoE: a dense layer, then 8 sigmoid-routed experts (top 3) with the choice-only bias
+    # (scrambled by test_hybrid_ssm.py), routed scale, renormalised
+    "lfm2-moe": (
+        "Lfm2Moe",
+        dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+             num_dense_layers=1, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+             routed_scaling_factor=1.5),
+    ),
 }  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's

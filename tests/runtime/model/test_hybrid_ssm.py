@@ -39,11 +39,11 @@ transformers = pytest.importorskip("transformers")
 def _make(name: str, path):
     arch, overrides = CASES[name]
     model = make_tiny_model(path, arch, **overrides)
-    if name == "nemotron-h-moe":  # biases (buffers: zeros) large enough to change the picks
-        g = torch.Generator().manual_seed(2)
+    if name in ("nemotron-h-moe", "lfm2-moe"):  # biases (buffers: zeros) large enough to
+        g = torch.Generator().manual_seed(2)  # change the picks
         with torch.no_grad():
             for key, buf in model.named_buffers():
-                if key.endswith("e_score_correction_bias"):
+                if key.endswith(("e_score_correction_bias", "expert_bias")):
                     buf.copy_(torch.randn(buf.shape, generator=g))
         model.save_pretrained(path)
     return model
@@ -543,7 +543,7 @@ def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monke
 
 def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
     """LFM2's short convs in the start-up arithmetic: the weights estimate against the built
-    model, state slots of a conv state alone (no SSM state, no scan), the checkpoint check
+    model (LFM2-MoE's too), state slots of a conv state alone (no SSM state, no scan), the checkpoint check
     naming a conv tensor; tensor parallelism refused in one line; LFM2-1.2B's config.json
     (its older keys beside the new) read without weights; an unknown layer type refused."""
     import json
@@ -557,11 +557,12 @@ def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
     from pagoda.runtime.server import memory
     from pagoda.runtime.server.weights import from_shapes
 
-    path, _, loaded, _ = built("lfm2-bias")
-    mc = loaded.config
-    check_estimate(path, rel=0.02)
-    stored = sum(t.numel() for t in loaded.weights.values()) * 2
-    assert from_shapes(mc, torch.bfloat16, False) == pytest.approx(stored, rel=0.02)
+    for name in ("lfm2-moe", "lfm2-bias"):
+        path, _, loaded, _ = built(name)
+        mc = loaded.config
+        check_estimate(path, rel=0.02)
+        stored = sum(t.numel() for t in loaded.weights.values()) * 2
+        assert from_shapes(mc, torch.bfloat16, False) == pytest.approx(stored, rel=0.02)
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
     state = memory.estimate(mc, cfg, path, torch.device("cpu")).parts()["Mamba state"]
     assert state == 8 * 2 * 64 * 3 * 2 and mamba2.scan_bytes(mc, 256, 8) == 0  # 2 conv layers
