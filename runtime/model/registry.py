@@ -67,6 +67,7 @@ MODEL_CLASSES = {
     "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
     "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
     "falcon_h1": ("falcon_h1", "FalconH1Model"),  # attention and Mamba2 side by side
+    "mamba2": ("nemotron_h", "Mamba2Model"),  # Mamba2 blocks alone (no attention, no MLP)
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices

@@ -83,6 +83,13 @@ CASES = {
              num_dense_layers=1, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
              routed_scaling_factor=1.5),
     ),
+    # Mamba2 alone (Mamba2ForCausalLM): no attention, no MLP, its `backbone.` names; two
+    # groups of B/C, biased projections, a time-step limit
+    "mamba2": (
+        "Mamba2",
+        dict(num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=2,
+             chunk_size=8, use_bias=True, time_step_limit=(0.0, 5.0)),
+    ),
 }  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's
@@ -112,4 +119,5 @@ TP_CASES = {
              ssm_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
              mamba_proj_bias=True),
     ),
+    "mamba2": CASES["mamba2"],  # no attention: the mixers alone split (one group a rank)
 }  # fmt: skip

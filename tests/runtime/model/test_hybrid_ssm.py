@@ -595,3 +595,53 @@ def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**hub, "layer_types": ["mamba"] * 16}))
     with pytest.raises(ValueError, match=re.escape("layer_types ['mamba'] are not supported")):
         read_model_config(str(tmp_path))
+
+
+def test_mamba2_alone_sizes_and_the_hub_config(built, tmp_path):
+    """Mamba2ForCausalLM has no attention layer: the memory check counts no KV cache and the
+    state slots alone, the engine's blocks are positions only (0 bytes; enough for every
+    sequence's context), the scheduler runs at most its state slots' sequences; the weights
+    estimate matches the built model. Mamba-Codestral-7B's config.json reads without weights:
+    7.3B parameters, 64 Mamba layers, no KV."""
+    import json
+
+    from model_bytes import check_estimate
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import fit, memory
+
+    path, _, loaded, _ = built("mamba2")
+    mc = loaded.config
+    check_estimate(path, rel=0.02)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
+    parts = memory.check(mc, cfg, path, 256).parts()
+    per_seq = 2 * ((128 + 2 * 2 * 16) * 3 + 4 * 32 * 16) * 4  # 2 layers: conv, SSM (float32)
+    assert parts["KV cache"] == 0 and parts["Mamba state"] == 8 * per_seq
+    assert fit.check(mc, cfg, path).state_bytes(mc) == parts["Mamba state"]
+    llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=2, max_model_len=256)
+    assert llm.engine.runner.bytes_per_block == 0 and llm.engine.runner.num_blocks == 2 * 17
+    steps = []
+    schedule = llm.engine.scheduler.schedule
+    llm.engine.scheduler.schedule = lambda: steps.append(out := schedule()) or out
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [5 + i, 9]} for i in range(5)], params)
+    assert max(len(s.scheduled) for s in steps) == 2  # 5 requests, 2 state slots
+    assert llm.engine.runner.mamba.num_held == 0
+    hub = {"architectures": ["Mamba2ForCausalLM"], "chunk_size": 256, "conv_kernel": 4,
+           "expand": 2, "head_dim": 64, "hidden_act": "silu", "hidden_size": 4096,
+           "layer_norm_epsilon": 1e-05, "model_type": "mamba2", "n_groups": 8,
+           "norm_before_gate": False, "num_heads": 128, "num_hidden_layers": 64,
+           "residual_in_fp32": True, "rms_norm": True, "state_size": 128,
+           "tie_word_embeddings": False, "time_step_limit": [0.0, float("inf")],
+           "time_step_rank": 256, "use_bias": False, "use_conv_bias": True,
+           "vocab_size": 32768}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    hub_mc = read_model_config(str(tmp_path))
+    m = hub_mc.family.mamba
+    assert m.num_layers == 64 and hub_mc.num_kv_layers == 0 and m.conv_dim == 8192 + 2 * 8 * 128
+    assert memory.kv_bytes_per_token(hub_mc, torch.bfloat16, "auto") == 0
+    assert 7.2e9 < hub_mc.num_params < 7.4e9
+    (tmp_path / "config.json").write_text(json.dumps({**hub, "hidden_act": "gelu"}))
+    with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported in a mamba2 model"):
+        read_model_config(str(tmp_path))
