@@ -22,10 +22,9 @@ dense layers (`lfm2_config.py`). Prefix caching is off for it (`engine/recurrent
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
-from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv
 from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model_configs import MambaConfig
@@ -77,15 +76,7 @@ class ShortConv:
     def _prefill(self, conv: torch.Tensor, bx: torch.Tensor, step: MambaStep) -> torch.Tensor:
         """The prefill chunks in one conv over each sequence's segment (its conv state, then
         its tokens: `ssd.pack`), the new states (each segment's last inputs) to their slots."""
-        pre = step.prefill
-        k, n_seq, c = self.weight.shape[1] - 1, pre.slots.shape[0], self.width
-        window = bx.new_empty(pre.conv_len, c).index_copy_(0, pre.conv_rows, bx)
-        start = conv.index_select(0, pre.slots).transpose(1, 2).reshape(n_seq * k, c)
-        window.index_copy_(0, pre.state_rows, start.to(window.dtype))
-        new = window.index_select(0, pre.end_rows).view(n_seq, k, c).transpose(1, 2)
-        conv.index_copy_(0, pre.slots, new.to(conv.dtype))
-        out = F.conv1d(window.t()[None], self.weight[:, None, :], self.bias, groups=c)[0]
-        return out.index_select(1, pre.conv_out).t()
+        return packed_conv(conv, bx, step.prefill, self.weight, self.bias)
 
 
 class Lfm2Layer(Qwen3Layer):

@@ -145,6 +145,28 @@ def conv_step(
     return F.silu(out), window[..., 1:]
 
 
+def packed_conv(
+    conv: torch.Tensor,  # [slots, C, K - 1] the layer's conv states
+    x: torch.Tensor,  # [T, C] the prefill chunks' conv inputs
+    pre: Prefill,
+    weight: torch.Tensor,  # [C, K]
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """The causal conv [T, C] (no activation) of a step's prefill chunks, all at once over each
+    sequence's segment (its conv state, then its tokens: `ssd.pack`); the new conv states (each
+    segment's last K - 1 inputs) written to their slots. The Mamba2 mixer's, LFM2's short conv's
+    and the Mamba-1 mixer's."""
+    k, n_seq, c = weight.shape[1] - 1, pre.slots.shape[0], weight.shape[0]
+    window = x.new_empty(pre.conv_len, c).index_copy_(0, pre.conv_rows, x)
+    start = conv.index_select(0, pre.slots).transpose(1, 2).reshape(n_seq * k, c)
+    window.index_copy_(0, pre.state_rows, start.to(window.dtype))
+    new = window.index_select(0, pre.end_rows).view(n_seq, k, c).transpose(1, 2)
+    conv.index_copy_(0, pre.slots, new.to(conv.dtype))
+    out = F.conv1d(window.t()[None], weight[:, None, :], bias, groups=c)[0]
+    del window
+    return out.index_select(1, pre.conv_out).t()
+
+
 def _group_norm(h: torch.Tensor, group: int, eps: float, spread=None) -> torch.Tensor:
     """RMSNorm over groups of `group` channels; `spread`: (the tensor-parallel group, the ranks
     one group spans) where this rank holds a part of its one group (`mamba_shard.py`): the
@@ -293,17 +315,7 @@ class Mamba2Mixer:
         each sequence's segment (its conv state, then its tokens), the chunked scan from each
         one's SSM state; both states left in their slots, the outputs in the step's rows."""
         m = self.m
-        k, n_seq = m.d_conv - 1, pre.slots.shape[0]
-        window = xbc.new_empty(pre.conv_len, m.conv_dim).index_copy_(0, pre.conv_rows, xbc)
-        start = conv.index_select(0, pre.slots).transpose(1, 2).reshape(n_seq * k, -1)
-        window.index_copy_(0, pre.state_rows, start.to(window.dtype))
-        new_conv = window.index_select(0, pre.end_rows).view(n_seq, k, -1).transpose(1, 2)
-        conv.index_copy_(0, pre.slots, new_conv.to(conv.dtype))
-        c = F.conv1d(window.t()[None], self.conv_weight[:, None, :], self.conv_bias,
-                     groups=m.conv_dim)[0]  # fmt: skip
-        del window
-        x, B, C = self._split(F.silu(c.index_select(1, pre.conv_out).t()))
-        del c
+        x, B, C = self._split(F.silu(packed_conv(conv, xbc, pre, self.conv_weight, self.conv_bias)))
         y = ssd.scan_step(x, dt, self.A, B, C, ssm, pre.groups, m.chunk_size)
         return y + x.float() * self.D[:, None]
 
