@@ -186,13 +186,18 @@ class MambaConfig:
     parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
     falcon: FalconH1Scales | None = None
     moe: NemotronHExperts | None = None  # Nemotron-H's MoE blocks
-    # the recurrent layers' kind: "mamba2" (the mixer above), or "short_conv" (LFM2's gated
+    # the recurrent layers' kind: "mamba2" (the mixer above), "short_conv" (LFM2's gated
     # short convolutions, `model/lfm2.py`: a conv state over d_inner = hidden channels, no SSM
-    # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread)
+    # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread) or "mamba1" (Mamba-1's
+    # selective scan, `model/mamba1.py`: n_heads 1, head_dim d_inner, A [d_inner, d_state], a
+    # conv over d_inner channels; dt from a `dt_rank` projection, FalconMamba's weightless RMS
+    # norms on B, C and dt where `bcdt_eps` is set)
     mixer: str = "mamba2"
+    dt_rank: int = 0
+    bcdt_eps: float | None = None
 
     def __post_init__(self) -> None:
-        if self.mixer not in ("mamba2", "short_conv"):
+        if self.mixer not in ("mamba2", "short_conv", "mamba1"):
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -207,7 +212,7 @@ class MambaConfig:
     @property
     def conv_dim(self) -> int:
         """The channels the causal conv runs over: x, B and C (a short conv's: d_inner)."""
-        if self.mixer == "short_conv":
+        if self.mixer != "mamba2":
             return self.d_inner
         return self.d_inner + 2 * self.n_groups * self.d_state
 
@@ -247,6 +252,16 @@ class MambaConfig:
         c = self.conv_dim
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
+        if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
+            d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D
+            proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)
+            return (
+                proj
+                + d * (self.d_conv + self.conv_bias)
+                + d * (r + 2 * n)
+                + d * (r + 1)
+                + d * (n + 1)
+            )
         proj = (self.d_inner + c + self.n_heads) * hidden + hidden * self.d_inner
         return (
             proj

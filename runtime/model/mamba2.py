@@ -96,8 +96,10 @@ def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
     `mamba_shard.local`): what the CUDA runner keeps free beside its activations' headroom,
     the fit check and the memory estimate count (`step_scan_bytes`)."""
     m = mamba_shard.local(mc.family.mamba, tp)
-    if m is None or m.mixer != "mamba2":  # (LFM2's short convs: no scan)
+    if m is None or m.mixer == "short_conv":  # (LFM2's short convs: no scan)
         return 0
+    if m.mixer == "mamba1":  # `mamba1.Mamba1Mixer._scan`: eight float32 [T, d_inner] (its
+        return (8 * tokens + 3 * seqs * m.d_state) * m.d_inner * 4  # inputs packed, ...), states
     return ssd_scan_bytes(tokens, seqs, m.n_heads, m.head_dim, m.d_state, m.n_groups,
                           m.chunk_size)  # fmt: skip
 

@@ -53,6 +53,8 @@ ARCHITECTURES = {
     "NemotronHForCausalLM": "nemotron_h",
     "FalconH1ForCausalLM": "falcon_h1",
     "Mamba2ForCausalLM": "mamba2",  # Mamba2 alone (Mamba-Codestral): no attention layer
+    "MambaForCausalLM": "mamba",  # Mamba-1 (model/mamba1.py)
+    "FalconMambaForCausalLM": "falcon_mamba",  # Mamba-1 with norms on B, C and dt
     **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
 }
 # transformers' config defaults, where config.json leaves one out
@@ -83,6 +85,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "state_size": 128, "layer_norm_epsilon": 1e-5, "expand": 2, "conv_kernel": 4,
                "n_groups": 8, "use_bias": False, "use_conv_bias": True, "hidden_act": "silu",
                "chunk_size": 256, "tie_word_embeddings": False, "max_position_embeddings": 2048},
+    **{arch: {
+        "vocab_size": 50280, "hidden_size": 768, "state_size": 16, "layer_norm_epsilon": 1e-5,
+        "expand": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
+        "hidden_act": "silu", "time_step_rank": "auto", "tie_word_embeddings": True,
+        "mixer_rms_eps": 1e-6, "max_position_embeddings": 2048} for arch in ("mamba", "falcon_mamba")},
     **lfm2_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
@@ -228,9 +235,34 @@ def _pure_mamba2(cfg: Mapping[str, Any], n: int) -> MambaConfig:
     )
 
 
+def _mamba1(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
+    """MambaForCausalLM's and FalconMambaForCausalLM's mixers (`model/mamba1.py`)."""
+    if cfg["hidden_act"] != "silu":
+        raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported in a {arch} model "
+                         "(silu)")  # fmt: skip
+    hidden = int(cfg["hidden_size"])
+    rank = cfg["time_step_rank"]
+    return MambaConfig(
+        layers=(True,) * n,
+        n_heads=1,
+        head_dim=int(cfg["expand"]) * hidden,
+        d_state=int(cfg["state_size"]),
+        d_conv=int(cfg["conv_kernel"]),
+        chunk_size=1,  # (the scan's position-major layout: `ssd.pack` in chunks of one token)
+        conv_bias=bool(cfg["use_conv_bias"]),
+        proj_bias=bool(cfg["use_bias"]),
+        mlp_layers=(False,) * n,
+        mixer="mamba1",
+        dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
+        bcdt_eps=float(cfg["mixer_rms_eps"]) if arch == "falcon_mamba" else None,
+    )
+
+
 def mamba(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
     if arch == "nemotron_h":
         return _nemotron_mamba(cfg, n)
+    if arch in ("mamba", "falcon_mamba"):
+        return _mamba1(cfg, arch, n)
     if arch == "mamba2":
         return _pure_mamba2(cfg, n)
     hidden, heads = int(cfg["hidden_size"]), int(cfg["mamba_n_heads"])
@@ -273,6 +305,11 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     the shared one (`shared_intermediate_size`), its experts' width goes to the family."""
     if arch in lfm2_config.DEFAULTS:
         return lfm2_config.overrides(cfg)
+    if arch in ("mamba", "falcon_mamba"):  # no attention, no MLP: heads of 64 stand in
+        heads = max(1, int(cfg["hidden_size"]) // 64)
+        return {"num_attention_heads": heads, "num_key_value_heads": heads,
+                "rms_norm_eps": cfg["layer_norm_epsilon"], "attention_bias": False,
+                "intermediate_size": int(cfg["expand"]) * int(cfg["hidden_size"])}  # fmt: skip
     if arch == "mamba2":  # no attention, no MLP: the mixer's heads stand in for attention's
         heads = cfg["num_heads"]
         return {"num_attention_heads": heads, "num_key_value_heads": heads,
@@ -308,7 +345,11 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
             fields["rope_layers"] = (False,) * n
     if arch == "nemotron_h":  # ungated ReLU² MLPs; attention without rotary
         fields.update(gated_mlp=False, rope_layers=(False,) * n)
-    if arch == "mamba2":  # no rotary (no attention); no MLP (`ModelConfig.hybrid_params`
+    if arch in (
+        "mamba2",
+        "mamba",
+        "falcon_mamba",
+    ):  # no rotary (no attention); no MLP (`ModelConfig.hybrid_params`
         fields["rope_layers"] = (False,) * n  # takes off the one its width, d_inner, counts)
     if arch == "falcon_h1":  # the logits scaled after the head (no sampling fused into it)
         fields["logit_scale"] = fields["mamba"].falcon.lm_head
@@ -348,6 +389,15 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         return lfm2_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out: dict[str, tuple[int, ...]] = {}
+    if m.mixer == "mamba1":  # Mamba-1's mixer
+        x, d, n, r = p + "mamba.", m.d_inner, m.d_state, m.dt_rank
+        out.update({x + "in_proj.weight": (2 * d, h), x + "conv1d.weight": (d, 1, m.d_conv),
+                    x + "x_proj.weight": (r + 2 * n, d), x + "dt_proj.weight": (d, r),
+                    x + "dt_proj.bias": (d,), x + "A_log": (d, n), x + "D": (d,),
+                    x + "out_proj.weight": (h, d)})  # fmt: skip
+        if m.conv_bias:
+            out[x + "conv1d.bias"] = (d,)
+        return out
     if m.layers[i]:
         x = p + "mamba."
         out.update({x + "in_proj.weight": (m.d_inner + m.conv_dim + m.n_heads, h),

@@ -90,6 +90,16 @@ CASES = {
         dict(num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=2,
              chunk_size=8, use_bias=True, time_step_limit=(0.0, 5.0)),
     ),
+    # Mamba-1 (MambaForCausalLM): A [d_inner, d_state], dt from a rank-4 projection, biased
+    # projections; Falcon-Mamba's weightless norms on B, C and dt, no conv bias
+    "mamba1": (
+        "Mamba",
+        dict(num_hidden_layers=2, state_size=8, time_step_rank=4, use_bias=True),
+    ),
+    "falcon-mamba": (
+        "FalconMamba",
+        dict(num_hidden_layers=2, state_size=8, use_conv_bias=False, mixer_rms_eps=1e-5),
+    ),
 }  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's
