@@ -85,6 +85,8 @@ def check(config: ModelConfig, size: int) -> None:
     if size == 1:
         return
     f = config.family
+    if f.mamba is not None and f.mamba.mixer != "mamba2":  # (LFM2's, Mamba-1's: not split)
+        raise ValueError(mamba_problem(f.mamba, size))
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(
         size,

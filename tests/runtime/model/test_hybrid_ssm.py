@@ -645,3 +645,42 @@ def test_mamba2_alone_sizes_and_the_hub_config(built, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**hub, "hidden_act": "gelu"}))
     with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported in a mamba2 model"):
         read_model_config(str(tmp_path))
+
+
+def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
+    """Mamba-1: the weights estimate against the built model, state slots of a conv state
+    [d_inner, 3] and an SSM state [d_inner, d_state] per layer, no KV cache, one rank only;
+    mamba-130m-hf's and Falcon-Mamba-7B's config.json read without weights."""
+    import json
+
+    from model_bytes import check_estimate
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import memory
+
+    path, _, loaded, _ = built("falcon-mamba")
+    mc = loaded.config
+    check_estimate(path, rel=0.02)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
+    parts = memory.check(mc, cfg, path, 256).parts()
+    assert parts["KV cache"] == 0 and parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
+    with pytest.raises(ValueError, match="not supported for a model with mamba1 layers"):
+        tp_check(mc, 2)
+    hub = {"architectures": ["MambaForCausalLM"], "conv_kernel": 4, "d_inner": 1536,
+           "d_model": 768, "expand": 2, "hidden_act": "silu", "hidden_size": 768,
+           "intermediate_size": 1536, "layer_norm_epsilon": 1e-05, "model_type": "mamba",
+           "n_layer": 24, "num_hidden_layers": 24, "residual_in_fp32": True, "rms_norm": True,
+           "state_size": 16, "time_step_rank": 48, "use_bias": False, "use_conv_bias": True,
+           "vocab_size": 50280}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    small = read_model_config(str(tmp_path))
+    assert small.family.mamba.dt_rank == 48 and small.num_kv_layers == 0
+    assert small.tie_word_embeddings and 1.25e8 < small.num_params < 1.35e8  # mamba-130m
+    falcon = {**hub, "architectures": ["FalconMambaForCausalLM"], "model_type": "falcon_mamba",
+              "hidden_size": 4096, "num_hidden_layers": 64, "time_step_rank": 256,
+              "vocab_size": 65024, "tie_word_embeddings": False, "mixer_rms_eps": 1e-06}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(falcon))
+    big = read_model_config(str(tmp_path))
+    assert big.family.mamba.bcdt_eps == 1e-6 and big.family.mamba.d_inner == 8192
+    assert 7.1e9 < big.num_params < 7.4e9  # Falcon-Mamba-7B
