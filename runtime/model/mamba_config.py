@@ -235,6 +235,12 @@ def _pure_mamba2(cfg: Mapping[str, Any], n: int) -> MambaConfig:
     )
 
 
+def _mamba1_inner(cfg: Mapping[str, Any]) -> int:
+    """Mamba-1's d_inner: config.json's `intermediate_size` where it has one (transformers'
+    MambaConfig keeps it), else expand x hidden_size."""
+    return int(cfg.get("intermediate_size") or int(cfg["expand"]) * int(cfg["hidden_size"]))
+
+
 def _mamba1(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
     """MambaForCausalLM's and FalconMambaForCausalLM's mixers (`model/mamba1.py`)."""
     if cfg["hidden_act"] != "silu":
@@ -245,7 +251,7 @@ def _mamba1(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
     return MambaConfig(
         layers=(True,) * n,
         n_heads=1,
-        head_dim=int(cfg["expand"]) * hidden,
+        head_dim=_mamba1_inner(cfg),
         d_state=int(cfg["state_size"]),
         d_conv=int(cfg["conv_kernel"]),
         chunk_size=1,  # (the scan's position-major layout: `ssd.pack` in chunks of one token)
@@ -309,7 +315,7 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         heads = max(1, int(cfg["hidden_size"]) // 64)
         return {"num_attention_heads": heads, "num_key_value_heads": heads,
                 "rms_norm_eps": cfg["layer_norm_epsilon"], "attention_bias": False,
-                "intermediate_size": int(cfg["expand"]) * int(cfg["hidden_size"])}  # fmt: skip
+                "intermediate_size": _mamba1_inner(cfg)}  # fmt: skip
     if arch == "mamba2":  # no attention, no MLP: the mixer's heads stand in for attention's
         heads = cfg["num_heads"]
         return {"num_attention_heads": heads, "num_key_value_heads": heads,

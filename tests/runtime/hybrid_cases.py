@@ -91,10 +91,11 @@ CASES = {
              chunk_size=8, use_bias=True, time_step_limit=(0.0, 5.0)),
     ),
     # Mamba-1 (MambaForCausalLM): A [d_inner, d_state], dt from a rank-4 projection, biased
-    # projections; Falcon-Mamba's weightless norms on B, C and dt, no conv bias
+    # projections, d_inner config.json's intermediate_size (128), not expand x hidden (192);
+    # Falcon-Mamba's weightless norms on B, C and dt, no conv bias
     "mamba1": (
         "Mamba",
-        dict(num_hidden_layers=2, state_size=8, time_step_rank=4, use_bias=True),
+        dict(num_hidden_layers=2, state_size=8, time_step_rank=4, use_bias=True, expand=3),
     ),
     "falcon-mamba": (
         "FalconMamba",

@@ -678,7 +678,8 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     assert small.family.mamba.dt_rank == 48 and small.num_kv_layers == 0
     assert small.tie_word_embeddings and 1.25e8 < small.num_params < 1.35e8  # mamba-130m
     falcon = {**hub, "architectures": ["FalconMambaForCausalLM"], "model_type": "falcon_mamba",
-              "hidden_size": 4096, "num_hidden_layers": 64, "time_step_rank": 256,
+              "hidden_size": 4096, "intermediate_size": 8192, "num_hidden_layers": 64,
+              "time_step_rank": 256,
               "vocab_size": 65024, "tie_word_embeddings": False, "mixer_rms_eps": 1e-06}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(falcon))
     big = read_model_config(str(tmp_path))
