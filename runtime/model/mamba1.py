@@ -19,9 +19,10 @@ in place where the slots are one run); its prefill chunks run the conv together
 (`mamba2.packed_conv`) and the scan in a position-major layout (`ssd.pack` with chunks of one
 token: the sequences sorted by length, position j of every sequence that has one, so the
 sequences still running at j are the first ``counts[j]``): one torch step per position of the
-step's longest chunk, vectorised over its sequences and channels. No per-sequence loop, no host
-sync; the per-position loop is the cost of the selective scan without a kernel (Mamba's own
-CUDA scan is not used: `benchmarks/`-free measure in docs/runtime.md).
+step's longest chunk, vectorised over its sequences and channels (the decays exp(dt A) and
+inputs dt B x of a block of rows computed at once, `BLOCK_ELEMENTS` float32 each). No
+per-sequence loop, no host sync; the per-position loop is the cost of a selective scan without
+a kernel of its own (`benchmarks/recurrent_families.py`, docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, conv_step, packed_conv
 from pagoda.runtime.model_configs import MambaConfig
+
+BLOCK_ELEMENTS = 1 << 22  # the prefill scan's decays and inputs [rows, D, N] computed per block
 
 
 def selective_step(
@@ -121,12 +124,16 @@ class Mamba1Mixer:
             0, g.tokens)) for t in (x, dt, B, C))  # fmt: skip
         dBx = dtp * xp
         yp = torch.empty_like(xp)
-        off = 0
+        per_block = max(1, BLOCK_ELEMENTS // (m.d_inner * m.d_state))
+        off = lo = hi = 0  # rows [lo, hi): their decays and inputs computed
         for n in g.counts:  # the sequences still running at this position: the first n
-            r = slice(off, off + n)
+            if off + n > hi:  # the next rows' decays and inputs, a block of rows at once
+                lo, hi = off, min(rows, off + max(n, per_block))
+                dA = torch.exp(dtp[lo:hi, :, None] * self.A)
+                dBxB = dBx[lo:hi, :, None] * Bp[lo:hi, None, :]
             s = state[:n]
-            s.mul_(torch.exp(dtp[r, :, None] * self.A)).add_(dBx[r, :, None] * Bp[r, None, :])
-            yp[r] = torch.matmul(s, Cp[r, :, None])[..., 0]
+            s.mul_(dA[off - lo : off - lo + n]).add_(dBxB[off - lo : off - lo + n])
+            yp[off : off + n] = torch.matmul(s, Cp[off : off + n, :, None])[..., 0]
             off += n
         ssm.index_copy_(0, pre.slots, state.view(n_seq, 1, m.d_inner, m.d_state).to(ssm.dtype))
         return yp.new_empty(yp.shape).index_copy_(0, g.tokens, yp.index_select(0, g.rows))

@@ -99,7 +99,8 @@ def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
     if m is None or m.mixer == "short_conv":  # (LFM2's short convs: no scan)
         return 0
     if m.mixer == "mamba1":  # `mamba1.Mamba1Mixer._scan`: eight float32 [T, d_inner] (its
-        return (8 * tokens + 3 * seqs * m.d_state) * m.d_inner * 4  # inputs packed, ...), states
+        # inputs packed, ...), the states, a block of decays and inputs (`BLOCK_ELEMENTS` each)
+        return (8 * tokens + 3 * seqs * m.d_state) * m.d_inner * 4 + 2 * (1 << 22) * 4
     return ssd_scan_bytes(tokens, seqs, m.n_heads, m.head_dim, m.d_state, m.n_groups,
                           m.chunk_size)  # fmt: skip
 

@@ -112,13 +112,17 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
     assert None in runs and any(r not in (None, "one") for r in runs)
 
 
-@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup"])
+@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup", "mamba1"])
 def test_mixed_lengths_in_one_step(built, monkeypatch, name):
     """One step holds a decode row (a one-token prompt), a long prompt (5 of the scan's
     8-token chunks) and short ones (1 to 11 tokens) in the packed layout, each sequence in
     chunks of its own; the next step prefills the last prompt beside their decodes. Every
-    sequence reads as transformers'."""
+    sequence reads as transformers'. Mamba-1's scan computes its decays 3 rows at a time (or
+    a position's rows, where more), so that blocks end inside the step."""
+    from pagoda.runtime.model import mamba1
     from pagoda.runtime.worker import mamba_state
+
+    monkeypatch.setattr(mamba1, "BLOCK_ELEMENTS", 3 * 128 * 8)
 
     _, model, loaded, _ = built(name)
     steps = []
