@@ -6,7 +6,8 @@ Tiny random models written by transformers (hidden 256, 4 layers; Mamba-1 d_inne
 d_state 16; Mamba2 8 heads of 64, d_state 16; LFM2 three conv layers and one attention layer).
 Prefill tokens/s: `--seqs` prompts of `--prompt` tokens from their first token until every one
 is computed (steps of `--max-num-batched-tokens`); decode tokens/s as
-`hybrid_decode.decode_rate`. The models alternate `--repeats` times, each one's best kept.
+`hybrid_decode.decode_rate`. Prefix caching is off for all (the recurrent ones have none; the
+repeated prompts would be cache hits for Llama). The models alternate `--repeats` times, each one's best kept.
 
     .venv/bin/python -P benchmarks/recurrent_families.py [--prompt 512] [--seqs 1 8]
 """
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             path.mkdir()
             make_tiny_model(path, arch, **SHAPE, **extra)
             engines[name] = LLM(loaded=load_model(str(path)), dtype="float32",
-                                max_num_seqs=width,
+                                max_num_seqs=width, enable_prefix_caching=False,
                                 max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
         best: dict[tuple[str, str], float] = {}
         runs = [("prefill", s) for s in args.seqs] + [("decode", b) for b in args.batches]
