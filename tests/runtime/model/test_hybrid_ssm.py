@@ -689,3 +689,16 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     big = read_model_config(str(tmp_path))
     assert big.family.mamba.bcdt_eps == 1e-6 and big.family.mamba.d_inner == 8192
     assert 7.1e9 < big.num_params < 7.4e9  # Falcon-Mamba-7B
+
+
+def test_fp8_is_refused_for_short_convs_and_mamba1(built):
+    """`--quantization fp8` on LFM2's or Mamba-1's layers: refused in one line at start
+    (`core.check_dtype`, which `pagoda serve` runs before it binds), not served untested."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.engine.core import check_dtype
+
+    for name, kind in (("lfm2", "short_conv"), ("mamba1", "mamba1")):
+        path, _, loaded, _ = built(name)
+        cfg = EngineConfig.create(str(path), device="cpu", quantization="fp8")
+        with pytest.raises(ValueError, match=f"fp8 is not supported .*\\({kind} layers\\)"):
+            check_dtype(cfg, loaded.config)
