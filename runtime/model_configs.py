@@ -78,6 +78,7 @@ class ExpertRouting:
     # a correction bias beside greedy or grouped choice (ERNIE 4.5's softmax router: `bias`)
     correction_bias: bool = False
     jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
+    renorm_eps: float = 1e-20  # added to the picks' sum when renormalised (LFM2-MoE's: 1e-6)
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:

@@ -14,8 +14,8 @@ layer code.
   the first `num_dense_layers` layers, then SwiGLU experts (`feed_forward.experts.{e}.w1/w3/w2`)
   picked by the sigmoid of the router's logits plus a choice-only `expert_bias` (where
   `use_expert_bias`), weighted by the uncorrected scores renormalised (`norm_topk_prob`) times
-  `routed_scaling_factor` (`moe_routing.GroupedRouter`; its 1e-20 in the renormalising sum where
-  transformers adds 1e-6: a relative 1e-6 on the weights);
+  `routed_scaling_factor` (`moe_routing.GroupedRouter`, 1e-6 added to the renormalising sum as
+  transformers adds it);
 - `norm_eps`; tied by default (`tie_embedding`, the older key, wins where set); `conv_bias`
   puts biases on the conv and both of its projections.
 
@@ -107,7 +107,8 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
     if "moe_intermediate_size" in cfg:  # LFM2-MoE: experts after the first dense layers
         dense = int(cfg["num_dense_layers"])
         routing = ExpertRouting(scoring="sigmoid", correction_bias=bool(cfg["use_expert_bias"]),
-                                routed_scaling_factor=float(cfg["routed_scaling_factor"]))  # fmt: skip
+                                routed_scaling_factor=float(cfg["routed_scaling_factor"]),
+                                renorm_eps=1e-6)  # fmt: skip
         fields.update(routing=routing, num_experts=int(cfg["num_experts"]),
                       num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                       moe_intermediate_size=int(cfg["moe_intermediate_size"]),
