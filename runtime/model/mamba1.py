@@ -92,7 +92,8 @@ class Mamba1Mixer:
         if nd:
             state = self._slots(ssm, step, nd).float().view(nd, m.d_inner, m.d_state)
             y[:nd] = selective_step(state, xf[:nd], dt[:nd], self.A, B[:nd], C[:nd])
-            self._write(ssm, step, nd, state.view(nd, 1, m.d_inner, m.d_state))
+            if step.decode_run is None or ssm.dtype != torch.float32:  # (else in place)
+                self._write(ssm, step, nd, state.view(nd, 1, m.d_inner, m.d_state))
         if step.prefill is not None:
             y[nd:] = self._scan(ssm, xf[nd:], dt[nd:], B[nd:], C[nd:], step)
         y = (y + xf * self.D) * F.silu(z.float())
