@@ -347,22 +347,6 @@ def test_nemotron_h_configs_of_the_hub(tmp_path):
         read_model_config(str(tmp_path))
 
 
-def test_a_model_without_attention_layers_keeps_no_kv_cache(built):
-    """Mamba2 alone: the KV cache's bytes are 0, its blocks (positions only) enough for every
-    sequence's whole context; the start-up checks count the state slots alone."""
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.server import fit, memory
-
-    path, _, loaded, _ = built("granite4-all-mamba")
-    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
-    parts = memory.check(loaded.config, cfg, path, 256).parts()
-    assert parts["KV cache"] == 0 and parts["Mamba state"] > 0
-    assert fit.check(loaded.config, cfg, path).state_bytes(loaded.config) == parts["Mamba state"]
-    llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=4, max_model_len=512)
-    assert llm.engine.runner.bytes_per_block == 0 and llm.engine.max_model_len == 512
-    assert llm.engine.runner.num_blocks == 4 * (512 // 16 + 1)
-
-
 def test_granite_4_h_1b_config_of_the_hub(tmp_path):
     """Granite-4.0-H-1B's config.json shape (its layer_types, 36 Mamba2 layers and 4 of
     attention under the hub's "mamba" / "attention" names, its Mamba sizes; the MLP widths and
@@ -602,8 +586,9 @@ def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
 
 
 def test_mamba2_alone_sizes_and_the_hub_config(built, tmp_path):
-    """Mamba2ForCausalLM has no attention layer: the memory check counts no KV cache and the
-    state slots alone, the engine's blocks are positions only (0 bytes; enough for every
+    """Mamba2ForCausalLM has no attention layer (nor Granite 4.0 with transformers' default
+    layer_types, "granite4-all-mamba", checked against transformers above): the memory check
+    counts no KV cache and the state slots alone, the engine's blocks are positions only (0 bytes; enough for every
     sequence's context), the scheduler runs at most its state slots' sequences; the weights
     estimate matches the built model. Mamba-Codestral-7B's config.json reads without weights:
     7.3B parameters, 64 Mamba layers, no KV."""
