@@ -260,8 +260,9 @@ class ModelConfig:
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
         mixer = m.on_ranks(tp).mixer_params(h)
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
-        if m.mlp_layers:  # an ungated MLP in those layers only
-            out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size // tp
+        if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
+            mats = 3 if self.family.gated_mlp else 2
+            out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp
         if m.moe is not None:  # Nemotron-H's MoE blocks: the router and latent projections
             e = m.moe  # whole on every rank
             split = (

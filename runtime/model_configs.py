@@ -6,6 +6,7 @@ like the rest.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -77,6 +78,7 @@ class ExpertRouting:
     # a correction bias beside greedy or grouped choice (ERNIE 4.5's softmax router: `bias`)
     correction_bias: bool = False
     jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
+    renorm_eps: float = 1e-20  # added to the picks' sum when renormalised (LFM2-MoE's: 1e-6)
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:
@@ -185,8 +187,19 @@ class MambaConfig:
     parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
     falcon: FalconH1Scales | None = None
     moe: NemotronHExperts | None = None  # Nemotron-H's MoE blocks
+    # the recurrent layers' kind: "mamba2" (the mixer above), "short_conv" (LFM2's gated
+    # short convolutions, `model/lfm2.py`: a conv state over d_inner = hidden channels, no SSM
+    # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread) or "mamba1" (Mamba-1's
+    # selective scan, `model/mamba1.py`: n_heads 1, head_dim d_inner, A [d_inner, d_state], a
+    # conv over d_inner channels; dt from a `dt_rank` projection, FalconMamba's weightless RMS
+    # norms on B, C and dt where `bcdt_eps` is set)
+    mixer: str = "mamba2"
+    dt_rank: int = 0
+    bcdt_eps: float | None = None
 
     def __post_init__(self) -> None:
+        if self.mixer not in ("mamba2", "short_conv", "mamba1"):
+            raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
         if self.n_heads % self.n_groups:
@@ -198,9 +211,26 @@ class MambaConfig:
         return self.n_heads * self.head_dim
 
     @property
+    def snapshots(self) -> bool:
+        """Whether prefix caching may keep snapshots of these layers' states
+        (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan saves them at its chunk
+        boundaries; LFM2's short conv and Mamba-1's scan do not (prefix caching off for them)."""
+        return self.mixer == "mamba2" and self.num_layers > 0
+
+    @property
     def conv_dim(self) -> int:
-        """The channels the causal conv runs over: x, B and C."""
+        """The channels the causal conv runs over: x, B and C (a short conv's: d_inner)."""
+        if self.mixer != "mamba2":
+            return self.d_inner
         return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def ssm_shape(self) -> tuple[int, ...]:
+        """One sequence's SSM state in one layer: [n_heads, head_dim, d_state]; (0,) for a
+        short conv (no SSM state: an empty slot tensor, so the slot code needs no branch)."""
+        if self.mixer == "short_conv":
+            return (0,)
+        return (self.n_heads, self.head_dim, self.d_state)
 
     @property
     def num_layers(self) -> int:
@@ -225,8 +255,21 @@ class MambaConfig:
         return replace(self, n_heads=self.n_heads // tp, n_groups=groups)
 
     def mixer_params(self, hidden: int) -> int:
-        """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias."""
+        """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias (a
+        short conv's: in_proj [3 d, hidden], out_proj, the conv, their biases)."""
         c = self.conv_dim
+        if self.mixer == "short_conv":
+            return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
+        if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
+            d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D
+            proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)
+            return (
+                proj
+                + d * (self.d_conv + self.conv_bias)
+                + d * (r + 2 * n)
+                + d * (r + 1)
+                + d * (n + 1)
+            )
         proj = (self.d_inner + c + self.n_heads) * hidden + hidden * self.d_inner
         return (
             proj
@@ -242,5 +285,5 @@ class MambaConfig:
         """The state slots of `seqs` sequences over every Mamba layer: conv [conv_dim,
         d_conv - 1] in `dtype`, SSM [heads, head_dim, d_state] in `ssm_dtype`."""
         conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
-        ssm = self.n_heads * self.head_dim * self.d_state * self.ssm_dtype(dtype).itemsize
+        ssm = math.prod(self.ssm_shape) * self.ssm_dtype(dtype).itemsize
         return self.num_layers * (conv + ssm) * seqs

@@ -66,7 +66,10 @@ class TPLayout:
 
 def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
-    divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`)."""
+    divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`). LFM2's short
+    convs are not split: refused."""
+    if m.mixer != "mamba2":
+        return f"--tensor-parallel-size {size} is not supported for a model with {m.mixer} layers"
     if m.n_heads % size:
         return (f"--tensor-parallel-size {size} does not divide the Mamba2 heads "
                 f"(mamba n_heads {m.n_heads})")  # fmt: skip
@@ -82,6 +85,8 @@ def check(config: ModelConfig, size: int) -> None:
     if size == 1:
         return
     f = config.family
+    if f.mamba is not None and f.mamba.mixer != "mamba2":  # (LFM2's, Mamba-1's: not split)
+        raise ValueError(mamba_problem(f.mamba, size))
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(
         size,

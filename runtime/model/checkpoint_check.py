@@ -114,7 +114,7 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out[p + "input_layernorm.weight"] = (h,)
-    if c.architecture != "nemotron_h":  # (one norm a layer: each layer is one block)
+    if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
         pre_ff = c.architecture in ("bamba", "falcon_h1")
         norm = "pre_ff_layernorm" if pre_ff else "post_attention_layernorm"
         out[f"{p}{norm}.weight"] = (h,)
@@ -239,7 +239,17 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     ungated MLP's (up, up, down)."""
     out = []
     for i in range(c.num_layers):
-        if c.architecture in ("granitemoe", "gpt_oss", "granitemoehybrid", "nemotron_h"):
+        if c.architecture in (
+            "granitemoe",
+            "gpt_oss",
+            "granitemoehybrid",
+            "nemotron_h",
+            "lfm2",
+            "lfm2_moe",
+            "mamba2",
+            "mamba",
+            "falcon_mamba",
+        ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         if c.architecture in ("bamba", "falcon_h1"):
             p = f"model.layers.{i}.feed_forward."

@@ -107,8 +107,11 @@ def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
     `mamba_shard.local`): what the CUDA runner keeps free beside its activations' headroom,
     the fit check and the memory estimate count (`step_scan_bytes`)."""
     m = mamba_shard.local(mc.family.mamba, tp)
-    if m is None:
+    if m is None or m.mixer == "short_conv":  # (LFM2's short convs: no scan)
         return 0
+    if m.mixer == "mamba1":  # `mamba1.Mamba1Mixer._scan`: eight float32 [T, d_inner] (its
+        # inputs packed, ...), the states, a block of decays and inputs (`BLOCK_ELEMENTS` each)
+        return (8 * tokens + 3 * seqs * m.d_state) * m.d_inner * 4 + 2 * (1 << 22) * 4
     return ssd_scan_bytes(tokens, seqs, m.n_heads, m.head_dim, m.d_state, m.n_groups,
                           m.chunk_size)  # fmt: skip
 
@@ -154,6 +157,33 @@ def conv_step(
     if bias is not None:
         out = out + bias
     return F.silu(out), window[..., 1:]
+
+
+def packed_conv(
+    conv: torch.Tensor,  # [slots, C, K - 1] the layer's conv states
+    x: torch.Tensor,  # [T, C] the prefill chunks' conv inputs
+    pre: Prefill,
+    weight: torch.Tensor,  # [C, K]
+    bias: torch.Tensor | None,
+    snap: torch.Tensor | None = None,  # [entries, C, K - 1] prefix-cache snapshots' conv states
+) -> torch.Tensor:
+    """The causal conv [T, C] (no activation) of a step's prefill chunks, all at once over each
+    sequence's segment (its conv state, then its tokens: `ssd.pack`); the new conv states (each
+    segment's last K - 1 inputs) written to their slots, and with `snap` the conv states at the
+    snapshot boundaries inside the chunks (``pre.snap_conv_rows``) to theirs. The Mamba2 mixer's,
+    LFM2's short conv's and the Mamba-1 mixer's."""
+    k, n_seq, c = weight.shape[1] - 1, pre.slots.shape[0], weight.shape[0]
+    window = x.new_empty(pre.conv_len, c).index_copy_(0, pre.conv_rows, x)
+    start = conv.index_select(0, pre.slots).transpose(1, 2).reshape(n_seq * k, c)
+    window.index_copy_(0, pre.state_rows, start.to(window.dtype))
+    new = window.index_select(0, pre.end_rows).view(n_seq, k, c).transpose(1, 2)
+    conv.index_copy_(0, pre.slots, new.to(conv.dtype))
+    if snap is not None:  # the conv inputs before boundaries inside chunks
+        at = window.index_select(0, pre.snap_conv_rows).view(-1, k, c)
+        snap.index_copy_(0, pre.snap_conv_entries, at.transpose(1, 2).to(conv.dtype))
+    out = F.conv1d(window.t()[None], weight[:, None, :], bias, groups=c)[0]
+    del window
+    return out.index_select(1, pre.conv_out).t()
 
 
 def _group_norm(h: torch.Tensor, group: int, eps: float, spread=None) -> torch.Tensor:
@@ -311,22 +341,11 @@ class Mamba2Mixer:
         one's SSM state; both states left in their slots, the outputs in the step's rows.
         `snaps`: the layer's snapshot entries, where the step saves states inside its chunks."""
         m = self.m
-        k, n_seq = m.d_conv - 1, pre.slots.shape[0]
-        window = xbc.new_empty(pre.conv_len, m.conv_dim).index_copy_(0, pre.conv_rows, xbc)
-        start = conv.index_select(0, pre.slots).transpose(1, 2).reshape(n_seq * k, -1)
-        window.index_copy_(0, pre.state_rows, start.to(window.dtype))
-        new_conv = window.index_select(0, pre.end_rows).view(n_seq, k, -1).transpose(1, 2)
-        conv.index_copy_(0, pre.slots, new_conv.to(conv.dtype))
-        if pre.snap_conv_rows is not None:  # the conv inputs before boundaries inside chunks
-            at = window.index_select(0, pre.snap_conv_rows).view(-1, k, m.conv_dim)
-            snaps[0].index_copy_(0, pre.snap_conv_entries, at.transpose(1, 2).to(conv.dtype))
-        c = F.conv1d(window.t()[None], self.conv_weight[:, None, :], self.conv_bias,
-                     groups=m.conv_dim)[0]  # fmt: skip
-        del window
-        x, B, C = self._split(F.silu(c.index_select(1, pre.conv_out).t()))
-        del c
+        snap = None if pre.snap_conv_rows is None else snaps[0]
+        xbc = packed_conv(conv, xbc, pre, self.conv_weight, self.conv_bias, snap)
+        x, B, C = self._split(F.silu(xbc))
         y = ssd.scan_step(x, dt, self.A, B, C, ssm, pre.groups, m.chunk_size,
-                          None if pre.snap_conv_rows is None else snaps[1])  # fmt: skip
+                          None if snap is None else snaps[1])  # fmt: skip
         return y + x.float() * self.D[:, None]
 
     def _split(self, xbc: torch.Tensor):

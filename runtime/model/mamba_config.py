@@ -19,6 +19,11 @@ model so that reading a config imports no layer code.
   routed by DeepSeek-V3's sigmoid router beside a shared expert (`model_configs.NemotronHExperts`).
   The checkpoint's `backbone.` names are read as Llama's (`nemotron_name`; the MoE block's
   under `mlp.`, as DeepSeek's).
+- Mamba2 (`Mamba2ForCausalLM`: Mamba-Codestral-7B): a Mamba2 mixer in every layer, each layer
+  ``x + mixer(norm(x))`` as Nemotron-H's Mamba blocks; no attention (no KV cache: the engine's
+  blocks are positions only), no MLP. The checkpoint's `backbone.` names read as Nemotron-H's.
+  The residual stream is in the model's dtype (transformers' `residual_in_fp32` keeps it in
+  float32: the same in float32).
 - Falcon-H1 (`FalconH1ForCausalLM`): attention and a Mamba2 mixer side by side in every layer
   (`mamba_d_ssm` wide, its output norm optional: `mamba_rms_norm`, normalised before the gate),
   then Llama's MLP after `pre_ff_layernorm`; µP multipliers on the embedding, the keys, the
@@ -34,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import lfm2_config
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
@@ -46,6 +52,10 @@ ARCHITECTURES = {
     "BambaForCausalLM": "bamba",
     "NemotronHForCausalLM": "nemotron_h",
     "FalconH1ForCausalLM": "falcon_h1",
+    "Mamba2ForCausalLM": "mamba2",  # Mamba2 alone (Mamba-Codestral): no attention layer
+    "MambaForCausalLM": "mamba",  # Mamba-1 (model/mamba1.py)
+    "FalconMambaForCausalLM": "falcon_mamba",  # Mamba-1 with norms on B, C and dt
+    **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -69,6 +79,18 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "falcon_h1": {**_MAMBA_DEFAULTS, "mamba_d_ssm": 1024, "rms_norm_eps": 1e-5,
                   "num_key_value_heads": 8, "max_position_embeddings": 8192,
                   "mamba_norm_before_gate": True, "mamba_rms_norm": False},
+    # (no max_position_embeddings in Mamba2Config: vLLM's fallback of 2048 where config.json
+    # has none)
+    "mamba2": {"num_heads": 128, "head_dim": 64, "vocab_size": 32768, "hidden_size": 4096,
+               "state_size": 128, "layer_norm_epsilon": 1e-5, "expand": 2, "conv_kernel": 4,
+               "n_groups": 8, "use_bias": False, "use_conv_bias": True, "hidden_act": "silu",
+               "chunk_size": 256, "tie_word_embeddings": False, "max_position_embeddings": 2048},
+    **{arch: {
+        "vocab_size": 50280, "hidden_size": 768, "state_size": 16, "layer_norm_epsilon": 1e-5,
+        "expand": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
+        "hidden_act": "silu", "time_step_rank": "auto", "tie_word_embeddings": True,
+        "mixer_rms_eps": 1e-6, "max_position_embeddings": 2048} for arch in ("mamba", "falcon_mamba")},
+    **lfm2_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
 _NEMOTRON_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
@@ -187,9 +209,68 @@ def _falcon_scales(cfg: Mapping[str, Any]) -> FalconH1Scales:
     )  # fmt: skip
 
 
+def _pure_mamba2(cfg: Mapping[str, Any], n: int) -> MambaConfig:
+    """Mamba2ForCausalLM's mixers: one in every layer, its gated norm over `n_groups` groups."""
+    if cfg["hidden_act"] != "silu":
+        raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported in a mamba2 model "
+                         "(silu)")  # fmt: skip
+    heads, head_dim = int(cfg["num_heads"]), int(cfg["head_dim"])
+    if heads * head_dim != int(cfg["expand"]) * int(cfg["hidden_size"]):
+        raise ValueError(f"num_heads ({heads}) x head_dim ({head_dim}) must be expand x "
+                         f"hidden_size ({int(cfg['expand']) * int(cfg['hidden_size'])})")  # fmt: skip
+    low, high = cfg.get("time_step_limit") or (0.0, math.inf)
+    return MambaConfig(
+        layers=(True,) * n,
+        n_heads=heads,
+        head_dim=head_dim,
+        d_state=int(cfg["state_size"]),
+        n_groups=int(cfg["n_groups"]),
+        d_conv=int(cfg["conv_kernel"]),
+        chunk_size=int(cfg["chunk_size"]),
+        conv_bias=bool(cfg["use_conv_bias"]),
+        proj_bias=bool(cfg["use_bias"]),
+        dt_min=_limit(low),
+        dt_max=_limit(high),
+        mlp_layers=(False,) * n,
+    )
+
+
+def _mamba1_inner(cfg: Mapping[str, Any]) -> int:
+    """Mamba-1's d_inner: config.json's `intermediate_size` where it has one (transformers'
+    MambaConfig keeps it), else expand x hidden_size."""
+    return int(cfg.get("intermediate_size") or int(cfg["expand"]) * int(cfg["hidden_size"]))
+
+
+def _mamba1(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
+    """MambaForCausalLM's and FalconMambaForCausalLM's mixers (`model/mamba1.py`)."""
+    if cfg["hidden_act"] != "silu":
+        raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported in a {arch} model "
+                         "(silu)")  # fmt: skip
+    hidden = int(cfg["hidden_size"])
+    rank = cfg["time_step_rank"]
+    return MambaConfig(
+        layers=(True,) * n,
+        n_heads=1,
+        head_dim=_mamba1_inner(cfg),
+        d_state=int(cfg["state_size"]),
+        d_conv=int(cfg["conv_kernel"]),
+        chunk_size=1,  # (the scan's position-major layout: `ssd.pack` in chunks of one token)
+        conv_bias=bool(cfg["use_conv_bias"]),
+        proj_bias=bool(cfg["use_bias"]),
+        mlp_layers=(False,) * n,
+        mixer="mamba1",
+        dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
+        bcdt_eps=float(cfg["mixer_rms_eps"]) if arch == "falcon_mamba" else None,
+    )
+
+
 def mamba(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
     if arch == "nemotron_h":
         return _nemotron_mamba(cfg, n)
+    if arch in ("mamba", "falcon_mamba"):
+        return _mamba1(cfg, arch, n)
+    if arch == "mamba2":
+        return _pure_mamba2(cfg, n)
     hidden, heads = int(cfg["hidden_size"]), int(cfg["mamba_n_heads"])
     head_dim = cfg["mamba_d_head"]
     inner = int(cfg["mamba_expand"]) * hidden
@@ -228,6 +309,18 @@ def _falcon_fields(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """config.json fields read otherwise for `ModelConfig`: Granite 4.0's MLP in every layer is
     the shared one (`shared_intermediate_size`), its experts' width goes to the family."""
+    if arch in lfm2_config.DEFAULTS:
+        return lfm2_config.overrides(cfg)
+    if arch in ("mamba", "falcon_mamba"):  # no attention, no MLP: heads of 64 stand in
+        heads = max(1, int(cfg["hidden_size"]) // 64)
+        return {"num_attention_heads": heads, "num_key_value_heads": heads,
+                "rms_norm_eps": cfg["layer_norm_epsilon"], "attention_bias": False,
+                "intermediate_size": _mamba1_inner(cfg)}  # fmt: skip
+    if arch == "mamba2":  # no attention, no MLP: the mixer's heads stand in for attention's
+        heads = cfg["num_heads"]
+        return {"num_attention_heads": heads, "num_key_value_heads": heads,
+                "rms_norm_eps": cfg["layer_norm_epsilon"], "attention_bias": False,
+                "intermediate_size": int(cfg["expand"]) * int(cfg["hidden_size"])}  # fmt: skip
     if arch == "granitemoehybrid":
         return {"intermediate_size": cfg["shared_intermediate_size"],
                 "granite_expert_width": cfg.get("intermediate_size")}  # fmt: skip
@@ -240,6 +333,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 
 
 def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
+    if arch in lfm2_config.DEFAULTS:
+        return lfm2_config.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
     if arch == "granitemoehybrid":
         experts = int(cfg.get("num_local_experts") or 0)
@@ -256,6 +351,12 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
             fields["rope_layers"] = (False,) * n
     if arch == "nemotron_h":  # ungated ReLU² MLPs; attention without rotary
         fields.update(gated_mlp=False, rope_layers=(False,) * n)
+    if arch in (
+        "mamba2",
+        "mamba",
+        "falcon_mamba",
+    ):  # no rotary (no attention); no MLP (`ModelConfig.hybrid_params`
+        fields["rope_layers"] = (False,) * n  # takes off the one its width, d_inner, counts)
     if arch == "falcon_h1":  # the logits scaled after the head (no sampling fused into it)
         fields["logit_scale"] = fields["mamba"].falcon.lm_head
     return fields
@@ -290,8 +391,19 @@ def nemotron_name(stored: str) -> str:
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s tensors besides its norms: its Mamba2 mixer (or nothing for an attention
     layer, checked as Llama's) and, for Granite 4.0, its MLP."""
+    if c.architecture in lfm2_config.DEFAULTS:
+        return lfm2_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out: dict[str, tuple[int, ...]] = {}
+    if m.mixer == "mamba1":  # Mamba-1's mixer
+        x, d, n, r = p + "mamba.", m.d_inner, m.d_state, m.dt_rank
+        out.update({x + "in_proj.weight": (2 * d, h), x + "conv1d.weight": (d, 1, m.d_conv),
+                    x + "x_proj.weight": (r + 2 * n, d), x + "dt_proj.weight": (d, r),
+                    x + "dt_proj.bias": (d,), x + "A_log": (d, n), x + "D": (d,),
+                    x + "out_proj.weight": (h, d)})  # fmt: skip
+        if m.conv_bias:
+            out[x + "conv1d.bias"] = (d,)
+        return out
     if m.layers[i]:
         x = p + "mamba."
         out.update({x + "in_proj.weight": (m.d_inner + m.conv_dim + m.n_heads, h),

@@ -57,7 +57,7 @@ class GroupedRouter:
         ids = torch.topk(choice, self.top_k, dim=-1, sorted=False).indices
         weights = (scores if self.bias is not None else choice).gather(1, ids)
         if self.renormalize:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + r.renorm_eps)
         return weights * r.routed_scaling_factor, ids
 
     def _best_groups(self, choice: torch.Tensor) -> torch.Tensor:

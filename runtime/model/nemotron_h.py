@@ -149,3 +149,13 @@ class NemotronHModel(LlamaModel):
         if not m.mlp_layers[index]:
             return None  # a Mamba or attention block: no MLP
         return UngatedMLP(ctx, w, prefix + "mlp.", self.config.family.hidden_act)
+
+
+class Mamba2Model(LlamaModel):
+    """Mamba2ForCausalLM (`mamba_config.py`): Nemotron-H's Mamba blocks in every layer, each
+    ``x + mixer(norm(x))``; Llama's RMSNorm (transformers' `Mamba2RMSNorm`)."""
+
+    layer_class = NemotronHLayer
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        return None  # (every layer a Mamba block)

@@ -67,6 +67,11 @@ MODEL_CLASSES = {
     "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
     "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
     "falcon_h1": ("falcon_h1", "FalconH1Model"),  # attention and Mamba2 side by side
+    "mamba2": ("nemotron_h", "Mamba2Model"),  # Mamba2 blocks alone (no attention, no MLP)
+    "mamba": ("mamba1", "MambaModel"),  # Mamba-1 blocks alone (selective scan)
+    "falcon_mamba": ("mamba1", "MambaModel"),  # Mamba-1's, norms on B, C and dt
+    "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
+    "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections

@@ -13,7 +13,8 @@ mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights
 EXAONE 3 / 3.5's and Falcon's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are
 listed under Llama's, as transformers' conversion mapping renames them (`_RENAMES`); so are
 Phi's (`self_attn.dense`, `mlp.fc1` / `fc2`: `_PHI_RENAMES`, with HyperCLOVA
-X's `post_norm1` / `post_norm2` as GLM-4's post-sublayer norms) and GPT-NeoX's
+X's `post_norm1` / `post_norm2` as GLM-4's post-sublayer norms, and LFM2's `operator_norm`,
+`ffn_norm`, `self_attn.out_proj`, `embedding_norm`) and GPT-NeoX's
 (`gpt_neox.layers.N.attention.query_key_value`, `embed_out`: `_NEOX_RENAMES`).
 """
 
@@ -96,6 +97,9 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # HyperCLOVA X's peri-norms, as GLM-4's (model/granite.py)
     (r"\.post_norm1\.weight$", ".post_self_attn_layernorm.weight"),
     (r"\.post_norm2\.weight$", ".post_mlp_layernorm.weight"),
+    # LFM2's (model/lfm2.py): its norms, attention's output, the final norm
+    (r"\.operator_norm\.", ".input_layernorm."), (r"\.ffn_norm\.", ".post_attention_layernorm."),
+    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."), (r"^model\.embedding_norm\.", "model.norm."),
 ))  # fmt: skip
 
 

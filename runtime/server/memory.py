@@ -133,7 +133,11 @@ def estimate(
     width = math.ceil(max_len / cache.block_size)
     if per_token == 0:  # no attention layer (Mamba2 alone): blocks hold nothing; with prefix
         # caching, its state snapshots take up to their share of the budget (`ModelRunner`)
-        caching = cache.enable_prefix_caching and mc.family.mamba is not None
+        caching = (
+            cache.enable_prefix_caching
+            and mc.family.mamba is not None
+            and mc.family.mamba.snapshots
+        )
         kv = int(kv * options.SNAPSHOT_SHARE) if caching else 0
         blocks = sched.max_num_seqs * (width + 1)
     else:

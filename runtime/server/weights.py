@@ -76,10 +76,12 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_
 # kv_b_proj, or llama.cpp's split of it: held as the absorbed W_UK and W_UV (model/deepseek.py)
 _KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
 # a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
-_MAMBA_TENSORS = re.compile(r"\.mamba\.(conv1d\.weight|A_log|D)$")
+_MAMBA_TENSORS = re.compile(
+    r"(\.mamba\.(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
+)  # (LFM2's conv)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
-_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.((router\.)?gate\.(wg\.)?weight|"
+_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
                              r"((gate|moe_statics)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 

@@ -1,7 +1,8 @@
 """The recurrent state of a hybrid model's Mamba layers (vLLM v1's Mamba state, in small).
 
 Each Mamba layer keeps, per running sequence, a conv state [conv_dim, d_conv - 1] and an SSM
-state [heads, head_dim, d_state] (`model_configs.MambaConfig`), in preallocated slot tensors of
+state [heads, head_dim, d_state] (`model_configs.MambaConfig`; an LFM2 short conv layer a conv
+state alone, its SSM slots empty: `MambaConfig.ssm_shape`), in preallocated slot tensors of
 ``max_num_seqs`` slots (the scheduler never runs more sequences than that, so every running
 sequence has one; their bytes are in the memory estimate, `state_bytes`). The slots hang off the
 persistent block-table rows (`block_table.BlockTables`, one row per request while it runs): a
@@ -82,8 +83,7 @@ class MambaState:
         self.states = {
             i: (
                 torch.zeros(num_slots, m.conv_dim, m.d_conv - 1, dtype=dtype, device=device),
-                torch.zeros(num_slots, m.n_heads, m.head_dim, m.d_state,
-                            dtype=m.ssm_dtype(dtype), device=device),
+                torch.zeros(num_slots, *m.ssm_shape, dtype=m.ssm_dtype(dtype), device=device),
             )
             for i in self.layers
         }  # fmt: skip

@@ -247,8 +247,8 @@ class ModelRunner:
     def snapshot_interval(self) -> int:
         """Tokens between a hybrid's state snapshots (`core/state_snapshots.py`): the least
         common multiple of the block size and the SSD chunk; 0 without prefix caching for
-        them (off, or no Mamba layer)."""
-        if self.mamba is None or not self.mamba.layers:
+        them (off, no Mamba layer, or a mixer that takes none: `MambaConfig.snapshots`)."""
+        if self.mamba is None or not self.mamba.layers or not self.mamba.m.snapshots:
             return 0
         if not self.config.cache.enable_prefix_caching:
             return 0

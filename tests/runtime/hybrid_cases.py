@@ -1,4 +1,4 @@
-"""Tiny hybrid checkpoints (Mamba2 layers among attention layers) as transformers' configs:
+"""Tiny hybrid checkpoints (Mamba2 layers, or LFM2's short convs, among attention layers) as transformers' configs:
 shared by tests/runtime/model/test_hybrid_ssm.py (`CASES`, one rank) and
 tests/runtime/distributed/test_tp_hybrid.py (`TP_CASES`, two ranks: every case's heads, groups
 and widths split in two)."""
@@ -62,6 +62,45 @@ CASES = {
         dict(num_hidden_layers=2, mamba_n_heads=4, mamba_d_ssm=128, mamba_d_state=16,
              mamba_n_groups=2, mamba_chunk_size=8, mamba_rms_norm=False, mamba_proj_bias=True),
     ),
+    # LFM2: gated short convs among Qwen3-style attention layers (q/k norms), tied, the MLP's
+    # width adjusted (2/3, x 1.5, rounded up to 16); then biases on the convs and their
+    # projections, a wider conv, the older config keys (full_attn_idxs, block_ff_dim as is)
+    "lfm2": (
+        "Lfm2",
+        dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+             block_multiple_of=16, block_ffn_dim_multiplier=1.5),
+    ),
+    "lfm2-bias": (
+        "Lfm2",
+        dict(num_hidden_layers=3, full_attn_idxs=[2], conv_bias=True, conv_L_cache=4,
+             block_auto_adjust_ff_dim=False, tie_word_embeddings=False),
+    ),
+    # LFM2-MoE: a dense layer, then 8 sigmoid-routed experts (top 3) with the choice-only bias
+    # (scrambled by test_hybrid_ssm.py), routed scale, renormalised
+    "lfm2-moe": (
+        "Lfm2Moe",
+        dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+             num_dense_layers=1, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+             routed_scaling_factor=1.5),
+    ),
+    # Mamba2 alone (Mamba2ForCausalLM): no attention, no MLP, its `backbone.` names; two
+    # groups of B/C, biased projections, a time-step limit
+    "mamba2": (
+        "Mamba2",
+        dict(num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=2,
+             chunk_size=8, use_bias=True, time_step_limit=(0.0, 5.0)),
+    ),
+    # Mamba-1 (MambaForCausalLM): A [d_inner, d_state], dt from a rank-4 projection, biased
+    # projections, d_inner config.json's intermediate_size (128), not expand x hidden (192);
+    # Falcon-Mamba's weightless norms on B, C and dt, no conv bias
+    "mamba1": (
+        "Mamba",
+        dict(num_hidden_layers=2, state_size=8, time_step_rank=4, use_bias=True, expand=3),
+    ),
+    "falcon-mamba": (
+        "FalconMamba",
+        dict(num_hidden_layers=2, state_size=8, use_conv_bias=False, mixer_rms_eps=1e-5),
+    ),
 }  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's
@@ -91,4 +130,5 @@ TP_CASES = {
              ssm_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
              mamba_proj_bias=True),
     ),
+    "mamba2": CASES["mamba2"],  # no attention: the mixers alone split (one group a rank)
 }  # fmt: skip

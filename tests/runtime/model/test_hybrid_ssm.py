@@ -43,11 +43,11 @@ transformers = pytest.importorskip("transformers")
 def _make(name: str, path):
     arch, overrides = CASES[name]
     model = make_tiny_model(path, arch, **overrides)
-    if name == "nemotron-h-moe":  # biases (buffers: zeros) large enough to change the picks
-        g = torch.Generator().manual_seed(2)
+    if name in ("nemotron-h-moe", "lfm2-moe"):  # biases (buffers: zeros) large enough to
+        g = torch.Generator().manual_seed(2)  # change the picks
         with torch.no_grad():
             for key, buf in model.named_buffers():
-                if key.endswith("e_score_correction_bias"):
+                if key.endswith(("e_score_correction_bias", "expert_bias")):
                     buf.copy_(torch.randn(buf.shape, generator=g))
         model.save_pretrained(path)
     return model
@@ -119,13 +119,17 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
     assert None in runs and any(r not in (None, "one") for r in runs)
 
 
-@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup"])
+@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup", "mamba1"])
 def test_mixed_lengths_in_one_step(built, monkeypatch, name):
     """One step holds a decode row (a one-token prompt), a long prompt (5 of the scan's
     8-token chunks) and short ones (1 to 11 tokens) in the packed layout, each sequence in
     chunks of its own; the next step prefills the last prompt beside their decodes. Every
-    sequence reads as transformers'."""
+    sequence reads as transformers'. Mamba-1's scan computes its decays 3 rows at a time (or
+    a position's rows, where more), so that blocks end inside the step."""
+    from pagoda.runtime.model import mamba1
     from pagoda.runtime.worker import mamba_state
+
+    monkeypatch.setattr(mamba1, "BLOCK_ELEMENTS", 3 * 128 * 8)
 
     _, model, loaded, _ = built(name)
     steps = []
@@ -452,30 +456,6 @@ def test_nemotron_h_configs_of_the_hub(tmp_path):
         read_model_config(str(tmp_path))
 
 
-def test_a_model_without_attention_layers_keeps_no_kv_cache(built):
-    """Mamba2 alone: the KV cache's bytes are 0, its blocks (positions only) enough for every
-    sequence's whole context; the start-up checks count the state slots alone, and with
-    prefix caching the state snapshots' share of the budget."""
-    from pagoda.runtime import options
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.server import fit, memory
-
-    path, _, loaded, _ = built("granite4-all-mamba")
-    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8,
-                              enable_prefix_caching=False)  # fmt: skip
-    parts = memory.check(loaded.config, cfg, path, 256).parts()
-    assert parts["KV cache"] == 0 and parts["Mamba state"] > 0
-    cached = dataclasses.replace(
-        cfg, cache=dataclasses.replace(cfg.cache, enable_prefix_caching=True)
-    )
-    budget = options.DEFAULT_CPU_KV_CACHE_MEMORY * options.SNAPSHOT_SHARE
-    assert memory.check(loaded.config, cached, path, 256).parts()["KV cache"] == budget
-    assert fit.check(loaded.config, cfg, path).state_bytes(loaded.config) == parts["Mamba state"]
-    llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=4, max_model_len=512)
-    assert llm.engine.runner.bytes_per_block == 0 and llm.engine.max_model_len == 512
-    assert llm.engine.runner.num_blocks == 4 * (512 // 16 + 1)
-
-
 def test_granite_4_h_1b_config_of_the_hub(tmp_path):
     """Granite-4.0-H-1B's config.json shape (its layer_types, 36 Mamba2 layers and 4 of
     attention under the hub's "mamba" / "attention" names, its Mamba sizes; the MLP widths and
@@ -656,3 +636,171 @@ def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monke
                                                  max_num_batched_tokens=8192),
                          tmp_path, torch.device("cpu"))  # fmt: skip
     assert fp.activations >= scan
+
+
+def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
+    """LFM2's short convs in the start-up arithmetic: the weights estimate against the built
+    model (LFM2-MoE's too), state slots of a conv state alone (no SSM state, no scan), the checkpoint check
+    naming a conv tensor; tensor parallelism refused in one line; LFM2-1.2B's config.json
+    (its older keys beside the new) read without weights; an unknown layer type refused."""
+    import json
+
+    from model_bytes import check_estimate
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.model import mamba2
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import memory
+    from pagoda.runtime.server.weights import from_shapes
+
+    for name in ("lfm2-moe", "lfm2-bias"):
+        path, _, loaded, _ = built(name)
+        mc = loaded.config
+        check_estimate(path, rel=0.02)
+        stored = sum(t.numel() for t in loaded.weights.values()) * 2
+        assert from_shapes(mc, torch.bfloat16, False) == pytest.approx(stored, rel=0.02)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
+    state = memory.estimate(mc, cfg, path, torch.device("cpu")).parts()["Mamba state"]
+    assert state == 8 * 2 * 64 * 3 * 2 and mamba2.scan_bytes(mc, 256, 8) == 0  # 2 conv layers
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2 is not supported for a model "
+                                         "with short_conv layers"):  # fmt: skip
+        tp_check(mc, 2)
+    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}  # (read as Llama's)
+    check_checkpoint(mc, headers)
+    del headers["model.layers.1.conv.conv.bias"]
+    with pytest.raises(
+        ValueError, match=re.escape("missing tensor 'model.layers.1.conv.conv.bias'")
+    ):
+        check_checkpoint(mc, headers)
+    types = ["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
+             "full_attention", "conv", "full_attention", "conv", "full_attention", "conv",
+             "full_attention", "conv"]  # fmt: skip
+    hub = {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "block_dim": 2048,
+           "block_ff_dim": 12288, "block_auto_adjust_ff_dim": True, "block_multiple_of": 256,
+           "block_ffn_dim_multiplier": 1.0, "conv_L_cache": 3, "conv_bias": False,
+           "hidden_size": 2048, "intermediate_size": 12288, "layer_types": types,
+           "max_position_embeddings": 128000, "norm_eps": 1e-05, "num_attention_heads": 32,
+           "num_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+           "rope_theta": 1000000.0, "tie_embedding": True, "vocab_size": 65536}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    hub_mc = read_model_config(str(tmp_path))
+    assert hub_mc.intermediate_size == 8192 and hub_mc.tie_word_embeddings
+    assert hub_mc.family.mamba.num_layers == 10 and hub_mc.num_kv_layers == 6
+    assert hub_mc.rms_norm_eps == 1e-5 and hub_mc.rope_theta == 1e6
+    assert 1.1e9 < hub_mc.num_params < 1.3e9  # LFM2-1.2B
+    (tmp_path / "config.json").write_text(json.dumps({**hub, "layer_types": ["mamba"] * 16}))
+    with pytest.raises(ValueError, match=re.escape("layer_types ['mamba'] are not supported")):
+        read_model_config(str(tmp_path))
+
+
+def test_mamba2_alone_sizes_and_the_hub_config(built, tmp_path):
+    """Mamba2ForCausalLM has no attention layer (nor Granite 4.0 with transformers' default
+    layer_types, "granite4-all-mamba", checked against transformers above): the memory check
+    counts no KV cache and the state slots alone (with prefix caching, the snapshots' share of
+    the budget), the engine's blocks are positions only (0 bytes; enough for every sequence's
+    context), the scheduler runs at most its state slots' sequences; the weights
+    estimate matches the built model. Mamba-Codestral-7B's config.json reads without weights:
+    7.3B parameters, 64 Mamba layers, no KV."""
+    import json
+
+    from model_bytes import check_estimate
+    from pagoda.runtime import SamplingParams, options
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import fit, memory
+
+    path, _, loaded, _ = built("mamba2")
+    mc = loaded.config
+    check_estimate(path, rel=0.02)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8,
+                              enable_prefix_caching=False)  # fmt: skip
+    parts = memory.check(mc, cfg, path, 256).parts()
+    per_seq = 2 * ((128 + 2 * 2 * 16) * 3 + 4 * 32 * 16) * 4  # 2 layers: conv, SSM (float32)
+    assert parts["KV cache"] == 0 and parts["Mamba state"] == 8 * per_seq
+    # with prefix caching, the state snapshots' share of the budget is all the cache counts
+    cached = dataclasses.replace(
+        cfg, cache=dataclasses.replace(cfg.cache, enable_prefix_caching=True)
+    )
+    budget = options.DEFAULT_CPU_KV_CACHE_MEMORY * options.SNAPSHOT_SHARE
+    assert memory.check(mc, cached, path, 256).parts()["KV cache"] == budget
+    assert fit.check(mc, cfg, path).state_bytes(mc) == parts["Mamba state"]
+    llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=2, max_model_len=256)
+    assert llm.engine.runner.bytes_per_block == 0 and llm.engine.runner.num_blocks == 2 * 17
+    steps = []
+    schedule = llm.engine.scheduler.schedule
+    llm.engine.scheduler.schedule = lambda: steps.append(out := schedule()) or out
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [5 + i, 9]} for i in range(5)], params)
+    assert max(len(s.scheduled) for s in steps) == 2  # 5 requests, 2 state slots
+    assert llm.engine.runner.mamba.num_held == 0
+    hub = {"architectures": ["Mamba2ForCausalLM"], "chunk_size": 256, "conv_kernel": 4,
+           "expand": 2, "head_dim": 64, "hidden_act": "silu", "hidden_size": 4096,
+           "layer_norm_epsilon": 1e-05, "model_type": "mamba2", "n_groups": 8,
+           "norm_before_gate": False, "num_heads": 128, "num_hidden_layers": 64,
+           "residual_in_fp32": True, "rms_norm": True, "state_size": 128,
+           "tie_word_embeddings": False, "time_step_limit": [0.0, float("inf")],
+           "time_step_rank": 256, "use_bias": False, "use_conv_bias": True,
+           "vocab_size": 32768}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    hub_mc = read_model_config(str(tmp_path))
+    m = hub_mc.family.mamba
+    assert m.num_layers == 64 and hub_mc.num_kv_layers == 0 and m.conv_dim == 8192 + 2 * 8 * 128
+    assert memory.kv_bytes_per_token(hub_mc, torch.bfloat16, "auto") == 0
+    assert 7.2e9 < hub_mc.num_params < 7.4e9
+    (tmp_path / "config.json").write_text(json.dumps({**hub, "hidden_act": "gelu"}))
+    with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported in a mamba2 model"):
+        read_model_config(str(tmp_path))
+
+
+def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
+    """Mamba-1: the weights estimate against the built model, state slots of a conv state
+    [d_inner, 3] and an SSM state [d_inner, d_state] per layer, no KV cache, one rank only;
+    mamba-130m-hf's and Falcon-Mamba-7B's config.json read without weights."""
+    import json
+
+    from model_bytes import check_estimate
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import memory
+
+    path, _, loaded, _ = built("falcon-mamba")
+    mc = loaded.config
+    check_estimate(path, rel=0.02)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
+    parts = memory.check(mc, cfg, path, 256).parts()
+    assert parts["KV cache"] == 0 and parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
+    with pytest.raises(ValueError, match="not supported for a model with mamba1 layers"):
+        tp_check(mc, 2)
+    hub = {"architectures": ["MambaForCausalLM"], "conv_kernel": 4, "d_inner": 1536,
+           "d_model": 768, "expand": 2, "hidden_act": "silu", "hidden_size": 768,
+           "intermediate_size": 1536, "layer_norm_epsilon": 1e-05, "model_type": "mamba",
+           "n_layer": 24, "num_hidden_layers": 24, "residual_in_fp32": True, "rms_norm": True,
+           "state_size": 16, "time_step_rank": 48, "use_bias": False, "use_conv_bias": True,
+           "vocab_size": 50280}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    small = read_model_config(str(tmp_path))
+    assert small.family.mamba.dt_rank == 48 and small.num_kv_layers == 0
+    assert small.tie_word_embeddings and 1.25e8 < small.num_params < 1.35e8  # mamba-130m
+    falcon = {**hub, "architectures": ["FalconMambaForCausalLM"], "model_type": "falcon_mamba",
+              "hidden_size": 4096, "intermediate_size": 8192, "num_hidden_layers": 64,
+              "time_step_rank": 256,
+              "vocab_size": 65024, "tie_word_embeddings": False, "mixer_rms_eps": 1e-06}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(falcon))
+    big = read_model_config(str(tmp_path))
+    assert big.family.mamba.bcdt_eps == 1e-6 and big.family.mamba.d_inner == 8192
+    assert 7.1e9 < big.num_params < 7.4e9  # Falcon-Mamba-7B
+
+
+def test_fp8_is_refused_for_short_convs_and_mamba1(built):
+    """`--quantization fp8` on LFM2's or Mamba-1's layers: refused in one line at start
+    (`core.check_dtype`, which `pagoda serve` runs before it binds), not served untested."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.engine.core import check_dtype
+
+    for name, kind in (("lfm2", "short_conv"), ("mamba1", "mamba1")):
+        path, _, loaded, _ = built(name)
+        cfg = EngineConfig.create(str(path), device="cpu", quantization="fp8")
+        with pytest.raises(ValueError, match=f"fp8 is not supported .*\\({kind} layers\\)"):
+            check_dtype(cfg, loaded.config)

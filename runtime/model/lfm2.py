@@ -1,0 +1,132 @@
+"""LFM2 (`Lfm2ForCausalLM`: LiquidAI LFM2-350M, 700M, 1.2B, 2.6B; config read in
+`lfm2_config.py`): each layer ``x + operator(norm(x))``, then ``+ mlp(norm(x))`` (SwiGLU), the
+operator by `layer_types`:
+
+- attention as Qwen3's (`qwen3.Qwen3Layer`: an RMSNorm over each head of q and k before
+  rotary), or
+- a gated short convolution (`ShortConv`, transformers' `Lfm2ShortConv`): in_proj gives B, C
+  and x (hidden wide each); B * x goes through a causal depthwise conv of width
+  ``conv_L_cache`` (no activation), C gates its output, out_proj projects it back.
+
+The final norm is `embedding_norm` (read as `model.norm`). A conv layer keeps, per sequence,
+its last ``conv_L_cache - 1`` conv inputs in the hybrids' state slots (`worker/mamba_state.py`,
+`MambaConfig.mixer` "short_conv": a conv state alone); the step's slots and packed prefill
+layout come as the Mamba2 layers' do (`mamba2.MambaStep`): the decode rows one batched conv
+step over their slots, the prefill chunks one conv over each sequence's state and tokens
+(`ssd.pack`'s conv segments), so a prompt split over steps computes what one pass would.
+LFM2-MoE (`Lfm2MoeForCausalLM`) is this model with `moe.SparseMoE` experts after its first
+dense layers (`lfm2_config.py`). Prefix caching is off for it (`engine/recurrent.py`); tensor parallelism is refused
+(`distributed/layout.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv
+from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.qwen3 import Qwen3Layer
+from pagoda.runtime.model_configs import MambaConfig
+
+
+class ShortConv:
+    """One conv layer's weights and forward (module docstring)."""
+
+    def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx) -> None:
+        p = prefix + "conv."
+        self.index, self.width = index, m.d_inner
+        self.in_proj = linear_layer(ctx, w, [p + "in_proj.weight"])
+        self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
+        self.weight = w[p + "conv.weight"][:, 0, :].contiguous()  # [C, K]
+        self.bias = w[p + "conv.bias"] if m.conv_bias else None
+
+    def linears(self) -> list:
+        return [self.in_proj, self.out_proj]
+
+    def __call__(self, h: torch.Tensor, step: MambaStep) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]; the layer's conv states updated at the step's slots."""
+        conv, _ = step.states[self.index]
+        B, C, x = self.in_proj(h).split(self.width, dim=-1)
+        bx = B * x
+        out = torch.empty_like(bx)
+        nd = step.num_decodes
+        if nd:
+            out[:nd] = self._decode(conv, bx[:nd], step)
+        if step.prefill is not None:
+            out[nd:] = self._prefill(conv, bx[nd:], step)
+        return self.out_proj(C * out)
+
+    def _decode(self, conv: torch.Tensor, bx: torch.Tensor, step: MambaStep) -> torch.Tensor:
+        """One token of each decode row: its window (state, then the token), the new state
+        written back to its slot (in place where the slots are one run)."""
+        nd, run = bx.shape[0], step.decode_run
+        slots = step.slots[:nd]
+        state = conv[run[0] : run[1]] if run else conv.index_select(0, slots)
+        window = torch.cat([state, bx[..., None].to(state.dtype)], dim=-1)  # [S, C, K]
+        out = (window * self.weight).sum(-1)
+        if self.bias is not None:
+            out = out + self.bias
+        if run:
+            state.copy_(window[..., 1:])
+        else:
+            conv.index_copy_(0, slots, window[..., 1:])
+        return out.to(bx.dtype)
+
+    def _prefill(self, conv: torch.Tensor, bx: torch.Tensor, step: MambaStep) -> torch.Tensor:
+        """The prefill chunks in one conv over each sequence's segment (its conv state, then
+        its tokens: `ssd.pack`), the new states (each segment's last inputs) to their slots."""
+        return packed_conv(conv, bx, step.prefill, self.weight, self.bias)
+
+
+class Lfm2Layer(Qwen3Layer):
+    """Attention (Qwen3's) or a short conv, then the MLP; the residual adds fused into the
+    norms, as Llama's."""
+
+    conv: ShortConv | None = None
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        m = model.config.family.mamba
+        if not m.layers[index]:
+            super().__init__(model, w, prefix, index, ctx)
+            return
+        self.ctx, self.index = ctx, index
+        self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
+        self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
+        self.mlp = model.make_mlp(w, prefix, index, ctx)
+        self.conv = ShortConv(m, w, prefix, index, ctx)
+
+    def linears(self):
+        if self.conv is None:
+            return super().linears()
+        return [*self.conv.linears(), *self.mlp.linears()]
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.conv is None:
+            return super().__call__(h, residual, step)
+        x, residual = self.attention_input(h, residual)
+        h = self.conv(x, step.meta.aux[MAMBA_STEP])
+        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
+                                        residual=residual)  # fmt: skip
+        return self.mlp(x), residual
+
+
+class Lfm2Model(LlamaModel):
+    layer_class = Lfm2Layer
+    # LFM2-MoE's experts (`moe.SparseMoE`), its router and choice-only bias
+    moe_names = ("feed_forward.", ("w1", "w3", "w2"))
+    moe_router, moe_bias = "gate.weight", "expert_bias"
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        if self.config.family.has_experts(index):
+            return SparseMoE.from_weights(self, w, prefix, ctx)
+        return GatedMLP(ctx, w, prefix + "feed_forward.", ("w1", "w3", "w2"))
+
+
+class Lfm2MoeModel(Lfm2Model):
+    """LFM2-MoE (`Lfm2MoeForCausalLM`): LFM2's layers, experts after the first dense ones
+    (`lfm2_config.py`)."""

@@ -1,0 +1,170 @@
+"""Mamba-1 (`MambaForCausalLM`: state-spaces/mamba-130m to 2.8b; `FalconMambaForCausalLM`:
+Falcon-Mamba-7B): each layer ``x + mixer(norm(x))``, no attention, no MLP (configs read in
+`mamba_config.py`, `MambaConfig.mixer` "mamba1").
+
+The mixer (transformers' `MambaMixer`): in_proj gives x and the gate z (d_inner each); x goes
+through a causal depthwise conv of width ``d_conv`` and SiLU; x_proj gives the time step's
+low-rank input, B and C (d_state each; Falcon-Mamba normalises the three by a weightless
+RMSNorm, `mixer_rms_eps`); dt = softplus(dt_proj(.)) per channel; the selective scan
+
+    h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t,    y_t = h_t C_t + D x_t
+
+runs per channel with A [d_inner, d_state] (not a scalar per head as Mamba2's: no SSD form);
+y gated by SiLU(z), then out_proj.
+
+Each sequence keeps its conv state [d_inner, d_conv - 1] and SSM state [d_inner, d_state] in
+the hybrids' slots (`worker/mamba_state.py`, SSM slots [1, d_inner, d_state]). A step's decode
+rows are one batched recurrence step over their slots (gathered and scattered with index ops,
+in place where the slots are one run); its prefill chunks run the conv together
+(`mamba2.packed_conv`) and the scan in a position-major layout (`ssd.pack` with chunks of one
+token: the sequences sorted by length, position j of every sequence that has one, so the
+sequences still running at j are the first ``counts[j]``): one torch step per position of the
+step's longest chunk, vectorised over its sequences and channels (the decays exp(dt A) and
+inputs dt B x of a block of rows computed at once, `BLOCK_ELEMENTS` float32 each). No
+per-sequence loop, no host sync; the per-position loop is the cost of a selective scan without
+a kernel of its own (`benchmarks/recurrent_families.py`, docs/runtime.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, conv_step, packed_conv
+from pagoda.runtime.model_configs import MambaConfig
+
+BLOCK_ELEMENTS = 1 << 22  # the prefill scan's decays and inputs [rows, D, N] computed per block
+
+
+def selective_step(
+    state: torch.Tensor,  # [S, D, N] float32, updated in place
+    x: torch.Tensor,  # [S, D] float32
+    dt: torch.Tensor,  # [S, D] float32, softplus'd
+    A: torch.Tensor,  # [D, N]
+    B: torch.Tensor,  # [S, N] float32
+    C: torch.Tensor,  # [S, N] float32
+) -> torch.Tensor:
+    """One token of each of S sequences: y [S, D] (transformers'
+    `mamba_selective_state_update`, without D and the gate)."""
+    state.mul_(torch.exp(dt[..., None] * A)).add_((dt * x)[..., None] * B[:, None, :])
+    return torch.matmul(state, C[..., None])[..., 0]
+
+
+class Mamba1Mixer:
+    """One Mamba-1 layer's weights and forward (module docstring)."""
+
+    def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx) -> None:
+        p = prefix + "mamba."
+        self.m, self.index = m, index
+        self.in_proj = linear_layer(ctx, w, [p + "in_proj.weight"])
+        self.x_proj = linear_layer(ctx, w, [p + "x_proj.weight"])
+        self.dt_proj = linear_layer(ctx, w, [p + "dt_proj.weight"])
+        self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
+        self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [D, K]
+        self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
+        self.A = -torch.exp(w[p + "A_log"].float())  # [D, N], float32 as transformers'
+        self.D = w[p + "D"].float()
+
+    def linears(self) -> list:
+        return [self.in_proj, self.x_proj, self.dt_proj, self.out_proj]
+
+    def __call__(self, h: torch.Tensor, step: MambaStep) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]; the layer's states updated at the step's slots."""
+        m = self.m
+        conv, ssm = step.states[self.index]
+        x, z = self.in_proj(h).split(m.d_inner, dim=-1)
+        nd = step.num_decodes
+        c = torch.empty_like(x)
+        if nd:
+            c[:nd], new = conv_step(self._slots(conv, step, nd), x[:nd], self.conv_weight,
+                                    self.conv_bias)  # fmt: skip
+            self._write(conv, step, nd, new)
+        if step.prefill is not None:
+            c[nd:] = F.silu(packed_conv(conv, x[nd:], step.prefill, self.conv_weight,
+                                        self.conv_bias))  # fmt: skip
+        dt, B, C = self.x_proj(c).split([m.dt_rank, m.d_state, m.d_state], dim=-1)
+        if m.bcdt_eps is not None:  # Falcon-Mamba's weightless norms
+            dt, B, C = (_rms(t, m.bcdt_eps) for t in (dt, B, C))
+        dt = F.softplus(self.dt_proj(dt).float())
+        y = torch.empty(c.shape, dtype=torch.float32, device=c.device)
+        xf, B, C = c.float(), B.float(), C.float()
+        if nd:
+            state = self._slots(ssm, step, nd).float().view(nd, m.d_inner, m.d_state)
+            y[:nd] = selective_step(state, xf[:nd], dt[:nd], self.A, B[:nd], C[:nd])
+            if step.decode_run is None or ssm.dtype != torch.float32:  # (else in place)
+                self._write(ssm, step, nd, state.view(nd, 1, m.d_inner, m.d_state))
+        if step.prefill is not None:
+            y[nd:] = self._scan(ssm, xf[nd:], dt[nd:], B[nd:], C[nd:], step)
+        y = (y + xf * self.D) * F.silu(z.float())
+        return self.out_proj(y.to(h.dtype))
+
+    @staticmethod
+    def _slots(t: torch.Tensor, step: MambaStep, nd: int) -> torch.Tensor:
+        run = step.decode_run
+        return t[run[0] : run[1]] if run else t.index_select(0, step.slots[:nd])
+
+    @staticmethod
+    def _write(t: torch.Tensor, step: MambaStep, nd: int, new: torch.Tensor) -> None:
+        run = step.decode_run
+        if run:
+            t[run[0] : run[1]].copy_(new)
+        else:
+            t.index_copy_(0, step.slots[:nd], new.to(t.dtype))
+
+    def _scan(self, ssm, x, dt, B, C, step: MambaStep) -> torch.Tensor:
+        """The prefill chunks' selective scan, position by position over the position-major
+        layout (module docstring), each sequence from its slot's state; the final states back
+        to their slots."""
+        m, pre = self.m, step.prefill
+        g = pre.groups[0]  # (chunks of one token: one group, its rows the positions' runs)
+        n_seq = pre.slots.shape[0]
+        state = ssm.index_select(0, pre.slots).float().view(n_seq, m.d_inner, m.d_state)
+        rows = g.rows.shape[0]
+        xp, dtp, Bp, Cp = (t.new_empty(rows, t.shape[1]).index_copy_(0, g.rows, t.index_select(
+            0, g.tokens)) for t in (x, dt, B, C))  # fmt: skip
+        dBx = dtp * xp
+        yp = torch.empty_like(xp)
+        per_block = max(1, BLOCK_ELEMENTS // (m.d_inner * m.d_state))
+        off = lo = hi = 0  # rows [lo, hi): their decays and inputs computed
+        for n in g.counts:  # the sequences still running at this position: the first n
+            if off + n > hi:  # the next rows' decays and inputs, a block of rows at once
+                lo, hi = off, min(rows, off + max(n, per_block))
+                dA = torch.exp(dtp[lo:hi, :, None] * self.A)
+                dBxB = dBx[lo:hi, :, None] * Bp[lo:hi, None, :]
+            s = state[:n]
+            s.mul_(dA[off - lo : off - lo + n]).add_(dBxB[off - lo : off - lo + n])
+            yp[off : off + n] = torch.matmul(s, Cp[off : off + n, :, None])[..., 0]
+            off += n
+        ssm.index_copy_(0, pre.slots, state.view(n_seq, 1, m.d_inner, m.d_state).to(ssm.dtype))
+        return yp.new_empty(yp.shape).index_copy_(0, g.tokens, yp.index_select(0, g.rows))
+
+
+def _rms(t: torch.Tensor, eps: float) -> torch.Tensor:
+    """Falcon-Mamba's weightless RMSNorm, in float32, back in the input's dtype."""
+    f = t.float()
+    return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(t.dtype)
+
+
+class MambaLayer(LlamaLayer):
+    """x + mixer(norm(x)): the residual add fused into the next layer's norm, as Llama's."""
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        self.ctx, self.index = ctx, index
+        self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
+        self.mixer = Mamba1Mixer(model.config.family.mamba, w, prefix, index, ctx)
+
+    def linears(self):
+        return self.mixer.linears()
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.attention_input(h, residual)
+        return self.mixer(x, step.meta.aux[MAMBA_STEP]), residual
+
+
+class MambaModel(LlamaModel):
+    layer_class = MambaLayer
