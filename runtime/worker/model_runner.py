@@ -232,15 +232,17 @@ class ModelRunner:
     def _snapshot_entries(self, budget: int, positions: int) -> int:
         """A hybrid's snapshot entries from a cache budget of `budget` bytes: at most its
         `SNAPSHOT_SHARE`, one per snapshot boundary its blocks (`positions` blocks without
-        attention layers) hold, and, with an explicit `--max-model-len`, leaving the blocks of
-        that context where the budget held them (`server/memory.check_context_fits`)."""
+        attention layers) hold, and, with a `max_model_len` the budget holds, leaving that
+        context its blocks (`server/memory.check_context_fits`). One the budget does not hold
+        is capped to the cache anyway (`EngineCore._start`): `pagoda serve` sets the model's
+        context where `--max-model-len` is left out, which reserved every block and turned
+        prefix caching off wherever the context was longer than the budget held."""
         snap, bs = self.mamba.snapshot_bytes, self.block_size
         blocks = positions or budget // self.bytes_per_block
         n = min(int(budget * options.SNAPSHOT_SHARE) // snap, blocks * bs // self.snapshot_interval)
         asked = self.config.scheduler.max_model_len
-        if not positions and asked is not None:
-            keep = min(blocks, -(-asked // bs))
-            n = min(n, (blocks - keep) * self.bytes_per_block // snap)
+        if not positions and asked is not None and asked <= blocks * bs:
+            n = min(n, (blocks - -(-asked // bs)) * self.bytes_per_block // snap)
         return n
 
     @property

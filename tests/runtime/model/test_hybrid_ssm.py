@@ -240,7 +240,9 @@ def test_snapshots_leave_an_explicit_context_its_blocks(built):
     """The snapshots take at most a quarter of the cache budget, but never the blocks an
     explicit `--max-model-len` that the budget holds needs: a budget of the 512-token context's
     32 blocks and two snapshots gives two snapshots (a quarter would be four, leaving 28
-    blocks: the context capped to 448)."""
+    blocks: the context capped to 448). A context the budget does not hold (`pagoda serve`
+    passes the model's where `--max-model-len` is left out) is capped either way: the
+    snapshots take their quarter (they took none: prefix caching was off)."""
     from pagoda.runtime.server.memory import kv_bytes_per_token
 
     _, _, loaded, _ = built("falcon-h1-mup")
@@ -251,6 +253,10 @@ def test_snapshots_leave_an_explicit_context_its_blocks(built):
               block_size=16, max_model_len=512)  # fmt: skip
     assert llm.engine.max_model_len == 512 and llm.engine.runner.num_snapshots == 2
     assert llm.engine.config.cache.enable_prefix_caching
+    short = LLM(loaded=loaded, dtype="float32", kv_cache_memory=20 * block, block_size=16,
+                max_model_len=512)  # fmt: skip
+    assert short.engine.runner.num_snapshots == 2  # a quarter of 20 blocks' bytes
+    assert short.engine.max_model_len == 16 * 16 and short.engine.config.cache.enable_prefix_caching
 
 
 def test_parallel_samples_each_prefill_their_own_state(built):
