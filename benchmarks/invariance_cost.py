@@ -55,8 +55,8 @@ def gemm_rows(args, device, dtype) -> list[list[object]]:
         for m in args.rows:
             xm = x[-m:]
             same = torch.equal(F.linear(xm, w), full[-m:])
-            t_blas = bench_us(lambda xm=xm, w=w: F.linear(xm, w), device)
-            t_inv = bench_us(lambda xm=xm, w=w: linear(x=xm, weight=w), device)
+            t_blas = bench_us(lambda xm=xm, w=w: F.linear(xm, w), device, args.reps)
+            t_inv = bench_us(lambda xm=xm, w=w: linear(x=xm, weight=w), device, args.reps)
             flops = 2 * m * n * k / (t_inv * 1e-6) / 1e12
             rows.append([name, f"{n}x{k}", m, f"{t_blas:.1f}", f"{t_inv:.1f}",
                          f"{t_inv / t_blas:.2f}", f"{flops:.1f}", "yes" if same else "NO"])  # fmt: skip
@@ -75,14 +75,14 @@ def sweep_rows(args, device, dtype) -> list[list[object]]:
         timed = []
         for cfg in candidate_space():  # the space `pagoda tune` sweeps per weight shape
             try:
-                t = [bench_us(lambda x=x, w=w, c=cfg: linear(x=x, weight=w, config=c), device)
-                     for x in xs]  # fmt: skip
+                t = [bench_us(lambda x=x, w=w, c=cfg: linear(x=x, weight=w, config=c), device,
+                              args.reps) for x in xs]  # fmt: skip
             except Exception as e:
                 print(f"{name} {cfg}: {type(e).__name__}")
                 continue
             timed.append((sum(t), t, cfg))
         best = min(timed, key=lambda r: r[0])
-        blas = [bench_us(lambda x=x, w=w: F.linear(x, w), device) for x in xs]
+        blas = [bench_us(lambda x=x, w=w: F.linear(x, w), device, args.reps) for x in xs]
         rows.append([name, f"{n}x{k}", " / ".join(f"{v:.1f}" for v in best[1]),
                      " / ".join(f"{v:.1f}" for v in blas), best[2]])  # fmt: skip
     return rows
@@ -110,8 +110,8 @@ def attention_rows(args, device, dtype) -> list[list[object]]:
             )  # fmt: skip
 
         same = torch.equal(run(1, False)[-1], run(batch, False)[-1])
-        t_fast = bench_us(lambda b=batch: run(b, False), device)
-        t_inv = bench_us(lambda b=batch: run(b, True), device)
+        t_fast = bench_us(lambda b=batch: run(b, False), device, args.reps)
+        t_inv = bench_us(lambda b=batch: run(b, True), device, args.reps)
         kv_gb = batch * ctx * hkv * d * 2 * k_cache.element_size() / 1e9
         rows.append([batch, ctx, f"{t_fast:.1f}", f"{t_inv:.1f}", f"{t_inv / t_fast:.2f}",
                      f"{kv_gb / (t_inv * 1e-6):.0f}", "yes" if same else "NO"])  # fmt: skip
@@ -122,6 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run (TRITON_INTERPRET=1)")
     ap.add_argument("--sweep", action="store_true", help="also sweep matmul launch configs")
+    ap.add_argument("--reps", type=int, default=20, help="timed calls per case on the CPU (median)")
     args = ap.parse_args(argv)
     args.sweep_rows = [256, 4096]
     if args.tiny:

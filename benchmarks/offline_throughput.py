@@ -208,14 +208,13 @@ def main() -> int:
         return child_generate(args)
 
     print(f"machine: {machine()}", flush=True)  # CPU model, cores, AMX or AVX-512 BF16
+    if args.old_ref:  # the children load the model and build the workload themselves
+        with tempfile.TemporaryDirectory() as tmp:
+            return before_after(args, _old_tree(args.old_ref, Path(tmp)), args.rounds)
     loaded = load_model("smollm2-135m")
     prompts = ragged_workload(
         loaded.tokenizer, args.num_prompts, args.min_len, args.max_len, args.seed
     )
-    if args.old_ref:
-        with tempfile.TemporaryDirectory() as tmp:
-            tree = _old_tree(args.old_ref, Path(tmp))
-            return before_after(args, loaded, prompts, tree, args.rounds)
     n_prompt = sum(len(p) for p in prompts)
     print(
         f"workload: {len(prompts)} prompts, {n_prompt} prompt tokens (mean {n_prompt / len(prompts):.0f}), "
@@ -284,7 +283,7 @@ def child_generate(args) -> int:
     return 0
 
 
-def before_after(args, loaded, prompts, old_tree: Path, rounds: int = 2) -> int:
+def before_after(args, old_tree: Path, rounds: int = 2) -> int:
     """Pagoda as of `--old-ref` and as of now, each a fresh child process (the same start for
     both: a parent that built engines before holds their memory), alternating for `rounds`
     rounds, who goes first alternating too, so that drift on a shared machine hits both alike."""

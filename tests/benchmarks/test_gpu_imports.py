@@ -25,10 +25,9 @@ def test_every_runtime_import_is_carried_or_lazy():
 @pytest.mark.slow
 def test_serve_modules_import_with_only_the_nodes_packages_and_the_wheels():
     allowed = gpu_imports.node_packages() | gpu_imports.wheel_packages()
-    code, out = gpu_imports.dynamic_check(allowed, gpu_imports.MODULES)
-    assert code == 0, out
     # sentencepiece is imported only where a tokenizer.model is read (model/spm_files.py): the
-    # server imports without it, and the blocker does block it
+    # server imports without it, and the blocker does block it. Nothing asks for it (no
+    # "absent"), so with it allowed (the script's own run) the same imports happen alike.
     code, out = gpu_imports.dynamic_check(allowed, gpu_imports.MODULES, gpu_imports.OPTIONAL)
     assert code == 0 and "absent sentencepiece" not in out, out
     probe = ["pagoda.runtime.model.hf_loader", "sentencepiece"]

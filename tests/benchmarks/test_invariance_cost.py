@@ -22,7 +22,7 @@ def test_tiny_run_reports_gemm_and_attention_tables(capsys):
         pytest.skip("the --tiny run is the CPU smoke test; on CUDA run the full benchmark")
     import invariance_cost
 
-    res = invariance_cost.main(["--tiny"])
+    res = invariance_cost.main(["--tiny", "--reps", "2"])
     assert [r[2] for r in res["gemm"]] == [1, 5]
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in res["gemm"])
     assert len(res["attention"]) == 1 and float(res["attention"][0][3]) > 0

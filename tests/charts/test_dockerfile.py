@@ -252,11 +252,14 @@ def test_dockerignore_keeps_what_copy_needs_and_nothing_else() -> None:
 def test_the_wheel_built_from_the_context_has_every_package(tmp_path: pathlib.Path) -> None:
     """What `pip wheel .` in the wheel stage builds from the Docker context (offline here)."""
     context = tmp_path / "context"
-    for path in sorted(ROOT.rglob("*")):
-        rel = path.relative_to(ROOT).as_posix()
-        if path.is_file() and not rel.startswith((".git/", ".venv/")) and in_context(rel):
-            (context / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, context / rel)
+    for top, dirs, files in os.walk(ROOT):  # not into .git/ and .venv/ (~60,000 files)
+        dirs[:] = [d for d in dirs if top != str(ROOT) or d not in (".git", ".venv")]
+        for name in files:
+            path = pathlib.Path(top, name)
+            rel = path.relative_to(ROOT).as_posix()
+            if path.is_file() and in_context(rel):
+                (context / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, context / rel)
     out = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",

@@ -40,8 +40,9 @@ def layer(module: str) -> int:
     return LAYERS.index(module.removeprefix(PACKAGE + ".").split(".")[0])
 
 
+@functools.cache  # the tree does not change during a run: each graph is parsed once
 def operator_graph(*, typing: bool = False) -> dict[str, set[str]]:
-    """The operator's modules → the operator modules they import."""
+    """The operator's modules → the operator modules they import (read only: shared)."""
     graph = module_graph(typing=typing)
     inside = {m for m in graph if m == PACKAGE or m.startswith(PACKAGE + ".")}
     return {m: graph[m] & inside for m in inside}

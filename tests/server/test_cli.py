@@ -126,8 +126,6 @@ def test_version() -> None:
         (["--model", "nosuch"], "nosuch"),
         (["nosuch"], "model 'nosuch' is neither"),  # positional, as `vllm serve MODEL`
         (["/a", "--model", "/b"], "the model is given twice: '/a' and --model '/b'"),
-        (["--no-enable-chunked-prefill", "--max-num-batched-tokens", "256"], "max_model_len"),
-        (["--max-num-seqs", "0"], "max_num_seqs"),
         (["--kv-cache-memory", "lots"], "kv_cache_memory"),
         (["--port", "70000"], "port"),
         (["--max-num-seqs", "1e9"], "invalid int value: '1e9'"),  # argparse's, on one line
@@ -136,6 +134,8 @@ def test_version() -> None:
     ],
 )
 def test_bad_flags_exit_with_one_line_before_binding(args: list[str], needle: str) -> None:
+    """Each way out before binding, as a process: argparse's errors, a model that is not there,
+    a size that preflight refuses (the test below checks each of preflight's messages)."""
     result = pagoda("serve", "--port", "0", *args)
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
@@ -177,6 +177,9 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--no-enable-chunked-prefill", "--long-prefill-token-threshold", "256"),
          "long_prefill_token_threshold (256) needs chunked prefill"),
         (("--kv-cache-memory", "100T"), "lower --kv-cache-memory"),
+        (("--no-enable-chunked-prefill", "--max-num-batched-tokens", "256"),
+         "without chunked prefill, max_num_batched_tokens (256) must be >= max_model_len (8192)"),
+        (("--max-num-seqs", "0"), "max_num_seqs must be an integer in 1..16384, got 0"),
     ],
 )  # fmt: skip
 def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,52 +27,35 @@ def engine_pid(server_pid: int) -> int:
     raise AssertionError(f"no engine process among {kids}")
 
 
-@pytest.mark.timeout(300)
-def test_a_killed_engine_process_fails_streams_health_and_the_server(tmp_path):
-    log = tmp_path / "termination-log"
+@pytest.fixture(scope="module")
+def engine_process_server(tmp_path_factory) -> Iterator[tuple[ServerProcess, Path]]:
+    """One engine-process-mode server for this file: the ready-and-chat test uses it first, then
+    the last test kills its engine (one model load instead of two)."""
+    log = tmp_path_factory.mktemp("engine-process") / "termination-log"
     srv = ServerProcess(
         "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--log-level", "info",
         env={"PAGODA_TERMINATION_LOG": str(log)},
     )  # fmt: skip
     try:
         srv.wait_ready()
-        body = {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True,
-                "stream": True}  # fmt: skip
-        with httpx.Client(base_url=srv.base, timeout=60) as c:
-            assert c.get("/health").json() == {"status": "ok"}
-            with c.stream("POST", "/v1/completions", json=body) as r:
-                assert r.status_code == 200
-                lines = (line for line in r.iter_lines() if line.startswith("data: "))
-                first = json.loads(next(lines)[6:])
-                assert first["choices"][0]["finish_reason"] is None
-                os.kill(engine_pid(srv.proc.pid), signal.SIGKILL)
-                rest = list(lines)
-            assert rest[-1] == "data: [DONE]"
-            error = json.loads(rest[-2][6:])["error"]
-            assert error["code"] == "unavailable" and "exited with code -9" in error["message"]
-            health = c.get("/health")
-            assert health.status_code == 503 and health.json()["status"] == "dead"
-        deadline = time.monotonic() + 30
-        while srv.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert srv.proc.returncode == 1, srv.output()[-2000:]
-        assert "engine died" in srv.output()
-        # the pod's termination message, which the operator turns into the condition's reason
-        said = parse(log.read_text())
-        assert said.reason == "EngineDied" and "exited with code -9" in said.message, said
+        yield srv, log
     finally:
         srv.stop()
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", [[], ["--no-engine-process"]], ids=["process", "thread"])
-def test_ready_and_a_chat_answer_in_both_engine_modes(mode):
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_ready_and_a_chat_answer_in_both_engine_modes(mode, request):
     """Both start-up paths reach ready and serve: in the engine-process mode the API process
     applies the chat template with the tokenizer it loaded itself while the engine loaded
     (`EngineProcClient.load`), and the engine's ready message carried none."""
-    srv = ServerProcess(
-        "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--log-level", "info", *mode
-    )  # fmt: skip
+    if mode == "process":
+        srv, _ = request.getfixturevalue("engine_process_server")
+    else:
+        srv = ServerProcess(
+            "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--log-level", "info",
+            "--no-engine-process",
+        )  # fmt: skip
     try:
         srv.wait_ready()
         body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -83,6 +67,37 @@ def test_ready_and_a_chat_answer_in_both_engine_modes(mode):
             assert r.json()["usage"]["prompt_tokens"] > 10  # the template's tokens too
         log = srv.output()
         assert "engine core built" in log and "ready: OpenAI API" in log
-        assert ("engine process:" in log) == (not mode), log[-2000:]
+        assert ("engine process:" in log) == (mode == "process"), log[-2000:]
     finally:
-        srv.stop()
+        if mode == "thread":
+            srv.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_engine_process_fails_streams_health_and_the_server(engine_process_server):
+    """Last in this file: it kills the module's server."""
+    srv, log = engine_process_server
+    body = {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    with httpx.Client(base_url=srv.base, timeout=60) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = (line for line in r.iter_lines() if line.startswith("data: "))
+            first = json.loads(next(lines)[6:])
+            assert first["choices"][0]["finish_reason"] is None
+            os.kill(engine_pid(srv.proc.pid), signal.SIGKILL)
+            rest = list(lines)
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2][6:])["error"]
+        assert error["code"] == "unavailable" and "exited with code -9" in error["message"]
+        health = c.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "dead"
+    deadline = time.monotonic() + 30
+    while srv.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert srv.proc.returncode == 1, srv.output()[-2000:]
+    assert "engine died" in srv.output()
+    # the pod's termination message, which the operator turns into the condition's reason
+    said = parse(log.read_text())
+    assert said.reason == "EngineDied" and "exited with code -9" in said.message, said

@@ -67,34 +67,40 @@ def test_impossible_layouts_name_the_flag(argv: list[str], words: str) -> None:
         layout(*argv)
 
 
+def test_a_group_the_model_or_node_cannot_hold_is_one_line_and_exit_2() -> None:
+    """Checked before anything loads: one line naming the flag, exit 2, no traceback (the test
+    below checks each of preflight's group refusals in process)."""
+    argv = ["--tensor-parallel-size", "2"]  # the embedded model has 9 attention heads
+    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", "0", *argv]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pagoda serve: error:"), result.stderr
+    assert "--tensor-parallel-size 2 does not divide the model's 9 attention heads" in lines[0]
+    assert "Traceback" not in result.stderr and "Uvicorn" not in result.stderr + result.stdout
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
         # the embedded model has 9 attention heads and 3 KV heads
         (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2 does not divide the model's 9 "
          "attention heads"),
-        pytest.param(
-            ["--tensor-parallel-size", "9"],
-            "does not divide the model's MLP width (1536)",
-            marks=pytest.mark.slow,
-        ),
-        pytest.param(
-            ["--tensor-parallel-size", "3", "--device", "cuda"],
-            "runs 3 ranks on this node, one per GPU, and it has",
-            marks=pytest.mark.slow,
-        ),
+        (["--tensor-parallel-size", "9"], "does not divide the model's MLP width (1536)"),
+        (["--tensor-parallel-size", "3", "--device", "cuda"],
+         "runs 3 ranks on this node, one per GPU, and it has"),
     ],
 )  # fmt: skip
-def test_a_group_the_model_or_node_cannot_hold_is_one_line_and_exit_2(argv, words) -> None:
-    """Checked before anything loads: one line naming the flag, exit 2, no traceback."""
+def test_a_group_the_model_or_node_cannot_hold_is_refused_by_preflight(argv, words) -> None:
     import torch
+    from pagoda.runtime.server.cli import server_config
+    from pagoda.runtime.server.launch import preflight
 
     if "cuda" in argv and torch.cuda.device_count() >= 3:
         pytest.skip("this node has the GPUs")
-    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", "0", *argv]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert result.returncode == 2, result
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pagoda serve: error:"), result.stderr
-    assert words in lines[0], lines[0]
-    assert "Traceback" not in result.stderr and "Uvicorn" not in result.stderr + result.stdout
+    args = build_parser().parse_args(argv)
+    with pytest.raises(ValueError) as err:
+        preflight(
+            server_config(args), options.engine_kwargs(vars(args)), parallel=parallelism(args)
+        )
+    assert words in str(err.value), err.value

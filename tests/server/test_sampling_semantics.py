@@ -4,6 +4,8 @@ detokenizer renders the stopping token then), `min_tokens`."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import openai
 import pytest
 import structured_testlib
@@ -20,10 +22,17 @@ def tok():
 
 
 def _both(client, **kw) -> tuple[openai.types.CompletionChoice, str]:
-    """The full response's choice and the text of the same request streamed."""
-    full = client.completions.create(model=MODEL, temperature=0, **kw).choices[0]
-    chunks = client.completions.create(model=MODEL, temperature=0, stream=True, **kw)
-    return full, "".join(c.text for chunk in chunks for c in chunk.choices)
+    """The full response's choice and the text of the same request streamed, both sent at once
+    (greedy: batched together, they give the tokens each gives alone)."""
+
+    def streamed() -> str:
+        chunks = client.completions.create(model=MODEL, temperature=0, stream=True, **kw)
+        return "".join(c.text for chunk in chunks for c in chunk.choices)
+
+    with ThreadPoolExecutor(1) as pool:
+        text = pool.submit(streamed)
+        full = client.completions.create(model=MODEL, temperature=0, **kw).choices[0]
+        return full, text.result()
 
 
 def test_the_largest_seed_serves_every_sample(client):
