@@ -46,6 +46,10 @@ def snapshots(
         return _off(config, mc, why), None
     if not runner.num_snapshots:
         why = f"its KV cache budget holds no snapshot of {runner.mamba.snapshot_bytes} bytes"
+        asked = config.scheduler.max_model_len
+        if asked is not None:  # the context's blocks come first (`ModelRunner._num_blocks`)
+            why += (f" beside the blocks of --max-model-len {asked} (a shorter context or a "
+                    "larger --kv-cache-memory leaves room)")  # fmt: skip
         return _off(config, mc, why), None
     bs = config.cache.block_size
     every = runner.snapshot_interval // bs
