@@ -14,8 +14,7 @@ CASES = [
     (torch.float16, 80, 3, 32),
     (torch.bfloat16, 96, 4, 16),
     (torch.float16, 128, 2, 32),
-    (torch.bfloat16, 64, 8, 32),
-    (torch.float32, 128, 3, 16),
+    (torch.bfloat16, 64, 8, 16),
 ]
 # How the batch is handled: split-KV decodes (one segment, or 4) and the prefill kernel for the
 # other sequences; every row in the prefill kernel (batch-invariant); the unified kernel for the
@@ -82,10 +81,12 @@ def test_decode_only_batch(device, splits):
 def test_long_context(device, splits):
     """> 1,000 tokens: a long decode (split and unsplit), a chunk deep into a long context, and a
     1,030-token prefill from scratch; one KV head keeps the interpreter quick. ``None``: the
-    rule picks 4 splits here (1,300 tokens, 4 "SMs")."""
+    rule picks 4 splits here (1,300 tokens, 4 "SMs"). The decodes' launch is the only one the
+    split count changes (the prefill kernel takes the other rows alike), so a forced count runs
+    the long decode alone."""
     from pagoda.kernels import paged_attention
 
-    seqs = [(1, 1300), (24, 1100), (1030, 1030)]
+    seqs = [(1, 1300), (24, 1100), (1030, 1030)] if splits is None else [(1, 1300)]
     batch = make_batch(
         seqs,
         num_heads=1,

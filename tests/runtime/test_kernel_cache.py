@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import shutil
 import tarfile
 
 import pytest
@@ -14,13 +15,27 @@ from kernel_cache_testlib import IDENTITY, cache_files, compile_scale
 from pagoda.runtime import kernel_cache as kc
 
 
-@pytest.fixture
-def compiled(tmp_path, monkeypatch):
-    """A Triton cache with two compiled variants of one kernel; (its folder, the kernels)."""
-    cache = tmp_path / "built"
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    kernels = [compile_scale(block)[0] for block in (128, 256)]
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two variants of one kernel compiled once for the module (a fresh process each, ~3 s);
+    (the Triton cache folder they went into, the kernels)."""
+    cache = tmp_path_factory.mktemp("kernel_cache") / "built"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_CACHE_DIR", str(cache))
+        kernels = [compile_scale(block)[0] for block in (128, 256)]
     return cache, kernels
+
+
+@pytest.fixture
+def compiled(built, tmp_path, monkeypatch):
+    """This test's own copy of the module's Triton cache (tests add files to it), as if compiled
+    there (the groups list their files by absolute path); (its folder, the kernels)."""
+    cache = tmp_path / "built"
+    shutil.copytree(built[0], cache)
+    for grp in cache.glob("*/__grp__*.json"):
+        grp.write_text(grp.read_text().replace(str(built[0]) + "/", str(cache) + "/"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    return cache, built[1]
 
 
 def test_round_trip_into_another_directory_is_a_cache_hit(compiled, tmp_path, monkeypatch, caplog):

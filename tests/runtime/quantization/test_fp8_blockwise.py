@@ -99,7 +99,9 @@ def test_quantization_fp8_requantizes_a_block_wise_checkpoint_per_channel(tmp_pa
     assert ours.__class__.__name__ == "Fp8Linear"
     assert torch.equal(ours.weight.view(torch.uint8), theirs.weight.view(torch.uint8))
     assert torch.equal(ours.weight_scale, theirs.weight_scale)
-    assert greedy(llm) == greedy(twin)
+    # two tokens: the prompts' chunked prefill steps and a decode step, in the FP8 GEMM (each
+    # step is seconds in Triton's interpreter; the codes are asserted equal above)
+    assert greedy(llm, 2) == greedy(twin, 2)
 
 
 def test_the_fit_check_counts_a_block_wise_checkpoint_at_its_16_bit_size(tmp_path, monkeypatch):

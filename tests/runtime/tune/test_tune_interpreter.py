@@ -1,12 +1,14 @@
 """`pagoda tune` with the Triton backend under the interpreter: the kernel stage end to end.
 
 There is no GPU here, so this is how the CUDA orchestration is exercised: buckets from the
-model's shapes, candidates checked against the reference, winners saved bucket by bucket into
-the profile folder, the engine profile built with those configs, and a resume that sweeps nothing.
+model's shapes (a tiny Qwen3-MoE: its matmul, expert and attention shapes), candidates checked
+against the reference, winners saved bucket by bucket into the profile folder, the engine profile
+built with those configs, and a resume that sweeps nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -17,7 +19,8 @@ from hf_oracle import make_tiny_llama
 
 pytest.importorskip("triton")
 
-from pagoda.runtime.tune import sweep
+from pagoda.kernels import fused_moe
+from pagoda.runtime.tune import moe, sweep
 from pagoda.runtime.tune.choose import Targets
 from pagoda.runtime.tune.kernel_stage import INTERPRETER_LABEL
 from pagoda.runtime.tune.runner import TuneRequest, tune
@@ -28,7 +31,15 @@ if os.environ["TRITON_INTERPRET"] != "1":
 
 @pytest.mark.slow
 def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
-    make_tiny_llama(tmp_path / "m")
+    """`pagoda tune` end to end on a tiny Qwen3-MoE checkpoint: the expert shape read from its
+    config.json, its bucket swept (two candidates) and saved beside the dense buckets."""
+    make_tiny_llama(
+        tmp_path / "m", arch="Qwen3Moe", head_dim=16, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True,
+    )  # fmt: skip
+    # one timed call per candidate after its warm-up (the default: three): interpreter timings
+    # only have to pick a winner here (`wall_timer` itself: test_kernel_sweep, test_moe_sweep)
+    monkeypatch.setattr(sweep, "wall_timer", functools.partial(sweep.wall_timer, repeats=1))
     request = TuneRequest(
         model=str(tmp_path / "m"),
         output=str(tmp_path / "profile"),
@@ -44,9 +55,13 @@ def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
     assert kernels["status"] == "tuned" and kernels["config_file"] == f"{INTERPRETER_LABEL}.json"
     assert [b["kernel"] for b in kernels["buckets"]] == [
         "matmul",  # batch-invariant matmuls (the default): one bucket per weight shape, first
+        moe.FUSED_MOE,  # then the experts' GEMMs, at the batch-invariant token bucket
         "prefill_attention",  # batch-invariant attention: every row in the prefill kernel,
         "prefill_attention",  # its decode launch's bucket, then its prefill launch's
     ]
+    (b,) = [b for b in kernels["buckets"] if b["kernel"] == moe.FUSED_MOE]
+    assert b["shape"] == {"experts": 8, "intermediate": 32, "hidden": 64, "itemsize": 4,
+                          "tokens": fused_moe.INVARIANT_TOKENS}  # fmt: skip
     assert all(
         b["config"] and b["rejected"] == [] and b["candidates"] >= 2 for b in kernels["buckets"]
     )
@@ -63,6 +78,7 @@ def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
     swept = []
     monkeypatch.setattr(sweep, "sweep_bucket", lambda *a, **k: swept.append(a))
     monkeypatch.setattr(sweep, "sweep_matmul_bucket", lambda *a, **k: swept.append(a))
+    monkeypatch.setattr(moe, "sweep_moe_bucket", lambda *a, **k: swept.append(a))
     again = tune(request)
     assert swept == [] and again.profile["kernels"]["buckets"] == kernels["buckets"]
     assert again.profile["engine"] == result.profile["engine"]
