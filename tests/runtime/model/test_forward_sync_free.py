@@ -79,14 +79,6 @@ FAMILIES = {
 }  # fmt: skip
 
 
-def short_prompts() -> list[list[int]]:
-    """`arch_cases.prompts` cut to two blocks of shared prefix (each prefill step of these tiny
-    models is seconds in Triton's interpreter): still two longer than every window, two
-    sharing a prefix, chunked prefills (16 tokens a step) beside decodes."""
-    long, other, shared = prompts()
-    return [long[:32] + long[-5:], other[:17], shared[:32]]
-
-
 class SyncWatch(TorchDispatchMode):
     """Records the aten ops of `SYNCING` dispatched, and the `READBACKS` called, while active."""
 
@@ -153,6 +145,6 @@ def test_forward_queues_no_host_sync(tmp_path, monkeypatch, family):
         return out
 
     monkeypatch.setattr(model, "forward", watched)
-    generate(llm, short_prompts())  # chunked prompts, mixed steps, decodes
+    generate(llm, prompts())  # chunked prompts, mixed steps, decodes
     assert calls[0] > 5
     assert not seen, f"{family}: {sorted(set(seen))} in the forward"
