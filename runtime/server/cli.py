@@ -212,16 +212,20 @@ def run(args: argparse.Namespace) -> int:
                 return serve_worker_node(args, engine_kwargs, layout)
             cfg = fit_connections(cfg)
             sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
-            if cfg.engine_process:  # it imports torch and the engine while this one checks
+            checks = dict(
+                cfg=cfg, engine_kwargs=engine_kwargs, tuned_profile=args.tuned_profile,
+                tuned_profile_mismatch=args.tuned_profile_mismatch,
+                download_dir=args.download_dir, revision=args.revision, parallel=layout,
+            )  # fmt: skip
+            if cfg.engine_process:  # checked where torch is: this process never imports it
                 from pagoda.runtime.engine.core_client import EngineProcClient
 
                 engine = EngineProcClient(cfg.log_level).spawn()
-            from pagoda.runtime.server.launch import preflight, serve
+                plan = engine.preflight(checks)
+            else:
+                from pagoda.runtime.server.launch import preflight
 
-            engine_cfg, profile = preflight(
-                cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
-                download_dir=args.download_dir, revision=args.revision, parallel=layout,
-            )  # fmt: skip
+                engine_cfg, profile = preflight(**checks)
             start_listening(sockets, cfg.host)
     except ValueError as e:  # a ProfileError, KernelConfigError, failed download too
         close_all(sockets)
@@ -232,7 +236,13 @@ def run(args: argparse.Namespace) -> int:
         stop_engine(engine)
         logging.getLogger("pagoda.serve").debug("start-up check failed", exc_info=True)
         fail(ValueError(f"{type(e).__name__}: {e}"))
-    return serve(cfg, engine_cfg, profile, sockets, engine)
+    if engine is None:  # the engine on a thread of this process
+        from pagoda.runtime.server.launch import serve
+
+        return serve(cfg, engine_cfg, profile, sockets)
+    from pagoda.runtime.server.api_process import serve
+
+    return serve(cfg, plan, None, sockets, engine)
 
 
 def stop_engine(engine: Any) -> None:
