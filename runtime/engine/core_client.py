@@ -122,13 +122,20 @@ class EngineProcClient:
                 log.debug("this process could not load the tokenizer", exc_info=True)
                 self._tokenizer_error = e
 
-    def preflight(self, checks: dict[str, Any], timeout: float | None = None) -> Any:
+    def preflight(
+        self,
+        checks: dict[str, Any],
+        meanwhile: Callable[[], Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         """Run `pagoda serve`'s start-up checks in the engine process (it imports torch and the
         model code; this process then needs neither) and return their plain-data result (a
         `server.api_process.ServePlan`); the engine process goes on to load the model it
         checked, and sends its tokenizer with `EngineInfo` when ready. A failed check is raised
         here as the engine process raised it (a ValueError: one line, exit 2). `checks`: the
-        keyword arguments of `server.launch.preflight`, plain data."""
+        keyword arguments of `server.launch.preflight`, plain data; `meanwhile`: called once
+        they are sent, while the engine process imports torch and checks (the server imports
+        its app then)."""
         import time
 
         import zmq
@@ -137,6 +144,8 @@ class EngineProcClient:
             self.spawn()
         self._tx.send(pickle.dumps([("preflight", checks)]), zmq.NOBLOCK)
         self._loading = PREFLIGHTED
+        if meanwhile is not None:
+            meanwhile()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._rx.poll(200):
             if not self.proc.is_alive():

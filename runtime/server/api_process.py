@@ -30,6 +30,15 @@ class ServePlan:
     tuned_profile: tuple[str, str, str] | None = None  # device, model, created (for /metrics)
 
 
+def prepare() -> None:
+    """Import what `serve` will (uvicorn, FastAPI, the app, the engine's client side): called
+    while the engine process imports torch and runs the start-up checks, so that the app is
+    built and answers `/health` while the model loads."""
+    import uvicorn  # noqa: F401
+    from pagoda.runtime.engine import async_engine  # noqa: F401
+    from pagoda.runtime.server import api, draining, metrics  # noqa: F401
+
+
 def serve(
     cfg: ServerConfig,
     plan: ServePlan,

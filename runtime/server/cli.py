@@ -219,9 +219,10 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
             if cfg.engine_process:  # checked where torch is: this process never imports it
                 from pagoda.runtime.engine.core_client import EngineProcClient
+                from pagoda.runtime.server.api_process import prepare
 
                 engine = EngineProcClient(cfg.log_level).spawn()
-                plan = engine.preflight(checks)
+                plan = engine.preflight(checks, meanwhile=prepare)  # the app imports meanwhile
             else:
                 from pagoda.runtime.server.launch import preflight
 
