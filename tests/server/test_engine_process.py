@@ -46,9 +46,11 @@ def engine_process_server(tmp_path_factory) -> Iterator[tuple[ServerProcess, Pat
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_ready_and_a_chat_answer_in_both_engine_modes(mode, request):
-    """Both start-up paths reach ready and serve: in the engine-process mode the API process
-    applies the chat template with the tokenizer it loaded itself while the engine loaded
-    (`EngineProcClient.load`), and the engine's ready message carried none."""
+    """Both start-up paths reach ready and serve: in the engine-process mode the start-up
+    checks ran in the engine process (`EngineProcClient.preflight`), the API process applies
+    the chat template with the tokenizer the engine's ready message carried, and it never
+    loaded torch or Triton (its memory maps hold neither library; the thread mode's do, so
+    the check can fail)."""
     if mode == "process":
         srv, _ = request.getfixturevalue("engine_process_server")
     else:
@@ -58,6 +60,9 @@ def test_ready_and_a_chat_answer_in_both_engine_modes(mode, request):
         )  # fmt: skip
     try:
         srv.wait_ready()
+        maps = Path(f"/proc/{srv.proc.pid}/maps").read_text()
+        assert ("libtorch" in maps) == (mode == "thread"), "torch in the API process"
+        assert "libtriton" not in maps or mode == "thread"
         body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
                 "max_tokens": 8, "temperature": 0}  # fmt: skip
         with httpx.Client(base_url=srv.base, timeout=60) as c:
