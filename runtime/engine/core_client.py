@@ -124,7 +124,7 @@ class EngineProcClient:
 
     def preflight(
         self,
-        checks: dict[str, Any],
+        job: Callable[[], Any],
         meanwhile: Callable[[], Any] | None = None,
         timeout: float | None = None,
     ) -> Any:
@@ -132,17 +132,17 @@ class EngineProcClient:
         model code; this process then needs neither) and return their plain-data result (a
         `server.api_process.ServePlan`); the engine process goes on to load the model it
         checked, and sends its tokenizer with `EngineInfo` when ready. A failed check is raised
-        here as the engine process raised it (a ValueError: one line, exit 2). `checks`: the
-        keyword arguments of `server.launch.preflight`, plain data; `meanwhile`: called once
-        they are sent, while the engine process imports torch and checks (the server imports
-        its app then)."""
+        here as the engine process raised it (a ValueError: one line, exit 2). `job`: run
+        there, returns (core factory, plan): `core_proc.ByName` of `launch.checked_factory`
+        with the flags, plain data; `meanwhile`: called once it is sent, while the engine
+        process imports torch and checks (the server imports its app then)."""
         import time
 
         import zmq
 
         if self.proc is None:
             self.spawn()
-        self._tx.send(pickle.dumps([("preflight", checks)]), zmq.NOBLOCK)
+        self._tx.send(pickle.dumps([("preflight", job)]), zmq.NOBLOCK)
         self._loading = PREFLIGHTED
         if meanwhile is not None:
             meanwhile()

@@ -12,7 +12,7 @@ binds the socket it reads and connects the one it writes (a connected socket que
 before its peer is there).
 
 - API → engine (PUSH → PULL): one pickled list of commands per event-loop iteration:
-  `("preflight", checks)` (`pagoda serve`: the start-up checks run here, where torch is, and
+  `("preflight", job)` (`pagoda serve`: the start-up checks run here, where torch is, and
   the model they checked loads next, its tokenizer sent with `r`) or
   `("load", factory, with_tokenizer)` (first: the process is started before the server knows
   its engine config, and imports the engine's modules meanwhile; `with_tokenizer` False: the
@@ -123,18 +123,13 @@ class EngineCoreProc:
                 if cmd[0] == "stop":
                     return None
 
-    def preflight(self, checks: dict[str, Any]) -> Callable[[], EngineCore] | None:
-        """`pagoda serve`'s start-up checks, here where torch is (`server.launch.preflight`);
-        `p` carries their plain-data plan, or the error that failed them, to the API process.
-        Their log lines are held until they pass and dropped when they fail (as the API
-        process does with its own): a refused start stays one line. The core factory of the
-        configuration checked, None when a check failed (the API process then stops this)."""
-        from pagoda.runtime.server.cli import held_logs
-        from pagoda.runtime.server.launch import checked_factory
-
+    def preflight(self, job: Callable[[], tuple[Any, Any]]) -> Callable[[], EngineCore] | None:
+        """`pagoda serve`'s start-up checks, here where torch is (`job`: `ByName` of
+        `server.launch.checked_factory` and the flags); `p` carries their plain-data plan, or
+        the error that failed them, to the API process. The core factory of the configuration
+        checked; None when a check failed (the API process then stops this process)."""
         try:
-            with held_logs():
-                factory, plan = checked_factory(**checks)
+            factory, plan = job()
         except BaseException as exc:
             log.debug("start-up check failed", exc_info=True)
             self.send(b"p", pickle.dumps((None, dump_error(exc))))
@@ -267,6 +262,23 @@ class EngineCoreProc:
             ids, params, fut, _, bulk = self.compiling.pop(rid)
             self.add(core, rid, ids, params, fut, bulk)
         return bool(ready)
+
+
+@dataclasses.dataclass(frozen=True)
+class ByName:
+    """A call of a function named by its module and name, with keyword arguments: it pickles
+    without its module, so the API process can ask for `server.launch.checked_factory` without
+    importing that module (it imports torch). A pickled function is a reference by name too;
+    this one is written by the sender instead of taken from an imported module."""
+
+    module: str
+    name: str
+    kwargs: dict[str, Any]
+
+    def __call__(self) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.name)(**self.kwargs)
 
 
 def preload() -> None:

@@ -16,12 +16,10 @@ line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any, NoReturn
 
 # Before torch loads libgomp: OpenMP threads that spin at barriers while another process holds
@@ -33,6 +31,7 @@ from pagoda.runtime import options
 from pagoda.runtime.options import ENGINE_FLAGS, PARALLEL_FLAGS, SERVER_FLAGS, Flag
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.held_logs import held_logs
 from pagoda.runtime.server.listen import (
     bind_sockets,
     close_all,
@@ -162,35 +161,6 @@ def fail(error: BaseException) -> NoReturn:
     sys.exit(exit_error("pagoda serve", error))
 
 
-LIVE_LOGGERS = ("pagoda.runtime.model.sources",)  # a download's progress is shown as it goes
-
-
-@contextlib.contextmanager
-def held_logs() -> Iterator[None]:
-    """Hold log records while start-up is checked: printed once it passes, dropped when it
-    fails, so a refused start is exactly one line (a download's progress is not held)."""
-    root = logging.getLogger()
-    held: list[logging.LogRecord] = []
-    handlers = root.handlers
-
-    class Hold(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.name.startswith(LIVE_LOGGERS):
-                for h in handlers:
-                    if record.levelno >= h.level:
-                        h.handle(record)
-            else:
-                held.append(record)
-
-    root.handlers = [Hold()]
-    try:
-        yield
-    finally:
-        root.handlers = handlers
-    for record in held:
-        root.handle(record)
-
-
 def parallelism(args: argparse.Namespace) -> Parallelism:
     """The tensor-parallel flags, validated (ValueError); against the model and this node's
     devices in `launch.preflight`."""
@@ -219,10 +189,12 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
             if cfg.engine_process:  # checked where torch is: this process never imports it
                 from pagoda.runtime.engine.core_client import EngineProcClient
+                from pagoda.runtime.engine.core_proc import ByName
                 from pagoda.runtime.server.api_process import prepare
 
                 engine = EngineProcClient(cfg.log_level).spawn()
-                plan = engine.preflight(checks, meanwhile=prepare)  # the app imports meanwhile
+                job = ByName("pagoda.runtime.server.launch", "checked_factory", checks)
+                plan = engine.preflight(job, meanwhile=prepare)  # the app imports meanwhile
             else:
                 from pagoda.runtime.server.launch import preflight
 

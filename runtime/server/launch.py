@@ -34,6 +34,7 @@ from pagoda.runtime.quantization.fp8 import check_checkpoint_form
 from pagoda.runtime.server import api_process, fit, memory
 from pagoda.runtime.server.api_process import ServePlan
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.held_logs import held_logs
 from pagoda.runtime.server.tuned import apply_tuned_profile, describe, kernel_cache_archive
 from pagoda.runtime.tuned_profile import TunedProfile
 
@@ -255,8 +256,11 @@ def core_factory(engine_cfg: EngineConfig, profile: TunedProfile | None) -> Any:
 
 def checked_factory(**checks: Any) -> tuple[Any, ServePlan]:
     """`preflight(**checks)` in the engine process (`EngineProcClient.preflight`): the core
-    factory of the configuration checked, and the plan the API process serves with."""
-    engine_cfg, profile = preflight(**checks)
+    factory of the configuration checked, and the plan the API process serves with. Their log
+    lines are held until they pass and dropped when they fail, as the API process does with
+    its own: a refused start stays one line."""
+    with held_logs():
+        engine_cfg, profile = preflight(**checks)
     return core_factory(engine_cfg, profile), plan_of(engine_cfg, profile)
 
 
