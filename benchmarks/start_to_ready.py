@@ -10,11 +10,10 @@ after start) so the breakdown shows where the time goes.
 
 With `--old-ref`, each mode also runs on that commit's runtime (`git archive`d to a temporary
 folder and put first on PYTHONPATH), interleaved with this tree's, so before and after share
-the machine's load. `--checks N` first times the API process's start-up reads of the model on
-their own, N fresh processes per runtime, interleaved: `launch.preflight` (the flags, the
-model's config, the weights count of the fit and memory checks) and then the API process's
-tokenizer (`loader.read_tokenizer`), each in a fresh process's first call, as `pagoda serve`
-makes them.
+the machine's load. `--checks N` first times the start-up reads of the model on their own, N
+fresh processes per runtime, interleaved: `launch.preflight` (the flags, the model's config, the
+weights count of the fit and memory checks; `pagoda serve` runs them in its engine process) and
+then the tokenizer (`loader.read_tokenizer`), each in a fresh process's first call.
 """
 
 from __future__ import annotations

@@ -62,6 +62,19 @@ class ReasonedError(ValueError):
         if detail is not None:
             self.detail = detail
 
+    def __reduce__(self) -> tuple:
+        """Pickles as itself with its reason and detail, whatever its subclass's constructor
+        takes (`DownloadError(detail, message)`): `pagoda serve`'s checks run in the engine
+        process and their error crosses to the API process, which exits with its reason."""
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type[ReasonedError], args: tuple, state: dict) -> ReasonedError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 def one_line(text: str) -> str:
     return " ".join(str(text).split())

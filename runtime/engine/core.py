@@ -44,8 +44,8 @@ from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model import longrope
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
-from pagoda.runtime.sampling.allowed_tokens import check_bans_leave_tokens
 from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
+from pagoda.runtime.sampling.bans import check_bans_leave_tokens
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+PREFLIGHTED = "checked there"  # `_loading` once `preflight` had the engine process load
+
+
 class EngineDeadError(RuntimeError):
     """The engine process ended without being asked to."""
 
@@ -119,6 +122,51 @@ class EngineProcClient:
                 log.debug("this process could not load the tokenizer", exc_info=True)
                 self._tokenizer_error = e
 
+    def preflight(
+        self,
+        job: Callable[[], Any],
+        meanwhile: Callable[[], Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run `pagoda serve`'s start-up checks in the engine process (it imports torch and the
+        model code; this process then needs neither) and return their plain-data result (a
+        `server.api_process.ServePlan`); the engine process goes on to load the model it
+        checked, and sends its tokenizer with `EngineInfo` when ready. A failed check is raised
+        here as the engine process raised it (a ValueError: one line, exit 2). `job`: run
+        there, returns (core factory, plan): `core_proc.ByName` of `launch.checked_factory`
+        with the flags, plain data; `meanwhile`: called once it is sent, while the engine
+        process imports torch and checks (the server imports its app then)."""
+        import time
+
+        import zmq
+
+        if self.proc is None:
+            self.spawn()
+        self._tx.send(pickle.dumps([("preflight", job)]), zmq.NOBLOCK)
+        self._loading = PREFLIGHTED
+        if meanwhile is not None:
+            meanwhile()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._rx.poll(200):
+            if not self.proc.is_alive():
+                self._rx.poll(500)  # its last words, if any
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"the engine process's start-up checks took over {timeout} s")
+        else:
+            kind, payload = self._rx.recv_multipart()
+            if kind == b"p":
+                plan, err = pickle.loads(payload)
+                if err is not None:
+                    raise _load_error(err)
+                return plan
+            if kind == b"x":
+                raise _load_error(payload)
+            raise RuntimeError(f"engine process: unexpected message {kind!r} during start-up")
+        raise EngineDeadError(
+            f"engine process exited with code {self.proc.exitcode} during the start-up checks"
+        )
+
     def _stop_at_exit(self) -> None:
         if not self.stopping:
             self.stop(timeout=2)
@@ -130,12 +178,15 @@ class EngineProcClient:
         the engine's callbacks run on `loop` from now on."""
         import zmq
 
-        if self._loading is None or self._loading is not factory:
+        if self._loading is None or (self._loading is not factory and factory is not None):
             self.load(factory)
         self._loop, self.factory, self.engine = loop, factory, engine
         self._rx_fd = self._rx.getsockopt(zmq.FD)
         loop.add_reader(self._rx_fd, self._on_readable)
         loop.add_reader(self.proc.sentinel, self._on_exit)
+        # the descriptor is edge-triggered: messages queued before it was watched (after
+        # `preflight` read its answer) would wait for the next edge
+        loop.call_soon(self._on_readable)
 
     @property
     def alive(self) -> bool:

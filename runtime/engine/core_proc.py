@@ -12,6 +12,8 @@ binds the socket it reads and connects the one it writes (a connected socket que
 before its peer is there).
 
 - API → engine (PUSH → PULL): one pickled list of commands per event-loop iteration:
+  `("preflight", job)` (`pagoda serve`: the start-up checks run here, where torch is, and
+  the model they checked loads next, its tokenizer sent with `r`) or
   `("load", factory, with_tokenizer)` (first: the process is started before the server knows
   its engine config, and imports the engine's modules meanwhile; `with_tokenizer` False: the
   API process loads its own, so `r` leaves it out), `("add", rid, ids, params, bulk)`,
@@ -23,6 +25,8 @@ before its peer is there).
 - engine → API (PUSH → PULL): multipart `[kind, payload]`:
   - `o`: one message per step for every request in it: MessagePack of `(outputs, stats)`,
     decoded straight into `StepOutput`s and `EngineStats` (msgspec Structs), never per token;
+  - `p`: pickled `(plan, error)` of `preflight`: the checks' plain-data `ServePlan`, or
+    the error that failed them;
   - `s`: stats only (commands applied while nothing runs);
   - `r`: the pickled `EngineInfo`, once the model is loaded and one real step has run (its
     tokenizer None when the API process has its own);
@@ -112,8 +116,26 @@ class EngineCoreProc:
             for cmd in pickle.loads(self.inbox.recv()):
                 if cmd[0] == "load":
                     return cmd[1], cmd[2]
+                if cmd[0] == "preflight":
+                    factory = self.preflight(cmd[1])
+                    if factory is not None:
+                        return factory, True
                 if cmd[0] == "stop":
                     return None
+
+    def preflight(self, job: Callable[[], tuple[Any, Any]]) -> Callable[[], EngineCore] | None:
+        """`pagoda serve`'s start-up checks, here where torch is (`job`: `ByName` of
+        `server.launch.checked_factory` and the flags); `p` carries their plain-data plan, or
+        the error that failed them, to the API process. The core factory of the configuration
+        checked; None when a check failed (the API process then stops this process)."""
+        try:
+            factory, plan = job()
+        except BaseException as exc:
+            log.debug("start-up check failed", exc_info=True)
+            self.send(b"p", pickle.dumps((None, dump_error(exc))))
+            return None
+        self.send(b"p", pickle.dumps((plan, None)))
+        return factory
 
     def run(self, factory: Callable[[], EngineCore], with_tokenizer: bool = True) -> int:
         """Load, warm up, serve until told to stop; the exit code."""
@@ -240,6 +262,23 @@ class EngineCoreProc:
             ids, params, fut, _, bulk = self.compiling.pop(rid)
             self.add(core, rid, ids, params, fut, bulk)
         return bool(ready)
+
+
+@dataclasses.dataclass(frozen=True)
+class ByName:
+    """A call of a function named by its module and name, with keyword arguments: it pickles
+    without its module, so the API process can ask for `server.launch.checked_factory` without
+    importing that module (it imports torch). A pickled function is a reference by name too;
+    this one is written by the sender instead of taken from an imported module."""
+
+    module: str
+    name: str
+    kwargs: dict[str, Any]
+
+    def __call__(self) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.name)(**self.kwargs)
 
 
 def preload() -> None:

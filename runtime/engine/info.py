@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagoda.runtime.sampling.allowed_tokens import bans_may_empty, check_bans_leave_tokens
+from pagoda.runtime.sampling.bans import bans_may_empty, check_bans_leave_tokens
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 
 

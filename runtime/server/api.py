@@ -94,6 +94,7 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         metrics.registry,
         cache_bytes=cfg.grammar_cache_bytes,
         timeout_s=cfg.grammar_compile_timeout,
+        engine_here=not cfg.engine_process,
     )
     serving = Serving(engine, structured=structured)
 

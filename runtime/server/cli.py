@@ -16,12 +16,10 @@ line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any, NoReturn
 
 # Before torch loads libgomp: OpenMP threads that spin at barriers while another process holds
@@ -33,6 +31,7 @@ from pagoda.runtime import options
 from pagoda.runtime.options import ENGINE_FLAGS, PARALLEL_FLAGS, SERVER_FLAGS, Flag
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.held_logs import held_logs
 from pagoda.runtime.server.listen import (
     bind_sockets,
     close_all,
@@ -162,35 +161,6 @@ def fail(error: BaseException) -> NoReturn:
     sys.exit(exit_error("pagoda serve", error))
 
 
-LIVE_LOGGERS = ("pagoda.runtime.model.sources",)  # a download's progress is shown as it goes
-
-
-@contextlib.contextmanager
-def held_logs() -> Iterator[None]:
-    """Hold log records while start-up is checked: printed once it passes, dropped when it
-    fails, so a refused start is exactly one line (a download's progress is not held)."""
-    root = logging.getLogger()
-    held: list[logging.LogRecord] = []
-    handlers = root.handlers
-
-    class Hold(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.name.startswith(LIVE_LOGGERS):
-                for h in handlers:
-                    if record.levelno >= h.level:
-                        h.handle(record)
-            else:
-                held.append(record)
-
-    root.handlers = [Hold()]
-    try:
-        yield
-    finally:
-        root.handlers = handlers
-    for record in held:
-        root.handle(record)
-
-
 def parallelism(args: argparse.Namespace) -> Parallelism:
     """The tensor-parallel flags, validated (ValueError); against the model and this node's
     devices in `launch.preflight`."""
@@ -212,16 +182,23 @@ def run(args: argparse.Namespace) -> int:
                 return serve_worker_node(args, engine_kwargs, layout)
             cfg = fit_connections(cfg)
             sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
-            if cfg.engine_process:  # it imports torch and the engine while this one checks
-                from pagoda.runtime.engine.core_client import EngineProcClient
-
-                engine = EngineProcClient(cfg.log_level).spawn()
-            from pagoda.runtime.server.launch import preflight, serve
-
-            engine_cfg, profile = preflight(
-                cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
+            checks = dict(
+                cfg=cfg, engine_kwargs=engine_kwargs, tuned_profile=args.tuned_profile,
+                tuned_profile_mismatch=args.tuned_profile_mismatch,
                 download_dir=args.download_dir, revision=args.revision, parallel=layout,
             )  # fmt: skip
+            if cfg.engine_process:  # checked where torch is: this process never imports it
+                from pagoda.runtime.engine.core_client import EngineProcClient
+                from pagoda.runtime.engine.core_proc import ByName
+                from pagoda.runtime.server.api_process import prepare
+
+                engine = EngineProcClient(cfg.log_level).spawn()
+                job = ByName("pagoda.runtime.server.launch", "checked_factory", checks)
+                plan = engine.preflight(job, meanwhile=prepare)  # the app imports meanwhile
+            else:
+                from pagoda.runtime.server.launch import preflight
+
+                engine_cfg, profile = preflight(**checks)
             start_listening(sockets, cfg.host)
     except ValueError as e:  # a ProfileError, KernelConfigError, failed download too
         close_all(sockets)
@@ -232,7 +209,13 @@ def run(args: argparse.Namespace) -> int:
         stop_engine(engine)
         logging.getLogger("pagoda.serve").debug("start-up check failed", exc_info=True)
         fail(ValueError(f"{type(e).__name__}: {e}"))
-    return serve(cfg, engine_cfg, profile, sockets, engine)
+    if engine is None:  # the engine on a thread of this process
+        from pagoda.runtime.server.launch import serve
+
+        return serve(cfg, engine_cfg, profile, sockets)
+    from pagoda.runtime.server.api_process import serve
+
+    return serve(cfg, plan, None, sockets, engine)
 
 
 def stop_engine(engine: Any) -> None:

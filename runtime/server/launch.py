@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import uvicorn
 from pagoda.runtime.config import EngineConfig, ModelConfig
-from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.core import check_dtype, check_max_model_len
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
@@ -33,10 +31,10 @@ from pagoda.runtime.model.shape_fingerprint import model_fingerprint
 from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form
-from pagoda.runtime.server import fit, memory
+from pagoda.runtime.server import api_process, fit, memory
+from pagoda.runtime.server.api_process import ServePlan
 from pagoda.runtime.server.config import ServerConfig
-from pagoda.runtime.server.connections import guarded_protocol
-from pagoda.runtime.server.draining import DrainingServer
+from pagoda.runtime.server.held_logs import held_logs
 from pagoda.runtime.server.tuned import apply_tuned_profile, describe, kernel_cache_archive
 from pagoda.runtime.tuned_profile import TunedProfile
 
@@ -243,6 +241,29 @@ def _end_engine_process(exc: BaseException) -> None:
     os._exit(1)
 
 
+def plan_of(engine_cfg: EngineConfig, profile: TunedProfile | None) -> ServePlan:
+    """What the API process needs of the checked configuration, as plain data."""
+    tuned = None if profile is None else (profile.device, profile.model, profile.created)
+    return ServePlan(max_num_seqs=engine_cfg.scheduler.max_num_seqs, tuned_profile=tuned)
+
+
+def core_factory(engine_cfg: EngineConfig, profile: TunedProfile | None) -> Any:
+    """The engine core's factory (it pickles: it crosses to the engine process), with the
+    tuned profile's compiled kernels."""
+    shipped = kernel_cache_archive(profile) if profile is not None else None
+    return functools.partial(build_core, engine_cfg, kernel_cache=shipped)
+
+
+def checked_factory(**checks: Any) -> tuple[Any, ServePlan]:
+    """`preflight(**checks)` in the engine process (`EngineProcClient.preflight`): the core
+    factory of the configuration checked, and the plan the API process serves with. Their log
+    lines are held until they pass and dropped when they fail, as the API process does with
+    its own: a refused start stays one line."""
+    with held_logs():
+        engine_cfg, profile = preflight(**checks)
+    return core_factory(engine_cfg, profile), plan_of(engine_cfg, profile)
+
+
 def serve(
     cfg: ServerConfig,
     engine_cfg: EngineConfig,
@@ -252,55 +273,19 @@ def serve(
 ) -> int:
     """Load the model in the engine process (`engine_client`: spawned already by the caller)
     or on the engine thread and serve on `sockets` (bound by the caller; bound here from `cfg`
-    when None) until drained; the exit code.
+    when None) until drained; the exit code (`api_process.serve`). `pagoda serve` itself
+    checks in the engine process instead and calls `api_process.serve` with no torch here.
 
     The engine factory warms up every kernel variant the configured shapes reach before the
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
     """
-    # pickles: it may cross to the engine process; on the engine thread a dead tensor-parallel
-    # rank marks the engine dead here (in the engine process it ends that process)
-    shipped = kernel_cache_archive(profile) if profile is not None else None
-    factory = functools.partial(build_core, engine_cfg, kernel_cache=shipped)
+    factory = core_factory(engine_cfg, profile)
     if engine_client is not None:  # the model loads there while this process builds the app
         engine_client.load(factory, tokenizer=functools.partial(read_tokenizer, engine_cfg.model))
-    elif not cfg.engine_process:
-        factory = lambda: build_core(engine_cfg, engine.fail, shipped)  # noqa: E731
-    from pagoda.runtime.server.metrics import ServerMetrics
-
-    metrics = ServerMetrics(cfg.served_model_name)
-    if profile is not None:
-        metrics.set_tuned_profile(profile.device, profile.model, profile.created)
-    engine = AsyncEngine(
-        factory,
-        max_queue_len=cfg.max_queue_len,
-        max_seqs_per_request=cfg.max_seqs_per_request,
-        max_num_seqs=engine_cfg.scheduler.max_num_seqs,
-        observer=metrics,
-        engine_process=cfg.engine_process,
-        log_level=cfg.log_level,
-        engine_client=engine_client,
+    engines: list[Any] = []
+    if not cfg.engine_process:  # a dead tensor-parallel rank marks the engine dead here
+        shipped = factory.keywords["kernel_cache"]
+        factory = lambda: build_core(engine_cfg, engines[0].fail, shipped)  # noqa: E731
+    return api_process.serve(
+        cfg, plan_of(engine_cfg, profile), factory, sockets, engine_client, engines.append
     )
-    metrics.watch_admission(engine.admission)
-    engine.preload()  # on the engine thread, the model loads while the app is built
-    from pagoda.runtime.server.api import create_app
-    from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
-
-    if sockets is None:
-        sockets = bind_sockets(cfg.host, cfg.port)
-        start_listening(sockets, cfg.host)
-    app = create_app(cfg, engine, metrics)
-    uv_cfg = uvicorn.Config(
-        app,
-        host=cfg.host,
-        port=bound_port(sockets),
-        http=guarded_protocol(
-            cfg.max_connections, cfg.header_timeout, cfg.body_timeout, cfg.send_timeout
-        ),
-        log_level=cfg.log_level,
-        access_log=cfg.log_level == "debug",
-        timeout_graceful_shutdown=5,
-    )
-    log.info("listening on http://%s:%d (the model loads now)", cfg.host, bound_port(sockets))
-    server = DrainingServer(uv_cfg, engine, cfg)
-    server.run(sockets=sockets)
-    return server.exit_code

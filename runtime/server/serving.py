@@ -20,8 +20,8 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
-from pagoda.runtime.sampling.allowed_tokens import check_bans_leave_tokens
 from pagoda.runtime.sampling.bad_words import bad_words_token_ids
+from pagoda.runtime.sampling.bans import check_bans_leave_tokens
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings

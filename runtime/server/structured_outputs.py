@@ -88,7 +88,11 @@ class StructuredOutputs:
         *,
         cache_bytes: int | None = None,
         timeout_s: float | None = None,
+        engine_here: bool = True,
     ) -> None:
+        """`engine_here`: the engine runs in this process (its thread) and shares this
+        process's compiler, whose engine-side tables are then built ahead (`_make`)."""
+        self.engine_here = engine_here
         lab = ["model_name", "type"]
         self.requests = Counter(METRIC_STRUCTURED_REQUESTS,
                                 "Requests with constrained output, by constraint type.", lab,
@@ -118,7 +122,8 @@ class StructuredOutputs:
 
         comp = compiler_for(info.tokenizer, info.vocab_size)
         comp.configure(cache_bytes=self.cache_bytes, timeout_s=self.timeout_s)
-        comp.prepare()  # vocabulary tables, here rather than in the first constrained step
+        if self.engine_here:  # the engine's tables (torch), here rather than in its first
+            comp.prepare()  # constrained step; the engine process builds its own
         name, hist = self.model_name, self.compile_seconds
         comp.observer = lambda spec, seconds: hist.labels(name, _label(spec)).observe(seconds)
         return comp

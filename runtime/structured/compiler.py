@@ -31,17 +31,19 @@ import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import xgrammar as xgr
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.structured import schema as schemas
 from pagoda.runtime.structured import structural_tag as structural_tags
-from pagoda.runtime.structured.matcher import Closer
 from pagoda.runtime.structured.params import StructuredOutputsParams, parse_schema_text
 from pagoda.runtime.structured.pattern_check import check_pattern
+
+if TYPE_CHECKING:  # torch and the matcher: the engine's side (the API process compiles only)
+    import torch
+    from pagoda.runtime.structured.matcher import Closer
 
 DEFAULT_CACHE_BYTES = 256 << 20
 DEFAULT_TIMEOUT_S = 10.0
@@ -158,6 +160,8 @@ class GrammarCompiler:
     @functools.cached_property
     def closer(self) -> Closer:
         """The way-out search for this tokenizer."""
+        from pagoda.runtime.structured.matcher import Closer
+
         return Closer(self.info, self.decoded_vocab)
 
     @functools.cached_property
@@ -445,6 +449,8 @@ def _valid_inside(b: bytes) -> bool:
 
 def _words(ok: np.ndarray) -> torch.Tensor:
     """A bitmask row (int32 words, xgrammar's layout) from one bool per token."""
+    import torch
+
     ok = np.concatenate([ok, np.zeros(-len(ok) % 32, bool)])
     return torch.from_numpy(np.packbits(ok, bitorder="little").view(np.int32).copy())
 

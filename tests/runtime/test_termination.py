@@ -47,3 +47,18 @@ def test_where_the_message_goes(tmp_path: pathlib.Path, monkeypatch: pytest.Monk
     assert t.termination_log_path() == expected  # the kubelet's file only where it exists
     monkeypatch.setenv(t.TERMINATION_LOG_ENV, str(tmp_path / "missing-dir" / "log"))
     assert t.write_termination_log(t.Termination("X", None, "y")) is False  # never raises
+
+
+def test_a_reasoned_error_crosses_a_process_boundary_with_its_reason() -> None:
+    """`pagoda serve`'s checks run in the engine process: their error is pickled there
+    (`core_proc.dump_error`) and exits the API process with its reason and detail."""
+    import pickle
+
+    from pagoda.runtime.engine.core_proc import dump_error
+    from pagoda.runtime.model.sources.errors import DETAILS, DownloadError
+
+    detail = sorted(DETAILS)[0]
+    for error in (DownloadError(detail, "hf://x: gone"), t.ReasonedError("big", reason="Big")):
+        back = pickle.loads(dump_error(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert (back.reason, back.detail) == (error.reason, error.detail)

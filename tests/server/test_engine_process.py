@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,9 +48,9 @@ def engine_process_server(tmp_path_factory) -> Iterator[tuple[ServerProcess, Pat
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_ready_and_a_chat_answer_in_both_engine_modes(mode, request):
-    """Both start-up paths reach ready and serve: in the engine-process mode the API process
-    applies the chat template with the tokenizer it loaded itself while the engine loaded
-    (`EngineProcClient.load`), and the engine's ready message carried none."""
+    """Both start-up paths reach ready and serve: in the engine-process mode the start-up
+    checks ran in the engine process (`EngineProcClient.preflight`) and the API process applies
+    the chat template with the tokenizer the engine's ready message carried."""
     if mode == "process":
         srv, _ = request.getfixturevalue("engine_process_server")
     else:
@@ -71,6 +73,31 @@ def test_ready_and_a_chat_answer_in_both_engine_modes(mode, request):
     finally:
         if mode == "thread":
             srv.stop()
+
+
+def test_the_api_process_starts_without_torch():
+    """What `pagoda serve`'s API process imports up to ready with the engine in its own
+    process (the parser, the engine client, `api_process.prepare`'s app modules, the plan and
+    the ready message's `EngineInfo` it unpickles), in a fresh interpreter: no torch, Triton
+    or model code. (The grammar compiler, made once ready, imports xgrammar, which imports
+    torch: docs/runtime.md, start-up.)"""
+    code = (
+        "import sys\n"
+        "from pagoda.runtime.server import cli, api_process\n"
+        "from pagoda.runtime.engine import core_client, core_proc, info\n"
+        "cli.build_parser()\n"
+        "api_process.prepare()\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'xgrammar')\n"
+        "       or m.startswith(('pagoda.runtime.model.llama', 'pagoda.runtime.engine.core',\n"
+        "                        'pagoda.runtime.worker', 'pagoda.kernels'))\n"
+        "       and m not in ('pagoda.runtime.engine.core_client', 'pagoda.runtime.engine.core_proc')]\n"
+        "print(sorted({m.split('.')[0] if m.startswith(('torch', 'triton', 'xgrammar')) else m\n"
+        "              for m in bad}))\n"
+    )
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 @pytest.mark.timeout(300)
