@@ -19,9 +19,9 @@ import os
 
 import pytest
 import torch
-from arch_cases import generate, prompts
+from arch_cases import prompts
 from hf_oracle import _LM_CLASSES, make_tiny_model
-from pagoda.runtime import LLM
+from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -137,6 +137,16 @@ def test_forward_queues_no_host_sync(tmp_path, monkeypatch, family):
     model = llm.engine.runner.model
     forward, seen, calls = model.forward, [], [0]
 
+    mixed = [0]
+    schedule = llm.engine.scheduler.schedule
+
+    def scheduled():
+        out = schedule()
+        mixed[0] += 0 < out.num_decodes < len(out.scheduled)  # decodes beside a chunk
+        return out
+
+    llm.engine.scheduler.schedule = scheduled
+
     def watched(*args, **kwargs):
         with SyncWatch() as watch:
             out = forward(*args, **kwargs)
@@ -145,6 +155,10 @@ def test_forward_queues_no_host_sync(tmp_path, monkeypatch, family):
         return out
 
     monkeypatch.setattr(model, "forward", watched)
-    generate(llm, prompts())  # chunked prompts, mixed steps, decodes
-    assert calls[0] > 5
+    # chunked prompts (30 tokens: past every window), mixed steps (a decode beside the other's
+    # chunk), decodes; the Triton interpreter's cost is per step, so few of them
+    p = prompts()
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p[0][:30]}, {"prompt_token_ids": p[1][:20]}], params)
+    assert calls[0] > 5 and mixed[0] > 0
     assert not seen, f"{family}: {sorted(set(seen))} in the forward"
