@@ -262,6 +262,7 @@ async def test_without_the_peering_object_a_replica_stands_by(
     assert await gate.check() is False and changes == [True, False, True, False]
 
 
+@pytest.mark.slow  # three operators and the emulator share this process: run alone
 async def test_replicas_that_start_together_elect_one(
     emulator: Emulator, kube: KubeApi, start_operator: Any
 ) -> None:
