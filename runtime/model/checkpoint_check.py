@@ -92,6 +92,9 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
         out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
                     p + "output_linear.weight": (e, h, n)})  # fmt: skip
+        if s := c.family.shared_expert_intermediate_size:  # GraniteMoeShared's shared_mlp
+            p = f"model.layers.{i}.shared_mlp."
+            out.update({p + "input_linear.weight": (2 * s, h), p + "output_linear.weight": (h, s)})
     elif c.family.has_experts(i):
         e, names = c.family.num_experts, moe_names.of(c.architecture)
         out[_moe_block(c, i) + names.router] = (e, h)  # the router

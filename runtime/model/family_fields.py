@@ -308,6 +308,8 @@ def _granite(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         fields.update(
             _mixtral(cfg, arch, n, window, layers, scaling), round_topk_to_model_dtype=True
         )
+        # GraniteMoeShared's ungated shared_mlp beside the experts (0, GraniteMoe's: none)
+        fields["shared_expert_intermediate_size"] = int(cfg.get("shared_intermediate_size") or 0)
     # transformers' defaults: 1.0 each (a softmax scale of 1, too)
     for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                  "logits_scaling"):  # fmt: skip

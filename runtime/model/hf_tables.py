@@ -30,6 +30,7 @@ HF_ARCHITECTURES = {
     "Olmo3ForCausalLM": "olmo3",  # OLMo 2's layer, sliding-window layers (model/olmo2.py)
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
+    "GraniteMoeSharedForCausalLM": "granitemoe",  # GraniteMoe's, with a shared MLP
     "OlmoeForCausalLM": "olmoe",
     "GlmForCausalLM": "glm",  # GLM-4-9B-chat-hf (model/glm4.py)
     "Glm4ForCausalLM": "glm4",  # GLM-4-0414, GLM-Z1 (model/glm4.py)

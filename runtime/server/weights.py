@@ -293,7 +293,8 @@ def _expert_bytes(mc: ModelConfig, item: int, fp8: bool, t: int, moe: int):
     shared = 0.0
     if s := f.shared_expert_intermediate_size:
         shared = moe * (3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item)
-        routers += moe * h * item if f.routing is None else 0
+        gate = f.routing is None and mc.architecture != "granitemoe"  # Qwen2-MoE's sigmoid gate
+        routers += moe * h * item if gate else 0
     return experts, routers, shared
 
 
@@ -490,7 +491,10 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 _HYBRID_FP8 = re.compile(r"(mamba\.(in|out)_proj|shared_mlp\.(input|output)_linear|"
                          r"feed_forward\.(gate|up|down)_proj|mlp\.experts\.\d+\.(up|down)_proj|"
                          r"mlp\.fc[12]_latent_proj)\.weight$")  # fmt: skip
-_SHARED_EXPERT = re.compile(r"mlp\.(shared_experts?|shared_mlp)\.(gate|up|down)_proj\.weight$")
+_SHARED_EXPERT = re.compile(
+    r"(mlp\.(shared_experts?|shared_mlp)\.(gate|up|down)_proj|"
+    r"shared_mlp\.(input|output)_linear)\.weight$"
+)  # GraniteMoeShared's
 
 
 def _llama4_experts(t: Stored) -> tuple[str, Stored]:

@@ -46,6 +46,8 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   bias large enough to change the picks, renormalised and scaled by `route_scale`, beside two
   shared experts; afmoe-mup: the muP embedding scale (sqrt(hidden_size)), every layer a window
   layer, experts from the first layer on, one shared expert.
+- granitemoe-shared (`GraniteMoeSharedForCausalLM`): GraniteMoe's scalars and stacked experts
+  (top-2 of 4) with the ungated `shared_mlp` beside them, its width other than the experts'.
 """
 
 from __future__ import annotations
@@ -142,6 +144,10 @@ CASES = {
         head_dim=16, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=24,
         num_shared_experts=1, num_dense_layers=0, mup_enabled=True, sliding_window=40,
         global_attn_every_n_layers=8, **B, **P), AFMOE_ROUTER),
+    "granitemoe-shared": ("GraniteMoeShared", dict(
+        num_local_experts=4, intermediate_size=32, shared_intermediate_size=48,
+        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
+        logits_scaling=2.0, **E), ()),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -190,6 +196,9 @@ FIELDS = {
         "family.moe_layers": (False, True, True, True),
         "family.routing.routed_scaling_factor": 2.0, "family.embedding_multiplier": 1.0},
     "afmoe-mup": {"family.embedding_multiplier": 8.0},
+    "granitemoe-shared": {
+        "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
+        "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
 }  # fmt: skip
 # `server/weights.py` against the built model, bf16 from float32 files (rank 0's share of tp):
 # float32 routers and correction biases (ERNIE's [1, E], MiniMax-M2's under `block_sparse_moe`,
@@ -199,12 +208,12 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("hunyuan-dense", 2), ("dots1", 1), ("dots1", 2), ("minimax-m2", 1),
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
-             ("afmoe", 2)]  # fmt: skip
+             ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
 # (by the rank's heads), o's and the LM head's (whole). Each was left out once.
-FROM_SHAPES = {"afmoe": 1e-6, "minimax-m2": 1e-6, "phimoe": 1e-6}
+FROM_SHAPES = {"afmoe": 1e-6, "minimax-m2": 1e-6, "phimoe": 1e-6, "granitemoe-shared": 1e-6}
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
     ("ernie45-moe", "model.layers.1.mlp.moe_statics.e_score_correction_bias"),
@@ -218,11 +227,12 @@ MISSING = [
     ("afmoe", "model.layers.2.mlp.expert_bias"),
     ("afmoe", "model.layers.3.post_mlp_layernorm.weight"),
     ("afmoe", "model.layers.1.mlp.router.gate.weight"),
+    ("granitemoe-shared", "model.layers.1.shared_mlp.output_linear.weight"),
 ]
 # heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
 # experts and shared MLPs by width, routers whole on each
 TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe"]  # fmt: skip
+             "flex-olmo", "afmoe", "granitemoe-shared"]  # fmt: skip
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
