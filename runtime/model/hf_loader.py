@@ -378,6 +378,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
+    if config.architecture == "dbrx":  # each layer's experts stacked (dbrx.py)
+        from pagoda.runtime.model.dbrx import split_experts
+
+        split_experts(weights, config)
     scheme = read_quantization(model_dir)
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pagoda.runtime.model import (
     afmoe_config,
+    dbrx_config,
     dots1_config,
     ernie4_5_moe_config,
     exaone_moe_config,
@@ -28,6 +29,7 @@ MODULES = (
     exaone_moe_config,
     flex_olmo_config,
     afmoe_config,
+    dbrx_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

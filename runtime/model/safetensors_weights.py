@@ -62,6 +62,9 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^transformer\.blocks\.", "model.layers."), (r"^transformer\.norm_f\.", "model.norm."),
     (r"\.norm_1\.", ".input_layernorm."), (r"\.norm_2\.", ".post_attention_layernorm."),
     (r"\.attn\.Wqkv\.", ".self_attn.qkv_proj."), (r"\.ffn\.(up|down)_proj\.", r".mlp.\1_proj."),
+    # DBRX's (model/dbrx.py: its experts' stacks split per expert at load)
+    (r"\.norm_attn_norm\.", "."), (r"\.ffn\.router\.layer\.", ".mlp.gate."),
+    (r"\.ffn\.experts\.mlp\.(w1|v1|w2)$", r".mlp.experts.\1"),
 ))  # fmt: skip
 # GPT-2's causal-mask buffers, saved by older transformers beside the weights (never read)
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -195,6 +198,9 @@ class SafetensorsWeights(Mapping):
         # names stored as [in, out] (GPT-2's Conv1D): read transposed; their `split_rows`
         # parts are ranges of the stored columns
         self._transposed: set[str] = set()
+        # `split_rows` parts read transposed after their rows are cut (DBRX's w2: [N, K] rows
+        # of each expert, read [K, N])
+        self._parts_transposed: set[str] = set()
         for i, handle in enumerate(self._handles):
             for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 name = _text_name(stored)
@@ -218,7 +224,8 @@ class SafetensorsWeights(Mapping):
         if name in self._rows:  # only these rows are read
             part = self._handles[i].get_slice(stored)
             pieces = [part[start:stop] for start, stop in self._rows[name]]
-            return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            return rows.t().contiguous() if name in self._parts_transposed else rows
         return self._handles[i].get_tensor(stored)
 
     def transpose(self, names) -> None:
@@ -239,14 +246,17 @@ class SafetensorsWeights(Mapping):
             return self[name][:n]
         return self._handles[i].get_slice(stored)[:n]
 
-    def split_rows(self, fused: str, parts: list[tuple[str, int, int]]) -> None:
+    def split_rows(
+        self, fused: str, parts: list[tuple[str, int, int]], transposed: bool = False
+    ) -> None:
         """List the stored tensor `fused` as the tensors `parts` (name, first row, end row),
         each read alone (Phi-3's fused qkv_proj as q_proj, k_proj, v_proj); `fused` is no
         longer listed. ValueError where the rows do not tile it. A name given more than once
-        is its ranges joined in order (Falcon's q/k/v interleaved by head group)."""
+        is its ranges joined in order (Falcon's q/k/v interleaved by head group). With
+        `transposed`, each part is read transposed once cut (of a 2-D `fused` stored as read)."""
         i, stored = self._where[fused]
-        transposed = fused in self._transposed
-        rows = self._handles[i].get_slice(stored).get_shape()[1 if transposed else 0]
+        stored_t = fused in self._transposed  # (GPT-2's Conv1D: parts are stored columns)
+        rows = self._handles[i].get_slice(stored).get_shape()[1 if stored_t else 0]
         edges = [0] + [stop for _, _, stop in parts]
         if [start for _, start, _ in parts] != edges[:-1] or edges[-1] != rows:
             names = ", ".join(dict.fromkeys(n for n, _, _ in parts))
@@ -260,8 +270,10 @@ class SafetensorsWeights(Mapping):
         for name, spans in ranges.items():
             self._where[name] = (i, stored)
             self._rows[name] = tuple(spans)
-            if transposed:
+            if stored_t:
                 self._transposed.add(name)
+            elif transposed:
+                self._parts_transposed.add(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
@@ -312,6 +324,8 @@ class SafetensorsWeights(Mapping):
             shape = shape[::-1]
         if name in self._rows:
             shape[0] = sum(stop - start for start, stop in self._rows[name])
+        if name in self._parts_transposed:
+            shape = shape[::-1]
         return s.get_dtype(), shape
 
     def blocks(self) -> Dense16Blocks:

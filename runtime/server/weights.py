@@ -42,6 +42,7 @@ config.json alone) counts from the model's shapes (`from_shapes`, which `fit.Pla
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -187,6 +188,12 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.positions import transpose_conv1d
 
         transpose_conv1d(weights)
+    if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
+        from pagoda.runtime.model.dbrx import split_experts
+        from pagoda.runtime.model.hf_loader import read_config
+
+        with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
+            split_experts(weights, read_config(path))
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)

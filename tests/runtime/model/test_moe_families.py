@@ -48,6 +48,11 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   layer, experts from the first layer on, one shared expert.
 - granitemoe-shared (`GraniteMoeSharedForCausalLM`): GraniteMoe's scalars and stacked experts
   (top-2 of 4) with the ungated `shared_mlp` beside them, its width other than the experts'.
+- dbrx (`DbrxForCausalLM`): MPT's bias-free LayerNorms and stacked `Wqkv` clamped by a
+  `clip_qkv` small enough to clamp, the rotary, two KV heads, top-2 of 4 experts renormalised
+  (their stacked `w1` / `v1` / `w2` listed per expert); dbrx-plain: a clamp too wide to act
+  (transformers' DBRX fails without one), one KV head, top-3 of 6 not renormalised
+  (`moe_normalize_expert_weights` null).
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ ERNIE_BIAS = (("mlp.gate.moe_statics.e_score_correction_bias", 0.3),)
 V3_BIAS = (("mlp.gate.e_score_correction_bias", 1.0),)
 MINIMAX_BIAS = (("mlp.e_score_correction_bias", 1.0),)
 AFMOE_ROUTER = (("mlp.router.gate.weight", 1.0), ("mlp.expert_bias", 1.0))
+# DBRX's base both where transformers reads it and where its released configs keep it
+DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
 # name: (transformers config class prefix, config overrides, tensors drawn at random)
 CASES = {
@@ -148,6 +155,15 @@ CASES = {
         num_local_experts=4, intermediate_size=32, shared_intermediate_size=48,
         embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
         logits_scaling=2.0, **E), ()),
+    "dbrx": ("Dbrx", dict(
+        d_model=64, n_heads=4, n_layers=2, **DBRX_ROPE,
+        attn_config=dict(kv_n_heads=2, clip_qkv=0.3, rope_theta=50000.0),
+        ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2), **E), ()),
+    "dbrx-plain": ("Dbrx", dict(
+        d_model=64, n_heads=4, n_layers=2, **DBRX_ROPE,
+        attn_config=dict(kv_n_heads=1, clip_qkv=100.0, rope_theta=50000.0),
+        ffn_config=dict(ffn_hidden_size=24, moe_num_experts=6, moe_top_k=3,
+                        moe_normalize_expert_weights=None), **E), ()),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -196,6 +212,12 @@ FIELDS = {
         "family.moe_layers": (False, True, True, True),
         "family.routing.routed_scaling_factor": 2.0, "family.embedding_multiplier": 1.0},
     "afmoe-mup": {"family.embedding_multiplier": 8.0},
+    "dbrx": {
+        "architecture": "dbrx", "num_kv_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
+        "family.clip_qkv": 0.3, "family.falcon_qkv": "stacked", "family.num_experts": 4,
+        "family.num_experts_per_tok": 2, "family.moe_intermediate_size": 32,
+        "family.norm_topk_prob": True, "tie_word_embeddings": False},
+    "dbrx-plain": {"num_kv_heads": 1, "family.norm_topk_prob": False},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -208,12 +230,19 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("hunyuan-dense", 2), ("dots1", 1), ("dots1", 2), ("minimax-m2", 1),
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
-             ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2)]  # fmt: skip
+             ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
+             ("dbrx", 1), ("dbrx", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
 # (by the rank's heads), o's and the LM head's (whole). Each was left out once.
-FROM_SHAPES = {"afmoe": 1e-6, "minimax-m2": 1e-6, "phimoe": 1e-6, "granitemoe-shared": 1e-6}
+FROM_SHAPES = {
+    "afmoe": 1e-6,
+    "minimax-m2": 1e-6,
+    "phimoe": 1e-6,
+    "granitemoe-shared": 1e-6,
+    "dbrx": 1e-6,
+}
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
     ("ernie45-moe", "model.layers.1.mlp.moe_statics.e_score_correction_bias"),
@@ -228,11 +257,13 @@ MISSING = [
     ("afmoe", "model.layers.3.post_mlp_layernorm.weight"),
     ("afmoe", "model.layers.1.mlp.router.gate.weight"),
     ("granitemoe-shared", "model.layers.1.shared_mlp.output_linear.weight"),
+    ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
+    ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
 ]
 # heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
 # experts and shared MLPs by width, routers whole on each
 TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe", "granitemoe-shared"]  # fmt: skip
+             "flex-olmo", "afmoe", "granitemoe-shared", "dbrx"]  # fmt: skip
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -519,3 +550,42 @@ def test_exaone_moe_pattern_string_beside_layer_types_reads_as_transformers(buil
     f = read_model_config(str(tmp_path)).family
     assert f.window_layers == tuple(t == "sliding_attention" for t in theirs) == (
         False, True, False)  # fmt: skip
+
+
+# DBRX
+
+
+def test_dbrx_released_config_reads_as_the_model_was_trained(tmp_path):
+    """dbrx-instruct's config.json (shrunk): MPT's top-level names, the KV heads, clamp and base
+    in `attn_config`, the experts in `ffn_config` (`moe_jitter_eps` a training setting); the
+    base `attn_config.rope_theta` (500,000), as DBRX's own code and vLLM read it: transformers
+    5.25 reads 10,000 (its DbrxConfig has no place for the nested one)."""
+    cfg = dict(architectures=["DbrxForCausalLM"], model_type="dbrx", d_model=64, n_heads=4,
+               n_layers=2, max_seq_len=32768, vocab_size=300, tie_word_embeddings=False,
+               attn_config={"clip_qkv": 8, "kv_n_heads": 2, "rope_theta": 500000},
+               ffn_config={"ffn_hidden_size": 32, "moe_jitter_eps": 0.01,
+                           "moe_loss_weight": 0.05, "moe_num_experts": 4, "moe_top_k": 2})  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert (c.hidden_size, c.num_heads, c.num_kv_heads, c.num_layers) == (
+        theirs.hidden_size, theirs.num_attention_heads, theirs.num_key_value_heads, 2)  # fmt: skip
+    assert c.max_position_embeddings == theirs.max_position_embeddings == 32768
+    assert c.rope_theta == 500000.0 and theirs.rope_parameters["rope_theta"] == 10000.0
+    f = c.family
+    assert (f.clip_qkv, f.num_experts, f.num_experts_per_tok, f.moe_intermediate_size) == (
+        8.0, 4, 2, 32)  # fmt: skip
+    assert f.norm_topk_prob and c.rms_norm_eps == 1e-5 and not c.tie_word_embeddings
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [("moe_normalize_expert_weights", 2.0, "moe_normalize_expert_weights"),
+     ("ffn_act_fn", {"name": "gelu"}, "ffn_act_fn")],
+)  # fmt: skip
+def test_what_dbrx_would_run_otherwise_is_refused(built, tmp_path, key, value, match):
+    cfg = json.loads((built("dbrx")[0] / "config.json").read_text())
+    cfg["ffn_config"][key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+        read_model_config(str(tmp_path))
