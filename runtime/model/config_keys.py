@@ -83,6 +83,8 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["intermediate_size"] = 4 * int(out["hidden_size"])
     if arch == "mpt":
         out["intermediate_size"] = int(out.get("expansion_ratio", 4) * int(out["hidden_size"]))
+    if arch == "solar_open":  # no dense MLP (experts in every layer): the experts' width
+        out.setdefault("intermediate_size", out["moe_intermediate_size"])
     if arch == "dbrx":  # nested in attn_config / ffn_config (DbrxConfig's defaults: 1, 3584)
         out["num_key_value_heads"] = int((out.get("attn_config") or {}).get("kv_n_heads", 1))
         out["intermediate_size"] = int((out.get("ffn_config") or {}).get("ffn_hidden_size", 3584))

@@ -18,6 +18,7 @@ from pagoda.runtime.model import (
     hunyuan_config,
     minimax_m2_config,
     phimoe_config,
+    solar_open_config,
 )
 
 MODULES = (
@@ -30,6 +31,7 @@ MODULES = (
     flex_olmo_config,
     afmoe_config,
     dbrx_config,
+    solar_open_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -53,6 +53,10 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   (their stacked `w1` / `v1` / `w2` listed per expert); dbrx-plain: a clamp too wide to act
   (transformers' DBRX fails without one), one KV head, top-3 of 6 not renormalised
   (`moe_normalize_expert_weights` null).
+- solar-open (`SolarOpenForCausalLM`): GLM-4.5's model without q/k norms, experts from the
+  first layer on: V3's router (sigmoid, a correction bias large enough to change the picks, 4
+  groups of which 2, renormalised, scaled by 2) beside one shared expert, the whole head
+  rotating.
 """
 
 from __future__ import annotations
@@ -164,6 +168,10 @@ CASES = {
         attn_config=dict(kv_n_heads=1, clip_qkv=100.0, rope_theta=50000.0),
         ffn_config=dict(ffn_hidden_size=24, moe_num_experts=6, moe_top_k=3,
                         moe_normalize_expert_weights=None), **E), ()),
+    "solar-open": ("SolarOpen", dict(
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        routed_scaling_factor=2.0, n_shared_experts=1, moe_intermediate_size=32,
+        **B), V3_BIAS),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -218,6 +226,10 @@ FIELDS = {
         "family.num_experts_per_tok": 2, "family.moe_intermediate_size": 32,
         "family.norm_topk_prob": True, "tie_word_embeddings": False},
     "dbrx-plain": {"num_kv_heads": 1, "family.norm_topk_prob": False},
+    "solar-open": {
+        "architecture": "solar_open", "family.qk_norm": False, "rope_scaling": None,
+        "family.moe_layers": (True, True), "family.shared_expert_intermediate_size": 32,
+        "family.routing.n_group": 4, "family.routing.bias": True},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -231,7 +243,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
-             ("dbrx", 1), ("dbrx", 2)]  # fmt: skip
+             ("dbrx", 1), ("dbrx", 2), ("solar-open", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -263,7 +275,7 @@ MISSING = [
 # heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
 # experts and shared MLPs by width, routers whole on each
 TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe", "granitemoe-shared", "dbrx"]  # fmt: skip
+             "flex-olmo", "afmoe", "granitemoe-shared", "dbrx", "solar-open"]  # fmt: skip
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -589,3 +601,25 @@ def test_what_dbrx_would_run_otherwise_is_refused(built, tmp_path, key, value, m
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=match):
         read_model_config(str(tmp_path))
+
+
+# Solar Open
+
+
+def test_solar_open_sparse_config_reads_as_transformers(tmp_path):
+    """A config.json naming only the shape (Solar-Open-100B's, shrunk): the rest from
+    SolarOpenConfig's defaults (base 1e6, head_dim 128, one shared expert, renormalised, one
+    group), the experts' width as the model's width (it has no dense MLP)."""
+    cfg = dict(architectures=["SolarOpenForCausalLM"], model_type="solar_open", hidden_size=64,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+               vocab_size=300)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.rope_theta == theirs.rope_parameters["rope_theta"] == 1e6
+    assert c.head_dim == theirs.head_dim == 128 and c.rope_scaling is None
+    f = c.family
+    assert f.shared_expert_intermediate_size == 32 * theirs.n_shared_experts
+    assert f.norm_topk_prob == theirs.norm_topk_prob and f.routing.n_group == theirs.n_group
+    assert f.moe_layers == (True, True) and c.intermediate_size == 32
