@@ -63,6 +63,7 @@ class FamilyConfig:
     # a shared expert of this width beside the routed ones (0: none), its output scaled by
     # sigmoid(shared_expert_gate(x)) in Qwen2-MoE, ungated where `routing` is set (DeepSeek)
     shared_expert_intermediate_size: int = 0
+    shared_expert_average: bool = False  # (routed + shared) / 2, not their sum (Cohere 2 MoE)
     # OLMo 2's layer: norms on attention's and the MLP's outputs (none on their inputs), RMSNorm
     # scaling in float32 (EXAONE 4's: the same layer, Llama's RMSNorm)
     olmo2_norms: bool = False
@@ -83,6 +84,7 @@ class FamilyConfig:
     # off one norm (x + attn(n) + mlp(n)); with qk_norm, a LayerNorm over each head of q and of
     # k with a weight per head ([heads, head_dim])
     cohere_layer: bool = False
+    cohere_rms_norm: bool = False  # Cohere's layer over Llama's RMSNorm (Cohere 2 MoE's option)
     logit_scale: float = 1.0  # logits x this (Cohere's `logit_scale`)
     # DeepSeek-V2/V3 (model/deepseek.py): latent attention (its softmax scale in
     # attention_multiplier), the grouped router, and an ungated shared expert of

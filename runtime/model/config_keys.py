@@ -83,6 +83,12 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["intermediate_size"] = 4 * int(out["hidden_size"])
     if arch == "mpt":
         out["intermediate_size"] = int(out.get("expansion_ratio", 4) * int(out["hidden_size"]))
+    if arch == "cohere2_moe":  # the experts' width; the dense layers' own; one eps for the norms
+        out["moe_intermediate_size"] = out["intermediate_size"]
+        out["intermediate_size"] = out.get("prefix_dense_intermediate_size") or out[
+            "intermediate_size"]  # fmt: skip
+        rms = out.get("rms_norm_eps")  # (RMSNorm where set, else LayerNorm's eps)
+        out["norm_eps"] = out["layer_norm_eps"] if rms is None else rms
     if arch == "solar_open":  # no dense MLP (experts in every layer): the experts' width
         out.setdefault("intermediate_size", out["moe_intermediate_size"])
     if arch == "dbrx":  # nested in attn_config / ffn_config (DbrxConfig's defaults: 1, 3584)

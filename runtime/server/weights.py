@@ -269,6 +269,8 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
         norms = (n + 1) * h * 4
     if mc.architecture == "afmoe":  # two more norms a layer
         norms += 2 * n * h * item
+    if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
+        norms = (n + 1) * h * (item if f.cohere_rms_norm else 4)
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
         norms *= 2
     if f.qk_norm_whole:  # q/k norms over all heads (OLMo 2's, MiniMax-M2's), whole on every rank
@@ -438,8 +440,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     if name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
         return None
     if norm and (
-        mc.family.gemma_norms or mc.family.cohere_layer or mc.architecture == "gpt_oss"
-        or float32_norm
+        mc.family.gemma_norms or (mc.family.cohere_layer and not mc.family.cohere_rms_norm)
+        or mc.architecture == "gpt_oss" or float32_norm
     ):  # fmt: skip
         # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
         # w, Nemotron-H's

@@ -57,6 +57,12 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   first layer on: V3's router (sigmoid, a correction bias large enough to change the picks, 4
   groups of which 2, renormalised, scaled by 2) beside one shared expert, the whole head
   rotating.
+- cohere2-moe (`Cohere2MoeForCausalLM`): Cohere 2's layer (one LayerNorm, attention and the MLP
+  side by side, the interleaved rotary on the window layers, NoPE global ones, `logit_scale`)
+  with a dense first layer of its own width (rotating: `prefix_dense_sliding_window_pattern`
+  1), then top-2 of 4 experts by the softmax of their logits averaged with a shared expert;
+  cohere2-moe-rms: Llama's RMSNorm (`rms_norm_eps`), experts in every layer by sigmoids
+  renormalised, summed with two shared experts, an untied head.
 """
 
 from __future__ import annotations
@@ -172,6 +178,16 @@ CASES = {
         head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
         routed_scaling_factor=2.0, n_shared_experts=1, moe_intermediate_size=32,
         **B), V3_BIAS),
+    "cohere2-moe": ("Cohere2Moe", dict(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, intermediate_size=32,
+        prefix_dense_intermediate_size=48, first_k_dense_replace=1, num_shared_experts=1,
+        sliding_window=11, sliding_window_pattern=2, num_hidden_layers=4, logit_scale=0.5,
+        **B, **P), ()),
+    "cohere2-moe-rms": ("Cohere2Moe", dict(
+        head_dim=16, num_experts=6, num_experts_per_tok=3, intermediate_size=24,
+        rms_norm_eps=1e-6, expert_selection_fn="sigmoid", num_shared_experts=2,
+        shared_expert_combination_strategy="sum", sliding_window=11, sliding_window_pattern=2,
+        tie_word_embeddings=False, **B, **P), ()),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -230,6 +246,17 @@ FIELDS = {
         "architecture": "solar_open", "family.qk_norm": False, "rope_scaling": None,
         "family.moe_layers": (True, True), "family.shared_expert_intermediate_size": 32,
         "family.routing.n_group": 4, "family.routing.bias": True},
+    "cohere2-moe": {
+        "architecture": "cohere2_moe", "family.cohere_rms_norm": False, "rms_norm_eps": 1e-5,
+        "intermediate_size": 48, "family.moe_intermediate_size": 32,
+        "family.moe_layers": (False, True, True, True),
+        "family.window_layers": (False, True, False, True),
+        "family.rope_layers": (True, True, False, True), "family.shared_expert_average": True,
+        "family.routing.scoring": "softmax", "tie_word_embeddings": True},
+    "cohere2-moe-rms": {
+        "family.cohere_rms_norm": True, "rms_norm_eps": 1e-6, "family.moe_layers": (True, True),
+        "family.routing.scoring": "sigmoid", "family.shared_expert_average": False,
+        "family.shared_expert_intermediate_size": 48},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -243,7 +270,8 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
-             ("dbrx", 1), ("dbrx", 2), ("solar-open", 2)]  # fmt: skip
+             ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
+             ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -254,6 +282,8 @@ FROM_SHAPES = {
     "phimoe": 1e-6,
     "granitemoe-shared": 1e-6,
     "dbrx": 1e-6,
+    "cohere2-moe": 1e-6,
+    "cohere2-moe-rms": 1e-6,
 }
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
@@ -277,7 +307,7 @@ MISSING = [
 # GraniteMoeShared's shared MLP and Solar Open's GLM-4.5 layers split as Granite 4.0's and
 # GLM-4.5's, whose tests run them on two ranks: their weights estimates are checked at tp 2)
 TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe", "dbrx"]  # fmt: skip
+             "flex-olmo", "afmoe", "dbrx", "cohere2-moe"]  # fmt: skip
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -625,3 +655,23 @@ def test_solar_open_sparse_config_reads_as_transformers(tmp_path):
     assert f.shared_expert_intermediate_size == 32 * theirs.n_shared_experts
     assert f.norm_topk_prob == theirs.norm_topk_prob and f.routing.n_group == theirs.n_group
     assert f.moe_layers == (True, True) and c.intermediate_size == 32
+
+
+# Cohere 2 MoE
+
+
+def test_cohere2_moe_config_without_layer_kinds_reads_as_transformers(built, tmp_path):
+    """A config.json without `layer_types` / `mlp_layer_types` (`first_k_dense_replace` and
+    the two window patterns instead): the layers' kinds as Cohere2MoeConfig derives them."""
+    cfg = json.loads((built("cohere2-moe")[0] / "config.json").read_text())
+    del cfg["layer_types"], cfg["mlp_layer_types"]
+    for dense, prefix in ((1, 1), (2, 2), (0, 1)):
+        cfg.update(first_k_dense_replace=dense, prefix_dense_sliding_window_pattern=prefix)
+        (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone
+        theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+        f = read_model_config(str(tmp_path)).family
+        sliding = tuple(t == "sliding_attention" for t in theirs.layer_types)
+        assert tuple(f.window(i) is not None for i in range(4)) == sliding
+        assert f.moe_layers == tuple(m == "sparse" for m in theirs.mlp_layer_types)
+        force = [m == "dense" and prefix == 1 for m in theirs.mlp_layer_types]
+        assert f.rope_layers == tuple(s or r for s, r in zip(sliding, force))
