@@ -17,6 +17,7 @@ from pagoda.runtime.model import (
     exaone_moe_config,
     flex_olmo_config,
     hunyuan_config,
+    hy_v3_config,
     minimax_m2_config,
     phimoe_config,
     solar_open_config,
@@ -34,6 +35,7 @@ MODULES = (
     dbrx_config,
     solar_open_config,
     cohere2_moe_config,
+    hy_v3_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -63,6 +63,10 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   1), then top-2 of 4 experts by the softmax of their logits averaged with a shared expert;
   cohere2-moe-rms: Llama's RMSNorm (`rms_norm_eps`), experts in every layer by sigmoids
   renormalised, summed with two shared experts, an untied head.
+- hy-v3 (`HYV3ForCausalLM`: Hy3): per-head q/k norms, a dense first layer, then experts by
+  sigmoid scores with a choice-only `expert_bias` large enough to change the picks,
+  renormalised and scaled by `router_scaling_factor`, beside the shared MLP; written under
+  the released names (`mlp.router.gate`, `mlp.expert_bias`, `mlp.shared_mlp`).
 """
 
 from __future__ import annotations
@@ -188,6 +192,9 @@ CASES = {
         rms_norm_eps=1e-6, expert_selection_fn="sigmoid", num_shared_experts=2,
         shared_expert_combination_strategy="sum", sliding_window=11, sliding_window_pattern=2,
         tie_word_embeddings=False, **B, **P), ()),
+    "hy-v3": ("HYV3", dict(
+        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        router_scaling_factor=2.5, num_hidden_layers=3, **B), MINIMAX_BIAS),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -257,6 +264,10 @@ FIELDS = {
         "family.cohere_rms_norm": True, "rms_norm_eps": 1e-6, "family.moe_layers": (True, True),
         "family.routing.scoring": "sigmoid", "family.shared_expert_average": False,
         "family.shared_expert_intermediate_size": 48},
+    "hy-v3": {
+        "architecture": "hy_v3", "family.qk_norm": True, "family.moe_layers": (False, True, True),
+        "family.routing.scoring": "sigmoid", "family.routing.bias": True,
+        "family.routing.routed_scaling_factor": 2.5, "family.shared_expert_intermediate_size": 32},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -271,7 +282,8 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
-             ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2)]  # fmt: skip
+             ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
+             ("hy-v3", 1), ("hy-v3", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -301,13 +313,16 @@ MISSING = [
     ("granitemoe-shared", "model.layers.1.shared_mlp.output_linear.weight"),
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
+    ("hy-v3", "model.layers.1.mlp.expert_bias"),
+    ("hy-v3", "model.layers.2.mlp.shared_mlp.down_proj.weight"),
+    ("hy-v3", "model.layers.1.mlp.router.gate.weight"),
 ]
 # heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
 # experts and shared MLPs by width, routers whole on each (DBRX's experts listed per expert;
 # GraniteMoeShared's shared MLP and Solar Open's GLM-4.5 layers split as Granite 4.0's and
 # GLM-4.5's, whose tests run them on two ranks: their weights estimates are checked at tp 2)
 TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe", "dbrx", "cohere2-moe"]  # fmt: skip
+             "flex-olmo", "afmoe", "dbrx", "cohere2-moe", "hy-v3"]  # fmt: skip
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -675,3 +690,22 @@ def test_cohere2_moe_config_without_layer_kinds_reads_as_transformers(built, tmp
         assert f.moe_layers == tuple(m == "sparse" for m in theirs.mlp_layer_types)
         force = [m == "dense" and prefix == 1 for m in theirs.mlp_layer_types]
         assert f.rope_layers == tuple(s or r for s, r in zip(sliding, force))
+
+
+# Hy3
+
+
+def test_hy_v3_sparse_config_reads_as_transformers(tmp_path):
+    """A config.json naming the shape alone: HYV3Config's base (11,158,840), its dense first
+    layer and its router scale, as transformers reads them."""
+    cfg = dict(architectures=["HYV3ForCausalLM"], model_type="hy_v3", hidden_size=64,
+               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               num_experts=8, moe_intermediate_size=32, vocab_size=300)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.rope_theta == theirs.rope_parameters["rope_theta"] == 11_158_840.0
+    f = c.family
+    assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
+    assert f.routing.routed_scaling_factor == theirs.router_scaling_factor
+    assert f.num_experts_per_tok == theirs.num_experts_per_tok == 8
