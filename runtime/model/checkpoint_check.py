@@ -165,7 +165,7 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         del out["model.norm.weight"]
     if c.architecture == "bloom":  # the embeddings' LayerNorm
         out["model.embed_layernorm.weight"] = (c.hidden_size,)
-    if c.architecture == "olmo":  # its LayerNorms have no parameters
+    if c.architecture in ("olmo", "nanochat"):  # its norms have no parameters
         for name in [n for n in out if n.endswith("norm.weight")]:
             del out[name]
     if c.family.layer_norm_bias:

@@ -23,7 +23,7 @@ Fields = Callable[
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
 UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
-UNGATED += ("gptj",)
+UNGATED += ("gptj", "nanochat")
 
 
 def read_rope(
@@ -154,6 +154,9 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         fields["qk_norm"] = True
     if arch == "apertus":
         fields["qk_norm"] = True
+    if arch == "nanochat":  # (its q/k norms have no weights: model/nanochat.py)
+        cap = cfg.get("final_logit_softcapping")
+        fields["final_logit_softcapping"] = float(cap) if cap else None
     return fields
 
 

@@ -46,6 +46,7 @@ HF_ARCHITECTURES = {
     "Exaone4ForCausalLM": "exaone4",  # EXAONE 4.0 (model/exaone4.py)
     "SeedOssForCausalLM": "seed_oss",  # Seed-OSS-36B: Llama's with q/k/v biases
     "Ernie4_5ForCausalLM": "ernie4_5",  # ERNIE-4.5-0.3B: interleaved rotary (ernie4_5.py)
+    "NanoChatForCausalLM": "nanochat",  # weightless norms, ReLU² MLP, soft cap (nanochat.py)
     "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
@@ -135,6 +136,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "rope_theta": 500_000.0,  # transformers' default_theta
                  "max_position_embeddings": 131_072, "tie_word_embeddings": True,
                  "bos_token_id": 1, "eos_token_id": 2},
+    "nanochat": {"vocab_size": 50_304, "hidden_size": 768, "intermediate_size": 8192,
+                 "num_hidden_layers": 12, "num_attention_heads": 6, "hidden_act": "relu2",
+                 "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                 "final_logit_softcapping": 15.0, "bos_token_id": 0, "eos_token_id": 1},
     "arcee": {"hidden_act": "relu2", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
               "bos_token_id": 128_000, "eos_token_id": 128_001},
     "starcoder2": {"hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5, "use_bias": True,
@@ -273,6 +278,7 @@ NULLABLE = {
     "ministral3": ("sliding_window",),
     "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
+    "nanochat": ("final_logit_softcapping",),  # null: no cap
     **dict.fromkeys(
         ("gemma2", "vaultgemma"),
         ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),

@@ -45,6 +45,7 @@ MODEL_CLASSES = {
     "seed_oss": ("llama", "LlamaModel"),  # Llama's, q/k/v (and o) biases
     "ernie4_5": ("ernie4_5", "Ernie4_5Model"),  # interleaved rotary in float32
     "arcee": ("ungated_mlp", "ArceeModel"),  # ReLU² MLP, no gate
+    "nanochat": ("nanochat", "NanoChatModel"),  # weightless norms, ReLU² MLP, soft cap
     "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
