@@ -319,10 +319,11 @@ MISSING = [
 ]
 # heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
 # experts and shared MLPs by width, routers whole on each (DBRX's experts listed per expert;
-# GraniteMoeShared's shared MLP and Solar Open's GLM-4.5 layers split as Granite 4.0's and
-# GLM-4.5's, whose tests run them on two ranks: their weights estimates are checked at tp 2)
+# Cohere 2 MoE's average halved before the sum; GraniteMoeShared's shared MLP and Solar Open's
+# and Hy3's GLM-4.5 layers split as Granite 4.0's and GLM-4.5's, whose tests run them on two
+# ranks: their weights estimates are checked at tp 2)
 TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe", "dbrx", "cohere2-moe", "hy-v3"]  # fmt: skip
+             "flex-olmo", "afmoe", "dbrx", "cohere2-moe"]  # fmt: skip
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
