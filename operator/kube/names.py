@@ -189,10 +189,20 @@ OWNED_MAPS: Mapping[str, tuple[tuple[str, ...], ...]] = {
 }
 # Optional fields of a child that only the operator writes: live but absent from the desired
 # manifest (a model switched from hf:// to a PVC drops its download init container, a service
-# that no longer asks for GPUs drops the GPU toleration), they are removed.
+# that no longer asks for GPUs drops the GPU toleration, a Deployment whose pods no longer share a
+# ReadWriteOnce claim drops its one-node pod affinity), they are removed.
 _POD_OPTIONAL = ("initContainers", "tolerations")
 OWNED_OPTIONAL: Mapping[str, tuple[tuple[str, ...], ...]] = {
-    "Deployment": tuple(("spec", "template", "spec", key) for key in _POD_OPTIONAL),
+    "Deployment": (
+        *(("spec", "template", "spec", key) for key in _POD_OPTIONAL),
+        (
+            "spec",
+            "template",
+            "spec",
+            "affinity",
+            "podAffinity",
+        ),  # children.deployment.pin_to_one_node
+    ),
     "LeaderWorkerSet": tuple(
         ("spec", "leaderWorkerTemplate", template, "spec", key)
         for template in ("leaderTemplate", "workerTemplate")

@@ -173,3 +173,18 @@ def test_labels_the_operator_applied_and_no_longer_wants_are_removed_others_stay
     assert not drift.needs_update(after, repaired)
     unrecorded = served(build_children(owner, spec).get("Deployment"))  # made before the record
     assert "team" not in drift.merge_patch(after, unrecorded)["metadata"]["labels"]
+
+
+def test_a_one_node_pin_no_longer_needed_is_removed() -> None:
+    """A ReadWriteOnce claim shared by several pods pins them to one node (pod affinity to
+    themselves, validation.check_cluster); once the spec no longer needs it (the claim switched
+    to ReadWriteMany, one GPU replica) the affinity must go, else the pods stay on one node."""
+    spec = InferenceServiceSpec.from_dict({"model": "pvc://c/m"}, name="demo", default_image="i")
+    pinned = build_children(OWNER, spec, one_node=True).get("Deployment")
+    live = served(pinned)
+    assert not drift.needs_update(pinned, live)  # in sync: no churn
+    desired = build_children(OWNER, spec).get("Deployment")
+    assert drift.needs_update(desired, live)
+    repaired = apply_merge_patch(live, drift.merge_patch(desired, live))
+    assert "podAffinity" not in (repaired["spec"]["template"]["spec"].get("affinity") or {})
+    assert not drift.needs_update(desired, repaired)
