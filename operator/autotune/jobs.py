@@ -10,7 +10,7 @@ key. Everything here is owned by that ConfigMap, so deleting it removes the lot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune.keys import PRODUCT_LABEL, TuneKey
@@ -176,8 +176,13 @@ def build_job(
     profile_cm: Mapping[str, Any],
     *,
     pod_parts: PodParts | None = None,
+    pull_secrets: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """One attempt at tuning `key`: no Job-level retries (the operator retries with backoff).
+
+    `pull_secrets`: the `imagePullSecrets` of the namespace's `default` ServiceAccount, which the
+    serving pods run under (a private registry's secret goes there, docs/deploy.md); the Job's pod
+    runs under its own ServiceAccount, so it names them itself to pull the same image.
 
     `pod_parts(pod_spec, spec, readers)` adds what the serving pods add for the model too (main.py
     passes children/model_cache.py's `add_model_download`: an hf:// or s3:// model is downloaded
@@ -210,6 +215,8 @@ def build_job(
             },
         },
     }
+    if pull_secrets:
+        job["spec"]["template"]["spec"]["imagePullSecrets"] = [dict(s) for s in pull_secrets]
     if pod_parts is not None:
         pod_parts(job["spec"]["template"]["spec"], spec, ("tune",))
     return job
