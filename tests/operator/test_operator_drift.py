@@ -188,3 +188,27 @@ def test_a_one_node_pin_no_longer_needed_is_removed() -> None:
     repaired = apply_merge_patch(live, drift.merge_patch(desired, live))
     assert "podAffinity" not in (repaired["spec"]["template"]["spec"].get("affinity") or {})
     assert not drift.needs_update(desired, repaired)
+
+
+def test_a_size_limit_the_api_server_rewrote_is_in_sync() -> None:
+    """The API server stores quantities in canonical form ("1.5Gi" reads back "1536Mi"), the
+    emptyDir's sizeLimit too: the same amount is no drift (else a PATCH on every reconcile)."""
+    desired = deployment({"model": "hf://org/m", "modelCache": {"sizeLimit": "1.5Gi"}})
+    live = served(desired)
+    (cache,) = [
+        v for v in live["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-cache"
+    ]
+    cache["emptyDir"]["sizeLimit"] = "1536Mi"
+    assert not drift.needs_update(desired, live)
+    cache["emptyDir"]["sizeLimit"] = "2Gi"
+    assert drift.needs_update(desired, live)
+    ref = {"resource": "limits.memory", "divisor": "1024Ki"}  # an env var's divisor likewise
+    desired = deployment(
+        {"model": "/w", "env": [{"name": "M", "valueFrom": {"resourceFieldRef": ref}}]}
+    )
+    live = served(desired)
+    (env,) = [
+        e for e in live["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "M"
+    ]
+    env["valueFrom"]["resourceFieldRef"]["divisor"] = "1Mi"
+    assert not drift.needs_update(desired, live)
