@@ -39,6 +39,18 @@ def node_selector(spec: Mapping[str, Any]) -> Mapping[str, str]:
     return node_selector
 
 
+def omit_empty(obj: Any) -> Any:
+    """`obj` without the keys whose value is an empty string, at every depth. The API server
+    stores an empty optional string field (an env var's `value: ""`, a toleration's `effect: ""`)
+    as absent (`omitempty`), so a child built with one would never read back in sync and be
+    patched on every reconcile; absent means the same (an empty variable, every effect)."""
+    if isinstance(obj, Mapping):
+        return {k: omit_empty(v) for k, v in obj.items() if v != ""}
+    if isinstance(obj, list):
+        return [omit_empty(v) for v in obj]
+    return obj
+
+
 def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:
     value = [] if spec.get(key) is None else spec[key]
     if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
@@ -70,7 +82,7 @@ def tolerations(spec: Mapping[str, Any], max_items: int) -> list[Mapping[str, An
             raise SpecError("InvalidSpec", f"{p}.value: {show(value)} is not a label value")
         if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
             raise SpecError("InvalidSpec", f"{p}: tolerationSeconds needs effect NoExecute")
-    return tolerations
+    return [omit_empty(t) for t in tolerations]
 
 
 _ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
@@ -97,7 +109,7 @@ def env(spec: Mapping[str, Any], max_items: int, max_name: int) -> list[Mapping[
                 raise SpecError(
                     "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.name is required"
                 )
-    return env
+    return [omit_empty(item) for item in env]
 
 
 # `pagoda serve` flags the operator renders itself (children/serve_args.py; a test checks this

@@ -212,3 +212,28 @@ def test_a_size_limit_the_api_server_rewrote_is_in_sync() -> None:
     ]
     env["valueFrom"]["resourceFieldRef"]["divisor"] = "1Mi"
     assert not drift.needs_update(desired, live)
+
+
+def _omit_empty(obj: object) -> object:
+    """What the API server stores: optional string fields that are empty are left out."""
+    if isinstance(obj, dict):
+        return {k: _omit_empty(v) for k, v in obj.items() if v != ""}
+    if isinstance(obj, list):
+        return [_omit_empty(v) for v in obj]
+    return obj
+
+
+def test_empty_strings_in_env_and_tolerations_are_no_drift() -> None:
+    """`value: ""` (an empty variable), `effect: ""` (every effect): the API server stores these
+    optional fields as absent; the live object is in sync, not patched on every reconcile."""
+    desired = deployment({
+        "model": "/w",
+        "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+                {"name": "POD", "value": "", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": ""}],
+    })  # fmt: skip
+    live = served(desired)
+    pod = live["spec"]["template"]["spec"]
+    pod["containers"][0]["env"] = _omit_empty(pod["containers"][0]["env"])
+    pod["tolerations"] = _omit_empty(pod["tolerations"])
+    assert not drift.needs_update(desired, live)
