@@ -57,7 +57,7 @@ def parse_quantity(value: Any) -> Decimal | None:
     except InvalidOperation:
         return None
     suffix = m.group(2) or ""
-    if suffix[:1] in ("e", "E"):
+    if suffix not in _SUFFIX:  # a decimal exponent ("1e3"); "E" and "Ei" are exa suffixes
         return number * (Decimal(10) ** int(suffix[1:]))
     return number * _SUFFIX[suffix]
 

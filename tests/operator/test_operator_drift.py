@@ -60,6 +60,13 @@ def test_parse_quantity() -> None:
     assert drift.parse_quantity("16Gi") == Decimal(16 * 2**30)
     assert drift.parse_quantity("1e3") == Decimal(1000)
     assert drift.parse_quantity("abc") is None and drift.parse_quantity(True) is None
+    # exa: "E" and "Ei" are suffixes, not an exponent without digits
+    assert drift.parse_quantity("2E") == Decimal("2e18")
+    assert drift.parse_quantity("1Ei") == Decimal(2**60)
+    assert drift.parse_quantity("1E3") == Decimal(1000)
+    spec = {"model": "hf://org/m", "modelCache": {"sizeLimit": "1Ei"}}  # the CRD admits it
+    parsed = InferenceServiceSpec.from_dict(spec, name="demo", default_image="i")
+    assert parsed.model_cache.size_limit_bytes == 2**60
 
 
 def test_served_object_is_in_sync() -> None:
