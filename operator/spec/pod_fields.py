@@ -104,8 +104,14 @@ def env(spec: Mapping[str, Any], max_items: int, max_name: int) -> list[Mapping[
                 "InvalidSpec",
                 f"spec.env: {name}: valueFrom must set exactly one of {', '.join(_ENV_SOURCES)}",
             )
+        for ref in _ENV_SOURCES:
+            if ref in source and not isinstance(source[ref], Mapping):
+                raise SpecError(
+                    "InvalidSpec",
+                    f"spec.env: {name}: valueFrom.{ref} must be an object, got {show(source[ref])}",
+                )
         for ref in ("secretKeyRef", "configMapKeyRef"):
-            if ref in source and not (source[ref] or {}).get("name"):
+            if ref in source and not source[ref].get("name"):
                 raise SpecError(
                     "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.name is required"
                 )

@@ -217,6 +217,16 @@ def test_defaults() -> None:
             "must be a list of strings",
         ),
         ({"model": "smollm2-135m", "env": {}}, "InvalidSpec", "spec.env must be a list of objects"),
+        (
+            {"model": "smollm2-135m", "env": [{"name": "A", "valueFrom": {"secretKeyRef": 1.5}}]},
+            "InvalidSpec",
+            "spec.env: A: valueFrom.secretKeyRef must be an object",
+        ),
+        (
+            {"model": "smollm2-135m", "env": [{"name": "A", "valueFrom": {"fieldRef": ["x"]}}]},
+            "InvalidSpec",
+            "spec.env: A: valueFrom.fieldRef must be an object",
+        ),
     ],
 )
 def test_spec_errors(spec: dict[str, Any], reason: str, words: str) -> None:
