@@ -45,7 +45,10 @@ def _meta(kind: str, api_version: str, name: str, namespace: str, owner: Mapping
         "name": owner["metadata"]["name"],
         "uid": owner["metadata"]["uid"],
         "controller": True,
-        "blockOwnerDeletion": True,
+        # no blockOwnerDeletion: under the OwnerReferencesPermissionEnforcement admission plugin
+        # (OpenShift, hardened clusters) it needs `update` on configmaps/finalizers, which the
+        # operator does not hold, and it only matters to a foreground deletion of the ConfigMap
+        # (the autotuner deletes it in the background: the garbage collector removes these)
     }
     return {
         "apiVersion": api_version,
