@@ -244,3 +244,24 @@ def test_empty_strings_in_env_and_tolerations_are_no_drift() -> None:
     pod["containers"][0]["env"] = _omit_empty(pod["containers"][0]["env"])
     pod["tolerations"] = _omit_empty(pod["tolerations"])
     assert not drift.needs_update(desired, live)
+
+
+def test_an_unmounted_tuned_profile_leaves_no_annotation() -> None:
+    """The pod template's serving.pagoda.dev/tuned-profile annotation says which profile the pods
+    mount; once the profile is no longer mounted (autotune off, another GPU product) it must go
+    with the volume and the flags, not claim a profile the pods do not have."""
+    from pagoda.operator.autotune.mount import PROFILE_ANNOTATION, TunedMount
+
+    spec = InferenceServiceSpec.from_dict(
+        {"model": "pvc://c/m", "resources": {"gpus": 1}}, name="demo", default_image="i"
+    )
+    tuned = build_children(OWNER, spec, tuned=TunedMount("pagoda-tuned-x", "h1")).get("Deployment")
+    live = served(tuned)
+    assert PROFILE_ANNOTATION in live["spec"]["template"]["metadata"]["annotations"]
+    assert not drift.needs_update(tuned, live)  # in sync: no churn
+    desired = build_children(OWNER, spec).get("Deployment")
+    repaired = apply_merge_patch(live, drift.merge_patch(desired, live))
+    annotations = repaired["spec"]["template"]["metadata"]["annotations"]
+    assert PROFILE_ANNOTATION not in annotations
+    assert "kubectl.kubernetes.io/restartedAt" in annotations  # others' annotations stay
+    assert not drift.needs_update(desired, repaired)
