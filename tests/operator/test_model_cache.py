@@ -298,9 +298,18 @@ async def test_pods_sharing_a_read_write_once_claim_are_pinned_to_one_node(
     # reconcile, which reads the claim, decides it)
     await mark_available(kube, "chat")
     await wait_for(lambda: condition(emulator, "chat", "Ready").get("status") == "True")
+    uid = emulator.live(DEPLOY, "default", "chat")["metadata"]["uid"]
     assert "podAffinity" in emulator.live(DEPLOY, "default", "chat")["spec"]["template"][
         "spec"
     ].get("affinity", {})
+    # a Deployment deleted by hand comes back pinned (not spread until the next resync)
+    await kube.delete("Deployment", "default", "chat")
+    restored = await wait_for(
+        lambda: (
+            (d := emulator.live(DEPLOY, "default", "chat")) and d["metadata"]["uid"] != uid and d
+        )
+    )
+    assert "podAffinity" in restored["spec"]["template"]["spec"].get("affinity", {})
     # one GPU pod that never surges no longer shares the claim: the pin goes, the pods may spread
     await kube.patch(
         "InferenceService", "default", "chat", {"spec": {"replicas": 1, "resources": {"gpus": 1}}}
