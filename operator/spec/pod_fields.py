@@ -65,6 +65,7 @@ def tolerations(spec: Mapping[str, Any], max_items: int) -> list[Mapping[str, An
     tolerations = _list_of_objects(spec, "tolerations", max_items)
     for i, t in enumerate(tolerations):
         p = f"spec.tolerations[{i}]"
+        _toleration_types(t, p)
         exists = t.get("operator") == "Exists"
         if not t.get("key") and not exists:
             raise SpecError(
@@ -83,6 +84,29 @@ def tolerations(spec: Mapping[str, Any], max_items: int) -> list[Mapping[str, An
         if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
             raise SpecError("InvalidSpec", f"{p}: tolerationSeconds needs effect NoExecute")
     return [omit_empty(t) for t in tolerations]
+
+
+_TOLERATION_CHOICES = {"operator": ("Exists", "Equal"),
+                       "effect": ("", "NoSchedule", "PreferNoSchedule", "NoExecute")}  # fmt: skip
+
+
+def _toleration_types(t: Mapping[str, Any], p: str) -> None:
+    """The fields' types and enums (the CRD's; without them the API server refuses the pods)."""
+    for field in ("key", "operator", "value", "effect"):
+        if t.get(field) is not None and not isinstance(t[field], str):
+            raise SpecError("InvalidSpec", f"{p}.{field} must be a string, got {show(t[field])}")
+    for field, allowed in _TOLERATION_CHOICES.items():
+        if t.get(field) is not None and t[field] not in allowed:
+            raise SpecError(
+                "InvalidSpec",
+                f"{p}.{field} must be one of {', '.join(a for a in allowed if a)}, "
+                f"got {show(t[field])}",
+            )
+    seconds = t.get("tolerationSeconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+        raise SpecError(
+            "InvalidSpec", f"{p}.tolerationSeconds must be an integer, got {show(seconds)}"
+        )
 
 
 _ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")

@@ -227,6 +227,29 @@ def test_defaults() -> None:
             "InvalidSpec",
             "spec.env: A: valueFrom.fieldRef must be an object",
         ),
+        (
+            {"model": "smollm2-135m", "tolerations": [{"operator": "Exists", "value": {}}]},
+            "InvalidSpec",
+            "spec.tolerations[0].value must be a string",
+        ),
+        (
+            {"model": "smollm2-135m", "tolerations": [{"key": "k", "operator": "exists"}]},
+            "InvalidSpec",
+            "spec.tolerations[0].operator must be one of Exists, Equal",
+        ),
+        (
+            {"model": "smollm2-135m", "tolerations": [{"key": "k", "effect": "NoSchedul"}]},
+            "InvalidSpec",
+            "spec.tolerations[0].effect must be one of",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
+                "tolerations": [{"key": "k", "effect": "NoExecute", "tolerationSeconds": "60"}],
+            },
+            "InvalidSpec",
+            "spec.tolerations[0].tolerationSeconds must be an integer",
+        ),
     ],
 )
 def test_spec_errors(spec: dict[str, Any], reason: str, words: str) -> None:
