@@ -118,6 +118,11 @@ def env(spec: Mapping[str, Any], max_items: int, max_name: int) -> list[Mapping[
         name = item.get("name")
         if not isinstance(name, str) or len(name) > max_name or not _ENV_NAME.match(name):
             raise SpecError("InvalidSpec", f"spec.env: invalid variable name {show(name)}")
+        if item.get("value") is not None and not isinstance(item["value"], str):
+            raise SpecError(  # `value: 1` in YAML: the API server refuses a number
+                "InvalidSpec",
+                f"spec.env: {name}: value must be a string, got {show(item['value'])} (quote it)",
+            )
         source = item.get("valueFrom")
         if source is None:
             continue
@@ -135,10 +140,11 @@ def env(spec: Mapping[str, Any], max_items: int, max_name: int) -> list[Mapping[
                     f"spec.env: {name}: valueFrom.{ref} must be an object, got {show(source[ref])}",
                 )
         for ref in ("secretKeyRef", "configMapKeyRef"):
-            if ref in source and not source[ref].get("name"):
-                raise SpecError(
-                    "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.name is required"
-                )
+            for key in ("name", "key"):  # both required (the CRD's and the API server's rule)
+                if ref in source and not source[ref].get(key):
+                    raise SpecError(
+                        "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.{key} is required"
+                    )
     return [omit_empty(item) for item in env]
 
 

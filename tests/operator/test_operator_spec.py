@@ -228,6 +228,19 @@ def test_defaults() -> None:
             "spec.env: A: valueFrom.fieldRef must be an object",
         ),
         (
+            {"model": "smollm2-135m", "env": [{"name": "A", "value": 1}]},
+            "InvalidSpec",
+            "spec.env: A: value must be a string",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
+                "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s"}}}],
+            },
+            "InvalidSpec",
+            "spec.env: A: valueFrom.secretKeyRef.key is required",
+        ),
+        (
             {"model": "smollm2-135m", "tolerations": [{"operator": "Exists", "value": {}}]},
             "InvalidSpec",
             "spec.tolerations[0].value must be a string",
