@@ -108,11 +108,12 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     from pagoda.runtime.model import mamba_config
 
     h, p = c.hidden_size, f"model.layers.{i}."
-    out = mamba_config.expected_shapes(c, i)
+    out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i):
         q, kv, a = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, p + "self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+    out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
     out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
         pre_ff = c.architecture in ("bamba", "falcon_h1")
