@@ -19,6 +19,8 @@ that requests are preempted (their states rebuilt by recompute); a one-token pro
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
@@ -100,3 +102,85 @@ def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
     for i, want in enumerate(reference):
         check(got[i], want, f"{name}: prompt {i}, preempted")
     small.engine.check_integrity()
+
+
+def test_the_chunked_rule_is_transformers_over_the_packed_layout():
+    """`gated_delta.prefill` over three sequences (3 chunks of 8, one token, a whole chunk)
+    packed together, each from its own state, against transformers' torch chunked rule run
+    on each alone (q/k normalised inside it); then one `recurrent_step` of all three against
+    transformers' recurrent rule."""
+    from pagoda.runtime.model import gated_delta
+    from pagoda.runtime.model.mamba2 import ScanGroup
+    from pagoda.runtime.model.ssd import pack
+    from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+    torch.manual_seed(0)
+    lens, H, K, V, chunk = [19, 1, 8], 2, 16, 8, 8
+    T = sum(lens)
+    q, k = torch.randn(T, H, K), torch.randn(T, H, K)
+    v, g, beta = torch.randn(T, H, V), -torch.rand(T, H) * 2, torch.rand(T, H)
+    start = torch.randn(3, H, K, V)
+    ssm = torch.zeros(5, H, K, V)
+    slots = torch.tensor([3, 0, 4])
+    ssm[slots] = start
+    p = pack(lens, chunk, 4)
+    groups = [ScanGroup(grp.counts, grp.num_chunks, slots[torch.from_numpy(p.order)][slice(*grp.seqs)],
+                        *(torch.from_numpy(a) for a in (grp.tokens, grp.rows, grp.chunk_of, grp.in_chunk)))
+              for grp in p.groups]  # fmt: skip
+    qn, kn = gated_delta.l2norm(q) * K**-0.5, gated_delta.l2norm(k)
+    out = gated_delta.prefill(qn, kn, v, g, beta, ssm, groups, chunk)
+    off = 0
+    for i, n in enumerate(lens):
+        rows = slice(off, off + n)
+        want, final = hf.torch_chunk_gated_delta_rule(
+            q[None, rows], k[None, rows], v[None, rows], g[None, rows], beta[None, rows],
+            chunk_size=chunk, initial_state=start[i : i + 1], output_final_state=True,
+            use_qk_l2norm_in_kernel=True)  # fmt: skip
+        torch.testing.assert_close(out[rows], want[0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ssm[slots[i]], final[0], atol=1e-4, rtol=1e-4)
+        off += n
+    state = ssm[slots].clone()
+    x = [torch.randn(3, H, d) for d in (K, K, V)]
+    gt, bt = -torch.rand(3, H), torch.rand(3, H)
+    got = gated_delta.recurrent_step(state, gated_delta.l2norm(x[0]) * K**-0.5,
+                                     gated_delta.l2norm(x[1]), x[2], gt, bt)  # fmt: skip
+    want, final = hf.torch_recurrent_gated_delta_rule(
+        x[0][:, None], x[1][:, None], x[2][:, None], gt[:, None], bt[:, None],
+        initial_state=ssm[slots], output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    torch.testing.assert_close(got, want[:, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, final, atol=1e-5, rtol=1e-5)
+
+
+def test_long_and_short_prompts_in_one_step(built):
+    """One step holds a decode row (a one-token prompt), a prompt of three of the rule's
+    64-token chunks and one of two, in the packed layout (each sequence in chunks of its
+    own); every sequence reads as transformers'."""
+    from arch_cases import generate as run
+
+    _, model, loaded, _ = built("qwen3-next")
+    ps = [[9], [(3 * i + 1) % 290 + 5 for i in range(150)], [(7 * i) % 290 + 5 for i in range(70)]]
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=512, max_num_seqs=4)  # fmt: skip
+    for i, (p, got) in enumerate(zip(ps, run(llm, ps))):
+        check(got, hf_greedy_plain(model, p, NEW), f"prompt {i}")
+
+
+def test_the_multimodal_checkpoint_reads_as_its_text_model(built):
+    """Qwen3_5ForConditionalGeneration as published (architectures and text_config in
+    config.json, the text weights under `model.language_model.`, a vision tower beside them,
+    the multimodal rotary's sections): its text model serves, transformers' tokens chunked and
+    batched."""
+    from safetensors import safe_open
+
+    path, _, loaded, reference = built("qwen3.5-vl")
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3_5ForConditionalGeneration"] and "text_config" in cfg
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert any(n.startswith("model.language_model.layers.0.linear_attn.") for n in names)
+    assert any(n.startswith("model.visual.") for n in names)
+    assert loaded.config.architecture == "qwen3_5" and not loaded.config.tie_word_embeddings
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"qwen3.5-vl: prompt {i}")
