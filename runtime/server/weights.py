@@ -68,7 +68,9 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
-          (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"))  # fmt: skip
+          (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"),
+          # Qwen3-Next's and Qwen3.5's DeltaNet projections: one matrix (model/qwen3_next.py)
+          (re.compile(r"\bin_proj_(qkvz|ba|qkv|z|b|a)\b"), "in_proj"))  # fmt: skip
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
@@ -77,8 +79,8 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_
 _KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
 # a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
 _MAMBA_TENSORS = re.compile(
-    r"(\.mamba\.(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
-)  # (LFM2's conv)
+    r"(\.(mamba|linear_attn)\.(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
+)  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -419,6 +421,13 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
     # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
     float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"
+    # Qwen3-Next's and Qwen3.5's (1 + w) norms (`qwen3_next.Qwen3NextModel`), not the gated one
+    float32_norm |= (
+        norm
+        and ".linear_attn." not in name
+        and mc.family.mamba is not None
+        and (mc.family.mamba.mixer == "gated_deltanet")
+    )
     if float32_router and _FLOAT32_ROUTER.search(name):
         return _float32_router(t, p)
     if mc.family.mla is not None and _KV_B.search(name):

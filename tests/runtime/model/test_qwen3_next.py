@@ -184,3 +184,71 @@ def test_the_multimodal_checkpoint_reads_as_its_text_model(built):
               max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
         check(got, want, f"qwen3.5-vl: prompt {i}")
+
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (its keys as published)
+QWEN3_NEXT_80B = {
+    "architectures": ["Qwen3NextForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645,
+    "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5120, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128, "max_position_embeddings": 262144, "mlp_only_layers": [],
+    "model_type": "qwen3_next", "moe_intermediate_size": 512, "norm_topk_prob": True,
+    "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10,
+    "num_hidden_layers": 48, "num_key_value_heads": 2, "output_router_logits": False,
+    "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 10000000, "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["qwen3-next", "qwen3.5"])
+def test_estimates_checks_and_refusals(built, tmp_path, name):
+    """The weights estimate against the built model; state slots of a conv state [q k v
+    channels, kernel - 1] and a float32 state [v heads, key dim, value dim] per DeltaNet layer
+    (the prefill temporaries counted); the checkpoint check naming a DeltaNet tensor; tensor
+    parallelism and FP8 refused in one line; Qwen3-Next-80B's config.json read without
+    weights (its default layer pattern, a quarter of each head rotated, 80B parameters)."""
+    import re
+    from types import SimpleNamespace
+
+    from model_bytes import check_estimate
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.model import mamba2
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import memory
+
+    path, _, loaded, _ = built(name)
+    mc = loaded.config
+    check_estimate(path, rel=0.02)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
+    state = memory.estimate(mc, cfg, path, torch.device("cpu")).parts()["Mamba state"]
+    m = mc.family.mamba
+    per = m.conv_dim * (m.d_conv - 1) * 2 + m.n_heads * m.d_state * m.head_dim * 4
+    assert state == 8 * m.num_layers * per and mamba2.scan_bytes(mc, 256, 8) > 0
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2 is not supported for a model "
+                                         "with gated_deltanet layers"):  # fmt: skip
+        tp_check(mc, 2)
+    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)  # (a CPU
+    # refuses the config itself: what check_dtype reads of one)
+    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(gated_deltanet layers\)"):
+        check_dtype(fp8, mc)
+    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
+    check_checkpoint(mc, headers)
+    gone = "model.layers.0.linear_attn.dt_bias"
+    del headers[gone]
+    with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
+        check_checkpoint(mc, headers)
+    if name != "qwen3-next":
+        return
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_NEXT_80B))
+    hub = read_model_config(str(tmp_path))
+    assert hub.family.mamba.layers == tuple(i % 4 != 3 for i in range(48))
+    assert hub.num_kv_layers == 12 and hub.rope_scaling["partial_rotary_factor"] == 0.25
+    assert hub.rope_theta == 1e7 and hub.family.num_experts == 512
+    assert 79e9 < hub.num_params < 82e9  # Qwen3-Next-80B-A3B
