@@ -42,6 +42,7 @@ from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, conv_step, packed
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import gemma_rms_norm
 from pagoda.runtime.model.qwen3 import Qwen3Layer
+from pagoda.runtime.model.qwen3_next_config import STACKED
 from pagoda.runtime.model_configs import MambaConfig
 
 
@@ -185,4 +186,12 @@ class Qwen3NextModel(LlamaModel):
     rms_norm_16bit = staticmethod(gemma_rms_norm)
     norm_weight = Gemma2Model.norm_weight
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
-    make_mlp = make_mlp
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        """The MLP, or the experts beside the shared expert: per expert, or stacked (the
+        published Qwen3.5-MoE checkpoints' gate_up [E, 2N, hidden] and down [E, hidden, N],
+        listed with a `.weight` at load: `qwen3_next_config.STACKED`)."""
+        stacked = prefix + STACKED[0] + ".weight" in w
+        self.moe_names = ("mlp.", ("gate_up_proj", "down_proj") if stacked else
+                          ("gate_proj", "up_proj", "down_proj"))  # fmt: skip
+        return make_mlp(self, w, prefix, index, ctx)

@@ -65,6 +65,9 @@ DEFAULTS = {
 }  # fmt: skip
 _LINEAR_ATTN, _ATTENTION = "linear_attention", "full_attention"
 CHUNK = 64  # the chunked delta rule's chunk (transformers' and FLA's)
+# the published Qwen3.5-MoE checkpoints' stacked experts: gate and up [E, 2N, hidden] (gate
+# first), down [E, hidden, N]; listed with a `.weight` (`stacked_experts`)
+STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
 def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
@@ -132,6 +135,37 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
                       norm_topk_prob=norm, round_topk_to_model_dtype=True,
                       moe_layers=layers)  # fmt: skip
     return fields
+
+
+def stacked_experts(names) -> dict[str, str]:
+    """The stacked expert tensors among `names` -> the names they are read under (`STACKED`
+    with `.weight`: `moe.SparseMoE`'s stacked gate/up and down)."""
+    return {n: n + ".weight" for n in names if n.endswith(STACKED)}
+
+
+def check_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
+    """Every expert layer's experts, per expert ([N, hidden] gate and up, [hidden, N] down) or
+    stacked (`STACKED`); ValueError, one line, naming the first missing or misshapen."""
+    f, h = c.family, c.hidden_size
+    e, n = f.num_experts, f.moe_intermediate_size
+    for i in range(c.num_layers):
+        if not f.has_experts(i):
+            continue
+        p = f"model.layers.{i}.mlp.experts."
+        if p + "gate_up_proj.weight" in headers:
+            want = {p + "gate_up_proj.weight": (e, 2 * n, h), p + "down_proj.weight": (e, h, n)}
+        else:
+            want = {}
+            for x in range(e):
+                want.update({f"{p}{x}.gate_proj.weight": (n, h), f"{p}{x}.up_proj.weight": (n, h),
+                             f"{p}{x}.down_proj.weight": (h, n)})  # fmt: skip
+        for name, shape in want.items():
+            if name not in headers:
+                raise ValueError(f"checkpoint is missing tensor {name!r}")
+            if tuple(headers[name][1]) != shape:
+                raise ValueError(f"checkpoint tensor {name} is {list(headers[name][1])}, "
+                                 f"config.json (hidden_size {h}, moe_intermediate_size {n}, "
+                                 f"num_experts {e}) needs {list(shape)}")  # fmt: skip
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:

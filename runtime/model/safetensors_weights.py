@@ -267,6 +267,16 @@ class SafetensorsWeights(Mapping):
     def __contains__(self, name: object) -> bool:
         return name in self._where
 
+    def rename(self, name: str, new: str) -> None:
+        """List tensor `name` as `new` (Qwen3.5-MoE's stacked experts, stored without a
+        `.weight`, under the name `moe.SparseMoE` reads stacked experts by)."""
+        self._where[new] = self._where.pop(name)
+        if name in self._rows:
+            self._rows[new] = self._rows.pop(name)
+        if name in self._transposed:
+            self._transposed.discard(name)
+            self._transposed.add(new)
+
     def stored_name(self, name: str) -> str:
         """What the files call tensor `name` (the text model's Llama-style name the engine
         reads): its stored name where it is there (a `split_rows` part's: the fused tensor's);

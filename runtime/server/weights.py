@@ -377,6 +377,12 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         tensors = _gpt_oss_as_held(tensors, mc)
     if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
         tensors = dict(_llama4_experts(t) for t in tensors.values())
+    if mc.architecture in ("qwen3_next", "qwen3_5_moe"):  # stacked experts, read as `.weight`
+        from pagoda.runtime.model.qwen3_next_config import stacked_experts
+
+        renamed = stacked_experts(tensors)
+        tensors = {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
+                   for n, t in tensors.items()}  # fmt: skip
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}

@@ -252,3 +252,57 @@ def test_estimates_checks_and_refusals(built, tmp_path, name):
     assert hub.num_kv_layers == 12 and hub.rope_scaling["partial_rotary_factor"] == 0.25
     assert hub.rope_theta == 1e7 and hub.family.num_experts == 512
     assert 79e9 < hub.num_params < 82e9  # Qwen3-Next-80B-A3B
+
+
+def test_a_published_qwen3_5_moe_checkpoint_with_stacked_experts(built, tmp_path):
+    """Qwen3.5-MoE as published (Qwen3.5-35B-A3B): `Qwen3_5MoeForConditionalGeneration`, the
+    text config under `text_config`, the weights under `model.language_model.`, each layer's
+    experts stacked (`mlp.experts.gate_up_proj` [E, 2N, hidden], gate first, and `down_proj`
+    [E, hidden, N], no `.weight`): the tiny Qwen3.5-MoE rewritten so reads as transformers'
+    per-expert one; the weights estimate matches the model built from it; a stacked tensor of
+    the wrong shape is refused in one line."""
+    import re
+
+    from model_bytes import check_estimate
+    from pagoda.runtime.model.loader import load_model
+    from safetensors.torch import load_file, save_file
+
+    path, _, _, reference = built("qwen3.5-moe")
+    flat = load_file(str(path / "model.safetensors"))
+    cfg = json.loads((path / "config.json").read_text())
+    out, experts = {}, cfg["num_experts"]
+    for name, t in flat.items():
+        m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(\w+)\.weight", name)
+        if m is None:
+            out[name.replace("model.", "model.language_model.", 1)] = t
+        elif m[2] == "0":
+            p = m[1]
+            per = [[flat[f"{p}{e}.{x}.weight"] for e in range(experts)] for x in
+                   ("gate_proj", "up_proj", "down_proj")]  # fmt: skip
+            if m[3] == "gate_proj":
+                gate_up = [torch.cat([g, u]) for g, u in zip(per[0], per[1])]
+                out[p.replace("model.", "model.language_model.", 1) + "gate_up_proj"] = torch.stack(
+                    gate_up
+                ).contiguous()
+            elif m[3] == "down_proj":
+                out[p.replace("model.", "model.language_model.", 1) + "down_proj"] = torch.stack(
+                    per[2]
+                ).contiguous()
+    save_file(out, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    top = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+           "text_config": {**cfg, "model_type": "qwen3_5_moe_text"}, "tie_word_embeddings": False,
+           "vision_config": {"depth": 27, "hidden_size": 1152}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    save_word_tokenizer(tmp_path, 300)
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.architecture == "qwen3_5_moe"
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"stacked experts: prompt {i}")
+    check_estimate(tmp_path, rel=0.02)
+    bad = "model.language_model.layers.1.mlp.experts.down_proj"
+    out[bad] = out[bad][:, :, :-1].contiguous()
+    save_file(out, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=re.escape(f"checkpoint tensor {bad} is [4, 64, 31]")):
+        load_model(str(tmp_path))
