@@ -87,18 +87,32 @@ class GatedDeltaNet:
         o = torch.empty(t, m.n_heads, m.head_dim, dtype=torch.float32, device=h.device)
         nd = step.num_decodes
         if nd:
-            slots = step.slots[:nd]
-            x, new_conv = conv_step(conv.index_select(0, slots), qkv[:nd], self.conv_weight, None)
-            conv.index_copy_(0, slots, new_conv.to(conv.dtype))
-            s = state.index_select(0, slots).float()
-            o[:nd] = gated_delta.recurrent_step(s, *self._qkv(x), g[:nd], beta[:nd])
-            state.index_copy_(0, slots, s.to(state.dtype))
+            o[:nd] = self._decode(conv, state, qkv[:nd], g[:nd], beta[:nd], step)
         if step.prefill is not None:
             pre = step.prefill
             x = F.silu(packed_conv(conv, qkv[nd:], pre, self.conv_weight, None))
             o[nd:] = gated_delta.prefill(*self._qkv(x), g[nd:], beta[nd:], state, pre.groups,
                                          m.chunk_size)  # fmt: skip
         return self.out_proj(self._output(o.to(h.dtype), z))
+
+    def _decode(self, conv, state, qkv: torch.Tensor, g, beta, step: MambaStep) -> torch.Tensor:
+        """The decode rows' one conv and delta-rule step: their states gathered from their
+        slots and scattered back, or, where the slots are one run (steady decoding: sequences
+        admitted together keep consecutive slots), updated in place there."""
+        nd, run = qkv.shape[0], step.decode_run
+        slots = step.slots[:nd]
+        x, new_conv = conv_step(conv[run[0] : run[1]] if run else conv.index_select(0, slots),
+                                qkv, self.conv_weight, None)  # fmt: skip
+        if run:
+            conv[run[0] : run[1]] = new_conv
+        else:
+            conv.index_copy_(0, slots, new_conv.to(conv.dtype))
+        in_place = run is not None and state.dtype == torch.float32
+        s = state[run[0] : run[1]] if in_place else state.index_select(0, slots).float()
+        o = gated_delta.recurrent_step(s, *self._qkv(x), g, beta)
+        if not in_place:
+            state.index_copy_(0, slots, s.to(state.dtype))
+        return o
 
     def _qkv(self, x: torch.Tensor):
         """q (normalised, scaled), k (normalised) [S, H, K] float32, each key head repeated

@@ -306,3 +306,34 @@ def test_a_published_qwen3_5_moe_checkpoint_with_stacked_experts(built, tmp_path
     save_file(out, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=re.escape(f"checkpoint tensor {bad} is [4, 64, 31]")):
         load_model(str(tmp_path))
+
+
+def test_decode_slots_in_a_run_and_out_of_order(built, monkeypatch):
+    """A request that finishes early gives its slot to the next one: the decode rows' slots
+    are then not one run (0, 2, 1: gathered and scattered back) where before they were (the
+    states updated where they lie); every sequence still reads as transformers'."""
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.worker import mamba_state
+
+    _, model, loaded, _ = built("qwen3.5")
+    runs = []
+    step = mamba_state.MambaState.device_step
+
+    def record(self, host, to_device):
+        out = step(self, host, to_device)
+        runs.append(out.decode_run if out.num_decodes > 1 else "one")
+        return out
+
+    monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
+    ps = [[5 + i, 17, 42 + i, 9] for i in range(4)]
+    lens = [NEW, 2, NEW, NEW]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
+    ]
+    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
+    for i, (p, n, o) in enumerate(zip(ps, lens, outs)):
+        check((o.outputs[0].token_ids, seen[o.request_id]), hf_greedy_plain(model, p, n), f"{i}")
+    assert None in runs and any(r not in (None, "one") for r in runs)
