@@ -26,21 +26,22 @@ The DeltaNet layers keep, per sequence, a conv state [conv_dim, kernel - 1] and 
 state [v_heads, key_dim, value_dim] in the hybrids' state slots (`worker/mamba_state.py`,
 `MambaConfig.mixer` "gated_deltanet"); the step's slots and packed prefill layout come as the
 Mamba2 layers' do (`mamba2.MambaStep`). Prefix caching is off for them
-(`engine/recurrent.py`); tensor parallelism and FP8 are refused (`distributed/layout.py`,
-`engine/core.check_dtype`).
+(`engine/recurrent.py`); tensor parallelism splits them by key heads (`GatedDeltaNet`; N must
+divide them: `distributed/layout.py`); FP8 is refused (`engine/core.check_dtype`).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pagoda.runtime.model import gated_delta
+from pagoda.runtime.model import gated_delta, mamba_shard
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.gemma2 import Gemma2Model
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, conv_step, packed_conv
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import gemma_rms_norm
+from pagoda.runtime.model.parallel_linear import row_linear
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model.qwen3_next_config import STACKED
 from pagoda.runtime.model_configs import MambaConfig
@@ -59,18 +60,39 @@ def _in_proj(m: MambaConfig, w: DeviceWeights, p: str) -> torch.Tensor:
     return torch.cat([t.reshape(-1, t.shape[-1]) for t in (q, k, v, z, b, a)])
 
 
+def _rank_rows(s: mamba_shard.MambaShard) -> list[tuple[int, int]]:
+    """A rank's rows of the [q, k, v, z, b, a] matrix (`_in_proj`): the q and k of its key
+    heads, the v, z, b and a of its value heads (the first three: its conv channels)."""
+    m, (h0, h1), (g0, g1) = s.full, s.heads, s.groups
+    kd, dk, dv, c, d = m.n_groups * m.d_state, m.d_state, m.head_dim, m.conv_dim, m.d_inner
+    return [(g0 * dk, g1 * dk), (kd + g0 * dk, kd + g1 * dk), (2 * kd + h0 * dv, 2 * kd + h1 * dv),
+            (c + h0 * dv, c + h1 * dv), (c + d + h0, c + d + h1),
+            (c + d + m.n_heads + h0, c + d + m.n_heads + h1)]  # fmt: skip
+
+
 class GatedDeltaNet:
-    """One Gated DeltaNet layer's weights and forward (module docstring)."""
+    """One Gated DeltaNet layer's weights and forward (module docstring). With tensor
+    parallelism a rank holds key heads [r G/N, (r+1) G/N) and the value heads they serve
+    (`mamba_shard.shard`): its rows of the projection and channels of the conv, its A, dt_bias
+    and state slots; out_proj row-parallel (one all-reduce)."""
 
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, eps, ctx):
         p = prefix + "linear_attn."
-        self.m, self.index, self.eps = m, index, eps
-        self.in_proj = ctx.linear(_in_proj(m, w, p))
-        self.out_proj = ctx.linear(w[p + "out_proj.weight"])
-        self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [C, K]
-        self.A = -torch.exp(w.source(p + "A_log").float()).to(w.device)  # float32 [H]
-        self.dt_bias = w[p + "dt_bias"]
+        s = mamba_shard.shard(m, None if ctx.tp is None else ctx.tp.layout)
+        self.m, self.index, self.eps = s.local, index, eps
+        in_proj, conv = _in_proj(m, w, p), w[p + "conv1d.weight"][:, 0, :]  # [C, K]
+        heads = slice(*s.heads)
+        if ctx.tp is not None:  # this rank's rows and channels
+            rows = _rank_rows(s)
+            in_proj = torch.cat([in_proj[a:b] for a, b in rows])
+            conv = torch.cat([conv[a:b] for a, b in rows[:3]])
+        self.in_proj = ctx.linear(in_proj.contiguous())
+        self.out_proj = row_linear(ctx, w, p + "out_proj.weight")
+        self.conv_weight = conv.contiguous()
+        self.A = -torch.exp(w.source(p + "A_log")[heads].float()).to(w.device)  # float32 [H]
+        self.dt_bias = w[p + "dt_bias"][heads]
         self.norm = w[p + "norm.weight"]  # [value_dim]: weight * norm (not 1 + w)
+        m = s.local
         self.scale = m.d_state**-0.5
         self.sizes = [m.conv_dim, m.d_inner, m.n_heads, m.n_heads]
 
@@ -156,11 +178,16 @@ class Qwen3NextLayer(Qwen3Layer):
             return
         super().__init__(model, w, prefix, index, ctx)
         # q_proj [heads * 2 * head_dim]: each head's query, then its gate; read as one matrix
-        # [q, k, v, gate] (the Llama layer's [q, k, v] replaced)
+        # [q, k, v, gate] (the Llama layer's [q, k, v] replaced); with tensor parallelism this
+        # rank's query heads and KV heads (`layout.heads`, `kv_heads`)
         a, d = prefix + "self_attn.", c.head_dim
         q, gate = w[a + "q_proj.weight"].view(c.num_heads, 2, d, -1).unbind(1)
-        qkvg = [q.reshape(-1, q.shape[-1]), w[a + "k_proj.weight"], w[a + "v_proj.weight"],
-                gate.reshape(-1, gate.shape[-1])]  # fmt: skip
+        k, v = w[a + "k_proj.weight"], w[a + "v_proj.weight"]
+        if ctx.tp is not None:
+            (h0, h1), (k0, k1) = ctx.tp.layout.heads(c.num_heads), ctx.tp.layout.kv_heads(
+                c.num_kv_heads)  # fmt: skip
+            q, gate, k, v = q[h0:h1], gate[h0:h1], k[k0 * d : k1 * d], v[k0 * d : k1 * d]
+        qkvg = [q.reshape(-1, q.shape[-1]), k, v, gate.reshape(-1, gate.shape[-1])]
         self.qkv = ctx.linear(torch.cat(qkvg))
         self._gate: torch.Tensor | None = None
 

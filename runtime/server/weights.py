@@ -558,10 +558,15 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return (h1 - h0) * shape[1], 1
     if re.search(r"\bq_proj\.(weight|bias)$", part):
         q0, q1 = lay.heads(mc.num_heads)
-        return (q1 - q0) * mc.head_dim, cols
+        gated = mc.family.mamba is not None and mc.family.mamba.attn_output_gate  # (its gates)
+        return (q1 - q0) * mc.head_dim * (2 if gated else 1), cols
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
+    if part.startswith("linear_attn."):  # Qwen3-Next's: every part by heads, the norm whole
+        if part.startswith("linear_attn.norm."):
+            return rows, cols
+        return (rows, cols // lay.size) if "out_proj." in part else (rows // lay.size, cols)
     if part.startswith(
         "mamba."
     ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors

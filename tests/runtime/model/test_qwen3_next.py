@@ -206,10 +206,10 @@ QWEN3_NEXT_80B = {
 
 @pytest.mark.parametrize("name", ["qwen3-next", "qwen3.5"])
 def test_estimates_checks_and_refusals(built, tmp_path, name):
-    """The weights estimate against the built model; state slots of a conv state [q k v
+    """The weights estimate against the built model (one rank, and rank 0 of two); state slots of a conv state [q k v
     channels, kernel - 1] and a float32 state [v heads, key dim, value dim] per DeltaNet layer
-    (the prefill temporaries counted); the checkpoint check naming a DeltaNet tensor; tensor
-    parallelism and FP8 refused in one line; Qwen3-Next-80B's config.json read without
+    (the prefill temporaries counted); the checkpoint check naming a DeltaNet tensor; a tensor
+    parallel size that does not divide the key heads, and FP8, refused in one line; Qwen3-Next-80B's config.json read without
     weights (its default layer pattern, a quarter of each head rotated, 80B parameters)."""
     import re
     from types import SimpleNamespace
@@ -231,9 +231,12 @@ def test_estimates_checks_and_refusals(built, tmp_path, name):
     m = mc.family.mamba
     per = m.conv_dim * (m.d_conv - 1) * 2 + m.n_heads * m.d_state * m.head_dim * 4
     assert state == 8 * m.num_layers * per and mamba2.scan_bytes(mc, 256, 8) > 0
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2 is not supported for a model "
-                                         "with gated_deltanet layers"):  # fmt: skip
-        tp_check(mc, 2)
+    with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 4 does not divide "
+                                                   "the Gated DeltaNet key heads "
+                                                   "(linear_num_key_heads 2)")):  # fmt: skip
+        tp_check(mc, 4)
+    tp_check(mc, 2)
+    check_estimate(path, tp=2, rel=0.02)  # rank 0's share
     fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)  # (a CPU
     # refuses the config itself: what check_dtype reads of one)
     with pytest.raises(ValueError, match=r"fp8 is not supported .*\(gated_deltanet layers\)"):
@@ -337,3 +340,25 @@ def test_decode_slots_in_a_run_and_out_of_order(built, monkeypatch):
     for i, (p, n, o) in enumerate(zip(ps, lens, outs)):
         check((o.outputs[0].token_ids, seen[o.request_id]), hf_greedy_plain(model, p, n), f"{i}")
     assert None in runs and any(r not in (None, "one") for r in runs)
+
+
+@pytest.mark.slow  # a second process (gloo): ~6 s on 2 busy cores
+def test_two_ranks_match_transformers(built):
+    """Tensor parallelism over gloo, two ranks: each holds one of Qwen3-Next's two key heads
+    and the two value heads it serves (their rows of the DeltaNet projection, conv channels, A,
+    dt_bias and state slots; out_proj row-parallel), two of the four query heads with their
+    gates and one KV head, the experts and the shared expert split by width; on the small pool
+    (16-token chunks, three prompts sharing steps, preempted and recomputed): transformers'
+    tokens and logits."""
+    path, _, loaded, reference = built("qwen3-next")
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
+        got = generate(two, prompts())
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0
+        m = loaded.config.family.mamba
+        conv, state = core.runner.mamba.states[0]  # this rank's heads
+        assert state.shape[1:] == (m.n_heads // 2, m.d_state, m.head_dim)
+        assert conv.shape[1] == m.conv_dim // 2
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i], f"qwen3-next: prompt {i}, two ranks")
