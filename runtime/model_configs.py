@@ -218,9 +218,10 @@ class MambaConfig:
     @property
     def snapshots(self) -> bool:
         """Whether prefix caching may keep snapshots of these layers' states
-        (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan saves them at its chunk
-        boundaries; LFM2's short conv and Mamba-1's scan do not (prefix caching off for them)."""
-        return self.mixer == "mamba2" and self.num_layers > 0
+        (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan and the Gated DeltaNet's
+        chunked rule save them at their chunk boundaries; LFM2's short conv and Mamba-1's scan
+        do not (prefix caching off for them)."""
+        return self.mixer in ("mamba2", "gated_deltanet") and self.num_layers > 0
 
     @property
     def conv_dim(self) -> int:

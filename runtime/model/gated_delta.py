@@ -56,9 +56,12 @@ def chunked(
     state: torch.Tensor,  # [S, H, K, V] float32, each sequence's state (sorted order): updated
     chunk: int,
     counts: list[int],  # sequences with a chunk at each chunk position (`ssd.ScanGroup`)
+    keep: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """o [chunks, H, C, V] of the packed rows (transformers' `torch_chunk_gated_delta_rule`
-    over the packed layout); `state` holds the final states."""
+    over the packed layout); `state` holds the final states. `keep`: (packed chunks, a state
+    tensor, its rows): those chunks' start states copied there (prefix caching's snapshots,
+    as `ssd.ssd_scan`'s)."""
     R, H, _ = k.shape
     nc, C = R // chunk, chunk
 
@@ -84,14 +87,20 @@ def chunked(
     k = k * (cum[..., -1:] - cum).exp()[..., None]
     chunk_decay = cum[..., -1].exp()[..., None, None]  # [nc, H, 1, 1]
     out = torch.empty_like(values)
+    starts = None if keep is None else state.new_empty(nc, *state.shape[1:])
     off = 0
     for n in counts:  # the recurrence over chunk positions, all sequences at once
         rows = slice(off, off + n)
         s = state[:n]
+        if starts is not None:  # each chunk's start state
+            starts[rows] = s
         v_new = values[rows] - torch.matmul(k_cumdecay[rows], s)
         out[rows] = torch.matmul(q[rows], s) + torch.matmul(intra[rows], v_new)
         state[:n] = s * chunk_decay[rows] + torch.matmul(k[rows].transpose(-1, -2), v_new)
         off += n
+    if keep is not None:
+        chunks, dst, at = keep
+        dst.index_copy_(0, at, starts.index_select(0, chunks).to(dst.dtype))
     return out
 
 
@@ -110,15 +119,20 @@ def prefill(
     ssm: torch.Tensor,  # [slots, H, K, V] the layer's state slots: read, and written back
     groups: list,  # the step's scan groups (`mamba2.ScanGroup`)
     chunk: int,
+    snaps: torch.Tensor | None = None,  # [entries, H, K, V] prefix caching's snapshots
 ) -> torch.Tensor:
     """o [T, H, V] float32: `chunked` over each group of sequences in its packed layout, from
-    their states in `ssm`, which get the final ones."""
+    their states in `ssm`, which get the final ones. With `snaps`, a group's `snap_chunks`'
+    start states are copied into its `snap_entries` of them."""
     out = torch.empty(*v.shape, dtype=torch.float32, device=v.device)
     for grp in groups:
         r = grp.num_chunks * chunk
         parts = [packed(t, grp, r) for t in (q, k, v, g, beta)]
         state = ssm.index_select(0, grp.slots).float()
-        o = chunked(*parts, state, chunk, grp.counts)
+        keep = None
+        if snaps is not None and grp.snap_chunks is not None and grp.snap_chunks.numel():
+            keep = (grp.snap_chunks, snaps, grp.snap_entries)
+        o = chunked(*parts, state, chunk, grp.counts, keep)
         del parts
         ssm.index_copy_(0, grp.slots, state.to(ssm.dtype))
         out.index_copy_(0, grp.tokens, o[grp.chunk_of, :, grp.in_chunk])

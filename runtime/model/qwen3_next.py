@@ -25,8 +25,9 @@ Qwen2-MoE's; Qwen3.5-MoE always renormalises the top-k).
 The DeltaNet layers keep, per sequence, a conv state [conv_dim, kernel - 1] and a float32
 state [v_heads, key_dim, value_dim] in the hybrids' state slots (`worker/mamba_state.py`,
 `MambaConfig.mixer` "gated_deltanet"); the step's slots and packed prefill layout come as the
-Mamba2 layers' do (`mamba2.MambaStep`). Prefix caching is off for them
-(`engine/recurrent.py`); tensor parallelism splits them by key heads (`GatedDeltaNet`; N must
+Mamba2 layers' do (`mamba2.MambaStep`). Prefix caching keeps snapshots of both states every
+lcm(block size, 64) tokens as for the Mamba2 layers (`core/state_snapshots.py`: the chunked
+rule's chunk start states, or the slots' at a step's chunk end); tensor parallelism splits them by key heads (`GatedDeltaNet`; N must
 divide them: `distributed/layout.py`); FP8 is refused (`engine/core.check_dtype`).
 """
 
@@ -112,9 +113,18 @@ class GatedDeltaNet:
             o[:nd] = self._decode(conv, state, qkv[:nd], g[:nd], beta[:nd], step)
         if step.prefill is not None:
             pre = step.prefill
-            x = F.silu(packed_conv(conv, qkv[nd:], pre, self.conv_weight, None))
-            o[nd:] = gated_delta.prefill(*self._qkv(x), g[nd:], beta[nd:], state, pre.groups,
-                                         m.chunk_size)  # fmt: skip
+            snaps = None if step.snaps is None else step.snaps[self.index]
+            snap = None if pre.snap_conv_rows is None else snaps
+            x = packed_conv(conv, qkv[nd:], pre, self.conv_weight, None,
+                            None if snap is None else snap[0])  # fmt: skip
+            o[nd:] = gated_delta.prefill(*self._qkv(F.silu(x)), g[nd:], beta[nd:], state,
+                                         pre.groups, m.chunk_size,
+                                         None if snap is None else snap[1])  # fmt: skip
+        if step.save_end is not None:  # boundaries at a chunk's end: the states in the slots
+            slots, entries = step.save_end
+            snap_conv, snap_state = step.snaps[self.index]
+            snap_conv.index_copy_(0, entries, conv.index_select(0, slots))
+            snap_state.index_copy_(0, entries, state.index_select(0, slots))
         return self.out_proj(self._output(o.to(h.dtype), z))
 
     def _decode(self, conv, state, qkv: torch.Tensor, g, beta, step: MambaStep) -> torch.Tensor:

@@ -12,8 +12,7 @@ flash-linear-attention here) at every step.
 - Qwen3.5's multimodal checkpoint read text-only (its `text_config`, `model.language_model.`).
 
 Each runs its prompts in 16-token steps (chunked prefill carries the conv and delta states
-across steps), three prompts sharing steps with two state slots (prefix caching is off for
-these layers), then a one-token prompt on a reused slot, then a KV pool so small that requests
+across steps), three prompts sharing steps with two state slots, then a one-token prompt on a reused slot, then a KV pool so small that requests
 are preempted (their states rebuilt by recompute).
 """
 
@@ -87,7 +86,7 @@ def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
     name, _, model, loaded, reference = case
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
               max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
-    assert not llm.engine.config.cache.enable_prefix_caching  # (its states: no snapshots)
+    assert llm.engine.config.cache.enable_prefix_caching  # (no boundary in these prompts)
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
         check(got, want, f"{name}: prompt {i}")
     assert llm.engine.runner.mamba.num_held == 0
@@ -397,3 +396,37 @@ def test_an_fp8_checkpoint_reads_dequantized(built, tmp_path):
               block_size=16, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
     for i, (p, got) in enumerate(zip(prompts(), generate(llm, prompts()))):
         check(got, hf_greedy_plain(model.eval(), p, NEW), f"fp8 checkpoint: prompt {i}")
+
+
+def test_a_warm_prefix_restores_the_delta_state(built, monkeypatch):
+    """Prefix caching: snapshots of the conv and delta states every 64 tokens (the 16-token
+    blocks' and the rule's 64-token chunks' common multiple), saved from inside the chunked
+    rule (a whole 153-token prompt in one step: its packed chunks' start states, the conv
+    inputs before them) or from the slots (16-token steps: boundaries at a chunk's end). A
+    prompt sharing 140 tokens then restores the one at 128 and computes the rest: transformers'
+    tokens and logits, 128 cached tokens; with the restore replaced by zeros, it does not."""
+    from pagoda.runtime.worker.mamba_state import MambaState
+
+    _, model, loaded, _ = built("qwen3.5")
+    shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
+    first, second = [*shared, 7, 8, 9], [*shared[:140], 21, 22]
+    want = hf_greedy_plain(model, second, NEW)
+    for budget in (256, 16):
+        llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+                  max_num_batched_tokens=budget, max_num_seqs=2, max_model_len=256)  # fmt: skip
+        generate(llm, [first])
+        hits = llm.engine.kv.prefix_hits
+        check(generate(llm, [second])[0], want, f"warm after {budget}-token steps")
+        assert llm.engine.kv.prefix_hits - hits == 128
+    restored = []
+
+    def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
+        restored.append(len(slots))
+        for conv, state in self.states.values():
+            conv.index_fill_(0, slots, 0)
+            state.index_fill_(0, slots, 0)
+
+    monkeypatch.setattr(MambaState, "restore", zeroed)
+    with pytest.raises(AssertionError):
+        check(generate(llm, [second])[0], want, "restore skipped")
+    assert restored == [1]
