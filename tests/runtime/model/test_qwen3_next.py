@@ -344,9 +344,9 @@ def test_two_ranks_match_transformers(built):
     and the two value heads it serves (their rows of the DeltaNet projection, conv channels, A,
     dt_bias and state slots; out_proj row-parallel), two of the four query heads with their
     gates and one KV head, the experts and the shared expert split by width; on the small pool
-    (16-token chunks, three prompts sharing steps, preempted and recomputed): transformers'
-    tokens and logits."""
-    path, _, loaded, reference = built("qwen3-next")
+    (16-token chunks, three prompts sharing steps, preempted and recomputed), then from each
+    rank's snapshots of its states on a warm prefix: transformers' tokens and logits."""
+    path, model, loaded, reference = built("qwen3-next")
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
         got = generate(two, prompts())
         core = two.engine
@@ -358,6 +358,15 @@ def test_two_ranks_match_transformers(built):
         core.check_integrity()
     for i, g in enumerate(got):
         check(g, reference[i], f"qwen3-next: prompt {i}, two ranks")
+    # prefix caching: each rank's snapshots of its heads' states, restored on a hit
+    first, second, want = _warm_prompts(model)
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
+             kv_cache_memory=16 << 20, block_size=16, max_num_batched_tokens=256,
+             max_num_seqs=2, max_model_len=256) as two:  # fmt: skip
+        generate(two, [first])
+        hits = two.engine.kv.prefix_hits
+        check(generate(two, [second])[0], want, "two ranks, warm")
+        assert two.engine.kv.prefix_hits - hits == 128
 
 
 def test_an_fp8_checkpoint_reads_dequantized(built, tmp_path):
@@ -398,6 +407,13 @@ def test_an_fp8_checkpoint_reads_dequantized(built, tmp_path):
         check(got, hf_greedy_plain(model.eval(), p, NEW), f"fp8 checkpoint: prompt {i}")
 
 
+def _warm_prompts(model):
+    """A 153-token prompt, one sharing its first 140 tokens, transformers' reference of it."""
+    shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
+    second = [*shared[:140], 21, 22]
+    return [*shared, 7, 8, 9], second, hf_greedy_plain(model, second, NEW)
+
+
 def test_a_warm_prefix_restores_the_delta_state(built, monkeypatch):
     """Prefix caching: snapshots of the conv and delta states every 64 tokens (the 16-token
     blocks' and the rule's 64-token chunks' common multiple), saved from inside the chunked
@@ -408,9 +424,7 @@ def test_a_warm_prefix_restores_the_delta_state(built, monkeypatch):
     from pagoda.runtime.worker.mamba_state import MambaState
 
     _, model, loaded, _ = built("qwen3.5")
-    shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
-    first, second = [*shared, 7, 8, 9], [*shared[:140], 21, 22]
-    want = hf_greedy_plain(model, second, NEW)
+    first, second, want = _warm_prompts(model)
     for budget in (256, 16):
         llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
                   max_num_batched_tokens=budget, max_num_seqs=2, max_model_len=256)  # fmt: skip
