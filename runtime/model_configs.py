@@ -192,13 +192,18 @@ class MambaConfig:
     # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread) or "mamba1" (Mamba-1's
     # selective scan, `model/mamba1.py`: n_heads 1, head_dim d_inner, A [d_inner, d_state], a
     # conv over d_inner channels; dt from a `dt_rank` projection, FalconMamba's weightless RMS
-    # norms on B, C and dt where `bcdt_eps` is set)
+    # norms on B, C and dt where `bcdt_eps` is set) or "gated_deltanet" (Qwen3-Next's and
+    # Qwen3.5's linear attention, `model/qwen3_next.py`: n_heads value heads of head_dim,
+    # n_groups key heads of d_state; a conv over q, k, v and a state [n_heads, d_state,
+    # head_dim] per sequence)
     mixer: str = "mamba2"
     dt_rank: int = 0
     bcdt_eps: float | None = None
+    # the attention layers' q_proj also gives an output gate per head (Qwen3-Next's)
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
-        if self.mixer not in ("mamba2", "short_conv", "mamba1"):
+        if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet"):
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -213,14 +218,16 @@ class MambaConfig:
     @property
     def snapshots(self) -> bool:
         """Whether prefix caching may keep snapshots of these layers' states
-        (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan saves them at its chunk
-        boundaries; LFM2's short conv and Mamba-1's scan do not (prefix caching off for them)."""
-        return self.mixer == "mamba2" and self.num_layers > 0
+        (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan and the Gated DeltaNet's
+        chunked rule save them at their chunk boundaries; LFM2's short conv and Mamba-1's scan
+        do not (prefix caching off for them)."""
+        return self.mixer in ("mamba2", "gated_deltanet") and self.num_layers > 0
 
     @property
     def conv_dim(self) -> int:
-        """The channels the causal conv runs over: x, B and C (a short conv's: d_inner)."""
-        if self.mixer != "mamba2":
+        """The channels the causal conv runs over: x, B and C (a short conv's: d_inner; Gated
+        DeltaNet's: q, k and v, shaped as x, B and C)."""
+        if self.mixer not in ("mamba2", "gated_deltanet"):
             return self.d_inner
         return self.d_inner + 2 * self.n_groups * self.d_state
 
@@ -230,6 +237,8 @@ class MambaConfig:
         short conv (no SSM state: an empty slot tensor, so the slot code needs no branch)."""
         if self.mixer == "short_conv":
             return (0,)
+        if self.mixer == "gated_deltanet":  # [value heads, key_dim, value_dim]
+            return (self.n_heads, self.d_state, self.head_dim)
         return (self.n_heads, self.head_dim, self.d_state)
 
     @property
@@ -270,6 +279,9 @@ class MambaConfig:
                 + d * (r + 1)
                 + d * (n + 1)
             )
+        if self.mixer == "gated_deltanet":  # q k v z b a, out_proj, the conv, norm, A_log, dt_bias
+            proj = (c + self.d_inner + 2 * self.n_heads) * hidden + hidden * self.d_inner
+            return proj + c * self.d_conv + self.head_dim + 2 * self.n_heads
         proj = (self.d_inner + c + self.n_heads) * hidden + hidden * self.d_inner
         return (
             proj

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import lfm2_config
+from pagoda.runtime.model import lfm2_config, qwen3_next_config
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
@@ -56,6 +56,7 @@ ARCHITECTURES = {
     "MambaForCausalLM": "mamba",  # Mamba-1 (model/mamba1.py)
     "FalconMambaForCausalLM": "falcon_mamba",  # Mamba-1 with norms on B, C and dt
     **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
+    **qwen3_next_config.ARCHITECTURES,  # Qwen3-Next, Qwen3.5: Gated DeltaNet (qwen3_next.py)
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -91,6 +92,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "hidden_act": "silu", "time_step_rank": "auto", "tie_word_embeddings": True,
         "mixer_rms_eps": 1e-6, "max_position_embeddings": 2048} for arch in ("mamba", "falcon_mamba")},
     **lfm2_config.DEFAULTS,
+    **qwen3_next_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
 _NEMOTRON_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
@@ -311,6 +313,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     the shared one (`shared_intermediate_size`), its experts' width goes to the family."""
     if arch in lfm2_config.DEFAULTS:
         return lfm2_config.overrides(cfg)
+    if arch in qwen3_next_config.DEFAULTS:
+        return qwen3_next_config.overrides(cfg, arch)
     if arch in ("mamba", "falcon_mamba"):  # no attention, no MLP: heads of 64 stand in
         heads = max(1, int(cfg["hidden_size"]) // 64)
         return {"num_attention_heads": heads, "num_key_value_heads": heads,
@@ -335,6 +339,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if arch in lfm2_config.DEFAULTS:
         return lfm2_config.family_fields(cfg, n)
+    if arch in qwen3_next_config.DEFAULTS:
+        return qwen3_next_config.family_fields(cfg, arch, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
     if arch == "granitemoehybrid":
         experts = int(cfg.get("num_local_experts") or 0)
@@ -393,6 +399,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     layer, checked as Llama's) and, for Granite 4.0, its MLP."""
     if c.architecture in lfm2_config.DEFAULTS:
         return lfm2_config.expected_shapes(c, i)
+    if c.architecture in qwen3_next_config.DEFAULTS:
+        return qwen3_next_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out: dict[str, tuple[int, ...]] = {}
     if m.mixer == "mamba1":  # Mamba-1's mixer

@@ -74,6 +74,9 @@ MODEL_CLASSES = {
     "falcon_mamba": ("mamba1", "MambaModel"),  # Mamba-1's, norms on B, C and dt
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
+    "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts
+    "qwen3_5": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's layers, a dense MLP
+    "qwen3_5_moe": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's, experts in every layer
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
