@@ -192,10 +192,11 @@ class MambaConfig:
     # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread) or "mamba1" (Mamba-1's
     # selective scan, `model/mamba1.py`: n_heads 1, head_dim d_inner, A [d_inner, d_state], a
     # conv over d_inner channels; dt from a `dt_rank` projection, FalconMamba's weightless RMS
-    # norms on B, C and dt where `bcdt_eps` is set)
+    # norms on B, C and dt where `bcdt_eps` is set, Jamba's with weights where `bcdt_weighted`)
     mixer: str = "mamba2"
     dt_rank: int = 0
     bcdt_eps: float | None = None
+    bcdt_weighted: bool = False
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1"):
@@ -261,10 +262,11 @@ class MambaConfig:
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
-            d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D
-            proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)
+            d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D (and
+            proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)  # Jamba's dt/B/C norms)
             return (
                 proj
+                + self.bcdt_weighted * (r + 2 * n)
                 + d * (self.d_conv + self.conv_bias)
                 + d * (r + 2 * n)
                 + d * (r + 1)

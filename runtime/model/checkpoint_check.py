@@ -115,7 +115,7 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
-        pre_ff = c.architecture in ("bamba", "falcon_h1")
+        pre_ff = c.architecture in ("bamba", "falcon_h1", "jamba")
         norm = "pre_ff_layernorm" if pre_ff else "post_attention_layernorm"
         out[f"{p}{norm}.weight"] = (h,)
     return out
@@ -130,7 +130,7 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
-    if c.architecture in ("bamba", "falcon_h1"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
         for old, new in _APERTUS_NORMS.items():
@@ -251,7 +251,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "falcon_mamba",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
-        if c.architecture in ("bamba", "falcon_h1"):
+        dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)
+        if c.architecture in ("bamba", "falcon_h1") or dense_jamba:
             p = f"model.layers.{i}.feed_forward."
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue

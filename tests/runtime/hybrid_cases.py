@@ -101,6 +101,15 @@ CASES = {
         "FalconMamba",
         dict(num_hidden_layers=2, state_size=8, use_conv_bias=False, mixer_rms_eps=1e-5),
     ),
+    # Jamba: attention (no rotary) on layers 1 and 3, Mamba-1 mixers with weighted dt/B/C norms
+    # and biased projections on 0 and 2; experts (top 2 of 4, not renormalised) on layers 0
+    # (Mamba) and 3 (attention), dense MLPs on 1 and 2
+    "jamba": (
+        "Jamba",
+        dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
+             expert_layer_period=3, expert_layer_offset=0, num_experts=4, num_experts_per_tok=2,
+             intermediate_size=48, mamba_d_state=8, mamba_proj_bias=True),
+    ),
 }  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's

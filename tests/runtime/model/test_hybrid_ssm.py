@@ -120,7 +120,9 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
     assert None in runs and any(r not in (None, "one") for r in runs)
 
 
-@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup", "mamba1"])
+@pytest.mark.parametrize(
+    "name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup", "mamba1", "jamba"]
+)
 def test_mixed_lengths_in_one_step(built, monkeypatch, name):
     """One step holds a decode row (a one-token prompt), a long prompt (5 of the scan's
     8-token chunks) and short ones (1 to 11 tokens) in the packed layout, each sequence in
