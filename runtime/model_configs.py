@@ -1,6 +1,6 @@
 """The frozen sub-configs a model family adds to `FamilyConfig` (runtime/model_config.py):
 DeepSeek's latent attention, the expert routers, Llama 4's attention, Falcon-H1's scales,
-Nemotron-H's experts and the Mamba2 mixers of the hybrid models. Validated in ``__post_init__``
+Nemotron-H's experts, the Mamba2 mixers of the hybrid models and Zamba2's shared blocks. Validated in ``__post_init__``
 like the rest.
 """
 
@@ -160,6 +160,28 @@ class NemotronHExperts:
 
 
 @dataclass(frozen=True)
+class Zamba2Blocks:
+    """Zamba2's shared transformer blocks (`model/zamba2.py`): `blocks` of them (attention over
+    the concatenated [stream, embeddings], then a gated MLP), reused in turn by the hybrid
+    layers `hybrid` marks, each use with LoRA adapters of rank `adapter_rank` of its own on the
+    MLP's gate_up (and on q, k and v where `attention_adapters`), then a linear of its own."""
+
+    hybrid: tuple[bool, ...]  # per layer: True = a shared block before the Mamba2 mixer
+    blocks: int
+    adapter_rank: int
+    attention_adapters: bool
+
+    def __post_init__(self) -> None:
+        _positive("num_mem_blocks", self.blocks)
+        _positive("adapter_rank", self.adapter_rank)
+
+    def block(self, layer: int) -> tuple[int, int]:
+        """(the shared block, the use's index among the hybrid layers) of hybrid layer `layer`."""
+        use = sum(self.hybrid[:layer])
+        return use % self.blocks, use
+
+
+@dataclass(frozen=True)
 class MambaConfig:
     """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
     `layers` marks run one in place of attention, each keeping a recurrent state per sequence
@@ -197,6 +219,8 @@ class MambaConfig:
     dt_rank: int = 0
     bcdt_eps: float | None = None
     bcdt_weighted: bool = False
+    # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some
+    zamba2: Zamba2Blocks | None = None
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1"):
@@ -241,6 +265,8 @@ class MambaConfig:
         """Whether `layer` attends (keeps a KV cache)."""
         if self.parallel_attention:
             return True
+        if self.zamba2 is not None:  # the hybrid layers: a shared block's use attends
+            return self.zamba2.hybrid[layer]
         moe = self.moe is not None and self.moe.layers[layer]
         return (
             not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer]) and not moe

@@ -109,6 +109,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
     h, p = c.hidden_size, f"model.layers.{i}."
     out = mamba_config.expected_shapes(c, i)
+    if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
+        return out
     if c.family.mamba.attention(i):
         q, kv, a = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, p + "self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
@@ -130,7 +132,7 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
-    if c.architecture in ("bamba", "falcon_h1", "jamba"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
         for old, new in _APERTUS_NORMS.items():
@@ -249,6 +251,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba2",
             "mamba",
             "falcon_mamba",
+            "zamba2",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)

@@ -29,6 +29,7 @@ model so that reading a config imports no layer code.
   RMSNorms with weights on dt, B and C) elsewhere; every layer's MLP behind `pre_ff_layernorm`,
   Mixtral-style experts every `expert_layer_period`-th from `expert_layer_offset` (softmax
   top-k, not renormalised), a dense `feed_forward` elsewhere.
+- Zamba2 (`Zamba2ForCausalLM`): `zamba2_config.py`.
 - Falcon-H1 (`FalconH1ForCausalLM`): attention and a Mamba2 mixer side by side in every layer
   (`mamba_d_ssm` wide, its output norm optional: `mamba_rms_norm`, normalised before the gate),
   then Llama's MLP after `pre_ff_layernorm`; µP multipliers on the embedding, the keys, the
@@ -44,7 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import lfm2_config
+from pagoda.runtime.model import lfm2_config, zamba2_config
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
@@ -62,6 +63,7 @@ ARCHITECTURES = {
     "FalconMambaForCausalLM": "falcon_mamba",  # Mamba-1 with norms on B, C and dt
     "JambaForCausalLM": "jamba",  # Mamba-1 layers among attention layers, experts (jamba.py)
     **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
+    **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -104,6 +106,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
               "mamba_dt_rank": "auto", "mamba_conv_bias": True, "mamba_proj_bias": False},
     **lfm2_config.DEFAULTS,
+    **zamba2_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
 _NEMOTRON_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
@@ -359,6 +362,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     the shared one (`shared_intermediate_size`), its experts' width goes to the family."""
     if arch in lfm2_config.DEFAULTS:
         return lfm2_config.overrides(cfg)
+    if arch == "zamba2":
+        return zamba2_config.overrides(cfg)
     if arch in ("mamba", "falcon_mamba"):  # no attention, no MLP: heads of 64 stand in
         heads = max(1, int(cfg["hidden_size"]) // 64)
         return {"num_attention_heads": heads, "num_key_value_heads": heads,
@@ -383,6 +388,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if arch in lfm2_config.DEFAULTS:
         return lfm2_config.family_fields(cfg, n)
+    if arch == "zamba2":
+        return zamba2_config.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
     if arch == "granitemoehybrid":
         experts = int(cfg.get("num_local_experts") or 0)
@@ -449,6 +456,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     layer, checked as Llama's) and, for Granite 4.0, its MLP."""
     if c.architecture in lfm2_config.DEFAULTS:
         return lfm2_config.expected_shapes(c, i)
+    if c.architecture == "zamba2":
+        return zamba2_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out: dict[str, tuple[int, ...]] = {}
     if m.mixer == "mamba1":  # Mamba-1's mixer (Jamba's: on its Mamba layers; its router)

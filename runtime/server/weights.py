@@ -375,6 +375,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         tensors = _gpt_oss_as_held(tensors, mc)
     if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
         tensors = dict(_llama4_experts(t) for t in tensors.values())
+    if mc.architecture == "zamba2":  # a use's q/k/v adapters, as the Linears they become
+        tensors = _zamba2_as_held(tensors)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -483,6 +485,29 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
         shape = (e, 2 * n, h) if which == "gate_up_proj" else (e, h, n)
         new = f"{prefix}{which}.weight"
         out[new] = Stored(new, _HELD, shape, t.nbytes)
+    return out
+
+
+_ZAMBA2_ADAPTER = re.compile(r"^(.+\.self_attn\.)linear_[qkv]_adapter_list\.(\d+)\.([01])\.weight$")
+
+
+def _zamba2_as_held(tensors: dict[str, Stored]) -> dict[str, Stored]:
+    """Zamba2's q/k/v adapters of one use as the engine holds them
+    (`zamba2.SharedBlock.adapter`): the three A stacked [3r, 2h], the three B as one
+    block-diagonal [3 x 2h, 3r]."""
+    out: dict[str, Stored] = {}
+    for name, t in tensors.items():
+        m = _ZAMBA2_ADAPTER.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, use, part = m.groups()
+        new = f"{prefix}lora_qkv.{use}.{part}.weight"
+        held = out.get(new)
+        shape = t.shape
+        if held is not None:  # A's rows stacked; B's rows and columns
+            shape = (held.shape[0] + t.shape[0], t.shape[1] + (held.shape[1] if part == "1" else 0))
+        out[new] = Stored(new, t.kind, shape, t.nbytes + (held.nbytes if held else 0))
     return out
 
 

@@ -121,7 +121,7 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
 
 
 @pytest.mark.parametrize(
-    "name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup", "mamba1", "jamba"]
+    "name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup", "mamba1", "jamba", "zamba2"]
 )
 def test_mixed_lengths_in_one_step(built, monkeypatch, name):
     """One step holds a decode row (a one-token prompt), a long prompt (5 of the scan's
