@@ -375,8 +375,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         tensors = _gpt_oss_as_held(tensors, mc)
     if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
         tensors = dict(_llama4_experts(t) for t in tensors.values())
-    if mc.architecture == "zamba2":  # a use's q/k/v adapters, as the Linears they become
-        tensors = _zamba2_as_held(tensors)
+    if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
+        tensors = _zamba2_as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -491,12 +491,19 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 _ZAMBA2_ADAPTER = re.compile(r"^(.+\.self_attn\.)linear_[qkv]_adapter_list\.(\d+)\.([01])\.weight$")
 
 
-def _zamba2_as_held(tensors: dict[str, Stored]) -> dict[str, Stored]:
-    """Zamba2's q/k/v adapters of one use as the engine holds them
-    (`zamba2.SharedBlock.adapter`): the three A stacked [3r, 2h], the three B as one
-    block-diagonal [3 x 2h, 3r]."""
+def _zamba2_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Zamba2's shared blocks as the engine holds them (`model/zamba2.py`): read from each
+    block's first use (a copy a later hybrid layer holds is not read, as transformers ties it),
+    a use's q/k/v adapters as one `Linear` each way (the three A stacked [3r, 2h], the three B
+    one block-diagonal [3 x 2h, 3r])."""
+    from pagoda.runtime.model.zamba2_config import block_prefix
+
+    z = mc.family.mamba.zamba2
+    read = tuple(block_prefix(mc, b) for b in range(min(z.blocks, sum(z.hybrid))))
     out: dict[str, Stored] = {}
     for name, t in tensors.items():
+        if ".shared_transformer." in name and not name.startswith(read):
+            continue
         m = _ZAMBA2_ADAPTER.match(name)
         if m is None:
             out[name] = t

@@ -110,3 +110,22 @@ def test_zamba2_1_2b_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**SMALL, "use_long_context": True}))
     with pytest.raises(ValueError, match=r"use_long_context .* is not supported"):
         read_model_config(str(tmp_path))
+
+
+def test_zamba2_copies_under_later_uses_are_not_read(built, tmp_path):
+    """A checkpoint that also holds block 0's tensors under its later use's layer (4), as
+    exported ones may: the engine reads the first use's (transformers ties the later uses to
+    it), and the weights estimate counts them once."""
+    from model_bytes import check_estimate
+    from safetensors.torch import load_file, save_file
+
+    path = built("zamba2")[0]
+    tensors = load_file(str(path / "model.safetensors"))
+    first = "model.layers.1.shared_transformer."
+    copies = {k.replace(first, "model.layers.4.shared_transformer."): v.clone()
+              for k, v in tensors.items() if k.startswith(first)}  # fmt: skip
+    save_file({**tensors, **copies}, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    for f in path.iterdir():
+        if f.name != "model.safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    check_estimate(tmp_path, rel=0.02)
