@@ -121,6 +121,14 @@ CASES = {
              n_mamba_heads=4, mamba_d_state=16, mamba_ngroups=2, chunk_size=8,
              intermediate_size=96, add_bias_linear=True),
     ),
+    # Zamba2 as Zamba2-1.2B: one block used by two hybrid layers (the first layer one), adapters
+    # on the MLP only, grouped-query attention without rotary
+    "zamba2-one-block": (
+        "Zamba2",
+        dict(num_hidden_layers=3, layers_block_type=["hybrid", "mamba", "hybrid"],
+             num_attention_heads=4, num_key_value_heads=2, adapter_rank=8, n_mamba_heads=4,
+             mamba_d_state=16, chunk_size=8, intermediate_size=96),
+    ),
 }  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from arch_cases import built_fixture
 from hf_oracle import make_tiny_model
 from hybrid_cases import CASES
 
@@ -27,12 +26,17 @@ MINI = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "attn_laye
         "tie_word_embeddings": False, "use_mamba_kernels": True, "vocab_size": 65536}  # fmt: skip
 
 
-def _make(name: str, path):
-    arch, overrides = CASES[name]
-    return make_tiny_model(path, arch, **overrides)
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The "jamba" case's checkpoint written once (no reference tokens: these tests read its
+    shapes and weights): name -> (path, None, loaded checkpoint, None)."""
+    from pagoda.runtime.model.loader import load_model
 
-
-built = built_fixture(_make)
+    path = tmp_path_factory.mktemp("jamba")
+    arch, overrides = CASES["jamba"]
+    make_tiny_model(path, arch, **overrides)
+    loaded = load_model(str(path))
+    return lambda _name: (path, None, loaded, None)
 
 
 def test_jamba_estimates_and_refusals(built):

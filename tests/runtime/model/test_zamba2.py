@@ -12,7 +12,6 @@ import re
 
 import pytest
 import torch
-from arch_cases import built_fixture
 from hf_oracle import make_tiny_model
 from hybrid_cases import CASES
 
@@ -33,12 +32,17 @@ SMALL = {"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "adapte
          "vocab_size": 32000}  # fmt: skip
 
 
-def _make(name: str, path):
-    arch, overrides = CASES[name]
-    return make_tiny_model(path, arch, **overrides)
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The "zamba2" case's checkpoint written once (no reference tokens: these tests read its
+    shapes and weights): name -> (path, None, loaded checkpoint, None)."""
+    from pagoda.runtime.model.loader import load_model
 
-
-built = built_fixture(_make)
+    path = tmp_path_factory.mktemp("zamba2")
+    arch, overrides = CASES["zamba2"]
+    make_tiny_model(path, arch, **overrides)
+    loaded = load_model(str(path))
+    return lambda _name: (path, None, loaded, None)
 
 
 def test_zamba2_blocks_estimates_and_refusals(built):
