@@ -1,7 +1,7 @@
 """The frozen sub-configs a model family adds to `FamilyConfig` (runtime/model_config.py):
 DeepSeek's latent attention, the expert routers, Llama 4's attention, Falcon-H1's scales,
-Nemotron-H's experts, the Mamba2 mixers of the hybrid models and Zamba2's shared blocks. Validated in ``__post_init__``
-like the rest.
+Nemotron-H's experts, the Mamba2 mixers of the hybrid models and Zamba2's shared blocks.
+Validated in ``__post_init__`` like the rest.
 """
 
 from __future__ import annotations
