@@ -111,6 +111,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     from pagoda.runtime.model import mamba_config
 
     h, p = c.hidden_size, f"model.layers.{i}."
+    if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
+        return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i):
         q, kv, a = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, p + "self_attn."
@@ -119,7 +121,7 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
     out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
-        pre_ff = c.architecture in ("bamba", "falcon_h1")
+        pre_ff = c.architecture in ("bamba", "falcon_h1", "jamba")
         norm = "pre_ff_layernorm" if pre_ff else "post_attention_layernorm"
         out[f"{p}{norm}.weight"] = (h,)
     return out
@@ -134,7 +136,7 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
-    if c.architecture in ("bamba", "falcon_h1"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
         for old, new in _APERTUS_NORMS.items():
@@ -255,9 +257,11 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba2",
             "mamba",
             "falcon_mamba",
+            "zamba2",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
-        if c.architecture in ("bamba", "falcon_h1"):
+        dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)
+        if c.architecture in ("bamba", "falcon_h1") or dense_jamba:
             p = f"model.layers.{i}.feed_forward."
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue

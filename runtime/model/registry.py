@@ -72,6 +72,8 @@ MODEL_CLASSES = {
     "mamba2": ("nemotron_h", "Mamba2Model"),  # Mamba2 blocks alone (no attention, no MLP)
     "mamba": ("mamba1", "MambaModel"),  # Mamba-1 blocks alone (selective scan)
     "falcon_mamba": ("mamba1", "MambaModel"),  # Mamba-1's, norms on B, C and dt
+    "jamba": ("jamba", "JambaModel"),  # Mamba-1 and attention layers, experts every other
+    "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts

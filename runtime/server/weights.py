@@ -393,6 +393,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         renamed = stacked_experts(tensors)
         tensors = {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
                    for n, t in tensors.items()}  # fmt: skip
+    if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
+        tensors = _zamba2_as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -508,6 +510,36 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
         shape = (e, 2 * n, h) if which == "gate_up_proj" else (e, h, n)
         new = f"{prefix}{which}.weight"
         out[new] = Stored(new, _HELD, shape, t.nbytes)
+    return out
+
+
+_ZAMBA2_ADAPTER = re.compile(r"^(.+\.self_attn\.)linear_[qkv]_adapter_list\.(\d+)\.([01])\.weight$")
+
+
+def _zamba2_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Zamba2's shared blocks as the engine holds them (`model/zamba2.py`): read from each
+    block's first use (a copy a later hybrid layer holds is not read, as transformers ties it),
+    a use's q/k/v adapters as one `Linear` each way (the three A stacked [3r, 2h], the three B
+    one block-diagonal [3 x 2h, 3r])."""
+    from pagoda.runtime.model.zamba2_config import block_prefix
+
+    z = mc.family.mamba.zamba2
+    read = tuple(block_prefix(mc, b) for b in range(min(z.blocks, sum(z.hybrid))))
+    out: dict[str, Stored] = {}
+    for name, t in tensors.items():
+        if ".shared_transformer." in name and not name.startswith(read):
+            continue
+        m = _ZAMBA2_ADAPTER.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, use, part = m.groups()
+        new = f"{prefix}lora_qkv.{use}.{part}.weight"
+        held = out.get(new)
+        shape = t.shape
+        if held is not None:  # A's rows stacked; B's rows and columns
+            shape = (held.shape[0] + t.shape[0], t.shape[1] + (held.shape[1] if part == "1" else 0))
+        out[new] = Stored(new, t.kind, shape, t.nbytes + (held.nbytes if held else 0))
     return out
 
 
