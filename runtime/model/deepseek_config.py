@@ -1,6 +1,12 @@
 """DeepSeek-V2/V3's config.json as transformers reads it: `ModelConfig`'s head size and the
 `FamilyConfig` fields of latent attention and DeepSeek's experts (model/deepseek.py runs them).
-Kept apart from the model so that reading a config imports no layer code."""
+Kept apart from the model so that reading a config imports no layer code.
+
+GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`, glm4_moe_lite) is DeepSeek-V3 as transformers builds
+it (`DeepseekV3Attention`, GLM-4.5's router: V3's noaux_tc with sigmoid scores and the
+correction bias) with its own defaults and its MLP kinds per layer from ``mlp_layer_types``
+(transformers reads no ``first_k_dense_replace`` for it: by default the first layer dense, the
+rest experts)."""
 
 from __future__ import annotations
 
@@ -11,7 +17,12 @@ from typing import Any
 from pagoda.runtime.model.ops import rope_kind
 from pagoda.runtime.model_configs import ExpertRouting, MlaConfig
 
-ARCHITECTURES = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
+ARCHITECTURES = {
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash
+}
+V3_ROUTER = ("deepseek_v3", "glm4_moe_lite")  # noaux_tc, sigmoid scores, correction bias
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
 DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
@@ -23,6 +34,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                     "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 8,
                     "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
                     "norm_topk_prob": True, "routed_scaling_factor": 2.5},
+    "glm4_moe_lite": {"q_lora_rank": 768, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
+                      "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 64,
+                      "n_shared_experts": 1, "moe_intermediate_size": 1536, "n_group": 1,
+                      "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
+                      "routed_scaling_factor": 1.8, "rms_norm_eps": 1e-5},
 }  # fmt: skip
 NULLABLE = ("q_lora_rank",)  # null: q_proj (V2-Lite), not the default bottleneck
 
@@ -49,6 +65,20 @@ def head_dim(cfg: Mapping[str, Any], arch: str) -> int:
     return mla_config(cfg, arch).cache_width
 
 
+def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
+    """Which layers have experts: ``mlp_layer_types`` ("dense" / "sparse") where transformers
+    reads it (GLM-4.7-Flash; by default its first layer dense), else the first
+    ``first_k_dense_replace`` layers dense."""
+    if arch != "glm4_moe_lite":
+        dense = int(cfg.get("first_k_dense_replace") or 0)
+        return tuple(i >= dense for i in range(n))
+    kinds = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
+    if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
+        raise ValueError(f"mlp_layer_types must name 'dense' or 'sparse' for each of the {n} "
+                         f"layers, got {kinds}")  # fmt: skip
+    return tuple(k == "sparse" for k in kinds)
+
+
 def family_fields(
     cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None
 ) -> dict[str, Any]:
@@ -68,7 +98,7 @@ def family_fields(
     if int(cfg.get("moe_layer_freq") or 1) != 1:  # transformers ignores it; no checkpoint sets it
         raise ValueError(f"moe_layer_freq {cfg['moe_layer_freq']} is not supported (experts "
                          "in every layer from first_k_dense_replace on: 1)")  # fmt: skip
-    v3 = arch == "deepseek_v3"
+    v3 = arch in V3_ROUTER
     method = "noaux_tc" if v3 else str(cfg.get("topk_method") or "greedy")
     scoring = "sigmoid" if v3 else "softmax"
     for key, want in (("topk_method", method), ("scoring_func", scoring)):
@@ -88,7 +118,6 @@ def family_fields(
     if method == "noaux_tc" and experts // groups < 2:
         raise ValueError(f"noaux_tc scores a group by its best two experts: n_group {groups} "
                          f"leaves {experts // groups} of {experts} per group")  # fmt: skip
-    dense = int(cfg.get("first_k_dense_replace") or 0)
     moe_width = int(cfg["moe_intermediate_size"])
     return {
         **fields,
@@ -98,6 +127,6 @@ def family_fields(
         "moe_intermediate_size": moe_width,
         # transformers' V2 router never renormalises (DeepSeek's own code did, with the flag)
         "norm_topk_prob": v3 and bool(cfg.get("norm_topk_prob", True)),
-        "moe_layers": tuple(i >= dense for i in range(n)),
+        "moe_layers": moe_layers(cfg, arch, n),
         "shared_expert_intermediate_size": moe_width * int(cfg.get("n_shared_experts") or 0),
     }

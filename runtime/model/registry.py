@@ -37,6 +37,7 @@ MODEL_CLASSES = {
     "cohere2": ("cohere", "CohereModel"),  # Llama's, some layers without rotary (rope_layers)
     "deepseek_v2": ("deepseek", "DeepseekModel"),
     "deepseek_v3": ("deepseek", "DeepseekModel"),
+    "glm4_moe_lite": ("deepseek", "DeepseekModel"),  # GLM-4.7-Flash: DeepSeek-V3's layers
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
