@@ -6,7 +6,15 @@ GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`, glm4_moe_lite) is DeepSeek-V3 as transf
 it (`DeepseekV3Attention`, GLM-4.5's router: V3's noaux_tc with sigmoid scores and the
 correction bias) with its own defaults and its MLP kinds per layer from ``mlp_layer_types``
 (transformers reads no ``first_k_dense_replace`` for it: by default the first layer dense, the
-rest experts)."""
+rest experts).
+
+DeepSeek-V3.2 (`DeepseekV32ForCausalLM`) and GLM-5 (`GlmMoeDsaForCausalLM`) are V3 with a
+lightning indexer in every attention layer (`model_configs.IndexerConfig`, model/dsa.py): the
+main rotary always interleaved, the indexer's rotate-half (V3.2) or interleaved (GLM-5), MLP
+kinds from ``mlp_layer_types`` (by default the first ``first_k_dense_replace`` dense) and
+GLM-5's per-layer ``indexer_types`` ("full" or "shared"; by default from
+``index_topk_pattern`` or ``index_topk_freq`` / ``index_skip_topk_offset``, as transformers
+derives them)."""
 
 from __future__ import annotations
 
@@ -15,14 +23,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.model.ops import rope_kind
-from pagoda.runtime.model_configs import ExpertRouting, MlaConfig
+from pagoda.runtime.model_configs import ExpertRouting, IndexerConfig, MlaConfig
 
 ARCHITECTURES = {
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash
+    "DeepseekV32ForCausalLM": "deepseek_v32",  # DeepSeek Sparse Attention (model/dsa.py)
+    "GlmMoeDsaForCausalLM": "glm_moe_dsa",  # GLM-5: V3.2's, its indexer shared across layers
 }
-V3_ROUTER = ("deepseek_v3", "glm4_moe_lite")  # noaux_tc, sigmoid scores, correction bias
+DSA = ("deepseek_v32", "glm_moe_dsa")
+# noaux_tc, sigmoid scores, correction bias
+V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", *DSA)
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
 DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
@@ -39,6 +51,18 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                       "n_shared_experts": 1, "moe_intermediate_size": 1536, "n_group": 1,
                       "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
                       "routed_scaling_factor": 1.8, "rms_norm_eps": 1e-5},
+    "deepseek_v32": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                     "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
+                     "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 8,
+                     "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+                     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6,
+                     "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64},
+    "glm_moe_dsa": {"q_lora_rank": 2048, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
+                    "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 256,
+                    "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 1,
+                    "topk_group": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+                    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-5,
+                    "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32},
 }  # fmt: skip
 NULLABLE = ("q_lora_rank",)  # null: q_proj (V2-Lite), not the default bottleneck
 
@@ -48,15 +72,45 @@ def yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
+    """The lightning indexer of a V3.2 / GLM-5 config (None for the others)."""
+    if arch not in DSA:
+        return None
+    n = int(cfg["num_hidden_layers"])
+    kinds = cfg.get("indexer_types") if arch == "glm_moe_dsa" else None
+    pattern = cfg.get("index_topk_pattern") if arch == "glm_moe_dsa" else None
+    if kinds is None and pattern is not None:  # transformers' GlmMoeDsaConfig, as it reads them
+        letters = {"F": "full", "S": "shared"}
+        kinds = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
+    elif kinds is None:
+        freq = max(int(cfg.get("index_topk_freq", 1)), 1) if arch == "glm_moe_dsa" else 1
+        offset = int(cfg.get("index_skip_topk_offset", 2))
+        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    if len(kinds) != n or set(kinds) - {"full", "shared"}:
+        raise ValueError(f"indexer_types must name 'full' or 'shared' for each of the {n} "
+                         f"layers, got {kinds}")  # fmt: skip
+    return IndexerConfig(
+        n_heads=int(cfg["index_n_heads"]),
+        head_dim=int(cfg["index_head_dim"]),
+        topk=int(cfg["index_topk"]),
+        rope_interleave=arch == "glm_moe_dsa",  # V3.2's indexer: rotate-half
+        full_layers=tuple(k == "full" for k in kinds),
+    )
+
+
 def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
     q_lora = cfg.get("q_lora_rank")
+    if arch in DSA and q_lora is None:  # transformers' V3.2 attention always has the bottleneck
+        raise ValueError(f"{arch} needs q_lora_rank (its indexer reads the q bottleneck)")
     return MlaConfig(
         kv_lora_rank=int(cfg["kv_lora_rank"]),
         qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
         qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
         v_head_dim=int(cfg["v_head_dim"]),
         q_lora_rank=None if q_lora is None else int(q_lora),
-        rope_interleave=arch == "deepseek_v2" or bool(cfg.get("rope_interleave", True)),
+        # V2's complex rotary and V3.2's / GLM-5's (their configs have no such key) interleave
+        rope_interleave=arch in ("deepseek_v2", *DSA) or bool(cfg.get("rope_interleave", True)),
+        indexer=indexer_config(cfg, arch),
     )
 
 
@@ -67,12 +121,13 @@ def head_dim(cfg: Mapping[str, Any], arch: str) -> int:
 
 def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
     """Which layers have experts: ``mlp_layer_types`` ("dense" / "sparse") where transformers
-    reads it (GLM-4.7-Flash; by default its first layer dense), else the first
+    reads it (GLM-4.7-Flash: by default its first layer dense; V3.2, GLM-5), else the first
     ``first_k_dense_replace`` layers dense."""
-    if arch != "glm4_moe_lite":
-        dense = int(cfg.get("first_k_dense_replace") or 0)
+    kinds = cfg.get("mlp_layer_types")
+    if arch not in ("glm4_moe_lite", *DSA) or (kinds is None and arch in DSA):
+        dense = min(int(cfg.get("first_k_dense_replace") or 0), n)
         return tuple(i >= dense for i in range(n))
-    kinds = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
+    kinds = kinds or ["dense"] + ["sparse"] * (n - 1)
     if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
         raise ValueError(f"mlp_layer_types must name 'dense' or 'sparse' for each of the {n} "
                          f"layers, got {kinds}")  # fmt: skip

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.model_config import indexer_params
 from pagoda.runtime.server.placement import Placement, packed_bytes, packed_shape, placement
 from pagoda.runtime.server.stored import ITEM_BYTES, Checkpoint, Stored
 
@@ -214,6 +215,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     absorbed = 0.0  # latent attention's W_UK and W_UV, dense in the dtype whatever runs in FP8
     if f.mla is not None:
         absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
+        absorbed += indexer_params(h, f.mla) * item  # (DeepSeek Sparse Attention: one rank)
     mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
         # every rank: split by input columns, their scales replicated)
