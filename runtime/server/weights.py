@@ -215,7 +215,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     absorbed = 0.0  # latent attention's W_UK and W_UV, dense in the dtype whatever runs in FP8
     if f.mla is not None:
         absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
-        absorbed += indexer_params(h, f.mla) * item  # (DeepSeek Sparse Attention: one rank)
+        ix = f.mla.indexer  # DeepSeek Sparse Attention's (tensor parallelism refused)
+        if ix is not None:  # weights_proj in float32
+            proj = sum(ix.full_layers) * ix.n_heads * h
+            absorbed += (indexer_params(h, f.mla) - proj) * item + proj * 4
     mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
         # every rank: split by input columns, their scales replicated)
@@ -422,6 +425,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
     float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"
     if float32_router and _FLOAT32_ROUTER.search(name):
+        return _float32_router(t, p)
+    if name.endswith("indexer.weights_proj.weight"):  # DeepSeek Sparse Attention's, float32
         return _float32_router(t, p)
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)

@@ -163,3 +163,30 @@ def test_published_configs_read_as_transformers_reads_them(tmp_path, changes):
     assert (ours.num_kv_heads, ours.head_dim) == (1, 512 + 64 + 128)
     mscale = 0.1 * 1.0 * torch.log(torch.tensor(40.0)).item() + 1.0
     assert f.attention_multiplier == pytest.approx(192**-0.5 * mscale**2)
+
+
+def test_a_block_wise_fp8_release_loads_dequantized(built, tmp_path):
+    """DeepSeek-V3.2's FP8 release format: the decoder's projections, the indexer's wq_b and wk
+    among them, in E4M3 with a float32 `weight_scale_inv` per 32 x 32 tile (partial at the
+    edges), weights_proj and the router in 16/32 bits: it loads dequantized and gives
+    transformers' tokens and logits on the dequantized weights, sparse steps included."""
+    from arch_cases import check, generate
+    from fp8_testlib import write_blocks_of
+    from hf_oracle import hf_greedy_plain
+    from pagoda.runtime import LLM
+    from pagoda.runtime.model.loader import load_model
+
+    path = built("v32-top8")[0]
+    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+          "weight_block_size": [32, 32]}  # fmt: skip
+    fp8 = ("proj.weight", "proj_with_mqa.weight", "wq_b.weight", "wk.weight")
+    write_blocks_of(path, tmp_path, qc, (32, 32),
+                    lambda n: n.endswith(fp8) and "weights_proj" not in n)  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
+    reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
+    loaded = load_model(str(tmp_path / "fp8"))
+    assert loaded.fp8_scheme.block == (32, 32)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4, block_size=16)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"FP8 V3.2: prompt {i}")
