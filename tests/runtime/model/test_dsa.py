@@ -190,3 +190,26 @@ def test_a_block_wise_fp8_release_loads_dequantized(built, tmp_path):
               max_num_batched_tokens=16, max_num_seqs=4, block_size=16)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
         check(got, want, f"FP8 V3.2: prompt {i}")
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [({"indexer_types": ["full", "full", "full"]},
+      r"missing tensor 'model.layers.1.self_attn.indexer.wq_b.weight'"),
+     ({"index_head_dim": 16}, r"indexer.wq_b.weight is \[512, 24\], .* needs \[256, 24\]")],
+)  # fmt: skip
+def test_indexer_weights_the_config_does_not_match_are_refused_in_one_line(
+    built, tmp_path, change, match
+):
+    """GLM-5's checkpoint read with a layer made 'full' that has no indexer (its shared layer),
+    or another index_head_dim: one line naming the tensor."""
+    from pagoda.runtime.model.loader import read_model_config
+
+    path = built("glm5-top24")[0]
+    for f in path.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ValueError, match=match) as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)
