@@ -85,9 +85,6 @@ def check(config: ModelConfig, size: int) -> None:
     if size == 1:
         return
     f = config.family
-    if f.mla is not None and f.mla.indexer is not None:  # (model/dsa.py: not split)
-        raise ValueError(f"--tensor-parallel-size {size} is not supported for a "
-                         f"{config.architecture} model (DeepSeek Sparse Attention)")  # fmt: skip
     if f.mamba is not None and f.mamba.mixer != "mamba2":  # (LFM2's, Mamba-1's: not split)
         raise ValueError(mamba_problem(f.mamba, size))
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))

@@ -35,8 +35,12 @@ The row writes go straight into the cache (its rows are ``view(-1, W)`` in every
 layout: one KV head), which is why a DSA model takes the model's dtype for its cache.
 GLM-5's "shared" layers (`IndexerConfig.full_layers`) reuse the previous full layer's slots.
 
-Not supported (refused in one line): tensor parallelism (`distributed/layout.py`),
-``--quantization fp8`` and FP8/int8 KV caches (`engine/core.check_dtype`); CUDA graphs are off
+**Tensor parallelism** splits the heads as DeepSeek-V3's (`deepseek.py`); the indexer is whole
+on every rank (its projections replicated, its keys in each rank's whole latent row), so every
+rank keeps the same tokens.
+
+Not supported (refused in one line): ``--quantization fp8`` and FP8/int8 KV caches
+(`engine/core.check_dtype`); CUDA graphs are off
 for these models (the step's dense or sparse path is chosen on the host). A step's path is
 chosen by its longest sequence, so a short sequence's bits may differ with the batch it is in
 (the same tokens are kept either way; the dense and sparse paths round differently).

@@ -215,7 +215,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     absorbed = 0.0  # latent attention's W_UK and W_UV, dense in the dtype whatever runs in FP8
     if f.mla is not None:
         absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
-        ix = f.mla.indexer  # DeepSeek Sparse Attention's (tensor parallelism refused)
+        ix = f.mla.indexer  # DeepSeek Sparse Attention's, whole on every rank
         if ix is not None:  # weights_proj in float32
             proj = sum(ix.full_layers) * ix.n_heads * h
             absorbed += (indexer_params(h, f.mla) - proj) * item + proj * 4

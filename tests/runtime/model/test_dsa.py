@@ -12,8 +12,9 @@ to preempt.
   sequence past 24 tokens), then the 53- and 48-token prompts' later chunks sparsely, and the
   23-token prompt crosses 24 while decoding.
 
-Also: the cache row (latent, rotary key, indexer key), the refusals (tensor parallelism,
-``--quantization fp8``, FP8 KV cache) and the published configs read as transformers reads them.
+Also: two tensor-parallel ranks, the cache row (latent, rotary key, indexer key), the refusals
+(``--quantization fp8``, int8/FP8 KV caches), the block-wise FP8 release format and the
+published configs read as transformers reads them.
 """
 
 from __future__ import annotations
@@ -94,18 +95,25 @@ def test_the_cache_row_holds_the_indexer_key(built):
     assert memory.kv_bytes_per_token(mc, torch.float32, "auto") == mc.num_layers * row * 4
 
 
+@pytest.mark.slow  # two engines, one of two ranks (gloo): ~10 s
+def test_two_tensor_parallel_ranks_give_transformers_tokens(built):
+    """GLM-5's case over two ranks (heads split as DeepSeek-V3's; the indexer, its keys and the
+    latent row whole on every rank, so each rank keeps the same tokens), chunked, preempted and
+    on a warm cache: transformers' tokens and logits."""
+    from arch_cases import check_two_ranks
+
+    path, _, loaded, reference = built("glm5-top24")
+    check_two_ranks(path, loaded, reference, "glm5-top24")
+
+
 def test_what_is_not_supported_is_refused_in_one_line(built):
-    """Tensor parallelism, --quantization fp8 (where a GPU would take it) and an int8 KV cache:
-    one ValueError each."""
+    """--quantization fp8 (where a GPU would take it) and an int8 KV cache: one ValueError
+    each."""
     from pagoda.runtime.config import CacheConfig, EngineConfig
-    from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.core import check_dtype
 
     _, _, loaded, _ = built("v32-top8")
     mc = loaded.config
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2 is not supported for a "
-                                         "deepseek_v32 model"):  # fmt: skip
-        check(mc, 2)
     fp8 = EngineConfig(model="m")
     object.__setattr__(fp8, "quantization", "fp8")  # (a CPU config refuses it before)
     for cfg in (fp8, EngineConfig(model="m", cache=CacheConfig(kv_cache_dtype="int8"))):
