@@ -28,9 +28,9 @@ score and the values are the first ``kv_lora_rank`` columns: `attention/base.py`
 **A step** where no sequence is longer than ``index_topk`` attends densely through the attention
 backend (the indexer's keys are written, nothing scored: every token is kept). Past it the
 whole step goes sparse, batched in torch: each sequence's indexer keys are gathered through its
-block table into a padded ``[B, K, D]``, the queries into ``[B, Q, H, D]``, the scores
-``[B, Q, K]`` computed in row slices and masked causally, ``topk`` picks the kept positions and
-their cache slots; each token's kept rows ``[k, W]`` are gathered from the cache and attended.
+block table into a padded ``[B, K, D]``, the queries into ``[B, Q, H, D]``, the scores (float32)
+of each row slice ``[B, n, K]`` masked causally and reduced by ``topk`` to the kept positions
+and their cache slots; each token's kept rows ``[k, W]`` are gathered from the cache and attended.
 The row writes go straight into the cache (its rows are ``view(-1, W)`` in every backend's
 layout: one KV head), which is why a DSA model takes the model's dtype for its cache.
 GLM-5's "shared" layers (`IndexerConfig.full_layers`) reuse the previous full layer's slots.
@@ -68,8 +68,8 @@ class IndexPlan:
     """A step's sequences padded to ``[B, Q]`` queries and ``[B, K]`` context positions."""
 
     q_rows: torch.Tensor  # [B, Q] step row of each padded query (clamped to its sequence)
+    q_pos: torch.Tensor  # [B, Q, 1] its position (a key at a later one is masked)
     src: torch.Tensor  # [T] the flat padded index of each step row, in step order
-    allowed: torch.Tensor  # bool [B, Q, K]: key position <= the query's
     slots: torch.Tensor  # int64 [B, K] cache slot of each context position (0 past the end)
 
 
@@ -84,7 +84,6 @@ def index_plan(meta: AttentionMetadata) -> IndexPlan:
     qstart = np.concatenate([[0], np.cumsum(qlens)[:-1]])
     j = np.minimum(np.arange(qp)[None, :], qlens[:, None] - 1)
     q_pos = (slens - qlens)[:, None] + j
-    allowed = np.arange(kp)[None, None, :] <= q_pos[:, :, None]
     src = np.flatnonzero((np.arange(qp)[None, :] < qlens[:, None]).ravel())
     dev, table = meta.block_tables.device, meta.block_tables
     pos = torch.arange(kp, device=dev)
@@ -92,8 +91,8 @@ def index_plan(meta: AttentionMetadata) -> IndexPlan:
     slots = table[:, cols].long() * bs + pos % bs
     plan = IndexPlan(
         q_rows=_to(qstart[:, None] + j, dev),
+        q_pos=_to(q_pos[:, :, None], dev),
         src=_to(src, dev),
-        allowed=_to(allowed, dev),
         slots=slots,
     )
     meta.aux[PLAN] = plan
@@ -176,22 +175,25 @@ class DsaLayer(DeepseekLayer):
         ix, plan = self.ix, index_plan(meta)
         b, qp = plan.q_rows.shape
         kp, h, d = plan.slots.shape[1], ix.n_heads, ix.head_dim
+        k = min(ix.topk, kp)
         ctx_keys = keys[plan.slots].float().transpose(1, 2)  # [B, D, K]
+        k_pos = torch.arange(kp, device=q.device)
         qb = q[plan.q_rows].float()  # [B, Q, H, D]
         weights = self.weights_proj(x.float()) * h**-0.5  # [T, H]
         wb = weights[plan.q_rows].unsqueeze(-2)  # [B, Q, 1, H]
-        scores = torch.empty(b, qp, kp, dtype=torch.float32, device=q.device)
+        best = torch.empty(b, qp, k, dtype=torch.long, device=q.device)
+        kept = torch.empty(b, qp, k, dtype=torch.bool, device=q.device)
         n = max(1, MAX_SCORE_ELEMS // (b * h * kp))
         for r0 in range(0, qp, n):  # row slices bound the [B, n, H, K] products
             r1 = min(r0 + n, qp)
             s = torch.matmul(qb[:, r0:r1].reshape(b, -1, d), ctx_keys)
             s = s.mul_(d**-0.5).relu_().view(b, r1 - r0, h, kp)
-            scores[:, r0:r1] = torch.matmul(wb[:, r0:r1], s).squeeze(-2)
-        scores.masked_fill_(~plan.allowed, float("-inf"))
-        best = scores.topk(min(ix.topk, kp), dim=-1)
-        slots = plan.slots.gather(1, best.indices.view(b, -1)).view(b * qp, -1)
-        kept = (best.values > float("-inf")).view(b * qp, -1)
-        return slots.index_select(0, plan.src), kept.index_select(0, plan.src)
+            scores = torch.matmul(wb[:, r0:r1], s).squeeze(-2)  # [B, n, K]
+            scores.masked_fill_(k_pos > plan.q_pos[:, r0:r1], float("-inf"))  # causal
+            top = scores.topk(k, dim=-1)
+            best[:, r0:r1], kept[:, r0:r1] = top.indices, top.values > float("-inf")
+        slots = plan.slots.gather(1, best.view(b, -1)).view(b * qp, k)
+        return slots.index_select(0, plan.src), kept.view(b * qp, k).index_select(0, plan.src)
 
 
 def sparse_attention(
