@@ -221,3 +221,32 @@ def test_indexer_weights_the_config_does_not_match_are_refused_in_one_line(
     with pytest.raises(ValueError, match=match) as e:
         read_model_config(str(tmp_path))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers(built, name):
+    """On CUDA (benchmarks/gpu_check.sh's `families` step): float32 with the defaults (the
+    Triton attention for dense steps, the sparse steps in torch, eager: CUDA graphs are off for
+    these models), transformers' tokens and logits cold and on a warm cache; no step's launch
+    syncs with the host (`arch_cases.tokens_without_host_syncs`)."""
+    import os
+
+    from arch_cases import check, generate, tokens_without_host_syncs
+    from pagoda.runtime import LLM
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    _, _, loaded, reference = built(name)
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
+                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    llm = LLM(**common)
+    runner = llm.engine.runner
+    assert runner.cuda_graphs is None and runner.backend.name == "triton"
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, cuda, cold")
+        check(warm[i], want, f"{name}: prompt {i}, cuda, warm")
+    synced = tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts())
+    assert synced == [t for t, _ in cold]
