@@ -134,6 +134,8 @@ class DsaLayer(DeepseekLayer):
         q_index = None
         if self.full:  # the indexer's key into the row's last columns
             q_index = self._index_query_and_key(x, bottleneck, k_full[:, 0, cr:], step)
+        else:  # a shared layer's row has no indexer key: zeros (0 x garbage may be NaN)
+            k_full[:, 0, cr:] = 0
         k_cache, v_cache = step.kv_caches[self.index]
         if meta.max_seq_len <= ix.topk:  # every token kept: the backend's dense attention
             out = self.ctx.backend.forward(

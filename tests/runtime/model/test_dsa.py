@@ -72,6 +72,13 @@ def test_greedy_matches_transformers_chunked_cached_and_batched(built, name):
     assert (sparse - dense).abs().max() > 0.05
     llm = check_chunked_cached_batched(loaded, reference, name)
     llm.engine.check_integrity()
+    # the rows' indexer columns: keys in a full layer's, zeros in a shared one's (not whatever
+    # memory held: 0 x NaN in the dense attention is NaN)
+    m = loaded.config.family.mla
+    for i, full in enumerate(m.indexer.full_layers):
+        rows = llm.engine.runner.kv_caches[i][0]
+        tail = rows.view(-1, rows.shape[-1])[:, m.kv_lora_rank + m.qk_rope_head_dim :]
+        assert bool((tail == 0).all()) != full, i
 
 
 def test_greedy_matches_transformers_under_preemption(built):
