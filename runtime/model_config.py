@@ -325,7 +325,18 @@ class ModelConfig:
         mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attn + 2 * h) + mlps + emb + h + self.hybrid_params()
+        attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
+        return attn_all + mlps + emb + h + self.hybrid_params()
+
+
+def indexer_params(hidden: int, m: MlaConfig | None) -> int:
+    """The lightning indexers' weights (DeepSeek Sparse Attention), over the layers that run
+    one: wq_b, wk, k_norm's weight and bias, weights_proj."""
+    ix = None if m is None else m.indexer
+    if ix is None:
+        return 0
+    one = (m.q_lora_rank * ix.n_heads + hidden + 2) * ix.head_dim + ix.n_heads * hidden
+    return sum(ix.full_layers) * one
 
 
 def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:

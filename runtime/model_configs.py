@@ -18,6 +18,30 @@ def _positive(name: str, value: int) -> None:
     option_rules.check_int(name, value)
 
 
+# DeepSeek-V3.2, GLM-5 (runtime/model/dsa.py): DeepSeek Sparse Attention's lightning indexer
+@dataclass(frozen=True)
+class IndexerConfig:
+    """The lightning indexer of each latent attention layer (DeepSeek Sparse Attention): `n_heads`
+    heads of `head_dim` (its first `qk_rope_head_dim` dims rotated: in pairs with
+    `rope_interleave`, GLM-5; rotate-half, V3.2) score every earlier token of the sequence, and
+    the layer attends to the `topk` best only (all of them while there are no more). A layer
+    that is not `full_layers[i]` reuses the previous full layer's choice (GLM-5's "shared"
+    `indexer_types`); the first layer is full."""
+
+    n_heads: int
+    head_dim: int
+    topk: int
+    rope_interleave: bool
+    full_layers: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("n_heads", "head_dim", "topk"):
+            _positive(f"index_{name}", getattr(self, name))
+        if not self.full_layers or not self.full_layers[0]:
+            raise ValueError("the first layer's indexer must be 'full' (a 'shared' layer reuses "
+                             "the previous full layer's choice)")  # fmt: skip
+
+
 # DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
 @dataclass(frozen=True)
 class MlaConfig:
@@ -35,6 +59,7 @@ class MlaConfig:
     v_head_dim: int
     q_lora_rank: int | None = None  # None: q_proj (DeepSeek-V2-Lite)
     rope_interleave: bool = True  # rotary pairs (x0, x1), (x2, x3), ... (V2 always, V3's flag)
+    indexer: IndexerConfig | None = None  # DeepSeek Sparse Attention (V3.2, GLM-5)
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
@@ -43,6 +68,11 @@ class MlaConfig:
             _positive("q_lora_rank", self.q_lora_rank)
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
+        ix = self.indexer
+        if ix is not None and (ix.head_dim < self.qk_rope_head_dim or self.q_lora_rank is None):
+            raise ValueError(f"the indexer reads q_lora_rank's bottleneck (got {self.q_lora_rank}"
+                             f") and rotates qk_rope_head_dim ({self.qk_rope_head_dim}) of its "
+                             f"index_head_dim ({ix.head_dim}) dims")  # fmt: skip
 
     @property
     def qk_head_dim(self) -> int:
@@ -50,8 +80,10 @@ class MlaConfig:
 
     @property
     def cache_width(self) -> int:
-        """A latent cache row: the normed latent, then the rotated shared key (512 + 64)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
+        """A latent cache row: the normed latent, then the rotated shared key (512 + 64), then
+        the indexer's key where there is an indexer (+ 128: model/dsa.py)."""
+        extra = 0 if self.indexer is None else self.indexer.head_dim
+        return self.kv_lora_rank + self.qk_rope_head_dim + extra
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")

@@ -26,7 +26,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update(_hybrid_layer(c, i))
             continue
         if c.family.mla is not None:  # DeepSeek's latent attention
-            out.update(mla_shapes(c, a))
+            out.update(mla_shapes(c, a, i))
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
@@ -177,8 +177,9 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     return out
 
 
-def mla_shapes(c: ModelConfig, a: str) -> dict[str, tuple[int, ...]]:
-    """The tensors of one latent attention layer (`model_configs.MlaConfig`) under prefix `a`."""
+def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of latent attention layer `i` (`model_configs.MlaConfig`) under prefix `a`,
+    its lightning indexer's where it runs one (DeepSeek Sparse Attention: model/dsa.py)."""
     m, h, heads = c.family.mla, c.hidden_size, c.num_heads
     q = heads * m.qk_head_dim
     out = {a + "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, h),
@@ -191,6 +192,13 @@ def mla_shapes(c: ModelConfig, a: str) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    ix = m.indexer
+    if ix is not None and ix.full_layers[i]:
+        p = a + "indexer."
+        out.update({p + "wq_b.weight": (ix.n_heads * ix.head_dim, m.q_lora_rank),
+                    p + "wk.weight": (ix.head_dim, h), p + "k_norm.weight": (ix.head_dim,),
+                    p + "k_norm.bias": (ix.head_dim,),
+                    p + "weights_proj.weight": (ix.n_heads, h)})  # fmt: skip
     return out
 
 

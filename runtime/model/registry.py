@@ -38,6 +38,9 @@ MODEL_CLASSES = {
     "deepseek_v2": ("deepseek", "DeepseekModel"),
     "deepseek_v3": ("deepseek", "DeepseekModel"),
     "youtu": ("deepseek", "DeepseekModel"),  # V3's latent attention, a dense MLP
+    "glm4_moe_lite": ("deepseek", "DeepseekModel"),  # GLM-4.7-Flash: DeepSeek-V3's layers
+    "deepseek_v32": ("dsa", "DsaModel"),  # DeepSeek Sparse Attention's lightning indexer
+    "glm_moe_dsa": ("dsa", "DsaModel"),  # GLM-5: V3.2's, the indexer's choice shared
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position

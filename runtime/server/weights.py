@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.model_config import indexer_params
 from pagoda.runtime.server.placement import Placement, packed_bytes, packed_shape, placement
 from pagoda.runtime.server.stored import ITEM_BYTES, Checkpoint, Stored
 
@@ -223,6 +224,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     absorbed = 0.0  # latent attention's W_UK and W_UV, dense in the dtype whatever runs in FP8
     if f.mla is not None:
         absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
+        ix = f.mla.indexer  # DeepSeek Sparse Attention's, whole on every rank
+        if ix is not None:  # weights_proj in float32
+            proj = sum(ix.full_layers) * ix.n_heads * h
+            absorbed += (indexer_params(h, f.mla) - proj) * item + proj * 4
     mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
         # every rank: split by input columns, their scales replicated)
@@ -447,6 +452,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         and (mc.family.mamba.mixer == "gated_deltanet")
     )
     if float32_router and _FLOAT32_ROUTER.search(name):
+        return _float32_router(t, p)
+    if name.endswith("indexer.weights_proj.weight"):  # DeepSeek Sparse Attention's, float32
         return _float32_router(t, p)
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
