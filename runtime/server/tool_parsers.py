@@ -136,7 +136,10 @@ def _read_call(obj: str, done: bool) -> _Partial:
     name = None
     for m in _NAME.finditer(obj):  # the call's own name, not one inside the arguments
         if a is None or m.start() < a.start() or (end is not None and m.start() >= end):
-            name = json.loads(f'"{m.group(1)}"')
+            try:  # an escape JSON lacks ("\x"): no name, so the text stays content
+                name = json.loads(f'"{m.group(1)}"')
+            except ValueError:
+                name = None
             break
     return _Partial(name, args.strip(), done, end is not None, a is not None)
 

@@ -37,6 +37,10 @@ PLAIN = [
     (Llama3JsonParser(), "The answer is {probably} 4."),
     (Llama3JsonParser(), '{"name": "f"}'),  # no arguments
     (MistralParser(), "Plain [text] with brackets."),
+    # a name whose escape JSON does not have: json.loads raised (a 400 blaming the request)
+    (HermesParser(), '<tool_call>\n{"name": "f\\x", "arguments": {}}\n</tool_call>'),
+    (Llama3JsonParser(), '{"name": "f\\u12", "parameters": {}}'),
+    (MistralParser(), '[TOOL_CALLS][{"name": "\\q", "arguments": {}}]'),
 ]
 
 
