@@ -67,7 +67,7 @@ class Glm45Parser(StartTag):
         text = raw.strip()
         if self.types.get(tool, {}).get(key) == "string":
             return text
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):  # nested past json's depth
             return json.loads(text)
         with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             literal = ast.literal_eval(text)

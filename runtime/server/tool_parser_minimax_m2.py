@@ -74,7 +74,7 @@ def _as(t: str, text: str) -> Any:
             return _NO if not math.isfinite(x) else int(x) if x == int(x) else x
         if t in ("object", "array"):
             return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past json's depth: not that type
         return _NO
     return _BOOLEANS.get(text.lower(), _NO)
 
@@ -115,7 +115,7 @@ class MiniMaxM2Parser(Glm45Parser):
                     return got
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return text
 
     def scan(self, region: str, parallel: bool) -> list[tuple[str, list[str], bool]]:

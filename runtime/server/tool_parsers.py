@@ -178,7 +178,7 @@ class ToolParser(ABC):
                 args = json.loads(part.args)
                 if isinstance(args, str):  # some models write the arguments as a JSON string
                     json.loads(args)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past json's depth: not a call either
                 return text, []
             calls.append(ToolCall(part.name, args if isinstance(args, str) else part.args,
                                   self.new_id()))  # fmt: skip

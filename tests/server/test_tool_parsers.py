@@ -86,6 +86,21 @@ def test_a_call_cut_short_streams_what_it_has():
     assert content == "" and calls == [["f", '{"a": 1']]
 
 
+@pytest.mark.parametrize("parser", [HermesParser(), Llama3JsonParser(), MistralParser()])
+def test_arguments_nested_past_jsons_depth_are_not_a_call(parser):
+    """json.loads raised RecursionError (not a ValueError): a 500 for a whole response."""
+    deep = "[" * 1000 + "]" * 1000
+    for args in (deep, json.dumps(deep)):  # the arguments as JSON, and as a JSON string
+        call = f'{{"name": "f", "{"parameters" if parser.name == "llama3_json" else "arguments"}"'
+        text = {
+            "hermes": f"<tool_call>{call}: {args}}}</tool_call>",
+            "llama3_json": f"{call}: {args}}}",
+            "mistral": f"[TOOL_CALLS][{call}: {args}}}]",
+        }[parser.name]
+        assert parser.parse(text) == (text, [])
+        _streamed(parser, text, 0)  # the final feed parses the whole text too
+
+
 def test_content_is_not_held_longer_than_a_marker_could_need():
     stream = HermesParser().stream()
     assert stream.feed("Hello <tool") == {"content": "Hello"}
