@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -21,6 +22,22 @@ class ToolCall:
     def openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_value(text: str) -> Any:
+    """The JSON value of a model's `text`; ValueError where it is none: what json.loads
+    refuses, NaN and Infinity (which it reads, and no strict JSON parser does), a number past
+    a double (read as inf, written back as Infinity), nesting past json's depth."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+        json.dumps(value, allow_nan=False)  # a number read as inf
+    except RecursionError as e:
+        raise ValueError("nested too deeply") from e
+    return value
 
 
 def prefix_overlap(text: str, tag: str) -> int:

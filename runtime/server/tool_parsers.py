@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony_tools import HarmonyToolParser
-from pagoda.runtime.server.tool_call import StartTag, ToolCall, call_id
+from pagoda.runtime.server.tool_call import StartTag, ToolCall, call_id, json_value
 from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
@@ -175,10 +175,10 @@ class ToolParser(ABC):
             if part.name is None or not part.args_done:
                 return text, []
             try:
-                args = json.loads(part.args)
+                args = json_value(part.args)
                 if isinstance(args, str):  # some models write the arguments as a JSON string
-                    json.loads(args)
-            except (ValueError, RecursionError):  # nested past json's depth: not a call either
+                    json_value(args)
+            except ValueError:  # not JSON (NaN, nested past json's depth, ...): not a call
                 return text, []
             calls.append(ToolCall(part.name, args if isinstance(args, str) else part.args,
                                   self.new_id()))  # fmt: skip

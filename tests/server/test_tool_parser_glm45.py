@@ -39,6 +39,11 @@ CASES = [
     # nested past json's depth (it raised RecursionError: a 500): the text, as other non-JSON
     ("<tool_call>unknown<arg_key>a</arg_key><arg_value>" + DEEP + "</arg_value></tool_call>",
      None, [("unknown", {"a": DEEP})]),
+    # NaN and numbers past a double are no JSON value (json.dumps wrote NaN, Infinity: the
+    # arguments were no JSON): the text
+    ("<tool_call>get_weather<arg_key>days</arg_key><arg_value>NaN</arg_value><arg_key>x"
+     "</arg_key><arg_value>[1e999]</arg_value></tool_call>", None,
+     [("get_weather", {"days": "NaN", "x": "[1e999]"})]),
 ]  # fmt: skip
 PLAIN = ["No call: 2 + 2 = 4.", "<tool_call>\n</tool_call>", "a <tool_call> b"]
 

@@ -63,6 +63,10 @@ CASES = [
     # an array nested past json's depth (it raised RecursionError: a 500): the text
     ('<minimax:tool_call><invoke name="get_weather"><parameter name="hours">' + DEEP +
      "</parameter></invoke></minimax:tool_call>", None, [("get_weather", {"hours": DEEP})]),
+    # NaN and Infinity are no JSON value (json.dumps wrote them as such: no JSON): the text
+    ('<minimax:tool_call><invoke name="get_weather"><parameter name="days">NaN</parameter>'
+     '<parameter name="hours">[Infinity]</parameter></invoke></minimax:tool_call>', None,
+     [("get_weather", {"days": "NaN", "hours": "[Infinity]"})]),
 ]  # fmt: skip
 PLAIN = ["No call: 2 + 2 = 4.", "<minimax:tool_call>\n</minimax:tool_call>",
          "a <minimax:tool_call> b"]  # fmt: skip

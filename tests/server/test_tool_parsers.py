@@ -101,6 +101,14 @@ def test_arguments_nested_past_jsons_depth_are_not_a_call(parser):
         _streamed(parser, text, 0)  # the final feed parses the whole text too
 
 
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_arguments_with_nan_or_infinity_are_not_a_call(literal):
+    """Python's json.loads reads NaN and Infinity, which JSON has not: such arguments were
+    handed out as a call whose arguments no strict JSON parser reads."""
+    text = f'<tool_call>\n{{"name": "f", "arguments": {{"a": [{literal}]}}}}\n</tool_call>'
+    assert HermesParser().parse(text) == (text, [])
+
+
 def test_content_is_not_held_longer_than_a_marker_could_need():
     stream = HermesParser().stream()
     assert stream.feed("Hello <tool") == {"content": "Hello"}
