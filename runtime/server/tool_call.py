@@ -28,13 +28,15 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def json_value(text: str) -> Any:
+def json_value(text: str, *, rewritten: bool = False) -> Any:
     """The JSON value of a model's `text`; ValueError where it is none: what json.loads
-    refuses, NaN and Infinity (which it reads, and no strict JSON parser does), a number past
-    a double (read as inf, written back as Infinity), nesting past json's depth."""
+    refuses, NaN and Infinity (which it reads, and no strict JSON parser does), nesting past
+    json's depth; `rewritten` (the value is written out again as JSON): a number past a double
+    too (read as inf, it would be written as Infinity)."""
     try:
         value = json.loads(text, parse_constant=_no_constant)
-        json.dumps(value, allow_nan=False)  # a number read as inf
+        if rewritten:
+            json.dumps(value, allow_nan=False)
     except RecursionError as e:
         raise ValueError("nested too deeply") from e
     return value

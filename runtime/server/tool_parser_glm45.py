@@ -74,7 +74,7 @@ class Glm45Parser(StartTag):
         if self.types.get(tool, {}).get(key) == "string":
             return text
         with contextlib.suppress(ValueError):  # not JSON (NaN, nested too deeply, ...)
-            return json_value(text)
+            return json_value(text, rewritten=True)
         with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             literal = ast.literal_eval(text)
             json.dumps(literal, allow_nan=False)  # only what JSON can carry (no inf)

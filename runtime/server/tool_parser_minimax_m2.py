@@ -73,7 +73,7 @@ def _as(t: str, text: str) -> Any:
             x = float(text)
             return _NO if not math.isfinite(x) else int(x) if x == int(x) else x
         if t in ("object", "array"):
-            return json_value(text)
+            return json_value(text, rewritten=True)
     except ValueError:  # not JSON (NaN, nested past json's depth, ...): not that type
         return _NO
     return _BOOLEANS.get(text.lower(), _NO)
@@ -114,7 +114,7 @@ class MiniMaxM2Parser(Glm45Parser):
                 if got is not _NO:
                     return got
         try:
-            return json_value(text)
+            return json_value(text, rewritten=True)
         except ValueError:
             return text
 
