@@ -79,14 +79,16 @@ _BLAME = {
 def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:
     """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`; one
     latent row per layer for multi-head latent attention, `ModelConfig.kv_tensors`)."""
-    rows = mc.kv_tensors * mc.num_kv_heads
-    if kv_cache_dtype == "int8":
-        per_layer = rows * (mc.head_dim + 4)
-    elif kv_cache_dtype == "fp8":
-        per_layer = rows * mc.head_dim
-    else:
-        per_layer = rows * mc.head_dim * dtype.itemsize
-    return mc.num_kv_layers * per_layer  # (a hybrid's Mamba layers keep no KV cache)
+    total = 0
+    for heads, dim in mc.kv_layer_shapes:  # (a hybrid's Mamba layers keep no KV cache)
+        rows = mc.kv_tensors * heads
+        if kv_cache_dtype == "int8":
+            total += rows * (dim + 4)
+        elif kv_cache_dtype == "fp8":
+            total += rows * dim
+        else:
+            total += rows * dim * dtype.itemsize
+    return total
 
 
 def host_available() -> tuple[int, str]:

@@ -207,6 +207,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     h, i, n, t = mc.hidden_size, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
     f = mc.family
+    if f.gemma4 is not None:  # (one rank, 16 or 32 bits: its TP and FP8 are refused)
+        from pagoda.runtime.model.gemma4_config import param_count
+
+        return param_count(mc) * item
     moe = sum(f.has_experts(x) for x in range(n))
     kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
     attn, attn_rows = _attention_shape(mc, t, kv)
