@@ -38,11 +38,11 @@ CASES = {
     # the last two layers read layers 0 and 1's KV (keys as values in the full layers, one KV
     # head there), their MLPs double wide
     "kv-shared": dict(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True,
-                      num_global_key_value_heads=1),  # fmt: skip
+                      num_global_key_value_heads=1),
     # the MoE block beside every MLP, no per-layer inputs
     "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16,
-                hidden_size_per_layer_input=0, num_hidden_layers=3, layer_types=[S, S, F]),  # fmt: skip
-}
+                hidden_size_per_layer_input=0, num_hidden_layers=3, layer_types=[S, S, F]),
+}  # fmt: skip
 
 
 def _scaled(model):
@@ -71,7 +71,7 @@ built = built_fixture(write)
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_gemma4_matches_transformers_chunked_batched_and_cached(built, name):
-    path, model, loaded, reference = built(name)
+    _, _, loaded, reference = built(name)
     check_chunked_cached_batched(loaded, reference, name)
 
 
@@ -79,7 +79,7 @@ def test_kv_shared_layers_keep_no_pages_and_survive_preemption(built):
     """Layers 2 and 3 read layers 0 and 1's caches (the same tensors): the pool holds two
     layers, one of head size 16 and 2 KV heads, one of 32 and 1; preempted requests still
     decode transformers' tokens."""
-    path, model, loaded, reference = built("kv-shared")
+    _, _, loaded, reference = built("kv-shared")
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=4 << 20, block_size=16)
     runner = llm.engine.runner
     caches = runner.kv_caches
@@ -104,8 +104,13 @@ def test_a_conditional_generation_checkpoint_is_read_text_only(tmp_path):
     reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
     loaded = load_model(str(tmp_path))
     assert loaded.config.architecture == "gemma4"
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_batched_tokens=16,
-              max_num_seqs=4)
+    llm = LLM(
+        loaded=loaded,
+        dtype="float32",
+        kv_cache_memory=16 << 20,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+    )
     got = generate(llm, prompts())
     assert [t for t, _ in got] == [t for t, _ in reference]
 
@@ -195,3 +200,25 @@ def test_gemma4_tensor_parallelism_and_fp8_are_refused(tmp_path):
     with pytest.raises(ValueError, match="fp8 is not supported for a gemma4"):
         # (an EngineConfig refuses fp8 on this CPU itself: the flag as a GPU's would read)
         check_dtype(SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16), mc)
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("TRITON_INTERPRET") != "1",
+    reason="CPU run of Triton kernels needs TRITON_INTERPRET=1",
+)
+def test_gemma4_on_the_triton_backend_matches_transformers(built):
+    """Both head sizes' Triton backends, the shared layers attending without storing, chunked
+    and batched, two prompts past the window, not batch-invariant (the sliding layers' rows in
+    the prefill kernel, the full layers' prompt rows through SDPA with the producers' k/v,
+    decodes in the decode kernel): transformers' tokens and logits."""
+    pytest.importorskip("triton")
+    from arch_cases import check
+
+    _, model, loaded, _ = built("kv-shared")
+    short = [p[:n] for p, n in zip(prompts(), (19, 12))]
+    reference = [hf_greedy_plain(model, p, 6) for p in short]
+    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
+              kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4,
+              batch_invariant=False)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
+        check(got, want, f"kv-shared on Triton: prompt {i}")
