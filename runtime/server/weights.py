@@ -63,7 +63,10 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # positions (a table, whole on every rank), OPT's projections (Linears), BLOOM's embedding norm
 POSITIONS = "model.embed_positions.weight"
 _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weight",
-                   "model.embed_layernorm.weight", "model.embed_layernorm.bias")  # fmt: skip
+                   "model.embed_layernorm.weight", "model.embed_layernorm.bias",
+                   # Gemma 4's per-layer inputs (model/gemma4.py)
+                   "model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
+                   "model.per_layer_projection_norm.weight")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -427,6 +430,10 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _float32_router(t, p)
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
+    if mc.family.gemma4 is not None and name == "model.embed_tokens_per_layer.weight":
+        return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
+    if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
+        return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
         # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
         n = t.numel * _mamba_share(name, mc, lay)
@@ -435,7 +442,7 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return None
     if norm and (
         mc.family.gemma_norms or mc.family.cohere_layer or mc.architecture == "gpt_oss"
-        or float32_norm
+        or float32_norm or mc.family.gemma4 is not None
     ):  # fmt: skip
         # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
         # w, Nemotron-H's
