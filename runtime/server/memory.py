@@ -147,6 +147,8 @@ def estimate(
     rows = 2 * sched.max_num_seqs
     tables = rows * ((width + 1) * 4 + 60)  # int32 table, int64 length, list slots per row
     rotary = mc.head_dim if mc.family.mla is None else mc.family.mla.qk_rope_head_dim
+    if mc.family.gemma4 is not None:  # its full-attention layers' table beside the sliding's
+        rotary += max(mc.family.gemma4.head_dims)
     rope = max_len * rotary * 4  # float32 rows of the positions served (model_runner)
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:
