@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend
+from pagoda.runtime.model import moe as moe_module
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.gemma2 import Gemma2Model
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step, linear_layer
-from pagoda.runtime.model.moe import SparseMoE, grouped_experts
+from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.ops import build_cos_sin_cache, gemma_rms_norm, rotary_embedding
 
 
@@ -158,7 +159,7 @@ class Gemma4Layer(LlamaLayer):
         x = self.ctx.rms_norm(x=h, weight=norm_in, eps=self.ctx.eps)
         if moe.w13 is not None:
             return moe._every_expert(x, weights, ids)
-        return grouped_experts(x, weights, ids, moe._expert)
+        return moe_module.grouped_experts(x, weights, ids, moe._expert)
 
     def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Each head's row of `x` [T, H, D] normed on its own."""
