@@ -369,6 +369,10 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         # PhiMoE's head a bias)
         return True
     m = _LAYER.match(name)
+    g = mc.family.gemma4  # its KV-shared layers' K/V projections and norms: not read
+    if m is not None and g is not None and int(m.group(1)) < mc.num_layers:
+        shared = g.shares_kv(int(m.group(1)))
+        return not (shared and re.search(r"self_attn\.[kv]_(proj|norm)\.", name))
     return m is not None and int(m.group(1)) < mc.num_layers
 
 

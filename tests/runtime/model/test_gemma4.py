@@ -8,6 +8,7 @@ transformers reads them; what is refused."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -73,6 +74,23 @@ built = built_fixture(write)
 def test_gemma4_matches_transformers_chunked_batched_and_cached(built, name):
     _, _, loaded, reference = built(name)
     check_chunked_cached_batched(loaded, reference, name)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built, name):
+    """`gemma4_config.expected_shapes` names every tensor transformers saved, with its shape
+    (none the model would leave unread), and the weights estimate from config.json alone
+    (`server/weights.from_shapes`) is their bytes."""
+    from pagoda.runtime.model.checkpoint_check import expected_shapes
+    from pagoda.runtime.server.weights import from_shapes
+    from safetensors import safe_open
+
+    path, _, loaded, _ = built(name)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        stored = {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}  # noqa: SIM118
+    assert expected_shapes(loaded.config) == stored
+    size = sum(math.prod(s) for s in stored.values())
+    assert from_shapes(loaded.config, torch.float32, False) == 4 * size
 
 
 def test_kv_shared_layers_keep_no_pages_and_survive_preemption(built):
