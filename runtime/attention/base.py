@@ -17,6 +17,11 @@ KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 element type through ``allocate_kv_cache``, as the CPU backend does); token ``t`` of a sequence lives in block
 ``block_tables[seq, t // block_size]`` at offset ``t % block_size``; ``slot_mapping[i]`` is
 ``block * block_size + offset`` for new token ``i`` (``-1``: do not write, e.g. padding).
+Layers may differ in ``num_kv_heads`` and ``head_dim`` (Gemma 4's full-attention layers): each
+shape has its backend (``with_geometry``) and its layers' caches; a block id names the same
+positions in every layer's cache, so the pages are counted per block over all layers. A layer
+that reads another layer's cache (Gemma 4's KV-shared layers) has none of its own: it passes
+that layer's k/v of the step and ``store=False``.
 
 **Latent cache** (``latent``, multi-head latent attention: DeepSeek-V2/V3): one KV head whose
 row of ``head_dim`` values per token serves as both key and value, the value being its first
