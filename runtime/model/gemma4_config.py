@@ -19,7 +19,8 @@ and the text model of `Gemma4ForConditionalGeneration`, under `text_config`), fo
 - `enable_moe_block`: a router and `num_experts` GeGLU experts (`top_k_experts`,
   `moe_intermediate_size`) beside the dense MLP in every layer.
 
-Refused in one line: `use_bidirectional_attention`, another rotary, a per-layer table shorter
+Refused in one line: `use_bidirectional_attention` "all" ("vision" makes image tokens attend
+both ways: text, all this model reads, stays causal), another rotary, a per-layer table shorter
 than the vocabulary (transformers' lookup would fail on the ids past it), per-layer overrides
 other than head_dim / num_key_value_heads.
 """
@@ -121,9 +122,10 @@ def kv_sources(types: list[str], shared: int) -> tuple[int, ...]:
 
 
 def layers(cfg: Mapping[str, Any], n: int) -> Gemma4Layers:
-    if cfg.get("use_bidirectional_attention"):
-        raise ValueError("gemma4 use_bidirectional_attention is not supported: Pagoda serves "
-                         "causal decoders")  # fmt: skip
+    bidirectional = cfg.get("use_bidirectional_attention")
+    if bidirectional not in (None, "vision"):  # ("vision": image tokens only; text is causal)
+        raise ValueError(f"gemma4 use_bidirectional_attention {bidirectional!r} is not "
+                         "supported: Pagoda serves causal decoders")  # fmt: skip
     types = layer_types(cfg, n)
     over = _per_layer(cfg, types)
     for kind in (SLIDING, FULL):

@@ -136,7 +136,7 @@ def test_a_conditional_generation_checkpoint_is_read_text_only(tmp_path):
 # google/gemma-4-E2B-it's text_config shrunk (35 layers of 4 sliding : 1 full, head sizes 256
 # and 512, 20 KV-shared layers with double-wide MLPs, per-layer inputs), 31B's (keys as values,
 # 4 global KV heads, no per-layer inputs) and 26B-A4B's (the MoE block): the published keys
-E2B = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+E2B = {"use_bidirectional_attention": "vision", "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
        "num_key_value_heads": 1, "num_hidden_layers": 10, "head_dim": 16, "global_head_dim": 32,
        "num_global_key_value_heads": None, "attention_k_eq_v": False, "sliding_window": 512,
        "vocab_size": 300, "vocab_size_per_layer_input": 300, "hidden_size_per_layer_input": 8,
