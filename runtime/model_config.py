@@ -320,6 +320,10 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
+        if self.family.gemma4 is not None:  # its tensors, layer by layer
+            from pagoda.runtime.model.gemma4_config import param_count
+
+            return param_count(self)
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         f = self.family

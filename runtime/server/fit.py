@@ -151,7 +151,7 @@ def check(
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
                    how, float32_fix(mc, cfg, model_path, plan, have),
-                   quantizable=model_path.suffix != ".gguf")  # fmt: skip
+                   quantizable=model_path.suffix != ".gguf" and mc.family.gemma4 is None)  # fmt: skip
     raise ReasonedError(text, reason=REASON)
 
 

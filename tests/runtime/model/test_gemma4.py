@@ -240,3 +240,28 @@ def test_gemma4_on_the_triton_backend_matches_transformers(built):
               batch_invariant=False)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
         check(got, want, f"kv-shared on Triton: prompt {i}")
+
+
+def test_a_gemma4_too_big_for_its_gpu_is_offered_neither_fp8_nor_more_gpus(tmp_path, monkeypatch):
+    """google/gemma-4-E2B's text model (its per-layer table: 2.35B of its parameters) on a GPU
+    of 8 GiB: refused with its size counted from the config, and no refused flag as a fix."""
+    from pagoda.runtime import config
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import fit, memory
+    from pagoda.runtime.termination import ReasonedError
+
+    monkeypatch.setattr(memory, "device_available", lambda d: (8 << 30, 8 << 30))
+    monkeypatch.setattr(fit, "fp8_runs_on", lambda d: d.type == "cuda")
+    monkeypatch.setattr(config, "fp8_runs_on", lambda d: d.type == "cuda")
+    e2b = {**E2B, "hidden_size": 1536, "intermediate_size": 6144, "num_attention_heads": 8,
+           "num_hidden_layers": 35, "head_dim": 256, "global_head_dim": 512,
+           "vocab_size": 262144, "vocab_size_per_layer_input": 262144,
+           "hidden_size_per_layer_input": 256, "num_kv_shared_layers": 20,
+           "layer_types": ([S] * 4 + [F]) * 7, "architectures": ["Gemma4ForCausalLM"]}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(e2b))
+    mc = read_model_config(str(tmp_path))
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, EngineConfig.create("m", device="cuda", max_model_len=8192), tmp_path)
+    msg = str(err.value)
+    assert msg.startswith("the model (4.6B parameters) needs 8.8 GiB: weights 8.6 GiB"), msg
+    assert "--quantization fp8" not in msg and "--tensor-parallel-size" not in msg, msg
