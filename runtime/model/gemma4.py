@@ -31,6 +31,7 @@ FP8 are refused (`distributed/layout.py`, `engine/core.check_dtype`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -123,6 +124,8 @@ class Gemma4Layer(LlamaLayer):
             self.moe = _experts(model, w, prefix, ctx)
             self.moe_norms = [model.read_norm(w, f"{prefix}{n}.weight") for n in _MOE_NORMS]
         self.per_layer = None
+        silu = model.config.family.hidden_act == "silu"  # (as the MLP's: `hidden_activation`)
+        self.act = F.silu if silu else functools.partial(F.gelu, approximate="tanh")
         if g.per_layer_input:
             self.per_layer = (
                 linear_layer(ctx, w, [prefix + "per_layer_input_gate.weight"]),
@@ -148,7 +151,7 @@ class Gemma4Layer(LlamaLayer):
         h = h + norm(x=y, weight=self.post_mlp_norm, eps=eps)
         if self.per_layer is not None:
             gate, proj, post = self.per_layer
-            x = F.gelu(gate(h), approximate="tanh") * step.per_layer[:, self.index]
+            x = self.act(gate(h)) * step.per_layer[:, self.index]
             h = h + norm(x=proj(x), weight=post, eps=eps)
         return h * self.layer_scalar, None
 

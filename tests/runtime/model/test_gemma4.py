@@ -37,9 +37,9 @@ CASES = {
     # per-layer inputs, head sizes 16 (sliding) and 32 (full, proportional rotary on 1/4)
     "ple": {},
     # the last two layers read layers 0 and 1's KV (keys as values in the full layers, one KV
-    # head there), their MLPs double wide
+    # head there), their MLPs double wide; SiLU for GeGLU's gelu (MLPs, per-layer gates)
     "kv-shared": dict(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True,
-                      num_global_key_value_heads=1),
+                      num_global_key_value_heads=1, hidden_activation="silu"),
     # the MoE block beside every MLP, no per-layer inputs
     "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16,
                 hidden_size_per_layer_input=0, num_hidden_layers=3, layer_types=[S, S, F]),
