@@ -11,7 +11,9 @@ R7B, Command A): the Llama layer with Cohere's differences (`FamilyConfig.cohere
 - Cohere with `use_qk_norm` (Command R+ 08-2024): a LayerNorm over each head of q and of k
   before rotary, with a weight per head ([heads, head_dim]; a rank reads its heads' rows);
 - Cohere 2: window layers (`layer_types`, or every `sliding_window_pattern`-th layer global),
-  which rotate, and global layers without rotary (NoPE, `FamilyConfig.rope_layers`).
+  which rotate, and global layers without rotary (NoPE, `FamilyConfig.rope_layers`);
+- Cohere 2 MoE (`Cohere2MoeModel`, `cohere2_moe_config.py`): Cohere 2's with experts, and
+  Llama's RMSNorm where its config says.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
+from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import rotary_interleaved
 
 
@@ -74,14 +77,27 @@ class CohereModel(LlamaModel):
     layer_class = CohereLayer
 
     def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
-        return dataclasses.replace(super().layer_context(linear), rms_norm=layer_norm)
+        ctx = super().layer_context(linear)
+        if self.config.family.cohere_rms_norm:  # Llama's RMSNorm (Cohere 2 MoE's option)
+            return ctx
+        return dataclasses.replace(ctx, rms_norm=layer_norm)
 
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """In float32, as the LayerNorm scales by it (`layer_norm`)."""
-        return weight.float()
+        """In float32, as the LayerNorm scales by it (`layer_norm`); Llama's RMSNorm's as
+        stored."""
+        return weight if self.config.family.cohere_rms_norm else weight.float()
 
     def logits(self, x, head):
         scale = self.config.family.logit_scale
         if scale == 1.0:
             return super().logits(x, head)
         return self.lm_head(x) * scale
+
+
+class Cohere2MoeModel(CohereModel):
+    """Cohere 2 MoE (`cohere2_moe_config.py`): Cohere 2's layer with dense MLPs where
+    `mlp_layer_types` says, experts elsewhere (`moe.make_mlp`: the top-k router, the shared
+    MLP summed or averaged with them)."""
+
+    moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    make_mlp = make_mlp

@@ -29,9 +29,10 @@ ALIASES = {
             "max_seq_len": "max_position_embeddings"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+ALIASES["dbrx"] = ALIASES["mpt"]
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
-OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt")
+OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx")
 
 
 def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -82,4 +83,15 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["intermediate_size"] = 4 * int(out["hidden_size"])
     if arch == "mpt":
         out["intermediate_size"] = int(out.get("expansion_ratio", 4) * int(out["hidden_size"]))
+    if arch == "cohere2_moe":  # the experts' width; the dense layers' own; one eps for the norms
+        out["moe_intermediate_size"] = out["intermediate_size"]
+        out["intermediate_size"] = out.get("prefix_dense_intermediate_size") or out[
+            "intermediate_size"]  # fmt: skip
+        rms = out.get("rms_norm_eps")  # (RMSNorm where set, else LayerNorm's eps)
+        out["norm_eps"] = out["layer_norm_eps"] if rms is None else rms
+    if arch == "solar_open":  # no dense MLP (experts in every layer): the experts' width
+        out.setdefault("intermediate_size", out["moe_intermediate_size"])
+    if arch == "dbrx":  # nested in attn_config / ffn_config (DbrxConfig's defaults: 1, 3584)
+        out["num_key_value_heads"] = int((out.get("attn_config") or {}).get("kv_n_heads", 1))
+        out["intermediate_size"] = int((out.get("ffn_config") or {}).get("ffn_hidden_size", 3584))
     return out

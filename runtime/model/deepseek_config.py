@@ -11,7 +11,8 @@ from typing import Any
 from pagoda.runtime.model.ops import rope_kind
 from pagoda.runtime.model_configs import ExpertRouting, MlaConfig
 
-ARCHITECTURES = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
+ARCHITECTURES = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+                 "YoutuForCausalLM": "youtu"}  # fmt: skip
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
 DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
@@ -23,6 +24,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                     "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 8,
                     "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
                     "norm_topk_prob": True, "routed_scaling_factor": 2.5},
+    # Youtu-LLM: V3's latent attention over a dense SwiGLU MLP in every layer (YoutuConfig
+    # has no experts), tied embeddings
+    "youtu": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+              "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 128_256,
+              "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 32,
+              "num_attention_heads": 16, "num_key_value_heads": 16,
+              "max_position_embeddings": 131_072, "bos_token_id": 128_000,
+              "eos_token_id": 128_001, "tie_word_embeddings": True, "rope_interleave": True},
 }  # fmt: skip
 NULLABLE = ("q_lora_rank",)  # null: q_proj (V2-Lite), not the default bottleneck
 
@@ -62,7 +71,8 @@ def family_fields(
     fields: dict[str, Any] = {"mla": m, "attention_multiplier": scale}
     if cfg.get("mlp_bias"):
         raise ValueError("mlp_bias on a DeepSeek model is not supported")
-    experts = int(cfg.get("n_routed_experts") or 0)
+    # (YoutuConfig has no experts: an n_routed_experts config.json may carry is not read)
+    experts = 0 if arch == "youtu" else int(cfg.get("n_routed_experts") or 0)
     if not experts:
         return fields
     if int(cfg.get("moe_layer_freq") or 1) != 1:  # transformers ignores it; no checkpoint sets it

@@ -24,7 +24,7 @@ Fields = Callable[
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
 UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
-UNGATED += ("gptj",)
+UNGATED += ("gptj", "nanochat")
 
 
 def read_rope(
@@ -155,6 +155,9 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         fields["qk_norm"] = True
     if arch == "apertus":
         fields["qk_norm"] = True
+    if arch == "nanochat":  # (its q/k norms have no weights: model/nanochat.py)
+        cap = cfg.get("final_logit_softcapping")
+        fields["final_logit_softcapping"] = float(cap) if cap else None
     return fields
 
 
@@ -309,6 +312,8 @@ def _granite(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         fields.update(
             _mixtral(cfg, arch, n, window, layers, scaling), round_topk_to_model_dtype=True
         )
+        # GraniteMoeShared's ungated shared_mlp beside the experts (0, GraniteMoe's: none)
+        fields["shared_expert_intermediate_size"] = int(cfg.get("shared_intermediate_size") or 0)
     # transformers' defaults: 1.0 each (a softmax scale of 1, too)
     for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                  "logits_scaling"):  # fmt: skip

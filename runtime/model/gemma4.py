@@ -124,8 +124,7 @@ class Gemma4Layer(LlamaLayer):
             self.moe = _experts(model, w, prefix, ctx)
             self.moe_norms = [model.read_norm(w, f"{prefix}{n}.weight") for n in _MOE_NORMS]
         self.per_layer = None
-        silu = model.config.family.hidden_act == "silu"  # (as the MLP's: `hidden_activation`)
-        self.act = F.silu if silu else functools.partial(F.gelu, approximate="tanh")
+        self.act = _ACTS[model.config.family.hidden_act]  # (the MLP's: `hidden_activation`)
         if g.per_layer_input:
             self.per_layer = (
                 linear_layer(ctx, w, [prefix + "per_layer_input_gate.weight"]),
@@ -193,6 +192,8 @@ class Gemma4Layer(LlamaLayer):
         return self.o_proj(out.reshape(t, h * d))
 
 
+_ACTS = {"silu": F.silu, "gelu": F.gelu,
+         "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}  # fmt: skip
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
           "post_feedforward_layernorm")  # fmt: skip
 _MOE_NORMS = ("post_feedforward_layernorm_1", "pre_feedforward_layernorm_2",

@@ -37,8 +37,9 @@ class Glm4MoeLayer(Qwen3Layer):
 
 
 class Glm4MoeModel(LlamaModel):
-    """Also dots.llm1's and EXAONE MoE's (`dots1_config.py`, `exaone_moe_config.py`): their
-    correction bias where `moe_names` puts it."""
+    """Also dots.llm1's, EXAONE MoE's, Solar Open's and Hy3's (`dots1_config.py`,
+    `exaone_moe_config.py`, `solar_open_config.py`, `hy_v3_config.py`): their router,
+    correction bias and shared experts where `moe_names` puts them."""
 
     layer_class = Glm4MoeLayer
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
@@ -47,3 +48,11 @@ class Glm4MoeModel(LlamaModel):
     @property
     def moe_bias(self) -> str:
         return moe_names.of(self.config.architecture).bias
+
+    @property
+    def moe_router(self) -> str:
+        return moe_names.of(self.config.architecture).router
+
+    @property
+    def moe_shared(self) -> str:
+        return moe_names.of(self.config.architecture).shared

@@ -12,14 +12,44 @@ GraniteMoe puts Mixtral-style experts in every layer (`moe.SparseMoE`): the rout
 softmax), the weights rounded to the model's dtype; each layer's experts are stacked, gate and
 up in one `input_linear` [E, 2N, K], down in `output_linear` [E, K, N]. A GGUF's come as llama.cpp's
 converter splits them: gate, up and down stacked apart, under Mixtral's names (`gguf_loader`).
+GraniteMoeShared (`GraniteMoeSharedForCausalLM`, read as `granitemoe`) adds beside the experts an
+ungated `shared_mlp` of `shared_intermediate_size` (gate and up in one `input_linear`) that every
+token goes through, its output added to the experts' before the residual multiplier.
 """
 
 from __future__ import annotations
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
-from pagoda.runtime.model.moe import MixtralModel, make_mlp
+from pagoda.runtime.model.llama import (
+    GatedMLP,
+    LayerContext,
+    LlamaLayer,
+    LlamaModel,
+    Step,
+    linear_layer,
+)
+from pagoda.runtime.model.moe import MixtralModel, SharedExpertMoE, SparseMoE, make_mlp
+from pagoda.runtime.model.parallel_linear import RowParallelLinear, column_linear, row_linear
+
+
+class SharedMLP(GatedMLP):
+    """GraniteMoeShared's and Granite 4.0's `shared_mlp`: down(silu(gate(x)) * up(x)), gate and up stored as one
+    `input_linear` [2I, hidden] (gate first), down as `output_linear`."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: LayerContext, w: DeviceWeights, prefix: str) -> None:
+        stacked, down = prefix + "input_linear.weight", prefix + "output_linear.weight"
+        if ctx.tp is None:
+            self.gate_up = linear_layer(ctx, w, [stacked])
+            self.down = linear_layer(ctx, w, [down])
+        else:  # this rank's rows of gate and of up (column-parallel), down row-parallel
+            width = w.length(stacked, 0) // 2
+            (a, b) = ctx.tp.layout.even(width)
+            self.gate_up = column_linear(ctx, w, [stacked] * 2, [(a, b), (width + a, width + b)])
+            self.down = row_linear(ctx, w, down)
+        self.act_and_mul = ctx.act_and_mul
 
 
 class GraniteLayer(LlamaLayer):
@@ -106,4 +136,9 @@ class GraniteMoeModel(GraniteModel):
     def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
         if prefix + "block_sparse_moe.input_linear.weight" not in w:  # a GGUF's (docstring)
             self.moe_names, self.moe_experts = MixtralModel.moe_names, "experts."
-        return make_mlp(self, w, prefix, index, ctx)
+        if not self.config.family.shared_expert_intermediate_size:
+            return make_mlp(self, w, prefix, index, ctx)
+        shared = SharedMLP(ctx, w, prefix + "shared_mlp.")  # GraniteMoeShared's, ungated
+        if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'
+            shared.down = shared.down.inner  # (one all-reduce for both)
+        return SharedExpertMoE(SparseMoE.from_weights(self, w, prefix, ctx), shared, None)

@@ -17,32 +17,13 @@ from __future__ import annotations
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.granite import GraniteModel
-from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step, linear_layer
+from pagoda.runtime.model.granite import GraniteModel, SharedMLP
+from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
 from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
-from pagoda.runtime.model.parallel_linear import RowParallelLinear, column_linear, row_linear
+from pagoda.runtime.model.parallel_linear import RowParallelLinear
 
 BAMBA_FINAL_NORM = "model.final_layernorm.weight"  # Bamba's name for `model.norm`
-
-
-class SharedMLP(GatedMLP):
-    """Granite 4.0's `shared_mlp`: down(silu(gate(x)) * up(x)), gate and up stored as one
-    `input_linear` [2I, hidden] (gate first), down as `output_linear`."""
-
-    __slots__ = ()
-
-    def __init__(self, ctx: LayerContext, w: DeviceWeights, prefix: str) -> None:
-        stacked, down = prefix + "input_linear.weight", prefix + "output_linear.weight"
-        if ctx.tp is None:
-            self.gate_up = linear_layer(ctx, w, [stacked])
-            self.down = linear_layer(ctx, w, [down])
-        else:  # this rank's rows of gate and of up (column-parallel), down row-parallel
-            width = w.length(stacked, 0) // 2
-            (a, b) = ctx.tp.layout.even(width)
-            self.gate_up = column_linear(ctx, w, [stacked] * 2, [(a, b), (width + a, width + b)])
-            self.down = row_linear(ctx, w, down)
-        self.act_and_mul = ctx.act_and_mul
 
 
 class HybridLayer(LlamaLayer):

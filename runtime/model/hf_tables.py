@@ -13,6 +13,7 @@ from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model import moe_families
+from pagoda.runtime.model import qwen3_next_config as qwen3_next
 
 # `architectures` in config.json -> `ModelConfig.architecture`
 HF_ARCHITECTURES = {
@@ -34,6 +35,7 @@ HF_ARCHITECTURES = {
     "Olmo3ForCausalLM": "olmo3",  # OLMo 2's layer, sliding-window layers (model/olmo2.py)
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
+    "GraniteMoeSharedForCausalLM": "granitemoe",  # GraniteMoe's, with a shared MLP
     "OlmoeForCausalLM": "olmoe",
     "GlmForCausalLM": "glm",  # GLM-4-9B-chat-hf (model/glm4.py)
     "Glm4ForCausalLM": "glm4",  # GLM-4-0414, GLM-Z1 (model/glm4.py)
@@ -49,6 +51,7 @@ HF_ARCHITECTURES = {
     "Exaone4ForCausalLM": "exaone4",  # EXAONE 4.0 (model/exaone4.py)
     "SeedOssForCausalLM": "seed_oss",  # Seed-OSS-36B: Llama's with q/k/v biases
     "Ernie4_5ForCausalLM": "ernie4_5",  # ERNIE-4.5-0.3B: interleaved rotary (ernie4_5.py)
+    "NanoChatForCausalLM": "nanochat",  # weightless norms, ReLU² MLP, soft cap (nanochat.py)
     "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
@@ -91,6 +94,7 @@ TEXT_MODEL_TYPES = {
                                          "ministral3": "ministral3"},
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
     **gemma4.TEXT_MODEL_TYPES,
+    **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
@@ -99,7 +103,7 @@ REMOTE_CODE_TYPES = {
                 "transformer.h.N.mixer.Wqkv tensors",
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
-WRAPPER_TIES = {"exaone4_5": False}
+WRAPPER_TIES = {"exaone4_5": False, **qwen3_next.WRAPPER_TIES}
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -139,6 +143,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "rope_theta": 500_000.0,  # transformers' default_theta
                  "max_position_embeddings": 131_072, "tie_word_embeddings": True,
                  "bos_token_id": 1, "eos_token_id": 2},
+    "nanochat": {"vocab_size": 50_304, "hidden_size": 768, "intermediate_size": 8192,
+                 "num_hidden_layers": 12, "num_attention_heads": 6, "hidden_act": "relu2",
+                 "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                 "final_logit_softcapping": 15.0, "bos_token_id": 0, "eos_token_id": 1},
     "arcee": {"hidden_act": "relu2", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
               "bos_token_id": 128_000, "eos_token_id": 128_001},
     "starcoder2": {"hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5, "use_bias": True,
@@ -278,6 +286,7 @@ NULLABLE = {
     "ministral3": ("sliding_window",),
     "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
+    "nanochat": ("final_logit_softcapping",),  # null: no cap
     **dict.fromkeys(
         ("gemma2", "vaultgemma"),
         ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
@@ -293,7 +302,7 @@ EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
-EPS.update(mpt="layer_norm_epsilon")
+EPS.update(mpt="layer_norm_epsilon", **moe_families.EPS)
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
@@ -328,5 +337,6 @@ DEFAULT_ROPE = {
 }
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
-                   "stablelm", "gptj", *moe_families.PARTIAL_ROTARY)  # fmt: skip
+                   "stablelm", "gptj", *moe_families.PARTIAL_ROTARY,
+                   *qwen3_next.DEFAULTS)  # fmt: skip
 FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)

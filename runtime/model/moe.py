@@ -250,8 +250,11 @@ class SharedExpertMoE:
     ``experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``; without a gate (DeepSeek's
     `shared_experts`), ``experts(x) + shared_experts(x)``."""
 
-    def __init__(self, routed: SparseMoE, shared: GatedMLP, gate: Linear | None) -> None:
-        self.routed, self.shared, self.gate = routed, shared, gate
+    def __init__(
+        self, routed: SparseMoE, shared: GatedMLP, gate: Linear | None, average: bool = False
+    ) -> None:
+        """``average``: (experts(x) + shared(x)) / 2 (Cohere 2 MoE's "average" strategy)."""
+        self.routed, self.shared, self.gate, self.average = routed, shared, gate, average
         self.tp = routed.tp
 
     @classmethod
@@ -268,7 +271,8 @@ class SharedExpertMoE:
         if gated:
             name = p + "shared_expert_gate.weight"  # [1, hidden], replicated
             gate = ctx.linear(w[name], quantized=w.quantized([name]))
-        return cls(SparseMoE.from_weights(model, w, prefix, ctx), shared, gate)
+        average = model.config.family.shared_expert_average
+        return cls(SparseMoE.from_weights(model, w, prefix, ctx), shared, gate, average)
 
     def linears(self) -> list[Linear]:
         gate = [] if self.gate is None else [self.gate]
@@ -279,6 +283,8 @@ class SharedExpertMoE:
         if self.gate is not None:
             shared = torch.sigmoid(self.gate(x)) * shared
         out = self.routed.partial(x) + shared
+        if self.average:  # (a sum of the ranks' parts: halved before or after, alike)
+            out = out * 0.5
         return out if self.tp is None else self.tp.all_reduce(out)
 
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from pagoda.runtime.model import (
     afmoe_config,
+    cohere2_moe_config,
+    dbrx_config,
     dots1_config,
     ernie4_5_moe_config,
     exaone_moe_config,
     flex_olmo_config,
     hunyuan_config,
+    hy_v3_config,
     minimax_m2_config,
     phimoe_config,
+    solar_open_config,
 )
 
 MODULES = (
@@ -28,6 +32,10 @@ MODULES = (
     exaone_moe_config,
     flex_olmo_config,
     afmoe_config,
+    dbrx_config,
+    solar_open_config,
+    cohere2_moe_config,
+    hy_v3_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
@@ -35,6 +43,8 @@ MODEL_CLASSES = {k: v for m in MODULES for k, v in m.MODEL_CLASSES.items()}
 FIELDS = {arch: m.family_fields for m in MODULES for arch in m.ARCHITECTURES.values()}
 # config.json keys whose null means "none" rather than the default
 NULLABLE = {k: v for m in MODULES for k, v in getattr(m, "NULLABLE", {}).items()}
+# the config.json key of the norms' eps where it is not rms_norm_eps
+EPS = {k: v for m in MODULES for k, v in getattr(m, "EPS", {}).items()}
 # the families whose rotary may be partial (`partial_rotary_factor`)
 PARTIAL_ROTARY = tuple(a for m in MODULES for a in getattr(m, "PARTIAL_ROTARY", ()))
 # a family's own rotary reading, (cfg, theta, rope_scaling, head_dim) -> (theta, rope_scaling)

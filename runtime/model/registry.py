@@ -38,6 +38,7 @@ MODEL_CLASSES = {
     "cohere2": ("cohere", "CohereModel"),  # Llama's, some layers without rotary (rope_layers)
     "deepseek_v2": ("deepseek", "DeepseekModel"),
     "deepseek_v3": ("deepseek", "DeepseekModel"),
+    "youtu": ("deepseek", "DeepseekModel"),  # V3's latent attention, a dense MLP
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
@@ -45,6 +46,7 @@ MODEL_CLASSES = {
     "seed_oss": ("llama", "LlamaModel"),  # Llama's, q/k/v (and o) biases
     "ernie4_5": ("ernie4_5", "Ernie4_5Model"),  # interleaved rotary in float32
     "arcee": ("ungated_mlp", "ArceeModel"),  # ReLU² MLP, no gate
+    "nanochat": ("nanochat", "NanoChatModel"),  # weightless norms, ReLU² MLP, soft cap
     "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
@@ -71,8 +73,13 @@ MODEL_CLASSES = {
     "mamba2": ("nemotron_h", "Mamba2Model"),  # Mamba2 blocks alone (no attention, no MLP)
     "mamba": ("mamba1", "MambaModel"),  # Mamba-1 blocks alone (selective scan)
     "falcon_mamba": ("mamba1", "MambaModel"),  # Mamba-1's, norms on B, C and dt
+    "jamba": ("jamba", "JambaModel"),  # Mamba-1 and attention layers, experts every other
+    "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
+    "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts
+    "qwen3_5": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's layers, a dense MLP
+    "qwen3_5_moe": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's, experts in every layer
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections

@@ -37,7 +37,8 @@ _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGenerati
 )
 _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
 _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
-_SKIP += ("model.visual.",)  # (EXAONE 4.5's)
+_SKIP += ("model.visual.",)  # (EXAONE 4.5's, Qwen3.5's)
+_SKIP += ("mtp.",)  # (Qwen3-Next's and Qwen3.5's multi-token prediction layers: not run)
 _SKIP += ("model.embed_vision.", "model.audio_tower.", "model.embed_audio.")  # (Gemma 4's)
 # EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
 _RENAMES = tuple((re.compile(a), b) for a, b in (
@@ -63,6 +64,9 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^transformer\.blocks\.", "model.layers."), (r"^transformer\.norm_f\.", "model.norm."),
     (r"\.norm_1\.", ".input_layernorm."), (r"\.norm_2\.", ".post_attention_layernorm."),
     (r"\.attn\.Wqkv\.", ".self_attn.qkv_proj."), (r"\.ffn\.(up|down)_proj\.", r".mlp.\1_proj."),
+    # DBRX's (model/dbrx.py: its experts' stacks split per expert at load)
+    (r"\.norm_attn_norm\.", "."), (r"\.ffn\.router\.layer\.", ".mlp.gate."),
+    (r"\.ffn\.experts\.mlp\.(w1|v1|w2)$", r".mlp.experts.\1"),
 ))  # fmt: skip
 # GPT-2's causal-mask buffers, saved by older transformers beside the weights (never read)
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -196,6 +200,9 @@ class SafetensorsWeights(Mapping):
         # names stored as [in, out] (GPT-2's Conv1D): read transposed; their `split_rows`
         # parts are ranges of the stored columns
         self._transposed: set[str] = set()
+        # `split_rows` parts read transposed after their rows are cut (DBRX's w2: [N, K] rows
+        # of each expert, read [K, N])
+        self._parts_transposed: set[str] = set()
         for i, handle in enumerate(self._handles):
             for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 name = _text_name(stored)
@@ -219,7 +226,8 @@ class SafetensorsWeights(Mapping):
         if name in self._rows:  # only these rows are read
             part = self._handles[i].get_slice(stored)
             pieces = [part[start:stop] for start, stop in self._rows[name]]
-            return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            return rows.t().contiguous() if name in self._parts_transposed else rows
         return self._handles[i].get_tensor(stored)
 
     def transpose(self, names) -> None:
@@ -240,14 +248,17 @@ class SafetensorsWeights(Mapping):
             return self[name][:n]
         return self._handles[i].get_slice(stored)[:n]
 
-    def split_rows(self, fused: str, parts: list[tuple[str, int, int]]) -> None:
+    def split_rows(
+        self, fused: str, parts: list[tuple[str, int, int]], transposed: bool = False
+    ) -> None:
         """List the stored tensor `fused` as the tensors `parts` (name, first row, end row),
         each read alone (Phi-3's fused qkv_proj as q_proj, k_proj, v_proj); `fused` is no
         longer listed. ValueError where the rows do not tile it. A name given more than once
-        is its ranges joined in order (Falcon's q/k/v interleaved by head group)."""
+        is its ranges joined in order (Falcon's q/k/v interleaved by head group). With
+        `transposed`, each part is read transposed once cut (of a 2-D `fused` stored as read)."""
         i, stored = self._where[fused]
-        transposed = fused in self._transposed
-        rows = self._handles[i].get_slice(stored).get_shape()[1 if transposed else 0]
+        stored_t = fused in self._transposed  # (GPT-2's Conv1D: parts are stored columns)
+        rows = self._handles[i].get_slice(stored).get_shape()[1 if stored_t else 0]
         edges = [0] + [stop for _, _, stop in parts]
         if [start for _, start, _ in parts] != edges[:-1] or edges[-1] != rows:
             names = ", ".join(dict.fromkeys(n for n, _, _ in parts))
@@ -261,11 +272,23 @@ class SafetensorsWeights(Mapping):
         for name, spans in ranges.items():
             self._where[name] = (i, stored)
             self._rows[name] = tuple(spans)
-            if transposed:
+            if stored_t:
                 self._transposed.add(name)
+            elif transposed:
+                self._parts_transposed.add(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
+
+    def rename(self, name: str, new: str) -> None:
+        """List tensor `name` as `new` (Qwen3.5-MoE's stacked experts, stored without a
+        `.weight`, under the name `moe.SparseMoE` reads stacked experts by)."""
+        self._where[new] = self._where.pop(name)
+        if name in self._rows:
+            self._rows[new] = self._rows.pop(name)
+        if name in self._transposed:
+            self._transposed.discard(name)
+            self._transposed.add(new)
 
     def stored_name(self, name: str) -> str:
         """What the files call tensor `name` (the text model's Llama-style name the engine
@@ -313,6 +336,8 @@ class SafetensorsWeights(Mapping):
             shape = shape[::-1]
         if name in self._rows:
             shape[0] = sum(stop - start for start, stop in self._rows[name])
+        if name in self._parts_transposed:
+            shape = shape[::-1]
         return s.get_dtype(), shape
 
     def blocks(self) -> Dense16Blocks:

@@ -42,6 +42,7 @@ config.json alone) counts from the model's shapes (`from_shapes`, which `fit.Pla
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -71,7 +72,9 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
-          (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"))  # fmt: skip
+          (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"),
+          # Qwen3-Next's and Qwen3.5's DeltaNet projections: one matrix (model/qwen3_next.py)
+          (re.compile(r"\bin_proj_(qkvz|ba|qkv|z|b|a)\b"), "in_proj"))  # fmt: skip
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
@@ -80,8 +83,8 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_
 _KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
 # a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
 _MAMBA_TENSORS = re.compile(
-    r"(\.mamba\.(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
-)  # (LFM2's conv)
+    r"(\.(mamba|linear_attn)\.(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
+)  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -190,6 +193,12 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.positions import transpose_conv1d
 
         transpose_conv1d(weights)
+    if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
+        from pagoda.runtime.model.dbrx import split_experts
+        from pagoda.runtime.model.hf_loader import read_config
+
+        with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
+            split_experts(weights, read_config(path))
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)
@@ -269,6 +278,8 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
         norms = (n + 1) * h * 4
     if mc.architecture == "afmoe":  # two more norms a layer
         norms += 2 * n * h * item
+    if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
+        norms = (n + 1) * h * (item if f.cohere_rms_norm else 4)
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
         norms *= 2
     if f.qk_norm_whole:  # q/k norms over all heads (OLMo 2's, MiniMax-M2's), whole on every rank
@@ -300,7 +311,8 @@ def _expert_bytes(mc: ModelConfig, item: int, fp8: bool, t: int, moe: int):
     shared = 0.0
     if s := f.shared_expert_intermediate_size:
         shared = moe * (3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item)
-        routers += moe * h * item if f.routing is None else 0
+        gate = f.routing is None and mc.architecture != "granitemoe"  # Qwen2-MoE's sigmoid gate
+        routers += moe * h * item if gate else 0
     return experts, routers, shared
 
 
@@ -386,6 +398,14 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         tensors = _gpt_oss_as_held(tensors, mc)
     if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
         tensors = dict(_llama4_experts(t) for t in tensors.values())
+    if mc.architecture in ("qwen3_next", "qwen3_5_moe"):  # stacked experts, read as `.weight`
+        from pagoda.runtime.model.qwen3_next_config import stacked_experts
+
+        renamed = stacked_experts(tensors)
+        tensors = {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
+                   for n, t in tensors.items()}  # fmt: skip
+    if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
+        tensors = _zamba2_as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -430,6 +450,13 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
     # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
     float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"
+    # Qwen3-Next's and Qwen3.5's (1 + w) norms (`qwen3_next.Qwen3NextModel`), not the gated one
+    float32_norm |= (
+        norm
+        and ".linear_attn." not in name
+        and mc.family.mamba is not None
+        and (mc.family.mamba.mixer == "gated_deltanet")
+    )
     if float32_router and _FLOAT32_ROUTER.search(name):
         return _float32_router(t, p)
     if mc.family.mla is not None and _KV_B.search(name):
@@ -445,8 +472,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     if name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
         return None
     if norm and (
-        mc.family.gemma_norms or mc.family.cohere_layer or mc.architecture == "gpt_oss"
-        or float32_norm or mc.family.gemma4 is not None
+        mc.family.gemma_norms or (mc.family.cohere_layer and not mc.family.cohere_rms_norm)
+        or mc.architecture == "gpt_oss" or float32_norm or mc.family.gemma4 is not None
     ):  # fmt: skip
         # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
         # w, Nemotron-H's
@@ -501,11 +528,44 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
     return out
 
 
+_ZAMBA2_ADAPTER = re.compile(r"^(.+\.self_attn\.)linear_[qkv]_adapter_list\.(\d+)\.([01])\.weight$")
+
+
+def _zamba2_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Zamba2's shared blocks as the engine holds them (`model/zamba2.py`): read from each
+    block's first use (a copy a later hybrid layer holds is not read, as transformers ties it),
+    a use's q/k/v adapters as one `Linear` each way (the three A stacked [3r, 2h], the three B
+    one block-diagonal [3 x 2h, 3r])."""
+    from pagoda.runtime.model.zamba2_config import block_prefix
+
+    z = mc.family.mamba.zamba2
+    read = tuple(block_prefix(mc, b) for b in range(min(z.blocks, sum(z.hybrid))))
+    out: dict[str, Stored] = {}
+    for name, t in tensors.items():
+        if ".shared_transformer." in name and not name.startswith(read):
+            continue
+        m = _ZAMBA2_ADAPTER.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, use, part = m.groups()
+        new = f"{prefix}lora_qkv.{use}.{part}.weight"
+        held = out.get(new)
+        shape = t.shape
+        if held is not None:  # A's rows stacked; B's rows and columns
+            shape = (held.shape[0] + t.shape[0], t.shape[1] + (held.shape[1] if part == "1" else 0))
+        out[new] = Stored(new, t.kind, shape, t.nbytes + (held.nbytes if held else 0))
+    return out
+
+
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
 _HYBRID_FP8 = re.compile(r"(mamba\.(in|out)_proj|shared_mlp\.(input|output)_linear|"
                          r"feed_forward\.(gate|up|down)_proj|mlp\.experts\.\d+\.(up|down)_proj|"
                          r"mlp\.fc[12]_latent_proj)\.weight$")  # fmt: skip
-_SHARED_EXPERT = re.compile(r"mlp\.(shared_experts?|shared_mlp)\.(gate|up|down)_proj\.weight$")
+_SHARED_EXPERT = re.compile(
+    r"(mlp\.(shared_experts?|shared_mlp)\.(gate|up|down)_proj|"
+    r"shared_mlp\.(input|output)_linear)\.weight$"
+)  # GraniteMoeShared's
 
 
 def _llama4_experts(t: Stored) -> tuple[str, Stored]:
@@ -558,10 +618,15 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return (h1 - h0) * shape[1], 1
     if re.search(r"\bq_proj\.(weight|bias)$", part):
         q0, q1 = lay.heads(mc.num_heads)
-        return (q1 - q0) * mc.head_dim, cols
+        gated = mc.family.mamba is not None and mc.family.mamba.attn_output_gate  # (its gates)
+        return (q1 - q0) * mc.head_dim * (2 if gated else 1), cols
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
+    if part.startswith("linear_attn."):  # Qwen3-Next's: every part by heads, the norm whole
+        if part.startswith("linear_attn.norm."):
+            return rows, cols
+        return (rows, cols // lay.size) if "out_proj." in part else (rows // lay.size, cols)
     if part.startswith(
         "mamba."
     ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors

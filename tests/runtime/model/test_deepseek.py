@@ -10,7 +10,9 @@ prompts sharing steps, and a pool small enough to preempt.
   with mscale_all_dim (the softmax scale's mscale squared);
 - v3: q_lora, sigmoid scores with e_score_correction_bias (noaux_tc, best-two group sums),
   renormalised and scaled weights, v_head_dim above the qk head;
-- v3-no-interleave: rope_interleave false (rotate-half rotary).
+- v3-no-interleave: rope_interleave false (rotate-half rotary);
+- youtu (`YoutuForCausalLM`: Youtu-LLM): V3's latent attention (q_lora, interleaved rotary) over
+  a dense SwiGLU MLP in every layer, tied embeddings.
 
 Every case caches one latent row per token and layer (kv_lora_rank 32 + qk_rope_head_dim 16)
 and attends in the absorbed form. Also: the cache's size (one row, one tensor), two
@@ -64,8 +66,9 @@ CASES = {
         n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=False,
         n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
         rope_interleave=False)),
+    "youtu": ("Youtu", dict(MLA, q_lora_rank=24, v_head_dim=32, intermediate_size=96)),
 }  # fmt: skip
-PREEMPTING = ["v2-lite", "v3"]
+PREEMPTING = ["v2-lite", "v3", "youtu"]
 
 
 def write_case(name: str, path, **changes):
@@ -245,3 +248,26 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
     moe = runner.model.layers[-1].mlp
     assert getattr(moe, "routed", moe).fused is not None  # the fused kernel, not every expert
+
+
+def test_youtu_sparse_config_reads_as_transformers(tmp_path):
+    """Youtu-LLM-2B's config.json as published (shrunk): no experts, tied embeddings and the
+    interleaved rotary by YoutuConfig's defaults, V3's latent shapes; an `n_routed_experts` it
+    may carry (YoutuConfig does not read one) builds no experts."""
+    import json
+
+    from pagoda.runtime.model.loader import read_model_config
+
+    cfg = dict(architectures=["YoutuForCausalLM"], model_type="youtu", hidden_size=64,
+               intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=32,
+               qk_rope_head_dim=16, v_head_dim=32, vocab_size=300, n_routed_experts=8,
+               rope_theta=1_600_000)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.tie_word_embeddings == theirs.tie_word_embeddings is True
+    assert c.rope_theta == theirs.rope_parameters["rope_theta"] == 1_600_000
+    assert c.family.mla.rope_interleave == theirs.rope_interleave is True
+    assert c.family.num_experts == 0 and c.intermediate_size == 96
+    assert c.family.attention_multiplier == pytest.approx((32 + 16) ** -0.5)

@@ -46,6 +46,27 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   bias large enough to change the picks, renormalised and scaled by `route_scale`, beside two
   shared experts; afmoe-mup: the muP embedding scale (sqrt(hidden_size)), every layer a window
   layer, experts from the first layer on, one shared expert.
+- granitemoe-shared (`GraniteMoeSharedForCausalLM`): GraniteMoe's scalars and stacked experts
+  (top-2 of 4) with the ungated `shared_mlp` beside them, its width other than the experts'.
+- dbrx (`DbrxForCausalLM`): MPT's bias-free LayerNorms and stacked `Wqkv` clamped by a
+  `clip_qkv` small enough to clamp, the rotary, two KV heads, top-2 of 4 experts renormalised
+  (their stacked `w1` / `v1` / `w2` listed per expert); dbrx-plain: a clamp too wide to act
+  (transformers' DBRX fails without one), one KV head, top-3 of 6 not renormalised
+  (`moe_normalize_expert_weights` null).
+- solar-open (`SolarOpenForCausalLM`): GLM-4.5's model without q/k norms, experts from the
+  first layer on: V3's router (sigmoid, a correction bias large enough to change the picks, 4
+  groups of which 2, renormalised, scaled by 2) beside one shared expert, the whole head
+  rotating.
+- cohere2-moe (`Cohere2MoeForCausalLM`): Cohere 2's layer (one LayerNorm, attention and the MLP
+  side by side, the interleaved rotary on the window layers, NoPE global ones, `logit_scale`)
+  with a dense first layer of its own width (rotating: `prefix_dense_sliding_window_pattern`
+  1), then top-2 of 4 experts by the softmax of their logits averaged with a shared expert;
+  cohere2-moe-rms: Llama's RMSNorm (`rms_norm_eps`), experts in every layer by sigmoids
+  renormalised, summed with two shared experts, an untied head.
+- hy-v3 (`HYV3ForCausalLM`: Hy3): per-head q/k norms, a dense first layer, then experts by
+  sigmoid scores with a choice-only `expert_bias` large enough to change the picks,
+  renormalised and scaled by `router_scaling_factor`, beside the shared MLP; written under
+  the released names (`mlp.router.gate`, `mlp.expert_bias`, `mlp.shared_mlp`).
 """
 
 from __future__ import annotations
@@ -80,6 +101,8 @@ ERNIE_BIAS = (("mlp.gate.moe_statics.e_score_correction_bias", 0.3),)
 V3_BIAS = (("mlp.gate.e_score_correction_bias", 1.0),)
 MINIMAX_BIAS = (("mlp.e_score_correction_bias", 1.0),)
 AFMOE_ROUTER = (("mlp.router.gate.weight", 1.0), ("mlp.expert_bias", 1.0))
+# DBRX's base both where transformers reads it and where its released configs keep it
+DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
 # name: (transformers config class prefix, config overrides, tensors drawn at random)
 CASES = {
@@ -142,6 +165,36 @@ CASES = {
         head_dim=16, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=24,
         num_shared_experts=1, num_dense_layers=0, mup_enabled=True, sliding_window=40,
         global_attn_every_n_layers=8, **B, **P), AFMOE_ROUTER),
+    "granitemoe-shared": ("GraniteMoeShared", dict(
+        num_local_experts=4, intermediate_size=32, shared_intermediate_size=48,
+        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
+        logits_scaling=2.0, **E), ()),
+    "dbrx": ("Dbrx", dict(
+        d_model=64, n_heads=4, n_layers=2, **DBRX_ROPE,
+        attn_config=dict(kv_n_heads=2, clip_qkv=0.3, rope_theta=50000.0),
+        ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2), **E), ()),
+    "dbrx-plain": ("Dbrx", dict(
+        d_model=64, n_heads=4, n_layers=2, **DBRX_ROPE,
+        attn_config=dict(kv_n_heads=1, clip_qkv=100.0, rope_theta=50000.0),
+        ffn_config=dict(ffn_hidden_size=24, moe_num_experts=6, moe_top_k=3,
+                        moe_normalize_expert_weights=None), **E), ()),
+    "solar-open": ("SolarOpen", dict(
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        routed_scaling_factor=2.0, n_shared_experts=1, moe_intermediate_size=32,
+        **B), V3_BIAS),
+    "cohere2-moe": ("Cohere2Moe", dict(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, intermediate_size=32,
+        prefix_dense_intermediate_size=48, first_k_dense_replace=1, num_shared_experts=1,
+        sliding_window=11, sliding_window_pattern=2, num_hidden_layers=4, logit_scale=0.5,
+        **B, **P), ()),
+    "cohere2-moe-rms": ("Cohere2Moe", dict(
+        head_dim=16, num_experts=6, num_experts_per_tok=3, intermediate_size=24,
+        rms_norm_eps=1e-6, expert_selection_fn="sigmoid", num_shared_experts=2,
+        shared_expert_combination_strategy="sum", sliding_window=11, sliding_window_pattern=2,
+        tie_word_embeddings=False, **B, **P), ()),
+    "hy-v3": ("HYV3", dict(
+        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        router_scaling_factor=2.5, num_hidden_layers=3, **B), MINIMAX_BIAS),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -190,6 +243,34 @@ FIELDS = {
         "family.moe_layers": (False, True, True, True),
         "family.routing.routed_scaling_factor": 2.0, "family.embedding_multiplier": 1.0},
     "afmoe-mup": {"family.embedding_multiplier": 8.0},
+    "dbrx": {
+        "architecture": "dbrx", "num_kv_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
+        "family.clip_qkv": 0.3, "family.falcon_qkv": "stacked", "family.num_experts": 4,
+        "family.num_experts_per_tok": 2, "family.moe_intermediate_size": 32,
+        "family.norm_topk_prob": True, "tie_word_embeddings": False},
+    "dbrx-plain": {"num_kv_heads": 1, "family.norm_topk_prob": False},
+    "solar-open": {
+        "architecture": "solar_open", "family.qk_norm": False, "rope_scaling": None,
+        "family.moe_layers": (True, True), "family.shared_expert_intermediate_size": 32,
+        "family.routing.n_group": 4, "family.routing.bias": True},
+    "cohere2-moe": {
+        "architecture": "cohere2_moe", "family.cohere_rms_norm": False, "rms_norm_eps": 1e-5,
+        "intermediate_size": 48, "family.moe_intermediate_size": 32,
+        "family.moe_layers": (False, True, True, True),
+        "family.window_layers": (False, True, False, True),
+        "family.rope_layers": (True, True, False, True), "family.shared_expert_average": True,
+        "family.routing.scoring": "softmax", "tie_word_embeddings": True},
+    "cohere2-moe-rms": {
+        "family.cohere_rms_norm": True, "rms_norm_eps": 1e-6, "family.moe_layers": (True, True),
+        "family.routing.scoring": "sigmoid", "family.shared_expert_average": False,
+        "family.shared_expert_intermediate_size": 48},
+    "hy-v3": {
+        "architecture": "hy_v3", "family.qk_norm": True, "family.moe_layers": (False, True, True),
+        "family.routing.scoring": "sigmoid", "family.routing.bias": True,
+        "family.routing.routed_scaling_factor": 2.5, "family.shared_expert_intermediate_size": 32},
+    "granitemoe-shared": {
+        "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
+        "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
 }  # fmt: skip
 # `server/weights.py` against the built model, bf16 from float32 files (rank 0's share of tp):
 # float32 routers and correction biases (ERNIE's [1, E], MiniMax-M2's under `block_sparse_moe`,
@@ -199,12 +280,23 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("hunyuan-dense", 2), ("dots1", 1), ("dots1", 2), ("minimax-m2", 1),
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
-             ("afmoe", 2)]  # fmt: skip
+             ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
+             ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
+             ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
+             ("hy-v3", 1), ("hy-v3", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
 # (by the rank's heads), o's and the LM head's (whole). Each was left out once.
-FROM_SHAPES = {"afmoe": 1e-6, "minimax-m2": 1e-6, "phimoe": 1e-6}
+FROM_SHAPES = {
+    "afmoe": 1e-6,
+    "minimax-m2": 1e-6,
+    "phimoe": 1e-6,
+    "granitemoe-shared": 1e-6,
+    "dbrx": 1e-6,
+    "cohere2-moe": 1e-6,
+    "cohere2-moe-rms": 1e-6,
+}
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
     ("ernie45-moe", "model.layers.1.mlp.moe_statics.e_score_correction_bias"),
@@ -218,11 +310,20 @@ MISSING = [
     ("afmoe", "model.layers.2.mlp.expert_bias"),
     ("afmoe", "model.layers.3.post_mlp_layernorm.weight"),
     ("afmoe", "model.layers.1.mlp.router.gate.weight"),
+    ("granitemoe-shared", "model.layers.1.shared_mlp.output_linear.weight"),
+    ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
+    ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
+    ("hy-v3", "model.layers.1.mlp.expert_bias"),
+    ("hy-v3", "model.layers.2.mlp.shared_mlp.down_proj.weight"),
+    ("hy-v3", "model.layers.1.mlp.router.gate.weight"),
 ]
 # heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
-# experts and shared MLPs by width, routers whole on each
+# experts and shared MLPs by width, routers whole on each (DBRX's experts listed per expert;
+# Cohere 2 MoE's average halved before the sum; GraniteMoeShared's shared MLP and Solar Open's
+# and Hy3's GLM-4.5 layers split as Granite 4.0's and GLM-4.5's, whose tests run them on two
+# ranks: their weights estimates are checked at tp 2)
 TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe"]  # fmt: skip
+             "flex-olmo", "afmoe", "dbrx", "cohere2-moe"]  # fmt: skip
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -509,3 +610,103 @@ def test_exaone_moe_pattern_string_beside_layer_types_reads_as_transformers(buil
     f = read_model_config(str(tmp_path)).family
     assert f.window_layers == tuple(t == "sliding_attention" for t in theirs) == (
         False, True, False)  # fmt: skip
+
+
+# DBRX
+
+
+def test_dbrx_released_config_reads_as_the_model_was_trained(tmp_path):
+    """dbrx-instruct's config.json (shrunk): MPT's top-level names, the KV heads, clamp and base
+    in `attn_config`, the experts in `ffn_config` (`moe_jitter_eps` a training setting); the
+    base `attn_config.rope_theta` (500,000), as DBRX's own code and vLLM read it: transformers
+    5.25 reads 10,000 (its DbrxConfig has no place for the nested one)."""
+    cfg = dict(architectures=["DbrxForCausalLM"], model_type="dbrx", d_model=64, n_heads=4,
+               n_layers=2, max_seq_len=32768, vocab_size=300, tie_word_embeddings=False,
+               attn_config={"clip_qkv": 8, "kv_n_heads": 2, "rope_theta": 500000},
+               ffn_config={"ffn_hidden_size": 32, "moe_jitter_eps": 0.01,
+                           "moe_loss_weight": 0.05, "moe_num_experts": 4, "moe_top_k": 2})  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert (c.hidden_size, c.num_heads, c.num_kv_heads, c.num_layers) == (
+        theirs.hidden_size, theirs.num_attention_heads, theirs.num_key_value_heads, 2)  # fmt: skip
+    assert c.max_position_embeddings == theirs.max_position_embeddings == 32768
+    assert c.rope_theta == 500000.0 and theirs.rope_parameters["rope_theta"] == 10000.0
+    f = c.family
+    assert (f.clip_qkv, f.num_experts, f.num_experts_per_tok, f.moe_intermediate_size) == (
+        8.0, 4, 2, 32)  # fmt: skip
+    assert f.norm_topk_prob and c.rms_norm_eps == 1e-5 and not c.tie_word_embeddings
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [("moe_normalize_expert_weights", 2.0, "moe_normalize_expert_weights"),
+     ("ffn_act_fn", {"name": "gelu"}, "ffn_act_fn")],
+)  # fmt: skip
+def test_what_dbrx_would_run_otherwise_is_refused(built, tmp_path, key, value, match):
+    cfg = json.loads((built("dbrx")[0] / "config.json").read_text())
+    cfg["ffn_config"][key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+        read_model_config(str(tmp_path))
+
+
+# Solar Open
+
+
+def test_solar_open_sparse_config_reads_as_transformers(tmp_path):
+    """A config.json naming only the shape (Solar-Open-100B's, shrunk): the rest from
+    SolarOpenConfig's defaults (base 1e6, head_dim 128, one shared expert, renormalised, one
+    group), the experts' width as the model's width (it has no dense MLP)."""
+    cfg = dict(architectures=["SolarOpenForCausalLM"], model_type="solar_open", hidden_size=64,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+               vocab_size=300)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.rope_theta == theirs.rope_parameters["rope_theta"] == 1e6
+    assert c.head_dim == theirs.head_dim == 128 and c.rope_scaling is None
+    f = c.family
+    assert f.shared_expert_intermediate_size == 32 * theirs.n_shared_experts
+    assert f.norm_topk_prob == theirs.norm_topk_prob and f.routing.n_group == theirs.n_group
+    assert f.moe_layers == (True, True) and c.intermediate_size == 32
+
+
+# Cohere 2 MoE
+
+
+def test_cohere2_moe_config_without_layer_kinds_reads_as_transformers(built, tmp_path):
+    """A config.json without `layer_types` / `mlp_layer_types` (`first_k_dense_replace` and
+    the two window patterns instead): the layers' kinds as Cohere2MoeConfig derives them."""
+    cfg = json.loads((built("cohere2-moe")[0] / "config.json").read_text())
+    del cfg["layer_types"], cfg["mlp_layer_types"]
+    for dense, prefix in ((1, 1), (2, 2), (0, 1)):
+        cfg.update(first_k_dense_replace=dense, prefix_dense_sliding_window_pattern=prefix)
+        (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone
+        theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+        f = read_model_config(str(tmp_path)).family
+        sliding = tuple(t == "sliding_attention" for t in theirs.layer_types)
+        assert tuple(f.window(i) is not None for i in range(4)) == sliding
+        assert f.moe_layers == tuple(m == "sparse" for m in theirs.mlp_layer_types)
+        force = [m == "dense" and prefix == 1 for m in theirs.mlp_layer_types]
+        assert f.rope_layers == tuple(s or r for s, r in zip(sliding, force))
+
+
+# Hy3
+
+
+def test_hy_v3_sparse_config_reads_as_transformers(tmp_path):
+    """A config.json naming the shape alone: HYV3Config's base (11,158,840), its dense first
+    layer and its router scale, as transformers reads them."""
+    cfg = dict(architectures=["HYV3ForCausalLM"], model_type="hy_v3", hidden_size=64,
+               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               num_experts=8, moe_intermediate_size=32, vocab_size=300)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.rope_theta == theirs.rope_parameters["rope_theta"] == 11_158_840.0
+    f = c.family
+    assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
+    assert f.routing.routed_scaling_factor == theirs.router_scaling_factor
+    assert f.num_experts_per_tok == theirs.num_experts_per_tok == 8
