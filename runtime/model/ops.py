@@ -131,7 +131,7 @@ def silu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul(*, x: torch.Tensor) -> torch.Tensor:
     """[T, 2I] → gelu_tanh(x[:, :I]) * x[:, I:] (GeGLU, as Gemma's MLP computes it)."""
     gate, up = x.chunk(2, dim=-1)
-    return torch.mul(F.gelu(gate), up)
+    return torch.mul(F.gelu(gate, approximate="tanh"), up)
 
 
 def gelu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
