@@ -11,6 +11,7 @@ from typing import Any
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
     ExpertRouting,
+    Gemma4Layers,
     Llama4Attention,
     MambaConfig,
     MlaConfig,
@@ -122,6 +123,9 @@ class FamilyConfig:
     falcon_norms: str = ""
     # hybrid state-space models (Granite 4.0, Bamba): the Mamba2 layers, None: all attention
     mamba: MambaConfig | None = None
+    # Gemma 4 (model/gemma4.py): head sizes, KV heads and MLP widths by layer, KV-shared
+    # layers, per-layer inputs, the MoE block beside the MLP
+    gemma4: Gemma4Layers | None = None
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -250,6 +254,9 @@ class ModelConfig:
         m = self.family.mamba
         if m is not None and len(m.layers) != self.num_layers:
             raise ValueError(f"the Mamba layers must name each of the {self.num_layers} layers")
+        g = self.family.gemma4
+        if g is not None and len(g.head_dims) != self.num_layers:
+            raise ValueError(f"the Gemma 4 layers must name each of the {self.num_layers} layers")
 
     def hybrid_params(self, tp: int = 1) -> int:
         """What a hybrid's layers hold beyond (or short of) Llama's shape on one of `tp` ranks:
@@ -285,9 +292,22 @@ class ModelConfig:
 
     @property
     def num_kv_layers(self) -> int:
-        """The layers that keep a KV cache: all but a hybrid's Mamba layers."""
-        m = self.family.mamba
+        """The layers that keep a KV cache: all but a hybrid's Mamba layers and Gemma 4's
+        KV-shared layers (they read an earlier layer's)."""
+        m, g = self.family.mamba, self.family.gemma4
+        if g is not None:
+            return sum(not g.shares_kv(i) for i in range(self.num_layers))
         return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
+
+    @property
+    def kv_layer_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(KV heads, head size) of each layer that keeps a KV cache, in layer order: the
+        model's for every one, or Gemma 4's by layer."""
+        g = self.family.gemma4
+        if g is None:
+            return ((self.num_kv_heads, self.head_dim),) * self.num_kv_layers
+        return tuple((g.kv_heads[i], g.head_dims[i]) for i in range(self.num_layers)
+                     if not g.shares_kv(i))  # fmt: skip
 
     @property
     def context_length(self) -> int:
@@ -312,6 +332,10 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
+        if self.family.gemma4 is not None:  # its tensors, layer by layer
+            from pagoda.runtime.model.gemma4_config import param_count
+
+            return param_count(self)
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         f = self.family

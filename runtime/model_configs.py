@@ -359,3 +359,46 @@ class MambaConfig:
         conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
         ssm = math.prod(self.ssm_shape) * self.ssm_dtype(dtype).itemsize
         return self.num_layers * (conv + ssm) * seqs
+
+
+@dataclass(frozen=True)
+class Gemma4Layers:
+    """Gemma 4's text model (`model/gemma4.py`, read by `model/gemma4_config.py`): what differs
+    layer by layer, and the per-layer inputs. `ModelConfig.head_dim` / `num_kv_heads` are the
+    sliding layers'; the full-attention layers' may differ (`head_dims`, `kv_heads`). A layer
+    whose `kv_source` is another (an earlier layer of its kind: `num_kv_shared_layers`) has no
+    K/V projections and no KV cache of its own: it attends over that layer's. Per-layer inputs
+    (`per_layer_input` wide, 0: none) come from a table of `per_layer_vocab` rows."""
+
+    head_dims: tuple[int, ...]
+    kv_heads: tuple[int, ...]
+    kv_source: tuple[int, ...]
+    k_eq_v: tuple[bool, ...]  # values are the keys' projection (no v_proj)
+    mlp_widths: tuple[int, ...]  # the dense MLP's (double wide in the KV-shared layers)
+    global_rope_theta: float  # the full-attention layers' rotary ("proportional")
+    global_rotary: float = 1.0  # partial_rotary_factor: the rest of the head's angles are 0
+    global_rope_factor: float = 1.0
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
+    num_experts: int = 0  # a MoE block beside the dense MLP in every layer (0: none)
+    top_k: int = 0
+    moe_intermediate_size: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.head_dims)
+        for name in ("kv_heads", "kv_source", "k_eq_v", "mlp_widths"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"gemma4 {name} must name each of the {n} layers")
+        for i, src in enumerate(self.kv_source):
+            if not 0 <= src <= i or self.kv_source[src] != src:
+                raise ValueError(f"gemma4 layer {i} cannot read layer {src}'s KV cache")
+            if (self.head_dims[src], self.kv_heads[src]) != (self.head_dims[i], self.kv_heads[i]):
+                raise ValueError(f"gemma4 layer {i} reads layer {src}'s KV cache of another shape")
+        for d in (*self.head_dims, *self.kv_heads, *self.mlp_widths):
+            _positive("head_dim", d)
+        if self.num_experts and not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"gemma4 top_k_experts {self.top_k} must be in 1..{self.num_experts}")
+
+    def shares_kv(self, layer: int) -> bool:
+        """Whether `layer` reads another layer's KV cache (and keeps none)."""
+        return self.kv_source[layer] != layer

@@ -17,6 +17,11 @@ KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 element type through ``allocate_kv_cache``, as the CPU backend does); token ``t`` of a sequence lives in block
 ``block_tables[seq, t // block_size]`` at offset ``t % block_size``; ``slot_mapping[i]`` is
 ``block * block_size + offset`` for new token ``i`` (``-1``: do not write, e.g. padding).
+Layers may differ in ``num_kv_heads`` and ``head_dim`` (Gemma 4's full-attention layers): each
+shape has its backend (``with_geometry``) and its layers' caches; a block id names the same
+positions in every layer's cache, so the pages are counted per block over all layers. A layer
+that reads another layer's cache (Gemma 4's KV-shared layers) has none of its own: it passes
+that layer's k/v of the step and ``store=False``.
 
 **Latent cache** (``latent``, multi-head latent attention: DeepSeek-V2/V3): one KV head whose
 row of ``head_dim`` values per token serves as both key and value, the value being its first
@@ -28,6 +33,7 @@ stores ``k`` only (``v`` is ignored) and returns ``[T, num_heads, latent]``. Sco
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +144,18 @@ class AttentionBackend(ABC):
             (k_cache, k_cache) if self.latent is not None else (k_cache, zeros(shape, dt, device))
         )
 
+    def with_geometry(self, num_kv_heads: int, head_dim: int) -> AttentionBackend:
+        """This backend for layers of another shape (Gemma 4's full-attention layers: their
+        own head size and KV heads), sharing everything else; itself where the shape is its."""
+        if (num_kv_heads, head_dim) == (self.num_kv_heads, self.head_dim):
+            return self
+        if self.num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={num_kv_heads}")  # fmt: skip
+        other = copy.copy(self)
+        other.num_kv_heads, other.head_dim = num_kv_heads, head_dim
+        return other
+
     def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
         """Build per-step tensors once (not once per layer); store them in ``meta.aux``."""
 
@@ -154,8 +172,11 @@ class AttentionBackend(ABC):
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
         chunk: int | None = None,
+        store: bool = True,
     ) -> torch.Tensor:  # [T, num_heads, head_dim] (a latent cache: [T, num_heads, latent])
-        """Store k/v at ``meta.slot_mapping``, then return attention output for every query token;
+        """Store k/v at ``meta.slot_mapping`` (not with ``store`` false: a layer reading another
+        layer's cache, whose k/v of this step these are, already stored: Gemma 4's KV-shared
+        layers), then return attention output for every query token;
         ``window``: this layer's sliding window (the backend's ``sliding_window``), or None;
         ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only;
         ``sinks``: this layer's attention sinks, float32 ``[num_heads]``; ``chunk``: this

@@ -123,13 +123,16 @@ class TorchAttentionBackend(AttentionBackend):
         """Plan the step: host index tensors for the kernel, or buckets, indices and masks (the
         window layers' buckets are planned on their first call, `_buckets`)."""
         if self.kernel is not None:
+            if "qstart" in meta.aux:  # (planned by a backend of another shape: the same)
+                return
             qlens = np.asarray(meta.query_lens_host, dtype=np.int32)
             meta.aux["qstart"] = torch.from_numpy(
                 np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
             )
             meta.aux["seq_lens"] = torch.tensor(meta.seq_lens_host, dtype=torch.int32)
             return
-        meta.aux["buckets"] = self._plan(meta, None)
+        if "buckets" not in meta.aux:
+            meta.aux["buckets"] = self._plan(meta, None)
 
     def _buckets(
         self, meta: AttentionMetadata, window: int | None, chunk: int | None = None
@@ -262,19 +265,21 @@ class TorchAttentionBackend(AttentionBackend):
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
     def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None, sinks=None,
-                chunk=None):  # fmt: skip
+                chunk=None, store=True):  # fmt: skip
         if kv_scales is not None:  # get_attention_backend gives FP8 caches to Triton only
             raise ValueError("the torch attention backend has no FP8 KV cache")
         if sinks is not None and self.kernel is not None:  # allocate_kv_cache saw `self.sinks`
             raise ValueError("attention sinks need a backend built with sinks=True")
         if self.kernel is not None:  # the kernel's layout: it reads the cache in place
-            self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            if store:
+                self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             aux = meta.aux
             return self.kernel.attention(
                 q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale,
                 window=window, chunk=chunk, alibi=self.alibi_slopes,
             )  # fmt: skip
-        self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if store:
+            self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, _, bs, width = k_cache.shape
         latent = self.latent
         out = q.new_empty(*q.shape[:2], latent or q.shape[2])

@@ -76,8 +76,10 @@ class TritonAttentionBackend(AttentionBackend):
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
         chunk: int | None = None,
+        store: bool = True,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache
+        """Store k/v at ``meta.slot_mapping`` (-1 skipped; not with ``store`` false: base.py),
+        then attend causally over the cache
         (over the last ``window`` keys of each query when given, or over its own ``chunk``'s:
         the kernels read only those).
         An FP8 cache is written and read with this layer's ``kv_scales``; ``sinks`` (float32
@@ -86,18 +88,21 @@ class TritonAttentionBackend(AttentionBackend):
         the output is the first ``latent`` columns of the kernels' (a view, no copy)."""
         if self.latent is not None:
             scale = None if kv_scales is None else (kv_scales[0], kv_scales[0])
-            out = self._attend(q, k, k, k_cache, k_cache, meta, window, scale, sinks, chunk)
+            out = self._attend(q, k, k, k_cache, k_cache, meta, window, scale, sinks, chunk,
+                               store)  # fmt: skip
             return out[..., : self.latent]
-        return self._attend(q, k, v, k_cache, v_cache, meta, window, kv_scales, sinks, chunk)
+        return self._attend(q, k, v, k_cache, v_cache, meta, window, kv_scales, sinks, chunk,
+                            store)  # fmt: skip
 
     def _attend(
-        self, q, k, v, k_cache, v_cache, meta, window, kv_scales, sinks, chunk
+        self, q, k, v, k_cache, v_cache, meta, window, kv_scales, sinks, chunk, store=True
     ) -> torch.Tensor:
         k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
-        self._write_kv_cache(
-            k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping,
-            k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
+        if store:
+            self._write_kv_cache(
+                k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping,
+                k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         extra = sinks is not None or self.alibi_slopes is not None  # (no SDPA equivalent)
         supported = sdpa_prefill.supports(meta, window, self.softcap, extra, chunk)

@@ -96,6 +96,9 @@ def check(config: ModelConfig, size: int) -> None:
     if size == 1:
         return
     f = config.family
+    if f.gemma4 is not None:  # (its layers' own head sizes and KV heads, shared KV caches)
+        raise ValueError(f"--tensor-parallel-size {size} is not supported for a gemma4 model; "
+                         "serve it on one device")  # fmt: skip
     if f.mamba is not None and (
         f.mamba.mixer not in ("mamba2", "gated_deltanet") or f.mamba.zamba2 is not None
     ):  # (LFM2's, Mamba-1's, Zamba2's: not split)

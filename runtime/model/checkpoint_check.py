@@ -17,6 +17,10 @@ FP8_DTYPES = ("F8_E4M3",)
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The tensors every layer of `c` needs, with their shapes (the MLPs' and experts' widths
     come from the weights: `mlp_triples` names them, `_check_mlp` checks they agree)."""
+    if c.family.gemma4 is not None:  # head sizes, KV sharing, MLP widths by layer
+        from pagoda.runtime.model.gemma4_config import expected_shapes as gemma4_shapes
+
+        return gemma4_shapes(c)
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
@@ -256,6 +260,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     out = []
     for i in range(c.num_layers):
         if c.architecture in (
+            "gemma4",
             "granitemoe",
             "gpt_oss",
             "granitemoehybrid",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
@@ -438,6 +439,7 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "qwen3": _qwen3,
     "gemma3": _gemma3,
+    "gemma4": lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n),
     "gemma2": _gemma2,
     "vaultgemma": _gemma2,
     "gemma": _gemma,

@@ -146,7 +146,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         return int(window) if window else None
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
-    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3",
+    if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
                     "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm"):  # fmt: skip
         return None
     return int(window) if window else None
@@ -231,6 +231,10 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
+    if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
+        by_kind = "sliding_attention"
+        if read_quantization(model_dir) is not None:
+            raise ValueError("an FP8 gemma4 checkpoint is not supported; serve a 16-bit one")
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
     if arch == "llama4":  # the dense MLP's width
         cfg = {**cfg, **llama4.overrides(cfg)}

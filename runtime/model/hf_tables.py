@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
@@ -24,6 +25,9 @@ HF_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not read
+    # Gemma 4: per-layer inputs, KV-shared layers, head sizes by layer (model/gemma4.py); the
+    # multimodal checkpoints' text model (its vision and audio towers are not read)
+    **gemma4.ARCHITECTURES,
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen2MoeForCausalLM": "qwen2moe",
@@ -89,6 +93,7 @@ TEXT_MODEL_TYPES = {
     "Mistral3ForConditionalGeneration": {"mistral": "mistral", "ministral": "ministral",
                                          "ministral3": "ministral3"},
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
+    **gemma4.TEXT_MODEL_TYPES,
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
@@ -266,6 +271,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **llama4.DEFAULTS,
     **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
+    **gemma4.DEFAULTS,
 }  # fmt: skip
 DEFAULTS["vaultgemma"] = DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
@@ -289,6 +295,7 @@ NULLABLE = {
     "llama4": llama4.NULLABLE,
     "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
     **moe_families.NULLABLE,
+    "gemma4": ("hidden_size_per_layer_input",),  # null: no per-layer inputs
 }
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
@@ -299,6 +306,7 @@ EPS.update(mpt="layer_norm_epsilon", **moe_families.EPS)
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
+    "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
     "ministral3": {
         "rope_type": "yarn",
         "rope_theta": 1_000_000.0,

@@ -410,6 +410,18 @@ class LlamaModel:
             return self.lm_head.sample(x, head.scale, head.u)
         return self.lm_head(x)  # model dtype: the sampler widens only when it must
 
+    @property
+    def kv_backends(self) -> list[AttentionBackend]:
+        """The attention backend of each layer that keeps a KV cache, in layer order (the
+        runner allocates each one's cache with it): the model's, or one of another shape
+        (Gemma 4's full-attention layers)."""
+        return [self.backend] * self.config.num_kv_layers
+
+    def layer_caches(self, caches: list) -> list:
+        """Every layer's (k_cache, v_cache) from those of `kv_backends` (Mamba layers' places
+        filled in already): these, or with Gemma 4's KV-shared layers reading an earlier one."""
+        return caches
+
     # -----------------------------------------------------------------------------------------
     @property
     def cos_sin_cache(self) -> torch.Tensor:

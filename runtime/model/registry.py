@@ -21,6 +21,7 @@ MODEL_CLASSES = {
     "qwen3": ("qwen3", "Qwen3Model"),
     "gemma2": ("gemma2", "Gemma2Model"),
     "gemma3": ("gemma3", "Gemma3Model"),
+    "gemma4": ("gemma4", "Gemma4Model"),  # per-layer inputs, KV-shared layers, MoE block
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),
     "qwen2moe": ("moe", "Qwen2MoeModel"),

@@ -73,8 +73,10 @@ class Plan:
 
     def kv_bytes_per_token(self, mc: ModelConfig) -> int:
         item = 1 if self.fp8_kv or self.int8_kv else self.dtype.itemsize
-        row = mc.head_dim * item + 4 * self.int8_kv  # int8: a float32 scale per row
-        return mc.num_kv_layers * mc.kv_tensors * self.kv_heads(mc) * row
+        return sum(  # int8: a float32 scale per row; KV heads split over the ranks
+            mc.kv_tensors * max(1, heads // self.tp) * (dim * item + 4 * self.int8_kv)
+            for heads, dim in mc.kv_layer_shapes
+        )
 
     def kv_bytes(self, mc: ModelConfig, tokens: int | None = None) -> int:
         """One sequence of ``tokens`` (default ``max_model_len``), in whole blocks."""
@@ -149,7 +151,7 @@ def check(
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
                    how, float32_fix(mc, cfg, model_path, plan, have),
-                   quantizable=model_path.suffix != ".gguf")  # fmt: skip
+                   quantizable=model_path.suffix != ".gguf" and mc.family.gemma4 is None)  # fmt: skip
     raise ReasonedError(text, reason=REASON)
 
 

@@ -79,14 +79,16 @@ _BLAME = {
 def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:
     """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`; one
     latent row per layer for multi-head latent attention, `ModelConfig.kv_tensors`)."""
-    rows = mc.kv_tensors * mc.num_kv_heads
-    if kv_cache_dtype == "int8":
-        per_layer = rows * (mc.head_dim + 4)
-    elif kv_cache_dtype == "fp8":
-        per_layer = rows * mc.head_dim
-    else:
-        per_layer = rows * mc.head_dim * dtype.itemsize
-    return mc.num_kv_layers * per_layer  # (a hybrid's Mamba layers keep no KV cache)
+    total = 0
+    for heads, dim in mc.kv_layer_shapes:  # (a hybrid's Mamba layers keep no KV cache)
+        rows = mc.kv_tensors * heads
+        if kv_cache_dtype == "int8":
+            total += rows * (dim + 4)
+        elif kv_cache_dtype == "fp8":
+            total += rows * dim
+        else:
+            total += rows * dim * dtype.itemsize
+    return total
 
 
 def host_available() -> tuple[int, str]:
@@ -145,6 +147,8 @@ def estimate(
     rows = 2 * sched.max_num_seqs
     tables = rows * ((width + 1) * 4 + 60)  # int32 table, int64 length, list slots per row
     rotary = mc.head_dim if mc.family.mla is None else mc.family.mla.qk_rope_head_dim
+    if mc.family.gemma4 is not None:  # its full-attention layers' table beside the sliding's
+        rotary += max(mc.family.gemma4.head_dims)
     rope = max_len * rotary * 4  # float32 rows of the positions served (model_runner)
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:

@@ -65,7 +65,10 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # positions (a table, whole on every rank), OPT's projections (Linears), BLOOM's embedding norm
 POSITIONS = "model.embed_positions.weight"
 _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weight",
-                   "model.embed_layernorm.weight", "model.embed_layernorm.bias")  # fmt: skip
+                   "model.embed_layernorm.weight", "model.embed_layernorm.bias",
+                   # Gemma 4's per-layer inputs (model/gemma4.py)
+                   "model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
+                   "model.per_layer_projection_norm.weight")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -217,6 +220,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     h, i, n, t = mc.hidden_size, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
     f = mc.family
+    if f.gemma4 is not None:  # (one rank, 16 or 32 bits: its TP and FP8 are refused)
+        from pagoda.runtime.model.gemma4_config import param_count
+
+        return param_count(mc) * item
     moe = sum(f.has_experts(x) for x in range(n))
     kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
     attn, attn_rows = _attention_shape(mc, t, kv)
@@ -379,6 +386,10 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         # PhiMoE's head a bias)
         return True
     m = _LAYER.match(name)
+    g = mc.family.gemma4  # its KV-shared layers' K/V projections and norms: not read
+    if m is not None and g is not None and int(m.group(1)) < mc.num_layers:
+        shared = g.shares_kv(int(m.group(1)))
+        return not (shared and re.search(r"self_attn\.[kv]_(proj|norm)\.", name))
     return m is not None and int(m.group(1)) < mc.num_layers
 
 
@@ -457,6 +468,10 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _float32_router(t, p)
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
+    if mc.family.gemma4 is not None and name == "model.embed_tokens_per_layer.weight":
+        return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
+    if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
+        return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
         # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
         n = t.numel * _mamba_share(name, mc, lay)
@@ -465,7 +480,7 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return None
     if norm and (
         mc.family.gemma_norms or (mc.family.cohere_layer and not mc.family.cohere_rms_norm)
-        or mc.architecture == "gpt_oss" or float32_norm
+        or mc.architecture == "gpt_oss" or float32_norm or mc.family.gemma4 is not None
     ):  # fmt: skip
         # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
         # w, Nemotron-H's

@@ -105,13 +105,14 @@ class ModelRunner:
             self.mamba.allocate_snapshots(self.num_snapshots)
         self.channel = StepChannel(tp) if tp is not None and tp.rank == 0 else None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
-            self.backend.allocate_kv_cache(
-                self.num_blocks, self.block_size, self.dtype, self.device
-            )
-            for _ in range(mc.num_kv_layers)
+            backend.allocate_kv_cache(self.num_blocks, self.block_size, self.dtype, self.device)
+            for backend in self.model.kv_backends
         ]
         if self.mamba is not None:  # the attention layers' caches at their layers' places
             self.kv_caches = self.mamba.layer_caches(self.kv_caches)
+        self.kv_caches = self.model.layer_caches(self.kv_caches)  # (Gemma 4's shared layers)
+        # each backend of another shape plans a step too (`AttentionBackend.with_geometry`)
+        self._backends = list({id(b): b for b in (self.backend, *self.model.kv_backends)}.values())
         self.cuda_graphs: CudaGraphRunner | None = None
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
@@ -199,8 +200,8 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        layers = self.model_config.num_kv_layers
-        return layers * self.block_size * self.backend.bytes_per_token(self.dtype)
+        per_token = sum(b.bytes_per_token(self.dtype) for b in self.model.kv_backends)
+        return self.block_size * per_token
 
     def _num_blocks(self, max_model_len: int) -> int:
         """From the memory budget: bytes on CPU, a fraction of free memory on GPU. A model
@@ -499,7 +500,8 @@ class ModelRunner:
         )
         if inp.prompt_lens is not None:
             meta.prompt_lens = self.to_device(inp.prompt_lens.astype(np.int32))
-        self.backend.prepare(meta)
+        for backend in self._backends:
+            backend.prepare(meta)
         if inp.mamba is not None:
             meta.aux[MAMBA_STEP] = self.mamba.device_step(inp.mamba, self.to_device)
         return self.model.forward(

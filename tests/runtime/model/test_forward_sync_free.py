@@ -1,6 +1,6 @@
 """The new families' forward passes queue no device-to-host sync, checked on a CPU (DeepSeek-V2/V3,
 gpt-oss, GLM-4, Cohere, Cohere 2, SmolLM3, OLMo 3, GLM-4.5, Llama 4, EXAONE 4, ERNIE 4.5 MoE,
-Hunyuan MoE, PhiMoE, AfMoE, Zamba2).
+Hunyuan MoE, PhiMoE, AfMoE, Zamba2, Gemma 4).
 
 On CUDA a decode step is replayed from a CUDA graph and every other step is launched without
 waiting for the device; an ``.item()``, a ``.tolist()``, a data-dependent shape (``nonzero``,
@@ -34,6 +34,7 @@ pytestmark = [
 ]
 
 _LM_CLASSES.setdefault("Llama4Text", "Llama4ForCausalLM")  # as test_llama4.py
+_LM_CLASSES.setdefault("Gemma4Text", "Gemma4ForCausalLM")
 # aten ops that wait for the device on CUDA (the value, or the output's size, is read back)
 SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
            "aten::unique_consecutive", "aten::unique_dim", "aten::bincount"}  # fmt: skip
@@ -80,6 +81,12 @@ FAMILIES = {
     # Zamba2's forward of its own: shared blocks over the kept embeddings, LoRA adapters
     # (tests/runtime/hybrid_cases.py)
     "zamba2": HYBRID_CASES["zamba2"],
+    # per-layer inputs, head sizes 16 and 32, KV-shared layers (keys as values), the MoE block
+    "gemma4": ("Gemma4Text", dict(num_hidden_layers=3, head_dim=16, global_head_dim=32,
+               layer_types=["sliding_attention", "full_attention", "full_attention"],
+               sliding_window=10, hidden_size_per_layer_input=8, vocab_size_per_layer_input=300,
+               num_kv_shared_layers=1, attention_k_eq_v=True, num_global_key_value_heads=1,
+               enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)),
 }  # fmt: skip
 
 
