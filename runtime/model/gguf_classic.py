@@ -1,0 +1,172 @@
+"""GGUFs of the older families llama.cpp's converter writes with classes of their own (`gemma`:
+Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`: GPTBigCode, `gptneox`, `falcon`, `bloom`,
+`mpt`), read by writing the config.json the family's checkpoint would have from the file's keys
+(`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
+engine builds the model it builds from the checkpoint, its tensors under the names that loader
+gives them (`hf_name`).
+
+What the converter changed, undone here:
+- Gemma: its norms stored as 1 + w (`FamilyConfig.norms_hold_one_plus_w`); no rope base
+  written (llama.cpp's 10000); the lm_head never written (tied).
+- GPT-2: its Conv1D matrices transposed to [out, in] by the converter: read as they are;
+  `c_attn` as `attn_qkv` (q, k and v rows in turn, read apart).
+- GPT-NeoX and BLOOM: `query_key_value`'s per-head q/k/v rows regrouped as every q head, every
+  k head, every v head; Falcon's ("jploski" layout, `tensor_data_layout`) likewise, by KV group:
+  all are read as q, k and v row blocks (`fused_parts`).
+- StableLM 2 12B: the per-head q/k LayerNorm weights stacked [heads, head_dim] as
+  `attn_q_norm`/`attn_k_norm`: each row read as its head's norm.
+- MPT: `attention.clamp_kqv` its clip_qkv, `attention.max_alibi_bias` its ALiBi bias max (0:
+  without ALiBi, refused as the safetensors loader refuses it).
+
+llama.cpp keeps no key for a family's activation where transformers' configs differ: GPT-NeoX
+and Falcon run exact GELU here (Pythia's and falcon's `hidden_act`), GPT-2 and Phi-2 the tanh
+form, as their configs say. Falcon's layer: two norms (`attn_norm_2`: new_decoder_architecture),
+else one, in parallel (llama.cpp runs no sequential Falcon). StableLM and GPT-NeoX: parallel or
+sequential: GPT-NeoX by `use_parallel_residual`, StableLM by whether `ffn_norm` is there
+(llama.cpp's test).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+# llama.cpp's architecture -> (the engine's, the checkpoint's config.json `architectures`)
+ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": "gpt2",
+               "starcoder": "gpt_bigcode", "gptneox": "gpt_neox", "falcon": "falcon",
+               "bloom": "bloom", "mpt": "mpt"}  # fmt: skip
+HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
+           "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
+           "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+           "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM", "mpt": "MptForCausalLM"}  # fmt: skip
+ARCHS = tuple(HF_ARCH)  # the engine's
+# the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
+ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "silu",
+               "gpt2": "gelu_new", "gpt_bigcode": "gelu_pytorch_tanh", "gpt_neox": "gelu",
+               "falcon": "gelu", "bloom": "gelu_pytorch_tanh", "mpt": "gelu"}  # fmt: skip
+# the file's global tensors -> the engine's names, where they differ from Llama's
+GLOBALS = {"position_embd.weight": "model.embed_positions.weight",
+           "token_embd_norm.weight": "model.embed_layernorm.weight",
+           "token_embd_norm.bias": "model.embed_layernorm.bias",
+           "output.bias": "lm_head.bias"}  # fmt: skip
+PHI_GLOBALS = {"output_norm.weight": "model.final_layernorm.weight",
+               "output_norm.bias": "model.final_layernorm.bias"}  # fmt: skip
+# the per-layer names, where they differ from Llama's (`gguf_loader._LAYER_NAMES`)
+NAMES = {"attn_qkv": "self_attn.qkv_proj", "attn_norm_2": "ln_attn"}
+QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # attn_qkv's row blocks
+_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+Get = Callable[..., Any]  # get(key, default): the file's `<arch>.<key>`
+
+
+def global_name(name: str, architecture: str) -> str | None:
+    """The engine's name of a global tensor of these families (None: Llama's name holds)."""
+    if architecture == "phi" and name in PHI_GLOBALS:
+        return PHI_GLOBALS[name]
+    return GLOBALS.get(name)
+
+
+def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
+    """The engine's name of `blk.{layer}.{part}.{kind}` where it differs from Llama's."""
+    if architecture == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):
+        return f"model.layers.{layer}.self_attn.{part[5]}_layernorm.{kind}"  # (read by row)
+    name = NAMES.get(part)
+    return None if name is None else f"model.layers.{layer}.{name}.{kind}"
+
+
+def falcon_norms(tensors: dict, architecture: str) -> dict:
+    """Falcon-40B's two norms by the engine's names: llama.cpp's `attn_norm` is its `ln_mlp`
+    (the MLP's input: post_attention_layernorm), `attn_norm_2` its `ln_attn` (attention's:
+    input_layernorm); one norm (falcon-7b): `attn_norm` is input_layernorm, as named."""
+    if architecture != "falcon" or not any(".ln_attn." in n for n in tensors):
+        return tensors
+    out = {}
+    for name, t in tensors.items():
+        name = name.replace(".input_layernorm.", ".post_attention_layernorm.")
+        out[name.replace(".ln_attn.", ".input_layernorm.")] = t
+    return out
+
+
+def fused_parts(name: str, shape: tuple[int, ...], config) -> list[tuple[str, int, int]]:
+    """(engine name, first row, row after) of each part of a stored tensor these families read
+    apart: `attn_qkv` as q, k and v rows (the converter's order: every q head, then k, then v);
+    StableLM's stacked q/k norms as one row a head. [] for any other tensor."""
+    m = _BLOCK.match(name)
+    if config.architecture not in ARCHS or not m:
+        return []
+    layer, part, kind = m.groups()
+    prefix = f"model.layers.{layer}."
+    if part == "attn_qkv":
+        q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        if q + 2 * kv != shape[0]:
+            raise ValueError(f"GGUF {name} has {shape[0]} rows; q, k and v need {q + 2 * kv}")
+        edges = (0, q, q + kv, q + 2 * kv)
+        return [(f"{prefix}{p}.{kind}", a, b) for p, a, b in zip(QKV, edges, edges[1:])]
+    if config.architecture == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):
+        which = f"{prefix}self_attn.{part[5]}_layernorm.norms"
+        return [(f"{which}.{h}.{kind}", h, h + 1) for h in range(shape[0])]
+    return []
+
+
+def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int) -> dict[str, Any]:
+    """The config.json of the checkpoint a file of `gguf_arch` was converted from, as far as
+    the engine reads it (`tensors`: the file's names; `vocab`: its vocabulary's size)."""
+    arch = ENGINE_ARCH[gguf_arch]
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    kv = get("attention.head_count_kv")
+    kv = int(kv) if kv else heads
+    head_dim = int(get("attention.key_length", 0) or 0) or hidden // heads
+    eps = get("attention.layer_norm_epsilon")
+    cfg: dict[str, Any] = {
+        "architectures": [HF_ARCH[arch]], "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")), "num_attention_heads": heads,
+        "num_key_value_heads": kv, "max_position_embeddings": int(get("context_length", 2048)),
+        "hidden_act": ACTIVATIONS[arch], "tie_word_embeddings": "output.weight" not in tensors,
+        "layer_norm_eps": eps, "layer_norm_epsilon": eps,
+    }  # fmt: skip
+    rotated = get("rope.dimension_count")
+    rope = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
+    if rotated is not None and int(rotated) != head_dim:
+        rope["partial_rotary_factor"] = int(rotated) / head_dim
+    if arch in ("gemma", "phi", "stablelm", "gpt_neox", "falcon"):  # rotary
+        cfg["rope_parameters"] = rope
+    cfg.update(_family_keys(get, gguf_arch, arch, tensors, cfg))
+    return cfg
+
+
+def _family_keys(get: Get, gguf_arch: str, arch: str, tensors: set[str],
+                 cfg: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """What a family's config.json says beyond the common keys."""
+    biased = "blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors
+    if arch == "gemma":
+        return {"head_dim": int(get("attention.key_length", 0) or 0)
+                or cfg["hidden_size"] // cfg["num_attention_heads"],
+                "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6))}  # fmt: skip
+    if arch == "stablelm":
+        return {"use_qkv_bias": biased, "qk_layernorm": "blk.0.attn_q_norm.weight" in tensors,
+                # llama.cpp's test: no `ffn_norm` (StableLM 2 12B), not the key
+                "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors}  # fmt: skip
+    if arch == "gpt_neox":
+        return {"use_parallel_residual": bool(get("use_parallel_residual", True)),
+                "attention_bias": biased}  # fmt: skip
+    if arch in ("gpt2", "gpt_bigcode"):
+        out: dict[str, Any] = {"n_inner": cfg["intermediate_size"]}
+        if arch == "gpt_bigcode":
+            out["multi_query"] = cfg["num_key_value_heads"] == 1
+        return out
+    if arch == "falcon":
+        two = "blk.0.attn_norm_2.weight" in tensors  # falcon-40b / 180b: ln_attn and ln_mlp
+        kv = cfg["num_key_value_heads"]
+        return {"new_decoder_architecture": two or 1 < kv < cfg["num_attention_heads"],
+                "num_ln_in_parallel_attn": 2 if two else 1, "parallel_attn": True,
+                "multi_query": kv == 1, "num_kv_heads": kv, "bias": biased,
+                "ffn_hidden_size": cfg["intermediate_size"]}  # fmt: skip
+    if arch == "mpt":
+        clip, bias_max = get("attention.clamp_kqv"), get("attention.max_alibi_bias")
+        attn = {"alibi": bias_max is None or float(bias_max) > 0,
+                "alibi_bias_max": float(bias_max) if bias_max else 8.0,
+                "clip_qkv": None if clip is None else float(clip)}  # fmt: skip
+        return {"attn_config": attn, "no_bias": not biased,
+                "expansion_ratio": cfg["intermediate_size"] / cfg["hidden_size"]}  # fmt: skip
+    return {}

@@ -1,0 +1,273 @@
+"""GGUFs of the older families llama.cpp converts with classes of their own (`gguf_classic.py`):
+Gemma 1, Phi-2, StableLM, GPT-2, StarCoder 1 (GPTBigCode), GPT-NeoX, Falcon, BLOOM and MPT,
+written here as llama.cpp's converter writes them (gguf-py's tensor names for the architecture,
+its metadata keys, and its transforms: Gemma's norms + 1, GPT-2's Conv1D matrices transposed,
+GPT-NeoX's and BLOOM's per-head q/k/v regrouped, Falcon's by KV group, StableLM's per-head q/k
+norms stacked; Q8_0 matrices): the engine matches transformers running on exactly the
+dequantized weights, token for token, and the start-up weights estimate is what the built
+model holds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime.model.gguf_loader import load_gguf
+from pagoda.runtime.model.hf_loader import check_weights, read_config, read_weights
+from test_gguf_archs import PROMPTS, _check_estimate, _generate
+from test_gguf_families import _byte_level_vocab, _oracle
+
+transformers = pytest.importorskip("transformers")
+
+
+def _regroup(w: np.ndarray, heads: int) -> np.ndarray:
+    """GPT-NeoX's / BLOOM's converter: q, k, v of each head in turn -> every q head, every k
+    head, every v head (`_ungroup`: back)."""
+    rows = w.reshape(heads, 3, -1, *w.shape[1:])
+    return np.concatenate([rows[:, i].reshape(-1, *w.shape[1:]) for i in range(3)])
+
+
+def _ungroup(w: np.ndarray, heads: int) -> np.ndarray:
+    parts = w.reshape(3, heads, -1, *w.shape[1:])
+    return np.stack([parts[0], parts[1], parts[2]], axis=1).reshape(w.shape)
+
+
+def _falcon_qkv(w: np.ndarray, heads: int, kv: int) -> np.ndarray:
+    """Falcon's converter ("jploski"): per KV group its q heads, k, v -> every q, k, v."""
+    d = w.shape[0] // (heads + 2 * kv)
+    g = w.reshape(kv, heads // kv + 2, d, *w.shape[1:])
+    q = g[:, :-2].reshape(-1, *w.shape[1:])
+    return np.concatenate([q, g[:, -2].reshape(-1, *w.shape[1:]),
+                           g[:, -1].reshape(-1, *w.shape[1:])])  # fmt: skip
+
+
+def _falcon_back(w: np.ndarray, heads: int, kv: int) -> np.ndarray:
+    d = w.shape[0] // (heads + 2 * kv)
+    q = w[: heads * d].reshape(kv, heads // kv, d, *w.shape[1:])
+    k = w[heads * d : (heads + kv) * d].reshape(kv, 1, d, *w.shape[1:])
+    v = w[(heads + kv) * d :].reshape(kv, 1, d, *w.shape[1:])
+    return np.concatenate([q, k, v], axis=1).reshape(w.shape)
+
+
+def _store(w, gname: str, arr: np.ndarray) -> np.ndarray:
+    """`arr` written (Q8_0 where 2-D and not a norm, else F32); what the file gives back."""
+    if arr.ndim == 1 or "norm" in gname:
+        data = back = np.ascontiguousarray(arr, dtype=np.float32)
+        w.add_tensor(gname, data)
+        return back
+    data = gguf.quants.quantize(np.ascontiguousarray(arr, dtype=np.float32), Q.Q8_0)
+    w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=Q.Q8_0)
+    return gguf.quants.dequantize(data, Q.Q8_0).reshape(arr.shape)
+
+
+_ENUM = {"gemma": "GEMMA", "phi2": "PHI2", "stablelm": "STABLELM", "gpt2": "GPT2",
+         "starcoder": "STARCODER", "gptneox": "GPTNEOX", "falcon": "FALCON", "bloom": "BLOOM",
+         "mpt": "MPT"}  # fmt: skip
+_PRE = {"gemma": None, "phi2": "phi-2", "stablelm": "stablelm2", "gpt2": "gpt-2",
+        "starcoder": "starcoder", "gptneox": "gpt-2", "falcon": "falcon", "bloom": "bloom",
+        "mpt": "mpt"}  # fmt: skip
+
+
+def _metadata(w, arch: str, cfg) -> None:
+    """The keys the family's converter writes (its `set_gguf_parameters`)."""
+    c = cfg.to_dict()
+    hidden = c.get("hidden_size") or c.get("n_embd") or c.get("d_model")
+    heads = c.get("num_attention_heads") or c.get("n_head") or c.get("n_heads")
+    layers = c.get("num_hidden_layers") or c.get("n_layer") or c.get("n_layers")
+    w.add_block_count(layers)
+    w.add_embedding_length(hidden)
+    w.add_head_count(heads)
+    rope = c.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", 1.0)
+    if arch == "gemma":
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+    if arch == "phi2":
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_feed_forward_length(4 * hidden)
+        w.add_head_count_kv(heads)
+        w.add_layer_norm_eps(c["layer_norm_eps"])
+        w.add_rope_dimension_count(int(partial * hidden) // heads)
+        w.add_add_bos_token(False)
+    if arch == "stablelm":
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_rope_dimension_count(int(partial * (hidden // heads)))
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_parallel_residual(c["use_parallel_residual"])
+        w.add_layer_norm_eps(c["layer_norm_eps"])
+    if arch in ("gpt2", "starcoder"):
+        w.add_context_length(c["n_positions"])
+        w.add_feed_forward_length(4 * hidden)
+        w.add_layer_norm_eps(c["layer_norm_epsilon"])
+        if arch == "starcoder":
+            w.add_head_count_kv(1)
+    if arch == "gptneox":
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_rope_dimension_count(int(partial * (hidden // heads)))
+        w.add_parallel_residual(c.get("use_parallel_residual", True))
+        w.add_layer_norm_eps(c["layer_norm_eps"])
+    if arch == "falcon":
+        w.add_context_length(2048)
+        w.add_tensor_data_layout("jploski")
+        w.add_feed_forward_length(4 * hidden)
+        w.add_head_count_kv(c["num_kv_heads"] if c["new_decoder_architecture"] else 1)
+        w.add_layer_norm_eps(c["layer_norm_epsilon"])
+    if arch == "bloom":
+        w.add_context_length(c.get("seq_length", hidden))
+        w.add_feed_forward_length(4 * hidden)
+        w.add_head_count_kv(heads)
+        w.add_layer_norm_eps(c["layer_norm_epsilon"])
+    if arch == "mpt":
+        a = c["attn_config"]
+        w.add_context_length(c["max_seq_len"])
+        w.add_feed_forward_length(4 * hidden)
+        w.add_layer_norm_eps(1e-5)
+        if a["clip_qkv"] is not None:
+            w.add_clamp_kqv(a["clip_qkv"])
+        w.add_max_alibi_bias(a["alibi_bias_max"])
+
+
+def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tensor]:
+    """The checkpoint in `hf_dir` as llama.cpp's converter writes it for `arch` (module
+    docstring; `spm`: Gemma's SentencePiece vocabulary, as its converter writes it, else a
+    byte-level BPE); the checkpoint's tensors as the file gives them back, in its layout."""
+    from safetensors.torch import load_file
+
+    cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
+    c = cfg.to_dict()
+    heads = c.get("num_attention_heads") or c.get("n_head") or c.get("n_heads")
+    w = gguf.GGUFWriter(str(path), arch)
+    _metadata(w, arch, cfg)
+    if spm:
+        from test_gguf_families import _spm_vocab
+
+        tokens, types = _spm_vocab(c["vocab_size"])
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores([0.0] * len(tokens))
+        w.add_token_types(types)
+        w.add_add_space_prefix(False)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+    else:
+        tokens, types, merges = _byte_level_vocab(c["vocab_size"])
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(_PRE[arch] or "default")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_eos_token_id(c["vocab_size"] - 1)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], cfg.num_hidden_layers)
+    expected: dict[str, np.ndarray] = {}
+    norms: dict[str, dict[int, np.ndarray]] = {}
+    for hf, arr in sd.items():
+        if arch == "gemma" and hf == "lm_head.weight":  # skipped by the converter (tied)
+            continue
+        if hf.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        if ".norms." in hf:  # StableLM's per-head q/k norms: stacked [heads, head_dim]
+            whole, head = hf.rsplit(".norms.", 1)
+            norms.setdefault(whole + ".weight", {})[int(head.split(".")[0])] = arr
+            continue
+        stored, back = arr, lambda a: a
+        if arch == "gemma" and hf.endswith("norm.weight"):
+            stored, back = arr + 1, lambda a: a - 1
+        if arch == "gpt2" and hf.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+            stored, back = arr.T, lambda a: a.T
+        if "query_key_value" in hf and arch in ("gptneox", "bloom"):
+            stored, back = _regroup(arr, heads), lambda a: _ungroup(a, heads)
+        if "query_key_value" in hf and arch == "falcon":
+            kv = c["num_kv_heads"] if c["new_decoder_architecture"] else 1
+            stored, back = _falcon_qkv(arr, heads, kv), lambda a, kv=kv: _falcon_back(a, heads, kv)
+        key = hf.replace("transformer.", "", 1) if arch == "bloom" else hf
+        gname = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        assert gname is not None, hf
+        expected[hf] = back(_store(w, gname, stored))
+    for whole, per in norms.items():
+        gname = names.get_name(whole, try_suffixes=(".weight",))
+        stacked = _store(w, gname, np.stack([per[h] for h in sorted(per)]))
+        for h in sorted(per):
+            expected[whole.replace(".weight", f".norms.{h}.weight")] = stacked[h]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+
+
+FALCON = dict(ffn_hidden_size=256, num_key_value_heads=None)
+# case: (transformers config prefix, overrides, llama.cpp arch, the engine's architecture)
+CASES = {
+    "gemma": ("Gemma", dict(head_dim=32, num_key_value_heads=1), "gemma", "gemma"),
+    "phi2": ("Phi", dict(num_key_value_heads=4), "phi2", "phi"),
+    "stablelm": ("StableLm", dict(use_qkv_bias=True), "stablelm", "stablelm"),
+    # StableLM 2 12B: one norm in parallel, per-head q/k LayerNorms
+    "stablelm-parallel-qk-norms": ("StableLm", dict(use_parallel_residual=True,
+                                                    qk_layernorm=True), "stablelm", "stablelm"),
+    "gpt2": ("GPT2", dict(num_key_value_heads=None), "gpt2", "gpt2"),
+    "starcoder": ("GPTBigCode", dict(multi_query=True), "starcoder", "gpt_bigcode"),
+    "gptneox": ("GPTNeoX", dict(num_key_value_heads=None), "gptneox", "gpt_neox"),
+    "gptneox-sequential": ("GPTNeoX", dict(num_key_value_heads=None,
+                                           use_parallel_residual=False), "gptneox", "gpt_neox"),
+    "falcon-7b": ("Falcon", dict(FALCON, multi_query=True), "falcon", "falcon"),
+    "falcon-40b": ("Falcon", dict(FALCON, new_decoder_architecture=True, num_kv_heads=2),
+                   "falcon", "falcon"),
+    "bloom": ("Bloom", dict(hidden_size=96, num_attention_heads=6), "bloom", "bloom"),
+    "mpt": ("Mpt", dict(hidden_size=96, num_attention_heads=6, attn_config={"clip_qkv": 0.5}),
+            "mpt", "mpt"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_classic_family_matches_transformers_on_its_dequantized_weights(tmp_path, case):
+    hf_arch, overrides, arch, engine = CASES[case]
+    make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
+    path = tmp_path / f"{case}.gguf"
+    expected = convert(path, tmp_path / "hf", arch)
+    oracle = _oracle(tmp_path, expected)
+    config, weights, _, _ = load_gguf(path)
+    assert config.architecture == engine
+    hf_config = read_config(tmp_path / "oracle")  # the checkpoint under the engine's names
+    hf_weights = check_weights(tmp_path / "oracle", hf_config, read_weights(tmp_path / "oracle"))
+    gemma = arch == "gemma"  # its norms as the file stores them: 1 + w
+    assert config.family == dataclasses.replace(hf_config.family, norms_hold_one_plus_w=gemma)
+    for name in hf_weights:  # every tensor the checkpoint gives the engine, as the file has it
+        shift = 1.0 if gemma and name.endswith("norm.weight") else 0.0
+        torch.testing.assert_close(weights[name] - shift, hf_weights[name].float(), rtol=0,
+                                   atol=1e-6, msg=name)  # fmt: skip
+    want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
+    assert _generate(path, PROMPTS) == want, case
+    if arch != "mpt":  # (MPT's zero LayerNorm biases the model makes: uncounted, as from HF)
+        _check_estimate(path, "bfloat16")
+
+
+def test_gemma_gguf_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(tmp_path):
+    """Gemma 1's file carries Gemma's SentencePiece vocabulary (read as Gemma 2's and 3's)."""
+    make_tiny_model(tmp_path / "hf", "Gemma", head_dim=32, vocab_size=320, num_hidden_layers=1)
+    path = tmp_path / "gemma.gguf"
+    convert(path, tmp_path / "hf", "gemma", spm=True)
+    config, _, ours, _ = load_gguf(path)
+    assert config.bos_token_id == 2 and config.eos_token_ids[:1] == (1,)
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        convert_gguf_tokenizer,
+        get_gguf_tokenizer,
+    )
+
+    theirs, _ = convert_gguf_tokenizer(*get_gguf_tokenizer(str(path))[:2])
+    for text in ["the cat and the hat", "  two  spaces   and\ttabs", "that hat, \u00e9clair",
+                 "<start_of_turn>user\nthe cat<end_of_turn>"]:  # fmt: skip
+        want = theirs.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, add_special_tokens=False) == want, text
+    assert ours.encode("the cat")[:1] == [2]  # <bos>, as llama.cpp adds it
