@@ -1,6 +1,7 @@
-"""GGUFs of the older families llama.cpp's converter writes with classes of their own (`gemma`:
-Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`: GPTBigCode, `gptneox`, `falcon`, `bloom`,
-`mpt`), read by writing the config.json the family's checkpoint would have from the file's keys
+"""GGUFs of the families llama.cpp's converter writes with classes of their own that the engine
+runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
+GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
+`jais2`, `minicpm3`, `hunyuan-dense`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -17,6 +18,15 @@ What the converter changed, undone here:
   `attn_q_norm`/`attn_k_norm`: each row read as its head's norm.
 - MPT: `attention.clamp_kqv` its clip_qkv, `attention.max_alibi_bias` its ALiBi bias max (0:
   without ALiBi, refused as the safetensors loader refuses it).
+- OLMo: Q/K permuted as Llama's (`PERMUTED`: un-permuted by the loader); `clamp_kqv`.
+- Nemotron: its LayerNorm1P weights stored as 1 + w (`value`: read back as w); the rotating
+  dims of hidden / heads, as the converter counts them.
+- EXAONE 3: llama3's rotary as `rope_freqs` (read over the config's by `gguf_config`).
+- MiniCPM3: DeepSeek's latent attention names; longrope's factors as `rope_factors_long` /
+  `rope_factors_short` (the original context the file's own unless it says); its muP scales
+  (12, 1.4, 256) llama.cpp's constants.
+- Hunyuan dense: the NTK alpha baked into `rope.freq_base` (read as the plain base); q/k norms
+  as its `query_layernorm`/`key_layernorm`.
 
 llama.cpp keeps no key for a family's activation where transformers' configs differ: GPT-NeoX
 and Falcon run exact GELU here (Pythia's and falcon's `hidden_act`), GPT-2 and Phi-2 the tanh
@@ -35,16 +45,32 @@ from typing import Any
 # llama.cpp's architecture -> (the engine's, the checkpoint's config.json `architectures`)
 ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": "gpt2",
                "starcoder": "gpt_bigcode", "gptneox": "gpt_neox", "falcon": "falcon",
-               "bloom": "bloom", "mpt": "mpt"}  # fmt: skip
+               "bloom": "bloom", "mpt": "mpt", "olmo": "olmo", "exaone": "exaone",
+               "nemotron": "nemotron", "jais2": "jais2", "minicpm3": "minicpm3",
+               "hunyuan-dense": "hunyuan_v1_dense"}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
-           "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM", "mpt": "MptForCausalLM"}  # fmt: skip
+           "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM", "mpt": "MptForCausalLM",
+           "olmo": "OlmoForCausalLM", "exaone": "ExaoneForCausalLM",
+           "nemotron": "NemotronForCausalLM", "jais2": "Jais2ForCausalLM",
+           "minicpm3": "MiniCPM3ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM"}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
+PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
 ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "silu",
                "gpt2": "gelu_new", "gpt_bigcode": "gelu_pytorch_tanh", "gpt_neox": "gelu",
-               "falcon": "gelu", "bloom": "gelu_pytorch_tanh", "mpt": "gelu"}  # fmt: skip
+               "falcon": "gelu", "bloom": "gelu_pytorch_tanh", "mpt": "gelu", "olmo": "silu",
+               "exaone": "silu", "nemotron": "relu2", "jais2": "relu2", "minicpm3": "silu",
+               "hunyuan_v1_dense": "silu"}  # fmt: skip
+# families whose config.json names the head size (the file's key_length)
+_HEAD_DIM = ("gemma", "exaone", "nemotron", "jais2", "hunyuan_v1_dense")
+# families whose config.json says attention_bias / mlp_bias
+_BIAS_KEYS = ("gpt_neox", "olmo", "exaone", "nemotron", "jais2", "minicpm3", "hunyuan_v1_dense")
+# DeepSeek-style latent attention's tensors (MiniCPM3's), by llama.cpp's names
+_MLA = {"attn_q_a": "q_a_proj", "attn_q_a_norm": "q_a_layernorm", "attn_q_b": "q_b_proj",
+        "attn_kv_a_mqa": "kv_a_proj_with_mqa", "attn_kv_a_norm": "kv_a_layernorm",
+        "attn_kv_b": "kv_b_proj"}  # fmt: skip
 # the file's global tensors -> the engine's names, where they differ from Llama's
 GLOBALS = {"position_embd.weight": "model.embed_positions.weight",
            "token_embd_norm.weight": "model.embed_layernorm.weight",
@@ -70,6 +96,11 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
     """The engine's name of `blk.{layer}.{part}.{kind}` where it differs from Llama's."""
     if architecture == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):
         return f"model.layers.{layer}.self_attn.{part[5]}_layernorm.{kind}"  # (read by row)
+    if architecture == "hunyuan_v1_dense" and part in ("attn_q_norm", "attn_k_norm"):
+        which = "query" if part == "attn_q_norm" else "key"
+        return f"model.layers.{layer}.self_attn.{which}_layernorm.{kind}"
+    if architecture == "minicpm3" and part in _MLA:
+        return f"model.layers.{layer}.self_attn.{_MLA[part]}.{kind}"
     name = NAMES.get(part)
     return None if name is None else f"model.layers.{layer}.{name}.{kind}"
 
@@ -108,29 +139,48 @@ def fused_parts(name: str, shape: tuple[int, ...], config) -> list[tuple[str, in
     return []
 
 
-def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int) -> dict[str, Any]:
+def value(name: str, w, architecture: str):
+    """A tensor as the checkpoint holds it, from the file's form: Nemotron's LayerNorm1P
+    weights, which the converter stored as 1 + w."""
+    if architecture == "nemotron" and name.endswith("norm.weight"):
+        return w - 1
+    return w
+
+
+def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
+              values: Callable[[str], list[float]]) -> dict[str, Any]:  # fmt: skip
     """The config.json of the checkpoint a file of `gguf_arch` was converted from, as far as
-    the engine reads it (`tensors`: the file's names; `vocab`: its vocabulary's size)."""
+    the engine reads it (`tensors`: the file's names; `vocab`: its vocabulary's size;
+    `values(name)`: a tensor's values, MiniCPM3's rope factors)."""
     arch = ENGINE_ARCH[gguf_arch]
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     kv = get("attention.head_count_kv")
     kv = int(kv) if kv else heads
     head_dim = int(get("attention.key_length", 0) or 0) or hidden // heads
     eps = get("attention.layer_norm_epsilon")
+    rms = get("attention.layer_norm_rms_epsilon", eps)
     cfg: dict[str, Any] = {
         "architectures": [HF_ARCH[arch]], "vocab_size": vocab, "hidden_size": hidden,
         "intermediate_size": int(get("feed_forward_length")),
         "num_hidden_layers": int(get("block_count")), "num_attention_heads": heads,
         "num_key_value_heads": kv, "max_position_embeddings": int(get("context_length", 2048)),
         "hidden_act": ACTIVATIONS[arch], "tie_word_embeddings": "output.weight" not in tensors,
-        "layer_norm_eps": eps, "layer_norm_epsilon": eps,
+        "layer_norm_eps": eps, "layer_norm_epsilon": eps, "norm_eps": eps, "rms_norm_eps": rms,
     }  # fmt: skip
+    biased = "blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors
+    if arch in _BIAS_KEYS:  # (the others' configs have no such keys)
+        cfg.update(attention_bias=biased, mlp_bias="blk.0.ffn_up.bias" in tensors)
+    if arch in _HEAD_DIM:
+        cfg["head_dim"] = head_dim
     rotated = get("rope.dimension_count")
     rope = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
-    if rotated is not None and int(rotated) != head_dim:
+    if rotated is not None and int(rotated) != head_dim and arch != "minicpm3":  # (its latent
+        # attention's rotating dims: `_minicpm3`)
         rope["partial_rotary_factor"] = int(rotated) / head_dim
-    if arch in ("gemma", "phi", "stablelm", "gpt_neox", "falcon"):  # rotary
+    if arch not in ("gpt2", "gpt_bigcode", "bloom", "mpt"):  # rotary
         cfg["rope_parameters"] = rope
+    if arch == "minicpm3":
+        cfg.update(_minicpm3(get, tensors, values, rope))
     cfg.update(_family_keys(get, gguf_arch, arch, tensors, cfg))
     return cfg
 
@@ -139,17 +189,15 @@ def _family_keys(get: Get, gguf_arch: str, arch: str, tensors: set[str],
                  cfg: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """What a family's config.json says beyond the common keys."""
     biased = "blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors
-    if arch == "gemma":
-        return {"head_dim": int(get("attention.key_length", 0) or 0)
-                or cfg["hidden_size"] // cfg["num_attention_heads"],
-                "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6))}  # fmt: skip
+    if arch == "olmo":  # (its LayerNorms have no weights; the file, no norm tensors)
+        clip = get("attention.clamp_kqv")
+        return {"clip_qkv": None if clip is None else float(clip)}
     if arch == "stablelm":
         return {"use_qkv_bias": biased, "qk_layernorm": "blk.0.attn_q_norm.weight" in tensors,
                 # llama.cpp's test: no `ffn_norm` (StableLM 2 12B), not the key
                 "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors}  # fmt: skip
     if arch == "gpt_neox":
-        return {"use_parallel_residual": bool(get("use_parallel_residual", True)),
-                "attention_bias": biased}  # fmt: skip
+        return {"use_parallel_residual": bool(get("use_parallel_residual", True))}
     if arch in ("gpt2", "gpt_bigcode"):
         out: dict[str, Any] = {"n_inner": cfg["intermediate_size"]}
         if arch == "gpt_bigcode":
@@ -170,3 +218,22 @@ def _family_keys(get: Get, gguf_arch: str, arch: str, tensors: set[str],
         return {"attn_config": attn, "no_bias": not biased,
                 "expansion_ratio": cfg["intermediate_size"] / cfg["hidden_size"]}  # fmt: skip
     return {}
+
+
+def _minicpm3(get: Get, tensors: set[str], values: Callable[[str], list[float]],
+              rope: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """MiniCPM3's latent attention sizes (v: hidden / heads, as the converter leaves it) and its
+    longrope from the `rope_factors_long`/`_short` tensors, past the file's context (llama.cpp's
+    original context where the file has none); its muP scales are llama.cpp's constants, the
+    published ones (`hf_tables.DEFAULTS`)."""
+    rotated, qk = int(get("rope.dimension_count")), int(get("attention.key_length"))
+    out: dict[str, Any] = {"kv_lora_rank": int(get("attention.kv_lora_rank")),
+                           "q_lora_rank": get("attention.q_lora_rank"),
+                           "qk_rope_head_dim": rotated, "qk_nope_head_dim": qk - rotated}  # fmt: skip
+    if {"rope_factors_long.weight", "rope_factors_short.weight"} <= tensors:
+        original = get("rope.scaling.original_context_length") or get("context_length")
+        out["rope_parameters"] = {**rope, "rope_type": "longrope",
+                                  "long_factor": values("rope_factors_long.weight"),
+                                  "short_factor": values("rope_factors_short.weight"),
+                                  "original_max_position_embeddings": int(original)}  # fmt: skip
+    return out

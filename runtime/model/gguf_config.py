@@ -328,9 +328,16 @@ def _classic_config(reader, gguf_arch: str) -> ModelConfig:
     p = f"{gguf_arch}."
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = int(_field(reader, p + "vocab_size", len(tokens)))
+    by_name = {t.name: t for t in reader.tensors}
     cfg = gguf_classic.hf_config(lambda key, d=None: _field(reader, p + key, d), gguf_arch,
-                                 {t.name for t in reader.tensors}, vocab)  # fmt: skip
+                                 set(by_name), vocab, lambda n: gguf_archs._values(by_name[n]))  # fmt: skip
     config = model_config(cfg)
+    # the file's rotary scaling (linear, yarn; llama3's as `rope_freqs`) over the config's
+    scaling = _rope_scaling(reader, p, config.head_dim, partial=True)
+    if scaling is not None:
+        partial = (config.rope_scaling or {}).get("partial_rotary_factor")
+        scaling = {**scaling, "partial_rotary_factor": partial} if partial else scaling
+        config = dataclasses.replace(config, rope_scaling=scaling)
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     family = config.family
     if config.architecture == "gemma":

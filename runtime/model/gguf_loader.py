@@ -201,7 +201,8 @@ class GGUFWeights(_ByName):
     def __init__(self, reader, config: ModelConfig) -> None:
         self._config = config  # the tensors' arrays view the reader's memory map, keeping it
         gguf_arch = _field(reader, "general.architecture")
-        self._permuted = config.architecture in _PERMUTED or gguf_arch in gguf_archs.PERMUTED
+        self._permuted = (config.architecture in _PERMUTED or gguf_arch in gguf_archs.PERMUTED
+                          or gguf_arch in gguf_classic.PERMUTED)  # fmt: skip
         named = ((_hf_name(t.name, config.architecture), t) for t in reader.tensors)
         self._tensors = {name: t for name, t in named if name is not None}  # not e.g. rope_freqs
         self._tensors = gguf_classic.falcon_norms(self._tensors, config.architecture)
@@ -246,6 +247,7 @@ class GGUFWeights(_ByName):
             return w[None]
         if ".mamba." in name:  # llama.cpp's forms of the mixer's tensors
             return gguf_mamba.mamba_value(name, w)
+        w = gguf_classic.value(name, w, self._config.architecture)
         heads = _permuted_heads(self._config, name, self._permuted)
         return _unpermute(w, heads) if heads else w
 

@@ -19,8 +19,8 @@ from gguf import GGMLQuantizationType as Q
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
 from pagoda.runtime.model.hf_loader import check_weights, read_config, read_weights
-from test_gguf_archs import PROMPTS, _check_estimate, _generate
-from test_gguf_families import _byte_level_vocab, _oracle
+from test_gguf_archs import PROMPTS, _check_estimate, _generate, _unpermute
+from test_gguf_families import _byte_level_vocab, _oracle, _permute
 
 transformers = pytest.importorskip("transformers")
 
@@ -56,7 +56,7 @@ def _falcon_back(w: np.ndarray, heads: int, kv: int) -> np.ndarray:
 
 def _store(w, gname: str, arr: np.ndarray) -> np.ndarray:
     """`arr` written (Q8_0 where 2-D and not a norm, else F32); what the file gives back."""
-    if arr.ndim == 1 or "norm" in gname:
+    if arr.ndim == 1 or "norm" in gname or arr.shape[-1] % 32:  # (Q8_0's blocks: 32 a row)
         data = back = np.ascontiguousarray(arr, dtype=np.float32)
         w.add_tensor(gname, data)
         return back
@@ -67,10 +67,41 @@ def _store(w, gname: str, arr: np.ndarray) -> np.ndarray:
 
 _ENUM = {"gemma": "GEMMA", "phi2": "PHI2", "stablelm": "STABLELM", "gpt2": "GPT2",
          "starcoder": "STARCODER", "gptneox": "GPTNEOX", "falcon": "FALCON", "bloom": "BLOOM",
-         "mpt": "MPT"}  # fmt: skip
+         "mpt": "MPT", "olmo": "OLMO", "exaone": "EXAONE", "nemotron": "NEMOTRON",
+         "jais2": "JAIS2", "minicpm3": "MINICPM3", "hunyuan-dense": "HUNYUAN_DENSE"}  # fmt: skip
 _PRE = {"gemma": None, "phi2": "phi-2", "stablelm": "stablelm2", "gpt2": "gpt-2",
         "starcoder": "starcoder", "gptneox": "gpt-2", "falcon": "falcon", "bloom": "bloom",
-        "mpt": "mpt"}  # fmt: skip
+        "mpt": "mpt", "olmo": "olmo", "exaone": "exaone", "nemotron": "default",
+        "jais2": "jais-2", "minicpm3": "default", "hunyuan-dense": "hunyuan-dense"}  # fmt: skip
+# the converters built on TextModel's `set_gguf_parameters` (the base's keys first)
+_BASE = ("olmo", "exaone", "nemotron", "jais2", "hunyuan-dense")
+
+
+def _base_metadata(w, c: dict) -> None:
+    """TextModel.set_gguf_parameters: the common keys, the rotary's type and base, the eps."""
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    if c.get("num_key_value_heads"):
+        w.add_head_count_kv(c["num_key_value_heads"])
+    rope = c.get("rope_parameters") or {}
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_theta") is not None:
+        w.add_rope_freq_base(rope["rope_theta"])
+    eps = next((c[k] for k in ("rms_norm_eps", "norm_eps") if c.get(k) is not None), None)
+    if eps is not None:
+        w.add_layer_norm_rms_eps(eps)
+    eps = next((c[k] for k in ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+                if c.get(k) is not None), None)  # fmt: skip
+    if eps is not None:
+        w.add_layer_norm_eps(eps)
+    if c.get("head_dim") is not None:
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
 
 
 def _metadata(w, arch: str, cfg) -> None:
@@ -79,11 +110,54 @@ def _metadata(w, arch: str, cfg) -> None:
     hidden = c.get("hidden_size") or c.get("n_embd") or c.get("d_model")
     heads = c.get("num_attention_heads") or c.get("n_head") or c.get("n_heads")
     layers = c.get("num_hidden_layers") or c.get("n_layer") or c.get("n_layers")
+    rope = c.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", 1.0)
+    head_dim = c.get("head_dim") or hidden // heads
+    if arch in _BASE:
+        _base_metadata(w, c)
+    if arch == "olmo":
+        w.add_layer_norm_eps(1e-5)
+        if c.get("clip_qkv") is not None:
+            w.add_clamp_kqv(c["clip_qkv"])
+    if arch == "exaone":
+        w.add_rope_dimension_count(int(partial * (hidden // heads)))
+        if rope.get("rope_type") == "llama3":
+            from test_gguf_families import _llama3_rope_freqs
+
+            w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, head_dim))
+    if arch == "nemotron":
+        w.add_vocab_size(c["vocab_size"])
+        w.add_layer_norm_eps(c["norm_eps"])
+        w.add_rope_dimension_count(int(partial * hidden) // heads)
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    if arch == "jais2":
+        w.add_rope_dimension_count(head_dim)
+    if arch == "hunyuan-dense":  # the NTK alpha baked into the base
+        w.add_rope_freq_base(rope["rope_theta"] * rope["alpha"] ** (head_dim / (head_dim - 2)))
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        w.add_rope_scaling_factor(1)
+    if arch == "minicpm3":
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_embedding_length(hidden)
+        w.add_block_count(layers)
+        w.add_head_count(heads)
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+        w.add_vocab_size(c["vocab_size"])
+        w.add_q_lora_rank(c["q_lora_rank"])
+        w.add_kv_lora_rank(c["kv_lora_rank"])
+        w.add_key_length(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+        w.add_rope_dimension_count(c["qk_rope_head_dim"])
+        for kind in ("long", "short"):
+            if rope.get(f"{kind}_factor"):
+                w.add_tensor(f"rope_factors_{kind}.weight",
+                             np.array(rope[f"{kind}_factor"], dtype=np.float32))  # fmt: skip
+    if arch in (*_BASE, "minicpm3"):
+        return
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
     w.add_head_count(heads)
-    rope = c.get("rope_parameters") or {}
-    partial = rope.get("partial_rotary_factor", 1.0)
     if arch == "gemma":
         w.add_context_length(c["max_position_embeddings"])
         w.add_feed_forward_length(c["intermediate_size"])
@@ -182,7 +256,10 @@ def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tenso
             norms.setdefault(whole + ".weight", {})[int(head.split(".")[0])] = arr
             continue
         stored, back = arr, lambda a: a
-        if arch == "gemma" and hf.endswith("norm.weight"):
+        if arch == "olmo" and hf.endswith(("q_proj.weight", "k_proj.weight")):  # LlamaModel's
+            n = heads if "q_proj" in hf else c["num_key_value_heads"]
+            stored, back = _permute(arr, n), lambda a, n=n: _unpermute(a, n)
+        if arch in ("gemma", "nemotron") and hf.endswith("norm.weight"):
             stored, back = arr + 1, lambda a: a - 1
         if arch == "gpt2" and hf.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
             stored, back = arr.T, lambda a: a.T
@@ -208,6 +285,11 @@ def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tenso
 
 
 FALCON = dict(ffn_hidden_size=256, num_key_value_heads=None)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+# MiniCPM3-4B's longrope (its original context the model's: short factors below it), shrunk
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
+            "short_factor": [1.0, 1.1, 1.5, 2.0], "long_factor": [1.2, 2.0, 4.0, 9.0]}  # fmt: skip
 # case: (transformers config prefix, overrides, llama.cpp arch, the engine's architecture)
 CASES = {
     "gemma": ("Gemma", dict(head_dim=32, num_key_value_heads=1), "gemma", "gemma"),
@@ -227,6 +309,23 @@ CASES = {
     "bloom": ("Bloom", dict(hidden_size=96, num_attention_heads=6), "bloom", "bloom"),
     "mpt": ("Mpt", dict(hidden_size=96, num_attention_heads=6, attn_config={"clip_qkv": 0.5}),
             "mpt", "mpt"),
+    "olmo": ("Olmo", dict(clip_qkv=0.5, tie_word_embeddings=True), "olmo", "olmo"),
+    "exaone-llama3": ("Exaone", dict(tie_word_embeddings=True, rope_parameters=LLAMA3), "exaone",
+                      "exaone"),
+    "nemotron": ("Nemotron", dict(head_dim=16, attention_bias=True, mlp_bias=True,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 20000.0,
+                                                   "partial_rotary_factor": 0.5}),
+                 "nemotron", "nemotron"),
+    "jais2": ("Jais2", dict(), "jais2", "jais2"),
+    # llama.cpp's constants (scale_emb 12, scale_depth 1.4, dim_model_base 256) as MiniCPM3-4B's
+    "minicpm3": ("MiniCPM3", dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=32,
+                                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=None,
+                                  scale_emb=12, scale_depth=1.4, dim_model_base=256,
+                                  tie_word_embeddings=False, rope_parameters=LONGROPE),
+                 "minicpm3", "minicpm3"),
+    "hunyuan-dense": ("HunYuanDenseV1", dict(head_dim=16, rope_parameters={
+        "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}),
+        "hunyuan-dense", "hunyuan_v1_dense"),
 }  # fmt: skip
 
 
