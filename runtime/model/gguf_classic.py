@@ -1,7 +1,7 @@
 """GGUFs of the families llama.cpp's converter writes with classes of their own that the engine
 runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
-`jais2`, `minicpm3`, `hunyuan-dense`), read by writing the config.json the family's checkpoint would have from the file's keys
+`jais2`, `minicpm3`, `hunyuan-dense`, `lfm2`, `lfm2moe`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -25,6 +25,10 @@ What the converter changed, undone here:
 - MiniCPM3: DeepSeek's latent attention names; longrope's factors as `rope_factors_long` /
   `rope_factors_short` (the original context the file's own unless it says); its muP scales
   (12, 1.4, 256) llama.cpp's constants.
+- LFM2 / LFM2-MoE: the layer kinds from the per-layer `attention.head_count_kv` (0: a short
+  conv), the conv's weight squeezed to [C, K] (read back as [C, 1, K]), the MLP's width as the
+  converter adjusted it, the final norm named `token_embd_norm`; LFM2-MoE's experts stacked,
+  its `expert_bias` as `exp_probs_b`, llama.cpp's renormalised top-k (no key for it).
 - Hunyuan dense: the NTK alpha baked into `rope.freq_base` (read as the plain base); q/k norms
   as its `query_layernorm`/`key_layernorm`.
 
@@ -47,14 +51,15 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "starcoder": "gpt_bigcode", "gptneox": "gpt_neox", "falcon": "falcon",
                "bloom": "bloom", "mpt": "mpt", "olmo": "olmo", "exaone": "exaone",
                "nemotron": "nemotron", "jais2": "jais2", "minicpm3": "minicpm3",
-               "hunyuan-dense": "hunyuan_v1_dense"}  # fmt: skip
+               "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe"}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
            "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM", "mpt": "MptForCausalLM",
            "olmo": "OlmoForCausalLM", "exaone": "ExaoneForCausalLM",
            "nemotron": "NemotronForCausalLM", "jais2": "Jais2ForCausalLM",
-           "minicpm3": "MiniCPM3ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM"}  # fmt: skip
+           "minicpm3": "MiniCPM3ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
+           "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM"}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -62,7 +67,7 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "gpt2": "gelu_new", "gpt_bigcode": "gelu_pytorch_tanh", "gpt_neox": "gelu",
                "falcon": "gelu", "bloom": "gelu_pytorch_tanh", "mpt": "gelu", "olmo": "silu",
                "exaone": "silu", "nemotron": "relu2", "jais2": "relu2", "minicpm3": "silu",
-               "hunyuan_v1_dense": "silu"}  # fmt: skip
+               "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu"}  # fmt: skip
 # families whose config.json names the head size (the file's key_length)
 _HEAD_DIM = ("gemma", "exaone", "nemotron", "jais2", "hunyuan_v1_dense")
 # families whose config.json says attention_bias / mlp_bias
@@ -81,14 +86,26 @@ PHI_GLOBALS = {"output_norm.weight": "model.final_layernorm.weight",
 # the per-layer names, where they differ from Llama's (`gguf_loader._LAYER_NAMES`)
 NAMES = {"attn_qkv": "self_attn.qkv_proj", "attn_norm_2": "ln_attn"}
 QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # attn_qkv's row blocks
+# LFM2's: its short conv's tensors, its MLP (w1 gate, w3 up, w2 down) and experts, the final
+# norm the converter names `token_embd_norm` (the checkpoint's `embedding_norm`)
+LFM2 = {"ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+        "ffn_gate_inp": "feed_forward.gate", "ffn_gate_exps": "feed_forward.experts.w1",
+        "ffn_up_exps": "feed_forward.experts.w3", "ffn_down_exps": "feed_forward.experts.w2"}  # fmt: skip
+_SHORTCONV = re.compile(r"^blk\.(\d+)\.shortconv\.(in_proj|conv|out_proj)\.(weight|bias)$")
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 Get = Callable[..., Any]  # get(key, default): the file's `<arch>.<key>`
 
 
 def global_name(name: str, architecture: str) -> str | None:
-    """The engine's name of a global tensor of these families (None: Llama's name holds)."""
+    """The engine's name of a global tensor of these families, or of LFM2's short conv's
+    (None: Llama's name, or `hf_name`'s, holds)."""
     if architecture == "phi" and name in PHI_GLOBALS:
         return PHI_GLOBALS[name]
+    if architecture in ("lfm2", "lfm2_moe"):
+        if name == "token_embd_norm.weight":
+            return "model.norm.weight"
+        m = _SHORTCONV.match(name)
+        return f"model.layers.{m[1]}.conv.{m[2]}.{m[3]}" if m else None
     return GLOBALS.get(name)
 
 
@@ -101,6 +118,11 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
         return f"model.layers.{layer}.self_attn.{which}_layernorm.{kind}"
     if architecture == "minicpm3" and part in _MLA:
         return f"model.layers.{layer}.self_attn.{_MLA[part]}.{kind}"
+    if architecture in ("lfm2", "lfm2_moe"):
+        if part == "exp_probs_b":  # its choice-only bias (`expert_bias`, no suffix)
+            return f"model.layers.{layer}.feed_forward.expert_bias"
+        if part in LFM2:
+            return f"model.layers.{layer}.{LFM2[part]}.{kind}"
     name = NAMES.get(part)
     return None if name is None else f"model.layers.{layer}.{name}.{kind}"
 
@@ -144,6 +166,8 @@ def value(name: str, w, architecture: str):
     weights, which the converter stored as 1 + w."""
     if architecture == "nemotron" and name.endswith("norm.weight"):
         return w - 1
+    if name.endswith(".conv.conv.weight") and w.dim() == 2:  # LFM2's, squeezed: [C, 1, K]
+        return w[:, None, :]
     return w
 
 
@@ -154,7 +178,8 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
     `values(name)`: a tensor's values, MiniCPM3's rope factors)."""
     arch = ENGINE_ARCH[gguf_arch]
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    kv = get("attention.head_count_kv")
+    per_layer = get("attention.head_count_kv")  # (LFM2's: a value a layer, 0 on its convs)
+    kv = max(per_layer) if isinstance(per_layer, list) else per_layer
     kv = int(kv) if kv else heads
     head_dim = int(get("attention.key_length", 0) or 0) or hidden // heads
     eps = get("attention.layer_norm_epsilon")
@@ -181,6 +206,8 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
         cfg["rope_parameters"] = rope
     if arch == "minicpm3":
         cfg.update(_minicpm3(get, tensors, values, rope))
+    if arch in ("lfm2", "lfm2_moe"):
+        cfg.update(_lfm2(get, tensors, per_layer, cfg["num_hidden_layers"]))
     cfg.update(_family_keys(get, gguf_arch, arch, tensors, cfg))
     return cfg
 
@@ -236,4 +263,28 @@ def _minicpm3(get: Get, tensors: set[str], values: Callable[[str], list[float]],
                                   "long_factor": values("rope_factors_long.weight"),
                                   "short_factor": values("rope_factors_short.weight"),
                                   "original_max_position_embeddings": int(original)}  # fmt: skip
+    return out
+
+
+def _lfm2(get: Get, tensors: set[str], per_layer, n: int) -> dict[str, Any]:
+    """LFM2's layers (a conv where the per-layer `attention.head_count_kv` is 0), its conv
+    width (`shortconv.l_cache`), its MLP width as the file has it (adjusted by the converter);
+    LFM2-MoE's experts after `leading_dense_block_count` dense layers, sigmoid-routed with the
+    choice-only bias (`exp_probs_b`), renormalised and scaled as llama.cpp runs them."""
+    if not isinstance(per_layer, list) or len(per_layer) != n:
+        raise ValueError(f"GGUF lfm2 needs attention.head_count_kv with a value for each of its "
+                         f"{n} layers (0 on the conv layers)")  # fmt: skip
+    out: dict[str, Any] = {
+        "layer_types": ["full_attention" if k else "conv" for k in per_layer],
+        "conv_L_cache": int(get("shortconv.l_cache")), "block_auto_adjust_ff_dim": False,
+        "conv_bias": any(t.endswith("shortconv.in_proj.bias") for t in tensors),
+    }  # fmt: skip
+    if get("expert_count"):
+        out.update(num_experts=int(get("expert_count")),
+                   num_experts_per_tok=int(get("expert_used_count")),
+                   moe_intermediate_size=int(get("expert_feed_forward_length")),
+                   num_dense_layers=int(get("leading_dense_block_count", 0) or 0),
+                   use_expert_bias=any(t.endswith(".exp_probs_b.bias") for t in tensors),
+                   routed_scaling_factor=float(get("expert_weights_scale", 1.0) or 1.0),
+                   norm_topk_prob=bool(get("expert_weights_norm", True)))  # fmt: skip
     return out

@@ -10,6 +10,7 @@ model holds."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import gguf
 import numpy as np
@@ -68,13 +69,24 @@ def _store(w, gname: str, arr: np.ndarray) -> np.ndarray:
 _ENUM = {"gemma": "GEMMA", "phi2": "PHI2", "stablelm": "STABLELM", "gpt2": "GPT2",
          "starcoder": "STARCODER", "gptneox": "GPTNEOX", "falcon": "FALCON", "bloom": "BLOOM",
          "mpt": "MPT", "olmo": "OLMO", "exaone": "EXAONE", "nemotron": "NEMOTRON",
-         "jais2": "JAIS2", "minicpm3": "MINICPM3", "hunyuan-dense": "HUNYUAN_DENSE"}  # fmt: skip
+         "jais2": "JAIS2", "minicpm3": "MINICPM3", "hunyuan-dense": "HUNYUAN_DENSE",
+         "lfm2": "LFM2", "lfm2moe": "LFM2MOE"}  # fmt: skip
 _PRE = {"gemma": None, "phi2": "phi-2", "stablelm": "stablelm2", "gpt2": "gpt-2",
         "starcoder": "starcoder", "gptneox": "gpt-2", "falcon": "falcon", "bloom": "bloom",
         "mpt": "mpt", "olmo": "olmo", "exaone": "exaone", "nemotron": "default",
-        "jais2": "jais-2", "minicpm3": "default", "hunyuan-dense": "hunyuan-dense"}  # fmt: skip
+        "jais2": "jais-2", "minicpm3": "default", "hunyuan-dense": "hunyuan-dense",
+        "lfm2": "lfm2", "lfm2moe": "lfm2"}  # fmt: skip
+# the converters' stacked experts: (HF expert tensor) -> llama.cpp's [E, N, K] tensor
+_EXPERTS = {
+    "w1": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+}
 # the converters built on TextModel's `set_gguf_parameters` (the base's keys first)
-_BASE = ("olmo", "exaone", "nemotron", "jais2", "hunyuan-dense")
+_BASE = ("olmo", "exaone", "nemotron", "jais2", "hunyuan-dense", "lfm2", "lfm2moe")
 
 
 def _base_metadata(w, c: dict) -> None:
@@ -86,6 +98,9 @@ def _base_metadata(w, c: dict) -> None:
     w.add_head_count(c["num_attention_heads"])
     if c.get("num_key_value_heads"):
         w.add_head_count_kv(c["num_key_value_heads"])
+    if c.get("num_experts"):
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
     rope = c.get("rope_parameters") or {}
     if rope.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -113,6 +128,9 @@ def _metadata(w, arch: str, cfg) -> None:
     rope = c.get("rope_parameters") or {}
     partial = rope.get("partial_rotary_factor", 1.0)
     head_dim = c.get("head_dim") or hidden // heads
+    if arch in ("lfm2", "lfm2moe"):
+        kv = c["num_key_value_heads"]
+        c = {**c, "num_key_value_heads": [0 if t == "conv" else kv for t in c["layer_types"]]}
     if arch in _BASE:
         _base_metadata(w, c)
     if arch == "olmo":
@@ -132,6 +150,17 @@ def _metadata(w, arch: str, cfg) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
     if arch == "jais2":
         w.add_rope_dimension_count(head_dim)
+    if arch in ("lfm2", "lfm2moe"):  # KV heads a layer (0: a conv); the conv's width
+        w.add_vocab_size(c["vocab_size"])
+        w.add_shortconv_l_cache(c["conv_L_cache"])
+    if arch == "lfm2":  # its MLP's width as Lfm2MLP adjusts it
+        from pagoda.runtime.model.lfm2_config import _mlp_width
+
+        w.add_feed_forward_length(_mlp_width(c))
+    if arch == "lfm2moe":
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_leading_dense_block_count(c["num_dense_layers"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if arch == "hunyuan-dense":  # the NTK alpha baked into the base
         w.add_rope_freq_base(rope["rope_theta"] * rope["alpha"] ** (head_dim / (head_dim - 2)))
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
@@ -246,7 +275,19 @@ def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tenso
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], cfg.num_hidden_layers)
     expected: dict[str, np.ndarray] = {}
     norms: dict[str, dict[int, np.ndarray]] = {}
+    experts: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for hf, arr in sd.items():
+        if m := re.match(r"^model\.layers\.(\d+)\..*experts\.(\d+)\.(\w+)\.weight$", hf):
+            experts.setdefault((m[1], m[3]), {})[int(m[2])] = arr
+            continue
+        if hf.endswith(".feed_forward.expert_bias"):  # (renamed `expert_bias.bias`)
+            layer = hf.split(".")[2]
+            expected[hf] = _store(w, f"blk.{layer}.exp_probs_b.bias", arr)
+            continue
+        if arch in ("lfm2", "lfm2moe") and hf.endswith("conv.conv.weight"):
+            expected[hf] = _store(w, names.get_name(hf, try_suffixes=(".weight",)),
+                                  arr.squeeze(1))[:, None, :]  # fmt: skip
+            continue
         if arch == "gemma" and hf == "lm_head.weight":  # skipped by the converter (tied)
             continue
         if hf.endswith((".attn.bias", ".attn.masked_bias")):
@@ -272,6 +313,13 @@ def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tenso
         gname = names.get_name(key, try_suffixes=(".weight", ".bias"))
         assert gname is not None, hf
         expected[hf] = back(_store(w, gname, stored))
+    for (layer, part), per in experts.items():
+        stacked = _store(w, f"blk.{layer}.{_EXPERTS[part]}.weight",
+                         np.stack([per[e] for e in sorted(per)]))  # fmt: skip
+        for e in sorted(per):
+            hf = next(n for n in sd if n.startswith(f"model.layers.{layer}.")
+                      and n.endswith(f"experts.{e}.{part}.weight"))  # fmt: skip
+            expected[hf] = stacked[e]
     for whole, per in norms.items():
         gname = names.get_name(whole, try_suffixes=(".weight",))
         stacked = _store(w, gname, np.stack([per[h] for h in sorted(per)]))
@@ -326,7 +374,21 @@ CASES = {
     "hunyuan-dense": ("HunYuanDenseV1", dict(head_dim=16, rope_parameters={
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}),
         "hunyuan-dense", "hunyuan_v1_dense"),
+    # gated short convs among attention layers (q/k norms), the MLP's width adjusted
+    "lfm2": ("Lfm2", dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                          block_multiple_of=16, block_ffn_dim_multiplier=1.5), "lfm2", "lfm2"),
+    # a dense layer, then sigmoid-routed experts with the choice-only bias
+    "lfm2moe": ("Lfm2Moe", dict(num_hidden_layers=3, layer_types=["conv", "full_attention",
+                                                                  "conv"],
+                                num_dense_layers=1, num_experts=8, num_experts_per_tok=3,
+                                moe_intermediate_size=32), "lfm2moe", "lfm2_moe"),
 }  # fmt: skip
+
+
+def _expert(weights, name: str) -> torch.Tensor:
+    """Expert e's matrix `<prefix>.experts.<e>.<part>.weight` from the file's stacked tensor."""
+    m = re.match(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$", name)
+    return weights[f"{m[1]}.{m[3]}.weight"][int(m[2])]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -344,7 +406,8 @@ def test_gguf_classic_family_matches_transformers_on_its_dequantized_weights(tmp
     assert config.family == dataclasses.replace(hf_config.family, norms_hold_one_plus_w=gemma)
     for name in hf_weights:  # every tensor the checkpoint gives the engine, as the file has it
         shift = 1.0 if gemma and name.endswith("norm.weight") else 0.0
-        torch.testing.assert_close(weights[name] - shift, hf_weights[name].float(), rtol=0,
+        got = weights[name] if name in weights else _expert(weights, name)
+        torch.testing.assert_close(got - shift, hf_weights[name].float(), rtol=0,
                                    atol=1e-6, msg=name)  # fmt: skip
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
     assert _generate(path, PROMPTS) == want, case
