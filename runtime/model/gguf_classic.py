@@ -1,7 +1,7 @@
 """GGUFs of the families llama.cpp's converter writes with classes of their own that the engine
 runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
-`jais2`, `minicpm3`, `hunyuan-dense`, `lfm2`, `lfm2moe`), read by writing the config.json the family's checkpoint would have from the file's keys
+`jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -29,7 +29,11 @@ What the converter changed, undone here:
   conv), the conv's weight squeezed to [C, K] (read back as [C, 1, K]), the MLP's width as the
   converter adjusted it, the final norm named `token_embd_norm`; LFM2-MoE's experts stacked,
   its `expert_bias` as `exp_probs_b`, llama.cpp's renormalised top-k (no key for it).
-- Hunyuan dense: the NTK alpha baked into `rope.freq_base` (read as the plain base); q/k norms
+- ERNIE 4.5 MoE and Hunyuan-A13B: the experts stacked [E, N, K] (`moe._ExpertTensors` slices
+  them), the router, shared experts and correction bias (`exp_probs_b`, the converter's
+  rename of `e_score_correction_bias`) where `moe_names` puts them; ERNIE's MoE layers from
+  `leading_dense_block_count` and `interleave_moe_layer_step`.
+- Hunyuan: the NTK alpha baked into `rope.freq_base` (read as the plain base); q/k norms
   as its `query_layernorm`/`key_layernorm`.
 
 llama.cpp keeps no key for a family's activation where transformers' configs differ: GPT-NeoX
@@ -51,7 +55,8 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "starcoder": "gpt_bigcode", "gptneox": "gpt_neox", "falcon": "falcon",
                "bloom": "bloom", "mpt": "mpt", "olmo": "olmo", "exaone": "exaone",
                "nemotron": "nemotron", "jais2": "jais2", "minicpm3": "minicpm3",
-               "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe"}  # fmt: skip
+               "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe",
+               "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe"}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
@@ -59,7 +64,9 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "olmo": "OlmoForCausalLM", "exaone": "ExaoneForCausalLM",
            "nemotron": "NemotronForCausalLM", "jais2": "Jais2ForCausalLM",
            "minicpm3": "MiniCPM3ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
-           "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM"}  # fmt: skip
+           "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM",
+           "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+           "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM"}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -67,11 +74,32 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "gpt2": "gelu_new", "gpt_bigcode": "gelu_pytorch_tanh", "gpt_neox": "gelu",
                "falcon": "gelu", "bloom": "gelu_pytorch_tanh", "mpt": "gelu", "olmo": "silu",
                "exaone": "silu", "nemotron": "relu2", "jais2": "relu2", "minicpm3": "silu",
-               "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu"}  # fmt: skip
+               "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu",
+               "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu"}  # fmt: skip
+# the mixture-of-experts families whose tensors `moe_names` places
+MOE = ("ernie4_5_moe", "hunyuan_v1_moe")
+_PARTS = ("gate", "up", "down")
 # families whose config.json names the head size (the file's key_length)
-_HEAD_DIM = ("gemma", "exaone", "nemotron", "jais2", "hunyuan_v1_dense")
+_HEAD_DIM = (
+    "gemma",
+    "exaone",
+    "nemotron",
+    "jais2",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+    "ernie4_5_moe",
+)
 # families whose config.json says attention_bias / mlp_bias
-_BIAS_KEYS = ("gpt_neox", "olmo", "exaone", "nemotron", "jais2", "minicpm3", "hunyuan_v1_dense")
+_BIAS_KEYS = (
+    "gpt_neox",
+    "olmo",
+    "exaone",
+    "nemotron",
+    "jais2",
+    "minicpm3",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+)
 # DeepSeek-style latent attention's tensors (MiniCPM3's), by llama.cpp's names
 _MLA = {"attn_q_a": "q_a_proj", "attn_q_a_norm": "q_a_layernorm", "attn_q_b": "q_b_proj",
         "attn_kv_a_mqa": "kv_a_proj_with_mqa", "attn_kv_a_norm": "kv_a_layernorm",
@@ -113,7 +141,11 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
     """The engine's name of `blk.{layer}.{part}.{kind}` where it differs from Llama's."""
     if architecture == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):
         return f"model.layers.{layer}.self_attn.{part[5]}_layernorm.{kind}"  # (read by row)
-    if architecture == "hunyuan_v1_dense" and part in ("attn_q_norm", "attn_k_norm"):
+    if architecture in MOE:
+        own = _moe_name(layer, part, kind, architecture)
+        if own is not None:
+            return own
+    if architecture.startswith("hunyuan") and part in ("attn_q_norm", "attn_k_norm"):
         which = "query" if part == "attn_q_norm" else "key"
         return f"model.layers.{layer}.self_attn.{which}_layernorm.{kind}"
     if architecture == "minicpm3" and part in _MLA:
@@ -138,6 +170,26 @@ def falcon_norms(tensors: dict, architecture: str) -> dict:
         name = name.replace(".input_layernorm.", ".post_attention_layernorm.")
         out[name.replace(".ln_attn.", ".input_layernorm.")] = t
     return out
+
+
+def _moe_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
+    """The engine's name of an expert block's tensor (`moe_names`' table): the router, the
+    stacked experts [E, N, K] (`moe._ExpertTensors` slices them), the shared expert, the
+    correction bias (no suffix)."""
+    from pagoda.runtime.model import moe_names
+
+    n = moe_names.of(architecture)
+    p = f"model.layers.{layer}.{n.block}"
+    if part == "ffn_gate_inp":
+        return p + n.router
+    if part == "exp_probs_b":
+        return p + n.bias
+    for i, which in enumerate(_PARTS):
+        if part == f"ffn_{which}_exps":
+            return f"{p}experts.{n.experts[i]}.{kind}"
+        if part == f"ffn_{which}_shexp":
+            return f"{p}{n.shared}{which}_proj.{kind}"
+    return None
 
 
 def fused_parts(name: str, shape: tuple[int, ...], config) -> list[tuple[str, int, int]]:
@@ -208,6 +260,8 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
         cfg.update(_minicpm3(get, tensors, values, rope))
     if arch in ("lfm2", "lfm2_moe"):
         cfg.update(_lfm2(get, tensors, per_layer, cfg["num_hidden_layers"]))
+    if arch in MOE:
+        cfg.update(_experts(get, arch, tensors))
     cfg.update(_family_keys(get, gguf_arch, arch, tensors, cfg))
     return cfg
 
@@ -288,3 +342,21 @@ def _lfm2(get: Get, tensors: set[str], per_layer, n: int) -> dict[str, Any]:
                    routed_scaling_factor=float(get("expert_weights_scale", 1.0) or 1.0),
                    norm_topk_prob=bool(get("expert_weights_norm", True)))  # fmt: skip
     return out
+
+
+def _experts(get: Get, arch: str, tensors: set[str]) -> dict[str, Any]:
+    """ERNIE 4.5 MoE's and Hunyuan-A13B's expert keys, as their config.json names them."""
+    count, used = int(get("expert_count")), int(get("expert_used_count"))
+    width, shared = int(get("expert_feed_forward_length")), int(get("expert_shared_count", 0) or 0)
+    if arch == "ernie4_5_moe":  # experts from `leading_dense_block_count`, every `interleave`
+        return {"moe_num_experts": count, "moe_k": used, "moe_intermediate_size": width,
+                "moe_layer_interval": int(get("interleave_moe_layer_step", 1) or 1),
+                "moe_layer_start_index": int(get("leading_dense_block_count", 0) or 0),
+                "moe_layer_end_index": -1, "moe_num_shared_experts": shared,
+                "use_bias": "blk.0.attn_q.bias" in tensors}  # fmt: skip
+    shexp = any(t.endswith("ffn_up_shexp.weight") for t in tensors)
+    return {"num_experts": count, "moe_topk": used, "moe_intermediate_size": width,
+            "num_shared_expert": shared, "use_mixed_mlp_moe": shexp,
+            "intermediate_size": int(get("expert_shared_feed_forward_length", 0) or 0)
+            or int(get("feed_forward_length")),
+            "use_qk_norm": any(t.endswith("attn_q_norm.weight") for t in tensors)}  # fmt: skip

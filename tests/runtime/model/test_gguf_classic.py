@@ -70,12 +70,14 @@ _ENUM = {"gemma": "GEMMA", "phi2": "PHI2", "stablelm": "STABLELM", "gpt2": "GPT2
          "starcoder": "STARCODER", "gptneox": "GPTNEOX", "falcon": "FALCON", "bloom": "BLOOM",
          "mpt": "MPT", "olmo": "OLMO", "exaone": "EXAONE", "nemotron": "NEMOTRON",
          "jais2": "JAIS2", "minicpm3": "MINICPM3", "hunyuan-dense": "HUNYUAN_DENSE",
-         "lfm2": "LFM2", "lfm2moe": "LFM2MOE"}  # fmt: skip
+         "lfm2": "LFM2", "lfm2moe": "LFM2MOE", "ernie4_5-moe": "ERNIE4_5_MOE",
+         "hunyuan-moe": "HUNYUAN_MOE"}  # fmt: skip
 _PRE = {"gemma": None, "phi2": "phi-2", "stablelm": "stablelm2", "gpt2": "gpt-2",
         "starcoder": "starcoder", "gptneox": "gpt-2", "falcon": "falcon", "bloom": "bloom",
         "mpt": "mpt", "olmo": "olmo", "exaone": "exaone", "nemotron": "default",
         "jais2": "jais-2", "minicpm3": "default", "hunyuan-dense": "hunyuan-dense",
-        "lfm2": "lfm2", "lfm2moe": "lfm2"}  # fmt: skip
+        "lfm2": "lfm2", "lfm2moe": "lfm2", "ernie4_5-moe": "default",
+        "hunyuan-moe": "hunyuan"}  # fmt: skip
 # the converters' stacked experts: (HF expert tensor) -> llama.cpp's [E, N, K] tensor
 _EXPERTS = {
     "w1": "ffn_gate_exps",
@@ -86,7 +88,17 @@ _EXPERTS = {
     "down_proj": "ffn_down_exps",
 }
 # the converters built on TextModel's `set_gguf_parameters` (the base's keys first)
-_BASE = ("olmo", "exaone", "nemotron", "jais2", "hunyuan-dense", "lfm2", "lfm2moe")
+_BASE = (
+    "olmo",
+    "exaone",
+    "nemotron",
+    "jais2",
+    "hunyuan-dense",
+    "lfm2",
+    "lfm2moe",
+    "ernie4_5-moe",
+    "hunyuan-moe",
+)
 
 
 def _base_metadata(w, c: dict) -> None:
@@ -100,6 +112,7 @@ def _base_metadata(w, c: dict) -> None:
         w.add_head_count_kv(c["num_key_value_heads"])
     if c.get("num_experts"):
         w.add_expert_count(c["num_experts"])
+    if c.get("num_experts_per_tok"):
         w.add_expert_used_count(c["num_experts_per_tok"])
     rope = c.get("rope_parameters") or {}
     if rope.get("rope_type") == "linear":
@@ -161,7 +174,21 @@ def _metadata(w, arch: str, cfg) -> None:
         w.add_expert_feed_forward_length(c["moe_intermediate_size"])
         w.add_leading_dense_block_count(c["num_dense_layers"])
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    if arch == "hunyuan-dense":  # the NTK alpha baked into the base
+    if arch == "ernie4_5-moe":
+        w.add_expert_count(c["moe_num_experts"])
+        w.add_expert_used_count(c["moe_k"])
+        w.add_interleave_moe_layer_step(c["moe_layer_interval"])
+        w.add_leading_dense_block_count(c["moe_layer_start_index"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_count(c["moe_num_shared_experts"])
+    if arch == "hunyuan-moe":  # (its lists' first values)
+        first = [v[0] if isinstance(v, list) else v for v in
+                 (c["moe_intermediate_size"], c["moe_topk"], c["num_shared_expert"])]  # fmt: skip
+        w.add_expert_shared_feed_forward_length(c["intermediate_size"])
+        w.add_expert_feed_forward_length(first[0])
+        w.add_expert_used_count(first[1])
+        w.add_expert_shared_count(first[2])
+    if arch.startswith("hunyuan"):  # the NTK alpha baked into the base
         w.add_rope_freq_base(rope["rope_theta"] * rope["alpha"] ** (head_dim / (head_dim - 2)))
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
         w.add_rope_scaling_factor(1)
@@ -280,6 +307,10 @@ def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tenso
         if m := re.match(r"^model\.layers\.(\d+)\..*experts\.(\d+)\.(\w+)\.weight$", hf):
             experts.setdefault((m[1], m[3]), {})[int(m[2])] = arr
             continue
+        if hf.endswith("e_score_correction_bias"):  # the base's rename: `.bias`
+            layer = hf.split(".")[2]
+            expected[hf] = _store(w, f"blk.{layer}.exp_probs_b.bias", arr)
+            continue
         if hf.endswith(".feed_forward.expert_bias"):  # (renamed `expert_bias.bias`)
             layer = hf.split(".")[2]
             expected[hf] = _store(w, f"blk.{layer}.exp_probs_b.bias", arr)
@@ -382,7 +413,33 @@ CASES = {
                                                                   "conv"],
                                 num_dense_layers=1, num_experts=8, num_experts_per_tok=3,
                                 moe_intermediate_size=32), "lfm2moe", "lfm2_moe"),
+    # experts after a dense layer, a biased choice, two shared experts; interleaved rotary
+    "ernie4_5-moe": ("Ernie4_5_Moe", dict(moe_num_experts=8, moe_k=2, moe_intermediate_size=32),
+                     "ernie4_5-moe", "ernie4_5_moe"),
+    # experts beside a shared MLP, q/k norms after rotary, the NTK alpha baked into the base
+    "hunyuan-moe": ("HunYuanMoEV1", dict(num_experts=6, moe_topk=[3, 3], intermediate_size=32,
+                                         moe_intermediate_size=[32, 32], num_shared_expert=[1, 1],
+                                         use_mixed_mlp_moe=True, use_qk_norm=True, head_dim=16,
+                                         rope_parameters={"rope_type": "dynamic", "alpha": 1000.0,
+                                                          "factor": 1.0, "rope_theta": 1e4}),
+                    "hunyuan-moe", "hunyuan_v1_moe"),
 }  # fmt: skip
+
+
+def _scramble_choice_biases(model, path) -> None:
+    """The routers' choice-only biases (zero as transformers makes them) drawn large enough to
+    change the experts picked; the model saved again."""
+    g = torch.Generator().manual_seed(2)
+    biases = [(n, p) for n, p in model.named_buffers() if n.endswith(_BIASES)]
+    biases += [(n, p) for n, p in model.named_parameters() if n.endswith(_BIASES)]
+    with torch.no_grad():
+        for _, bias in biases:
+            bias.copy_(torch.randn(bias.shape, generator=g))
+    if biases:
+        model.save_pretrained(path)
+
+
+_BIASES = ("e_score_correction_bias", "expert_bias")
 
 
 def _expert(weights, name: str) -> torch.Tensor:
@@ -394,7 +451,8 @@ def _expert(weights, name: str) -> torch.Tensor:
 @pytest.mark.parametrize("case", list(CASES))
 def test_gguf_classic_family_matches_transformers_on_its_dequantized_weights(tmp_path, case):
     hf_arch, overrides, arch, engine = CASES[case]
-    make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
+    model = make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
+    _scramble_choice_biases(model, tmp_path / "hf")
     path = tmp_path / f"{case}.gguf"
     expected = convert(path, tmp_path / "hf", arch)
     oracle = _oracle(tmp_path, expected)
