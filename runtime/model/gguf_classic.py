@@ -1,7 +1,8 @@
 """GGUFs of the families llama.cpp's converter writes with classes of their own that the engine
 runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
-`jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`), read by writing the config.json the family's checkpoint would have from the file's keys
+`jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`,
+`dots1`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -29,10 +30,11 @@ What the converter changed, undone here:
   conv), the conv's weight squeezed to [C, K] (read back as [C, 1, K]), the MLP's width as the
   converter adjusted it, the final norm named `token_embd_norm`; LFM2-MoE's experts stacked,
   its `expert_bias` as `exp_probs_b`, llama.cpp's renormalised top-k (no key for it).
-- ERNIE 4.5 MoE and Hunyuan-A13B: the experts stacked [E, N, K] (`moe._ExpertTensors` slices
+- ERNIE 4.5 MoE, Hunyuan-A13B and dots.llm1: the experts stacked [E, N, K] (`moe._ExpertTensors` slices
   them), the router, shared experts and correction bias (`exp_probs_b`, the converter's
   rename of `e_score_correction_bias`) where `moe_names` puts them; ERNIE's MoE layers from
-  `leading_dense_block_count` and `interleave_moe_layer_step`.
+  `leading_dense_block_count` and `interleave_moe_layer_step`; dots.llm1's sigmoid router with
+  its groups, scale and norm from the `expert_*` keys, no window (llama.cpp runs none).
 - Hunyuan: the NTK alpha baked into `rope.freq_base` (read as the plain base); q/k norms
   as its `query_layernorm`/`key_layernorm`.
 
@@ -56,7 +58,8 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "bloom": "bloom", "mpt": "mpt", "olmo": "olmo", "exaone": "exaone",
                "nemotron": "nemotron", "jais2": "jais2", "minicpm3": "minicpm3",
                "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe",
-               "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe"}  # fmt: skip
+               "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe",
+               "dots1": "dots1"}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
@@ -66,7 +69,7 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "minicpm3": "MiniCPM3ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
            "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM",
            "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
-           "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM"}  # fmt: skip
+           "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "dots1": "Dots1ForCausalLM"}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -75,31 +78,16 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "falcon": "gelu", "bloom": "gelu_pytorch_tanh", "mpt": "gelu", "olmo": "silu",
                "exaone": "silu", "nemotron": "relu2", "jais2": "relu2", "minicpm3": "silu",
                "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu",
-               "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu"}  # fmt: skip
+               "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu", "dots1": "silu"}  # fmt: skip
 # the mixture-of-experts families whose tensors `moe_names` places
-MOE = ("ernie4_5_moe", "hunyuan_v1_moe")
+MOE = ("ernie4_5_moe", "hunyuan_v1_moe", "dots1")
 _PARTS = ("gate", "up", "down")
 # families whose config.json names the head size (the file's key_length)
-_HEAD_DIM = (
-    "gemma",
-    "exaone",
-    "nemotron",
-    "jais2",
-    "hunyuan_v1_dense",
-    "hunyuan_v1_moe",
-    "ernie4_5_moe",
-)
+_HEAD_DIM = ("gemma", "exaone", "nemotron", "jais2", "hunyuan_v1_dense", "hunyuan_v1_moe",
+             "ernie4_5_moe", "dots1")  # fmt: skip
 # families whose config.json says attention_bias / mlp_bias
-_BIAS_KEYS = (
-    "gpt_neox",
-    "olmo",
-    "exaone",
-    "nemotron",
-    "jais2",
-    "minicpm3",
-    "hunyuan_v1_dense",
-    "hunyuan_v1_moe",
-)
+_BIAS_KEYS = ("gpt_neox", "olmo", "exaone", "nemotron", "jais2", "minicpm3", "hunyuan_v1_dense",
+              "hunyuan_v1_moe", "dots1")  # fmt: skip
 # DeepSeek-style latent attention's tensors (MiniCPM3's), by llama.cpp's names
 _MLA = {"attn_q_a": "q_a_proj", "attn_q_a_norm": "q_a_layernorm", "attn_q_b": "q_b_proj",
         "attn_kv_a_mqa": "kv_a_proj_with_mqa", "attn_kv_a_norm": "kv_a_layernorm",
@@ -345,7 +333,8 @@ def _lfm2(get: Get, tensors: set[str], per_layer, n: int) -> dict[str, Any]:
 
 
 def _experts(get: Get, arch: str, tensors: set[str]) -> dict[str, Any]:
-    """ERNIE 4.5 MoE's and Hunyuan-A13B's expert keys, as their config.json names them."""
+    """ERNIE 4.5 MoE's, Hunyuan-A13B's and dots.llm1's expert keys, as their config.json names
+    them."""
     count, used = int(get("expert_count")), int(get("expert_used_count"))
     width, shared = int(get("expert_feed_forward_length")), int(get("expert_shared_count", 0) or 0)
     if arch == "ernie4_5_moe":  # experts from `leading_dense_block_count`, every `interleave`
@@ -354,6 +343,19 @@ def _experts(get: Get, arch: str, tensors: set[str]) -> dict[str, Any]:
                 "moe_layer_start_index": int(get("leading_dense_block_count", 0) or 0),
                 "moe_layer_end_index": -1, "moe_num_shared_experts": shared,
                 "use_bias": "blk.0.attn_q.bias" in tensors}  # fmt: skip
+    if arch == "dots1":  # DeepSeek-V3's router (sigmoid, the correction bias), no window
+        gating = get("expert_gating_func")
+        if gating is not None and int(gating) != 2:
+            raise ValueError(f"GGUF dots1 with expert_gating_func {gating} is not supported "
+                             "(dots.llm1's router is a sigmoid: 2)")  # fmt: skip
+        return {"n_routed_experts": count, "num_experts_per_tok": used,
+                "moe_intermediate_size": width, "n_shared_experts": shared,
+                "first_k_dense_replace": int(get("leading_dense_block_count", 0) or 0),
+                "n_group": int(get("expert_group_count", 1) or 1),
+                "topk_group": int(get("expert_group_used_count", 1) or 1),
+                "routed_scaling_factor": float(get("expert_weights_scale", 1.0) or 1.0),
+                "norm_topk_prob": bool(get("expert_weights_norm", False)),
+                "sliding_window": None}  # fmt: skip
     shexp = any(t.endswith("ffn_up_shexp.weight") for t in tensors)
     return {"num_experts": count, "moe_topk": used, "moe_intermediate_size": width,
             "num_shared_expert": shared, "use_mixed_mlp_moe": shexp,

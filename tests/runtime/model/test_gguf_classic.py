@@ -71,13 +71,13 @@ _ENUM = {"gemma": "GEMMA", "phi2": "PHI2", "stablelm": "STABLELM", "gpt2": "GPT2
          "mpt": "MPT", "olmo": "OLMO", "exaone": "EXAONE", "nemotron": "NEMOTRON",
          "jais2": "JAIS2", "minicpm3": "MINICPM3", "hunyuan-dense": "HUNYUAN_DENSE",
          "lfm2": "LFM2", "lfm2moe": "LFM2MOE", "ernie4_5-moe": "ERNIE4_5_MOE",
-         "hunyuan-moe": "HUNYUAN_MOE"}  # fmt: skip
+         "hunyuan-moe": "HUNYUAN_MOE", "dots1": "DOTS1"}  # fmt: skip
 _PRE = {"gemma": None, "phi2": "phi-2", "stablelm": "stablelm2", "gpt2": "gpt-2",
         "starcoder": "starcoder", "gptneox": "gpt-2", "falcon": "falcon", "bloom": "bloom",
         "mpt": "mpt", "olmo": "olmo", "exaone": "exaone", "nemotron": "default",
         "jais2": "jais-2", "minicpm3": "default", "hunyuan-dense": "hunyuan-dense",
         "lfm2": "lfm2", "lfm2moe": "lfm2", "ernie4_5-moe": "default",
-        "hunyuan-moe": "hunyuan"}  # fmt: skip
+        "hunyuan-moe": "hunyuan", "dots1": "qwen2"}  # fmt: skip
 # the converters' stacked experts: (HF expert tensor) -> llama.cpp's [E, N, K] tensor
 _EXPERTS = {
     "w1": "ffn_gate_exps",
@@ -98,6 +98,7 @@ _BASE = (
     "lfm2moe",
     "ernie4_5-moe",
     "hunyuan-moe",
+    "dots1",
 )
 
 
@@ -181,6 +182,16 @@ def _metadata(w, arch: str, cfg) -> None:
         w.add_leading_dense_block_count(c["moe_layer_start_index"])
         w.add_expert_feed_forward_length(c["moe_intermediate_size"])
         w.add_expert_shared_count(c["moe_num_shared_experts"])
+    if arch == "dots1":  # Qwen2MoeModel's keys (its base: the experts, the groups), its own
+        w.add_expert_count(c["n_routed_experts"])
+        w.add_expert_group_count(c["n_group"])
+        w.add_expert_group_used_count(c["topk_group"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_leading_dense_block_count(c["first_k_dense_replace"])
+        w.add_expert_shared_count(c["n_shared_experts"])
+        w.add_expert_weights_scale(c["routed_scaling_factor"])
+        w.add_expert_weights_norm(c["norm_topk_prob"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if arch == "hunyuan-moe":  # (its lists' first values)
         first = [v[0] if isinstance(v, list) else v for v in
                  (c["moe_intermediate_size"], c["moe_topk"], c["num_shared_expert"])]  # fmt: skip
@@ -423,6 +434,12 @@ CASES = {
                                          rope_parameters={"rope_type": "dynamic", "alpha": 1000.0,
                                                           "factor": 1.0, "rope_theta": 1e4}),
                     "hunyuan-moe", "hunyuan_v1_moe"),
+    # DeepSeek-V3's sigmoid router with its correction bias after a dense layer, a shared
+    # expert, q/k norms
+    "dots1": ("Dots1", dict(head_dim=32, n_routed_experts=8, num_experts_per_tok=2, n_group=1,
+                            topk_group=1, routed_scaling_factor=2.0, norm_topk_prob=True,
+                            n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                            num_hidden_layers=3, sliding_window=None), "dots1", "dots1"),
 }  # fmt: skip
 
 
