@@ -2,7 +2,7 @@
 runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
 `jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`,
-`dots1`), read by writing the config.json the family's checkpoint would have from the file's keys
+`dots1`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -35,6 +35,11 @@ What the converter changed, undone here:
   rename of `e_score_correction_bias`) where `moe_names` puts them; ERNIE's MoE layers from
   `leading_dense_block_count` and `interleave_moe_layer_step`; dots.llm1's sigmoid router with
   its groups, scale and norm from the `expert_*` keys, no window (llama.cpp runs none).
+- Mamba-1, Falcon-Mamba (`ssm.dt_b_c_rms`) and Mamba2: the `ssm.*` sizes (Mamba2's heads its
+  `time_step_rank`), A stored as -exp(A_log) (Mamba2's A and D [heads, 1], its norm by group),
+  the conv squeezed, Mamba2's dt_bias as `ssm_dt.bias`: read back by `gguf_mamba.mamba_value`;
+  no time-step limit nor scan chunk in the file (llama.cpp has neither: transformers' defaults);
+  Falcon-Mamba's mixer eps transformers' default (1e-6: llama.cpp uses the layers' eps).
 - Hunyuan: the NTK alpha baked into `rope.freq_base` (read as the plain base); q/k norms
   as its `query_layernorm`/`key_layernorm`.
 
@@ -59,7 +64,7 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "nemotron": "nemotron", "jais2": "jais2", "minicpm3": "minicpm3",
                "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe",
                "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe",
-               "dots1": "dots1"}  # fmt: skip
+               "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2"}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
@@ -69,7 +74,9 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "minicpm3": "MiniCPM3ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
            "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM",
            "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
-           "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "dots1": "Dots1ForCausalLM"}  # fmt: skip
+           "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "dots1": "Dots1ForCausalLM",
+           "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
+           "mamba2": "Mamba2ForCausalLM"}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -78,7 +85,11 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "falcon": "gelu", "bloom": "gelu_pytorch_tanh", "mpt": "gelu", "olmo": "silu",
                "exaone": "silu", "nemotron": "relu2", "jais2": "relu2", "minicpm3": "silu",
                "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu",
-               "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu", "dots1": "silu"}  # fmt: skip
+               "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu", "dots1": "silu", "mamba": "silu",
+               "falcon_mamba": "silu", "mamba2": "silu"}  # fmt: skip
+# the Mamba mixers' tensors (Mamba-1's and Mamba2's; A and D: `gguf_mamba.suffixless_name`)
+SSM = {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj", "ssm_conv1d": "mamba.conv1d",
+       "ssm_x": "mamba.x_proj", "ssm_dt": "mamba.dt_proj", "ssm_norm": "mamba.norm"}  # fmt: skip
 # the mixture-of-experts families whose tensors `moe_names` places
 MOE = ("ernie4_5_moe", "hunyuan_v1_moe", "dots1")
 _PARTS = ("gate", "up", "down")
@@ -112,6 +123,14 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 Get = Callable[..., Any]  # get(key, default): the file's `<arch>.<key>`
 
 
+def engine_arch(gguf_arch: str, get: Get) -> str:
+    """The engine's architecture of a file of `gguf_arch`: Mamba-1 with norms on B, C and dt
+    (`ssm.dt_b_c_rms`) is Falcon-Mamba."""
+    if gguf_arch == "mamba" and get("ssm.dt_b_c_rms"):
+        return "falcon_mamba"
+    return ENGINE_ARCH[gguf_arch]
+
+
 def global_name(name: str, architecture: str) -> str | None:
     """The engine's name of a global tensor of these families, or of LFM2's short conv's
     (None: Llama's name, or `hf_name`'s, holds)."""
@@ -129,6 +148,10 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
     """The engine's name of `blk.{layer}.{part}.{kind}` where it differs from Llama's."""
     if architecture == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):
         return f"model.layers.{layer}.self_attn.{part[5]}_layernorm.{kind}"  # (read by row)
+    if architecture in ("mamba", "falcon_mamba", "mamba2") and part in SSM:
+        if architecture == "mamba2" and part == "ssm_dt":  # its dt bias alone, no suffix
+            return f"model.layers.{layer}.mamba.dt_bias"
+        return f"model.layers.{layer}.{SSM[part]}.{kind}"
     if architecture in MOE:
         own = _moe_name(layer, part, kind, architecture)
         if own is not None:
@@ -216,7 +239,9 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
     """The config.json of the checkpoint a file of `gguf_arch` was converted from, as far as
     the engine reads it (`tensors`: the file's names; `vocab`: its vocabulary's size;
     `values(name)`: a tensor's values, MiniCPM3's rope factors)."""
-    arch = ENGINE_ARCH[gguf_arch]
+    arch = engine_arch(gguf_arch, get)
+    if arch in ("mamba", "falcon_mamba", "mamba2"):
+        return _ssm(get, arch, tensors, vocab)
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     per_layer = get("attention.head_count_kv")  # (LFM2's: a value a layer, 0 on its convs)
     kv = max(per_layer) if isinstance(per_layer, list) else per_layer
@@ -362,3 +387,26 @@ def _experts(get: Get, arch: str, tensors: set[str]) -> dict[str, Any]:
             "intermediate_size": int(get("expert_shared_feed_forward_length", 0) or 0)
             or int(get("feed_forward_length")),
             "use_qk_norm": any(t.endswith("attn_q_norm.weight") for t in tensors)}  # fmt: skip
+
+
+def _ssm(get: Get, arch: str, tensors: set[str], vocab: int) -> dict[str, Any]:
+    """Mamba-1's, Falcon-Mamba's and Mamba2's config.json from the `ssm.*` keys (Mamba2's heads:
+    `time_step_rank`; no time-step limit, as llama.cpp runs none); Falcon-Mamba's mixer eps
+    transformers' default (the file has none: llama.cpp uses the layers')."""
+    hidden, inner = int(get("embedding_length")), int(get("ssm.inner_size"))
+    cfg: dict[str, Any] = {
+        "architectures": [HF_ARCH[arch]], "vocab_size": vocab, "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")), "state_size": int(get("ssm.state_size")),
+        "conv_kernel": int(get("ssm.conv_kernel")), "expand": inner // hidden,
+        "layer_norm_epsilon": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        "use_bias": "blk.0.ssm_in.bias" in tensors,
+        "use_conv_bias": "blk.0.ssm_conv1d.bias" in tensors,
+        "tie_word_embeddings": "output.weight" not in tensors, "hidden_act": "silu",
+    }  # fmt: skip
+    if arch == "mamba2":
+        heads = int(get("ssm.time_step_rank"))
+        cfg.update(num_heads=heads, head_dim=inner // heads,
+                   n_groups=int(get("ssm.group_count", 1) or 1))  # fmt: skip
+    else:
+        cfg.update(intermediate_size=inner, time_step_rank=int(get("ssm.time_step_rank")))
+    return cfg

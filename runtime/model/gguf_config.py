@@ -357,7 +357,8 @@ def _architectures(reader) -> tuple[str, str]:
         )
     p = f"{gguf_arch}."
     arch = gguf_glm_cohere.ENGINE_ARCH.get(gguf_arch, gguf_arch)
-    arch = gguf_classic.ENGINE_ARCH.get(gguf_arch, arch)
+    if gguf_arch in gguf_classic.ENGINE_ARCH:
+        arch = gguf_classic.engine_arch(gguf_arch, lambda key, d=None: _field(reader, p + key, d))
     if gguf_arch in gguf_archs.ENGINE_ARCH:
         arch = gguf_archs.engine_arch(gguf_arch, lambda key, d=None: _field(reader, p + key, d))
     if arch == "llama" and _field(reader, p + "expert_count", 0):

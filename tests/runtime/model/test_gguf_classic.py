@@ -71,13 +71,13 @@ _ENUM = {"gemma": "GEMMA", "phi2": "PHI2", "stablelm": "STABLELM", "gpt2": "GPT2
          "mpt": "MPT", "olmo": "OLMO", "exaone": "EXAONE", "nemotron": "NEMOTRON",
          "jais2": "JAIS2", "minicpm3": "MINICPM3", "hunyuan-dense": "HUNYUAN_DENSE",
          "lfm2": "LFM2", "lfm2moe": "LFM2MOE", "ernie4_5-moe": "ERNIE4_5_MOE",
-         "hunyuan-moe": "HUNYUAN_MOE", "dots1": "DOTS1"}  # fmt: skip
+         "hunyuan-moe": "HUNYUAN_MOE", "dots1": "DOTS1", "mamba": "MAMBA", "mamba2": "MAMBA2"}  # fmt: skip
 _PRE = {"gemma": None, "phi2": "phi-2", "stablelm": "stablelm2", "gpt2": "gpt-2",
         "starcoder": "starcoder", "gptneox": "gpt-2", "falcon": "falcon", "bloom": "bloom",
         "mpt": "mpt", "olmo": "olmo", "exaone": "exaone", "nemotron": "default",
         "jais2": "jais-2", "minicpm3": "default", "hunyuan-dense": "hunyuan-dense",
         "lfm2": "lfm2", "lfm2moe": "lfm2", "ernie4_5-moe": "default",
-        "hunyuan-moe": "hunyuan", "dots1": "qwen2"}  # fmt: skip
+        "hunyuan-moe": "hunyuan", "dots1": "qwen2", "mamba": "gpt-2", "mamba2": "gpt-2"}  # fmt: skip
 # the converters' stacked experts: (HF expert tensor) -> llama.cpp's [E, N, K] tensor
 _EXPERTS = {
     "w1": "ffn_gate_exps",
@@ -141,6 +141,9 @@ def _metadata(w, arch: str, cfg) -> None:
     layers = c.get("num_hidden_layers") or c.get("n_layer") or c.get("n_layers")
     rope = c.get("rope_parameters") or {}
     partial = rope.get("partial_rotary_factor", 1.0)
+    if arch in ("mamba", "mamba2"):
+        _mamba_metadata(w, arch, c)
+        return
     head_dim = c.get("head_dim") or hidden // heads
     if arch in ("lfm2", "lfm2moe"):
         kv = c["num_key_value_heads"]
@@ -279,6 +282,47 @@ def _metadata(w, arch: str, cfg) -> None:
         w.add_max_alibi_bias(a["alibi_bias_max"])
 
 
+def _mamba_metadata(w, arch: str, c: dict) -> None:
+    """MambaModel's / Mamba2Model's keys: the `ssm.*` sizes (Mamba2's heads as the time-step
+    rank), no heads nor MLP, an arbitrary context; Falcon-Mamba's `ssm.dt_b_c_rms`."""
+    inner = c.get("intermediate_size") or c["expand"] * c["hidden_size"]
+    w.add_context_length(2**20)
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_ssm_conv_kernel(c["conv_kernel"])
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(c["state_size"])
+    if arch == "mamba":
+        w.add_ssm_time_step_rank(c["time_step_rank"])
+    else:
+        w.add_ssm_time_step_rank(inner // c["head_dim"])
+        w.add_ssm_group_count(c["n_groups"])
+    w.add_layer_norm_rms_eps(c["layer_norm_epsilon"])
+    if arch == "mamba":
+        w.add_ssm_dt_b_c_rms(c["model_type"] == "falcon_mamba")
+
+
+def _mamba_tensor(hf: str, arr: np.ndarray, arch: str, c: dict):
+    """The converter's forms of a Mamba mixer's tensor (`hf` renamed where it renames it): A
+    as -exp(A_log), the conv squeezed; Mamba2's A and D [n, 1], its norm [groups, -1], its
+    dt_bias as `dt_proj.bias`; with the function giving the checkpoint's form back."""
+    if hf.endswith(".dt_bias"):
+        hf = hf.replace(".dt_bias", ".dt_proj.bias")
+    if hf.endswith(".A_log"):
+        stored = -np.exp(arr)
+        return hf, (stored.reshape(-1, 1) if arch == "mamba2" else stored), \
+            lambda a, s=arr.shape: np.log(-a).reshape(s)  # fmt: skip
+    if hf.endswith(".D") and arch == "mamba2":
+        return hf, arr.reshape(-1, 1), lambda a, s=arr.shape: a.reshape(s)
+    if hf.endswith("conv1d.weight"):
+        return hf, arr.squeeze(1), lambda a: a[:, None, :]
+    if hf.endswith("mixer.norm.weight"):
+        return hf, arr.reshape(c["n_groups"], -1), lambda a, s=arr.shape: a.reshape(s)
+    return hf, arr, lambda a: a
+
+
 def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tensor]:
     """The checkpoint in `hf_dir` as llama.cpp's converter writes it for `arch` (module
     docstring; `spm`: Gemma's SentencePiece vocabulary, as its converter writes it, else a
@@ -339,6 +383,9 @@ def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tenso
             norms.setdefault(whole + ".weight", {})[int(head.split(".")[0])] = arr
             continue
         stored, back = arr, lambda a: a
+        key = hf.replace("transformer.", "", 1) if arch == "bloom" else hf
+        if arch in ("mamba", "mamba2"):
+            key, stored, back = _mamba_tensor(hf, arr, arch, c)
         if arch == "olmo" and hf.endswith(("q_proj.weight", "k_proj.weight")):  # LlamaModel's
             n = heads if "q_proj" in hf else c["num_key_value_heads"]
             stored, back = _permute(arr, n), lambda a, n=n: _unpermute(a, n)
@@ -351,7 +398,6 @@ def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tenso
         if "query_key_value" in hf and arch == "falcon":
             kv = c["num_kv_heads"] if c["new_decoder_architecture"] else 1
             stored, back = _falcon_qkv(arr, heads, kv), lambda a, kv=kv: _falcon_back(a, heads, kv)
-        key = hf.replace("transformer.", "", 1) if arch == "bloom" else hf
         gname = names.get_name(key, try_suffixes=(".weight", ".bias"))
         assert gname is not None, hf
         expected[hf] = back(_store(w, gname, stored))
@@ -440,6 +486,16 @@ CASES = {
                             topk_group=1, routed_scaling_factor=2.0, norm_topk_prob=True,
                             n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
                             num_hidden_layers=3, sliding_window=None), "dots1", "dots1"),
+    # Mamba-1: A [d_inner, d_state] as -exp(A_log), dt from a rank-4 projection, biases
+    "mamba": ("Mamba", dict(num_hidden_layers=2, state_size=8, time_step_rank=4, use_bias=True,
+                            expand=2, vocab_size=304), "mamba", "mamba"),
+    # Falcon-Mamba: weightless norms on B, C and dt (`ssm.dt_b_c_rms`), no conv bias
+    "falcon-mamba": ("FalconMamba", dict(num_hidden_layers=2, state_size=8, use_conv_bias=False,
+                                         vocab_size=304), "mamba", "falcon_mamba"),
+    # Mamba2 alone: two groups of B/C, biased projections, its gated norm by group
+    "mamba2": ("Mamba2", dict(num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16,
+                              n_groups=2, chunk_size=8, use_bias=True, vocab_size=304),
+               "mamba2", "mamba2"),
 }  # fmt: skip
 
 
@@ -478,7 +534,11 @@ def test_gguf_classic_family_matches_transformers_on_its_dequantized_weights(tmp
     hf_config = read_config(tmp_path / "oracle")  # the checkpoint under the engine's names
     hf_weights = check_weights(tmp_path / "oracle", hf_config, read_weights(tmp_path / "oracle"))
     gemma = arch == "gemma"  # its norms as the file stores them: 1 + w
-    assert config.family == dataclasses.replace(hf_config.family, norms_hold_one_plus_w=gemma)
+    want_family = dataclasses.replace(hf_config.family, norms_hold_one_plus_w=gemma)
+    if arch == "mamba2":  # the scan's chunk: the file has none (Mamba2Config's 256)
+        mamba = dataclasses.replace(want_family.mamba, chunk_size=config.family.mamba.chunk_size)
+        want_family = dataclasses.replace(want_family, mamba=mamba)
+    assert config.family == want_family
     for name in hf_weights:  # every tensor the checkpoint gives the engine, as the file has it
         shift = 1.0 if gemma and name.endswith("norm.weight") else 0.0
         got = weights[name] if name in weights else _expert(weights, name)
