@@ -2,7 +2,7 @@
 runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
 `jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`,
-`dots1`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`), read by writing the config.json the family's checkpoint would have from the file's keys
+`dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -30,11 +30,13 @@ What the converter changed, undone here:
   conv), the conv's weight squeezed to [C, K] (read back as [C, 1, K]), the MLP's width as the
   converter adjusted it, the final norm named `token_embd_norm`; LFM2-MoE's experts stacked,
   its `expert_bias` as `exp_probs_b`, llama.cpp's renormalised top-k (no key for it).
-- ERNIE 4.5 MoE, Hunyuan-A13B and dots.llm1: the experts stacked [E, N, K] (`moe._ExpertTensors` slices
+- ERNIE 4.5 MoE, Hunyuan-A13B, dots.llm1 and EXAONE MoE: the experts stacked [E, N, K] (`moe._ExpertTensors` slices
   them), the router, shared experts and correction bias (`exp_probs_b`, the converter's
   rename of `e_score_correction_bias`) where `moe_names` puts them; ERNIE's MoE layers from
   `leading_dense_block_count` and `interleave_moe_layer_step`; dots.llm1's sigmoid router with
-  its groups, scale and norm from the `expert_*` keys, no window (llama.cpp runs none).
+  its groups, scale and norm from the `expert_*` keys, no window (llama.cpp runs none); EXAONE
+  MoE's the same, its window layers by `attention.sliding_window_pattern` (the global ones
+  NoPE), its MTP blocks after the decoder's not counted (`nextn_predict_layers`).
 - Mamba-1, Falcon-Mamba (`ssm.dt_b_c_rms`) and Mamba2: the `ssm.*` sizes (Mamba2's heads its
   `time_step_rank`), A stored as -exp(A_log) (Mamba2's A and D [heads, 1], its norm by group),
   the conv squeezed, Mamba2's dt_bias as `ssm_dt.bias`: read back by `gguf_mamba.mamba_value`;
@@ -64,7 +66,7 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "nemotron": "nemotron", "jais2": "jais2", "minicpm3": "minicpm3",
                "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe",
                "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe",
-               "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2"}  # fmt: skip
+               "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2", "exaone-moe": "exaone_moe"}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
@@ -76,7 +78,7 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
            "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "dots1": "Dots1ForCausalLM",
            "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
-           "mamba2": "Mamba2ForCausalLM"}  # fmt: skip
+           "mamba2": "Mamba2ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM"}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -86,16 +88,16 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "exaone": "silu", "nemotron": "relu2", "jais2": "relu2", "minicpm3": "silu",
                "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu",
                "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu", "dots1": "silu", "mamba": "silu",
-               "falcon_mamba": "silu", "mamba2": "silu"}  # fmt: skip
+               "falcon_mamba": "silu", "mamba2": "silu", "exaone_moe": "silu"}  # fmt: skip
 # the Mamba mixers' tensors (Mamba-1's and Mamba2's; A and D: `gguf_mamba.suffixless_name`)
 SSM = {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj", "ssm_conv1d": "mamba.conv1d",
        "ssm_x": "mamba.x_proj", "ssm_dt": "mamba.dt_proj", "ssm_norm": "mamba.norm"}  # fmt: skip
 # the mixture-of-experts families whose tensors `moe_names` places
-MOE = ("ernie4_5_moe", "hunyuan_v1_moe", "dots1")
+MOE = ("ernie4_5_moe", "hunyuan_v1_moe", "dots1", "exaone_moe")
 _PARTS = ("gate", "up", "down")
 # families whose config.json names the head size (the file's key_length)
 _HEAD_DIM = ("gemma", "exaone", "nemotron", "jais2", "hunyuan_v1_dense", "hunyuan_v1_moe",
-             "ernie4_5_moe", "dots1")  # fmt: skip
+             "ernie4_5_moe", "dots1", "exaone_moe")  # fmt: skip
 # families whose config.json says attention_bias / mlp_bias
 _BIAS_KEYS = ("gpt_neox", "olmo", "exaone", "nemotron", "jais2", "minicpm3", "hunyuan_v1_dense",
               "hunyuan_v1_moe", "dots1")  # fmt: skip
@@ -252,7 +254,9 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
     cfg: dict[str, Any] = {
         "architectures": [HF_ARCH[arch]], "vocab_size": vocab, "hidden_size": hidden,
         "intermediate_size": int(get("feed_forward_length")),
-        "num_hidden_layers": int(get("block_count")), "num_attention_heads": heads,
+        # (less the multi-token-prediction blocks after the decoder's: EXAONE MoE's)
+        "num_hidden_layers": int(get("block_count")) - int(get("nextn_predict_layers", 0) or 0),
+        "num_attention_heads": heads,
         "num_key_value_heads": kv, "max_position_embeddings": int(get("context_length", 2048)),
         "hidden_act": ACTIVATIONS[arch], "tie_word_embeddings": "output.weight" not in tensors,
         "layer_norm_eps": eps, "layer_norm_epsilon": eps, "norm_eps": eps, "rms_norm_eps": rms,
@@ -368,11 +372,29 @@ def _experts(get: Get, arch: str, tensors: set[str]) -> dict[str, Any]:
                 "moe_layer_start_index": int(get("leading_dense_block_count", 0) or 0),
                 "moe_layer_end_index": -1, "moe_num_shared_experts": shared,
                 "use_bias": "blk.0.attn_q.bias" in tensors}  # fmt: skip
-    if arch == "dots1":  # DeepSeek-V3's router (sigmoid, the correction bias), no window
+    if arch in ("dots1", "exaone_moe"):  # DeepSeek-V3's router: sigmoid, the correction bias
         gating = get("expert_gating_func")
         if gating is not None and int(gating) != 2:
-            raise ValueError(f"GGUF dots1 with expert_gating_func {gating} is not supported "
-                             "(dots.llm1's router is a sigmoid: 2)")  # fmt: skip
+            raise ValueError(f"GGUF {arch} with expert_gating_func {gating} is not supported "
+                             "(its router is a sigmoid: 2)")  # fmt: skip
+    if arch == "exaone_moe":  # EXAONE 4's window layers (the others global, NoPE)
+        n = int(get("block_count")) - int(get("nextn_predict_layers", 0) or 0)
+        window, pattern = get("attention.sliding_window"), get("attention.sliding_window_pattern")
+        if not window or not isinstance(pattern, list) or len(pattern) < n:
+            raise ValueError(f"GGUF exaone-moe needs attention.sliding_window and "
+                             f"attention.sliding_window_pattern with a flag for each of its {n} "
+                             "layers")  # fmt: skip
+        return {"num_experts": count, "num_experts_per_tok": used, "moe_intermediate_size": width,
+                "num_shared_experts": shared,
+                "first_k_dense_replace": int(get("leading_dense_block_count", 0) or 0),
+                "n_group": int(get("expert_group_count", 1) or 1),
+                "topk_group": int(get("expert_group_used_count", 1) or 1),
+                "routed_scaling_factor": float(get("expert_weights_scale", 1.0) or 1.0),
+                "norm_topk_prob": bool(get("expert_weights_norm", False)),
+                "sliding_window": int(window),
+                "layer_types": ["sliding_attention" if f else "full_attention"
+                                for f in pattern[:n]]}  # fmt: skip
+    if arch == "dots1":
         return {"n_routed_experts": count, "num_experts_per_tok": used,
                 "moe_intermediate_size": width, "n_shared_experts": shared,
                 "first_k_dense_replace": int(get("leading_dense_block_count", 0) or 0),

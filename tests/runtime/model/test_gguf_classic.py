@@ -71,13 +71,15 @@ _ENUM = {"gemma": "GEMMA", "phi2": "PHI2", "stablelm": "STABLELM", "gpt2": "GPT2
          "mpt": "MPT", "olmo": "OLMO", "exaone": "EXAONE", "nemotron": "NEMOTRON",
          "jais2": "JAIS2", "minicpm3": "MINICPM3", "hunyuan-dense": "HUNYUAN_DENSE",
          "lfm2": "LFM2", "lfm2moe": "LFM2MOE", "ernie4_5-moe": "ERNIE4_5_MOE",
-         "hunyuan-moe": "HUNYUAN_MOE", "dots1": "DOTS1", "mamba": "MAMBA", "mamba2": "MAMBA2"}  # fmt: skip
+         "hunyuan-moe": "HUNYUAN_MOE", "dots1": "DOTS1", "mamba": "MAMBA", "mamba2": "MAMBA2",
+         "exaone-moe": "EXAONE_MOE"}  # fmt: skip
 _PRE = {"gemma": None, "phi2": "phi-2", "stablelm": "stablelm2", "gpt2": "gpt-2",
         "starcoder": "starcoder", "gptneox": "gpt-2", "falcon": "falcon", "bloom": "bloom",
         "mpt": "mpt", "olmo": "olmo", "exaone": "exaone", "nemotron": "default",
         "jais2": "jais-2", "minicpm3": "default", "hunyuan-dense": "hunyuan-dense",
         "lfm2": "lfm2", "lfm2moe": "lfm2", "ernie4_5-moe": "default",
-        "hunyuan-moe": "hunyuan", "dots1": "qwen2", "mamba": "gpt-2", "mamba2": "gpt-2"}  # fmt: skip
+        "hunyuan-moe": "hunyuan", "dots1": "qwen2", "mamba": "gpt-2", "mamba2": "gpt-2",
+        "exaone-moe": "exaone-moe"}  # fmt: skip
 # the converters' stacked experts: (HF expert tensor) -> llama.cpp's [E, N, K] tensor
 _EXPERTS = {
     "w1": "ffn_gate_exps",
@@ -99,6 +101,7 @@ _BASE = (
     "ernie4_5-moe",
     "hunyuan-moe",
     "dots1",
+    "exaone-moe",
 )
 
 
@@ -185,6 +188,22 @@ def _metadata(w, arch: str, cfg) -> None:
         w.add_leading_dense_block_count(c["moe_layer_start_index"])
         w.add_expert_feed_forward_length(c["moe_intermediate_size"])
         w.add_expert_shared_count(c["moe_num_shared_experts"])
+    if arch == "exaone-moe":  # Exaone4Model's window, ExaoneMoEModel's experts
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_group_count(c["n_group"])
+        w.add_expert_group_used_count(c["topk_group"])
+        w.add_sliding_window(c["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in c["layer_types"]])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_count(c["num_shared_experts"])
+        w.add_expert_shared_feed_forward_length(c["moe_intermediate_size"]
+                                                * c["num_shared_experts"])  # fmt: skip
+        w.add_expert_weights_scale(c["routed_scaling_factor"])
+        w.add_expert_weights_norm(c["norm_topk_prob"])
+        w.add_leading_dense_block_count(c["first_k_dense_replace"])
+        w.add_nextn_predict_layers(0)
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if arch == "dots1":  # Qwen2MoeModel's keys (its base: the experts, the groups), its own
         w.add_expert_count(c["n_routed_experts"])
         w.add_expert_group_count(c["n_group"])
@@ -496,6 +515,14 @@ CASES = {
     "mamba2": ("Mamba2", dict(num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16,
                               n_groups=2, chunk_size=8, use_bias=True, vocab_size=304),
                "mamba2", "mamba2"),
+    # V3's grouped sigmoid router after a dense layer, shared experts; window layers (every
+    # second global, NoPE)
+    "exaone-moe": ("ExaoneMoe", dict(head_dim=32, num_experts=8, num_experts_per_tok=2, n_group=4,
+                                     topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+                                     num_shared_experts=1, moe_intermediate_size=32,
+                                     first_k_dense_replace=1, num_hidden_layers=4,
+                                     sliding_window=11, sliding_window_pattern=2),
+                   "exaone-moe", "exaone_moe"),
 }  # fmt: skip
 
 
