@@ -342,7 +342,7 @@ def _mamba_tensor(hf: str, arr: np.ndarray, arch: str, c: dict):
     return hf, arr, lambda a: a
 
 
-def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tensor]:
+def convert(path, hf_dir, arch: str, spm: bool = False, extra=None) -> dict[str, torch.Tensor]:
     """The checkpoint in `hf_dir` as llama.cpp's converter writes it for `arch` (module
     docstring; `spm`: Gemma's SentencePiece vocabulary, as its converter writes it, else a
     byte-level BPE); the checkpoint's tensors as the file gives them back, in its layout."""
@@ -354,6 +354,8 @@ def convert(path, hf_dir, arch: str, spm: bool = False) -> dict[str, torch.Tenso
     heads = c.get("num_attention_heads") or c.get("n_head") or c.get("n_heads")
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, arch, cfg)
+    if extra is not None:  # keys written over the converter's
+        extra(w)
     if spm:
         from test_gguf_families import _spm_vocab
 
@@ -595,3 +597,23 @@ def test_gemma_gguf_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(
         want = theirs.encode(text, add_special_tokens=False).ids
         assert ours.encode(text, add_special_tokens=False) == want, text
     assert ours.encode("the cat")[:1] == [2]  # <bos>, as llama.cpp adds it
+
+
+@pytest.mark.parametrize(
+    ("case", "extra", "words"),
+    [
+        ("dots1", lambda w: w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX),
+         "expert_gating_func"),
+        ("exaone-moe", lambda w: w.add_sliding_window_pattern([True]), "sliding_window_pattern"),
+        ("lfm2", lambda w: w.add_head_count_kv(2), "head_count_kv"),
+        ("mpt", lambda w: w.add_max_alibi_bias(0.0), "alibi"),  # llama.cpp: learned positions
+    ],
+)  # fmt: skip
+def test_gguf_classic_variants_the_engine_does_not_run_are_refused(tmp_path, case, extra, words):
+    from pagoda.runtime.model.loader import read_model_config
+
+    hf_arch, overrides, arch, _ = CASES[case]
+    make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
+    convert(tmp_path / "m.gguf", tmp_path / "hf", arch, extra=extra)
+    with pytest.raises(ValueError, match=words):  # from the metadata: before a server binds
+        read_model_config(str(tmp_path / "m.gguf"))
