@@ -11,7 +11,13 @@ import logging
 
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
-from pagoda.runtime.model import gguf_archs, gguf_deepseek, gguf_glm_cohere, pre_tokenizers
+from pagoda.runtime.model import (
+    gguf_archs,
+    gguf_classic,
+    gguf_deepseek,
+    gguf_glm_cohere,
+    pre_tokenizers,
+)
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import field as _field
 from pagoda.runtime.model.gguf_reader import tensor_shape as _shape
@@ -20,7 +26,8 @@ log = logging.getLogger(__name__)
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
                    "qwen2moe", "granite", "granitemoe", "olmo2",
                    "olmoe", "smollm3", gguf_deepseek.GGUF_ARCH,
-                   *gguf_glm_cohere.ENGINE_ARCH, *gguf_archs.ENGINE_ARCH)  # fmt: skip
+                   *gguf_glm_cohere.ENGINE_ARCH, *gguf_archs.ENGINE_ARCH,
+                   *gguf_classic.ENGINE_ARCH)  # fmt: skip
 
 # llama.cpp renormalises the top-k routing weights of these (the others' it hands on as they are)
 _RENORMALISED = ("mixtral", "qwen3moe", "granitemoe", "granitemoehybrid")
@@ -261,6 +268,8 @@ def read_config(reader) -> ModelConfig:
     gguf_arch, arch = _architectures(reader)
     _check_pre_tokenizer(reader)
     p = f"{gguf_arch}."
+    if gguf_arch in gguf_classic.ENGINE_ARCH:  # read as the checkpoint's config.json
+        return _classic_config(reader, gguf_arch)
     hidden = int(_field(reader, p + "embedding_length"))
     heads = int(_field(reader, p + "attention.head_count"))
     kv_heads = _field(reader, p + "attention.head_count_kv", heads)
@@ -308,6 +317,35 @@ def read_config(reader) -> ModelConfig:
     )
 
 
+def _classic_config(reader, gguf_arch: str) -> ModelConfig:
+    """A `gguf_classic` family's config: its checkpoint's config.json from the file's keys,
+    read as the safetensors loader reads it; the file's vocabulary, BOS and EOS ids; Gemma's
+    norms as stored (1 + w)."""
+    import dataclasses
+
+    from pagoda.runtime.model.hf_loader import model_config
+
+    p = f"{gguf_arch}."
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    vocab = int(_field(reader, p + "vocab_size", len(tokens)))
+    by_name = {t.name: t for t in reader.tensors}
+    cfg = gguf_classic.hf_config(lambda key, d=None: _field(reader, p + key, d), gguf_arch,
+                                 set(by_name), vocab, lambda n: gguf_archs._values(by_name[n]))  # fmt: skip
+    config = model_config(cfg)
+    # the file's rotary scaling (linear, yarn; llama3's as `rope_freqs`) over the config's
+    scaling = _rope_scaling(reader, p, config.head_dim, partial=True)
+    if scaling is not None:
+        partial = (config.rope_scaling or {}).get("partial_rotary_factor")
+        scaling = {**scaling, "partial_rotary_factor": partial} if partial else scaling
+        config = dataclasses.replace(config, rope_scaling=scaling)
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    family = config.family
+    if config.architecture == "gemma":
+        family = dataclasses.replace(family, norms_hold_one_plus_w=True)
+    return dataclasses.replace(config, bos_token_id=int(bos) if bos is not None else None,
+                               eos_token_ids=_eos_ids(reader, gguf_arch, tokens), family=family)  # fmt: skip
+
+
 def _architectures(reader) -> tuple[str, str]:
     """(the file's `general.architecture`, the engine's architecture for it): llama.cpp's
     names that differ from the engine's (GLM-4, Cohere, the `gguf_archs` families), Mixtral as
@@ -319,6 +357,8 @@ def _architectures(reader) -> tuple[str, str]:
         )
     p = f"{gguf_arch}."
     arch = gguf_glm_cohere.ENGINE_ARCH.get(gguf_arch, gguf_arch)
+    if gguf_arch in gguf_classic.ENGINE_ARCH:
+        arch = gguf_classic.engine_arch(gguf_arch, lambda key, d=None: _field(reader, p + key, d))
     if gguf_arch in gguf_archs.ENGINE_ARCH:
         arch = gguf_archs.engine_arch(gguf_arch, lambda key, d=None: _field(reader, p + key, d))
     if arch == "llama" and _field(reader, p + "expert_count", 0):

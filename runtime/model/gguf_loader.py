@@ -8,7 +8,9 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
 (`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus,
 mistral3, glm4moe, llama4 (`gguf_archs.py`: their names, fused rows and fields), granitehybrid,
-nemotron_h, nemotron_h_moe and falcon-h1 (`gguf_mamba.py`: the hybrids' Mamba2 mixers). Quantized tensors (Q4_0,
+nemotron_h, nemotron_h_moe and falcon-h1 (`gguf_mamba.py`: the hybrids' Mamba2 mixers); gemma,
+phi2, stablelm, gpt2, starcoder, gptneox, falcon, bloom and mpt (`gguf_classic.py`: read as
+their checkpoints' config.json, fused q/k/v as row parts). Quantized tensors (Q4_0,
 Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
 builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -28,7 +30,13 @@ from pathlib import Path
 import torch
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
-from pagoda.runtime.model import gguf_archs, gguf_deepseek, gguf_glm_cohere, gguf_mamba
+from pagoda.runtime.model import (
+    gguf_archs,
+    gguf_classic,
+    gguf_deepseek,
+    gguf_glm_cohere,
+    gguf_mamba,
+)
 from pagoda.runtime.model.gguf_config import SUPPORTED_ARCHS, read_config  # noqa: F401 - its API
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import field as _field
@@ -104,6 +112,8 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _hf_name(name: str, architecture: str = "llama") -> str | None:
+    if architecture in gguf_classic.ARCHS and gguf_classic.global_name(name, architecture):
+        return gguf_classic.global_name(name, architecture)
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _BLOCK.match(name)
@@ -115,6 +125,10 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
     names = _GEMMA3_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
     names = _OLMO2_NAMES if architecture == "olmo2" else names
     names = {**names, **gguf_glm_cohere.GLM4_NAMES} if architecture == "glm4" else names
+    if architecture in gguf_classic.ARCHS:  # GPT-2, Falcon, ... (gguf_classic.py)
+        own = gguf_classic.hf_name(layer, part, kind, architecture)
+        if own is not None:
+            return own
     if architecture in gguf_archs.NAMES:  # gpt-oss, Seed-OSS, EXAONE 4, ... (gguf_archs.py)
         own = gguf_archs.hf_name(layer, part, kind, architecture)
         if own is not None:
@@ -135,7 +149,7 @@ def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
         _field(reader, "tokenizer.ggml.tokens"),
         _field(reader, "tokenizer.ggml.token_type"),
     )
-    if model == "llama" and config.architecture in ("gemma2", "gemma3"):  # Gemma's SentencePiece
+    if model == "llama" and config.architecture in ("gemma", "gemma2", "gemma3"):  # Gemma's SPM
         hf_tok = build_gemma_tokenizer(tokens, types)
     elif model == "llama":  # SentencePiece: Llama's (Phi-3's prefix before every text)
         scores = _field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
@@ -187,16 +201,20 @@ class GGUFWeights(_ByName):
     def __init__(self, reader, config: ModelConfig) -> None:
         self._config = config  # the tensors' arrays view the reader's memory map, keeping it
         gguf_arch = _field(reader, "general.architecture")
-        self._permuted = config.architecture in _PERMUTED or gguf_arch in gguf_archs.PERMUTED
+        self._permuted = (config.architecture in _PERMUTED or gguf_arch in gguf_archs.PERMUTED
+                          or gguf_arch in gguf_classic.PERMUTED)  # fmt: skip
         named = ((_hf_name(t.name, config.architecture), t) for t in reader.tensors)
         self._tensors = {name: t for name, t in named if name is not None}  # not e.g. rope_freqs
+        self._tensors = gguf_classic.falcon_norms(self._tensors, config.architecture)
         self._rows: dict[str, tuple[int, int]] = {}  # a fused tensor's parts (GLM-4's ffn_up,
         # read as its Llama name up_proj above): each part's rows, under the part's own name
         for t in reader.tensors:
             parts = gguf_glm_cohere.fused_names(t.name, config.architecture)
             rows = _shape(t)[0] // max(len(parts), 1)
             spans = [(name, i * rows, (i + 1) * rows) for i, name in enumerate(parts)]
-            for name, start, stop in spans or gguf_archs.fused_parts(t.name, _shape(t)[0], config):
+            spans = (spans or gguf_archs.fused_parts(t.name, _shape(t)[0], config)
+                     or gguf_classic.fused_parts(t.name, _shape(t), config))  # fmt: skip
+            for name, start, stop in spans:
                 self._tensors[name], self._rows[name] = t, (start, stop)
         # values the converter wrote as metadata (Apertus' xIELU parameters)
         self._tensors.update(gguf_archs.extra_tensors(reader, gguf_arch, config.num_layers))
@@ -222,12 +240,14 @@ class GGUFWeights(_ByName):
         if isinstance(t, torch.Tensor):  # from the metadata
             return t.to(device=device, dtype=dtype)
         w = dequantize(t.data, t.tensor_type.name, _shape(t), dtype, device)
-        if name in self._rows:  # a part of a fused tensor
+        if name in self._rows:  # a part of a fused tensor (a row of a stacked norm: a vector)
             w = w[slice(*self._rows[name])].contiguous()
+            w = w[0] if ".norms." in name else w
         if w.dim() == 1 and name.endswith("shared_expert_gate.weight"):  # squeezed: [hidden]
             return w[None]
         if ".mamba." in name:  # llama.cpp's forms of the mixer's tensors
             return gguf_mamba.mamba_value(name, w)
+        w = gguf_classic.value(name, w, self._config.architecture)
         heads = _permuted_heads(self._config, name, self._permuted)
         return _unpermute(w, heads) if heads else w
 

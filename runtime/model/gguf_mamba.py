@@ -88,7 +88,8 @@ Get = Callable[..., Any]  # get(key, default): the file's `<arch>.<key>`
 def suffixless_name(name: str, architecture: str) -> str | None:
     """The engine's name of a Mamba2 `blk.N.ssm_a` / `blk.N.ssm_d` (None for another tensor)."""
     m = _SUFFIXLESS.match(name)
-    if m is None or architecture not in ("granitemoehybrid", "nemotron_h", "falcon_h1"):
+    if m is None or architecture not in ("granitemoehybrid", "nemotron_h", "falcon_h1", "mamba",
+                                         "falcon_mamba", "mamba2"):  # fmt: skip
         return None
     return f"model.layers.{m.group(1)}.{SUFFIXLESS[m.group(2)]}"
 
@@ -111,8 +112,9 @@ def mamba_value(name: str, w: torch.Tensor) -> torch.Tensor:
     """A Mamba2 mixer's tensor as the checkpoint holds it, from llama.cpp's form: A_log from
     A = -exp(A_log), A and D [n_head, 1] flat, the conv [channels, width] as [channels, 1,
     width], the norm [groups, channels / groups] flat."""
-    if name.endswith("mamba.A_log"):
-        return torch.log(-w.flatten())
+    if name.endswith("mamba.A_log"):  # (Mamba-1's [d_inner, d_state] kept whole)
+        a = torch.log(-w)
+        return a.flatten() if a.dim() == 2 and a.shape[-1] == 1 else a
     if name.endswith(("mamba.D", "mamba.norm.weight")):
         return w.flatten()
     if name.endswith("mamba.conv1d.weight") and w.dim() == 2:

@@ -214,8 +214,15 @@ def read_config(model_dir: Path) -> ModelConfig:
         raise ValueError(f"{where} lacks {e.args[0]!r}, which a {arch} model needs") from None
 
 
-def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfig:
-    read_quantization(model_dir)  # a quantization it cannot load fails with the metadata
+def model_config(top: dict[str, Any]) -> ModelConfig:
+    """The `ModelConfig` of a config.json's contents alone (no generation_config.json, no
+    quantization): a GGUF's families read as their checkpoints (`gguf_classic`)."""
+    return _model_config(None, top, architecture(top))
+
+
+def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> ModelConfig:
+    if model_dir is not None:
+        read_quantization(model_dir)  # a quantization it cannot load fails with the metadata
     cfg = config_keys.renamed(top.get("text_config") or top, arch)  # a wrapper's: its text model
     cfg = {**DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in NULLABLE.get(arch, ())}}  # fmt: skip
@@ -227,7 +234,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         cfg["rope_parameters"] = DEFAULT_ROPE[arch]
     if arch in hybrid.DEFAULTS:  # Granite 4.0's shared MLP width, Bamba's half rotary,
         cfg = {**cfg, **hybrid.overrides(cfg, arch)}  # Nemotron-H's layers from their types
-    gen = _read_json(model_dir / "generation_config.json")
+    gen = {} if model_dir is None else _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind

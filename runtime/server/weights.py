@@ -481,9 +481,10 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     if norm and (
         mc.family.gemma_norms or (mc.family.cohere_layer and not mc.family.cohere_rms_norm)
         or mc.architecture == "gpt_oss" or float32_norm or mc.family.gemma4 is not None
+        or name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
     ):  # fmt: skip
         # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
-        # w, Nemotron-H's
+        # w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
         return math.prod(_local(name, t.shape, mc, lay)) * 4
     if name.endswith("self_attn.sinks"):  # float32, this rank's heads
         start, stop = lay.heads(mc.num_heads)
