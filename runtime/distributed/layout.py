@@ -85,6 +85,9 @@ def check(config: ModelConfig, size: int) -> None:
     if size == 1:
         return
     f = config.family
+    if config.architecture == "jetmoe":  # (model/jetmoe.py: not tested on several ranks)
+        raise ValueError(f"--tensor-parallel-size {size} is not supported for a jetmoe model "
+                         "(its routed attention heads are not split over ranks)")  # fmt: skip
     if f.mamba is not None and f.mamba.mixer != "mamba2":  # (LFM2's, Mamba-1's: not split)
         raise ValueError(mamba_problem(f.mamba, size))
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))

@@ -416,10 +416,14 @@ def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
     """ValueError, one line, for --dtype float16 on a model that overflows it: Gemma 2's and 3's
     residual stream passes float16's 65504 (vLLM refuses them in float16 for the same reason);
     and for --quantization fp8 on LFM2's and Mamba-1's layers (their projections' FP8 GEMM is
-    not tested against transformers: the Mamba2 mixers' is)."""
+    not tested against transformers: the Mamba2 mixers' is) and on JetMoE's routed attention."""
     if model.architecture in FLOAT16_UNSTABLE and config.torch_dtype() == torch.float16:
         raise ValueError(f"a {model.architecture} model does not run in float16 (its activations "
                          "overflow it: numerical instability); use --dtype bfloat16 or float32")  # fmt: skip
+    if config.quantization == "fp8" and model.architecture == "jetmoe":
+        raise ValueError("--quantization fp8 is not supported for a jetmoe model (its routed "
+                         "attention projections' FP8 GEMM is not tested); serve it in 16 or 32 "
+                         "bits")  # fmt: skip
     m = model.family.mamba
     if config.quantization == "fp8" and m is not None and m.mixer != "mamba2":
         raise ValueError(f"--quantization fp8 is not supported for a {model.architecture} model "

@@ -101,6 +101,11 @@ ERNIE_BIAS = (("mlp.gate.moe_statics.e_score_correction_bias", 0.3),)
 V3_BIAS = (("mlp.gate.e_score_correction_bias", 1.0),)
 MINIMAX_BIAS = (("mlp.e_score_correction_bias", 1.0),)
 AFMOE_ROUTER = (("mlp.router.gate.weight", 1.0), ("mlp.expert_bias", 1.0))
+# JetMoE's routers (attention's and the MLP's), drawn wide enough that the picks vary by token
+JETMOE_ROUTERS = (
+    ("self_attention.experts.router.layer.weight", 1.0),
+    ("mlp.router.layer.weight", 1.0),
+)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
@@ -195,6 +200,13 @@ CASES = {
     "hy-v3": ("HYV3", dict(
         head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         router_scaling_factor=2.5, num_hidden_layers=3, **B), MINIMAX_BIAS),
+    "jetmoe": ("JetMoe", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, kv_channels=16,
+        rms_norm_eps=1e-5, **E), JETMOE_ROUTERS),
+    "jetmoe-top3": ("JetMoe", dict(
+        num_local_experts=6, num_experts_per_tok=3, intermediate_size=24, kv_channels=32,
+        num_key_value_heads=1, num_hidden_layers=3, tie_word_embeddings=False, **E),
+        JETMOE_ROUTERS),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
