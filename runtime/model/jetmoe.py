@@ -42,16 +42,16 @@ from pagoda.runtime.model.moe import SparseMoE
 class JetMoeMLP:
     """The layer's experts (`moe.SparseMoE`, GraniteMoe's stacked names), then `mlp.bias`."""
 
-    __slots__ = ("bias", "moe")
+    __slots__ = ("bias", "routed")
 
     def __init__(self, moe: SparseMoE, bias: torch.Tensor) -> None:
-        self.moe, self.bias = moe, bias
+        self.routed, self.bias = moe, bias  # (`routed`: as SharedExpertMoE names it)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.moe(x) + self.bias
+        return self.routed(x) + self.bias
 
     def linears(self) -> list[Linear]:
-        return self.moe.linears()
+        return self.routed.linears()
 
 
 class JetMoeLayer(LlamaLayer):

@@ -67,11 +67,17 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   sigmoid scores with a choice-only `expert_bias` large enough to change the picks,
   renormalised and scaled by `router_scaling_factor`, beside the shared MLP; written under
   the released names (`mlp.router.gate`, `mlp.expert_bias`, `mlp.shared_mlp`).
+- jetmoe (`JetMoeForCausalLM`): the mixture of attention heads (top-2 of 4 attention experts'
+  query and output projections over a shared kv_proj of two KV heads) and top-2 of 4 stacked
+  experts, both with output biases, routers drawn wide enough that the picks vary by token, the
+  layers' norms at eps 1e-6 beside a final rms_norm_eps of 1e-5; jetmoe-top3: top-3 of 6, one
+  KV head, three layers, an untied head. One rank, 16 bits: TP and FP8 are refused.
 """
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -280,6 +286,13 @@ FIELDS = {
         "architecture": "hy_v3", "family.qk_norm": True, "family.moe_layers": (False, True, True),
         "family.routing.scoring": "sigmoid", "family.routing.bias": True,
         "family.routing.routed_scaling_factor": 2.5, "family.shared_expert_intermediate_size": 32},
+    "jetmoe": {
+        "architecture": "jetmoe", "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 1e-5, "family.num_experts": 4, "family.num_experts_per_tok": 2,
+        "family.moe_intermediate_size": 32, "family.norm_topk_prob": True,
+        "tie_word_embeddings": True},
+    "jetmoe-top3": {"num_heads": 3, "num_kv_heads": 1, "head_dim": 32,
+                    "tie_word_embeddings": False},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -295,7 +308,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
-             ("hy-v3", 1), ("hy-v3", 2)]  # fmt: skip
+             ("hy-v3", 1), ("hy-v3", 2), ("jetmoe", 1), ("jetmoe-top3", 1)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -328,6 +341,10 @@ MISSING = [
     ("hy-v3", "model.layers.1.mlp.expert_bias"),
     ("hy-v3", "model.layers.2.mlp.shared_mlp.down_proj.weight"),
     ("hy-v3", "model.layers.1.mlp.router.gate.weight"),
+    ("jetmoe", "model.layers.1.self_attention.experts.input_linear.weight"),
+    ("jetmoe", "model.layers.0.self_attention.kv_proj.weight"),
+    ("jetmoe", "model.layers.1.mlp.bias"),
+    ("jetmoe-top3", "model.layers.2.self_attention.experts.router.layer.weight"),
 ]
 # heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
 # experts and shared MLPs by width, routers whole on each (DBRX's experts listed per expert;
@@ -416,6 +433,21 @@ def test_the_weights_from_shapes_as_from_its_tensors(built, name, tp, fp8):
     got, _ = weights.resident(ckpt, mc, place)
     want = weights.from_shapes(mc, torch.bfloat16, fp8, tp)
     assert got == pytest.approx(want, rel=FROM_SHAPES[name])
+
+
+@pytest.mark.parametrize("name", ["jetmoe", "jetmoe-top3"])
+def test_jetmoe_weights_from_shapes_as_from_its_tensors(built, name):
+    """JetMoE's `from_shapes` (one rank, 16 bits: tensor parallelism and FP8 are refused)
+    against the headers' on a GPU: every attention expert's q and o, the shared k/v, both
+    routers and output biases."""
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    path, _, _, _ = built(name)
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", 1, None))
+    assert got == weights.from_shapes(mc, torch.bfloat16, False, 1)
 
 
 @pytest.mark.parametrize(("name", "tensor"), MISSING)
@@ -722,3 +754,43 @@ def test_hy_v3_sparse_config_reads_as_transformers(tmp_path):
     assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
     assert f.routing.routed_scaling_factor == theirs.router_scaling_factor
     assert f.num_experts_per_tok == theirs.num_experts_per_tok == 8
+
+
+# JetMoE
+
+
+def test_jetmoe_tensor_parallelism_and_fp8_are_refused_in_one_line(built):
+    """--tensor-parallel-size 2 (`layout.check`, in `pagoda serve`'s checks before it binds and
+    `fit`'s plans) and --quantization fp8 (`core.check_dtype`): refused in one line, not served
+    untested (the routed attention is not split over ranks nor run in the FP8 GEMM)."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import check
+    from pagoda.runtime.engine.core import check_dtype
+
+    path, _, loaded, _ = built("jetmoe")
+    with pytest.raises(ValueError, match=r"^--tensor-parallel-size 2 is not supported for a "
+                                         r"jetmoe model \([^\n]*\)$"):  # fmt: skip
+        check(loaded.config, 2)
+    check(loaded.config, 1)
+    cfg = EngineConfig.create(str(path), device="cpu")
+    check_dtype(cfg, loaded.config)
+    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=cfg.torch_dtype)  # (a CPU has no FP8)
+    with pytest.raises(ValueError, match=r"^--quantization fp8 is not supported for a jetmoe "):
+        check_dtype(fp8, loaded.config)
+
+
+def test_jetmoe_config_reads_the_published_keys(built, tmp_path):
+    """jetmoe/jetmoe-8b's config.json keys (`kv_channels`, `activation_function`, no
+    `num_attention_heads`: KV heads x top-k, as JetMoeConfig derives them) read as transformers
+    reads them; an activation other than silu refused."""
+    path, _, _, _ = built("jetmoe-top3")
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["num_attention_heads"]
+    cfg["activation_function"] = "silu"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    c = read_model_config(str(tmp_path))
+    assert (c.num_heads, c.num_kv_heads, c.head_dim) == (3, 1, 32)
+    cfg["activation_function"] = "gelu"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="gelu"):
+        read_model_config(str(tmp_path))
