@@ -70,7 +70,8 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
 - jetmoe (`JetMoeForCausalLM`): the mixture of attention heads (top-2 of 4 attention experts'
   query and output projections over a shared kv_proj of two KV heads) and top-2 of 4 stacked
   experts, both with output biases, routers drawn wide enough that the picks vary by token, the
-  layers' norms at eps 1e-6 beside a final rms_norm_eps of 1e-5; jetmoe-top3: top-3 of 6, one
+  layers' norms at eps 1e-6 beside a final rms_norm_eps of 0.1 (wide enough to change the
+  tokens were the layers' norms to read it); jetmoe-top3: top-3 of 6, one
   KV head, three layers, an untied head. One rank, 16 bits: TP and FP8 are refused.
 """
 
@@ -208,7 +209,7 @@ CASES = {
         router_scaling_factor=2.5, num_hidden_layers=3, **B), MINIMAX_BIAS),
     "jetmoe": ("JetMoe", dict(
         num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, kv_channels=16,
-        rms_norm_eps=1e-5, **E), JETMOE_ROUTERS),
+        rms_norm_eps=0.1, **E), JETMOE_ROUTERS),
     "jetmoe-top3": ("JetMoe", dict(
         num_local_experts=6, num_experts_per_tok=3, intermediate_size=24, kv_channels=32,
         num_key_value_heads=1, num_hidden_layers=3, tie_word_embeddings=False, **E),
@@ -288,7 +289,7 @@ FIELDS = {
         "family.routing.routed_scaling_factor": 2.5, "family.shared_expert_intermediate_size": 32},
     "jetmoe": {
         "architecture": "jetmoe", "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
-        "rms_norm_eps": 1e-5, "family.num_experts": 4, "family.num_experts_per_tok": 2,
+        "rms_norm_eps": 0.1, "family.num_experts": 4, "family.num_experts_per_tok": 2,
         "family.moe_intermediate_size": 32, "family.norm_topk_prob": True,
         "tie_word_embeddings": True},
     "jetmoe-top3": {"num_heads": 3, "num_kv_heads": 1, "head_dim": 32,
