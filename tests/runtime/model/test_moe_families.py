@@ -795,3 +795,28 @@ def test_jetmoe_config_reads_the_published_keys(built, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="gelu"):
         read_model_config(str(tmp_path))
+
+
+def test_jetmoe_that_does_not_fit_is_offered_neither_fp8_weights_nor_more_ranks(built, monkeypatch):
+    """`fit`'s fixes for a JetMoE that does not fit never name what is refused at start
+    (`--quantization fp8`, `--tensor-parallel-size`); an FP8 KV cache is still offered."""
+    from pagoda.runtime import config
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import fit, memory
+    from pagoda.runtime.termination import ReasonedError
+
+    path = built("jetmoe")[0]
+    mc = read_model_config(str(path))
+    cfg = EngineConfig.create(str(path), device="cuda", dtype="bfloat16", max_model_len=512)
+    need = fit.Plan(torch.bfloat16, False, False, max_model_len=512).need(mc)
+    # usable (x 0.9, less 1 GiB of headroom): short of bf16 weights and KV, an FP8 KV cache fits
+    total = int(((1 << 30) + need * 0.9) / 0.9)
+    monkeypatch.setattr(memory, "device_available", lambda d: (total, total))
+    for module in (fit, config):
+        monkeypatch.setattr(module, "fp8_runs_on", lambda d: d.type == "cuda")
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, cfg, path)
+    text = str(err.value)
+    fixes = text.split("; would fit: ")[1]
+    assert fixes.startswith("--kv-cache-dtype fp8 (") and "--quantization" not in fixes, text
+    assert "--tensor-parallel-size" not in fixes, text
