@@ -19,7 +19,8 @@ from pagoda.runtime.model_configs import (
 # What a model family changes in the Llama decoder, read once from the checkpoint's config by
 # the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
 # attention backends only the sliding window, the attention chunk and the soft cap.
-ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
+# SwiGLU (Llama, Qwen, Mixtral), GeGLU (Gemma's tanh approximation; Zamba2's exact "gelu")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
 UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
@@ -258,10 +259,19 @@ class ModelConfig:
         m, h = self.family.mamba, self.hidden_size
         if m is None:
             return 0
+        if m.zamba2 is not None:  # Zamba2's own count, less Llama's shape (one rank only)
+            from pagoda.runtime.model import zamba2_config
+
+            attn = h * self.head_dim * (self.num_heads + self.num_kv_heads) * 2
+            emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+            llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
+            return zamba2_config.params(self) - llama
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
         mixer = m.on_ranks(tp).mixer_params(h)
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
+        if m.attn_output_gate:  # q_proj's gate rows (Qwen3-Next's attention)
+            out += self.num_kv_layers * h * self.head_dim * self.num_heads // tp
         if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
             mats = 3 if self.family.gated_mlp else 2
             out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp

@@ -1,7 +1,7 @@
 """The frozen sub-configs a model family adds to `FamilyConfig` (runtime/model_config.py):
 DeepSeek's latent attention, the expert routers, Llama 4's attention, Falcon-H1's scales,
-Nemotron-H's experts and the Mamba2 mixers of the hybrid models. Validated in ``__post_init__``
-like the rest.
+Nemotron-H's experts, the Mamba2 mixers of the hybrid models and Zamba2's shared blocks.
+Validated in ``__post_init__`` like the rest.
 """
 
 from __future__ import annotations
@@ -160,6 +160,28 @@ class NemotronHExperts:
 
 
 @dataclass(frozen=True)
+class Zamba2Blocks:
+    """Zamba2's shared transformer blocks (`model/zamba2.py`): `blocks` of them (attention over
+    the concatenated [stream, embeddings], then a gated MLP), reused in turn by the hybrid
+    layers `hybrid` marks, each use with LoRA adapters of rank `adapter_rank` of its own on the
+    MLP's gate_up (and on q, k and v where `attention_adapters`), then a linear of its own."""
+
+    hybrid: tuple[bool, ...]  # per layer: True = a shared block before the Mamba2 mixer
+    blocks: int
+    adapter_rank: int
+    attention_adapters: bool
+
+    def __post_init__(self) -> None:
+        _positive("num_mem_blocks", self.blocks)
+        _positive("adapter_rank", self.adapter_rank)
+
+    def block(self, layer: int) -> tuple[int, int]:
+        """(the shared block, the use's index among the hybrid layers) of hybrid layer `layer`."""
+        use = sum(self.hybrid[:layer])
+        return use % self.blocks, use
+
+
+@dataclass(frozen=True)
 class MambaConfig:
     """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
     `layers` marks run one in place of attention, each keeping a recurrent state per sequence
@@ -192,13 +214,21 @@ class MambaConfig:
     # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread) or "mamba1" (Mamba-1's
     # selective scan, `model/mamba1.py`: n_heads 1, head_dim d_inner, A [d_inner, d_state], a
     # conv over d_inner channels; dt from a `dt_rank` projection, FalconMamba's weightless RMS
-    # norms on B, C and dt where `bcdt_eps` is set)
+    # norms on B, C and dt where `bcdt_eps` is set, Jamba's with weights where `bcdt_weighted`)
+    # or "gated_deltanet" (Qwen3-Next's and Qwen3.5's linear attention, `model/qwen3_next.py`:
+    # n_heads value heads of head_dim, n_groups key heads of d_state; a conv over q, k, v and a
+    # state [n_heads, d_state, head_dim] per sequence)
     mixer: str = "mamba2"
     dt_rank: int = 0
     bcdt_eps: float | None = None
+    bcdt_weighted: bool = False
+    # the attention layers' q_proj also gives an output gate per head (Qwen3-Next's)
+    attn_output_gate: bool = False
+    # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some
+    zamba2: Zamba2Blocks | None = None
 
     def __post_init__(self) -> None:
-        if self.mixer not in ("mamba2", "short_conv", "mamba1"):
+        if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet"):
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -213,14 +243,16 @@ class MambaConfig:
     @property
     def snapshots(self) -> bool:
         """Whether prefix caching may keep snapshots of these layers' states
-        (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan saves them at its chunk
-        boundaries; LFM2's short conv and Mamba-1's scan do not (prefix caching off for them)."""
-        return self.mixer == "mamba2" and self.num_layers > 0
+        (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan and the Gated DeltaNet's
+        chunked rule save them at their chunk boundaries; LFM2's short conv and Mamba-1's scan
+        do not (prefix caching off for them)."""
+        return self.mixer in ("mamba2", "gated_deltanet") and self.num_layers > 0
 
     @property
     def conv_dim(self) -> int:
-        """The channels the causal conv runs over: x, B and C (a short conv's: d_inner)."""
-        if self.mixer != "mamba2":
+        """The channels the causal conv runs over: x, B and C (a short conv's: d_inner; Gated
+        DeltaNet's: q, k and v, shaped as x, B and C)."""
+        if self.mixer not in ("mamba2", "gated_deltanet"):
             return self.d_inner
         return self.d_inner + 2 * self.n_groups * self.d_state
 
@@ -230,6 +262,8 @@ class MambaConfig:
         short conv (no SSM state: an empty slot tensor, so the slot code needs no branch)."""
         if self.mixer == "short_conv":
             return (0,)
+        if self.mixer == "gated_deltanet":  # [value heads, key_dim, value_dim]
+            return (self.n_heads, self.d_state, self.head_dim)
         return (self.n_heads, self.head_dim, self.d_state)
 
     @property
@@ -240,6 +274,8 @@ class MambaConfig:
         """Whether `layer` attends (keeps a KV cache)."""
         if self.parallel_attention:
             return True
+        if self.zamba2 is not None:  # the hybrid layers: a shared block's use attends
+            return self.zamba2.hybrid[layer]
         moe = self.moe is not None and self.moe.layers[layer]
         return (
             not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer]) and not moe
@@ -261,15 +297,19 @@ class MambaConfig:
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
-            d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D
-            proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)
+            d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D (and
+            proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)  # Jamba's dt/B/C norms)
             return (
                 proj
+                + self.bcdt_weighted * (r + 2 * n)
                 + d * (self.d_conv + self.conv_bias)
                 + d * (r + 2 * n)
                 + d * (r + 1)
                 + d * (n + 1)
             )
+        if self.mixer == "gated_deltanet":  # q k v z b a, out_proj, the conv, norm, A_log, dt_bias
+            proj = (c + self.d_inner + 2 * self.n_heads) * hidden + hidden * self.d_inner
+            return proj + c * self.d_conv + self.head_dim + 2 * self.n_heads
         proj = (self.d_inner + c + self.n_heads) * hidden + hidden * self.d_inner
         return (
             proj

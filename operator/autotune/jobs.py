@@ -10,7 +10,7 @@ key. Everything here is owned by that ConfigMap, so deleting it removes the lot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune.keys import PRODUCT_LABEL, TuneKey
@@ -45,7 +45,10 @@ def _meta(kind: str, api_version: str, name: str, namespace: str, owner: Mapping
         "name": owner["metadata"]["name"],
         "uid": owner["metadata"]["uid"],
         "controller": True,
-        "blockOwnerDeletion": True,
+        # no blockOwnerDeletion: under the OwnerReferencesPermissionEnforcement admission plugin
+        # (OpenShift, hardened clusters) it needs `update` on configmaps/finalizers, which the
+        # operator does not hold, and it only matters to a foreground deletion of the ConfigMap
+        # (the autotuner deletes it in the background: the garbage collector removes these)
     }
     return {
         "apiVersion": api_version,
@@ -176,8 +179,13 @@ def build_job(
     profile_cm: Mapping[str, Any],
     *,
     pod_parts: PodParts | None = None,
+    pull_secrets: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """One attempt at tuning `key`: no Job-level retries (the operator retries with backoff).
+
+    `pull_secrets`: the `imagePullSecrets` of the namespace's `default` ServiceAccount, which the
+    serving pods run under (a private registry's secret goes there, docs/deploy.md); the Job's pod
+    runs under its own ServiceAccount, so it names them itself to pull the same image.
 
     `pod_parts(pod_spec, spec, readers)` adds what the serving pods add for the model too (main.py
     passes children/model_cache.py's `add_model_download`: an hf:// or s3:// model is downloaded
@@ -210,6 +218,8 @@ def build_job(
             },
         },
     }
+    if pull_secrets:
+        job["spec"]["template"]["spec"]["imagePullSecrets"] = [dict(s) for s in pull_secrets]
     if pod_parts is not None:
         pod_parts(job["spec"]["template"]["spec"], spec, ("tune",))
     return job

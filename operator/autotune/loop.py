@@ -55,6 +55,7 @@ Reconcile = Callable[[Mapping[str, Any]], Awaitable[None]]
 Pin = Callable[[Mapping[str, Any], "InferenceServiceSpec", "OperatorConfig"],
                "InferenceServiceSpec | None"]  # fmt: skip
 NOT_PINNED = "ModelNotPinned"
+DEFAULT_SERVICE_ACCOUNT = "default"  # the serving pods' (no serviceAccountName): its pull secrets
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,8 @@ class Autotuner:
         # recorded first: whatever happens to the RBAC or the Job, the next start waits its backoff
         await self.api.patch("ConfigMap", ns, key.profile_name,
                              profiles.start_patch(attempts, self.clock()))  # fmt: skip
-        job = jobs.build_job(key, spec, ns, cm, pod_parts=self.pod_parts)
+        secrets = await self._pull_secrets(ns)
+        job = jobs.build_job(key, spec, ns, cm, pod_parts=self.pod_parts, pull_secrets=secrets)
         for obj in [*jobs.build_rbac(key, ns, cm), job]:
             try:
                 await self._create(obj)
@@ -276,6 +278,19 @@ class Autotuner:
                 what = f"creating {obj['kind']} {ns}/{obj['metadata']['name']}"
                 raise ApiError(e.status, e.reason, f"{what}: {e.message}") from e
         log.info("Started tuning Job %s/%s for %s.", ns, key.job_name, key.describe())
+
+    async def _pull_secrets(self, ns: str) -> list[dict[str, Any]]:
+        """The `imagePullSecrets` of the namespace's `default` ServiceAccount, the serving pods'
+        (none when it has none, is missing, or the operator may not read it: an older chart)."""
+        try:
+            sa = await self.api.get("ServiceAccount", ns, DEFAULT_SERVICE_ACCOUNT)
+        except ApiError as e:
+            if e.status != 403:
+                raise
+            log.warning("Cannot read ServiceAccount %s/%s (forbidden): the tuning Job gets no "
+                        "imagePullSecrets.", ns, DEFAULT_SERVICE_ACCOUNT)  # fmt: skip
+            return []
+        return [dict(s) for s in (sa or {}).get("imagePullSecrets") or [] if s.get("name")]
 
     async def _not_started(self, key: TuneKey, ns: str, attempts: profiles.Attempts,
                            error: ApiError) -> KeyState:  # fmt: skip

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune import profiles
 from pagoda.operator.autotune.keys import key_for
+from pagoda.operator.kube.names import TUNED_PROFILE_ANNOTATION
 from pagoda.runtime import options, tuned_profile
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 MOUNT_PATH = "/etc/pagoda/tuned"
 VOLUME = "tuned-profile"
-PROFILE_ANNOTATION = "serving.pagoda.dev/tuned-profile"
+PROFILE_ANNOTATION = TUNED_PROFILE_ANNOTATION  # removed with the mount (kube/drift.py)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,9 @@ _SUFFIX = {
     "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
     "Pi": Decimal(2**50), "Ei": Decimal(2**60),
 }  # fmt: skip
-_QUANTITY_MAPS = frozenset({"requests", "limits"})
+# Keys whose values (or, for the resource maps, whose map's values) are quantities, which the API
+# server stores in canonical form ("1.5Gi" reads back "1536Mi", "0.5" as "500m").
+_QUANTITY_KEYS = frozenset({"requests", "limits", "sizeLimit", "divisor"})
 
 
 def parse_quantity(value: Any) -> Decimal | None:
@@ -55,7 +57,7 @@ def parse_quantity(value: Any) -> Decimal | None:
     except InvalidOperation:
         return None
     suffix = m.group(2) or ""
-    if suffix[:1] in ("e", "E"):
+    if suffix not in _SUFFIX:  # a decimal exponent ("1e3"); "E" and "Ei" are exa suffixes
         return number * (Decimal(10) ** int(suffix[1:]))
     return number * _SUFFIX[suffix]
 
@@ -76,7 +78,7 @@ def is_subset(desired: Any, actual: Any, *, _quantities: bool = False) -> bool:
             return False
         return all(
             key in actual
-            and is_subset(value, actual[key], _quantities=_quantities or key in _QUANTITY_MAPS)
+            and is_subset(value, actual[key], _quantities=_quantities or key in _QUANTITY_KEYS)
             for key, value in desired.items()
         )
     if isinstance(desired, Sequence) and not isinstance(desired, str):

@@ -32,6 +32,8 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 MANAGED_BY = "pagoda-operator"
 COMPONENT = "inference-server"
 CONFIG_HASH_ANNOTATION = "serving.pagoda.dev/config-hash"
+# on the pod template while a tuned profile is mounted: CONFIGMAP@DATA_HASH (autotune/mount.py)
+TUNED_PROFILE_ANNOTATION = "serving.pagoda.dev/tuned-profile"
 # on every child: the keys of the labels the operator set on it (kube/drift.py)
 APPLIED_LABELS_ANNOTATION = "serving.pagoda.dev/applied-labels"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -189,10 +191,17 @@ OWNED_MAPS: Mapping[str, tuple[tuple[str, ...], ...]] = {
 }
 # Optional fields of a child that only the operator writes: live but absent from the desired
 # manifest (a model switched from hf:// to a PVC drops its download init container, a service
-# that no longer asks for GPUs drops the GPU toleration), they are removed.
+# that no longer asks for GPUs drops the GPU toleration, a Deployment whose pods no longer share a
+# ReadWriteOnce claim drops its one-node pod affinity, one that no longer mounts a tuned profile
+# its annotation), they are removed.
 _POD_OPTIONAL = ("initContainers", "tolerations")
+_TEMPLATE = ("spec", "template")
 OWNED_OPTIONAL: Mapping[str, tuple[tuple[str, ...], ...]] = {
-    "Deployment": tuple(("spec", "template", "spec", key) for key in _POD_OPTIONAL),
+    "Deployment": (
+        *((*_TEMPLATE, "spec", key) for key in _POD_OPTIONAL),
+        (*_TEMPLATE, "spec", "affinity", "podAffinity"),  # children/deployment.pin_to_one_node
+        (*_TEMPLATE, "metadata", "annotations", TUNED_PROFILE_ANNOTATION),  # autotune/mount.py
+    ),
     "LeaderWorkerSet": tuple(
         ("spec", "leaderWorkerTemplate", template, "spec", key)
         for template in ("leaderTemplate", "workerTemplate")

@@ -92,7 +92,13 @@ API_PERMISSIONS: tuple[Permission, ...] = (
     # autotuning (autotune/, chart value autotune.enabled)
     Permission("", "configmaps", ("delete",), "unused tuned profiles", "autotune"),
     Permission("batch", "jobs", ("get", "create", "delete"), "one tuning Job per key", "autotune"),
-    Permission("", "serviceaccounts", ("create",), "the tuning Job's identity", "autotune"),
+    Permission(
+        "",
+        "serviceaccounts",
+        ("get", "create"),
+        "the tuning Job's identity; the default one's imagePullSecrets, which the Job's pod names",
+        "autotune",
+    ),
     Permission(
         "rbac.authorization.k8s.io", "roles", ("create",), "patch one profile ConfigMap", "autotune"
     ),

@@ -193,8 +193,8 @@ def _endpoint(spec: InferenceServiceSpec, secret: Mapping[str, str]) -> str | No
     the Secret's keys, as `env` wins over `envFrom`), else the Secret's, else the operator's
     own; None: the Hub."""
     for item in spec.env:
-        if item.get("name") == "HF_ENDPOINT" and isinstance(item.get("value"), str):
-            return item["value"] or None
+        if item.get("name") == "HF_ENDPOINT" and "valueFrom" not in item:
+            return item.get("value") or None  # no value (an empty one): the Hub
     return secret.get("HF_ENDPOINT") or os.environ.get("HF_ENDPOINT") or None
 
 

@@ -344,9 +344,22 @@ async def _restore(
     workload = kind in WORKLOAD_KINDS
     replicas = ((actual or {}).get("spec") or {}).get("replicas") if workload else None
     tuned = await autotune_mount.lookup(api, fresh, spec) if kind == "Deployment" else None
+    # whether the pods must share one node is the full reconcile's call (check_cluster reads the
+    # claims); a restore keeps the live Deployment's pin as it is, neither adds nor drops it, and
+    # a deleted one comes back pinned if the full reconcile would pin it (not spread over nodes
+    # a ReadWriteOnce claim cannot follow until the next resync)
+    one_node = kind == "Deployment" and _pinned(actual)
+    if kind == "Deployment" and actual is None and not spec.multi_node:
+        try:
+            one_node = (
+                await validation.check_cluster(api, spec, owner.namespace, logger) is not None
+            )
+        except SpecError:
+            return  # the cluster cannot run it as written: the full reconcile reports it
     children = build_children(
-        owner, spec, current_replicas=replicas, service_monitor=False, tuned=tuned
-    )
+        owner, spec, current_replicas=replicas, service_monitor=False, tuned=tuned,
+        one_node=one_node,
+    )  # fmt: skip
     if (kind, name) in children.absent:
         if actual is not None:
             await delete_child(api, kind, owner.namespace, name, owner.uid, logger)

@@ -39,6 +39,18 @@ def node_selector(spec: Mapping[str, Any]) -> Mapping[str, str]:
     return node_selector
 
 
+def omit_empty(obj: Any) -> Any:
+    """`obj` without the keys whose value is an empty string, at every depth. The API server
+    stores an empty optional string field (an env var's `value: ""`, a toleration's `effect: ""`)
+    as absent (`omitempty`), so a child built with one would never read back in sync and be
+    patched on every reconcile; absent means the same (an empty variable, every effect)."""
+    if isinstance(obj, Mapping):
+        return {k: omit_empty(v) for k, v in obj.items() if v != ""}
+    if isinstance(obj, list):
+        return [omit_empty(v) for v in obj]
+    return obj
+
+
 def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:
     value = [] if spec.get(key) is None else spec[key]
     if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
@@ -53,6 +65,7 @@ def tolerations(spec: Mapping[str, Any], max_items: int) -> list[Mapping[str, An
     tolerations = _list_of_objects(spec, "tolerations", max_items)
     for i, t in enumerate(tolerations):
         p = f"spec.tolerations[{i}]"
+        _toleration_types(t, p)
         exists = t.get("operator") == "Exists"
         if not t.get("key") and not exists:
             raise SpecError(
@@ -70,7 +83,30 @@ def tolerations(spec: Mapping[str, Any], max_items: int) -> list[Mapping[str, An
             raise SpecError("InvalidSpec", f"{p}.value: {show(value)} is not a label value")
         if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
             raise SpecError("InvalidSpec", f"{p}: tolerationSeconds needs effect NoExecute")
-    return tolerations
+    return [omit_empty(t) for t in tolerations]
+
+
+_TOLERATION_CHOICES = {"operator": ("Exists", "Equal"),
+                       "effect": ("", "NoSchedule", "PreferNoSchedule", "NoExecute")}  # fmt: skip
+
+
+def _toleration_types(t: Mapping[str, Any], p: str) -> None:
+    """The fields' types and enums (the CRD's; without them the API server refuses the pods)."""
+    for field in ("key", "operator", "value", "effect"):
+        if t.get(field) is not None and not isinstance(t[field], str):
+            raise SpecError("InvalidSpec", f"{p}.{field} must be a string, got {show(t[field])}")
+    for field, allowed in _TOLERATION_CHOICES.items():
+        if t.get(field) is not None and t[field] not in allowed:
+            raise SpecError(
+                "InvalidSpec",
+                f"{p}.{field} must be one of {', '.join(a for a in allowed if a)}, "
+                f"got {show(t[field])}",
+            )
+    seconds = t.get("tolerationSeconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+        raise SpecError(
+            "InvalidSpec", f"{p}.tolerationSeconds must be an integer, got {show(seconds)}"
+        )
 
 
 _ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
@@ -82,6 +118,11 @@ def env(spec: Mapping[str, Any], max_items: int, max_name: int) -> list[Mapping[
         name = item.get("name")
         if not isinstance(name, str) or len(name) > max_name or not _ENV_NAME.match(name):
             raise SpecError("InvalidSpec", f"spec.env: invalid variable name {show(name)}")
+        if item.get("value") is not None and not isinstance(item["value"], str):
+            raise SpecError(  # `value: 1` in YAML: the API server refuses a number
+                "InvalidSpec",
+                f"spec.env: {name}: value must be a string, got {show(item['value'])} (quote it)",
+            )
         source = item.get("valueFrom")
         if source is None:
             continue
@@ -92,12 +133,19 @@ def env(spec: Mapping[str, Any], max_items: int, max_name: int) -> list[Mapping[
                 "InvalidSpec",
                 f"spec.env: {name}: valueFrom must set exactly one of {', '.join(_ENV_SOURCES)}",
             )
-        for ref in ("secretKeyRef", "configMapKeyRef"):
-            if ref in source and not (source[ref] or {}).get("name"):
+        for ref in _ENV_SOURCES:
+            if ref in source and not isinstance(source[ref], Mapping):
                 raise SpecError(
-                    "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.name is required"
+                    "InvalidSpec",
+                    f"spec.env: {name}: valueFrom.{ref} must be an object, got {show(source[ref])}",
                 )
-    return env
+        for ref in ("secretKeyRef", "configMapKeyRef"):
+            for key in ("name", "key"):  # both required (the CRD's and the API server's rule)
+                if ref in source and not source[ref].get(key):
+                    raise SpecError(
+                        "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.{key} is required"
+                    )
+    return [omit_empty(item) for item in env]
 
 
 # `pagoda serve` flags the operator renders itself (children/serve_args.py; a test checks this

@@ -66,10 +66,21 @@ class TPLayout:
 
 def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
-    divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`). LFM2's short
-    convs are not split: refused."""
+    divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
+    Gated DeltaNet layers split by key heads, which must divide. LFM2's short convs and Mamba-1
+    are not split: refused."""
+    if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
+        if m.n_groups % size:
+            return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
+                    f"(linear_num_key_heads {m.n_groups})")  # fmt: skip
+        return None
     if m.mixer != "mamba2":
         return f"--tensor-parallel-size {size} is not supported for a model with {m.mixer} layers"
+    if m.zamba2 is not None:
+        return (
+            f"--tensor-parallel-size {size} is not supported for a zamba2 model (its shared "
+            "blocks and their LoRA adapters are not split)"
+        )
     if m.n_heads % size:
         return (f"--tensor-parallel-size {size} does not divide the Mamba2 heads "
                 f"(mamba n_heads {m.n_heads})")  # fmt: skip
@@ -88,7 +99,9 @@ def check(config: ModelConfig, size: int) -> None:
     if config.architecture == "jetmoe":  # (model/jetmoe.py: not tested on several ranks)
         raise ValueError(f"--tensor-parallel-size {size} is not supported for a jetmoe model "
                          "(its routed attention heads are not split over ranks)")  # fmt: skip
-    if f.mamba is not None and f.mamba.mixer != "mamba2":  # (LFM2's, Mamba-1's: not split)
+    if f.mamba is not None and (
+        f.mamba.mixer not in ("mamba2", "gated_deltanet") or f.mamba.zamba2 is not None
+    ):  # (LFM2's, Mamba-1's, Zamba2's: not split)
         raise ValueError(mamba_problem(f.mamba, size))
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(

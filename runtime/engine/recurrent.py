@@ -11,8 +11,9 @@ layers, `model_configs.MambaConfig`): checked and applied once, at start.
   its slots do, and the step's copies go to the other ranks with its slots:
   `worker/step_channel.py`); where it holds none, prefix caching is off, and a log line says
   so.
-  Mamba2 mixers only (`MambaConfig.snapshots`): LFM2's short convolutions and Mamba-1's scan
-  keep prefix caching off.
+  Mamba2 mixers and Qwen3-Next's Gated DeltaNet layers (their chunked rule's chunk boundaries)
+  only (`MambaConfig.snapshots`): LFM2's short convolutions and Mamba-1's scan keep prefix
+  caching off.
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
   starts again, or restored from a snapshot where its prefix is still cached.
 """
@@ -42,7 +43,10 @@ def snapshots(
     if not keeps_state(mc) or not config.cache.enable_prefix_caching:
         return config, None
     if not mc.family.mamba.snapshots:
-        why = f"its {mc.family.mamba.mixer} layers' states are not snapshotted (Mamba2's only)"
+        why = (
+            f"its {mc.family.mamba.mixer} layers' states are not snapshotted (Mamba2's and "
+            "Gated DeltaNet's only)"
+        )
         return _off(config, mc, why), None
     if not runner.num_snapshots:
         why = f"its KV cache budget holds no snapshot of {runner.mamba.snapshot_bytes} bytes"

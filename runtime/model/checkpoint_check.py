@@ -116,14 +116,17 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     from pagoda.runtime.model import mamba_config
 
     h, p = c.hidden_size, f"model.layers.{i}."
-    out = mamba_config.expected_shapes(c, i)
+    if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
+        return mamba_config.expected_shapes(c, i)
+    out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i):
         q, kv, a = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, p + "self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+    out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
     out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
-        pre_ff = c.architecture in ("bamba", "falcon_h1")
+        pre_ff = c.architecture in ("bamba", "falcon_h1", "jamba")
         norm = "pre_ff_layernorm" if pre_ff else "post_attention_layernorm"
         out[f"{p}{norm}.weight"] = (h,)
     return out
@@ -138,7 +141,7 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
-    if c.architecture in ("bamba", "falcon_h1"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
         for old, new in _APERTUS_NORMS.items():
@@ -238,6 +241,8 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
     return f"model.layers.{layer}.{block}"
 
 
+# experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
+_OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe")
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
 
@@ -258,9 +263,11 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba2",
             "mamba",
             "falcon_mamba",
+            "zamba2",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
-        if c.architecture in ("bamba", "falcon_h1"):
+        dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)
+        if c.architecture in ("bamba", "falcon_h1") or dense_jamba:
             p = f"model.layers.{i}.feed_forward."
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue
@@ -279,7 +286,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             continue
         names = ("w1", "w3", "w2") if c.architecture == "mixtral" else (
             moe_names.of(c.architecture).experts)  # fmt: skip
-        for e in range(c.family.num_experts):
+        for e in range(c.family.num_experts if c.architecture not in _OWN_EXPERTS else 0):
             p = f"{_moe_block(c, i)}experts.{e}."
             out.append(tuple(f"{p}{n}.weight" for n in names))
         if c.family.shared_expert_intermediate_size:
@@ -332,6 +339,10 @@ def check_checkpoint(
         raise ValueError(f"checkpoint tensor {HEAD} is {list(headers[HEAD][1])}, config.json "
                          f"({_describe(config)}) needs {list(head)}")  # fmt: skip
     _check_mlp(config, headers)
+    if config.architecture in _OWN_EXPERTS:
+        from pagoda.runtime.model.qwen3_next_config import check_experts
+
+        check_experts(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     for name, (dtype, shape) in headers.items():

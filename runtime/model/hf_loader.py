@@ -28,6 +28,7 @@ from pagoda.runtime.model import (
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
+from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.hf_tables import (
     DEFAULT_ROPE,
@@ -374,6 +375,9 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.positions import transpose_conv1d
 
         transpose_conv1d(weights)
+    if config.architecture in qwen3_next.DEFAULTS:  # Qwen3.5-MoE's stacked experts
+        for name, new in qwen3_next.stacked_experts(list(weights)).items():
+            weights.rename(name, new)
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 

@@ -109,6 +109,10 @@ def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
     m = mamba_shard.local(mc.family.mamba, tp)
     if m is None or m.mixer == "short_conv":  # (LFM2's short convs: no scan)
         return 0
+    if m.mixer == "gated_deltanet":  # Qwen3-Next's (`gated_delta.prefill`)
+        from pagoda.runtime.model.gated_delta import prefill_bytes
+
+        return prefill_bytes(tokens, m.n_heads, m.d_state, m.head_dim, m.chunk_size)
     if m.mixer == "mamba1":  # `mamba1.Mamba1Mixer._scan`: eight float32 [T, d_inner] (its
         # inputs packed, ...), the states, a block of decays and inputs (`BLOCK_ELEMENTS` each)
         return (8 * tokens + 3 * seqs * m.d_state) * m.d_inner * 4 + 2 * (1 << 22) * 4

@@ -131,7 +131,13 @@ def silu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul(*, x: torch.Tensor) -> torch.Tensor:
     """[T, 2I] → gelu_tanh(x[:, :I]) * x[:, I:] (GeGLU, as Gemma's MLP computes it)."""
     gate, up = x.chunk(2, dim=-1)
-    return torch.mul(F.gelu(gate, approximate="tanh"), up)
+    return torch.mul(F.gelu(gate), up)
+
+
+def gelu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] → gelu(x[:, :I]) * x[:, I:], the exact GELU (Zamba2's MLP)."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.mul(F.gelu(gate), up)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGenerati
 )
 _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
 _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
-_SKIP += ("model.visual.",)  # (EXAONE 4.5's)
+_SKIP += ("model.visual.",)  # (EXAONE 4.5's, Qwen3.5's)
+_SKIP += ("mtp.",)  # (Qwen3-Next's and Qwen3.5's multi-token prediction layers: not run)
 # EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
 _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
@@ -277,6 +278,16 @@ class SafetensorsWeights(Mapping):
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
+
+    def rename(self, name: str, new: str) -> None:
+        """List tensor `name` as `new` (Qwen3.5-MoE's stacked experts, stored without a
+        `.weight`, under the name `moe.SparseMoE` reads stacked experts by)."""
+        self._where[new] = self._where.pop(name)
+        if name in self._rows:
+            self._rows[new] = self._rows.pop(name)
+        if name in self._transposed:
+            self._transposed.discard(name)
+            self._transposed.add(new)
 
     def stored_name(self, name: str) -> str:
         """What the files call tensor `name` (the text model's Llama-style name the engine

@@ -69,7 +69,9 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
-          (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"))  # fmt: skip
+          (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"),
+          # Qwen3-Next's and Qwen3.5's DeltaNet projections: one matrix (model/qwen3_next.py)
+          (re.compile(r"\bin_proj_(qkvz|ba|qkv|z|b|a)\b"), "in_proj"))  # fmt: skip
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
@@ -78,8 +80,8 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_
 _KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
 # a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
 _MAMBA_TENSORS = re.compile(
-    r"(\.mamba\.(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
-)  # (LFM2's conv)
+    r"(\.(mamba|linear_attn)\.(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
+)  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -393,6 +395,14 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         tensors = dict(_llama4_experts(t) for t in tensors.values())
     if mc.architecture == "jetmoe":  # its attention experts, as the one Linear each becomes
         tensors = dict(_jetmoe_attention(t) for t in tensors.values())
+    if mc.architecture in ("qwen3_next", "qwen3_5_moe"):  # stacked experts, read as `.weight`
+        from pagoda.runtime.model.qwen3_next_config import stacked_experts
+
+        renamed = stacked_experts(tensors)
+        tensors = {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
+                   for n, t in tensors.items()}  # fmt: skip
+    if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
+        tensors = _zamba2_as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -437,6 +447,13 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
     # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
     float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"
+    # Qwen3-Next's and Qwen3.5's (1 + w) norms (`qwen3_next.Qwen3NextModel`), not the gated one
+    float32_norm |= (
+        norm
+        and ".linear_attn." not in name
+        and mc.family.mamba is not None
+        and (mc.family.mamba.mixer == "gated_deltanet")
+    )
     if float32_router and _FLOAT32_ROUTER.search(name):
         return _float32_router(t, p)
     if mc.family.mla is not None and _KV_B.search(name):
@@ -501,6 +518,36 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
         shape = (e, 2 * n, h) if which == "gate_up_proj" else (e, h, n)
         new = f"{prefix}{which}.weight"
         out[new] = Stored(new, _HELD, shape, t.nbytes)
+    return out
+
+
+_ZAMBA2_ADAPTER = re.compile(r"^(.+\.self_attn\.)linear_[qkv]_adapter_list\.(\d+)\.([01])\.weight$")
+
+
+def _zamba2_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Zamba2's shared blocks as the engine holds them (`model/zamba2.py`): read from each
+    block's first use (a copy a later hybrid layer holds is not read, as transformers ties it),
+    a use's q/k/v adapters as one `Linear` each way (the three A stacked [3r, 2h], the three B
+    one block-diagonal [3 x 2h, 3r])."""
+    from pagoda.runtime.model.zamba2_config import block_prefix
+
+    z = mc.family.mamba.zamba2
+    read = tuple(block_prefix(mc, b) for b in range(min(z.blocks, sum(z.hybrid))))
+    out: dict[str, Stored] = {}
+    for name, t in tensors.items():
+        if ".shared_transformer." in name and not name.startswith(read):
+            continue
+        m = _ZAMBA2_ADAPTER.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, use, part = m.groups()
+        new = f"{prefix}lora_qkv.{use}.{part}.weight"
+        held = out.get(new)
+        shape = t.shape
+        if held is not None:  # A's rows stacked; B's rows and columns
+            shape = (held.shape[0] + t.shape[0], t.shape[1] + (held.shape[1] if part == "1" else 0))
+        out[new] = Stored(new, t.kind, shape, t.nbytes + (held.nbytes if held else 0))
     return out
 
 
@@ -575,10 +622,15 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return (h1 - h0) * shape[1], 1
     if re.search(r"\bq_proj\.(weight|bias)$", part):
         q0, q1 = lay.heads(mc.num_heads)
-        return (q1 - q0) * mc.head_dim, cols
+        gated = mc.family.mamba is not None and mc.family.mamba.attn_output_gate  # (its gates)
+        return (q1 - q0) * mc.head_dim * (2 if gated else 1), cols
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
+    if part.startswith("linear_attn."):  # Qwen3-Next's: every part by heads, the norm whole
+        if part.startswith("linear_attn.norm."):
+            return rows, cols
+        return (rows, cols // lay.size) if "out_proj." in part else (rows // lay.size, cols)
     if part.startswith(
         "mamba."
     ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors

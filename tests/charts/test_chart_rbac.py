@@ -175,3 +175,28 @@ def test_children_with_block_owner_deletion_are_permitted() -> None:
         docs = render_cached(values)
         role = of_kind(docs, "Role")[0] if values == "namespaced" else one(docs, "ClusterRole")
         assert ("serving.pagoda.dev", "inferenceservices/finalizers", "update") in triples(role)
+
+
+def test_tuning_objects_owned_by_their_profile_config_map_are_permitted() -> None:
+    """The tuning Job, its ServiceAccount, Role and RoleBinding are owned by the profile
+    ConfigMap. An owner reference with blockOwnerDeletion needs `update` on the owner's
+    finalizers (configmaps/finalizers) under the OwnerReferencesPermissionEnforcement admission
+    plugin (OpenShift, hardened clusters); without it every tuning Job would be refused (403)."""
+    from pagoda.operator.autotune import jobs, profiles
+    from pagoda.operator.autotune.keys import key_for
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+    spec = InferenceServiceSpec.from_dict(
+        {"model": "smollm2-135m", "resources": {"gpus": 1}, "autotune": {"enabled": True}},
+        name="x",
+        default_image="i",
+    )
+    key = key_for(spec, "NVIDIA-H200")
+    cm = profiles.build_profile_config_map(key, "team-a")
+    cm["metadata"]["uid"] = "u-cm"
+    role = one(render_cached("defaults"), "ClusterRole")
+    for obj in (*jobs.build_rbac(key, "team-a", cm), jobs.build_job(key, spec, "team-a", cm)):
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["uid"]) == ("ConfigMap", "u-cm") and ref["controller"] is True
+        if ref.get("blockOwnerDeletion"):
+            assert ("", "configmaps/finalizers", "update") in triples(role), obj["kind"]

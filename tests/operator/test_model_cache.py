@@ -246,7 +246,7 @@ async def test_pods_sharing_a_read_write_once_claim_are_pinned_to_one_node(
     import logging
 
     from operator_harness import DEPLOY, ISVC, wait_for
-    from operator_helpers import create_isvc
+    from operator_helpers import condition, create_isvc, mark_available
     from pagoda.operator.spec.validation import check_cluster
 
     rwo = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -294,3 +294,32 @@ async def test_pods_sharing_a_read_write_once_claim_are_pinned_to_one_node(
     )
     assert len(pinned()) == 1
     assert emulator.live(ISVC, "default", "chat") is not None
+    # a Deployment event restores the child from the spec: it keeps the pin (only the full
+    # reconcile, which reads the claim, decides it)
+    await mark_available(kube, "chat")
+    await wait_for(lambda: condition(emulator, "chat", "Ready").get("status") == "True")
+    uid = emulator.live(DEPLOY, "default", "chat")["metadata"]["uid"]
+    assert "podAffinity" in emulator.live(DEPLOY, "default", "chat")["spec"]["template"][
+        "spec"
+    ].get("affinity", {})
+    # a Deployment deleted by hand comes back pinned (not spread until the next resync)
+    await kube.delete("Deployment", "default", "chat")
+    restored = await wait_for(
+        lambda: (
+            (d := emulator.live(DEPLOY, "default", "chat")) and d["metadata"]["uid"] != uid and d
+        )
+    )
+    assert "podAffinity" in restored["spec"]["template"]["spec"].get("affinity", {})
+    # one GPU pod that never surges no longer shares the claim: the pin goes, the pods may spread
+    await kube.patch(
+        "InferenceService", "default", "chat", {"spec": {"replicas": 1, "resources": {"gpus": 1}}}
+    )
+    await wait_for(
+        lambda: (
+            "podAffinity"
+            not in (
+                emulator.live(DEPLOY, "default", "chat")["spec"]["template"]["spec"].get("affinity")
+                or {}
+            )
+        )
+    )

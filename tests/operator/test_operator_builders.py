@@ -22,9 +22,10 @@ from pagoda.operator.kube import drift, names
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 K8S_VERSIONS = (
+    "1.29.0",  # the oldest supported (charts/pagoda/Chart.yaml kubeVersion, README)
     "1.32.0",
     kubernetes_validate.utils.latest_version(),
-)  # kubectl's here, newest bundled
+)  # the oldest supported, kubectl's here, newest bundled
 OWNER = Owner(
     name="demo",
     namespace="team-a",

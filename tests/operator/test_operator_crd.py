@@ -16,9 +16,10 @@ from pagoda.operator.spec.config import OperatorConfig
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 K8S_VERSIONS = (
+    "1.29.0",  # the oldest supported (charts/pagoda/Chart.yaml kubeVersion, README)
     "1.32.0",
     kubernetes_validate.utils.latest_version(),
-)  # kubectl's here, newest bundled
+)  # the oldest supported, kubectl's here, newest bundled
 EXAMPLES = ROOT / "examples"
 
 

@@ -60,6 +60,13 @@ def test_parse_quantity() -> None:
     assert drift.parse_quantity("16Gi") == Decimal(16 * 2**30)
     assert drift.parse_quantity("1e3") == Decimal(1000)
     assert drift.parse_quantity("abc") is None and drift.parse_quantity(True) is None
+    # exa: "E" and "Ei" are suffixes, not an exponent without digits
+    assert drift.parse_quantity("2E") == Decimal("2e18")
+    assert drift.parse_quantity("1Ei") == Decimal(2**60)
+    assert drift.parse_quantity("1E3") == Decimal(1000)
+    spec = {"model": "hf://org/m", "modelCache": {"sizeLimit": "1Ei"}}  # the CRD admits it
+    parsed = InferenceServiceSpec.from_dict(spec, name="demo", default_image="i")
+    assert parsed.model_cache.size_limit_bytes == 2**60
 
 
 def test_served_object_is_in_sync() -> None:
@@ -173,3 +180,88 @@ def test_labels_the_operator_applied_and_no_longer_wants_are_removed_others_stay
     assert not drift.needs_update(after, repaired)
     unrecorded = served(build_children(owner, spec).get("Deployment"))  # made before the record
     assert "team" not in drift.merge_patch(after, unrecorded)["metadata"]["labels"]
+
+
+def test_a_one_node_pin_no_longer_needed_is_removed() -> None:
+    """A ReadWriteOnce claim shared by several pods pins them to one node (pod affinity to
+    themselves, validation.check_cluster); once the spec no longer needs it (the claim switched
+    to ReadWriteMany, one GPU replica) the affinity must go, else the pods stay on one node."""
+    spec = InferenceServiceSpec.from_dict({"model": "pvc://c/m"}, name="demo", default_image="i")
+    pinned = build_children(OWNER, spec, one_node=True).get("Deployment")
+    live = served(pinned)
+    assert not drift.needs_update(pinned, live)  # in sync: no churn
+    desired = build_children(OWNER, spec).get("Deployment")
+    assert drift.needs_update(desired, live)
+    repaired = apply_merge_patch(live, drift.merge_patch(desired, live))
+    assert "podAffinity" not in (repaired["spec"]["template"]["spec"].get("affinity") or {})
+    assert not drift.needs_update(desired, repaired)
+
+
+def test_a_size_limit_the_api_server_rewrote_is_in_sync() -> None:
+    """The API server stores quantities in canonical form ("1.5Gi" reads back "1536Mi"), the
+    emptyDir's sizeLimit too: the same amount is no drift (else a PATCH on every reconcile)."""
+    desired = deployment({"model": "hf://org/m", "modelCache": {"sizeLimit": "1.5Gi"}})
+    live = served(desired)
+    (cache,) = [
+        v for v in live["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-cache"
+    ]
+    cache["emptyDir"]["sizeLimit"] = "1536Mi"
+    assert not drift.needs_update(desired, live)
+    cache["emptyDir"]["sizeLimit"] = "2Gi"
+    assert drift.needs_update(desired, live)
+    ref = {"resource": "limits.memory", "divisor": "1024Ki"}  # an env var's divisor likewise
+    desired = deployment(
+        {"model": "/w", "env": [{"name": "M", "valueFrom": {"resourceFieldRef": ref}}]}
+    )
+    live = served(desired)
+    (env,) = [
+        e for e in live["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "M"
+    ]
+    env["valueFrom"]["resourceFieldRef"]["divisor"] = "1Mi"
+    assert not drift.needs_update(desired, live)
+
+
+def _omit_empty(obj: object) -> object:
+    """What the API server stores: optional string fields that are empty are left out."""
+    if isinstance(obj, dict):
+        return {k: _omit_empty(v) for k, v in obj.items() if v != ""}
+    if isinstance(obj, list):
+        return [_omit_empty(v) for v in obj]
+    return obj
+
+
+def test_empty_strings_in_env_and_tolerations_are_no_drift() -> None:
+    """`value: ""` (an empty variable), `effect: ""` (every effect): the API server stores these
+    optional fields as absent; the live object is in sync, not patched on every reconcile."""
+    desired = deployment({
+        "model": "/w",
+        "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+                {"name": "POD", "value": "", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": ""}],
+    })  # fmt: skip
+    live = served(desired)
+    pod = live["spec"]["template"]["spec"]
+    pod["containers"][0]["env"] = _omit_empty(pod["containers"][0]["env"])
+    pod["tolerations"] = _omit_empty(pod["tolerations"])
+    assert not drift.needs_update(desired, live)
+
+
+def test_an_unmounted_tuned_profile_leaves_no_annotation() -> None:
+    """The pod template's serving.pagoda.dev/tuned-profile annotation says which profile the pods
+    mount; once the profile is no longer mounted (autotune off, another GPU product) it must go
+    with the volume and the flags, not claim a profile the pods do not have."""
+    from pagoda.operator.autotune.mount import PROFILE_ANNOTATION, TunedMount
+
+    spec = InferenceServiceSpec.from_dict(
+        {"model": "pvc://c/m", "resources": {"gpus": 1}}, name="demo", default_image="i"
+    )
+    tuned = build_children(OWNER, spec, tuned=TunedMount("pagoda-tuned-x", "h1")).get("Deployment")
+    live = served(tuned)
+    assert PROFILE_ANNOTATION in live["spec"]["template"]["metadata"]["annotations"]
+    assert not drift.needs_update(tuned, live)  # in sync: no churn
+    desired = build_children(OWNER, spec).get("Deployment")
+    repaired = apply_merge_patch(live, drift.merge_patch(desired, live))
+    annotations = repaired["spec"]["template"]["metadata"]["annotations"]
+    assert PROFILE_ANNOTATION not in annotations
+    assert "kubectl.kubernetes.io/restartedAt" in annotations  # others' annotations stay
+    assert not drift.needs_update(desired, repaired)

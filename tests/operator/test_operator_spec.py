@@ -217,6 +217,52 @@ def test_defaults() -> None:
             "must be a list of strings",
         ),
         ({"model": "smollm2-135m", "env": {}}, "InvalidSpec", "spec.env must be a list of objects"),
+        (
+            {"model": "smollm2-135m", "env": [{"name": "A", "valueFrom": {"secretKeyRef": 1.5}}]},
+            "InvalidSpec",
+            "spec.env: A: valueFrom.secretKeyRef must be an object",
+        ),
+        (
+            {"model": "smollm2-135m", "env": [{"name": "A", "valueFrom": {"fieldRef": ["x"]}}]},
+            "InvalidSpec",
+            "spec.env: A: valueFrom.fieldRef must be an object",
+        ),
+        (
+            {"model": "smollm2-135m", "env": [{"name": "A", "value": 1}]},
+            "InvalidSpec",
+            "spec.env: A: value must be a string",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
+                "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s"}}}],
+            },
+            "InvalidSpec",
+            "spec.env: A: valueFrom.secretKeyRef.key is required",
+        ),
+        (
+            {"model": "smollm2-135m", "tolerations": [{"operator": "Exists", "value": {}}]},
+            "InvalidSpec",
+            "spec.tolerations[0].value must be a string",
+        ),
+        (
+            {"model": "smollm2-135m", "tolerations": [{"key": "k", "operator": "exists"}]},
+            "InvalidSpec",
+            "spec.tolerations[0].operator must be one of Exists, Equal",
+        ),
+        (
+            {"model": "smollm2-135m", "tolerations": [{"key": "k", "effect": "NoSchedul"}]},
+            "InvalidSpec",
+            "spec.tolerations[0].effect must be one of",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
+                "tolerations": [{"key": "k", "effect": "NoExecute", "tolerationSeconds": "60"}],
+            },
+            "InvalidSpec",
+            "spec.tolerations[0].tolerationSeconds must be an integer",
+        ),
     ],
 )
 def test_spec_errors(spec: dict[str, Any], reason: str, words: str) -> None:

@@ -82,6 +82,7 @@ def hf_greedy_plain(model, prompt: list[int], n: int) -> tuple[list[int], list[t
 _LM_CLASSES = {"Gemma3Text": "Gemma3ForCausalLM", "Exaone": "LlamaForCausalLM"}
 _LM_CLASSES["InternLM3"] = "LlamaForCausalLM"
 _LM_CLASSES["GPT2"] = "GPT2LMHeadModel"
+_LM_CLASSES.update(Qwen3_5Text="Qwen3_5ForCausalLM", Qwen3_5MoeText="Qwen3_5MoeForCausalLM")
 
 
 def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):

@@ -1,0 +1,248 @@
+"""Qwen3-Next (`Qwen3NextForCausalLM`) and Qwen3.5's text models (`Qwen3_5ForCausalLM`,
+`Qwen3_5MoeForCausalLM`, and the text model of `Qwen3_5ForConditionalGeneration` /
+`Qwen3_5MoeForConditionalGeneration`; configs read in `qwen3_next_config.py`): hybrids whose
+`layer_types` mix
+
+- Gated DeltaNet layers (`GatedDeltaNet`, transformers' `Qwen3NextGatedDeltaNet`): one
+  projection gives q, k, v (a causal depthwise conv of width ``linear_conv_kernel_dim`` and
+  SiLU over them), the output gate z, b (beta = sigmoid(b)) and a (the decay g = -exp(A_log)
+  softplus(a + dt_bias)); q and k L2-normalised, the gated delta rule (`gated_delta.py`) per
+  value head (a key head serves ``num_v_heads / num_k_heads`` of them), its output normalised
+  per head and gated (weight * RMSNorm(o) * SiLU(z): `Qwen3NextRMSNormGated`), out_proj.
+  Qwen3-Next stores the projection as `in_proj_qkvz` and `in_proj_ba`, interleaved by key
+  head; Qwen3.5 as `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`: both are read into one
+  matrix [q, k, v, z, b, a] at load;
+- gated attention (`Qwen3NextAttention`): q_proj gives each head's query and an output gate
+  (interleaved per head, split at load), q and k normalised per head (RMSNorm, (1 + w)), a
+  partial rotary (the first quarter of each head by default), attention's output times
+  sigmoid(gate) before o_proj.
+
+Every norm but the gated one is zero-centred, (1 + w) (Gemma's: `gemma2.Gemma2Model`'s
+`norm_weight`). The MLP is SwiGLU (Qwen3.5) or, where `FamilyConfig.moe_layers` says,
+softmax-routed experts beside a shared expert gated by a sigmoid (`moe.SharedExpertMoE`,
+Qwen2-MoE's; Qwen3.5-MoE always renormalises the top-k).
+
+The DeltaNet layers keep, per sequence, a conv state [conv_dim, kernel - 1] and a float32
+state [v_heads, key_dim, value_dim] in the hybrids' state slots (`worker/mamba_state.py`,
+`MambaConfig.mixer` "gated_deltanet"); the step's slots and packed prefill layout come as the
+Mamba2 layers' do (`mamba2.MambaStep`). Prefix caching keeps snapshots of both states every
+lcm(block size, 64) tokens as for the Mamba2 layers (`core/state_snapshots.py`: the chunked
+rule's chunk start states, or the slots' at a step's chunk end); tensor parallelism splits them by key heads (`GatedDeltaNet`; N must
+divide them: `distributed/layout.py`); FP8 is refused (`engine/core.check_dtype`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.model import gated_delta, mamba_shard
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.gemma2 import Gemma2Model
+from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, conv_step, packed_conv
+from pagoda.runtime.model.moe import make_mlp
+from pagoda.runtime.model.ops import gemma_rms_norm
+from pagoda.runtime.model.parallel_linear import row_linear
+from pagoda.runtime.model.qwen3 import Qwen3Layer
+from pagoda.runtime.model.qwen3_next_config import STACKED
+from pagoda.runtime.model_configs import MambaConfig
+
+
+def _in_proj(m: MambaConfig, w: DeviceWeights, p: str) -> torch.Tensor:
+    """The rows of q, k, v, z, b and a in that order (module docstring): Qwen3.5's four
+    projections stacked, or Qwen3-Next's two taken apart by key head."""
+    if p + "in_proj_qkv.weight" in w:
+        return torch.cat([w[p + f"in_proj_{x}.weight"] for x in ("qkv", "z", "b", "a")])
+    dk, dv, hk = m.d_state, m.head_dim, m.n_groups
+    r = m.n_heads // hk  # value heads per key head
+    qkvz = w[p + "in_proj_qkvz.weight"].view(hk, 2 * dk + 2 * r * dv, -1)
+    q, k, v, z = qkvz.split([dk, dk, r * dv, r * dv], dim=1)
+    b, a = w[p + "in_proj_ba.weight"].view(hk, 2 * r, -1).split([r, r], dim=1)
+    return torch.cat([t.reshape(-1, t.shape[-1]) for t in (q, k, v, z, b, a)])
+
+
+def _rank_rows(s: mamba_shard.MambaShard) -> list[tuple[int, int]]:
+    """A rank's rows of the [q, k, v, z, b, a] matrix (`_in_proj`): the q and k of its key
+    heads, the v, z, b and a of its value heads (the first three: its conv channels)."""
+    m, (h0, h1), (g0, g1) = s.full, s.heads, s.groups
+    kd, dk, dv, c, d = m.n_groups * m.d_state, m.d_state, m.head_dim, m.conv_dim, m.d_inner
+    return [(g0 * dk, g1 * dk), (kd + g0 * dk, kd + g1 * dk), (2 * kd + h0 * dv, 2 * kd + h1 * dv),
+            (c + h0 * dv, c + h1 * dv), (c + d + h0, c + d + h1),
+            (c + d + m.n_heads + h0, c + d + m.n_heads + h1)]  # fmt: skip
+
+
+class GatedDeltaNet:
+    """One Gated DeltaNet layer's weights and forward (module docstring). With tensor
+    parallelism a rank holds key heads [r G/N, (r+1) G/N) and the value heads they serve
+    (`mamba_shard.shard`): its rows of the projection and channels of the conv, its A, dt_bias
+    and state slots; out_proj row-parallel (one all-reduce)."""
+
+    def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, eps, ctx):
+        p = prefix + "linear_attn."
+        s = mamba_shard.shard(m, None if ctx.tp is None else ctx.tp.layout)
+        self.m, self.index, self.eps = s.local, index, eps
+        in_proj, conv = _in_proj(m, w, p), w[p + "conv1d.weight"][:, 0, :]  # [C, K]
+        heads = slice(*s.heads)
+        if ctx.tp is not None:  # this rank's rows and channels
+            rows = _rank_rows(s)
+            in_proj = torch.cat([in_proj[a:b] for a, b in rows])
+            conv = torch.cat([conv[a:b] for a, b in rows[:3]])
+        self.in_proj = ctx.linear(in_proj.contiguous())
+        self.out_proj = row_linear(ctx, w, p + "out_proj.weight")
+        self.conv_weight = conv.contiguous()
+        self.A = -torch.exp(w.source(p + "A_log")[heads].float()).to(w.device)  # float32 [H]
+        self.dt_bias = w[p + "dt_bias"][heads]
+        self.norm = w[p + "norm.weight"]  # [value_dim]: weight * norm (not 1 + w)
+        m = s.local
+        self.scale = m.d_state**-0.5
+        self.sizes = [m.conv_dim, m.d_inner, m.n_heads, m.n_heads]
+
+    def linears(self) -> list:
+        return [self.in_proj, self.out_proj]
+
+    def __call__(self, h: torch.Tensor, step: MambaStep) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]; the layer's states updated at the step's slots."""
+        m, t = self.m, h.shape[0]
+        conv, state = step.states[self.index]
+        qkv, z, b, a = self.in_proj(h).split(self.sizes, dim=-1)
+        beta = torch.sigmoid(b).float()
+        g = self.A * F.softplus(a.float() + self.dt_bias)
+        o = torch.empty(t, m.n_heads, m.head_dim, dtype=torch.float32, device=h.device)
+        nd = step.num_decodes
+        if nd:
+            o[:nd] = self._decode(conv, state, qkv[:nd], g[:nd], beta[:nd], step)
+        if step.prefill is not None:
+            pre = step.prefill
+            snaps = None if step.snaps is None else step.snaps[self.index]
+            snap = None if pre.snap_conv_rows is None else snaps
+            x = packed_conv(conv, qkv[nd:], pre, self.conv_weight, None,
+                            None if snap is None else snap[0])  # fmt: skip
+            o[nd:] = gated_delta.prefill(*self._qkv(F.silu(x)), g[nd:], beta[nd:], state,
+                                         pre.groups, m.chunk_size,
+                                         None if snap is None else snap[1])  # fmt: skip
+        if step.save_end is not None:  # boundaries at a chunk's end: the states in the slots
+            slots, entries = step.save_end
+            snap_conv, snap_state = step.snaps[self.index]
+            snap_conv.index_copy_(0, entries, conv.index_select(0, slots))
+            snap_state.index_copy_(0, entries, state.index_select(0, slots))
+        return self.out_proj(self._output(o.to(h.dtype), z))
+
+    def _decode(self, conv, state, qkv: torch.Tensor, g, beta, step: MambaStep) -> torch.Tensor:
+        """The decode rows' one conv and delta-rule step: their states gathered from their
+        slots and scattered back, or, where the slots are one run (steady decoding: sequences
+        admitted together keep consecutive slots), updated in place there."""
+        nd, run = qkv.shape[0], step.decode_run
+        slots = step.slots[:nd]
+        x, new_conv = conv_step(conv[run[0] : run[1]] if run else conv.index_select(0, slots),
+                                qkv, self.conv_weight, None)  # fmt: skip
+        if run:
+            conv[run[0] : run[1]] = new_conv
+        else:
+            conv.index_copy_(0, slots, new_conv.to(conv.dtype))
+        in_place = run is not None and state.dtype == torch.float32
+        s = state[run[0] : run[1]] if in_place else state.index_select(0, slots).float()
+        o = gated_delta.recurrent_step(s, *self._qkv(x), g, beta)
+        if not in_place:
+            state.index_copy_(0, slots, s.to(state.dtype))
+        return o
+
+    def _qkv(self, x: torch.Tensor):
+        """q (normalised, scaled), k (normalised) [S, H, K] float32, each key head repeated
+        for its value heads; v [S, H, V] float32."""
+        m, s = self.m, x.shape[0]
+        q, k, v = x.float().split([m.n_groups * m.d_state] * 2 + [m.d_inner], dim=-1)
+        r = m.n_heads // m.n_groups
+        q, k = (gated_delta.l2norm(y.view(s, m.n_groups, m.d_state)) for y in (q, k))
+        if r > 1:
+            q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
+        return q * self.scale, k, v.view(s, m.n_heads, m.head_dim)
+
+    def _output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """weight * RMSNorm(o) per head, rounded to o's dtype, times SiLU(z) in float32, then
+        rounded (`Qwen3NextRMSNormGated`): [T, v_heads * value_dim]."""
+        t, dtype = o.shape[0], o.dtype
+        y = o.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = self.norm * y.to(dtype)
+        y = y * F.silu(z.float().view(t, *o.shape[1:]))
+        return y.to(dtype).view(t, -1)
+
+
+class Qwen3NextLayer(Qwen3Layer):
+    """Gated attention or a Gated DeltaNet layer, then the MLP; the residual adds fused into
+    the norms, as Llama's."""
+
+    linear_attn: GatedDeltaNet | None = None
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        c = model.config
+        m = c.family.mamba
+        if m.layers[index]:
+            self.ctx, self.index = ctx, index
+            self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
+            self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
+            self.mlp = model.make_mlp(w, prefix, index, ctx)
+            self.linear_attn = GatedDeltaNet(m, w, prefix, index, c.rms_norm_eps, ctx)
+            return
+        super().__init__(model, w, prefix, index, ctx)
+        # q_proj [heads * 2 * head_dim]: each head's query, then its gate; read as one matrix
+        # [q, k, v, gate] (the Llama layer's [q, k, v] replaced); with tensor parallelism this
+        # rank's query heads and KV heads (`layout.heads`, `kv_heads`)
+        a, d = prefix + "self_attn.", c.head_dim
+        q, gate = w[a + "q_proj.weight"].view(c.num_heads, 2, d, -1).unbind(1)
+        k, v = w[a + "k_proj.weight"], w[a + "v_proj.weight"]
+        if ctx.tp is not None:
+            (h0, h1), (k0, k1) = ctx.tp.layout.heads(c.num_heads), ctx.tp.layout.kv_heads(
+                c.num_kv_heads)  # fmt: skip
+            q, gate, k, v = q[h0:h1], gate[h0:h1], k[k0 * d : k1 * d], v[k0 * d : k1 * d]
+        qkvg = [q.reshape(-1, q.shape[-1]), k, v, gate.reshape(-1, gate.shape[-1])]
+        self.qkv = ctx.linear(torch.cat(qkvg))
+        self._gate: torch.Tensor | None = None
+
+    def linears(self):
+        if self.linear_attn is None:
+            return super().linears()
+        return [*self.linear_attn.linears(), *self.mlp.linears()]
+
+    def qkv_heads(self, x: torch.Tensor):
+        ctx = self.ctx
+        t, d = x.shape[0], ctx.head_dim
+        q, k, v, self._gate = self.qkv(x).split([*ctx.qkv_sizes, ctx.num_heads * d], dim=-1)
+        return (q.reshape(t, ctx.num_heads, d), k.reshape(t, ctx.num_kv_heads, d),
+                v.reshape(t, ctx.num_kv_heads, d))  # fmt: skip
+
+    def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        gate, self._gate = self._gate, None
+        return out * torch.sigmoid(gate)
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.linear_attn is None:
+            return super().__call__(h, residual, step)
+        x, residual = self.attention_input(h, residual)
+        h = self.linear_attn(x, step.meta.aux[MAMBA_STEP])
+        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
+                                        residual=residual)  # fmt: skip
+        return self.mlp(x), residual
+
+
+class Qwen3NextModel(LlamaModel):
+    """Qwen3-Next and Qwen3.5 (module docstring): Gemma's zero-centred norms (float32 (1 + w),
+    rounded once), the experts Qwen2-MoE's."""
+
+    layer_class = Qwen3NextLayer
+    rms_norm_16bit = staticmethod(gemma_rms_norm)
+    norm_weight = Gemma2Model.norm_weight
+    moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        """The MLP, or the experts beside the shared expert: per expert, or stacked (the
+        published Qwen3.5-MoE checkpoints' gate_up [E, 2N, hidden] and down [E, hidden, N],
+        listed with a `.weight` at load: `qwen3_next_config.STACKED`)."""
+        stacked = prefix + STACKED[0] + ".weight" in w
+        self.moe_names = ("mlp.", ("gate_up_proj", "down_proj") if stacked else
+                          ("gate_proj", "up_proj", "down_proj"))  # fmt: skip
+        return make_mlp(self, w, prefix, index, ctx)
