@@ -99,6 +99,9 @@ def check(config: ModelConfig, size: int) -> None:
     if f.gemma4 is not None:  # (its layers' own head sizes and KV heads, shared KV caches)
         raise ValueError(f"--tensor-parallel-size {size} is not supported for a gemma4 model; "
                          "serve it on one device")  # fmt: skip
+    if config.architecture == "jetmoe":  # (model/jetmoe.py: not tested on several ranks)
+        raise ValueError(f"--tensor-parallel-size {size} is not supported for a jetmoe model "
+                         "(its routed attention heads are not split over ranks)")  # fmt: skip
     if f.mamba is not None and (
         f.mamba.mixer not in ("mamba2", "gated_deltanet") or f.mamba.zamba2 is not None
     ):  # (LFM2's, Mamba-1's, Zamba2's: not split)

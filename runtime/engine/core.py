@@ -417,8 +417,8 @@ def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
     residual stream passes float16's 65504 (vLLM refuses them in float16 for the same reason);
     and for --quantization fp8 on LFM2's and Mamba-1's layers (their projections' FP8 GEMM is
     not tested against transformers: the Mamba2 mixers' is), on Zamba2 (its shared blocks), on
-    Gemma 4's, and on DeepSeek Sparse Attention (V3.2, GLM-5: its indexer untested in FP8),
-    which also takes no FP8 or int8 KV cache."""
+    JetMoE (its routed attention), on Gemma 4's, and on DeepSeek Sparse Attention (V3.2, GLM-5:
+    its indexer untested in FP8), which also takes no FP8 or int8 KV cache."""
     if model.architecture in FLOAT16_UNSTABLE and config.torch_dtype() == torch.float16:
         raise ValueError(f"a {model.architecture} model does not run in float16 (its activations "
                          "overflow it: numerical instability); use --dtype bfloat16 or float32")  # fmt: skip
@@ -431,6 +431,10 @@ def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
     if config.quantization == "fp8" and model.family.gemma4 is not None:
         raise ValueError("--quantization fp8 is not supported for a gemma4 model; serve it in "
                          "16 or 32 bits")  # fmt: skip
+    if config.quantization == "fp8" and model.architecture == "jetmoe":
+        raise ValueError("--quantization fp8 is not supported for a jetmoe model (its routed "
+                         "attention projections' FP8 GEMM is not tested); serve it in 16 or 32 "
+                         "bits")  # fmt: skip
     m = model.family.mamba
     if config.quantization == "fp8" and m is not None and m.mixer != "mamba2":
         raise ValueError(f"--quantization fp8 is not supported for a {model.architecture} model "

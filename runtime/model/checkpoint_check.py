@@ -29,6 +29,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.family.mamba is not None:  # a hybrid: its Mamba2 mixer or attention, its MLP
             out.update(_hybrid_layer(c, i))
             continue
+        if c.architecture == "jetmoe":  # its routed attention and MLP (jetmoe_config.py)
+            from pagoda.runtime.model import jetmoe_config
+
+            out.update(jetmoe_config.expected_shapes(c, i), **_layer_norms(c, i))
+            continue
         if c.family.mla is not None:  # DeepSeek's latent attention
             out.update(mla_shapes(c, a, i))
         else:
@@ -262,6 +267,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
         if c.architecture in (
             "gemma4",
             "granitemoe",
+            "jetmoe",
             "gpt_oss",
             "granitemoehybrid",
             "nemotron_h",

@@ -27,6 +27,7 @@ ALIASES = {
               "n_embed": "hidden_size", "seq_length": "max_position_embeddings"},
     "mpt": {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
             "max_seq_len": "max_position_embeddings"},
+    "jetmoe": {"kv_channels": "head_dim", "activation_function": "hidden_act"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
 ALIASES["dbrx"] = ALIASES["mpt"]
@@ -94,4 +95,7 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch == "dbrx":  # nested in attn_config / ffn_config (DbrxConfig's defaults: 1, 3584)
         out["num_key_value_heads"] = int((out.get("attn_config") or {}).get("kv_n_heads", 1))
         out["intermediate_size"] = int((out.get("ffn_config") or {}).get("ffn_hidden_size", 3584))
+    if arch == "jetmoe":  # JetMoeConfig's: the KV heads once per expert picked
+        out["num_attention_heads"] = int(out["num_key_value_heads"]) * int(
+            out["num_experts_per_tok"])  # fmt: skip
     return out

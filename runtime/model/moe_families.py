@@ -18,6 +18,7 @@ from pagoda.runtime.model import (
     flex_olmo_config,
     hunyuan_config,
     hy_v3_config,
+    jetmoe_config,
     minimax_m2_config,
     phimoe_config,
     solar_open_config,
@@ -36,6 +37,7 @@ MODULES = (
     solar_open_config,
     cohere2_moe_config,
     hy_v3_config,
+    jetmoe_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -265,6 +265,10 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
     if mc.architecture == "afmoe":  # attention's output gate (as q)
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
+    if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v, router
+        e, kv_width = mc.family.num_experts, mc.num_kv_heads * d  # (one rank: TP refused)
+        attn = h * kv_width * (2 * e + 2) + e * h
+        attn_rows = (e + 2) * kv_width + h + e
     if mc.family.mla is not None:
         mats = _mla_matrices(h, mc.num_heads, mc.family.mla, t)
         attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
@@ -282,6 +286,8 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
         norms = (n + 1) * h * 4
     if mc.architecture == "afmoe":  # two more norms a layer
+        norms += 2 * n * h * item
+    if mc.architecture == "jetmoe":  # the attention's and the MLP's output biases
         norms += 2 * n * h * item
     if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
         norms = (n + 1) * h * (item if f.cohere_rms_norm else 4)
@@ -403,6 +409,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         tensors = _gpt_oss_as_held(tensors, mc)
     if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
         tensors = dict(_llama4_experts(t) for t in tensors.values())
+    if mc.architecture == "jetmoe":  # its attention experts, as the one Linear each becomes
+        tensors = dict(_jetmoe_attention(t) for t in tensors.values())
     if mc.architecture in ("qwen3_next", "qwen3_5_moe"):  # stacked experts, read as `.weight`
         from pagoda.runtime.model.qwen3_next_config import stacked_experts
 
@@ -574,6 +582,17 @@ _SHARED_EXPERT = re.compile(
     r"(mlp\.(shared_experts?|shared_mlp)\.(gate|up|down)_proj|"
     r"shared_mlp\.(input|output)_linear)\.weight$"
 )  # GraniteMoeShared's
+
+
+def _jetmoe_attention(t: Stored) -> tuple[str, Stored]:
+    """JetMoE's attention experts (`model/jetmoe.py`) as the one `Linear` each stack loads
+    into: `input_linear` [E, Hkv D, hidden] as [E Hkv D, hidden], `output_linear` [E, hidden,
+    Hkv D] as [hidden, E Hkv D]; other tensors as read."""
+    if ".self_attention.experts." in t.name and len(t.shape) == 3:
+        e, a, b = t.shape
+        shape = (e * a, b) if t.name.endswith("input_linear.weight") else (a, e * b)
+        return t.name, Stored(t.name, t.kind, shape, t.nbytes)
+    return t.name, t
 
 
 def _llama4_experts(t: Stored) -> tuple[str, Stored]:

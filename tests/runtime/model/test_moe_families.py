@@ -67,11 +67,18 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   sigmoid scores with a choice-only `expert_bias` large enough to change the picks,
   renormalised and scaled by `router_scaling_factor`, beside the shared MLP; written under
   the released names (`mlp.router.gate`, `mlp.expert_bias`, `mlp.shared_mlp`).
+- jetmoe (`JetMoeForCausalLM`): the mixture of attention heads (top-2 of 4 attention experts'
+  query and output projections over a shared kv_proj of two KV heads) and top-2 of 4 stacked
+  experts, both with output biases, routers drawn wide enough that the picks vary by token, the
+  layers' norms at eps 1e-6 beside a final rms_norm_eps of 0.1 (wide enough to change the
+  tokens were the layers' norms to read it); jetmoe-top3: top-3 of 6, one
+  KV head, three layers, an untied head. One rank, 16 bits: TP and FP8 are refused.
 """
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -101,6 +108,11 @@ ERNIE_BIAS = (("mlp.gate.moe_statics.e_score_correction_bias", 0.3),)
 V3_BIAS = (("mlp.gate.e_score_correction_bias", 1.0),)
 MINIMAX_BIAS = (("mlp.e_score_correction_bias", 1.0),)
 AFMOE_ROUTER = (("mlp.router.gate.weight", 1.0), ("mlp.expert_bias", 1.0))
+# JetMoE's routers (attention's and the MLP's), drawn wide enough that the picks vary by token
+JETMOE_ROUTERS = (
+    ("self_attention.experts.router.layer.weight", 1.0),
+    ("mlp.router.layer.weight", 1.0),
+)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
@@ -195,6 +207,13 @@ CASES = {
     "hy-v3": ("HYV3", dict(
         head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         router_scaling_factor=2.5, num_hidden_layers=3, **B), MINIMAX_BIAS),
+    "jetmoe": ("JetMoe", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, kv_channels=16,
+        rms_norm_eps=0.1, **E), JETMOE_ROUTERS),
+    "jetmoe-top3": ("JetMoe", dict(
+        num_local_experts=6, num_experts_per_tok=3, intermediate_size=24, kv_channels=32,
+        num_key_value_heads=1, num_hidden_layers=3, tie_word_embeddings=False, **E),
+        JETMOE_ROUTERS),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -268,6 +287,13 @@ FIELDS = {
         "architecture": "hy_v3", "family.qk_norm": True, "family.moe_layers": (False, True, True),
         "family.routing.scoring": "sigmoid", "family.routing.bias": True,
         "family.routing.routed_scaling_factor": 2.5, "family.shared_expert_intermediate_size": 32},
+    "jetmoe": {
+        "architecture": "jetmoe", "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 0.1, "family.num_experts": 4, "family.num_experts_per_tok": 2,
+        "family.moe_intermediate_size": 32, "family.norm_topk_prob": True,
+        "tie_word_embeddings": True},
+    "jetmoe-top3": {"num_heads": 3, "num_kv_heads": 1, "head_dim": 32,
+                    "tie_word_embeddings": False},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -283,7 +309,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
-             ("hy-v3", 1), ("hy-v3", 2)]  # fmt: skip
+             ("hy-v3", 1), ("hy-v3", 2), ("jetmoe", 1), ("jetmoe-top3", 1)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -316,6 +342,10 @@ MISSING = [
     ("hy-v3", "model.layers.1.mlp.expert_bias"),
     ("hy-v3", "model.layers.2.mlp.shared_mlp.down_proj.weight"),
     ("hy-v3", "model.layers.1.mlp.router.gate.weight"),
+    ("jetmoe", "model.layers.1.self_attention.experts.input_linear.weight"),
+    ("jetmoe", "model.layers.0.self_attention.kv_proj.weight"),
+    ("jetmoe", "model.layers.1.mlp.bias"),
+    ("jetmoe-top3", "model.layers.2.self_attention.experts.router.layer.weight"),
 ]
 # heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
 # experts and shared MLPs by width, routers whole on each (DBRX's experts listed per expert;
@@ -404,6 +434,21 @@ def test_the_weights_from_shapes_as_from_its_tensors(built, name, tp, fp8):
     got, _ = weights.resident(ckpt, mc, place)
     want = weights.from_shapes(mc, torch.bfloat16, fp8, tp)
     assert got == pytest.approx(want, rel=FROM_SHAPES[name])
+
+
+@pytest.mark.parametrize("name", ["jetmoe", "jetmoe-top3"])
+def test_jetmoe_weights_from_shapes_as_from_its_tensors(built, name):
+    """JetMoE's `from_shapes` (one rank, 16 bits: tensor parallelism and FP8 are refused)
+    against the headers' on a GPU: every attention expert's q and o, the shared k/v, both
+    routers and output biases."""
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    path, _, _, _ = built(name)
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", 1, None))
+    assert got == weights.from_shapes(mc, torch.bfloat16, False, 1)
 
 
 @pytest.mark.parametrize(("name", "tensor"), MISSING)
@@ -710,3 +755,68 @@ def test_hy_v3_sparse_config_reads_as_transformers(tmp_path):
     assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
     assert f.routing.routed_scaling_factor == theirs.router_scaling_factor
     assert f.num_experts_per_tok == theirs.num_experts_per_tok == 8
+
+
+# JetMoE
+
+
+def test_jetmoe_tensor_parallelism_and_fp8_are_refused_in_one_line(built):
+    """--tensor-parallel-size 2 (`layout.check`, in `pagoda serve`'s checks before it binds and
+    `fit`'s plans) and --quantization fp8 (`core.check_dtype`): refused in one line, not served
+    untested (the routed attention is not split over ranks nor run in the FP8 GEMM)."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import check
+    from pagoda.runtime.engine.core import check_dtype
+
+    path, _, loaded, _ = built("jetmoe")
+    with pytest.raises(ValueError, match=r"^--tensor-parallel-size 2 is not supported for a "
+                                         r"jetmoe model \([^\n]*\)$"):  # fmt: skip
+        check(loaded.config, 2)
+    check(loaded.config, 1)
+    cfg = EngineConfig.create(str(path), device="cpu")
+    check_dtype(cfg, loaded.config)
+    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=cfg.torch_dtype)  # (a CPU has no FP8)
+    with pytest.raises(ValueError, match=r"^--quantization fp8 is not supported for a jetmoe "):
+        check_dtype(fp8, loaded.config)
+
+
+def test_jetmoe_config_reads_the_published_keys(built, tmp_path):
+    """jetmoe/jetmoe-8b's config.json keys (`kv_channels`, `activation_function`, no
+    `num_attention_heads`: KV heads x top-k, as JetMoeConfig derives them) read as transformers
+    reads them; an activation other than silu refused."""
+    path, _, _, _ = built("jetmoe-top3")
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["num_attention_heads"]
+    cfg["activation_function"] = "silu"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    c = read_model_config(str(tmp_path))
+    assert (c.num_heads, c.num_kv_heads, c.head_dim) == (3, 1, 32)
+    cfg["activation_function"] = "gelu"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="gelu"):
+        read_model_config(str(tmp_path))
+
+
+def test_jetmoe_that_does_not_fit_is_offered_neither_fp8_weights_nor_more_ranks(built, monkeypatch):
+    """`fit`'s fixes for a JetMoE that does not fit never name what is refused at start
+    (`--quantization fp8`, `--tensor-parallel-size`); an FP8 KV cache is still offered."""
+    from pagoda.runtime import config
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import fit, memory
+    from pagoda.runtime.termination import ReasonedError
+
+    path = built("jetmoe")[0]
+    mc = read_model_config(str(path))
+    cfg = EngineConfig.create(str(path), device="cuda", dtype="bfloat16", max_model_len=512)
+    need = fit.Plan(torch.bfloat16, False, False, max_model_len=512).need(mc)
+    # usable (x 0.9, less 1 GiB of headroom): short of bf16 weights and KV, an FP8 KV cache fits
+    total = int(((1 << 30) + need * 0.9) / 0.9)
+    monkeypatch.setattr(memory, "device_available", lambda d: (total, total))
+    for module in (fit, config):
+        monkeypatch.setattr(module, "fp8_runs_on", lambda d: d.type == "cuda")
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, cfg, path)
+    text = str(err.value)
+    fixes = text.split("; would fit: ")[1]
+    assert fixes.startswith("--kv-cache-dtype fp8 (") and "--quantization" not in fixes, text
+    assert "--tensor-parallel-size" not in fixes, text
