@@ -5,6 +5,7 @@ layer; its per-family sub-configs in `model_configs.py`). Frozen and validated i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,12 +268,10 @@ class ModelConfig:
         if m is None:
             return 0
         if m.zamba2 is not None:  # Zamba2's own count, less Llama's shape (one rank only)
-            from pagoda.runtime.model import zamba2_config
-
             attn = h * self.head_dim * (self.num_heads + self.num_kv_heads) * 2
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
-            return zamba2_config.params(self) - llama
+            return m.zamba2.params(self) - llama
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
         mixer = m.on_ranks(tp).mixer_params(h)
@@ -333,9 +332,8 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
         if self.family.gemma4 is not None:  # its tensors, layer by layer
-            from pagoda.runtime.model.gemma4_config import param_count
-
-            return param_count(self)
+            shapes = self.family.gemma4.tensor_shapes(self).values()
+            return sum(math.prod(s) for s in shapes)
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         f = self.family

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime import option_rules
+
+if TYPE_CHECKING:
+    from pagoda.runtime.model_config import ModelConfig
 
 
 def _positive(name: str, value: int) -> None:
@@ -212,6 +216,23 @@ class Zamba2Blocks:
         use = sum(self.hybrid[:layer])
         return use % self.blocks, use
 
+    def params(self, c: ModelConfig) -> int:
+        """The model's weights: the embedding (and head), every layer's mixer and norm, each
+        hybrid layer's linear and adapters, the shared blocks, the final norm."""
+        m, h = c.family.mamba, c.hidden_size
+        z, inter, wide, r = m.zamba2, c.intermediate_size, 2 * c.hidden_size, m.zamba2.adapter_rank
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        biases = m.proj_bias * (2 * inter + h)  # (add_bias_linear: the MLP's; the mixers' in
+        block = wide * (q + 2 * kv) + q * h + 3 * h * inter + wide + h + biases  # mixer_params)
+        uses = sum(z.hybrid)
+        adapter = r * (h + 2 * inter) + z.attention_adapters * 3 * r * 2 * wide
+        mixer = m.mixer_params(h) + m.proj_bias * (m.d_inner + m.conv_dim + m.n_heads + h) + h
+        emb = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
+        total = (
+            emb + h + c.num_layers * mixer + uses * (h * h + adapter) + min(z.blocks, uses) * block
+        )
+        return math.ceil(total)
+
 
 @dataclass(frozen=True)
 class MambaConfig:
@@ -402,3 +423,46 @@ class Gemma4Layers:
     def shares_kv(self, layer: int) -> bool:
         """Whether `layer` reads another layer's KV cache (and keeps none)."""
         return self.kv_source[layer] != layer
+
+    def tensor_shapes(self, c: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every tensor the model reads, with its shape (the checkpoint check, the weights
+        estimate and the parameter count read it; `model/gemma4_config.expected_shapes`)."""
+        g, h, heads = self, c.hidden_size, c.num_heads
+        out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
+                                           "model.norm.weight": (h,)}  # fmt: skip
+        if not c.tie_word_embeddings:
+            out["lm_head.weight"] = (c.vocab_size, h)
+        n, p = c.num_layers, g.per_layer_input
+        if p:
+            out.update({"model.embed_tokens_per_layer.weight": (g.per_layer_vocab, n * p),
+                        "model.per_layer_model_projection.weight": (n * p, h),
+                        "model.per_layer_projection_norm.weight": (p,)})  # fmt: skip
+        for i in range(n):
+            x, d, kv = f"model.layers.{i}.", g.head_dims[i], g.kv_heads[i] * g.head_dims[i]
+            a = x + "self_attn."
+            out.update({a + "q_proj.weight": (heads * d, h), a + "o_proj.weight": (h, heads * d),
+                        a + "q_norm.weight": (d,), x + "layer_scalar": (1,)})  # fmt: skip
+            if not g.shares_kv(i):
+                out.update({a + "k_proj.weight": (kv, h), a + "k_norm.weight": (d,)})
+                if not g.k_eq_v[i]:
+                    out[a + "v_proj.weight"] = (kv, h)
+            for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                         "post_feedforward_layernorm"):  # fmt: skip
+                out[f"{x}{norm}.weight"] = (h,)
+            w = g.mlp_widths[i]
+            out.update({x + "mlp.gate_proj.weight": (w, h), x + "mlp.up_proj.weight": (w, h),
+                        x + "mlp.down_proj.weight": (h, w)})  # fmt: skip
+            if p:
+                out.update({x + "per_layer_input_gate.weight": (p, h),
+                            x + "per_layer_projection.weight": (h, p),
+                            x + "post_per_layer_input_norm.weight": (h,)})  # fmt: skip
+            if g.num_experts:
+                e, m = g.num_experts, g.moe_intermediate_size
+                out.update({x + "router.proj.weight": (e, h), x + "router.scale": (h,),
+                            x + "router.per_expert_scale": (e,),
+                            x + "experts.gate_up_proj": (e, 2 * m, h),
+                            x + "experts.down_proj": (e, h, m)})  # fmt: skip
+                for norm in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                             "pre_feedforward_layernorm_2"):  # fmt: skip
+                    out[f"{x}{norm}.weight"] = (h,)
+        return out

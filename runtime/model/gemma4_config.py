@@ -28,10 +28,12 @@ other than head_dim / num_key_value_heads.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model_configs import Gemma4Layers
+
+if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
+    from pagoda.runtime.config import ModelConfig
 
 ARCHITECTURES = {"Gemma4ForCausalLM": "gemma4", "Gemma4ForConditionalGeneration": "gemma4"}
 TEXT_MODEL_TYPES = {"Gemma4ForConditionalGeneration": {"gemma4_text": "gemma4"}}
@@ -182,46 +184,8 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model reads, with its shape."""
-    g, h, heads = c.family.gemma4, c.hidden_size, c.num_heads
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
-                                       "model.norm.weight": (h,)}  # fmt: skip
-    if not c.tie_word_embeddings:
-        out["lm_head.weight"] = (c.vocab_size, h)
-    n, p = c.num_layers, g.per_layer_input
-    if p:
-        out.update({"model.embed_tokens_per_layer.weight": (g.per_layer_vocab, n * p),
-                    "model.per_layer_model_projection.weight": (n * p, h),
-                    "model.per_layer_projection_norm.weight": (p,)})  # fmt: skip
-    for i in range(n):
-        x, d, kv = f"model.layers.{i}.", g.head_dims[i], g.kv_heads[i] * g.head_dims[i]
-        a = x + "self_attn."
-        out.update({a + "q_proj.weight": (heads * d, h), a + "o_proj.weight": (h, heads * d),
-                    a + "q_norm.weight": (d,), x + "layer_scalar": (1,)})  # fmt: skip
-        if not g.shares_kv(i):
-            out.update({a + "k_proj.weight": (kv, h), a + "k_norm.weight": (d,)})
-            if not g.k_eq_v[i]:
-                out[a + "v_proj.weight"] = (kv, h)
-        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm"):  # fmt: skip
-            out[f"{x}{norm}.weight"] = (h,)
-        w = g.mlp_widths[i]
-        out.update({x + "mlp.gate_proj.weight": (w, h), x + "mlp.up_proj.weight": (w, h),
-                    x + "mlp.down_proj.weight": (h, w)})  # fmt: skip
-        if p:
-            out.update({x + "per_layer_input_gate.weight": (p, h),
-                        x + "per_layer_projection.weight": (h, p),
-                        x + "post_per_layer_input_norm.weight": (h,)})  # fmt: skip
-        if g.num_experts:
-            e, m = g.num_experts, g.moe_intermediate_size
-            out.update({x + "router.proj.weight": (e, h), x + "router.scale": (h,),
-                        x + "router.per_expert_scale": (e,),
-                        x + "experts.gate_up_proj": (e, 2 * m, h),
-                        x + "experts.down_proj": (e, h, m)})  # fmt: skip
-            for norm in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
-                         "pre_feedforward_layernorm_2"):  # fmt: skip
-                out[f"{x}{norm}.weight"] = (h,)
-    return out
+    """Every tensor the model reads, with its shape (`Gemma4Layers.tensor_shapes`)."""
+    return c.family.gemma4.tensor_shapes(c)
 
 
 def param_count(c: ModelConfig) -> int:

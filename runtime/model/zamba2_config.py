@@ -23,12 +23,13 @@ linear under ``linear.``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model_configs import MambaConfig, Zamba2Blocks
+
+if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
+    from pagoda.runtime.config import ModelConfig
 
 ARCHITECTURES = {"Zamba2ForCausalLM": "zamba2"}
 # transformers' Zamba2Config defaults, where config.json leaves one out
@@ -157,16 +158,5 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def params(c: ModelConfig) -> int:
-    """The model's weights: the embedding (and head), every layer's mixer and norm, each
-    hybrid layer's linear and adapters, the shared blocks, the final norm."""
-    m, h = c.family.mamba, c.hidden_size
-    z, inter, wide, r = m.zamba2, c.intermediate_size, 2 * c.hidden_size, m.zamba2.adapter_rank
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    biases = m.proj_bias * (2 * inter + h)  # (add_bias_linear: the MLP's; the mixers' in
-    block = wide * (q + 2 * kv) + q * h + 3 * h * inter + wide + h + biases  # mixer_params)
-    uses = sum(z.hybrid)
-    adapter = r * (h + 2 * inter) + z.attention_adapters * 3 * r * 2 * wide
-    mixer = m.mixer_params(h) + m.proj_bias * (m.d_inner + m.conv_dim + m.n_heads + h) + h
-    emb = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
-    total = emb + h + c.num_layers * mixer + uses * (h * h + adapter) + min(z.blocks, uses) * block
-    return math.ceil(total)
+    """The model's weights (`Zamba2Blocks.params`)."""
+    return c.family.mamba.zamba2.params(c)
