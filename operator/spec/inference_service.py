@@ -51,6 +51,9 @@ MAX_NAME_LENGTH = 52  # leaves room for the "-config" suffix and pod-name hashes
 # Defaults shared with the CRD schema (test_operator_crd.py checks they agree).
 DEFAULT_REPLICAS = 1
 DEFAULT_STARTUP_TIMEOUT_S = 1800
+# How long an hf:// or s3:// model's download may take before the rollout counts as stalled
+# (spec.modelCache.downloadDeadlineSeconds; added to the Deployment's progressDeadlineSeconds).
+DEFAULT_DOWNLOAD_DEADLINE_S = 3600
 DEFAULT_DRAIN_TIMEOUT_S = int(options.DEFAULT_DRAIN_TIMEOUT_S)  # the CRD's field is an integer
 DEFAULT_API_KEY_KEY = "api-key"
 DEFAULT_CPU = "1"
@@ -253,11 +256,14 @@ class AutoscalingSpec:
 class ModelCacheSpec:
     """Where hf:// and s3:// models are downloaded: a PersistentVolumeClaim shared by the
     replicas (`claim_name`), else an emptyDir per pod, optionally capped at `size_limit`;
-    `prune`: a claim keeps one snapshot of the repo (`pagoda download --prune`)."""
+    `prune`: a claim keeps one snapshot of the repo (`pagoda download --prune`);
+    `download_deadline_seconds`: how long a pod's download may take before its rollout counts as
+    stalled (None: DEFAULT_DOWNLOAD_DEADLINE_S; the download itself is not stopped)."""
 
     claim_name: str | None = None
     size_limit: str | None = None  # a quantity; the emptyDir's sizeLimit
     prune: bool = False
+    download_deadline_seconds: int | None = None
 
     def __post_init__(self) -> None:
         if self.claim_name and self.size_limit:
@@ -282,11 +288,22 @@ class ModelCacheSpec:
         limit = quantity(d, "sizeLimit", p)
         if limit is not None and not parse_quantity(limit):
             raise SpecError("InvalidSpec", f"{p}.sizeLimit must be more than 0")
-        return cls(claim_name=claim, size_limit=limit, prune=bool_or(d, "prune", p, False))
+        return cls(
+            claim_name=claim,
+            size_limit=limit,
+            prune=bool_or(d, "prune", p, False),
+            download_deadline_seconds=opt_int(d, "downloadDeadlineSeconds", p, 0, 86400),
+        )
 
     @property
     def size_limit_bytes(self) -> int | None:
         return None if self.size_limit is None else int(parse_quantity(self.size_limit) or 0)
+
+    @property
+    def download_deadline(self) -> int:
+        if self.download_deadline_seconds is None:
+            return DEFAULT_DOWNLOAD_DEADLINE_S
+        return self.download_deadline_seconds
 
 
 @dataclass(frozen=True)
