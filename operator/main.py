@@ -135,6 +135,15 @@ def _autoscaling_arguments(auto: argparse._ArgumentGroup) -> None:
         help="Prometheus base URL for TTFT/queue queries (env PAGODA_PROMETHEUS_URL)",
     )
     auto.add_argument(
+        "--allowed-prometheus-url",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="a base URL that spec.autoscaling.prometheusURL may lie under (repeatable; env "
+        "PAGODA_ALLOWED_PROMETHEUS_URLS, comma-separated); default: --prometheus-url only, "
+        "any URL when that is not set either",
+    )
+    auto.add_argument(
         "--prometheus-timeout", type=float, default=5.0, help="timeout of one query, s"
     )
     auto.add_argument(
@@ -277,6 +286,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     }
     if args.prometheus_url:
         overrides["prometheus_url"] = args.prometheus_url
+    if args.allowed_prometheus_url:
+        overrides["allowed_prometheus_urls"] = tuple(args.allowed_prometheus_url)
     if args.webhook_token_file:
         try:
             with open(args.webhook_token_file, encoding="utf-8") as f:

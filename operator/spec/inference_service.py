@@ -21,10 +21,10 @@ from pagoda.operator.spec import pod_fields
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
+    base_url_problem,
     bool_or,
     choice,
     int_or,
-    is_http_url,
     mapping,
     opt_int,
     opt_number,
@@ -214,11 +214,10 @@ class AutoscalingSpec:
     def __post_init__(self) -> None:
         if not 0 <= self.tolerance <= 1:
             raise SpecError("InvalidSpec", "spec.autoscaling.tolerance must be in [0, 1]")
-        if self.prometheus_url is not None and not is_http_url(self.prometheus_url):
-            raise SpecError(
-                "InvalidSpec",
-                f"spec.autoscaling.prometheusURL must be an http(s) URL, got {show(self.prometheus_url)}",
-            )
+        url = self.prometheus_url
+        if url is not None and (why := base_url_problem(url, credentials=False)):
+            shown = show(url) if "@" not in url else "(not shown: it holds credentials)"
+            raise SpecError("InvalidSpec", f"spec.autoscaling.prometheusURL {why}, got {shown}")
         if self.min_replicas > self.max_replicas:
             raise SpecError(
                 "InvalidSpec",

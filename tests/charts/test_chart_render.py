@@ -210,6 +210,8 @@ def test_operator_args_are_real_cli_flags(value_set: str) -> None:
     operator_main.add_arguments(parser)
     config = operator_main.config_from_args(parser.parse_args(args[1:]))
     assert config.namespaces == tuple(values.get("watchNamespaces", ()))
+    allowed = tuple(values.get("prometheus", {}).get("allowedURLs", ()))
+    assert config.allowed_prometheus_urls == allowed
     assert config.clusterwide == (not values.get("watchNamespaces"))
     (port,) = container["ports"]
     assert port["name"] == "http" and port["containerPort"] == config.http_port
