@@ -77,7 +77,9 @@ def test_a_download_counts_into_the_progress_deadline() -> None:
     assert deadline(spec(model="smollm2-135m", startupTimeoutSeconds=600)) == 600 + 300
     assert deadline(spec(model="hf://o/m", startupTimeoutSeconds=600)) == 600 + 3600 + 300
     long = spec(
-        model="s3://models/m", startupTimeoutSeconds=600, modelCache={"downloadDeadlineSeconds": 7200}
+        model="s3://models/m",
+        startupTimeoutSeconds=600,
+        modelCache={"downloadDeadlineSeconds": 7200},
     )
     assert deadline(long) == 600 + 7200 + 300
     cached = spec(model="hf://o/m", modelCache={"claimName": "c", "downloadDeadlineSeconds": 0})
