@@ -124,7 +124,7 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": pod_security(),
+        "securityContext": pod_security(spec.pod_ids),
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "containers": [_container(spec, mounts)],
         "volumes": volumes,

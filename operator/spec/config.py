@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pagoda.operator.kube.names import (
     SERVER_PORT,
+    PodIds,
     is_label_key,
     is_label_value,
     standard_labels,
@@ -83,6 +84,8 @@ class OperatorConfig:
     # own that concern, and the operator deletes the ones it made (one scrape, one rule per alert).
     service_monitors: bool = True
     prometheus_rules: bool = True
+    # The uid/gid/fsGroup of the pods it creates (None: left to the platform, e.g. OpenShift)
+    pod_ids: PodIds = field(default_factory=PodIds)
     # Extra labels on every ServiceMonitor and PrometheusRule the operator makes, e.g.
     # (("release", "kube-prometheus-stack"),) so that Prometheus selects them.
     monitoring_labels: tuple[tuple[str, str], ...] = ()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.operator.kube.drift import parse_quantity
-from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH
+from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH, PodIds
 from pagoda.operator.spec import pod_fields
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
@@ -331,6 +331,9 @@ class InferenceServiceSpec:
     env: tuple[Mapping[str, Any], ...] = ()
     startup_timeout_seconds: int = DEFAULT_STARTUP_TIMEOUT_S
     drain_timeout_seconds: int = DEFAULT_DRAIN_TIMEOUT_S
+    # Not from the CR: the operator's --pod-run-as-user/-group/--pod-fs-group, as `image` falls
+    # back to its --default-image; every pod built from this spec gets them.
+    pod_ids: PodIds = field(default_factory=PodIds)
 
     def __post_init__(self) -> None:
         if self.image_pull_policy not in PULL_POLICIES:
@@ -443,7 +446,12 @@ class InferenceServiceSpec:
 
     @classmethod
     def from_dict(
-        cls, spec: Mapping[str, Any], *, name: str, default_image: str
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        name: str,
+        default_image: str,
+        pod_ids: PodIds = PodIds(),
     ) -> InferenceServiceSpec:
         if not isinstance(spec, Mapping):
             raise SpecError("InvalidSpec", "spec must be an object")
@@ -497,6 +505,7 @@ class InferenceServiceSpec:
             drain_timeout_seconds=int_or(
                 spec, "drainTimeoutSeconds", "spec", 0, 3600, DEFAULT_DRAIN_TIMEOUT_S
             ),
+            pod_ids=pod_ids,
         )
 
 
