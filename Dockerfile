@@ -16,7 +16,7 @@ ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 ARG TORCH_CPU_VERSION=2.13.0
 # Distributions the operator imports (versions come from pyproject.toml); huggingface_hub pins an
 # hf:// branch to a commit (operator/reconcile/model_pin.py).
-ARG OPERATOR_DEPS="kopf aiohttp prometheus-client huggingface_hub"
+ARG OPERATOR_DEPS="kopf aiohttp yarl prometheus-client huggingface_hub"
 
 # ---- wheel: the pagoda wheel (no dependencies) and requirement lists from pyproject.toml ----
 FROM ${PYTHON_IMAGE} AS wheel

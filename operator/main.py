@@ -34,7 +34,9 @@ from pagoda.operator.kube.names import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
     RESOURCES,
+    RUN_AS_ID,
     WATCHED_CHILD_KINDS,
+    PodIds,
     pod_labels,
 )
 from pagoda.operator.kube.peering import PeeringGate, auto_priority, default_identity
@@ -55,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _autotune_arguments(parser.add_argument_group("autotuning"))
     _model_arguments(parser.add_argument_group("models"))
     _monitoring_arguments(parser.add_argument_group("monitoring"))
+    _pod_arguments(parser.add_argument_group("pods"))
 
 
 def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,11 +131,46 @@ def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _pod_id(value: str) -> int | None:
+    """An id, or `none` (left out of the pods, for the platform to assign)."""
+    if value.strip().lower() in ("none", "null", ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an id or 'none', got {value!r}") from None
+
+
+def _pod_arguments(parser: argparse._ArgumentGroup) -> None:
+    for flag, what in (
+        ("--pod-run-as-user", "runAsUser"),
+        ("--pod-run-as-group", "runAsGroup"),
+        ("--pod-fs-group", "fsGroup"),
+    ):
+        parser.add_argument(
+            flag,
+            type=_pod_id,
+            default=RUN_AS_ID,
+            metavar="ID|none",
+            help=f"the {what} of the model-server and tuning pods (default {RUN_AS_ID}, the "
+            "image's user); none leaves it to the platform (OpenShift's restricted SCC)",
+        )
+
+
 def _autoscaling_arguments(auto: argparse._ArgumentGroup) -> None:
     auto.add_argument(
         "--prometheus-url",
         default=None,
         help="Prometheus base URL for TTFT/queue queries (env PAGODA_PROMETHEUS_URL)",
+    )
+    auto.add_argument(
+        "--allowed-prometheus-url",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="a base URL that spec.autoscaling.prometheusURL may lie under (repeatable; env "
+        "PAGODA_ALLOWED_PROMETHEUS_URLS, comma-separated); default: --prometheus-url only, "
+        "any URL when that is not set either",
     )
     auto.add_argument(
         "--prometheus-timeout", type=float, default=5.0, help="timeout of one query, s"
@@ -274,9 +312,12 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "service_monitors": not args.no_service_monitors,
         "prometheus_rules": not args.no_prometheus_rules,
         "monitoring_labels": tuple(_key_value(a) for a in args.monitoring_label),
+        "pod_ids": PodIds(args.pod_run_as_user, args.pod_run_as_group, args.pod_fs_group),
     }
     if args.prometheus_url:
         overrides["prometheus_url"] = args.prometheus_url
+    if args.allowed_prometheus_url:
+        overrides["allowed_prometheus_urls"] = tuple(args.allowed_prometheus_url)
     if args.webhook_token_file:
         try:
             with open(args.webhook_token_file, encoding="utf-8") as f:

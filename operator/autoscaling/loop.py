@@ -36,7 +36,11 @@ from pagoda.operator.autoscaling.policy import (
     alert_step,
     decide,
 )
-from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, PrometheusSource
+from pagoda.operator.autoscaling.prometheus import (
+    MetricsUnavailable,
+    PrometheusSource,
+    url_allowed,
+)
 from pagoda.operator.autotune.mount import tuned_rates
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.locks import object_lock
@@ -316,6 +320,13 @@ class Autoscaler:
         )
         if not url:
             return None, why
+        spec_url = spec.autoscaling.prometheus_url
+        if spec_url and not url_allowed(spec_url, self.config.prometheus_url_prefixes):
+            return None, (
+                "PrometheusURLNotAllowed",
+                "spec.autoscaling.prometheusURL is not under the operator's allowed Prometheus "
+                "URLs (--allowed-prometheus-url; default: its --prometheus-url)",
+            )
         try:
             return await self.source.fetch(url, ns, name, prompt_len=prompt_len, demand=demand), why
         except MetricsUnavailable as e:

@@ -12,16 +12,18 @@ the policy then holds instead of guessing.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import yarl
 from pagoda.operator.autoscaling.policy import Metrics
 from pagoda.operator.autoscaling.rules import selector
 from pagoda.runtime import options
+
+API_PATH = "/api/v1/query"
 
 
 class MetricsUnavailable(Exception):
@@ -132,14 +134,29 @@ def check_samples(got: Mapping[str, float | None]) -> None:
             raise MetricsUnavailable("InvalidSample", f"the {key} query answered {value!r}")
 
 
+# Prometheus' errorType values (web/api/v1): the only part of an error answer a message quotes.
+# Conditions and Events never echo a response body: the URL may be a spec's, and its answer
+# is none of the reader's business beyond what failed.
+ERROR_TYPES = frozenset(
+    {"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found"}
+)
+
+
+def _error_type(body: Any) -> str:
+    """`(errorType)` of a Prometheus error answer when it is a known one, else ""."""
+    kind = body.get("errorType") if isinstance(body, Mapping) else None
+    return f" ({kind})" if kind in ERROR_TYPES else ""
+
+
 def scalar(body: Mapping[str, Any]) -> float | None:
     """The single value of an instant-vector answer; None for no series or NaN.
 
     Raises MetricsUnavailable for an error answer or an unexpected shape.
     """
     if not isinstance(body, Mapping) or body.get("status") != "success":
-        error = body.get("error") if isinstance(body, Mapping) else None
-        raise MetricsUnavailable("QueryFailed", str(error or "unexpected answer"))
+        error = isinstance(body, Mapping) and body.get("status") == "error"
+        what = f"error answer{_error_type(body)}" if error else "unexpected answer"
+        raise MetricsUnavailable("QueryFailed", what)
     data = body.get("data")
     if not isinstance(data, Mapping):
         raise MetricsUnavailable("QueryFailed", f"expected a vector, got {type(data).__name__}")
@@ -150,12 +167,11 @@ def scalar(body: Mapping[str, Any]) -> float | None:
         return None
     if len(result) > 1:  # every query aggregates to one series: more is a proxy's merge (Thanos
         # without deduplication, a federation) or another query; no telling which is this one's
-        labels = [r.get("metric") if isinstance(r, Mapping) else r for r in result[:3]]
-        raise MetricsUnavailable("QueryFailed", f"expected one series, got {len(result)}: {labels}")
+        raise MetricsUnavailable("QueryFailed", f"expected one series, got {len(result)}")
     try:
         value = float(result[0]["value"][1])
     except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise MetricsUnavailable("QueryFailed", f"malformed sample {result[0]!r}") from e
+        raise MetricsUnavailable("QueryFailed", "malformed sample") from e
     return None if math.isnan(value) else value
 
 
@@ -167,16 +183,42 @@ def _redacted(url: str) -> str:
     return _USERINFO.sub(r"\1", url)
 
 
-def _error_text(text: str) -> str:
-    """The cause of an error answer to append to its message (Prometheus' `error` field, or the
-    start of a proxy's text), so the condition says why: a query timeout, an overloaded server."""
+def query_url(base_url: str) -> yarl.URL:
+    """`base_url`'s `/api/v1/query`: the path joined (a base path kept, `..` resolved), any query
+    or fragment dropped (the spec and the settings refuse them: a `?` once swallowed the path)."""
+    base = yarl.URL(base_url)
+    return base.with_query(None).with_fragment(None).with_path(base.path.rstrip("/") + API_PATH)
+
+
+def url_allowed(base_url: str, prefixes: tuple[str, ...] | None) -> bool:
+    """Whether the queries of `base_url` go under one of `prefixes` (None: anywhere): the same
+    scheme, host and port, and the query path inside a prefix's path, compared after
+    normalisation (so `http://prom/x/../admin` is not under `http://prom/x`)."""
+    if prefixes is None:
+        return True
     try:
-        body = json.loads(text)
-        error = body.get("error") if isinstance(body, Mapping) else None
+        target = query_url(base_url)
     except ValueError:
-        error = None
-    error = str(error or text).strip()
-    return f": {error[:200]}" if error else ""
+        return False
+    for prefix in prefixes:
+        allowed = yarl.URL(prefix)
+        # yarl fills in the port 80 / 443 of http / https, and lowers scheme and host
+        same_origin = (target.scheme, target.host, target.port) == (
+            allowed.scheme,
+            allowed.host,
+            allowed.port,
+        )
+        under = allowed.path.rstrip("/")
+        if same_origin and (not under or target.path.startswith(under + "/")):
+            return True
+    return False
+
+
+async def _json_or_none(response: aiohttp.ClientResponse) -> Any:
+    try:
+        return await response.json(content_type=None)
+    except ValueError:  # a proxy's text or HTML
+        return None
 
 
 class PrometheusSource:
@@ -195,12 +237,13 @@ class PrometheusSource:
     async def _query(self, base_url: str, promql: str) -> float | None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        url = base_url.rstrip("/") + "/api/v1/query"
-        shown = _redacted(url)  # messages go to conditions, Events and logs
+        url = query_url(base_url)
+        shown = _redacted(str(url))  # messages go to conditions, Events and logs
         try:
-            async with self._session.get(url, params={"query": promql}) as r:
-                if r.status >= 500 or r.status in (401, 403, 404):
-                    why = _error_text(await r.text(errors="replace"))
+            # no redirects: the allow-list checks the URL asked, not where an answer points
+            async with self._session.get(url, params={"query": promql}, allow_redirects=False) as r:
+                if r.status >= 500 or 300 <= r.status < 400 or r.status in (401, 403, 404):
+                    why = _error_type(await _json_or_none(r))
                     raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {shown}{why}")
                 body = await r.json(content_type=None)
         except asyncio.TimeoutError as e:  # a slow Prometheus: say so, not "TimeoutError()"
@@ -209,7 +252,7 @@ class PrometheusSource:
                 "PrometheusUnreachable", f"{shown}: no answer within {limit:g} s"
             ) from e
         except (aiohttp.ClientError, OSError) as e:
-            error = repr(e).replace(url, shown).replace(base_url, _redacted(base_url))
+            error = repr(e).replace(str(url), shown).replace(base_url, _redacted(base_url))
             raise MetricsUnavailable("PrometheusUnreachable", f"{shown}: {error}") from e
         except ValueError as e:
             raise MetricsUnavailable("QueryFailed", f"{shown}: not JSON") from e

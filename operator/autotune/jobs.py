@@ -211,7 +211,7 @@ def build_job(
                 "enableServiceLinks": False,
                 "nodeSelector": {**dict(spec.node_selector), PRODUCT_LABEL: key.product},
                 "tolerations": tolerations,
-                "securityContext": pod_security(),
+                "securityContext": pod_security(spec.pod_ids),
                 "initContainers": [tune],
                 "containers": [publish],
                 "volumes": [*volumes, _token_volume()],

@@ -124,7 +124,7 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": pod_security(),
+        "securityContext": pod_security(spec.pod_ids),
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "containers": [_container(spec, mounts)],
         "volumes": volumes,
@@ -144,6 +144,15 @@ def rolling_update(spec: InferenceServiceSpec) -> dict[str, int]:
     return {"maxSurge": 1, "maxUnavailable": 0}
 
 
+def progress_deadline_seconds(spec: InferenceServiceSpec) -> int:
+    """How long a new pod may take to become ready before the Deployment controller reports the
+    rollout stalled (ProgressDeadlineExceeded, shown as Degraded=RolloutStalled): the startup
+    probe's budget, the model download's (hf://, s3://: the init container runs before it) and a
+    margin for scheduling and the image pull."""
+    download = spec.model_cache.download_deadline if spec.model.remote else 0
+    return spec.startup_timeout_seconds + download + 300
+
+
 def build_deployment(
     owner: Owner,
     spec: InferenceServiceSpec,
@@ -161,7 +170,7 @@ def build_deployment(
     obj["spec"] = {
         **({"replicas": replicas} if replicas is not None else {}),
         "revisionHistoryLimit": 5,
-        "progressDeadlineSeconds": spec.startup_timeout_seconds + 300,
+        "progressDeadlineSeconds": progress_deadline_seconds(spec),
         "selector": {"matchLabels": selector_labels(owner.name)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
         "template": pod_template(owner, spec, config_hash_value=config_hash_value),

@@ -226,14 +226,43 @@ def pod_labels() -> dict[str, str]:
     return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
 
 
-def pod_security() -> dict[str, Any]:
-    """The security context of every pod the operator creates: the image's non-root user
-    (`RUN_AS_ID`, the Dockerfile's), which owns the volumes too."""
+MAX_ID = 2**31 - 1  # Kubernetes' bound on a uid/gid
+
+
+@dataclass(frozen=True)
+class PodIds:
+    """The ids of the pods the operator creates (model servers, tuning Jobs): by default the
+    image's non-root user (`RUN_AS_ID`, the Dockerfile's), which owns the volumes too. None
+    leaves one out for the platform to assign (OpenShift's restricted SCC picks a uid from the
+    namespace's range and refuses a pod that names another)."""
+
+    run_as_user: int | None = RUN_AS_ID
+    run_as_group: int | None = RUN_AS_ID
+    fs_group: int | None = RUN_AS_ID
+
+    def __post_init__(self) -> None:
+        for name, value, low in (
+            ("run_as_user", self.run_as_user, 1),  # runAsNonRoot refuses uid 0
+            ("run_as_group", self.run_as_group, 0),
+            ("fs_group", self.fs_group, 0),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_ID
+            ):
+                raise ValueError(f"{name} must be an id in {low}..{MAX_ID} or None, got {value!r}")
+
+
+def pod_security(ids: PodIds = PodIds()) -> dict[str, Any]:
+    """The security context of every pod the operator creates: non-root, RuntimeDefault
+    seccomp, and the ids `ids` sets (those that are None are left out)."""
+    set_ids = {
+        "runAsUser": ids.run_as_user,
+        "runAsGroup": ids.run_as_group,
+        "fsGroup": ids.fs_group,
+    }
     return {
         "runAsNonRoot": True,
-        "runAsUser": RUN_AS_ID,
-        "runAsGroup": RUN_AS_ID,
-        "fsGroup": RUN_AS_ID,
+        **{k: v for k, v in set_ids.items() if v is not None},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 

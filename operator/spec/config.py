@@ -8,17 +8,24 @@ from dataclasses import dataclass, field
 
 from pagoda.operator.kube.names import (
     SERVER_PORT,
+    PodIds,
     is_label_key,
     is_label_value,
     standard_labels,
 )
-from pagoda.operator.spec.fields import is_http_url
+from pagoda.operator.spec.fields import base_url_problem
 
 DEFAULT_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
 LOG_FORMATS = ("plain", "full", "json")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _PEERING_NAME = re.compile(r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$")
 _PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
+
+
+def _redacted(url: str) -> str:
+    """`url` without a user and password (a Prometheus behind basic auth)."""
+    return _USERINFO.sub(r"\1", url)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,9 @@ class OperatorConfig:
     component_name: str = "pagoda-operator"
     # Autoscaling (autoscaling/): where the metrics are and how often to look.
     prometheus_url: str | None = None  # per-CR spec.autoscaling.prometheusURL overrides it
+    # The base URLs a spec.autoscaling.prometheusURL may lie under (prometheus_url_prefixes):
+    # whoever may create an InferenceService must not make the operator GET any URL.
+    allowed_prometheus_urls: tuple[str, ...] = ()
     prometheus_timeout_s: float = 5.0
     autoscale_interval_s: float = 5.0  # the burst floor reads 15 s rates: keep it at 5 s
     ttft_window: str = "1m"  # PromQL range of the TTFT rate()
@@ -74,6 +84,8 @@ class OperatorConfig:
     # own that concern, and the operator deletes the ones it made (one scrape, one rule per alert).
     service_monitors: bool = True
     prometheus_rules: bool = True
+    # The uid/gid/fsGroup of the pods it creates (None: left to the platform, e.g. OpenShift)
+    pod_ids: PodIds = field(default_factory=PodIds)
     # Extra labels on every ServiceMonitor and PrometheusRule the operator makes, e.g.
     # (("release", "kube-prometheus-stack"),) so that Prometheus selects them.
     monitoring_labels: tuple[tuple[str, str], ...] = ()
@@ -107,8 +119,13 @@ class OperatorConfig:
             raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
         if not self.cluster_domain or "/" in self.cluster_domain:
             raise ValueError(f"invalid cluster domain {self.cluster_domain!r}")
-        if self.prometheus_url is not None and not is_http_url(self.prometheus_url):
-            raise ValueError(f"prometheus_url must be an http(s) URL, got {self.prometheus_url!r}")
+        if self.prometheus_url is not None and (
+            why := base_url_problem(self.prometheus_url, credentials=True)
+        ):
+            raise ValueError(f"prometheus_url {why}, got {_redacted(self.prometheus_url)!r}")
+        for url in self.allowed_prometheus_urls:
+            if why := base_url_problem(url, credentials=False):
+                raise ValueError(f"allowed Prometheus URL {why}, got {_redacted(url)!r}")
         if not _PROM_DURATION.match(self.ttft_window):
             raise ValueError(
                 f"ttft_window must be a PromQL duration like 1m, got {self.ttft_window!r}"
@@ -133,6 +150,16 @@ class OperatorConfig:
         _check_monitoring_labels(self.monitoring_labels)
 
     @property
+    def prometheus_url_prefixes(self) -> tuple[str, ...] | None:
+        """The base URLs a spec.autoscaling.prometheusURL must lie under: the allowed ones, else
+        the operator's own Prometheus; None (any) only when neither is set."""
+        if self.allowed_prometheus_urls:
+            return self.allowed_prometheus_urls
+        if self.prometheus_url:
+            return (self.prometheus_url,)
+        return None
+
+    @property
     def clusterwide(self) -> bool:
         return not self.namespaces
 
@@ -143,7 +170,8 @@ class OperatorConfig:
     @classmethod
     def from_env(cls, **overrides: object) -> OperatorConfig:
         """Defaults overridable by env (PAGODA_OPERATOR_NAMESPACES, PAGODA_DEFAULT_IMAGE,
-        PAGODA_CLUSTER_DOMAIN, PAGODA_PROMETHEUS_URL, PAGODA_WEBHOOK_TOKEN, POD_NAME,
+        PAGODA_CLUSTER_DOMAIN, PAGODA_PROMETHEUS_URL, PAGODA_ALLOWED_PROMETHEUS_URLS (comma-separated),
+        PAGODA_WEBHOOK_TOKEN, POD_NAME,
         POD_NAMESPACE), then by `overrides`."""
         env: dict[str, object] = {}
         if os.environ.get("PAGODA_DEFAULT_IMAGE"):
@@ -156,6 +184,12 @@ class OperatorConfig:
             env["cluster_domain"] = os.environ["PAGODA_CLUSTER_DOMAIN"]
         if os.environ.get("PAGODA_PROMETHEUS_URL"):
             env["prometheus_url"] = os.environ["PAGODA_PROMETHEUS_URL"]
+        if os.environ.get("PAGODA_ALLOWED_PROMETHEUS_URLS", "").strip():
+            env["allowed_prometheus_urls"] = tuple(
+                u.strip()
+                for u in os.environ["PAGODA_ALLOWED_PROMETHEUS_URLS"].split(",")
+                if u.strip()
+            )
         for var, key in (("POD_NAME", "pod_name"), ("POD_NAMESPACE", "pod_namespace")):
             if os.environ.get(var):
                 env[key] = os.environ[var]

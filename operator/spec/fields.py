@@ -30,6 +30,19 @@ def is_http_url(value: str) -> bool:
     return bool(_HTTP_URL.match(value))
 
 
+def base_url_problem(value: str, *, credentials: bool) -> str | None:
+    """Why `value` is no base URL to append an API path to (None when it is one): it must be an
+    absolute http(s) URL with a host and no query or fragment (a `?` would swallow the path
+    appended after it); `credentials`: whether a `user:password@` is allowed."""
+    if not is_http_url(value):
+        return "must be an http(s) URL"
+    if "?" in value or "#" in value:
+        return "must be a base URL without a query (?) or fragment (#)"
+    if not credentials and "@" in value.split("://", 1)[1].split("/", 1)[0]:
+        return "must not hold a user or password (user:password@)"
+    return None
+
+
 class SpecError(Exception):
     """An InferenceService that cannot be served as written: `reason` is CamelCase, `message` is for people."""
 

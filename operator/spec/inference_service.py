@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.operator.kube.drift import parse_quantity
-from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH
+from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH, PodIds
 from pagoda.operator.spec import pod_fields
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
+    base_url_problem,
     bool_or,
     choice,
     int_or,
-    is_http_url,
     mapping,
     opt_int,
     opt_number,
@@ -51,6 +51,9 @@ MAX_NAME_LENGTH = 52  # leaves room for the "-config" suffix and pod-name hashes
 # Defaults shared with the CRD schema (test_operator_crd.py checks they agree).
 DEFAULT_REPLICAS = 1
 DEFAULT_STARTUP_TIMEOUT_S = 1800
+# How long an hf:// or s3:// model's download may take before the rollout counts as stalled
+# (spec.modelCache.downloadDeadlineSeconds; added to the Deployment's progressDeadlineSeconds).
+DEFAULT_DOWNLOAD_DEADLINE_S = 3600
 DEFAULT_DRAIN_TIMEOUT_S = int(options.DEFAULT_DRAIN_TIMEOUT_S)  # the CRD's field is an integer
 DEFAULT_API_KEY_KEY = "api-key"
 DEFAULT_CPU = "1"
@@ -211,11 +214,10 @@ class AutoscalingSpec:
     def __post_init__(self) -> None:
         if not 0 <= self.tolerance <= 1:
             raise SpecError("InvalidSpec", "spec.autoscaling.tolerance must be in [0, 1]")
-        if self.prometheus_url is not None and not is_http_url(self.prometheus_url):
-            raise SpecError(
-                "InvalidSpec",
-                f"spec.autoscaling.prometheusURL must be an http(s) URL, got {show(self.prometheus_url)}",
-            )
+        url = self.prometheus_url
+        if url is not None and (why := base_url_problem(url, credentials=False)):
+            shown = show(url) if "@" not in url else "(not shown: it holds credentials)"
+            raise SpecError("InvalidSpec", f"spec.autoscaling.prometheusURL {why}, got {shown}")
         if self.min_replicas > self.max_replicas:
             raise SpecError(
                 "InvalidSpec",
@@ -253,11 +255,14 @@ class AutoscalingSpec:
 class ModelCacheSpec:
     """Where hf:// and s3:// models are downloaded: a PersistentVolumeClaim shared by the
     replicas (`claim_name`), else an emptyDir per pod, optionally capped at `size_limit`;
-    `prune`: a claim keeps one snapshot of the repo (`pagoda download --prune`)."""
+    `prune`: a claim keeps one snapshot of the repo (`pagoda download --prune`);
+    `download_deadline_seconds`: how long a pod's download may take before its rollout counts as
+    stalled (None: DEFAULT_DOWNLOAD_DEADLINE_S; the download itself is not stopped)."""
 
     claim_name: str | None = None
     size_limit: str | None = None  # a quantity; the emptyDir's sizeLimit
     prune: bool = False
+    download_deadline_seconds: int | None = None
 
     def __post_init__(self) -> None:
         if self.claim_name and self.size_limit:
@@ -282,11 +287,22 @@ class ModelCacheSpec:
         limit = quantity(d, "sizeLimit", p)
         if limit is not None and not parse_quantity(limit):
             raise SpecError("InvalidSpec", f"{p}.sizeLimit must be more than 0")
-        return cls(claim_name=claim, size_limit=limit, prune=bool_or(d, "prune", p, False))
+        return cls(
+            claim_name=claim,
+            size_limit=limit,
+            prune=bool_or(d, "prune", p, False),
+            download_deadline_seconds=opt_int(d, "downloadDeadlineSeconds", p, 0, 86400),
+        )
 
     @property
     def size_limit_bytes(self) -> int | None:
         return None if self.size_limit is None else int(parse_quantity(self.size_limit) or 0)
+
+    @property
+    def download_deadline(self) -> int:
+        if self.download_deadline_seconds is None:
+            return DEFAULT_DOWNLOAD_DEADLINE_S
+        return self.download_deadline_seconds
 
 
 @dataclass(frozen=True)
@@ -315,6 +331,9 @@ class InferenceServiceSpec:
     env: tuple[Mapping[str, Any], ...] = ()
     startup_timeout_seconds: int = DEFAULT_STARTUP_TIMEOUT_S
     drain_timeout_seconds: int = DEFAULT_DRAIN_TIMEOUT_S
+    # Not from the CR: the operator's --pod-run-as-user/-group/--pod-fs-group, as `image` falls
+    # back to its --default-image; every pod built from this spec gets them.
+    pod_ids: PodIds = field(default_factory=PodIds)
 
     def __post_init__(self) -> None:
         if self.image_pull_policy not in PULL_POLICIES:
@@ -427,7 +446,12 @@ class InferenceServiceSpec:
 
     @classmethod
     def from_dict(
-        cls, spec: Mapping[str, Any], *, name: str, default_image: str
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        name: str,
+        default_image: str,
+        pod_ids: PodIds = PodIds(),
     ) -> InferenceServiceSpec:
         if not isinstance(spec, Mapping):
             raise SpecError("InvalidSpec", "spec must be an object")
@@ -481,6 +505,7 @@ class InferenceServiceSpec:
             drain_timeout_seconds=int_or(
                 spec, "drainTimeoutSeconds", "spec", 0, 3600, DEFAULT_DRAIN_TIMEOUT_S
             ),
+            pod_ids=pod_ids,
         )
 
 

@@ -80,16 +80,14 @@ def _conditions(
     observed = generation is None or int(st.get("observedGeneration") or 0) >= int(generation)
     group = _group_size(deployment)
     if group is None:
-        available = _deployment_condition(deployment, "Available").get("status") == "True"
         counts = f"{ready}/{desired} replicas ready, {updated}/{desired} updated"
-    else:  # LWS's Available means every group is ready; one ready group serves
-        available = True
+    else:
         counts = f"{ready}/{desired} groups of {group} pods ready, {updated}/{desired} updated"
 
     if desired == 0:
         ready_cond = Condition("Ready", False, "ScaledToZero", "spec.replicas is 0")
-    elif available and ready >= 1:
-        ready_cond = Condition("Ready", True, "Available", counts)
+    elif ready >= 1:
+        ready_cond = _serving(deployment, counts)
     else:
         ready_cond = Condition("Ready", False, "Unavailable", counts)
 
@@ -113,6 +111,22 @@ def _conditions(
     else:
         progressing = Condition("Progressing", False, "RolloutComplete", counts)
     return [ready_cond, progressing, degraded]
+
+
+def _serving(workload: Mapping[str, Any], counts: str) -> Condition:
+    """Ready=True: at least one replica (group) serves. A Deployment that is not `Available`
+    (fewer ready than replicas - maxUnavailable: a scale-up that lets no pod down, a crashed pod)
+    still serves from its ready replicas; the reason says so (`PartiallyAvailable`). A
+    LeaderWorkerSet's Available means every group is ready, so it is not consulted."""
+    if workload.get("kind") == "LeaderWorkerSet":
+        return Condition("Ready", True, "Available", counts)
+    available = _deployment_condition(workload, "Available")
+    if available.get("status") == "True":
+        return Condition("Ready", True, "Available", counts)
+    why = available.get("message") or available.get("reason") or "no Available condition yet"
+    return Condition(
+        "Ready", True, "PartiallyAvailable", f"{counts}; the Deployment is not Available: {why}"
+    )
 
 
 def _rollout_degraded(deployment: Mapping[str, Any]) -> Condition:

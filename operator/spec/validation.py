@@ -31,7 +31,10 @@ def parse(body: Mapping[str, Any], config: OperatorConfig) -> InferenceServiceSp
     """The CR's spec, parsed and defaulted (raises SpecError)."""
     meta = body.get("metadata") or {}
     return InferenceServiceSpec.from_dict(
-        body.get("spec") or {}, name=meta.get("name", ""), default_image=config.default_image
+        body.get("spec") or {},
+        name=meta.get("name", ""),
+        default_image=config.default_image,
+        pod_ids=config.pod_ids,
     )
 
 

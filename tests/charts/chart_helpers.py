@@ -36,7 +36,13 @@ MONITORING_ON: dict[str, Any] = {
         "alertmanagerConfig": {"enabled": True},
         "grafanaDashboard": {"enabled": True, "folder": "LLM"},
     },
-    "prometheus": {"url": "http://prometheus-operated.monitoring.svc:9090"},
+    "prometheus": {
+        "url": "http://prometheus-operated.monitoring.svc:9090",
+        "allowedURLs": [
+            "http://prometheus-operated.monitoring.svc:9090",
+            "https://thanos.example/a",
+        ],
+    },
     "webhook": {"tokenSecret": {"create": True}},
 }
 VALUE_SETS: dict[str, dict[str, Any]] = {

@@ -210,6 +210,8 @@ def test_operator_args_are_real_cli_flags(value_set: str) -> None:
     operator_main.add_arguments(parser)
     config = operator_main.config_from_args(parser.parse_args(args[1:]))
     assert config.namespaces == tuple(values.get("watchNamespaces", ()))
+    allowed = tuple(values.get("prometheus", {}).get("allowedURLs", ()))
+    assert config.allowed_prometheus_urls == allowed
     assert config.clusterwide == (not values.get("watchNamespaces"))
     (port,) = container["ports"]
     assert port["name"] == "http" and port["containerPort"] == config.http_port
@@ -338,6 +340,26 @@ def test_pod_ids_can_be_left_to_the_platform() -> None:
     assert not validation_errors(one(docs, "Deployment"), K8S_VERSIONS[0])
     with pytest.raises(helm.HelmValuesError, match="runAsUser': minimum: got 0, want 1"):
         render({"operator": {"podSecurityContext": {"runAsUser": 0}}})
+
+
+@pytest.mark.parametrize(
+    ("ids", "want"),
+    [
+        ({}, (1000, 1000, 1000)),
+        (None, (None, None, None)),  # OpenShift's restricted SCC assigns them
+        ({"runAsUser": None, "fsGroup": 5000}, (None, 1000, 5000)),
+    ],
+)
+def test_runtime_pod_ids_reach_the_operator(ids: dict[str, Any] | None, want: tuple) -> None:
+    """runtime.podSecurityContext becomes the operator's --pod-run-as-user/-group/--pod-fs-group
+    (the ids of the model-server and tuning pods); a null one is left to the platform."""
+    args = operator_container(render({"runtime": {"podSecurityContext": ids}}))["args"]
+    parser = argparse.ArgumentParser(prog="pagoda operator", exit_on_error=False)
+    operator_main.add_arguments(parser)
+    pod_ids = operator_main.config_from_args(parser.parse_args(args[1:])).pod_ids
+    assert (pod_ids.run_as_user, pod_ids.run_as_group, pod_ids.fs_group) == want
+    with pytest.raises(helm.HelmValuesError, match="runAsUser': minimum: got 0, want 1"):
+        render({"runtime": {"podSecurityContext": {"runAsUser": 0}}})
 
 
 def test_notes_show_how_to_try_it() -> None:

@@ -272,11 +272,21 @@ def test_policy_from_the_spec() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"tolerance": 2}, {"tolerance": -0.1}, {"prometheusURL": "prometheus:9090"}]
+    "bad",
+    [
+        {"tolerance": 2},
+        {"tolerance": -0.1},
+        {"prometheusURL": "prometheus:9090"},
+        # a query swallowed the /api/v1/query appended to it; credentials do not belong in a spec
+        {"prometheusURL": "http://internal.svc/admin?x="},
+        {"prometheusURL": "http://prom:9090/#frag"},
+        {"prometheusURL": "http://user:s3cret@prom:9090"},
+    ],
 )
 def test_spec_rejects_bad_autoscaling_fields(bad: dict) -> None:
-    with pytest.raises(SpecError):
+    with pytest.raises(SpecError) as e:
         AutoscalingSpec.from_dict({"maxReplicas": 2, "targetQueueDepth": 1, **bad})
+    assert e.value.reason == "InvalidSpec" and "s3cret" not in e.value.message
 
 
 def test_flat_ttft_below_saturation_does_not_saw_tooth() -> None:

@@ -12,9 +12,12 @@ from pagoda.operator.autoscaling.prometheus import (
     demand_queries,
     prompt_len_query,
     queries,
+    query_url,
     scalar,
+    url_allowed,
 )
 from pagoda.operator.autoscaling.rules import selector
+from pagoda.operator.spec.config import OperatorConfig
 from prometheus_testlib import promtool_test
 
 
@@ -52,6 +55,71 @@ def test_scalar_rejects_error_answers(body: Any) -> None:
     with pytest.raises(MetricsUnavailable) as e:
         scalar(body)
     assert e.value.reason == "QueryFailed"
+
+
+def test_error_answers_are_not_quoted() -> None:
+    """A condition or Event never echoes a response body (the URL may be a spec's): Prometheus'
+    errorType when it is a known one, counts, nothing else."""
+    with pytest.raises(MetricsUnavailable) as e:
+        scalar({"status": "error", "errorType": "timeout", "error": "secret text"})
+    assert e.value.message == "error answer (timeout)"
+    with pytest.raises(MetricsUnavailable) as e:
+        scalar({"status": "error", "errorType": "<html>secret", "error": "secret"})
+    assert e.value.message == "error answer"
+    two = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"secret": "x"}, "value": [1, "1"]}, {"metric": {}, "value": [1, "2"]}]}}  # fmt: skip
+    with pytest.raises(MetricsUnavailable) as e:
+        scalar(two)
+    assert e.value.message == "expected one series, got 2"
+
+
+def test_the_query_path_is_joined_to_the_base_path() -> None:
+    assert str(query_url("http://prom:9090")) == "http://prom:9090/api/v1/query"
+    assert str(query_url("https://h/prometheus/")) == "https://h/prometheus/api/v1/query"
+    # a query or fragment (refused in the spec and the settings) cannot swallow the path
+    assert str(query_url("http://h/x?a=1#f")) == "http://h/x/api/v1/query"
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://prom.monitoring:9090", True),
+        ("http://PROM.monitoring:9090/", True),
+        ("http://prom.monitoring:9091", False),  # another port
+        ("https://prom.monitoring:9090", False),  # another scheme
+        ("http://prom.monitoring:9090.evil.example", False),  # not a string prefix
+        ("http://other.svc", False),
+        ("https://thanos.example/team-a", True),
+        ("https://thanos.example/team-a/sub", True),
+        ("https://thanos.example/team-ab", False),  # a path prefix ends at a /
+        ("https://thanos.example/team-a/../admin", False),  # compared normalised
+        ("https://thanos.example:443/team-a", True),  # the default port
+    ],
+)
+def test_allowed_prometheus_urls(url: str, allowed: bool) -> None:
+    prefixes = ("http://prom.monitoring:9090", "https://thanos.example/team-a/")
+    assert url_allowed(url, prefixes) is allowed
+
+
+def test_the_default_allow_list_is_the_operators_prometheus() -> None:
+    assert OperatorConfig().prometheus_url_prefixes is None  # nothing configured: any URL
+    assert url_allowed("http://anything.svc", None)
+    own = OperatorConfig(prometheus_url="http://user:pw@prom:9090")
+    assert own.prometheus_url_prefixes == ("http://user:pw@prom:9090",)
+    assert url_allowed("http://prom:9090/", own.prometheus_url_prefixes)
+    assert not url_allowed("http://kubelet:10250", own.prometheus_url_prefixes)
+    listed = OperatorConfig(
+        prometheus_url="http://prom:9090", allowed_prometheus_urls=("http://thanos:9090",)
+    )
+    assert listed.prometheus_url_prefixes == ("http://thanos:9090",)
+    for bad in ({"prometheus_url": "http://p/?x"}, {"allowed_prometheus_urls": ("http://p/#f",)}):
+        with pytest.raises(ValueError, match="without a query"):
+            OperatorConfig(**bad)
+
+
+def test_allowed_prometheus_urls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGODA_ALLOWED_PROMETHEUS_URLS", "http://a:9090, https://b/x")
+    assert OperatorConfig.from_env().allowed_prometheus_urls == ("http://a:9090", "https://b/x")
 
 
 def test_queries_select_one_service() -> None:

@@ -66,6 +66,26 @@ def test_model_cache_shapes() -> None:
     assert parser.parse_args(init_args).prune is True
 
 
+def deadline(s: InferenceServiceSpec) -> int:
+    d = build_deployment(Owner("svc", "default", "uid-1"), s, config_hash_value="h")
+    return d["spec"]["progressDeadlineSeconds"]
+
+
+def test_a_download_counts_into_the_progress_deadline() -> None:
+    """A remote model's download runs before the startup probe: a long one (a 400 GB model over
+    a slow link) must not show as a stalled rollout (Degraded=RolloutStalled)."""
+    assert deadline(spec(model="smollm2-135m", startupTimeoutSeconds=600)) == 600 + 300
+    assert deadline(spec(model="hf://o/m", startupTimeoutSeconds=600)) == 600 + 3600 + 300
+    long = spec(
+        model="s3://models/m",
+        startupTimeoutSeconds=600,
+        modelCache={"downloadDeadlineSeconds": 7200},
+    )
+    assert deadline(long) == 600 + 7200 + 300
+    cached = spec(model="hf://o/m", modelCache={"claimName": "c", "downloadDeadlineSeconds": 0})
+    assert deadline(cached) == 1800 + 300
+
+
 @pytest.mark.parametrize(
     ("fields", "words"),
     [
@@ -75,6 +95,8 @@ def test_model_cache_shapes() -> None:
         ({"model": "hf://o/m", "modelCache": {"claimName": "Bad_Name"}}, "not a valid PVC name"),
         ({"model": "hf://o/m", "modelSecretRef": {}}, "must be a Secret's name"),
         ({"model": "hf://o/m", "modelCache": {"prune": True}}, "set claimName too"),
+        ({"model": "pvc://c/m", "modelCache": {"downloadDeadlineSeconds": 60}}, "hf:// and s3:// models only"),
+        ({"model": "hf://o/m", "modelCache": {"downloadDeadlineSeconds": -1}}, "between 0 and 86400"),
     ],
 )  # fmt: skip
 def test_invalid_combinations(fields: dict[str, Any], words: str) -> None:

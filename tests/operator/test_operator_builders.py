@@ -238,6 +238,40 @@ def test_restricted_security_context() -> None:
     assert sc["readOnlyRootFilesystem"] is True and "/tmp" in mounts  # writable scratch only
 
 
+@pytest.mark.parametrize(
+    ("ids", "want"),
+    [
+        ({}, {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}),  # the image's user
+        ({"run_as_user": None, "run_as_group": None, "fs_group": None}, {}),  # OpenShift's SCC
+        ({"run_as_user": 1000700000, "fs_group": None}, {"runAsUser": 1000700000, "runAsGroup": 1000}),
+    ],
+)  # fmt: skip
+def test_pod_ids_come_from_the_operator_config(ids: dict[str, Any], want: dict[str, Any]) -> None:
+    """The model-server and tuning pods get the operator's pod ids (`--pod-run-as-user` ...); a
+    None one is left out for the platform to assign (OpenShift's restricted SCC refuses a pod
+    that names a uid outside the namespace's range), the pod stays non-root either way."""
+    from pagoda.operator.autotune import jobs, profiles
+    from pagoda.operator.autotune.keys import key_for
+    from pagoda.operator.spec import validation
+    from pagoda.operator.spec.config import OperatorConfig
+
+    config = OperatorConfig(pod_ids=names.PodIds(**ids))
+    body = {"metadata": {"name": "demo"}, "spec": {"model": "hf://org/m", "resources": {"gpus": 1},
+                                                   "autotune": {"enabled": True}}}  # fmt: skip
+    spec = validation.parse(body, config)
+    deploy = build_deployment(OWNER, spec, config_hash_value="h")
+    key = key_for(spec, "H200")
+    cm = profiles.build_profile_config_map(key, "default")
+    cm["metadata"]["uid"] = "uid-cm"
+    job = jobs.build_job(key, spec, "default", cm)
+    for obj in (deploy, job):
+        sc = obj["spec"]["template"]["spec"]["securityContext"]
+        assert sc == {"runAsNonRoot": True, **want, "seccompProfile": {"type": "RuntimeDefault"}}
+        kubernetes_validate.validate(obj, K8S_VERSIONS[0], strict=True)  # raises if invalid
+    with pytest.raises(ValueError, match="run_as_user"):
+        names.PodIds(run_as_user=0)  # runAsNonRoot would refuse it at the kubelet
+
+
 def test_gpu_resources_volume_key_and_scheduling() -> None:
     pod = build_deployment(OWNER, GPU, config_hash_value="h")["spec"]["template"]["spec"]
     c = pod["containers"][0]

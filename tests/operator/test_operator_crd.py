@@ -194,6 +194,20 @@ def test_bad_examples_fail_with_a_readable_message(name: str, expected: str) -> 
             "cannot tune a tensor-parallel one",
         ),
         ({"model": "m", "parallelism": {"nodes": 65}}, "65 is greater than the maximum of 64"),
+        *(
+            (
+                {
+                    "model": "m",
+                    "autoscaling": {"maxReplicas": 2, "targetQueueDepth": 1, "prometheusURL": url},
+                },
+                "spec.autoscaling.prometheusURL: ",
+            )
+            for url in ("http://p/admin?x=", "http://p/#f", "http://u:pw@p:9090")
+        ),
+        (
+            {"model": "m", "modelCache": {"downloadDeadlineSeconds": -1}},
+            "-1 is less than the minimum of 0",
+        ),
         ({}, "spec: 'model' is a required property"),
     ],
 )

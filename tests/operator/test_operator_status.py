@@ -6,6 +6,7 @@ from typing import Any
 
 from kube_api import merge_patch
 from pagoda.operator.spec.fields import SpecError
+from pagoda.operator.spec.pod_failure import PodFailure
 from pagoda.operator.spec.status import compute_status, condition, merge_diff, status_patch
 
 ISVC = {"metadata": {"name": "demo", "namespace": "default", "generation": 3}}
@@ -58,6 +59,30 @@ def test_rolling_out_then_ready() -> None:
         s["selector"]
         == "app.kubernetes.io/name=pagoda,app.kubernetes.io/instance=demo,app.kubernetes.io/component=inference-server"
     )
+
+
+def test_ready_while_a_replica_serves_though_the_deployment_is_not_available() -> None:
+    """A scale-up that lets no pod down (maxUnavailable 0), or one crashed pod, makes the
+    Deployment not Available while its ready replicas still serve: Ready stays True."""
+    scaling_up = deploy(
+        replicas=3, ready=2, updated=3, Available=("False", "MinimumReplicasUnavailable")
+    )
+    s = compute_status(ISVC, scaling_up)
+    assert conds(s)["Ready"] == ("True", "PartiallyAvailable")
+    msg = condition({"status": s}, "Ready")["message"]
+    assert msg == (
+        "2/3 replicas ready, 3/3 updated; the Deployment is not Available: "
+        "Available says MinimumReplicasUnavailable"
+    )
+    assert conds(s)["Progressing"] == ("True", "RollingOut")
+    # a failing pod names Degraded, but a service that serves stays Ready
+    failure = PodFailure("EngineDied", "the engine died", "p1", "container server")
+    s = compute_status(ISVC, scaling_up, pod_failure=failure)
+    assert conds(s)["Ready"] == ("True", "PartiallyAvailable")
+    assert conds(s)["Degraded"] == ("True", "EngineDied")
+    # no replica ready: not Ready, whatever the Deployment says
+    none = deploy(replicas=2, ready=0, updated=2, Available=("True", "MinimumReplicasAvailable"))
+    assert conds(compute_status(ISVC, none))["Ready"] == ("False", "Unavailable")
 
 
 def test_unobserved_generation_is_progressing() -> None:
