@@ -201,6 +201,8 @@ class MambaConfig:
     bcdt_eps: float | None = None
     # the attention layers' q_proj also gives an output gate per head (Qwen3-Next's)
     attn_output_gate: bool = False
+    # Gated DeltaNet's beta = 2 sigmoid(b), in [0, 2] (OLMo Hybrid's `linear_allow_neg_eigval`)
+    allow_neg_eigval: bool = False
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet"):

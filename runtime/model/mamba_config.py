@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import lfm2_config, qwen3_next_config
+from pagoda.runtime.model import lfm2_config, olmo_hybrid_config, qwen3_next_config
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
@@ -57,6 +57,7 @@ ARCHITECTURES = {
     "FalconMambaForCausalLM": "falcon_mamba",  # Mamba-1 with norms on B, C and dt
     **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
     **qwen3_next_config.ARCHITECTURES,  # Qwen3-Next, Qwen3.5: Gated DeltaNet (qwen3_next.py)
+    **olmo_hybrid_config.ARCHITECTURES,  # OLMo Hybrid: Gated DeltaNet, OLMo 3's attention
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -93,6 +94,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "mixer_rms_eps": 1e-6, "max_position_embeddings": 2048} for arch in ("mamba", "falcon_mamba")},
     **lfm2_config.DEFAULTS,
     **qwen3_next_config.DEFAULTS,
+    **olmo_hybrid_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
 _NEMOTRON_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
@@ -315,6 +317,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         return lfm2_config.overrides(cfg)
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.overrides(cfg, arch)
+    if arch in olmo_hybrid_config.DEFAULTS:
+        return olmo_hybrid_config.overrides(cfg)
     if arch in ("mamba", "falcon_mamba"):  # no attention, no MLP: heads of 64 stand in
         heads = max(1, int(cfg["hidden_size"]) // 64)
         return {"num_attention_heads": heads, "num_key_value_heads": heads,
@@ -341,6 +345,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         return lfm2_config.family_fields(cfg, n)
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.family_fields(cfg, arch, n)
+    if arch in olmo_hybrid_config.DEFAULTS:
+        return olmo_hybrid_config.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
     if arch == "granitemoehybrid":
         experts = int(cfg.get("num_local_experts") or 0)
@@ -401,6 +407,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         return lfm2_config.expected_shapes(c, i)
     if c.architecture in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.expected_shapes(c, i)
+    if c.architecture in olmo_hybrid_config.DEFAULTS:
+        return olmo_hybrid_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out: dict[str, tuple[int, ...]] = {}
     if m.mixer == "mamba1":  # Mamba-1's mixer
