@@ -81,13 +81,16 @@ def test_a_warm_prefix_restores_the_delta_state(built):
 def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     """The weights estimate against the built model (one rank, rank 0 of two); the checkpoint
     check naming a missing DeltaNet tensor and an attention layer's post-MLP norm; a tensor
-    parallel size that does not divide the key heads refused in one line; a config.json with
+    parallel size that does not divide the key heads, and FP8, refused in one line; a config.json with
     transformers' defaults only (OlmoHybridConfig's: Olmo-Hybrid-7B's shape) read without
     weights."""
     import re
+    from types import SimpleNamespace
 
+    import torch
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.engine.core import check_dtype
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import read_model_config
 
@@ -100,6 +103,9 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
         tp_check(mc, 4)
     tp_check(mc, 2)
     check_estimate(path, tp=2, rel=0.02)
+    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
+    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(gated_deltanet layers\)"):
+        check_dtype(fp8, mc)
     headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
     check_checkpoint(mc, headers)
     for gone in ("model.layers.0.linear_attn.g_proj.weight",
