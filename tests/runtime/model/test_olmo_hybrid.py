@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
@@ -87,7 +88,6 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     import re
     from types import SimpleNamespace
 
-    import torch
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check as tp_check
     from pagoda.runtime.engine.core import check_dtype
@@ -139,3 +139,34 @@ def test_two_ranks_match_transformers(built):
         two.engine.check_integrity()
     for i, g in enumerate(got):
         check(g, reference[i], f"olmo-hybrid: prompt {i}, two ranks")
+
+
+def test_the_checkpoint_under_transformers_module_names(built, tmp_path):
+    """transformers saves OLMo Hybrid under OLMo-core's names (the conv in q/k/v parts, split
+    evenly; `attention_layer_norm`, `feedforward_layer_norm`: what the main tests read); a
+    checkpoint under the module names (one `conv1d.weight`, `input_layernorm`,
+    `post_attention_layernorm`) reads alike: transformers' tokens."""
+    import shutil
+
+    from pagoda.runtime.model.loader import load_model
+    from safetensors.torch import load_file, save_file
+
+    path, _, _, reference = built("olmo-hybrid")
+    out = tmp_path / "renamed"
+    shutil.copytree(path, out)
+    tensors = load_file(str(path / "model.safetensors"))
+    assert "model.layers.0.linear_attn.q_conv1d.weight" in tensors
+    renamed = {}
+    for name, t in tensors.items():
+        name = name.replace(".attention_layer_norm.", ".input_layernorm.")
+        name = name.replace(".feedforward_layer_norm.", ".post_attention_layernorm.")
+        renamed[name] = t
+    for i in (0, 2):
+        p = f"model.layers.{i}.linear_attn."
+        parts = [renamed.pop(f"{p}{x}_conv1d.weight") for x in "qkv"]
+        renamed[p + "conv1d.weight"] = torch.cat(parts).contiguous()
+    save_file(renamed, str(out / "model.safetensors"), metadata={"format": "pt"})
+    llm = LLM(loaded=load_model(str(out)), dtype="float32", kv_cache_memory=16 << 20,
+              block_size=16, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"module names: prompt {i}")
