@@ -1,9 +1,12 @@
 """Prefill and decode speed of the recurrent families without attention kernels of their own
 (Mamba-1's selective scan, position by position in a prefill chunk; pure Mamba2's chunked SSD
-scan; LFM2's short convs) next to Llama of the same width and depth, in one run on this machine.
+scan; LFM2's short convs; Jamba's Mamba-1 layers beside attention and experts; Zamba2's Mamba2
+layers and shared blocks) next to Llama of the same width and depth, in one run on this machine.
 
 Tiny random models written by transformers (hidden 256, 4 layers; Mamba-1 d_inner 512 and
-d_state 16; Mamba2 8 heads of 64, d_state 16; LFM2 three conv layers and one attention layer).
+d_state 16; Mamba2 8 heads of 64, d_state 16; LFM2 three conv layers and one attention layer;
+Jamba three Mamba-1 layers and one attention layer, 4 experts top 2 on two; Zamba2 four Mamba2
+layers, two of them after a use of one shared block with rank-16 adapters).
 Prefill tokens/s: `--seqs` prompts of `--prompt` tokens from their first token until every one
 is computed (steps of `--max-num-batched-tokens`); decode tokens/s as
 `hybrid_decode.decode_rate`. Prefix caching is off for all (the recurrent ones have none; the
@@ -44,6 +47,14 @@ MODELS = {
     "lfm2 (3 conv + 1 attention)": ("Lfm2", dict(
         num_attention_heads=4, num_key_value_heads=2, intermediate_size=768,
         layer_types=["conv", "conv", "full_attention", "conv"])),
+    "jamba (3 mamba-1 + 1 attention, 2 MoE)": ("Jamba", dict(
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=512, attn_layer_period=4,
+        attn_layer_offset=2, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+        mamba_d_state=16)),
+    "zamba2 (4 mamba2, 2 block uses)": ("Zamba2", dict(
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], num_attention_heads=4,
+        num_key_value_heads=4, n_mamba_heads=8, mamba_d_state=16, chunk_size=64,
+        intermediate_size=512, adapter_rank=16, use_shared_attention_adapter=True)),
 }  # fmt: skip
 
 

@@ -19,7 +19,8 @@ from pagoda.runtime.model_configs import (
 # What a model family changes in the Llama decoder, read once from the checkpoint's config by
 # the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
 # attention backends only the sliding window, the attention chunk and the soft cap.
-ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
+# SwiGLU (Llama, Qwen, Mixtral), GeGLU (Gemma's tanh approximation; Zamba2's exact "gelu")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
 UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
@@ -258,6 +259,13 @@ class ModelConfig:
         m, h = self.family.mamba, self.hidden_size
         if m is None:
             return 0
+        if m.zamba2 is not None:  # Zamba2's own count, less Llama's shape (one rank only)
+            from pagoda.runtime.model import zamba2_config
+
+            attn = h * self.head_dim * (self.num_heads + self.num_kv_heads) * 2
+            emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+            llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
+            return zamba2_config.params(self) - llama
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
         mixer = m.on_ranks(tp).mixer_params(h)
@@ -317,7 +325,18 @@ class ModelConfig:
         mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attn + 2 * h) + mlps + emb + h + self.hybrid_params()
+        attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
+        return attn_all + mlps + emb + h + self.hybrid_params()
+
+
+def indexer_params(hidden: int, m: MlaConfig | None) -> int:
+    """The lightning indexers' weights (DeepSeek Sparse Attention), over the layers that run
+    one: wq_b, wk, k_norm's weight and bias, weights_proj."""
+    ix = None if m is None else m.indexer
+    if ix is None:
+        return 0
+    one = (m.q_lora_rank * ix.n_heads + hidden + 2) * ix.head_dim + ix.n_heads * hidden
+    return sum(ix.full_layers) * one
 
 
 def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:

@@ -1,7 +1,7 @@
 """The frozen sub-configs a model family adds to `FamilyConfig` (runtime/model_config.py):
 DeepSeek's latent attention, the expert routers, Llama 4's attention, Falcon-H1's scales,
-Nemotron-H's experts and the Mamba2 mixers of the hybrid models. Validated in ``__post_init__``
-like the rest.
+Nemotron-H's experts, the Mamba2 mixers of the hybrid models and Zamba2's shared blocks.
+Validated in ``__post_init__`` like the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +16,30 @@ from pagoda.runtime import option_rules
 def _positive(name: str, value: int) -> None:
     """A positive integer (a bool is not one), at most `option_rules.SIZE_LIMITS[name]` if named there."""
     option_rules.check_int(name, value)
+
+
+# DeepSeek-V3.2, GLM-5 (runtime/model/dsa.py): DeepSeek Sparse Attention's lightning indexer
+@dataclass(frozen=True)
+class IndexerConfig:
+    """The lightning indexer of each latent attention layer (DeepSeek Sparse Attention): `n_heads`
+    heads of `head_dim` (its first `qk_rope_head_dim` dims rotated: in pairs with
+    `rope_interleave`, GLM-5; rotate-half, V3.2) score every earlier token of the sequence, and
+    the layer attends to the `topk` best only (all of them while there are no more). A layer
+    that is not `full_layers[i]` reuses the previous full layer's choice (GLM-5's "shared"
+    `indexer_types`); the first layer is full."""
+
+    n_heads: int
+    head_dim: int
+    topk: int
+    rope_interleave: bool
+    full_layers: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("n_heads", "head_dim", "topk"):
+            _positive(f"index_{name}", getattr(self, name))
+        if not self.full_layers or not self.full_layers[0]:
+            raise ValueError("the first layer's indexer must be 'full' (a 'shared' layer reuses "
+                             "the previous full layer's choice)")  # fmt: skip
 
 
 # DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
@@ -35,6 +59,7 @@ class MlaConfig:
     v_head_dim: int
     q_lora_rank: int | None = None  # None: q_proj (DeepSeek-V2-Lite)
     rope_interleave: bool = True  # rotary pairs (x0, x1), (x2, x3), ... (V2 always, V3's flag)
+    indexer: IndexerConfig | None = None  # DeepSeek Sparse Attention (V3.2, GLM-5)
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
@@ -43,6 +68,11 @@ class MlaConfig:
             _positive("q_lora_rank", self.q_lora_rank)
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
+        ix = self.indexer
+        if ix is not None and (ix.head_dim < self.qk_rope_head_dim or self.q_lora_rank is None):
+            raise ValueError(f"the indexer reads q_lora_rank's bottleneck (got {self.q_lora_rank}"
+                             f") and rotates qk_rope_head_dim ({self.qk_rope_head_dim}) of its "
+                             f"index_head_dim ({ix.head_dim}) dims")  # fmt: skip
 
     @property
     def qk_head_dim(self) -> int:
@@ -50,8 +80,10 @@ class MlaConfig:
 
     @property
     def cache_width(self) -> int:
-        """A latent cache row: the normed latent, then the rotated shared key (512 + 64)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
+        """A latent cache row: the normed latent, then the rotated shared key (512 + 64), then
+        the indexer's key where there is an indexer (+ 128: model/dsa.py)."""
+        extra = 0 if self.indexer is None else self.indexer.head_dim
+        return self.kv_lora_rank + self.qk_rope_head_dim + extra
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -160,6 +192,28 @@ class NemotronHExperts:
 
 
 @dataclass(frozen=True)
+class Zamba2Blocks:
+    """Zamba2's shared transformer blocks (`model/zamba2.py`): `blocks` of them (attention over
+    the concatenated [stream, embeddings], then a gated MLP), reused in turn by the hybrid
+    layers `hybrid` marks, each use with LoRA adapters of rank `adapter_rank` of its own on the
+    MLP's gate_up (and on q, k and v where `attention_adapters`), then a linear of its own."""
+
+    hybrid: tuple[bool, ...]  # per layer: True = a shared block before the Mamba2 mixer
+    blocks: int
+    adapter_rank: int
+    attention_adapters: bool
+
+    def __post_init__(self) -> None:
+        _positive("num_mem_blocks", self.blocks)
+        _positive("adapter_rank", self.adapter_rank)
+
+    def block(self, layer: int) -> tuple[int, int]:
+        """(the shared block, the use's index among the hybrid layers) of hybrid layer `layer`."""
+        use = sum(self.hybrid[:layer])
+        return use % self.blocks, use
+
+
+@dataclass(frozen=True)
 class MambaConfig:
     """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
     `layers` marks run one in place of attention, each keeping a recurrent state per sequence
@@ -192,17 +246,20 @@ class MambaConfig:
     # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread) or "mamba1" (Mamba-1's
     # selective scan, `model/mamba1.py`: n_heads 1, head_dim d_inner, A [d_inner, d_state], a
     # conv over d_inner channels; dt from a `dt_rank` projection, FalconMamba's weightless RMS
-    # norms on B, C and dt where `bcdt_eps` is set) or "gated_deltanet" (Qwen3-Next's and
-    # Qwen3.5's linear attention, `model/qwen3_next.py`: n_heads value heads of head_dim,
-    # n_groups key heads of d_state; a conv over q, k, v and a state [n_heads, d_state,
-    # head_dim] per sequence)
+    # norms on B, C and dt where `bcdt_eps` is set, Jamba's with weights where `bcdt_weighted`)
+    # or "gated_deltanet" (Qwen3-Next's and Qwen3.5's linear attention, `model/qwen3_next.py`:
+    # n_heads value heads of head_dim, n_groups key heads of d_state; a conv over q, k, v and a
+    # state [n_heads, d_state, head_dim] per sequence)
     mixer: str = "mamba2"
     dt_rank: int = 0
     bcdt_eps: float | None = None
+    bcdt_weighted: bool = False
     # the attention layers' q_proj also gives an output gate per head (Qwen3-Next's)
     attn_output_gate: bool = False
     # Gated DeltaNet's beta = 2 sigmoid(b), in [0, 2] (OLMo Hybrid's `linear_allow_neg_eigval`)
     allow_neg_eigval: bool = False
+    # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some
+    zamba2: Zamba2Blocks | None = None
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet"):
@@ -251,6 +308,8 @@ class MambaConfig:
         """Whether `layer` attends (keeps a KV cache)."""
         if self.parallel_attention:
             return True
+        if self.zamba2 is not None:  # the hybrid layers: a shared block's use attends
+            return self.zamba2.hybrid[layer]
         moe = self.moe is not None and self.moe.layers[layer]
         return (
             not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer]) and not moe
@@ -272,10 +331,11 @@ class MambaConfig:
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
-            d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D
-            proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)
+            d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D (and
+            proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)  # Jamba's dt/B/C norms)
             return (
                 proj
+                + self.bcdt_weighted * (r + 2 * n)
                 + d * (self.d_conv + self.conv_bias)
                 + d * (r + 2 * n)
                 + d * (r + 1)

@@ -52,6 +52,7 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/test_hybrid_fp8.py",  # the interpreter's FP8 GEMM, two ranks; untimed
     "tests/runtime/model/test_glm4_moe.py",  # the interpreter, two ranks; untimed
     "tests/runtime/model/test_deepseek.py",  # the interpreter on the latent cache, two ranks
+    "tests/runtime/model/test_dsa.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_finite_weights.py",  # exit 2 and its one line; untimed
     "tests/runtime/model/test_dense_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_position_archs.py",  # two ranks over gloo; nothing timed

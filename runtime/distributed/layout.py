@@ -76,6 +76,11 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
         return None
     if m.mixer != "mamba2":
         return f"--tensor-parallel-size {size} is not supported for a model with {m.mixer} layers"
+    if m.zamba2 is not None:
+        return (
+            f"--tensor-parallel-size {size} is not supported for a zamba2 model (its shared "
+            "blocks and their LoRA adapters are not split)"
+        )
     if m.n_heads % size:
         return (f"--tensor-parallel-size {size} does not divide the Mamba2 heads "
                 f"(mamba n_heads {m.n_heads})")  # fmt: skip
@@ -91,8 +96,9 @@ def check(config: ModelConfig, size: int) -> None:
     if size == 1:
         return
     f = config.family
-    if f.mamba is not None and f.mamba.mixer not in ("mamba2", "gated_deltanet"):  # (LFM2's,
-        # Mamba-1's: not split)
+    if f.mamba is not None and (
+        f.mamba.mixer not in ("mamba2", "gated_deltanet") or f.mamba.zamba2 is not None
+    ):  # (LFM2's, Mamba-1's, Zamba2's: not split)
         raise ValueError(mamba_problem(f.mamba, size))
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(

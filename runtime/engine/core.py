@@ -416,14 +416,25 @@ def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
     """ValueError, one line, for --dtype float16 on a model that overflows it: Gemma 2's and 3's
     residual stream passes float16's 65504 (vLLM refuses them in float16 for the same reason);
     and for --quantization fp8 on LFM2's and Mamba-1's layers (their projections' FP8 GEMM is
-    not tested against transformers: the Mamba2 mixers' is)."""
+    not tested against transformers: the Mamba2 mixers' is), on Zamba2 (its shared blocks), and on
+    DeepSeek Sparse Attention (V3.2, GLM-5: its indexer untested in FP8), which also takes no FP8
+    or int8 KV cache."""
     if model.architecture in FLOAT16_UNSTABLE and config.torch_dtype() == torch.float16:
         raise ValueError(f"a {model.architecture} model does not run in float16 (its activations "
                          "overflow it: numerical instability); use --dtype bfloat16 or float32")  # fmt: skip
+    mla = model.family.mla
+    dsa = mla is not None and mla.indexer is not None  # model/dsa.py writes the rows itself
+    if dsa and (config.quantization == "fp8" or config.cache.kv_cache_dtype != "auto"):
+        raise ValueError(f"--quantization fp8 and --kv-cache-dtype other than auto are not "
+                         f"supported for a {model.architecture} model (DeepSeek Sparse "
+                         "Attention); serve it in 16 or 32 bits")  # fmt: skip
     m = model.family.mamba
     if config.quantization == "fp8" and m is not None and m.mixer != "mamba2":
         raise ValueError(f"--quantization fp8 is not supported for a {model.architecture} model "
                          f"({m.mixer} layers); serve it in 16 or 32 bits")  # fmt: skip
+    if config.quantization == "fp8" and m is not None and m.zamba2 is not None:
+        raise ValueError("--quantization fp8 is not supported for a zamba2 model (its shared "
+                         "blocks' adapters); serve it in 16 or 32 bits")  # fmt: skip
 
 
 def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):

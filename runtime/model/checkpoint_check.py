@@ -26,7 +26,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update(_hybrid_layer(c, i))
             continue
         if c.family.mla is not None:  # DeepSeek's latent attention
-            out.update(mla_shapes(c, a))
+            out.update(mla_shapes(c, a, i))
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
@@ -111,6 +111,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     from pagoda.runtime.model import mamba_config
 
     h, p = c.hidden_size, f"model.layers.{i}."
+    if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
+        return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i):
         q, kv, a = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, p + "self_attn."
@@ -120,7 +122,7 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     if not (c.family.olmo2_norms and c.family.mamba.attention(i)):  # (OLMo Hybrid's: after)
         out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
-        pre_ff = c.architecture in ("bamba", "falcon_h1")
+        pre_ff = c.architecture in ("bamba", "falcon_h1", "jamba")
         norm = "pre_ff_layernorm" if pre_ff else "post_attention_layernorm"
         out[f"{p}{norm}.weight"] = (h,)
     return out
@@ -135,7 +137,7 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
-    if c.architecture in ("bamba", "falcon_h1"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
         for old, new in _APERTUS_NORMS.items():
@@ -176,8 +178,9 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     return out
 
 
-def mla_shapes(c: ModelConfig, a: str) -> dict[str, tuple[int, ...]]:
-    """The tensors of one latent attention layer (`model_configs.MlaConfig`) under prefix `a`."""
+def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of latent attention layer `i` (`model_configs.MlaConfig`) under prefix `a`,
+    its lightning indexer's where it runs one (DeepSeek Sparse Attention: model/dsa.py)."""
     m, h, heads = c.family.mla, c.hidden_size, c.num_heads
     q = heads * m.qk_head_dim
     out = {a + "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, h),
@@ -190,6 +193,13 @@ def mla_shapes(c: ModelConfig, a: str) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    ix = m.indexer
+    if ix is not None and ix.full_layers[i]:
+        p = a + "indexer."
+        out.update({p + "wq_b.weight": (ix.n_heads * ix.head_dim, m.q_lora_rank),
+                    p + "wk.weight": (ix.head_dim, h), p + "k_norm.weight": (ix.head_dim,),
+                    p + "k_norm.bias": (ix.head_dim,),
+                    p + "weights_proj.weight": (ix.n_heads, h)})  # fmt: skip
     return out
 
 
@@ -256,9 +266,11 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba2",
             "mamba",
             "falcon_mamba",
+            "zamba2",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
-        if c.architecture in ("bamba", "falcon_h1"):
+        dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)
+        if c.architecture in ("bamba", "falcon_h1") or dense_jamba:
             p = f"model.layers.{i}.feed_forward."
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue

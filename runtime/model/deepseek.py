@@ -108,6 +108,21 @@ class DeepseekLayer(LlamaLayer):
         """Absorbed latent attention (module docstring): per head, the query's unrotated part
         times W_UK is scored against the cached latent, its rotary part against the shared
         rotary key; the output, a mix of latents, is turned into the value by W_UV."""
+        q_full, k_full, _ = self.project(x, step)
+        k_cache, v_cache = step.kv_caches[self.index]
+        out = self.ctx.backend.forward(  # [t, h, c]: each head's mix of latents
+            q_full, k_full, k_full, k_cache, v_cache, step.meta, window=None,
+            kv_scales=self.kv_scales,
+        )  # fmt: skip
+        return self.values(out)
+
+    def project(
+        self, x: torch.Tensor, step: Step, extra: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(q_full ``[t, h, c + r + extra]``, k_full ``[t, 1, c + r + extra]``, the normed q
+        bottleneck or None): the query ``[q_nope @ W_UK | q_rope]`` and the cache row ``[normed
+        latent | k_rope]``, rotated; ``extra`` columns after them (q's zero, k's unset: the
+        sparse attention's indexer key, model/dsa.py)."""
         ctx, m = self.ctx, self.mla
         t, h = x.shape[0], ctx.num_heads
         n, r, c = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
@@ -115,27 +130,31 @@ class DeepseekLayer(LlamaLayer):
             q, latent, k_pe = self.qkv_a(x).split(self.a_sizes, dim=-1)
         else:
             q, (latent, k_pe) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
+        bottleneck = None
         if self.q_b is not None:
-            q = self.q_b(ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6))
+            bottleneck = ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6)
+            q = self.q_b(bottleneck)
         q = q.view(t, h, n + r)
         # the query and the cache row: [q_nope @ W_UK | q_rope] and [normed latent | k_rope]
-        q_full = x.new_empty(t, h, c + r)
+        q_full = x.new_empty(t, h, c + r + extra)
+        if extra:
+            q_full[..., c + r :] = 0
         q_full[..., :c] = torch.bmm(q[..., :n].transpose(0, 1), self.w_uk).transpose(0, 1)
-        k_full = x.new_empty(t, 1, c + r)
+        k_full = x.new_empty(t, 1, c + r + extra)
         k_full[:, 0, :c] = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)
-        q_rot, k_rot = q_full[..., c:], x.new_empty(t, 1, r)
+        q_rot, k_rot = q_full[..., c : c + r], x.new_empty(t, 1, r)
         _rotary_dims(q_rot, q[..., n:], self.interleaved)
         _rotary_dims(k_rot, k_pe.unsqueeze(1), self.interleaved)
         positions, rows = step.rope[self.rope]
         ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
-        k_full[..., c:] = k_rot
-        k_cache, v_cache = step.kv_caches[self.index]
-        out = ctx.backend.forward(  # [t, h, c]: each head's mix of latents
-            q_full, k_full, k_full, k_cache, v_cache, step.meta, window=None,
-            kv_scales=self.kv_scales,
-        )  # fmt: skip
+        k_full[..., c : c + r] = k_rot
+        return q_full, k_full, bottleneck
+
+    def values(self, out: torch.Tensor) -> torch.Tensor:
+        """The layer's output from each head's mix of latents ``out`` [t, h, c]: W_UV, o_proj."""
+        t, h = out.shape[:2]
         v = torch.bmm(out.transpose(0, 1), self.w_uv)  # [h, t, v_head_dim]
-        return self.o_proj(v.transpose(0, 1).reshape(t, h * m.v_head_dim))
+        return self.o_proj(v.transpose(0, 1).reshape(t, h * self.mla.v_head_dim))
 
 
 def _rotary_dims(dst: torch.Tensor, src: torch.Tensor, interleaved: bool) -> None:

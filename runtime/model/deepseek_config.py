@@ -1,6 +1,20 @@
 """DeepSeek-V2/V3's config.json as transformers reads it: `ModelConfig`'s head size and the
 `FamilyConfig` fields of latent attention and DeepSeek's experts (model/deepseek.py runs them).
-Kept apart from the model so that reading a config imports no layer code."""
+Kept apart from the model so that reading a config imports no layer code.
+
+GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`, glm4_moe_lite) is DeepSeek-V3 as transformers builds
+it (`DeepseekV3Attention`, GLM-4.5's router: V3's noaux_tc with sigmoid scores and the
+correction bias) with its own defaults and its MLP kinds per layer from ``mlp_layer_types``
+(transformers reads no ``first_k_dense_replace`` for it: by default the first layer dense, the
+rest experts).
+
+DeepSeek-V3.2 (`DeepseekV32ForCausalLM`) and GLM-5 (`GlmMoeDsaForCausalLM`) are V3 with a
+lightning indexer in every attention layer (`model_configs.IndexerConfig`, model/dsa.py): the
+main rotary always interleaved, the indexer's rotate-half (V3.2) or interleaved (GLM-5), MLP
+kinds from ``mlp_layer_types`` (by default the first ``first_k_dense_replace`` dense) and
+GLM-5's per-layer ``indexer_types`` ("full" or "shared"; by default from
+``index_topk_pattern`` or ``index_topk_freq`` / ``index_skip_topk_offset``, as transformers
+derives them)."""
 
 from __future__ import annotations
 
@@ -9,10 +23,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.model.ops import rope_kind
-from pagoda.runtime.model_configs import ExpertRouting, MlaConfig
+from pagoda.runtime.model_configs import ExpertRouting, IndexerConfig, MlaConfig
 
-ARCHITECTURES = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
-                 "YoutuForCausalLM": "youtu"}  # fmt: skip
+ARCHITECTURES = {
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "YoutuForCausalLM": "youtu",  # Youtu-LLM: V3's latent attention, a dense MLP
+    "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash
+    "DeepseekV32ForCausalLM": "deepseek_v32",  # DeepSeek Sparse Attention (model/dsa.py)
+    "GlmMoeDsaForCausalLM": "glm_moe_dsa",  # GLM-5: V3.2's, its indexer shared across layers
+}
+DSA = ("deepseek_v32", "glm_moe_dsa")
+# noaux_tc, sigmoid scores, correction bias
+V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", *DSA)
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
 DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
@@ -32,6 +55,23 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "num_attention_heads": 16, "num_key_value_heads": 16,
               "max_position_embeddings": 131_072, "bos_token_id": 128_000,
               "eos_token_id": 128_001, "tie_word_embeddings": True, "rope_interleave": True},
+    "glm4_moe_lite": {"q_lora_rank": 768, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
+                      "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 64,
+                      "n_shared_experts": 1, "moe_intermediate_size": 1536, "n_group": 1,
+                      "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
+                      "routed_scaling_factor": 1.8, "rms_norm_eps": 1e-5},
+    "deepseek_v32": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                     "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
+                     "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 8,
+                     "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+                     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6,
+                     "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64},
+    "glm_moe_dsa": {"q_lora_rank": 2048, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
+                    "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 256,
+                    "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 1,
+                    "topk_group": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+                    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-5,
+                    "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32},
 }  # fmt: skip
 NULLABLE = ("q_lora_rank",)  # null: q_proj (V2-Lite), not the default bottleneck
 
@@ -41,21 +81,66 @@ def yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
+    """The lightning indexer of a V3.2 / GLM-5 config (None for the others)."""
+    if arch not in DSA:
+        return None
+    n = int(cfg["num_hidden_layers"])
+    kinds = cfg.get("indexer_types") if arch == "glm_moe_dsa" else None
+    pattern = cfg.get("index_topk_pattern") if arch == "glm_moe_dsa" else None
+    if kinds is None and pattern is not None:  # transformers' GlmMoeDsaConfig, as it reads them
+        letters = {"F": "full", "S": "shared"}
+        kinds = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
+    elif kinds is None:
+        freq = max(int(cfg.get("index_topk_freq", 1)), 1) if arch == "glm_moe_dsa" else 1
+        offset = int(cfg.get("index_skip_topk_offset", 2))
+        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    if len(kinds) != n or set(kinds) - {"full", "shared"}:
+        raise ValueError(f"indexer_types must name 'full' or 'shared' for each of the {n} "
+                         f"layers, got {kinds}")  # fmt: skip
+    return IndexerConfig(
+        n_heads=int(cfg["index_n_heads"]),
+        head_dim=int(cfg["index_head_dim"]),
+        topk=int(cfg["index_topk"]),
+        rope_interleave=arch == "glm_moe_dsa",  # V3.2's indexer: rotate-half
+        full_layers=tuple(k == "full" for k in kinds),
+    )
+
+
 def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
     q_lora = cfg.get("q_lora_rank")
+    if arch in DSA and q_lora is None:  # transformers' V3.2 attention always has the bottleneck
+        raise ValueError(f"{arch} needs q_lora_rank (its indexer reads the q bottleneck)")
     return MlaConfig(
         kv_lora_rank=int(cfg["kv_lora_rank"]),
         qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
         qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
         v_head_dim=int(cfg["v_head_dim"]),
         q_lora_rank=None if q_lora is None else int(q_lora),
-        rope_interleave=arch == "deepseek_v2" or bool(cfg.get("rope_interleave", True)),
+        # V2's complex rotary and V3.2's / GLM-5's (their configs have no such key) interleave
+        rope_interleave=arch in ("deepseek_v2", *DSA) or bool(cfg.get("rope_interleave", True)),
+        indexer=indexer_config(cfg, arch),
     )
 
 
 def head_dim(cfg: Mapping[str, Any], arch: str) -> int:
     """The cache's head size: one latent row (`MlaConfig.cache_width`), in one KV head."""
     return mla_config(cfg, arch).cache_width
+
+
+def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
+    """Which layers have experts: ``mlp_layer_types`` ("dense" / "sparse") where transformers
+    reads it (GLM-4.7-Flash: by default its first layer dense; V3.2, GLM-5), else the first
+    ``first_k_dense_replace`` layers dense."""
+    kinds = cfg.get("mlp_layer_types")
+    if arch not in ("glm4_moe_lite", *DSA) or (kinds is None and arch in DSA):
+        dense = min(int(cfg.get("first_k_dense_replace") or 0), n)
+        return tuple(i >= dense for i in range(n))
+    kinds = kinds or ["dense"] + ["sparse"] * (n - 1)
+    if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
+        raise ValueError(f"mlp_layer_types must name 'dense' or 'sparse' for each of the {n} "
+                         f"layers, got {kinds}")  # fmt: skip
+    return tuple(k == "sparse" for k in kinds)
 
 
 def family_fields(
@@ -78,7 +163,7 @@ def family_fields(
     if int(cfg.get("moe_layer_freq") or 1) != 1:  # transformers ignores it; no checkpoint sets it
         raise ValueError(f"moe_layer_freq {cfg['moe_layer_freq']} is not supported (experts "
                          "in every layer from first_k_dense_replace on: 1)")  # fmt: skip
-    v3 = arch == "deepseek_v3"
+    v3 = arch in V3_ROUTER
     method = "noaux_tc" if v3 else str(cfg.get("topk_method") or "greedy")
     scoring = "sigmoid" if v3 else "softmax"
     for key, want in (("topk_method", method), ("scoring_func", scoring)):
@@ -98,7 +183,6 @@ def family_fields(
     if method == "noaux_tc" and experts // groups < 2:
         raise ValueError(f"noaux_tc scores a group by its best two experts: n_group {groups} "
                          f"leaves {experts // groups} of {experts} per group")  # fmt: skip
-    dense = int(cfg.get("first_k_dense_replace") or 0)
     moe_width = int(cfg["moe_intermediate_size"])
     return {
         **fields,
@@ -108,6 +192,6 @@ def family_fields(
         "moe_intermediate_size": moe_width,
         # transformers' V2 router never renormalises (DeepSeek's own code did, with the flag)
         "norm_topk_prob": v3 and bool(cfg.get("norm_topk_prob", True)),
-        "moe_layers": tuple(i >= dense for i in range(n)),
+        "moe_layers": moe_layers(cfg, arch, n),
         "shared_expert_intermediate_size": moe_width * int(cfg.get("n_shared_experts") or 0),
     }

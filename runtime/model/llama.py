@@ -44,6 +44,7 @@ from pagoda.runtime.model.ops import (
     build_cos_sin_cache,
     check_rope_context,
     gather_cos_sin,
+    gelu_and_mul,
     gelu_tanh_and_mul,
     rotary_interleaved,
 )
@@ -321,11 +322,11 @@ class LlamaModel:
         if tp is not None:  # this rank's (layout.py: KV heads replicated when fewer than ranks)
             heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         # the config's hidden_act: SwiGLU, or GeGLU (Gemma's, and any family's that names it)
-        gelu = c.family.hidden_act == "gelu_tanh"
+        gelu = {"gelu_tanh": gelu_tanh_and_mul, "gelu": gelu_and_mul}.get(c.family.hidden_act)
         norm = self.rms_norm_16bit if self.dtype != torch.float32 else None
         return LayerContext(
             ops=self.ops, backend=self.backend, rms_norm=norm or self.ops.rms_norm,
-            act_and_mul=gelu_tanh_and_mul if gelu else self.ops.silu_and_mul,
+            act_and_mul=gelu or self.ops.silu_and_mul,
             linear=linear, eps=c.rms_norm_eps,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=c.head_dim,
             batch_invariant=self.batch_invariant, tp=tp,

@@ -1,11 +1,13 @@
 """Mamba-1 (`MambaForCausalLM`: state-spaces/mamba-130m to 2.8b; `FalconMambaForCausalLM`:
 Falcon-Mamba-7B): each layer ``x + mixer(norm(x))``, no attention, no MLP (configs read in
-`mamba_config.py`, `MambaConfig.mixer` "mamba1").
+`mamba_config.py`, `MambaConfig.mixer` "mamba1"). Jamba's Mamba layers run the mixer here too
+(`jamba.py`).
 
 The mixer (transformers' `MambaMixer`): in_proj gives x and the gate z (d_inner each); x goes
 through a causal depthwise conv of width ``d_conv`` and SiLU; x_proj gives the time step's
 low-rank input, B and C (d_state each; Falcon-Mamba normalises the three by a weightless
-RMSNorm, `mixer_rms_eps`); dt = softplus(dt_proj(.)) per channel; the selective scan
+RMSNorm, `mixer_rms_eps`, Jamba by RMSNorms with weights, `dt_layernorm`, `b_layernorm`,
+`c_layernorm`); dt = softplus(dt_proj(.)) per channel; the selective scan
 
     h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t,    y_t = h_t C_t + D x_t
 
@@ -65,6 +67,9 @@ class Mamba1Mixer:
         self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
         self.A = -torch.exp(w[p + "A_log"].float())  # [D, N], float32 as transformers'
         self.D = w[p + "D"].float()
+        self.bcdt_weights = None  # Jamba's norms' weights on dt, B and C
+        if m.bcdt_weighted:
+            self.bcdt_weights = [w[f"{p}{n}_layernorm.weight"] for n in ("dt", "b", "c")]
 
     def linears(self) -> list:
         return [self.in_proj, self.x_proj, self.dt_proj, self.out_proj]
@@ -84,8 +89,10 @@ class Mamba1Mixer:
             c[nd:] = F.silu(packed_conv(conv, x[nd:], step.prefill, self.conv_weight,
                                         self.conv_bias))  # fmt: skip
         dt, B, C = self.x_proj(c).split([m.dt_rank, m.d_state, m.d_state], dim=-1)
-        if m.bcdt_eps is not None:  # Falcon-Mamba's weightless norms
+        if m.bcdt_eps is not None:  # Falcon-Mamba's weightless norms, Jamba's weighted
             dt, B, C = (_rms(t, m.bcdt_eps) for t in (dt, B, C))
+            if self.bcdt_weights is not None:
+                dt, B, C = (x * t for x, t in zip(self.bcdt_weights, (dt, B, C)))
         dt = F.softplus(self.dt_proj(dt).float())
         y = torch.empty(c.shape, dtype=torch.float32, device=c.device)
         xf, B, C = c.float(), B.float(), C.float()

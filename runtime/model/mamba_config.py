@@ -24,6 +24,12 @@ model so that reading a config imports no layer code.
   blocks are positions only), no MLP. The checkpoint's `backbone.` names read as Nemotron-H's.
   The residual stream is in the model's dtype (transformers' `residual_in_fp32` keeps it in
   float32: the same in float32).
+- Jamba (`JambaForCausalLM`, `model/jamba.py`): attention (no rotary) every
+  `attn_layer_period`-th layer from `attn_layer_offset`, a Mamba-1 mixer (`model/mamba1.py`,
+  RMSNorms with weights on dt, B and C) elsewhere; every layer's MLP behind `pre_ff_layernorm`,
+  Mixtral-style experts every `expert_layer_period`-th from `expert_layer_offset` (softmax
+  top-k, not renormalised), a dense `feed_forward` elsewhere.
+- Zamba2 (`Zamba2ForCausalLM`): `zamba2_config.py`.
 - Falcon-H1 (`FalconH1ForCausalLM`): attention and a Mamba2 mixer side by side in every layer
   (`mamba_d_ssm` wide, its output norm optional: `mamba_rms_norm`, normalised before the gate),
   then Llama's MLP after `pre_ff_layernorm`; µP multipliers on the embedding, the keys, the
@@ -39,7 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import lfm2_config, olmo_hybrid_config, qwen3_next_config
+from pagoda.runtime.model import lfm2_config, olmo_hybrid_config, qwen3_next_config, zamba2_config
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
@@ -55,9 +61,11 @@ ARCHITECTURES = {
     "Mamba2ForCausalLM": "mamba2",  # Mamba2 alone (Mamba-Codestral): no attention layer
     "MambaForCausalLM": "mamba",  # Mamba-1 (model/mamba1.py)
     "FalconMambaForCausalLM": "falcon_mamba",  # Mamba-1 with norms on B, C and dt
+    "JambaForCausalLM": "jamba",  # Mamba-1 layers among attention layers, experts (jamba.py)
     **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
     **qwen3_next_config.ARCHITECTURES,  # Qwen3-Next, Qwen3.5: Gated DeltaNet (qwen3_next.py)
     **olmo_hybrid_config.ARCHITECTURES,  # OLMo Hybrid: Gated DeltaNet, OLMo 3's attention
+    **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -92,9 +100,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "expand": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
         "hidden_act": "silu", "time_step_rank": "auto", "tie_word_embeddings": True,
         "mixer_rms_eps": 1e-6, "max_position_embeddings": 2048} for arch in ("mamba", "falcon_mamba")},
+    "jamba": {"vocab_size": 65536, "hidden_size": 4096, "intermediate_size": 14336,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 262_144,
+              "tie_word_embeddings": False, "num_experts": 16, "num_experts_per_tok": 2,
+              "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8,
+              "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+              "mamba_dt_rank": "auto", "mamba_conv_bias": True, "mamba_proj_bias": False},
     **lfm2_config.DEFAULTS,
     **qwen3_next_config.DEFAULTS,
     **olmo_hybrid_config.DEFAULTS,
+    **zamba2_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
 _NEMOTRON_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
@@ -268,7 +284,42 @@ def _mamba1(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
     )
 
 
+def _period(cfg: Mapping[str, Any], kind: str, n: int) -> tuple[bool, ...]:
+    """Jamba's layers of one kind ("attn", "expert"): every `{kind}_layer_period`-th from
+    `{kind}_layer_offset` (transformers' `layers_block_type`, `layers_num_experts`)."""
+    period, offset = int(cfg[f"{kind}_layer_period"]), int(cfg[f"{kind}_layer_offset"])
+    if not 0 <= offset < period:
+        raise ValueError(f"{kind}_layer_offset ({offset}) must be in [0, {kind}_layer_period "
+                         f"({period}))")  # fmt: skip
+    return tuple(i % period == offset for i in range(n))
+
+
+def _jamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
+    """JambaForCausalLM's Mamba-1 mixers (`model/mamba1.py`): d_inner mamba_expand x hidden
+    (`intermediate_size` is the MLPs'), RMSNorms with weights on dt, B and C (`rms_norm_eps`)."""
+    if cfg["hidden_act"] != "silu":
+        raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported in a jamba model "
+                         "(silu)")  # fmt: skip
+    hidden, rank = int(cfg["hidden_size"]), cfg["mamba_dt_rank"]
+    return MambaConfig(
+        layers=tuple(not a for a in _period(cfg, "attn", n)),
+        n_heads=1,
+        head_dim=int(cfg["mamba_expand"]) * hidden,
+        d_state=int(cfg["mamba_d_state"]),
+        d_conv=int(cfg["mamba_d_conv"]),
+        chunk_size=1,  # (the scan's position-major layout, as Mamba-1's)
+        conv_bias=bool(cfg["mamba_conv_bias"]),
+        proj_bias=bool(cfg["mamba_proj_bias"]),
+        mixer="mamba1",
+        dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
+        bcdt_eps=float(cfg["rms_norm_eps"]),
+        bcdt_weighted=True,
+    )
+
+
 def mamba(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
+    if arch == "jamba":
+        return _jamba(cfg, n)
     if arch == "nemotron_h":
         return _nemotron_mamba(cfg, n)
     if arch in ("mamba", "falcon_mamba"):
@@ -319,6 +370,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         return qwen3_next_config.overrides(cfg, arch)
     if arch in olmo_hybrid_config.DEFAULTS:
         return olmo_hybrid_config.overrides(cfg)
+    if arch == "zamba2":
+        return zamba2_config.overrides(cfg)
     if arch in ("mamba", "falcon_mamba"):  # no attention, no MLP: heads of 64 stand in
         heads = max(1, int(cfg["hidden_size"]) // 64)
         return {"num_attention_heads": heads, "num_key_value_heads": heads,
@@ -347,6 +400,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         return qwen3_next_config.family_fields(cfg, arch, n)
     if arch in olmo_hybrid_config.DEFAULTS:
         return olmo_hybrid_config.family_fields(cfg, n)
+    if arch == "zamba2":
+        return zamba2_config.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
     if arch == "granitemoehybrid":
         experts = int(cfg.get("num_local_experts") or 0)
@@ -371,6 +426,14 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         fields["rope_layers"] = (False,) * n  # takes off the one its width, d_inner, counts)
     if arch == "falcon_h1":  # the logits scaled after the head (no sampling fused into it)
         fields["logit_scale"] = fields["mamba"].falcon.lm_head
+    if arch == "jamba":  # attention without rotary; Mixtral's experts where the period says,
+        fields["rope_layers"] = (False,) * n  # their top-k weights not renormalised, rounded
+        experts = int(cfg["num_experts"])  # to the model's dtype (transformers' router)
+        if experts > 1:  # (1: a dense MLP in every layer, as transformers builds it)
+            fields.update(num_experts=experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                          moe_intermediate_size=int(cfg["intermediate_size"]),
+                          moe_layers=_period(cfg, "expert", n), norm_topk_prob=False,
+                          round_topk_to_model_dtype=True)  # fmt: skip
     return fields
 
 
@@ -409,9 +472,16 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         return qwen3_next_config.expected_shapes(c, i)
     if c.architecture in olmo_hybrid_config.DEFAULTS:
         return olmo_hybrid_config.expected_shapes(c, i)
+    if c.architecture == "zamba2":
+        return zamba2_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out: dict[str, tuple[int, ...]] = {}
-    if m.mixer == "mamba1":  # Mamba-1's mixer
+    if m.mixer == "mamba1":  # Mamba-1's mixer (Jamba's: on its Mamba layers; its router)
+        f = c.family
+        if f.has_experts(i):
+            out[p + "feed_forward.router.weight"] = (f.num_experts, h)
+        if not m.layers[i]:
+            return out
         x, d, n, r = p + "mamba.", m.d_inner, m.d_state, m.dt_rank
         out.update({x + "in_proj.weight": (2 * d, h), x + "conv1d.weight": (d, 1, m.d_conv),
                     x + "x_proj.weight": (r + 2 * n, d), x + "dt_proj.weight": (d, r),
@@ -419,6 +489,9 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                     x + "out_proj.weight": (h, d)})  # fmt: skip
         if m.conv_bias:
             out[x + "conv1d.bias"] = (d,)
+        if m.bcdt_weighted:
+            out.update({x + "dt_layernorm.weight": (r,), x + "b_layernorm.weight": (n,),
+                        x + "c_layernorm.weight": (n,)})  # fmt: skip
         return out
     if m.layers[i]:
         x = p + "mamba."

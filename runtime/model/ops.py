@@ -134,6 +134,12 @@ def gelu_tanh_and_mul(*, x: torch.Tensor) -> torch.Tensor:
     return torch.mul(F.gelu(gate, approximate="tanh"), up)
 
 
+def gelu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] → gelu(x[:, :I]) * x[:, I:], the exact GELU (Zamba2's MLP)."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.mul(F.gelu(gate), up)
+
+
 @dataclass(frozen=True)
 class Ops:
     rms_norm: Callable[..., Any]

@@ -38,6 +38,9 @@ MODEL_CLASSES = {
     "deepseek_v2": ("deepseek", "DeepseekModel"),
     "deepseek_v3": ("deepseek", "DeepseekModel"),
     "youtu": ("deepseek", "DeepseekModel"),  # V3's latent attention, a dense MLP
+    "glm4_moe_lite": ("deepseek", "DeepseekModel"),  # GLM-4.7-Flash: DeepSeek-V3's layers
+    "deepseek_v32": ("dsa", "DsaModel"),  # DeepSeek Sparse Attention's lightning indexer
+    "glm_moe_dsa": ("dsa", "DsaModel"),  # GLM-5: V3.2's, the indexer's choice shared
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
@@ -72,6 +75,8 @@ MODEL_CLASSES = {
     "mamba2": ("nemotron_h", "Mamba2Model"),  # Mamba2 blocks alone (no attention, no MLP)
     "mamba": ("mamba1", "MambaModel"),  # Mamba-1 blocks alone (selective scan)
     "falcon_mamba": ("mamba1", "MambaModel"),  # Mamba-1's, norms on B, C and dt
+    "jamba": ("jamba", "JambaModel"),  # Mamba-1 and attention layers, experts every other
+    "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts

@@ -186,7 +186,8 @@ class ChatEndpoint(Endpoint):
             split = job.reasoning_streams[i] = reasoning.new_stream(
                 self.reasoning_parser, job.reasoning, _calls(job))  # fmt: skip
             thought, answer = reasoning.split(text, split)
-        content = None if answer is None else job.echo_text + answer
+        # the echo comes first in content even when the reply is all thinking (as streamed)
+        content = job.echo_text + (answer or "") if job.echo_text else answer
         message: dict[str, Any] = {"role": job.role, "content": content}
         if job.tools is not None and answer is not None:  # calls are read from the answer only
             parsed, calls = job.tools.parser.parse(answer, job.tools.parallel)

@@ -78,6 +78,16 @@ class NonFiniteLogits(Exception):
     """A sample ended with finish reason "error": the model gave its row no finite logit."""
 
 
+class RequestFailed(Exception):
+    """What a request's engine stream raised (`error`: the core refused its input, the engine
+    went away, ...), for `failure` to answer. Anything else raised while a response is built
+    is a server bug: a 500, never a 400 blaming the request."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 NON_FINITE_MESSAGE = ("the model produced non-finite logits (NaN or Inf) for this request; "
                       "its weights or activations are broken (a bad checkpoint, an overflow)")  # fmt: skip
 
@@ -86,6 +96,9 @@ def failure(job: Job, e: Exception) -> APIError | None:
     """The API error for a request that failed in the engine; None for a server bug."""
     if isinstance(e, NonFiniteLogits):
         return APIError(500, NON_FINITE_MESSAGE, code="non_finite_logits")
+    if not isinstance(e, RequestFailed):  # raised building the response (a parser's bug)
+        return None
+    e = e.error
     if isinstance(e, ParamError):
         return job.param_error(e)
     if isinstance(e, EngineUnavailableError):
@@ -185,10 +198,15 @@ class Serving:
         """(choice index, delta) from every prompt's stream, as they come."""
         streams, n = job.streams or [], job.params.n
         if len(streams) == 1:
-            async for out in streams[0]:
-                if out.finish_reason == "error":
-                    raise NonFiniteLogits(out.request_id)
-                yield out.index, out
+            try:
+                async for out in streams[0]:
+                    if out.finish_reason == "error":
+                        raise NonFiniteLogits(out.request_id)
+                    yield out.index, out
+            except NonFiniteLogits:
+                raise
+            except Exception as e:  # the stream's own failure (the consumer's are not here)
+                raise RequestFailed(e) from e
             return
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -208,7 +226,7 @@ class Serving:
                 if item is None:
                     left -= 1
                 elif isinstance(item, Exception):
-                    raise item
+                    raise RequestFailed(item) from item
                 elif item.finish_reason == "error":
                     raise NonFiniteLogits(item.request_id)
                 else:
@@ -240,6 +258,8 @@ class Serving:
             return await self._full_response(job)
         except Exception as e:
             err = failure(job, e)
+            if err is None and isinstance(e, RequestFailed):
+                raise e.error from e  # the engine's own failure, by its name (the guard's 500)
             if err is None:
                 raise
             raise err from e
@@ -345,6 +365,7 @@ class Serving:
             err = failure(job, e)
             if err is None:
                 log.exception("stream %s failed", job.id)
-                err = APIError(500, f"internal error ({type(e).__name__})", code="internal_error")
+                bug = e.error if isinstance(e, RequestFailed) else e
+                err = APIError(500, f"internal error ({type(bug).__name__})", code="internal_error")
             yield sse(err.body())
         yield b"data: [DONE]\n\n"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -21,6 +22,24 @@ class ToolCall:
     def openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_value(text: str, *, rewritten: bool = False) -> Any:
+    """The JSON value of a model's `text`; ValueError where it is none: what json.loads
+    refuses, NaN and Infinity (which it reads, and no strict JSON parser does), nesting past
+    json's depth; `rewritten` (the value is written out again as JSON): a number past a double
+    too (read as inf, it would be written as Infinity)."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+        if rewritten:
+            json.dumps(value, allow_nan=False)
+    except RecursionError as e:
+        raise ValueError("nested too deeply") from e
+    return value
 
 
 def prefix_overlap(text: str, tag: str) -> int:

@@ -28,7 +28,13 @@ import json
 import re
 from typing import Any
 
-from pagoda.runtime.server.tool_call import ScannedCallStream, StartTag, ToolCall, call_id
+from pagoda.runtime.server.tool_call import (
+    ScannedCallStream,
+    StartTag,
+    ToolCall,
+    call_id,
+    json_value,
+)
 
 TAG, END = "<tool_call>", "</tool_call>"
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -67,11 +73,11 @@ class Glm45Parser(StartTag):
         text = raw.strip()
         if self.types.get(tool, {}).get(key) == "string":
             return text
-        with contextlib.suppress(ValueError):
-            return json.loads(text)
+        with contextlib.suppress(ValueError):  # not JSON (NaN, nested too deeply, ...)
+            return json_value(text, rewritten=True)
         with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             literal = ast.literal_eval(text)
-            json.dumps(literal)  # only what JSON can carry
+            json.dumps(literal, allow_nan=False)  # only what JSON can carry (no inf)
             return literal
         return text
 

@@ -23,11 +23,11 @@ is written, its arguments as JSON text parameter by parameter, the closing brace
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
 
+from pagoda.runtime.server.tool_call import json_value
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser, json_pair
 
 TAG = "<minimax:tool_call>"
@@ -73,8 +73,8 @@ def _as(t: str, text: str) -> Any:
             x = float(text)
             return _NO if not math.isfinite(x) else int(x) if x == int(x) else x
         if t in ("object", "array"):
-            return json.loads(text)
-    except ValueError:
+            return json_value(text, rewritten=True)
+    except ValueError:  # not JSON (NaN, nested past json's depth, ...): not that type
         return _NO
     return _BOOLEANS.get(text.lower(), _NO)
 
@@ -114,7 +114,7 @@ class MiniMaxM2Parser(Glm45Parser):
                 if got is not _NO:
                     return got
         try:
-            return json.loads(text)
+            return json_value(text, rewritten=True)
         except ValueError:
             return text
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony_tools import HarmonyToolParser
-from pagoda.runtime.server.tool_call import StartTag, ToolCall, call_id
+from pagoda.runtime.server.tool_call import StartTag, ToolCall, call_id, json_value
 from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
@@ -136,7 +136,10 @@ def _read_call(obj: str, done: bool) -> _Partial:
     name = None
     for m in _NAME.finditer(obj):  # the call's own name, not one inside the arguments
         if a is None or m.start() < a.start() or (end is not None and m.start() >= end):
-            name = json.loads(f'"{m.group(1)}"')
+            try:  # an escape JSON lacks ("\x"): no name, so the text stays content
+                name = json.loads(f'"{m.group(1)}"')
+            except ValueError:
+                name = None
             break
     return _Partial(name, args.strip(), done, end is not None, a is not None)
 
@@ -172,10 +175,10 @@ class ToolParser(ABC):
             if part.name is None or not part.args_done:
                 return text, []
             try:
-                args = json.loads(part.args)
+                args = json_value(part.args)
                 if isinstance(args, str):  # some models write the arguments as a JSON string
-                    json.loads(args)
-            except ValueError:
+                    json_value(args)
+            except ValueError:  # not JSON (NaN, nested past json's depth, ...): not a call
                 return text, []
             calls.append(ToolCall(part.name, args if isinstance(args, str) else part.args,
                                   self.new_id()))  # fmt: skip

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.model_config import indexer_params
 from pagoda.runtime.server.placement import Placement, packed_bytes, packed_shape, placement
 from pagoda.runtime.server.stored import ITEM_BYTES, Checkpoint, Stored
 
@@ -224,6 +225,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     absorbed = 0.0  # latent attention's W_UK and W_UV, dense in the dtype whatever runs in FP8
     if f.mla is not None:
         absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
+        ix = f.mla.indexer  # DeepSeek Sparse Attention's, whole on every rank
+        if ix is not None:  # weights_proj in float32
+            proj = sum(ix.full_layers) * ix.n_heads * h
+            absorbed += (indexer_params(h, f.mla) - proj) * item + proj * 4
     mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
         # every rank: split by input columns, their scales replicated)
@@ -394,6 +399,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         renamed = stacked_experts(tensors)
         tensors = {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
                    for n, t in tensors.items()}  # fmt: skip
+    if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
+        tensors = _zamba2_as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -447,6 +454,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         and not mc.family.olmo2_norms  # (OLMo Hybrid's: as stored)
     )
     if float32_router and _FLOAT32_ROUTER.search(name):
+        return _float32_router(t, p)
+    if name.endswith("indexer.weights_proj.weight"):  # DeepSeek Sparse Attention's, float32
         return _float32_router(t, p)
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
@@ -510,6 +519,36 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
         shape = (e, 2 * n, h) if which == "gate_up_proj" else (e, h, n)
         new = f"{prefix}{which}.weight"
         out[new] = Stored(new, _HELD, shape, t.nbytes)
+    return out
+
+
+_ZAMBA2_ADAPTER = re.compile(r"^(.+\.self_attn\.)linear_[qkv]_adapter_list\.(\d+)\.([01])\.weight$")
+
+
+def _zamba2_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Zamba2's shared blocks as the engine holds them (`model/zamba2.py`): read from each
+    block's first use (a copy a later hybrid layer holds is not read, as transformers ties it),
+    a use's q/k/v adapters as one `Linear` each way (the three A stacked [3r, 2h], the three B
+    one block-diagonal [3 x 2h, 3r])."""
+    from pagoda.runtime.model.zamba2_config import block_prefix
+
+    z = mc.family.mamba.zamba2
+    read = tuple(block_prefix(mc, b) for b in range(min(z.blocks, sum(z.hybrid))))
+    out: dict[str, Stored] = {}
+    for name, t in tensors.items():
+        if ".shared_transformer." in name and not name.startswith(read):
+            continue
+        m = _ZAMBA2_ADAPTER.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, use, part = m.groups()
+        new = f"{prefix}lora_qkv.{use}.{part}.weight"
+        held = out.get(new)
+        shape = t.shape
+        if held is not None:  # A's rows stacked; B's rows and columns
+            shape = (held.shape[0] + t.shape[0], t.shape[1] + (held.shape[1] if part == "1" else 0))
+        out[new] = Stored(new, t.kind, shape, t.nbytes + (held.nbytes if held else 0))
     return out
 
 

@@ -188,6 +188,10 @@ class ModelRunner:
         if self.mamba is not None:
             log.info("CUDA graphs off: a model with Mamba layers runs its decodes eagerly")
             return
+        mla = self.model_config.family.mla
+        if mla is not None and mla.indexer is not None:  # dense or sparse: chosen per step
+            log.info("CUDA graphs off: DeepSeek Sparse Attention runs its decodes eagerly")
+            return
         self.cuda_graphs = CudaGraphRunner(
             self.model, self.kv_caches, self.block_size, max_num_seqs, max_model_len, self.device
         )

@@ -101,6 +101,34 @@ CASES = {
         "FalconMamba",
         dict(num_hidden_layers=2, state_size=8, use_conv_bias=False, mixer_rms_eps=1e-5),
     ),
+    # Jamba: attention (no rotary) on layers 1 and 3, Mamba-1 mixers with weighted dt/B/C norms
+    # and biased projections on 0 and 2; experts (top 2 of 4, not renormalised) on layers 0
+    # (Mamba) and 3 (attention), dense MLPs on 1 and 2
+    "jamba": (
+        "Jamba",
+        dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
+             expert_layer_period=3, expert_layer_offset=0, num_experts=4, num_experts_per_tok=2,
+             intermediate_size=48, mamba_d_state=8, mamba_proj_bias=True),
+    ),
+    # Zamba2: a Mamba2 mixer in every layer (two groups of B/C, biased projections), two shared
+    # blocks used in turn by three hybrid layers (block 0 twice), LoRA adapters on the MLP and
+    # on q/k/v, rotary, exact GELU
+    "zamba2": (
+        "Zamba2",
+        dict(num_hidden_layers=5, layers_block_type=["mamba", "hybrid", "mamba", "hybrid",
+             "hybrid"], num_attention_heads=4, num_key_value_heads=4, num_mem_blocks=2,
+             use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True,
+             n_mamba_heads=4, mamba_d_state=16, mamba_ngroups=2, chunk_size=8,
+             intermediate_size=96, add_bias_linear=True),
+    ),
+    # Zamba2 as Zamba2-1.2B: one block used by two hybrid layers (the first layer one), adapters
+    # on the MLP only, grouped-query attention without rotary
+    "zamba2-one-block": (
+        "Zamba2",
+        dict(num_hidden_layers=3, layers_block_type=["hybrid", "mamba", "hybrid"],
+             num_attention_heads=4, num_key_value_heads=2, adapter_rank=8, n_mamba_heads=4,
+             mamba_d_state=16, chunk_size=8, intermediate_size=96),
+    ),
 }  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's

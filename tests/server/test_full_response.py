@@ -19,6 +19,7 @@ from pagoda.runtime.sampling.params import SamplingParams
 from pagoda.runtime.server.completions import CompletionEndpoint
 from pagoda.runtime.server.endpoint import Job
 from pagoda.runtime.server.logprobs import TokenStrings
+from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.server.serving import Serving, response_json
 
 TOP = 20
@@ -103,3 +104,57 @@ def test_response_json_is_the_whole_response_as_json():
     usage = {"prompt_tokens": 1}
     assert json.loads(response_json(head, choices, usage)) == {
         **head, "choices": choices, "usage": usage}  # fmt: skip
+
+
+class Refused:
+    """A request stream the engine failed: iterating it raises `error`."""
+
+    def __init__(self, error: Exception) -> None:
+        self.request_id, self.error = "r0", error
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise self.error
+
+
+class BrokenEndpoint(CompletionEndpoint):
+    """An endpoint whose response building has a bug (a parser raising ValueError on output)."""
+
+    def choice(self, *args, **kwargs):
+        raise ValueError("Invalid \\escape")
+
+    def delta(self, *args, **kwargs):
+        raise ValueError("Invalid \\escape")
+
+
+async def _stream_events(serving: Serving, job: Job) -> list[dict]:
+    events = [e async for e in serving.stream_response(job)]
+    return [json.loads(e[len(b"data: ") :]) for e in events[:-1]]
+
+
+async def test_only_the_engines_refusals_are_400s(strings):
+    """A ValueError from the engine's stream (the core refused the request's input) is a 400;
+    one raised while the server builds the response is its own bug: a 500 (whole: the error
+    guard's; streamed: an internal_error event), not a 400 `invalid_request` blaming the
+    request (a tool parser's json.loads error was answered so)."""
+    serving = Serving(None)  # type: ignore[arg-type]
+    try:
+        job = job_of(strings, prompts=1, n=1, tokens=2)
+        job.streams = [Refused(ValueError("prompt refused"))]  # type: ignore[list-item]
+        with pytest.raises(APIError) as e:
+            await serving.full_response(job)
+        assert (e.value.status, e.value.code) == (400, "invalid_request")
+        job.streams = [Refused(ValueError("prompt refused"))]  # type: ignore[list-item]
+        assert (await _stream_events(serving, job))[-1]["error"]["code"] == "invalid_request"
+        job = job_of(strings, prompts=1, n=1, tokens=2)
+        job.endpoint = BrokenEndpoint(("m",), 256)
+        with pytest.raises(ValueError, match="escape"):  # not an APIError: the guard's 500
+            await serving.full_response(job)
+        job = job_of(strings, prompts=1, n=1, tokens=2)
+        job.endpoint = BrokenEndpoint(("m",), 256)
+        err = (await _stream_events(serving, job))[-1]["error"]
+        assert (err["code"], err["message"]) == ("internal_error", "internal error (ValueError)")
+    finally:
+        serving.close()

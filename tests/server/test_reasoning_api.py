@@ -154,3 +154,21 @@ def test_completions_are_left_alone(client):
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
     assert "</think>" in r.choices[0].text
     assert r.usage.completion_tokens_details is None
+
+
+def test_echo_comes_first_in_content_while_the_reply_thinks(client):
+    """echo of an assistant message that opened `<think>`, the reply cut off inside the
+    thinking: content is the echoed text, whole as streamed (vLLM's: the echo prefixes the
+    content). The whole response dropped it (content null) while the stream sent it."""
+    opened = [*ASK, {"role": "assistant", "content": "<think>four"}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    assert "</think>" not in raw(client, opened, 3, **extra)  # the reply is all thinking
+    kw = dict(model=MODEL, messages=opened, max_tokens=3, temperature=0,
+              extra_body={**extra, "echo": True})  # fmt: skip
+    m = client.chat.completions.create(**kw).choices[0].message
+    assert m.content == "<think>four" and m.reasoning_content
+    chunks = client.chat.completions.create(**kw, stream=True)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == m.content
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == (
+        m.reasoning_content)  # fmt: skip

@@ -58,3 +58,18 @@ def test_tool_errors_carry_a_code(client):
         client.chat.completions.create(**{**CALL, "tool_choice": {
             "type": "function", "function": {"name": "sub"}}})  # fmt: skip
     assert (e.value.code, e.value.param) == ("invalid_value", "tool_choice.function.name")
+
+
+def test_a_call_whose_name_is_not_json_stays_content(client):
+    """tool_choice auto, the reply forced (a one-choice structured output) to a Hermes call
+    whose name holds an escape JSON lacks: content, as other malformed calls (it was a 400
+    `invalid_request` whole and an error event streamed: the parser's json.loads raised)."""
+    text = '<tool_call>\n{"name": "f\\x", "arguments": {}}\n</tool_call>'
+    kw = {**CALL, "tool_choice": "auto", "max_tokens": 40,
+          "extra_body": {"structured_outputs": {"choice": [text]}}}  # fmt: skip
+    kw.pop("parallel_tool_calls")
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert (whole.message.content, whole.message.tool_calls) == (text, None)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"

@@ -27,6 +27,7 @@ CALL = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York</a
         "<arg_value>3</arg_value>\n<arg_key>metric</arg_key>\n<arg_value>true</arg_value>\n"
         "<arg_key>hours</arg_key>\n<arg_value>[6, 12]</arg_value>\n</tool_call>")  # fmt: skip
 WEATHER = {"city": "New York", "code": "42", "days": 3, "metric": True, "hours": [6, 12]}
+DEEP = "[" * 1000 + "]" * 1000
 CASES = [
     (CALL, None, [("get_weather", WEATHER)]),
     ("Let me check.\n" + CALL + "\n<tool_call>now\n</tool_call>", "Let me check.",
@@ -35,6 +36,14 @@ CASES = [
     ("<tool_call>unknown<arg_key>a</arg_key><arg_value>{'x': True}</arg_value><arg_key>b"
      "</arg_key><arg_value> two words </arg_value><arg_key>a</arg_key><arg_value>9"
      "</arg_value></tool_call>", None, [("unknown", {"a": {"x": True}, "b": "two words"})]),
+    # nested past json's depth (it raised RecursionError: a 500): the text, as other non-JSON
+    ("<tool_call>unknown<arg_key>a</arg_key><arg_value>" + DEEP + "</arg_value></tool_call>",
+     None, [("unknown", {"a": DEEP})]),
+    # NaN and numbers past a double are no JSON value (json.dumps wrote NaN, Infinity: the
+    # arguments were no JSON): the text
+    ("<tool_call>get_weather<arg_key>days</arg_key><arg_value>NaN</arg_value><arg_key>x"
+     "</arg_key><arg_value>[1e999]</arg_value></tool_call>", None,
+     [("get_weather", {"days": "NaN", "x": "[1e999]"})]),
 ]  # fmt: skip
 PLAIN = ["No call: 2 + 2 = 4.", "<tool_call>\n</tool_call>", "a <tool_call> b"]
 

@@ -34,6 +34,7 @@ INVOKE = ('<invoke name="get_weather">\n<parameter name="city">New York</paramet
           '<parameter name="hours">[6, 12]</parameter>\n</invoke>')  # fmt: skip
 CALL = f"<minimax:tool_call>\n{INVOKE}\n</minimax:tool_call>"
 WEATHER = {"city": "New York", "code": "42", "days": 3, "hours": [6, 12]}
+DEEP = "[" * 1000 + "]" * 1000
 CASES = [
     (CALL, None, [("get_weather", WEATHER)]),
     (f'Let me check.\n<minimax:tool_call>\n{INVOKE}\n<invoke name="now">\n</invoke>\n'
@@ -59,6 +60,13 @@ CASES = [
      '<parameter name="hours">{"a": 1}</parameter></invoke></minimax:tool_call>', None,
      [("set", {"n": "42", "flag": True, "ratio": 2, "pick": 2, "maybe": None, "either": "abc"}),
       ("get_weather", {"days": "three", "code": None, "hours": {"a": 1}})]),
+    # an array nested past json's depth (it raised RecursionError: a 500): the text
+    ('<minimax:tool_call><invoke name="get_weather"><parameter name="hours">' + DEEP +
+     "</parameter></invoke></minimax:tool_call>", None, [("get_weather", {"hours": DEEP})]),
+    # NaN and Infinity are no JSON value (json.dumps wrote them as such: no JSON): the text
+    ('<minimax:tool_call><invoke name="get_weather"><parameter name="days">NaN</parameter>'
+     '<parameter name="hours">[Infinity]</parameter></invoke></minimax:tool_call>', None,
+     [("get_weather", {"days": "NaN", "hours": "[Infinity]"})]),
 ]  # fmt: skip
 PLAIN = ["No call: 2 + 2 = 4.", "<minimax:tool_call>\n</minimax:tool_call>",
          "a <minimax:tool_call> b"]  # fmt: skip

@@ -37,6 +37,10 @@ PLAIN = [
     (Llama3JsonParser(), "The answer is {probably} 4."),
     (Llama3JsonParser(), '{"name": "f"}'),  # no arguments
     (MistralParser(), "Plain [text] with brackets."),
+    # a name whose escape JSON does not have: json.loads raised (a 400 blaming the request)
+    (HermesParser(), '<tool_call>\n{"name": "f\\x", "arguments": {}}\n</tool_call>'),
+    (Llama3JsonParser(), '{"name": "f\\u12", "parameters": {}}'),
+    (MistralParser(), '[TOOL_CALLS][{"name": "\\q", "arguments": {}}]'),
 ]
 
 
@@ -80,6 +84,29 @@ def test_a_call_cut_short_streams_what_it_has():
     assert HermesParser().parse(text) == (text, [])
     content, calls, _ = _streamed(HermesParser(), text, 0)
     assert content == "" and calls == [["f", '{"a": 1']]
+
+
+@pytest.mark.parametrize("parser", [HermesParser(), Llama3JsonParser(), MistralParser()])
+def test_arguments_nested_past_jsons_depth_are_not_a_call(parser):
+    """json.loads raised RecursionError (not a ValueError): a 500 for a whole response."""
+    deep = "[" * 1000 + "]" * 1000
+    for args in (deep, json.dumps(deep)):  # the arguments as JSON, and as a JSON string
+        call = f'{{"name": "f", "{"parameters" if parser.name == "llama3_json" else "arguments"}"'
+        text = {
+            "hermes": f"<tool_call>{call}: {args}}}</tool_call>",
+            "llama3_json": f"{call}: {args}}}",
+            "mistral": f"[TOOL_CALLS][{call}: {args}}}]",
+        }[parser.name]
+        assert parser.parse(text) == (text, [])
+        _streamed(parser, text, 0)  # the final feed parses the whole text too
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_arguments_with_nan_or_infinity_are_not_a_call(literal):
+    """Python's json.loads reads NaN and Infinity, which JSON has not: such arguments were
+    handed out as a call whose arguments no strict JSON parser reads."""
+    text = f'<tool_call>\n{{"name": "f", "arguments": {{"a": [{literal}]}}}}\n</tool_call>'
+    assert HermesParser().parse(text) == (text, [])
 
 
 def test_content_is_not_held_longer_than_a_marker_could_need():

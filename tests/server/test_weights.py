@@ -46,7 +46,9 @@ MLA = dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim
 # V2-Lite's shape (q_proj fused with kv_a_proj_with_mqa, two shared experts); V3's (q_a_proj
 # fused with it, a float32 router with its correction bias)
 DEEPSEEK = {"DeepseekV2": dict(MLA, q_lora_rank=None, n_shared_experts=2),
-            "DeepseekV3": dict(MLA, q_lora_rank=24, n_group=2, topk_group=1)}  # fmt: skip
+            "DeepseekV3": dict(MLA, q_lora_rank=24, n_group=2, topk_group=1),
+            "DeepseekV32": dict(MLA, q_lora_rank=24, n_group=2, topk_group=1, index_n_heads=4,
+                                index_head_dim=32, index_topk=8)}  # fmt: skip
 
 
 def _resave(model, src, dst, dtype):
@@ -68,9 +70,10 @@ def _resave(model, src, dst, dtype):
         ("Phi3", {}),
         ("DeepseekV2", DEEPSEEK["DeepseekV2"]),
         ("DeepseekV3", DEEPSEEK["DeepseekV3"]),
+        ("DeepseekV32", DEEPSEEK["DeepseekV32"]),  # its indexers (float32 weights_proj)
     ],
     ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral", "gemma2-capped",
-         "phi3-fused", "deepseek-v2-lite", "deepseek-v3"],
+         "phi3-fused", "deepseek-v2-lite", "deepseek-v3", "deepseek-v3.2"],
 )  # fmt: skip
 def test_transformers_checkpoints_at_another_dtype(tmp_path, arch, overrides):
     """float32 files served as bf16 (half), bf16 files as float32 (read in place where `qgemm`

@@ -13,6 +13,9 @@ prompts sharing steps, and a pool small enough to preempt.
 - v3-no-interleave: rope_interleave false (rotate-half rotary);
 - youtu (`YoutuForCausalLM`: Youtu-LLM): V3's latent attention (q_lora, interleaved rotary) over
   a dense SwiGLU MLP in every layer, tied embeddings.
+- glm4.7-flash (`Glm4MoeLiteForCausalLM`): DeepSeek-V3's attention and router with the MLP kind
+  of each layer from ``mlp_layer_types`` (here dense, experts, dense: no first_k_dense_replace),
+  v_head_dim above the qk head, one expert group.
 
 Every case caches one latent row per token and layer (kv_lora_rank 32 + qk_rope_head_dim 16)
 and attends in the absorbed form. Also: the cache's size (one row, one tensor), two
@@ -67,6 +70,11 @@ CASES = {
         n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
         rope_interleave=False)),
     "youtu": ("Youtu", dict(MLA, q_lora_rank=24, v_head_dim=32, intermediate_size=96)),
+    "glm4.7-flash": ("Glm4MoeLite", dict(
+        MLA, q_lora_rank=24, v_head_dim=48, n_routed_experts=8, num_experts_per_tok=3,
+        n_group=1, topk_group=1, routed_scaling_factor=1.8, n_shared_experts=1,
+        moe_intermediate_size=32, num_hidden_layers=3,
+        mlp_layer_types=["dense", "sparse", "dense"])),
 }  # fmt: skip
 PREEMPTING = ["v2-lite", "v3", "youtu"]
 
@@ -79,6 +87,11 @@ def write_case(name: str, path, **changes):
     model = make_tiny_model(path, arch, **overrides)
     if arch == "DeepseekV3":  # a correction bias large enough to change the experts picked
         scramble_correction_biases(model, path, overrides["first_k_dense_replace"])
+    if arch == "Glm4MoeLite":  # (its one layer of experts)
+        bias = model.model.layers[1].mlp.gate.e_score_correction_bias
+        with torch.no_grad():
+            bias.copy_(torch.randn(bias.shape, generator=torch.Generator().manual_seed(2)))
+        model.save_pretrained(path)
     return model
 
 
@@ -271,3 +284,54 @@ def test_youtu_sparse_config_reads_as_transformers(tmp_path):
     assert c.family.mla.rope_interleave == theirs.rope_interleave is True
     assert c.family.num_experts == 0 and c.intermediate_size == 96
     assert c.family.attention_multiplier == pytest.approx((32 + 16) ** -0.5)
+
+
+# GLM-4.7-Flash's config.json as the hub has it (its keys, the shapes shrunk to 4 layers): no
+# mlp_layer_types (transformers' default: the first layer dense), a first_k_dense_replace that
+# transformers does not read, rope_theta on top, partial_rotary_factor 1
+GLM47_FLASH = {
+    "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
+    "attention_bias": False, "attention_dropout": 0.0, "pad_token_id": 154820,
+    "eos_token_id": [154820, 154827, 154829], "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 10240, "max_position_embeddings": 202752,
+    "moe_intermediate_size": 1536, "topk_method": "noaux_tc", "norm_topk_prob": True,
+    "num_attention_heads": 20, "n_group": 1, "topk_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 1, "routed_scaling_factor": 1.8, "num_experts_per_tok": 4,
+    "first_k_dense_replace": 1, "num_hidden_layers": 4, "num_key_value_heads": 20,
+    "num_nextn_predict_layers": 1, "partial_rotary_factor": 1.0, "kv_lora_rank": 512,
+    "q_lora_rank": 768, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000, "rope_scaling": None,
+    "tie_word_embeddings": False, "dtype": "bfloat16", "vocab_size": 154880,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("layer_types", [None, ["dense", "sparse", "dense", "sparse"]])
+def test_a_published_glm47_flash_config_reads_as_transformers_reads_it(tmp_path, layer_types):
+    """GLM-4.7-Flash's config.json: the latent row (512 + 64), V3's router with one group and
+    its scaling, the experts in the layers transformers' ``mlp_layer_types`` names (its default
+    where config.json has none), the norm's eps and the rotary base, as transformers reads
+    them."""
+    import json
+
+    from pagoda.runtime.model.loader import read_model_config
+
+    cfg = {**GLM47_FLASH, **({"mlp_layer_types": layer_types} if layer_types else {})}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    ours = read_model_config(str(tmp_path))
+    f = ours.family
+    assert ours.architecture == "glm4_moe_lite"
+    assert (ours.num_kv_heads, ours.head_dim) == (1, 512 + 64)
+    assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
+    assert (f.mla.q_lora_rank, f.mla.v_head_dim, f.mla.rope_interleave) == (768, 256, True)
+    r = f.routing
+    assert (r.scoring, r.topk_method, r.n_group, r.routed_scaling_factor) == (
+        "sigmoid",
+        "noaux_tc",
+        1,
+        theirs.routed_scaling_factor,
+    )
+    assert (f.num_experts, f.num_experts_per_tok, f.norm_topk_prob) == (64, 4, True)
+    assert ours.rms_norm_eps == theirs.rms_norm_eps
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+    assert f.attention_multiplier == pytest.approx((192 + 64) ** -0.5)

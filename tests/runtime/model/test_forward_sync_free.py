@@ -1,6 +1,6 @@
 """The new families' forward passes queue no device-to-host sync, checked on a CPU (DeepSeek-V2/V3,
 gpt-oss, GLM-4, Cohere, Cohere 2, SmolLM3, OLMo 3, GLM-4.5, Llama 4, EXAONE 4, ERNIE 4.5 MoE,
-Hunyuan MoE, PhiMoE, AfMoE).
+Hunyuan MoE, PhiMoE, AfMoE, Zamba2).
 
 On CUDA a decode step is replayed from a CUDA graph and every other step is launched without
 waiting for the device; an ``.item()``, a ``.tolist()``, a data-dependent shape (``nonzero``,
@@ -21,6 +21,7 @@ import pytest
 import torch
 from arch_cases import prompts
 from hf_oracle import _LM_CLASSES, make_tiny_model
+from hybrid_cases import CASES as HYBRID_CASES
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -76,6 +77,9 @@ FAMILIES = {
     "afmoe": ("Afmoe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
               head_dim=32, num_hidden_layers=4, sliding_window=11, global_attn_every_n_layers=2,
               mup_enabled=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)),
+    # Zamba2's forward of its own: shared blocks over the kept embeddings, LoRA adapters
+    # (tests/runtime/hybrid_cases.py)
+    "zamba2": HYBRID_CASES["zamba2"],
 }  # fmt: skip
 
 

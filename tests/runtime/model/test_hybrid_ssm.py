@@ -11,6 +11,10 @@ the whole sequence) at every step.
   blocks (sigmoid-routed ReLU² experts with correction biases, latent projections);
 - Falcon-H1 (`FalconH1ForCausalLM`): attention and Mamba2 side by side in every layer, its µP
   multipliers, the mixer's output norm before the gate, or no norm.
+- Jamba (`JambaForCausalLM`): Mamba-1 mixers with weighted dt/B/C norms among attention
+  layers, experts on some layers (its estimates and configs in test_jamba.py);
+- Zamba2 (`Zamba2ForCausalLM`): Mamba2 mixers, shared blocks reused with per-use LoRA adapters
+  (test_zamba2.py).
 
 Each case runs prompts in 16-token steps (chunked prefill carries the state across chunks; the
 SSD scan's chunk of 8 splits them further), three prompts sharing steps with two state slots
@@ -120,7 +124,9 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
     assert None in runs and any(r not in (None, "one") for r in runs)
 
 
-@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup", "mamba1"])
+@pytest.mark.parametrize(
+    "name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup", "mamba1", "jamba", "zamba2"]
+)
 def test_mixed_lengths_in_one_step(built, monkeypatch, name):
     """One step holds a decode row (a one-token prompt), a long prompt (5 of the scan's
     8-token chunks) and short ones (1 to 11 tokens) in the packed layout, each sequence in

@@ -1,0 +1,102 @@
+"""Jamba (`JambaForCausalLM`) beyond the token-for-token case of test_hybrid_ssm.py (the
+"jamba" entry of tests/runtime/hybrid_cases.py: chunked, batched, preempted against
+transformers' slow torch path): the weights estimate against the built model, the checkpoint
+check naming a missing norm of the mixer, one rank and 16/32 bits only (refused in one line),
+and AI21-Jamba-1.5-Mini's config.json read without weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hf_oracle import make_tiny_model
+from hybrid_cases import CASES
+
+transformers = pytest.importorskip("transformers")
+
+# AI21-Jamba-1.5-Mini's config.json (the fields the runtime reads)
+MINI = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "attn_layer_offset": 4,
+        "attn_layer_period": 8, "bos_token_id": 1, "eos_token_id": [2, 518],
+        "expert_layer_offset": 1, "expert_layer_period": 2, "hidden_act": "silu",
+        "hidden_size": 4096, "intermediate_size": 14336, "mamba_conv_bias": True,
+        "mamba_d_conv": 4, "mamba_d_state": 16, "mamba_dt_rank": 256, "mamba_expand": 2,
+        "mamba_proj_bias": False, "max_position_embeddings": 262144, "num_attention_heads": 32,
+        "num_experts": 16, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "sliding_window": None,
+        "tie_word_embeddings": False, "use_mamba_kernels": True, "vocab_size": 65536}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The "jamba" case's checkpoint written once (no reference tokens: these tests read its
+    shapes and weights): name -> (path, None, loaded checkpoint, None)."""
+    from pagoda.runtime.model.loader import load_model
+
+    path = tmp_path_factory.mktemp("jamba")
+    arch, overrides = CASES["jamba"]
+    make_tiny_model(path, arch, **overrides)
+    loaded = load_model(str(path))
+    return lambda _name: (path, None, loaded, None)
+
+
+def test_jamba_estimates_and_refusals(built):
+    """The weights estimate within 2% of the built model; state slots of Mamba-1's conv and
+    SSM states on the two Mamba layers, a KV cache on the two attention layers; tensor
+    parallelism and FP8 refused in one line (Mamba-1's mixers are neither split nor run in
+    FP8)."""
+    from model_bytes import check_estimate
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.server import memory
+
+    path, _, loaded, _ = built("jamba")
+    mc = loaded.config
+    assert mc.family.mamba.layers == (True, False, True, False) and mc.num_kv_layers == 2
+    assert mc.family.moe_layers == (True, False, False, True) and not mc.family.norm_topk_prob
+    check_estimate(path, rel=0.02)
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
+    parts = memory.check(mc, cfg, path, 256).parts()
+    assert parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
+    with pytest.raises(ValueError, match="not supported for a model with mamba1 layers"):
+        tp_check(mc, 2)
+    fp8 = EngineConfig.create(str(path), device="cpu", quantization="fp8")
+    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(mamba1 layers\)"):
+        check_dtype(fp8, mc)
+
+
+def test_jamba_checkpoint_without_a_mixer_norm_is_refused(built, tmp_path):
+    from pagoda.runtime.model.loader import read_model_config
+    from safetensors.torch import load_file, save_file
+
+    path = built("jamba")[0]
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["model.layers.2.mamba.b_layernorm.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
+    with pytest.raises(ValueError, match=r"missing tensor 'model\.layers\.2\.mamba\.b_layernorm"):
+        read_model_config(str(tmp_path))
+
+
+def test_jamba_1_5_mini_config(tmp_path):
+    """AI21-Jamba-1.5-Mini: attention on 4 of 32 layers (4, 12, 20, 28), experts on the odd
+    ones, d_inner 8192, dt rank 256; 51.6B parameters; a bad period refused in one line."""
+    from pagoda.runtime.model.loader import read_model_config
+
+    (tmp_path / "config.json").write_text(json.dumps(MINI))
+    mc = read_model_config(str(tmp_path))
+    m, f = mc.family.mamba, mc.family
+    assert [i for i in range(32) if not m.layers[i]] == [4, 12, 20, 28] and mc.num_kv_layers == 4
+    assert [i for i in range(32) if f.has_experts(i)] == list(range(1, 32, 2))
+    assert (m.d_inner, m.dt_rank, m.d_state, f.num_experts, f.moe_intermediate_size) == (
+        8192,
+        256,
+        16,
+        16,
+        14336,
+    )
+    assert f.rope_layers == (False,) * 32 and mc.family.sliding_window is None
+    assert 51.3e9 < mc.num_params < 51.9e9  # "52B total parameters"
+    (tmp_path / "config.json").write_text(json.dumps({**MINI, "attn_layer_offset": 8}))
+    with pytest.raises(ValueError, match=r"attn_layer_offset \(8\) must be in \[0, "):
+        read_model_config(str(tmp_path))
