@@ -57,6 +57,7 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/test_dense_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_position_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_qwen3_next.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_olmo_hybrid.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_forward_sync_free.py",  # Triton's interpreter, ops recorded
     "tests/runtime/model/test_gpt_oss.py",  # Triton's interpreter in the engine
     "tests/runtime/model/test_llama4.py",  # Triton's interpreter in the engine, two ranks

@@ -128,7 +128,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
-    out[p + "input_layernorm.weight"] = (h,)
+    if not (c.family.olmo2_norms and c.family.mamba.attention(i)):  # (OLMo Hybrid's: after)
+        out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
         pre_ff = c.architecture in ("bamba", "falcon_h1", "jamba")
         norm = "pre_ff_layernorm" if pre_ff else "post_attention_layernorm"
@@ -356,6 +357,10 @@ def check_checkpoint(
         from pagoda.runtime.model.qwen3_next_config import check_experts
 
         check_experts(config, headers)
+    if config.architecture == "olmo_hybrid":  # its DeltaNet convs, whole or in three parts
+        from pagoda.runtime.model.olmo_hybrid_config import check_conv
+
+        check_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     for name, (dtype, shape) in headers.items():

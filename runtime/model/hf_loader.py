@@ -389,6 +389,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
     if config.architecture in qwen3_next.DEFAULTS:  # Qwen3.5-MoE's stacked experts
         for name, new in qwen3_next.stacked_experts(list(weights)).items():
             weights.rename(name, new)
+    if config.architecture == "olmo_hybrid":  # the published norms' names (OLMo-core's)
+        from pagoda.runtime.model.olmo_hybrid_config import rename_norms
+
+        rename_norms(weights)
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import lfm2_config, qwen3_next_config, zamba2_config
+from pagoda.runtime.model import lfm2_config, olmo_hybrid_config, qwen3_next_config, zamba2_config
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
@@ -64,6 +64,7 @@ ARCHITECTURES = {
     "JambaForCausalLM": "jamba",  # Mamba-1 layers among attention layers, experts (jamba.py)
     **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
     **qwen3_next_config.ARCHITECTURES,  # Qwen3-Next, Qwen3.5: Gated DeltaNet (qwen3_next.py)
+    **olmo_hybrid_config.ARCHITECTURES,  # OLMo Hybrid: Gated DeltaNet, OLMo 3's attention
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
 }
 # transformers' config defaults, where config.json leaves one out
@@ -108,6 +109,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "mamba_dt_rank": "auto", "mamba_conv_bias": True, "mamba_proj_bias": False},
     **lfm2_config.DEFAULTS,
     **qwen3_next_config.DEFAULTS,
+    **olmo_hybrid_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
@@ -366,6 +368,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         return lfm2_config.overrides(cfg)
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.overrides(cfg, arch)
+    if arch in olmo_hybrid_config.DEFAULTS:
+        return olmo_hybrid_config.overrides(cfg)
     if arch == "zamba2":
         return zamba2_config.overrides(cfg)
     if arch in ("mamba", "falcon_mamba"):  # no attention, no MLP: heads of 64 stand in
@@ -394,6 +398,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         return lfm2_config.family_fields(cfg, n)
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.family_fields(cfg, arch, n)
+    if arch in olmo_hybrid_config.DEFAULTS:
+        return olmo_hybrid_config.family_fields(cfg, n)
     if arch == "zamba2":
         return zamba2_config.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -464,6 +470,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         return lfm2_config.expected_shapes(c, i)
     if c.architecture in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.expected_shapes(c, i)
+    if c.architecture in olmo_hybrid_config.DEFAULTS:
+        return olmo_hybrid_config.expected_shapes(c, i)
     if c.architecture == "zamba2":
         return zamba2_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

@@ -75,24 +75,36 @@ class GatedDeltaNet:
     """One Gated DeltaNet layer's weights and forward (module docstring). With tensor
     parallelism a rank holds key heads [r G/N, (r+1) G/N) and the value heads they serve
     (`mamba_shard.shard`): its rows of the projection and channels of the conv, its A, dt_bias
-    and state slots; out_proj row-parallel (one all-reduce)."""
+    and state slots; out_proj row-parallel (one all-reduce). OLMo Hybrid's layer
+    (`olmo_hybrid.py`) names its output projection and gated norm otherwise."""
+
+    out_name, norm_name = "out_proj.weight", "norm.weight"
+
+    def in_proj_weight(self, m: MambaConfig, w: DeviceWeights, p: str) -> torch.Tensor:
+        """The rows of q, k, v, z, b and a in that order (`_in_proj`)."""
+        return _in_proj(m, w, p)
+
+    def conv_weight_of(self, w: DeviceWeights, p: str) -> torch.Tensor:
+        return w[p + "conv1d.weight"]
 
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, eps, ctx):
         p = prefix + "linear_attn."
         s = mamba_shard.shard(m, None if ctx.tp is None else ctx.tp.layout)
         self.m, self.index, self.eps = s.local, index, eps
-        in_proj, conv = _in_proj(m, w, p), w[p + "conv1d.weight"][:, 0, :]  # [C, K]
+        # beta in [0, 2] where negative eigenvalues are allowed (OLMo Hybrid's), else [0, 1]
+        self.beta_scale = 2.0 if m.allow_neg_eigval else 1.0
+        in_proj, conv = self.in_proj_weight(m, w, p), self.conv_weight_of(w, p)[:, 0, :]  # [C, K]
         heads = slice(*s.heads)
         if ctx.tp is not None:  # this rank's rows and channels
             rows = _rank_rows(s)
             in_proj = torch.cat([in_proj[a:b] for a, b in rows])
             conv = torch.cat([conv[a:b] for a, b in rows[:3]])
         self.in_proj = ctx.linear(in_proj.contiguous())
-        self.out_proj = row_linear(ctx, w, p + "out_proj.weight")
+        self.out_proj = row_linear(ctx, w, p + self.out_name)
         self.conv_weight = conv.contiguous()
         self.A = -torch.exp(w.source(p + "A_log")[heads].float()).to(w.device)  # float32 [H]
         self.dt_bias = w[p + "dt_bias"][heads]
-        self.norm = w[p + "norm.weight"]  # [value_dim]: weight * norm (not 1 + w)
+        self.norm = w[p + self.norm_name]  # [value_dim]: weight * norm (not 1 + w)
         m = s.local
         self.scale = m.d_state**-0.5
         self.sizes = [m.conv_dim, m.d_inner, m.n_heads, m.n_heads]
@@ -106,6 +118,8 @@ class GatedDeltaNet:
         conv, state = step.states[self.index]
         qkv, z, b, a = self.in_proj(h).split(self.sizes, dim=-1)
         beta = torch.sigmoid(b).float()
+        if self.beta_scale != 1.0:  # (exact: the 16-bit sigmoid doubled, as transformers')
+            beta = beta * self.beta_scale
         g = self.A * F.softplus(a.float() + self.dt_bias)
         o = torch.empty(t, m.n_heads, m.head_dim, dtype=torch.float32, device=h.device)
         nd = step.num_decodes

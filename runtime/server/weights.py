@@ -71,7 +71,8 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    "model.per_layer_projection_norm.weight")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq")  # fmt: skip
-_FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
+_FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
+          (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"),
           # Qwen3-Next's and Qwen3.5's DeltaNet projections: one matrix (model/qwen3_next.py)
@@ -84,8 +85,8 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_
 _KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
 # a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
 _MAMBA_TENSORS = re.compile(
-    r"(\.(mamba|linear_attn)\.(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
-)  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A)
+    r"(\.(mamba|linear_attn)\.([qkv]_)?(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
+)  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A; OLMo Hybrid's conv in q, k, v parts)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -469,6 +470,7 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         and ".linear_attn." not in name
         and mc.family.mamba is not None
         and (mc.family.mamba.mixer == "gated_deltanet")
+        and not mc.family.olmo2_norms  # (OLMo Hybrid's: as stored)
     )
     if float32_router and _FLOAT32_ROUTER.search(name):
         return _float32_router(t, p)
@@ -643,6 +645,13 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"\b[qk]_norm\.weight$", part) and len(shape) == 2:  # Cohere's, per head
         h0, h1 = lay.heads(shape[0]) if part.startswith("self_attn.q") else lay.kv_heads(shape[0])
         return (h1 - h0) * shape[1], 1
+    if part.startswith(
+        "linear_attn."
+    ):  # Qwen3-Next's, OLMo Hybrid's: every part by heads, the norm whole
+        if part.startswith(("linear_attn.norm.", "linear_attn.o_norm.")):  # (OLMo Hybrid's o_)
+            return rows, cols
+        out = "out_proj." in part or "o_proj." in part
+        return (rows, cols // lay.size) if out else (rows // lay.size, cols)
     if re.search(r"\bq_proj\.(weight|bias)$", part):
         q0, q1 = lay.heads(mc.num_heads)
         gated = mc.family.mamba is not None and mc.family.mamba.attn_output_gate  # (its gates)
@@ -650,10 +659,6 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
-    if part.startswith("linear_attn."):  # Qwen3-Next's: every part by heads, the norm whole
-        if part.startswith("linear_attn.norm."):
-            return rows, cols
-        return (rows, cols // lay.size) if "out_proj." in part else (rows // lay.size, cols)
     if part.startswith(
         "mamba."
     ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors
