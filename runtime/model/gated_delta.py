@@ -120,6 +120,7 @@ def prefill(
     groups: list,  # the step's scan groups (`mamba2.ScanGroup`)
     chunk: int,
     snaps: torch.Tensor | None = None,  # [entries, H, K, V] prefix caching's snapshots
+    rule=chunked,  # `kda.chunked` for a decay per key channel (g [T, H, K])
 ) -> torch.Tensor:
     """o [T, H, V] float32: `chunked` over each group of sequences in its packed layout, from
     their states in `ssm`, which get the final ones. With `snaps`, a group's `snap_chunks`'
@@ -132,7 +133,7 @@ def prefill(
         keep = None
         if snaps is not None and grp.snap_chunks is not None and grp.snap_chunks.numel():
             keep = (grp.snap_chunks, snaps, grp.snap_entries)
-        o = chunked(*parts, state, chunk, grp.counts, keep)
+        o = rule(*parts, state, chunk, grp.counts, keep)
         del parts
         ssm.index_copy_(0, grp.slots, state.to(ssm.dtype))
         out.index_copy_(0, grp.tokens, o[grp.chunk_of, :, grp.in_chunk])

@@ -1,0 +1,98 @@
+"""Kimi Delta Attention's rule (Kimi Linear's linear-attention layers): the gated delta rule of
+`gated_delta.py` with a decay per key channel instead of per head, in torch: a port of
+transformers' `chunk_kimi_delta_attention` (prefill chunks) and `recurrent_kimi_delta_attention`
+(decode rows). Per head, a state S [key_dim, value_dim] and per token (q and k L2-normalised, q
+scaled by key_dim ** -0.5, g [key_dim] <= 0 the log decay of each key channel):
+
+    S <- diag(exp(g)) S;    S <- S + k (beta (v - k^T S))^T;    o = q^T S
+
+The prefill runs in `gated_delta.prefill`'s packed layout (`rule=chunked`); the per-head rule
+keeps its cheaper [chunk, chunk] decay, this one needs [chunk, chunk, key_dim] per head.
+States and outputs are float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def recurrent_step(
+    state: torch.Tensor,  # [S, H, K, V] float32: updated in place
+    q: torch.Tensor,  # [S, H, K] float32, normalised and scaled
+    k: torch.Tensor,  # [S, H, K] float32, normalised
+    v: torch.Tensor,  # [S, H, V] float32
+    g: torch.Tensor,  # [S, H, K] float32 (log decay per key channel)
+    beta: torch.Tensor,  # [S, H] float32
+) -> torch.Tensor:
+    """One token of each of S sequences: o [S, H, V]; `state` holds the new states."""
+    state.mul_(torch.exp(g)[..., None])
+    kv_mem = torch.matmul(k.unsqueeze(-2), state).squeeze(-2)  # [S, H, V]: k^T S
+    delta = (v - kv_mem) * beta[..., None]
+    state.add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
+    return torch.matmul(q.unsqueeze(-2), state).squeeze(-2)
+
+
+def chunked(
+    q: torch.Tensor,  # [R, H, K] float32, packed (R = chunks * C), normalised and scaled
+    k: torch.Tensor,  # [R, H, K] float32, normalised (0 on padding)
+    v: torch.Tensor,  # [R, H, V] float32
+    g: torch.Tensor,  # [R, H, K] float32 (0 on padding)
+    beta: torch.Tensor,  # [R, H] float32 (0 on padding)
+    state: torch.Tensor,  # [S, H, K, V] float32, each sequence's state (sorted order): updated
+    chunk: int,
+    counts: list[int],  # sequences with a chunk at each chunk position (`ssd.ScanGroup`)
+    keep: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """o [chunks, H, C, V] of the packed rows (`gated_delta.chunked`'s form, the decay
+    per key channel); `state` holds the final states; `keep` as `gated_delta.chunked`'s."""
+    R, H, _ = k.shape
+    nc, C = R // chunk, chunk
+
+    def chunks(t: torch.Tensor) -> torch.Tensor:  # [R, H, D] -> [nc, H, C, D]
+        return t.view(nc, C, H, -1).transpose(1, 2)
+
+    q, k, v = chunks(q), chunks(k), chunks(v)
+    beta = beta.view(nc, C, H).transpose(1, 2)  # [nc, H, C]
+    cum = chunks(g).cumsum(-2)  # [nc, H, C, K]
+    tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    # exp(cum_i - cum_j) per key channel below the diagonal (the clamp as gated_delta's)
+    decay = (cum[..., :, None, :] - cum[..., None, :, :]).clamp_(-80.0, 0.0).exp_()
+    decay.mul_(tril[..., None])  # [nc, H, C, C, K]
+    k_beta = k * beta[..., None]
+    system = torch.einsum("nhik,nhjk,nhijk->nhij", k_beta, k, decay)
+    system = system.tril(-1) + torch.eye(C, device=q.device)
+    intra = torch.einsum("nhik,nhjk,nhijk->nhij", q, k, decay)
+    del decay
+    values = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False,
+                                           unitriangular=True)  # fmt: skip
+    k_cumdecay = torch.linalg.solve_triangular(system, k_beta * cum.exp(), upper=False,
+                                               unitriangular=True)  # fmt: skip
+    del system, k_beta
+    q = q * cum.exp()
+    k = k * (cum[..., -1:, :] - cum).exp()
+    chunk_decay = cum[..., -1, :].exp()[..., None]  # [nc, H, K, 1]
+    out = torch.empty_like(values)
+    starts = None if keep is None else state.new_empty(nc, *state.shape[1:])
+    off = 0
+    for n in counts:  # the recurrence over chunk positions, all sequences at once
+        rows = slice(off, off + n)
+        s = state[:n]
+        if starts is not None:
+            starts[rows] = s
+        v_new = values[rows] - torch.matmul(k_cumdecay[rows], s)
+        out[rows] = torch.matmul(q[rows], s) + torch.matmul(intra[rows], v_new)
+        state[:n] = s * chunk_decay[rows] + torch.matmul(k[rows].transpose(-1, -2), v_new)
+        off += n
+    if keep is not None:
+        at_chunks, dst, at = keep
+        dst.index_copy_(0, at, starts.index_select(0, at_chunks).to(dst.dtype))
+    return out
+
+
+def prefill_bytes(tokens: int, heads: int, key_dim: int, value_dim: int, chunk: int) -> int:
+    """An upper bound on the prefill's float32 temporaries (`gated_delta.prefill_bytes`'s, plus
+    the [chunk, key_dim] decay per head and packed row)."""
+    from pagoda.runtime.model.ssd import scan_rows
+
+    rows = scan_rows(tokens, chunk)
+    return int(rows * heads * (3 * chunk + chunk * key_dim + 9 * max(key_dim, value_dim)) * 4)

@@ -1,0 +1,62 @@
+"""Kimi Delta Attention's rule (`model/kda.py`: the gated delta rule with a decay per key
+channel) against transformers' torch rules for Kimi Linear: `gated_delta.prefill` with
+`rule=kda.chunked` over three packed sequences, each from its own state (chunks saved for
+prefix caching included), and one `kda.recurrent_step` of all three."""
+
+from __future__ import annotations
+
+import torch
+
+
+def test_the_per_channel_rule_is_transformers_over_the_packed_layout():
+    from pagoda.runtime.model import gated_delta, kda
+    from pagoda.runtime.model.mamba2 import ScanGroup
+    from pagoda.runtime.model.ssd import pack
+    from transformers.models.kimi_linear import modeling_kimi_linear as hf
+
+    torch.manual_seed(0)
+    lens, H, K, V, chunk = [19, 1, 8], 2, 16, 8, 8
+    T = sum(lens)
+    q, k = torch.randn(T, H, K), torch.randn(T, H, K)
+    v, g, beta = torch.randn(T, H, V), -torch.rand(T, H, K) * 2, torch.rand(T, H)
+    start = torch.randn(3, H, K, V)
+    ssm = torch.zeros(5, H, K, V)
+    slots = torch.tensor([3, 0, 4])
+    ssm[slots] = start
+    p = pack(lens, chunk, 4)
+    groups = [ScanGroup(grp.counts, grp.num_chunks, slots[torch.from_numpy(p.order)][slice(*grp.seqs)],
+                        *(torch.from_numpy(a) for a in (grp.tokens, grp.rows, grp.chunk_of, grp.in_chunk)))
+              for grp in p.groups]  # fmt: skip
+    # the start state of the first sequence's second chunk saved into snapshot entry 1
+    assert p.order[0] == 0 and p.groups[0].seqs[0] == 0
+    groups[0].snap_chunks = torch.tensor([groups[0].counts[0]])
+    groups[0].snap_entries = torch.tensor([1])
+    snaps = torch.zeros(2, H, K, V)
+    qn, kn = gated_delta.l2norm(q) * K**-0.5, gated_delta.l2norm(k)
+    out = gated_delta.prefill(qn, kn, v, g, beta, ssm, groups, chunk, snaps, rule=kda.chunked)
+    off = 0
+    for i, n in enumerate(lens):
+        rows = slice(off, off + n)
+        want, final = hf.chunk_kimi_delta_attention(
+            q[None, rows], k[None, rows], v[None, rows], g[None, rows], beta[None, rows],
+            chunk_size=chunk, initial_state=start[i : i + 1], output_final_state=True,
+            use_qk_l2norm_in_kernel=True)  # fmt: skip
+        torch.testing.assert_close(out[rows], want[0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ssm[slots[i]], final[0], atol=1e-4, rtol=1e-4)
+        off += n
+    first = slice(0, chunk)
+    _, at_chunk = hf.recurrent_kimi_delta_attention(
+        q[None, first], k[None, first], v[None, first], g[None, first], beta[None, first],
+        initial_state=start[:1], output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    torch.testing.assert_close(snaps[1], at_chunk[0], atol=1e-4, rtol=1e-4)
+    assert not snaps[0].any()
+    state = ssm[slots].clone()
+    x = [torch.randn(3, H, d) for d in (K, K, V)]
+    gt, bt = -torch.rand(3, H, K), torch.rand(3, H)
+    got = kda.recurrent_step(state, gated_delta.l2norm(x[0]) * K**-0.5,
+                             gated_delta.l2norm(x[1]), x[2], gt, bt)  # fmt: skip
+    want, final = hf.recurrent_kimi_delta_attention(
+        x[0][:, None], x[1][:, None], x[2][:, None], gt[:, None], bt[:, None],
+        initial_state=ssm[slots], output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    torch.testing.assert_close(got, want[:, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, final, atol=1e-5, rtol=1e-5)
