@@ -43,7 +43,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token id, logprob) alternatives, best first
-    # prompt logprobs: tokens at least as likely as this one (vLLM's rank, 1 = the best)
+    # its place in the row by value, ties by index (vLLM's rank, 1 = the best)
     rank: int | None = None
 
 

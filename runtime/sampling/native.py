@@ -184,8 +184,9 @@ def logprob_rows(
 
 
 def rank_rows(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Per row, how many entries are at least the row's token's (int64 [N]; 1 = the best):
-    vLLM's rank of a prompt token, without an [N, V] mask."""
+    """Per row, the token's place in the row by value, ties by index (int64 [N]; 1 = the best;
+    `ops.rank_by_index`): vLLM's rank of a sampled or prompt token, its place in the top-k lists
+    whatever k is, without an [N, V] mask."""
     x = logits.contiguous()
     n, v = x.shape
     t = tokens.long().contiguous()

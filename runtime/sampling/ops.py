@@ -217,6 +217,16 @@ def sample_candidates(
 ROWS_AT_ONCE = 512
 
 
+def rank_by_index(rows: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Each row's token `own` [M, 1]: its place in the row ordered by value, ties by index (1 =
+    the best), as the top-k lists rank tokens, so a token's rank does not depend on k. vLLM's
+    `(x >= t).sum(-1)` puts a tied token after its equals: with bfloat16 logits a sampled token
+    among the top k then had another rank than when it was not."""
+    t = rows.gather(1, own)
+    before = torch.arange(rows.shape[1], device=rows.device) <= own
+    return (rows > t).sum(-1) + ((rows == t) & before).sum(-1)
+
+
 def score_rows(
     logits: torch.Tensor, targets: torch.Tensor, k: int, ranks: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
@@ -225,7 +235,8 @@ def score_rows(
     row's top `k` (ids, logprobs; None for k = 0). On CPU
     the native kernels read the rows as they are (float32 or bfloat16) without writing a
     log-softmax; elsewhere a float32 log-softmax, `ROWS_AT_ONCE` rows at a time. Ranks compare
-    the logits themselves (a log-softmax keeps their order), as the native kernel does."""
+    the logits themselves (a log-softmax keeps their order), as the native kernel does, ties by
+    index (`rank_by_index`)."""
     if native.usable(logits):
         chosen, top_ids, top_lps = native.logprob_rows(logits, targets, k)
         return chosen, native.rank_rows(logits, targets) if ranks else None, top_ids, top_lps
@@ -235,7 +246,7 @@ def score_rows(
         lp = rows.float().log_softmax(-1)
         chosen.append(lp.gather(1, own).squeeze(1))
         if ranks:
-            rank.append((rows >= rows.gather(1, own)).sum(-1))
+            rank.append(rank_by_index(rows, own))
         if k:
             top = lp.topk(k, dim=-1)
             ids.append(top.indices)

@@ -36,7 +36,7 @@ class PromptScores:
     """The scores of a step's `PromptRows` (device tensors until read back)."""
 
     chosen: torch.Tensor  # [M] float32 the prompt token's logprob
-    rank: torch.Tensor | None  # [M] int64 tokens at least as likely (1 = the best), if asked
+    rank: torch.Tensor | None  # [M] int64 place by value, ties by index (1 = best), if asked
     top_ids: torch.Tensor | None  # [M, k]
     top_logprobs: torch.Tensor | None  # [M, k]
 

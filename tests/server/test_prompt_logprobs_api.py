@@ -110,7 +110,8 @@ def check_vllm_shape(model, ids: list[int], got: list, k: int) -> None:
         assert next(iter(entry)) == str(ids[j])
         own = entry[str(ids[j])]
         assert own["logprob"] == pytest.approx(float(row[ids[j]]), abs=TOL)
-        assert own["rank"] == int((row >= row[ids[j]]).sum())
+        t = ids[j]  # its place by value, ties by index (as the engine ranks them)
+        assert own["rank"] == int((row > row[t]).sum() + (row[: t + 1] == row[t]).sum())
         assert own["decoded_token"] == f"w{ids[j]}"
         top = row.topk(k)
         for rank, (t, v) in enumerate(zip(top.indices.tolist(), top.values.tolist()), 1):

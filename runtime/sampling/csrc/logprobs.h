@@ -51,10 +51,13 @@ int logprob_rows(const void *x, int bf16, int64_t v, const int64_t *rows, const 
     return rc;
 }
 
-/* Prompt logprobs' ranks (`rank_rows`): per row, how many entries are at least the chosen
-   token's logit (1 = the best; the log-softmax keeps the order, so the logits are compared as
-   they are). One pass in chunks, rows as in logprob_rows; rank [n]. PyTorch's `(x >= t).sum(-1)`
-   writes an [n, v] mask first: ~10x slower on the Xeon. */
+/* The chosen or prompt token's rank (`rank_rows`): its place in the row's order, by value and
+   ties by index as everywhere in the sampler (1 = the best): the entries above its logit and the
+   entries equal to it at or before its index. So it is the token's place in `best_k`'s list
+   whatever k is (vLLM's `(x >= t).sum(-1)` ranks a tied token last, below its own top-k place:
+   with bf16 logits a sampled token's rank then changed with the logprobs count). The log-softmax
+   keeps the order, so the logits are compared as they are. One pass in chunks, rows as in
+   logprob_rows; rank [n]. PyTorch's mask sums write [n, v] masks first: ~10x slower on the Xeon. */
 int rank_rows(const void *x, int bf16, int64_t v, const int64_t *token, int64_t *rank, int64_t n,
               int64_t *next, int64_t block) {
     size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
@@ -64,12 +67,12 @@ int rank_rows(const void *x, int bf16, int64_t v, const int64_t *token, int64_t 
             const void *row = (const char *)x + r * row_bytes;
             float one[1];
             float t = *chunk(row, bf16, token[r], 1, one);
-            int64_t count = 0;
+            int64_t count = 0, own = token[r];
             for (int64_t lo = 0; lo < v; lo += CH) {
-                int64_t len = v - lo < CH ? v - lo : CH;
+                int64_t len = v - lo < CH ? v - lo : CH, last = own - lo; /* ties up to here */
                 const float *c = chunk(row, bf16, lo, len, buf);
 #pragma omp simd reduction(+ : count)
-                for (int64_t j = 0; j < len; j++) count += c[j] >= t;
+                for (int64_t j = 0; j < len; j++) count += (c[j] > t) | ((c[j] == t) & (j <= last));
             }
             rank[r] = count;
         }

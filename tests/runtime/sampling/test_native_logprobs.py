@@ -14,6 +14,12 @@ from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 pytestmark = pytest.mark.skipif(not native.available(), reason="no native kernels")
 
 
+def place_by_index(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Each row's token's place in the row by value, ties by index (stable sort; 1 = the best)."""
+    order = x.float().sort(dim=-1, descending=True, stable=True).indices
+    return (order == tokens[:, None]).int().argmax(-1) + 1
+
+
 def torch_reference(x: torch.Tensor, tokens: torch.Tensor, k: int):
     """log_softmax in float64; top-k ordered by value, then index (stable sort)."""
     lp = x.double().log_softmax(-1)
@@ -69,9 +75,10 @@ def test_sample_returns_them_for_bfloat16_logits_as_for_their_float32_copy():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("v", [300, 32001])
-def test_rank_rows_counts_entries_at_least_the_tokens(v, dtype):
-    """Prompt logprobs' rank (`native.rank_rows`): entries >= the token's logit, ties counted
-    (a row of equal logits ranks every token last), -inf rows and the best token (rank 1)."""
+def test_rank_rows_places_the_tokens_ties_by_index(v, dtype):
+    """Prompt logprobs' rank (`native.rank_rows`): the token's place by value, ties by index as
+    in the top-k lists (a row of equal logits ranks token i at i + 1; vLLM's >= count ranked
+    them all last), -inf rows and the best token (rank 1)."""
     torch.manual_seed(v)
     x = (torch.randn(37, v) * 4).to(dtype)
     x[1] = 0.0
@@ -80,13 +87,13 @@ def test_rank_rows_counts_entries_at_least_the_tokens(v, dtype):
     tokens[3] = int(x[3].float().argmax())
     rank = native.rank_rows(x, tokens)
     assert rank.dtype == torch.int64
-    assert torch.equal(rank, (x >= x.gather(1, tokens[:, None])).sum(-1))
-    assert rank[1] == v and rank[3] == 1
+    assert torch.equal(rank, place_by_index(x, tokens))
+    assert rank[1] == tokens[1] + 1 and rank[3] == 1
 
 
 def test_the_sampled_tokens_rank_as_vllm_counts_it_on_both_paths(monkeypatch):
-    """`SamplerOutput.ranks`: entries at or above the sampled token (ties count against it), from
-    the native kernels and from the PyTorch path alike."""
+    """`SamplerOutput.ranks`: the sampled token's place by value, ties by index, from the native
+    kernels and from the PyTorch path alike."""
     torch.manual_seed(4)
     x = torch.randn(5, 3000) * 4
     x[0, :7] = x[0, 7]
@@ -102,7 +109,31 @@ def test_the_sampled_tokens_rank_as_vllm_counts_it_on_both_paths(monkeypatch):
     monkeypatch.setattr(native, "usable", lambda *_: False)
     b = run()
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.ranks, b.ranks)
-    assert torch.equal(a.ranks, (x >= x.gather(1, a.token_ids[:, None])).sum(-1))
+    assert torch.equal(a.ranks, place_by_index(x, a.token_ids))
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_a_tied_sampled_tokens_rank_is_its_top_k_place(monkeypatch, k):
+    """bfloat16 logits tie often: a sampled token among the top k has its rank at its place in
+    the top-k list, and the same rank when it is not among them (`LLM.generate`'s logprobs
+    would otherwise give it another rank for another k), on both paths."""
+    torch.manual_seed(6)
+    x = (torch.randn(64, 3000) * 2).round().bfloat16()  # a few values, many ties
+    ps = [SamplingParams(temperature=1.0, seed=i, logprobs=k) for i in range(64)]
+    reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(ps)]
+    outs = []
+    for _ in range(2):  # native kernels, then the PyTorch path
+        for r in reqs:
+            r.generator = torch.Generator().manual_seed(r.params.seed)
+        outs.append(sample(x.clone(), SamplingBatch.build(reqs, 3000, torch.device("cpu"))))
+        monkeypatch.setattr(native, "usable", lambda *_: False)
+    a, b = outs
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.ranks, b.ranks)
+    assert torch.equal(a.ranks, place_by_index(x, a.token_ids))
+    inside = a.top_ids == a.token_ids[:, None]
+    rows, places = inside.nonzero().unbind(1)
+    assert rows.numel() > 0 and torch.equal(a.ranks[rows], places + 1)
+    assert (a.ranks[~inside.any(1)] > k).all()
 
 
 def test_ranks_only_for_a_row_that_wants_them(monkeypatch):
@@ -123,7 +154,7 @@ def test_ranks_only_for_a_row_that_wants_them(monkeypatch):
         assert without.ranks is None and mixed.ranks is not None
         assert torch.equal(without.token_ids, mixed.token_ids)
         assert torch.equal(without.logprobs, mixed.logprobs)
-        assert torch.equal(mixed.ranks, (x >= x.gather(1, mixed.token_ids[:, None])).sum(-1))
+        assert torch.equal(mixed.ranks, place_by_index(x, mixed.token_ids))
         monkeypatch.setattr(native, "usable", lambda *_: False)
     with pytest.raises(ParamError):
         SamplingParams(logprob_ranks=1)
