@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import torch
 
+# The most float32 elements of the intra-chunk decay [chunks, H, C, C, K] held at once (256 MiB;
+# a 64-token chunk of 32 heads at key_dim 128 is 2 ** 24 of them, so 4 chunks a group)
+DECAY_ELEMENTS = 2**26
+
 
 def recurrent_step(
     state: torch.Tensor,  # [S, H, K, V] float32: updated in place
@@ -55,14 +59,20 @@ def chunked(
     beta = beta.view(nc, C, H).transpose(1, 2)  # [nc, H, C]
     cum = chunks(g).cumsum(-2)  # [nc, H, C, K]
     tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    # exp(cum_i - cum_j) per key channel below the diagonal (the clamp as gated_delta's)
-    decay = (cum[..., :, None, :] - cum[..., None, :, :]).clamp_(-80.0, 0.0).exp_()
-    decay.mul_(tril[..., None])  # [nc, H, C, C, K]
     k_beta = k * beta[..., None]
-    system = torch.einsum("nhik,nhjk,nhijk->nhij", k_beta, k, decay)
-    system = system.tril(-1) + torch.eye(C, device=q.device)
-    intra = torch.einsum("nhik,nhjk,nhijk->nhij", q, k, decay)
-    del decay
+    system, intra = q.new_empty(nc, H, C, C), q.new_empty(nc, H, C, C)
+    # the [C, C, K] decay per head and chunk, in groups of chunks of at most DECAY_ELEMENTS
+    step = max(1, DECAY_ELEMENTS // (H * C * C * k.shape[-1]))
+    for a in range(0, nc, step):
+        at = slice(a, a + step)
+        c = cum[at]
+        # exp(cum_i - cum_j) per key channel below the diagonal (the clamp as gated_delta's)
+        decay = (c[..., :, None, :] - c[..., None, :, :]).clamp_(-80.0, 0.0).exp_()
+        decay.mul_(tril[..., None])  # [chunks, H, C, C, K]
+        system[at] = torch.einsum("nhik,nhjk,nhijk->nhij", k_beta[at], k[at], decay)
+        intra[at] = torch.einsum("nhik,nhjk,nhijk->nhij", q[at], k[at], decay)
+        del decay
+    system = system.tril_(-1) + torch.eye(C, device=q.device)
     values = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False,
                                            unitriangular=True)  # fmt: skip
     k_cumdecay = torch.linalg.solve_triangular(system, k_beta * cum.exp(), upper=False,
@@ -91,8 +101,11 @@ def chunked(
 
 def prefill_bytes(tokens: int, heads: int, key_dim: int, value_dim: int, chunk: int) -> int:
     """An upper bound on the prefill's float32 temporaries (`gated_delta.prefill_bytes`'s, plus
-    the [chunk, key_dim] decay per head and packed row)."""
+    a [key_dim] row per head and packed row (the cumulative decay), plus one group's decay:
+    at most `DECAY_ELEMENTS`, or one chunk's where that is more)."""
     from pagoda.runtime.model.ssd import scan_rows
 
     rows = scan_rows(tokens, chunk)
-    return int(rows * heads * (3 * chunk + chunk * key_dim + 9 * max(key_dim, value_dim)) * 4)
+    per_chunk = heads * chunk * chunk * key_dim
+    group = min(rows // chunk, max(1, DECAY_ELEMENTS // per_chunk)) * per_chunk
+    return int((rows * heads * (3 * chunk + 9 * max(key_dim, value_dim)) + group) * 4)

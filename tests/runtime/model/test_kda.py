@@ -1,14 +1,17 @@
 """Kimi Delta Attention's rule (`model/kda.py`: the gated delta rule with a decay per key
 channel) against transformers' torch rules for Kimi Linear: `gated_delta.prefill` with
 `rule=kda.chunked` over three packed sequences, each from its own state (chunks saved for
-prefix caching included), and one `kda.recurrent_step` of all three."""
+prefix caching included), its intra-chunk decay in groups of one, two and all chunks, and one
+`kda.recurrent_step` of all three."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
-def test_the_per_channel_rule_is_transformers_over_the_packed_layout():
+@pytest.mark.parametrize("group", [1, 2, None])
+def test_the_per_channel_rule_is_transformers_over_the_packed_layout(group, monkeypatch):
     from pagoda.runtime.model import gated_delta, kda
     from pagoda.runtime.model.mamba2 import ScanGroup
     from pagoda.runtime.model.ssd import pack
@@ -17,6 +20,8 @@ def test_the_per_channel_rule_is_transformers_over_the_packed_layout():
     torch.manual_seed(0)
     lens, H, K, V, chunk = [19, 1, 8], 2, 16, 8, 8
     T = sum(lens)
+    if group is not None:  # DECAY_ELEMENTS as `group` chunks' decay
+        monkeypatch.setattr(kda, "DECAY_ELEMENTS", group * H * chunk * chunk * K)
     q, k = torch.randn(T, H, K), torch.randn(T, H, K)
     v, g, beta = torch.randn(T, H, V), -torch.rand(T, H, K) * 2, torch.rand(T, H)
     start = torch.randn(3, H, K, V)
@@ -33,6 +38,7 @@ def test_the_per_channel_rule_is_transformers_over_the_packed_layout():
     groups[0].snap_entries = torch.tensor([1])
     snaps = torch.zeros(2, H, K, V)
     qn, kn = gated_delta.l2norm(q) * K**-0.5, gated_delta.l2norm(k)
+    assert max(grp.num_chunks for grp in groups) > 2  # a group of several decay groups
     out = gated_delta.prefill(qn, kn, v, g, beta, ssm, groups, chunk, snaps, rule=kda.chunked)
     off = 0
     for i, n in enumerate(lens):
