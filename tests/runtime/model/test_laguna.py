@@ -95,3 +95,46 @@ def test_the_weights_from_shapes_as_from_its_tensors(built, name):
     ckpt = weights.read_checkpoint(path, mc.architecture)
     got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", 1, None))
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=1e-6)
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("TRITON_INTERPRET") != "1",
+    reason="CPU run of Triton kernels needs TRITON_INTERPRET=1",
+)
+def test_triton_backend_with_query_heads_by_layer(built):
+    """The Triton backend (the prefill, SDPA and decode kernels) reading each layer's query
+    heads from its q (4, 8, 2 over one backend of the model's 4), chunked and batched, one
+    prompt past the window: transformers' tokens and logits."""
+    pytest.importorskip("triton")
+    from arch_cases import check, generate, prompts
+    from hf_oracle import hf_greedy_plain
+    from pagoda.runtime import LLM
+
+    _, model, loaded, _ = built("laguna")
+    short = [p[:n] for p, n in zip(prompts(), (19, 8))]
+    reference = [hf_greedy_plain(model, p, 6) for p in short]
+    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
+              kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4,
+              batch_invariant=False)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
+        check(got, want, f"laguna on Triton: prompt {i}")
+
+
+def test_a_published_style_config_reads_transformers_defaults(tmp_path):
+    """A sparse config.json (poolside/laguna-XS.2's keys left to LagunaConfig's defaults):
+    full-attention layers at base 500000 rotating half of each head, sliding ones at 10000
+    whole, heads by layer from num_attention_heads, the first MLP dense."""
+    import json
+
+    cfg = {"architectures": ["LagunaForCausalLM"], "model_type": "laguna",
+           "num_hidden_layers": 4, "layer_types": [SLIDING, SLIDING, SLIDING, FULL]}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_model_config(str(tmp_path))
+    f = mc.family
+    assert (mc.num_heads, mc.num_kv_heads, mc.head_dim) == (48, 8, 128)
+    assert mc.rope_theta == 500_000.0 and mc.rope_scaling["partial_rotary_factor"] == 0.5
+    assert f.laguna.heads == (48,) * 4 and f.laguna.gate_per_head
+    assert (f.laguna.local_rope_theta, f.laguna.local_rotary) == (10_000.0, 1.0)
+    assert f.sliding_window == 512 and f.window_layers == (True, True, True, False)
+    assert f.moe_layers == (False, True, True, True) and f.num_experts == 256
+    assert f.num_experts_per_tok == 8 and f.shared_expert_intermediate_size == 512
