@@ -13,6 +13,7 @@ from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     Gemma4Layers,
+    LagunaAttention,
     Llama4Attention,
     MambaConfig,
     MlaConfig,
@@ -127,6 +128,8 @@ class FamilyConfig:
     # Gemma 4 (model/gemma4.py): head sizes, KV heads and MLP widths by layer, KV-shared
     # layers, per-layer inputs, the MoE block beside the MLP
     gemma4: Gemma4Layers | None = None
+    # Laguna (model/laguna.py): query heads by layer, the output gate, the sliding layers' rotary
+    laguna: LagunaAttention | None = None
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'

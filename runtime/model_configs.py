@@ -385,6 +385,20 @@ class MambaConfig:
 
 
 @dataclass(frozen=True)
+class LagunaAttention:
+    """Laguna's attention (`model/laguna.py`, read by `model/laguna_config.py`): query heads
+    by layer (`num_attention_heads_per_layer`; KV heads and head size are the model's), the
+    softplus output gate's width (one per head, or per head element), and the sliding layers'
+    rotary (base, rotating fraction of the head); the full-attention layers' is
+    `ModelConfig.rope_theta` / `rope_scaling`'s `partial_rotary_factor`."""
+
+    heads: tuple[int, ...]
+    gate_per_head: bool = True
+    local_rope_theta: float = 10_000.0
+    local_rotary: float = 1.0
+
+
+@dataclass(frozen=True)
 class Gemma4Layers:
     """Gemma 4's text model (`model/gemma4.py`, read by `model/gemma4_config.py`): what differs
     layer by layer, and the per-layer inputs. `ModelConfig.head_dim` / `num_kv_heads` are the

@@ -47,6 +47,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
+            g, qi = c.family.laguna, c.family.laguna.heads[i] * d
+            out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
+                        a + "g_proj.weight": (qi // d if g.gate_per_head else qi, h)})  # fmt: skip
         if c.family.qk_norm and c.family.cohere_layer:  # a weight per head
             out[a + "q_norm.weight"] = (c.num_heads, d)
             out[a + "k_norm.weight"] = (c.num_kv_heads, d)

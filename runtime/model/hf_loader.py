@@ -237,7 +237,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     gen = {} if model_dir is None else _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
+    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna") else None  # per layer kind
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
         if read_quantization(model_dir) is not None:

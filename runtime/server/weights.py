@@ -90,7 +90,7 @@ _MAMBA_TENSORS = re.compile(
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
-                             r"((gate|moe_statics)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
+                             r"((gate|moe_statics|experts)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
@@ -266,6 +266,11 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
     if mc.architecture == "afmoe":  # attention's output gate (as q)
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
+    if mc.family.laguna is not None:  # query heads by layer (their mean), the softplus gate
+        g = mc.family.laguna  # (one rank, 16 or 32 bits: its TP and FP8 are refused)
+        heads, gates = sum(g.heads) / mc.num_layers, 1 if g.gate_per_head else d
+        attn = h * d * (2 * heads + 2 * kv) + h * heads * gates
+        attn_rows = (heads + 2 * kv) * d + h + heads * gates
     if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v, router
         e, kv_width = mc.family.num_experts, mc.num_kv_heads * d  # (one rank: TP refused)
         attn = h * kv_width * (2 * e + 2) + e * h
