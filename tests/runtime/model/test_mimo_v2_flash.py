@@ -107,3 +107,14 @@ def test_tensor_parallelism_and_fp8_are_refused_in_one_line(built, option):
     with pytest.raises(ValueError, match="not supported for a mimo_v2_flash model") as e:
         LLM(loaded=built[2], dtype="float32", **option)
     assert "\n" not in str(e.value)
+
+
+def test_an_fp8_checkpoint_is_refused_in_one_line(built, tmp_path):
+    """The published checkpoint's form (block-wise FP8): not tested here, so refused."""
+    cfg = json.loads((built[0] / "config.json").read_text())
+    cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                  "quant_method": "fp8", "weight_block_size": [128, 128]}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="FP8 mimo_v2_flash checkpoint is not supported") as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)
