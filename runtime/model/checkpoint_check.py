@@ -39,6 +39,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+        if c.family.mimo is not None:  # KV heads and sinks by layer kind, narrower values
+            from pagoda.runtime.model.mimo_v2_flash_config import attention_shapes
+
+            out.update(attention_shapes(c, i))
         out.update(_layer_norms(c, i))
         out.update(_router_and_experts(c, i))
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms

@@ -242,6 +242,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         by_kind = "sliding_attention"
         if read_quantization(model_dir) is not None:
             raise ValueError("an FP8 gemma4 checkpoint is not supported; serve a 16-bit one")
+    if arch == "mimo_v2_flash" and read_quantization(model_dir) is not None:  # (not tested)
+        raise ValueError("an FP8 mimo_v2_flash checkpoint is not supported; serve a 16-bit one")
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
     if arch == "llama4":  # the dense MLP's width
         cfg = {**cfg, **llama4.overrides(cfg)}

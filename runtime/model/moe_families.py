@@ -20,6 +20,7 @@ from pagoda.runtime.model import (
     hy_v3_config,
     jetmoe_config,
     laguna_config,
+    mimo_v2_flash_config,
     minimax_m2_config,
     phimoe_config,
     solar_open_config,
@@ -40,6 +41,7 @@ MODULES = (
     hy_v3_config,
     jetmoe_config,
     laguna_config,
+    mimo_v2_flash_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -56,6 +56,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
+    if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, no FP8: refused)
+        from pagoda.runtime.model.mimo_v2_flash_config import attention_params
+
+        projections += attention_params(mc) * item - n * attn * item
     hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`model_configs.MambaConfig`)
     return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
 
