@@ -13,8 +13,10 @@ from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     Gemma4Layers,
+    LagunaAttention,
     Llama4Attention,
     MambaConfig,
+    MiMoAttention,
     MlaConfig,
 )
 
@@ -127,6 +129,11 @@ class FamilyConfig:
     # Gemma 4 (model/gemma4.py): head sizes, KV heads and MLP widths by layer, KV-shared
     # layers, per-layer inputs, the MoE block beside the MLP
     gemma4: Gemma4Layers | None = None
+    # Laguna (model/laguna.py): query heads by layer, the output gate, the sliding layers' rotary
+    laguna: LagunaAttention | None = None
+    # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
+    # values narrower than the keys
+    mimo: MiMoAttention | None = None
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -302,7 +309,10 @@ class ModelConfig:
     def kv_layer_shapes(self) -> tuple[tuple[int, int], ...]:
         """(KV heads, head size) of each layer that keeps a KV cache, in layer order: the
         model's for every one, or Gemma 4's by layer."""
-        g = self.family.gemma4
+        g, m = self.family.gemma4, self.family.mimo
+        if m is not None:  # (values padded to the keys' size)
+            return tuple((m.swa_kv_heads if self.family.window(i) else self.num_kv_heads,
+                          self.head_dim) for i in range(self.num_layers))  # fmt: skip
         if g is None:
             return ((self.num_kv_heads, self.head_dim),) * self.num_kv_layers
         return tuple((g.kv_heads[i], g.head_dims[i]) for i in range(self.num_layers)

@@ -96,6 +96,24 @@ TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc", "sparsemixer")
 
 
 @dataclass(frozen=True)
+class MiMoAttention:
+    """MiMo-V2-Flash's attention (`model/mimo_v2_flash.py`, read by
+    `model/mimo_v2_flash_config.py`): the sliding-window layers have `swa_kv_heads` KV heads
+    (twice the full-attention layers' `ModelConfig.num_kv_heads`) and attention sinks
+    (`self_attn.attention_sink_bias`); every layer's values are `v_head_dim` wide (the keys':
+    `ModelConfig.head_dim`), scaled by `v_scale`. The KV cache holds values padded to the
+    keys' size (zeros), the attention output sliced back."""
+
+    swa_kv_heads: int
+    v_head_dim: int
+    v_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("swa_kv_heads", self.swa_kv_heads)
+        _positive("v_head_dim", self.v_head_dim)
+
+
+@dataclass(frozen=True)
 class ExpertRouting:
     """DeepSeek's router (`moe_routing.GroupedRouter`; GLM-4.5's is V3's): scores of the router
     logits (softmax: V2; sigmoid: V3), experts picked from the best `topk_group` of `n_group`
@@ -382,6 +400,20 @@ class MambaConfig:
         conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
         ssm = math.prod(self.ssm_shape) * self.ssm_dtype(dtype).itemsize
         return self.num_layers * (conv + ssm) * seqs
+
+
+@dataclass(frozen=True)
+class LagunaAttention:
+    """Laguna's attention (`model/laguna.py`, read by `model/laguna_config.py`): query heads
+    by layer (`num_attention_heads_per_layer`; KV heads and head size are the model's), the
+    softplus output gate's width (one per head, or per head element), and the sliding layers'
+    rotary (base, rotating fraction of the head); the full-attention layers' is
+    `ModelConfig.rope_theta` / `rope_scaling`'s `partial_rotary_factor`."""
+
+    heads: tuple[int, ...]
+    gate_per_head: bool = True
+    local_rope_theta: float = 10_000.0
+    local_rotary: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,12 @@ def check(config: ModelConfig, size: int) -> None:
     if f.gemma4 is not None:  # (its layers' own head sizes and KV heads, shared KV caches)
         raise ValueError(f"--tensor-parallel-size {size} is not supported for a gemma4 model; "
                          "serve it on one device")  # fmt: skip
+    if f.laguna is not None:  # (model/laguna.py: query heads by layer, not tested on ranks)
+        raise ValueError(f"--tensor-parallel-size {size} is not supported for a laguna model; "
+                         "serve it on one device")  # fmt: skip
+    if f.mimo is not None:  # (model/mimo_v2_flash.py: not tested on several ranks)
+        raise ValueError(f"--tensor-parallel-size {size} is not supported for a mimo_v2_flash "
+                         "model; serve it on one device")  # fmt: skip
     if config.architecture == "jetmoe":  # (model/jetmoe.py: not tested on several ranks)
         raise ValueError(f"--tensor-parallel-size {size} is not supported for a jetmoe model "
                          "(its routed attention heads are not split over ranks)")  # fmt: skip

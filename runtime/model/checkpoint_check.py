@@ -39,6 +39,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+        if c.family.mimo is not None:  # KV heads and sinks by layer kind, narrower values
+            from pagoda.runtime.model.mimo_v2_flash_config import attention_shapes
+
+            out.update(attention_shapes(c, i))
         out.update(_layer_norms(c, i))
         out.update(_router_and_experts(c, i))
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
@@ -47,6 +51,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
+            g, qi = c.family.laguna, c.family.laguna.heads[i] * d
+            out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
+                        a + "g_proj.weight": (qi // d if g.gate_per_head else qi, h)})  # fmt: skip
         if c.family.qk_norm and c.family.cohere_layer:  # a weight per head
             out[a + "q_norm.weight"] = (c.num_heads, d)
             out[a + "k_norm.weight"] = (c.num_kv_heads, d)

@@ -189,7 +189,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def param_count(c: ModelConfig) -> int:
-    """The weights' elements (`server/weights.from_shapes` for a config alone)."""
+    """The weights' elements (`server/weights_from_shapes.from_shapes` for a config alone)."""
     total = 0
     for shape in expected_shapes(c).values():
         size = 1

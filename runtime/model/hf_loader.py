@@ -237,11 +237,13 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     gen = {} if model_dir is None else _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
+    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna") else None  # per layer kind
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
         if read_quantization(model_dir) is not None:
             raise ValueError("an FP8 gemma4 checkpoint is not supported; serve a 16-bit one")
+    if arch == "mimo_v2_flash" and read_quantization(model_dir) is not None:  # (not tested)
+        raise ValueError("an FP8 mimo_v2_flash checkpoint is not supported; serve a 16-bit one")
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
     if arch == "llama4":  # the dense MLP's width
         cfg = {**cfg, **llama4.overrides(cfg)}

@@ -10,6 +10,7 @@ from typing import Any
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
+from pagoda.runtime.model import laguna_config as laguna
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model import moe_families
@@ -307,6 +308,7 @@ EPS.update(mpt="layer_norm_epsilon", **moe_families.EPS)
 # nor rope_scaling
 DEFAULT_ROPE = {
     "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
+    "laguna": laguna.DEFAULT_ROPE,  # by layer kind
     "ministral3": {
         "rope_type": "yarn",
         "rope_theta": 1_000_000.0,

@@ -19,6 +19,8 @@ from pagoda.runtime.model import (
     hunyuan_config,
     hy_v3_config,
     jetmoe_config,
+    laguna_config,
+    mimo_v2_flash_config,
     minimax_m2_config,
     phimoe_config,
     solar_open_config,
@@ -38,6 +40,8 @@ MODULES = (
     cohere2_moe_config,
     hy_v3_config,
     jetmoe_config,
+    laguna_config,
+    mimo_v2_flash_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -149,9 +149,12 @@ def check(
     if weights + (budget if budgeted else kv) <= have:
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
-    # FP8 weights offered unless a GGUF, or JetMoE's (refused: `core.check_dtype`)
+    # FP8 weights offered unless a GGUF, or JetMoE's, Gemma 4's, Laguna's (`core.check_dtype`)
     quantizable = (
-        model_path.suffix != ".gguf" and mc.architecture != "jetmoe" and mc.family.gemma4 is None
+        model_path.suffix != ".gguf"
+        and mc.architecture != "jetmoe"
+        and mc.family.gemma4 is None
+        and mc.family.laguna is None
     )
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
                    how, float32_fix(mc, cfg, model_path, plan, have),

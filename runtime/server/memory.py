@@ -149,6 +149,8 @@ def estimate(
     rotary = mc.head_dim if mc.family.mla is None else mc.family.mla.qk_rope_head_dim
     if mc.family.gemma4 is not None:  # its full-attention layers' table beside the sliding's
         rotary += max(mc.family.gemma4.head_dims)
+    if mc.family.laguna is not None:  # its sliding layers' table beside the full ones'
+        rotary += mc.head_dim
     rope = max_len * rotary * 4  # float32 rows of the positions served (model_runner)
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:

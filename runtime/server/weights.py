@@ -37,7 +37,9 @@ safetensors headers, or a pickle's tensors, through `SafetensorsWeights`; no ten
 Transformers' pickled ``pytorch_model*.bin`` checkpoints count the same way: their tensors' dtypes
 and shapes come from the pickle memory-mapped with ``torch.load(weights_only=True, mmap=True)``
 (`model/pickle_weights.py`; no tensor data is read); a directory without weight files (a
-config.json alone) counts from the model's shapes (`from_shapes`, which `fit.Plan` also uses for the plans it suggests).
+config.json alone) counts from the model's shapes (`weights_from_shapes.from_shapes`, which
+`fit.Plan` also uses for the plans it suggests). The families' stored-to-held rewrites are in
+`held_forms.py`, one rank's share of a tensor in `rank_share.py`.
 """
 
 from __future__ import annotations
@@ -52,15 +54,23 @@ from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
-from pagoda.runtime.model_config import indexer_params
+from pagoda.runtime.server.held_forms import _HELD, as_held
 from pagoda.runtime.server.placement import Placement, packed_bytes, packed_shape, placement
+from pagoda.runtime.server.rank_share import (
+    _LAYER,
+    EMBED,
+    HEAD,
+    NORM,
+    _local,
+    _mamba_share,
+    _row_parallel,
+)
 from pagoda.runtime.server.stored import ITEM_BYTES, Checkpoint, Stored
+from pagoda.runtime.server.weights_from_shapes import _kv_b_rows, from_shapes
 
 if TYPE_CHECKING:
     from pagoda.runtime.quantization.fp8 import Fp8Scheme
 
-EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # the families' tensors outside the layers (`model/positions.py`, `model/bloom.py`): learned
 # positions (a table, whole on every rank), OPT's projections (Linears), BLOOM's embedding norm
 POSITIONS = "model.embed_positions.weight"
@@ -90,7 +100,7 @@ _MAMBA_TENSORS = re.compile(
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
-                             r"((gate|moe_statics)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
+                             r"((gate|moe_statics|experts)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
@@ -210,171 +220,6 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
     return Checkpoint(form, tensors, sum(f.stat().st_size for f in files))
 
 
-def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
-    """One rank's weights from the model's shape alone (no weight files to read; `fit`'s other
-    plans): the decoder's projections at one byte plus a float32 scale per output row where
-    they run in FP8, the rest in ``dtype``; q, o, the MLP, experts and vocabulary split over
-    ``tp`` ranks, K and V by the rank's KV heads (replicated when fewer than ranks), the FP8
-    scales of row-parallel o and down whole on every rank, norms (q/k norms too) and routers on
-    every rank; q/k/v biases by the rank's heads, o's and the LM head's (PhiMoE's) whole;
-    Qwen2-MoE's shared expert as a dense MLP (FP8 too)."""
-    h, i, n, t = mc.hidden_size, mc.intermediate_size, mc.num_layers, tp
-    item = dtype.itemsize
-    f = mc.family
-    if f.gemma4 is not None:  # (one rank, 16 or 32 bits: its TP and FP8 are refused)
-        from pagoda.runtime.model.gemma4_config import param_count
-
-        return param_count(mc) * item
-    moe = sum(f.has_experts(x) for x in range(n))
-    kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
-    attn, attn_rows = _attention_shape(mc, t, kv)
-    norms = _norms_and_biases(mc, item, t, kv)
-    absorbed = 0.0  # latent attention's W_UK and W_UV, dense in the dtype whatever runs in FP8
-    if f.mla is not None:
-        absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
-        ix = f.mla.indexer  # DeepSeek Sparse Attention's, whole on every rank
-        if ix is not None:  # weights_proj in float32
-            proj = sum(ix.full_layers) * ix.n_heads * h
-            absorbed += (indexer_params(h, f.mla) - proj) * item + proj * 4
-    mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
-    if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
-        # every rank: split by input columns, their scales replicated)
-        rows = n * attn_rows + (n - moe) * ((2 if f.gated_mlp else 1) * i / t + h)
-        projections = n * attn + mlp + 4 * rows
-    else:
-        projections = (n * attn + mlp) * item
-    experts, routers, shared = _expert_bytes(mc, item, fp8, t, moe)
-    projections += shared
-    width = f.embed_proj_dim or h  # (OPT's narrower embeddings, projected in and out)
-    embed = mc.vocab_size * width * (1 if mc.tie_word_embeddings else 2) * item
-    if mc.architecture == "gpt_oss":  # biases, sinks (float32)
-        heads = mc.num_heads / t
-        biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
-        biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
-        projections += n * biases * item + n * 4 * heads
-    hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`model_configs.MambaConfig`)
-    return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
-
-
-def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
-    """(weights, output rows) of one layer's attention projections on one of `t` ranks, `kv`
-    its KV heads: q and o split by heads, k and v its KV heads; AFMoE's output gate as q;
-    DeepSeek's latent attention as its projections (`_mla_matrices`)."""
-    h, d = mc.hidden_size, mc.head_dim
-    attn = h * d * (2 * mc.num_heads / t + 2 * kv)
-    attn_rows = (mc.num_heads / t + 2 * kv) * d + h
-    if mc.architecture == "afmoe":  # attention's output gate (as q)
-        attn += h * d * mc.num_heads / t
-        attn_rows += mc.num_heads / t * d
-    if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v, router
-        e, kv_width = mc.family.num_experts, mc.num_kv_heads * d  # (one rank: TP refused)
-        attn = h * kv_width * (2 * e + 2) + e * h
-        attn_rows = (e + 2) * kv_width + h + e
-    if mc.family.mla is not None:
-        mats = _mla_matrices(h, mc.num_heads, mc.family.mla, t)
-        attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
-    return attn, attn_rows
-
-
-def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
-    """The norms (q/k norms too), biases, OPT's embedding projections and a learned position
-    table on one of `t` ranks, `kv` its KV heads: whole on every rank, q/k/v biases by the
-    rank's heads."""
-    h, d, n, f = mc.hidden_size, mc.head_dim, mc.num_layers, mc.family
-    if mc.architecture == "gpt_oss":  # its norms in float32 (its biases and sinks: from_shapes)
-        return (2 * n + 1) * h * 4
-    norms = (2 * n + 1) * h * item
-    if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
-        norms = (n + 1) * h * 4
-    if mc.architecture == "afmoe":  # two more norms a layer
-        norms += 2 * n * h * item
-    if mc.architecture == "jetmoe":  # the attention's and the MLP's output biases
-        norms += 2 * n * h * item
-    if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
-        norms = (n + 1) * h * (item if f.cohere_rms_norm else 4)
-    if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
-        norms *= 2
-    if f.qk_norm_whole:  # q/k norms over all heads (OLMo 2's, MiniMax-M2's), whole on every rank
-        norms += n * (mc.num_heads + mc.num_kv_heads) * d * item
-    elif f.qk_norm:  # over each head (Qwen3's)
-        norms += n * 2 * d * item
-    if mc.attention_bias:  # q/k/v biases this rank's; o's (PhiMoE's) whole, as the LM head's
-        norms += n * ((mc.num_heads / t + 2 * kv) * d + h * f.o_proj_bias) * item
-    norms += mc.vocab_size * item * f.lm_head_bias
-    if f.mla is not None:  # DeepSeek's latent attention's two norms
-        norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
-    if f.embed_proj_dim:
-        norms += 2 * h * f.embed_proj_dim * item
-    if f.positions == "learned":  # the table, whole on every rank
-        norms += (mc.max_position_embeddings + f.position_offset) * h * item
-    return norms
-
-
-def _expert_bytes(mc: ModelConfig, item: int, fp8: bool, t: int, moe: int):
-    """(experts, routers, shared experts) of the `moe` expert layers: the experts whole (the
-    caller splits them over the ranks), the routers whole on every rank (DeepSeek's in float32,
-    with V3's correction bias), a shared expert as a dense MLP split over `t` ranks (FP8 with
-    the projections, gate/up split by rows, down by columns) and Qwen2-MoE's gate, whole."""
-    h, f = mc.hidden_size, mc.family
-    experts = moe * f.num_experts * 3 * h * f.moe_intermediate_size * item
-    routers = moe * f.num_experts * h * item
-    if f.routing is not None:
-        routers = moe * f.num_experts * (h + f.routing.bias) * 4
-    shared = 0.0
-    if s := f.shared_expert_intermediate_size:
-        shared = moe * (3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item)
-        gate = f.routing is None and mc.architecture != "granitemoe"  # Qwen2-MoE's sigmoid gate
-        routers += moe * h * item if gate else 0
-    return experts, routers, shared
-
-
-def _hybrid_bytes(mc: ModelConfig, item: int, fp8: bool, t: int) -> float:
-    """What a hybrid's layers hold beyond (or short of) Llama's shape on one of `t` ranks
-    (`ModelConfig.hybrid_params`), in bytes; with FP8, the Mamba2 projections, the attention
-    and MLPs a layer lacks, and Nemotron-H's experts, shared expert and latent projections at
-    one byte plus a float32 scale per output row (row-parallel ones' rows whole)."""
-    from pagoda.runtime.model import mamba_shard
-
-    m, h = mc.family.mamba, mc.hidden_size
-    if not fp8 or m is None:
-        return mc.hybrid_params(t) * item
-
-    def fp8_bytes(rows: float, cols: float, scales: float) -> float:
-        return rows * cols + 4 * scales
-
-    loc = mamba_shard.local(m, t)
-    in_rows = loc.d_inner + loc.conv_dim + loc.n_heads
-    proj = in_rows * h + h * loc.d_inner
-    mixer = (loc.mixer_params(h) - proj) * item + proj + 4 * (in_rows + h)
-    d, heads, kv = mc.head_dim, mc.num_heads / t, max(1, mc.num_kv_heads // t)
-    attn = fp8_bytes(1, h * d * (2 * heads + 2 * kv), (heads + 2 * kv) * d + h)
-    out = m.num_layers * mixer - (mc.num_layers - mc.num_kv_layers) * attn
-    i = mc.intermediate_size
-    if m.mlp_layers:  # an ungated MLP in those layers only
-        out -= (mc.num_layers - sum(m.mlp_layers)) * fp8_bytes(2 * h, i / t, i / t + h)
-    if (e := m.moe) is not None:
-        w, n, s = e.latent or h, e.intermediate / t, e.shared_intermediate / t
-        block = e.num_experts * fp8_bytes(2 * w, n, n + w) + fp8_bytes(2 * h, s, s + h)
-        block += fp8_bytes(2 * h, e.latent, e.latent + h) if e.latent else 0
-        block += e.num_experts * (h + 1) * item  # the router and its bias
-        out += sum(e.layers) * block
-    return out
-
-
-def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:
-    """(rows, columns) on one of `t` ranks of a latent attention layer's projections
-    (`model_configs.MlaConfig`, `model/deepseek.py`): q (or q_b) by heads, o by its columns, the
-    bottleneck and the latent whole (kv_b, absorbed, is no projection: `_kv_b_rows`)."""
-    qk = heads * m.qk_head_dim / t
-    q = [(qk, h)] if m.q_lora_rank is None else [(m.q_lora_rank, h), (qk, m.q_lora_rank)]
-    return [*q, (m.kv_lora_rank + m.qk_rope_head_dim, h), (h, heads * m.v_head_dim / t)]
-
-
-def _kv_b_rows(heads: int, m) -> int:
-    """kv_b_proj's rows of `heads` heads (W_UK's and W_UV's, `kv_lora_rank` columns each)."""
-    return heads * (m.qk_nope_head_dim + m.v_head_dim)
-
-
 def read_by_model(name: str, mc: ModelConfig) -> bool:
     """Whether the model reads tensor `name` as a weight of its own (FP8 scales go with theirs)."""
     if name.endswith(_NOT_READ):
@@ -406,20 +251,7 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
 
     lay = TPLayout(0, p.tp)
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
-    if mc.architecture == "gpt_oss":
-        tensors = _gpt_oss_as_held(tensors, mc)
-    if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
-        tensors = dict(_llama4_experts(t) for t in tensors.values())
-    if mc.architecture == "jetmoe":  # its attention experts, as the one Linear each becomes
-        tensors = dict(_jetmoe_attention(t) for t in tensors.values())
-    if mc.architecture in ("qwen3_next", "qwen3_5_moe"):  # stacked experts, read as `.weight`
-        from pagoda.runtime.model.qwen3_next_config import stacked_experts
-
-        renamed = stacked_experts(tensors)
-        tensors = {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
-                   for n, t in tensors.items()}  # fmt: skip
-    if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
-        tensors = _zamba2_as_held(tensors, mc)
+    tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -503,79 +335,6 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     # down's whole on every rank)
 
 
-_HELD = "held"  # a tensor made at load (gpt-oss's experts): no stored form to read in place
-_GPT_OSS_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)"
-                              r"(_blocks|_scales|_bias)?$")  # fmt: skip
-# a GGUF's (`gguf_archs`): gate and up apart (or gate_up) and down, as the engine lays them out
-_GGUF_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate|up|gate_up|down)"
-                           r"\.(weight|bias)$")  # fmt: skip
-
-
-def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
-    """gpt-oss's experts under names and shapes the rules here read as the engine holds them
-    (`gpt_oss.expert_tensors`): gate/up rows [E, 2I, hidden] and down [E, hidden, I] per
-    expert `Linear`, from the stacked x @ W tensors or MXFP4 blocks (their scales go with
-    them); the biases as vectors, gate/up's split by rows, down's whole on every rank."""
-    out = {}
-    e, n, h = mc.family.num_experts, mc.family.moe_intermediate_size, mc.hidden_size
-    for name, t in tensors.items():
-        m = _GPT_OSS_EXPERTS.match(name)
-        g = _GGUF_EXPERTS.match(name) if m is None else None
-        if g is not None:  # gate and up (and their biases) as one gate_up, like the files'
-            prefix, which, kind = g.groups()
-            new = f"{prefix}{'down' if which == 'down' else 'gate_up'}_proj.{kind}"
-            shape = (e * (2 * n if which != "down" else h),) if kind == "bias" else (
-                (e, 2 * n, h) if which != "down" else (e, h, n))  # fmt: skip
-            held = out.get(new)
-            out[new] = Stored(new, t.kind if kind == "bias" else _HELD, shape,
-                              t.nbytes + (held.nbytes if held else 0))  # fmt: skip
-            continue
-        if m is None:
-            out[name] = t
-            continue
-        prefix, which, suffix = m.groups()
-        if suffix == "_scales":
-            continue
-        if suffix == "_bias":
-            new = f"{prefix}{which}.bias"
-            out[new] = Stored(new, t.kind, (t.numel,), t.nbytes)
-            continue
-        shape = (e, 2 * n, h) if which == "gate_up_proj" else (e, h, n)
-        new = f"{prefix}{which}.weight"
-        out[new] = Stored(new, _HELD, shape, t.nbytes)
-    return out
-
-
-_ZAMBA2_ADAPTER = re.compile(r"^(.+\.self_attn\.)linear_[qkv]_adapter_list\.(\d+)\.([01])\.weight$")
-
-
-def _zamba2_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
-    """Zamba2's shared blocks as the engine holds them (`model/zamba2.py`): read from each
-    block's first use (a copy a later hybrid layer holds is not read, as transformers ties it),
-    a use's q/k/v adapters as one `Linear` each way (the three A stacked [3r, 2h], the three B
-    one block-diagonal [3 x 2h, 3r])."""
-    from pagoda.runtime.model.zamba2_config import block_prefix
-
-    z = mc.family.mamba.zamba2
-    read = tuple(block_prefix(mc, b) for b in range(min(z.blocks, sum(z.hybrid))))
-    out: dict[str, Stored] = {}
-    for name, t in tensors.items():
-        if ".shared_transformer." in name and not name.startswith(read):
-            continue
-        m = _ZAMBA2_ADAPTER.match(name)
-        if m is None:
-            out[name] = t
-            continue
-        prefix, use, part = m.groups()
-        new = f"{prefix}lora_qkv.{use}.{part}.weight"
-        held = out.get(new)
-        shape = t.shape
-        if held is not None:  # A's rows stacked; B's rows and columns
-            shape = (held.shape[0] + t.shape[0], t.shape[1] + (held.shape[1] if part == "1" else 0))
-        out[new] = Stored(new, t.kind, shape, t.nbytes + (held.nbytes if held else 0))
-    return out
-
-
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
 _HYBRID_FP8 = re.compile(r"(mamba\.(in|out)_proj|shared_mlp\.(input|output)_linear|"
                          r"feed_forward\.(gate|up|down)_proj|mlp\.experts\.\d+\.(up|down)_proj|"
@@ -586,30 +345,6 @@ _SHARED_EXPERT = re.compile(
 )  # GraniteMoeShared's
 
 
-def _jetmoe_attention(t: Stored) -> tuple[str, Stored]:
-    """JetMoE's attention experts (`model/jetmoe.py`) as the one `Linear` each stack loads
-    into: `input_linear` [E, Hkv D, hidden] as [E Hkv D, hidden], `output_linear` [E, hidden,
-    Hkv D] as [hidden, E Hkv D]; other tensors as read."""
-    if ".self_attention.experts." in t.name and len(t.shape) == 3:
-        e, a, b = t.shape
-        shape = (e * a, b) if t.name.endswith("input_linear.weight") else (a, e * b)
-        return t.name, Stored(t.name, t.kind, shape, t.nbytes)
-    return t.name, t
-
-
-def _llama4_experts(t: Stored) -> tuple[str, Stored]:
-    """Llama 4's stacked experts (`model/llama4.py`), gate_up [E, hidden, 2N] and down
-    [E, N, hidden], as the per-expert Linears they load into: GraniteMoe's stacked names and
-    layout ([E, 2N, hidden] split by rows, [E, hidden, N] by columns); other tensors as read."""
-    for stored, as_linear in (("experts.gate_up_proj", "input_linear.weight"),
-                              ("experts.down_proj", "output_linear.weight")):  # fmt: skip
-        if t.name.endswith(stored) and len(t.shape) == 3:
-            name = t.name.removesuffix(stored) + as_linear
-            e, a, b = t.shape
-            return name, Stored(name, t.kind, (e, b, a), t.nbytes)
-    return t.name, t
-
-
 def _runs_in_fp8(name: str, scheme: Fp8Scheme, mc: ModelConfig | None = None) -> bool:
     """A dense layer's projection the FP8 scheme names (`llama.linear_layer`): not the router,
     the experts, the embedding or the LM head; Qwen2-MoE's shared expert is a dense MLP
@@ -618,78 +353,6 @@ def _runs_in_fp8(name: str, scheme: Fp8Scheme, mc: ModelConfig | None = None) ->
     dense = _PROJECTIONS.search(name) or _SHARED_EXPERT.search(name)
     hybrid = mc is not None and mc.family.mamba is not None and _HYBRID_FP8.search(name)
     return bool(dense or hybrid) and scheme.quantizes(name.removesuffix(".weight"))
-
-
-def _row_parallel(name: str) -> bool:
-    down = ("o_proj.weight", "down_proj.weight", "output_linear.weight", "mlp.c_proj.weight",
-            "mamba.out_proj.weight")  # fmt: skip
-    return name.endswith(down) or bool(re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name))
-
-
-def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int, int]:
-    """(rows, columns) of tensor `name` on rank 0 of `lay` (`model.parallel_linear`, `moe.py`);
-    a stacked [E, N, K] tensor's per expert, a vector's (elements, 1)."""
-    rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (math.prod(shape), 1)
-    if lay.size == 1:
-        return rows, cols
-    m = _LAYER.match(name)
-    part = m.group(2) if m else ""
-    if name in (EMBED, HEAD):
-        start, stop = lay.vocab(rows)
-        return stop - start, cols
-    if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
-        return m_rows, cols
-    if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
-        (q0, q1), (k0, k1) = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
-        return (q1 - q0 + 2 * (k1 - k0)) * mc.head_dim, cols
-    if re.search(r"\b[qk]_norm\.weight$", part) and len(shape) == 2:  # Cohere's, per head
-        h0, h1 = lay.heads(shape[0]) if part.startswith("self_attn.q") else lay.kv_heads(shape[0])
-        return (h1 - h0) * shape[1], 1
-    if part.startswith(
-        "linear_attn."
-    ):  # Qwen3-Next's, OLMo Hybrid's: every part by heads, the norm whole
-        if part.startswith(("linear_attn.norm.", "linear_attn.o_norm.")):  # (OLMo Hybrid's o_)
-            return rows, cols
-        out = "out_proj." in part or "o_proj." in part
-        return (rows, cols // lay.size) if out else (rows // lay.size, cols)
-    if re.search(r"\bq_proj\.(weight|bias)$", part):
-        q0, q1 = lay.heads(mc.num_heads)
-        gated = mc.family.mamba is not None and mc.family.mamba.attn_output_gate  # (its gates)
-        return (q1 - q0) * mc.head_dim * (2 if gated else 1), cols
-    if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
-        k0, k1 = lay.kv_heads(mc.num_kv_heads)
-        return (k1 - k0) * mc.head_dim, cols
-    if part.startswith(
-        "mamba."
-    ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors
-        share = _mamba_share(name, mc, lay)
-        return (rows, int(cols * share)) if "out_proj.weight" in part else (int(rows * share), cols)
-    if part.endswith(".weight") and _row_parallel(name):
-        return rows, cols // lay.size  # input columns
-    if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
-        return rows // lay.size, cols  # output rows (experts: their intermediate width)
-    return rows, cols  # norms, the router, o's and down's biases: whole on every rank
-
-
-def _mamba_share(name: str, mc: ModelConfig, lay) -> float:
-    """The part of a Mamba2 mixer's tensor one rank holds (`model/mamba_shard.py`): in_proj's
-    rows, the conv's channels, out_proj's input columns, the heads' A, D, dt_bias and norm
-    (out_proj's bias whole)."""
-    from pagoda.runtime.model import mamba_shard
-
-    m = mc.family.mamba
-    if lay.size == 1 or m is None or name.endswith("out_proj.bias"):
-        return 1.0
-    loc = mamba_shard.shard(m, lay).local
-    if "in_proj." in name:
-        return _in_proj_rows(loc) / _in_proj_rows(m)
-    if "conv1d." in name:
-        return loc.conv_dim / m.conv_dim
-    return loc.n_heads / m.n_heads  # A_log, D, dt_bias; norm and out_proj by d_inner alike
-
-
-def _in_proj_rows(m) -> int:
-    return m.d_inner + m.conv_dim + m.n_heads
 
 
 def _float32_router(t: Stored, p: Placement) -> int:
@@ -713,15 +376,6 @@ def _absorbed_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:
         return 0
     q0, q1 = lay.heads(mc.num_heads)
     return _kv_b_rows(q1 - q0, mc.family.mla) * mc.family.mla.kv_lora_rank * p.dtype.itemsize
-
-
-def _mla_rows(part: str, mc: ModelConfig, lay) -> int | None:
-    """A rank's rows of a latent attention matrix split by heads (q_proj or q_b_proj:
-    `model/deepseek.py`); None for the others."""
-    m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
-    if re.search(r"\bq_(b_)?proj\.(weight|bias)$", part):
-        return (q1 - q0) * m.qk_head_dim
-    return None
 
 
 def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:

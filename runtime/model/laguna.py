@@ -1,0 +1,78 @@
+"""Laguna (`LagunaForCausalLM`: poolside's Laguna), as transformers runs it (its config in
+`laguna_config.py`, `model_configs.LagunaAttention`):
+
+- Llama's layer (pre-norms, residual adds fused) with Qwen3's per-head q/k norms before rotary;
+- query heads by layer (`num_attention_heads_per_layer`; KV heads and head size shared, so
+  every layer shares the model's attention backend and KV-cache shape: the backend reads a
+  layer's heads from its q);
+- rotary by layer kind (`rope_parameters`): the full-attention layers' ("global": its base and
+  `partial_rotary_factor`, the first dims of each head rotating), the sliding ones' ("local":
+  their own base and fraction), window layers seeing `sliding_window` keys;
+- attention's output gated before o_proj by softplus(g_proj(x)) in float32, rounded to the
+  model's dtype: one gate per head (`gating` true / "per-head"), or per element;
+- a dense MLP where `mlp_layer_types` says "dense", else experts picked by the sigmoid of the
+  router's logits (`mlp.gate`) plus a choice-only bias (`mlp.experts.e_score_correction_bias`),
+  weighted by the uncorrected scores renormalised, times `moe_routed_scaling_factor`
+  (`moe_routing.GroupedRouter`), beside an ungated shared expert (`mlp.shared_expert.`).
+
+Tensor parallelism and FP8 are refused (`distributed/layout.py`, `engine/core.check_dtype`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.model import moe_names
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaModel, linear_layer
+from pagoda.runtime.model.moe import make_mlp
+from pagoda.runtime.model.ops import build_cos_sin_cache, check_rope_context
+from pagoda.runtime.model.qwen3 import Qwen3Layer
+
+
+class LagunaLayer(Qwen3Layer):
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        g = model.config.family.laguna
+        ctx = dataclasses.replace(ctx, num_heads=g.heads[index])  # this layer's query heads
+        super().__init__(model, w, prefix, index, ctx)
+        self.gate = linear_layer(ctx, w, [prefix + "self_attn.g_proj.weight"])
+        self.per_head = g.gate_per_head
+
+    def linears(self):
+        return [*super().linears(), self.gate]
+
+    def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        gate = F.softplus(self.gate(x).float()).to(out.dtype)
+        if not self.per_head:
+            return out * gate
+        t, h = gate.shape
+        return (out.view(t, h, -1) * gate.unsqueeze(-1)).view(t, -1)
+
+
+_NAMES = moe_names.of("laguna")
+
+
+class LagunaModel(LlamaModel):
+    layer_class = LagunaLayer
+    moe_names = (_NAMES.block, _NAMES.experts)
+    moe_router, moe_bias, moe_shared = _NAMES.router, _NAMES.bias, _NAMES.shared
+    make_mlp = make_mlp
+
+    def rope_table(self, index: int) -> str:
+        return "local" if self.config.family.window(index) is not None else "global"
+
+    def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
+        """ "global": the full-attention layers' rotary; "local": the sliding layers' (module
+        docstring)."""
+        c, g = self.config, self.config.family.laguna
+        check_rope_context(c.rope_scaling, c.max_position_embeddings, max_positions)
+        local = {"partial_rotary_factor": g.local_rotary}
+        caches = {
+            "global": build_cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, max_positions),
+            "local": build_cos_sin_cache(c.head_dim, g.local_rope_theta, local, max_positions),
+        }
+        return {name: cache.to(self.device) for name, cache in caches.items()}

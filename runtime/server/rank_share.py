@@ -1,0 +1,97 @@
+"""One rank's share of a checkpoint tensor under tensor parallelism (`distributed.layout`,
+`model.parallel_linear`, `moe.py`, `model/mamba_shard.py`), for the weights estimate
+(`server/weights.py`): q by its heads, k and v by its KV heads, o and down by input columns,
+gate/up and the experts by rows, the vocabulary padded, a Mamba2 mixer by its heads."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagoda.runtime.config import ModelConfig
+
+EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def _row_parallel(name: str) -> bool:
+    down = ("o_proj.weight", "down_proj.weight", "output_linear.weight", "mlp.c_proj.weight",
+            "mamba.out_proj.weight")  # fmt: skip
+    return name.endswith(down) or bool(re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name))
+
+
+def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int, int]:
+    """(rows, columns) of tensor `name` on rank 0 of `lay` (`model.parallel_linear`, `moe.py`);
+    a stacked [E, N, K] tensor's per expert, a vector's (elements, 1)."""
+    rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (math.prod(shape), 1)
+    if lay.size == 1:
+        return rows, cols
+    m = _LAYER.match(name)
+    part = m.group(2) if m else ""
+    if name in (EMBED, HEAD):
+        start, stop = lay.vocab(rows)
+        return stop - start, cols
+    if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
+        return m_rows, cols
+    if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
+        (q0, q1), (k0, k1) = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
+        return (q1 - q0 + 2 * (k1 - k0)) * mc.head_dim, cols
+    if re.search(r"\b[qk]_norm\.weight$", part) and len(shape) == 2:  # Cohere's, per head
+        h0, h1 = lay.heads(shape[0]) if part.startswith("self_attn.q") else lay.kv_heads(shape[0])
+        return (h1 - h0) * shape[1], 1
+    if part.startswith(
+        "linear_attn."
+    ):  # Qwen3-Next's, OLMo Hybrid's: every part by heads, the norm whole
+        if part.startswith(("linear_attn.norm.", "linear_attn.o_norm.")):  # (OLMo Hybrid's o_)
+            return rows, cols
+        out = "out_proj." in part or "o_proj." in part
+        return (rows, cols // lay.size) if out else (rows // lay.size, cols)
+    if re.search(r"\bq_proj\.(weight|bias)$", part):
+        q0, q1 = lay.heads(mc.num_heads)
+        gated = mc.family.mamba is not None and mc.family.mamba.attn_output_gate  # (its gates)
+        return (q1 - q0) * mc.head_dim * (2 if gated else 1), cols
+    if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
+        k0, k1 = lay.kv_heads(mc.num_kv_heads)
+        return (k1 - k0) * mc.head_dim, cols
+    if part.startswith(
+        "mamba."
+    ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors
+        share = _mamba_share(name, mc, lay)
+        return (rows, int(cols * share)) if "out_proj.weight" in part else (int(rows * share), cols)
+    if part.endswith(".weight") and _row_parallel(name):
+        return rows, cols // lay.size  # input columns
+    if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
+        return rows // lay.size, cols  # output rows (experts: their intermediate width)
+    return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _mamba_share(name: str, mc: ModelConfig, lay) -> float:
+    """The part of a Mamba2 mixer's tensor one rank holds (`model/mamba_shard.py`): in_proj's
+    rows, the conv's channels, out_proj's input columns, the heads' A, D, dt_bias and norm
+    (out_proj's bias whole)."""
+    from pagoda.runtime.model import mamba_shard
+
+    m = mc.family.mamba
+    if lay.size == 1 or m is None or name.endswith("out_proj.bias"):
+        return 1.0
+    loc = mamba_shard.shard(m, lay).local
+    if "in_proj." in name:
+        return _in_proj_rows(loc) / _in_proj_rows(m)
+    if "conv1d." in name:
+        return loc.conv_dim / m.conv_dim
+    return loc.n_heads / m.n_heads  # A_log, D, dt_bias; norm and out_proj by d_inner alike
+
+
+def _in_proj_rows(m) -> int:
+    return m.d_inner + m.conv_dim + m.n_heads
+
+
+def _mla_rows(part: str, mc: ModelConfig, lay) -> int | None:
+    """A rank's rows of a latent attention matrix split by heads (q_proj or q_b_proj:
+    `model/deepseek.py`); None for the others."""
+    m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
+    if re.search(r"\bq_(b_)?proj\.(weight|bias)$", part):
+        return (q1 - q0) * m.qk_head_dim
+    return None

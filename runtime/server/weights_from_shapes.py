@@ -1,0 +1,188 @@
+"""One rank's weights from a model's shapes alone (`from_shapes`): the estimate for a directory
+without weight files (a config.json alone, `weights.estimate`) and for the plans `fit.Plan`
+suggests; the projections, norms, experts and a hybrid's mixers counted from `ModelConfig`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from pagoda.runtime.model_config import indexer_params
+
+if TYPE_CHECKING:
+    import torch
+    from pagoda.runtime.config import ModelConfig
+
+
+def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
+    """One rank's weights from the model's shape alone (no weight files to read; `fit`'s other
+    plans): the decoder's projections at one byte plus a float32 scale per output row where
+    they run in FP8, the rest in ``dtype``; q, o, the MLP, experts and vocabulary split over
+    ``tp`` ranks, K and V by the rank's KV heads (replicated when fewer than ranks), the FP8
+    scales of row-parallel o and down whole on every rank, norms (q/k norms too) and routers on
+    every rank; q/k/v biases by the rank's heads, o's and the LM head's (PhiMoE's) whole;
+    Qwen2-MoE's shared expert as a dense MLP (FP8 too)."""
+    h, i, n, t = mc.hidden_size, mc.intermediate_size, mc.num_layers, tp
+    item = dtype.itemsize
+    f = mc.family
+    if f.gemma4 is not None:  # (one rank, 16 or 32 bits: its TP and FP8 are refused)
+        from pagoda.runtime.model.gemma4_config import param_count
+
+        return param_count(mc) * item
+    moe = sum(f.has_experts(x) for x in range(n))
+    kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
+    attn, attn_rows = _attention_shape(mc, t, kv)
+    norms = _norms_and_biases(mc, item, t, kv)
+    absorbed = 0.0  # latent attention's W_UK and W_UV, dense in the dtype whatever runs in FP8
+    if f.mla is not None:
+        absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
+        ix = f.mla.indexer  # DeepSeek Sparse Attention's, whole on every rank
+        if ix is not None:  # weights_proj in float32
+            proj = sum(ix.full_layers) * ix.n_heads * h
+            absorbed += (indexer_params(h, f.mla) - proj) * item + proj * 4
+    mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
+    if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
+        # every rank: split by input columns, their scales replicated)
+        rows = n * attn_rows + (n - moe) * ((2 if f.gated_mlp else 1) * i / t + h)
+        projections = n * attn + mlp + 4 * rows
+    else:
+        projections = (n * attn + mlp) * item
+    experts, routers, shared = _expert_bytes(mc, item, fp8, t, moe)
+    projections += shared
+    width = f.embed_proj_dim or h  # (OPT's narrower embeddings, projected in and out)
+    embed = mc.vocab_size * width * (1 if mc.tie_word_embeddings else 2) * item
+    if mc.architecture == "gpt_oss":  # biases, sinks (float32)
+        heads = mc.num_heads / t
+        biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
+        biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
+        projections += n * biases * item + n * 4 * heads
+    if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, no FP8: refused)
+        from pagoda.runtime.model.mimo_v2_flash_config import attention_params
+
+        projections += attention_params(mc) * item - n * attn * item
+    hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`model_configs.MambaConfig`)
+    return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
+
+
+def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
+    """(weights, output rows) of one layer's attention projections on one of `t` ranks, `kv`
+    its KV heads: q and o split by heads, k and v its KV heads; AFMoE's output gate as q;
+    DeepSeek's latent attention as its projections (`_mla_matrices`)."""
+    h, d = mc.hidden_size, mc.head_dim
+    attn = h * d * (2 * mc.num_heads / t + 2 * kv)
+    attn_rows = (mc.num_heads / t + 2 * kv) * d + h
+    if mc.architecture == "afmoe":  # attention's output gate (as q)
+        attn += h * d * mc.num_heads / t
+        attn_rows += mc.num_heads / t * d
+    if mc.family.laguna is not None:  # query heads by layer (their mean), the softplus gate
+        g = mc.family.laguna  # (one rank, 16 or 32 bits: its TP and FP8 are refused)
+        heads, gates = sum(g.heads) / mc.num_layers, 1 if g.gate_per_head else d
+        attn = h * d * (2 * heads + 2 * kv) + h * heads * gates
+        attn_rows = (heads + 2 * kv) * d + h + heads * gates
+    if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v, router
+        e, kv_width = mc.family.num_experts, mc.num_kv_heads * d  # (one rank: TP refused)
+        attn = h * kv_width * (2 * e + 2) + e * h
+        attn_rows = (e + 2) * kv_width + h + e
+    if mc.family.mla is not None:
+        mats = _mla_matrices(h, mc.num_heads, mc.family.mla, t)
+        attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
+    return attn, attn_rows
+
+
+def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
+    """The norms (q/k norms too), biases, OPT's embedding projections and a learned position
+    table on one of `t` ranks, `kv` its KV heads: whole on every rank, q/k/v biases by the
+    rank's heads."""
+    h, d, n, f = mc.hidden_size, mc.head_dim, mc.num_layers, mc.family
+    if mc.architecture == "gpt_oss":  # its norms in float32 (its biases and sinks: from_shapes)
+        return (2 * n + 1) * h * 4
+    norms = (2 * n + 1) * h * item
+    if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
+        norms = (n + 1) * h * 4
+    if mc.architecture == "afmoe":  # two more norms a layer
+        norms += 2 * n * h * item
+    if mc.architecture == "jetmoe":  # the attention's and the MLP's output biases
+        norms += 2 * n * h * item
+    if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
+        norms = (n + 1) * h * (item if f.cohere_rms_norm else 4)
+    if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
+        norms *= 2
+    if f.qk_norm_whole:  # q/k norms over all heads (OLMo 2's, MiniMax-M2's), whole on every rank
+        norms += n * (mc.num_heads + mc.num_kv_heads) * d * item
+    elif f.qk_norm:  # over each head (Qwen3's)
+        norms += n * 2 * d * item
+    if mc.attention_bias:  # q/k/v biases this rank's; o's (PhiMoE's) whole, as the LM head's
+        norms += n * ((mc.num_heads / t + 2 * kv) * d + h * f.o_proj_bias) * item
+    norms += mc.vocab_size * item * f.lm_head_bias
+    if f.mla is not None:  # DeepSeek's latent attention's two norms
+        norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
+    if f.embed_proj_dim:
+        norms += 2 * h * f.embed_proj_dim * item
+    if f.positions == "learned":  # the table, whole on every rank
+        norms += (mc.max_position_embeddings + f.position_offset) * h * item
+    return norms
+
+
+def _expert_bytes(mc: ModelConfig, item: int, fp8: bool, t: int, moe: int):
+    """(experts, routers, shared experts) of the `moe` expert layers: the experts whole (the
+    caller splits them over the ranks), the routers whole on every rank (DeepSeek's in float32,
+    with V3's correction bias), a shared expert as a dense MLP split over `t` ranks (FP8 with
+    the projections, gate/up split by rows, down by columns) and Qwen2-MoE's gate, whole."""
+    h, f = mc.hidden_size, mc.family
+    experts = moe * f.num_experts * 3 * h * f.moe_intermediate_size * item
+    routers = moe * f.num_experts * h * item
+    if f.routing is not None:
+        routers = moe * f.num_experts * (h + f.routing.bias) * 4
+    shared = 0.0
+    if s := f.shared_expert_intermediate_size:
+        shared = moe * (3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item)
+        gate = f.routing is None and mc.architecture != "granitemoe"  # Qwen2-MoE's sigmoid gate
+        routers += moe * h * item if gate else 0
+    return experts, routers, shared
+
+
+def _hybrid_bytes(mc: ModelConfig, item: int, fp8: bool, t: int) -> float:
+    """What a hybrid's layers hold beyond (or short of) Llama's shape on one of `t` ranks
+    (`ModelConfig.hybrid_params`), in bytes; with FP8, the Mamba2 projections, the attention
+    and MLPs a layer lacks, and Nemotron-H's experts, shared expert and latent projections at
+    one byte plus a float32 scale per output row (row-parallel ones' rows whole)."""
+    from pagoda.runtime.model import mamba_shard
+
+    m, h = mc.family.mamba, mc.hidden_size
+    if not fp8 or m is None:
+        return mc.hybrid_params(t) * item
+
+    def fp8_bytes(rows: float, cols: float, scales: float) -> float:
+        return rows * cols + 4 * scales
+
+    loc = mamba_shard.local(m, t)
+    in_rows = loc.d_inner + loc.conv_dim + loc.n_heads
+    proj = in_rows * h + h * loc.d_inner
+    mixer = (loc.mixer_params(h) - proj) * item + proj + 4 * (in_rows + h)
+    d, heads, kv = mc.head_dim, mc.num_heads / t, max(1, mc.num_kv_heads // t)
+    attn = fp8_bytes(1, h * d * (2 * heads + 2 * kv), (heads + 2 * kv) * d + h)
+    out = m.num_layers * mixer - (mc.num_layers - mc.num_kv_layers) * attn
+    i = mc.intermediate_size
+    if m.mlp_layers:  # an ungated MLP in those layers only
+        out -= (mc.num_layers - sum(m.mlp_layers)) * fp8_bytes(2 * h, i / t, i / t + h)
+    if (e := m.moe) is not None:
+        w, n, s = e.latent or h, e.intermediate / t, e.shared_intermediate / t
+        block = e.num_experts * fp8_bytes(2 * w, n, n + w) + fp8_bytes(2 * h, s, s + h)
+        block += fp8_bytes(2 * h, e.latent, e.latent + h) if e.latent else 0
+        block += e.num_experts * (h + 1) * item  # the router and its bias
+        out += sum(e.layers) * block
+    return out
+
+
+def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:
+    """(rows, columns) on one of `t` ranks of a latent attention layer's projections
+    (`model_configs.MlaConfig`, `model/deepseek.py`): q (or q_b) by heads, o by its columns, the
+    bottleneck and the latent whole (kv_b, absorbed, is no projection: `_kv_b_rows`)."""
+    qk = heads * m.qk_head_dim / t
+    q = [(qk, h)] if m.q_lora_rank is None else [(m.q_lora_rank, h), (qk, m.q_lora_rank)]
+    return [*q, (m.kv_lora_rank + m.qk_rope_head_dim, h), (h, heads * m.v_head_dim / t)]
+
+
+def _kv_b_rows(heads: int, m) -> int:
+    """kv_b_proj's rows of `heads` heads (W_UK's and W_UV's, `kv_lora_rank` columns each)."""
+    return heads * (m.qk_nope_head_dim + m.v_head_dim)
