@@ -281,6 +281,8 @@ class ModelConfig:
             return m.zamba2.params(self) - llama
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
+        if self.family.mla is not None:  # latent attention (Kimi Linear's; one rank only)
+            attn = mla_params(h, self.num_heads, self.family.mla)
         mixer = m.on_ranks(tp).mixer_params(h)
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
         if m.attn_output_gate:  # q_proj's gate rows (Qwen3-Next's attention)

@@ -288,7 +288,8 @@ class MambaConfig:
     # norms on B, C and dt where `bcdt_eps` is set, Jamba's with weights where `bcdt_weighted`)
     # or "gated_deltanet" (Qwen3-Next's and Qwen3.5's linear attention, `model/qwen3_next.py`:
     # n_heads value heads of head_dim, n_groups key heads of d_state; a conv over q, k, v and a
-    # state [n_heads, d_state, head_dim] per sequence)
+    # state [n_heads, d_state, head_dim] per sequence) or "kda" (Kimi Linear's, `model/kimi_linear.py`:
+    # the same shapes, n_groups = n_heads, a decay per key channel: `model/kda.py`)
     mixer: str = "mamba2"
     dt_rank: int = 0
     bcdt_eps: float | None = None
@@ -301,7 +302,7 @@ class MambaConfig:
     zamba2: Zamba2Blocks | None = None
 
     def __post_init__(self) -> None:
-        if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet"):
+        if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda"):
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -319,13 +320,13 @@ class MambaConfig:
         (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan and the Gated DeltaNet's
         chunked rule save them at their chunk boundaries; LFM2's short conv and Mamba-1's scan
         do not (prefix caching off for them)."""
-        return self.mixer in ("mamba2", "gated_deltanet") and self.num_layers > 0
+        return self.mixer in ("mamba2", "gated_deltanet", "kda") and self.num_layers > 0
 
     @property
     def conv_dim(self) -> int:
         """The channels the causal conv runs over: x, B and C (a short conv's: d_inner; Gated
         DeltaNet's: q, k and v, shaped as x, B and C)."""
-        if self.mixer not in ("mamba2", "gated_deltanet"):
+        if self.mixer not in ("mamba2", "gated_deltanet", "kda"):
             return self.d_inner
         return self.d_inner + 2 * self.n_groups * self.d_state
 
@@ -335,7 +336,7 @@ class MambaConfig:
         short conv (no SSM state: an empty slot tensor, so the slot code needs no branch)."""
         if self.mixer == "short_conv":
             return (0,)
-        if self.mixer == "gated_deltanet":  # [value heads, key_dim, value_dim]
+        if self.mixer in ("gated_deltanet", "kda"):  # [value heads, key_dim, value_dim]
             return (self.n_heads, self.d_state, self.head_dim)
         return (self.n_heads, self.head_dim, self.d_state)
 
@@ -380,6 +381,12 @@ class MambaConfig:
                 + d * (r + 1)
                 + d * (n + 1)
             )
+        if (
+            self.mixer == "kda"
+        ):  # q k v, b, f_a f_b, g_a g_b, o_proj, the conv, o_norm, A_log, dt_bias
+            d, k = self.d_inner, self.head_dim
+            proj = (3 * d + self.n_heads + 2 * k) * hidden + 2 * k * d + hidden * d
+            return proj + c * self.d_conv + k + self.n_heads + d
         if self.mixer == "gated_deltanet":  # q k v z b a, out_proj, the conv, norm, A_log, dt_bias
             proj = (c + self.d_inner + 2 * self.n_heads) * hidden + hidden * self.d_inner
             return proj + c * self.d_conv + self.head_dim + 2 * self.n_heads

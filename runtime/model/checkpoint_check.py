@@ -131,7 +131,9 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
-    if c.family.mamba.attention(i):
+    if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
+        out.update(mla_shapes(c, p + "self_attn.", i))
+    elif c.family.mamba.attention(i):
         q, kv, a = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, p + "self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
@@ -369,6 +371,10 @@ def check_checkpoint(
         from pagoda.runtime.model.olmo_hybrid_config import check_conv
 
         check_conv(config, headers)
+    if config.architecture == "kimi_linear":  # its KDA convs, whole or in three parts
+        from pagoda.runtime.model.kimi_linear_config import check_conv as check_kda_conv
+
+        check_kda_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     for name, (dtype, shape) in headers.items():

@@ -30,6 +30,10 @@ ALIASES = {
     "jetmoe": {"kv_channels": "head_dim", "activation_function": "hidden_act"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linear_config.py)
+    "model_max_length": "max_position_embeddings", "moe_renormalize": "norm_topk_prob",
+    "num_expert_group": "n_group", "num_experts": "n_routed_experts",
+    "num_experts_per_token": "num_experts_per_tok", "num_shared_experts": "n_shared_experts"}  # fmt: skip
 ALIASES["dbrx"] = ALIASES["mpt"]
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set

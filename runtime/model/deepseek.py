@@ -145,8 +145,9 @@ class DeepseekLayer(LlamaLayer):
         q_rot, k_rot = q_full[..., c : c + r], x.new_empty(t, 1, r)
         _rotary_dims(q_rot, q[..., n:], self.interleaved)
         _rotary_dims(k_rot, k_pe.unsqueeze(1), self.interleaved)
-        positions, rows = step.rope[self.rope]
-        ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
+        if self.rope is not None:  # (None: NoPE, the "rotary" dims as they are: Kimi Linear's)
+            positions, rows = step.rope[self.rope]
+            ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
         k_full[..., c : c + r] = k_rot
         return q_full, k_full, bottleneck
 

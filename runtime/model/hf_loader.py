@@ -250,7 +250,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
-    if arch in (*deepseek.ARCHITECTURES.values(), "minicpm3"):  # latent attention: one row
+    if arch in (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear"):  # latent: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
@@ -395,6 +395,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.olmo_hybrid_config import rename_norms
 
         rename_norms(weights)
+    if config.architecture == "kimi_linear":  # the published MLP names (block_sparse_moe)
+        from pagoda.runtime.model.kimi_linear_config import rename_mlps
+
+        rename_mlps(weights)
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 

@@ -45,7 +45,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import lfm2_config, olmo_hybrid_config, qwen3_next_config, zamba2_config
+from pagoda.runtime.model import (
+    kimi_linear_config,
+    lfm2_config,
+    olmo_hybrid_config,
+    qwen3_next_config,
+    zamba2_config,
+)
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
@@ -65,6 +71,7 @@ ARCHITECTURES = {
     **lfm2_config.ARCHITECTURES,  # LFM2: short convs among attention layers (model/lfm2.py)
     **qwen3_next_config.ARCHITECTURES,  # Qwen3-Next, Qwen3.5: Gated DeltaNet (qwen3_next.py)
     **olmo_hybrid_config.ARCHITECTURES,  # OLMo Hybrid: Gated DeltaNet, OLMo 3's attention
+    **kimi_linear_config.ARCHITECTURES,  # Kimi Linear: KDA, DeepSeek-V3's (kimi_linear.py)
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
 }
 # transformers' config defaults, where config.json leaves one out
@@ -110,6 +117,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **lfm2_config.DEFAULTS,
     **qwen3_next_config.DEFAULTS,
     **olmo_hybrid_config.DEFAULTS,
+    **kimi_linear_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
@@ -370,6 +378,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         return qwen3_next_config.overrides(cfg, arch)
     if arch in olmo_hybrid_config.DEFAULTS:
         return olmo_hybrid_config.overrides(cfg)
+    if arch in kimi_linear_config.DEFAULTS:
+        return kimi_linear_config.overrides(cfg)
     if arch == "zamba2":
         return zamba2_config.overrides(cfg)
     if arch in ("mamba", "falcon_mamba"):  # no attention, no MLP: heads of 64 stand in
@@ -400,6 +410,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         return qwen3_next_config.family_fields(cfg, arch, n)
     if arch in olmo_hybrid_config.DEFAULTS:
         return olmo_hybrid_config.family_fields(cfg, n)
+    if arch in kimi_linear_config.DEFAULTS:
+        return kimi_linear_config.family_fields(cfg, n)
     if arch == "zamba2":
         return zamba2_config.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -472,6 +484,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         return qwen3_next_config.expected_shapes(c, i)
     if c.architecture in olmo_hybrid_config.DEFAULTS:
         return olmo_hybrid_config.expected_shapes(c, i)
+    if c.architecture in kimi_linear_config.DEFAULTS:
+        return kimi_linear_config.expected_shapes(c, i)
     if c.architecture == "zamba2":
         return zamba2_config.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

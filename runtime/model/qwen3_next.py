@@ -79,6 +79,9 @@ class GatedDeltaNet:
     (`olmo_hybrid.py`) names its output projection and gated norm otherwise."""
 
     out_name, norm_name = "out_proj.weight", "norm.weight"
+    # the delta rule's decode step and chunked prefill (Kimi Linear's KDA: `kda.py`'s)
+    step_rule = staticmethod(gated_delta.recurrent_step)
+    chunk_rule = staticmethod(gated_delta.chunked)
 
     def in_proj_weight(self, m: MambaConfig, w: DeviceWeights, p: str) -> torch.Tensor:
         """The rows of q, k, v, z, b and a in that order (`_in_proj`)."""
@@ -116,11 +119,7 @@ class GatedDeltaNet:
         """h [T, hidden] -> [T, hidden]; the layer's states updated at the step's slots."""
         m, t = self.m, h.shape[0]
         conv, state = step.states[self.index]
-        qkv, z, b, a = self.in_proj(h).split(self.sizes, dim=-1)
-        beta = torch.sigmoid(b).float()
-        if self.beta_scale != 1.0:  # (exact: the 16-bit sigmoid doubled, as transformers')
-            beta = beta * self.beta_scale
-        g = self.A * F.softplus(a.float() + self.dt_bias)
+        qkv, z, g, beta = self.inputs(h)
         o = torch.empty(t, m.n_heads, m.head_dim, dtype=torch.float32, device=h.device)
         nd = step.num_decodes
         if nd:
@@ -133,13 +132,22 @@ class GatedDeltaNet:
                             None if snap is None else snap[0])  # fmt: skip
             o[nd:] = gated_delta.prefill(*self._qkv(F.silu(x)), g[nd:], beta[nd:], state,
                                          pre.groups, m.chunk_size,
-                                         None if snap is None else snap[1])  # fmt: skip
+                                         None if snap is None else snap[1],
+                                         rule=self.chunk_rule)  # fmt: skip
         if step.save_end is not None:  # boundaries at a chunk's end: the states in the slots
             slots, entries = step.save_end
             snap_conv, snap_state = step.snaps[self.index]
             snap_conv.index_copy_(0, entries, conv.index_select(0, slots))
             snap_state.index_copy_(0, entries, state.index_select(0, slots))
         return self.out_proj(self._output(o.to(h.dtype), z))
+
+    def inputs(self, h: torch.Tensor):
+        """(the conv's input q k v, the output gate z, the log decay g, beta) of rows `h`."""
+        qkv, z, b, a = self.in_proj(h).split(self.sizes, dim=-1)
+        beta = torch.sigmoid(b).float()
+        if self.beta_scale != 1.0:  # (exact: the 16-bit sigmoid doubled, as transformers')
+            beta = beta * self.beta_scale
+        return qkv, z, self.A * F.softplus(a.float() + self.dt_bias), beta
 
     def _decode(self, conv, state, qkv: torch.Tensor, g, beta, step: MambaStep) -> torch.Tensor:
         """The decode rows' one conv and delta-rule step: their states gathered from their
@@ -155,7 +163,7 @@ class GatedDeltaNet:
             conv.index_copy_(0, slots, new_conv.to(conv.dtype))
         in_place = run is not None and state.dtype == torch.float32
         s = state[run[0] : run[1]] if in_place else state.index_select(0, slots).float()
-        o = gated_delta.recurrent_step(s, *self._qkv(x), g, beta)
+        o = self.step_rule(s, *self._qkv(x), g, beta)
         if not in_place:
             state.index_copy_(0, slots, s.to(state.dtype))
         return o

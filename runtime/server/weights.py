@@ -82,6 +82,8 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
+          # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
+          (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"),
@@ -97,6 +99,9 @@ _KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
 _MAMBA_TENSORS = re.compile(
     r"(\.(mamba|linear_attn)\.([qkv]_)?(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
 )  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A; OLMo Hybrid's conv in q, k, v parts)
+# a KDA layer's conv (whole or in q, k, v parts), A_log, dt_bias and gated norm: tensors, not
+# `Linear`s, all but the conv in float32 (`model/kimi_linear.py`)
+_KDA_TENSORS = re.compile(r"self_attn\.(([qkv]_)?conv1d\.weight|A_log|dt_bias|o_norm\.weight)$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -314,6 +319,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+    if mc.architecture == "kimi_linear" and _KDA_TENSORS.search(name):
+        return t.numel * (p.dtype.itemsize if name.endswith("conv1d.weight") else 4)
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
         # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
         n = t.numel * _mamba_share(name, mc, lay)

@@ -1,0 +1,144 @@
+"""Kimi Linear (Kimi Delta Attention layers among NoPE latent attention layers, DeepSeek-V3's
+experts: `model/kimi_linear.py`) against transformers, token for token, on a tiny random
+checkpoint transformers writes itself in the published form (tests/runtime/hf_oracle.py:
+q/k/v convs in three parts, `block_sparse_moe` with experts' w1/w2/w3, the published config
+keys `linear_attn_config`, `num_experts`, `num_expert_group`, ...): float32, logits within
+1e-3 of transformers' plain greedy loop (its torch chunked KDA) at every step.
+
+The prompts run in 16-token steps (chunked prefill carries the conv and KDA states across
+steps), three prompts sharing steps with two state slots, then a one-token prompt, then a KV
+pool so small that requests are preempted (their states rebuilt by recompute).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+from arch_cases import NEW, SMALL_POOL, built_fixture, check, generate, prompts
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM
+
+transformers = pytest.importorskip("transformers")
+
+CASE = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+            q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            linear_attn_config={"full_attn_layers": [2], "kda_layers": [1, 3], "head_dim": 16,
+                                "num_heads": 2, "short_conv_kernel_size": 4},
+            num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+            moe_intermediate_size=32, first_k_dense_replace=1, num_expert_group=2,
+            topk_group=1, routed_scaling_factor=2.0)  # fmt: skip
+
+
+def _make(name: str, path):
+    return make_tiny_model(path, "KimiLinear", **CASE)
+
+
+built = built_fixture(_make)
+
+
+def test_greedy_matches_transformers_chunked_batched_and_preempted(built):
+    _, model, loaded, reference = built("kimi-linear")
+    f = loaded.config.family
+    assert f.mamba.mixer == "kda" and f.mamba.layers == (True, False, True)
+    assert f.moe_layers == (False, True, True) and f.routing.n_group == 2 and f.mla is not None
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"prompt {i}")
+    assert llm.engine.runner.mamba.num_held == 0
+    one = [7]  # a one-token prompt: its first step is a decode row
+    check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), "one token")
+    small = LLM(loaded=loaded, **SMALL_POOL)
+    got = generate(small, prompts())
+    assert small.engine.scheduler.num_preemptions > 0
+    for i, want in enumerate(reference):
+        check(got[i], want, f"prompt {i}, preempted")
+    small.engine.check_integrity()
+
+
+def test_a_warm_prefix_restores_the_kda_state(built):
+    """Prefix caching: a 153-token prompt, then one sharing its first 140 tokens restores the
+    conv and KDA states' snapshot at 128 (a chunk start of `kda.chunked`) and computes the
+    rest: transformers' tokens and logits."""
+    _, model, loaded, _ = built("kimi-linear")
+    shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
+    second = [*shared[:140], 21, 22]
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=256, max_num_seqs=2, max_model_len=256)  # fmt: skip
+    generate(llm, [[*shared, 7, 8, 9]])
+    hits = llm.engine.kv.prefix_hits
+    check(generate(llm, [second])[0], hf_greedy_plain(model, second, NEW), "warm")
+    assert llm.engine.kv.prefix_hits - hits == 128
+
+
+def test_estimates_checks_and_a_sparse_config(built, tmp_path):
+    """The weights estimate against the built model; the checkpoint check naming a missing KDA
+    tensor and a KDA conv part; tensor parallelism and FP8 refused in one line; a config.json
+    with transformers' defaults only (KimiLinearConfig's) read without weights."""
+    from model_bytes import check_estimate
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from pagoda.runtime.model.loader import read_model_config
+
+    path, _, loaded, _ = built("kimi-linear")
+    mc = loaded.config
+    check_estimate(path, rel=0.02)
+    with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 2 is not supported "
+                                                   "for a model with kda layers")):  # fmt: skip
+        tp_check(mc, 2)
+    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
+    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(kda layers\)"):
+        check_dtype(fp8, mc)
+    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
+    check_checkpoint(mc, headers)
+    for gone in ("model.layers.0.self_attn.f_b_proj.weight",
+                 "model.layers.2.self_attn.k_conv1d.weight",
+                 "model.layers.1.self_attn.kv_b_proj.weight",
+                 "model.layers.1.mlp.experts.3.down_proj.weight"):  # fmt: skip
+        short = {n: v for n, v in headers.items() if n != gone}
+        with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
+            check_checkpoint(mc, short)
+    cfg = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    hub = read_model_config(str(tmp_path))
+    want = transformers.KimiLinearConfig()
+    m, f = hub.family.mamba, hub.family
+    assert m.layers == tuple(t == "linear_attention" for t in want.layer_types)
+    assert (m.n_heads, m.head_dim, m.d_conv) == (32, 128, 4)
+    assert f.moe_layers == tuple(t == "sparse" for t in want.mlp_layer_types)
+    assert f.num_experts == want.num_local_experts and f.mla.q_lora_rank is None
+    assert hub.max_position_embeddings == want.max_position_embeddings
+    # the published Kimi-Linear-48B-A3B config's keys (sparse; its layer kinds 1-indexed)
+    full = [4, 8, 12, 16, 20, 24, 27]
+    cfg |= {"hidden_size": 2304, "num_hidden_layers": 27, "q_lora_rank": None,
+            "linear_attn_config": {"full_attn_layers": full, "head_dim": 128, "num_heads": 32,
+                                   "kda_layers": [i for i in range(1, 28) if i not in full],
+                                   "short_conv_kernel_size": 4},
+            "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1,
+            "num_expert_group": 1, "topk_group": 1, "moe_renormalize": True,
+            "moe_router_activation_func": "sigmoid", "first_k_dense_replace": 1,
+            "model_max_length": 1048576, "mla_use_nope": True}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    hub, want = read_model_config(str(tmp_path)), transformers.KimiLinearConfig(**cfg)
+    assert hub.family.mamba.layers == tuple(t == "linear_attention" for t in want.layer_types)
+    assert hub.family.mamba.layers[3] is False and hub.family.mamba.layers[4] is True
+    assert hub.family.num_experts_per_tok == want.num_experts_per_tok == 8
+    assert 45e9 < hub.num_params < 52e9, hub.num_params
+
+
+def test_weights_from_shapes_as_from_its_tensors(built):
+    """On CUDA (no packing): the tiny checkpoint's table (its KDA tensors, NoPE latent attention,
+    experts) as counted from the shapes alone (`from_shapes`, the plans `fit` suggests)."""
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    path, _, loaded, _ = built("kimi-linear")
+    mc = loaded.config
+    table = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", 1, None))
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=0.01)
