@@ -16,7 +16,7 @@ import pytest
 import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
-from test_gguf_archs import PROMPTS, _generate
+from test_gguf_archs import PROMPTS, _check_estimate, _generate
 from test_gguf_classic import _store
 from test_gguf_families import _byte_level_vocab, _oracle
 
@@ -38,7 +38,8 @@ CASES = {
         **SMALL, num_hidden_layers=3, layer_types=[LIN, LIN, FULL], full_attention_interval=3,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
         linear_value_head_dim=32, linear_conv_kernel_dim=3), "qwen35", "qwen3_5"),
-    # experts in every layer, as many key heads as value heads
+    # experts in every layer, as many key heads as value heads; a multi-token-prediction
+    # block after the decoder's (not read)
     "qwen35moe": ("Qwen3_5MoeText", dict(
         **SMALL, num_hidden_layers=2, layer_types=[LIN, FULL], full_attention_interval=2,
         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
@@ -48,9 +49,12 @@ CASES = {
 _ENUM = {"qwen3next": "QWEN3NEXT", "qwen35": "QWEN35", "qwen35moe": "QWEN35MOE"}
 
 
-def _metadata(w, c: dict) -> None:
-    """Qwen2MoeModel's and Qwen3NextModel's `set_gguf_parameters`."""
-    w.add_block_count(c["num_hidden_layers"])
+def _metadata(w, c: dict, mtp: int) -> None:
+    """Qwen2MoeModel's and Qwen3NextModel's `set_gguf_parameters` (`mtp`: the Qwen3.5
+    multi-token-prediction blocks after the decoder's, `_Qwen35MtpMixin`'s)."""
+    w.add_block_count(c["num_hidden_layers"] + mtp)
+    if mtp:
+        w.add_nextn_predict_layers(mtp)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
     w.add_feed_forward_length(c["intermediate_size"])
@@ -88,9 +92,11 @@ def _untile(t: np.ndarray, dim: int, k: int, r: int, d: int) -> np.ndarray:
     return np.swapaxes(tiled, dim, dim + 1).reshape(shape)
 
 
-def convert(path, hf_dir, arch: str) -> dict[str, torch.Tensor]:
-    """The checkpoint in `hf_dir` as llama.cpp's converter writes it for `arch`; its tensors
-    as the file gives them back, in the checkpoint's layout."""
+def convert(path, hf_dir, arch: str, mtp: bool = False) -> dict[str, torch.Tensor]:
+    """The checkpoint in `hf_dir` as llama.cpp's converter writes it for `arch` (`mtp`: with
+    a multi-token-prediction block after the decoder's, a copy of its last layer and the
+    `nextn` tensors, which the engine does not read); its tensors as the file gives them back,
+    in the checkpoint's layout."""
     from safetensors.torch import load_file
 
     c = transformers.AutoConfig.from_pretrained(hf_dir).to_dict()
@@ -100,7 +106,7 @@ def convert(path, hf_dir, arch: str) -> dict[str, torch.Tensor]:
     tiled = arch != "qwen3next" and hk != hv  # `_LinearAttentionVReorderBase`
     qk = 2 * hk * dk  # the q and k rows (channels) before v's
     w = gguf.GGUFWriter(str(path), arch)
-    _metadata(w, c)
+    _metadata(w, c, int(mtp))
     tokens, types, merges = _byte_level_vocab(c["vocab_size"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -160,6 +166,15 @@ def convert(path, hf_dir, arch: str) -> dict[str, torch.Tensor]:
                          np.stack([per[e] for e in sorted(per)]))  # fmt: skip
         for e in sorted(per):
             expected[f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"] = stacked[e]
+    if mtp:  # (Q8_0 and F32 as the decoder's)
+        n, hidden = c["num_hidden_layers"], c["hidden_size"]
+        last = f"blk.{n - 1}."
+        for name, ti in list(w.tensors[-1].items()):
+            if name.startswith(last):
+                w.add_tensor(f"blk.{n}." + name[len(last) :], ti.tensor,
+                             raw_shape=ti.tensor.shape, raw_dtype=ti.dtype)  # fmt: skip
+        w.add_tensor(f"blk.{n}.nextn.eh_proj.weight", np.ones((hidden, 2 * hidden), np.float32))
+        w.add_tensor(f"blk.{n}.nextn.enorm.weight", np.ones(hidden, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -172,10 +187,11 @@ def test_gguf_qwen3next_family_matches_transformers_on_its_dequantized_weights(t
     hf_arch, overrides, arch, engine = CASES[case]
     make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
     path = tmp_path / f"{case}.gguf"
-    expected = convert(path, tmp_path / "hf", arch)
+    expected = convert(path, tmp_path / "hf", arch, mtp=case == "qwen35moe")
     oracle = _oracle(tmp_path, expected)
     config, _, _, _ = load_gguf(path)
     assert config.architecture == engine
     assert config.family.mamba.layers == tuple(t == LIN for t in overrides["layer_types"])
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
     assert _generate(path, PROMPTS) == want, case
+    _check_estimate(path, "bfloat16")
