@@ -22,7 +22,8 @@ What the converter changed, undone here:
   head to tiled (the converter's `_reorder_v_heads`) in v, z, b, a, A, dt_bias, the conv's v
   channels and out_proj's columns: put back (`_untile`); those tensors read dequantized (not as
   `qgemm` blocks);
-- the experts stacked (`ffn_*_exps`), the shared expert (`ffn_*_shexp`) and its gate
+- the experts stacked (`ffn_*_exps`; gate and up fused in `ffn_gate_up_exps` with
+  `--fuse-gate-up-exps`: read as the published Qwen3.5-MoE's `experts.gate_up_proj`), the shared expert (`ffn_*_shexp`) and its gate
   (`ffn_gate_inp_shexp`): `gguf_loader`'s Qwen-MoE names; llama.cpp renormalises the top-k
   weights (no key for it) and runs experts in every layer.
 The attention's q rows hold each head's q and output gate, as the checkpoint's `q_proj`.
@@ -55,6 +56,8 @@ def hf_name(layer: str, part: str, kind: str) -> str | None:
     """The engine's name of `blk.{layer}.{part}.{kind}` where it differs from Llama's."""
     if part == "ssm_dt":  # dt_bias (the converter's `dt_proj.bias`)
         return f"model.layers.{layer}.linear_attn.dt_bias"
+    if part == "ffn_gate_up_exps":  # (`--fuse-gate-up-exps`: [E, 2N, hidden], gate first)
+        return f"model.layers.{layer}.mlp.experts.gate_up_proj.{kind}"
     name = NAMES.get(part)
     return None if name is None else f"model.layers.{layer}.{name}.{kind}"
 

@@ -26,7 +26,8 @@ LIN, FULL = "linear_attention", "full_attention"
 SMALL = dict(head_dim=16, num_attention_heads=4, num_key_value_heads=2)
 # case: (transformers config prefix, overrides, llama.cpp's architecture, the engine's)
 CASES = {
-    # two value heads a key head, experts with the shared expert and its gate
+    # two value heads a key head, experts with the shared expert and its gate; the experts'
+    # gate and up fused (`--fuse-gate-up-exps`)
     "qwen3next": ("Qwen3Next", dict(
         **SMALL, num_hidden_layers=4, layer_types=[LIN, FULL, LIN, FULL],
         full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
@@ -92,10 +93,13 @@ def _untile(t: np.ndarray, dim: int, k: int, r: int, d: int) -> np.ndarray:
     return np.swapaxes(tiled, dim, dim + 1).reshape(shape)
 
 
-def convert(path, hf_dir, arch: str, mtp: bool = False) -> dict[str, torch.Tensor]:
+def convert(
+    path, hf_dir, arch: str, mtp: bool = False, fuse: bool = False
+) -> dict[str, torch.Tensor]:
     """The checkpoint in `hf_dir` as llama.cpp's converter writes it for `arch` (`mtp`: with
     a multi-token-prediction block after the decoder's, a copy of its last layer and the
-    `nextn` tensors, which the engine does not read); its tensors as the file gives them back,
+    `nextn` tensors, which the engine does not read; `fuse`: the experts' gate and up in one
+    `ffn_gate_up_exps`, `--fuse-gate-up-exps`); its tensors as the file gives them back,
     in the checkpoint's layout."""
     from safetensors.torch import load_file
 
@@ -162,10 +166,20 @@ def convert(path, hf_dir, arch: str, mtp: bool = False) -> dict[str, torch.Tenso
         expected[hf] = back(_store(w, gname, stored))
     parts = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
     for (layer, part), per in experts.items():
+        if fuse and part != "down_proj":
+            continue
         stacked = _store(w, f"blk.{layer}.{parts[part]}.weight",
                          np.stack([per[e] for e in sorted(per)]))  # fmt: skip
         for e in sorted(per):
             expected[f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"] = stacked[e]
+    for layer in sorted({layer for layer, _ in experts}) if fuse else ():
+        gate, up = (experts[(layer, p)] for p in ("gate_proj", "up_proj"))
+        both = np.stack([np.concatenate([gate[e], up[e]]) for e in sorted(gate)])
+        stacked = _store(w, f"blk.{layer}.ffn_gate_up_exps.weight", both)
+        n = stacked.shape[1] // 2
+        for e in sorted(gate):
+            expected[f"model.layers.{layer}.mlp.experts.{e}.gate_proj.weight"] = stacked[e, :n]
+            expected[f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight"] = stacked[e, n:]
     if mtp:  # (Q8_0 and F32 as the decoder's)
         n, hidden = c["num_hidden_layers"], c["hidden_size"]
         last = f"blk.{n - 1}."
@@ -187,7 +201,8 @@ def test_gguf_qwen3next_family_matches_transformers_on_its_dequantized_weights(t
     hf_arch, overrides, arch, engine = CASES[case]
     make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
     path = tmp_path / f"{case}.gguf"
-    expected = convert(path, tmp_path / "hf", arch, mtp=case == "qwen35moe")
+    expected = convert(path, tmp_path / "hf", arch, mtp=case == "qwen35moe",
+                       fuse=case == "qwen3next")  # fmt: skip
     oracle = _oracle(tmp_path, expected)
     config, _, _, _ = load_gguf(path)
     assert config.architecture == engine
