@@ -2,7 +2,8 @@
 runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
 `jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`,
-`dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`), read by writing the config.json the family's checkpoint would have from the file's keys
+`dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`; `qwen3next`, `qwen35`,
+`qwen35moe`: their keys, names and forms in `gguf_qwen3next`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -59,6 +60,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from pagoda.runtime.model import gguf_qwen3next
+
 # llama.cpp's architecture -> (the engine's, the checkpoint's config.json `architectures`)
 ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": "gpt2",
                "starcoder": "gpt_bigcode", "gptneox": "gpt_neox", "falcon": "falcon",
@@ -66,7 +69,8 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "nemotron": "nemotron", "jais2": "jais2", "minicpm3": "minicpm3",
                "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe",
                "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe",
-               "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2", "exaone-moe": "exaone_moe"}  # fmt: skip
+               "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2", "exaone-moe": "exaone_moe",
+               **gguf_qwen3next.ENGINE_ARCH}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
@@ -78,7 +82,8 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
            "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "dots1": "Dots1ForCausalLM",
            "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
-           "mamba2": "Mamba2ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM"}  # fmt: skip
+           "mamba2": "Mamba2ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
+           **gguf_qwen3next.HF_ARCH}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -88,7 +93,8 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "exaone": "silu", "nemotron": "relu2", "jais2": "relu2", "minicpm3": "silu",
                "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu",
                "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu", "dots1": "silu", "mamba": "silu",
-               "falcon_mamba": "silu", "mamba2": "silu", "exaone_moe": "silu"}  # fmt: skip
+               "falcon_mamba": "silu", "mamba2": "silu", "exaone_moe": "silu",
+               **dict.fromkeys(gguf_qwen3next.ARCHS, "silu")}  # fmt: skip
 # the Mamba mixers' tensors (Mamba-1's and Mamba2's; A and D: `gguf_mamba.suffixless_name`)
 SSM = {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj", "ssm_conv1d": "mamba.conv1d",
        "ssm_x": "mamba.x_proj", "ssm_dt": "mamba.dt_proj", "ssm_norm": "mamba.norm"}  # fmt: skip
@@ -148,6 +154,8 @@ def global_name(name: str, architecture: str) -> str | None:
 
 def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
     """The engine's name of `blk.{layer}.{part}.{kind}` where it differs from Llama's."""
+    if architecture in gguf_qwen3next.ARCHS:
+        return gguf_qwen3next.hf_name(layer, part, kind)
     if architecture == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):
         return f"model.layers.{layer}.self_attn.{part[5]}_layernorm.{kind}"  # (read by row)
     if architecture in ("mamba", "falcon_mamba", "mamba2") and part in SSM:
@@ -210,8 +218,8 @@ def fused_parts(name: str, shape: tuple[int, ...], config) -> list[tuple[str, in
     apart: `attn_qkv` as q, k and v rows (the converter's order: every q head, then k, then v);
     StableLM's stacked q/k norms as one row a head. [] for any other tensor."""
     m = _BLOCK.match(name)
-    if config.architecture not in ARCHS or not m:
-        return []
+    if config.architecture not in ARCHS or config.architecture in gguf_qwen3next.ARCHS or not m:
+        return []  # (Qwen3-Next's attn_qkv: its DeltaNet's, read whole)
     layer, part, kind = m.groups()
     prefix = f"model.layers.{layer}."
     if part == "attn_qkv":
@@ -242,6 +250,8 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
     the engine reads it (`tensors`: the file's names; `vocab`: its vocabulary's size;
     `values(name)`: a tensor's values, MiniCPM3's rope factors)."""
     arch = engine_arch(gguf_arch, get)
+    if arch in gguf_qwen3next.ARCHS:
+        return gguf_qwen3next.hf_config(get, gguf_arch, tensors, vocab)
     if arch in ("mamba", "falcon_mamba", "mamba2"):
         return _ssm(get, arch, tensors, vocab)
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))

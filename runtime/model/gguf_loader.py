@@ -36,6 +36,7 @@ from pagoda.runtime.model import (
     gguf_deepseek,
     gguf_glm_cohere,
     gguf_mamba,
+    gguf_qwen3next,
 )
 from pagoda.runtime.model.gguf_config import SUPPORTED_ARCHS, read_config  # noqa: F401 - its API
 from pagoda.runtime.model.gguf_dequant import dequantize
@@ -90,6 +91,8 @@ _MOE_BLOCKS = {  # architecture -> (block prefix, expert weight names) as the mo
     "qwen3moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
     "qwen2moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
     "olmoe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    "qwen3_next": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    "qwen3_5_moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
     # the converter splits GraniteMoe's input_linear into gate and up: Mixtral's three stacks
     "granitemoe": ("block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}),
 }
@@ -118,7 +121,9 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
         return _GLOBAL_NAMES[name]
     m = _BLOCK.match(name)
     if not m:  # (a Mamba2 mixer's A and D: `blk.N.ssm_a`)
-        return gguf_mamba.suffixless_name(name, architecture)
+        return gguf_qwen3next.bare_name(name, architecture) or gguf_mamba.suffixless_name(
+            name, architecture
+        )
     layer, part, kind = m.groups()
     if architecture in gguf_deepseek.ARCHITECTURES:  # deepseek2 (gguf_deepseek.py)
         return gguf_deepseek.hf_name(layer, part, kind)
@@ -247,6 +252,8 @@ class GGUFWeights(_ByName):
             return w[None]
         if ".mamba." in name:  # llama.cpp's forms of the mixer's tensors
             return gguf_mamba.mamba_value(name, w)
+        if self._config.architecture in gguf_qwen3next.ARCHS:  # its DeltaNet's, its norms
+            return gguf_qwen3next.value(name, w, self._config)
         w = gguf_classic.value(name, w, self._config.architecture)
         heads = _permuted_heads(self._config, name, self._permuted)
         return _unpermute(w, heads) if heads else w
@@ -271,6 +278,7 @@ class GGUFBlocks(_ByName):
             and not isinstance(t, torch.Tensor)
             and len(_shape(t)) in (2, 3)  # 3: stacked experts, their rows one after another
             and readable(t.tensor_type.name, _shape(t)[-1])
+            and not gguf_qwen3next.reordered(name, config)  # (read dequantized, put back)
         }
 
     def __getitem__(self, name: str) -> QuantizedWeight:

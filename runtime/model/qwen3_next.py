@@ -11,7 +11,8 @@
   per head and gated (weight * RMSNorm(o) * SiLU(z): `Qwen3NextRMSNormGated`), out_proj.
   Qwen3-Next stores the projection as `in_proj_qkvz` and `in_proj_ba`, interleaved by key
   head; Qwen3.5 as `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`: both are read into one
-  matrix [q, k, v, z, b, a] at load;
+  matrix [q, k, v, z, b, a] at load (llama.cpp's Qwen3-Next GGUFs as `in_proj_qkv`, `in_proj_z`
+  and `in_proj_ba`: `gguf_qwen3next`);
 - gated attention (`Qwen3NextAttention`): q_proj gives each head's query and an output gate
   (interleaved per head, split at load), q and k normalised per head (RMSNorm, (1 + w)), a
   partial rotary (the first quarter of each head by default), attention's output times
@@ -51,10 +52,14 @@ from pagoda.runtime.model_configs import MambaConfig
 def _in_proj(m: MambaConfig, w: DeviceWeights, p: str) -> torch.Tensor:
     """The rows of q, k, v, z, b and a in that order (module docstring): Qwen3.5's four
     projections stacked, or Qwen3-Next's two taken apart by key head."""
-    if p + "in_proj_qkv.weight" in w:
-        return torch.cat([w[p + f"in_proj_{x}.weight"] for x in ("qkv", "z", "b", "a")])
     dk, dv, hk = m.d_state, m.head_dim, m.n_groups
     r = m.n_heads // hk  # value heads per key head
+    if p + "in_proj_qkv.weight" in w:
+        qkvz = [w[p + f"in_proj_{x}.weight"] for x in ("qkv", "z")]
+        if p + "in_proj_ba.weight" in w:  # llama.cpp's Qwen3-Next: qkv and z apart, ba as stored
+            b, a = w[p + "in_proj_ba.weight"].view(hk, 2 * r, -1).split([r, r], dim=1)
+            return torch.cat([*qkvz, b.reshape(-1, b.shape[-1]), a.reshape(-1, a.shape[-1])])
+        return torch.cat([*qkvz, w[p + "in_proj_b.weight"], w[p + "in_proj_a.weight"]])
     qkvz = w[p + "in_proj_qkvz.weight"].view(hk, 2 * dk + 2 * r * dv, -1)
     q, k, v, z = qkvz.split([dk, dk, r * dv, r * dv], dim=1)
     b, a = w[p + "in_proj_ba.weight"].view(hk, 2 * r, -1).split([r, r], dim=1)
