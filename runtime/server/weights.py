@@ -86,6 +86,10 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
+          # a GGUF's experts (`gguf_archs`: `experts.gate`/`.up`) and GraniteMoE's
+          # `input_linear.gate`/`.up`: one gate_up `Linear` per expert (`moe.SparseMoE`), padded
+          # as one where the packing pads rows (bf16 on AVX-512 without AMX: to 64)
+          (re.compile(r"\b(experts|input_linear)\.(gate|up)\b"), r"\1.gate_up"),
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"),
           # Qwen3-Next's and Qwen3.5's DeltaNet projections: one matrix (model/qwen3_next.py)
           (re.compile(r"\bin_proj_(qkvz|ba|qkv|z|b|a)\b"), "in_proj"))  # fmt: skip
