@@ -12,7 +12,9 @@ import structured_testlib
 
 MODEL = "smollm2-135m"
 PROMPT = "The capital of France is"
-CHAT = "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"  # ends with <|im_end|>
+# ends with <|im_end|> within 60 tokens on every CPU (greedy: "The capital of France is Paris.";
+# "Say hi" ran past 60 tokens on an AVX-512 machine without AMX, whose bf16 rounding differs)
+CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 pytestmark = pytest.mark.e2e
 
 
