@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -28,11 +29,36 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# arrays and objects nested deeper than this are no value (json.loads's own bound is the
+# interpreter's recursion limit, which other imports raise: torch._dynamo's, for one)
+MAX_DEPTH = 512
+_OPENERS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]')
+
+
+def too_deep(text: str) -> bool:
+    """Whether `text` nests arrays or objects past `MAX_DEPTH` (brackets inside strings not
+    counted)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for m in _OPENERS.finditer(text):
+        c = m.group()[0]
+        if c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
 def json_value(text: str, *, rewritten: bool = False) -> Any:
     """The JSON value of a model's `text`; ValueError where it is none: what json.loads
     refuses, NaN and Infinity (which it reads, and no strict JSON parser does), nesting past
-    json's depth; `rewritten` (the value is written out again as JSON): a number past a double
+    `MAX_DEPTH`; `rewritten` (the value is written out again as JSON): a number past a double
     too (read as inf, it would be written as Infinity)."""
+    if too_deep(text):
+        raise ValueError("nested too deeply")
     try:
         value = json.loads(text, parse_constant=_no_constant)
         if rewritten:

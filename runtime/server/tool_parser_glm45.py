@@ -34,6 +34,7 @@ from pagoda.runtime.server.tool_call import (
     ToolCall,
     call_id,
     json_value,
+    too_deep,
 )
 
 TAG, END = "<tool_call>", "</tool_call>"
@@ -75,6 +76,8 @@ class Glm45Parser(StartTag):
             return text
         with contextlib.suppress(ValueError):  # not JSON (NaN, nested too deeply, ...)
             return json_value(text, rewritten=True)
+        if too_deep(text):  # (no literal either)
+            return text
         with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             literal = ast.literal_eval(text)
             json.dumps(literal, allow_nan=False)  # only what JSON can carry (no inf)
