@@ -26,7 +26,7 @@ from pagoda.runtime.model import family_options
 if TYPE_CHECKING:  # (config reads a rank's Mamba2 shapes from model/mamba_shard.py, which
     # imports this module)
     from pagoda.runtime.config import ModelConfig
-    from pagoda.runtime.model_configs import MambaConfig
+    from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 @dataclass(frozen=True)
