@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagoda.runtime import options
-from pagoda.runtime.model import family_options
+from pagoda.runtime import family_options, options
 
 if TYPE_CHECKING:  # (config reads a rank's Mamba2 shapes from model/mamba_shard.py, which
     # imports this module)
@@ -70,7 +69,7 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
     Gated DeltaNet layers split by key heads, which must divide. Other mixers (LFM2's short
     convs, Mamba-1's, KDA) are not split: refused (their families' rows in
-    `model/family_options.py` refuse them first, naming the architecture)."""
+    `family_options.py` refuse them first, naming the architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
             return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
@@ -89,7 +88,7 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
 
 def check(config: ModelConfig, size: int) -> None:
     """ValueError, one line, if `config` cannot be split over `size` ranks: its family is not
-    tested on ranks (`model/family_options.py`), or its shapes do not divide (the arithmetic is
+    tested on ranks (`family_options.py`), or its shapes do not divide (the arithmetic is
     `options.tensor_parallel_problem`'s, which the operator also runs for the built-in models)."""
     if size == 1:
         return

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+from pagoda.runtime import family_options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
@@ -41,7 +42,7 @@ from pagoda.runtime.engine import recurrent
 from pagoda.runtime.engine.info import token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
-from pagoda.runtime.model import family_options, longrope
+from pagoda.runtime.model import longrope
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
@@ -421,7 +422,7 @@ ENGINE_OPTIONS = {
 
 def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
     """ValueError, one line, for a dtype, FP8-weights or KV-cache flag the model's family is not
-    tested with (`model/family_options.py`: Gemma 2's to 4's activations overflow float16, as
+    tested with (`family_options.py`: Gemma 2's to 4's activations overflow float16, as
     vLLM refuses them; FP8 GEMMs and FP8/int8 KV caches untested for some families)."""
     row = family_options.UNTESTED.get(model.architecture)
     for option in () if row is None else row.options:

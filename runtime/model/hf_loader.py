@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pagoda.runtime import family_options
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import (
     bpe_files,
     config_keys,
     family_fields,
-    family_options,
     moe_families,
     special_tokens,
     spm_files,

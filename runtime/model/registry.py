@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib
 
+from pagoda.runtime import family_options
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import family_options, moe_families
+from pagoda.runtime.model import moe_families
 from pagoda.runtime.model.llama import LlamaModel
 
 # architecture -> (module in pagoda.runtime.model, class)

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pagoda.runtime import options
+from pagoda.runtime import family_options, options
 from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
-from pagoda.runtime.model import family_options, mamba_shard
+from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.server import memory
 from pagoda.runtime.server import weights as weights_of
 from pagoda.runtime.server.memory import gib

@@ -193,7 +193,7 @@ def test_every_serve_and_tune_flag_is_named_in_the_docs() -> None:
 def test_the_options_tested_per_family_table_is_the_declaration() -> None:
     """docs/runtime.md's "Options tested per family" table: one row per `family_options.UNTESTED`
     row, each cell "yes" or "refused (REASON)" as the declaration says, in `OPTIONS` order."""
-    from pagoda.runtime.model.family_options import OPTIONS, UNTESTED
+    from pagoda.runtime.family_options import OPTIONS, UNTESTED
 
     section = RUNTIME.split("\n### Options tested per family\n", 1)[1].split("\n#", 1)[0]
     rows = re.search(r"^\| `ModelConfig.architecture`.*?\n\|[-| ]+\|\n((?:\|.*\n)+)", section, re.M)

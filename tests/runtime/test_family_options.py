@@ -1,4 +1,4 @@
-"""`model/family_options.py`, walked: every registered family against every option, through the
+"""`family_options.py`, walked: every registered family against every option, through the
 checks `pagoda serve` runs before it binds (`launch.check_dtype`, `launch.check_parallel`, the
 HF loader's checkpoint read): an option a family's row declares untested is refused in one line
 naming the option, the architecture, the reason and what to use instead; every other option
@@ -13,15 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from pagoda.runtime import family_options
 from pagoda.runtime.config import CacheConfig, EngineConfig, ModelConfig
-from pagoda.runtime.model import family_options
-from pagoda.runtime.model.family_options import MESSAGES, OPTIONS, UNTESTED, Untested
+from pagoda.runtime.family_options import MESSAGES, OPTIONS, UNTESTED, Untested
 from pagoda.runtime.model.loader import read_model_config
 from pagoda.runtime.model.registry import MODEL_CLASSES
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.launch import check_dtype, check_parallel
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 # a shape every check of the tensor-parallel arithmetic splits over 2 ranks: what is left to
 # refuse is the family's row (the architecture is all the family check reads)
 SHAPE = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,

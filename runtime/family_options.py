@@ -5,9 +5,10 @@ The options (`OPTIONS`): tensor parallelism (`--tensor-parallel-size` > 1), FP8 
 quantized at load (`--quantization fp8`), an FP8 checkpoint (config.json's
 `quantization_config`), an FP8 or int8 KV cache (`--kv-cache-dtype` other than auto) and
 `--dtype float16`. A family (`ModelConfig.architecture`, a key of `registry.MODEL_CLASSES`)
-without a row in `UNTESTED` is tested with every one of them (or, for tensor parallelism, with
-the sizes its shapes divide: `distributed/layout.py`'s arithmetic). Adding a family that is not
-tested with an option is one row here, not a new check.
+without a row in `UNTESTED` is refused none of them for being that family (tensor parallelism
+still needs sizes its shapes divide, `distributed/layout.py`; FP8 a device that runs it). Adding
+a family that is not tested with an option is one row here, not a new check. (Torch-free, at the
+top of the package beside `model_config.py`: `distributed/` and `model/` both read it.)
 
 Who reads it: `engine/core.check_dtype` (the dtype, FP8 weights and KV-cache flags; `pagoda
 serve`'s preflight and the engine), `distributed/layout.check` (tensor parallelism), the HF
