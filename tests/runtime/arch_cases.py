@@ -244,14 +244,61 @@ def check_two_ranks(path, loaded, reference, what: str, kv_heads: int | None = N
         check(g, reference[i % 3], f"{what}: prompt {i}, two ranks")
 
 
-def scramble_correction_biases(model, path, first_moe_layer: int) -> torch.Generator:
+def greedy_test():
+    """The test a family module binds as
+    `test_greedy_matches_transformers_chunked_cached_batched_and_preempted` over its `case`
+    fixture: transformers' tokens and logits chunked, batched and on a warm prefix cache
+    (`check_chunked_cached_batched`), then in a pool so small that requests are preempted
+    (`check_preempted`)."""
+
+    def test(case):
+        name, _, _, loaded, reference = case
+        check_chunked_cached_batched(loaded, reference, name)
+        check_preempted(loaded, reference, name)
+
+    return test
+
+
+def gpu_test(check_runner=None):
+    """The test a family module binds as `test_gpu_matches_transformers_with_graphs` over its
+    `case` fixture (benchmarks/gpu_check.sh's `families` steps): `check_on_cuda_with_graphs`,
+    then `check_runner(name, runner)` where given (the experts in the fused-MoE kernel, ...)."""
+
+    @pytest.mark.gpu
+    def test(case):
+        name, _, _, loaded, reference = case
+        runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+        if check_runner is not None:
+            check_runner(name, runner)
+
+    return test
+
+
+def fused_moe_at(index: int = -1):
+    """A `gpu_test` check: layer `index`'s MoE block (its routed experts beside a shared one)
+    runs the fused kernel, not each expert."""
+
+    def check_runner(name, runner):
+        moe = runner.model.layers[index].mlp
+        assert getattr(moe, "routed", moe).fused is not None, name
+
+    return check_runner
+
+
+def scramble_correction_biases(model, path, first_moe_layer: int = 0) -> torch.Generator:
     """Random router correction biases (`e_score_correction_bias`, V3's noaux_tc router), large
-    enough to change the experts picked, on the layers from `first_moe_layer` on; the model saved
-    again to `path`. Returns the generator (seed 2) for further draws."""
+    enough to change the experts picked, on the layers from `first_moe_layer` on that route
+    (dense layers skipped); the model saved again to `path`. Returns the generator (seed 2) for
+    further draws."""
     g = torch.Generator().manual_seed(2)
+    layers = model.model.layers[first_moe_layer:]
+    biases = [
+        getattr(getattr(x.mlp, "gate", None), "e_score_correction_bias", None) for x in layers
+    ]
+    assert any(b is not None for b in biases), "no router with a correction bias"
     with torch.no_grad():
-        for layer in model.model.layers[first_moe_layer:]:
-            bias = layer.mlp.gate.e_score_correction_bias
-            bias.copy_(torch.randn(bias.shape, generator=g))
+        for bias in biases:
+            if bias is not None:
+                bias.copy_(torch.randn(bias.shape, generator=g))
     model.save_pretrained(path)
     return g

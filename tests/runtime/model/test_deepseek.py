@@ -31,9 +31,10 @@ from arch_cases import (
     built_fixture,
     check,
     check_chunked_cached_batched,
-    check_on_cuda_with_graphs,
     check_preempted,
+    fused_moe_at,
     generate,
+    gpu_test,
     prompts,
     scramble_correction_biases,
 )
@@ -88,10 +89,7 @@ def write_case(name: str, path, **changes):
     if arch == "DeepseekV3":  # a correction bias large enough to change the experts picked
         scramble_correction_biases(model, path, overrides["first_k_dense_replace"])
     if arch == "Glm4MoeLite":  # (its one layer of experts)
-        bias = model.model.layers[1].mlp.gate.e_score_correction_bias
-        with torch.no_grad():
-            bias.copy_(torch.randn(bias.shape, generator=torch.Generator().manual_seed(2)))
-        model.save_pretrained(path)
+        scramble_correction_biases(model, path)
     return model
 
 
@@ -250,17 +248,10 @@ def test_a_v2_noaux_tc_router_is_refused_by_name(tmp_path):
         read_model_config(str(tmp_path))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA (benchmarks/gpu_check.sh's `families` step): the latent attention at its padded
-    head size through the compiled Triton kernels, the routed experts in the fused-MoE kernel,
-    decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
-    (`arch_cases.check_on_cuda_with_graphs`)."""
-    _, _, loaded, reference = built(name)
-    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
-    moe = runner.model.layers[-1].mlp
-    assert getattr(moe, "routed", moe).fused is not None  # the fused kernel, not every expert
+# On CUDA (benchmarks/gpu_check.sh's `families` step): the latent attention at its padded head
+# size through the compiled Triton kernels, the routed experts in the fused-MoE kernel (not every
+# expert), decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
+test_gpu_matches_transformers_with_graphs = gpu_test(fused_moe_at(-1))
 
 
 def test_youtu_sparse_config_reads_as_transformers(tmp_path):

@@ -25,14 +25,15 @@ import pytest
 import torch
 from arch_cases import (
     built_fixture,
+    case_fixture,
     check,
     check_chunked_cached_batched,
-    check_on_cuda_with_graphs,
-    check_preempted,
     generate,
+    gpu_test,
+    greedy_test,
     prompts,
 )
-from hf_oracle import _LM_CLASSES, hf_greedy_plain, make_tiny_model
+from hf_oracle import _LM_CLASSES, TINY, hf_greedy_plain, make_tiny_model, make_tiny_wrapped
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
 
@@ -57,11 +58,8 @@ CASES = {
 built = built_fixture(lambda name, path: make_tiny_model(path, "Llama4Text", **CASES[name]))
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built, name):
-    _, _, loaded, reference = built(name)
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+case = case_fixture(CASES)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 @pytest.mark.slow  # ~5 s
@@ -198,24 +196,14 @@ def test_the_multimodal_checkpoints_language_model(tmp_path):
     """`Llama4ForConditionalGeneration` (Scout's and Maverick's published class): its
     `text_config` and its `language_model.` weights are read, the vision tower's are not; text
     prompts give transformers' tokens and logits."""
-    from hf_oracle import save_word_tokenizer
-
-    text = dict(vocab_size=300, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                num_local_experts=4, attention_chunk_size=16, max_position_embeddings=512,
-                no_rope_layer_interval=2, floor_scale=8, pad_token_id=0, bos_token_id=1,
-                eos_token_id=2)  # fmt: skip
+    text = dict(TINY, intermediate_size=32, intermediate_size_mlp=96, head_dim=16,
+                num_local_experts=4, attention_chunk_size=16, no_rope_layer_interval=2,
+                floor_scale=8, pad_token_id=0)  # fmt: skip
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=2, image_size=28, patch_size=14, vision_output_dim=32,
                   projector_input_dim=32, projector_output_dim=32)  # fmt: skip
-    torch.manual_seed(0)
     config = transformers.Llama4Config(text_config=text, vision_config=vision)
-    model = transformers.Llama4ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
-    model.save_pretrained(tmp_path)
-    save_word_tokenizer(tmp_path, 300)
+    model = make_tiny_wrapped(tmp_path, "Llama4ForConditionalGeneration", config, seed=None)
     reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
     loaded = load_model(str(tmp_path))
     assert not any(n.startswith("vision_model") for n in loaded.weights)
@@ -259,13 +247,11 @@ def test_scouts_hub_config_reads_as_transformers_reads_it(tmp_path):
     assert ours.eos_token_ids == (200001, 200007, 200008) and not ours.tie_word_embeddings
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE
-    kernel, decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
-    (`arch_cases.check_on_cuda_with_graphs`)."""
-    _, _, loaded, reference = built(name)
-    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+def _every_moe_fused(name, runner):
     moes = [layer.mlp for layer in runner.model.layers if hasattr(layer.mlp, "experts")]
-    assert moes and all(m.experts.fused is not None for m in moes)
+    assert moes and all(m.experts.fused is not None for m in moes), name
+
+
+# On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE kernel,
+# decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
+test_gpu_matches_transformers_with_graphs = gpu_test(_every_moe_fused)

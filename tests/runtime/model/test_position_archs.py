@@ -39,10 +39,11 @@ from arch_cases import (
     built_fixture,
     case_fixture,
     check_chunked_cached_batched,
-    check_preempted,
     check_two_ranks,
+    gpu_test,
+    greedy_test,
 )
-from hf_oracle import make_tiny_model
+from hf_oracle import check_config_refused, make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
@@ -92,10 +93,7 @@ built = built_fixture(_make)
 case = case_fixture(CASES)
 
 
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
-    name, _, _, loaded, reference = case
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 @pytest.mark.parametrize("name", ["bloom-6-heads", "mpt-clip-6-heads"])
@@ -197,12 +195,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ("OPT", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
-    make_tiny_model(tmp_path, arch, num_hidden_layers=1)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
-    with pytest.raises(ValueError, match=words) as e:
-        read_model_config(str(tmp_path))
-    assert "\n" not in str(e.value)
+    check_config_refused(tmp_path, arch, edit, words)
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
@@ -256,16 +249,9 @@ def test_alibi_on_the_triton_backend_matches_transformers(built):
         check(got, want, f"{name}: prompt {i}, Triton")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA in float32 with the defaults (the Triton ops and attention, ALiBi's kernel
-    path, CUDA graphs): transformers' tokens and logits, graphs as eager, no step's launch
-    syncing with the host."""
-    from arch_cases import check_on_cuda_with_graphs
-
-    _, _, loaded, reference = built(name)
-    check_on_cuda_with_graphs(loaded, reference, name)
+# On CUDA in float32 with the defaults (the Triton ops and attention, ALiBi's kernel path,
+# CUDA graphs)
+test_gpu_matches_transformers_with_graphs = gpu_test()
 
 
 def test_slopes_are_transformers_own():
