@@ -11,6 +11,14 @@ from pagoda.runtime.model.loader import load_model
 
 NEW = 6
 SLIDING, FULL = "sliding_attention", "full_attention"
+# llama3's rotary scaled over an original context of 64 (the prompts pass it)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+# Ministral 3's rotary: yarn over an original context of 16, so that q's scale changes within
+# the prompts (1 + beta * log(1 + floor(p / 16)))
+MINISTRAL3_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "beta_fast": 32.0,
+                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.5}  # fmt: skip
 # name: (transformers config class prefix, config overrides, extra engine arguments)
 CASES = {
     "qwen3-d64": ("Qwen3", dict(head_dim=64), {}),

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from arch_cases import NEW, check, generate
+from arch_cases import FULL, NEW, SLIDING, check, generate
 from hf_oracle import TINY, hf_greedy_plain, make_tiny_model, save_multimodal_gemma3
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
@@ -22,7 +22,6 @@ transformers = pytest.importorskip("transformers")
 # the tiny checkpoints' shape without its token ids and context (the multimodal configs' own)
 SHAPE = {k: TINY[k] for k in ("vocab_size", "hidden_size", "intermediate_size",
                               "num_hidden_layers", "num_attention_heads", "num_key_value_heads")}  # fmt: skip
-SLIDING, FULL = "sliding_attention", "full_attention"
 LONG = [(7 * i + 3) % 290 + 5 for i in range(70)]
 PROMPTS = [LONG, [(5 * i + 1) % 290 + 5 for i in range(23)]]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,

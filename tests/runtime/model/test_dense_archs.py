@@ -72,7 +72,6 @@ from pagoda.runtime.model.loader import read_model_config
 from pagoda.runtime.model.ops import rope_kind
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
 # MiniCPM3-4B's rotary, shrunk: longrope over an original context of 32 (the prompts pass it)

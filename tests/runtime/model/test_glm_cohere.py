@@ -26,6 +26,8 @@ import json
 import pytest
 import torch
 from arch_cases import (
+    FULL,
+    SLIDING,
     built_fixture,
     case_fixture,
     check_two_ranks,
@@ -36,7 +38,6 @@ from hf_oracle import check_config_refused, make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 # name: (transformers config class prefix, config overrides)
 CASES = {
     # NoPE on layers 1 and 3 (interval 2), which slide (transformers' default layer_types)

@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import built_fixture, case_fixture, greedy_test, scramble_correction_biases
+from arch_cases import (
+    FULL,
+    SLIDING,
+    built_fixture,
+    case_fixture,
+    greedy_test,
+    scramble_correction_biases,
+)
 from hf_oracle import make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 CASES = {
     "laguna": dict(
         head_dim=16, num_attention_heads_per_layer=[4, 8, 2], num_hidden_layers=3,

@@ -83,6 +83,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from arch_cases import (
+    FULL,
+    SLIDING,
     built_fixture,
     case_fixture,
     check_two_ranks,
@@ -94,7 +96,6 @@ from hf_oracle import make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 # Hunyuan's released NTK-alpha rotary
 ALPHA = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 128,

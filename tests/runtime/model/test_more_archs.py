@@ -28,6 +28,10 @@ import json
 import pytest
 import torch
 from arch_cases import (
+    FULL,
+    LLAMA3,
+    MINISTRAL3_YARN,
+    SLIDING,
     built_fixture,
     case_fixture,
     check_two_ranks,
@@ -38,24 +42,18 @@ from hf_oracle import TINY, make_tiny_model, make_tiny_wrapped
 from pagoda.runtime.model.loader import load_model, read_model_config
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
-# Ministral 3's rotary: yarn over an original context of 16, so that q's scale changes within
-# the prompts (1 + beta * log(1 + floor(p / 16)))
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "beta_fast": 32.0,
-        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.5}  # fmt: skip
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
 # name: (transformers config class prefix, config overrides); "Mistral3:<text>" is
 # Mistral3ForConditionalGeneration around a <text> model
 CASES = {
     "mistral3-untied": ("Mistral3:Mistral", dict(head_dim=16, sliding_window=None)),
-    "mistral3-ministral3-tied": ("Mistral3:Ministral3", dict(head_dim=16, rope_parameters=YARN)),
+    "mistral3-ministral3-tied": (
+        "Mistral3:Ministral3", dict(head_dim=16, rope_parameters=MINISTRAL3_YARN),
+    ),
     "ministral-layer-types": (
         "Ministral", dict(head_dim=16, num_hidden_layers=3, sliding_window=10,
                          layer_types=[SLIDING, FULL, SLIDING]),
     ),
-    "ministral3": ("Ministral3", dict(head_dim=16, rope_parameters=YARN)),
+    "ministral3": ("Ministral3", dict(head_dim=16, rope_parameters=MINISTRAL3_YARN)),
     # norms after the sublayers, per-head q/k norms; window layers rotated, global ones NoPE
     "exaone4-window-nope": (
         "Exaone4", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2),
@@ -156,7 +154,8 @@ def test_mistral3s_processor_chat_template_is_the_one_rendered(built):
 
 @pytest.mark.parametrize(("arch", "overrides", "tp"), [
     ("Mistral3:Mistral", dict(head_dim=16, sliding_window=None), 1),
-    ("Mistral3:Ministral3", dict(head_dim=16, num_key_value_heads=1, rope_parameters=YARN), 2),
+    ("Mistral3:Ministral3",
+     dict(head_dim=16, num_key_value_heads=1, rope_parameters=MINISTRAL3_YARN), 2),
     ("Exaone4", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2), 2),
     ("Starcoder2", dict(sliding_window=10), 2),
     ("Apertus", dict(rope_parameters=LLAMA3), 1),
