@@ -1,5 +1,9 @@
 """Tiny checkpoints of every architecture, and how they are run against transformers: shared
-by tests/runtime/model/test_architectures.py and the Triton-backend run in test_triton_engine.py."""
+by tests/runtime/model/test_architectures.py, the Triton-backend run in test_triton_engine.py and
+the family modules (test_dense_archs.py, test_moe_families.py, ...). A family module is a table:
+its CASES, a writer bound as `built = built_fixture(write)` and `case = case_fixture(CASES)`, and
+the shared tests bound by name (`greedy_test()`, `gpu_test(...)`) beside its own checks; the
+checkpoint-writing steps themselves are tests/runtime/hf_oracle.py's."""
 
 from __future__ import annotations
 
@@ -102,13 +106,13 @@ def build(name: str, path):
     return load_model(str(path)), prompts(), reference, engine_args
 
 
-def generate(llm: LLM, prompts: list[list[int]]):
-    """(greedy tokens, per-step float32 logits) of each prompt, all in one batch."""
+def generate(llm: LLM, prompts: list[list[int]], n: int = NEW):
+    """(greedy tokens, per-step float32 logits) of each prompt's `n` steps, all in one batch."""
     seen: dict[str, list[torch.Tensor]] = {}
     llm.engine.runner.logits_hook = lambda reqs, lg: [
         seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg.float())
     ]
-    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     return [(o.outputs[0].token_ids, seen[o.request_id]) for o in outs]
 

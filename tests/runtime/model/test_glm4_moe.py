@@ -162,12 +162,11 @@ def test_quantization_fp8_runs_the_projections_in_fp8(built):
     assert isinstance(dense.qkv, Fp8Linear) and isinstance(dense.mlp.down, Fp8Linear)
     assert isinstance(moe.mlp.shared.down, Fp8Linear)
     assert not isinstance(moe.mlp.routed.route.linear, Fp8Linear)
-    got = generate(llm, prompts())
+    got = generate(llm, prompts(), n=1)  # (the one step compared: no decodes)
     for (_, logits), (_, want) in zip(got, reference):
-        ours, theirs = torch.stack(logits), torch.stack(want)
         # E4M3 weights and per-token activations through three layers (3 mantissa bits): the
         # first step's logits point where transformers' do (scrambled weights: cosine ~0)
-        assert torch.nn.functional.cosine_similarity(ours[0], theirs[0], dim=0) > 0.98
+        assert torch.nn.functional.cosine_similarity(logits[0], want[0], dim=0) > 0.98
 
 
 # On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE kernel,

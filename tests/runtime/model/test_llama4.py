@@ -55,7 +55,14 @@ CASES = {
 }  # fmt: skip
 
 
-built = built_fixture(lambda name, path: make_tiny_model(path, "Llama4Text", **CASES[name]))
+# maverick's layers one of each: a chunked rotary layer, then a NoPE global one with the experts
+# (the Triton test's model: one layer in the Triton kernels where maverick has three)
+MAVERICK_2 = dict(CASES["maverick"], num_hidden_layers=2, no_rope_layer_interval=2)
+built = built_fixture(
+    lambda name, path: make_tiny_model(
+        path, "Llama4Text", **(MAVERICK_2 if name == "maverick-2" else CASES[name])
+    )
+)
 
 
 case = case_fixture(CASES)
@@ -97,27 +104,32 @@ def test_the_cuda_expert_paths_route_top_k_as_transformers(built):
             torch.testing.assert_close(moe(x), want, rtol=1e-4, atol=1e-4, msg=str(s.fused))
 
 
-@pytest.mark.slow  # Triton's interpreter: ~20 s
+@pytest.mark.slow  # Triton's interpreter: ~7 s (maverick's four layers took 3.2x as long)
 def test_the_triton_backend_masks_the_chunks(built):
     """The Triton kernels (Triton's interpreter on a CPU, the GPU where there is one) not
     batch-invariant: the decodes in the split-KV kernel, the chunked layers' prompt rows in the
     prefill kernel, the NoPE layer's through SDPA (the batch-invariant path, every row in the
     prefill kernel, is the gpu test's; each path against the reference:
     tests/kernels/test_kernel_attention.py); chunked, batched and on a warm cache:
-    transformers' tokens and logits."""
+    transformers' tokens and logits. On MAVERICK_2: one layer of each kind (a chunked one in
+    the Triton kernels, a NoPE one), each kind's paths as maverick's four layers run them."""
     import os
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton kernels run on a CPU under TRITON_INTERPRET=1 only")
-    _, _, loaded, reference = built("maverick")
+    name = "maverick-2"
+    _, _, loaded, reference = built(name)
+    f = loaded.config.family
+    assert f.chunk_layers == f.rope_layers == (True, False) and f.moe_layers == (False, True)
     llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
               kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4,
               batch_invariant=False)  # fmt: skip
     cold = generate(llm, prompts())
     warm = generate(llm, prompts()[::-1])[::-1]
     for i, want in enumerate(reference):
-        check(cold[i], want, f"maverick: prompt {i}, triton, cold")
-        check(warm[i], want, f"maverick: prompt {i}, triton, warm")
+        check(cold[i], want, f"{name}: prompt {i}, triton, cold")
+        check(warm[i], want, f"{name}: prompt {i}, triton, warm")
+    assert llm.engine.kv.prefix_hits > 0
 
 
 def test_config_reads_as_transformers_and_the_context_is_max_position_embeddings(built):
