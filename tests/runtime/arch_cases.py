@@ -227,6 +227,20 @@ def check_chunked_cached_batched(loaded, reference, what: str) -> LLM:
     return llm
 
 
+def check_on_triton(model, loaded, lengths, what: str) -> LLM:
+    """The first prompts cut to `lengths` (past a window, say), chunked and batched on the Triton
+    backend not batch-invariant (prompt rows in the prefill kernel or SDPA, decodes in the
+    decode kernel), float32: transformers' tokens and logits on the cut prompts. Returns the
+    engine."""
+    short = [p[:n] for p, n in zip(prompts(), lengths)]
+    reference = [hf_greedy_plain(model, p, NEW) for p in short]
+    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32", kv_cache_memory=8 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4, batch_invariant=False)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
+        check(got, want, f"{what} on Triton: prompt {i}")
+    return llm
+
+
 SMALL_POOL = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
                   max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
 

@@ -20,8 +20,8 @@ from pagoda.runtime.model.loader import load_model, read_model_config
 
 transformers = pytest.importorskip("transformers")
 # the tiny checkpoints' shape without its token ids and context (the multimodal configs' own)
-SHAPE = {k: TINY[k] for k in ("vocab_size", "hidden_size", "intermediate_size",
-                              "num_hidden_layers", "num_attention_heads", "num_key_value_heads")}  # fmt: skip
+SHAPE = {k: TINY[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                              "num_attention_heads", "num_key_value_heads")}  # fmt: skip
 LONG = [(7 * i + 3) % 290 + 5 for i in range(70)]
 PROMPTS = [LONG, [(5 * i + 1) % 290 + 5 for i in range(23)]]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
@@ -172,14 +172,8 @@ def test_mistral_window_null_is_none(tmp_path):
 
 def test_multimodal_gemma3_untied_by_its_top_level_flag(tmp_path):
     text = dict(SHAPE, head_dim=32, sliding_window=7, sliding_window_pattern=2)  # tied: default
-    vision = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-    )
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
     cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                     image_token_index=299, boi_token_index=297,
                                     eoi_token_index=298, tie_word_embeddings=False)  # fmt: skip

@@ -223,16 +223,10 @@ def test_gemma4_on_the_triton_backend_matches_transformers(built):
     the prefill kernel, the full layers' prompt rows through SDPA with the producers' k/v,
     decodes in the decode kernel): transformers' tokens and logits."""
     pytest.importorskip("triton")
-    from arch_cases import check
+    from arch_cases import check_on_triton
 
     _, model, loaded, _ = built("kv-shared")
-    short = [p[:n] for p, n in zip(prompts(), (19, 12))]
-    reference = [hf_greedy_plain(model, p, 6) for p in short]
-    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
-              kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4,
-              batch_invariant=False)  # fmt: skip
-    for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
-        check(got, want, f"kv-shared on Triton: prompt {i}")
+    check_on_triton(model, loaded, (19, 12), "kv-shared")
 
 
 def test_a_gemma4_too_big_for_its_gpu_is_offered_neither_fp8_nor_more_gpus(tmp_path, monkeypatch):

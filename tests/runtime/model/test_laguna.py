@@ -102,18 +102,10 @@ def test_triton_backend_with_query_heads_by_layer(built):
     heads from its q (4, 8, 2 over one backend of the model's 4), chunked and batched, one
     prompt past the window: transformers' tokens and logits."""
     pytest.importorskip("triton")
-    from arch_cases import check, generate, prompts
-    from hf_oracle import hf_greedy_plain
-    from pagoda.runtime import LLM
+    from arch_cases import check_on_triton
 
     _, model, loaded, _ = built("laguna")
-    short = [p[:n] for p, n in zip(prompts(), (19, 8))]
-    reference = [hf_greedy_plain(model, p, 6) for p in short]
-    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
-              kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4,
-              batch_invariant=False)  # fmt: skip
-    for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
-        check(got, want, f"laguna on Triton: prompt {i}")
+    check_on_triton(model, loaded, (19, 8), "laguna")
 
 
 def test_a_published_style_config_reads_transformers_defaults(tmp_path):
