@@ -105,6 +105,10 @@ def check(config: ModelConfig, size: int) -> None:
     if f.mimo is not None:  # (model/mimo_v2_flash.py: not tested on several ranks)
         raise ValueError(f"--tensor-parallel-size {size} is not supported for a mimo_v2_flash "
                          "model; serve it on one device")  # fmt: skip
+    if f.bitnet or config.architecture == "bitnet":  # (model/bitnet.py: one device)
+        raise ValueError(f"--tensor-parallel-size {size} is not supported for a bitnet model "
+                         "(its BitLinear layers are not split over ranks); serve it on one "
+                         "device")  # fmt: skip
     if config.architecture == "jetmoe":  # (model/jetmoe.py: not tested on several ranks)
         raise ValueError(f"--tensor-parallel-size {size} is not supported for a jetmoe model "
                          "(its routed attention heads are not split over ranks)")  # fmt: skip

@@ -439,6 +439,9 @@ def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
     if config.quantization == "fp8" and model.family.mimo is not None:
         raise ValueError("--quantization fp8 is not supported for a mimo_v2_flash model (not "
                          "tested); serve it in 16 or 32 bits")  # fmt: skip
+    if config.quantization == "fp8" and model.architecture == "bitnet":
+        raise ValueError("--quantization fp8 is not supported for a bitnet model (its layers "
+                         "are ternary already: BitLinear); serve it without --quantization")  # fmt: skip
     if config.quantization == "fp8" and model.architecture == "jetmoe":
         raise ValueError("--quantization fp8 is not supported for a jetmoe model (its routed "
                          "attention projections' FP8 GEMM is not tested); serve it in 16 or 32 "

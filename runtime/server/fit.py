@@ -149,10 +149,11 @@ def check(
     if weights + (budget if budgeted else kv) <= have:
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
-    # FP8 weights offered unless a GGUF, or JetMoE's, Gemma 4's, Laguna's (`core.check_dtype`)
+    # FP8 weights offered unless a GGUF, or JetMoE's, BitNet's, Gemma 4's, Laguna's
+    # (`core.check_dtype`)
     quantizable = (
         model_path.suffix != ".gguf"
-        and mc.architecture != "jetmoe"
+        and mc.architecture not in ("jetmoe", "bitnet")
         and mc.family.gemma4 is None
         and mc.family.laguna is None
     )
