@@ -367,6 +367,8 @@ class ModelConfig:
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
+        if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
+            attn_all += self.num_layers * (h + i)
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

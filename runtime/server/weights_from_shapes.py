@@ -101,6 +101,8 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
         norms = (n + 1) * h * 4
     if mc.architecture == "afmoe":  # two more norms a layer
         norms += 2 * n * h * item
+    if mc.architecture == "bitnet":  # its sub-norms: attention's output, the MLP's product
+        norms += n * (h + mc.intermediate_size) * item
     if mc.architecture == "jetmoe":  # the attention's and the MLP's output biases
         norms += 2 * n * h * item
     if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
