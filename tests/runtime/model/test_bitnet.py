@@ -205,3 +205,12 @@ def test_the_weights_estimate_is_what_the_model_holds(built, name):
     from model_bytes import check_estimate
 
     check_estimate(built(name)[0], 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CASES)
+def test_gpu_matches_transformers_with_graphs(built, name):
+    from arch_cases import check_on_cuda_with_graphs
+
+    _, _, loaded, reference = built(name)
+    check_on_cuda_with_graphs(loaded, reference, name)
