@@ -103,6 +103,9 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
         norms += 2 * n * h * item
     if mc.architecture == "bitnet":  # its sub-norms: attention's output, the MLP's product
         norms += n * (h + mc.intermediate_size) * item
+        if mc.family.bitnet == "offline":  # the packed layers' scales, one per output column
+            qkv = (mc.num_heads + 2 * mc.num_kv_heads) * d
+            norms += n * (qkv + 2 * h + 2 * mc.intermediate_size) * item
     if mc.architecture == "jetmoe":  # the attention's and the MLP's output biases
         norms += 2 * n * h * item
     if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
