@@ -92,15 +92,19 @@ def check_dtypes(headers: Mapping[str, tuple[str, list[int]]]) -> None:
 
 def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
     """The BitLinear matrices as the engine holds them: made at load (never read in place),
-    a packed one four times its stored rows."""
+    a packed one four times its stored rows, with a vector of its scale (one per row)."""
     from pagoda.runtime.server.held_forms import _HELD
     from pagoda.runtime.server.stored import Stored
 
     if not mc.family.bitnet:
         return tensors
     out = dict(tensors)
+    packed = mc.family.bitnet == "offline"
     for name, t in tensors.items():
         if _MATRIX.match(name):
-            rows = t.shape[0] * (4 if mc.family.bitnet == "offline" else 1)
+            rows = t.shape[0] * (4 if packed else 1)
             out[name] = Stored(name, _HELD, (rows, *t.shape[1:]), t.nbytes)
+            if packed:  # its weight_scale repeated over the output columns (`BitLinear.scale`)
+                scale = name.removesuffix("weight") + "bitnet_scale"
+                out[scale] = Stored(scale, _HELD, (rows,), 0)
     return out
