@@ -171,8 +171,9 @@ def test_the_bitnet_configs_not_served_are_refused_in_one_line(built, tmp_path, 
 
 
 def test_a_checkpoint_that_does_not_hold_the_packed_form_is_refused(built, tmp_path):
-    """config.json says offline: master weights (bf16 matrices) or a missing weight_scale are
-    refused at config time, naming the tensor."""
+    """config.json says offline: master weights (bf16 matrices of the unpacked shape), a
+    matrix of the packed shape stored as bf16, or a missing weight_scale are refused at config
+    time, naming the tensor."""
     import shutil
 
     online = built("bitnet-online")[0]
@@ -183,6 +184,22 @@ def test_a_checkpoint_that_does_not_hold_the_packed_form_is_refused(built, tmp_p
     with pytest.raises(ValueError, match=r"q_proj\.weight is \[64, 64\], config\.json .* needs "
                                          r"\[16, 64\]"):  # fmt: skip
         read_model_config(str(tmp_path))
+    from safetensors.torch import load_file, save_file
+
+    packed = load_file(built("bitnet-offline")[0] / "model.safetensors")
+    (tmp_path / "config.json").write_text((built("bitnet-offline")[0] / "config.json").read_text())
+    q = "model.layers.1.self_attn.q_proj."
+    for edit, words in [
+        ({q + "weight": packed[q + "weight"].to(torch.bfloat16)},
+         f"{q}weight is BF16; a packed BitNet matrix"),
+        ({q + "weight_scale": None}, f"missing tensor '{q}weight_scale'"),
+    ]:  # fmt: skip
+        tensors = {**packed, **edit}
+        save_file(
+            {k: v for k, v in tensors.items() if v is not None}, tmp_path / "model.safetensors"
+        )
+        with pytest.raises(ValueError, match=re.escape(words)):
+            read_model_config(str(tmp_path))
 
 
 def test_without_a_quantization_config_the_projections_are_dense(tmp_path):
