@@ -221,7 +221,7 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 # dense families (test_dense_archs: heads of 80, 96, 112, 256 with partial rotary ...), GLM,
 # Cohere, GLM-4.5 and the rest; families3: FAMILY_TESTS3, the learned-position and ALiBi families
 # (test_position_archs: GPT-2, GPTBigCode's multi-query attention, OPT, BLOOM, MPT) and DeepSeek
-# Sparse Attention (test_dsa: V3.2, GLM-5). Each
+# Sparse Attention (test_dsa: V3.2, GLM-5), NanoChat and BitNet (test_bitnet). Each
 # family's tiny model against transformers on the GPU with CUDA graphs, eager decodes as the
 # graphs', no host sync in any step's launch. Between them the three lists hold every test file
 # of tests/runtime/model with a gpu-marked test (tests/benchmarks/test_gpu_check.py checks it);
@@ -233,7 +233,8 @@ FAMILY_TESTS2=${FAMILY_TESTS2:-tests/runtime/model/test_dense_archs.py \
     tests/runtime/model/test_glm_cohere.py tests/runtime/model/test_glm4_moe.py \
     tests/runtime/model/test_more_archs.py}
 FAMILY_TESTS3=${FAMILY_TESTS3:-tests/runtime/model/test_position_archs.py \
-    tests/runtime/model/test_dsa.py tests/runtime/model/test_nanochat.py}
+    tests/runtime/model/test_dsa.py tests/runtime/model/test_nanochat.py \
+    tests/runtime/model/test_bitnet.py}
 TAIL=40 step families 540 bash -c '
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 tests/kernels/test_kernel_latent.py
     latent=$?

@@ -38,6 +38,10 @@ def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
                    for n, t in tensors.items()}  # fmt: skip
     if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
         tensors = _zamba2_as_held(tensors, mc)
+    if mc.architecture == "bitnet":  # its BitLinear matrices: unpacked or quantized at load
+        from pagoda.runtime.model.bitnet_config import as_held as bitnet_as_held
+
+        tensors = bitnet_as_held(tensors, mc)
     return tensors
 
 

@@ -187,7 +187,7 @@ test_gpu_matches_transformers_with_graphs = gpu_test()
     ("Exaone4", {"layer_types": None, "sliding_window_pattern": "LLLG"},
      "EXAONE 4's sliding_window_pattern 'LLLG' without layer_types"),
     ("Arcee", {"hidden_act": "silu"}, "hidden activation 'silu' in an ungated MLP"),
-    ("SeedOss", {"hidden_act": "relu2"}, "hidden activation 'relu2' in a gated MLP"),
+    ("SeedOss", {"hidden_act": "relu"}, "hidden activation 'relu' in a gated MLP"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     """Read with the config (before the server binds: exit 2), naming the value."""
