@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pagoda.runtime.config import ModelConfig
-    from pagoda.runtime.server.stored import Stored
 
 # the decoder's BitLinear matrices (their packed form: uint8 [rows / 4, cols], a weight_scale)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
-_MATRIX = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
+MATRIX = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
                      r"\.weight$")  # fmt: skip
 QUANT_METHOD = "bitnet"
 
@@ -85,26 +84,6 @@ def expected_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
 def check_dtypes(headers: Mapping[str, tuple[str, list[int]]]) -> None:
     """A packed checkpoint's matrices are uint8 (the shapes are checked with the others')."""
     for name, (dtype, _) in headers.items():
-        if _MATRIX.match(name) and dtype != "U8":
+        if MATRIX.match(name) and dtype != "U8":
             raise ValueError(f"checkpoint tensor {name} is {dtype}; a packed BitNet matrix "
                              "(quantization_mode offline) is U8")  # fmt: skip
-
-
-def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
-    """The BitLinear matrices as the engine holds them: made at load (never read in place),
-    a packed one four times its stored rows, with a vector of its scale (one per row)."""
-    from pagoda.runtime.server.held_forms import _HELD
-    from pagoda.runtime.server.stored import Stored
-
-    if not mc.family.bitnet:
-        return tensors
-    out = dict(tensors)
-    packed = mc.family.bitnet == "offline"
-    for name, t in tensors.items():
-        if _MATRIX.match(name):
-            rows = t.shape[0] * (4 if packed else 1)
-            out[name] = Stored(name, _HELD, (rows, *t.shape[1:]), t.nbytes)
-            if packed:  # its weight_scale repeated over the output columns (`BitLinear.scale`)
-                scale = name.removesuffix("weight") + "bitnet_scale"
-                out[scale] = Stored(scale, _HELD, (rows,), 0)
-    return out
