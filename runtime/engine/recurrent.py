@@ -7,11 +7,11 @@ layers, `model_configs.MambaConfig`): checked and applied once, at start.
   hold a state at every token; `core/state_snapshots.py`: why there, how they are kept and
   evicted), so a hit skips the shared tokens in every layer: the deepest boundary of the
   cached prefix with a snapshot is restored into the sequence's state slot before its
-  remaining prefill (`worker/mamba_state.py`) and the rest is computed. The snapshots take a share of the KV cache's budget
-  (`ModelRunner._num_blocks`; with tensor parallelism each rank's entries hold its heads, as
-  its slots do, and the step's copies go to the other ranks with its slots:
-  `worker/step_channel.py`); where it holds none, prefix caching is off, and a log line says
-  so. Every mixer takes them: Mamba2's and the Gated DeltaNet's / KDA's chunked scans at their
+  remaining prefill (`worker/mamba_state.py`) and the rest is computed. The snapshots take a
+  share of the KV cache's budget (`ModelRunner._num_blocks`; with tensor parallelism each
+  rank's entries hold its heads, as its slots do, and the step's copies go to the other ranks
+  with its slots: `worker/step_channel.py`); where it holds none, prefix caching is off, and
+  a log line says so. Every mixer takes them: Mamba2's and the Gated DeltaNet's / KDA's chunked scans at their
   chunk boundaries, Mamba-1's scan and LFM2's short convolutions at any token.
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
   starts again, or restored from a snapshot where its prefix is still cached.
