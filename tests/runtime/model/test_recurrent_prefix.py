@@ -46,7 +46,9 @@ def test_a_warm_prefix_gives_transformers_tokens(built, monkeypatch, name):
     inside the step, at 48 from the slot. A batch of four sharing it then hits (a whole-prompt
     hit stops at the boundary before its last token; one with a token left after its hit runs
     as a decode row), computes 48 tokens fewer each (but the 48-token prompt, 32), and reads as
-    transformers'; with the restore replaced by zeroing, the same warm batch does not."""
+    transformers', as do two longer prompts (the second resumes from the snapshots the first
+    saved inside its step after its own restore); with the restore replaced by zeroing, the
+    same warm batch does not."""
     from pagoda.runtime.worker.mamba_state import MambaState
 
     _, model, loaded, reference = built(name)
@@ -81,6 +83,15 @@ def test_a_warm_prefix_gives_transformers_tokens(built, monkeypatch, name):
     assert first == sum(map(len, batch)) - 176  # the first step computes what is not cached
     for i, (g, _) in enumerate(got):
         check(g, want[i], f"{name}: prompt {i}, warm")
+    # after a restore, the boundaries its step reaches (64 and 80) are saved inside it; the
+    # next prompt resumes from 80
+    long = [*shared, *range(100, 140)]
+    for p, cached in ((long, 48), ([*long, 7, 8], 80)):
+        seen.clear()
+        out = llm.generate([{"prompt_token_ids": p}], params)[0]
+        assert out.num_cached_tokens == cached
+        check((out.outputs[0].token_ids, seen[out.request_id]), hf_greedy_plain(model, p, NEW),
+              f"{name}: {len(p)} tokens from {cached}")  # fmt: skip
     restored = []
 
     def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
