@@ -11,13 +11,15 @@ position loop and the conv segments, at a chunk's end from the slots
   does not read so.
 - The snapshots saved inside a step (three prompts in one step, boundaries at different
   positions of different sequences) hold the states that 16-token steps leave in the slots.
+- On CUDA (gpu-marked, benchmarks/gpu_check.sh's families3): cold and warm, transformers'
+  tokens, and no step's launch syncs with the host, the snapshot copies included.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import NEW, built_fixture, check, prompts
+from arch_cases import NEW, built_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from hybrid_cases import CASES
 from pagoda.runtime import LLM, SamplingParams
@@ -138,3 +140,35 @@ def test_snapshots_saved_inside_a_step_are_the_states_a_chunk_end_leaves(built, 
     assert all(t.abs().sum() > 0 for t in inside if t.numel())  # (every one written)
     for a, b in zip(inside, ends, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_warm_prefix_without_host_syncs(built, name):
+    """On CUDA: the three prompts in one step (snapshots saved inside it), then again on the
+    warm cache (restored), read as transformers'; on an engine scheduling synchronously, the
+    same cold and warm, no step's launch syncs with the host (`tokens_without_host_syncs`:
+    the snapshot plan is host arrays copied with the step's slots, the scan's positions that
+    save one are known on the host)."""
+    import os
+
+    from arch_cases import tokens_without_host_syncs
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    _, _, loaded, reference = built(name)
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20, block_size=16,
+                  max_num_batched_tokens=128, max_num_seqs=4)  # fmt: skip
+    llm = LLM(**common)
+    assert llm.engine.runner.device.type == "cuda"
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    assert llm.engine.kv.prefix_hits == 32 + 16 + 48
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, cuda, cold")
+        check(warm[i], want, f"{name}: prompt {i}, cuda, warm")
+    tokens = [t for t, _ in cold]
+    synced = LLM(**common, async_scheduling=False)
+    assert tokens_without_host_syncs(synced, prompts()) == tokens
+    assert tokens_without_host_syncs(synced, prompts()[::-1])[::-1] == tokens
+    assert synced.engine.kv.prefix_hits == 32 + 16 + 48
