@@ -1,5 +1,5 @@
 """What the engine does differently for a model with recurrent layers (a hybrid's Mamba2
-layers, `model_configs.MambaConfig`): checked and applied once, at start.
+layers, `recurrent_configs.MambaConfig`): checked and applied once, at start.
 
 - Prefix caching keeps, beside the attention layers' KV blocks, snapshots of the Mamba layers'
   conv and SSM state at boundaries every lcm(block size, the mixers' chunk) tokens
@@ -11,8 +11,9 @@ layers, `model_configs.MambaConfig`): checked and applied once, at start.
   share of the KV cache's budget (`ModelRunner._num_blocks`; with tensor parallelism each
   rank's entries hold its heads, as its slots do, and the step's copies go to the other ranks
   with its slots: `worker/step_channel.py`); where it holds none, prefix caching is off, and
-  a log line says so. Every mixer takes them: Mamba2's and the Gated DeltaNet's / KDA's chunked scans at their
-  chunk boundaries, Mamba-1's scan and LFM2's short convolutions at any token.
+  a log line says so. Every mixer takes them: Mamba2's and the Gated DeltaNet's / KDA's
+  chunked scans at their chunk boundaries, Mamba-1's scan and LFM2's short convolutions at any
+  token.
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
   starts again, or restored from a snapshot where its prefix is still cached.
 """

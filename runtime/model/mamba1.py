@@ -46,7 +46,7 @@ from pagoda.runtime.model.mamba2 import (
     packed_conv,
     save_chunk_ends,
 )
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 BLOCK_ELEMENTS = 1 << 22  # the prefill scan's decays and inputs [rows, D, N] computed per block
 
