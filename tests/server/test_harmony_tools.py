@@ -98,6 +98,22 @@ def test_the_cases_say_what_they_mean():
     assert HarmonyStream().feed(CASES[0], True) == ("Need it.", '{"city": "Paris"}')
 
 
+def test_a_call_to_a_function_not_in_tools_is_dropped():
+    """OpenAI never returns a call to a function the request does not list: gpt-oss's message
+    to one is dropped (as a second call without parallel_tool_calls), whole and streamed."""
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    _, text = HarmonyStream(calls=True).feed(CASES[3], True)  # calls get_weather, then add
+    content, calls = HarmonyToolParser.for_request(tools).parse(text)
+    assert (content, [c.name for c in calls]) == ("Checking.", ["get_weather"])
+    for cut in range(0, len(text) + 1, 7):
+        stream, got = HarmonyToolParser.for_request(tools).stream(), []
+        for j, piece in enumerate((text[:cut], text[cut:])):
+            got += [d["function"]["name"] for d in stream.feed(piece, j == 1).get("tool_calls", [])
+                    if "id" in d]  # fmt: skip
+        assert got == ["get_weather"]
+    assert [c.name for c in HarmonyToolParser().parse(text)[1]] == ["get_weather", "add"]
+
+
 def test_arguments_stream_as_they_arrive():
     split, tools = HarmonyStream(calls=True), HarmonyToolParser().stream()
     head = CALL.split("<|message|>")[0]
