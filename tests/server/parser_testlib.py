@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 
 def streamed(stream, text: str, seed: int, most: int = 7) -> tuple[str, list[list[str]], list]:
     """`text` fed to a tool-call `stream` in pieces of 1 to `most` characters (drawn with
@@ -60,6 +62,29 @@ def check_cut_short(parser, text: str, name: str, args: str) -> None:
     content, calls = parser().parse(text)
     assert (content, [(c.name, c.arguments) for c in calls]) == (None, [(name, args)])
     assert streamed(parser().stream(), text, 0)[:2] == ("", [[name, args]])
+
+
+def family_tests(parser, cases: list, plain: list[str], cut: tuple[str, str, str]) -> tuple:
+    """The call tests of a tag format's module (GLM-4.5's, MiniMax-M2's), bound there by name:
+    `cases` (text, content, calls) whole and streamed (`check_calls`), `plain` texts that stay
+    content, `cut` (text, name, arguments) a call cut short (`check_cut_short`)."""
+
+    @pytest.mark.parametrize(("text", "content", "calls"), cases)
+    @pytest.mark.parametrize("seed", range(4))
+    def test_whole_and_streamed_outputs(text, content, calls, seed):
+        check_calls(parser, text, content, calls, seed)
+
+    @pytest.mark.parametrize("text", plain)
+    def test_what_is_not_a_call_stays_content(text):
+        check_plain(parser, text)
+
+    def test_a_call_cut_short_is_reported_as_streamed():
+        """max_tokens inside a value: the stream has sent the call's start and its complete
+        arguments, and the whole response reports the same call."""
+        check_cut_short(parser, *cut)
+
+    return (test_whole_and_streamed_outputs, test_what_is_not_a_call_stays_content,
+            test_a_call_cut_short_is_reported_as_streamed)  # fmt: skip
 
 
 def reasoning_streamed(stream, text: str, seed: int, most: int) -> tuple[str, str]:

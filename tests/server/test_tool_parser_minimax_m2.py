@@ -12,13 +12,7 @@ import pytest
 from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
 from pagoda.runtime.server.tool_parsers import detect
-from parser_testlib import (
-    accepts,
-    check_calls,
-    check_cut_short,
-    check_plain,
-    tool_grammar,
-)
+from parser_testlib import accepts, family_tests, tool_grammar
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -80,22 +74,16 @@ def parser() -> MiniMaxM2Parser:
     return MiniMaxM2Parser.for_request(TOOLS)
 
 
-@pytest.mark.parametrize(("text", "content", "calls"), CASES)
-@pytest.mark.parametrize("seed", range(4))
-def test_whole_and_streamed_outputs(text, content, calls, seed):
-    check_calls(parser, text, content, calls, seed)
-
-
-@pytest.mark.parametrize("text", PLAIN)
-def test_what_is_not_a_call_stays_content(text):
-    check_plain(parser, text)
-
-
-def test_a_call_cut_short_is_reported_as_streamed():
-    """max_tokens inside a value: the stream has sent the call's start and its complete
-    arguments, and the whole response reports the same call."""
-    text = CALL[: CALL.index('<parameter name="days">')] + '<parameter name="days">1'
-    check_cut_short(parser, text, "get_weather", '{"city": "New York", "code": "42"')
+CUT = (
+    CALL[: CALL.index('<parameter name="days">')] + '<parameter name="days">1',
+    "get_weather",
+    '{"city": "New York", "code": "42"',
+)  # max_tokens inside a value
+(
+    test_whole_and_streamed_outputs,
+    test_what_is_not_a_call_stays_content,
+    test_a_call_cut_short_is_reported_as_streamed,
+) = family_tests(parser, CASES, PLAIN, CUT)
 
 
 def test_detected_from_the_template():
