@@ -163,6 +163,21 @@ def test_the_chat_job_answers_calls_and_their_finish_reason():
     assert ep.choice(job, 0, CASES[0], [])["message"]["content"] == '{"city": "Paris"}'
 
 
+def test_a_dropped_call_is_no_content_whole_as_streamed():
+    """A call to a function the request does not list, or a call header cut short: the stream
+    sends neither, and the whole response's content was the call's normalized text
+    (`<|start|>functions.nope<|message|>...`), which no client should see."""
+    for text in (CASES[0].replace("get_weather", "nope"), CASES[0][: CASES[0].index("json<|")]):
+        ep, job, _ = _job({})
+        message = ep.choice(job, 0, text, [])["message"]
+        assert (message["content"], message.get("tool_calls")) == (None, None), text
+        ep, job, _ = _job({"stream": True})
+        got = [ep.delta(job, 0, text[j : j + 5], [], 0, j == 0, j + 5 >= len(text))
+               for j in range(0, len(text), 5)]  # fmt: skip
+        deltas = [d["delta"] for d in got if d is not None]
+        assert not any(d.get("content") or d.get("tool_calls") for d in deltas), deltas
+
+
 def test_what_is_not_enforced_on_harmony_is_a_400():
     """(tool_choice required or named is enforced: `test_tool_markers.py`)"""
     with pytest.raises(APIError) as e:
