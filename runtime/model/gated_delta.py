@@ -40,7 +40,13 @@ def recurrent_step(
     beta: torch.Tensor,  # [S, H] float32
 ) -> torch.Tensor:
     """One token of each of S sequences: o [S, H, V]; `state` holds the new states."""
-    state.mul_(torch.exp(g)[..., None, None])
+    return delta_step(state, torch.exp(g)[..., None, None], q, k, v, beta)
+
+
+def delta_step(state, decay, q, k, v, beta) -> torch.Tensor:
+    """`recurrent_step` with the decay factor given, broadcast over `state` ([S, H, 1, 1] per
+    head, or KDA's [S, H, K, 1] per key channel: `kda.recurrent_step`)."""
+    state.mul_(decay)
     kv_mem = torch.matmul(k.unsqueeze(-2), state).squeeze(-2)  # [S, H, V]: k^T S
     delta = (v - kv_mem) * beta[..., None]
     state.add_(k.unsqueeze(-1) * delta.unsqueeze(-2))

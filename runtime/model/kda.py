@@ -30,11 +30,7 @@ def recurrent_step(
     beta: torch.Tensor,  # [S, H] float32
 ) -> torch.Tensor:
     """One token of each of S sequences: o [S, H, V]; `state` holds the new states."""
-    state.mul_(torch.exp(g)[..., None])
-    kv_mem = torch.matmul(k.unsqueeze(-2), state).squeeze(-2)  # [S, H, V]: k^T S
-    delta = (v - kv_mem) * beta[..., None]
-    state.add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
-    return torch.matmul(q.unsqueeze(-2), state).squeeze(-2)
+    return gated_delta.delta_step(state, torch.exp(g)[..., None], q, k, v, beta)
 
 
 def chunked(
