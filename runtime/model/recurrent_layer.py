@@ -5,10 +5,11 @@ state slots and the step's slots from ``meta.aux[MAMBA_STEP]`` (`mamba2.MambaSte
 layers are the attention layer class's own.
 
 Mixed in before that class: LFM2's short convs (`lfm2.py`), Qwen3-Next's and OLMo Hybrid's
-Gated DeltaNet (`qwen3_next.py`, `olmo_hybrid.py`), Kimi Linear's KDA (`kimi_linear.py`) and
-Jamba's Mamba-1 mixers (`jamba.py`). Granite 4.0 / Bamba (`granite_hybrid.py`: each branch
-scaled), Falcon-H1 (mixer and attention side by side), Nemotron-H, Mamba-1 and Zamba2 (no MLP
-after the mixer, or a shared block before it) have layers of their own.
+Gated DeltaNet (`qwen3_next.py`, `olmo_hybrid.py`), Kimi Linear's KDA (`kimi_linear.py`),
+Jamba's Mamba-1 mixers (`jamba.py`), and Granite 4.0's / Bamba's Mamba2 mixers
+(`granite_hybrid.py`, whose own call scales each branch). Falcon-H1 (mixer and attention side
+by side), Nemotron-H, Mamba-1 and Zamba2 (no MLP after the mixer, or a shared block before it)
+have layers of their own.
 """
 
 from __future__ import annotations
