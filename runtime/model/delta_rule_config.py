@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 CHUNK = 64  # the chunked delta rule's chunk (transformers' and FLA's)
 CONV_PARTS = ("q_conv1d", "k_conv1d", "v_conv1d")  # q's, k's, v's rows (concatenated at load)

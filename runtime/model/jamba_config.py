@@ -15,7 +15,7 @@ from typing import Any
 
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.mamba1_config import mixer_shapes
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 # Mamba-1 layers among attention layers, experts (jamba.py)
 ARCHITECTURES = {"JambaForCausalLM": "jamba"}

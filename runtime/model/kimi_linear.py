@@ -32,7 +32,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaModel
 from pagoda.runtime.model.qwen3_next import GatedDeltaNet
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 class KimiDeltaAttention(GatedDeltaNet):

@@ -25,7 +25,7 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import deepseek_config
 from pagoda.runtime.model.delta_rule_config import check_conv as check_conv_parts
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"KimiLinearForCausalLM": "kimi_linear"}
 # transformers' KimiLinearConfig defaults (DeepseekV3Config's where it keeps them)

@@ -28,7 +28,7 @@ from pagoda.runtime.model.mamba2 import MambaStep, packed_conv
 from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 class ShortConv:

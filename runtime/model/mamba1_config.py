@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {
     "MambaForCausalLM": "mamba",  # Mamba-1 (model/mamba1.py)

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"Mamba2ForCausalLM": "mamba2"}  # Mamba2 alone (Mamba-Codestral): no attention
 DEFAULTS = {

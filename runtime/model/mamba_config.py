@@ -18,7 +18,7 @@ reading a config imports no layer code.
   (`mamba_d_ssm` wide, its output norm optional: `mamba_rms_norm`, normalised before the gate),
   then Llama's MLP after `pre_ff_layernorm`; µP multipliers on the embedding, the keys, the
   mixers' inputs and outputs, the Mamba projection's five parts, the MLP and the logits
-  (`model_configs.FalconH1Scales`).
+  (`recurrent_configs.FalconH1Scales`).
 - Nemotron-H (`NemotronHForCausalLM`): `nemotron_h_config.py`.
 - Mamba2 alone (`Mamba2ForCausalLM`): `mamba2_config.py` (with the Mamba2 mixer's time-step
   limits and tensors, which the readers here share).
@@ -45,7 +45,7 @@ from pagoda.runtime.model import (
     qwen3_next_config,
     zamba2_config,
 )
-from pagoda.runtime.model_configs import FalconH1Scales, MambaConfig
+from pagoda.runtime.recurrent_configs import FalconH1Scales, MambaConfig
 
 ARCHITECTURES = {
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",

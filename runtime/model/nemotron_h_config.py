@@ -6,7 +6,7 @@ Each layer one block, norm -> mixer -> residual add, the mixer a Mamba2 one, att
 rotary) or an ungated ReLU² MLP (`layers_block_type`, or the older `hybrid_override_pattern`
 "M" / "*" / "-"); the SSM state in float32 (`mamba_ssm_cache_dtype`); or a MoE block ("moe",
 "E": Nemotron 3): ungated ReLU² experts routed by DeepSeek-V3's sigmoid router beside a shared
-expert (`model_configs.NemotronHExperts`). The checkpoint's `backbone.` names are read as
+expert (`recurrent_configs.NemotronHExperts`). The checkpoint's `backbone.` names are read as
 Llama's (`nemotron_name`; the MoE block's under `mlp.`, as DeepSeek's), Mamba2ForCausalLM's
 too (`mamba2_config.py`).
 """
@@ -19,7 +19,8 @@ from typing import Any
 
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.mamba2_config import mixer_shapes, time_step_limits
-from pagoda.runtime.model_configs import ExpertRouting, MambaConfig, NemotronHExperts
+from pagoda.runtime.model_configs import ExpertRouting
+from pagoda.runtime.recurrent_configs import MambaConfig, NemotronHExperts
 
 ARCHITECTURES = {"NemotronHForCausalLM": "nemotron_h"}
 # transformers' config defaults, where config.json leaves one out

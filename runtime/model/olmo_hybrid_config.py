@@ -23,7 +23,7 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.delta_rule_config import check_conv as check_conv_parts
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
 from pagoda.runtime.model.qwen3_next_config import layer_types as _checked_types
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"OlmoHybridForCausalLM": "olmo_hybrid"}
 # transformers' config defaults, where config.json leaves one out (OlmoHybridConfig's)

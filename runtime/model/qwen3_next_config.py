@@ -27,7 +27,7 @@ from typing import Any
 
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {
     "Qwen3NextForCausalLM": "qwen3_next",  # Qwen3-Next-80B-A3B
