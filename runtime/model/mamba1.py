@@ -1,6 +1,6 @@
 """Mamba-1 (`MambaForCausalLM`: state-spaces/mamba-130m to 2.8b; `FalconMambaForCausalLM`:
 Falcon-Mamba-7B): each layer ``x + mixer(norm(x))``, no attention, no MLP (configs read in
-`mamba_config.py`, `MambaConfig.mixer` "mamba1"). Jamba's Mamba layers run the mixer here too
+`mamba1_config.py`, `MambaConfig.mixer` "mamba1"). Jamba's Mamba layers run the mixer here too
 (`jamba.py`).
 
 The mixer (transformers' `MambaMixer`): in_proj gives x and the gate z (d_inner each); x goes
