@@ -12,7 +12,8 @@ layer x + mixer(norm(x)), then + mlp(pre_ff_layernorm(x)) (configs read in `mamb
 
 The final norm is `model.final_layernorm`. One rank only, 16 or 32 bits: Mamba-1's mixers are
 not split (`distributed/layout.check`), nor run in FP8 (`engine/core.check_dtype`); prefix
-caching is off (Mamba-1's states are not snapshotted: `engine/recurrent.py`).
+caching keeps the attention layers' blocks and the Mamba-1 mixers' state snapshots
+(`mamba1.py`, `engine/recurrent.py`).
 """
 
 from __future__ import annotations

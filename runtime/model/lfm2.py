@@ -15,7 +15,9 @@ layout come as the Mamba2 layers' do (`mamba2.MambaStep`): the decode rows one b
 step over their slots, the prefill chunks one conv over each sequence's state and tokens
 (`ssd.pack`'s conv segments), so a prompt split over steps computes what one pass would.
 LFM2-MoE (`Lfm2MoeForCausalLM`) is this model with `moe.SparseMoE` experts after its first
-dense layers (`lfm2_config.py`). Prefix caching is off for it (`engine/recurrent.py`); tensor parallelism is refused
+dense layers (`lfm2_config.py`). Prefix caching keeps snapshots of the conv states every block
+(`engine/recurrent.py`: a boundary's state is the inputs before it, saved from the conv
+segments inside a chunk, from the slot at a chunk's end); tensor parallelism is refused
 (`distributed/layout.py`).
 """
 
@@ -24,10 +26,10 @@ from __future__ import annotations
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
-from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.qwen3 import Qwen3Layer
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 class ShortConv:
@@ -55,6 +57,7 @@ class ShortConv:
             out[:nd] = self._decode(conv, bx[:nd], step)
         if step.prefill is not None:
             out[nd:] = self._prefill(conv, bx[nd:], step)
+        save_chunk_ends(step, self.index)  # prefix caching: boundaries at a chunk's end
         return self.out_proj(C * out)
 
     def _decode(self, conv: torch.Tensor, bx: torch.Tensor, step: MambaStep) -> torch.Tensor:
@@ -75,8 +78,11 @@ class ShortConv:
 
     def _prefill(self, conv: torch.Tensor, bx: torch.Tensor, step: MambaStep) -> torch.Tensor:
         """The prefill chunks in one conv over each sequence's segment (its conv state, then
-        its tokens: `ssd.pack`), the new states (each segment's last inputs) to their slots."""
-        return packed_conv(conv, bx, step.prefill, self.weight, self.bias)
+        its tokens: `ssd.pack`), the new states (each segment's last inputs) to their slots;
+        the inputs before prefix caching's boundaries inside the chunks to their snapshots."""
+        pre = step.prefill
+        snap = None if pre.snap_conv_rows is None else step.snaps[self.index][0]
+        return packed_conv(conv, bx, pre, self.weight, self.bias, snap)
 
 
 class Lfm2Layer(Qwen3Layer):

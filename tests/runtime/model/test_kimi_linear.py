@@ -89,7 +89,7 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     mc = loaded.config
     check_estimate(path, rel=0.02)
     with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 2 is not supported "
-                                                   "for a model with kda layers")):  # fmt: skip
+                                                   "for a kimi_linear model (kda layers)")):  # fmt: skip
         tp_check(mc, 2)
     fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
     with pytest.raises(ValueError, match=r"fp8 is not supported .*\(kda layers\)"):
