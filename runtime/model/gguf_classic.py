@@ -3,7 +3,7 @@ runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `st
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
 `jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`,
 `dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`; `qwen3next`, `qwen35`,
-`qwen35moe`: their keys, names and forms in `gguf_qwen3next`), read by writing the config.json the family's checkpoint would have from the file's keys
+`qwen35moe`: their keys, names and forms in `gguf_qwen3next`; `gemma4`: in `gguf_gemma4`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -60,7 +60,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pagoda.runtime.model import gguf_qwen3next
+from pagoda.runtime.model import gguf_gemma4, gguf_qwen3next
 
 # llama.cpp's architecture -> (the engine's, the checkpoint's config.json `architectures`)
 ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": "gpt2",
@@ -70,7 +70,7 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe",
                "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe",
                "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2", "exaone-moe": "exaone_moe",
-               **gguf_qwen3next.ENGINE_ARCH}  # fmt: skip
+               **gguf_qwen3next.ENGINE_ARCH, **gguf_gemma4.ENGINE_ARCH}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
@@ -83,7 +83,7 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "dots1": "Dots1ForCausalLM",
            "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
            "mamba2": "Mamba2ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
-           **gguf_qwen3next.HF_ARCH}  # fmt: skip
+           **gguf_qwen3next.HF_ARCH, **gguf_gemma4.HF_ARCH}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -94,7 +94,8 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu",
                "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu", "dots1": "silu", "mamba": "silu",
                "falcon_mamba": "silu", "mamba2": "silu", "exaone_moe": "silu",
-               **dict.fromkeys(gguf_qwen3next.ARCHS, "silu")}  # fmt: skip
+               **dict.fromkeys(gguf_qwen3next.ARCHS, "silu"),
+               **dict.fromkeys(gguf_gemma4.ARCHS, gguf_gemma4.ACTIVATION)}  # fmt: skip
 # the Mamba mixers' tensors (Mamba-1's and Mamba2's; A and D: `gguf_mamba.suffixless_name`)
 SSM = {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj", "ssm_conv1d": "mamba.conv1d",
        "ssm_x": "mamba.x_proj", "ssm_dt": "mamba.dt_proj", "ssm_norm": "mamba.norm"}  # fmt: skip
@@ -218,7 +219,8 @@ def fused_parts(name: str, shape: tuple[int, ...], config) -> list[tuple[str, in
     apart: `attn_qkv` as q, k and v rows (the converter's order: every q head, then k, then v);
     StableLM's stacked q/k norms as one row a head. [] for any other tensor."""
     m = _BLOCK.match(name)
-    if config.architecture not in ARCHS or config.architecture in gguf_qwen3next.ARCHS or not m:
+    if (config.architecture not in ARCHS or config.architecture in gguf_qwen3next.ARCHS
+            or config.architecture in gguf_gemma4.ARCHS or not m):  # fmt: skip
         return []  # (Qwen3-Next's attn_qkv: its DeltaNet's, read whole)
     layer, part, kind = m.groups()
     prefix = f"model.layers.{layer}."
@@ -252,6 +254,8 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
     arch = engine_arch(gguf_arch, get)
     if arch in gguf_qwen3next.ARCHS:
         return gguf_qwen3next.hf_config(get, gguf_arch, tensors, vocab)
+    if arch in gguf_gemma4.ARCHS:
+        return gguf_gemma4.hf_config(get, tensors, vocab, values)
     if arch in ("mamba", "falcon_mamba", "mamba2"):
         return _ssm(get, arch, tensors, vocab)
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
