@@ -2,7 +2,7 @@
 runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
 `jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`,
-`dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`, `jamba`; `qwen3next`, `qwen35`,
+`dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`, `jamba`, `minimax-m2`; `qwen3next`, `qwen35`,
 `qwen35moe`: their keys, names and forms in `gguf_qwen3next`; `gemma4`: in `gguf_gemma4`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
@@ -47,6 +47,8 @@ What the converter changed, undone here:
   and its expert layers by their `ffn_gate_inp`, read back as the config's offsets and periods
   (`_jamba`); its mixer as Mamba-1's above, with its dt/B/C norms (`ssm_*_norm`); the experts
   stacked.
+- MiniMax-M2: the experts stacked, the correction bias as `exp_probs_b`, the rotating dims
+  as `rope.dimension_count` (its `rotary_dim`); a sigmoid router renormalised (`_minimax_m2`).
 - Hunyuan: the NTK alpha baked into `rope.freq_base` (read as the plain base); q/k norms
   as its `query_layernorm`/`key_layernorm`.
 
@@ -74,7 +76,7 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe",
                "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe",
                "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2", "exaone-moe": "exaone_moe",
-               "jamba": "jamba",
+               "jamba": "jamba", "minimax-m2": "minimax_m2",
                **gguf_qwen3next.ENGINE_ARCH, **gguf_gemma4.ENGINE_ARCH}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
@@ -88,7 +90,7 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "dots1": "Dots1ForCausalLM",
            "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
            "mamba2": "Mamba2ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
-           "jamba": "JambaForCausalLM",
+           "jamba": "JambaForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
            **gguf_qwen3next.HF_ARCH, **gguf_gemma4.HF_ARCH}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
@@ -100,17 +102,18 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "hunyuan_v1_dense": "silu", "lfm2": "silu", "lfm2_moe": "silu",
                "ernie4_5_moe": "silu", "hunyuan_v1_moe": "silu", "dots1": "silu", "mamba": "silu",
                "falcon_mamba": "silu", "mamba2": "silu", "exaone_moe": "silu", "jamba": "silu",
+               "minimax_m2": "silu",
                **dict.fromkeys(gguf_qwen3next.ARCHS, "silu"),
                **dict.fromkeys(gguf_gemma4.ARCHS, gguf_gemma4.ACTIVATION)}  # fmt: skip
 # the Mamba mixers' tensors (Mamba-1's and Mamba2's; A and D: `gguf_mamba.suffixless_name`)
 SSM = {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj", "ssm_conv1d": "mamba.conv1d",
        "ssm_x": "mamba.x_proj", "ssm_dt": "mamba.dt_proj", "ssm_norm": "mamba.norm"}  # fmt: skip
 # the mixture-of-experts families whose tensors `moe_names` places
-MOE = ("ernie4_5_moe", "hunyuan_v1_moe", "dots1", "exaone_moe", "jamba")
+MOE = ("ernie4_5_moe", "hunyuan_v1_moe", "dots1", "exaone_moe", "jamba", "minimax_m2")
 _PARTS = ("gate", "up", "down")
 # families whose config.json names the head size (the file's key_length)
 _HEAD_DIM = ("gemma", "exaone", "nemotron", "jais2", "hunyuan_v1_dense", "hunyuan_v1_moe",
-             "ernie4_5_moe", "dots1", "exaone_moe")  # fmt: skip
+             "ernie4_5_moe", "dots1", "exaone_moe", "minimax_m2")  # fmt: skip
 # families whose config.json says attention_bias / mlp_bias
 _BIAS_KEYS = ("gpt_neox", "olmo", "exaone", "nemotron", "jais2", "minicpm3", "hunyuan_v1_dense",
               "hunyuan_v1_moe", "dots1")  # fmt: skip
@@ -402,6 +405,8 @@ def _experts(get: Get, arch: str, tensors: set[str]) -> dict[str, Any]:
                 "moe_layer_start_index": int(get("leading_dense_block_count", 0) or 0),
                 "moe_layer_end_index": -1, "moe_num_shared_experts": shared,
                 "use_bias": "blk.0.attn_q.bias" in tensors}  # fmt: skip
+    if arch == "minimax_m2":
+        return _minimax_m2(get, count, used, width)
     if arch in ("dots1", "exaone_moe"):  # DeepSeek-V3's router: sigmoid, the correction bias
         gating = get("expert_gating_func")
         if gating is not None and int(gating) != 2:
@@ -512,3 +517,17 @@ def _periodic(kind: str, flags: list[bool]) -> tuple[int, int]:
             return offset, period
     raise ValueError(f"GGUF jamba's {kind} layers {on} are not every period-th layer from an "
                      f"offset ({kind}_layer_period / {kind}_layer_offset)")  # fmt: skip
+
+
+def _minimax_m2(get: Get, count: int, used: int, width: int) -> dict[str, Any]:
+    """MiniMax-M2's expert keys: a sigmoid router with its correction bias (`exp_probs_b`),
+    the top-k renormalised (llama.cpp's graph, transformers' model); another router or a
+    scale of the weights (which its config.json cannot say) refused."""
+    gating, scale = get("expert_gating_func"), get("expert_weights_scale")
+    if gating is not None and int(gating) != 2:
+        raise ValueError(f"GGUF minimax-m2 with expert_gating_func {gating} is not supported "
+                         "(its router is a sigmoid: 2)")  # fmt: skip
+    if scale not in (None, 0.0, 1.0):
+        raise ValueError(f"GGUF minimax-m2 expert_weights_scale {scale} is not supported")
+    return {"num_local_experts": count, "num_experts_per_tok": used, "intermediate_size": width,
+            "scoring_func": "sigmoid", "use_routing_bias": True}  # fmt: skip
