@@ -15,6 +15,7 @@ from pagoda.runtime.model import (
     gguf_archs,
     gguf_classic,
     gguf_deepseek,
+    gguf_gemma4,
     gguf_glm_cohere,
     pre_tokenizers,
 )
@@ -333,7 +334,8 @@ def _classic_config(reader, gguf_arch: str) -> ModelConfig:
                                  set(by_name), vocab, lambda n: gguf_archs._values(by_name[n]))  # fmt: skip
     config = model_config(cfg)
     # the file's rotary scaling (linear, yarn; llama3's as `rope_freqs`) over the config's
-    scaling = _rope_scaling(reader, p, config.head_dim, partial=True)
+    scaling = (None if config.architecture in gguf_gemma4.ARCHS  # (its rope_freqs: its own)
+               else _rope_scaling(reader, p, config.head_dim, partial=True))  # fmt: skip
     if scaling is not None:
         partial = (config.rope_scaling or {}).get("partial_rotary_factor")
         scaling = {**scaling, "partial_rotary_factor": partial} if partial else scaling

@@ -9,8 +9,9 @@ layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, c
 (`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus,
 mistral3, glm4moe, llama4 (`gguf_archs.py`: their names, fused rows and fields), granitehybrid,
 nemotron_h, nemotron_h_moe and falcon-h1 (`gguf_mamba.py`: the hybrids' Mamba2 mixers); gemma,
-phi2, stablelm, gpt2, starcoder, gptneox, falcon, bloom and mpt (`gguf_classic.py`: read as
-their checkpoints' config.json, fused q/k/v as row parts). Quantized tensors (Q4_0,
+phi2, stablelm, gpt2, starcoder, gptneox, falcon, bloom, mpt, jamba and minimax-m2 (`gguf_classic.py`: read as
+their checkpoints' config.json, fused q/k/v as row parts), gemma4 (`gguf_gemma4.py`, read
+the same way; its `gemma4` BPE vocabulary with the file's merges). Quantized tensors (Q4_0,
 Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
 builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -34,6 +35,7 @@ from pagoda.runtime.model import (
     gguf_archs,
     gguf_classic,
     gguf_deepseek,
+    gguf_gemma4,
     gguf_glm_cohere,
     gguf_mamba,
     gguf_qwen3next,
@@ -115,6 +117,8 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _hf_name(name: str, architecture: str = "llama") -> str | None:
+    if architecture in gguf_gemma4.ARCHS:  # (its names whole: `gguf_gemma4`)
+        return gguf_gemma4.hf_name(name)
     if architecture in gguf_classic.ARCHS and gguf_classic.global_name(name, architecture):
         return gguf_classic.global_name(name, architecture)
     if name in _GLOBAL_NAMES:
@@ -162,13 +166,16 @@ def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
             tokens, scores, types, bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)),
             prefix_every_text=config.architecture == "phi3",
         )  # fmt: skip
+    elif model == "gemma4":  # Gemma 4's BPE over raw UTF-8 (llama.cpp's pre "gemma4")
+        merges = _field(reader, "tokenizer.ggml.merges", [])
+        hf_tok = build_gemma_tokenizer(tokens, types, merges=merges)
     elif model == "gpt2":
         merges = _field(reader, "tokenizer.ggml.merges", [])
         hf_tok = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
     else:
         raise ValueError(
-            f"unsupported GGUF tokenizer {model!r}: byte-level BPE ('gpt2') and SentencePiece "
-            "('llama') are read"
+            f"unsupported GGUF tokenizer {model!r}: byte-level BPE ('gpt2'), SentencePiece "
+            "('llama') and Gemma 4's BPE ('gemma4') are read"
         )
     return Tokenizer(
         hf_tok,

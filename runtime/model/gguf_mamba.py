@@ -89,7 +89,7 @@ def suffixless_name(name: str, architecture: str) -> str | None:
     """The engine's name of a Mamba2 `blk.N.ssm_a` / `blk.N.ssm_d` (None for another tensor)."""
     m = _SUFFIXLESS.match(name)
     if m is None or architecture not in ("granitemoehybrid", "nemotron_h", "falcon_h1", "mamba",
-                                         "falcon_mamba", "mamba2"):  # fmt: skip
+                                         "falcon_mamba", "mamba2", "jamba"):  # fmt: skip
         return None
     return f"model.layers.{m.group(1)}.{SUFFIXLESS[m.group(2)]}"
 

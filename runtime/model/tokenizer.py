@@ -79,17 +79,22 @@ def merges_from_vocabulary(vocab: dict[str, int], priority: dict[str, float]) ->
     return [(left, right) for left, right, _ in found]
 
 
-def build_gemma_tokenizer(tokens: Sequence[str], token_types: Sequence[int] | None) -> HFTokenizer:
+def build_gemma_tokenizer(tokens: Sequence[str], token_types: Sequence[int] | None,
+                          merges: Sequence[str] | None = None) -> HFTokenizer:  # fmt: skip
     """Hugging Face's Gemma tokenizer from a GGUF's SentencePiece vocabulary: BPE with byte
     fallback, spaces as "\u2581", no prefix space. Tokens of two or more spaces are stored with
     real spaces and renamed; the merges follow the order of the vocabulary (Gemma's scores do
-    not), as transformers rebuilds them."""
+    not), as transformers rebuilds them, or are the file's `merges` ("left right", Gemma 4's
+    `tokenizer.ggml.merges`)."""
     spelled = [SPIECE_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {t: i for i, t in enumerate(spelled)}
-    merges = merges_from_vocabulary(vocab, {t: -i for i, t in enumerate(spelled)})
+    if merges:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+    else:
+        pairs = merges_from_vocabulary(vocab, {t: -i for i, t in enumerate(spelled)})
     unk = "<unk>" if "<unk>" in vocab else None
     tok = HFTokenizer(
-        models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+        models.BPE(vocab=vocab, merges=pairs, unk_token=unk, fuse_unk=True, byte_fallback=True)
     )
     tok.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
     tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
