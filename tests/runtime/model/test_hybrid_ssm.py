@@ -16,15 +16,12 @@ the whole sequence) at every step.
 - Zamba2 (`Zamba2ForCausalLM`): Mamba2 mixers, shared blocks reused with per-use LoRA adapters
   (test_zamba2.py).
 
-Each case runs prompts in 16-token steps (chunked prefill carries the state across chunks; the
-SSD scan's chunk of 8 splits them further), three prompts sharing steps with two state slots
-(slots reused, zeroed for the new sequence), then again in reverse order on the same engine,
-whose prefix cache then serves the shared prefix (KV blocks and Mamba state snapshots at every
-16-token boundary, saved at the chunks' ends); then a KV pool so small that requests are
-preempted (their state rebuilt by recompute, or restored from a snapshot); a one-token prompt
-(its first step a decode row from a zeroed slot). A warm batch after whole-prompt steps (the
-snapshots saved from inside the scan) reports its cached tokens, and reads otherwise with the
-restore skipped.
+Each case (`hybrid_cases.SSM`: the rows of tests/runtime/hybrid_cases.py, checkpoints written
+once a session by its `built` fixture) runs `hybrid_cases.check_chunked_batched_preempted`:
+chunked, batched with two state slots, again in reverse order from the prefix cache (KV blocks
+and Mamba state snapshots at every 16-token boundary, saved at the chunks' ends), a one-token
+prompt, preempted. A warm batch after whole-prompt steps (the snapshots saved from inside the
+scan) reports its cached tokens, and reads otherwise with the restore skipped.
 """
 
 from __future__ import annotations
@@ -34,94 +31,33 @@ import re
 
 import pytest
 import torch
-from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
+from arch_cases import NEW, SMALL_POOL, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
-from hybrid_cases import CASES, MAMBA
+from hybrid_cases import (
+    MAMBA,
+    SSM,
+    check_chunked_batched_preempted,
+    check_decode_slots_out_of_order,
+    record_logits,
+)
 from live_bytes import LiveBytes
 from pagoda.runtime import LLM
 from pagoda.runtime.model.ssd import pack, scan_rows, scan_step, ssd_scan_bytes
 
 transformers = pytest.importorskip("transformers")
-
-
-def _make(name: str, path):
-    arch, overrides = CASES[name]
-    model = make_tiny_model(path, arch, **overrides)
-    if name in ("nemotron-h-moe", "lfm2-moe"):  # biases (buffers: zeros) large enough to
-        g = torch.Generator().manual_seed(2)  # change the picks
-        with torch.no_grad():
-            for key, buf in model.named_buffers():
-                if key.endswith(("e_score_correction_bias", "expert_bias")):
-                    buf.copy_(torch.randn(buf.shape, generator=g))
-        model.save_pretrained(path)
-    return model
-
-
-built = built_fixture(_make)
-case = case_fixture(CASES)
+case = case_fixture(SSM)
 
 
 def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
-    name, _, model, loaded, reference = case
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
-    snapshots = loaded.config.family.mamba.snapshots  # Mamba2 mixers (LFM2, Mamba-1: off)
-    assert llm.engine.config.cache.enable_prefix_caching == snapshots
-    cold = generate(llm, prompts())
-    hits = llm.engine.kv.prefix_hits
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, again")
-    # each prompt (48, 23, 53 tokens) from the cache up to its last boundary before its end
-    assert llm.engine.kv.prefix_hits - hits == (32 + 16 + 48 if snapshots else 0)
-    assert llm.engine.runner.mamba.num_held == 0
-    one = [7]  # a one-token prompt: its first step is a decode row
-    check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
-    small = LLM(loaded=loaded, **SMALL_POOL)
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    check_chunked_batched_preempted(case)
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_decode_slots_out_of_order(built, monkeypatch, native):
-    """A request that finishes early gives its slot to the next one: the decode rows' slots
-    are then not one run (0, 2, 1); the native CPU recurrence updates them where they lie, the
-    torch one gathers and scatters them back (a run: updated in place); every sequence still
-    reads as transformers'."""
-    from pagoda.runtime import SamplingParams
-    from pagoda.runtime.worker import mamba_state
-
+    """The native CPU recurrence updates the out-of-order slots where they lie, the torch one
+    gathers and scatters them back (a run: updated in place)."""
     _, model, loaded, _ = built("granite4-moe-rope")
-    runs = []
-    step = mamba_state.MambaState.device_step
-
-    def record(self, host, to_device):
-        out = step(self, host, to_device)
-        runs.append(out.decode_run if out.num_decodes > 1 else "one")
-        return out
-
-    monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
-    mixers = [layer.mixer for layer in llm.engine.runner.model.layers if layer.mixer]
-    assert all(m.native is not None for m in mixers)  # (built here: a C compiler is needed)
-    if not native:
-        for m in mixers:
-            m.native = None
-    ps = [[5 + i, 17, 42 + i, 9] for i in range(4)]
-    lens = [NEW, 2, NEW, NEW]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
-    seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_hook = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
-    ]
-    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
-    for i, (p, n, o) in enumerate(zip(ps, lens, outs)):
-        check((o.outputs[0].token_ids, seen[o.request_id]), hf_greedy_plain(model, p, n), f"{i}")
-    assert None in runs and any(r not in (None, "one") for r in runs)
+    check_decode_slots_out_of_order(model, loaded, monkeypatch, native)
 
 
 @pytest.mark.parametrize(
@@ -179,10 +115,7 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     cold = llm.generate([{"prompt_token_ids": shared}], params)[0]
     assert cold.num_cached_tokens == 0
-    seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_hook = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
-    ]
+    seen = record_logits(llm)
 
     def warm():
         seen.clear()
@@ -274,10 +207,7 @@ def test_parallel_samples_each_prefill_their_own_state(built):
     _, model, loaded, _ = built("bamba")
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
     p = prompts()[0]
-    seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_hook = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
-    ]
+    seen = record_logits(llm)
     params = SamplingParams(temperature=0, n=3, max_tokens=NEW, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": p}], params)[0]
     want = hf_greedy_plain(model, p, NEW)

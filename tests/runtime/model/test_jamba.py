@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from hf_oracle import make_tiny_model
-from hybrid_cases import CASES
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,19 +24,6 @@ MINI = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "attn_laye
         "tie_word_embeddings": False, "use_mamba_kernels": True, "vocab_size": 65536}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The "jamba" case's checkpoint written once (no reference tokens: these tests read its
-    shapes and weights): name -> (path, None, loaded checkpoint, None)."""
-    from pagoda.runtime.model.loader import load_model
-
-    path = tmp_path_factory.mktemp("jamba")
-    arch, overrides = CASES["jamba"]
-    make_tiny_model(path, arch, **overrides)
-    loaded = load_model(str(path))
-    return lambda _name: (path, None, loaded, None)
-
-
 def test_jamba_estimates_and_refusals(built):
     """The weights estimate within 2% of the built model; state slots of Mamba-1's conv and
     SSM states on the two Mamba layers, a KV cache on the two attention layers; tensor
@@ -50,7 +35,7 @@ def test_jamba_estimates_and_refusals(built):
     from pagoda.runtime.engine.core import check_dtype
     from pagoda.runtime.server import memory
 
-    path, _, loaded, _ = built("jamba")
+    path, _, loaded, _ = built("jamba", reference=False)
     mc = loaded.config
     assert mc.family.mamba.layers == (True, False, True, False) and mc.num_kv_layers == 2
     assert mc.family.moe_layers == (True, False, False, True) and not mc.family.norm_topk_prob
@@ -69,7 +54,7 @@ def test_jamba_checkpoint_without_a_mixer_norm_is_refused(built, tmp_path):
     from pagoda.runtime.model.loader import read_model_config
     from safetensors.torch import load_file, save_file
 
-    path = built("jamba")[0]
+    path = built("jamba", reference=False)[0]
     tensors = load_file(str(path / "model.safetensors"))
     del tensors["model.layers.2.mamba.b_layernorm.weight"]
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})

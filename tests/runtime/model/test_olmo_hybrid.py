@@ -3,14 +3,11 @@ against transformers, token for token, on tiny random checkpoints transformers w
 (tests/runtime/hf_oracle.py): float32, logits within 1e-3 of transformers' plain greedy loop
 (its torch chunked delta rule) at every step.
 
-- "olmo-hybrid": a DeltaNet layer first, beta doubled (`linear_allow_neg_eigval`, the default),
-  rotary, grouped KV heads, value heads wider than key heads;
-- "olmo-hybrid-nope": attention first, beta in [0, 1], no rotary (`rope_parameters` without a
-  `rope_theta`, as transformers reads NoPE), a conv of 3.
-
-Each runs its prompts in 16-token steps (chunked prefill carries the conv and delta states
-across steps), three prompts sharing steps with two state slots, then a one-token prompt,
-then a KV pool so small that requests are preempted (their states rebuilt by recompute).
+The cases are the "olmo-hybrid" rows of tests/runtime/hybrid_cases.py (a DeltaNet layer first,
+beta doubled, rotary; attention first, beta in [0, 1], NoPE, a conv of 3), checkpoints written
+once a session by its `built` fixture; each runs `hybrid_cases.check_chunked_batched_preempted`
+(16-token steps carrying the conv and delta states, three prompts sharing steps with two
+state slots, again in reverse order, a one-token prompt, preempted and recomputed).
 """
 
 from __future__ import annotations
@@ -19,64 +16,29 @@ import json
 
 import pytest
 import torch
-from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from arch_cases import SMALL_POOL, case_fixture, check, generate, prompts
+from hybrid_cases import check_chunked_batched_preempted, check_warm_prefix
 from pagoda.runtime import LLM
 
 transformers = pytest.importorskip("transformers")
 
-LIN, FULL = "linear_attention", "full_attention"
-CASES = {
-    "olmo-hybrid": dict(num_hidden_layers=3, layer_types=[LIN, FULL, LIN],
-                        linear_num_key_heads=2, linear_num_value_heads=2,
-                        linear_key_head_dim=16, linear_value_head_dim=24),
-    "olmo-hybrid-nope": dict(num_hidden_layers=2, layer_types=[FULL, LIN], num_key_value_heads=4,
-                             linear_allow_neg_eigval=False, linear_conv_kernel_dim=3,
-                             rope_parameters={"rope_type": "default", "rope_theta": None}),
-}  # fmt: skip
-
-
-def _make(name: str, path):
-    return make_tiny_model(path, "OlmoHybrid", **CASES[name])
-
-
-built = built_fixture(_make)
-case = case_fixture(CASES)
+case = case_fixture(["olmo-hybrid", "olmo-hybrid-nope"])
 
 
 def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
-    name, _, model, loaded, reference = case
-    m = loaded.config.family.mamba
-    assert m.allow_neg_eigval == (name == "olmo-hybrid")
+    check_chunked_batched_preempted(case)
+
+
+def test_beta_and_rotary_read_from_the_config(case):
+    name, _, _, loaded, _ = case
+    assert loaded.config.family.mamba.allow_neg_eigval == (name == "olmo-hybrid")
     rope = loaded.config.family.rope_layers  # (empty: every layer rotates)
     assert (not rope or any(rope)) == (name == "olmo-hybrid")
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
-    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
-        check(got, want, f"{name}: prompt {i}")
-    assert llm.engine.runner.mamba.num_held == 0
-    one = [7]  # a one-token prompt: its first step is a decode row
-    check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
-    small = LLM(loaded=loaded, **SMALL_POOL)
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
 
 
-def test_a_warm_prefix_restores_the_delta_state(built):
-    """Prefix caching: a 153-token prompt, then one sharing its first 140 tokens restores the
-    states' snapshot at 128 and computes the rest: transformers' tokens and logits."""
+def test_a_warm_prefix_restores_the_delta_state(built, monkeypatch):
     _, model, loaded, _ = built("olmo-hybrid")
-    shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
-    second = [*shared[:140], 21, 22]
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=256, max_num_seqs=2, max_model_len=256)  # fmt: skip
-    generate(llm, [[*shared, 7, 8, 9]])
-    hits = llm.engine.kv.prefix_hits
-    check(generate(llm, [second])[0], hf_greedy_plain(model, second, NEW), "warm")
-    assert llm.engine.kv.prefix_hits - hits == 128
+    check_warm_prefix("olmo-hybrid", model, loaded, monkeypatch)
 
 
 def test_estimates_checks_and_a_sparse_config(built, tmp_path):

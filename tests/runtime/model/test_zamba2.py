@@ -12,8 +12,6 @@ import re
 
 import pytest
 import torch
-from hf_oracle import make_tiny_model
-from hybrid_cases import CASES
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,19 +30,6 @@ SMALL = {"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "adapte
          "vocab_size": 32000}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The "zamba2" case's checkpoint written once (no reference tokens: these tests read its
-    shapes and weights): name -> (path, None, loaded checkpoint, None)."""
-    from pagoda.runtime.model.loader import load_model
-
-    path = tmp_path_factory.mktemp("zamba2")
-    arch, overrides = CASES["zamba2"]
-    make_tiny_model(path, arch, **overrides)
-    loaded = load_model(str(path))
-    return lambda _name: (path, None, loaded, None)
-
-
 def test_zamba2_blocks_estimates_and_refusals(built):
     """Three hybrid layers share two blocks (block 0's weights one object in layers 1 and 4,
     each use with adapters of its own) and keep the KV cache; every layer a state slot; the
@@ -57,7 +42,7 @@ def test_zamba2_blocks_estimates_and_refusals(built):
     from pagoda.runtime.model.ops import gelu_and_mul
     from pagoda.runtime.server import memory
 
-    path, _, loaded, _ = built("zamba2")
+    path, _, loaded, _ = built("zamba2", reference=False)
     mc = loaded.config
     m = mc.family.mamba
     assert m.num_layers == 5 and mc.num_kv_layers == 3 and mc.head_dim == 32
@@ -82,7 +67,7 @@ def test_zamba2_checkpoint_without_an_adapter_is_refused(built, tmp_path):
     from pagoda.runtime.model.loader import read_model_config
     from safetensors.torch import load_file, save_file
 
-    path = built("zamba2")[0]
+    path = built("zamba2", reference=False)[0]
     tensors = load_file(str(path / "model.safetensors"))
     name = "model.layers.1.shared_transformer.self_attn.linear_k_adapter_list.2.1.weight"
     del tensors[name]  # (the third use's: block 0's second, held by its first use's layer)
@@ -123,7 +108,7 @@ def test_zamba2_copies_under_later_uses_are_not_read(built, tmp_path):
     from model_bytes import check_estimate
     from safetensors.torch import load_file, save_file
 
-    path = built("zamba2")[0]
+    path = built("zamba2", reference=False)[0]
     tensors = load_file(str(path / "model.safetensors"))
     first = "model.layers.1.shared_transformer."
     copies = {k.replace(first, "model.layers.4.shared_transformer."): v.clone()
