@@ -390,3 +390,58 @@ def check_warm_prefix(name: str, model, loaded, monkeypatch, budgets=(256, 16)) 
     else:
         raise AssertionError(f"{name}: the warm prompt reads alike without its restored state")
     assert restored == [1]
+
+
+# what `pagoda serve` refuses in one line at start, for the rows whose layers it does not split
+# or run in FP8: (a tensor parallel size, its message; `core.check_dtype`'s for FP8, a pattern)
+_DELTA_TP = "--tensor-parallel-size 4 does not divide the Gated DeltaNet key heads "
+_DELTA_TP += "(linear_num_key_heads 2)"
+_NO_TP = "--tensor-parallel-size 2 is not supported for a model with {} layers"
+_NO_FP8 = r"fp8 is not supported .*\({} layers\)"
+REFUSED = {
+    "qwen3-next": (4, _DELTA_TP, _NO_FP8.format("gated_deltanet")),
+    "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("gated_deltanet")),
+    "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("gated_deltanet")),
+    "kimi-linear": (2, _NO_TP.format("kda"), _NO_FP8.format("kda")),
+    "jamba": (2, _NO_TP.format("mamba1"), _NO_FP8.format("mamba1")),
+    "mamba1": (2, _NO_TP.format("mamba1"), _NO_FP8.format("mamba1")),
+    "falcon-mamba": (2, _NO_TP.format("mamba1"), _NO_FP8.format("mamba1")),
+    "lfm2": (2, _NO_TP.format("short_conv"), _NO_FP8.format("short_conv")),
+    "lfm2-bias": (2, _NO_TP.format("short_conv"), _NO_FP8.format("short_conv")),
+    "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
+}
+
+
+def check_refused(name: str, mc) -> None:
+    """`REFUSED[name]`: the tensor parallel size refused (`layout.check`, as `pagoda serve`
+    runs it before it binds) and FP8 (`core.check_dtype`, given what it reads of a config: a
+    CPU refuses an FP8 EngineConfig itself outside Triton's interpreter), each in one line."""
+    import re
+    from types import SimpleNamespace
+
+    import pytest
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.engine.core import check_dtype
+
+    size, tp_message, fp8_pattern = REFUSED[name]
+    with pytest.raises(ValueError, match=re.escape(tp_message)):
+        tp_check(mc, size)
+    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
+    with pytest.raises(ValueError, match=fp8_pattern):
+        check_dtype(fp8, mc)
+
+
+def check_missing_refused(loaded, names) -> None:
+    """The checkpoint check (`checkpoint_check.check_checkpoint`) passes `loaded`'s tensors'
+    headers, and refuses them without any one of `names`, naming it."""
+    import re
+
+    import pytest
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+
+    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
+    check_checkpoint(loaded.config, headers)
+    for gone in names:
+        short = {n: v for n, v in headers.items() if n != gone}
+        with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
+            check_checkpoint(loaded.config, short)

@@ -38,6 +38,7 @@ from hybrid_cases import (
     SSM,
     check_chunked_batched_preempted,
     check_decode_slots_out_of_order,
+    check_refused,
     record_logits,
 )
 from live_bytes import LiveBytes
@@ -584,13 +585,12 @@ def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monke
 def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
     """LFM2's short convs in the start-up arithmetic: the weights estimate against the built
     model (LFM2-MoE's too), state slots of a conv state alone (no SSM state, no scan), the checkpoint check
-    naming a conv tensor; tensor parallelism refused in one line; LFM2-1.2B's config.json
+    naming a conv tensor (tensor parallelism refused: below); LFM2-1.2B's config.json
     (its older keys beside the new) read without weights; an unknown layer type refused."""
     import json
 
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.layout import check as tp_check
     from pagoda.runtime.model import mamba2
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import read_model_config
@@ -606,9 +606,6 @@ def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
     state = memory.estimate(mc, cfg, path, torch.device("cpu")).parts()["Mamba state"]
     assert state == 8 * 2 * 64 * 3 * 2 and mamba2.scan_bytes(mc, 256, 8) == 0  # 2 conv layers
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2 is not supported for a model "
-                                         "with short_conv layers"):  # fmt: skip
-        tp_check(mc, 2)
     headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}  # (read as Llama's)
     check_checkpoint(mc, headers)
     del headers["model.layers.1.conv.conv.bias"]
@@ -698,13 +695,12 @@ def test_mamba2_alone_sizes_and_the_hub_config(built, tmp_path):
 
 def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     """Mamba-1: the weights estimate against the built model, state slots of a conv state
-    [d_inner, 3] and an SSM state [d_inner, d_state] per layer, no KV cache, one rank only;
+    [d_inner, 3] and an SSM state [d_inner, d_state] per layer, no KV cache (one rank only: below);
     mamba-130m-hf's and Falcon-Mamba-7B's config.json read without weights."""
     import json
 
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.layout import check as tp_check
     from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server import memory
 
@@ -714,8 +710,6 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
     parts = memory.check(mc, cfg, path, 256).parts()
     assert parts["KV cache"] == 0 and parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
-    with pytest.raises(ValueError, match="not supported for a model with mamba1 layers"):
-        tp_check(mc, 2)
     hub = {"architectures": ["MambaForCausalLM"], "conv_kernel": 4, "d_inner": 1536,
            "d_model": 768, "expand": 2, "hidden_act": "silu", "hidden_size": 768,
            "intermediate_size": 1536, "layer_norm_epsilon": 1e-05, "model_type": "mamba",
@@ -736,14 +730,9 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     assert 7.1e9 < big.num_params < 7.4e9  # Falcon-Mamba-7B
 
 
-def test_fp8_is_refused_for_short_convs_and_mamba1(built):
-    """`--quantization fp8` on LFM2's or Mamba-1's layers: refused in one line at start
-    (`core.check_dtype`, which `pagoda serve` runs before it binds), not served untested."""
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.engine.core import check_dtype
-
-    for name, kind in (("lfm2", "short_conv"), ("mamba1", "mamba1")):
-        path, _, loaded, _ = built(name)
-        cfg = EngineConfig.create(str(path), device="cpu", quantization="fp8")
-        with pytest.raises(ValueError, match=f"fp8 is not supported .*\\({kind} layers\\)"):
-            check_dtype(cfg, loaded.config)
+@pytest.mark.parametrize("name", ["lfm2", "lfm2-bias", "mamba1", "falcon-mamba"])
+def test_tensor_parallelism_and_fp8_are_refused_for_short_convs_and_mamba1(built, name):
+    """`--tensor-parallel-size 2` and `--quantization fp8` on LFM2's or Mamba-1's layers:
+    refused in one line at start (`layout.check`, `core.check_dtype`, which `pagoda serve`
+    runs before it binds), not served untested (`hybrid_cases.REFUSED`)."""
+    check_refused(name, built(name, reference=False)[2].config)

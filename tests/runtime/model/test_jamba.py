@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hybrid_cases import check_refused
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,8 +32,6 @@ def test_jamba_estimates_and_refusals(built):
     FP8)."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
     from pagoda.runtime.server import memory
 
     path, _, loaded, _ = built("jamba", reference=False)
@@ -43,11 +42,7 @@ def test_jamba_estimates_and_refusals(built):
     cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
     parts = memory.check(mc, cfg, path, 256).parts()
     assert parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
-    with pytest.raises(ValueError, match="not supported for a model with mamba1 layers"):
-        tp_check(mc, 2)
-    fp8 = EngineConfig.create(str(path), device="cpu", quantization="fp8")
-    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(mamba1 layers\)"):
-        check_dtype(fp8, mc)
+    check_refused("jamba", mc)
 
 
 def test_jamba_checkpoint_without_a_mixer_norm_is_refused(built, tmp_path):

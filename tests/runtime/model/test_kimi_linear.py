@@ -14,13 +14,16 @@ in reverse order, a one-token prompt, preempted and recomputed) and `check_warm_
 from __future__ import annotations
 
 import json
-import re
-from types import SimpleNamespace
 
 import pytest
 import torch
 from arch_cases import case_fixture
-from hybrid_cases import check_chunked_batched_preempted, check_warm_prefix
+from hybrid_cases import (
+    check_chunked_batched_preempted,
+    check_missing_refused,
+    check_refused,
+    check_warm_prefix,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,29 +51,16 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     tensor and a KDA conv part; tensor parallelism and FP8 refused in one line; a config.json
     with transformers' defaults only (KimiLinearConfig's) read without weights."""
     from model_bytes import check_estimate
-    from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
-    from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import read_model_config
 
     path, _, loaded, _ = built("kimi-linear")
     mc = loaded.config
     check_estimate(path, rel=0.02)
-    with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 2 is not supported "
-                                                   "for a model with kda layers")):  # fmt: skip
-        tp_check(mc, 2)
-    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
-    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(kda layers\)"):
-        check_dtype(fp8, mc)
-    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
-    check_checkpoint(mc, headers)
-    for gone in ("model.layers.0.self_attn.f_b_proj.weight",
-                 "model.layers.2.self_attn.k_conv1d.weight",
-                 "model.layers.1.self_attn.kv_b_proj.weight",
-                 "model.layers.1.mlp.experts.3.down_proj.weight"):  # fmt: skip
-        short = {n: v for n, v in headers.items() if n != gone}
-        with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
-            check_checkpoint(mc, short)
+    check_refused("kimi-linear", mc)
+    check_missing_refused(loaded, ["model.layers.0.self_attn.f_b_proj.weight",
+                                   "model.layers.2.self_attn.k_conv1d.weight",
+                                   "model.layers.1.self_attn.kv_b_proj.weight",
+                                   "model.layers.1.mlp.experts.3.down_proj.weight"])  # fmt: skip
     cfg = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     hub = read_model_config(str(tmp_path))

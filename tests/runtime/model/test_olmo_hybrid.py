@@ -17,7 +17,12 @@ import json
 import pytest
 import torch
 from arch_cases import SMALL_POOL, case_fixture, check, generate, prompts
-from hybrid_cases import check_chunked_batched_preempted, check_warm_prefix
+from hybrid_cases import (
+    check_chunked_batched_preempted,
+    check_missing_refused,
+    check_refused,
+    check_warm_prefix,
+)
 from pagoda.runtime import LLM
 
 transformers = pytest.importorskip("transformers")
@@ -47,34 +52,18 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     parallel size that does not divide the key heads, and FP8, refused in one line; a config.json with
     transformers' defaults only (OlmoHybridConfig's: Olmo-Hybrid-7B's shape) read without
     weights."""
-    import re
-    from types import SimpleNamespace
-
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
-    from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import read_model_config
 
     path, _, loaded, _ = built("olmo-hybrid")
     mc = loaded.config
     check_estimate(path, rel=0.02)
-    with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 4 does not divide "
-                                                   "the Gated DeltaNet key heads "
-                                                   "(linear_num_key_heads 2)")):  # fmt: skip
-        tp_check(mc, 4)
+    check_refused("olmo-hybrid", mc)
     tp_check(mc, 2)
     check_estimate(path, tp=2, rel=0.02)
-    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
-    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(gated_deltanet layers\)"):
-        check_dtype(fp8, mc)
-    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
-    check_checkpoint(mc, headers)
-    for gone in ("model.layers.0.linear_attn.g_proj.weight",
-                 "model.layers.1.post_feedforward_layernorm.weight"):  # fmt: skip
-        short = {n: v for n, v in headers.items() if n != gone}
-        with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
-            check_checkpoint(mc, short)
+    check_missing_refused(loaded, ["model.layers.0.linear_attn.g_proj.weight",
+                                   "model.layers.1.post_feedforward_layernorm.weight"])  # fmt: skip
     cfg = {"architectures": ["OlmoHybridForCausalLM"], "model_type": "olmo_hybrid"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     hub = read_model_config(str(tmp_path))

@@ -32,6 +32,8 @@ from hybrid_cases import (
     LIN,
     check_chunked_batched_preempted,
     check_decode_slots_out_of_order,
+    check_missing_refused,
+    check_refused,
     check_warm_prefix,
     warm_prompts,
 )
@@ -132,15 +134,10 @@ def test_estimates_checks_and_refusals(built, tmp_path, name):
     (the prefill temporaries counted); the checkpoint check naming a DeltaNet tensor; a tensor
     parallel size that does not divide the key heads, and FP8, refused in one line; Qwen3-Next-80B's config.json read without
     weights (its default layer pattern, a quarter of each head rotated, 80B parameters)."""
-    import re
-    from types import SimpleNamespace
-
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
     from pagoda.runtime.model import mamba2
-    from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server import memory
 
@@ -152,22 +149,10 @@ def test_estimates_checks_and_refusals(built, tmp_path, name):
     m = mc.family.mamba
     per = m.conv_dim * (m.d_conv - 1) * 2 + m.n_heads * m.d_state * m.head_dim * 4
     assert state == 8 * m.num_layers * per and mamba2.scan_bytes(mc, 256, 8) > 0
-    with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 4 does not divide "
-                                                   "the Gated DeltaNet key heads "
-                                                   "(linear_num_key_heads 2)")):  # fmt: skip
-        tp_check(mc, 4)
+    check_refused(name, mc)
     tp_check(mc, 2)
     check_estimate(path, tp=2, rel=0.02)  # rank 0's share
-    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)  # (a CPU
-    # refuses the config itself: what check_dtype reads of one)
-    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(gated_deltanet layers\)"):
-        check_dtype(fp8, mc)
-    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
-    check_checkpoint(mc, headers)
-    gone = "model.layers.0.linear_attn.dt_bias"
-    del headers[gone]
-    with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
-        check_checkpoint(mc, headers)
+    check_missing_refused(loaded, ["model.layers.0.linear_attn.dt_bias"])
     if name != "qwen3-next":
         return
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_NEXT_80B))

@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from hybrid_cases import check_refused
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,8 +38,6 @@ def test_zamba2_blocks_estimates_and_refusals(built):
     one line."""
     from model_bytes import build, check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
     from pagoda.runtime.model.ops import gelu_and_mul
     from pagoda.runtime.server import memory
 
@@ -56,11 +55,7 @@ def test_zamba2_blocks_estimates_and_refusals(built):
     parts = memory.check(mc, cfg, path, 256).parts()
     per_layer = (128 + 2 * 2 * 16) * 3 + 4 * 32 * 16  # conv [conv_dim, 3], SSM [H, P, N]
     assert parts["Mamba state"] == 8 * 5 * per_layer * 4
-    with pytest.raises(ValueError, match="not supported for a zamba2 model"):
-        tp_check(mc, 2)
-    fp8 = EngineConfig.create(str(path), device="cpu", quantization="fp8")
-    with pytest.raises(ValueError, match="fp8 is not supported for a zamba2 model"):
-        check_dtype(fp8, mc)
+    check_refused("zamba2", mc)
 
 
 def test_zamba2_checkpoint_without_an_adapter_is_refused(built, tmp_path):
