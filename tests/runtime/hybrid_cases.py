@@ -19,7 +19,7 @@ tests/runtime/distributed/test_tp_hybrid.py."""
 from __future__ import annotations
 
 import torch
-from arch_cases import NEW, SMALL_POOL, check, generate, prompts
+from arch_cases import NEW, check, check_preempted, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
 
@@ -298,12 +298,7 @@ def check_chunked_batched_preempted(case) -> None:
     assert llm.engine.runner.mamba.num_held == 0
     one = [7]
     check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
-    small = LLM(loaded=loaded, **SMALL_POOL)
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    check_preempted(loaded, reference, name)
 
 
 def record_logits(llm: LLM) -> dict[str, list[torch.Tensor]]:
@@ -349,6 +344,23 @@ def check_decode_slots_out_of_order(model, loaded, monkeypatch, native: bool | N
     assert None in runs and any(r not in (None, "one") for r in runs)
 
 
+def zero_the_restore(monkeypatch) -> list[int]:
+    """`MambaState.restore` replaced by zeroing the slots (what a prefix hit would compute
+    without its snapshot): the list of how many slots each call restored, filled as it runs."""
+    from pagoda.runtime.worker.mamba_state import MambaState
+
+    restored = []
+
+    def zeroed(self, slots, entries):
+        restored.append(len(slots))
+        for conv, state in self.states.values():
+            conv.index_fill_(0, slots, 0)
+            state.index_fill_(0, slots, 0)
+
+    monkeypatch.setattr(MambaState, "restore", zeroed)
+    return restored
+
+
 def warm_prompts(model):
     """A 153-token prompt, one sharing its first 140 tokens, transformers' reference of it."""
     shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
@@ -364,8 +376,6 @@ def check_warm_prefix(name: str, model, loaded, monkeypatch, budgets=(256, 16)) 
     end). A prompt sharing 140 tokens then restores the one at 128 and computes the rest:
     transformers' tokens and logits, 128 cached tokens; with the restore replaced by zeros, it
     does not."""
-    from pagoda.runtime.worker.mamba_state import MambaState
-
     first, second, want = warm_prompts(model)
     for budget in budgets:
         llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
@@ -374,15 +384,7 @@ def check_warm_prefix(name: str, model, loaded, monkeypatch, budgets=(256, 16)) 
         hits = llm.engine.kv.prefix_hits
         check(generate(llm, [second])[0], want, f"{name}: warm after {budget}-token steps")
         assert llm.engine.kv.prefix_hits - hits == 128
-    restored = []
-
-    def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
-        restored.append(len(slots))
-        for conv, state in self.states.values():
-            conv.index_fill_(0, slots, 0)
-            state.index_fill_(0, slots, 0)
-
-    monkeypatch.setattr(MambaState, "restore", zeroed)
+    restored = zero_the_restore(monkeypatch)
     try:
         check(generate(llm, [second])[0], want, "restore skipped")
     except AssertionError:

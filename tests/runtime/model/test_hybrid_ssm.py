@@ -40,6 +40,7 @@ from hybrid_cases import (
     check_decode_slots_out_of_order,
     check_refused,
     record_logits,
+    zero_the_restore,
 )
 from live_bytes import LiveBytes
 from pagoda.runtime import LLM
@@ -102,7 +103,6 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     row) and reads as transformers'; with the restore replaced by
     zeroing, the same warm batch does not."""
     from pagoda.runtime import SamplingParams
-    from pagoda.runtime.worker.mamba_state import MambaState
 
     name = "granite4-moe-rope"
     _, model, loaded, reference = built(name)
@@ -127,15 +127,7 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     assert [cached for _, cached in got] == [48, 48, 32, 48]
     for i, (g, _) in enumerate(got):
         check(g, want[i], f"{name}: prompt {i}, warm")
-    restored = []
-
-    def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
-        restored.append(len(slots))
-        for conv, ssm in self.states.values():
-            conv.index_fill_(0, slots, 0)
-            ssm.index_fill_(0, slots, 0)
-
-    monkeypatch.setattr(MambaState, "restore", zeroed)
+    restored = zero_the_restore(monkeypatch)
     wrong = warm()
     assert sum(restored) == 4
     with pytest.raises(AssertionError):
