@@ -395,23 +395,26 @@ def check_warm_prefix(name: str, model, loaded, monkeypatch, budgets=(256, 16)) 
 
 
 # what `pagoda serve` refuses in one line at start, for the rows whose layers it does not split
-# or run in FP8: (a tensor parallel size, its message; `core.check_dtype`'s for FP8, a pattern)
+# or run in FP8 (runtime/family_options.py): (a tensor parallel size, its message;
+# `core.check_dtype`'s for FP8, a pattern)
 _DELTA_TP = "--tensor-parallel-size 4 does not divide the Gated DeltaNet key heads "
 _DELTA_TP += "(linear_num_key_heads 2)"
-_NO_TP = "--tensor-parallel-size 2 is not supported for a model with {} layers"
-_NO_FP8 = r"fp8 is not supported .*\({} layers\)"
+_NO_TP = "--tensor-parallel-size 2 is not supported for a {} model ({} layers)"
+_NO_FP8 = r"fp8 is not supported for a {} model \({} layers\)"
 REFUSED = {
-    "qwen3-next": (4, _DELTA_TP, _NO_FP8.format("gated_deltanet")),
-    "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("gated_deltanet")),
-    "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("gated_deltanet")),
-    "kimi-linear": (2, _NO_TP.format("kda"), _NO_FP8.format("kda")),
-    "jamba": (2, _NO_TP.format("mamba1"), _NO_FP8.format("mamba1")),
-    "mamba1": (2, _NO_TP.format("mamba1"), _NO_FP8.format("mamba1")),
-    "falcon-mamba": (2, _NO_TP.format("mamba1"), _NO_FP8.format("mamba1")),
-    "lfm2": (2, _NO_TP.format("short_conv"), _NO_FP8.format("short_conv")),
-    "lfm2-bias": (2, _NO_TP.format("short_conv"), _NO_FP8.format("short_conv")),
+    "qwen3-next": (4, _DELTA_TP, _NO_FP8.format("qwen3_next", "gated_deltanet")),
+    "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("qwen3_5", "gated_deltanet")),
+    "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("olmo_hybrid", "gated_deltanet")),
+    "kimi-linear": (2, _NO_TP.format("kimi_linear", "kda"), _NO_FP8.format("kimi_linear", "kda")),
+    "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
+    "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
+    "falcon-mamba": (
+        2, _NO_TP.format("falcon_mamba", "mamba1"), _NO_FP8.format("falcon_mamba", "mamba1")
+    ),
+    "lfm2": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
+    "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
-}
+}  # fmt: skip
 
 
 def check_refused(name: str, mc) -> None:
