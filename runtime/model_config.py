@@ -15,10 +15,10 @@ from pagoda.runtime.model_configs import (
     Gemma4Layers,
     LagunaAttention,
     Llama4Attention,
-    MambaConfig,
     MiMoAttention,
     MlaConfig,
 )
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 # What a model family changes in the Llama decoder, read once from the checkpoint's config by
 # the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the

@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagoda.runtime import options
+from pagoda.runtime import family_options, options
 
 if TYPE_CHECKING:  # (config reads a rank's Mamba2 shapes from model/mamba_shard.py, which
     # imports this module)
     from pagoda.runtime.config import ModelConfig
-    from pagoda.runtime.model_configs import MambaConfig
+    from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ class TPLayout:
 def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
-    Gated DeltaNet layers split by key heads, which must divide. LFM2's short convs and Mamba-1
-    are not split: refused."""
+    Gated DeltaNet layers split by key heads, which must divide. Other mixers (LFM2's short
+    convs, Mamba-1's, KDA) are not split: refused (their families' rows in
+    `family_options.py` refuse them first, naming the architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
             return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
@@ -76,11 +77,6 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
         return None
     if m.mixer != "mamba2":
         return f"--tensor-parallel-size {size} is not supported for a model with {m.mixer} layers"
-    if m.zamba2 is not None:
-        return (
-            f"--tensor-parallel-size {size} is not supported for a zamba2 model (its shared "
-            "blocks and their LoRA adapters are not split)"
-        )
     if m.n_heads % size:
         return (f"--tensor-parallel-size {size} does not divide the Mamba2 heads "
                 f"(mamba n_heads {m.n_heads})")  # fmt: skip
@@ -91,27 +87,13 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
 
 
 def check(config: ModelConfig, size: int) -> None:
-    """ValueError, one line, if `config` cannot be split over `size` ranks (the arithmetic is
+    """ValueError, one line, if `config` cannot be split over `size` ranks: its family is not
+    tested on ranks (`family_options.py`), or its shapes do not divide (the arithmetic is
     `options.tensor_parallel_problem`'s, which the operator also runs for the built-in models)."""
     if size == 1:
         return
+    family_options.refuse(config.architecture, "tensor_parallel", size=size)
     f = config.family
-    if f.gemma4 is not None:  # (its layers' own head sizes and KV heads, shared KV caches)
-        raise ValueError(f"--tensor-parallel-size {size} is not supported for a gemma4 model; "
-                         "serve it on one device")  # fmt: skip
-    if f.laguna is not None:  # (model/laguna.py: query heads by layer, not tested on ranks)
-        raise ValueError(f"--tensor-parallel-size {size} is not supported for a laguna model; "
-                         "serve it on one device")  # fmt: skip
-    if f.mimo is not None:  # (model/mimo_v2_flash.py: not tested on several ranks)
-        raise ValueError(f"--tensor-parallel-size {size} is not supported for a mimo_v2_flash "
-                         "model; serve it on one device")  # fmt: skip
-    if config.architecture == "jetmoe":  # (model/jetmoe.py: not tested on several ranks)
-        raise ValueError(f"--tensor-parallel-size {size} is not supported for a jetmoe model "
-                         "(its routed attention heads are not split over ranks)")  # fmt: skip
-    if f.mamba is not None and (
-        f.mamba.mixer not in ("mamba2", "gated_deltanet") or f.mamba.zamba2 is not None
-    ):  # (LFM2's, Mamba-1's, Zamba2's: not split)
-        raise ValueError(mamba_problem(f.mamba, size))
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(
         size,

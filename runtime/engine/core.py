@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+from pagoda.runtime import family_options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
@@ -408,48 +409,26 @@ def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
     return context if asked is None else asked
 
 
-# architectures whose activations overflow float16 (vLLM's _FLOAT16_NOT_SUPPORTED_MODELS)
-FLOAT16_UNSTABLE = ("gemma2", "gemma3", "gemma4", "vaultgemma")
+# what of an EngineConfig asks for each option `family_options` declares (its message's values),
+# None where it is not asked; read only for a family not tested with the option
+ENGINE_OPTIONS = {
+    "float16": lambda c: {} if c.torch_dtype() == torch.float16 else None,
+    "fp8": lambda c: {} if c.quantization == "fp8" else None,
+    "kv_cache": lambda c: (
+        {"kv": c.cache.kv_cache_dtype} if c.cache.kv_cache_dtype != "auto" else None
+    ),
+}
 
 
 def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
-    """ValueError, one line, for --dtype float16 on a model that overflows it: Gemma 2's and 3's
-    residual stream passes float16's 65504 (vLLM refuses them in float16 for the same reason);
-    and for --quantization fp8 on LFM2's and Mamba-1's layers (their projections' FP8 GEMM is
-    not tested against transformers: the Mamba2 mixers' is), on Zamba2 (its shared blocks), on
-    JetMoE (its routed attention), on Gemma 4's, and on DeepSeek Sparse Attention (V3.2, GLM-5:
-    its indexer untested in FP8), which also takes no FP8 or int8 KV cache."""
-    if model.architecture in FLOAT16_UNSTABLE and config.torch_dtype() == torch.float16:
-        raise ValueError(f"a {model.architecture} model does not run in float16 (its activations "
-                         "overflow it: numerical instability); use --dtype bfloat16 or float32")  # fmt: skip
-    mla = model.family.mla
-    dsa = mla is not None and mla.indexer is not None  # model/dsa.py writes the rows itself
-    if dsa and (config.quantization == "fp8" or config.cache.kv_cache_dtype != "auto"):
-        raise ValueError(f"--quantization fp8 and --kv-cache-dtype other than auto are not "
-                         f"supported for a {model.architecture} model (DeepSeek Sparse "
-                         "Attention); serve it in 16 or 32 bits")  # fmt: skip
-    if config.quantization == "fp8" and model.family.gemma4 is not None:
-        raise ValueError("--quantization fp8 is not supported for a gemma4 model; serve it in "
-                         "16 or 32 bits")  # fmt: skip
-    if config.quantization == "fp8" and model.family.laguna is not None:
-        raise ValueError(
-            "--quantization fp8 is not supported for a laguna model (its gate and "
-            "per-layer heads' FP8 GEMM is not tested); serve it in 16 or 32 bits"
-        )
-    if config.quantization == "fp8" and model.family.mimo is not None:
-        raise ValueError("--quantization fp8 is not supported for a mimo_v2_flash model (not "
-                         "tested); serve it in 16 or 32 bits")  # fmt: skip
-    if config.quantization == "fp8" and model.architecture == "jetmoe":
-        raise ValueError("--quantization fp8 is not supported for a jetmoe model (its routed "
-                         "attention projections' FP8 GEMM is not tested); serve it in 16 or 32 "
-                         "bits")  # fmt: skip
-    m = model.family.mamba
-    if config.quantization == "fp8" and m is not None and m.mixer != "mamba2":
-        raise ValueError(f"--quantization fp8 is not supported for a {model.architecture} model "
-                         f"({m.mixer} layers); serve it in 16 or 32 bits")  # fmt: skip
-    if config.quantization == "fp8" and m is not None and m.zamba2 is not None:
-        raise ValueError("--quantization fp8 is not supported for a zamba2 model (its shared "
-                         "blocks' adapters); serve it in 16 or 32 bits")  # fmt: skip
+    """ValueError, one line, for a dtype, FP8-weights or KV-cache flag the model's family is not
+    tested with (`family_options.py`: Gemma 2's to 4's activations overflow float16, as
+    vLLM refuses them; FP8 GEMMs and FP8/int8 KV caches untested for some families)."""
+    row = family_options.UNTESTED.get(model.architecture)
+    for option in () if row is None else row.options:
+        asked = ENGINE_OPTIONS[option](config) if option in ENGINE_OPTIONS else None
+        if asked is not None:
+            family_options.refuse(model.architecture, option, **asked)
 
 
 def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):

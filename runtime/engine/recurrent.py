@@ -1,5 +1,5 @@
 """What the engine does differently for a model with recurrent layers (a hybrid's Mamba2
-layers, `model_configs.MambaConfig`): checked and applied once, at start.
+layers, `recurrent_configs.MambaConfig`): checked and applied once, at start.
 
 - Prefix caching keeps, beside the attention layers' KV blocks, snapshots of the Mamba layers'
   conv and SSM state at boundaries every lcm(block size, SSD chunk) tokens

@@ -3,7 +3,7 @@ with rotary) and a Mamba2 mixer (`mamba2.Mamba2Mixer`) side by side on the same 
 input, their outputs summed, then Llama's MLP after `pre_ff_layernorm`; the final norm is
 `final_layernorm`. Every layer keeps both a KV cache and a Mamba state.
 
-Its µP multipliers (`model_configs.FalconH1Scales`, 1.0 where config.json has none): the embedding
+Its µP multipliers (`recurrent_configs.FalconH1Scales`, 1.0 where config.json has none): the embedding
 and the logits scaled; k scaled before rotary; attention's input and output scaled, and the
 mixer's (its input before `in_proj`, in_proj's z, x, B, C and dt parts each by its own, the
 output); the MLP's gate before the activation and its output.

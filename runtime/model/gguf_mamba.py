@@ -153,7 +153,7 @@ def _mamba_hybrid(get: Get, gguf_arch: str, layers: int, tensors: set[str]) -> d
     block, ungated ReLU²); Granite's rotary only with `rope.scaling.finetuned` (llama.cpp's
     test: its Bamba), Nemotron-H's none. Granite's scalars and experts are read as
     granitemoe's."""
-    from pagoda.runtime.model_configs import MambaConfig
+    from pagoda.runtime.recurrent_configs import MambaConfig
 
     kv = _per_layer(get, gguf_arch, "attention.head_count_kv", layers)
     nemotron = gguf_arch in ("nemotron_h", "nemotron_h_moe")
@@ -197,7 +197,7 @@ def _falcon_h1(get: Get, layers: int, tensors: set[str]) -> dict[str, Any]:
     """Falcon-H1 as llama.cpp runs it: a Mamba2 mixer beside attention in every layer, the
     mixer's output gated then normed by group (`ssm_norm` where the file has it, else gated
     only); the µP multipliers are in the weights (the converter's), so none is applied."""
-    from pagoda.runtime.model_configs import FalconH1Scales, MambaConfig
+    from pagoda.runtime.recurrent_configs import FalconH1Scales, MambaConfig
 
     ssm, heads, inner = _ssm_sizes(get, "falcon-h1")
     config = MambaConfig(layers=(True,) * layers, n_heads=heads, head_dim=inner // heads,
@@ -213,7 +213,8 @@ def _falcon_h1(get: Get, layers: int, tensors: set[str]) -> dict[str, Any]:
 def _nemotron_experts(get: Get, layers: list[bool]):
     """Nemotron 3's MoE blocks (on `layers`) as llama.cpp's converter writes them: V3's
     sigmoid router in one group (it writes `expert_group_count`, not the groups used)."""
-    from pagoda.runtime.model_configs import ExpertRouting, NemotronHExperts
+    from pagoda.runtime.model_configs import ExpertRouting
+    from pagoda.runtime.recurrent_configs import NemotronHExperts
 
     groups = int(get("expert_group_count", 1) or 1)
     if groups != 1:

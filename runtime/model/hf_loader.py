@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pagoda.runtime import family_options
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import (
     bpe_files,
@@ -240,10 +241,9 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna") else None  # per layer kind
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
-        if read_quantization(model_dir) is not None:
-            raise ValueError("an FP8 gemma4 checkpoint is not supported; serve a 16-bit one")
-    if arch == "mimo_v2_flash" and read_quantization(model_dir) is not None:  # (not tested)
-        raise ValueError("an FP8 mimo_v2_flash checkpoint is not supported; serve a 16-bit one")
+    if (model_dir is not None and not family_options.tested(arch, "fp8_checkpoint")
+            and read_quantization(model_dir) is not None):  # fmt: skip
+        family_options.refuse(arch, "fp8_checkpoint")
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
     if arch == "llama4":  # the dense MLP's width
         cfg = {**cfg, **llama4.overrides(cfg)}

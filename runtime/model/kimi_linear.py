@@ -32,7 +32,7 @@ from pagoda.runtime.model.kimi_linear_config import conv_names
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.qwen3_next import GatedDeltaNet
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 class KimiDeltaAttention(GatedDeltaNet):

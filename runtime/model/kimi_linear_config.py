@@ -23,7 +23,7 @@ from typing import Any
 
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import deepseek_config
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"KimiLinearForCausalLM": "kimi_linear"}
 # transformers' KimiLinearConfig defaults (DeepseekV3Config's where it keeps them)

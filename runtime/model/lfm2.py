@@ -27,7 +27,7 @@ from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step,
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv
 from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.qwen3 import Qwen3Layer
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 class ShortConv:

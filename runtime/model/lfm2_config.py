@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model_configs import ExpertRouting, MambaConfig
+from pagoda.runtime.model_configs import ExpertRouting
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"Lfm2ForCausalLM": "lfm2", "Lfm2MoeForCausalLM": "lfm2_moe"}
 # transformers' Lfm2Config defaults, where config.json leaves one out

@@ -46,7 +46,7 @@ from pagoda.runtime.model import mamba_shard, ssd
 from pagoda.runtime.model.llama import linear_layer
 from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 from pagoda.runtime.model.ssd import ssd_scan_bytes
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
 

@@ -16,7 +16,7 @@ model so that reading a config imports no layer code.
   mixer a Mamba2 one, attention (no rotary) or an ungated ReLU² MLP (`layers_block_type`, or
   the older `hybrid_override_pattern` "M" / "*" / "-"); the SSM state in float32
   (`mamba_ssm_cache_dtype`); or a MoE block ("moe", "E": Nemotron 3): ungated ReLU² experts
-  routed by DeepSeek-V3's sigmoid router beside a shared expert (`model_configs.NemotronHExperts`).
+  routed by DeepSeek-V3's sigmoid router beside a shared expert (`recurrent_configs.NemotronHExperts`).
   The checkpoint's `backbone.` names are read as Llama's (`nemotron_name`; the MoE block's
   under `mlp.`, as DeepSeek's).
 - Mamba2 (`Mamba2ForCausalLM`: Mamba-Codestral-7B): a Mamba2 mixer in every layer, each layer
@@ -34,7 +34,7 @@ model so that reading a config imports no layer code.
   (`mamba_d_ssm` wide, its output norm optional: `mamba_rms_norm`, normalised before the gate),
   then Llama's MLP after `pre_ff_layernorm`; µP multipliers on the embedding, the keys, the
   mixers' inputs and outputs, the Mamba projection's five parts, the MLP and the logits
-  (`model_configs.FalconH1Scales`).
+  (`recurrent_configs.FalconH1Scales`).
 """
 
 from __future__ import annotations
@@ -52,12 +52,8 @@ from pagoda.runtime.model import (
     qwen3_next_config,
     zamba2_config,
 )
-from pagoda.runtime.model_configs import (
-    ExpertRouting,
-    FalconH1Scales,
-    MambaConfig,
-    NemotronHExperts,
-)
+from pagoda.runtime.model_configs import ExpertRouting
+from pagoda.runtime.recurrent_configs import FalconH1Scales, MambaConfig, NemotronHExperts
 
 ARCHITECTURES = {
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagoda.runtime.distributed.layout import TPLayout
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 @dataclass(frozen=True)

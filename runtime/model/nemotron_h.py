@@ -1,6 +1,6 @@
 """Nemotron-H (`NemotronHForCausalLM`: Nemotron-H 4B/8B/47B/56B, NVIDIA-Nemotron-Nano-9B-v2):
 a stack of single blocks, each ``x + mixer(norm(x))`` with one norm, the mixer per layer
-(`model_configs.MambaConfig`, read in `mamba_config.py`):
+(`recurrent_configs.MambaConfig`, read in `mamba_config.py`):
 
 - a Mamba2 mixer (`mamba2.Mamba2Mixer`; its SSM state kept in float32, as the model's
   `mamba_ssm_cache_dtype` says), or

@@ -26,7 +26,7 @@ from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.olmo2 import Olmo2Layer, Olmo2Model
 from pagoda.runtime.model.olmo_hybrid_config import conv_names
 from pagoda.runtime.model.qwen3_next import GatedDeltaNet
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 O_NORM_EPS = 1e-5  # FLA's FusedRMSNormGated default, which transformers keeps
 

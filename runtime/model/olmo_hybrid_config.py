@@ -22,7 +22,7 @@ from typing import Any
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.qwen3_next_config import CHUNK
 from pagoda.runtime.model.qwen3_next_config import layer_types as _checked_types
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"OlmoHybridForCausalLM": "olmo_hybrid"}
 # transformers' config defaults, where config.json leaves one out (OlmoHybridConfig's)

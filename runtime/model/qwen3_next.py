@@ -46,7 +46,7 @@ from pagoda.runtime.model.ops import gemma_rms_norm
 from pagoda.runtime.model.parallel_linear import row_linear
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model.qwen3_next_config import STACKED
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 
 def _in_proj(m: MambaConfig, w: DeviceWeights, p: str) -> torch.Tensor:

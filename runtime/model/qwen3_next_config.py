@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model_configs import MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {
     "Qwen3NextForCausalLM": "qwen3_next",  # Qwen3-Next-80B-A3B

@@ -1,13 +1,16 @@
 """The architectures the engine runs, by `ModelConfig.architecture`, and the model class of each.
 
 The loaders name the architecture from the checkpoint (`hf_tables.HF_ARCHITECTURES`,
-`gguf_loader.SUPPORTED_ARCHS`); `build_model` picks the class that computes it.
+`gguf_loader.SUPPORTED_ARCHS`); `build_model` picks the class that computes it. The options a
+family is not tested with (tensor parallelism, FP8, float16) are its row in
+`family_options.UNTESTED`, checked against this registry when it is imported.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from pagoda.runtime import family_options
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model.llama import LlamaModel
@@ -92,6 +95,8 @@ MODEL_CLASSES = {
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...
 }
+# what each family is not tested with (tensor parallelism, FP8, ...): one row per family there
+family_options.check_registered(MODEL_CLASSES)
 
 
 def model_class(config: ModelConfig) -> type[LlamaModel]:

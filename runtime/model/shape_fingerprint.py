@@ -25,7 +25,7 @@ FINGERPRINT_KEYS = (
 # DeepSeek's latent attention (`model_configs.MlaConfig`): its projections' shapes, recorded only for
 # the models that have it (a profile compares the keys both fingerprints hold)
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-# a hybrid's Mamba2 layers (`model_configs.MambaConfig`): how many, and their projections' and state's
+# a hybrid's Mamba2 layers (`recurrent_configs.MambaConfig`): how many, and their projections' and state's
 # shapes, recorded only for the models that have them
 MAMBA_KEYS = ("mamba_layers", "attention_layers", "mamba_heads", "mamba_head_dim",
               "mamba_d_state", "mamba_n_groups")  # fmt: skip

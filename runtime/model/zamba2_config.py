@@ -7,7 +7,7 @@ apart from the model so that reading a config imports no layer code.
   mamba_expand x hidden / n_mamba_heads, `mamba_ngroups` B/C groups, the conv always biased,
   dt clamped below at `time_step_min`, the gated norm's eps 1e-5 whatever `rms_norm_eps`
   says), and on the "hybrid" ones a shared transformer block before it
-  (`model_configs.Zamba2Blocks`): `num_mem_blocks` blocks used in turn, each use with LoRA
+  (`recurrent_configs.Zamba2Blocks`): `num_mem_blocks` blocks used in turn, each use with LoRA
   adapters (`adapter_rank`) of its own on the MLP's gate_up, and on q, k and v where
   `use_shared_attention_adapter`;
 - the block's attention reads 2 x hidden channels ([stream, embeddings]): head_dim
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pagoda.runtime.model_configs import MambaConfig, Zamba2Blocks
+from pagoda.runtime.recurrent_configs import MambaConfig, Zamba2Blocks
 
 if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
     from pagoda.runtime.config import ModelConfig

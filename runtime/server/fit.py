@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pagoda.runtime import options
+from pagoda.runtime import family_options, options
 from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
 from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.server import memory
@@ -149,13 +149,8 @@ def check(
     if weights + (budget if budgeted else kv) <= have:
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
-    # FP8 weights offered unless a GGUF, or JetMoE's, Gemma 4's, Laguna's (`core.check_dtype`)
-    quantizable = (
-        model_path.suffix != ".gguf"
-        and mc.architecture != "jetmoe"
-        and mc.family.gemma4 is None
-        and mc.family.laguna is None
-    )
+    # FP8 weights offered unless a GGUF or a family not tested with them (`family_options`)
+    quantizable = model_path.suffix != ".gguf" and family_options.tested(mc.architecture, "fp8")
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
                    how, float32_fix(mc, cfg, model_path, plan, have),
                    quantizable=quantizable)  # fmt: skip
@@ -242,12 +237,14 @@ def would_fit(
 ) -> list[str]:  # fmt: skip
     """Changes that make weights + one sequence fit, each with what it would need (``weights``:
     this plan's, as counted; ``budgeted``: the KV cache's size is set, so a smaller one is the
-    shorter context; ``quantizable``: FP8 weights may be offered, else (a GGUF) the FP8 KV
-    cache alone)."""
+    shorter context; ``quantizable``: FP8 weights may be offered, else (a GGUF, a family not
+    tested with them) the FP8 KV cache alone; an FP8 KV cache only where the family is tested
+    with one, `family_options`)."""
     out = []
     fp8_alone = False
-    changes = ([{"fp8_weights": True}, {"fp8_weights": True, "fp8_kv": True}] if quantizable
-               else [{"fp8_kv": True}] if not plan.fp8_kv else [])  # fmt: skip
+    kv = family_options.tested(mc.architecture, "kv_cache")  # an FP8 KV cache may be offered
+    changes = ([{"fp8_weights": True}, *([{"fp8_weights": True, "fp8_kv": True}] if kv else [])]
+               if quantizable else [{"fp8_kv": True}] if kv and not plan.fp8_kv else [])  # fmt: skip
     if fp8_here and not (plan.fp8_weights and plan.fp8_kv):
         for fp8 in (Plan(**{**plan.__dict__, **change}) for change in changes):
             if fp8.need(mc) <= have:

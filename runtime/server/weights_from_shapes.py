@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from pagoda.runtime.config import ModelConfig
 
 
+# hidden-wide vectors a layer holds beyond Llama's two norms, in the model's dtype, whole on
+# every rank: AfMoE's two more norms, JetMoE's attention and MLP output biases
+EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2}
+
+
 def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
     """One rank's weights from the model's shape alone (no weight files to read; `fit`'s other
     plans): the decoder's projections at one byte plus a float32 scale per output row where
@@ -25,7 +30,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     h, i, n, t = mc.hidden_size, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
     f = mc.family
-    if f.gemma4 is not None:  # (one rank, 16 or 32 bits: its TP and FP8 are refused)
+    if f.gemma4 is not None:  # (one rank, 16 or 32 bits: `family_options` refuses the rest)
         from pagoda.runtime.model.gemma4_config import param_count
 
         return param_count(mc) * item
@@ -56,11 +61,11 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
-    if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, no FP8: refused)
+    if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, 16 or 32 bits)
         from pagoda.runtime.model.mimo_v2_flash_config import attention_params
 
         projections += attention_params(mc) * item - n * attn * item
-    hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`model_configs.MambaConfig`)
+    hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`recurrent_configs.MambaConfig`)
     return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
 
 
@@ -75,12 +80,12 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
     if mc.family.laguna is not None:  # query heads by layer (their mean), the softplus gate
-        g = mc.family.laguna  # (one rank, 16 or 32 bits: its TP and FP8 are refused)
+        g = mc.family.laguna  # (one rank, 16 or 32 bits: `family_options` refuses the rest)
         heads, gates = sum(g.heads) / mc.num_layers, 1 if g.gate_per_head else d
         attn = h * d * (2 * heads + 2 * kv) + h * heads * gates
         attn_rows = (heads + 2 * kv) * d + h + heads * gates
     if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v, router
-        e, kv_width = mc.family.num_experts, mc.num_kv_heads * d  # (one rank: TP refused)
+        e, kv_width = mc.family.num_experts, mc.num_kv_heads * d  # (one rank: `family_options`)
         attn = h * kv_width * (2 * e + 2) + e * h
         attn_rows = (e + 2) * kv_width + h + e
     if mc.family.mla is not None:
@@ -99,10 +104,7 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     norms = (2 * n + 1) * h * item
     if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
         norms = (n + 1) * h * 4
-    if mc.architecture == "afmoe":  # two more norms a layer
-        norms += 2 * n * h * item
-    if mc.architecture == "jetmoe":  # the attention's and the MLP's output biases
-        norms += 2 * n * h * item
+    norms += EXTRA_LAYER_VECTORS.get(mc.architecture, 0) * n * h * item
     if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
         norms = (n + 1) * h * (item if f.cohere_rms_norm else 4)
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)

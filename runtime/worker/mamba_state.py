@@ -1,7 +1,7 @@
 """The recurrent state of a hybrid model's Mamba layers (vLLM v1's Mamba state, in small).
 
 Each Mamba layer keeps, per running sequence, a conv state [conv_dim, d_conv - 1] and an SSM
-state [heads, head_dim, d_state] (`model_configs.MambaConfig`; an LFM2 short conv layer a conv
+state [heads, head_dim, d_state] (`recurrent_configs.MambaConfig`; an LFM2 short conv layer a conv
 state alone, its SSM slots empty: `MambaConfig.ssm_shape`), in preallocated slot tensors of
 ``max_num_seqs`` slots (the scheduler never runs more sequences than that, so every running
 sequence has one; their bytes are in the memory estimate, `state_bytes`). The slots hang off the

@@ -188,3 +188,20 @@ def test_every_serve_and_tune_flag_is_named_in_the_docs() -> None:
     for flag in sorted((_flags("serve") | _flags("tune")) - {"-h", "--help"}):
         pair = flag.replace("--no-", "--", 1) if flag.startswith("--no-") else "--no-" + flag[2:]
         assert flag in named or pair in named, f"{flag} is in no doc"
+
+
+def test_the_options_tested_per_family_table_is_the_declaration() -> None:
+    """docs/runtime.md's "Options tested per family" table: one row per `family_options.UNTESTED`
+    row, each cell "yes" or "refused (REASON)" as the declaration says, in `OPTIONS` order."""
+    from pagoda.runtime.family_options import OPTIONS, UNTESTED
+
+    section = RUNTIME.split("\n### Options tested per family\n", 1)[1].split("\n#", 1)[0]
+    rows = re.search(r"^\| `ModelConfig.architecture`.*?\n\|[-| ]+\|\n((?:\|.*\n)+)", section, re.M)
+    assert rows, "docs/runtime.md's options-per-family table lost its header"
+    documented = {}
+    for line in rows[1].splitlines():
+        arch, *cells = (c.strip() for c in line.strip("|\n ").split(" | "))
+        documented[arch.strip("`")] = cells
+    declared = {arch: [f"refused ({getattr(row, o)})" if getattr(row, o) else "yes"
+                       for o in OPTIONS] for arch, row in UNTESTED.items()}  # fmt: skip
+    assert documented == declared

@@ -1,0 +1,150 @@
+"""What each model family is tested with, declared once: the serving options a family is *not*
+tested with, each with its reason, refused in one line before anything loads.
+
+The options (`OPTIONS`): tensor parallelism (`--tensor-parallel-size` > 1), FP8 weights
+quantized at load (`--quantization fp8`), an FP8 checkpoint (config.json's
+`quantization_config`), an FP8 or int8 KV cache (`--kv-cache-dtype` other than auto) and
+`--dtype float16`. A family (`ModelConfig.architecture`, a key of `registry.MODEL_CLASSES`)
+without a row in `UNTESTED` is refused none of them for being that family (tensor parallelism
+still needs sizes its shapes divide, `distributed/layout.py`; FP8 a device that runs it). Adding
+a family that is not tested with an option is one row here, not a new check. (Torch-free, at the
+top of the package beside `model_config.py`: `distributed/` and `model/` both read it.)
+
+Who reads it: `engine/core.check_dtype` (the dtype, FP8 weights and KV-cache flags; `pagoda
+serve`'s preflight and the engine), `distributed/layout.check` (tensor parallelism), the HF
+loader (an FP8 checkpoint) and `server/fit.py` (which fixes it may suggest). The rows are
+checked against the model registry when it is imported (`check_registered`); docs/runtime.md's
+"Options tested per family" table is checked against them (tests/docs/test_doc_tables.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+
+# option -> the one-line refusal: the option, the architecture, the reason, what to use instead
+MESSAGES: Mapping[str, str] = MappingProxyType(
+    {
+        "tensor_parallel": "--tensor-parallel-size {size} is not supported for a {arch} model "
+        "({reason}); serve it on one device",
+        "fp8": "--quantization fp8 is not supported for a {arch} model ({reason}); serve it in "
+        "16 or 32 bits",
+        "fp8_checkpoint": "an FP8 {arch} checkpoint is not supported ({reason}); serve a 16-bit one",
+        "kv_cache": "--kv-cache-dtype {kv} is not supported for a {arch} model ({reason}); use "
+        "--kv-cache-dtype auto",
+        "float16": "a {arch} model does not run in float16 ({reason}); use --dtype bfloat16 or "
+        "float32",
+    }
+)
+OPTIONS = tuple(MESSAGES)  # (the order the checks ask in)
+
+
+@dataclass(frozen=True)
+class Untested:
+    """The options one family is not tested with: each field the reason ("" = tested)."""
+
+    tensor_parallel: str = ""
+    fp8: str = ""
+    fp8_checkpoint: str = ""
+    kv_cache: str = ""
+    float16: str = ""
+
+    def __post_init__(self) -> None:
+        reasons = [getattr(self, o) for o in OPTIONS]
+        if not any(reasons):
+            raise ValueError("a family row must name an option it is not tested with")
+        for reason in reasons:
+            if reason != reason.strip() or "\n" in reason or reason.endswith((".", ";")):
+                raise ValueError(f"a reason is one bare line: {reason!r}")
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The options refused, in `OPTIONS` order."""
+        return tuple(o for o in OPTIONS if getattr(self, o))
+
+
+if tuple(f.name for f in fields(Untested)) != OPTIONS:  # (a row's fields are the options)
+    raise ImportError("family_options: Untested's fields and MESSAGES name other options")
+
+_FLOAT16 = "its activations overflow it: numerical instability"  # (vLLM refuses them too)
+_DSA_FP8 = "DeepSeek Sparse Attention: its indexer is not tested in FP8"
+_DSA_KV = "DeepSeek Sparse Attention writes its own cache rows, in the model's dtype"
+_SHORT_CONV, _MAMBA1 = "short_conv layers", "mamba1 layers"  # (LFM2's, Mamba-1's: not split,
+_DELTANET = "gated_deltanet layers"  # nor run in the FP8 GEMM; Gated DeltaNet's are split)
+
+UNTESTED: Mapping[str, Untested] = MappingProxyType(
+    {
+        "gemma2": Untested(float16=_FLOAT16),
+        "gemma3": Untested(float16=_FLOAT16),
+        "vaultgemma": Untested(float16=_FLOAT16),
+        "gemma4": Untested(
+            tensor_parallel="its layers' own head sizes and KV heads and its shared KV caches "
+            "are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
+        "laguna": Untested(
+            tensor_parallel="its query heads by layer are not tested on ranks",
+            fp8="its gate and per-layer heads' FP8 GEMM is not tested",
+        ),
+        "mimo_v2_flash": Untested(
+            tensor_parallel="not tested on several ranks",
+            fp8="not tested",
+            fp8_checkpoint="not tested",
+        ),
+        "jetmoe": Untested(
+            tensor_parallel="its routed attention heads are not split over ranks",
+            fp8="its routed attention projections' FP8 GEMM is not tested",
+        ),
+        "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
+        "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
+        "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
+        "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
+        "mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
+        "falcon_mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
+        "jamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
+        "qwen3_next": Untested(fp8=_DELTANET),
+        "qwen3_5": Untested(fp8=_DELTANET),
+        "qwen3_5_moe": Untested(fp8=_DELTANET),
+        "olmo_hybrid": Untested(fp8=_DELTANET),
+        "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "zamba2": Untested(
+            tensor_parallel="its shared blocks and their LoRA adapters are not split",
+            fp8="its shared blocks' adapters",
+        ),
+    }
+)
+
+
+def tested(architecture: str, option: str) -> bool:
+    """Whether `architecture` is tested with `option` (one of `OPTIONS`)."""
+    if option not in MESSAGES:
+        raise ValueError(f"unknown option {option!r}; one of {', '.join(OPTIONS)}")
+    row = UNTESTED.get(architecture)
+    return row is None or not getattr(row, option)
+
+
+def refusal(architecture: str, option: str, **values: object) -> str | None:
+    """The one-line refusal of `option` for `architecture` (None where it is tested); `values`
+    fill the message (`size`: the tensor-parallel size, `kv`: the KV-cache dtype)."""
+    if tested(architecture, option):
+        return None
+    reason = getattr(UNTESTED[architecture], option)
+    return MESSAGES[option].format(arch=architecture, reason=reason, **values)
+
+
+def refuse(architecture: str, option: str, **values: object) -> None:
+    """ValueError with `refusal`'s line where `architecture` is not tested with `option`."""
+    line = refusal(architecture, option, **values)
+    if line is not None:
+        raise ValueError(line)
+
+
+def check_registered(architectures: Iterable[str]) -> None:
+    """Every row names a registered architecture (a row for a renamed or removed family would
+    silently refuse nothing)."""
+    unknown = set(UNTESTED) - set(architectures)
+    if unknown:
+        raise ValueError(f"family_options rows for no registered architecture: {sorted(unknown)}")
