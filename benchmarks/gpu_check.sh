@@ -209,7 +209,7 @@ TAIL=20 step moekernels 150 $PY benchmarks/kernel_speed.py --no-attention
 TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tune-moe \
     --hf-requests 0 --kernel-profile 5
 # The new families' CUDA paths, in three steps (STEPS=families BUDGET_S=560, then
-# STEPS=families2, a call each; est. ~6-7.5 and ~6.5-7 min, unmeasured; families3, ~2-2.5 min,
+# STEPS=families2, a call each; est. ~6-7.5 and ~6.5-7 min, unmeasured; families3, ~2.5-3 min,
 # fits beside `invariance kernels`; docs/benchmarks.md has the sums).
 # families: their kernel shapes compiled against the references (sinks in every attention path,
 # Llama 4's chunked attention in every path, DeepSeek's heads of 192 and 48 and its latent cache:
@@ -220,8 +220,10 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 # dots.llm1, MiniMax-M2, PhiMoE, EXAONE MoE, FlexOlmo, AfMoE). families2: FAMILY_TESTS2, the
 # dense families (test_dense_archs: heads of 80, 96, 112, 256 with partial rotary ...), GLM,
 # Cohere, GLM-4.5 and the rest; families3: FAMILY_TESTS3, the learned-position and ALiBi families
-# (test_position_archs: GPT-2, GPTBigCode's multi-query attention, OPT, BLOOM, MPT) and DeepSeek
-# Sparse Attention (test_dsa: V3.2, GLM-5). Each
+# (test_position_archs: GPT-2, GPTBigCode's multi-query attention, OPT, BLOOM, MPT), DeepSeek
+# Sparse Attention (test_dsa: V3.2, GLM-5), NanoChat, BitNet (test_bitnet) and Mamba-1's, Jamba's
+# and LFM2's prefix caching (test_recurrent_prefix: the snapshots saved and restored without a
+# host sync). Each
 # family's tiny model against transformers on the GPU with CUDA graphs, eager decodes as the
 # graphs', no host sync in any step's launch. Between them the three lists hold every test file
 # of tests/runtime/model with a gpu-marked test (tests/benchmarks/test_gpu_check.py checks it);
@@ -233,7 +235,8 @@ FAMILY_TESTS2=${FAMILY_TESTS2:-tests/runtime/model/test_dense_archs.py \
     tests/runtime/model/test_glm_cohere.py tests/runtime/model/test_glm4_moe.py \
     tests/runtime/model/test_more_archs.py}
 FAMILY_TESTS3=${FAMILY_TESTS3:-tests/runtime/model/test_position_archs.py \
-    tests/runtime/model/test_dsa.py tests/runtime/model/test_nanochat.py}
+    tests/runtime/model/test_dsa.py tests/runtime/model/test_nanochat.py \
+    tests/runtime/model/test_bitnet.py tests/runtime/model/test_recurrent_prefix.py}
 TAIL=40 step families 540 bash -c '
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 tests/kernels/test_kernel_latent.py
     latent=$?

@@ -9,8 +9,8 @@ Jamba three Mamba-1 layers and one attention layer, 4 experts top 2 on two; Zamb
 layers, two of them after a use of one shared block with rank-16 adapters).
 Prefill tokens/s: `--seqs` prompts of `--prompt` tokens from their first token until every one
 is computed (steps of `--max-num-batched-tokens`); decode tokens/s as
-`hybrid_decode.decode_rate`. Prefix caching is off for all (the recurrent ones have none; the
-repeated prompts would be cache hits for Llama). The models alternate `--repeats` times, each one's best kept.
+`hybrid_decode.decode_rate`. Prefix caching is off for all (the repeated prompts would be
+cache hits; `hybrid_prefix.py` measures it). The models alternate `--repeats` times, each one's best kept.
 
     .venv/bin/python -P benchmarks/recurrent_families.py [--prompt 512] [--seqs 1 8]
 """

@@ -94,6 +94,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),
+        "bitnet": Untested(
+            tensor_parallel="its BitLinear layers are not split over ranks",
+            fp8="its layers are ternary already: BitLinear",
+        ),
         "jetmoe": Untested(
             tensor_parallel="its routed attention heads are not split over ranks",
             fp8="its routed attention projections' FP8 GEMM is not tested",

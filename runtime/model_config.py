@@ -23,8 +23,9 @@ from pagoda.runtime.recurrent_configs import MambaConfig
 # What a model family changes in the Llama decoder, read once from the checkpoint's config by
 # the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
 # attention backends only the sliding window, the attention chunk and the soft cap.
-# SwiGLU (Llama, Qwen, Mixtral), GeGLU (Gemma's tanh approximation; Zamba2's exact "gelu")
-ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+# SwiGLU (Llama, Qwen, Mixtral), GeGLU (Gemma's tanh approximation; Zamba2's exact "gelu"),
+# relu(gate)² * up (BitNet's)
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
 UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
@@ -149,6 +150,10 @@ class FamilyConfig:
     # project_in / project_out around the layers; 0: none)
     post_norm: bool = False
     embed_proj_dim: int = 0
+    # BitNet b1.58 (model/bitnet.py, bitlinear.py): its projections' ternary weights stored packed
+    # ("offline") or as master weights quantized at load ("online"); "": dense (no
+    # quantization_config: transformers runs plain Linears)
+    bitnet: str = ""
 
     @property
     def transforms_logits(self) -> bool:
@@ -164,6 +169,8 @@ class FamilyConfig:
         if self.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {', '.join(POSITIONS)}, got "
                              f"{self.positions!r}")  # fmt: skip
+        if self.bitnet not in ("", "offline", "online"):
+            raise ValueError(f"bitnet must be 'offline', 'online' or '', got {self.bitnet!r}")
         if self.positions == "alibi" and self.alibi_slopes not in ("bloom", "mpt"):
             raise ValueError(f"ALiBi slopes must be 'bloom' or 'mpt', got {self.alibi_slopes!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
@@ -360,6 +367,8 @@ class ModelConfig:
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
+        if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
+            attn_all += self.num_layers * (h + i)
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

@@ -172,11 +172,21 @@ class MambaConfig:
 
     @property
     def snapshots(self) -> bool:
-        """Whether prefix caching may keep snapshots of these layers' states
-        (`core/state_snapshots.py`): the Mamba2 mixer's chunked scan and the Gated DeltaNet's
-        chunked rule save them at their chunk boundaries; LFM2's short conv and Mamba-1's scan
-        do not (prefix caching off for them)."""
-        return self.mixer in ("mamba2", "gated_deltanet", "kda") and self.num_layers > 0
+        """Whether prefix caching keeps snapshots of these layers' states
+        (`core/state_snapshots.py`): every mixer saves them (the chunked scans and rules at
+        their chunk boundaries, Mamba-1's scan and LFM2's short conv at any token), so any
+        model with a recurrent layer."""
+        return self.num_layers > 0
+
+    @property
+    def snapshot_chunk(self) -> int:
+        """The tokens a snapshot boundary inside a step's prefill chunk must be a multiple of
+        (from the chunk's start, `core/state_snapshots.py`): the chunk of a chunked scan or
+        rule (Mamba2's SSD, the Gated DeltaNet's, KDA's), whose chunk boundaries alone hold a
+        state; 1 for Mamba-1's scan (it passes through the state at every token) and LFM2's
+        short conv (its state is the inputs before a token), so their boundaries fall every
+        block and the scheduler cuts no prefill chunk for them."""
+        return 1 if self.mixer in ("mamba1", "short_conv") else self.chunk_size
 
     @property
     def conv_dim(self) -> int:

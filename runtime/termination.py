@@ -13,6 +13,11 @@ The format, stated once here (a contract with the operator, which imports `parse
 
 * `reason` becomes the condition's reason; `detail`, when present, starts its message;
 * one line, at most MAX_BYTES bytes of UTF-8 (the kubelet keeps 4096 bytes a container);
+* a reason is CamelCase with a lowercase letter and does not end in ``Error``, ``Exception`` or
+  ``Warning``: the pods' `terminationMessagePolicy` is `FallbackToLogsOnError`, so a container
+  that dies without writing the file leaves its log's last lines there instead, and a log level
+  (``INFO: ...``) or an exception line (``ValueError: ...``) must not read as a reason. `parse`
+  takes one line only for the same cause (the log's tail is lines);
 * the file is `$PAGODA_TERMINATION_LOG` when set (an empty value turns writing off), else
   `/dev/termination-log` when it exists (the kubelet's default `terminationMessagePath`).
 
@@ -33,6 +38,16 @@ MAX_BYTES = 4000
 DEFAULT_REASON = "InvalidConfiguration"
 _CAMEL = r"[A-Z][A-Za-z0-9]{0,63}"
 _LINE = re.compile(rf"^({_CAMEL})(?:/({_CAMEL}))?: (\S.*)$")
+_NOT_REASONS = ("Error", "Exception", "Warning")  # the ends of Python's exception names
+
+
+def is_reason(text: str) -> bool:
+    """Whether `text` may be a termination message's reason (module docstring)."""
+    return (
+        re.fullmatch(_CAMEL, text) is not None
+        and text != text.upper()
+        and not text.endswith(_NOT_REASONS)
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +105,7 @@ def _fit(text: str) -> str:
 def termination_of(error: BaseException) -> Termination:
     """The termination message of an error: its `reason`/`detail` if it has them."""
     reason = getattr(error, "reason", None)
-    if not isinstance(reason, str) or not re.fullmatch(_CAMEL, reason):
+    if not isinstance(reason, str) or not is_reason(reason):
         reason = DEFAULT_REASON
     detail = getattr(error, "detail", None)
     if not isinstance(detail, str) or not re.fullmatch(_CAMEL, detail):
@@ -99,13 +114,12 @@ def termination_of(error: BaseException) -> Termination:
 
 
 def parse(text: str | None) -> Termination | None:
-    """A termination message back (None when the text is not in this format, e.g. log lines the
-    kubelet used as a fallback)."""
-    if not text:
-        return None
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    m = _LINE.match(first.strip())
-    if m is None:
+    """A termination message back: one line in this format, else None (the last lines of the
+    container's log, which the kubelet copies where the file was left empty, even where one of
+    them looks like a message: `FallbackToLogsOnError`)."""
+    lines = (text or "").strip().splitlines()
+    m = _LINE.match(lines[0].strip()) if len(lines) == 1 else None
+    if m is None or not is_reason(m.group(1)):
         return None
     return Termination(m.group(1), m.group(2), m.group(3))
 

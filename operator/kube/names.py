@@ -45,13 +45,16 @@ MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--dow
 # Kubernetes label syntax (what the API server accepts): key `[DNS-1123 subdomain/]name`
 _DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY = re.compile(rf"^({_DNS1123_SUBDOMAIN}/)?{_LABEL_NAME}$")
+_LABEL_KEY = re.compile(rf"^(?:({_DNS1123_SUBDOMAIN})/)?{_LABEL_NAME}$")
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
-_MAX_LABEL_KEY = 253 + 1 + 63  # prefix / name
+_MAX_LABEL_PREFIX = 253  # a DNS-1123 subdomain; the name after it: 63 (`_LABEL_NAME`)
 
 
 def is_label_key(key: object) -> bool:
-    return isinstance(key, str) and len(key) <= _MAX_LABEL_KEY and bool(_LABEL_KEY.match(key))
+    """`[prefix/]name`: the prefix a DNS-1123 subdomain of at most 253 characters (a longer one
+    passed while the key as a whole stayed within 253 + 1 + 63), the name at most 63."""
+    m = _LABEL_KEY.match(key) if isinstance(key, str) else None
+    return m is not None and len(m.group(1) or "") <= _MAX_LABEL_PREFIX
 
 
 def is_label_value(value: object) -> bool:

@@ -16,6 +16,8 @@ less budget left than a chunk, 256 tokens for those checkpoints, cuts elsewhere,
 boundaries inside the chunk after such a cut are not saved). The end of a step's chunk may be
 a boundary whatever its start (the state is then the one left in the slot). Every boundary of
 a prompt is saved (where the prompts that follow diverge is not known), none past the prompt.
+Mamba-1's scan and LFM2's short convs hold a state at every token (`MambaConfig.snapshot_chunk`
+1): a boundary every block, saved wherever it falls in a step's chunk, no chunk cut.
 
 A hit resumes at the deepest boundary that has both its KV blocks and a snapshot; a prefix that
 ends between boundaries computes the rest (a partial block, as for attention, and the blocks

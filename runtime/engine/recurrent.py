@@ -2,18 +2,18 @@
 layers, `recurrent_configs.MambaConfig`): checked and applied once, at start.
 
 - Prefix caching keeps, beside the attention layers' KV blocks, snapshots of the Mamba layers'
-  conv and SSM state at boundaries every lcm(block size, SSD chunk) tokens
-  (`core/state_snapshots.py`: why there, how they are kept and evicted), so a hit skips the
-  shared tokens in every layer: the deepest boundary of the cached prefix with a snapshot is
-  restored into the sequence's state slot before its remaining prefill (`worker/mamba_state.py`)
-  and the rest is computed. The snapshots take a share of the KV cache's budget
-  (`ModelRunner._num_blocks`; with tensor parallelism each rank's entries hold its heads, as
-  its slots do, and the step's copies go to the other ranks with its slots:
-  `worker/step_channel.py`); where it holds none, prefix caching is off, and a log line says
-  so.
-  Mamba2 mixers and Qwen3-Next's Gated DeltaNet layers (their chunked rule's chunk boundaries)
-  only (`MambaConfig.snapshots`): LFM2's short convolutions and Mamba-1's scan keep prefix
-  caching off.
+  conv and SSM state at boundaries every lcm(block size, the mixers' chunk) tokens
+  (`MambaConfig.snapshot_chunk`: the SSD chunk; 1 for Mamba-1 and LFM2's short convs, which
+  hold a state at every token; `core/state_snapshots.py`: why there, how they are kept and
+  evicted), so a hit skips the shared tokens in every layer: the deepest boundary of the
+  cached prefix with a snapshot is restored into the sequence's state slot before its
+  remaining prefill (`worker/mamba_state.py`) and the rest is computed. The snapshots take a
+  share of the KV cache's budget (`ModelRunner._num_blocks`; with tensor parallelism each
+  rank's entries hold its heads, as its slots do, and the step's copies go to the other ranks
+  with its slots: `worker/step_channel.py`); where it holds none, prefix caching is off, and
+  a log line says so. Every mixer takes them: Mamba2's and the Gated DeltaNet's / KDA's
+  chunked scans at their chunk boundaries, Mamba-1's scan and LFM2's short convolutions at any
+  token.
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
   starts again, or restored from a snapshot where its prefix is still cached.
 """
@@ -42,12 +42,6 @@ def snapshots(
     entries the runner allocated; with none, `config` with prefix caching off."""
     if not keeps_state(mc) or not config.cache.enable_prefix_caching:
         return config, None
-    if not mc.family.mamba.snapshots:
-        why = (
-            f"its {mc.family.mamba.mixer} layers' states are not snapshotted (Mamba2's and "
-            "Gated DeltaNet's only)"
-        )
-        return _off(config, mc, why), None
     if not runner.num_snapshots:
         why = f"its KV cache budget holds no snapshot of {runner.mamba.snapshot_bytes} bytes"
         asked = config.scheduler.max_model_len
@@ -57,7 +51,7 @@ def snapshots(
         return _off(config, mc, why), None
     bs = config.cache.block_size
     every = runner.snapshot_interval // bs
-    return config, StateSnapshots(runner.num_snapshots, every, bs, runner.mamba.m.chunk_size)
+    return config, StateSnapshots(runner.num_snapshots, every, bs, runner.mamba.m.snapshot_chunk)
 
 
 def _off(config: EngineConfig, mc: ModelConfig, why: str) -> EngineConfig:

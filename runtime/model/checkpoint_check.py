@@ -156,6 +156,10 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
+    if c.architecture == "bitnet":  # sub-norms; packed matrices (model/bitnet_config.py)
+        from pagoda.runtime.model.bitnet_config import expected_shapes as bitnet_shapes
+
+        bitnet_shapes(c, out)
     if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
@@ -288,6 +292,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "bitnet",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)
@@ -377,6 +382,10 @@ def check_checkpoint(
         check_kda_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
+    if config.family.bitnet == "offline":  # packed: uint8 matrices
+        from pagoda.runtime.model.bitnet_config import check_dtypes
+
+        check_dtypes(headers)
     for name, (dtype, shape) in headers.items():
         if dtype.startswith("F8_") and dtype not in FP8_DTYPES:
             raise ValueError(f"checkpoint tensor {name} is {dtype}; FP8 weights must be E4M3")

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pagoda.runtime.model import bitnet_config as bitnet
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
@@ -455,6 +456,7 @@ FIELDS: dict[str, Fields] = {
     "ernie4_5": _ernie4_5,
     "helium": _ernie4_5,  # (the interleaved rotary)
     "exaone4": _exaone4,
+    "bitnet": lambda cfg, arch, n, window, layers, scaling: bitnet.family_fields(cfg),
     "smollm3": _smollm3,
     "mixtral": _mixtral,
     "qwen3moe": _qwen_moe,

@@ -40,7 +40,13 @@ def recurrent_step(
     beta: torch.Tensor,  # [S, H] float32
 ) -> torch.Tensor:
     """One token of each of S sequences: o [S, H, V]; `state` holds the new states."""
-    state.mul_(torch.exp(g)[..., None, None])
+    return delta_step(state, torch.exp(g)[..., None, None], q, k, v, beta)
+
+
+def delta_step(state, decay, q, k, v, beta) -> torch.Tensor:
+    """`recurrent_step` with the decay factor given, broadcast over `state` ([S, H, 1, 1] per
+    head, or KDA's [S, H, K, 1] per key channel: `kda.recurrent_step`)."""
+    state.mul_(decay)
     kv_mem = torch.matmul(k.unsqueeze(-2), state).squeeze(-2)  # [S, H, V]: k^T S
     delta = (v - kv_mem) * beta[..., None]
     state.add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
@@ -62,6 +68,29 @@ def chunked(
     over the packed layout); `state` holds the final states. `keep`: (packed chunks, a state
     tensor, its rows): those chunks' start states copied there (prefix caching's snapshots,
     as `ssd.ssd_scan`'s)."""
+    return chunked_form(q, k, v, g, beta, state, chunk, counts, keep, _head_decays)
+
+
+def _head_decays(q, k, k_beta, cum) -> tuple[torch.Tensor, torch.Tensor]:
+    """The triangular system and the intra-chunk scores [nc, H, C, C] with one decay per head
+    (`cum` [nc, H, C, 1])."""
+    c = cum[..., 0]
+    # exp(cum_i - cum_j) below the diagonal, 0 above; exp(-80) is 1.8e-35: the clamp changes no
+    # sum and keeps the CPU's exp on its fast path (`ssd.ssd_scan`'s), the upper half then zeroed
+    decay = (c[..., :, None] - c[..., None, :]).clamp_(-80.0, 0.0).exp_().tril_()
+    system = torch.matmul(k_beta, k.transpose(-1, -2)).mul_(decay)  # (its diagonal: unit)
+    intra = torch.matmul(q, k.transpose(-1, -2)).mul_(decay)
+    return system, intra
+
+
+def chunked_form(q, k, v, g, beta, state, chunk: int, counts: list[int], keep, decays):
+    """The chunked rule (`chunked`'s arguments; g [R, H] or, KDA's, [R, H, K]): the packed rows
+    in chunks [nc, H, C, D], the cumulative log decay `cum` [nc, H, C, 1 or K], then
+    ``decays(q, k, k * beta, cum)`` -> the triangular system (below its diagonal; the solve
+    takes the diagonal as unit) and the intra-chunk scores [nc, H, C, C], the only part that
+    differs between a decay per head (`_head_decays`) and per key channel (`kda.chunked`); the
+    system solved for the corrected values and decayed keys, then the recurrence over chunk
+    positions, all sequences at once."""
     R, H, _ = k.shape
     nc, C = R // chunk, chunk
 
@@ -70,22 +99,17 @@ def chunked(
 
     q, k, v = chunks(q), chunks(k), chunks(v)
     beta = beta.view(nc, C, H).transpose(1, 2)  # [nc, H, C]
-    cum = g.view(nc, C, H).transpose(1, 2).cumsum(-1)  # [nc, H, C]
-    # exp(cum_i - cum_j) below the diagonal, 0 above; exp(-80) is 1.8e-35: the clamp changes no
-    # sum and keeps the CPU's exp on its fast path (`ssd.ssd_scan`'s), the upper half then zeroed
-    decay = (cum[..., :, None] - cum[..., None, :]).clamp_(-80.0, 0.0).exp_().tril_()
+    cum = chunks(g).cumsum(-2)  # [nc, H, C, 1 or K]
     k_beta = k * beta[..., None]
-    system = torch.matmul(k_beta, k.transpose(-1, -2)).mul_(decay)  # its diagonal: unit
-    intra = torch.matmul(q, k.transpose(-1, -2)).mul_(decay)
-    del decay
+    system, intra = decays(q, k, k_beta, cum)
     values = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False,
                                            unitriangular=True)  # fmt: skip
-    k_cumdecay = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None],
-                                               upper=False, unitriangular=True)  # fmt: skip
+    k_cumdecay = torch.linalg.solve_triangular(system, k_beta * cum.exp(), upper=False,
+                                               unitriangular=True)  # fmt: skip
     del system, k_beta
-    q = q * cum.exp()[..., None]
-    k = k * (cum[..., -1:] - cum).exp()[..., None]
-    chunk_decay = cum[..., -1].exp()[..., None, None]  # [nc, H, 1, 1]
+    q = q * cum.exp()
+    k = k * (cum[..., -1:, :] - cum).exp()
+    chunk_decay = cum[..., -1, :].exp()[..., None]  # [nc, H, 1 or K, 1]
     out = torch.empty_like(values)
     starts = None if keep is None else state.new_empty(nc, *state.shape[1:])
     off = 0
@@ -99,8 +123,8 @@ def chunked(
         state[:n] = s * chunk_decay[rows] + torch.matmul(k[rows].transpose(-1, -2), v_new)
         off += n
     if keep is not None:
-        chunks, dst, at = keep
-        dst.index_copy_(0, at, starts.index_select(0, chunks).to(dst.dtype))
+        at_chunks, dst, at = keep
+        dst.index_copy_(0, at, starts.index_select(0, at_chunks).to(dst.dtype))
     return out
 
 

@@ -22,13 +22,15 @@ from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
 from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
 from pagoda.runtime.model.parallel_linear import RowParallelLinear
+from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 
 BAMBA_FINAL_NORM = "model.final_layernorm.weight"  # Bamba's name for `model.norm`
 
 
-class HybridLayer(LlamaLayer):
+class HybridLayer(RecurrentLayer, LlamaLayer):
     """x + mixer(norm(x)), then + mlp(norm(x)), each branch times `residual_multiplier`
-    (Granite's; 1 for Bamba); the mixer a Mamba2 one or attention, by layer."""
+    (Granite's; 1 for Bamba); the mixer a Mamba2 one (`recurrent_layer.RecurrentLayer`) or
+    attention, by layer."""
 
     mixer: Mamba2Mixer | None = None
 
@@ -36,22 +38,18 @@ class HybridLayer(LlamaLayer):
         self, model: GraniteModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
         c = model.config
-        m = c.family.mamba
-        if not m.layers[index]:
-            super().__init__(model, w, prefix, index, ctx)  # attention: Llama's
-        else:
-            self.ctx, self.index = ctx, index
-            self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
-            self.mlp = model.make_mlp(w, prefix, index, ctx)
-            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps, ctx)
         norm = "pre_ff_layernorm" if c.architecture == "bamba" else "post_attention_layernorm"
-        self.mlp_norm = model.read_norm(w, f"{prefix}{norm}.weight")
+        self.mlp_norm_name = f"{norm}.weight"
+        super().__init__(model, w, prefix, index, ctx)
+        if self.mixer is None:  # attention: Llama's
+            self.mlp_norm = model.read_norm(w, prefix + self.mlp_norm_name)
         self.scale = c.family.residual_multiplier
 
-    def linears(self):
-        if self.mixer is None:
-            return super().linears()
-        return [*self.mixer.linears(), *self.mlp.linears()]
+    def make_mixer(
+        self, model: GraniteModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> Mamba2Mixer:
+        c = model.config
+        return Mamba2Mixer(c.family.mamba, w, prefix, index, c.rms_norm_eps, ctx)
 
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step

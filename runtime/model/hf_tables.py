@@ -52,6 +52,7 @@ HF_ARCHITECTURES = {
     "Exaone4ForCausalLM": "exaone4",  # EXAONE 4.0 (model/exaone4.py)
     "SeedOssForCausalLM": "seed_oss",  # Seed-OSS-36B: Llama's with q/k/v biases
     "Ernie4_5ForCausalLM": "ernie4_5",  # ERNIE-4.5-0.3B: interleaved rotary (ernie4_5.py)
+    "BitNetForCausalLM": "bitnet",  # BitNet b1.58: ternary BitLinear, sub-norms (bitnet.py)
     "NanoChatForCausalLM": "nanochat",  # weightless norms, ReLU² MLP, soft cap (nanochat.py)
     "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
@@ -132,6 +133,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "exaone4": {"rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4,
                 "num_key_value_heads": 32,
                 "bos_token_id": 0, "eos_token_id": 2},
+    "bitnet": {  # BitNetConfig's
+        "vocab_size": 128_256, "hidden_size": 2560, "intermediate_size": 6912,
+        "num_hidden_layers": 30, "num_attention_heads": 20, "num_key_value_heads": 5,
+        "hidden_act": "relu2", "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+        "rope_theta": 500_000.0, "bos_token_id": 128_000, "eos_token_id": 128_001,
+    },
     "ministral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
                   "sliding_window": 4096, "rms_norm_eps": 1e-6, "bos_token_id": 1,
                   "eos_token_id": 2},

@@ -1,5 +1,5 @@
 """Jamba (`JambaForCausalLM`: AI21's Jamba-v0.1, Jamba 1.5 / 1.6 / 1.7 Mini and Large): each
-layer x + mixer(norm(x)), then + mlp(pre_ff_layernorm(x)) (configs read in `mamba_config.py`):
+layer x + mixer(norm(x)), then + mlp(pre_ff_layernorm(x)) (configs read in `jamba_config.py`):
 
 - the mixer: attention without rotary (Llama's, softmax scale head_dim ** -0.5) every
   `attn_layer_period`-th layer from `attn_layer_offset`, else a Mamba-1 mixer
@@ -12,49 +12,41 @@ layer x + mixer(norm(x)), then + mlp(pre_ff_layernorm(x)) (configs read in `mamb
 
 The final norm is `model.final_layernorm`. One rank only, 16 or 32 bits: Mamba-1's mixers are
 not split (`distributed/layout.check`), nor run in FP8 (`engine/core.check_dtype`); prefix
-caching is off (Mamba-1's states are not snapshotted: `engine/recurrent.py`).
+caching keeps the attention layers' blocks and the Mamba-1 mixers' state snapshots
+(`mamba1.py`, `engine/recurrent.py`).
 """
 
 from __future__ import annotations
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, LlamaModel, Step
+from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, LlamaModel
 from pagoda.runtime.model.mamba1 import Mamba1Mixer
-from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 
 FINAL_NORM = "model.final_layernorm.weight"  # Jamba's name for `model.norm`
 
 
-class JambaLayer(LlamaLayer):
+class JambaLayer(RecurrentLayer, LlamaLayer):
     """Llama's layer (the residual adds fused into the norms) with the mixer in place of
-    attention on the Mamba layers and the MLP behind `pre_ff_layernorm`."""
+    attention on the Mamba layers (`recurrent_layer.RecurrentLayer`), the MLP behind
+    `pre_ff_layernorm` on both kinds."""
 
     mixer: Mamba1Mixer | None = None
+    mlp_norm_name = "pre_ff_layernorm.weight"
 
     def __init__(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
-        m = model.config.family.mamba
-        if not m.layers[index]:
-            super().__init__(model, w, prefix, index, ctx)  # attention: Llama's, no rotary
-        else:
-            self.ctx, self.index = ctx, index
-            self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
-            self.mlp = model.make_mlp(w, prefix, index, ctx)
-            self.mixer = Mamba1Mixer(m, w, prefix, index, ctx)
-        self.mlp_norm = model.read_norm(w, prefix + "pre_ff_layernorm.weight")
+        super().__init__(model, w, prefix, index, ctx)
+        if self.mixer is None:  # attention: Llama's, no rotary
+            self.mlp_norm = model.read_norm(w, prefix + self.mlp_norm_name)
 
-    def linears(self):
-        if self.mixer is None:
-            return super().linears()
-        return [*self.mixer.linears(), *self.mlp.linears()]
-
-    def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        if self.mixer is None:
-            return super().attention(x, step)
-        return self.mixer(x, step.meta.aux[MAMBA_STEP])
+    def make_mixer(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> Mamba1Mixer:
+        return Mamba1Mixer(model.config.family.mamba, w, prefix, index, ctx)
 
 
 class JambaModel(LlamaModel):

@@ -14,6 +14,7 @@ States and outputs are float32.
 from __future__ import annotations
 
 import torch
+from pagoda.runtime.model import gated_delta
 
 # The most float32 elements of the intra-chunk decay [chunks, H, C, C, K] held at once (256 MiB;
 # a 64-token chunk of 32 heads at key_dim 128 is 2 ** 24 of them, so 4 chunks a group)
@@ -29,11 +30,7 @@ def recurrent_step(
     beta: torch.Tensor,  # [S, H] float32
 ) -> torch.Tensor:
     """One token of each of S sequences: o [S, H, V]; `state` holds the new states."""
-    state.mul_(torch.exp(g)[..., None])
-    kv_mem = torch.matmul(k.unsqueeze(-2), state).squeeze(-2)  # [S, H, V]: k^T S
-    delta = (v - kv_mem) * beta[..., None]
-    state.add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
-    return torch.matmul(q.unsqueeze(-2), state).squeeze(-2)
+    return gated_delta.delta_step(state, torch.exp(g)[..., None], q, k, v, beta)
 
 
 def chunked(
@@ -47,22 +44,19 @@ def chunked(
     counts: list[int],  # sequences with a chunk at each chunk position (`ssd.ScanGroup`)
     keep: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """o [chunks, H, C, V] of the packed rows (`gated_delta.chunked`'s form, the decay
-    per key channel); `state` holds the final states; `keep` as `gated_delta.chunked`'s."""
-    R, H, _ = k.shape
-    nc, C = R // chunk, chunk
+    """o [chunks, H, C, V] of the packed rows (`gated_delta.chunked_form`, the decay per key
+    channel); `state` holds the final states; `keep` as `gated_delta.chunked`'s."""
+    return gated_delta.chunked_form(q, k, v, g, beta, state, chunk, counts, keep, _channel_decays)
 
-    def chunks(t: torch.Tensor) -> torch.Tensor:  # [R, H, D] -> [nc, H, C, D]
-        return t.view(nc, C, H, -1).transpose(1, 2)
 
-    q, k, v = chunks(q), chunks(k), chunks(v)
-    beta = beta.view(nc, C, H).transpose(1, 2)  # [nc, H, C]
-    cum = chunks(g).cumsum(-2)  # [nc, H, C, K]
+def _channel_decays(q, k, k_beta, cum) -> tuple[torch.Tensor, torch.Tensor]:
+    """The triangular system and the intra-chunk scores [nc, H, C, C] with a decay per key
+    channel (`cum` [nc, H, C, K]): the [C, C, K] decay per head and chunk, in groups of chunks
+    of at most `DECAY_ELEMENTS`."""
+    nc, H, C, K = cum.shape
     tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    k_beta = k * beta[..., None]
     system, intra = q.new_empty(nc, H, C, C), q.new_empty(nc, H, C, C)
-    # the [C, C, K] decay per head and chunk, in groups of chunks of at most DECAY_ELEMENTS
-    step = max(1, DECAY_ELEMENTS // (H * C * C * k.shape[-1]))
+    step = max(1, DECAY_ELEMENTS // (H * C * C * K))
     for a in range(0, nc, step):
         at = slice(a, a + step)
         c = cum[at]
@@ -72,31 +66,7 @@ def chunked(
         system[at] = torch.einsum("nhik,nhjk,nhijk->nhij", k_beta[at], k[at], decay)
         intra[at] = torch.einsum("nhik,nhjk,nhijk->nhij", q[at], k[at], decay)
         del decay
-    system = system.tril_(-1) + torch.eye(C, device=q.device)
-    values = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False,
-                                           unitriangular=True)  # fmt: skip
-    k_cumdecay = torch.linalg.solve_triangular(system, k_beta * cum.exp(), upper=False,
-                                               unitriangular=True)  # fmt: skip
-    del system, k_beta
-    q = q * cum.exp()
-    k = k * (cum[..., -1:, :] - cum).exp()
-    chunk_decay = cum[..., -1, :].exp()[..., None]  # [nc, H, K, 1]
-    out = torch.empty_like(values)
-    starts = None if keep is None else state.new_empty(nc, *state.shape[1:])
-    off = 0
-    for n in counts:  # the recurrence over chunk positions, all sequences at once
-        rows = slice(off, off + n)
-        s = state[:n]
-        if starts is not None:
-            starts[rows] = s
-        v_new = values[rows] - torch.matmul(k_cumdecay[rows], s)
-        out[rows] = torch.matmul(q[rows], s) + torch.matmul(intra[rows], v_new)
-        state[:n] = s * chunk_decay[rows] + torch.matmul(k[rows].transpose(-1, -2), v_new)
-        off += n
-    if keep is not None:
-        at_chunks, dst, at = keep
-        dst.index_copy_(0, at, starts.index_select(0, at_chunks).to(dst.dtype))
-    return out
+    return system, intra
 
 
 def prefill_bytes(tokens: int, heads: int, key_dim: int, value_dim: int, chunk: int) -> int:

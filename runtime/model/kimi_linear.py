@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.model import kda
 from pagoda.runtime.model.deepseek import DeepseekLayer, DeepseekModel
+from pagoda.runtime.model.delta_rule_config import conv_names
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.kimi_linear_config import conv_names
-from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
-from pagoda.runtime.model.mamba2 import MAMBA_STEP
+from pagoda.runtime.model.llama import LayerContext, LlamaModel
 from pagoda.runtime.model.qwen3_next import GatedDeltaNet
+from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 
@@ -78,35 +78,27 @@ class KimiDeltaAttention(GatedDeltaNet):
         return y.to(dtype).view(t, -1)
 
 
-class KimiLinearLayer(DeepseekLayer):
-    """DeepSeek's layer with NoPE latent attention, or KDA in its place (module docstring)."""
+class KimiLinearLayer(RecurrentLayer, DeepseekLayer):
+    """DeepSeek's layer with NoPE latent attention, or KDA in its place (module docstring;
+    `recurrent_layer.RecurrentLayer`)."""
 
-    kda: KimiDeltaAttention | None = None
+    mixer: KimiDeltaAttention | None = None
 
     def __init__(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
-        c = model.config
-        m = c.family.mamba
-        if not m.layers[index]:
-            super().__init__(model, w, prefix, index, ctx)
+        super().__init__(model, w, prefix, index, ctx)
+        if self.mixer is None:
             self.rope, self.interleaved = None, False  # NoPE
-            return
-        self.ctx, self.index = ctx, index
-        self.attn_norm = w[prefix + "input_layernorm.weight"]
-        self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
-        self.mlp = model.make_mlp(w, prefix, index, ctx)
-        self.kda = KimiDeltaAttention(m, w, prefix, index, c.rms_norm_eps, ctx)
 
-    def linears(self):
-        if self.kda is None:
-            return super().linears()
-        return [*self.kda.linears(), *self.mlp.linears()]
+    def read_layer_norm(self, model: LlamaModel, w: DeviceWeights, name: str) -> torch.Tensor:
+        return w[name]  # as stored, as DeepSeek's layer reads its norms
 
-    def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        if self.kda is None:
-            return super().attention(x, step)
-        return self.kda(x, step.meta.aux[MAMBA_STEP])
+    def make_mixer(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> KimiDeltaAttention:
+        c = model.config
+        return KimiDeltaAttention(c.family.mamba, w, prefix, index, c.rms_norm_eps, ctx)
 
 
 class KimiLinearModel(DeepseekModel):

@@ -23,6 +23,8 @@ from typing import Any
 
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import deepseek_config
+from pagoda.runtime.model.delta_rule_config import check_conv as check_conv_parts
+from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"KimiLinearForCausalLM": "kimi_linear"}
@@ -41,8 +43,6 @@ DEFAULTS = {
                     "first_k_dense_replace": 1},
 }  # fmt: skip
 _LINEAR, _FULL = "linear_attention", "full_attention"
-CHUNK = 64
-CONV_PARTS = ("q_conv1d", "k_conv1d", "v_conv1d")
 _EXPERT = re.compile(r"(\.experts\.\d+\.)(w[123])\.")
 _W = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 
@@ -84,18 +84,16 @@ def overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
+    """The KDA layers as recurrent layers: H heads of K, one key head per value head."""
     heads, dim = _linear(cfg, "num_heads", "linear_num_heads"), _linear(cfg, "head_dim",
                                                                         "linear_head_dim")  # fmt: skip
-    return MambaConfig(
-        layers=tuple(t == _LINEAR for t in layer_types(cfg, n)),
-        n_heads=heads,
-        head_dim=dim,
-        d_state=dim,
-        n_groups=heads,
+    return delta_rule_mamba(
+        (t == _LINEAR for t in layer_types(cfg, n)),
+        v_heads=heads,
+        v_dim=dim,
+        k_heads=heads,
+        k_dim=dim,
         d_conv=_linear(cfg, "short_conv_kernel_size", "linear_conv_kernel_dim"),
-        chunk_size=CHUNK,
-        conv_bias=False,
-        ssm_float32=True,
         mixer="kda",
     )
 
@@ -126,14 +124,6 @@ def rename_mlps(weights) -> None:
             weights.rename(name, new)
 
 
-def conv_names(p: str, names) -> list[str]:
-    """A KDA layer's conv (`p`: its `self_attn.`): one tensor (transformers' own form) or the
-    published three parts (q's, k's, v's rows, concatenated at load)."""
-    if p + "conv1d.weight" in names:
-        return [p + "conv1d.weight"]
-    return [f"{p}{part}.weight" for part in CONV_PARTS]
-
-
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s KDA tensors (its conv: `check_conv`); nothing for a latent attention layer
     (`checkpoint_check`'s DeepSeek shapes)."""
@@ -149,19 +139,6 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def check_conv(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
-    """Every KDA layer's conv: [3 H K, 1, kernel] in all, whole or in parts (`conv_names`);
-    ValueError, one line, naming the first missing or misshapen."""
-    m = c.family.mamba
-    for i in range(c.num_layers):
-        if not m.layers[i]:
-            continue
-        names = conv_names(f"model.layers.{i}.self_attn.", headers)
-        for name in names:
-            if name not in headers:
-                raise ValueError(f"checkpoint is missing tensor {name!r}")
-        shapes = [tuple(headers[n][1]) for n in names]
-        if any(s[1:] != (1, m.d_conv) for s in shapes) or sum(s[0] for s in shapes) != m.conv_dim:
-            raise ValueError(f"checkpoint tensors {', '.join(names)} are "
-                             f"{' + '.join(str(list(s)) for s in shapes)}; config.json needs "
-                             f"{[m.conv_dim, 1, m.d_conv]} in all (q, k and v channels, "
-                             f"short_conv_kernel_size {m.d_conv})")  # fmt: skip
+    """Every KDA layer's conv, [3 H K, 1, kernel] in all, whole or in parts
+    (`delta_rule_config.check_conv`)."""
+    check_conv_parts(c, headers, "self_attn.", "short_conv_kernel_size")

@@ -15,7 +15,9 @@ layout come as the Mamba2 layers' do (`mamba2.MambaStep`): the decode rows one b
 step over their slots, the prefill chunks one conv over each sequence's state and tokens
 (`ssd.pack`'s conv segments), so a prompt split over steps computes what one pass would.
 LFM2-MoE (`Lfm2MoeForCausalLM`) is this model with `moe.SparseMoE` experts after its first
-dense layers (`lfm2_config.py`). Prefix caching is off for it (`engine/recurrent.py`); tensor parallelism is refused
+dense layers (`lfm2_config.py`). Prefix caching keeps snapshots of the conv states every block
+(`engine/recurrent.py`: a boundary's state is the inputs before it, saved from the conv
+segments inside a chunk, from the slot at a chunk's end); tensor parallelism is refused
 (`distributed/layout.py`).
 """
 
@@ -23,10 +25,11 @@ from __future__ import annotations
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
-from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv
+from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, linear_layer
+from pagoda.runtime.model.mamba2 import MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.qwen3 import Qwen3Layer
+from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 
@@ -55,6 +58,7 @@ class ShortConv:
             out[:nd] = self._decode(conv, bx[:nd], step)
         if step.prefill is not None:
             out[nd:] = self._prefill(conv, bx[nd:], step)
+        save_chunk_ends(step, self.index)  # prefix caching: boundaries at a chunk's end
         return self.out_proj(C * out)
 
     def _decode(self, conv: torch.Tensor, bx: torch.Tensor, step: MambaStep) -> torch.Tensor:
@@ -75,44 +79,23 @@ class ShortConv:
 
     def _prefill(self, conv: torch.Tensor, bx: torch.Tensor, step: MambaStep) -> torch.Tensor:
         """The prefill chunks in one conv over each sequence's segment (its conv state, then
-        its tokens: `ssd.pack`), the new states (each segment's last inputs) to their slots."""
-        return packed_conv(conv, bx, step.prefill, self.weight, self.bias)
+        its tokens: `ssd.pack`), the new states (each segment's last inputs) to their slots;
+        the inputs before prefix caching's boundaries inside the chunks to their snapshots."""
+        pre = step.prefill
+        snap = None if pre.snap_conv_rows is None else step.snaps[self.index][0]
+        return packed_conv(conv, bx, pre, self.weight, self.bias, snap)
 
 
-class Lfm2Layer(Qwen3Layer):
-    """Attention (Qwen3's) or a short conv, then the MLP; the residual adds fused into the
-    norms, as Llama's."""
+class Lfm2Layer(RecurrentLayer, Qwen3Layer):
+    """Attention (Qwen3's) or a short conv, then the MLP (`recurrent_layer.RecurrentLayer`);
+    the residual adds fused into the norms, as Llama's."""
 
-    conv: ShortConv | None = None
+    mixer: ShortConv | None = None
 
-    def __init__(
+    def make_mixer(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
-    ) -> None:
-        m = model.config.family.mamba
-        if not m.layers[index]:
-            super().__init__(model, w, prefix, index, ctx)
-            return
-        self.ctx, self.index = ctx, index
-        self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
-        self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
-        self.mlp = model.make_mlp(w, prefix, index, ctx)
-        self.conv = ShortConv(m, w, prefix, index, ctx)
-
-    def linears(self):
-        if self.conv is None:
-            return super().linears()
-        return [*self.conv.linears(), *self.mlp.linears()]
-
-    def __call__(
-        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.conv is None:
-            return super().__call__(h, residual, step)
-        x, residual = self.attention_input(h, residual)
-        h = self.conv(x, step.meta.aux[MAMBA_STEP])
-        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
-                                        residual=residual)  # fmt: skip
-        return self.mlp(x), residual
+    ) -> ShortConv:
+        return ShortConv(model.config.family.mamba, w, prefix, index, ctx)
 
 
 class Lfm2Model(LlamaModel):

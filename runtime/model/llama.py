@@ -46,6 +46,7 @@ from pagoda.runtime.model.ops import (
     gather_cos_sin,
     gelu_and_mul,
     gelu_tanh_and_mul,
+    relu2_and_mul,
     rotary_interleaved,
 )
 from pagoda.runtime.model.parallel_linear import (
@@ -321,8 +322,10 @@ class LlamaModel:
         heads, kv_heads = c.num_heads, c.num_kv_heads
         if tp is not None:  # this rank's (layout.py: KV heads replicated when fewer than ranks)
             heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
-        # the config's hidden_act: SwiGLU, or GeGLU (Gemma's, and any family's that names it)
-        gelu = {"gelu_tanh": gelu_tanh_and_mul, "gelu": gelu_and_mul}.get(c.family.hidden_act)
+        # the config's hidden_act: SwiGLU, or GeGLU (Gemma's, and any family's that names it),
+        # or relu² (BitNet's)
+        acts = {"gelu_tanh": gelu_tanh_and_mul, "gelu": gelu_and_mul, "relu2": relu2_and_mul}
+        gelu = acts.get(c.family.hidden_act)
         norm = self.rms_norm_16bit if self.dtype != torch.float32 else None
         return LayerContext(
             ops=self.ops, backend=self.backend, rms_norm=norm or self.ops.rms_norm,

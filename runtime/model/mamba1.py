@@ -1,6 +1,6 @@
 """Mamba-1 (`MambaForCausalLM`: state-spaces/mamba-130m to 2.8b; `FalconMambaForCausalLM`:
 Falcon-Mamba-7B): each layer ``x + mixer(norm(x))``, no attention, no MLP (configs read in
-`mamba_config.py`, `MambaConfig.mixer` "mamba1"). Jamba's Mamba layers run the mixer here too
+`mamba1_config.py`, `MambaConfig.mixer` "mamba1"). Jamba's Mamba layers run the mixer here too
 (`jamba.py`).
 
 The mixer (transformers' `MambaMixer`): in_proj gives x and the gate z (d_inner each); x goes
@@ -25,6 +25,12 @@ step's longest chunk, vectorised over its sequences and channels (the decays exp
 inputs dt B x of a block of rows computed at once, `BLOCK_ELEMENTS` float32 each). No
 per-sequence loop, no host sync; the per-position loop is the cost of a selective scan without
 a kernel of its own (`benchmarks/recurrent_families.py`, docs/runtime.md).
+
+Prefix caching (`core/state_snapshots.py`): the scan passes through every sequence's state at
+every token, so snapshot boundaries fall every block (`MambaConfig.snapshot_chunk` 1): one
+inside a prefill chunk saves the state before its position from the scan's loop (the
+positions that have one planned on the host: `ScanGroup.snap_runs`) and the conv inputs
+before it (`packed_conv`); one at a chunk's end, the states left in the slot.
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
-from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, conv_step, packed_conv
+from pagoda.runtime.model.mamba2 import (
+    MAMBA_STEP,
+    MambaStep,
+    conv_step,
+    packed_conv,
+    save_chunk_ends,
+)
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 BLOCK_ELEMENTS = 1 << 22  # the prefill scan's decays and inputs [rows, D, N] computed per block
@@ -85,9 +97,11 @@ class Mamba1Mixer:
             c[:nd], new = conv_step(self._slots(conv, step, nd), x[:nd], self.conv_weight,
                                     self.conv_bias)  # fmt: skip
             self._write(conv, step, nd, new)
-        if step.prefill is not None:
-            c[nd:] = F.silu(packed_conv(conv, x[nd:], step.prefill, self.conv_weight,
-                                        self.conv_bias))  # fmt: skip
+        pre = step.prefill
+        if pre is not None:  # (with the conv inputs before snapshot boundaries inside chunks)
+            snap = None if pre.snap_conv_rows is None else step.snaps[self.index][0]
+            c[nd:] = F.silu(packed_conv(conv, x[nd:], pre, self.conv_weight, self.conv_bias,
+                                        snap))  # fmt: skip
         dt, B, C = self.x_proj(c).split([m.dt_rank, m.d_state, m.d_state], dim=-1)
         if m.bcdt_eps is not None:  # Falcon-Mamba's weightless norms, Jamba's weighted
             dt, B, C = (_rms(t, m.bcdt_eps) for t in (dt, B, C))
@@ -103,6 +117,7 @@ class Mamba1Mixer:
                 self._write(ssm, step, nd, state.view(nd, 1, m.d_inner, m.d_state))
         if step.prefill is not None:
             y[nd:] = self._scan(ssm, xf[nd:], dt[nd:], B[nd:], C[nd:], step)
+        save_chunk_ends(step, self.index)  # prefix caching: boundaries at a chunk's end
         y = (y + xf * self.D) * F.silu(z.float())
         return self.out_proj(y.to(h.dtype))
 
@@ -122,11 +137,14 @@ class Mamba1Mixer:
     def _scan(self, ssm, x, dt, B, C, step: MambaStep) -> torch.Tensor:
         """The prefill chunks' selective scan, position by position over the position-major
         layout (module docstring), each sequence from its slot's state; the final states back
-        to their slots."""
+        to their slots. Prefix caching's boundaries inside the chunks: the states before the
+        positions they fall on copied to their snapshot entries (`ScanGroup.snap_runs`)."""
         m, pre = self.m, step.prefill
         g = pre.groups[0]  # (chunks of one token: one group, its rows the positions' runs)
         n_seq = pre.slots.shape[0]
         state = ssm.index_select(0, pre.slots).float().view(n_seq, m.d_inner, m.d_state)
+        runs = g.snap_runs or {}
+        snap = step.snaps[self.index][1] if runs else None
         rows = g.rows.shape[0]
         xp, dtp, Bp, Cp = (t.new_empty(rows, t.shape[1]).index_copy_(0, g.rows, t.index_select(
             0, g.tokens)) for t in (x, dt, B, C))  # fmt: skip
@@ -135,6 +153,10 @@ class Mamba1Mixer:
         per_block = max(1, BLOCK_ELEMENTS // (m.d_inner * m.d_state))
         off = lo = hi = 0  # rows [lo, hi): their decays and inputs computed
         for n in g.counts:  # the sequences still running at this position: the first n
+            if off in runs:  # boundaries here: the states before this position saved
+                a, b = runs[off]
+                keep = state.index_select(0, g.snap_chunks[a:b] - off)
+                snap.index_copy_(0, g.snap_entries[a:b], keep.unsqueeze(1).to(snap.dtype))
             if off + n > hi:  # the next rows' decays and inputs, a block of rows at once
                 lo, hi = off, min(rows, off + max(n, per_block))
                 dA = torch.exp(dtp[lo:hi, :, None] * self.A)

@@ -63,8 +63,11 @@ class ScanGroup:
     chunk_of: torch.Tensor  # int64 [Tg]
     in_chunk: torch.Tensor  # int64 [Tg]
     # prefix caching: the packed chunks whose start states are saved, into these entries
+    # (sorted by chunk); on the host, the chunk positions they fall in: the first packed chunk
+    # of each such position -> their slice of the two (Mamba-1's scan, position by position)
     snap_chunks: torch.Tensor | None = None
     snap_entries: torch.Tensor | None = None
+    snap_runs: dict[int, tuple[int, int]] | None = None
 
 
 @dataclass
@@ -99,6 +102,17 @@ class MambaStep:
     # on a step that saves some; (slots, entries) whose state is saved after the layer's step
     snaps: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
     save_end: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def save_chunk_ends(step: MambaStep, index: int) -> None:
+    """Prefix caching: layer `index`'s states left in the slots of the sequences whose chunk
+    ends on a snapshot boundary (`step.save_end`), copied to their entries (Mamba-1's and the
+    short conv's; an empty SSM state copies nothing)."""
+    if step.save_end is None:
+        return
+    slots, entries = step.save_end
+    for state, snap in zip(step.states[index], step.snaps[index], strict=True):
+        snap.index_copy_(0, entries, state.index_select(0, slots))
 
 
 def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:

@@ -1,6 +1,6 @@
 """Nemotron-H (`NemotronHForCausalLM`: Nemotron-H 4B/8B/47B/56B, NVIDIA-Nemotron-Nano-9B-v2):
 a stack of single blocks, each ``x + mixer(norm(x))`` with one norm, the mixer per layer
-(`recurrent_configs.MambaConfig`, read in `mamba_config.py`):
+(`recurrent_configs.MambaConfig`, read in `nemotron_h_config.py`):
 
 - a Mamba2 mixer (`mamba2.Mamba2Mixer`; its SSM state kept in float32, as the model's
   `mamba_ssm_cache_dtype` says), or
@@ -12,7 +12,7 @@ a stack of single blocks, each ``x + mixer(norm(x))`` with one norm, the mixer p
 
 The RMSNorm scales the float32 rows by the weight and rounds once (`ops.gemma_rms_norm` with
 the weight in float32, as Gemma's and OLMo 2's). The checkpoint's `backbone.` names are read as
-Llama's (`mamba_config.nemotron_name`).
+Llama's (`nemotron_h_config.nemotron_name`).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class NemotronHModel(LlamaModel):
 
 
 class Mamba2Model(LlamaModel):
-    """Mamba2ForCausalLM (`mamba_config.py`): Nemotron-H's Mamba blocks in every layer, each
+    """Mamba2ForCausalLM (`mamba2_config.py`): Nemotron-H's Mamba blocks in every layer, each
     ``x + mixer(norm(x))``; Llama's RMSNorm (transformers' `Mamba2RMSNorm`)."""
 
     layer_class = NemotronHLayer

@@ -20,12 +20,12 @@ attention layers as OLMo 2's); FP8 is refused (`engine/core.check_dtype`).
 from __future__ import annotations
 
 import torch
+from pagoda.runtime.model.delta_rule_config import conv_names
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
-from pagoda.runtime.model.mamba2 import MAMBA_STEP
+from pagoda.runtime.model.llama import LayerContext, LlamaModel
 from pagoda.runtime.model.olmo2 import Olmo2Layer, Olmo2Model
-from pagoda.runtime.model.olmo_hybrid_config import conv_names
 from pagoda.runtime.model.qwen3_next import GatedDeltaNet
+from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 O_NORM_EPS = 1e-5  # FLA's FusedRMSNormGated default, which transformers keeps
@@ -44,40 +44,17 @@ class OlmoGatedDeltaNet(GatedDeltaNet):
         return torch.cat([w[n] for n in conv_names(p, w)])
 
 
-class OlmoHybridLayer(Olmo2Layer):
-    """OLMo 2's attention layer, or a pre-norm Gated DeltaNet layer then the MLP; the residual
-    adds fused into the norms as Llama's (the two kinds hand the stream on alike)."""
+class OlmoHybridLayer(RecurrentLayer, Olmo2Layer):
+    """OLMo 2's attention layer, or a pre-norm Gated DeltaNet layer then the MLP
+    (`recurrent_layer.RecurrentLayer`); the residual adds fused into the norms as Llama's (the
+    two kinds hand the stream on alike)."""
 
-    linear_attn: OlmoGatedDeltaNet | None = None
+    mixer: OlmoGatedDeltaNet | None = None
 
-    def __init__(
+    def make_mixer(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
-    ) -> None:
-        m = model.config.family.mamba
-        if not m.layers[index]:
-            super().__init__(model, w, prefix, index, ctx)
-            return
-        self.ctx, self.index = ctx, index
-        self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
-        self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
-        self.mlp = model.make_mlp(w, prefix, index, ctx)
-        self.linear_attn = OlmoGatedDeltaNet(m, w, prefix, index, O_NORM_EPS, ctx)
-
-    def linears(self):
-        if self.linear_attn is None:
-            return super().linears()
-        return [*self.linear_attn.linears(), *self.mlp.linears()]
-
-    def __call__(
-        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.linear_attn is None:
-            return super().__call__(h, residual, step)
-        x, residual = self.attention_input(h, residual)
-        h = self.linear_attn(x, step.meta.aux[MAMBA_STEP])
-        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
-                                        residual=residual)  # fmt: skip
-        return self.mlp(x), residual
+    ) -> OlmoGatedDeltaNet:
+        return OlmoGatedDeltaNet(model.config.family.mamba, w, prefix, index, O_NORM_EPS, ctx)
 
 
 class OlmoHybridModel(Olmo2Model):

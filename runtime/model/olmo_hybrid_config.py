@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model.qwen3_next_config import CHUNK
+from pagoda.runtime.model.delta_rule_config import check_conv as check_conv_parts
+from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
 from pagoda.runtime.model.qwen3_next_config import layer_types as _checked_types
 from pagoda.runtime.recurrent_configs import MambaConfig
 
@@ -36,10 +37,9 @@ DEFAULTS = {
 }  # fmt: skip
 _LINEAR_ATTN, _ATTENTION = "linear_attention", "full_attention"
 # the published checkpoints' names (OLMo-core's), read as transformers' conversion mapping
-# reads them: the DeltaNet layers' norms, and their conv in three parts, q's, k's, v's
+# reads them: the DeltaNet layers' norms (their conv in three parts: `delta_rule_config`)
 _NORMS = {".attention_layer_norm.": ".input_layernorm.",
           ".feedforward_layer_norm.": ".post_attention_layernorm."}  # fmt: skip
-CONV_PARTS = ("q_conv1d", "k_conv1d", "v_conv1d")
 
 
 def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
@@ -68,17 +68,13 @@ def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
     heads = int(cfg["num_attention_heads"])
     k_heads = int(cfg.get("linear_num_key_heads") or heads)
     k_dim = int(cfg.get("linear_key_head_dim") or int(0.75 * int(cfg["hidden_size"]) / k_heads))
-    return MambaConfig(
-        layers=tuple(t == _LINEAR_ATTN for t in layer_types(cfg, n)),
-        n_heads=int(cfg.get("linear_num_value_heads") or heads),
-        head_dim=int(cfg.get("linear_value_head_dim") or 2 * k_dim),
-        d_state=k_dim,
-        n_groups=k_heads,
+    return delta_rule_mamba(
+        (t == _LINEAR_ATTN for t in layer_types(cfg, n)),
+        v_heads=int(cfg.get("linear_num_value_heads") or heads),
+        v_dim=int(cfg.get("linear_value_head_dim") or 2 * k_dim),
+        k_heads=k_heads,
+        k_dim=k_dim,
         d_conv=int(cfg["linear_conv_kernel_dim"]),
-        chunk_size=CHUNK,
-        conv_bias=False,
-        ssm_float32=True,
-        mixer="gated_deltanet",
         allow_neg_eigval=bool(cfg["linear_allow_neg_eigval"]),
     )
 
@@ -118,28 +114,6 @@ def rename_norms(weights) -> None:
                 weights.rename(name, name.replace(old, new))
 
 
-def conv_names(p: str, names) -> list[str]:
-    """A DeltaNet layer's conv (`p`: its `linear_attn.`): one tensor, or the published three
-    parts (q's, k's, v's rows, concatenated at load as transformers does)."""
-    if p + "conv1d.weight" in names:
-        return [p + "conv1d.weight"]
-    return [f"{p}{part}.weight" for part in CONV_PARTS]
-
-
 def check_conv(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
-    """Every DeltaNet layer's conv: [q k v channels, 1, kernel] in all, whole or in parts
-    (`conv_names`); ValueError, one line, naming the first missing or misshapen."""
-    m = c.family.mamba
-    for i in range(c.num_layers):
-        if not m.layers[i]:
-            continue
-        names = conv_names(f"model.layers.{i}.linear_attn.", headers)
-        for name in names:
-            if name not in headers:
-                raise ValueError(f"checkpoint is missing tensor {name!r}")
-        shapes = [tuple(headers[n][1]) for n in names]
-        if any(s[1:] != (1, m.d_conv) for s in shapes) or sum(s[0] for s in shapes) != m.conv_dim:
-            raise ValueError(f"checkpoint tensors {', '.join(names)} are "
-                             f"{' + '.join(str(list(s)) for s in shapes)}; config.json needs "
-                             f"{[m.conv_dim, 1, m.d_conv]} in all (q, k and v channels, "
-                             f"linear_conv_kernel_dim {m.d_conv})")  # fmt: skip
+    """Every DeltaNet layer's conv, whole or in parts (`delta_rule_config.check_conv`)."""
+    check_conv_parts(c, headers, "linear_attn.", "linear_conv_kernel_dim")

@@ -140,6 +140,13 @@ def gelu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
     return torch.mul(F.gelu(gate), up)
 
 
+def relu2_and_mul(*, x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] → relu(x[:, :I])² * x[:, I:] (transformers' ReLUSquaredActivation gating up:
+    BitNet's MLP), in the model's dtype."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.mul(F.relu(gate).square(), up)
+
+
 @dataclass(frozen=True)
 class Ops:
     rms_norm: Callable[..., Any]

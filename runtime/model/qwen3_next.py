@@ -39,13 +39,14 @@ import torch.nn.functional as F
 from pagoda.runtime.model import gated_delta, mamba_shard
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.gemma2 import Gemma2Model
-from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
-from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, conv_step, packed_conv
+from pagoda.runtime.model.llama import LayerContext, LlamaModel
+from pagoda.runtime.model.mamba2 import MambaStep, conv_step, packed_conv
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import gemma_rms_norm
 from pagoda.runtime.model.parallel_linear import row_linear
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model.qwen3_next_config import STACKED
+from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 
@@ -195,28 +196,22 @@ class GatedDeltaNet:
         return y.to(dtype).view(t, -1)
 
 
-class Qwen3NextLayer(Qwen3Layer):
-    """Gated attention or a Gated DeltaNet layer, then the MLP; the residual adds fused into
-    the norms, as Llama's."""
+class Qwen3NextLayer(RecurrentLayer, Qwen3Layer):
+    """Gated attention or a Gated DeltaNet layer, then the MLP (`recurrent_layer.RecurrentLayer`);
+    the residual adds fused into the norms, as Llama's."""
 
-    linear_attn: GatedDeltaNet | None = None
+    mixer: GatedDeltaNet | None = None
 
     def __init__(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
-        c = model.config
-        m = c.family.mamba
-        if m.layers[index]:
-            self.ctx, self.index = ctx, index
-            self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
-            self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
-            self.mlp = model.make_mlp(w, prefix, index, ctx)
-            self.linear_attn = GatedDeltaNet(m, w, prefix, index, c.rms_norm_eps, ctx)
-            return
         super().__init__(model, w, prefix, index, ctx)
+        if self.mixer is not None:
+            return
         # q_proj [heads * 2 * head_dim]: each head's query, then its gate; read as one matrix
         # [q, k, v, gate] (the Llama layer's [q, k, v] replaced); with tensor parallelism this
         # rank's query heads and KV heads (`layout.heads`, `kv_heads`)
+        c = model.config
         a, d = prefix + "self_attn.", c.head_dim
         q, gate = w[a + "q_proj.weight"].view(c.num_heads, 2, d, -1).unbind(1)
         k, v = w[a + "k_proj.weight"], w[a + "v_proj.weight"]
@@ -228,10 +223,11 @@ class Qwen3NextLayer(Qwen3Layer):
         self.qkv = ctx.linear(torch.cat(qkvg))
         self._gate: torch.Tensor | None = None
 
-    def linears(self):
-        if self.linear_attn is None:
-            return super().linears()
-        return [*self.linear_attn.linears(), *self.mlp.linears()]
+    def make_mixer(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> GatedDeltaNet:
+        c = model.config
+        return GatedDeltaNet(c.family.mamba, w, prefix, index, c.rms_norm_eps, ctx)
 
     def qkv_heads(self, x: torch.Tensor):
         ctx = self.ctx
@@ -243,17 +239,6 @@ class Qwen3NextLayer(Qwen3Layer):
     def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         gate, self._gate = self._gate, None
         return out * torch.sigmoid(gate)
-
-    def __call__(
-        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.linear_attn is None:
-            return super().__call__(h, residual, step)
-        x, residual = self.attention_input(h, residual)
-        h = self.linear_attn(x, step.meta.aux[MAMBA_STEP])
-        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
-                                        residual=residual)  # fmt: skip
-        return self.mlp(x), residual
 
 
 class Qwen3NextModel(LlamaModel):

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {
@@ -64,7 +65,6 @@ DEFAULTS = {
                     "num_experts": 256},
 }  # fmt: skip
 _LINEAR_ATTN, _ATTENTION = "linear_attention", "full_attention"
-CHUNK = 64  # the chunked delta rule's chunk (transformers' and FLA's)
 # the published Qwen3.5-MoE checkpoints' stacked experts: gate and up [E, 2N, hidden] (gate
 # first), down [E, hidden, N]; listed with a `.weight` (`stacked_experts`)
 STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
@@ -101,17 +101,13 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 
 def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
     """The Gated DeltaNet layers as recurrent layers (module docstring)."""
-    return MambaConfig(
-        layers=tuple(t == _LINEAR_ATTN for t in layer_types(cfg, n)),
-        n_heads=int(cfg["linear_num_value_heads"]),
-        head_dim=int(cfg["linear_value_head_dim"]),
-        d_state=int(cfg["linear_key_head_dim"]),
-        n_groups=int(cfg["linear_num_key_heads"]),
+    return delta_rule_mamba(
+        (t == _LINEAR_ATTN for t in layer_types(cfg, n)),
+        v_heads=int(cfg["linear_num_value_heads"]),
+        v_dim=int(cfg["linear_value_head_dim"]),
+        k_heads=int(cfg["linear_num_key_heads"]),
+        k_dim=int(cfg["linear_key_head_dim"]),
         d_conv=int(cfg["linear_conv_kernel_dim"]),
-        chunk_size=CHUNK,
-        conv_bias=False,
-        ssm_float32=True,
-        mixer="gated_deltanet",
         attn_output_gate=True,
     )
 

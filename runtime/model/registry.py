@@ -52,6 +52,7 @@ MODEL_CLASSES = {
     "seed_oss": ("llama", "LlamaModel"),  # Llama's, q/k/v (and o) biases
     "ernie4_5": ("ernie4_5", "Ernie4_5Model"),  # interleaved rotary in float32
     "arcee": ("ungated_mlp", "ArceeModel"),  # ReLU² MLP, no gate
+    "bitnet": ("bitnet", "BitNetModel"),  # ternary BitLinear projections, sub-norms
     "nanochat": ("nanochat", "NanoChatModel"),  # weightless norms, ReLU² MLP, soft cap
     "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms

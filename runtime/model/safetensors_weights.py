@@ -115,8 +115,8 @@ _NAMES = re.compile(r"(?<![\w./])(?:model\.[\w.]*\w|lm_head\.\w+)")
 def _text_name(stored: str) -> str | None:
     if stored.startswith(_SKIP) or stored.endswith(_BUFFERS):
         return None
-    if stored.startswith("backbone."):  # Nemotron-H's names (model/mamba_config.py)
-        from pagoda.runtime.model.mamba_config import nemotron_name
+    if stored.startswith("backbone."):  # Nemotron-H's names (model/nemotron_h_config.py)
+        from pagoda.runtime.model.nemotron_h_config import nemotron_name
 
         return nemotron_name(stored)
     for old, new in _PREFIXES:

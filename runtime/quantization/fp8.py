@@ -127,10 +127,13 @@ def scheme_from_hf_config(hf_config: Mapping) -> Fp8Scheme | None:
         return _compressed_tensors_scheme(qc)
     if method == "mxfp4" and _architectures(hf_config) & {"GptOssForCausalLM"}:
         return None  # gpt-oss's MXFP4 experts: dequantized at load (model/mxfp4.py)
+    if method == "bitnet" and _architectures(hf_config) & {"BitNetForCausalLM"}:
+        return None  # BitNet's ternary layers (model/bitnet_config.py reads the rest)
     raise ValueError(
         f"checkpoint quantization {method!r} is not supported: Pagoda loads FP8 checkpoints "
-        "(quant_method 'fp8', 'fbgemm_fp8' or 'compressed-tensors' with 8-bit float weights) "
-        "and gpt-oss's 'mxfp4' experts, and quantizes 16-bit ones with --quantization fp8"
+        "(quant_method 'fp8', 'fbgemm_fp8' or 'compressed-tensors' with 8-bit float weights), "
+        "gpt-oss's 'mxfp4' experts and BitNet's 'bitnet' layers, and quantizes 16-bit ones "
+        "with --quantization fp8"
     )
 
 

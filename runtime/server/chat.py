@@ -186,15 +186,19 @@ class ChatEndpoint(Endpoint):
             split = job.reasoning_streams[i] = reasoning.new_stream(
                 self.reasoning_parser, job.reasoning, _calls(job))  # fmt: skip
             thought, answer = reasoning.split(text, split)
+        calls = []
+        if job.tools is not None and answer is not None:  # calls are read from the answer only
+            # no calls: the parser's content all the same (gpt-oss's: without the normalized
+            # text of a call it dropped, as the stream sends none)
+            parsed, calls = job.tools.parser.parse(answer, job.tools.parallel)
+            answer = parsed if answer else answer  # (an empty reply's content stays "")
         # the echo comes first in content even when the reply is all thinking (as streamed)
         content = job.echo_text + (answer or "") if job.echo_text else answer
         message: dict[str, Any] = {"role": job.role, "content": content}
-        if job.tools is not None and answer is not None:  # calls are read from the answer only
-            parsed, calls = job.tools.parser.parse(answer, job.tools.parallel)
-            if calls:
-                job.called.add(i)
-                message = {"role": "assistant", "content": parsed,
-                           "tool_calls": [c.openai() for c in calls]}  # fmt: skip
+        if calls:
+            job.called.add(i)
+            message = {"role": "assistant", "content": answer,
+                       "tool_calls": [c.openai() for c in calls]}  # fmt: skip
         if job.reasoning is not None:  # both names: vLLM's `reasoning`, and the older one
             message.update(reasoning=thought, reasoning_content=thought)
         return {"index": i, "message": message, "logprobs": self._logprobs(job, lps)}

@@ -13,7 +13,8 @@ the content in one normalized form, ``<|start|>functions.NAME<|message|>ARGS<|ca
 parser turns those into OpenAI `tool_calls`, whole and streamed: a call's id, type and name as
 soon as its header is read, then its arguments as they arrive (the body as written, as vLLM's
 `openai` parser returns it: the ``json`` constraint is the model's promise, not checked here).
-The other text is content. Without `parallel_tool_calls`, calls after the first are dropped.
+The other text is content. Without `parallel_tool_calls`, calls after the first are dropped, and
+so is a call to a function the request's tools do not list (OpenAI never returns one).
 
 `tool_choice` `required` or a named function: a structural tag holds the reply to an optional
 analysis and one call in this form, its markers named by token id (`tool_markers.py`).
@@ -26,7 +27,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony import CALL_END, CALL_OPEN, MESSAGE
-from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
+from pagoda.runtime.server.tool_call import KnownNames, ToolCall, call_id, prefix_overlap
 
 NAME = "openai"
 
@@ -38,17 +39,13 @@ def described(tool: dict[str, Any]) -> dict[str, Any]:
     return tool if "description" in fn else {**tool, "function": {**fn, "description": ""}}
 
 
-class HarmonyToolParser:
+class HarmonyToolParser(KnownNames):
     """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over the harmony splitter's
     normalized calls (not the model's raw text)."""
 
     name = NAME
     markers: ClassVar[tuple[str, ...]] = ()  # never chosen by `detect`: named with the flag
     new_id = staticmethod(call_id)
-
-    @classmethod
-    def for_request(cls, tools: list[dict[str, Any]]) -> HarmonyToolParser:
-        return cls()
 
     def _start(self, text: str, final: bool) -> int | None:  # (the normalized form's)
         i = text.find(CALL_OPEN)
@@ -61,14 +58,15 @@ class HarmonyToolParser:
         return delta.get("content") or None, calls
 
     def stream(self, parallel: bool = True) -> HarmonyToolStream:
-        return HarmonyToolStream(parallel)
+        return HarmonyToolStream(parallel, self.known)
 
 
 class HarmonyToolStream:
     """One choice's normalized harmony content → OpenAI chat deltas (`ToolStream`'s interface)."""
 
-    def __init__(self, parallel: bool = True) -> None:
+    def __init__(self, parallel: bool = True, known: Any = None) -> None:
         self.parallel = parallel
+        self.known = known or (lambda name: True)  # a function the request's tools list
         self.pending = ""  # held back: a marker's beginning, or a call header not yet whole
         self.in_call = False
         self.dropped = False  # inside a call dropped without parallel_tool_calls
@@ -115,7 +113,7 @@ class HarmonyToolStream:
 
     def _open(self, name: str, deltas: list[dict[str, Any]]) -> None:
         self.in_call = True
-        self.dropped = bool(self.calls) and not self.parallel
+        self.dropped = (bool(self.calls) and not self.parallel) or not self.known(name)
         if self.dropped:
             return
         call = {"id": call_id(), "name": name, "arguments": ""}

@@ -38,6 +38,8 @@ def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
                    for n, t in tensors.items()}  # fmt: skip
     if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
         tensors = _zamba2_as_held(tensors, mc)
+    if mc.architecture == "bitnet":  # its BitLinear matrices: unpacked or quantized at load
+        tensors = _bitnet_as_held(tensors, mc)
     return tensors
 
 
@@ -128,3 +130,22 @@ def _llama4_experts(t: Stored) -> tuple[str, Stored]:
             e, a, b = t.shape
             return name, Stored(name, t.kind, (e, b, a), t.nbytes)
     return t.name, t
+
+
+def _bitnet_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """The BitLinear matrices as the engine holds them: made at load (never read in place),
+    a packed one four times its stored rows, with a vector of its scale (one per row)."""
+    from pagoda.runtime.model.bitnet_config import MATRIX
+
+    if not mc.family.bitnet:
+        return tensors
+    out = dict(tensors)
+    packed = mc.family.bitnet == "offline"
+    for name, t in tensors.items():
+        if MATRIX.match(name):
+            rows = t.shape[0] * (4 if packed else 1)
+            out[name] = Stored(name, _HELD, (rows, *t.shape[1:]), t.nbytes)
+            if packed:  # its weight_scale repeated over the output columns (`BitLinear.scale`)
+                scale = name.removesuffix("weight") + "bitnet_scale"
+                out[scale] = Stored(scale, _HELD, (rows,), 0)
+    return out

@@ -133,8 +133,9 @@ def estimate(
     if device.type == "cpu" and cache.num_blocks_override is None:
         kv *= cfg.parallel.ranks_per_node  # a budget per rank, every rank on this host
     width = math.ceil(max_len / cache.block_size)
-    if per_token == 0:  # no attention layer (Mamba2 alone): blocks hold nothing; with prefix
-        # caching, its state snapshots take up to their share of the budget (`ModelRunner`)
+    if per_token == 0:  # no attention layer (Mamba2 or Mamba-1 alone): blocks hold nothing;
+        # with prefix caching, its state snapshots take up to their share of the budget
+        # (`ModelRunner`)
         caching = (
             cache.enable_prefix_caching
             and mc.family.mamba is not None

@@ -1,5 +1,17 @@
 """A parsed tool call (OpenAI's shape) and the helpers every tool-call parser shares
-(`tool_parsers.py`, `tool_parser_glm45.py`, `tool_parser_deepseek.py`)."""
+(`tool_parsers.py`, `tool_parser_glm45.py`, `tool_parser_deepseek.py`, `harmony_tools.py`).
+
+Two rules every parser keeps, so that a streamed response and a whole one agree:
+
+* A call to a function the request's `tools` do not list is no call (OpenAI never returns one;
+  a client dispatching on the name has nothing to run): the stream never sends it, and the
+  output from it on is read as if it ended there (`KnownNames`). The stream checks the name
+  before it sends the call's first delta, so nothing is sent that the whole response lacks.
+* The whole response's calls are the stream's (`parsed`): once a call's id and name have been
+  sent it stays a call, with the arguments text written, even where the output then ends
+  (max_tokens: `finish_reason` is `length`, as OpenAI reports a call cut short) or the text
+  stops being a call; OpenAI's own arguments are the model's text, not checked either.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +35,52 @@ class ToolCall:
     def openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+
+
+def tool_names(tools: list[dict[str, Any]] | None) -> frozenset[str] | None:
+    """The function names of a request's tools (OpenAI's shape); None: any name (no request)."""
+    if tools is None:
+        return None
+    return frozenset((t.get("function") or {}).get("name", "") for t in tools)
+
+
+class KnownNames:
+    """`for_request` and `known` of a parser: the request's tool names, the only calls read."""
+
+    names: frozenset[str] | None = None  # None: any name (a parser made without a request)
+
+    @classmethod
+    def for_request(cls, tools: list[dict[str, Any]]) -> Any:
+        """The parser of one request with these tools (OpenAI's shape)."""
+        parser = cls()
+        parser.names = tool_names(tools)
+        return parser
+
+    def known(self, name: str) -> bool:
+        return self.names is None or name in self.names
+
+
+def streamed_calls(stream: Any, text: str) -> list[ToolCall]:
+    """The calls a stream (`ToolStream`'s interface) sends for the whole of `text`."""
+    calls: list[ToolCall] = []
+    for d in stream.feed(text, final=True).get("tool_calls", []):
+        if "id" in d:
+            calls.append(ToolCall(d["function"]["name"], "", d["id"]))
+        calls[d["index"]].arguments += d["function"].get("arguments", "")
+    return calls
+
+
+def parsed(parser: Any, text: str, parallel: bool, strip: bool = True
+           ) -> tuple[str | None, list[ToolCall]]:  # fmt: skip
+    """(content, calls) of a whole output, the calls its stream sends (module docstring); the
+    content is the text before the call marker (`strip`ped), None where empty. Output that
+    holds no call is all content."""
+    start = parser._start(text, True)
+    calls = [] if start is None else streamed_calls(parser.stream(parallel), text)
+    if not calls:
+        return text, []
+    content = text[: start - len(parser.marker_text(text, start))]
+    return (content.strip() if strip else content) or None, calls
 
 
 def _no_constant(name: str) -> Any:
@@ -98,7 +156,7 @@ class ScannedCallStream:
     """Incremental output of a parser that reads its calls by scanning the text after its marker
     (GLM-4.5's, DeepSeek's), as OpenAI chat deltas (`tool_parsers.ToolStream`'s interface): the
     content up to the marker, then each call's id and name once and its arguments as they grow.
-    The parser gives `_start`, `_held`, `marker_text`, `parse`, `new_id` and `scan(region,
+    The parser gives `_start`, `_held`, `marker_text`, `known`, `new_id` and `scan(region,
     parallel)`: per call so far (name, arguments text so far, closed)."""
 
     def __init__(self, parser: Any, parallel: bool = True) -> None:
@@ -129,24 +187,26 @@ class ScannedCallStream:
         p, text, out = self.parser, self.text, {}
         if self.region is None:
             self.region = p._start(text, final)
-        if final and not self.calls and not p.parse(text, self.parallel)[1]:
-            end = len(text)  # no call after all: content
-        else:
-            end = self.content_end(text)
-        if end > self.content_sent:
+        deltas = [] if self.region is None else self._call_deltas(text[self.region :])
+        end = len(text) if final and not self.calls else self.content_end(text)
+        if end > self.content_sent:  # (no call after all: all content)
             out["content"] = text[self.content_sent : end]
             self.content_sent = end
-        if self.region is not None and end < len(text):
-            deltas = []
-            for i, (name, args) in enumerate(self.arguments(text[self.region :])):
-                if i == len(self.calls):
-                    self.calls.append({"id": p.new_id(), "sent": 0})
-                    deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
-                                   "function": {"name": name, "arguments": ""}})  # fmt: skip
-                state = self.calls[i]
-                if len(args) > state["sent"]:
-                    deltas.append({"index": i, "function": {"arguments": args[state["sent"] :]}})
-                    state["sent"] = len(args)
-            if deltas:
-                out["tool_calls"] = deltas
+        if deltas:
+            out["tool_calls"] = deltas
         return out
+
+    def _call_deltas(self, region: str) -> list[dict[str, Any]]:
+        p, deltas = self.parser, []
+        for i, (name, args) in enumerate(self.arguments(region)):
+            if not p.known(name):
+                break  # no call, nor any after it
+            if i == len(self.calls):
+                self.calls.append({"id": p.new_id(), "sent": 0})
+                deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
+                               "function": {"name": name, "arguments": ""}})  # fmt: skip
+            state = self.calls[i]
+            if len(args) > state["sent"]:
+                deltas.append({"index": i, "function": {"arguments": args[state["sent"] :]}})
+                state["sent"] = len(args)
+        return deltas

@@ -10,7 +10,8 @@ optional text, one block of calls, each with its name and its arguments' JSON te
 
 (V3.1 has no newline before its end marker.) As vLLM's parsers: the content is the text before
 the block as written (None when empty), each call's arguments the text between its markers,
-not checked. Output that holds no complete call stays content (as `tool_parser_glm45.py`).
+not checked. Output in which no call's header (naming one of the request's tools) is whole
+stays content; a call cut short is reported as streamed (`tool_call.py`'s rules).
 
 Streaming sends a call's id and name once its header is whole (V3: through the line
 ```` ```json ````), then its arguments as they arrive, holding back only what may begin the
@@ -21,13 +22,15 @@ named function: a grammar writes the block, its markers as tokens (`tool_markers
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pagoda.runtime.server.tool_call import (
+    KnownNames,
     ScannedCallStream,
     StartTag,
     ToolCall,
     call_id,
+    parsed,
     prefix_overlap,
 )
 
@@ -35,7 +38,7 @@ CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 
 
-class DeepSeekV3Parser(StartTag):
+class DeepSeekV3Parser(StartTag, KnownNames):
     """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over DeepSeek-V3's calls."""
 
     name = "deepseek_v3"
@@ -44,10 +47,6 @@ class DeepSeekV3Parser(StartTag):
     new_id = staticmethod(call_id)
     args_open = "\n```json\n"  # between the name and the arguments
     args_close = "\n```" + CALL_END
-
-    @classmethod
-    def for_request(cls, tools: list[dict[str, Any]]) -> DeepSeekV3Parser:
-        return cls()
 
     def header(self, head: str) -> str | None:
         """The call's name from its header (the text after CALL_BEGIN, up to the arguments)."""
@@ -83,14 +82,7 @@ class DeepSeekV3Parser(StartTag):
         return calls
 
     def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
-        start = self._start(text, True)
-        if start is None:
-            return text, []
-        found = self.scan(text[start:], parallel)
-        if not found or not all(done for _, _, done in found):
-            return text, []  # a call cut short (max_tokens): the text as it is
-        calls = [ToolCall(name, args, self.new_id()) for name, args, _ in found]
-        return text[: start - len(CALLS_BEGIN)] or None, calls
+        return parsed(self, text, parallel, strip=False)
 
     def stream(self, parallel: bool = True) -> DeepSeekStream:
         return DeepSeekStream(self, parallel)
@@ -102,10 +94,6 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
     name = "deepseek_v31"
     args_open = SEP
     args_close = CALL_END
-
-    @classmethod
-    def for_request(cls, tools: list[dict[str, Any]]) -> DeepSeekV31Parser:
-        return cls()
 
     def header(self, head: str) -> str | None:
         return head.strip() or None

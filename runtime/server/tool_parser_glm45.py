@@ -16,8 +16,9 @@ the string. A call's arguments become one JSON object, each key once (the first)
 Streaming sends a call's id and name once its name line is written, then its arguments as JSON
 text pair by pair as each ``</arg_value>`` arrives, and the closing brace with
 ``</tool_call>``: the pieces join to the whole response's arguments. Text before the first call
-is content (holding back what could begin ``<tool_call>``); output that holds no complete call
-stays content, as vLLM's parser leaves it.
+is content (holding back what could begin ``<tool_call>``); output in which no call's name (one
+of the request's tools) is written stays content. A whole response's calls are the stream's: a
+call cut short (max_tokens) is reported with its arguments so far (`tool_call.py`'s rules).
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ import re
 from typing import Any
 
 from pagoda.runtime.server.tool_call import (
+    KnownNames,
     ScannedCallStream,
     StartTag,
     ToolCall,
     call_id,
     json_value,
+    parsed,
     too_deep,
+    tool_names,
 )
 
 TAG, END = "<tool_call>", "</tool_call>"
@@ -54,7 +58,7 @@ def _types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-class Glm45Parser(StartTag):
+class Glm45Parser(StartTag, KnownNames):
     """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over GLM-4.5's tags."""
 
     name = "glm45"
@@ -64,6 +68,7 @@ class Glm45Parser(StartTag):
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         self.types = _types(tools)
+        self.names = tool_names(tools)
 
     @classmethod
     def for_request(cls, tools: list[dict[str, Any]]) -> Glm45Parser:
@@ -84,49 +89,50 @@ class Glm45Parser(StartTag):
             return literal
         return text
 
+    def block(self, region: str, pos: int, first: bool) -> tuple[str, str, int | None] | None:
+        """The call at `pos` of `region` (the text after the first `<tool_call>`, which `first`
+        follows): (its name, its body, where it ends: None while open), or None where no
+        further call's name is written yet."""
+        if not first:
+            j = region.find(TAG, pos)
+            if j < 0:
+                return None
+            pos = j + len(TAG)
+        close = region.find(END, pos)
+        body = region[pos:] if close < 0 else region[pos:close]
+        m = _NAME_END.search(body)
+        if m is None and close < 0:
+            return None  # the name is still being written
+        name = (body[: m.start()] if m else body).strip()
+        return name, body, None if close < 0 else close + len(END)
+
+    def pairs(self, body: str) -> list[tuple[str, str]]:
+        """(key, value text) of each argument in a call's body."""
+        return [(key.strip(), raw) for key, raw in _PAIR.findall(body)]
+
     def scan(self, region: str, parallel: bool) -> list[tuple[str, list[str], bool]]:
-        """The calls in `region` (the text after the first `<tool_call>`) so far: (name, the
-        arguments' `"key": value` JSON pieces, closed), up to the first whose name is not yet
-        written."""
+        """The calls in `region` (the text after the call marker) so far: (name, the arguments'
+        `"key": value` JSON pieces, each key once (the first), closed), up to the first whose
+        name is not yet written (`block`)."""
         calls: list[tuple[str, list[str], bool]] = []
         pos = 0
-        while True:
-            if calls:
-                j = region.find(TAG, pos)
-                if j < 0:
-                    break
-                pos = j + len(TAG)
-            close = region.find(END, pos)
-            body = region[pos:] if close < 0 else region[pos:close]
-            m = _NAME_END.search(body)
-            if m is None and close < 0:
-                break  # the name is still being written
-            name = (body[: m.start()] if m else body).strip()
+        while (found := self.block(region, pos, not calls)) is not None:
+            name, body, end = found
             if not name or "<" in name:
                 break
             pieces, seen = [], set()
-            for key, raw in _PAIR.findall(body):
-                key = key.strip()
+            for key, raw in self.pairs(body):
                 if key not in seen:
                     seen.add(key)
                     pieces.append(json_pair(key, self.value(name, key, raw)))
-            calls.append((name, pieces, close >= 0))
-            if close < 0 or not parallel:
+            calls.append((name, pieces, end is not None))
+            if end is None or not parallel:
                 break
-            pos = close + len(END)
+            pos = end
         return calls
 
     def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
-        start = self._start(text, True)
-        if start is None:
-            return text, []
-        found = self.scan(text[start:], parallel)
-        if not found or not all(done for _, _, done in found):
-            return text, []  # a call cut short (max_tokens): the text as it is, as vLLM's
-        calls = [
-            ToolCall(name, arguments(pieces, True), self.new_id()) for name, pieces, _ in found
-        ]
-        return text[: start - len(self.marker_text(text, start))].strip() or None, calls
+        return parsed(self, text, parallel)
 
     def stream(self, parallel: bool = True) -> Glm45Stream:
         return Glm45Stream(self, parallel)

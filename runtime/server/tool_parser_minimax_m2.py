@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from pagoda.runtime.server.tool_call import json_value
-from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser, json_pair
+from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 
 TAG = "<minimax:tool_call>"
 INVOKE, INVOKE_END = "<invoke name=", "</invoke>"
@@ -118,30 +118,18 @@ class MiniMaxM2Parser(Glm45Parser):
         except ValueError:
             return text
 
-    def scan(self, region: str, parallel: bool) -> list[tuple[str, list[str], bool]]:
-        """The calls in `region` (the text after `<minimax:tool_call>`) so far: (name, the
-        arguments' `"key": value` JSON pieces, closed), up to the first whose name is not yet
-        written."""
-        calls: list[tuple[str, list[str], bool]] = []
-        pos = 0
-        while True:
-            at = region.find(INVOKE, pos)
-            head = -1 if at < 0 else region.find(">", at)
-            if head < 0:
-                break  # no further call, or its name still being written
-            name = _unquoted(region[at + len(INVOKE) : head])
-            if not name or "<" in name:
-                break
-            close = region.find(INVOKE_END, head)
-            body = region[head + 1 :] if close < 0 else region[head + 1 : close]
-            pieces, seen = [], set()
-            for key, raw in _PARAMETER.findall(body):
-                key = _unquoted(key)
-                if key not in seen:
-                    seen.add(key)
-                    pieces.append(json_pair(key, self.value(name, key, raw)))
-            calls.append((name, pieces, close >= 0))
-            if close < 0 or not parallel:
-                break
-            pos = close + len(INVOKE_END)
-        return calls
+    def block(self, region: str, pos: int, first: bool) -> tuple[str, str, int | None] | None:
+        """The `<invoke>` from `pos` of `region` (the text after `<minimax:tool_call>`): (its
+        name, its body, where it ends: None while open), or None where no further call's name
+        is written yet (`Glm45Parser.scan` reads the calls through it)."""
+        at = region.find(INVOKE, pos)
+        head = -1 if at < 0 else region.find(">", at)
+        if head < 0:
+            return None  # no further call, or its name still being written
+        close = region.find(INVOKE_END, head)
+        body = region[head + 1 :] if close < 0 else region[head + 1 : close]
+        name = _unquoted(region[at + len(INVOKE) : head])
+        return name, body, None if close < 0 else close + len(INVOKE_END)
+
+    def pairs(self, body: str) -> list[tuple[str, str]]:
+        return [(_unquoted(key), raw) for key, raw in _PARAMETER.findall(body)]

@@ -14,7 +14,9 @@ JSON depth the call objects sit; inside the call region every top-level object i
 its `arguments` (or `parameters`) value is streamed as raw JSON text as it arrives, so a client
 sees OpenAI's chunk sequence: the call's id, type and name first, then argument deltas. Text
 before the call region is content (streamed too, holding back only what could begin a call
-marker). Output that does not parse as calls stays content (what vLLM's parsers do).
+marker). Output in which no call begins (no name and arguments key written, or a name the
+request's tools lack) stays content; a whole response's calls are the stream's, arguments as
+written (`tool_call.py`'s rules).
 
 GLM-4.5's calls (`glm45`: key/value tags, not JSON) are read by `tool_parser_glm45.py`, listed
 in `PARSERS` beside these, and so are DeepSeek's (`deepseek_v3`, `deepseek_v31`:
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony_tools import HarmonyToolParser
-from pagoda.runtime.server.tool_call import StartTag, ToolCall, call_id, json_value
+from pagoda.runtime.server.tool_call import KnownNames, StartTag, ToolCall, call_id, parsed
 from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
@@ -144,7 +146,7 @@ def _read_call(obj: str, done: bool) -> _Partial:
     return _Partial(name, args.strip(), done, end is not None, a is not None)
 
 
-class ToolParser(ABC):
+class ToolParser(KnownNames, ABC):
     """One output format. Subclasses say where calls start and how deep the call objects are."""
 
     name: ClassVar[str]
@@ -162,30 +164,9 @@ class ToolParser(ABC):
         return 0
 
     def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
-        """(content, calls) of a whole output; calls whose JSON is broken leave it as content.
+        """(content, calls) of a whole output: the calls its stream sends (`tool_call.parsed`).
         Without `parallel`, the first call only."""
-        start = self._start(text, True)
-        if start is None:
-            return text, []
-        calls: list[ToolCall] = []
-        for a, b in _objects(text[start:], self.call_depth)[: None if parallel else 1]:
-            if b is None:
-                return text, []
-            part = _read_call(text[start + a : start + b], True)
-            if part.name is None or not part.args_done:
-                return text, []
-            try:
-                args = json_value(part.args)
-                if isinstance(args, str):  # some models write the arguments as a JSON string
-                    json_value(args)
-            except ValueError:  # not JSON (NaN, nested past json's depth, ...): not a call
-                return text, []
-            calls.append(ToolCall(part.name, args if isinstance(args, str) else part.args,
-                                  self.new_id()))  # fmt: skip
-        if not calls:
-            return text, []
-        content = text[: start - len(self.marker_text(text, start))].strip() or None
-        return content, calls
+        return parsed(self, text, parallel)
 
     def marker_text(self, text: str, start: int) -> str:
         """The marker just before `start` (left out of the content)."""
@@ -193,12 +174,6 @@ class ToolParser(ABC):
 
     def stream(self, parallel: bool = True) -> ToolStream:
         return ToolStream(self, parallel)
-
-    @classmethod
-    def for_request(cls, tools: list[dict[str, Any]]) -> ToolParser:
-        """The parser of one request with these tools (OpenAI's shape; GLM-4.5's types its
-        arguments by their schemas)."""
-        return cls()
 
 
 class HermesParser(StartTag, ToolParser):
@@ -304,7 +279,8 @@ class ToolStream:
         p, text, out = self.parser, self.text, {}
         if self.region is None:
             self.region = p._start(text, final)
-        if final and not self.calls and not p.parse(text, self.parallel)[1]:
+        calls = [] if self.region is None else self._call_deltas(text[self.region :])
+        if final and not self.calls:
             end = len(text)
         else:
             if self.region is None:
@@ -318,10 +294,8 @@ class ToolStream:
         if end > self.content_sent:
             out["content"] = text[self.content_sent : end]
             self.content_sent = end
-        if self.region is not None and end < len(text):
-            calls = self._call_deltas(text[self.region :])
-            if calls:
-                out["tool_calls"] = calls
+        if calls:
+            out["tool_calls"] = calls
         return out
 
     def _call_deltas(self, region: str) -> list[dict[str, Any]]:
@@ -332,6 +306,8 @@ class ToolStream:
             part = _read_call(region[a:b] if b is not None else region[a:], b is not None)
             if part.name is None or not part.has_args:  # a call starts once both are written
                 break
+            if not self.parser.known(part.name):
+                break  # no call, nor any after it
             if i == len(self.calls):
                 self.calls.append({"id": self.parser.new_id(), "sent": 0})
                 deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",

@@ -105,6 +105,11 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
         norms = (n + 1) * h * 4
     norms += EXTRA_LAYER_VECTORS.get(mc.architecture, 0) * n * h * item
+    if mc.architecture == "bitnet":  # its sub-norms: attention's output, the MLP's product
+        norms += n * (h + mc.intermediate_size) * item
+        if mc.family.bitnet == "offline":  # the packed layers' scales, one per output column
+            qkv = (mc.num_heads + 2 * mc.num_kv_heads) * d
+            norms += n * (qkv + 2 * h + 2 * mc.intermediate_size) * item
     if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
         norms = (n + 1) * h * (item if f.cohere_rms_norm else 4)
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)

@@ -180,8 +180,9 @@ class MambaState:
             parts = [host.slots[nd:][p.order], p.conv_rows, p.conv_out, p.state_rows, p.end_rows]
             for g in p.groups:
                 parts += [g.tokens, g.rows, g.chunk_of, g.in_chunk]
-            mid = None if host.save_mid is None else _mid_saves(host, p, m.d_conv)
-            if mid is not None:
+            mid, runs = None, None
+            if host.save_mid is not None:
+                mid, runs = _mid_saves(host, p, m.d_conv)
                 parts += mid
             # one copy to the device, split there into views
             idx = to_device(np.concatenate(parts)).split([len(a) for a in parts])
@@ -194,6 +195,7 @@ class MambaState:
                 prefill.snap_conv_rows, prefill.snap_conv_entries = idx[k : k + 2]
                 for i, g in enumerate(groups):
                     g.snap_chunks, g.snap_entries = idx[k + 2 + 2 * i : k + 4 + 2 * i]
+                    g.snap_runs = runs[i]
         return MambaStep(on_device, nd, self.states, run, prefill, snaps, save_end)
 
     def restore(self, slots: torch.Tensor, entries: torch.Tensor) -> None:
@@ -227,22 +229,36 @@ class MambaState:
         return sum(_running(self.rows.request(r)) for r in self._row_of_slot.tolist() if r >= 0)
 
 
-def _mid_saves(host: HostSlots, p, d_conv: int) -> list[np.ndarray]:
+def _mid_saves(
+    host: HostSlots, p, d_conv: int
+) -> tuple[list[np.ndarray], list[dict[int, tuple[int, int]]]]:
     """The host arrays of the snapshots at boundaries inside prefill chunks (each on one of the
     scan's chunk boundaries: `core/state_snapshots.py`): the conv rows before each boundary in
     the conv segments (`ssd.pack`) and its entry, then per scan group the packed chunk the
-    boundary starts (whose start state is the snapshot's) and its entry."""
+    boundary starts (whose start state is the snapshot's) and its entry, sorted by chunk; and
+    per group its runs (`mamba2.ScanGroup.snap_runs`: the chunk positions the boundaries fall
+    in, for a scan that walks them one by one, Mamba-1's)."""
     rows, off, entry = host.save_mid
     lens = np.asarray(host.query_lens[host.num_decodes :], dtype=np.int64)
     token = (np.cumsum(lens) - lens)[rows] + off  # the boundary's first token, in the chunk
     k = d_conv - 1
     out = [(p.conv_out[token][:, None] + np.arange(k)).reshape(-1), entry]
+    runs = []
     rank = np.empty_like(p.order)
     rank[p.order] = np.arange(len(p.order))
     for g in p.groups:
         here = (rank[rows] >= g.seqs[0]) & (rank[rows] < g.seqs[1])
-        out += [g.chunk_of[np.searchsorted(g.tokens, token[here])], entry[here]]
-    return out
+        chunks = g.chunk_of[np.searchsorted(g.tokens, token[here])]
+        by = np.argsort(chunks, kind="stable")
+        chunks = chunks[by]
+        out += [chunks, entry[here][by]]
+        ends = np.cumsum(g.counts)  # each chunk position's packed chunks end here
+        at = np.searchsorted(ends, chunks, side="right")  # each boundary's chunk position
+        pos, first = np.unique(at, return_index=True)
+        last = [*first[1:].tolist(), len(chunks)]
+        runs.append({int(ends[q] - g.counts[q]): (int(a), b)
+                     for q, a, b in zip(pos.tolist(), first, last)})  # fmt: skip
+    return out, runs
 
 
 def _running(req: Request | None) -> bool:

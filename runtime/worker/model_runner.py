@@ -253,13 +253,13 @@ class ModelRunner:
     @property
     def snapshot_interval(self) -> int:
         """Tokens between a hybrid's state snapshots (`core/state_snapshots.py`): the least
-        common multiple of the block size and the SSD chunk; 0 without prefix caching for
-        them (off, no Mamba layer, or a mixer that takes none: `MambaConfig.snapshots`)."""
+        common multiple of the block size and the mixers' chunk (`MambaConfig.snapshot_chunk`:
+        the SSD chunk, or 1); 0 without prefix caching for them (off, or no Mamba layer)."""
         if self.mamba is None or not self.mamba.layers or not self.mamba.m.snapshots:
             return 0
         if not self.config.cache.enable_prefix_caching:
             return 0
-        return math.lcm(self.block_size, self.mamba.m.chunk_size)
+        return math.lcm(self.block_size, self.mamba.m.snapshot_chunk)
 
     def _cache_budget(self) -> int:
         """The bytes the KV cache (and a hybrid's snapshots) may take."""

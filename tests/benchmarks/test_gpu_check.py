@@ -77,6 +77,7 @@ def test_family_steps_hold_every_gpu_marked_model_test_file_once():
     lists = [re.search(rf"^{name}=\$\{{{name}:-(.*?)\}}$", script, re.M | re.S)
              for name in ("FAMILY_TESTS", "FAMILY_TESTS2", "FAMILY_TESTS3")]  # fmt: skip
     listed = [p for m in lists for p in m.group(1).replace("\\\n", " ").split()]
+    gpu = re.compile(r"mark\.gpu|= gpu_test\(")  # marked, or bound to arch_cases.gpu_test's
     marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/runtime/model").glob("test_*.py")
-                    if "mark.gpu" in p.read_text())  # fmt: skip
+                    if gpu.search(p.read_text()))  # fmt: skip
     assert sorted(listed) == marked

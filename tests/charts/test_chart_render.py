@@ -130,6 +130,43 @@ def test_names_namespaces_and_labels(value_set: str) -> None:
             assert meta["namespace"] == NAMESPACE
 
 
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@pytest.mark.parametrize(
+    ("release", "override"),
+    [("r" * 53, {"nameOverride": "n" * 53}), (RELEASE, {"fullnameOverride": "f" * 53})],
+)
+def test_the_longest_names_stay_within_kubernetes_limits(release: str, override: dict) -> None:
+    """The longest names Helm and the chart's schema allow (a 53-character release name and
+    nameOverride make a 63-character full name): every object's name fits 63 characters, a
+    Service's is a DNS-1035 label, and no two objects share a name (each suffix was cut off
+    with the whole: the operator's and the metrics Service both took the full name itself);
+    every label is valid."""
+    from pagoda.operator.kube.names import is_label_key, is_label_value
+
+    values = {**VALUE_SETS["ha-namespaced-tls"], **override}
+    files = helm.Chart.load(str(CHART)).render(values, name=release, namespace=NAMESPACE,
+                                               is_install=True)  # fmt: skip
+    docs = [d for p, t in files.items() if p.endswith(".yaml") for d in yaml.safe_load_all(t) if d]
+    names = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+    assert len(names) == len(set(names)), "duplicate objects"
+    assert len({n for k, _, n in names if k == "Service"}) == 2
+    for doc in docs:
+        meta, where = doc["metadata"], f"{doc['kind']}/{doc['metadata']['name']}"
+        assert DNS1123_SUBDOMAIN.match(meta["name"]) and len(meta["name"]) <= 63, where
+        if doc["kind"] == "Service":
+            assert DNS1035_LABEL.match(meta["name"]), where
+        for key, value in (meta.get("labels") or {}).items():
+            assert is_label_key(key) and is_label_value(str(value)), (where, key, value)
+    assert [e for d in docs for e in validation_errors(d, K8S_VERSIONS[-1])] == []
+    short = {(k, n) for k, _, n in (
+        (d["kind"], None, d["metadata"]["name"]) for d in render_cached("ha-namespaced-tls"))}  # fmt: skip
+    assert ("Service", "pagoda-operator") in short  # short names are as before
+    assert ("Role", "pagoda-operator-peering") in short
+
+
 def test_selectors_never_include_user_labels() -> None:
     for name in VALUE_SETS:
         docs = render_cached(name)

@@ -134,6 +134,9 @@ def test_which_container_states_are_failures() -> None:
     assert pod_failure(pod("p1", init=ok)) is None  # it ran again and succeeded
     logs = {"state": {"terminated": {"exitCode": 1, "message": "Traceback (most recent..."}}}
     assert pod_failure(pod("p1", server=logs)) is None  # the kubelet's log fallback: no reason
+    for tail in ("INFO:     Waiting for application startup.\nKilled", "ValueError: bad input"):
+        logs = {"state": {"terminated": {"exitCode": 1, "message": tail}}}
+        assert pod_failure(pod("p1", server=logs)) is None, tail  # a log line is no reason
     named = {"state": {"terminated": {"exitCode": 2, "message": "InvalidArguments: bad flag"}}}
     assert pod_failure(pod("p1", server=named)).reason == "InvalidArguments"  # any container
     assert pod_failure(pod("p1", init=CRASH, deletionTimestamp="2026-01-01T00:00:00Z")) is None

@@ -516,3 +516,43 @@ def test_spec_and_policy_import_without_aiohttp() -> None:
         [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def _labels_in(obj: Any) -> list[dict[str, str]]:
+    """Every `labels` map in a manifest (its own, its pod templates', its selectors')."""
+    if isinstance(obj, dict):
+        own = [obj[k] for k in ("labels", "matchLabels") if isinstance(obj.get(k), dict)]
+        return own + [m for v in obj.values() for m in _labels_in(v)]
+    return [m for v in obj for m in _labels_in(v)] if isinstance(obj, list) else []
+
+
+@pytest.mark.parametrize(("length", "extra"), [
+    (52, {"replicas": 2, "autoscaling": {"maxReplicas": 3, "targetTTFTSeconds": 0.5}}),
+    (45, {"replicas": 2, "resources": {"gpus": 8}, "parallelism": {"nodes": 2}}),
+])  # fmt: skip
+def test_the_longest_names_fit_kubernetes_limits(length: int, extra: dict[str, Any]) -> None:
+    """The longest InferenceService names the CRD takes (52; 45 for a multi-node service): every
+    child's name fits 63 characters (a Service's a DNS-1035 label), every label key and value
+    is valid, and a LeaderWorkerSet's worker StatefulSets (LWS-99) leave room for the
+    controller-revision-hash label LWS puts on their pods (the name, '-', a 10-character hash)."""
+    name = "n" + "x" * (length - 1)
+    owner = Owner(name=name, namespace="team-a", uid=OWNER.uid, labels=(("team", "a"),))
+    spec = InferenceServiceSpec.from_dict(
+        {"model": "pvc://models/m", **extra}, name=name, default_image="img:1"
+    )
+    children = build_children(owner, spec, service_monitor=True, prometheus_rule=True,
+                              monitoring_labels=(("p" * 253 + "/" + "n" * 63, "v" * 63),))  # fmt: skip
+    kinds = {c["kind"] for c in children.desired}
+    assert {"Service", "ServiceMonitor", "PodDisruptionBudget", "ConfigMap"} <= kinds
+    assert ("PrometheusRule" in kinds) == ("autoscaling" in extra)
+    assert ("LeaderWorkerSet" in kinds) == ("parallelism" in extra)
+    for child in children.desired:
+        child_name = child["metadata"]["name"]
+        assert len(child_name) <= 63 and names.is_label_value(child_name), child_name
+        if child["kind"] == "Service":
+            assert child_name[0].isalpha() and "." not in child_name
+        for labels in _labels_in(child):
+            assert all(names.is_label_key(k) and names.is_label_value(v)
+                       for k, v in labels.items()), (child["kind"], labels)  # fmt: skip
+        if child["kind"] == "LeaderWorkerSet":
+            assert len(f"{child_name}-99") + 11 <= 63

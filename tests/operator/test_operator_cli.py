@@ -77,11 +77,15 @@ def test_monitoring_labels(capsys: pytest.CaptureFixture[str]) -> None:
         parse("--monitoring-label", "release=kube-prometheus-stack", "--monitoring-label", "a/b=")
     )
     assert config.monitoring_labels == (("release", "kube-prometheus-stack"), ("a/b", ""))
+    longest = "p" * 253 + "/" + "n" * 63  # the longest key Kubernetes takes
+    assert main.config_from_args(parse("--monitoring-label", longest + "=v")).monitoring_labels
     for bad, why in [
         ("release", "expected KEY=VALUE"),
         ("Bad_/x=1", "not a Kubernetes label key"),
         ("release=-x", "not a label value"),
         ("release=" + "v" * 64, "not a label value"),
+        ("p" * 254 + "/release=x", "not a Kubernetes label key"),  # a prefix past 253
+        ("p/" + "n" * 64 + "=x", "not a Kubernetes label key"),
         ("app.kubernetes.io/managed-by=helm", "one the operator sets itself"),
     ]:
         assert main.run(parse("--monitoring-label", bad)) == 2

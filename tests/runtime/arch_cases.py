@@ -1,5 +1,9 @@
 """Tiny checkpoints of every architecture, and how they are run against transformers: shared
-by tests/runtime/model/test_architectures.py and the Triton-backend run in test_triton_engine.py."""
+by tests/runtime/model/test_architectures.py, the Triton-backend run in test_triton_engine.py and
+the family modules (test_dense_archs.py, test_moe_families.py, ...). A family module is a table:
+its CASES, a writer bound as `built = built_fixture(write)` and `case = case_fixture(CASES)`, and
+the shared tests bound by name (`greedy_test()`, `gpu_test(...)`) beside its own checks; the
+checkpoint-writing steps themselves are tests/runtime/hf_oracle.py's."""
 
 from __future__ import annotations
 
@@ -11,6 +15,14 @@ from pagoda.runtime.model.loader import load_model
 
 NEW = 6
 SLIDING, FULL = "sliding_attention", "full_attention"
+# llama3's rotary scaled over an original context of 64 (the prompts pass it)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+# Ministral 3's rotary: yarn over an original context of 16, so that q's scale changes within
+# the prompts (1 + beta * log(1 + floor(p / 16)))
+MINISTRAL3_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "beta_fast": 32.0,
+                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.5}  # fmt: skip
 # name: (transformers config class prefix, config overrides, extra engine arguments)
 CASES = {
     "qwen3-d64": ("Qwen3", dict(head_dim=64), {}),
@@ -94,13 +106,13 @@ def build(name: str, path):
     return load_model(str(path)), prompts(), reference, engine_args
 
 
-def generate(llm: LLM, prompts: list[list[int]]):
-    """(greedy tokens, per-step float32 logits) of each prompt, all in one batch."""
+def generate(llm: LLM, prompts: list[list[int]], n: int = NEW):
+    """(greedy tokens, per-step float32 logits) of each prompt's `n` steps, all in one batch."""
     seen: dict[str, list[torch.Tensor]] = {}
     llm.engine.runner.logits_hook = lambda reqs, lg: [
         seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg.float())
     ]
-    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     return [(o.outputs[0].token_ids, seen[o.request_id]) for o in outs]
 
@@ -215,6 +227,20 @@ def check_chunked_cached_batched(loaded, reference, what: str) -> LLM:
     return llm
 
 
+def check_on_triton(model, loaded, lengths, what: str) -> LLM:
+    """The first prompts cut to `lengths` (past a window, say), chunked and batched on the Triton
+    backend not batch-invariant (prompt rows in the prefill kernel or SDPA, decodes in the
+    decode kernel), float32: transformers' tokens and logits on the cut prompts. Returns the
+    engine."""
+    short = [p[:n] for p, n in zip(prompts(), lengths)]
+    reference = [hf_greedy_plain(model, p, NEW) for p in short]
+    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32", kv_cache_memory=8 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4, batch_invariant=False)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
+        check(got, want, f"{what} on Triton: prompt {i}")
+    return llm
+
+
 SMALL_POOL = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
                   max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
 
@@ -244,14 +270,61 @@ def check_two_ranks(path, loaded, reference, what: str, kv_heads: int | None = N
         check(g, reference[i % 3], f"{what}: prompt {i}, two ranks")
 
 
-def scramble_correction_biases(model, path, first_moe_layer: int) -> torch.Generator:
+def greedy_test():
+    """The test a family module binds as
+    `test_greedy_matches_transformers_chunked_cached_batched_and_preempted` over its `case`
+    fixture: transformers' tokens and logits chunked, batched and on a warm prefix cache
+    (`check_chunked_cached_batched`), then in a pool so small that requests are preempted
+    (`check_preempted`)."""
+
+    def test(case):
+        name, _, _, loaded, reference = case
+        check_chunked_cached_batched(loaded, reference, name)
+        check_preempted(loaded, reference, name)
+
+    return test
+
+
+def gpu_test(check_runner=None):
+    """The test a family module binds as `test_gpu_matches_transformers_with_graphs` over its
+    `case` fixture (benchmarks/gpu_check.sh's `families` steps): `check_on_cuda_with_graphs`,
+    then `check_runner(name, runner)` where given (the experts in the fused-MoE kernel, ...)."""
+
+    @pytest.mark.gpu
+    def test(case):
+        name, _, _, loaded, reference = case
+        runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+        if check_runner is not None:
+            check_runner(name, runner)
+
+    return test
+
+
+def fused_moe_at(index: int = -1):
+    """A `gpu_test` check: layer `index`'s MoE block (its routed experts beside a shared one)
+    runs the fused kernel, not each expert."""
+
+    def check_runner(name, runner):
+        moe = runner.model.layers[index].mlp
+        assert getattr(moe, "routed", moe).fused is not None, name
+
+    return check_runner
+
+
+def scramble_correction_biases(model, path, first_moe_layer: int = 0) -> torch.Generator:
     """Random router correction biases (`e_score_correction_bias`, V3's noaux_tc router), large
-    enough to change the experts picked, on the layers from `first_moe_layer` on; the model saved
-    again to `path`. Returns the generator (seed 2) for further draws."""
+    enough to change the experts picked, on the layers from `first_moe_layer` on that route
+    (dense layers skipped); the model saved again to `path`. Returns the generator (seed 2) for
+    further draws."""
     g = torch.Generator().manual_seed(2)
+    layers = model.model.layers[first_moe_layer:]
+    biases = [
+        getattr(getattr(x.mlp, "gate", None), "e_score_correction_bias", None) for x in layers
+    ]
+    assert any(b is not None for b in biases), "no router with a correction bias"
     with torch.no_grad():
-        for layer in model.model.layers[first_moe_layer:]:
-            bias = layer.mlp.gate.e_score_correction_bias
-            bias.copy_(torch.randn(bias.shape, generator=g))
+        for bias in biases:
+            if bias is not None:
+                bias.copy_(torch.randn(bias.shape, generator=g))
     model.save_pretrained(path)
     return g

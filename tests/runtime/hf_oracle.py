@@ -19,34 +19,53 @@ def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.T
     return tokens, logits
 
 
+# the shape every tiny checkpoint starts from (a test's overrides change it)
+TINY = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    eos_token_id=2,
+    bos_token_id=1,
+)
+
+
+def randomize(model, scale: float = 3.0, noise: float = 0.2, seed: int | None = 1):
+    """`model` with its matrices multiplied by `scale` (greedy picks well separated) and noise of
+    std `noise` added to every 1-D weight (norms, biases), so that a norm read as w where (1 + w)
+    was meant, or the other way round, changes the tokens; drawn from a generator seeded `seed`
+    (None: torch's global stream). Returns the model."""
+    g = None if seed is None else torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(scale)
+            elif noise:
+                p.add_(noise * torch.randn(p.shape, generator=g))
+    return model
+
+
+def save_tiny(model, path, vocab_size: int = TINY["vocab_size"]):
+    """`model` saved to `path` with the word-level tokenizer and chat template; returns it."""
+    model.save_pretrained(path)
+    save_word_tokenizer(path, vocab_size)
+    return model
+
+
 def make_tiny_llama(path, **overrides):
     """Save a small random Llama (weights scaled so greedy decoding is not flat) with a word-level
     tokenizer to `path`; returns the transformers model."""
     import transformers
 
-    cfg = dict(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rope_theta=10000.0,
-        eos_token_id=2,
-        bos_token_id=1,
-    )
-    cfg.update(overrides)
+    cfg = dict(TINY, rope_theta=10000.0) | overrides
     torch.manual_seed(0)
     arch = cfg.pop("arch", "Llama")
     config = getattr(transformers, f"{arch}Config")(**cfg)
     model = getattr(transformers, f"{arch}ForCausalLM")(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(path)
-    save_word_tokenizer(path, cfg["vocab_size"])
-    return model
+    return save_tiny(randomize(model, scale=4.0, noise=0.0), path, cfg["vocab_size"])
 
 
 def save_word_tokenizer(path, vocab_size: int) -> None:
@@ -93,33 +112,39 @@ def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):
     norm read as w where (1 + w) was meant, or the other way round, changes the tokens."""
     import transformers
 
-    cfg = dict(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=2,
-        bos_token_id=1,
-        pad_token_id=0,
-    )
-    cfg.update(overrides)
+    cfg = dict(TINY, pad_token_id=0) | overrides
     torch.manual_seed(0)
     config = getattr(transformers, f"{arch}Config")(**cfg)
     lm_class = _LM_CLASSES.get(arch, f"{arch}ForCausalLM")
     model = getattr(transformers, lm_class)(config).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(scale)
-            else:
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(path)
-    save_word_tokenizer(path, cfg["vocab_size"])
-    return model
+    return save_tiny(randomize(model, scale), path, cfg["vocab_size"])
+
+
+def make_tiny_wrapped(path, cls: str, config, **randomize_args):
+    """transformers' `cls` (a multimodal wrapper: Mistral3ForConditionalGeneration, ...) built
+    from `config` under seed 0, randomized as `make_tiny_model`'s (`randomize_args`), saved with
+    the word-level tokenizer of its text model's vocabulary; returns the model (eval)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = randomize(getattr(transformers, cls)(config).eval(), **randomize_args)
+    return save_tiny(model, path, config.get_text_config().vocab_size)
+
+
+def check_config_refused(path, arch: str, edit: dict, words: str) -> None:
+    """A one-layer `arch` checkpoint whose config.json gets `edit` is refused when the config is
+    read (before a server binds: exit 2) in one line matching `words`."""
+    import json
+
+    import pytest
+    from pagoda.runtime.model.loader import read_model_config
+
+    make_tiny_model(path, arch, num_hidden_layers=1)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match=words) as e:
+        read_model_config(str(path))
+    assert "\n" not in str(e.value)
 
 
 def drop_tokenizer(path) -> None:
@@ -136,10 +161,7 @@ def save_multimodal_gemma3(path, cfg):
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
+    model = randomize(transformers.Gemma3ForConditionalGeneration(cfg).eval(), seed=None)
     model.save_pretrained(path)
     make_tiny_model(path / "tok", "Llama")  # borrow its tokenizer files
     for f in ("tokenizer.json", "tokenizer_config.json"):

@@ -23,6 +23,27 @@ def test_round_trip_and_what_is_not_a_termination_message() -> None:
         assert t.parse(text) is None, text
 
 
+@pytest.mark.parametrize("text", [
+    "INFO:     Started server process [7]",  # a log level: uvicorn's lines
+    "ERROR: Exception in ASGI application",
+    "RuntimeError: CUDA error: an illegal memory access was encountered",  # a traceback's end
+    "KeyboardInterrupt: x\nValueError: y",
+    "loading weights\nModelDoesNotFit: looks like ours, among log lines",
+    "ModelDoesNotFit: 40 GiB\nINFO: shutting down",
+])  # fmt: skip
+def test_the_kubelets_log_fallback_is_no_message(text: str) -> None:
+    """terminationMessagePolicy FallbackToLogsOnError: a container that dies without writing the
+    file leaves its log's last lines (up to 80) as the message; they were read as ours when the
+    first looked like `Reason: text` (an `INFO:` line made the service Degraded=INFO)."""
+    assert t.parse(text) is None
+
+
+def test_a_reason_that_would_read_as_a_log_line_is_not_written() -> None:
+    for reason in ("OutOfMemoryError", "INFO", "UserWarning"):
+        got = t.termination_of(t.ReasonedError("m", reason=reason))
+        assert got.reason == t.DEFAULT_REASON and t.parse(got.line()) == got, reason
+
+
 def test_error_to_line_defaults_and_limits(tmp_path: pathlib.Path, monkeypatch, capsys) -> None:
     log = tmp_path / "termination-log"
     monkeypatch.setenv(t.TERMINATION_LOG_ENV, str(log))

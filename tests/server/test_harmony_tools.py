@@ -98,6 +98,22 @@ def test_the_cases_say_what_they_mean():
     assert HarmonyStream().feed(CASES[0], True) == ("Need it.", '{"city": "Paris"}')
 
 
+def test_a_call_to_a_function_not_in_tools_is_dropped():
+    """OpenAI never returns a call to a function the request does not list: gpt-oss's message
+    to one is dropped (as a second call without parallel_tool_calls), whole and streamed."""
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    _, text = HarmonyStream(calls=True).feed(CASES[3], True)  # calls get_weather, then add
+    content, calls = HarmonyToolParser.for_request(tools).parse(text)
+    assert (content, [c.name for c in calls]) == ("Checking.", ["get_weather"])
+    for cut in range(0, len(text) + 1, 7):
+        stream, got = HarmonyToolParser.for_request(tools).stream(), []
+        for j, piece in enumerate((text[:cut], text[cut:])):
+            got += [d["function"]["name"] for d in stream.feed(piece, j == 1).get("tool_calls", [])
+                    if "id" in d]  # fmt: skip
+        assert got == ["get_weather"]
+    assert [c.name for c in HarmonyToolParser().parse(text)[1]] == ["get_weather", "add"]
+
+
 def test_arguments_stream_as_they_arrive():
     split, tools = HarmonyStream(calls=True), HarmonyToolParser().stream()
     head = CALL.split("<|message|>")[0]
@@ -145,6 +161,21 @@ def test_the_chat_job_answers_calls_and_their_finish_reason():
     assert args == '{"city": "Paris"}' and ep.finish_reason(job, 0, "stop") == "tool_calls"
     ep, job, _ = _job({"tool_choice": "none"})  # no parser: the call's body is content
     assert ep.choice(job, 0, CASES[0], [])["message"]["content"] == '{"city": "Paris"}'
+
+
+def test_a_dropped_call_is_no_content_whole_as_streamed():
+    """A call to a function the request does not list, or a call header cut short: the stream
+    sends neither, and the whole response's content was the call's normalized text
+    (`<|start|>functions.nope<|message|>...`), which no client should see."""
+    for text in (CASES[0].replace("get_weather", "nope"), CASES[0][: CASES[0].index("json<|")]):
+        ep, job, _ = _job({})
+        message = ep.choice(job, 0, text, [])["message"]
+        assert (message["content"], message.get("tool_calls")) == (None, None), text
+        ep, job, _ = _job({"stream": True})
+        got = [ep.delta(job, 0, text[j : j + 5], [], 0, j == 0, j + 5 >= len(text))
+               for j in range(0, len(text), 5)]  # fmt: skip
+        deltas = [d["delta"] for d in got if d is not None]
+        assert not any(d.get("content") or d.get("tool_calls") for d in deltas), deltas
 
 
 def test_what_is_not_enforced_on_harmony_is_a_400():

@@ -73,3 +73,43 @@ def test_a_call_whose_name_is_not_json_stays_content(client):
     chunks = list(client.chat.completions.create(**kw, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+FULL_ARGS = '{"a": 2, "b": 3}'
+
+
+def _whole_and_streamed(client, text: str, max_tokens: int):
+    """The reply forced to `text` (a one-choice structured output; tool_choice auto, the one
+    tool `add`), whole and streamed (the SDK's chunks added up: its stream helper refuses a
+    `length` finish): the same (content, [(name, arguments)], finish_reason) both ways."""
+    kw = dict(model=MODEL, messages=ASK, tools=[ADD], max_tokens=max_tokens, temperature=0,
+              extra_body={"structured_outputs": {"choice": [text]}})  # fmt: skip
+    whole = client.chat.completions.create(**kw).choices[0]
+    got = (whole.message.content, [(c.function.name, c.function.arguments)
+                                   for c in whole.message.tool_calls or []], whole.finish_reason)  # fmt: skip
+    content, calls, finish = None, {}, None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for d, f in ((c.delta, c.finish_reason) for c in chunk.choices):
+            if d.content is not None:
+                content = (content or "") + d.content
+            for t in d.tool_calls or []:
+                if t.id is not None:
+                    calls[t.index] = [t.function.name, ""]
+                calls[t.index][1] += t.function.arguments or ""
+            finish = f or finish
+    assert (content, [tuple(c) for c in calls.values()], finish) == got
+    return got
+
+
+def test_a_call_to_a_function_not_in_tools_and_a_call_cut_short_whole_as_streamed(client):
+    """A call to a function the request does not list is none (OpenAI never returns one):
+    content, whole and streamed. A call cut short by max_tokens after the stream sent its
+    name: the whole response reports the same call, its arguments as far as written, with
+    finish_reason `length` (as OpenAI does; it was content whole, a call streamed)."""
+    call = f'<tool_call>\n{{"name": "NAME", "arguments": {FULL_ARGS}}}\n</tool_call>'
+    text = call.replace("NAME", "sub")
+    assert _whole_and_streamed(client, text, 40) == (text, [], "stop")
+    content, calls, finish = _whole_and_streamed(client, call.replace("NAME", "add"), 21)
+    assert (content, [n for n, _ in calls], finish) == (None, ["add"], "length")
+    assert calls[0][1] and FULL_ARGS.startswith(calls[0][1]) and calls[0][1] != FULL_ARGS

@@ -1,6 +1,6 @@
 """DeepSeek's tool calls (`--tool-call-parser deepseek_v3|deepseek_v31`), as vLLM's
 deepseekv3/deepseekv31 parsers read them: whole outputs, and streams split at every point (and a
-character at a time) give the same calls and content; what is not a complete call stays content;
+character at a time) give the same calls and content; what holds no call's header stays content;
 tool_choice required or named gets a grammar (what it takes: `test_tool_markers.py`)."""
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ def test_the_flag_names_them_and_detect_never_picks_them():
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -121,8 +122,8 @@ def test_the_chat_job_answers_calls_whole_and_streamed():
     text, content, calls = CASES["deepseek_v31"][1]
     for stream in (False, True):
         req = ChatCompletionRequest.model_validate(
-            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
-             "stream": stream})  # fmt: skip
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+             "tools": [*TOOLS, NOW], "stream": stream})  # fmt: skip
         ep = ChatEndpoint(("m",), tool_parser="deepseek_v31")
         job = ep.prepare(req, info, TokenStrings(t))
         assert job.params.skip_special_tokens is False  # the markers may be special tokens

@@ -1,18 +1,16 @@
 """GLM-4.5's tool calls (`--tool-call-parser glm45`) and thinking (`--reasoning-parser glm45`),
 as vLLM's glm4_moe parsers read them: whole outputs and streams split anywhere give the same
 calls and content; each argument typed by its tool's schema (a string kept raw, the rest read as
-JSON); what is not a complete call stays content; the parser is detected from GLM-4.5's
+JSON); what holds no call's name stays content; the parser is detected from GLM-4.5's
 template; the structural tag of `tool_choice: required` accepts GLM-4.5's own call text."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 from pagoda.runtime.server.tool_parsers import detect
-from parser_testlib import accepts, reasoning_streamed, streamed, tool_grammar
+from parser_testlib import accepts, family_tests, reasoning_streamed, tool_grammar
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -33,12 +31,12 @@ CASES = [
     ("Let me check.\n" + CALL + "\n<tool_call>now\n</tool_call>", "Let me check.",
      [("get_weather", WEATHER), ("now", {})]),
     # a value the schema does not type: JSON where it is JSON, a Python literal, else the text
-    ("<tool_call>unknown<arg_key>a</arg_key><arg_value>{'x': True}</arg_value><arg_key>b"
+    ("<tool_call>now<arg_key>a</arg_key><arg_value>{'x': True}</arg_value><arg_key>b"
      "</arg_key><arg_value> two words </arg_value><arg_key>a</arg_key><arg_value>9"
-     "</arg_value></tool_call>", None, [("unknown", {"a": {"x": True}, "b": "two words"})]),
+     "</arg_value></tool_call>", None, [("now", {"a": {"x": True}, "b": "two words"})]),
     # nested past json's depth (it raised RecursionError: a 500): the text, as other non-JSON
-    ("<tool_call>unknown<arg_key>a</arg_key><arg_value>" + DEEP + "</arg_value></tool_call>",
-     None, [("unknown", {"a": DEEP})]),
+    ("<tool_call>now<arg_key>a</arg_key><arg_value>" + DEEP + "</arg_value></tool_call>",
+     None, [("now", {"a": DEEP})]),
     # NaN and numbers past a double are no JSON value (json.dumps wrote NaN, Infinity: the
     # arguments were no JSON): the text
     ("<tool_call>get_weather<arg_key>days</arg_key><arg_value>NaN</arg_value><arg_key>x"
@@ -52,43 +50,16 @@ def parser() -> Glm45Parser:
     return Glm45Parser.for_request(TOOLS)
 
 
-@pytest.mark.parametrize(("text", "content", "calls"), CASES)
-def test_whole_outputs(text, content, calls):
-    got_content, got = parser().parse(text)
-    assert got_content == content
-    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
-    assert all(c.id.startswith("call_") for c in got) and len({c.id for c in got}) == len(got)
-    assert [c.name for c in parser().parse(text, parallel=False)[1]] == [calls[0][0]]
-
-
-def _streamed(text: str, seed: int, parallel: bool = True) -> tuple[str, list]:
-    return streamed(parser().stream(parallel), text, seed)[:2]
-
-
-@pytest.mark.parametrize(("text", "content", "calls"), CASES)
-@pytest.mark.parametrize("seed", range(4))
-def test_streams_give_the_same_calls(text, content, calls, seed):
-    got_content, got = _streamed(text, seed)
-    assert got_content == (content or "")
-    assert [(n, json.loads(a)) for n, a in got] == calls
-    whole = parser().parse(text)[1]
-    assert [a for _, a in got] == [c.arguments for c in whole]  # the same JSON text
-    assert len(_streamed(text, seed, parallel=False)[1]) == 1
-
-
-@pytest.mark.parametrize("text", PLAIN)
-def test_what_is_not_a_call_stays_content(text):
-    assert parser().parse(text) == (text, [])
-    content, _ = _streamed(text, 0)
-    assert content == text
-
-
-def test_a_call_cut_short_streams_what_it_has():
-    """max_tokens inside a value: the whole response keeps the text as content; a stream has
-    sent the call's start and its complete pairs (finish_reason `length` tells it is cut)."""
-    text = CALL[: CALL.index("<arg_key>days")] + "<arg_key>da"
-    assert parser().parse(text) == (text, [])
-    assert _streamed(text, 0) == ("", [["get_weather", '{"city": "New York", "code": "42"']])
+CUT = (
+    CALL[: CALL.index("<arg_key>days")] + "<arg_key>da",
+    "get_weather",
+    '{"city": "New York", "code": "42"',
+)  # max_tokens inside a value
+(
+    test_whole_and_streamed_outputs,
+    test_what_is_not_a_call_stays_content,
+    test_a_call_cut_short_is_reported_as_streamed,
+) = family_tests(parser, CASES, PLAIN, CUT)
 
 
 def test_arguments_stream_pair_by_pair():

@@ -8,13 +8,11 @@ tag of `tool_choice: required` accepts the model's own call text."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
 from pagoda.runtime.server.tool_parsers import detect
-from parser_testlib import accepts, streamed, tool_grammar
+from parser_testlib import accepts, family_tests, tool_grammar
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -43,12 +41,12 @@ CASES = [
     ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">null'
      '</parameter>\n<parameter name="days">Null</parameter>\n</invoke>\n</minimax:tool_call>',
      None, [("get_weather", {"city": None, "days": None})]),
-    # unquoted names, a value over lines, a repeated key (the first kept), a tool the request
-    # does not list: every value a string, as vLLM's parser keeps them
-    ("<minimax:tool_call><invoke name=unknown><parameter name=a>\n{'x': True}\n</parameter>"
+    # unquoted names, a value over lines, a repeated key (the first kept), a tool whose schema
+    # types no argument: every value a string, as vLLM's parser keeps them
+    ("<minimax:tool_call><invoke name=now><parameter name=a>\n{'x': True}\n</parameter>"
      '<parameter name="b"> two words </parameter><parameter name="a">9</parameter>'
      '<parameter name="c">[1, 2]</parameter></invoke></minimax:tool_call>', None,
-     [("unknown", {"a": "{'x': True}", "b": "two words", "c": "[1, 2]"})]),
+     [("now", {"a": "{'x': True}", "b": "two words", "c": "[1, 2]"})]),
     # vLLM's typing: an untyped argument a string, booleans by word, a whole number an integer,
     # an enum's type, anyOf, a list of types in its order, nil/none null, a typed value its
     # type does not read as JSON or as the text
@@ -76,41 +74,16 @@ def parser() -> MiniMaxM2Parser:
     return MiniMaxM2Parser.for_request(TOOLS)
 
 
-@pytest.mark.parametrize(("text", "content", "calls"), CASES)
-def test_whole_outputs(text, content, calls):
-    got_content, got = parser().parse(text)
-    assert got_content == content
-    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
-    assert len({c.id for c in got}) == len(got)
-    assert [c.name for c in parser().parse(text, parallel=False)[1]] == [calls[0][0]]
-
-
-def _streamed(text: str, seed: int, parallel: bool = True) -> tuple[str, list]:
-    return streamed(parser().stream(parallel), text, seed)[:2]
-
-
-@pytest.mark.parametrize(("text", "content", "calls"), CASES)
-@pytest.mark.parametrize("seed", range(4))
-def test_streams_give_the_same_calls(text, content, calls, seed):
-    got_content, got = _streamed(text, seed)
-    assert got_content == (content or "")
-    assert [(n, json.loads(a)) for n, a in got] == calls
-    assert [a for _, a in got] == [c.arguments for c in parser().parse(text)[1]]
-    assert len(_streamed(text, seed, parallel=False)[1]) == 1
-
-
-@pytest.mark.parametrize("text", PLAIN)
-def test_what_is_not_a_call_stays_content(text):
-    assert parser().parse(text) == (text, [])
-    assert _streamed(text, 0)[0] == text
-
-
-def test_a_call_cut_short_streams_what_it_has():
-    """max_tokens inside a value: the whole response keeps the text as content; a stream has
-    sent the call's start and its complete parameters (finish_reason `length` tells)."""
-    text = CALL[: CALL.index('<parameter name="days">')] + '<parameter name="days">1'
-    assert parser().parse(text) == (text, [])
-    assert _streamed(text, 0) == ("", [["get_weather", '{"city": "New York", "code": "42"']])
+CUT = (
+    CALL[: CALL.index('<parameter name="days">')] + '<parameter name="days">1',
+    "get_weather",
+    '{"city": "New York", "code": "42"',
+)  # max_tokens inside a value
+(
+    test_whole_and_streamed_outputs,
+    test_what_is_not_a_call_stays_content,
+    test_a_call_cut_short_is_reported_as_streamed,
+) = family_tests(parser, CASES, PLAIN, CUT)
 
 
 def test_detected_from_the_template():

@@ -78,17 +78,20 @@ def test_what_is_not_a_call_stays_content(parser, text):
 
 
 def test_a_call_cut_short_streams_what_it_has():
-    """max_tokens inside the arguments: the whole response keeps the text as content; a stream
-    has sent the call's start (and finish_reason `length` tells the client it is cut)."""
+    """max_tokens inside the arguments: a stream has sent the call's start, and the whole
+    response reports the same call (finish_reason `length` tells the client it is cut, as
+    OpenAI reports a call cut short)."""
     text = '<tool_call>\n{"name": "f", "arguments": {"a": 1\n'
-    assert HermesParser().parse(text) == (text, [])
+    content, calls = HermesParser().parse(text)
+    assert (content, [(c.name, c.arguments) for c in calls]) == (None, [("f", '{"a": 1')])
     content, calls, _ = _streamed(HermesParser(), text, 0)
     assert content == "" and calls == [["f", '{"a": 1']]
 
 
 @pytest.mark.parametrize("parser", [HermesParser(), Llama3JsonParser(), MistralParser()])
-def test_arguments_nested_past_jsons_depth_are_not_a_call(parser):
-    """json.loads raised RecursionError (not a ValueError): a 500 for a whole response."""
+def test_arguments_nested_past_jsons_depth_are_the_text_as_streamed(parser):
+    """json.loads raised RecursionError (not a ValueError): a 500 for a whole response. The
+    arguments are the model's text, whole as streamed (a JSON string's value once whole)."""
     deep = "[" * 1000 + "]" * 1000
     for args in (deep, json.dumps(deep)):  # the arguments as JSON, and as a JSON string
         call = f'{{"name": "f", "{"parameters" if parser.name == "llama3_json" else "arguments"}"'
@@ -97,16 +100,68 @@ def test_arguments_nested_past_jsons_depth_are_not_a_call(parser):
             "llama3_json": f"{call}: {args}}}",
             "mistral": f"[TOOL_CALLS][{call}: {args}}}]",
         }[parser.name]
-        assert parser.parse(text) == (text, [])
-        _streamed(parser, text, 0)  # the final feed parses the whole text too
+        assert [(c.name, c.arguments) for c in parser.parse(text)[1]] == [("f", deep)]
+        assert _streamed(parser, text, 0)[1] == [["f", deep]]
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
-def test_arguments_with_nan_or_infinity_are_not_a_call(literal):
-    """Python's json.loads reads NaN and Infinity, which JSON has not: such arguments were
-    handed out as a call whose arguments no strict JSON parser reads."""
-    text = f'<tool_call>\n{{"name": "f", "arguments": {{"a": [{literal}]}}}}\n</tool_call>'
-    assert HermesParser().parse(text) == (text, [])
+def test_arguments_that_are_no_json_are_the_text_as_streamed(literal):
+    """NaN and Infinity (which JSON has not): the stream has sent the arguments as the model
+    wrote them before they could be read, so the whole response gives the same text (OpenAI's
+    arguments are the model's text too: a client validates them)."""
+    args = f'{{"a": [{literal}]}}'
+    text = f'<tool_call>\n{{"name": "f", "arguments": {args}}}\n</tool_call>'
+    assert [(c.name, c.arguments) for c in HermesParser().parse(text)[1]] == [("f", args)]
+    assert _streamed(HermesParser(), text, 0)[1] == [["f", args]]
+
+
+D = (
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+)
+# per parser: a block of calls (each `{name}`, arguments `{}`), as the model writes them
+BLOCKS = {
+    "hermes": ("Hm. ", '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>', "\n", ""),
+    "llama3_json": ("", '{{"name": "{}", "parameters": {{}}}}', "; ", ""),
+    "mistral": ("Hm. [TOOL_CALLS][", '{{"name": "{}", "arguments": {{}}}}', ", ", "]"),
+    "hunyuan_a13b": ("Hm. <tool_calls>[", '{{"name": "{}", "arguments": {{}}}}', ", ",
+                     "]</tool_calls>"),
+    "glm45": ("Hm. ", "<tool_call>{}\n</tool_call>", "\n", ""),
+    "minimax_m2": ("Hm. <minimax:tool_call>", '<invoke name="{}">\n</invoke>', "\n",
+                   "</minimax:tool_call>"),
+    "deepseek_v3": (f"Hm. {D[0]}", f"{D[1]}function{D[2]}{{}}\n```json\n{{{{}}}}\n```{D[3]}",
+                    "\n", D[4]),
+    "deepseek_v31": (f"Hm. {D[0]}", f"{D[1]}{{}}{D[2]}{{{{}}}}{D[3]}", "", D[4]),
+}  # fmt: skip
+
+
+def _block(parser: str, *names: str) -> str:
+    head, call, sep, tail = BLOCKS[parser]
+    return head + sep.join(call.format(n) for n in names) + tail
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_a_call_to_a_function_not_in_tools_is_none(name):
+    """OpenAI never returns a call to a function the request does not list (a client
+    dispatching on its name has nothing to run): the text stays content, whole and streamed,
+    and calls after it are dropped too (the stream never sends what the whole response lacks)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    parser = PARSERS[name].for_request(tools)
+    assert _block(name, "f") != _block(name, "nope")
+    text = _block(name, "nope")
+    assert parser.parse(text) == (text, [])
+    for seed in range(3):
+        assert streamed(parser.stream(), text, seed)[:2] == (text, [])
+    text = _block(name, "f", "nope", "f")
+    content, calls = parser.parse(text)
+    assert [(c.name, c.arguments) for c in calls] == [("f", "{}")]
+    for seed in range(3):
+        got = streamed(parser.stream(), text, seed)
+        assert (got[0] or None, got[1]) == (content, [["f", "{}"]])
+    assert [c.name for c in PARSERS[name]().parse(text)[1]] == ["f", "nope", "f"]  # no request
 
 
 def test_content_is_not_held_longer_than_a_marker_could_need():

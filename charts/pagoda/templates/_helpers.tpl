@@ -20,15 +20,25 @@ user labels (commonLabels, podLabels), so changing those never breaks a Deployme
 {{- end }}
 {{- end }}
 
+{{/* The full name with a suffix, ("-operator", "-metrics", ...), at most 63 characters: the
+full name is cut to fit before the suffix, never the suffix (cutting the whole gave a 63-character
+full name itself for every suffix: the operator's and the metrics Service one name). Called with
+(list . "SUFFIX"). */}}
+{{- define "pagoda.suffixed" -}}
+{{- $root := index . 0 -}}
+{{- $suffix := index . 1 -}}
+{{- printf "%s-%s" (include "pagoda.fullname" $root | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
+{{- end }}
+
 {{/* Name of the operator's Deployment, Service, ClusterRole, ... */}}
 {{- define "pagoda.operatorName" -}}
-{{- printf "%s-operator" (include "pagoda.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- include "pagoda.suffixed" (list . "operator") }}
 {{- end }}
 
 {{/* The headless Service the operator ServiceMonitor scrapes: every operator pod, the standby
 ones too (the operator Service selects the active one only). */}}
 {{- define "pagoda.metricsServiceName" -}}
-{{- printf "%s-metrics" (include "pagoda.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- include "pagoda.suffixed" (list . "metrics") }}
 {{- end }}
 
 {{- define "pagoda.chart" -}}
@@ -90,7 +100,7 @@ app.kubernetes.io/component: operator
 {{- if $s.name -}}
 {{- $s.name -}}
 {{- else if $s.create -}}
-{{- printf "%s-webhook" (include "pagoda.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- include "pagoda.suffixed" (list . "webhook") -}}
 {{- end -}}
 {{- end }}
 

@@ -13,13 +13,15 @@ import json
 
 import pytest
 import torch
-from arch_cases import NEW, check, generate
-from hf_oracle import hf_greedy_plain, make_tiny_model, save_multimodal_gemma3
+from arch_cases import FULL, NEW, SLIDING, check, generate
+from hf_oracle import TINY, hf_greedy_plain, make_tiny_model, save_multimodal_gemma3
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
+# the tiny checkpoints' shape without its token ids and context (the multimodal configs' own)
+SHAPE = {k: TINY[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                              "num_attention_heads", "num_key_value_heads")}  # fmt: skip
 LONG = [(7 * i + 3) % 290 + 5 for i in range(70)]
 PROMPTS = [LONG, [(5 * i + 1) % 290 + 5 for i in range(23)]]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
@@ -169,25 +171,9 @@ def test_mistral_window_null_is_none(tmp_path):
 
 
 def test_multimodal_gemma3_untied_by_its_top_level_flag(tmp_path):
-    text = dict(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        sliding_window=7,
-        sliding_window_pattern=2,
-    )  # its text_config keeps the default: tied
-    vision = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-    )
+    text = dict(SHAPE, head_dim=32, sliding_window=7, sliding_window_pattern=2)  # tied: default
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
     cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                     image_token_index=299, boi_token_index=297,
                                     eoi_token_index=298, tie_word_embeddings=False)  # fmt: skip
@@ -255,8 +241,8 @@ def test_multimodal_gemma3_stops_at_the_top_level_eos_ids(tmp_path):
     """google/gemma-3-4b-it's config.json names EOS 1 and 106 (<end_of_turn>) at the top level,
     its text_config none: without generation_config.json, transformers generates until either
     (GenerationConfig.from_model_config), not until the text model's default 1 alone."""
-    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                head_dim=32, sliding_window=7)  # fmt: skip
+    text = dict(SHAPE, head_dim=32, sliding_window=7)
+    del text["num_attention_heads"], text["num_key_value_heads"]  # (the class defaults)
     cfg = transformers.Gemma3Config(text_config=text, eos_token_id=[1, 106])
     cfg.architectures = ["Gemma3ForConditionalGeneration"]
     cfg.save_pretrained(tmp_path)

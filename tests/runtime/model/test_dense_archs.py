@@ -63,17 +63,15 @@ import torch
 from arch_cases import (
     built_fixture,
     case_fixture,
-    check_chunked_cached_batched,
-    check_on_cuda_with_graphs,
-    check_preempted,
     check_two_ranks,
+    gpu_test,
+    greedy_test,
 )
-from hf_oracle import make_tiny_model, save_word_tokenizer
+from hf_oracle import TINY, check_config_refused, make_tiny_model, make_tiny_wrapped
 from pagoda.runtime.model.loader import read_model_config
 from pagoda.runtime.model.ops import rope_kind
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
 # MiniCPM3-4B's rotary, shrunk: longrope over an original context of 32 (the prompts pass it)
@@ -201,9 +199,7 @@ def published(path, renames: dict[str, str]) -> None:
 def make_exaone4_5(path, **overrides):
     """Exaone4_5_ForConditionalGeneration around a tiny EXAONE 4 text model and a one-block
     vision tower, scaled as `make_tiny_model`'s, with its tokenizer."""
-    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                eos_token_id=2, bos_token_id=1, pad_token_id=0) | overrides  # fmt: skip
+    text = dict(TINY, pad_token_id=0) | overrides
     vision = transformers.Exaone4_5_VisionConfig(
         depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
         fullatt_block_indexes=[0], num_key_value_heads=2,
@@ -211,15 +207,7 @@ def make_exaone4_5(path, **overrides):
     cfg = transformers.Exaone4_5_Config(
         text_config=transformers.Exaone4Config(**text), vision_config=vision
     )
-    torch.manual_seed(0)
-    model = transformers.Exaone4_5_ForConditionalGeneration(cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(path)
-    save_word_tokenizer(path, 300)
-    return model
+    return make_tiny_wrapped(path, "Exaone4_5_ForConditionalGeneration", cfg)
 
 
 def _make(name: str, path):
@@ -254,10 +242,7 @@ built = built_fixture(_make)
 case = case_fixture(CASES)
 
 
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
-    name, _, _, loaded, reference = case
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 def test_the_published_config_reads_as_transformers_reads_it(case):
@@ -343,13 +328,8 @@ def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     check_estimate(path, tp)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA in float32 with the defaults (the Triton ops and attention, CUDA graphs):
-    transformers' tokens and logits, graphs as eager, no step's launch syncing with the host."""
-    _, _, loaded, reference = built(name)
-    check_on_cuda_with_graphs(loaded, reference, name)
+# On CUDA in float32 with the defaults (the Triton ops and attention, CUDA graphs)
+test_gpu_matches_transformers_with_graphs = gpu_test()
 
 
 @pytest.mark.parametrize(("arch", "model_type", "extra"), [
@@ -419,12 +399,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     """Read with the config (before the server binds: exit 2), naming the value."""
-    make_tiny_model(tmp_path, arch, num_hidden_layers=1)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
-    with pytest.raises(ValueError, match=words) as e:
-        read_model_config(str(tmp_path))
-    assert "\n" not in str(e.value)
+    check_config_refused(tmp_path, arch, edit, words)
 
 
 def _edit_tensors(path, edit) -> None:

@@ -19,7 +19,7 @@ from arch_cases import (
     generate,
     prompts,
 )
-from hf_oracle import hf_greedy_plain, save_word_tokenizer
+from hf_oracle import hf_greedy_plain, randomize, save_tiny
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
 
@@ -47,11 +47,9 @@ CASES = {
 
 
 def _scaled(model):
-    """Matrices x 3, noise on every 1-D weight; each layer's scalar its own."""
-    g = torch.Generator().manual_seed(1)
+    """Randomized as `make_tiny_model`'s; each layer's scalar its own."""
+    randomize(model)
     with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape, generator=g))
         layers = getattr(model.model, "language_model", model.model).layers
         for i, layer in enumerate(layers):
             layer.layer_scalar.fill_(0.8 + 0.15 * i)
@@ -61,10 +59,7 @@ def _scaled(model):
 def write(name: str, path):
     torch.manual_seed(0)
     config = transformers.Gemma4TextConfig(**{**TEXT, **CASES[name]})
-    model = _scaled(transformers.Gemma4ForCausalLM(config).eval())
-    model.save_pretrained(path)
-    save_word_tokenizer(path, TEXT["vocab_size"])
-    return model
+    return save_tiny(_scaled(transformers.Gemma4ForCausalLM(config).eval()), path)
 
 
 built = built_fixture(write)
@@ -116,9 +111,7 @@ def test_a_conditional_generation_checkpoint_is_read_text_only(tmp_path):
                                              num_key_value_heads=2)  # fmt: skip
     text = transformers.Gemma4TextConfig(**{**TEXT, **CASES["kv-shared"]})
     cfg = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
-    model = _scaled(transformers.Gemma4ForConditionalGeneration(cfg).eval())
-    model.save_pretrained(tmp_path)
-    save_word_tokenizer(tmp_path, TEXT["vocab_size"])
+    model = save_tiny(_scaled(transformers.Gemma4ForConditionalGeneration(cfg).eval()), tmp_path)
     reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
     loaded = load_model(str(tmp_path))
     assert loaded.config.architecture == "gemma4"
@@ -230,16 +223,10 @@ def test_gemma4_on_the_triton_backend_matches_transformers(built):
     the prefill kernel, the full layers' prompt rows through SDPA with the producers' k/v,
     decodes in the decode kernel): transformers' tokens and logits."""
     pytest.importorskip("triton")
-    from arch_cases import check
+    from arch_cases import check_on_triton
 
     _, model, loaded, _ = built("kv-shared")
-    short = [p[:n] for p, n in zip(prompts(), (19, 12))]
-    reference = [hf_greedy_plain(model, p, 6) for p in short]
-    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
-              kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4,
-              batch_invariant=False)  # fmt: skip
-    for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
-        check(got, want, f"kv-shared on Triton: prompt {i}")
+    check_on_triton(model, loaded, (19, 12), "kv-shared")
 
 
 def test_a_gemma4_too_big_for_its_gpu_is_offered_neither_fp8_nor_more_gpus(tmp_path, monkeypatch):

@@ -14,16 +14,16 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from arch_cases import FULL, LLAMA3, MINISTRAL3_YARN, SLIDING
 from gguf import GGMLQuantizationType as Q
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model import mxfp4
 from pagoda.runtime.model.gguf_loader import load_gguf
 from pagoda.runtime.model.loader import read_model_config
-from test_gguf_families import _byte_level_vocab, _oracle, _permute
+from test_gguf_families import _oracle, _permute, add_byte_level_tokenizer
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 TEMPLATE = (
     "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
 )
@@ -119,15 +119,7 @@ def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extr
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
     else:
-        tokens, types, merges = _byte_level_vocab(cfg.vocab_size)
-        for i, t in enumerate(tokens_extra):  # special tokens over the last ids
-            tokens[-1 - i], types[-1 - i] = t, 3
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre(pre)
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_eos_token_id(cfg.vocab_size - 1)
+        add_byte_level_tokenizer(w, cfg.vocab_size, pre, specials=tokens_extra)
     expected: dict[str, np.ndarray] = {}
 
     def put(gname, arr, hf, qtype=Q.Q8_0, heads=0):
@@ -350,11 +342,6 @@ def _llama_extra(w, cfg, sd, put):
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
             "short_factor": [1.0 + 0.2 * i for i in range(6)],
             "long_factor": [1.5 + 1.5 * i for i in range(6)]}  # fmt: skip
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "beta_fast": 32.0,
-        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.5}  # fmt: skip
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
 # case: (transformers config prefix, overrides, llama.cpp arch, converter extra, engine arch)
 CASES = {
     # longrope past an original context of 32 (the long prompt rotates long), 0.75 rotating
@@ -372,7 +359,7 @@ CASES = {
     "starcoder2": ("Starcoder2", dict(), "starcoder2", None, "starcoder2"),
     "arcee": ("Arcee", dict(num_key_value_heads=1), "arcee", _llama_extra, "arcee"),
     "apertus": ("Apertus", dict(rope_parameters=LLAMA3), "apertus", _llama_extra, "apertus"),
-    "ministral3": ("Ministral3", dict(head_dim=16, rope_parameters=YARN), "mistral3",
+    "ministral3": ("Ministral3", dict(head_dim=16, rope_parameters=MINISTRAL3_YARN), "mistral3",
                    _llama_extra, "ministral3"),
     "mistral3-text": ("Mistral", dict(head_dim=16, sliding_window=None), "mistral3",
                       _llama_extra, "mistral"),

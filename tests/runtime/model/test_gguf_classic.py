@@ -21,7 +21,7 @@ from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
 from pagoda.runtime.model.hf_loader import check_weights, read_config, read_weights
 from test_gguf_archs import PROMPTS, _check_estimate, _generate, _unpermute
-from test_gguf_families import _byte_level_vocab, _oracle, _permute
+from test_gguf_families import _oracle, _permute, add_byte_level_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -357,24 +357,12 @@ def convert(path, hf_dir, arch: str, spm: bool = False, extra=None) -> dict[str,
     if extra is not None:  # keys written over the converter's
         extra(w)
     if spm:
-        from test_gguf_families import _spm_vocab
+        from test_gguf_families import add_gemma_tokenizer
 
-        tokens, types = _spm_vocab(c["vocab_size"])
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores([0.0] * len(tokens))
-        w.add_token_types(types)
+        add_gemma_tokenizer(w, c["vocab_size"])
         w.add_add_space_prefix(False)
-        w.add_bos_token_id(2)
-        w.add_eos_token_id(1)
     else:
-        tokens, types, merges = _byte_level_vocab(c["vocab_size"])
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre(_PRE[arch] or "default")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_eos_token_id(c["vocab_size"] - 1)
+        add_byte_level_tokenizer(w, c["vocab_size"], _PRE[arch] or "default")
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], cfg.num_hidden_layers)
     expected: dict[str, np.ndarray] = {}
     norms: dict[str, dict[int, np.ndarray]] = {}

@@ -19,7 +19,7 @@ from hf_oracle import hf_greedy_plain
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model
 from test_deepseek import CASES, YARN, write_case
-from test_gguf_families import _byte_level_vocab
+from test_gguf_families import add_byte_level_tokenizer
 
 transformers = pytest.importorskip("transformers")
 NAMES = {  # HF suffix under model.layers.{i}. -> llama.cpp's
@@ -88,13 +88,7 @@ def write_deepseek2(path, hf_dir, split_kv_b: bool) -> dict[str, torch.Tensor]:
             w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
         if rope.get("beta_slow") is not None:
             w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    tokens, types, merges = _byte_level_vocab(c.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_eos_token_id(len(tokens) - 1)
+    add_byte_level_tokenizer(w, c.vocab_size)
     back: dict[str, np.ndarray] = {}
 
     def put(name: str, arr: np.ndarray) -> np.ndarray:

@@ -86,6 +86,32 @@ def _byte_level_vocab(n: int) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, ["Ġ t", "h e", "Ġt he", "i n", "Ġ in"]
 
 
+def add_byte_level_tokenizer(w, n: int, pre: str = "qwen2", specials=()) -> None:
+    """`_byte_level_vocab(n)` written as llama.cpp's converter writes a BPE tokenizer (model
+    "gpt2", pre-tokenizer `pre`), `specials` (control tokens) over the last ids, EOS the last."""
+    tokens, types, merges = _byte_level_vocab(n)
+    for i, t in enumerate(specials):
+        tokens[-1 - i], types[-1 - i] = t, 3
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(n - 1)
+
+
+def add_gemma_tokenizer(w, n: int) -> None:
+    """`_spm_vocab(n)` written as the converter writes Gemma's SentencePiece tokenizer (model
+    "llama", scores 0, BOS 2, EOS 1)."""
+    tokens, types = _spm_vocab(n)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+
+
 def _spm_vocab(n: int) -> tuple[list[str], list[int]]:
     """A Gemma-style SentencePiece vocabulary of n tokens: control tokens, byte fallbacks,
     pieces with "\u2581" for spaces, one run of real spaces (as Gemma's files store them)."""
@@ -190,22 +216,10 @@ def write_gguf(
     if rope.get("rope_type") == "llama3":  # the converter's divisors, as a tensor
         w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, head_dim))
     if gemma:
-        tokens, types = _spm_vocab(cfg.vocab_size)
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores([0.0] * len(tokens))
-        w.add_token_types(types)
+        add_gemma_tokenizer(w, cfg.vocab_size)
         w.add_add_bos_token(True)
-        w.add_bos_token_id(2)
-        w.add_eos_token_id(1)
     else:
-        tokens, types, merges = _byte_level_vocab(cfg.vocab_size)
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_eos_token_id(len(tokens) - 1)
+        add_byte_level_tokenizer(w, cfg.vocab_size)
     expected: dict[str, np.ndarray] = {}
 
     def put(gname: str, arr: np.ndarray, hf: str, qtype=Q.Q8_0, heads: int = 0, shift=0.0):

@@ -184,7 +184,7 @@ def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
     checkpoint's (`backbone.`) names. With experts a `nemotron_h_moe` file: the MoE layers'
     `feed_forward_length` the experts' width, the `expert_*` keys, each layer's experts
     stacked (`ffn_up_exps`, `ffn_down_exps`), the router's bias `exp_probs_b.bias`."""
-    from pagoda.runtime.model.mamba_config import nemotron_name
+    from pagoda.runtime.model.nemotron_h_config import nemotron_name
     from safetensors.torch import load_file
 
     cfg = transformers.AutoConfig.from_pretrained(hf_dir)
@@ -284,7 +284,7 @@ def convert_nemotron_h(path, hf_dir) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("moe", [None, 0, 32], ids=["dense", "moe", "moe-latent"])
 def test_nemotron_h_gguf_matches_transformers_on_its_dequantized_weights(tmp_path, moe):
-    from pagoda.runtime.model.mamba_config import nemotron_name
+    from pagoda.runtime.model.nemotron_h_config import nemotron_name
 
     hf = NEMOTRON if moe is None else dict(NEMOTRON_MOE, moe_latent_size=moe or None)
     make_tiny_model(tmp_path / "hf", "NemotronH", **hf)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from arch_cases import LLAMA3
 from gguf import GGMLQuantizationType as Q
 from hf_oracle import _LM_CLASSES, hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
@@ -23,8 +24,6 @@ from test_gguf_families import _oracle
 
 transformers = pytest.importorskip("transformers")
 _LM_CLASSES.setdefault("Llama4Text", "Llama4ForCausalLM")
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
 # llama.cpp's Llama 4 values where transformers' config has keys for them
 LLAMA4 = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
               intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,

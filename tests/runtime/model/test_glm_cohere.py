@@ -26,18 +26,18 @@ import json
 import pytest
 import torch
 from arch_cases import (
+    FULL,
+    SLIDING,
     built_fixture,
     case_fixture,
-    check_chunked_cached_batched,
-    check_on_cuda_with_graphs,
-    check_preempted,
     check_two_ranks,
+    gpu_test,
+    greedy_test,
 )
-from hf_oracle import make_tiny_model
+from hf_oracle import check_config_refused, make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 # name: (transformers config class prefix, config overrides)
 CASES = {
     # NoPE on layers 1 and 3 (interval 2), which slide (transformers' default layer_types)
@@ -77,10 +77,7 @@ built = built_fixture(_make)
 case = case_fixture(CASES)
 
 
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
-    name, _, _, loaded, reference = case
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 def test_per_layer_rotary_and_windows_read_as_transformers(case):
@@ -135,12 +132,7 @@ def test_two_ranks_match_transformers(built, name):
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     """Read with the config (before the server binds: exit 2), naming the value."""
-    make_tiny_model(tmp_path, arch, num_hidden_layers=1)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
-    with pytest.raises(ValueError, match=words) as e:
-        read_model_config(str(tmp_path))
-    assert "\n" not in str(e.value)
+    check_config_refused(tmp_path, arch, edit, words)
 
 
 @pytest.mark.parametrize("family", ["glm", "cohere"])
@@ -177,14 +169,9 @@ def test_interleaved_rotary_is_transformers_bit_for_bit(family, dtype):
         assert torch.equal(gk, want_k[0].transpose(0, 1)), rows
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
-    the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager, no
-    step's launch syncing with the host (`tokens_without_host_syncs`)."""
-    _, _, loaded, reference = built(name)
-    check_on_cuda_with_graphs(loaded, reference, name)
+# On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads the
+# cache by positions, CUDA graphs)
+test_gpu_matches_transformers_with_graphs = gpu_test()
 
 
 def test_olmo3s_hub_config_format_reads_as_transformers_reads_it(tmp_path):

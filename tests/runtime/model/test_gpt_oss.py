@@ -21,7 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_ava
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts, tokens_without_host_syncs
+from arch_cases import FULL, SLIDING, check, generate, prompts, tokens_without_host_syncs
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model import mxfp4
@@ -29,7 +29,6 @@ from pagoda.runtime.model.loader import load_model, read_model_config
 
 transformers = pytest.importorskip("transformers")
 NEW = 6
-SLIDING, FULL = "sliding_attention", "full_attention"
 YARN = {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0}  # fmt: skip
 CONFIG = dict(head_dim=32, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,

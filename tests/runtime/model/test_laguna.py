@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import built_fixture, case_fixture, check_chunked_cached_batched, check_preempted
+from arch_cases import (
+    FULL,
+    SLIDING,
+    built_fixture,
+    case_fixture,
+    greedy_test,
+    scramble_correction_biases,
+)
 from hf_oracle import make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 CASES = {
     "laguna": dict(
         head_dim=16, num_attention_heads_per_layer=[4, 8, 2], num_hidden_layers=3,
@@ -34,14 +40,7 @@ CASES = {
 
 def write_case(name: str, path):
     model = make_tiny_model(path, "Laguna", **CASES[name])
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            bias = getattr(layer.mlp, "gate", None)
-            if bias is not None:
-                t = bias.e_score_correction_bias
-                t.copy_(torch.randn(t.shape, generator=g))
-    model.save_pretrained(path)
+    scramble_correction_biases(model, path)  # (the sparse layers')
     return model
 
 
@@ -49,10 +48,7 @@ built = built_fixture(write_case)
 case = case_fixture(CASES)
 
 
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
-    name, _, _, loaded, reference = case
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 def test_config_fields(built):
@@ -106,18 +102,10 @@ def test_triton_backend_with_query_heads_by_layer(built):
     heads from its q (4, 8, 2 over one backend of the model's 4), chunked and batched, one
     prompt past the window: transformers' tokens and logits."""
     pytest.importorskip("triton")
-    from arch_cases import check, generate, prompts
-    from hf_oracle import hf_greedy_plain
-    from pagoda.runtime import LLM
+    from arch_cases import check_on_triton
 
     _, model, loaded, _ = built("laguna")
-    short = [p[:n] for p, n in zip(prompts(), (19, 8))]
-    reference = [hf_greedy_plain(model, p, 6) for p in short]
-    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
-              kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4,
-              batch_invariant=False)  # fmt: skip
-    for i, (got, want) in enumerate(zip(generate(llm, short), reference)):
-        check(got, want, f"laguna on Triton: prompt {i}")
+    check_on_triton(model, loaded, (19, 8), "laguna")
 
 
 def test_a_published_style_config_reads_transformers_defaults(tmp_path):

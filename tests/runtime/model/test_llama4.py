@@ -25,14 +25,15 @@ import pytest
 import torch
 from arch_cases import (
     built_fixture,
+    case_fixture,
     check,
     check_chunked_cached_batched,
-    check_on_cuda_with_graphs,
-    check_preempted,
     generate,
+    gpu_test,
+    greedy_test,
     prompts,
 )
-from hf_oracle import _LM_CLASSES, hf_greedy_plain, make_tiny_model
+from hf_oracle import _LM_CLASSES, TINY, hf_greedy_plain, make_tiny_model, make_tiny_wrapped
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
 
@@ -54,14 +55,18 @@ CASES = {
 }  # fmt: skip
 
 
-built = built_fixture(lambda name, path: make_tiny_model(path, "Llama4Text", **CASES[name]))
+# maverick's layers one of each: a chunked rotary layer, then a NoPE global one with the experts
+# (the Triton test's model: one layer in the Triton kernels where maverick has three)
+MAVERICK_2 = dict(CASES["maverick"], num_hidden_layers=2, no_rope_layer_interval=2)
+built = built_fixture(
+    lambda name, path: make_tiny_model(
+        path, "Llama4Text", **(MAVERICK_2 if name == "maverick-2" else CASES[name])
+    )
+)
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built, name):
-    _, _, loaded, reference = built(name)
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+case = case_fixture(CASES)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 @pytest.mark.slow  # ~5 s
@@ -99,27 +104,32 @@ def test_the_cuda_expert_paths_route_top_k_as_transformers(built):
             torch.testing.assert_close(moe(x), want, rtol=1e-4, atol=1e-4, msg=str(s.fused))
 
 
-@pytest.mark.slow  # Triton's interpreter: ~20 s
+@pytest.mark.slow  # Triton's interpreter: ~7 s (maverick's four layers took 3.2x as long)
 def test_the_triton_backend_masks_the_chunks(built):
     """The Triton kernels (Triton's interpreter on a CPU, the GPU where there is one) not
     batch-invariant: the decodes in the split-KV kernel, the chunked layers' prompt rows in the
     prefill kernel, the NoPE layer's through SDPA (the batch-invariant path, every row in the
     prefill kernel, is the gpu test's; each path against the reference:
     tests/kernels/test_kernel_attention.py); chunked, batched and on a warm cache:
-    transformers' tokens and logits."""
+    transformers' tokens and logits. On MAVERICK_2: one layer of each kind (a chunked one in
+    the Triton kernels, a NoPE one), each kind's paths as maverick's four layers run them."""
     import os
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton kernels run on a CPU under TRITON_INTERPRET=1 only")
-    _, _, loaded, reference = built("maverick")
+    name = "maverick-2"
+    _, _, loaded, reference = built(name)
+    f = loaded.config.family
+    assert f.chunk_layers == f.rope_layers == (True, False) and f.moe_layers == (False, True)
     llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
               kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4,
               batch_invariant=False)  # fmt: skip
     cold = generate(llm, prompts())
     warm = generate(llm, prompts()[::-1])[::-1]
     for i, want in enumerate(reference):
-        check(cold[i], want, f"maverick: prompt {i}, triton, cold")
-        check(warm[i], want, f"maverick: prompt {i}, triton, warm")
+        check(cold[i], want, f"{name}: prompt {i}, triton, cold")
+        check(warm[i], want, f"{name}: prompt {i}, triton, warm")
+    assert llm.engine.kv.prefix_hits > 0
 
 
 def test_config_reads_as_transformers_and_the_context_is_max_position_embeddings(built):
@@ -198,24 +208,14 @@ def test_the_multimodal_checkpoints_language_model(tmp_path):
     """`Llama4ForConditionalGeneration` (Scout's and Maverick's published class): its
     `text_config` and its `language_model.` weights are read, the vision tower's are not; text
     prompts give transformers' tokens and logits."""
-    from hf_oracle import save_word_tokenizer
-
-    text = dict(vocab_size=300, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                num_local_experts=4, attention_chunk_size=16, max_position_embeddings=512,
-                no_rope_layer_interval=2, floor_scale=8, pad_token_id=0, bos_token_id=1,
-                eos_token_id=2)  # fmt: skip
+    text = dict(TINY, intermediate_size=32, intermediate_size_mlp=96, head_dim=16,
+                num_local_experts=4, attention_chunk_size=16, no_rope_layer_interval=2,
+                floor_scale=8, pad_token_id=0)  # fmt: skip
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=2, image_size=28, patch_size=14, vision_output_dim=32,
                   projector_input_dim=32, projector_output_dim=32)  # fmt: skip
-    torch.manual_seed(0)
     config = transformers.Llama4Config(text_config=text, vision_config=vision)
-    model = transformers.Llama4ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
-    model.save_pretrained(tmp_path)
-    save_word_tokenizer(tmp_path, 300)
+    model = make_tiny_wrapped(tmp_path, "Llama4ForConditionalGeneration", config, seed=None)
     reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
     loaded = load_model(str(tmp_path))
     assert not any(n.startswith("vision_model") for n in loaded.weights)
@@ -259,13 +259,11 @@ def test_scouts_hub_config_reads_as_transformers_reads_it(tmp_path):
     assert ours.eos_token_ids == (200001, 200007, 200008) and not ours.tie_word_embeddings
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE
-    kernel, decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
-    (`arch_cases.check_on_cuda_with_graphs`)."""
-    _, _, loaded, reference = built(name)
-    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+def _every_moe_fused(name, runner):
     moes = [layer.mlp for layer in runner.model.layers if hasattr(layer.mlp, "experts")]
-    assert moes and all(m.experts.fused is not None for m in moes)
+    assert moes and all(m.experts.fused is not None for m in moes), name
+
+
+# On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE kernel,
+# decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
+test_gpu_matches_transformers_with_graphs = gpu_test(_every_moe_fused)

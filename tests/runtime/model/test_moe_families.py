@@ -83,18 +83,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 from arch_cases import (
+    FULL,
+    SLIDING,
     built_fixture,
     case_fixture,
-    check_chunked_cached_batched,
-    check_on_cuda_with_graphs,
-    check_preempted,
     check_two_ranks,
+    fused_moe_at,
+    gpu_test,
+    greedy_test,
 )
 from hf_oracle import make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
-SLIDING, FULL = "sliding_attention", "full_attention"
 # Hunyuan's released NTK-alpha rotary
 ALPHA = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 128,
@@ -399,10 +400,7 @@ built = built_fixture(write_case)
 case = case_fixture(CASES)
 
 
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
-    name, _, _, loaded, reference = case
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 @pytest.mark.parametrize("name", list(FIELDS))
@@ -467,16 +465,14 @@ def test_two_tensor_parallel_ranks_match_transformers(built, name):
     check_two_ranks(path, loaded, reference, name, kv_heads=1)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA: the experts in the fused-MoE kernel, decodes in CUDA graphs, no host sync."""
-    _, _, loaded, reference = built(name)
-    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+def _fused_moe(name, runner):
     layer = MOE_LAYER.get(name, -1)
     if layer is not None:
-        moe = runner.model.layers[layer].mlp
-        assert getattr(moe, "routed", moe).fused is not None
+        fused_moe_at(layer)(name, runner)
+
+
+# On CUDA: the experts in the fused-MoE kernel, decodes in CUDA graphs, no host sync
+test_gpu_matches_transformers_with_graphs = gpu_test(_fused_moe)
 
 
 # ERNIE 4.5 MoE

@@ -14,9 +14,9 @@ import json
 import pytest
 from arch_cases import (
     built_fixture,
-    check_chunked_cached_batched,
-    check_on_cuda_with_graphs,
-    check_preempted,
+    case_fixture,
+    gpu_test,
+    greedy_test,
 )
 from hf_oracle import make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
@@ -35,11 +35,8 @@ def write_case(name: str, path):
 built = built_fixture(write_case)
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built, name):
-    _, _, loaded, reference = built(name)
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+case = case_fixture(CASES)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -64,8 +61,4 @@ def test_sparse_config_reads_as_transformers(tmp_path):
     assert c.rms_norm_eps == theirs.rms_norm_eps
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    _, _, loaded, reference = built(name)
-    check_on_cuda_with_graphs(loaded, reference, name)
+test_gpu_matches_transformers_with_graphs = gpu_test()

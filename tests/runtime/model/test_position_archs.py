@@ -39,10 +39,11 @@ from arch_cases import (
     built_fixture,
     case_fixture,
     check_chunked_cached_batched,
-    check_preempted,
     check_two_ranks,
+    gpu_test,
+    greedy_test,
 )
-from hf_oracle import make_tiny_model
+from hf_oracle import check_config_refused, make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
@@ -80,8 +81,15 @@ def _hub_names(path, prefix: str) -> None:
     save_file(tensors, f, {"format": "pt"})
 
 
+# bloom-6-heads in one layer: the Triton test's model (the kernels run each layer alike; two
+# layers took twice as long in the interpreter)
+ONE_LAYER = {
+    "bloom-6-heads-1": ("Bloom", dict(CASES["bloom-6-heads"][1], num_hidden_layers=1), None)
+}
+
+
 def _make(name: str, path):
-    arch, overrides, prefix = CASES[name]
+    arch, overrides, prefix = {**CASES, **ONE_LAYER}[name]
     model = make_tiny_model(path, arch, **overrides)
     if prefix is not None:
         _hub_names(path, prefix)
@@ -92,10 +100,7 @@ built = built_fixture(_make)
 case = case_fixture(CASES)
 
 
-def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
-    name, _, _, loaded, reference = case
-    check_chunked_cached_batched(loaded, reference, name)
-    check_preempted(loaded, reference, name)
+test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
 @pytest.mark.parametrize("name", ["bloom-6-heads", "mpt-clip-6-heads"])
@@ -197,12 +202,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ("OPT", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
-    make_tiny_model(tmp_path, arch, num_hidden_layers=1)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
-    with pytest.raises(ValueError, match=words) as e:
-        read_model_config(str(tmp_path))
-    assert "\n" not in str(e.value)
+    check_config_refused(tmp_path, arch, edit, words)
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
@@ -238,7 +238,7 @@ def test_max_model_len_past_the_position_table_is_refused(built):
         assert "\n" not in str(e.value)
 
 
-@pytest.mark.slow  # Triton's interpreter: 40 s at a load of 7 on 2 cores (measured)
+@pytest.mark.slow  # Triton's interpreter: 40 s at a load of 7 on 2 cores with two layers
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter")
 def test_alibi_on_the_triton_backend_matches_transformers(built):
     """The Triton kernels' ALiBi path (``HAS_ALIBI``) in the engine, chunked (chunks on cached
@@ -247,7 +247,7 @@ def test_alibi_on_the_triton_backend_matches_transformers(built):
     from arch_cases import check, generate, prompts
     from pagoda.runtime import LLM
 
-    name = "bloom-6-heads"
+    name = "bloom-6-heads-1"
     _, _, loaded, reference = built(name)
     llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
               kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
@@ -256,16 +256,9 @@ def test_alibi_on_the_triton_backend_matches_transformers(built):
         check(got, want, f"{name}: prompt {i}, Triton")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA in float32 with the defaults (the Triton ops and attention, ALiBi's kernel
-    path, CUDA graphs): transformers' tokens and logits, graphs as eager, no step's launch
-    syncing with the host."""
-    from arch_cases import check_on_cuda_with_graphs
-
-    _, _, loaded, reference = built(name)
-    check_on_cuda_with_graphs(loaded, reference, name)
+# On CUDA in float32 with the defaults (the Triton ops and attention, ALiBi's kernel path,
+# CUDA graphs)
+test_gpu_matches_transformers_with_graphs = gpu_test()
 
 
 def test_slopes_are_transformers_own():

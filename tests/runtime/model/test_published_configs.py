@@ -107,3 +107,45 @@ def test_mistral_small_3_1s_own_head_is_kept_and_counted(tmp_path):
     assert not ours.tie_word_embeddings
     got = weights.estimate(ours, engine, tmp_path, device=cuda)
     assert got.bytes == explicit.bytes
+
+
+# microsoft/bitnet-b1.58-2B-4T's config.json (its auto_map to remote code left out: transformers
+# runs its own BitNet); the -bf16 master weights' says quantization_mode online
+BITNET_2B_4T = {
+    "architectures": ["BitNetForCausalLM"], "model_type": "bitnet", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001,
+    "hidden_act": "relu2", "hidden_size": 2560, "initializer_range": 0.02,
+    "intermediate_size": 6912, "max_position_embeddings": 4096, "num_attention_heads": 20,
+    "num_hidden_layers": 30, "num_key_value_heads": 5, "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256,
+    "quantization_config": {"quant_method": "bitnet", "linear_class": "autobitlinear",
+                            "quantization_mode": "offline"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_bitnet_b1_58_2b_4t_reads_as_transformers_reads_it(tmp_path, mode):
+    """BitNet b1.58 2B4T (packed) and its -bf16 twin: transformers' shapes, rotary, ids and
+    tied head; 2.41 B parameters (transformers' count of the bf16 model: the sub-norms
+    included, the weight_scale buffers not); TP and FP8 refused for it."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+
+    cfg = {**BITNET_2B_4T, "quantization_config": {**BITNET_2B_4T["quantization_config"],
+                                                   "quantization_mode": mode}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    assert o.architecture == "bitnet" and o.family.bitnet == mode
+    assert (o.hidden_size, o.intermediate_size, o.num_layers) == (2560, 6912, 30)
+    assert (o.num_heads, o.num_kv_heads, o.head_dim) == (20, 5, 128)
+    assert o.rope_theta == t.rope_parameters["rope_theta"] == 500000.0
+    assert o.family.hidden_act == "relu2" and o.tie_word_embeddings == t.tie_word_embeddings
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, [t.eos_token_id])
+    assert (o.rms_norm_eps, o.max_position_embeddings) == (t.rms_norm_eps, 4096)
+    with torch.device("meta"):  # transformers' own count (the weight_scale buffers aside)
+        hf = transformers.BitNetForCausalLM(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 2_412_820_480
+    with pytest.raises(ValueError, match="not supported for a bitnet model"):
+        check(o, 2)

@@ -8,6 +8,7 @@ built with those configs, and a resume that sweeps nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -20,7 +21,7 @@ from hf_oracle import make_tiny_llama
 pytest.importorskip("triton")
 
 from pagoda.kernels import fused_moe
-from pagoda.runtime.tune import moe, sweep
+from pagoda.runtime.tune import engine, moe, sweep
 from pagoda.runtime.tune.choose import Targets
 from pagoda.runtime.tune.kernel_stage import INTERPRETER_LABEL
 from pagoda.runtime.tune.runner import TuneRequest, tune
@@ -40,6 +41,12 @@ def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
     # one timed call per candidate after its warm-up (the default: three): interpreter timings
     # only have to pick a winner here (`wall_timer` itself: test_kernel_sweep, test_moe_sweep)
     monkeypatch.setattr(sweep, "wall_timer", functools.partial(sweep.wall_timer, repeats=1))
+    # one decode point, not --quick's four: each runs the model under the interpreter (41% of
+    # the test's time); the batch of 4 keeps the kernel stage's max_num_seqs (test_tune_e2e
+    # measures --quick's whole plan)
+    quick_plan = engine.make_plan(max_model_len=128, cuda=False, quick=True)
+    plan = dataclasses.replace(quick_plan, decode_batches=(4,), decode_contexts=(32,))
+    monkeypatch.setattr(engine, "make_plan", lambda **kw: plan)
     request = TuneRequest(
         model=str(tmp_path / "m"),
         output=str(tmp_path / "profile"),
@@ -73,7 +80,8 @@ def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
             if b["kernel"] == kernel
         ]
     assert "kernels: CPU under TRITON_INTERPRET=1" in capsys.readouterr().err
-    assert result.profile["engine"]["decode"] and result.profile["attention_backend"] == "triton"
+    assert [(p["batch"], p["context"]) for p in result.profile["engine"]["decode"]] == [(4, 32)]
+    assert result.profile["attention_backend"] == "triton"
 
     swept = []
     monkeypatch.setattr(sweep, "sweep_bucket", lambda *a, **k: swept.append(a))
