@@ -43,7 +43,7 @@ def test_the_layers_read_from_the_config(built):
 def test_a_warm_prefix_restores_the_kda_state(built, monkeypatch):
     """The conv and KDA states' snapshot at 128 is a chunk start of `kda.chunked`."""
     _, model, loaded, _ = built("kimi-linear")
-    check_warm_prefix("kimi-linear", model, loaded, monkeypatch)
+    check_warm_prefix("kimi-linear", model, loaded, monkeypatch, budgets=(256,))  # (16: qwen3.5's)
 
 
 def test_estimates_checks_and_a_sparse_config(built, tmp_path):
