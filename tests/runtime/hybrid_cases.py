@@ -273,8 +273,9 @@ def check_chunked_batched_preempted(case) -> None:
     sharing steps with two state slots (slots reused, zeroed for the new sequence), then again
     in reverse order on the same engine, whose prefix cache serves each prompt up to its last
     snapshot boundary before its end (KV blocks and state snapshots every
-    `StateSnapshots.interval` tokens: 16 for Mamba2, 64 for the DeltaNet and KDA rules' chunks;
-    prefix caching off where the family keeps no snapshots: LFM2, Mamba-1); a one-token prompt
+    `StateSnapshots.interval` tokens: 16 for Mamba2, Mamba-1 and short convs, 64 for the
+    DeltaNet and KDA rules' chunks; prefix caching off where a family keeps no snapshots); a
+    one-token prompt
     (its first step a decode row from a zeroed slot); then a KV pool so small that requests are
     preempted (their states rebuilt by recompute): transformers' tokens and logits each time,
     every slot given back, the pool whole."""
