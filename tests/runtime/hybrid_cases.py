@@ -1,11 +1,31 @@
-"""Tiny hybrid checkpoints (Mamba2 layers, or LFM2's short convs, among attention layers) as transformers' configs:
-shared by tests/runtime/model/test_hybrid_ssm.py (`CASES`, one rank) and
-tests/runtime/distributed/test_tp_hybrid.py (`TP_CASES`, two ranks: every case's heads, groups
-and widths split in two)."""
+"""The recurrent families' tiny checkpoints (Mamba2 layers, LFM2's short convs, Mamba-1's,
+Gated DeltaNet's and Kimi Delta Attention's layers, among attention layers or alone) as
+transformers' configs, one row a case, and the checks the families' test files run against
+transformers, each written once:
+
+- `CASES`: name -> (transformers config class prefix, config overrides); `write` makes a row's
+  checkpoint (router biases scrambled where a row has them);
+- the session fixture `built` (tests/runtime/model/conftest.py) writes each checkpoint, and
+  transformers' greedy tokens and logits of `arch_cases.prompts()`, once per pytest process,
+  whichever family's test file asks first;
+- `check_chunked_batched_preempted` (every row: test_hybrid_ssm.py for `SSM`, test_qwen3_next.py,
+  test_olmo_hybrid.py and test_kimi_linear.py for `DELTA`), `check_decode_slots_out_of_order`
+  and `check_warm_prefix` (a 140-token shared prefix: the DeltaNet and KDA rows' snapshots
+  every 64 tokens).
+
+Also `TP_CASES` (two ranks: every case's heads, groups and widths split in two), for
+tests/runtime/distributed/test_tp_hybrid.py."""
 
 from __future__ import annotations
 
+import torch
+from arch_cases import NEW, check, check_preempted, generate, prompts
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM, SamplingParams
+
 MAMBA = dict(mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8)
+LIN, FULL = "linear_attention", "full_attention"
+DELTA_HEADS = dict(head_dim=16, num_attention_heads=4, num_key_value_heads=2)
 # name: (transformers config class prefix, config overrides)
 CASES = {
     "granite4-moe-rope": (
@@ -38,7 +58,7 @@ CASES = {
              n_groups=2, chunk_size=8, head_dim=16, use_bias=True, mlp_bias=True),
     ),
     # Nemotron 3's MoE blocks: sigmoid router over 2 groups with correction biases (scrambled
-    # by test_hybrid_ssm.py), routed scale, latent projections, a shared expert
+    # by `write`), routed scale, latent projections, a shared expert
     "nemotron-h-moe": (
         "NemotronH",
         dict(layers_block_type=["mamba", "moe", "attention", "moe"], num_hidden_layers=4,
@@ -76,7 +96,7 @@ CASES = {
              block_auto_adjust_ff_dim=False, tie_word_embeddings=False),
     ),
     # LFM2-MoE: a dense layer, then 8 sigmoid-routed experts (top 3) with the choice-only bias
-    # (scrambled by test_hybrid_ssm.py), routed scale, renormalised
+    # (scrambled by `write`), routed scale, renormalised
     "lfm2-moe": (
         "Lfm2Moe",
         dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
@@ -129,7 +149,54 @@ CASES = {
              num_attention_heads=4, num_key_value_heads=2, adapter_rank=8, n_mamba_heads=4,
              mamba_d_state=16, chunk_size=8, intermediate_size=96),
     ),
+    # Gated DeltaNet among gated attention (model/qwen3_next.py). Qwen3-Next: experts with the
+    # shared expert and its gate, a dense layer (`mlp_only_layers`), two value heads per key
+    # head, top-k not renormalised; Qwen3.5: a dense MLP, as many key heads as value heads, key
+    # heads wider than value heads, a conv of 3, tied; Qwen3.5-MoE: attention first, experts in
+    # every layer
+    "qwen3-next": ("Qwen3Next", dict(
+        **DELTA_HEADS, num_hidden_layers=3, layer_types=[LIN, FULL, LIN], linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, mlp_only_layers=[2], norm_topk_prob=False)),
+    "qwen3.5": ("Qwen3_5Text", dict(
+        **DELTA_HEADS, num_hidden_layers=3, layer_types=[LIN, LIN, FULL], linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=16,
+        linear_conv_kernel_dim=3, tie_word_embeddings=True)),
+    "qwen3.5-moe": ("Qwen3_5MoeText", dict(
+        **DELTA_HEADS, num_hidden_layers=2, layer_types=[FULL, LIN], linear_num_key_heads=1,
+        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32)),
+    # OLMo Hybrid (model/olmo_hybrid.py): a DeltaNet layer first, beta doubled
+    # (`linear_allow_neg_eigval`, the default), rotary, grouped KV heads, value heads wider than
+    # key heads; then attention first, beta in [0, 1], no rotary (`rope_parameters` without a
+    # `rope_theta`, as transformers reads NoPE), a conv of 3
+    "olmo-hybrid": ("OlmoHybrid", dict(
+        num_hidden_layers=3, layer_types=[LIN, FULL, LIN], linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=24)),
+    "olmo-hybrid-nope": ("OlmoHybrid", dict(
+        num_hidden_layers=2, layer_types=[FULL, LIN], num_key_value_heads=4,
+        linear_allow_neg_eigval=False, linear_conv_kernel_dim=3,
+        rope_parameters={"rope_type": "default", "rope_theta": None})),
+    # Kimi Linear (model/kimi_linear.py): KDA layers among NoPE latent attention layers,
+    # DeepSeek-V3's experts, in the published form (q/k/v convs in three parts,
+    # `block_sparse_moe` with experts' w1/w2/w3, the keys `linear_attn_config`, `num_experts`,
+    # `num_expert_group`, ...)
+    "kimi-linear": ("KimiLinear", dict(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+        q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        linear_attn_config={"full_attn_layers": [2], "kda_layers": [1, 3], "head_dim": 16,
+                            "num_heads": 2, "short_conv_kernel_size": 4},
+        num_experts=8, num_experts_per_token=2, num_shared_experts=1, moe_intermediate_size=32,
+        first_k_dense_replace=1, num_expert_group=2, topk_group=1, routed_scaling_factor=2.0)),
 }  # fmt: skip
+# the Gated DeltaNet and KDA rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
+DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "olmo-hybrid", "olmo-hybrid-nope", "kimi-linear")
+SSM = tuple(name for name in CASES if name not in DELTA)
+# rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
+# the picks
+SCRAMBLED = ("nemotron-h-moe", "lfm2-moe")
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's
 # norm before the gate over a group split across the ranks (four heads: Falcon's three above
@@ -160,3 +227,227 @@ TP_CASES = {
     ),
     "mamba2": CASES["mamba2"],  # no attention: the mixers alone split (one group a rank)
 }  # fmt: skip
+
+
+def write(name: str, path):
+    """Case `name`'s checkpoint (`make_tiny_model`) saved to `path`; the transformers model."""
+    arch, overrides = CASES[name]
+    model = make_tiny_model(path, arch, **overrides)
+    if name in SCRAMBLED:
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for key, buf in model.named_buffers():
+                if key.endswith(("e_score_correction_bias", "expert_bias")):
+                    buf.copy_(torch.randn(buf.shape, generator=g))
+        model.save_pretrained(path)
+    return model
+
+
+class Built:
+    """The `built` fixture's cache: `built(name)` -> (checkpoint directory, transformers model,
+    loaded checkpoint, transformers' greedy tokens and logits of `prompts()`), each written
+    once (`write`, or `writer(path)` for a case outside `CASES`) into a directory of
+    `tmp_path_factory`; `reference=False` leaves the tokens to a later call that asks (None
+    until then)."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self.tmp = tmp_path_factory
+        self.done: dict[str, list] = {}
+
+    def __call__(self, name: str, writer=None, reference: bool = True):
+        from pagoda.runtime.model.loader import load_model
+
+        if name not in self.done:
+            path = self.tmp.mktemp(name)
+            model = writer(path) if writer is not None else write(name, path)
+            self.done[name] = [path, model, load_model(str(path)), None]
+        entry = self.done[name]
+        if reference and entry[3] is None:
+            entry[3] = [hf_greedy_plain(entry[1], p, NEW) for p in prompts()]
+        return tuple(entry)
+
+
+def check_chunked_batched_preempted(case) -> None:
+    """`case` (the `case` fixture's: name, checkpoint directory, transformers model, loaded
+    checkpoint, transformers' tokens and logits per prompt), the three prompts in 16-token steps (chunked prefill carries the states across chunks)
+    sharing steps with two state slots (slots reused, zeroed for the new sequence), then again
+    in reverse order on the same engine, whose prefix cache serves each prompt up to its last
+    snapshot boundary before its end (KV blocks and state snapshots every
+    `StateSnapshots.interval` tokens: 16 for Mamba2, Mamba-1 and short convs, 64 for the
+    DeltaNet and KDA rules' chunks; prefix caching off where a family keeps no snapshots); a
+    one-token prompt
+    (its first step a decode row from a zeroed slot); then a KV pool so small that requests are
+    preempted (their states rebuilt by recompute): transformers' tokens and logits each time,
+    every slot given back, the pool whole."""
+    name, _, model, loaded, reference = case
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
+    snapshots = loaded.config.family.mamba.snapshots
+    assert llm.engine.config.cache.enable_prefix_caching == snapshots
+    cold = generate(llm, prompts())
+    hits = llm.engine.kv.prefix_hits
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, cold")
+        check(warm[i], want, f"{name}: prompt {i}, again")
+    every = llm.engine.kv.snapshots.interval if snapshots else None
+    assert every in ((16, 64) if snapshots else (None,)), every
+    # each prompt (48, 23, 53 tokens) up to its last boundary before its end: 32 + 16 + 48 at
+    # 16, none at 64
+    cached = sum((len(p) - 1) // every * every for p in prompts()) if snapshots else 0
+    assert llm.engine.kv.prefix_hits - hits == cached
+    assert llm.engine.runner.mamba.num_held == 0
+    one = [7]
+    check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
+    check_preempted(loaded, reference, name)
+
+
+def record_logits(llm: LLM) -> dict[str, list[torch.Tensor]]:
+    """Each request's float32 logits per step (by request id), filled as `llm` generates."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
+    ]
+    return seen
+
+
+def check_decode_slots_out_of_order(model, loaded, monkeypatch, native: bool | None = None):
+    """A request that finishes early (2 tokens of 4 requests' 6, 3 state slots) gives its slot
+    to the next one: the decode rows' slots are then not one run (0, 2, 1: gathered and
+    scattered back, or updated where they lie by the native CPU recurrence) where before they
+    were (updated in place); every sequence still reads as transformers'. `native`: with the
+    Mamba2 mixers' native recurrence (which must be built) or without it."""
+    from pagoda.runtime.worker import mamba_state
+
+    runs = []
+    step = mamba_state.MambaState.device_step
+
+    def record(self, host, to_device):
+        out = step(self, host, to_device)
+        runs.append(out.decode_run if out.num_decodes > 1 else "one")
+        return out
+
+    monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
+    if native is not None:
+        mixers = [layer.mixer for layer in llm.engine.runner.model.layers if layer.mixer]
+        assert all(m.native is not None for m in mixers)  # (built here: a C compiler is needed)
+        if not native:
+            for m in mixers:
+                m.native = None
+    ps = [[5 + i, 17, 42 + i, 9] for i in range(4)]
+    lens = [NEW, 2, NEW, NEW]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
+    seen = record_logits(llm)
+    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
+    for i, (p, n, o) in enumerate(zip(ps, lens, outs)):
+        check((o.outputs[0].token_ids, seen[o.request_id]), hf_greedy_plain(model, p, n), f"{i}")
+    assert None in runs and any(r not in (None, "one") for r in runs)
+
+
+def zero_the_restore(monkeypatch) -> list[int]:
+    """`MambaState.restore` replaced by zeroing the slots (what a prefix hit would compute
+    without its snapshot): the list of how many slots each call restored, filled as it runs."""
+    from pagoda.runtime.worker.mamba_state import MambaState
+
+    restored = []
+
+    def zeroed(self, slots, entries):
+        restored.append(len(slots))
+        for conv, state in self.states.values():
+            conv.index_fill_(0, slots, 0)
+            state.index_fill_(0, slots, 0)
+
+    monkeypatch.setattr(MambaState, "restore", zeroed)
+    return restored
+
+
+def warm_prompts(model):
+    """A 153-token prompt, one sharing its first 140 tokens, transformers' reference of it."""
+    shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
+    second = [*shared[:140], 21, 22]
+    return [*shared, 7, 8, 9], second, hf_greedy_plain(model, second, NEW)
+
+
+def check_warm_prefix(name: str, model, loaded, monkeypatch, budgets=(256, 16)) -> None:
+    """Prefix caching with snapshots every 64 tokens (the 16-token blocks' and the DeltaNet
+    and KDA rules' 64-token chunks' common multiple), saved from inside the chunked rule (a
+    whole 153-token prompt in one step: its packed chunks' start states, the conv inputs
+    before them; `budgets` 256) or from the slots (16-token steps: boundaries at a chunk's
+    end). A prompt sharing 140 tokens then restores the one at 128 and computes the rest:
+    transformers' tokens and logits, 128 cached tokens; with the restore replaced by zeros, it
+    does not."""
+    first, second, want = warm_prompts(model)
+    for budget in budgets:
+        llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+                  max_num_batched_tokens=budget, max_num_seqs=2, max_model_len=256)  # fmt: skip
+        generate(llm, [first])
+        hits = llm.engine.kv.prefix_hits
+        check(generate(llm, [second])[0], want, f"{name}: warm after {budget}-token steps")
+        assert llm.engine.kv.prefix_hits - hits == 128
+    restored = zero_the_restore(monkeypatch)
+    try:
+        check(generate(llm, [second])[0], want, "restore skipped")
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError(f"{name}: the warm prompt reads alike without its restored state")
+    assert restored == [1]
+
+
+# what `pagoda serve` refuses in one line at start, for the rows whose layers it does not split
+# or run in FP8 (runtime/family_options.py): (a tensor parallel size, its message;
+# `core.check_dtype`'s for FP8, a pattern)
+_DELTA_TP = "--tensor-parallel-size 4 does not divide the Gated DeltaNet key heads "
+_DELTA_TP += "(linear_num_key_heads 2)"
+_NO_TP = "--tensor-parallel-size 2 is not supported for a {} model ({} layers)"
+_NO_FP8 = r"fp8 is not supported for a {} model \({} layers\)"
+REFUSED = {
+    "qwen3-next": (4, _DELTA_TP, _NO_FP8.format("qwen3_next", "gated_deltanet")),
+    "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("qwen3_5", "gated_deltanet")),
+    "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("olmo_hybrid", "gated_deltanet")),
+    "kimi-linear": (2, _NO_TP.format("kimi_linear", "kda"), _NO_FP8.format("kimi_linear", "kda")),
+    "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
+    "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
+    "falcon-mamba": (
+        2, _NO_TP.format("falcon_mamba", "mamba1"), _NO_FP8.format("falcon_mamba", "mamba1")
+    ),
+    "lfm2": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
+    "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
+    "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
+}  # fmt: skip
+
+
+def check_refused(name: str, mc) -> None:
+    """`REFUSED[name]`: the tensor parallel size refused (`layout.check`, as `pagoda serve`
+    runs it before it binds) and FP8 (`core.check_dtype`, given what it reads of a config: a
+    CPU refuses an FP8 EngineConfig itself outside Triton's interpreter), each in one line."""
+    import re
+    from types import SimpleNamespace
+
+    import pytest
+    from pagoda.runtime.distributed.layout import check as tp_check
+    from pagoda.runtime.engine.core import check_dtype
+
+    size, tp_message, fp8_pattern = REFUSED[name]
+    with pytest.raises(ValueError, match=re.escape(tp_message)):
+        tp_check(mc, size)
+    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
+    with pytest.raises(ValueError, match=fp8_pattern):
+        check_dtype(fp8, mc)
+
+
+def check_missing_refused(loaded, names) -> None:
+    """The checkpoint check (`checkpoint_check.check_checkpoint`) passes `loaded`'s tensors'
+    headers, and refuses them without any one of `names`, naming it."""
+    import re
+
+    import pytest
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+
+    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
+    check_checkpoint(loaded.config, headers)
+    for gone in names:
+        short = {n: v for n, v in headers.items() if n != gone}
+        with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
+            check_checkpoint(loaded.config, short)

@@ -16,15 +16,12 @@ the whole sequence) at every step.
 - Zamba2 (`Zamba2ForCausalLM`): Mamba2 mixers, shared blocks reused with per-use LoRA adapters
   (test_zamba2.py).
 
-Each case runs prompts in 16-token steps (chunked prefill carries the state across chunks; the
-SSD scan's chunk of 8 splits them further), three prompts sharing steps with two state slots
-(slots reused, zeroed for the new sequence), then again in reverse order on the same engine,
-whose prefix cache then serves the shared prefix (KV blocks and Mamba state snapshots at every
-16-token boundary, saved at the chunks' ends); then a KV pool so small that requests are
-preempted (their state rebuilt by recompute, or restored from a snapshot); a one-token prompt
-(its first step a decode row from a zeroed slot). A warm batch after whole-prompt steps (the
-snapshots saved from inside the scan) reports its cached tokens, and reads otherwise with the
-restore skipped.
+Each case (`hybrid_cases.SSM`: the rows of tests/runtime/hybrid_cases.py, checkpoints written
+once a session by its `built` fixture) runs `hybrid_cases.check_chunked_batched_preempted`:
+chunked, batched with two state slots, again in reverse order from the prefix cache (KV blocks
+and Mamba state snapshots at every 16-token boundary, saved at the chunks' ends), a one-token
+prompt, preempted. A warm batch after whole-prompt steps (the snapshots saved from inside the
+scan) reports its cached tokens, and reads otherwise with the restore skipped.
 """
 
 from __future__ import annotations
@@ -34,94 +31,35 @@ import re
 
 import pytest
 import torch
-from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
+from arch_cases import NEW, SMALL_POOL, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
-from hybrid_cases import CASES, MAMBA
+from hybrid_cases import (
+    MAMBA,
+    SSM,
+    check_chunked_batched_preempted,
+    check_decode_slots_out_of_order,
+    check_refused,
+    record_logits,
+    zero_the_restore,
+)
 from live_bytes import LiveBytes
 from pagoda.runtime import LLM
 from pagoda.runtime.model.ssd import pack, scan_rows, scan_step, ssd_scan_bytes
 
 transformers = pytest.importorskip("transformers")
-
-
-def _make(name: str, path):
-    arch, overrides = CASES[name]
-    model = make_tiny_model(path, arch, **overrides)
-    if name in ("nemotron-h-moe", "lfm2-moe"):  # biases (buffers: zeros) large enough to
-        g = torch.Generator().manual_seed(2)  # change the picks
-        with torch.no_grad():
-            for key, buf in model.named_buffers():
-                if key.endswith(("e_score_correction_bias", "expert_bias")):
-                    buf.copy_(torch.randn(buf.shape, generator=g))
-        model.save_pretrained(path)
-    return model
-
-
-built = built_fixture(_make)
-case = case_fixture(CASES)
+case = case_fixture(SSM)
 
 
 def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
-    name, _, model, loaded, reference = case
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
-    snapshots = loaded.config.family.mamba.snapshots  # Mamba2 mixers (LFM2, Mamba-1: off)
-    assert llm.engine.config.cache.enable_prefix_caching == snapshots
-    cold = generate(llm, prompts())
-    hits = llm.engine.kv.prefix_hits
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, again")
-    # each prompt (48, 23, 53 tokens) from the cache up to its last boundary before its end
-    assert llm.engine.kv.prefix_hits - hits == (32 + 16 + 48 if snapshots else 0)
-    assert llm.engine.runner.mamba.num_held == 0
-    one = [7]  # a one-token prompt: its first step is a decode row
-    check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
-    small = LLM(loaded=loaded, **SMALL_POOL)
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    check_chunked_batched_preempted(case)
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_decode_slots_out_of_order(built, monkeypatch, native):
-    """A request that finishes early gives its slot to the next one: the decode rows' slots
-    are then not one run (0, 2, 1); the native CPU recurrence updates them where they lie, the
-    torch one gathers and scatters them back (a run: updated in place); every sequence still
-    reads as transformers'."""
-    from pagoda.runtime import SamplingParams
-    from pagoda.runtime.worker import mamba_state
-
+    """The native CPU recurrence updates the out-of-order slots where they lie, the torch one
+    gathers and scatters them back (a run: updated in place)."""
     _, model, loaded, _ = built("granite4-moe-rope")
-    runs = []
-    step = mamba_state.MambaState.device_step
-
-    def record(self, host, to_device):
-        out = step(self, host, to_device)
-        runs.append(out.decode_run if out.num_decodes > 1 else "one")
-        return out
-
-    monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
-    mixers = [layer.mixer for layer in llm.engine.runner.model.layers if layer.mixer]
-    assert all(m.native is not None for m in mixers)  # (built here: a C compiler is needed)
-    if not native:
-        for m in mixers:
-            m.native = None
-    ps = [[5 + i, 17, 42 + i, 9] for i in range(4)]
-    lens = [NEW, 2, NEW, NEW]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
-    seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_hook = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
-    ]
-    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
-    for i, (p, n, o) in enumerate(zip(ps, lens, outs)):
-        check((o.outputs[0].token_ids, seen[o.request_id]), hf_greedy_plain(model, p, n), f"{i}")
-    assert None in runs and any(r not in (None, "one") for r in runs)
+    check_decode_slots_out_of_order(model, loaded, monkeypatch, native)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +103,6 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     row) and reads as transformers'; with the restore replaced by
     zeroing, the same warm batch does not."""
     from pagoda.runtime import SamplingParams
-    from pagoda.runtime.worker.mamba_state import MambaState
 
     name = "granite4-moe-rope"
     _, model, loaded, reference = built(name)
@@ -179,10 +116,7 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     cold = llm.generate([{"prompt_token_ids": shared}], params)[0]
     assert cold.num_cached_tokens == 0
-    seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_hook = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
-    ]
+    seen = record_logits(llm)
 
     def warm():
         seen.clear()
@@ -193,15 +127,7 @@ def test_a_warm_prefix_restores_the_mamba_state(built, monkeypatch):
     assert [cached for _, cached in got] == [48, 48, 32, 48]
     for i, (g, _) in enumerate(got):
         check(g, want[i], f"{name}: prompt {i}, warm")
-    restored = []
-
-    def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
-        restored.append(len(slots))
-        for conv, ssm in self.states.values():
-            conv.index_fill_(0, slots, 0)
-            ssm.index_fill_(0, slots, 0)
-
-    monkeypatch.setattr(MambaState, "restore", zeroed)
+    restored = zero_the_restore(monkeypatch)
     wrong = warm()
     assert sum(restored) == 4
     with pytest.raises(AssertionError):
@@ -274,10 +200,7 @@ def test_parallel_samples_each_prefill_their_own_state(built):
     _, model, loaded, _ = built("bamba")
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
     p = prompts()[0]
-    seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_hook = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
-    ]
+    seen = record_logits(llm)
     params = SamplingParams(temperature=0, n=3, max_tokens=NEW, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": p}], params)[0]
     want = hf_greedy_plain(model, p, NEW)
@@ -654,13 +577,12 @@ def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monke
 def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
     """LFM2's short convs in the start-up arithmetic: the weights estimate against the built
     model (LFM2-MoE's too), state slots of a conv state alone (no SSM state, no scan), the checkpoint check
-    naming a conv tensor; tensor parallelism refused in one line; LFM2-1.2B's config.json
+    naming a conv tensor (tensor parallelism refused: below); LFM2-1.2B's config.json
     (its older keys beside the new) read without weights; an unknown layer type refused."""
     import json
 
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.layout import check as tp_check
     from pagoda.runtime.model import mamba2
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import read_model_config
@@ -676,9 +598,6 @@ def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
     state = memory.estimate(mc, cfg, path, torch.device("cpu")).parts()["Mamba state"]
     assert state == 8 * 2 * 64 * 3 * 2 and mamba2.scan_bytes(mc, 256, 8) == 0  # 2 conv layers
-    with pytest.raises(ValueError, match=r"--tensor-parallel-size 2 is not supported for a "
-                                         r"lfm2(_moe)? model \(short_conv layers\)"):  # fmt: skip
-        tp_check(mc, 2)
     headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}  # (read as Llama's)
     check_checkpoint(mc, headers)
     del headers["model.layers.1.conv.conv.bias"]
@@ -768,13 +687,12 @@ def test_mamba2_alone_sizes_and_the_hub_config(built, tmp_path):
 
 def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     """Mamba-1: the weights estimate against the built model, state slots of a conv state
-    [d_inner, 3] and an SSM state [d_inner, d_state] per layer, no KV cache, one rank only;
+    [d_inner, 3] and an SSM state [d_inner, d_state] per layer, no KV cache (one rank only: below);
     mamba-130m-hf's and Falcon-Mamba-7B's config.json read without weights."""
     import json
 
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.layout import check as tp_check
     from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server import memory
 
@@ -785,10 +703,6 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
                               enable_prefix_caching=False)  # fmt: skip
     parts = memory.check(mc, cfg, path, 256).parts()
     assert parts["KV cache"] == 0 and parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
-    with pytest.raises(
-        ValueError, match=r"not supported for a falcon_mamba model \(mamba1 layers\)"
-    ):
-        tp_check(mc, 2)
     hub = {"architectures": ["MambaForCausalLM"], "conv_kernel": 4, "d_inner": 1536,
            "d_model": 768, "expand": 2, "hidden_act": "silu", "hidden_size": 768,
            "intermediate_size": 1536, "layer_norm_epsilon": 1e-05, "model_type": "mamba",
@@ -809,14 +723,9 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     assert 7.1e9 < big.num_params < 7.4e9  # Falcon-Mamba-7B
 
 
-def test_fp8_is_refused_for_short_convs_and_mamba1(built):
-    """`--quantization fp8` on LFM2's or Mamba-1's layers: refused in one line at start
-    (`core.check_dtype`, which `pagoda serve` runs before it binds), not served untested."""
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.engine.core import check_dtype
-
-    for name, kind in (("lfm2", "short_conv"), ("mamba1", "mamba1")):
-        path, _, loaded, _ = built(name)
-        cfg = EngineConfig.create(str(path), device="cpu", quantization="fp8")
-        with pytest.raises(ValueError, match=f"fp8 is not supported .*\\({kind} layers\\)"):
-            check_dtype(cfg, loaded.config)
+@pytest.mark.parametrize("name", ["lfm2", "lfm2-bias", "mamba1", "falcon-mamba"])
+def test_tensor_parallelism_and_fp8_are_refused_for_short_convs_and_mamba1(built, name):
+    """`--tensor-parallel-size 2` and `--quantization fp8` on LFM2's or Mamba-1's layers:
+    refused in one line at start (`layout.check`, `core.check_dtype`, which `pagoda serve`
+    runs before it binds), not served untested (`hybrid_cases.REFUSED`)."""
+    check_refused(name, built(name, reference=False)[2].config)

@@ -5,74 +5,45 @@ q/k/v convs in three parts, `block_sparse_moe` with experts' w1/w2/w3, the publi
 keys `linear_attn_config`, `num_experts`, `num_expert_group`, ...): float32, logits within
 1e-3 of transformers' plain greedy loop (its torch chunked KDA) at every step.
 
-The prompts run in 16-token steps (chunked prefill carries the conv and KDA states across
-steps), three prompts sharing steps with two state slots, then a one-token prompt, then a KV
-pool so small that requests are preempted (their states rebuilt by recompute).
+The case is the "kimi-linear" row of tests/runtime/hybrid_cases.py (its checkpoint written
+once a session by its `built` fixture): `hybrid_cases.check_chunked_batched_preempted` (16-token
+steps carrying the conv and KDA states, three prompts sharing steps with two state slots, again
+in reverse order, a one-token prompt, preempted and recomputed) and `check_warm_prefix`.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from types import SimpleNamespace
 
 import pytest
 import torch
-from arch_cases import NEW, SMALL_POOL, built_fixture, check, generate, prompts
-from hf_oracle import hf_greedy_plain, make_tiny_model
-from pagoda.runtime import LLM
+from arch_cases import case_fixture
+from hybrid_cases import (
+    check_chunked_batched_preempted,
+    check_missing_refused,
+    check_refused,
+    check_warm_prefix,
+)
 
 transformers = pytest.importorskip("transformers")
 
-CASE = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
-            q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-            linear_attn_config={"full_attn_layers": [2], "kda_layers": [1, 3], "head_dim": 16,
-                                "num_heads": 2, "short_conv_kernel_size": 4},
-            num_experts=8, num_experts_per_token=2, num_shared_experts=1,
-            moe_intermediate_size=32, first_k_dense_replace=1, num_expert_group=2,
-            topk_group=1, routed_scaling_factor=2.0)  # fmt: skip
+case = case_fixture(["kimi-linear"])
 
 
-def _make(name: str, path):
-    return make_tiny_model(path, "KimiLinear", **CASE)
+def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
+    check_chunked_batched_preempted(case)
 
 
-built = built_fixture(_make)
-
-
-def test_greedy_matches_transformers_chunked_batched_and_preempted(built):
-    _, model, loaded, reference = built("kimi-linear")
-    f = loaded.config.family
+def test_the_layers_read_from_the_config(built):
+    f = built("kimi-linear", reference=False)[2].config.family
     assert f.mamba.mixer == "kda" and f.mamba.layers == (True, False, True)
     assert f.moe_layers == (False, True, True) and f.routing.n_group == 2 and f.mla is not None
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
-    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
-        check(got, want, f"prompt {i}")
-    assert llm.engine.runner.mamba.num_held == 0
-    one = [7]  # a one-token prompt: its first step is a decode row
-    check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), "one token")
-    small = LLM(loaded=loaded, **SMALL_POOL)
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"prompt {i}, preempted")
-    small.engine.check_integrity()
 
 
-def test_a_warm_prefix_restores_the_kda_state(built):
-    """Prefix caching: a 153-token prompt, then one sharing its first 140 tokens restores the
-    conv and KDA states' snapshot at 128 (a chunk start of `kda.chunked`) and computes the
-    rest: transformers' tokens and logits."""
+def test_a_warm_prefix_restores_the_kda_state(built, monkeypatch):
+    """The conv and KDA states' snapshot at 128 is a chunk start of `kda.chunked`."""
     _, model, loaded, _ = built("kimi-linear")
-    shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
-    second = [*shared[:140], 21, 22]
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=256, max_num_seqs=2, max_model_len=256)  # fmt: skip
-    generate(llm, [[*shared, 7, 8, 9]])
-    hits = llm.engine.kv.prefix_hits
-    check(generate(llm, [second])[0], hf_greedy_plain(model, second, NEW), "warm")
-    assert llm.engine.kv.prefix_hits - hits == 128
+    check_warm_prefix("kimi-linear", model, loaded, monkeypatch, budgets=(256,))  # (16: qwen3.5's)
 
 
 def test_estimates_checks_and_a_sparse_config(built, tmp_path):
@@ -80,29 +51,16 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     tensor and a KDA conv part; tensor parallelism and FP8 refused in one line; a config.json
     with transformers' defaults only (KimiLinearConfig's) read without weights."""
     from model_bytes import check_estimate
-    from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
-    from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import read_model_config
 
     path, _, loaded, _ = built("kimi-linear")
     mc = loaded.config
     check_estimate(path, rel=0.02)
-    with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 2 is not supported "
-                                                   "for a kimi_linear model (kda layers)")):  # fmt: skip
-        tp_check(mc, 2)
-    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
-    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(kda layers\)"):
-        check_dtype(fp8, mc)
-    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
-    check_checkpoint(mc, headers)
-    for gone in ("model.layers.0.self_attn.f_b_proj.weight",
-                 "model.layers.2.self_attn.k_conv1d.weight",
-                 "model.layers.1.self_attn.kv_b_proj.weight",
-                 "model.layers.1.mlp.experts.3.down_proj.weight"):  # fmt: skip
-        short = {n: v for n, v in headers.items() if n != gone}
-        with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
-            check_checkpoint(mc, short)
+    check_refused("kimi-linear", mc)
+    check_missing_refused(loaded, ["model.layers.0.self_attn.f_b_proj.weight",
+                                   "model.layers.2.self_attn.k_conv1d.weight",
+                                   "model.layers.1.self_attn.kv_b_proj.weight",
+                                   "model.layers.1.mlp.experts.3.down_proj.weight"])  # fmt: skip
     cfg = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     hub = read_model_config(str(tmp_path))

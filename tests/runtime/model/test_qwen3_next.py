@@ -11,9 +11,11 @@ flash-linear-attention here) at every step.
 - Qwen3.5-MoE: attention first, experts in every layer;
 - Qwen3.5's multimodal checkpoint read text-only (its `text_config`, `model.language_model.`).
 
-Each runs its prompts in 16-token steps (chunked prefill carries the conv and delta states
-across steps), three prompts sharing steps with two state slots, then a one-token prompt on a reused slot, then a KV pool so small that requests
-are preempted (their states rebuilt by recompute).
+The cases are rows of tests/runtime/hybrid_cases.py (checkpoints written once a session by its
+`built` fixture); each runs `hybrid_cases.check_chunked_batched_preempted` (16-token steps,
+chunked prefill carrying the conv and delta states across steps, three prompts sharing steps
+with two state slots, again in reverse order, a one-token prompt, a KV pool so small that
+requests are preempted and their states rebuilt by recompute).
 """
 
 from __future__ import annotations
@@ -22,30 +24,24 @@ import json
 
 import pytest
 import torch
-from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
-from hf_oracle import hf_greedy_plain, make_tiny_model, save_word_tokenizer
+from arch_cases import NEW, SMALL_POOL, case_fixture, check, generate, prompts
+from hf_oracle import hf_greedy_plain, save_word_tokenizer
+from hybrid_cases import (
+    DELTA_HEADS,
+    FULL,
+    LIN,
+    check_chunked_batched_preempted,
+    check_decode_slots_out_of_order,
+    check_missing_refused,
+    check_refused,
+    check_warm_prefix,
+    warm_prompts,
+)
 from pagoda.runtime import LLM
 
 transformers = pytest.importorskip("transformers")
 
-LIN, FULL = "linear_attention", "full_attention"
-SMALL = dict(head_dim=16, num_attention_heads=4, num_key_value_heads=2)
-CASES = {
-    "qwen3-next": ("Qwen3Next", dict(
-        **SMALL, num_hidden_layers=3, layer_types=[LIN, FULL, LIN], linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=48, mlp_only_layers=[2], norm_topk_prob=False)),
-    "qwen3.5": ("Qwen3_5Text", dict(
-        **SMALL, num_hidden_layers=3, layer_types=[LIN, LIN, FULL], linear_num_key_heads=2,
-        linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=16,
-        linear_conv_kernel_dim=3, tie_word_embeddings=True)),
-    "qwen3.5-moe": ("Qwen3_5MoeText", dict(
-        **SMALL, num_hidden_layers=2, layer_types=[FULL, LIN], linear_num_key_heads=1,
-        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32)),
-}  # fmt: skip
+QWEN = ("qwen3-next", "qwen3.5", "qwen3.5-moe")
 
 
 def _conditional(path):
@@ -53,7 +49,7 @@ def _conditional(path):
     checkpoints are (config.json's text_config, `model.language_model.` tensors)."""
     text = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 layer_types=[LIN, FULL], linear_num_key_heads=2, linear_num_value_heads=2,
-                linear_key_head_dim=16, linear_value_head_dim=16, **SMALL,
+                linear_key_head_dim=16, linear_value_head_dim=16, **DELTA_HEADS,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
                                  "mrope_interleaved": True})  # fmt: skip
@@ -71,80 +67,11 @@ def _conditional(path):
     return model
 
 
-def _make(name: str, path):
-    if name == "qwen3.5-vl":
-        return _conditional(path)
-    arch, overrides = CASES[name]
-    return make_tiny_model(path, arch, **overrides)
-
-
-built = built_fixture(_make)
-case = case_fixture(CASES)
+case = case_fixture(QWEN)
 
 
 def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
-    name, _, model, loaded, reference = case
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
-    assert llm.engine.config.cache.enable_prefix_caching  # (no boundary in these prompts)
-    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
-        check(got, want, f"{name}: prompt {i}")
-    assert llm.engine.runner.mamba.num_held == 0
-    one = [7]  # a one-token prompt: its first step is a decode row
-    check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
-    small = LLM(loaded=loaded, **SMALL_POOL)
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
-
-
-def test_the_chunked_rule_is_transformers_over_the_packed_layout():
-    """`gated_delta.prefill` over three sequences (3 chunks of 8, one token, a whole chunk)
-    packed together, each from its own state, against transformers' torch chunked rule run
-    on each alone (q/k normalised inside it); then one `recurrent_step` of all three against
-    transformers' recurrent rule."""
-    from pagoda.runtime.model import gated_delta
-    from pagoda.runtime.model.mamba2 import ScanGroup
-    from pagoda.runtime.model.ssd import pack
-    from transformers.models.qwen3_next import modeling_qwen3_next as hf
-
-    torch.manual_seed(0)
-    lens, H, K, V, chunk = [19, 1, 8], 2, 16, 8, 8
-    T = sum(lens)
-    q, k = torch.randn(T, H, K), torch.randn(T, H, K)
-    v, g, beta = torch.randn(T, H, V), -torch.rand(T, H) * 2, torch.rand(T, H)
-    start = torch.randn(3, H, K, V)
-    ssm = torch.zeros(5, H, K, V)
-    slots = torch.tensor([3, 0, 4])
-    ssm[slots] = start
-    p = pack(lens, chunk, 4)
-    groups = [ScanGroup(grp.counts, grp.num_chunks, slots[torch.from_numpy(p.order)][slice(*grp.seqs)],
-                        *(torch.from_numpy(a) for a in (grp.tokens, grp.rows, grp.chunk_of, grp.in_chunk)))
-              for grp in p.groups]  # fmt: skip
-    qn, kn = gated_delta.l2norm(q) * K**-0.5, gated_delta.l2norm(k)
-    out = gated_delta.prefill(qn, kn, v, g, beta, ssm, groups, chunk)
-    off = 0
-    for i, n in enumerate(lens):
-        rows = slice(off, off + n)
-        want, final = hf.torch_chunk_gated_delta_rule(
-            q[None, rows], k[None, rows], v[None, rows], g[None, rows], beta[None, rows],
-            chunk_size=chunk, initial_state=start[i : i + 1], output_final_state=True,
-            use_qk_l2norm_in_kernel=True)  # fmt: skip
-        torch.testing.assert_close(out[rows], want[0], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(ssm[slots[i]], final[0], atol=1e-4, rtol=1e-4)
-        off += n
-    state = ssm[slots].clone()
-    x = [torch.randn(3, H, d) for d in (K, K, V)]
-    gt, bt = -torch.rand(3, H), torch.rand(3, H)
-    got = gated_delta.recurrent_step(state, gated_delta.l2norm(x[0]) * K**-0.5,
-                                     gated_delta.l2norm(x[1]), x[2], gt, bt)  # fmt: skip
-    want, final = hf.torch_recurrent_gated_delta_rule(
-        x[0][:, None], x[1][:, None], x[2][:, None], gt[:, None], bt[:, None],
-        initial_state=ssm[slots], output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
-    torch.testing.assert_close(got, want[:, 0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(state, final, atol=1e-5, rtol=1e-5)
+    check_chunked_batched_preempted(case)
 
 
 def test_long_and_short_prompts_in_one_step(built):
@@ -168,7 +95,7 @@ def test_the_multimodal_checkpoint_reads_as_its_text_model(built):
     batched."""
     from safetensors import safe_open
 
-    path, _, loaded, reference = built("qwen3.5-vl")
+    path, _, loaded, reference = built("qwen3.5-vl", _conditional)
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3_5ForConditionalGeneration"] and "text_config" in cfg
     with safe_open(str(path / "model.safetensors"), "pt") as f:
@@ -207,15 +134,10 @@ def test_estimates_checks_and_refusals(built, tmp_path, name):
     (the prefill temporaries counted); the checkpoint check naming a DeltaNet tensor; a tensor
     parallel size that does not divide the key heads, and FP8, refused in one line; Qwen3-Next-80B's config.json read without
     weights (its default layer pattern, a quarter of each head rotated, 80B parameters)."""
-    import re
-    from types import SimpleNamespace
-
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
     from pagoda.runtime.model import mamba2
-    from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server import memory
 
@@ -227,22 +149,10 @@ def test_estimates_checks_and_refusals(built, tmp_path, name):
     m = mc.family.mamba
     per = m.conv_dim * (m.d_conv - 1) * 2 + m.n_heads * m.d_state * m.head_dim * 4
     assert state == 8 * m.num_layers * per and mamba2.scan_bytes(mc, 256, 8) > 0
-    with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 4 does not divide "
-                                                   "the Gated DeltaNet key heads "
-                                                   "(linear_num_key_heads 2)")):  # fmt: skip
-        tp_check(mc, 4)
+    check_refused(name, mc)
     tp_check(mc, 2)
     check_estimate(path, tp=2, rel=0.02)  # rank 0's share
-    fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)  # (a CPU
-    # refuses the config itself: what check_dtype reads of one)
-    with pytest.raises(ValueError, match=r"fp8 is not supported .*\(gated_deltanet layers\)"):
-        check_dtype(fp8, mc)
-    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
-    check_checkpoint(mc, headers)
-    gone = "model.layers.0.linear_attn.dt_bias"
-    del headers[gone]
-    with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gone}'")):
-        check_checkpoint(mc, headers)
+    check_missing_refused(loaded, ["model.layers.0.linear_attn.dt_bias"])
     if name != "qwen3-next":
         return
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_NEXT_80B))
@@ -308,34 +218,8 @@ def test_a_published_qwen3_5_moe_checkpoint_with_stacked_experts(built, tmp_path
 
 
 def test_decode_slots_in_a_run_and_out_of_order(built, monkeypatch):
-    """A request that finishes early gives its slot to the next one: the decode rows' slots
-    are then not one run (0, 2, 1: gathered and scattered back) where before they were (the
-    states updated where they lie); every sequence still reads as transformers'."""
-    from pagoda.runtime import SamplingParams
-    from pagoda.runtime.worker import mamba_state
-
     _, model, loaded, _ = built("qwen3.5")
-    runs = []
-    step = mamba_state.MambaState.device_step
-
-    def record(self, host, to_device):
-        out = step(self, host, to_device)
-        runs.append(out.decode_run if out.num_decodes > 1 else "one")
-        return out
-
-    monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
-    ps = [[5 + i, 17, 42 + i, 9] for i in range(4)]
-    lens = [NEW, 2, NEW, NEW]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
-    seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_hook = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
-    ]
-    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
-    for i, (p, n, o) in enumerate(zip(ps, lens, outs)):
-        check((o.outputs[0].token_ids, seen[o.request_id]), hf_greedy_plain(model, p, n), f"{i}")
-    assert None in runs and any(r not in (None, "one") for r in runs)
+    check_decode_slots_out_of_order(model, loaded, monkeypatch)
 
 
 @pytest.mark.slow  # a second process (gloo): ~6 s on 2 busy cores
@@ -359,7 +243,7 @@ def test_two_ranks_match_transformers(built):
     for i, g in enumerate(got):
         check(g, reference[i], f"qwen3-next: prompt {i}, two ranks")
     # prefix caching: each rank's snapshots of its heads' states, restored on a hit
-    first, second, want = _warm_prompts(model)
+    first, second, want = warm_prompts(model)
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
              kv_cache_memory=16 << 20, block_size=16, max_num_batched_tokens=256,
              max_num_seqs=2, max_model_len=256) as two:  # fmt: skip
@@ -414,40 +298,6 @@ def test_an_fp8_checkpoint_reads_dequantized(built, tmp_path, monkeypatch):
         check(got, hf_greedy_plain(model.eval(), p, NEW), f"fp8 checkpoint: prompt {i}")
 
 
-def _warm_prompts(model):
-    """A 153-token prompt, one sharing its first 140 tokens, transformers' reference of it."""
-    shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
-    second = [*shared[:140], 21, 22]
-    return [*shared, 7, 8, 9], second, hf_greedy_plain(model, second, NEW)
-
-
 def test_a_warm_prefix_restores_the_delta_state(built, monkeypatch):
-    """Prefix caching: snapshots of the conv and delta states every 64 tokens (the 16-token
-    blocks' and the rule's 64-token chunks' common multiple), saved from inside the chunked
-    rule (a whole 153-token prompt in one step: its packed chunks' start states, the conv
-    inputs before them) or from the slots (16-token steps: boundaries at a chunk's end). A
-    prompt sharing 140 tokens then restores the one at 128 and computes the rest: transformers'
-    tokens and logits, 128 cached tokens; with the restore replaced by zeros, it does not."""
-    from pagoda.runtime.worker.mamba_state import MambaState
-
     _, model, loaded, _ = built("qwen3.5")
-    first, second, want = _warm_prompts(model)
-    for budget in (256, 16):
-        llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-                  max_num_batched_tokens=budget, max_num_seqs=2, max_model_len=256)  # fmt: skip
-        generate(llm, [first])
-        hits = llm.engine.kv.prefix_hits
-        check(generate(llm, [second])[0], want, f"warm after {budget}-token steps")
-        assert llm.engine.kv.prefix_hits - hits == 128
-    restored = []
-
-    def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
-        restored.append(len(slots))
-        for conv, state in self.states.values():
-            conv.index_fill_(0, slots, 0)
-            state.index_fill_(0, slots, 0)
-
-    monkeypatch.setattr(MambaState, "restore", zeroed)
-    with pytest.raises(AssertionError):
-        check(generate(llm, [second])[0], want, "restore skipped")
-    assert restored == [1]
+    check_warm_prefix("qwen3.5", model, loaded, monkeypatch)

@@ -12,8 +12,7 @@ import re
 
 import pytest
 import torch
-from hf_oracle import make_tiny_model
-from hybrid_cases import CASES
+from hybrid_cases import check_refused
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,19 +31,6 @@ SMALL = {"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "adapte
          "vocab_size": 32000}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The "zamba2" case's checkpoint written once (no reference tokens: these tests read its
-    shapes and weights): name -> (path, None, loaded checkpoint, None)."""
-    from pagoda.runtime.model.loader import load_model
-
-    path = tmp_path_factory.mktemp("zamba2")
-    arch, overrides = CASES["zamba2"]
-    make_tiny_model(path, arch, **overrides)
-    loaded = load_model(str(path))
-    return lambda _name: (path, None, loaded, None)
-
-
 def test_zamba2_blocks_estimates_and_refusals(built):
     """Three hybrid layers share two blocks (block 0's weights one object in layers 1 and 4,
     each use with adapters of its own) and keep the KV cache; every layer a state slot; the
@@ -52,12 +38,10 @@ def test_zamba2_blocks_estimates_and_refusals(built):
     one line."""
     from model_bytes import build, check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
     from pagoda.runtime.model.ops import gelu_and_mul
     from pagoda.runtime.server import memory
 
-    path, _, loaded, _ = built("zamba2")
+    path, _, loaded, _ = built("zamba2", reference=False)
     mc = loaded.config
     m = mc.family.mamba
     assert m.num_layers == 5 and mc.num_kv_layers == 3 and mc.head_dim == 32
@@ -71,18 +55,14 @@ def test_zamba2_blocks_estimates_and_refusals(built):
     parts = memory.check(mc, cfg, path, 256).parts()
     per_layer = (128 + 2 * 2 * 16) * 3 + 4 * 32 * 16  # conv [conv_dim, 3], SSM [H, P, N]
     assert parts["Mamba state"] == 8 * 5 * per_layer * 4
-    with pytest.raises(ValueError, match="not supported for a zamba2 model"):
-        tp_check(mc, 2)
-    fp8 = EngineConfig.create(str(path), device="cpu", quantization="fp8")
-    with pytest.raises(ValueError, match="fp8 is not supported for a zamba2 model"):
-        check_dtype(fp8, mc)
+    check_refused("zamba2", mc)
 
 
 def test_zamba2_checkpoint_without_an_adapter_is_refused(built, tmp_path):
     from pagoda.runtime.model.loader import read_model_config
     from safetensors.torch import load_file, save_file
 
-    path = built("zamba2")[0]
+    path = built("zamba2", reference=False)[0]
     tensors = load_file(str(path / "model.safetensors"))
     name = "model.layers.1.shared_transformer.self_attn.linear_k_adapter_list.2.1.weight"
     del tensors[name]  # (the third use's: block 0's second, held by its first use's layer)
@@ -123,7 +103,7 @@ def test_zamba2_copies_under_later_uses_are_not_read(built, tmp_path):
     from model_bytes import check_estimate
     from safetensors.torch import load_file, save_file
 
-    path = built("zamba2")[0]
+    path = built("zamba2", reference=False)[0]
     tensors = load_file(str(path / "model.safetensors"))
     first = "model.layers.1.shared_transformer."
     copies = {k.replace(first, "model.layers.4.shared_transformer."): v.clone()
