@@ -1,7 +1,7 @@
 """The per-family rewrites of a checkpoint's stored tensors into the form the model holds them
 (`as_held`), for the weights estimate (`server/weights.py`): gpt-oss's stacked or MXFP4
 experts, Llama 4's stacked experts, JetMoE's attention experts, Qwen3-Next's and Qwen3.5's
-stacked experts, Zamba2's shared blocks and their adapters."""
+stacked experts, Zamba2's shared blocks and their adapters, Gemma 4's unweighted norms."""
 
 from __future__ import annotations
 
@@ -40,7 +40,23 @@ def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
         tensors = _zamba2_as_held(tensors, mc)
     if mc.architecture == "bitnet":  # its BitLinear matrices: unpacked or quantized at load
         tensors = _bitnet_as_held(tensors, mc)
+    if mc.family.gemma4 is not None:  # its unweighted norms' weights, made at load
+        tensors = {**tensors, **_gemma4_ones(mc)}
     return tensors
+
+
+def _gemma4_ones(mc: ModelConfig) -> dict[str, Stored]:
+    """Gemma 4's unweighted norms (`Gemma4Model.ones`: no stored tensor, a weight of ones made
+    at load, held as its norms are): each layer's v norm (its head size) and, with the MoE
+    block, its router's (hidden-wide)."""
+    g, out = mc.family.gemma4, {}
+    for i in range(mc.num_layers):
+        name = f"model.layers.{i}.self_attn.v_norm.weight"
+        out[name] = Stored(name, _HELD, (g.head_dims[i],), 0)
+        if g.num_experts:
+            name = f"model.layers.{i}.router.norm.weight"
+            out[name] = Stored(name, _HELD, (mc.hidden_size,), 0)
+    return out
 
 
 def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:

@@ -13,7 +13,8 @@ safetensors headers, or a pickle's tensors, through `SafetensorsWeights`; no ten
   checkpoint's rotary ``inv_freq`` or vision tower, nor the LM head of a tied model; FP8 scales
   go with their weights;
 * each in the engine's dtype (`EngineConfig.torch_dtype`: ``auto`` is float32 on a CPU without
-  native bf16), Gemma's norms in float32 (their 1 + w), Cohere's LayerNorm weights too;
+  native bf16), Gemma's norms in float32 (their 1 + w), Cohere's LayerNorm weights too, and
+  Gemma 4's unweighted norms (v's, its router's) as the float32 ones made at load;
 * on a CPU in float32, the matrices `qgemm` multiplies in place (`model.device_weights`: GGUF
   blocks of the kinds `quantized.readable` names, 16-bit matrices of a safetensors checkpoint,
   every part of a fused q/k/v or gate/up layer or none) as its packed layout (`qgemm.pack`: rows
@@ -106,6 +107,8 @@ _MAMBA_TENSORS = re.compile(
 # a KDA layer's conv (whole or in q, k, v parts), A_log, dt_bias and gated norm: tensors, not
 # `Linear`s, all but the conv in float32 (`model/kimi_linear.py`)
 _KDA_TENSORS = re.compile(r"self_attn\.(([qkv]_)?conv1d\.weight|A_log|dt_bias|o_norm\.weight)$")
+# a norm's weight (Gemma 4's `post_feedforward_layernorm_1`, `_2`, `pre_feedforward_layernorm_2`)
+_NORM = re.compile(r"norm(_\d)?\.weight$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -301,7 +304,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * p.dtype.itemsize
     m = mc.family.mamba  # DeepSeek's router, and Nemotron-H's (the same one), held in float32
     float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
-    norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
+    # (Cohere's q/k norms: [heads, head_dim]; Gemma 4's MoE block's `_1`, `_2`)
+    norm = _NORM.search(name) is not None
     # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
     # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
     float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"

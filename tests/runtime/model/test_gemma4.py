@@ -74,8 +74,11 @@ def test_gemma4_matches_transformers_chunked_batched_and_cached(built, name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built, name):
     """`gemma4_config.expected_shapes` names every tensor transformers saved, with its shape
-    (none the model would leave unread), and the weights estimate from config.json alone
-    (`server/weights.from_shapes`) is their bytes."""
+    (none the model would leave unread), the weights estimate from config.json alone
+    (`server/weights.from_shapes`) is their bytes, and the estimate from the checkpoint's
+    metadata is what the built model holds in bf16 (the MoE block's float32 norms and the
+    unweighted norms' weights made at load too)."""
+    from model_bytes import check_estimate
     from pagoda.runtime.model.checkpoint_check import expected_shapes
     from pagoda.runtime.server.weights import from_shapes
     from safetensors import safe_open
@@ -86,6 +89,7 @@ def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built
     assert expected_shapes(loaded.config) == stored
     size = sum(math.prod(s) for s in stored.values())
     assert from_shapes(loaded.config, torch.float32, False) == 4 * size
+    check_estimate(path, rel=1e-3)
 
 
 def test_kv_shared_layers_keep_no_pages_and_survive_preemption(built):
