@@ -106,8 +106,8 @@ class MambaStep:
 
 def save_chunk_ends(step: MambaStep, index: int) -> None:
     """Prefix caching: layer `index`'s states left in the slots of the sequences whose chunk
-    ends on a snapshot boundary (`step.save_end`), copied to their entries (Mamba-1's and the
-    short conv's; an empty SSM state copies nothing)."""
+    ends on a snapshot boundary (`step.save_end`), copied to their entries (every recurrent
+    mixer's; the short conv's empty SSM state copies nothing)."""
     if step.save_end is None:
         return
     slots, entries = step.save_end
@@ -316,11 +316,7 @@ class Mamba2Mixer:
         if step.prefill is not None:
             snaps = None if step.snaps is None else step.snaps[self.index]
             y[nd:] = self._prefill(conv, ssm, xbc[nd:], dt[nd:], step.prefill, snaps)
-        if step.save_end is not None:  # boundaries at a chunk's end: the state in the slot
-            slots, entries = step.save_end
-            snap_conv, snap_ssm = step.snaps[self.index]
-            snap_conv.index_copy_(0, entries, conv.index_select(0, slots))
-            snap_ssm.index_copy_(0, entries, ssm.index_select(0, slots))
+        save_chunk_ends(step, self.index)  # prefix caching: boundaries at a chunk's end
         return self.out_proj(self._output(y.view(t, m.d_inner), z, h.dtype))
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

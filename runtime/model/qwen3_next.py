@@ -40,7 +40,7 @@ from pagoda.runtime.model import gated_delta, mamba_shard
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.gemma2 import Gemma2Model
 from pagoda.runtime.model.llama import LayerContext, LlamaModel
-from pagoda.runtime.model.mamba2 import MambaStep, conv_step, packed_conv
+from pagoda.runtime.model.mamba2 import MambaStep, conv_step, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import gemma_rms_norm
 from pagoda.runtime.model.parallel_linear import row_linear
@@ -140,11 +140,7 @@ class GatedDeltaNet:
                                          pre.groups, m.chunk_size,
                                          None if snap is None else snap[1],
                                          rule=self.chunk_rule)  # fmt: skip
-        if step.save_end is not None:  # boundaries at a chunk's end: the states in the slots
-            slots, entries = step.save_end
-            snap_conv, snap_state = step.snaps[self.index]
-            snap_conv.index_copy_(0, entries, conv.index_select(0, slots))
-            snap_state.index_copy_(0, entries, state.index_select(0, slots))
+        save_chunk_ends(step, self.index)  # prefix caching: boundaries at a chunk's end
         return self.out_proj(self._output(o.to(h.dtype), z))
 
     def inputs(self, h: torch.Tensor):

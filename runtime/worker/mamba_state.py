@@ -22,8 +22,9 @@ state of every Mamba layer each, preallocated (`allocate_snapshots`) from the KV
 A step's `SnapshotPlan` becomes index copies, a few per layer whatever the number of sequences:
 a hit's entry copied into its slot before the forward (`device_step`), and the boundaries the
 step's chunks reach copied out as each layer computes them (`model/mamba2.py`: the state left
-in a slot at a chunk's end; inside a prefill chunk, the scan's state at one of its chunk
-boundaries and the conv inputs before it).
+in a slot at a chunk's end; inside a prefill chunk, the state at the boundary and the conv
+inputs before it: for the chunked rules (Mamba2, Gated DeltaNet, KDA) at one of the scan's chunk
+boundaries, for Mamba-1's position-by-position scan and LFM2's short conv at any block).
 """
 
 from __future__ import annotations
@@ -232,8 +233,9 @@ class MambaState:
 def _mid_saves(
     host: HostSlots, p, d_conv: int
 ) -> tuple[list[np.ndarray], list[dict[int, tuple[int, int]]]]:
-    """The host arrays of the snapshots at boundaries inside prefill chunks (each on one of the
-    scan's chunk boundaries: `core/state_snapshots.py`): the conv rows before each boundary in
+    """The host arrays of the snapshots at boundaries inside prefill chunks (for the chunked
+    rules each on one of the scan's chunk boundaries: `core/state_snapshots.py`; for Mamba-1
+    and the short conv any block's): the conv rows before each boundary in
     the conv segments (`ssd.pack`) and its entry, then per scan group the packed chunk the
     boundary starts (whose start state is the snapshot's) and its entry, sorted by chunk; and
     per group its runs (`mamba2.ScanGroup.snap_runs`: the chunk positions the boundaries fall

@@ -205,7 +205,7 @@ class ModelRunner:
 
     def _num_blocks(self, max_model_len: int) -> int:
         """From the memory budget: bytes on CPU, a fraction of free memory on GPU. A model
-        without attention layers (Mamba2 alone) keeps no KV cache: its blocks, which only
+        without attention layers (Mamba2 or Mamba-1 alone) keeps no KV cache: its blocks, which only
         count positions, are enough for every sequence's whole context. A hybrid with prefix
         caching takes its state snapshots (`num_snapshots`) from the same budget first."""
         cache = self.config.cache

@@ -455,6 +455,23 @@ def test_notes_name_every_monitoring_object(key: str | None) -> None:
             assert f"{d['metadata']['name']} (namespace {d['metadata']['namespace']})" in notes
 
 
+def test_notes_name_the_monitoring_objects_of_the_longest_full_name() -> None:
+    """With a 63-character full name (release and nameOverride of 53) each object's suffix
+    is kept by cutting the full name before it: the NOTES name the objects as rendered."""
+    values = {**VALUE_SETS["monitoring"], "nameOverride": "n" * 53}
+    files = helm.Chart.load(str(CHART)).render(values, name="r" * 53, namespace=NAMESPACE,
+                                               is_install=True)  # fmt: skip
+    notes = files["pagoda/templates/NOTES.txt"]
+    docs = [d for p, t in files.items() if p.endswith(".yaml") for d in yaml.safe_load_all(t) if d]
+    objects = [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")
+               or d["kind"] == "ConfigMap"]  # fmt: skip
+    assert len(objects) >= 4
+    for d in objects:
+        kind = "Grafana dashboard" if d["kind"] == "ConfigMap" else d["kind"]
+        name = d["metadata"]["name"]
+        assert len(name) <= 63 and re.search(rf"^   - {kind} .*\b{name}\b", notes, re.M), name
+
+
 def test_rbac_and_service_account_can_be_disabled() -> None:
     docs = render(
         {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}}

@@ -21,7 +21,7 @@ import pytest
 import torch
 from arch_cases import NEW, built_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
-from hybrid_cases import CASES
+from hybrid_cases import CASES, zero_the_restore
 from pagoda.runtime import LLM, SamplingParams
 
 transformers = pytest.importorskip("transformers")
@@ -51,7 +51,6 @@ def test_a_warm_prefix_gives_transformers_tokens(built, monkeypatch, name):
     transformers', as do two longer prompts (the second resumes from the snapshots the first
     saved inside its step after its own restore); with the restore replaced by zeroing, the
     same warm batch does not."""
-    from pagoda.runtime.worker.mamba_state import MambaState
 
     _, model, loaded, reference = built(name)
     llm = _engine(loaded, 64)
@@ -94,15 +93,7 @@ def test_a_warm_prefix_gives_transformers_tokens(built, monkeypatch, name):
         assert out.num_cached_tokens == cached
         check((out.outputs[0].token_ids, seen[out.request_id]), hf_greedy_plain(model, p, NEW),
               f"{name}: {len(p)} tokens from {cached}")  # fmt: skip
-    restored = []
-
-    def zeroed(self, slots, entries):  # what a hit would compute without the snapshot
-        restored.append(len(slots))
-        for conv, ssm in self.states.values():
-            conv.index_fill_(0, slots, 0)
-            ssm.index_fill_(0, slots, 0)
-
-    monkeypatch.setattr(MambaState, "restore", zeroed)
+    restored = zero_the_restore(monkeypatch)  # what a hit would compute without the snapshot
     wrong, _, _ = warm()
     assert sum(restored) == 4
     with pytest.raises(AssertionError):
