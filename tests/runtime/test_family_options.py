@@ -150,3 +150,25 @@ def test_a_refused_option_is_one_line_and_exit_2_from_pagoda_serve(tmp_path) -> 
     assert len(lines) == 1 and lines[0].startswith("pagoda serve: error: "), result.stderr
     _assert_refusal(lines[0].removeprefix("pagoda serve: error: "), "gemma4", "tensor_parallel")
     assert "Traceback" not in result.stderr and "listening on" not in result.stderr
+
+
+def test_every_recurrent_case_whose_layers_are_untested_in_fp8_has_a_row_that_says_so(tmp_path):
+    """The rows name architectures, so a family with layers FP8 is not tested on (a recurrent
+    mixer other than Mamba2's: Mamba-1, the short conv, Gated DeltaNet, KDA; Zamba2's shared
+    blocks) must have a row refusing it: read from each hybrid test case's config.json (as
+    transformers writes it), none is left to `--quantization fp8`."""
+    import transformers
+    from hf_oracle import _LM_CLASSES, TINY
+    from hybrid_cases import CASES
+
+    seen = set()
+    for name, (arch, overrides) in CASES.items():
+        config = getattr(transformers, f"{arch}Config")(**(dict(TINY, pad_token_id=0) | overrides))
+        config.architectures = [_LM_CLASSES.get(arch, f"{arch}ForCausalLM")]
+        config.save_pretrained(tmp_path / name)
+        mc = read_model_config(str(tmp_path / name))
+        m = mc.family.mamba
+        if m is not None and (m.mixer != "mamba2" or m.zamba2 is not None):
+            seen.add(m.mixer)
+            assert not family_options.tested(mc.architecture, "fp8"), name
+    assert {"mamba1", "short_conv", "gated_deltanet", "kda", "mamba2"} <= seen
