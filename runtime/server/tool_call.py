@@ -222,7 +222,8 @@ def slot(stream: Any, i: int, name: str, deltas: list[dict[str, Any]]) -> int | 
         keep = stream.parser.known(name) and (stream.parallel or not stream.calls)
         stream.slots.append(len(stream.calls) if keep else None)
         if keep:
-            stream.calls.append({"id": stream.parser.new_id(), "sent": 0})
-            deltas.append({"index": len(stream.calls) - 1, "id": stream.calls[-1]["id"],
-                           "type": "function", "function": {"name": name, "arguments": ""}})  # fmt: skip
+            call = {"id": stream.parser.new_id(), "sent": 0}
+            stream.calls.append(call)
+            deltas.append({"index": len(stream.calls) - 1, "id": call["id"], "type": "function",
+                           "function": {"name": name, "arguments": ""}})  # fmt: skip
     return stream.slots[i]

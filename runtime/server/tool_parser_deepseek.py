@@ -11,7 +11,8 @@ optional text, one block of calls, each with its name and its arguments' JSON te
 (V3.1 has no newline before its end marker.) As vLLM's parsers: the content is the text before
 the block as written (None when empty), each call's arguments the text between its markers,
 not checked. Output in which no call's header is whole stays content; a call to a function
-the request's tools lack is dropped and the calls after it read on; a call cut short is reported as streamed (`tool_call.py`'s rules).
+the request's tools lack is dropped and the calls after it read on; a call cut short is
+reported as streamed (`tool_call.py`'s rules).
 
 Streaming sends a call's id and name once its header is whole (V3: through the line
 ```` ```json ````), then its arguments as they arrive, holding back only what may begin the

@@ -18,8 +18,8 @@ text pair by pair as each ``</arg_value>`` arrives, and the closing brace with
 ``</tool_call>``: the pieces join to the whole response's arguments. Text before the first call
 is content (holding back what could begin ``<tool_call>``); output in which no call's name is
 written stays content, and a call to a function the request's tools lack is dropped, the calls
-after it read on. A whole response's calls are the stream's: a
-call cut short (max_tokens) is reported with its arguments so far (`tool_call.py`'s rules).
+after it read on. A whole response's calls are the stream's: a call cut short (max_tokens) is
+reported with its arguments so far (`tool_call.py`'s rules).
 """
 
 from __future__ import annotations
