@@ -244,10 +244,12 @@ def _calls(job: Job) -> bool:
 def _with_role(job: Job, i: int, delta: dict[str, Any], final: bool) -> dict[str, Any]:
     """Choice `i`'s first delta with tools, carrying the role: `content` null unless text comes
     first (a call, or thinking, may follow), so the SDK's accumulated message is the whole
-    response's: content null beside calls, "" for an empty reply without any."""
+    response's: content null beside calls, or where the only text was a call dropped (to a
+    function the request's tools lack: `tool_call.py`), "" for an empty reply without any."""
     job.opened.add(i)
     content = delta.get("content")
-    if content is None and final and i not in job.called:
+    stream = job.tool_streams.get(i)
+    if content is None and final and not (stream is not None and stream.read):
         content = ""
     return {"role": job.role, "content": content,
             **{k: v for k, v in delta.items() if k != "content"}}  # fmt: skip

@@ -71,10 +71,16 @@ class HarmonyToolStream:
         self.in_call = False
         self.dropped = False  # inside a call dropped without parallel_tool_calls
         self.calls: list[dict[str, Any]] = []  # per call: id, name, arguments so far
+        self.headers = 0  # calls read, those dropped too
 
     @property
     def called(self) -> bool:
         return bool(self.calls)
+
+    @property
+    def read(self) -> bool:
+        """Whether a call has been read (sent, or dropped: `tool_call.py`'s rules)."""
+        return self.headers > 0
 
     def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
         """The OpenAI `delta` for this much more text ({} when nothing can be sent yet)."""
@@ -112,7 +118,7 @@ class HarmonyToolStream:
         return out
 
     def _open(self, name: str, deltas: list[dict[str, Any]]) -> None:
-        self.in_call = True
+        self.in_call, self.headers = True, self.headers + 1
         self.dropped = (bool(self.calls) and not self.parallel) or not self.known(name)
         if self.dropped:
             return

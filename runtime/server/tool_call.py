@@ -4,13 +4,17 @@
 Two rules every parser keeps, so that a streamed response and a whole one agree:
 
 * A call to a function the request's `tools` do not list is no call (OpenAI never returns one;
-  a client dispatching on the name has nothing to run): the stream never sends it, and the
-  output from it on is read as if it ended there (`KnownNames`). The stream checks the name
-  before it sends the call's first delta, so nothing is sent that the whole response lacks.
-* The whole response's calls are the stream's (`parsed`): once a call's id and name have been
-  sent it stays a call, with the arguments text written, even where the output then ends
-  (max_tokens: `finish_reason` is `length`, as OpenAI reports a call cut short) or the text
-  stops being a call; OpenAI's own arguments are the model's text, not checked either.
+  a client dispatching on the name has nothing to run): it is dropped, its text neither content
+  nor a call, and the calls after it are read on, numbered densely (OpenAI's `index` counts the
+  calls sent: 0, 1, ...). The stream checks the name before it sends the call's first delta,
+  so nothing is sent that the whole response lacks (`KnownNames`; gpt-oss's the same,
+  `harmony_tools.py`). Without `parallel_tool_calls` the first call sent is the only one.
+* The whole response is the stream's (`parsed`): its content and calls are what the stream
+  sends for the whole text (so whitespace before a call, which a stream holds back, is not
+  content; whitespace leading the content is). Once a call's id and name have been sent it
+  stays a call, with the arguments text written, even where the output then ends (max_tokens:
+  `finish_reason` is `length`, as OpenAI reports a call cut short) or the text stops being a
+  call; OpenAI's own arguments are the model's text, not checked either.
 """
 
 from __future__ import annotations
@@ -60,27 +64,20 @@ class KnownNames:
         return self.names is None or name in self.names
 
 
-def streamed_calls(stream: Any, text: str) -> list[ToolCall]:
-    """The calls a stream (`ToolStream`'s interface) sends for the whole of `text`."""
+def parsed(parser: Any, text: str, parallel: bool) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a whole output: what its stream sends for the whole of `text`
+    (module docstring), the content None where empty. Output in which no call is read (one sent
+    or one dropped) is all content, as written."""
+    stream = parser.stream(parallel)
+    out = stream.feed(text, final=True)
+    if not stream.read:
+        return text, []
     calls: list[ToolCall] = []
-    for d in stream.feed(text, final=True).get("tool_calls", []):
+    for d in out.get("tool_calls", []):
         if "id" in d:
             calls.append(ToolCall(d["function"]["name"], "", d["id"]))
         calls[d["index"]].arguments += d["function"].get("arguments", "")
-    return calls
-
-
-def parsed(parser: Any, text: str, parallel: bool, strip: bool = True
-           ) -> tuple[str | None, list[ToolCall]]:  # fmt: skip
-    """(content, calls) of a whole output, the calls its stream sends (module docstring); the
-    content is the text before the call marker (`strip`ped), None where empty. Output that
-    holds no call is all content."""
-    start = parser._start(text, True)
-    calls = [] if start is None else streamed_calls(parser.stream(parallel), text)
-    if not calls:
-        return text, []
-    content = text[: start - len(parser.marker_text(text, start))]
-    return (content.strip() if strip else content) or None, calls
+    return out.get("content") or None, calls
 
 
 def _no_constant(name: str) -> Any:
@@ -156,19 +153,25 @@ class ScannedCallStream:
     """Incremental output of a parser that reads its calls by scanning the text after its marker
     (GLM-4.5's, DeepSeek's), as OpenAI chat deltas (`tool_parsers.ToolStream`'s interface): the
     content up to the marker, then each call's id and name once and its arguments as they grow.
-    The parser gives `_start`, `_held`, `marker_text`, `known`, `new_id` and `scan(region,
-    parallel)`: per call so far (name, arguments text so far, closed)."""
+    The parser gives `_start`, `_held`, `marker_text`, `known`, `new_id` and `scan(region)`: per
+    call read so far (name, arguments text so far, closed); `slot` drops those not sent."""
 
     def __init__(self, parser: Any, parallel: bool = True) -> None:
         self.parser, self.parallel = parser, parallel
         self.text = ""
         self.content_sent = 0
         self.region: int | None = None
-        self.calls: list[dict[str, Any]] = []  # per call: its id, argument characters sent
+        self.calls: list[dict[str, Any]] = []  # per call sent: its id, argument characters sent
+        self.slots: list[int | None] = []  # per call read: its index among those sent, or None
 
     @property
     def called(self) -> bool:
         return bool(self.calls)
+
+    @property
+    def read(self) -> bool:
+        """Whether a call has been read (sent, or dropped: `tool_call.py`'s rules)."""
+        return bool(self.slots)
 
     def content_end(self, text: str) -> int:
         """Where the content sent so far may end: before a marker that may be beginning, or
@@ -180,7 +183,7 @@ class ScannedCallStream:
 
     def arguments(self, region: str) -> list[tuple[str, str]]:
         """(name, arguments text so far) of each call in `region`."""
-        return [(name, args) for name, args, _ in self.parser.scan(region, self.parallel)]
+        return [(name, args) for name, args, _ in self.parser.scan(region)]
 
     def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
         self.text += delta
@@ -188,7 +191,7 @@ class ScannedCallStream:
         if self.region is None:
             self.region = p._start(text, final)
         deltas = [] if self.region is None else self._call_deltas(text[self.region :])
-        end = len(text) if final and not self.calls else self.content_end(text)
+        end = len(text) if final and not self.read else self.content_end(text)
         if end > self.content_sent:  # (no call after all: all content)
             out["content"] = text[self.content_sent : end]
             self.content_sent = end
@@ -197,16 +200,30 @@ class ScannedCallStream:
         return out
 
     def _call_deltas(self, region: str) -> list[dict[str, Any]]:
-        p, deltas = self.parser, []
+        deltas: list[dict[str, Any]] = []
         for i, (name, args) in enumerate(self.arguments(region)):
-            if not p.known(name):
-                break  # no call, nor any after it
-            if i == len(self.calls):
-                self.calls.append({"id": p.new_id(), "sent": 0})
-                deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
-                               "function": {"name": name, "arguments": ""}})  # fmt: skip
-            state = self.calls[i]
+            index = slot(self, i, name, deltas)
+            if index is None:
+                continue
+            state = self.calls[index]
             if len(args) > state["sent"]:
-                deltas.append({"index": i, "function": {"arguments": args[state["sent"] :]}})
+                deltas.append({"index": index, "function": {"arguments": args[state["sent"] :]}})
                 state["sent"] = len(args)
         return deltas
+
+
+def slot(stream: Any, i: int, name: str, deltas: list[dict[str, Any]]) -> int | None:
+    """The index among the calls sent of a `stream`'s `i`th call read (named `name`), None
+    where it is dropped (a function the request's tools lack, or a call after the first
+    without `parallel`); a call read for the first time that is sent gets its id and name
+    delta in `deltas`. The stream has `parser` (`known`, `new_id`), `parallel`, `calls` (per
+    call sent: {"id", "sent"}) and `slots` (per call read: its index or None)."""
+    if i == len(stream.slots):
+        keep = stream.parser.known(name) and (stream.parallel or not stream.calls)
+        stream.slots.append(len(stream.calls) if keep else None)
+        if keep:
+            call = {"id": stream.parser.new_id(), "sent": 0}
+            stream.calls.append(call)
+            deltas.append({"index": len(stream.calls) - 1, "id": call["id"], "type": "function",
+                           "function": {"name": name, "arguments": ""}})  # fmt: skip
+    return stream.slots[i]

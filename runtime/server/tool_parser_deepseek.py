@@ -10,8 +10,9 @@ optional text, one block of calls, each with its name and its arguments' JSON te
 
 (V3.1 has no newline before its end marker.) As vLLM's parsers: the content is the text before
 the block as written (None when empty), each call's arguments the text between its markers,
-not checked. Output in which no call's header (naming one of the request's tools) is whole
-stays content; a call cut short is reported as streamed (`tool_call.py`'s rules).
+not checked. Output in which no call's header is whole stays content; a call to a function
+the request's tools lack is dropped and the calls after it read on; a call cut short is
+reported as streamed (`tool_call.py`'s rules).
 
 Streaming sends a call's id and name once its header is whole (V3: through the line
 ```` ```json ````), then its arguments as they arrive, holding back only what may begin the
@@ -53,9 +54,10 @@ class DeepSeekV3Parser(StartTag, KnownNames):
         _, sep, name = head.partition(SEP)  # V3: the call's type ("function") before SEP
         return name.strip() if sep else None
 
-    def scan(self, region: str, parallel: bool) -> list[tuple[str, str, bool]]:
-        """The calls in `region` (the text after CALLS_BEGIN) so far: (name, arguments text so
-        far, closed), up to the first whose header is not yet whole."""
+    def scan(self, region: str) -> list[tuple[str, str, bool]]:
+        """The calls in `region` (the text after CALLS_BEGIN) so far, those to functions the
+        request's tools lack too (the stream drops them): (name, arguments text so far,
+        closed), up to the first whose header is not yet whole."""
         calls: list[tuple[str, str, bool]] = []
         pos = 0
         while True:
@@ -76,13 +78,11 @@ class DeepSeekV3Parser(StartTag, KnownNames):
                 calls.append((name, region[body : len(region) - held], False))
                 break
             calls.append((name, region[body:close], True))
-            if not parallel:
-                break
             pos = close + len(self.args_close)
         return calls
 
     def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
-        return parsed(self, text, parallel, strip=False)
+        return parsed(self, text, parallel)
 
     def stream(self, parallel: bool = True) -> DeepSeekStream:
         return DeepSeekStream(self, parallel)

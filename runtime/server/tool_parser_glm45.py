@@ -16,9 +16,10 @@ the string. A call's arguments become one JSON object, each key once (the first)
 Streaming sends a call's id and name once its name line is written, then its arguments as JSON
 text pair by pair as each ``</arg_value>`` arrives, and the closing brace with
 ``</tool_call>``: the pieces join to the whole response's arguments. Text before the first call
-is content (holding back what could begin ``<tool_call>``); output in which no call's name (one
-of the request's tools) is written stays content. A whole response's calls are the stream's: a
-call cut short (max_tokens) is reported with its arguments so far (`tool_call.py`'s rules).
+is content (holding back what could begin ``<tool_call>``); output in which no call's name is
+written stays content, and a call to a function the request's tools lack is dropped, the calls
+after it read on. A whole response's calls are the stream's: a call cut short (max_tokens) is
+reported with its arguments so far (`tool_call.py`'s rules).
 """
 
 from __future__ import annotations
@@ -110,10 +111,11 @@ class Glm45Parser(StartTag, KnownNames):
         """(key, value text) of each argument in a call's body."""
         return [(key.strip(), raw) for key, raw in _PAIR.findall(body)]
 
-    def scan(self, region: str, parallel: bool) -> list[tuple[str, list[str], bool]]:
-        """The calls in `region` (the text after the call marker) so far: (name, the arguments'
-        `"key": value` JSON pieces, each key once (the first), closed), up to the first whose
-        name is not yet written (`block`)."""
+    def scan(self, region: str) -> list[tuple[str, list[str], bool]]:
+        """The calls in `region` (the text after the call marker) so far, those to functions
+        the request's tools lack too (the stream drops them): (name, the arguments' `"key":
+        value` JSON pieces, each key once (the first), closed), up to the first whose name is
+        not yet written (`block`)."""
         calls: list[tuple[str, list[str], bool]] = []
         pos = 0
         while (found := self.block(region, pos, not calls)) is not None:
@@ -126,7 +128,7 @@ class Glm45Parser(StartTag, KnownNames):
                     seen.add(key)
                     pieces.append(json_pair(key, self.value(name, key, raw)))
             calls.append((name, pieces, end is not None))
-            if end is None or not parallel:
+            if end is None:
                 break
             pos = end
         return calls
@@ -162,4 +164,4 @@ class Glm45Stream(ScannedCallStream):
 
     def arguments(self, region: str) -> list[tuple[str, str]]:
         return [(name, arguments(pieces, done))
-                for name, pieces, done in self.parser.scan(region, self.parallel)]  # fmt: skip
+                for name, pieces, done in self.parser.scan(region)]  # fmt: skip

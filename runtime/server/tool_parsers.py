@@ -14,9 +14,9 @@ JSON depth the call objects sit; inside the call region every top-level object i
 its `arguments` (or `parameters`) value is streamed as raw JSON text as it arrives, so a client
 sees OpenAI's chunk sequence: the call's id, type and name first, then argument deltas. Text
 before the call region is content (streamed too, holding back only what could begin a call
-marker). Output in which no call begins (no name and arguments key written, or a name the
-request's tools lack) stays content; a whole response's calls are the stream's, arguments as
-written (`tool_call.py`'s rules).
+marker). Output in which no call begins (no name and arguments key written) stays content; a
+call to a function the request's tools lack is dropped, the calls after it read on; a whole
+response is the stream's, arguments as written (`tool_call.py`'s rules).
 
 GLM-4.5's calls (`glm45`: key/value tags, not JSON) are read by `tool_parser_glm45.py`, listed
 in `PARSERS` beside these, and so are DeepSeek's (`deepseek_v3`, `deepseek_v31`:
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony_tools import HarmonyToolParser
-from pagoda.runtime.server.tool_call import KnownNames, StartTag, ToolCall, call_id, parsed
+from pagoda.runtime.server.tool_call import KnownNames, StartTag, ToolCall, call_id, parsed, slot
 from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
@@ -266,11 +266,17 @@ class ToolStream:
         self.text = ""
         self.content_sent = 0  # characters of content sent
         self.region: int | None = None  # where the call region starts, once known
-        self.calls: list[dict[str, Any]] = []  # per call: its id, argument characters sent
+        self.calls: list[dict[str, Any]] = []  # per call sent: its id, argument characters sent
+        self.slots: list[int | None] = []  # per call read: its index among those sent, or None
 
     @property
     def called(self) -> bool:
         return bool(self.calls)
+
+    @property
+    def read(self) -> bool:
+        """Whether a call has been read (sent, or dropped: `tool_call.py`'s rules)."""
+        return bool(self.slots)
 
     def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
         """The OpenAI `delta` for this much more text ({} when nothing can be sent yet); with
@@ -280,15 +286,14 @@ class ToolStream:
         if self.region is None:
             self.region = p._start(text, final)
         calls = [] if self.region is None else self._call_deltas(text[self.region :])
-        if final and not self.calls:
+        if final and not self.read:
             end = len(text)
         else:
             if self.region is None:
                 end = len(text) - p._held(text)
             else:
                 end = max(self.region - len(p.marker_text(text, self.region)), self.content_sent)
-            # whitespace before a call is not content (`parse` strips it): held until more
-            # content follows, so a stream's content is the whole response's
+            # whitespace before a call is not content: held until more content follows
             while end > self.content_sent and text[end - 1].isspace():
                 end -= 1
         if end > self.content_sent:
@@ -301,18 +306,13 @@ class ToolStream:
     def _call_deltas(self, region: str) -> list[dict[str, Any]]:
         deltas = []
         for i, (a, b) in enumerate(_objects(region, self.parser.call_depth)):
-            if i > 0 and not self.parallel:
-                break
             part = _read_call(region[a:b] if b is not None else region[a:], b is not None)
             if part.name is None or not part.has_args:  # a call starts once both are written
                 break
-            if not self.parser.known(part.name):
-                break  # no call, nor any after it
-            if i == len(self.calls):
-                self.calls.append({"id": self.parser.new_id(), "sent": 0})
-                deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
-                               "function": {"name": part.name, "arguments": ""}})  # fmt: skip
-            state, args = self.calls[i], part.args
+            index = slot(self, i, part.name, deltas)
+            if index is None:  # dropped: the calls after it read on
+                continue
+            state, args = self.calls[index], part.args
             if args.startswith('"'):  # arguments written as a JSON string: sent once whole
                 if not (part.args_done and state["sent"] == 0):
                     continue
@@ -323,6 +323,8 @@ class ToolStream:
                 state["sent"] = -1
             elif len(args) <= state["sent"]:
                 continue
-            deltas.append({"index": i, "function": {"arguments": args[max(state["sent"], 0) :]}})
+            deltas.append(
+                {"index": index, "function": {"arguments": args[max(state["sent"], 0) :]}}
+            )
             state["sent"] = len(args) if state["sent"] >= 0 else -1
         return deltas

@@ -176,6 +176,13 @@ def test_a_dropped_call_is_no_content_whole_as_streamed():
                for j in range(0, len(text), 5)]  # fmt: skip
         deltas = [d["delta"] for d in got if d is not None]
         assert not any(d.get("content") or d.get("tool_calls") for d in deltas), deltas
+    # the dropped call alone, its one delta the last: content null, as the whole response's
+    bare = CASES[0].replace("get_weather", "nope")
+    bare = bare[bare.index("<|start|>") :]
+    ep, job, _ = _job({})
+    assert ep.choice(job, 0, bare, [])["message"]["content"] is None
+    ep, job, _ = _job({"stream": True})
+    assert ep.delta(job, 0, bare, [], 0, True, True)["delta"]["content"] is None
 
 
 def test_what_is_not_enforced_on_harmony_is_a_400():

@@ -99,17 +99,22 @@ def _whole_and_streamed(client, text: str, max_tokens: int):
                 calls[t.index][1] += t.function.arguments or ""
             finish = f or finish
     assert (content, [tuple(c) for c in calls.values()], finish) == got
+    assert list(calls) == list(range(len(calls)))  # indices 0, 1, ... over the calls sent
     return got
 
 
 def test_a_call_to_a_function_not_in_tools_and_a_call_cut_short_whole_as_streamed(client):
     """A call to a function the request does not list is none (OpenAI never returns one):
-    content, whole and streamed. A call cut short by max_tokens after the stream sent its
-    name: the whole response reports the same call, its arguments as far as written, with
-    finish_reason `length` (as OpenAI does; it was content whole, a call streamed)."""
+    dropped, neither content nor a call, and a call after it read on, index 0, whole and
+    streamed alike (it was all content: the markup shown as text, the listed call lost). A call
+    cut short by max_tokens after the stream sent its name: the whole response reports the same
+    call, its arguments as far as written, with finish_reason `length` (as OpenAI does; it was
+    content whole, a call streamed)."""
     call = f'<tool_call>\n{{"name": "NAME", "arguments": {FULL_ARGS}}}\n</tool_call>'
     text = call.replace("NAME", "sub")
-    assert _whole_and_streamed(client, text, 40) == (text, [], "stop")
+    assert _whole_and_streamed(client, text, 40) == (None, [], "stop")
+    both = text + "\n" + call.replace("NAME", "add")
+    assert _whole_and_streamed(client, both, 80) == (None, [("add", FULL_ARGS)], "tool_calls")
     content, calls, finish = _whole_and_streamed(client, call.replace("NAME", "add"), 21)
     assert (content, [n for n, _ in calls], finish) == (None, ["add"], "length")
     assert calls[0][1] and FULL_ARGS.startswith(calls[0][1]) and calls[0][1] != FULL_ARGS

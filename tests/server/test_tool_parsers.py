@@ -143,25 +143,59 @@ def _block(parser: str, *names: str) -> str:
     return head + sep.join(call.format(n) for n in names) + tail
 
 
+def _lead(name: str) -> str:
+    """The content of a block's head "Hm. ": DeepSeek's is the text before the calls as written
+    (vLLM's), the others' without the whitespace before the call."""
+    return "Hm. " if name.startswith("deepseek") else "Hm."
+
+
+def _sent(parser, text: str, seed: int) -> tuple[str | None, list[list[str]], list[int]]:
+    """`text` streamed (split by `seed`): the content (None: none), the calls and the index of
+    each call's first delta."""
+    content, calls, deltas = streamed(parser.stream(), text, seed)
+    firsts = [c["index"] for d in deltas for c in d.get("tool_calls", ()) if "id" in c]
+    return content or None, calls, firsts
+
+
 @pytest.mark.parametrize("name", sorted(BLOCKS))
-def test_a_call_to_a_function_not_in_tools_is_none(name):
+def test_a_call_to_a_function_not_in_tools_is_dropped(name):
     """OpenAI never returns a call to a function the request does not list (a client
-    dispatching on its name has nothing to run): the text stays content, whole and streamed,
-    and calls after it are dropped too (the stream never sends what the whole response lacks)."""
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    dispatching on its name has nothing to run): every parser drops it as gpt-oss's does
+    (test_harmony_tools.py), its text neither content nor a call, and reads on: the calls after
+    it come back with dense indices, whole and streamed alike, no markup in the content."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("f", "g")]  # fmt: skip
     parser = PARSERS[name].for_request(tools)
+    lead = _lead(name) if BLOCKS[name][0] else None
     assert _block(name, "f") != _block(name, "nope")
     text = _block(name, "nope")
-    assert parser.parse(text) == (text, [])
-    for seed in range(3):
-        assert streamed(parser.stream(), text, seed)[:2] == (text, [])
-    text = _block(name, "f", "nope", "f")
+    assert parser.parse(text) == (lead, [])
+    assert [_sent(parser, text, seed) for seed in range(3)] == [(lead, [], [])] * 3
+    text = _block(name, "nope", "f")
     content, calls = parser.parse(text)
-    assert [(c.name, c.arguments) for c in calls] == [("f", "{}")]
+    assert (content, [(c.name, c.arguments) for c in calls]) == (lead, [("f", "{}")])
     for seed in range(3):
-        got = streamed(parser.stream(), text, seed)
-        assert (got[0] or None, got[1]) == (content, [["f", "{}"]])
-    assert [c.name for c in PARSERS[name]().parse(text)[1]] == ["f", "nope", "f"]  # no request
+        assert _sent(parser, text, seed) == (lead, [["f", "{}"]], [0])
+    text = _block(name, "nope", "f", "nope", "g")
+    content, calls = parser.parse(text)
+    assert (content, [(c.name, c.arguments) for c in calls]) == (lead, [("f", "{}"), ("g", "{}")])
+    for seed in range(3):
+        assert _sent(parser, text, seed) == (lead, [["f", "{}"], ["g", "{}"]], [0, 1])
+    # without parallel_tool_calls: the first call sent (not the first read) is the only one
+    assert [c.name for c in parser.parse(text, parallel=False)[1]] == ["f"]
+    assert streamed(parser.stream(False), text, 0)[1] == [["f", "{}"]]
+    assert [c.name for c in PARSERS[name]().parse(text)[1]] == ["nope", "f", "nope", "g"]
+
+
+@pytest.mark.parametrize("name", sorted(set(BLOCKS) - {"llama3_json"}))
+def test_content_before_a_call_is_the_same_whole_and_streamed(name):
+    """Whitespace leading the content is content, whole as streamed; whitespace before the call
+    is not (the stream holds it back until more content follows, and none does)."""
+    text = "  " + _block(name, "f")
+    content, calls = PARSERS[name]().parse(text)
+    assert (content, [c.name for c in calls]) == ("  " + _lead(name), ["f"])
+    for seed in range(3):
+        assert _sent(PARSERS[name](), text, seed) == ("  " + _lead(name), [["f", "{}"]], [0])
 
 
 def test_content_is_not_held_longer_than_a_marker_could_need():
