@@ -95,8 +95,14 @@ def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, lau
         assert {k[2] for k in warmed if k[0] == "decode"} >= {1, 2, 4}  # several split counts
     assert {k[4] for k in warmed} == ({False, True} if model == "llama4" else {False})
     launches.clear()
-    prompts = [[(7 * i + n) % 290 + 3 for i in range(n)] for n in (3, 17, 40, 70, 5)]
-    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    # Short on purpose (interpreted decode is the cost), yet it reaches every variant: prefill
+    # chunks of widths 2, 3, 5; four decodes crossing from width 5 to 6 (78 + 3 > 80); the last
+    # prompt (5 tokens: the small prefill bucket) joining beside width 6, then decoding alone
+    # through widths 1 and 2 (hence its 13 tokens).
+    prompts = [[(7 * i + n) % 290 + 3 for i in range(n)] for n in (3, 17, 40, 78, 5)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 6, 6, 6, 13)
+    ]
     llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert launches and set(launches) <= warmed, set(launches) - warmed
 
