@@ -31,7 +31,7 @@ from common import kv_bytes_per_token, machine, markdown_table
 from decode_ab import compare, engine
 from pagoda.runtime import LLM
 from pagoda.runtime.config import cpu_has_fast_bf16
-from pagoda.runtime.worker.model_runner import CPU_DEFAULT_KV_BYTES
+from pagoda.runtime.worker.cache_budget import CPU_DEFAULT_KV_BYTES
 
 KINDS = ("auto", "int8")
 

@@ -104,7 +104,7 @@ DEFAULT_KV_CACHE_DTYPE = "auto"
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 << 30  # bytes; on CUDA the default is a share of free memory
 GPU_HEADROOM = 1 << 30  # the runner keeps this much free on CUDA (activations, CUDA graphs)
 # The most of the KV cache's budget a hybrid's prefix caching gives its Mamba state snapshots
-# (`core/state_snapshots.py`; `ModelRunner._num_blocks`)
+# (`core/state_snapshots.py`; `cache_budget.CacheShape.size`)
 SNAPSHOT_SHARE = 0.25
 DEFAULT_MAX_NUM_SEQS = 64
 # With chunked prefill; without it the default is max(this, max_model_len) so any prompt fits.

@@ -22,7 +22,7 @@ Mamba-1's scan and LFM2's short convs hold a state at every token (`MambaConfig.
 A hit resumes at the deepest boundary that has both its KV blocks and a snapshot; a prefix that
 ends between boundaries computes the rest (a partial block, as for attention, and the blocks
 after the boundary). The entries, `num` of them preallocated by the runner from the KV cache's
-memory budget (`ModelRunner._num_blocks`), are keyed by the chained hash of the block that ends
+memory budget (`cache_budget.CacheShape.size`), are keyed by the chained hash of the block that ends
 at the boundary (which names the whole prefix, salt included) and kept LRU as the block pool
 keeps blocks: a hit refreshes its entry, a save takes a free entry or the least recently used,
 and an entry goes when the KV block of its hash is evicted (a hit needs both). A save becomes

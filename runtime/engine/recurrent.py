@@ -8,7 +8,7 @@ layers, `recurrent_configs.MambaConfig`): checked and applied once, at start.
   evicted), so a hit skips the shared tokens in every layer: the deepest boundary of the
   cached prefix with a snapshot is restored into the sequence's state slot before its
   remaining prefill (`worker/mamba_state.py`) and the rest is computed. The snapshots take a
-  share of the KV cache's budget (`ModelRunner._num_blocks`; with tensor parallelism each
+  share of the KV cache's budget (`cache_budget.CacheShape.size`; with tensor parallelism each
   rank's entries hold its heads, as its slots do, and the step's copies go to the other ranks
   with its slots: `worker/step_channel.py`); where it holds none, prefix caching is off, and
   a log line says so. Every mixer takes them: Mamba2's and the Gated DeltaNet's / KDA's
@@ -45,7 +45,7 @@ def snapshots(
     if not runner.num_snapshots:
         why = f"its KV cache budget holds no snapshot of {runner.mamba.snapshot_bytes} bytes"
         asked = config.scheduler.max_model_len
-        if asked is not None:  # the context's blocks come first (`ModelRunner._num_blocks`)
+        if asked is not None:  # the context's blocks come first (`cache_budget.CacheShape.size`)
             why += (f" beside the blocks of --max-model-len {asked} (a shorter context or a "
                     "larger --kv-cache-memory leaves room)")  # fmt: skip
         return _off(config, mc, why), None

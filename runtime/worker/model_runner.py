@@ -13,19 +13,17 @@ for step N does not wait for step N+1 queued after it.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import numpy as np
 import torch
-from pagoda.runtime import options
 from pagoda.runtime.attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from pagoda.runtime.config import EngineConfig, fp8_runs_on
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
-from pagoda.runtime.model import alibi, mamba2
+from pagoda.runtime.model import alibi
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
@@ -42,8 +40,9 @@ from pagoda.runtime.sampling.sampler import (
     sample,
 )
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
-from pagoda.runtime.worker import prompt_logprobs
+from pagoda.runtime.worker import cache_budget, prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
+from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.mamba_state import MambaState
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
@@ -52,7 +51,6 @@ from pagoda.runtime.worker.step_clock import StepClock
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
-CPU_DEFAULT_KV_BYTES = options.DEFAULT_CPU_KV_CACHE_MEMORY
 
 
 class ModelRunner:
@@ -96,7 +94,8 @@ class ModelRunner:
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
                                           self.device, self.block_tables,
                                           1 if tp is None else tp.size)  # fmt: skip
-        self.num_blocks = self._num_blocks(max_model_len)
+        sized = self._size_cache(max_model_len)
+        self.num_blocks, self.num_snapshots = sized.num_blocks, sized.num_snapshots
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
             if self.snapshot_interval:  # (every rank computes the same interval)
@@ -203,82 +202,31 @@ class ModelRunner:
         per_token = sum(b.bytes_per_token(self.dtype) for b in self.model.kv_backends)
         return self.block_size * per_token
 
-    def _num_blocks(self, max_model_len: int) -> int:
-        """From the memory budget: bytes on CPU, a fraction of free memory on GPU. A model
-        without attention layers (Mamba2 or Mamba-1 alone) keeps no KV cache: its blocks, which only
-        count positions, are enough for every sequence's whole context. A hybrid with prefix
-        caching takes its state snapshots (`num_snapshots`) from the same budget first."""
-        cache = self.config.cache
-        interval = self.snapshot_interval
-        self.num_snapshots = 0
-        if cache.num_blocks_override is not None:  # tests: as many snapshots as slots
-            n = cache.num_blocks_override
-            if interval:
-                self.num_snapshots = min(n * self.block_size // interval,
-                                         self.config.scheduler.max_num_seqs)  # fmt: skip
-            return n
-        positions = 0
-        if self.bytes_per_block == 0:
-            per_seq = -(-max_model_len // self.block_size) + 1
-            positions = self.config.scheduler.max_num_seqs * per_seq
-            if not interval:
-                return positions
-        budget = self._cache_budget()
-        if interval:
-            self.num_snapshots = self._snapshot_entries(budget, positions)
-            budget -= self.num_snapshots * self.mamba.snapshot_bytes
-        if positions:
-            return positions
-        n = budget // self.bytes_per_block
-        if n < 2:
-            raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
-        return int(n)
-
-    def _snapshot_entries(self, budget: int, positions: int) -> int:
-        """A hybrid's snapshot entries from a cache budget of `budget` bytes: at most its
-        `SNAPSHOT_SHARE`, one per snapshot boundary its blocks (`positions` blocks without
-        attention layers) hold, and, with a `max_model_len` the budget holds, leaving that
-        context its blocks (`server/memory.check_context_fits`). One the budget does not hold
-        is capped to the cache anyway (`EngineCore._start`): `pagoda serve` sets the model's
-        context where `--max-model-len` is left out, which reserved every block and turned
-        prefix caching off wherever the context was longer than the budget held."""
-        snap, bs = self.mamba.snapshot_bytes, self.block_size
-        blocks = positions or budget // self.bytes_per_block
-        n = min(int(budget * options.SNAPSHOT_SHARE) // snap, blocks * bs // self.snapshot_interval)
-        asked = self.config.scheduler.max_model_len
-        if not positions and asked is not None and asked <= blocks * bs:
-            n = min(n, (blocks - -(-asked // bs)) * self.bytes_per_block // snap)
-        return n
-
     @property
     def snapshot_interval(self) -> int:
-        """Tokens between a hybrid's state snapshots (`core/state_snapshots.py`): the least
-        common multiple of the block size and the mixers' chunk (`MambaConfig.snapshot_chunk`:
-        the SSD chunk, or 1); 0 without prefix caching for them (off, or no Mamba layer)."""
-        if self.mamba is None or not self.mamba.layers or not self.mamba.m.snapshots:
-            return 0
-        if not self.config.cache.enable_prefix_caching:
-            return 0
-        return math.lcm(self.block_size, self.mamba.m.snapshot_chunk)
+        """Tokens between a hybrid's state snapshots; 0 without them (`cache_budget`)."""
+        prefix_caching = self.config.cache.enable_prefix_caching
+        return cache_budget.snapshot_interval(self.mamba, self.block_size, prefix_caching)
 
-    def _cache_budget(self) -> int:
-        """The bytes the KV cache (and a hybrid's snapshots) may take."""
-        cache = self.config.cache
-        if cache.kv_cache_memory is not None:
-            budget = cache.kv_cache_memory
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            # activations and CUDA graphs, and a hybrid's chunked-scan temporaries
-            sched = self.config.scheduler
-            ranks = 1 if self.tp is None else self.tp.size
-            headroom = options.GPU_HEADROOM + mamba2.step_scan_bytes(
-                self.model_config, sched, ranks
-            )
-            budget = int(total * cache.gpu_memory_utilization) - used - headroom
-        else:
-            budget = CPU_DEFAULT_KV_BYTES
-        return budget
+    def _size_cache(self, max_model_len: int) -> CacheSize:
+        """The blocks and a hybrid's snapshots the memory budget holds (`cache_budget`)."""
+        config, interval = self.config, self.snapshot_interval
+        shape = cache_budget.CacheShape(
+            self.block_size,
+            self.bytes_per_block,
+            config.scheduler.max_num_seqs,
+            interval,
+            self.mamba.snapshot_bytes if interval else 0,
+        )
+        ranks = 1 if self.tp is None else self.tp.size
+        return shape.size(
+            lambda: cache_budget.cache_budget(
+                config.cache, self.device, self.model_config, config.scheduler, ranks
+            ),
+            max_model_len,
+            config.scheduler.max_model_len,
+            config.cache.num_blocks_override,
+        )
 
     def to_device(self, arr: np.ndarray) -> torch.Tensor:
         """Host array → device tensor; on CUDA through pinned memory, asynchronously (no sync)."""
