@@ -21,7 +21,7 @@ What the converter wrote, read back here:
 - the experts stacked, the correction bias `exp_probs_b`, `leading_dense_block_count` dense
   layers first, `expert_weights_scale` the routed scaling; llama.cpp renormalises the top-k
   (no key for it: moe_renormalize) and runs no expert groups (one group).
-Refused in one line: a layer-kind list of the wrong length, no experts, a router other than
+Refused in one line: a key it reads missing, a layer-kind list of the wrong length, no experts, a router other than
 the sigmoid (`expert_gating_func` 2), the correction bias missing.
 """
 
@@ -44,6 +44,11 @@ KDA = {"ssm_conv1d_q": "q_conv1d", "ssm_conv1d_k": "k_conv1d", "ssm_conv1d_v": "
        "attn_k": "k_proj", "attn_v": "v_proj"}  # fmt: skip
 _BARE = re.compile(r"^blk\.(\d+)\.ssm_a$")  # A (as -exp(A_log)), no suffix
 SIGMOID = 2  # llama.cpp's expert_gating_func
+# the keys read without a default (the KDA head size: `kda.head_dim` or `ssm.state_size`)
+_REQUIRED = ("block_count", "attention.head_count", "embedding_length", "feed_forward_length",
+             "ssm.conv_kernel", "rope.dimension_count", "attention.key_length_mla",
+             "attention.value_length_mla", "attention.kv_lora_rank", "expert_used_count",
+             "expert_feed_forward_length")  # fmt: skip
 Get = Callable[..., Any]  # get(key, default): the file's `kimi-linear.<key>`
 
 
@@ -76,6 +81,11 @@ def value(name: str, w: torch.Tensor) -> torch.Tensor:
 def hf_config(get: Get, tensors: set[str], vocab: int) -> dict[str, Any]:
     """The config.json of the checkpoint a `kimi-linear` file was converted from, as far as
     the engine reads it (module docstring)."""
+    missing = [k for k in _REQUIRED if get(k) is None]
+    if get("kda.head_dim") is None and get("ssm.state_size") is None:
+        missing.append("kda.head_dim")
+    if missing:
+        raise ValueError(f"GGUF kimi-linear needs {', '.join(missing)}")
     n, heads = int(get("block_count")), int(get("attention.head_count"))
     kv = get("attention.head_count_kv")
     if not isinstance(kv, list) or len(kv) != n:

@@ -19,7 +19,7 @@ What the converter wrote, read back here:
   correction bias `exp_probs_b`, dense layers where there is no router (`ffn_gate_inp`);
   llama.cpp's sigmoid router renormalised, no expert groups, `expert_weights_scale` (absent
   or 0: none).
-Refused in one line: no `attention.value_scale` (older converters left it out and llama.cpp
+Refused in one line: a key it reads missing, no `attention.value_scale` (older converters left it out and llama.cpp
 then runs none: the checkpoint's scale is not in the file), sliding layers whose KV heads are
 not twice the full layers', sinks on a full-attention layer, a per-layer list of the wrong
 length.
@@ -35,6 +35,11 @@ HF_ARCH = {"mimo_v2_flash": "MiMoV2FlashForCausalLM"}
 ARCHS = tuple(HF_ARCH)  # the engine's
 SLIDING, FULL = "sliding_attention", "full_attention"
 Get = Callable[..., Any]  # get(key, default): the file's `mimo2.<key>`
+# the keys read without a default
+_REQUIRED = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+             "attention.key_length", "attention.value_length", "rope.dimension_count",
+             "attention.sliding_window", "expert_count", "expert_used_count",
+             "expert_feed_forward_length")  # fmt: skip
 
 
 def hf_name(layer: str, part: str, kind: str) -> str | None:
@@ -46,6 +51,9 @@ def hf_name(layer: str, part: str, kind: str) -> str | None:
 def hf_config(get: Get, tensors: set[str], vocab: int) -> dict[str, Any]:
     """The config.json of the checkpoint a `mimo2` file was converted from, as far as the
     engine reads it (module docstring)."""
+    missing = [k for k in _REQUIRED if get(k) is None]
+    if missing:
+        raise ValueError(f"GGUF mimo2 needs {', '.join(missing)}")
     n = int(get("block_count")) - int(get("nextn_predict_layers", 0) or 0)
     pattern, kv = get("attention.sliding_window_pattern"), get("attention.head_count_kv")
     if not isinstance(pattern, list) or not isinstance(kv, list) or min(len(pattern), len(kv)) < n:

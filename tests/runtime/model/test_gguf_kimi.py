@@ -55,7 +55,8 @@ def _metadata(w, c: dict, **drop) -> None:
     w.add_kv_lora_rank(c["kv_lora_rank"])
     w.add_rope_dimension_count(c["qk_rope_head_dim"])
     w.add_key_length(c["kv_lora_rank"] + c["qk_rope_head_dim"])
-    w.add_key_length_mla(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+    if not drop.get("mla"):
+        w.add_key_length_mla(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
     w.add_value_length_mla(c["v_head_dim"])
     w.add_expert_feed_forward_length(c["moe_intermediate_size"])
     w.add_expert_shared_count(c["num_shared_experts"])
@@ -147,7 +148,7 @@ def test_gguf_kimi_linear_matches_transformers_on_its_dequantized_weights(tmp_pa
 @pytest.mark.parametrize(
     ("drop", "message"),
     [({"experts": True}, "needs expert_count"), ({"gating": True}, "expert_gating_func 1"),
-     ({"bias": True}, "needs exp_probs_b")],
+     ({"bias": True}, "needs exp_probs_b"), ({"mla": True}, "needs attention.key_length_mla")],
 )  # fmt: skip
 def test_gguf_kimi_linear_refuses_what_it_cannot_run_in_one_line(tmp_path, drop, message):
     make_tiny_model(tmp_path / "hf", "KimiLinear", **KIMI)

@@ -55,7 +55,8 @@ def _metadata(w, c: dict, **drop) -> None:
     w.add_rope_freq_base_swa(c["rope_parameters"]["sliding_attention"]["rope_theta"])
     w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_head_count_kv([2 * kv if s else (drop.get("kv") or kv) for s in swa])
-    w.add_sliding_window(c["sliding_window"] - 1)
+    if not drop.get("window"):
+        w.add_sliding_window(c["sliding_window"] - 1)
     w.add_sliding_window_pattern(swa)
     w.add_value_length(c["v_head_dim"])
     w.add_expert_count(c["n_routed_experts"])
@@ -151,7 +152,8 @@ def test_gguf_mimo2_matches_transformers_on_its_dequantized_weights(tmp_path):
 @pytest.mark.parametrize(
     ("drop", "message"),
     [({"scale": True}, "without attention.value_scale"), ({"kv": 2}, "twice the full"),
-     ({"sink": True}, "sinks on a full-attention layer")],
+     ({"sink": True}, "sinks on a full-attention layer"),
+     ({"window": True}, "needs attention.sliding_window")],
 )  # fmt: skip
 def test_gguf_mimo2_refuses_what_it_cannot_read_back_in_one_line(tmp_path, drop, message):
     make_tiny_model(tmp_path / "hf", "MiMoV2Flash", **MIMO)
