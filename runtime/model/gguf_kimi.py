@@ -21,7 +21,8 @@ What the converter wrote, read back here:
 - the experts stacked, the correction bias `exp_probs_b`, `leading_dense_block_count` dense
   layers first, `expert_weights_scale` the routed scaling; llama.cpp renormalises the top-k
   (no key for it: moe_renormalize) and runs no expert groups (one group).
-Refused in one line: a key it reads missing, a layer-kind list of the wrong length, no experts, a router other than
+Refused in one line: another variant's tensors or keys (Kimi K3's, which the converter
+writes under the same name), a key it reads missing, a layer-kind list of the wrong length, no experts, a router other than
 the sigmoid (`expert_gating_func` 2), the correction bias missing.
 """
 
@@ -43,6 +44,7 @@ KDA = {"ssm_conv1d_q": "q_conv1d", "ssm_conv1d_k": "k_conv1d", "ssm_conv1d_v": "
        "ssm_g_b": "g_b_proj", "ssm_beta": "b_proj", "ssm_norm": "o_norm",
        "attn_k": "k_proj", "attn_v": "v_proj"}  # fmt: skip
 _BARE = re.compile(r"^blk\.(\d+)\.ssm_a$")  # A (as -exp(A_log)), no suffix
+_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 SIGMOID = 2  # llama.cpp's expert_gating_func
 # the keys read without a default (the KDA head size: `kda.head_dim` or `ssm.state_size`)
 _REQUIRED = ("block_count", "attention.head_count", "embedding_length", "feed_forward_length",
@@ -78,9 +80,20 @@ def value(name: str, w: torch.Tensor) -> torch.Tensor:
     return w
 
 
+def _known(name: str) -> bool:
+    """Whether a `blk.` tensor is one this reading places (another is another variant's)."""
+    m = _BLOCK.match(name)
+    return bool(_BARE.match(name)) or (m is not None and hf_name(*m.groups()) is not None)
+
+
 def hf_config(get: Get, tensors: set[str], vocab: int) -> dict[str, Any]:
     """The config.json of the checkpoint a `kimi-linear` file was converted from, as far as
     the engine reads it (module docstring)."""
+    unknown = sorted(t for t in tensors if t.startswith("blk.") and not _known(t))
+    if unknown or get("kda.gate_lower_bound") is not None or get("moe_latent_size"):
+        what = f"tensors it does not read ({', '.join(unknown[:3])})" if unknown else "keys"
+        raise ValueError(f"GGUF kimi-linear with {what} of another variant (Kimi K3's latent "
+                         "experts, a bounded KDA gate) is not supported")  # fmt: skip
     missing = [k for k in _REQUIRED if get(k) is None]
     if get("kda.head_dim") is None and get("ssm.state_size") is None:
         missing.append("kda.head_dim")

@@ -19,7 +19,8 @@ What the converter wrote, read back here:
   correction bias `exp_probs_b`, dense layers where there is no router (`ffn_gate_inp`);
   llama.cpp's sigmoid router renormalised, no expert groups, `expert_weights_scale` (absent
   or 0: none).
-Refused in one line: a key it reads missing, no `attention.value_scale` (older converters left it out and llama.cpp
+Refused in one line: a decoder tensor it does not place (MiMo-V2.5's fused `attn_qkv`), a
+key it reads missing, no `attention.value_scale` (older converters left it out and llama.cpp
 then runs none: the checkpoint's scale is not in the file), sliding layers whose KV heads are
 not twice the full layers', sinks on a full-attention layer, a per-layer list of the wrong
 length.
@@ -27,6 +28,7 @@ length.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +36,12 @@ ENGINE_ARCH = {"mimo2": "mimo_v2_flash"}
 HF_ARCH = {"mimo_v2_flash": "MiMoV2FlashForCausalLM"}
 ARCHS = tuple(HF_ARCH)  # the engine's
 SLIDING, FULL = "sliding_attention", "full_attention"
+# the decoder layers' tensors this reading places (another: another variant's, e.g. MiMo-V2.5's
+# fused `attn_qkv`, whose sliding layers' rows this cannot split without the file's sizes)
+PARTS = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks", "ffn_norm",
+         "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+         "ffn_down_exps", "exp_probs_b"}  # fmt: skip
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.weight|\.bias)?$")
 Get = Callable[..., Any]  # get(key, default): the file's `mimo2.<key>`
 # the keys read without a default
 _REQUIRED = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
@@ -59,6 +67,11 @@ def hf_config(get: Get, tensors: set[str], vocab: int) -> dict[str, Any]:
     if not isinstance(pattern, list) or not isinstance(kv, list) or min(len(pattern), len(kv)) < n:
         raise ValueError(f"GGUF mimo2 needs attention.sliding_window_pattern and "
                          f"attention.head_count_kv with a value for each of its {n} layers")  # fmt: skip
+    blocks = (_BLOCK.match(t) for t in tensors)
+    unknown = sorted({m[2] for m in blocks if m and int(m[1]) < n} - PARTS)
+    if unknown:
+        raise ValueError(f"GGUF mimo2 with {', '.join(unknown)} in its decoder layers is not "
+                         "supported (another variant's: MiMo-V2.5's fused attn_qkv)")  # fmt: skip
     types = [SLIDING if pattern[i] else FULL for i in range(n)]
     full = {int(kv[i]) for i in range(n) if types[i] == FULL}
     swa = {int(kv[i]) for i in range(n) if types[i] == SLIDING}

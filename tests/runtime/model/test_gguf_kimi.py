@@ -112,6 +112,8 @@ def convert(path, hf_dir, **drop) -> dict[str, torch.Tensor]:
             gname = names.get_name(_DENSE.sub(r".mlp.\1.", hf), try_suffixes=(".weight", ".bias"))
             assert gname is not None, hf
             expected[hf] = _store(w, gname, arr)
+    if drop.get("latent"):  # a tensor of another variant's
+        _store(w, "blk.1.ffn_latent_down.weight", np.zeros((16, c["hidden_size"]), np.float32))
     parts = {"w1": "ffn_gate_exps", "w2": "ffn_down_exps", "w3": "ffn_up_exps"}
     for (layer, part), per in experts.items():
         stacked = _store(w, f"blk.{layer}.{parts[part]}.weight",
@@ -148,7 +150,8 @@ def test_gguf_kimi_linear_matches_transformers_on_its_dequantized_weights(tmp_pa
 @pytest.mark.parametrize(
     ("drop", "message"),
     [({"experts": True}, "needs expert_count"), ({"gating": True}, "expert_gating_func 1"),
-     ({"bias": True}, "needs exp_probs_b"), ({"mla": True}, "needs attention.key_length_mla")],
+     ({"bias": True}, "needs exp_probs_b"), ({"mla": True}, "needs attention.key_length_mla"),
+     ({"latent": True}, "blk.1.ffn_latent_down.weight")],
 )  # fmt: skip
 def test_gguf_kimi_linear_refuses_what_it_cannot_run_in_one_line(tmp_path, drop, message):
     make_tiny_model(tmp_path / "hf", "KimiLinear", **KIMI)

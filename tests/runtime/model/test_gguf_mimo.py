@@ -101,6 +101,8 @@ def convert(path, hf_dir, **drop) -> dict[str, torch.Tensor]:
             gname = names.get_name(hf, try_suffixes=(".weight", ".bias"))
             assert gname is not None, hf
             expected[hf] = _store(w, gname, arr)
+    if drop.get("qkv"):  # MiMo-V2.5's fused projection
+        _store(w, "blk.0.attn_qkv.weight", np.zeros((176, c["hidden_size"]), np.float32))
     if drop.get("sink"):  # a sink on the full-attention layer
         _store(w, "blk.1.attn_sinks.weight", np.zeros(c["num_attention_heads"], np.float32))
     parts = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
@@ -153,7 +155,7 @@ def test_gguf_mimo2_matches_transformers_on_its_dequantized_weights(tmp_path):
     ("drop", "message"),
     [({"scale": True}, "without attention.value_scale"), ({"kv": 2}, "twice the full"),
      ({"sink": True}, "sinks on a full-attention layer"),
-     ({"window": True}, "needs attention.sliding_window")],
+     ({"window": True}, "needs attention.sliding_window"), ({"qkv": True}, "attn_qkv in its")],
 )  # fmt: skip
 def test_gguf_mimo2_refuses_what_it_cannot_read_back_in_one_line(tmp_path, drop, message):
     make_tiny_model(tmp_path / "hf", "MiMoV2Flash", **MIMO)
