@@ -3,7 +3,8 @@ runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `st
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
 `jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`,
 `dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`, `jamba`, `minimax-m2`; `qwen3next`, `qwen35`,
-`qwen35moe`: their keys, names and forms in `gguf_qwen3next`; `gemma4`: in `gguf_gemma4`), read by writing the config.json the family's checkpoint would have from the file's keys
+`qwen35moe`: their keys, names and forms in `gguf_qwen3next`; `gemma4`: in `gguf_gemma4`;
+`kimi-linear`: in `gguf_kimi`; `mimo2`: in `gguf_mimo`), read by writing the config.json the family's checkpoint would have from the file's keys
 (`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
 engine builds the model it builds from the checkpoint, its tensors under the names that loader
 gives them (`hf_name`).
@@ -66,7 +67,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pagoda.runtime.model import gguf_gemma4, gguf_qwen3next
+from pagoda.runtime.model import gguf_gemma4, gguf_kimi, gguf_mimo, gguf_qwen3next
 
 # llama.cpp's architecture -> (the engine's, the checkpoint's config.json `architectures`)
 ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": "gpt2",
@@ -77,7 +78,8 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe",
                "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2", "exaone-moe": "exaone_moe",
                "jamba": "jamba", "minimax-m2": "minimax_m2",
-               **gguf_qwen3next.ENGINE_ARCH, **gguf_gemma4.ENGINE_ARCH}  # fmt: skip
+               **gguf_qwen3next.ENGINE_ARCH, **gguf_gemma4.ENGINE_ARCH,
+               **gguf_kimi.ENGINE_ARCH, **gguf_mimo.ENGINE_ARCH}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "stablelm": "StableLmForCausalLM", "gpt2": "GPT2LMHeadModel",
            "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
@@ -91,7 +93,8 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
            "mamba2": "Mamba2ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
            "jamba": "JambaForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
-           **gguf_qwen3next.HF_ARCH, **gguf_gemma4.HF_ARCH}  # fmt: skip
+           **gguf_qwen3next.HF_ARCH, **gguf_gemma4.HF_ARCH, **gguf_kimi.HF_ARCH,
+           **gguf_mimo.HF_ARCH}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -104,12 +107,14 @@ ACTIVATIONS = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "stablelm": "sil
                "falcon_mamba": "silu", "mamba2": "silu", "exaone_moe": "silu", "jamba": "silu",
                "minimax_m2": "silu",
                **dict.fromkeys(gguf_qwen3next.ARCHS, "silu"),
-               **dict.fromkeys(gguf_gemma4.ARCHS, gguf_gemma4.ACTIVATION)}  # fmt: skip
+               **dict.fromkeys(gguf_gemma4.ARCHS, gguf_gemma4.ACTIVATION),
+               **dict.fromkeys(gguf_kimi.ARCHS + gguf_mimo.ARCHS, "silu")}  # fmt: skip
 # the Mamba mixers' tensors (Mamba-1's and Mamba2's; A and D: `gguf_mamba.suffixless_name`)
 SSM = {"ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj", "ssm_conv1d": "mamba.conv1d",
        "ssm_x": "mamba.x_proj", "ssm_dt": "mamba.dt_proj", "ssm_norm": "mamba.norm"}  # fmt: skip
 # the mixture-of-experts families whose tensors `moe_names` places
-MOE = ("ernie4_5_moe", "hunyuan_v1_moe", "dots1", "exaone_moe", "jamba", "minimax_m2")
+MOE = ("ernie4_5_moe", "hunyuan_v1_moe", "dots1", "exaone_moe", "jamba", "minimax_m2",
+       *gguf_mimo.ARCHS)  # fmt: skip
 _PARTS = ("gate", "up", "down")
 # families whose config.json names the head size (the file's key_length)
 _HEAD_DIM = ("gemma", "exaone", "nemotron", "jais2", "hunyuan_v1_dense", "hunyuan_v1_moe",
@@ -172,6 +177,10 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
     """The engine's name of `blk.{layer}.{part}.{kind}` where it differs from Llama's."""
     if architecture in gguf_qwen3next.ARCHS:
         return gguf_qwen3next.hf_name(layer, part, kind)
+    if architecture in gguf_kimi.ARCHS:
+        return gguf_kimi.hf_name(layer, part, kind)
+    if architecture in gguf_mimo.ARCHS and part == "attn_sinks":
+        return gguf_mimo.hf_name(layer, part, kind)
     if architecture == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):
         return f"model.layers.{layer}.self_attn.{part[5]}_layernorm.{kind}"  # (read by row)
     if architecture == "jamba" and part in JAMBA:
@@ -255,7 +264,9 @@ def fused_parts(name: str, shape: tuple[int, ...], config) -> list[tuple[str, in
 
 def value(name: str, w, architecture: str):
     """A tensor as the checkpoint holds it, from the file's form: Nemotron's LayerNorm1P
-    weights, which the converter stored as 1 + w."""
+    weights, which the converter stored as 1 + w; Kimi Linear's KDA tensors (`gguf_kimi`)."""
+    if architecture in gguf_kimi.ARCHS:
+        return gguf_kimi.value(name, w)
     if architecture == "nemotron" and name.endswith("norm.weight"):
         return w - 1
     if name.endswith(".conv.conv.weight") and w.dim() == 2:  # LFM2's, squeezed: [C, 1, K]
@@ -273,6 +284,10 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
         return gguf_qwen3next.hf_config(get, gguf_arch, tensors, vocab)
     if arch in gguf_gemma4.ARCHS:
         return gguf_gemma4.hf_config(get, tensors, vocab, values)
+    if arch in gguf_kimi.ARCHS:
+        return gguf_kimi.hf_config(get, tensors, vocab)
+    if arch in gguf_mimo.ARCHS:
+        return gguf_mimo.hf_config(get, tensors, vocab)
     if arch in ("mamba", "falcon_mamba", "mamba2"):
         return _ssm(get, arch, tensors, vocab)
     if arch == "jamba":

@@ -37,6 +37,7 @@ from pagoda.runtime.model import (
     gguf_deepseek,
     gguf_gemma4,
     gguf_glm_cohere,
+    gguf_kimi,
     gguf_mamba,
     gguf_qwen3next,
 )
@@ -125,9 +126,9 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
         return _GLOBAL_NAMES[name]
     m = _BLOCK.match(name)
     if not m:  # (a Mamba2 mixer's A and D: `blk.N.ssm_a`)
-        return gguf_qwen3next.bare_name(name, architecture) or gguf_mamba.suffixless_name(
-            name, architecture
-        )
+        return (gguf_qwen3next.bare_name(name, architecture)
+                or gguf_kimi.bare_name(name, architecture)
+                or gguf_mamba.suffixless_name(name, architecture))  # fmt: skip
     layer, part, kind = m.groups()
     if architecture in gguf_deepseek.ARCHITECTURES:  # deepseek2 (gguf_deepseek.py)
         return gguf_deepseek.hf_name(layer, part, kind)
