@@ -170,3 +170,18 @@ class _LongFilesFirst:
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(_LongFilesFirst(), "pagoda-long-files-first")
+
+
+@pytest.fixture(autouse=True)
+def _kernel_config_dirs_restored():
+    """A test that applies a tuned profile (`server/tuned.py`, `pagoda tune`) sets the kernel
+    launch configs' search directories for the process: put them back after it, so a later
+    test on the same xdist worker does not read (or save into) that test's profile."""
+    import sys
+
+    kc = sys.modules.get("pagoda.kernels.config")
+    before = kc.config_dirs() if kc is not None else ()
+    yield
+    kc = sys.modules.get("pagoda.kernels.config")
+    if kc is not None and kc.config_dirs() != before:
+        kc.set_config_dirs(before)
