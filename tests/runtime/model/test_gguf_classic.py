@@ -66,6 +66,27 @@ def _store(w, gname: str, arr: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(data, Q.Q8_0).reshape(arr.shape)
 
 
+def _store_experts(w, experts: dict, expected: dict, prefix: str, parts: dict) -> None:
+    """Per-expert matrices (`experts[(layer, part)][e]`) written as the converter stacks them,
+    `blk.{layer}.{parts[part]}.weight` [E, N, K]; each expert's slice of what the file gives
+    back into `expected` under `model.layers.{layer}.{prefix}.{e}.{part}.weight`."""
+    for (layer, part), per in experts.items():
+        stacked = _store(w, f"blk.{layer}.{parts[part]}.weight",
+                         np.stack([per[e] for e in sorted(per)]))  # fmt: skip
+        for e in sorted(per):
+            expected[f"model.layers.{layer}.{prefix}.{e}.{part}.weight"] = stacked[e]
+
+
+def _written(w, expected: dict) -> dict:
+    """The GGUF writer's file finished and closed; `expected` (what the file gives back, by
+    Hugging Face name) as tensors."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+
+
 _ENUM = {"gemma": "GEMMA", "phi2": "PHI2", "stablelm": "STABLELM", "gpt2": "GPT2",
          "starcoder": "STARCODER", "gptneox": "GPTNEOX", "falcon": "FALCON", "bloom": "BLOOM",
          "mpt": "MPT", "olmo": "OLMO", "exaone": "EXAONE", "nemotron": "NEMOTRON",

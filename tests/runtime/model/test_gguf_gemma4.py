@@ -15,7 +15,7 @@ import torch
 from hf_oracle import hf_greedy_plain
 from pagoda.runtime.model.gguf_loader import load_gguf
 from test_gguf_archs import PROMPTS, _check_estimate, _generate
-from test_gguf_classic import _store
+from test_gguf_classic import _store, _written
 from test_gguf_families import _oracle, _spm_vocab
 
 transformers = pytest.importorskip("transformers")
@@ -138,11 +138,7 @@ def convert(path, hf_dir, c) -> dict[str, torch.Tensor]:
         gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gname is not None, hf
         expected[hf] = _store(w, gname, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+    return _written(w, expected)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -16,7 +16,7 @@ import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
 from test_gguf_archs import PROMPTS, _check_estimate, _generate
-from test_gguf_classic import _store
+from test_gguf_classic import _store, _store_experts, _written
 from test_gguf_families import _oracle, _spm_vocab
 
 transformers = pytest.importorskip("transformers")
@@ -85,16 +85,9 @@ def convert(path, hf_dir, kv: list[int] | None = None) -> dict[str, torch.Tensor
             expected[hf] = _store(w, gname, arr.squeeze(1))[:, None, :]
             continue
         expected[hf] = _store(w, gname, arr)
-    for (layer, part), per in experts.items():  # the converter's stacks [E, N, K]
-        stacked = _store(w, f"blk.{layer}.ffn_{part.split('_')[0]}_exps.weight",
-                         np.stack([per[e] for e in sorted(per)]))  # fmt: skip
-        for e in sorted(per):
-            expected[f"model.layers.{layer}.feed_forward.experts.{e}.{part}.weight"] = stacked[e]
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+    parts = {p: f"ffn_{p.split('_')[0]}_exps" for p in ("gate_proj", "up_proj", "down_proj")}
+    _store_experts(w, experts, expected, "feed_forward.experts", parts)
+    return _written(w, expected)
 
 
 def test_gguf_jamba_matches_transformers_on_its_dequantized_weights(tmp_path):

@@ -17,7 +17,7 @@ import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
 from test_gguf_archs import PROMPTS, _check_estimate, _generate
-from test_gguf_classic import _store
+from test_gguf_classic import _store, _store_experts, _written
 from test_gguf_families import _byte_level_vocab, _oracle
 
 transformers = pytest.importorskip("transformers")
@@ -115,18 +115,8 @@ def convert(path, hf_dir, **drop) -> dict[str, torch.Tensor]:
     if drop.get("latent"):  # a tensor of another variant's
         _store(w, "blk.1.ffn_latent_down.weight", np.zeros((16, c["hidden_size"]), np.float32))
     parts = {"w1": "ffn_gate_exps", "w2": "ffn_down_exps", "w3": "ffn_up_exps"}
-    for (layer, part), per in experts.items():
-        stacked = _store(w, f"blk.{layer}.{parts[part]}.weight",
-                         np.stack([per[e] for e in sorted(per)]))  # fmt: skip
-        for e in sorted(per):
-            expected[f"model.layers.{layer}.block_sparse_moe.experts.{e}.{part}.weight"] = stacked[
-                e
-            ]
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+    _store_experts(w, experts, expected, "block_sparse_moe.experts", parts)
+    return _written(w, expected)
 
 
 def test_gguf_kimi_linear_matches_transformers_on_its_dequantized_weights(tmp_path):

@@ -18,7 +18,7 @@ import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
 from test_gguf_archs import PROMPTS, _check_estimate, _generate
-from test_gguf_classic import _store
+from test_gguf_classic import _store, _store_experts, _written
 from test_gguf_families import _byte_level_vocab, _oracle
 
 transformers = pytest.importorskip("transformers")
@@ -106,11 +106,7 @@ def convert(path, hf_dir, **drop) -> dict[str, torch.Tensor]:
     if drop.get("sink"):  # a sink on the full-attention layer
         _store(w, "blk.1.attn_sinks.weight", np.zeros(c["num_attention_heads"], np.float32))
     parts = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
-    for (layer, part), per in experts.items():
-        stacked = _store(w, f"blk.{layer}.{parts[part]}.weight",
-                         np.stack([per[e] for e in sorted(per)]))  # fmt: skip
-        for e in sorted(per):
-            expected[f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"] = stacked[e]
+    _store_experts(w, experts, expected, "mlp.experts", parts)
     last = f"blk.{n - 1}."  # the MTP block: a copy of the last layer and its own tensors
     for name, ti in list(w.tensors[-1].items()):
         if name.startswith(last):
@@ -118,11 +114,7 @@ def convert(path, hf_dir, **drop) -> dict[str, torch.Tensor]:
                          raw_dtype=ti.dtype)  # fmt: skip
     hidden = c["hidden_size"]
     w.add_tensor(f"blk.{n}.nextn.eh_proj.weight", np.ones((hidden, 2 * hidden), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+    return _written(w, expected)
 
 
 def test_gguf_mimo2_matches_transformers_on_its_dequantized_weights(tmp_path):

@@ -16,7 +16,7 @@ import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
 from test_gguf_archs import PROMPTS, _check_estimate, _generate
-from test_gguf_classic import _store
+from test_gguf_classic import _store, _store_experts, _written
 from test_gguf_families import _byte_level_vocab, _oracle
 
 transformers = pytest.importorskip("transformers")
@@ -72,18 +72,8 @@ def convert(path, hf_dir, gating: int = 2) -> dict[str, torch.Tensor]:
         assert gname is not None, hf
         expected[hf] = _store(w, gname, arr)
     parts = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
-    for (layer, part), per in experts.items():  # the converter's stacks [E, N, K]
-        stacked = _store(w, f"blk.{layer}.{parts[part]}.weight",
-                         np.stack([per[e] for e in sorted(per)]))  # fmt: skip
-        for e in sorted(per):
-            expected[f"model.layers.{layer}.block_sparse_moe.experts.{e}.{part}.weight"] = stacked[
-                e
-            ]
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+    _store_experts(w, experts, expected, "block_sparse_moe.experts", parts)
+    return _written(w, expected)
 
 
 def test_gguf_minimax_m2_matches_transformers_on_its_dequantized_weights(tmp_path):

@@ -17,7 +17,7 @@ import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.gguf_loader import load_gguf
 from test_gguf_archs import PROMPTS, _check_estimate, _generate
-from test_gguf_classic import _store
+from test_gguf_classic import _store, _written
 from test_gguf_families import _byte_level_vocab, _oracle
 
 transformers = pytest.importorskip("transformers")
@@ -189,11 +189,7 @@ def convert(
                              raw_shape=ti.tensor.shape, raw_dtype=ti.dtype)  # fmt: skip
         w.add_tensor(f"blk.{n}.nextn.eh_proj.weight", np.ones((hidden, 2 * hidden), np.float32))
         w.add_tensor(f"blk.{n}.nextn.enorm.weight", np.ones(hidden, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+    return _written(w, expected)
 
 
 @pytest.mark.parametrize("case", list(CASES))
