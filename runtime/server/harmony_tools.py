@@ -47,10 +47,6 @@ class HarmonyToolParser(KnownNames):
     markers: ClassVar[tuple[str, ...]] = ()  # never chosen by `detect`: named with the flag
     new_id = staticmethod(call_id)
 
-    def _start(self, text: str, final: bool) -> int | None:  # (the normalized form's)
-        i = text.find(CALL_OPEN)
-        return None if i < 0 else i
-
     def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
         stream = self.stream(parallel)
         delta = stream.feed(text, final=True)
