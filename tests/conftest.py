@@ -52,6 +52,8 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/engine/test_llm_internlm3_spm.py",  # tokens equal transformers'
     "tests/runtime/engine/test_warmup.py",  # which kernel variants a run launches
     "tests/runtime/model/test_gguf.py",
+    "tests/runtime/model/test_glm_cohere.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_hybrid_ssm.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_hybrid_fp8.py",  # the interpreter's FP8 GEMM, two ranks; untimed
     "tests/runtime/model/test_glm4_moe.py",  # the interpreter, two ranks; untimed
     "tests/runtime/model/test_deepseek.py",  # the interpreter on the latent cache, two ranks
@@ -64,6 +66,8 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/test_forward_sync_free.py",  # Triton's interpreter, ops recorded
     "tests/runtime/model/test_gpt_oss.py",  # Triton's interpreter in the engine
     "tests/runtime/model/test_llama4.py",  # Triton's interpreter in the engine, two ranks
+    "tests/runtime/model/test_moe_families.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_more_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/quantization/test_fp8_engine.py",  # tokens equal across batch and chunking
     "tests/runtime/test_correctness_hf.py",
     "tests/runtime/tune/test_moe_sweep.py",

@@ -2,8 +2,8 @@
 (float32), on tiny random checkpoints transformers writes itself: prompts chunked into 16-token
 steps, three prompts sharing steps, a warm prefix cache, and a pool small enough to preempt; the
 config fields as transformers reads them, the weights estimate against what the built model
-holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo) and, on CUDA, the
-fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each family's own.
+holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a case a layout,
+`TWO_RANKS`) and, on CUDA, the fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each family's own.
 
 - ernie45-moe (`Ernie4_5_MoeForCausalLM`): the interleaved float32 rotary of dense ERNIE 4.5, a
   dense first layer, then a float32 softmax router whose choice adds a correction bias large
@@ -348,13 +348,19 @@ MISSING = [
     ("jetmoe", "model.layers.1.mlp.bias"),
     ("jetmoe-top3", "model.layers.2.self_attention.experts.router.layer.weight"),
 ]
-# heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
-# experts and shared MLPs by width, routers whole on each (DBRX's experts listed per expert;
-# Cohere 2 MoE's average halved before the sum; GraniteMoeShared's shared MLP and Solar Open's
-# and Hy3's GLM-4.5 layers split as Granite 4.0's and GLM-4.5's, whose tests run them on two
-# ranks: their weights estimates are checked at tp 2)
-TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe", "dbrx", "cohere2-moe"]  # fmt: skip
+# Two ranks, one case per layout the families' own code splits: AfMoE's output gate split by
+# heads, DBRX's stacked experts listed per expert, Cohere 2 MoE's shared experts averaged (the
+# average halved before the sum); each with the routed experts by width and the router whole on
+# each rank. The others split as a layout tested on two ranks elsewhere: ERNIE 4.5 MoE's,
+# Hunyuan's, dots1's, EXAONE MoE's, Solar Open's and Hy3's heads (Qwen3's per-head q/k norms or
+# none) beside experts and shared experts by width (GLM-4.5's, test_glm4_moe.py: dots1, EXAONE
+# MoE, Solar Open and Hy3 run its model; Qwen2-MoE's and Mixtral's, test_tensor_parallel.py);
+# MiniMax-M2's and FlexOlmo's q/k norms over the whole projections, all-reduced (OLMo 2's layer:
+# test_tensor_parallel.py's olmo2-kv1, test_olmo_hybrid.py); PhiMoE's LayerNorm biases, q/k/v
+# biases by heads and LM head bias after the gather (Phi's, test_dense_archs.py);
+# GraniteMoeShared's shared MLP (Granite 4.0's, test_tp_hybrid.py). Their weights estimates are
+# checked at tp 2 (ESTIMATES).
+TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe"]
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
