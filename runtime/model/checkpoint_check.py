@@ -44,6 +44,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
             out.update(attention_shapes(c, i))
         out.update(_layer_norms(c, i))
+        if c.family.gated_norm_rank:  # A.X-K2's gated norms (model/axk2.py)
+            _gate_norms(c, i, out)
         out.update(_router_and_experts(c, i))
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
             out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
@@ -91,6 +93,16 @@ def _layer_norms(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
             n[f"model.layers.{i}.{norm}.weight"] = (h,)
     return n
+
+
+def _gate_norms(c: ModelConfig, i: int, out: dict[str, tuple[int, ...]]) -> None:
+    """Layer `i`'s norms in `out` where A.X-K2 gates them: before attention, and before the
+    experts in an expert layer (`<norm>.norm.weight` and the gate's W_down / W_up)."""
+    h, r, p = c.hidden_size, c.family.gated_norm_rank, f"model.layers.{i}."
+    for norm in ("input_layernorm", "post_attention_layernorm")[: 1 + c.family.has_experts(i)]:
+        del out[f"{p}{norm}.weight"]
+        out.update({f"{p}{norm}.norm.weight": (h,), f"{p}{norm}.W_down.weight": (r, h),
+                    f"{p}{norm}.W_up.weight": (h, r)})  # fmt: skip
 
 
 def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
@@ -216,6 +228,8 @@ def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    if m.output_gate:  # A.X-K2's: each head's query and gate, of [normed | raw] bottleneck
+        out[a + "q_b_proj.weight"] = (heads * (m.qk_head_dim + m.v_head_dim), 2 * m.q_lora_rank)
     ix = m.indexer
     if ix is not None and ix.full_layers[i]:
         p = a + "indexer."
