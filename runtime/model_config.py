@@ -286,6 +286,9 @@ class ModelConfig:
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
             return m.zamba2.params(self) - llama
+        if m.zaya is not None:  # its layers' own (one rank), less the first's router state
+            # scale, and the embeddings' scale and bias
+            return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
         if self.family.mla is not None:  # latent attention (Kimi Linear's; one rank only)

@@ -128,7 +128,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     from pagoda.runtime.model import mamba_config
 
     h, p = c.hidden_size, f"model.layers.{i}."
-    if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
+    m = c.family.mamba
+    if m.zamba2 is not None or m.zaya is not None:  # (its layers' tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
@@ -176,6 +177,11 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "zaya":  # the embeddings' scale and bias, the head's bias
+        for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
+            out[name] = (c.hidden_size,)
+        if c.family.lm_head_bias:
+            out["lm_head.bias"] = (c.vocab_size,)
     if c.architecture == "phi":  # its final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
@@ -292,6 +298,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "zaya",
             "bitnet",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
