@@ -104,6 +104,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
+        "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
@@ -117,6 +118,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
+        ),
+        "zaya": Untested(
+            tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
+            fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
         ),
     }
 )

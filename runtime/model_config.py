@@ -97,6 +97,9 @@ class FamilyConfig:
     # shared_expert_intermediate_size (moe_intermediate_size x n_shared_experts)
     mla: MlaConfig | None = None
     routing: ExpertRouting | None = None
+    # A.X-K2 (model/axk2.py): the norm before attention (and before the experts) gated by
+    # sigmoid(W_up(silu(W_down(y)))) of its output y, W_down this wide (0: plain norms)
+    gated_norm_rank: int = 0
     # gpt-oss (`model/gpt_oss.py`): a learned logit per head that joins each softmax's
     # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
     # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
@@ -286,6 +289,9 @@ class ModelConfig:
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
             return m.zamba2.params(self) - llama
+        if m.zaya is not None:  # its layers' own (one rank), less the first's router state
+            # scale, and the embeddings' scale and bias
+            return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
         if self.family.mla is not None:  # latent attention (Kimi Linear's; one rank only)
@@ -369,6 +375,8 @@ class ModelConfig:
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
         if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
             attn_all += self.num_layers * (h + i)
+        if f.gated_norm_rank:  # A.X-K2's norm gates: before attention, before the experts
+            attn_all += (self.num_layers + moe) * 2 * h * f.gated_norm_rank
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 
@@ -387,6 +395,8 @@ def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
     q = hidden * heads * m.qk_head_dim
     if m.q_lora_rank is not None:
         q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    if m.output_gate:  # A.X-K2's q_b_proj: [normed | raw] bottleneck -> each head's q and gate
+        q += m.q_lora_rank * heads * (m.qk_head_dim + 2 * m.v_head_dim)
     kv_a = hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
     kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
     return q + kv_a + kv_b + heads * m.v_head_dim * hidden

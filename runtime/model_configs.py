@@ -63,6 +63,9 @@ class MlaConfig:
     q_lora_rank: int | None = None  # None: q_proj (DeepSeek-V2-Lite)
     rope_interleave: bool = True  # rotary pairs (x0, x1), (x2, x3), ... (V2 always, V3's flag)
     indexer: IndexerConfig | None = None  # DeepSeek Sparse Attention (V3.2, GLM-5)
+    # A.X-K2 (model/axk2.py): q_b_proj reads [normed | raw] bottleneck (2 x q_lora_rank) and
+    # gives each head its query and a sigmoid gate (v_head_dim) on its value before o_proj
+    output_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
@@ -72,6 +75,8 @@ class MlaConfig:
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
         ix = self.indexer
+        if self.output_gate and self.q_lora_rank is None:
+            raise ValueError("the attention's output gate reads q_lora_rank's bottleneck")
         if ix is not None and (ix.head_dim < self.qk_rope_head_dim or self.q_lora_rank is None):
             raise ValueError(f"the indexer reads q_lora_rank's bottleneck (got {self.q_lora_rank}"
                              f") and rotates qk_rope_head_dim ({self.qk_rope_head_dim}) of its "
@@ -132,6 +137,8 @@ class ExpertRouting:
     correction_bias: bool = False
     jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
     renorm_eps: float = 1e-20  # added to the picks' sum when renormalised (LFM2-MoE's: 1e-6)
+    # noaux_tc's experts outside the best groups set to 0, not -inf (A.X-K2's router)
+    zero_other_groups: bool = False
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:

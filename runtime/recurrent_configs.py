@@ -109,6 +109,35 @@ class Zamba2Blocks:
 
 
 @dataclass(frozen=True)
+class ZayaCCA:
+    """Zaya's attention inputs (`model/zaya.py`, read by `model/zaya_config.py`): q and k from
+    a causal conv over the tokens (a depthwise conv of `time0` taps, then one of `time1` taps
+    grouped by head), half of each value from the token before; the conv state holds the last
+    ``time0 + time1 - 2`` q/k projections and the delayed value projection of the token before
+    (`MambaConfig.d_conv`, a short conv's state). Its router (`router_hidden` wide) reads the
+    previous layer's router state."""
+
+    time0: int
+    time1: int
+    router_hidden: int
+
+    def __post_init__(self) -> None:
+        for name in ("time0", "time1", "router_hidden"):
+            _positive(name, getattr(self, name))
+
+    def params(self, c: ModelConfig) -> int:
+        """One layer's weights beyond Llama's attention (the values' two halves are v's
+        rows) and the experts' (`FamilyConfig.num_experts`): the convs, the key scale, the
+        two residual scalings, the router (its state's scale too: the first layer has none)
+        less the one matrix `from_shapes` counts for it."""
+        h, d, e, r = c.hidden_size, c.head_dim, c.family.num_experts, self.router_hidden
+        qk = (c.num_heads + c.num_kv_heads) * d
+        conv = qk * (self.time0 + 1) + qk * (d * self.time1 + 1)
+        router = r * h + 3 * r + 2 * (r * r + r) + (e + 1) * r + (e + 1) - e * h
+        return conv + c.num_kv_heads + 8 * h + router
+
+
+@dataclass(frozen=True)
 class MambaConfig:
     """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
     `layers` marks run one in place of attention, each keeping a recurrent state per sequence
@@ -156,6 +185,8 @@ class MambaConfig:
     allow_neg_eigval: bool = False
     # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some
     zamba2: Zamba2Blocks | None = None
+    # Zaya: a short conv state beside attention in every layer, feeding its q/k/v
+    zaya: ZayaCCA | None = None
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda"):

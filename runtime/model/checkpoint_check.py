@@ -44,6 +44,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
             out.update(attention_shapes(c, i))
         out.update(_layer_norms(c, i))
+        if c.family.gated_norm_rank:  # A.X-K2's gated norms (model/axk2.py)
+            _gate_norms(c, i, out)
         out.update(_router_and_experts(c, i))
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
             out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
@@ -93,6 +95,16 @@ def _layer_norms(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     return n
 
 
+def _gate_norms(c: ModelConfig, i: int, out: dict[str, tuple[int, ...]]) -> None:
+    """Layer `i`'s norms in `out` where A.X-K2 gates them: before attention, and before the
+    experts in an expert layer (`<norm>.norm.weight` and the gate's W_down / W_up)."""
+    h, r, p = c.hidden_size, c.family.gated_norm_rank, f"model.layers.{i}."
+    for norm in ("input_layernorm", "post_attention_layernorm")[: 1 + c.family.has_experts(i)]:
+        del out[f"{p}{norm}.weight"]
+        out.update({f"{p}{norm}.norm.weight": (h,), f"{p}{norm}.W_down.weight": (r, h),
+                    f"{p}{norm}.W_up.weight": (h, r)})  # fmt: skip
+
+
 def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s router and the tensors beside it that `mlp_triples` does not name: gpt-oss's
     sinks and biases, Llama 4's and GraniteMoe's stacked experts, a shared expert's gate, a
@@ -128,7 +140,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     from pagoda.runtime.model import mamba_config
 
     h, p = c.hidden_size, f"model.layers.{i}."
-    if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
+    m = c.family.mamba
+    if m.zamba2 is not None or m.zaya is not None:  # (its layers' tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
@@ -176,6 +189,11 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "zaya":  # the embeddings' scale and bias, the head's bias
+        for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
+            out[name] = (c.hidden_size,)
+        if c.family.lm_head_bias:
+            out["lm_head.bias"] = (c.vocab_size,)
     if c.architecture == "phi":  # its final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
@@ -216,6 +234,8 @@ def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    if m.output_gate:  # A.X-K2's: each head's query and gate, of [normed | raw] bottleneck
+        out[a + "q_b_proj.weight"] = (heads * (m.qk_head_dim + m.v_head_dim), 2 * m.q_lora_rank)
     ix = m.indexer
     if ix is not None and ix.full_layers[i]:
         p = a + "indexer."
@@ -292,6 +312,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "zaya",
             "bitnet",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)

@@ -14,7 +14,8 @@ main rotary always interleaved, the indexer's rotate-half (V3.2) or interleaved 
 kinds from ``mlp_layer_types`` (by default the first ``first_k_dense_replace`` dense) and
 GLM-5's per-layer ``indexer_types`` ("full" or "shared"; by default from
 ``index_topk_pattern`` or ``index_topk_freq`` / ``index_skip_topk_offset``, as transformers
-derives them)."""
+derives them). A.X-K2 (`AXK2ForCausalLM`) is V3.2 with gated norms, an output gate in its
+attention and its own router defaults (model/axk2.py)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ ARCHITECTURES = {
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash
     "DeepseekV32ForCausalLM": "deepseek_v32",  # DeepSeek Sparse Attention (model/dsa.py)
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",  # GLM-5: V3.2's, its indexer shared across layers
+    "AXK2ForCausalLM": "axk2",  # A.X-K2: V3.2's, gated norms and attention (model/axk2.py)
 }
-DSA = ("deepseek_v32", "glm_moe_dsa")
+DSA = ("deepseek_v32", "glm_moe_dsa", "axk2")
 # noaux_tc, sigmoid scores, correction bias
 V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", *DSA)
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
@@ -72,6 +74,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                     "topk_group": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
                     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-5,
                     "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32},
+    # AXK2Config's (A.X-K2-Light's shape; no expert groups unless n_group is set)
+    "axk2": {"vocab_size": 163_840, "hidden_size": 2048, "intermediate_size": 5120,
+             "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 32,
+             "max_position_embeddings": 131_072, "bos_token_id": 163_691,
+             "eos_token_id": 163_691, "q_lora_rank": 384, "kv_lora_rank": 128,
+             "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+             "n_routed_experts": 128, "n_shared_experts": 1, "moe_intermediate_size": 512,
+             "num_experts_per_tok": 8, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+             "rms_norm_eps": 1e-6, "index_topk": 2048, "index_head_dim": 128,
+             "index_n_heads": 16, "gated_norm_rank": 16},
 }  # fmt: skip
 NULLABLE = ("q_lora_rank",)  # null: q_proj (V2-Lite), not the default bottleneck
 
@@ -102,7 +114,7 @@ def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
         n_heads=int(cfg["index_n_heads"]),
         head_dim=int(cfg["index_head_dim"]),
         topk=int(cfg["index_topk"]),
-        rope_interleave=arch == "glm_moe_dsa",  # V3.2's indexer: rotate-half
+        rope_interleave=arch == "glm_moe_dsa",  # V3.2's (and A.X-K2's) indexer: rotate-half
         full_layers=tuple(k == "full" for k in kinds),
     )
 
@@ -120,6 +132,7 @@ def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
         # V2's complex rotary and V3.2's / GLM-5's (their configs have no such key) interleave
         rope_interleave=arch in ("deepseek_v2", *DSA) or bool(cfg.get("rope_interleave", True)),
         indexer=indexer_config(cfg, arch),
+        output_gate=arch == "axk2",
     )
 
 
@@ -133,6 +146,9 @@ def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
     reads it (GLM-4.7-Flash: by default its first layer dense; V3.2, GLM-5), else the first
     ``first_k_dense_replace`` layers dense."""
     kinds = cfg.get("mlp_layer_types")
+    if arch == "axk2" and kinds is None:  # AXK2Config's: from the first dense, by the frequency
+        dense, freq = int(cfg.get("first_k_dense_replace", 1)), int(cfg.get("moe_layer_freq", 1))
+        return tuple(i >= dense and i % freq == 0 for i in range(n))
     if arch not in ("glm4_moe_lite", *DSA) or (kinds is None and arch in DSA):
         dense = min(int(cfg.get("first_k_dense_replace") or 0), n)
         return tuple(i >= dense for i in range(n))
@@ -154,13 +170,15 @@ def family_fields(
         mscale = yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"]))
         scale *= mscale * mscale
     fields: dict[str, Any] = {"mla": m, "attention_multiplier": scale}
+    if arch == "axk2":
+        fields["gated_norm_rank"] = int(cfg["gated_norm_rank"])
     if cfg.get("mlp_bias"):
         raise ValueError("mlp_bias on a DeepSeek model is not supported")
     # (YoutuConfig has no experts: an n_routed_experts config.json may carry is not read)
     experts = 0 if arch == "youtu" else int(cfg.get("n_routed_experts") or 0)
     if not experts:
         return fields
-    if int(cfg.get("moe_layer_freq") or 1) != 1:  # transformers ignores it; no checkpoint sets it
+    if int(cfg.get("moe_layer_freq") or 1) != 1 and arch != "axk2":  # (only A.X-K2 reads it)
         raise ValueError(f"moe_layer_freq {cfg['moe_layer_freq']} is not supported (experts "
                          "in every layer from first_k_dense_replace on: 1)")  # fmt: skip
     v3 = arch in V3_ROUTER
@@ -179,6 +197,7 @@ def family_fields(
         n_group=groups,
         topk_group=int(cfg.get("topk_group") or 1) if method != "greedy" else 1,
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        zero_other_groups=arch == "axk2",
     )
     if method == "noaux_tc" and experts // groups < 2:
         raise ValueError(f"noaux_tc scores a group by its best two experts: n_group {groups} "

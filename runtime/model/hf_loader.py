@@ -241,6 +241,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna") else None  # per layer kind
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
+    if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
+        by_kind = "hybrid"
     if (model_dir is not None and not family_options.tested(arch, "fp8_checkpoint")
             and read_quantization(model_dir) is not None):  # fmt: skip
         family_options.refuse(arch, "fp8_checkpoint")

@@ -218,7 +218,7 @@ class LlamaLayer:
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         ctx = self.ctx
         t, d = x.shape[0], ctx.head_dim
-        q, k, v = self.qkv_heads(x)
+        q, k, v = self.step_qkv(x, step)
         q, k = self.before_rotary(q, k)
         if self.rope is not None:  # None: a layer without positions (`FamilyConfig.rope_layers`)
             positions, rows = step.rope[self.rope]
@@ -235,6 +235,13 @@ class LlamaLayer:
             sinks=self.sinks, chunk=self.chunk,
         )  # fmt: skip
         return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))
+
+    def step_qkv(
+        self, x: torch.Tensor, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of `x` in `step`: `qkv_heads` (Zaya's convolve them over earlier tokens,
+        read from the step's state slots)."""
+        return self.qkv_heads(x)
 
     def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """What a family does to attention's output [T, H * D] (of the input `x`) before o_proj

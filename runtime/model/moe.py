@@ -126,7 +126,7 @@ class SparseMoE:
         else:
             router = ctx.linear(w[gate], quantized=w.quantized([gate]))
         tensors = _ExpertTensors(w, p + getattr(model, "moe_experts", "experts."), names,
-                                 f.num_experts)  # fmt: skip
+                                 f.num_experts, getattr(model, "moe_suffix", ".weight"))  # fmt: skip
         if ctx.tp is not None:
             tensors.rows = ctx.tp.layout.even(f.moe_intermediate_size)
         w13 = w2 = None
@@ -172,6 +172,11 @@ class SparseMoE:
             weights, ids = torch.topk(probs, self.top_k, dim=-1)
             if self.renormalize:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
+        return self.run_experts(x, weights, ids)
+
+    def run_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+        """``sum_j weights[t, j] * expert(ids[t, j], x[t])`` (this rank's part): the experts
+        of routing decided by the caller (`partial`'s, or Zaya's router: `zaya.py`)."""
         if self.round_weights:  # Qwen3-MoE hands the experts weights in the model's dtype
             weights = weights.to(x.dtype).float()
         if self.fused is not None:
@@ -200,13 +205,17 @@ class SparseMoE:
 
 class _ExpertTensors:
     """One layer's expert weights, per expert or stacked (read once, then sliced); two names
-    are stacked gate and up in one [E, 2N, K] tensor, then down (GraniteMoe's)."""
+    are stacked gate and up in one [E, 2N, K] tensor, then down (GraniteMoe's; `suffix` ""
+    where the stacks are stored as transformers 5's `gate_up_proj` / `down_proj` parameters,
+    Zaya's)."""
 
-    def __init__(self, w: DeviceWeights, prefix: str, names: tuple[str, ...], n: int):
+    def __init__(
+        self, w: DeviceWeights, prefix: str, names: tuple[str, ...], n: int, suffix: str = ".weight"
+    ):
         self.w, self.prefix, self.names, self.n = w, prefix, names, n
         self.rows: tuple[int, int] | None = None  # this rank's intermediate rows (tensor parallel)
-        self.stacked = f"{prefix}{names[0]}.weight" in w
-        self._stack = [w[f"{prefix}{x}.weight"] for x in names] if self.stacked else None
+        self.stacked = f"{prefix}{names[0]}{suffix}" in w
+        self._stack = [w[f"{prefix}{x}{suffix}"] for x in names] if self.stacked else None
 
     def _name(self, e: int, which: int) -> str:
         return f"{self.prefix}{e}.{self.names[which]}.weight"

@@ -79,10 +79,14 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    "model.embed_layernorm.weight", "model.embed_layernorm.bias",
                    # Gemma 4's per-layer inputs (model/gemma4.py)
                    "model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
-                   "model.per_layer_projection_norm.weight")  # fmt: skip
+                   "model.per_layer_projection_norm.weight",
+                   # Zaya's embedding scale (model/zaya.py)
+                   "model.input_hidden_states_scale", "model.input_hidden_states_bias")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
+          # Zaya's q, k and delayed values: the conv's inputs in one matrix (model/zaya.py)
+          (re.compile(r"\bqkv_proj\.([qk]_proj|v_proj_delayed)\b"), "qkv_proj.cca"),
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -327,6 +331,10 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+    if mc.architecture == "zaya" and name.endswith(("experts.gate_up_proj", "down_proj")):
+        return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+    if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
+        return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
     if mc.architecture == "kimi_linear" and _KDA_TENSORS.search(name):
         return t.numel * (p.dtype.itemsize if name.endswith("conv1d.weight") else 4)
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),

@@ -190,6 +190,14 @@ CASES = {
                             "num_heads": 2, "short_conv_kernel_size": 4},
         num_experts=8, num_experts_per_token=2, num_shared_experts=1, moe_intermediate_size=32,
         first_k_dense_replace=1, num_expert_group=2, topk_group=1, routed_scaling_factor=2.0)),
+    # Zaya (model/zaya.py): q/k from two convs over a conv state, values half delayed, a
+    # float32 residual stream with learned scalings, a router MLP carrying its state from layer
+    # to layer over top-1 experts and a skip choice (`write` draws the key scales, the router's
+    # balancing biases and the scalings' biases), an LM head with a bias
+    "zaya": ("Zaya", dict(
+        num_hidden_layers=3, head_dim=16, num_experts=4, moe_intermediate_size=32,
+        router_hidden_size=32, cca_time0=2, cca_time1=3, tie_word_embeddings=False,
+        lm_head_bias=True)),
 }  # fmt: skip
 # the Gated DeltaNet and KDA rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
 DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "olmo-hybrid", "olmo-hybrid-nope", "kimi-linear")
@@ -240,7 +248,30 @@ def write(name: str, path):
                 if key.endswith(("e_score_correction_bias", "expert_bias")):
                     buf.copy_(torch.randn(buf.shape, generator=g))
         model.save_pretrained(path)
+    if name == "zaya":
+        _zaya_draws(model)
+        model.save_pretrained(path)
     return model
+
+
+def _zaya_draws(model) -> None:
+    """Zaya's key scales in [1, 2] (zeros: every key alike), the biases of its residual
+    scalings small (else they outweigh the layers), the router MLP's matrices 5 times larger
+    (else its biases pick one expert for every token) and balancing biases: every expert and
+    the skip choice picked in prompt 0."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if key.endswith("qk_norm.temp"):
+                p.copy_(1 + torch.rand(p.shape, generator=g))
+            if key.endswith(("residual_scale.hidden_states_bias", "residual_scale.residual_bias",
+                             "input_hidden_states_bias")):  # fmt: skip
+                p.mul_(0.1)
+            if ".router_mlp." in key and p.dim() > 1:
+                p.mul_(5)
+        for key, buf in model.named_buffers():
+            if key.endswith("balancing_biases"):
+                buf.copy_(0.1 * torch.randn(buf.shape, generator=g))
 
 
 class Built:
@@ -415,6 +446,7 @@ REFUSED = {
     "lfm2": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
+    "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
 }  # fmt: skip
 
 
