@@ -106,6 +106,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
+        "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
         "falcon_mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
         "jamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),

@@ -294,6 +294,8 @@ class ModelConfig:
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
         if m.attn_output_gate:  # q_proj's gate rows (Qwen3-Next's attention)
             out += self.num_kv_layers * h * self.head_dim * self.num_heads // tp
+        if m.attn_head_gate:  # g_proj, one gate a head (LFM3's attention)
+            out += self.num_kv_layers * h * self.num_heads // tp
         if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
             mats = 3 if self.family.gated_mlp else 2
             out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp

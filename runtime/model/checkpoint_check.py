@@ -288,6 +288,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "nemotron_h",
             "lfm2",
             "lfm2_moe",
+            "lfm3",
             "mamba2",
             "mamba",
             "falcon_mamba",
