@@ -94,6 +94,9 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),
+        "minicpm5_moe": Untested(
+            fp8="its gated q_proj's FP8 GEMM is not tested", fp8_checkpoint="not tested"
+        ),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",

@@ -360,6 +360,8 @@ class ModelConfig:
         f = self.family
         if f.mla is not None:
             attn = mla_params(h, self.num_heads, f.mla)
+        if self.architecture == "minicpm5_moe":  # q_proj's gate rows (as q)
+            attn += h * d * self.num_heads
         moe = sum(f.has_experts(n) for n in range(self.num_layers))
         experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
         if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
