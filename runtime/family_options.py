@@ -94,6 +94,9 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),
+        "minicpm5_moe": Untested(
+            fp8="its gated q_proj's FP8 GEMM is not tested", fp8_checkpoint="not tested"
+        ),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",
@@ -107,6 +110,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
+        "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
         "falcon_mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
         "jamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),

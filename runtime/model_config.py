@@ -300,6 +300,8 @@ class ModelConfig:
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
         if m.attn_output_gate:  # q_proj's gate rows (Qwen3-Next's attention)
             out += self.num_kv_layers * h * self.head_dim * self.num_heads // tp
+        if m.attn_head_gate:  # g_proj, one gate a head (LFM3's attention)
+            out += self.num_kv_layers * h * self.num_heads // tp
         if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
             mats = 3 if self.family.gated_mlp else 2
             out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp
@@ -364,6 +366,8 @@ class ModelConfig:
         f = self.family
         if f.mla is not None:
             attn = mla_params(h, self.num_heads, f.mla)
+        if self.architecture == "minicpm5_moe":  # q_proj's gate rows (as q)
+            attn += h * d * self.num_heads
         moe = sum(f.has_experts(n) for n in range(self.num_layers))
         experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
         if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)

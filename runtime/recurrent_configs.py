@@ -181,6 +181,8 @@ class MambaConfig:
     bcdt_weighted: bool = False
     # the attention layers' q_proj also gives an output gate per head (Qwen3-Next's)
     attn_output_gate: bool = False
+    # the attention layers' output scaled per head by sigmoid(g_proj(x)) (LFM3's)
+    attn_head_gate: bool = False
     # Gated DeltaNet's beta = 2 sigmoid(b), in [0, 2] (OLMo Hybrid's `linear_allow_neg_eigval`)
     allow_neg_eigval: bool = False
     # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some

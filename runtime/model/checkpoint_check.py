@@ -53,6 +53,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.architecture == "minicpm5_moe":  # q_proj: each head's query, then its gate
+            out[a + "q_proj.weight"] = (2 * q, h)
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -308,6 +310,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "nemotron_h",
             "lfm2",
             "lfm2_moe",
+            "lfm3",
             "mamba2",
             "mamba",
             "falcon_mamba",

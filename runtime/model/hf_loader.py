@@ -40,11 +40,12 @@ from pagoda.runtime.model.hf_tables import (
     HF_ARCHITECTURES,
     NULLABLE,
     PARTIAL_ROTARY,
+    PROPORTIONAL_ROTARY,
     REMOTE_CODE_TYPES,
     TEXT_MODEL_TYPES,
     WRAPPER_TIES,
 )
-from pagoda.runtime.model.ops import rope_inv_freq, rotary_dim
+from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, has_weight_files
 from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
@@ -238,7 +239,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     gen = {} if model_dir is None else _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna") else None  # per layer kind
+    # the rotary per layer kind: the full-attention layers'
+    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna", "lfm3") else None
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
     if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
@@ -257,6 +259,9 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
         rope_theta, scaling = moe_families.ROPE[arch](cfg, rope_theta, scaling, head_dim)
+    if rope_kind(scaling) == "proportional" and arch not in PROPORTIONAL_ROTARY:
+        raise ValueError(f"rope_scaling type 'proportional' is not supported for {arch} (tested "
+                         f"for {', '.join(PROPORTIONAL_ROTARY)})")  # fmt: skip
     rope_inv_freq(rope_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(rope_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in PARTIAL_ROTARY and rotary_dim(rope_dim, scaling) != rope_dim:

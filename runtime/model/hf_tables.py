@@ -11,6 +11,7 @@ from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import laguna_config as laguna
+from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model import moe_families
@@ -319,6 +320,7 @@ DEFAULT_ROPE = {
     "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
     "laguna": laguna.DEFAULT_ROPE,  # by layer kind
     "zaya": zaya.DEFAULT_ROPE,  # by layer kind
+    "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
     "ministral3": {
         "rope_type": "yarn",
         "rope_theta": 1_000_000.0,
@@ -351,4 +353,7 @@ DEFAULT_ROPE = {
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
                    "stablelm", "gptj", *moe_families.PARTIAL_ROTARY,
                    *qwen3_next.DEFAULTS, "zaya")  # fmt: skip
+# the families whose full-attention layers' "proportional" rotary is read here and tested
+# (transformers' other models would run it too; untested: refused, one line)
+PROPORTIONAL_ROTARY = ("lfm3",)
 FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)

@@ -21,6 +21,7 @@ from pagoda.runtime.model import (
     jetmoe_config,
     laguna_config,
     mimo_v2_flash_config,
+    minicpm5_moe_config,
     minimax_m2_config,
     phimoe_config,
     solar_open_config,
@@ -42,6 +43,7 @@ MODULES = (
     jetmoe_config,
     laguna_config,
     mimo_v2_flash_config,
+    minicpm5_moe_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -105,6 +105,9 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # LFM2's (model/lfm2.py): its norms, attention's output, the final norm
     (r"\.operator_norm\.", ".input_layernorm."), (r"\.ffn_norm\.", ".post_attention_layernorm."),
     (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."), (r"^model\.embedding_norm\.", "model.norm."),
+    # LFM3's sandwich norms, as GLM-4's (model/lfm2.py)
+    (r"\.post_operator_norm\.weight$", ".post_self_attn_layernorm.weight"),
+    (r"\.post_ffn_norm\.weight$", ".post_mlp_layernorm.weight"),
 ))  # fmt: skip
 
 

@@ -76,7 +76,7 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
     h, d = mc.hidden_size, mc.head_dim
     attn = h * d * (2 * mc.num_heads / t + 2 * kv)
     attn_rows = (mc.num_heads / t + 2 * kv) * d + h
-    if mc.architecture == "afmoe":  # attention's output gate (as q)
+    if mc.architecture in ("afmoe", "minicpm5_moe"):  # attention's output gate (as q)
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
     if mc.family.laguna is not None:  # query heads by layer (their mean), the softplus gate

@@ -103,6 +103,15 @@ CASES = {
              num_dense_layers=1, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
              routed_scaling_factor=1.5),
     ),
+    # LFM3: LFM2's convs beside full-attention layers (proportional rotary: half the angles)
+    # and sliding ones (an 8-key window, their own rotary base), each head's output gated by
+    # sigmoid(g_proj(x)), the sandwich norms; untied
+    "lfm3": (
+        "Lfm3",
+        dict(num_hidden_layers=4, layer_types=["conv", "sliding_attention", "full_attention",
+                                               "conv"], sliding_window=8, head_dim=16,
+             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+    ),
     # Mamba2 alone (Mamba2ForCausalLM): no attention, no MLP, its `backbone.` names; two
     # groups of B/C, biased projections, a time-step limit
     "mamba2": (
@@ -445,6 +454,7 @@ REFUSED = {
     ),
     "lfm2": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
+    "lfm3": (2, _NO_TP.format("lfm3", "short_conv"), _NO_FP8.format("lfm3", "short_conv")),
     "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
 }  # fmt: skip

@@ -57,6 +57,11 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   first layer on: V3's router (sigmoid, a correction bias large enough to change the picks, 4
   groups of which 2, renormalised, scaled by 2) beside one shared expert, the whole head
   rotating.
+- minicpm5-moe (`MiniCPM5MoeForCausalLM`): GLM-4.5's model with Llama's attention gated as
+  Qwen3-Next's (q_proj gives each head's query, then its gate), a dense first layer, then 3 of
+  8 experts in 2 groups (one kept) with correction biases large enough to change the picks,
+  scaled by 2.5, beside two shared experts' width; its published config (the older
+  architecture name, `first_k_dense_replace`) with transformers' parameter count.
 - cohere2-moe (`Cohere2MoeForCausalLM`): Cohere 2's layer (one LayerNorm, attention and the MLP
   side by side, the interleaved rotary on the window layers, NoPE global ones, `logit_scale`)
   with a dense first layer of its own width (rotating: `prefix_dense_sliding_window_pattern`
@@ -195,6 +200,10 @@ CASES = {
         head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
         routed_scaling_factor=2.0, n_shared_experts=1, moe_intermediate_size=32,
         **B), V3_BIAS),
+    "minicpm5-moe": ("MiniCPM5Moe", dict(
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, n_shared_experts=2, moe_intermediate_size=24,
+        mlp_layer_types=["dense", "sparse", "sparse"], num_hidden_layers=3, **B, **P), V3_BIAS),
     "cohere2-moe": ("Cohere2Moe", dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, intermediate_size=32,
         prefix_dense_intermediate_size=48, first_k_dense_replace=1, num_shared_experts=1,
@@ -273,6 +282,11 @@ FIELDS = {
         "architecture": "solar_open", "family.qk_norm": False, "rope_scaling": None,
         "family.moe_layers": (True, True), "family.shared_expert_intermediate_size": 32,
         "family.routing.n_group": 4, "family.routing.bias": True},
+    "minicpm5-moe": {
+        "architecture": "minicpm5_moe", "family.qk_norm": False, "rope_scaling": None,
+        "family.moe_layers": (False, True, True), "family.shared_expert_intermediate_size": 48,
+        "family.routing.n_group": 2, "family.routing.bias": True,
+        "family.routing.routed_scaling_factor": 2.5},
     "cohere2-moe": {
         "architecture": "cohere2_moe", "family.cohere_rms_norm": False, "rms_norm_eps": 1e-5,
         "intermediate_size": 48, "family.moe_intermediate_size": 32,
@@ -310,7 +324,8 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
-             ("hy-v3", 1), ("hy-v3", 2), ("jetmoe", 1), ("jetmoe-top3", 1)]  # fmt: skip
+             ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("jetmoe", 1),
+             ("jetmoe-top3", 1)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -323,6 +338,7 @@ FROM_SHAPES = {
     "dbrx": 1e-6,
     "cohere2-moe": 1e-6,
     "cohere2-moe-rms": 1e-6,
+    "minicpm5-moe": 1e-6,
 }
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
@@ -340,6 +356,8 @@ MISSING = [
     ("granitemoe-shared", "model.layers.1.shared_mlp.output_linear.weight"),
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
+    ("minicpm5-moe", "model.layers.0.self_attn.q_proj.weight"),
+    ("minicpm5-moe", "model.layers.2.mlp.gate.e_score_correction_bias"),
     ("hy-v3", "model.layers.1.mlp.expert_bias"),
     ("hy-v3", "model.layers.2.mlp.shared_mlp.down_proj.weight"),
     ("hy-v3", "model.layers.1.mlp.router.gate.weight"),
@@ -718,6 +736,32 @@ def test_solar_open_sparse_config_reads_as_transformers(tmp_path):
     assert f.shared_expert_intermediate_size == 32 * theirs.n_shared_experts
     assert f.norm_topk_prob == theirs.norm_topk_prob and f.routing.n_group == theirs.n_group
     assert f.moe_layers == (True, True) and c.intermediate_size == 32
+
+
+# MiniCPM5-MoE
+
+
+def test_minicpm5_moe_published_config_reads_as_transformers(tmp_path):
+    """MiniCPM5-15B-A2.5B's config.json under its older architecture name (the defaults are its
+    shape), with the older `first_k_dense_replace` in place of `mlp_layer_types`: base 5e6, the
+    dense layers, the ids and transformers' parameter count on the meta device (the gate rows
+    of q_proj counted); the attention without its gate refused in one line."""
+    cfg = dict(architectures=["MiniCPM5MoEForCausalLM"], model_type="minicpm5_moe",
+               first_k_dense_replace=2)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.architecture == "minicpm5_moe" and c.rope_scaling is None
+    assert c.rope_theta == theirs.rope_parameters["rope_theta"] == 5e6
+    assert c.family.moe_layers == tuple(m == "sparse" for m in theirs.mlp_layer_types)
+    assert c.family.moe_layers[:3] == (False, False, True)
+    assert (c.bos_token_id, list(c.eos_token_ids)) == (theirs.bos_token_id, theirs.eos_token_id)
+    with torch.device("meta"):
+        hf = transformers.MiniCPM5MoeForCausalLM(theirs)
+    assert c.num_params == sum(p.numel() for p in hf.parameters()) == 14_546_094_080
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "use_gated_attention": False}))
+    with pytest.raises(ValueError, match="use_gated_attention false is not supported"):
+        read_model_config(str(tmp_path))
 
 
 # Cohere 2 MoE
