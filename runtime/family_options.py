@@ -94,6 +94,12 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),
+        "granite_swa": Untested(
+            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
+        ),
+        "granitemoe_swa": Untested(
+            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
+        ),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",

@@ -16,6 +16,7 @@ from pagoda.runtime.model import (
     ernie4_5_moe_config,
     exaone_moe_config,
     flex_olmo_config,
+    granite_swa_config,
     hunyuan_config,
     hy_v3_config,
     jetmoe_config,
@@ -42,6 +43,7 @@ MODULES = (
     jetmoe_config,
     laguna_config,
     mimo_v2_flash_config,
+    granite_swa_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

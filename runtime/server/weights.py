@@ -223,6 +223,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
 
         with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
             split_experts(weights, read_config(path))
+    if architecture == "granitemoe_swa":  # its experts and router, as the loader names them
+        from pagoda.runtime.model.granite_swa_config import rename_experts
+
+        rename_experts(weights)
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)

@@ -48,6 +48,8 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   layer, experts from the first layer on, one shared expert.
 - granitemoe-shared (`GraniteMoeSharedForCausalLM`): GraniteMoe's scalars and stacked experts
   (top-2 of 4) with the ungated `shared_mlp` beside them, its width other than the experts'.
+- granitemoe-swa (`GraniteMoeSWAForCausalLM`): GraniteMoeShared's model with window layers
+  (`layer_types`, prompts longer than the window) and a sink logit per head (drawn at random).
 - dbrx (`DbrxForCausalLM`): MPT's bias-free LayerNorms and stacked `Wqkv` clamped by a
   `clip_qkv` small enough to clamp, the rotary, two KV heads, top-2 of 4 experts renormalised
   (their stacked `w1` / `v1` / `w2` listed per expert); dbrx-plain: a clamp too wide to act
@@ -114,6 +116,8 @@ JETMOE_ROUTERS = (
     ("self_attention.experts.router.layer.weight", 1.0),
     ("mlp.router.layer.weight", 1.0),
 )
+# GraniteMoeSWA's sink logits (transformers initialises them to zero)
+SINKS = (("self_attn.sinks", 1.0),)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
@@ -182,6 +186,11 @@ CASES = {
         num_local_experts=4, intermediate_size=32, shared_intermediate_size=48,
         embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
         logits_scaling=2.0, **E), ()),
+    "granitemoe-swa": ("GraniteMoeSWA", dict(
+        num_hidden_layers=3, num_local_experts=4, intermediate_size=32,
+        shared_intermediate_size=48, embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.2, logits_scaling=2.0, sliding_window=10,
+        layer_types=[SLIDING, FULL, SLIDING], **E), SINKS),
     "dbrx": ("Dbrx", dict(
         d_model=64, n_heads=4, n_layers=2, **DBRX_ROPE,
         attn_config=dict(kv_n_heads=2, clip_qkv=0.3, rope_theta=50000.0),
@@ -295,6 +304,10 @@ FIELDS = {
         "tie_word_embeddings": True},
     "jetmoe-top3": {"num_heads": 3, "num_kv_heads": 1, "head_dim": 32,
                     "tie_word_embeddings": False},
+    "granitemoe-swa": {
+        "architecture": "granitemoe_swa", "family.shared_expert_intermediate_size": 48,
+        "family.window_layers": (True, False, True), "family.attention_sinks": True,
+        "family.rope_thetas": (10000.0,) * 3, "family.attention_multiplier": 0.2},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -308,6 +321,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
+             ("granitemoe-swa", 1),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
              ("hy-v3", 1), ("hy-v3", 2), ("jetmoe", 1), ("jetmoe-top3", 1)]  # fmt: skip
@@ -320,6 +334,7 @@ FROM_SHAPES = {
     "minimax-m2": 1e-6,
     "phimoe": 1e-6,
     "granitemoe-shared": 1e-6,
+    "granitemoe-swa": 1e-6,
     "dbrx": 1e-6,
     "cohere2-moe": 1e-6,
     "cohere2-moe-rms": 1e-6,
@@ -338,6 +353,7 @@ MISSING = [
     ("afmoe", "model.layers.3.post_mlp_layernorm.weight"),
     ("afmoe", "model.layers.1.mlp.router.gate.weight"),
     ("granitemoe-shared", "model.layers.1.shared_mlp.output_linear.weight"),
+    ("granitemoe-swa", "model.layers.2.self_attn.sinks"),
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
     ("hy-v3", "model.layers.1.mlp.expert_bias"),
