@@ -374,6 +374,10 @@ class ModelConfig:
             attn_all += self.num_layers * (h + i)
         if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
             attn_all += self.num_layers * self.num_heads
+        if f.qk_norm and not f.cohere_layer:  # per-head q/k norms: a weight of head_dim each
+            attn_all += self.num_layers * 2 * d
+        if f.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
+            attn_all += self.num_layers * 2 * h
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

@@ -132,6 +132,9 @@ class ExpertRouting:
     correction_bias: bool = False
     jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
     renorm_eps: float = 1e-20  # added to the picks' sum when renormalised (LFM2-MoE's: 1e-6)
+    # the correction bias added to the logits for the choice, not to the scores (Kolibri's:
+    # topk(logits + bias), weighted by the picks' sigmoid scores)
+    bias_on_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:

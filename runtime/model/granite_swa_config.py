@@ -103,7 +103,7 @@ _EXPERT_NAMES = (
 )
 
 
-def rename_experts(weights) -> None:
+def rename_tensors(weights) -> None:
     """GraniteMoeSWA's experts ([E, 2I, hidden] gate then up, [E, hidden, I]) and router as
     transformers writes them, listed under GraniteMoe's names (the same layouts)."""
     for name in list(weights):

@@ -223,10 +223,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
 
         with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
             split_experts(weights, read_config(path))
-    if architecture == "granitemoe_swa":  # its experts and router, as the loader names them
-        from pagoda.runtime.model.granite_swa_config import rename_experts
+    from pagoda.runtime.model.moe_families import RENAMES
 
-        rename_experts(weights)
+    if architecture in RENAMES:  # a family's tensors as the loader names them
+        RENAMES[architecture](weights)
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 # hidden-wide vectors a layer holds beyond Llama's two norms, in the model's dtype, whole on
 # every rank: AfMoE's two more norms, JetMoE's attention and MLP output biases
-EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2}
+EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2, "kolibri1": 2}  # (Kolibri 1: GLM-4's post norms)
 
 
 def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
