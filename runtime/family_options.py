@@ -97,6 +97,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "minicpm5_moe": Untested(
             fp8="its gated q_proj's FP8 GEMM is not tested", fp8_checkpoint="not tested"
         ),
+        "granite_swa": Untested(
+            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
+        "granitemoe_swa": Untested(
+            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
+        "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",

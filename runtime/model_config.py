@@ -83,6 +83,9 @@ class FamilyConfig:
     # rotary: per layer, True = rotated; () = every layer (SmolLM3's NoPE layers, Cohere 2's
     # global layers attend without positions)
     rope_layers: tuple[bool, ...] = ()
+    # rotary base per layer (GraniteSWA's `layer_rope_theta`, 0 on its NoPE layers); () =
+    # `ModelConfig.rope_theta` on every rotating layer
+    rope_thetas: tuple[float, ...] = ()
     rope_interleaved: bool = False  # rotate pairs (2i, 2i + 1), not halves (GLM, Cohere)
     # GLM-4's layer: RMSNorms on attention's and the MLP's outputs too, before their residual adds
     glm4_norms: bool = False
@@ -381,6 +384,12 @@ class ModelConfig:
             attn_all += self.num_layers * (h + i)
         if f.gated_norm_rank:  # A.X-K2's norm gates: before attention, before the experts
             attn_all += (self.num_layers + moe) * 2 * h * f.gated_norm_rank
+        if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
+            attn_all += self.num_layers * self.num_heads
+        if f.qk_norm and not f.cohere_layer:  # per-head q/k norms: a weight of head_dim each
+            attn_all += self.num_layers * 2 * d
+        if f.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
+            attn_all += self.num_layers * 2 * h
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

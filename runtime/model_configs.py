@@ -139,6 +139,9 @@ class ExpertRouting:
     renorm_eps: float = 1e-20  # added to the picks' sum when renormalised (LFM2-MoE's: 1e-6)
     # noaux_tc's experts outside the best groups set to 0, not -inf (A.X-K2's router)
     zero_other_groups: bool = False
+    # the correction bias added to the logits for the choice, not to the scores (Kolibri's:
+    # topk(logits + bias), weighted by the picks' sigmoid scores)
+    bias_on_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:

@@ -39,6 +39,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+        if c.family.attention_sinks:  # a logit per head (gpt-oss's, GraniteSWA's)
+            out[a + "sinks"] = (c.num_heads,)
         if c.family.mimo is not None:  # KV heads and sinks by layer kind, narrower values
             from pagoda.runtime.model.mimo_v2_flash_config import attention_shapes
 
@@ -119,7 +121,7 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({p + "feed_forward.router.weight": (e, h),
                     p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
                     p + "feed_forward.experts.down_proj": (e, n, h)})  # fmt: skip
-    elif c.architecture == "granitemoe":  # its router, and its experts stacked
+    elif c.architecture in ("granitemoe", "granitemoe_swa"):  # its router, experts stacked
         e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
         out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
                     p + "output_linear.weight": (e, h, n)})  # fmt: skip
@@ -285,7 +287,7 @@ def _check_gpt_oss_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list
 
 
 def _moe_block(c: ModelConfig, layer: int) -> str:
-    mixtral = c.architecture in ("mixtral", "granitemoe")
+    mixtral = c.architecture in ("mixtral", "granitemoe", "granitemoe_swa")
     block = "block_sparse_moe." if mixtral else moe_names.of(c.architecture).block
     return f"model.layers.{layer}.{block}"
 
@@ -304,6 +306,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
         if c.architecture in (
             "gemma4",
             "granitemoe",
+            "granitemoe_swa",
             "jetmoe",
             "gpt_oss",
             "granitemoehybrid",

@@ -402,6 +402,8 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.olmo_hybrid_config import rename_norms
 
         rename_norms(weights)
+    if config.architecture in moe_families.RENAMES:  # (GraniteMoeSWA's experts, Kolibri's norms)
+        moe_families.RENAMES[config.architecture](weights)
     if config.architecture == "kimi_linear":  # the published MLP names (block_sparse_moe)
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 

@@ -310,8 +310,12 @@ class SafetensorsWeights(Mapping):
 
     def _layer_names(self) -> dict[str, tuple[str, str]]:
         """A layer's tensor name with its number as "{}" -> (a number, that layer's stored
-        name), over every stored tensor (the fused ones `split_rows` no longer lists too)."""
+        name), over every stored tensor (the fused ones `split_rows` no longer lists too; a
+        `rename`d one under its new name: Kolibri 1's published norms)."""
         out: dict[str, tuple[str, str]] = {}
+        for name, (_, stored) in self._where.items():
+            if m := _LAYER.match(name):
+                out.setdefault(f"{m[1]}{{}}{m[3]}", (m[2], stored))
         for handle in self._handles:
             for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 name = _text_name(stored)

@@ -227,6 +227,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
 
         with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
             split_experts(weights, read_config(path))
+    from pagoda.runtime.model.moe_families import RENAMES
+
+    if architecture in RENAMES:  # a family's tensors as the loader names them
+        RENAMES[architecture](weights)
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)

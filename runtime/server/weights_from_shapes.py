@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 # hidden-wide vectors a layer holds beyond Llama's two norms, in the model's dtype, whole on
 # every rank: AfMoE's two more norms, JetMoE's attention and MLP output biases
-EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2}
+EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2, "kolibri1": 2}  # (Kolibri 1: GLM-4's post norms)
 
 
 def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
@@ -61,6 +61,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
+    if f.attention_sinks and mc.architecture != "gpt_oss":  # GraniteSWA's sinks (float32)
+        projections += n * 4 * mc.num_heads / t
     if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, 16 or 32 bits)
         from pagoda.runtime.model.mimo_v2_flash_config import attention_params
 
@@ -143,7 +145,10 @@ def _expert_bytes(mc: ModelConfig, item: int, fp8: bool, t: int, moe: int):
     shared = 0.0
     if s := f.shared_expert_intermediate_size:
         shared = moe * (3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item)
-        gate = f.routing is None and mc.architecture != "granitemoe"  # Qwen2-MoE's sigmoid gate
+        gate = f.routing is None and mc.architecture not in (
+            "granitemoe",
+            "granitemoe_swa",
+        )  # Qwen2-MoE's sigmoid gate
         routers += moe * h * item if gate else 0
     return experts, routers, shared
 

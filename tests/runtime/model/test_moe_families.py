@@ -48,6 +48,13 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   layer, experts from the first layer on, one shared expert.
 - granitemoe-shared (`GraniteMoeSharedForCausalLM`): GraniteMoe's scalars and stacked experts
   (top-2 of 4) with the ungated `shared_mlp` beside them, its width other than the experts'.
+- granitemoe-swa (`GraniteMoeSWAForCausalLM`): GraniteMoeShared's model with window layers
+  (`layer_types`, prompts longer than the window) and a sink logit per head (drawn at random).
+- kolibri1 (`Kolibri1ForCausalLM`): EXAONE 4's attention (per-head q/k norms, window layers
+  rotating, the full one NoPE), GLM-4's norms after attention and the MLP (published as
+  `post_attn_norm` / `post_ffn_norm`), top-2 of 6 experts by the logits plus a choice-only bias
+  (`moe.router.expert_bias`, drawn large enough to change the picks) weighted by their sigmoid
+  scores, not renormalised, beside a shared MLP.
 - dbrx (`DbrxForCausalLM`): MPT's bias-free LayerNorms and stacked `Wqkv` clamped by a
   `clip_qkv` small enough to clamp, the rotary, two KV heads, top-2 of 4 experts renormalised
   (their stacked `w1` / `v1` / `w2` listed per expert); dbrx-plain: a clamp too wide to act
@@ -119,6 +126,10 @@ JETMOE_ROUTERS = (
     ("self_attention.experts.router.layer.weight", 1.0),
     ("mlp.router.layer.weight", 1.0),
 )
+# GraniteMoeSWA's sink logits (transformers initialises them to zero)
+SINKS = (("self_attn.sinks", 1.0),)
+# Kolibri 1's choice-only bias, added to the logits (large enough to change the picks)
+KOLIBRI_BIAS = (("mlp.gate.e_score_correction_bias", 2.0),)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
@@ -187,6 +198,15 @@ CASES = {
         num_local_experts=4, intermediate_size=32, shared_intermediate_size=48,
         embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
         logits_scaling=2.0, **E), ()),
+    "granitemoe-swa": ("GraniteMoeSWA", dict(
+        num_hidden_layers=3, num_local_experts=4, intermediate_size=32,
+        shared_intermediate_size=48, embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.2, logits_scaling=2.0, sliding_window=10,
+        layer_types=[SLIDING, FULL, SLIDING], **E), SINKS),
+    "kolibri1": ("Kolibri1", dict(
+        num_hidden_layers=3, head_dim=16, num_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=10,
+        layer_types=[SLIDING, FULL, SLIDING], **E), KOLIBRI_BIAS),
     "dbrx": ("Dbrx", dict(
         d_model=64, n_heads=4, n_layers=2, **DBRX_ROPE,
         attn_config=dict(kv_n_heads=2, clip_qkv=0.3, rope_theta=50000.0),
@@ -309,6 +329,15 @@ FIELDS = {
         "tie_word_embeddings": True},
     "jetmoe-top3": {"num_heads": 3, "num_kv_heads": 1, "head_dim": 32,
                     "tie_word_embeddings": False},
+    "granitemoe-swa": {
+        "architecture": "granitemoe_swa", "family.shared_expert_intermediate_size": 48,
+        "family.window_layers": (True, False, True), "family.attention_sinks": True,
+        "family.rope_thetas": (10000.0,) * 3, "family.attention_multiplier": 0.2},
+    "kolibri1": {
+        "architecture": "kolibri1", "family.qk_norm": True, "family.glm4_norms": True,
+        "family.window_layers": (True, False, True), "family.rope_layers": (True, False, True),
+        "family.routing.bias_on_logits": True, "family.routing.bias": True,
+        "family.norm_topk_prob": False, "family.shared_expert_intermediate_size": 48},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -322,6 +351,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
+             ("granitemoe-swa", 1), ("kolibri1", 1),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
              ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("jetmoe", 1),
@@ -335,6 +365,8 @@ FROM_SHAPES = {
     "minimax-m2": 1e-6,
     "phimoe": 1e-6,
     "granitemoe-shared": 1e-6,
+    "granitemoe-swa": 1e-6,
+    "kolibri1": 1e-6,
     "dbrx": 1e-6,
     "cohere2-moe": 1e-6,
     "cohere2-moe-rms": 1e-6,
@@ -354,6 +386,9 @@ MISSING = [
     ("afmoe", "model.layers.3.post_mlp_layernorm.weight"),
     ("afmoe", "model.layers.1.mlp.router.gate.weight"),
     ("granitemoe-shared", "model.layers.1.shared_mlp.output_linear.weight"),
+    ("granitemoe-swa", "model.layers.2.self_attn.sinks"),
+    ("kolibri1", "model.layers.1.moe.router.expert_bias"),
+    ("kolibri1", "model.layers.2.post_ffn_norm.weight"),
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
     ("minicpm5-moe", "model.layers.0.self_attn.q_proj.weight"),

@@ -70,6 +70,12 @@ CASES = {
     "starcoder2-window": ("Starcoder2", dict(sliding_window=10)),
     # xIELU (its parameters per layer), per-head q/k norms, renamed norms, llama3 rotary
     "apertus-xielu": ("Apertus", dict(rope_parameters=LLAMA3)),
+    # Granite's scalars, window layers (default pattern: layer 0 full), a sink per head, a
+    # rotary base per layer (0: NoPE)
+    "granite_swa-sinks-thetas-tied": ("GraniteSWA", dict(
+        num_hidden_layers=4, sliding_window=10, embedding_multiplier=2.0,
+        residual_multiplier=0.7, attention_multiplier=0.1, logits_scaling=1.5,
+        layer_rope_theta=[0, 10000.0, 500.0, 10000.0])),
 }  # fmt: skip
 
 
@@ -109,7 +115,8 @@ def test_the_config_reads_as_transformers(case):
     assert c.architecture == {"Mistral": "mistral", "Ministral3": "ministral3",
                               "Ministral": "ministral", "Exaone4": "exaone4",
                               "SeedOss": "seed_oss", "Ernie4_5": "ernie4_5", "Arcee": "arcee",
-                              "Starcoder2": "starcoder2", "Apertus": "apertus"}[
+                              "Starcoder2": "starcoder2", "Apertus": "apertus",
+                              "GraniteSWA": "granite_swa"}[
         type(text).__name__[:-6]]  # fmt: skip
     assert c.family.gated_mlp == (name.split("-")[0] not in ("arcee", "starcoder2", "apertus"))
     assert c.tie_word_embeddings == name.endswith("-tied") or name.startswith("starcoder2")
@@ -122,6 +129,10 @@ def test_the_config_reads_as_transformers(case):
         assert c.family.window_layers == c.family.rope_layers == (True, False, True, False)
     if name == "exaone4-global":
         assert c.family.sliding_window is None and c.family.rope_layers == ()
+    if name.startswith("granite_swa"):  # tied by default; transformers' layer pattern
+        assert c.family.window_layers == (False, True, True, True) and c.family.attention_sinks
+        assert c.family.rope_thetas == tuple(text.layer_rope_theta)
+        assert c.family.rope_layers == (False, True, True, True)
 
 
 @pytest.mark.slow  # a second process (gloo): ~5 s on 2 busy cores
