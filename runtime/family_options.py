@@ -99,8 +99,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "granite_swa": Untested(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
+        ),
         "granitemoe_swa": Untested(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
+        ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
