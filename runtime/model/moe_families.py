@@ -20,6 +20,7 @@ from pagoda.runtime.model import (
     hy_v3_config,
     jetmoe_config,
     laguna_config,
+    mellum_config,
     mimo_v2_flash_config,
     minicpm5_moe_config,
     minimax_m2_config,
@@ -44,6 +45,7 @@ MODULES = (
     laguna_config,
     mimo_v2_flash_config,
     minicpm5_moe_config,
+    mellum_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
