@@ -240,7 +240,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
     # the rotary per layer kind: the full-attention layers'
-    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna", "lfm3") else None
+    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum") else None
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
     if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)

@@ -14,6 +14,7 @@ from pagoda.runtime.model import laguna_config as laguna
 from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
+from pagoda.runtime.model import mellum_config as mellum
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model import zaya_config as zaya
@@ -321,6 +322,7 @@ DEFAULT_ROPE = {
     "laguna": laguna.DEFAULT_ROPE,  # by layer kind
     "zaya": zaya.DEFAULT_ROPE,  # by layer kind
     "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
+    "mellum": mellum.DEFAULT_ROPE,  # by layer kind
     "ministral3": {
         "rope_type": "yarn",
         "rope_theta": 1_000_000.0,

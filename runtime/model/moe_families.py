@@ -22,6 +22,7 @@ from pagoda.runtime.model import (
     jetmoe_config,
     kolibri1_config,
     laguna_config,
+    mellum_config,
     mimo_v2_flash_config,
     minicpm5_moe_config,
     minimax_m2_config,
@@ -48,6 +49,7 @@ MODULES = (
     minicpm5_moe_config,
     granite_swa_config,
     kolibri1_config,
+    mellum_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -69,6 +69,10 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   8 experts in 2 groups (one kept) with correction biases large enough to change the picks,
   scaled by 2.5, beside two shared experts' width; its published config (the older
   architecture name, `first_k_dense_replace`) with transformers' parameter count.
+- mellum (`MellumForCausalLM`): Qwen3-MoE's layers (per-head q/k norms, softmax-routed
+  experts renormalised) as Laguna's decoder arranges them: sliding layers (a 9-key window,
+  their own base) around a full one (its base), a dense MLP between two
+  expert layers; its published config with transformers' parameter count.
 - cohere2-moe (`Cohere2MoeForCausalLM`): Cohere 2's layer (one LayerNorm, attention and the MLP
   side by side, the interleaved rotary on the window layers, NoPE global ones, `logit_scale`)
   with a dense first layer of its own width (rotating: `prefix_dense_sliding_window_pattern`
@@ -133,6 +137,9 @@ KOLIBRI_BIAS = (("mlp.gate.e_score_correction_bias", 2.0),)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
+# Mellum's rotary by layer kind (each its own base)
+MELLUM_ROPE = {FULL: {"rope_type": "default", "rope_theta": 500000.0},
+               SLIDING: {"rope_type": "default", "rope_theta": 1000.0}}  # fmt: skip
 # name: (transformers config class prefix, config overrides, tensors drawn at random)
 CASES = {
     "ernie45-moe": ("Ernie4_5_Moe", dict(
@@ -224,6 +231,10 @@ CASES = {
         head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1,
         routed_scaling_factor=2.5, n_shared_experts=2, moe_intermediate_size=24,
         mlp_layer_types=["dense", "sparse", "sparse"], num_hidden_layers=3, **B, **P), V3_BIAS),
+    "mellum": ("Mellum", dict(
+        head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
+        num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING], sliding_window=9,
+        mlp_layer_types=["sparse", "dense", "sparse"], rope_parameters=MELLUM_ROPE, **B), ()),
     "cohere2-moe": ("Cohere2Moe", dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, intermediate_size=32,
         prefix_dense_intermediate_size=48, first_k_dense_replace=1, num_shared_experts=1,
@@ -307,6 +318,12 @@ FIELDS = {
         "family.moe_layers": (False, True, True), "family.shared_expert_intermediate_size": 48,
         "family.routing.n_group": 2, "family.routing.bias": True,
         "family.routing.routed_scaling_factor": 2.5},
+    "mellum": {
+        "architecture": "mellum", "family.qk_norm": True, "rope_theta": 500000.0,
+        "rope_scaling": None, "family.local_rope_theta": 1000.0,
+        "family.sliding_window": 9, "family.window_layers": (True, False, True),
+        "family.moe_layers": (True, False, True), "family.num_experts": 6,
+        "family.norm_topk_prob": True, "family.routing": None},
     "cohere2-moe": {
         "architecture": "cohere2_moe", "family.cohere_rms_norm": False, "rms_norm_eps": 1e-5,
         "intermediate_size": 48, "family.moe_intermediate_size": 32,
@@ -354,7 +371,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("granitemoe-swa", 1), ("kolibri1", 1),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
-             ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("jetmoe", 1),
+             ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("mellum", 2), ("jetmoe", 1),
              ("jetmoe-top3", 1)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
@@ -392,6 +409,8 @@ MISSING = [
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
     ("minicpm5-moe", "model.layers.0.self_attn.q_proj.weight"),
+    ("mellum", "model.layers.1.mlp.up_proj.weight"),
+    ("mellum", "model.layers.2.self_attn.k_norm.weight"),
     ("minicpm5-moe", "model.layers.2.mlp.gate.e_score_correction_bias"),
     ("hy-v3", "model.layers.1.mlp.expert_bias"),
     ("hy-v3", "model.layers.2.mlp.shared_mlp.down_proj.weight"),
@@ -797,6 +816,37 @@ def test_minicpm5_moe_published_config_reads_as_transformers(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "use_gated_attention": False}))
     with pytest.raises(ValueError, match="use_gated_attention false is not supported"):
         read_model_config(str(tmp_path))
+
+
+# Mellum
+
+
+def test_mellum_published_config_reads_as_transformers(tmp_path):
+    """Mellum2-12B-A2.5B's config.json (transformers' MellumConfig defaults are its shape) with
+    its sliding layers named: the rotary by kind, the window, the experts in every layer (the
+    hub's `num_experts` key), transformers' parameter count on the meta device; a partial
+    rotary (which transformers' Mellum cannot run) refused in one line, on either kind."""
+    types = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"] * 7
+    cfg = dict(architectures=["MellumForCausalLM"], model_type="mellum", layer_types=types,
+               num_experts=64)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.rope_theta == theirs.rope_parameters[FULL]["rope_theta"] == 5e5
+    assert c.family.local_rope_theta == theirs.rope_parameters[SLIDING]["rope_theta"]
+    assert c.family.sliding_window == theirs.sliding_window == 1024
+    assert [c.family.window(i) is not None for i in range(28)] == [t == SLIDING for t in types]
+    assert c.family.moe_layers == (True,) * 28 and c.family.num_experts == 64
+    with torch.device("meta"):
+        hf = transformers.MellumForCausalLM(theirs)
+    qk_norms = 2 * c.num_layers * c.head_dim  # (`num_params` leaves them out)
+    assert c.num_params + qk_norms == sum(p.numel() for p in hf.parameters())
+    half = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    for kind, words in ((SLIDING, "sliding_attention rotary"), (FULL, "a partial rotary")):
+        rope = {**theirs.rope_parameters, kind: half}
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": rope}))
+        with pytest.raises(ValueError, match=words):
+            read_model_config(str(tmp_path))
 
 
 # Cohere 2 MoE
