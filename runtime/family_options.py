@@ -104,6 +104,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",

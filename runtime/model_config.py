@@ -390,6 +390,8 @@ class ModelConfig:
             attn_all += self.num_layers * 2 * d
         if f.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
             attn_all += self.num_layers * 2 * h
+        if self.architecture == "axk1":  # a norm on each MoE block's output
+            attn_all += moe * h
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

@@ -142,6 +142,9 @@ class ExpertRouting:
     # the correction bias added to the logits for the choice, not to the scores (Kolibri's:
     # topk(logits + bias), weighted by the picks' sigmoid scores)
     bias_on_logits: bool = False
+    # the checkpoint may leave the correction bias out: then zero (A.X-K1's releases route
+    # without one; transformers' saves write zeros)
+    bias_optional: bool = False
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:

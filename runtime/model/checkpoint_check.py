@@ -49,6 +49,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.family.gated_norm_rank:  # A.X-K2's gated norms (model/axk2.py)
             _gate_norms(c, i, out)
         out.update(_router_and_experts(c, i))
+        if c.architecture == "axk1" and c.family.has_experts(i):  # its experts' output norm
+            out[f"model.layers.{i}.post_mlp_layernorm.weight"] = (h,)
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
             out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
         if c.architecture == "afmoe":  # its norms around the MLP, attention's output gate
@@ -134,7 +136,8 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         routing = c.family.routing
         if c.family.shared_expert_intermediate_size and routing is None:  # its sigmoid gate
             out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
-        if routing is not None and routing.bias:  # the choice-only bias (V3's, ERNIE's, ...)
+        if routing is not None and routing.bias and not routing.bias_optional:  # choice-only
+            # bias (V3's, ERNIE's, ...; A.X-K1's may be left out)
             out[_moe_block(c, i) + names.bias] = (1, e) if names.bias_rows else (e,)
     return out
 

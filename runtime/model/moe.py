@@ -119,7 +119,8 @@ class SparseMoE:
 
             bias = p + getattr(model, "moe_bias", "gate.e_score_correction_bias")
             linear = ctx.linear(w.source(gate).float())  # replicated on every rank
-            bias = w.source(bias).reshape(-1) if f.routing.bias else None  # ([1, E]: ERNIE's)
+            stored = f.routing.bias and (bias in w or not f.routing.bias_optional)
+            bias = w.source(bias).reshape(-1) if stored else None  # ([1, E]: ERNIE's)
             route = GroupedRouter(linear, bias, f.routing, f.num_experts_per_tok,
                                   f.norm_topk_prob)  # fmt: skip
             router = None

@@ -43,6 +43,7 @@ MODEL_CLASSES = {
     "deepseek_v3": ("deepseek", "DeepseekModel"),
     "youtu": ("deepseek", "DeepseekModel"),  # V3's latent attention, a dense MLP
     "glm4_moe_lite": ("deepseek", "DeepseekModel"),  # GLM-4.7-Flash: DeepSeek-V3's layers
+    "axk1": ("axk1", "AXK1Model"),  # A.X-K1: V3's, a norm on the experts' output
     "deepseek_v32": ("dsa", "DsaModel"),  # DeepSeek Sparse Attention's lightning indexer
     "glm_moe_dsa": ("dsa", "DsaModel"),  # GLM-5: V3.2's, the indexer's choice shared
     "axk2": ("axk2", "Axk2Model"),  # A.X-K2: V3.2's, gated norms, attention's output gate

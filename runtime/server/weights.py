@@ -258,6 +258,8 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         # PhiMoE's head a bias)
         return True
     m = _LAYER.match(name)
+    if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
+        return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))
     g = mc.family.gemma4  # its KV-shared layers' K/V projections and norms: not read
     if m is not None and g is not None and int(m.group(1)) < mc.num_layers:
         shared = g.shares_kv(int(m.group(1)))

@@ -107,6 +107,8 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
         norms = (n + 1) * h * 4
     norms += EXTRA_LAYER_VECTORS.get(mc.architecture, 0) * n * h * item
+    if mc.architecture == "axk1":  # a norm on each MoE block's output
+        norms += sum(f.has_experts(x) for x in range(n)) * h * item
     if mc.architecture == "bitnet":  # its sub-norms: attention's output, the MLP's product
         norms += n * (h + mc.intermediate_size) * item
         if mc.family.bitnet == "offline":  # the packed layers' scales, one per output column

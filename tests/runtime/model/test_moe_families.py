@@ -55,6 +55,11 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   `post_attn_norm` / `post_ffn_norm`), top-2 of 6 experts by the logits plus a choice-only bias
   (`moe.router.expert_bias`, drawn large enough to change the picks) weighted by their sigmoid
   scores, not renormalised, beside a shared MLP.
+- axk1 (`AXK1ForCausalLM`: A.X-K1): DeepSeek-V3's latent attention (the q bottleneck, the
+  interleaved rotary) and grouped sigmoid router (a correction bias large enough to change the
+  picks, 2 groups of which 1, scaled by 2) with the shared expert, an RMSNorm on each MoE
+  block's output; a dense first layer. Without its correction biases (as A.X-K1 is released)
+  it routes as transformers does, with none.
 - dbrx (`DbrxForCausalLM`): MPT's bias-free LayerNorms and stacked `Wqkv` clamped by a
   `clip_qkv` small enough to clamp, the rotary, two KV heads, top-2 of 4 experts renormalised
   (their stacked `w1` / `v1` / `w2` listed per expert); dbrx-plain: a clamp too wide to act
@@ -214,6 +219,11 @@ CASES = {
         num_hidden_layers=3, head_dim=16, num_experts=6, num_experts_per_tok=2,
         moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=10,
         layer_types=[SLIDING, FULL, SLIDING], **E), KOLIBRI_BIAS),
+    "axk1": ("AXK1", dict(
+        num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1,
+        routed_scaling_factor=2.0, mlp_layer_types=["dense", "sparse", "sparse"], **E), V3_BIAS),
     "dbrx": ("Dbrx", dict(
         d_model=64, n_heads=4, n_layers=2, **DBRX_ROPE,
         attn_config=dict(kv_n_heads=2, clip_qkv=0.3, rope_theta=50000.0),
@@ -355,6 +365,11 @@ FIELDS = {
         "family.window_layers": (True, False, True), "family.rope_layers": (True, False, True),
         "family.routing.bias_on_logits": True, "family.routing.bias": True,
         "family.norm_topk_prob": False, "family.shared_expert_intermediate_size": 48},
+    "axk1": {
+        "architecture": "axk1", "family.moe_layers": (False, True, True),
+        "family.routing.topk_method": "noaux_tc", "family.routing.n_group": 2,
+        "family.routing.bias_optional": True, "family.mla.q_lora_rank": 24,
+        "family.mla.rope_interleave": True, "family.shared_expert_intermediate_size": 32},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -368,7 +383,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
-             ("granitemoe-swa", 1), ("kolibri1", 1),
+             ("granitemoe-swa", 1), ("kolibri1", 1), ("axk1", 1),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
              ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("mellum", 2), ("jetmoe", 1),
@@ -384,6 +399,7 @@ FROM_SHAPES = {
     "granitemoe-shared": 1e-6,
     "granitemoe-swa": 1e-6,
     "kolibri1": 1e-6,
+    "axk1": 1e-6,
     "dbrx": 1e-6,
     "cohere2-moe": 1e-6,
     "cohere2-moe-rms": 1e-6,
@@ -406,6 +422,7 @@ MISSING = [
     ("granitemoe-swa", "model.layers.2.self_attn.sinks"),
     ("kolibri1", "model.layers.1.moe.router.expert_bias"),
     ("kolibri1", "model.layers.2.post_ffn_norm.weight"),
+    ("axk1", "model.layers.1.post_mlp_layernorm.weight"),
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
     ("minicpm5-moe", "model.layers.0.self_attn.q_proj.weight"),
@@ -951,3 +968,24 @@ def test_jetmoe_that_does_not_fit_is_offered_neither_fp8_weights_nor_more_ranks(
     fixes = text.split("; would fit: ")[1]
     assert fixes.startswith("--kv-cache-dtype fp8 (") and "--quantization" not in fixes, text
     assert "--tensor-parallel-size" not in fixes, text
+
+
+def test_axk1_without_correction_biases_routes_as_transformers(built, tmp_path):
+    """A.X-K1's releases hold no `e_score_correction_bias` (transformers leaves it zero): the
+    checkpoint without them is read (not refused) and routes as transformers does."""
+    from arch_cases import NEW, generate, prompts
+    from hf_oracle import hf_greedy_plain, save_word_tokenizer
+    from pagoda.runtime import LLM
+    from safetensors.torch import load_file, save_file
+
+    path = built("axk1")[0]
+    tensors = load_file(str(path / "model.safetensors"))
+    kept = {k: v for k, v in tensors.items() if not k.endswith("e_score_correction_bias")}
+    assert len(kept) == len(tensors) - 2
+    (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
+    save_file(kept, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    save_word_tokenizer(tmp_path, 300)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    want = [hf_greedy_plain(hf, p, NEW)[0] for p in prompts()]
+    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, max_num_seqs=4)
+    assert [tokens for tokens, _ in generate(llm, prompts())] == want

@@ -215,3 +215,30 @@ def test_kolibri_1s_config_reads_with_transformers_defaults(tmp_path):
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 78_103_055_360
     with pytest.raises(ValueError, match="not supported for a kolibri1 model"):
         check(o, 2)
+
+
+def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
+    """AXK1Config's defaults are A.X-K1's shape (519 B parameters by transformers' own count on
+    the meta device): a config.json naming the architecture alone reads as transformers fills
+    it in (latent attention with the q bottleneck, the first layer dense, V3's router over 8
+    groups), the parameter count transformers' (the experts' output norms included); TP
+    refused."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["AXK1ForCausalLM"],
+                                                      "model_type": "axk1"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    assert (o.hidden_size, o.num_layers, o.num_heads, o.vocab_size) == (
+        t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.vocab_size)  # fmt: skip
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, [t.eos_token_id])
+    assert o.family.moe_layers == tuple(k == "sparse" for k in t.mlp_layer_types)
+    assert o.family.mla.q_lora_rank == t.q_lora_rank and o.family.mla.rope_interleave
+    r = o.family.routing
+    assert (r.n_group, r.topk_group, r.routed_scaling_factor) == (8, 4, 2.5) and r.bias_optional
+    with torch.device("meta"):
+        hf = transformers.AXK1ForCausalLM(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 518_983_052_288
+    with pytest.raises(ValueError, match="not supported for a axk1 model"):
+        check(o, 2)
