@@ -131,6 +131,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
         ),
+        "ergo": Untested(
+            tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+        ),
         "zaya": Untested(
             tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",

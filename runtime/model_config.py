@@ -160,6 +160,8 @@ class FamilyConfig:
     # ("offline") or as master weights quantized at load ("online"); "": dense (no
     # quantization_config: transformers runs plain Linears)
     bitnet: str = ""
+    # Ergo (model/ergo.py): the full-attention layers' scores × this (q and k × its root)
+    global_attention_scale: float | None = None
 
     @property
     def transforms_logits(self) -> bool:
@@ -372,11 +374,11 @@ class ModelConfig:
         if self.architecture == "minicpm5_moe":  # q_proj's gate rows (as q)
             attn += h * d * self.num_heads
         moe = sum(f.has_experts(n) for n in range(self.num_layers))
-        experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
+        mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
+        experts = moe * f.num_experts * (mats * h * f.moe_intermediate_size + h)  # + the router
         if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
             gate = h if f.routing is None else 0
-            experts += moe * (3 * h * f.shared_expert_intermediate_size + gate)
-        mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
+            experts += moe * (mats * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
@@ -392,6 +394,9 @@ class ModelConfig:
             attn_all += self.num_layers * 2 * h
         if self.architecture == "axk1":  # a norm on each MoE block's output
             attn_all += moe * h
+        if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
+            # norms; each expert's norm, the correction bias, the shared expert's norm
+            attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

@@ -196,6 +196,10 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
+        from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
+
+        out.update(ergo_shapes(c))
     if c.architecture == "zaya":  # the embeddings' scale and bias, the head's bias
         for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
             out[name] = (c.hidden_size,)
@@ -325,6 +329,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "bitnet",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
+        if c.architecture == "ergo" and c.family.has_experts(i):
+            continue  # stacked, ungated (`ergo_config.expected_shapes`)
         dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)
         if c.architecture in ("bamba", "falcon_h1") or dense_jamba:
             p = f"model.layers.{i}.feed_forward."

@@ -94,6 +94,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
             "intermediate_size"]  # fmt: skip
         rms = out.get("rms_norm_eps")  # (RMSNorm where set, else LayerNorm's eps)
         out["norm_eps"] = out["layer_norm_eps"] if rms is None else rms
+    if arch == "ergo":  # the dense MLP's width, the window's published name, hidden / heads
+        from pagoda.runtime.model.ergo_config import overrides
+
+        out.update(overrides(out))
     if arch == "solar_open":  # no dense MLP (experts in every layer): the experts' width
         out.setdefault("intermediate_size", out["moe_intermediate_size"])
     if arch == "dbrx":  # nested in attn_config / ffn_config (DbrxConfig's defaults: 1, 3584)

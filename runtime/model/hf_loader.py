@@ -189,7 +189,8 @@ def _family(
     }
     if arch in family_fields.FIELDS:  # what the family sets (model/family_fields.py)
         fields.update(family_fields.FIELDS[arch](cfg, arch, n, window, layers, scaling))
-    if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
+    gated = fields.get("gated_mlp", True)  # (ungated experts: the family's own, Ergo's)
+    if fields.get("num_experts") and gated and fields["hidden_act"] != "silu":  # fused MoE's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
     return FamilyConfig(**fields)
@@ -412,6 +413,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
+    if config.architecture == "ergo":  # its training framework's names, fused q/k/v
+        from pagoda.runtime.model.ergo_config import read_checkpoint_names
+
+        read_checkpoint_names(weights, config)
     if config.architecture == "dbrx":  # each layer's experts stacked (dbrx.py)
         from pagoda.runtime.model.dbrx import split_experts
 

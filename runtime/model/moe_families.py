@@ -13,6 +13,7 @@ from pagoda.runtime.model import (
     cohere2_moe_config,
     dbrx_config,
     dots1_config,
+    ergo_config,
     ernie4_5_moe_config,
     exaone_moe_config,
     flex_olmo_config,
@@ -50,6 +51,7 @@ MODULES = (
     granite_swa_config,
     kolibri1_config,
     mellum_config,
+    ergo_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -221,6 +221,12 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.positions import transpose_conv1d
 
         transpose_conv1d(weights)
+    if architecture == "ergo":  # its training framework's names, as the loader reads them
+        from pagoda.runtime.model.ergo_config import read_checkpoint_names
+        from pagoda.runtime.model.hf_loader import read_config
+
+        with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
+            read_checkpoint_names(weights, read_config(path))
     if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
         from pagoda.runtime.model.dbrx import split_experts
         from pagoda.runtime.model.hf_loader import read_config
@@ -276,6 +282,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
+    if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py)
+        total += tensors[EMBED].numel * (4 - p.dtype.itemsize)
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
     for name, t in tensors.items():
@@ -337,6 +345,14 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+    if mc.architecture == "ergo":  # (model/ergo.py)
+        if name.endswith(("experts.up_proj", "experts.down_proj")):  # a Linear per expert of
+            e, a, b = t.shape  # each [in, out] slice, transposed
+            return _dense([Stored(name, t.kind, (e, b, a), t.nbytes)], mc, lay, p)
+        if name.endswith("residual_gate.weight"):  # float32, as its two factors
+            return t.numel * 8
+        if _NORM.search(name) or name.endswith("experts.norm"):
+            return t.numel * 4  # its norms and expert norms in float32
     if mc.architecture == "zaya" and name.endswith(("experts.gate_up_proj", "down_proj")):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):

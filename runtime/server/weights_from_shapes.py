@@ -140,13 +140,14 @@ def _expert_bytes(mc: ModelConfig, item: int, fp8: bool, t: int, moe: int):
     with V3's correction bias), a shared expert as a dense MLP split over `t` ranks (FP8 with
     the projections, gate/up split by rows, down by columns) and Qwen2-MoE's gate, whole."""
     h, f = mc.hidden_size, mc.family
-    experts = moe * f.num_experts * 3 * h * f.moe_intermediate_size * item
+    mats = 3 if f.gated_mlp else 2  # (Ergo's experts: up and down)
+    experts = moe * f.num_experts * mats * h * f.moe_intermediate_size * item
     routers = moe * f.num_experts * h * item
     if f.routing is not None:
         routers = moe * f.num_experts * (h + f.routing.bias) * 4
     shared = 0.0
     if s := f.shared_expert_intermediate_size:
-        shared = moe * (3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item)
+        shared = moe * (mats * h * s / t + 4 * (2 * s / t + h) if fp8 else mats * h * s / t * item)
         gate = f.routing is None and mc.architecture not in (
             "granitemoe",
             "granitemoe_swa",
