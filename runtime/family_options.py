@@ -94,6 +94,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),
+        "longcat_flash": Untested(
+            tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
+            fp8="not tested",
+        ),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",

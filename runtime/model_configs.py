@@ -132,6 +132,9 @@ class ExpertRouting:
     correction_bias: bool = False
     jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
     renorm_eps: float = 1e-20  # added to the picks' sum when renormalised (LFM2-MoE's: 1e-6)
+    # LongCat-Flash's zero-computation experts: the router scores this many more, a pick of
+    # one returns its input (`model/longcat_flash.py`)
+    zero_experts: int = 0
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:
@@ -146,6 +149,8 @@ class ExpertRouting:
                              f"got {self.topk_group}")  # fmt: skip
         if not self.routed_scaling_factor > 0:
             raise ValueError("routed_scaling_factor must be positive")
+        if self.zero_experts < 0:
+            raise ValueError("zero_expert_num must not be negative")
 
     @property
     def bias(self) -> bool:

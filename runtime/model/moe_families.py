@@ -20,6 +20,7 @@ from pagoda.runtime.model import (
     hy_v3_config,
     jetmoe_config,
     laguna_config,
+    longcat_flash_config,
     mimo_v2_flash_config,
     minimax_m2_config,
     phimoe_config,
@@ -42,6 +43,7 @@ MODULES = (
     jetmoe_config,
     laguna_config,
     mimo_v2_flash_config,
+    longcat_flash_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
