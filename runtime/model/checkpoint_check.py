@@ -24,7 +24,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     if c.architecture == "longcat_flash":  # its sublayers, the shortcut MoE's zero experts
         from pagoda.runtime.model.longcat_flash_config import expected_shapes as longcat_shapes
 
-        return longcat_shapes(c)
+        return longcat_shapes(c, mla_shapes)
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}

@@ -128,16 +128,14 @@ def stored_names(message: str) -> str:
     return _SUBLAYER.sub(back, message)
 
 
-def expected_shapes(c) -> dict[str, tuple[int, ...]]:
+def expected_shapes(c, mla_shapes) -> dict[str, tuple[int, ...]]:
     """Every tensor the model reads, with its shape, under the sublayers' names
-    (`checkpoint_check.expected_shapes`)."""
-    from pagoda.runtime.model.checkpoint_check import EMBED, HEAD, mla_shapes
-
+    (`checkpoint_check.expected_shapes`, which hands over its `mla_shapes`)."""
     f, h, i = c.family, c.hidden_size, c.intermediate_size
     e, z, m = f.num_experts, f.routing.zero_experts, f.moe_intermediate_size
-    out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    out = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
     if not c.tie_word_embeddings:
-        out[HEAD] = (c.vocab_size, h)
+        out["lm_head.weight"] = (c.vocab_size, h)
     for s in range(c.num_layers):
         p = f"model.layers.{s}."
         out.update(mla_shapes(c, p + "self_attn.", s))
@@ -154,11 +152,12 @@ def expected_shapes(c) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def weight_bytes(c, item: int) -> int:
-    """What the model holds, in bytes of `item` (`server/weights_from_shapes.from_shapes`): the
-    routers and their correction biases in float32."""
+def weight_bytes(shapes: dict[str, tuple[int, ...]], item: int) -> int:
+    """What the model holds, `expected_shapes`' tensors in bytes of `item`
+    (`server/weights_from_shapes.from_shapes`): the routers and their correction biases in
+    float32."""
     total = 0
-    for name, shape in expected_shapes(c).items():
+    for name, shape in shapes.items():
         size = 4 if ".moe.router." in name else item
         for s in shape:
             size *= s

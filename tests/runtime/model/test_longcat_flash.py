@@ -98,8 +98,12 @@ def test_a_missing_tensor_is_refused_in_one_line_in_the_files_names(built, tmp_p
     assert "\n" not in str(e.value)
 
 
-def test_the_weights_estimate_is_what_the_model_holds(built):
+def test_the_weights_estimates_are_what_the_model_holds(built):
+    """From the shapes alone (`from_shapes`), and from the checkpoint's tensors (bf16)."""
+    from model_bytes import check_estimate
     from pagoda.runtime.server.weights import from_shapes
+
+    check_estimate(built[0], rel=0.02)
 
     c = read_model_config(str(built[0]))
     held = sum(p.numel() for p in built[1].parameters())
