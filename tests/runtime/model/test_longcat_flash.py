@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from arch_cases import NEW, check_chunked_cached_batched, check_preempted, prompts
+from arch_cases import NEW, check_chunked_cached_batched, check_preempted, gpu_test, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime.model.loader import load_model, read_model_config
 
@@ -109,3 +109,17 @@ def test_the_weights_estimates_are_what_the_model_holds(built):
     held = sum(p.numel() for p in built[1].parameters())
     held += sum(b.numel() for n, b in built[1].named_buffers() if "correction_bias" in n)
     assert from_shapes(c, torch.float32, False) == held * 4
+
+
+@pytest.fixture(scope="module")
+def case(built):
+    return ("longcat_flash", *built)
+
+
+def _zero_experts_in_the_fused_kernel(name, runner):
+    """The shortcut MoE's real experts run the fused kernel, the zero picks as its id -1."""
+    assert runner.model.layers[0].shortcut.routed.fused is not None, name
+
+
+# on CUDA (benchmarks/gpu_check.sh's families3): CUDA graphs, the fused kernel's none_ids
+test_gpu_matches_transformers_with_graphs = gpu_test(_zero_experts_in_the_fused_kernel)
