@@ -81,7 +81,10 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    "model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
                    "model.per_layer_projection_norm.weight")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
-             "output_scale", "inv_freq")  # fmt: skip
+             "output_scale", "inv_freq",
+             # MiniMax's lightning decays, computed from the config (model/minimax.py)
+             *(f"self_attn.{b}" for b in ("slope_rate", "query_decay", "key_decay",
+                                          "diagonal_decay")))  # fmt: skip
 _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),

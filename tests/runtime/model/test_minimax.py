@@ -50,7 +50,7 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
         "lightning", (False, True, True), 8, 1)  # fmt: skip
     assert (m.minimax.full_attn, m.minimax.linear_attn, m.minimax.mlp) == (
         (1.5, 0.9), (1.3, 0.7), (1.2, 0.8))  # fmt: skip
-    check_estimate(path, rel=0.02)
+    check_estimate(path, rel=0.001)  # (the decay buffers not counted: 0.4% here)
     check_refused("minimax", mc)
     check_missing_refused(loaded, ["model.layers.1.self_attn.output_gate.weight",
                                    "model.layers.2.self_attn.norm.weight",
