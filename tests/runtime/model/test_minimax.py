@@ -7,7 +7,8 @@ every step.
 The case is the "minimax" row of tests/runtime/hybrid_cases.py:
 `hybrid_cases.check_chunked_batched_preempted` (16-token steps carrying the lightning states in
 the state slots, three prompts sharing steps with two slots, again in reverse order on the
-warm prefix cache, a one-token prompt, preempted and recomputed) and `check_warm_prefix`."""
+warm prefix cache, a one-token prompt, preempted and recomputed), `check_decode_slots_out_of_order`
+(the torch decode step) and `check_warm_prefix`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from arch_cases import case_fixture
 from hybrid_cases import (
     check_chunked_batched_preempted,
+    check_decode_slots_out_of_order,
     check_missing_refused,
     check_refused,
     check_warm_prefix,
@@ -29,6 +31,13 @@ case = case_fixture(["minimax"])
 
 def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
     check_chunked_batched_preempted(case)
+
+
+def test_decode_slots_out_of_order_in_torch(built, monkeypatch):
+    """The decode rows' torch step (CUDA's; the CPU's native one above): gathered and
+    scattered back where the slots are not one run, updated in place where they are."""
+    _, model, loaded, _ = built("minimax")
+    check_decode_slots_out_of_order(model, loaded, monkeypatch, native=False)
 
 
 def test_a_warm_prefix_restores_the_lightning_state(built, monkeypatch):
