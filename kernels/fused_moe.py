@@ -302,7 +302,7 @@ def _check_biases(w13, w2, w13_bias, w2_bias) -> None:
             raise ValueError(f"{name} must be contiguous {list(want)}, got {list(bias.shape)}")
 
 
-def _validate(x, w13, w2, topk_weights, topk_ids, activation: str) -> None:
+def _validate(x, w13, w2, topk_weights, topk_ids, activation: str, none_ids: bool) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r} is not supported; choose from {ACTIVATIONS}")
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
@@ -335,8 +335,9 @@ def _validate(x, w13, w2, topk_weights, topk_ids, activation: str) -> None:
     if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_weights.is_floating_point():
         raise ValueError(f"topk_ids must be int32 (got {topk_ids.dtype}), topk_weights float32 "
                          f"(got {topk_weights.dtype})")  # fmt: skip
-    if not 1 <= topk_ids.shape[1] <= E:
-        raise ValueError(f"top_k must be in [1, E={E}], got {topk_ids.shape[1]}")
+    top_k = topk_ids.shape[1]
+    if top_k < 1 or (top_k > E and not none_ids):  # (none_ids: picks of no expert beside E)
+        raise ValueError(f"top_k must be in [1, E={E}], got {top_k}")
 
 
 def fused_experts(
@@ -367,7 +368,7 @@ def fused_experts(
     (`fused_moe_reference.swiglu_oai_ref`). ``none_ids``: ids may also be -1, a slot that picks
     no expert and adds nothing (LongCat-Flash's zero-computation experts).
     """
-    _validate(hidden_states, w13, w2, topk_weights, topk_ids, activation)
+    _validate(hidden_states, w13, w2, topk_weights, topk_ids, activation, none_ids)
     _check_biases(w13, w2, w13_bias, w2_bias)
     biases = [b for b in (w13_bias, w2_bias) if b is not None]
     device = check_device(hidden_states, w13, w2, topk_weights, topk_ids, *biases)

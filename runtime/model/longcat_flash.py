@@ -10,7 +10,7 @@ modeling_longcat_flash.py computes it, run as ``2 * num_layers`` sublayers
   projection is linear, the latent is read only through W_UK and W_UV);
 - the **shortcut MoE**: layer l's first sublayer (2l) also runs the experts on the input of its
   MLP, and their output is added after the second sublayer's MLP, as transformers' ``residual +
-  mlps[1](x) + shortcut`` (carried across in the step: `Step.shortcut`);
+  mlps[1](x) + shortcut`` (carried across in `Step.shortcut`);
 - **zero-computation experts**: the router (`moe_routing.GroupedRouter`: float32 softmax over
   ``n_routed_experts + zero_expert_num``, the choice with the correction bias, weights not
   renormalised, times ``routed_scaling_factor``) may pick a zero expert, which returns its input:
@@ -78,10 +78,10 @@ class LongcatFlashLayer(DeepseekLayer):
         x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
                                         residual=residual)  # fmt: skip
         if self.shortcut is not None:
-            step.shortcut = self.shortcut(x)  # type: ignore[attr-defined]
+            step.shortcut = self.shortcut(x)
             return self.mlp(x), residual
         # transformers' (residual + mlps[1](x)) + shortcut: the stream takes the MLP's output
-        return step.shortcut, residual + self.mlp(x)  # type: ignore[attr-defined]
+        return step.shortcut, residual + self.mlp(x)
 
 
 class LongcatFlashModel(DeepseekModel):
