@@ -105,6 +105,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "longcat_flash": Untested(
+            tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
+            fp8="not tested",
+        ),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",
@@ -127,6 +131,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_5_moe": Untested(fp8=_DELTANET),
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",

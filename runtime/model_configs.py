@@ -145,6 +145,9 @@ class ExpertRouting:
     # the checkpoint may leave the correction bias out: then zero (A.X-K1's releases route
     # without one; transformers' saves write zeros)
     bias_optional: bool = False
+    # LongCat-Flash's zero-computation experts: the router scores this many more, a pick of
+    # one returns its input (`model/longcat_flash.py`)
+    zero_experts: int = 0
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:
@@ -159,6 +162,8 @@ class ExpertRouting:
                              f"got {self.topk_group}")  # fmt: skip
         if not self.routed_scaling_factor > 0:
             raise ValueError("routed_scaling_factor must be positive")
+        if self.zero_experts < 0:
+            raise ValueError("zero_expert_num must not be negative")
 
     @property
     def bias(self) -> bool:

@@ -138,6 +138,16 @@ class ZayaCCA:
 
 
 @dataclass(frozen=True)
+class MiniMaxScales:
+    """MiniMax-Text-01's residual weights (`model/minimax.py`): each sublayer's output is
+    ``alpha * x + beta * f(x)`` of its normalised input x, by sublayer kind."""
+
+    full_attn: tuple[float, float] = (1.0, 1.0)  # (alpha, beta) after softmax attention
+    linear_attn: tuple[float, float] = (1.0, 1.0)  # after lightning attention
+    mlp: tuple[float, float] = (1.0, 1.0)  # after the MoE
+
+
+@dataclass(frozen=True)
 class MambaConfig:
     """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
     `layers` marks run one in place of attention, each keeping a recurrent state per sequence
@@ -164,6 +174,7 @@ class MambaConfig:
     norm_before_gate: bool = False
     parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
     falcon: FalconH1Scales | None = None
+    minimax: MiniMaxScales | None = None  # MiniMax-Text-01's residual weights
     moe: NemotronHExperts | None = None  # Nemotron-H's MoE blocks
     # the recurrent layers' kind: "mamba2" (the mixer above), "short_conv" (LFM2's gated
     # short convolutions, `model/lfm2.py`: a conv state over d_inner = hidden channels, no SSM
@@ -174,7 +185,9 @@ class MambaConfig:
     # or "gated_deltanet" (Qwen3-Next's and Qwen3.5's linear attention, `model/qwen3_next.py`:
     # n_heads value heads of head_dim, n_groups key heads of d_state; a conv over q, k, v and a
     # state [n_heads, d_state, head_dim] per sequence) or "kda" (Kimi Linear's, `model/kimi_linear.py`:
-    # the same shapes, n_groups = n_heads, a decay per key channel: `model/kda.py`)
+    # the same shapes, n_groups = n_heads, a decay per key channel: `model/kda.py`) or
+    # "lightning" (MiniMax-Text-01's lightning attention, `model/minimax.py`: Mamba2's scan with
+    # dt 1, A the heads' decays, B = k, C = q, x = v, one group a head; no conv: conv_dim 0)
     mixer: str = "mamba2"
     dt_rank: int = 0
     bcdt_eps: float | None = None
@@ -191,7 +204,8 @@ class MambaConfig:
     zaya: ZayaCCA | None = None
 
     def __post_init__(self) -> None:
-        if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda"):
+        if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
+                              "lightning"):  # fmt: skip
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -225,6 +239,8 @@ class MambaConfig:
     def conv_dim(self) -> int:
         """The channels the causal conv runs over: x, B and C (a short conv's: d_inner; Gated
         DeltaNet's: q, k and v, shaped as x, B and C)."""
+        if self.mixer == "lightning":  # (no conv: an empty conv state)
+            return 0
         if self.mixer not in ("mamba2", "gated_deltanet", "kda"):
             return self.d_inner
         return self.d_inner + 2 * self.n_groups * self.d_state
@@ -267,6 +283,8 @@ class MambaConfig:
         """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias (a
         short conv's: in_proj [3 d, hidden], out_proj, the conv, their biases)."""
         c = self.conv_dim
+        if self.mixer == "lightning":  # qkv_proj, output_gate, out_proj, the norm
+            return 5 * self.d_inner * hidden + self.d_inner
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,

@@ -21,6 +21,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         from pagoda.runtime.model.gemma4_config import expected_shapes as gemma4_shapes
 
         return gemma4_shapes(c)
+    if c.architecture == "longcat_flash":  # its sublayers, the shortcut MoE's zero experts
+        from pagoda.runtime.model.longcat_flash_config import expected_shapes as longcat_shapes
+
+        return longcat_shapes(c, mla_shapes)
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
@@ -327,6 +331,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "zamba2",
             "zaya",
             "bitnet",
+            "longcat_flash",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         if c.architecture == "ergo" and c.family.has_experts(i):

@@ -255,7 +255,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
-    if arch in (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear"):  # latent: one row
+    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "longcat_flash")
+    if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
@@ -409,6 +410,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 
         rename_mlps(weights)
+    if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
+        from pagoda.runtime.model.longcat_flash_config import rename_sublayers
+
+        rename_sublayers(weights)
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 
@@ -424,7 +429,14 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
     scheme = read_quantization(model_dir)
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}
-    check_checkpoint(config, headers, weights.fp8_block)
+    try:
+        check_checkpoint(config, headers, weights.fp8_block)
+    except ValueError as e:  # (LongCat-Flash's sublayers' names: the files' own)
+        if config.architecture != "longcat_flash":
+            raise
+        from pagoda.runtime.model.longcat_flash_config import stored_names
+
+        raise ValueError(stored_names(str(e))) from e
 
 
 def untie_a_distinct_head(config: ModelConfig, weights: SafetensorsWeights | None) -> ModelConfig:

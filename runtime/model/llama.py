@@ -123,6 +123,7 @@ class Step:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     # per rotary table ("global", "local"): (positions, cache), or (None, this step's rows)
     rope: dict[str, tuple[torch.Tensor | None, torch.Tensor]]
+    shortcut: torch.Tensor | None = None  # LongCat-Flash's MoE output between two sublayers
 
 
 class GatedMLP:

@@ -24,6 +24,7 @@ from pagoda.runtime.model import (
     kolibri1_config,
     laguna_config,
     mellum_config,
+    longcat_flash_config,
     mimo_v2_flash_config,
     minicpm5_moe_config,
     minimax_m2_config,
@@ -52,6 +53,7 @@ MODULES = (
     kolibri1_config,
     mellum_config,
     ergo_config,
+    longcat_flash_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -83,7 +83,10 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    # Zaya's embedding scale (model/zaya.py)
                    "model.input_hidden_states_scale", "model.input_hidden_states_bias")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
-             "output_scale", "inv_freq")  # fmt: skip
+             "output_scale", "inv_freq",
+             # MiniMax's lightning decays, computed from the config (model/minimax.py)
+             *(f"self_attn.{b}" for b in ("slope_rate", "query_decay", "key_decay",
+                                          "diagonal_decay")))  # fmt: skip
 _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
           # Zaya's q, k and delayed values: the conv's inputs in one matrix (model/zaya.py)
           (re.compile(r"\bqkv_proj\.([qk]_proj|v_proj_delayed)\b"), "qkv_proj.cca"),

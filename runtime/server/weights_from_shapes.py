@@ -34,6 +34,11 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         from pagoda.runtime.model.gemma4_config import param_count
 
         return param_count(mc) * item
+    if mc.architecture == "longcat_flash":  # (one rank, 16 or 32 bits: `family_options`)
+        from pagoda.runtime.model.checkpoint_check import expected_shapes
+        from pagoda.runtime.model.longcat_flash_config import weight_bytes
+
+        return weight_bytes(expected_shapes(mc), item)
     moe = sum(f.has_experts(x) for x in range(n))
     kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
     attn, attn_rows = _attention_shape(mc, t, kv)

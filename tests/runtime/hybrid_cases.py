@@ -207,9 +207,17 @@ CASES = {
         num_hidden_layers=3, head_dim=16, num_experts=4, moe_intermediate_size=32,
         router_hidden_size=32, cca_time0=2, cca_time1=3, tie_word_embeddings=False,
         lm_head_bias=True)),
+    # MiniMax-Text-01 (model/minimax.py): lightning attention (Mamba2's scan, chunks of
+    # block_size) beside softmax attention, Mixtral's experts, residual weights by sublayer
+    "minimax": ("MiniMax", dict(
+        num_hidden_layers=3, layer_types=[FULL, LIN, LIN], head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, intermediate_size=32, block_size=8, full_attn_alpha_factor=1.5,
+        full_attn_beta_factor=0.9, linear_attn_alpha_factor=1.3, linear_attn_beta_factor=0.7,
+        mlp_alpha_factor=1.2, mlp_beta_factor=0.8)),
 }  # fmt: skip
-# the Gated DeltaNet and KDA rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
-DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "olmo-hybrid", "olmo-hybrid-nope", "kimi-linear")
+# the Gated DeltaNet, KDA and lightning rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
+DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "olmo-hybrid", "olmo-hybrid-nope", "kimi-linear",
+         "minimax")  # fmt: skip
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
@@ -447,6 +455,7 @@ REFUSED = {
     "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("qwen3_5", "gated_deltanet")),
     "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("olmo_hybrid", "gated_deltanet")),
     "kimi-linear": (2, _NO_TP.format("kimi_linear", "kda"), _NO_FP8.format("kimi_linear", "kda")),
+    "minimax": (2, _NO_TP.format("minimax", "lightning"), _NO_FP8.format("minimax", "lightning")),
     "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
     "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
     "falcon-mamba": (
