@@ -36,6 +36,8 @@ class IndexerConfig:
     topk: int
     rope_interleave: bool
     full_layers: tuple[bool, ...]
+    rope_last: bool = False  # its last qk_rope_head_dim dims rotated, not its first (HY V4's)
+    key_norm_eps: float = 1e-6  # its key's LayerNorm's
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "head_dim", "topk"):

@@ -395,6 +395,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.olmo_hybrid_config import rename_norms
 
         rename_norms(weights)
+    if config.architecture == "hy_v4":  # transformers' renames (hy_v4_config.py)
+        from pagoda.runtime.model.hy_v4_config import rename_weights
+
+        rename_weights(weights)
     if config.architecture == "kimi_linear":  # the published MLP names (block_sparse_moe)
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 
