@@ -110,3 +110,11 @@ def test_published_config_read_as_transformers_reads_it(tmp_path):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(theirs)
     assert ours.num_params == sum(p.numel() for p in model.parameters())
+
+
+def test_the_weights_estimate_is_what_the_model_holds(built):
+    """`server/weights.py` reads the stored names through the same renames (the head's fold
+    outside the layers) and counts what the bf16 model holds, within 2%."""
+    from model_bytes import check_estimate
+
+    check_estimate(built("hy_v4")[0], 1)
