@@ -120,6 +120,13 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
+        "hy_v4": Untested(
+            tensor_parallel="its gated attention with sinks and its stacked experts are not "
+            "split over ranks",
+            fp8=_DSA_FP8,
+            fp8_checkpoint="not tested",
+            kv_cache=_DSA_KV,
+        ),
         "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),

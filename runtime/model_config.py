@@ -13,6 +13,7 @@ from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
     ExpertRouting,
     Gemma4Layers,
+    HyperConfig,
     LagunaAttention,
     Llama4Attention,
     MiMoAttention,
@@ -109,6 +110,8 @@ class FamilyConfig:
     attention_sinks: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
+    # HY V4 (model/hy_v4.py): the residual as hyper-connected streams (DeepSeek-V4's form too)
+    hyper: HyperConfig | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -382,6 +385,10 @@ class ModelConfig:
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
+        if f.hyper is not None:  # HY V4's hyper-connections, attention's gates and sinks
+            n, gate = f.hyper.mult, self.num_heads * f.mla.v_head_dim * h + self.num_heads
+            attn_all += self.num_layers * (2 * (2 * n * n * h + 2 * n + 2) + gate)
+            attn_all += n * n * h + n + 1  # the head's fold
         if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
             attn_all += self.num_layers * (h + i)
         if f.gated_norm_rank:  # A.X-K2's norm gates: before attention, before the experts

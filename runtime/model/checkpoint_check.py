@@ -45,6 +45,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
         if c.family.attention_sinks:  # a logit per head (gpt-oss's, GraniteSWA's)
             out[a + "sinks"] = (c.num_heads,)
+        if c.family.hyper is not None:  # HY V4's hyper-connections, gate, sinks, experts
+            from pagoda.runtime.model.hy_v4_config import expected_shapes as hy_v4_shapes
+
+            out.update(hy_v4_shapes(c, i))
         if c.family.mimo is not None:  # KV heads and sinks by layer kind, narrower values
             from pagoda.runtime.model.mimo_v2_flash_config import attention_shapes
 
@@ -305,6 +309,7 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
 _OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe")
+_STACKED = ("hy_v4",)  # experts stacked, in `expected_shapes` (hy_v4_config.py)
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
 
@@ -356,7 +361,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             continue
         names = ("w1", "w3", "w2") if c.architecture == "mixtral" else (
             moe_names.of(c.architecture).experts)  # fmt: skip
-        for e in range(c.family.num_experts if c.architecture not in _OWN_EXPERTS else 0):
+        own = c.architecture in _OWN_EXPERTS + _STACKED
+        for e in range(c.family.num_experts if not own else 0):
             p = f"{_moe_block(c, i)}experts.{e}."
             out.append(tuple(f"{p}{n}.weight" for n in names))
         if c.family.shared_expert_intermediate_size:

@@ -37,8 +37,9 @@ ARCHITECTURES = {
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",  # GLM-5: V3.2's, its indexer shared across layers
     "AXK2ForCausalLM": "axk2",  # A.X-K2: V3.2's, gated norms and attention (model/axk2.py)
     "AXK1ForCausalLM": "axk1",  # A.X-K1: V3's, its experts' output normalised (model/axk1.py)
+    "HYV4ForCausalLM": "hy_v4",  # HY V4: GLM-5's with hyper-connections (model/hy_v4.py)
 }
-DSA = ("deepseek_v32", "glm_moe_dsa", "axk2")
+DSA = ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")
 # noaux_tc, sigmoid scores, correction bias
 V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", "axk1", *DSA)
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
@@ -96,6 +97,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "num_experts_per_tok": 8, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
              "rms_norm_eps": 1e-6, "index_topk": 2048, "index_head_dim": 128,
              "index_n_heads": 16, "gated_norm_rank": 16},
+    "hy_v4": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
+              "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 256,
+              "n_shared_experts": 1, "moe_intermediate_size": 768, "n_group": 1,
+              "topk_group": 1, "num_experts_per_tok": 8, "norm_topk_prob": True,
+              "routed_scaling_factor": 2.827, "rms_norm_eps": 1e-5, "index_topk": 2048,
+              "index_head_dim": 128, "index_n_heads": 16, "vocab_size": 120_832,
+              "hidden_size": 2816, "intermediate_size": 6912, "num_hidden_layers": 34,
+              "num_attention_heads": 32, "max_position_embeddings": 262_144,
+              "bos_token_id": 120_000, "eos_token_id": 120_025, "pad_token_id": 120_002,
+              "tie_word_embeddings": False, "hc_mult": 4, "hc_magnitude": 2.0, "hc_eps": 1e-6,
+              "swiglu_limit": 10.0},
 }  # fmt: skip
 NULLABLE = ("q_lora_rank",)  # null: q_proj (V2-Lite), not the default bottleneck
 
@@ -110,9 +122,11 @@ def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
     if arch not in DSA:
         return None
     n = int(cfg["num_hidden_layers"])
-    kinds = cfg.get("indexer_types") if arch == "glm_moe_dsa" else None
+    kinds = cfg.get("indexer_types") if arch in ("glm_moe_dsa", "hy_v4") else None
     pattern = cfg.get("index_topk_pattern") if arch == "glm_moe_dsa" else None
-    if kinds is None and pattern is not None:  # transformers' GlmMoeDsaConfig, as it reads them
+    if kinds is None and arch == "hy_v4":  # HYV4Config's: the first, then one in every four
+        kinds = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(n)]
+    elif kinds is None and pattern is not None:  # transformers' GlmMoeDsaConfig, as it reads them
         letters = {"F": "full", "S": "shared"}
         kinds = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
     elif kinds is None:
@@ -126,8 +140,11 @@ def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
         n_heads=int(cfg["index_n_heads"]),
         head_dim=int(cfg["index_head_dim"]),
         topk=int(cfg["index_topk"]),
-        rope_interleave=arch == "glm_moe_dsa",  # V3.2's (and A.X-K2's) indexer: rotate-half
+        rope_interleave=arch in ("glm_moe_dsa", "hy_v4"),  # V3.2's and A.X-K2's: rotate-half
         full_layers=tuple(k == "full" for k in kinds),
+        # HY V4's: its last dims rotated, its key's LayerNorm with rms_norm_eps
+        rope_last=arch == "hy_v4",
+        key_norm_eps=float(cfg.get("rms_norm_eps") or 1e-5) if arch == "hy_v4" else 1e-6,
     )
 
 
@@ -166,7 +183,9 @@ def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
     if arch == "axk1" and kinds is None:  # AXK1Config's, from the legacy keys
         dense, freq = int(cfg.get("first_k_dense_replace", 1)), int(cfg.get("moe_layer_freq", 1))
         kinds = ["sparse" if i >= dense and i % freq == 0 else "dense" for i in range(n)]
-    if arch not in ("glm4_moe_lite", "axk1", *DSA) or (kinds is None and arch in DSA):
+    if arch not in ("glm4_moe_lite", "axk1", *DSA) or (
+        kinds is None and arch in ("deepseek_v32", "glm_moe_dsa")
+    ):
         dense = min(int(cfg.get("first_k_dense_replace") or 0), n)
         return tuple(i >= dense for i in range(n))
     kinds = kinds or ["dense"] + ["sparse"] * (n - 1)

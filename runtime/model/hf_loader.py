@@ -406,6 +406,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         rename_norms(weights)
     if config.architecture in moe_families.RENAMES:  # (GraniteMoeSWA's experts, Kolibri's norms)
         moe_families.RENAMES[config.architecture](weights)
+    if config.architecture == "hy_v4":  # transformers' renames (hy_v4_config.py)
+        from pagoda.runtime.model.hy_v4_config import rename_weights
+
+        rename_weights(weights)
     if config.architecture == "kimi_linear":  # the published MLP names (block_sparse_moe)
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 

@@ -39,6 +39,7 @@ _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
 _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
 _SKIP += ("model.visual.",)  # (EXAONE 4.5's, Qwen3.5's)
 _SKIP += ("mtp.",)  # (Qwen3-Next's and Qwen3.5's multi-token prediction layers: not run)
+_SKIP += ("model.mtp_layers.",)  # (HY V4's, as transformers ignores them: not run)
 _SKIP += ("model.embed_vision.", "model.audio_tower.", "model.embed_audio.")  # (Gemma 4's)
 # EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
 _RENAMES = tuple((re.compile(a), b) for a, b in (
