@@ -135,6 +135,8 @@ class FamilyConfig:
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
+    # Qwen4-Exp (model/qwen4_exp.py): hyper-connections, Per-Layer Embeddings, the QSA limit
+    qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -335,6 +337,9 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
+        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
+        if q is not None and q.dense_limit is not None:
+            context = min(context, q.dense_limit)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
