@@ -305,6 +305,8 @@ class ModelConfig:
                 e.num_experts * 2 * (e.latent or h) * e.intermediate + 2 * h * e.shared_intermediate
             )
             out += sum(e.layers) * (e.params(h) - split + split // tp)
+        if self.family.qwen4 is not None:  # hyper-connections, n-gram tables (one rank only)
+            out += self.family.qwen4.params(h, self.num_kv_layers)
         return out
 
     @property

@@ -128,7 +128,7 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     fields: dict[str, Any] = {"mamba": mamba(cfg, n), "qk_norm": True}
     if arch == qwen4.ARCH:
         types, h = layer_types(cfg, n), int(cfg["hidden_size"])
-        q = fields["qwen4"] = qwen4.read(cfg, types, h, int(cfg["head_dim"]))
+        q = fields["qwen4"] = qwen4.read(cfg, types, h)
         extra = q.extra_conv_rows(h, int(cfg["linear_conv_kernel_dim"]))
         fields["mamba"] = mamba(cfg, n, extra)
     if arch == "qwen3_5":

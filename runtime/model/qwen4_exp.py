@@ -117,7 +117,9 @@ def _step_plan(q: Qwen4Exp, ids: torch.Tensor, meta: AttentionMetadata) -> _Step
     back = dil * (k - 1 - np.arange(k))[:, None]  # [k, 1] each tap's distance back
     taps = np.where(pos >= back, b * big_l + np.arange(t) - back, seq * big_l + big_l + pos - back)
     e = qlens[:, None] + np.arange(big_l)  # [B, L] the new state's places in [state, rows]
-    ends = np.where(e >= big_l, b * big_l + cu[:-1, None] + e - big_l, np.arange(b)[:, None] * big_l + e)
+    ends = np.where(
+        e >= big_l, b * big_l + cu[:-1, None] + e - big_l, np.arange(b)[:, None] * big_l + e
+    )
     dev = ids.device
     # the tokens j = 1 .. n before each row: the step's rows, else the history (-1: none)
     j = np.arange(1, n + 1)[:, None]
@@ -212,7 +214,9 @@ class Ple:
         if mid is not None:  # prefix caching: the inputs before boundaries inside chunks
             seq, off, entry = mid[0] + ms.num_decodes, mid[1], mid[2]
             e = off[:, None] + torch.arange(big_l, device=x.device)
-            src = torch.where(e >= big_l, plan.starts[seq, None] + e - big_l, seq[:, None] * big_l + e)
+            src = torch.where(
+                e >= big_l, plan.starts[seq, None] + e - big_l, seq[:, None] * big_l + e
+            )
             snap = ms.snaps[index][0]
             at = snap[:, snap.shape[1] - kept.shape[1] * big_l // snap.shape[2] :]
             at = at.view(snap.shape[0], c, big_l)

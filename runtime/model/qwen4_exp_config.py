@@ -69,9 +69,11 @@ class Qwen4Exp:
     ngram_vocab_base: int
     ngram_divisor: int
     seed: int
+    num_layers: int
     eos_token_id: int
     gate_act: str  # the DeltaNet output gate's activation: "silu" or "sigmoid"
     dense_limit: int | None  # the longest sequence the QSA indexer keeps whole (None: no QSA)
+    indexer_weights: int = 0  # one attention layer's indexer weights (loaded, not read)
 
     @property
     def ngram_heads(self) -> int:
@@ -88,6 +90,21 @@ class Qwen4Exp:
         if not self.ple_layers:
             return 0
         return self.hc_count * hidden * self.ple_state_len // (d_conv - 1)
+
+    def params(self, hidden: int, attention_layers: int) -> int:
+        """The weights Qwen4-Exp adds to Qwen3.5-MoE's layers, less the norms it has not
+        (two a layer and the final one): the hyper-connections, the PLE layers (their n-gram
+        tables: most of the model), the QSA indexers."""
+        wide, r = self.hc_count * hidden, self.hc_lowrank
+        mixer = wide + 2 * r * wide
+        hcs = (self.num_layers * 2 + 1) * mixer + self.num_layers * 2 * self.hc_count * wide
+        e = self.ple_embed_dim
+        ple = sum(
+            self.head_tables(i)[2] * (e // self.ngram_heads) for i in range(len(self.ple_layers))
+        )
+        ple += len(self.ple_layers) * (wide * e + hidden * e + 3 * wide + wide * self.ple_kernel)
+        norms = (2 * self.num_layers + 1) * hidden
+        return hcs + ple + attention_layers * self.indexer_weights - norms
 
     def head_tables(self, ple_index: int) -> tuple[list[int], list[int], int]:
         """PLE layer `ple_index`'s n-gram heads: (table sizes, offsets, the padded rows)
@@ -121,7 +138,7 @@ def _eos(cfg: Mapping[str, Any]) -> int | None:
     return eos[0] if isinstance(eos, list) and eos else eos if not isinstance(eos, list) else None
 
 
-def read(cfg: Mapping[str, Any], types: list[str], hidden: int, head_dim: int) -> Qwen4Exp:
+def read(cfg: Mapping[str, Any], types: list[str], hidden: int) -> Qwen4Exp:
     """`Qwen4Exp` of a text config (its DEFAULTS filled in); ValueError, one line, for what
     transformers' config refuses."""
     n = len(types)
@@ -146,19 +163,22 @@ def read(cfg: Mapping[str, Any], types: list[str], hidden: int, head_dim: int) -
                          "(silu or sigmoid)")  # fmt: skip
     qsa = [cfg.get(k) for k in ("indexer_n_heads", "indexer_head_dim", "indexer_budget",
                                 "indexer_compress_ratio")]  # fmt: skip
-    limit = None
+    limit, weights = None, 0
     if any(v is not None for v in qsa):
         if any(v is None or int(v) <= 0 for v in qsa) or int(cfg.get("indexer_kv_heads") or 1) != 1:
             raise ValueError("a Qwen4-Exp QSA indexer needs positive indexer_n_heads, "
                              "indexer_head_dim, indexer_budget, indexer_compress_ratio and one "
                              "key head (indexer_kv_heads 1)")  # fmt: skip
         limit = int(cfg["indexer_budget"]) + int(cfg["indexer_compress_ratio"]) - 1
+        heads, d = int(cfg["indexer_n_heads"]), int(cfg["indexer_head_dim"])
+        weights = (heads + 1) * d * hidden + 2 * d  # index_qk_proj, q and k layernorms
     return Qwen4Exp(
         hc_count=hc, hc_lowrank=int(cfg["hc_lowrank"]), ple_layers=tuple(i - 1 for i in ids),
         ple_embed_dim=dim, ple_kernel=int(cfg["ple_conv_kernel_size"]), ngram_size=ngram,
         heads_per_ngram=per, ngram_vocab_base=int(cfg["ngram_vocab_size_base"]),
         ngram_divisor=int(cfg["make_ngram_vocab_size_divisible_by"]), seed=int(cfg["seed"]),
-        eos_token_id=-1 if eos is None else int(eos), gate_act=act, dense_limit=limit,
+        num_layers=n, eos_token_id=-1 if eos is None else int(eos), gate_act=act,
+        dense_limit=limit, indexer_weights=weights,
     )  # fmt: skip
 
 

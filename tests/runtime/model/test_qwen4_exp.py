@@ -139,3 +139,12 @@ def test_refusals(built):
                                    "model.hyper_connection_mixer.hc_norm.weight"])  # fmt: skip
     assert torch.equal(mc.family.qwen4.multipliers(300, 0), built(NAME, reference=False)[1]
                        .model.layers[0].ple.ple_embedding.layer_multipliers)  # fmt: skip
+
+
+def test_the_weights_count_as_transformers_counts_them(built):
+    """`ModelConfig.num_params` (the memory estimate's): the hyper-connections, the n-gram
+    tables and the indexers counted, the norms Qwen4-Exp has not left out (within the q/k
+    norms' few weights of transformers' count)."""
+    _, model, loaded, _ = built(NAME, reference=False)
+    want = sum(p.numel() for p in model.parameters())
+    assert abs(loaded.config.num_params - want) <= 64, (loaded.config.num_params, want)
