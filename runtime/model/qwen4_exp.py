@@ -105,6 +105,10 @@ class _StepPlan:
 
 
 def _step_plan(q: Qwen4Exp, ids: torch.Tensor, meta: AttentionMetadata) -> _StepPlan:
+    """The step's `_StepPlan` (in `meta.aux`), its index arrays built on the host from the
+    query lengths and copied in one transfer; the rows' n-gram tokens gathered on the device
+    from `ids` and `llama.TOKEN_HISTORY`. Rows of sequence b at offset p: a tap reaching d rows
+    back reads row - d (p >= d) or the kept input L + p - d of b's state (L: `ple_state_len`)."""
     plan = meta.aux.get(PLAN)
     if plan is not None:
         return plan
@@ -120,23 +124,24 @@ def _step_plan(q: Qwen4Exp, ids: torch.Tensor, meta: AttentionMetadata) -> _Step
     ends = np.where(
         e >= big_l, b * big_l + cu[:-1, None] + e - big_l, np.arange(b)[:, None] * big_l + e
     )
-    dev = ids.device
     # the tokens j = 1 .. n before each row: the step's rows, else the history (-1: none)
     j = np.arange(1, n + 1)[:, None]
     inside = pos >= j
-    rows = _to(np.where(inside, np.arange(t) - j, 0), dev)
-    hist = _to(np.where(inside, 0, seq * n + n - j + pos), dev)
+    rows = np.where(inside, np.arange(t) - j, 0)
+    hist = np.where(inside, 0, seq * n + n - j + pos)
+    parts = [rows, hist, inside, taps, ends, b * big_l + cu[:-1]]
+    flat = _to(np.concatenate([a.reshape(-1).astype(np.int64) for a in parts]), ids.device)
+    rows, hist, inside, taps, ends, starts = flat.split([a.size for a in parts])
     history = meta.aux[TOKEN_HISTORY].reshape(-1)
-    before = torch.where(_to(inside, dev), ids[rows], history[hist])
+    before = torch.where(inside.view(n, t).bool(), ids[rows.view(n, t)], history[hist.view(n, t)])
     eos = q.eos_token_id
     before = torch.where(before < 0, eos, before)
     shifted = [ids]
     cut = torch.zeros_like(ids, dtype=torch.bool)
-    for i in range(n):  # a token before an end-of-sequence token reads as that token
+    for i in range(n):  # in an n-gram, a token before an end-of-sequence token reads as eos
         shifted.append(torch.where(cut, eos, before[i]))
         cut = cut | (before[i] == eos)
-    plan = _StepPlan(torch.stack(shifted), _to(taps.reshape(k, t), dev),
-                     _to(ends.reshape(-1), dev), _to(b * big_l + cu[:-1], dev))  # fmt: skip
+    plan = _StepPlan(torch.stack(shifted), taps.view(k, t), ends, starts)
     meta.aux[PLAN] = plan
     return plan
 
