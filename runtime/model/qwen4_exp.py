@@ -160,11 +160,20 @@ class Ple:
             names = []
             while f"{e}ngram_embedding.shard_{len(names)}.weight" in w:
                 names.append(f"{e}ngram_embedding.shard_{len(names)}.weight")
-        table = w[names[0]] if len(names) == 1 else torch.cat([w[n] for n in names])
-        if table.shape[0] != rows:
-            raise ValueError(f"checkpoint tensor {e}ngram_embedding is {list(table.shape)}, "
-                             f"config.json's n-gram heads need {rows} rows")  # fmt: skip
-        self.table = table
+        got = sum(w.stored[n].shape[0] for n in names)
+        if got != rows:
+            raise ValueError(f"checkpoint tensor {e}ngram_embedding has {got} rows, "
+                             f"config.json's n-gram heads need {rows}")  # fmt: skip
+        self.table = w[names[0]]
+        if len(names) > 1:  # the shards copied in one by one (the table is most of the model)
+            first, self.table = self.table, None
+            self.table = first.new_empty(rows, first.shape[1])
+            at = 0
+            for n in names:
+                part = first if n == names[0] else w[n]
+                self.table[at : at + part.shape[0]] = part
+                at += part.shape[0]
+            del first, part
         dev = w.device
         self.mult = q.multipliers(c.vocab_size, ple_index).to(dev)
         per = q.heads_per_ngram

@@ -247,6 +247,13 @@ def write(name: str, path):
     """Case `name`'s checkpoint (`make_tiny_model`) saved to `path`; the transformers model."""
     arch, overrides = CASES[name]
     model = make_tiny_model(path, arch, **overrides)
+    if name == "qwen4-exp":  # its PLE conv starts at zeros (transformers' init): drawn here
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for key, p in model.named_parameters():
+                if key.endswith("ple.conv1d.weight"):
+                    p.copy_(torch.randn(p.shape, generator=g))
+        model.save_pretrained(path)
     if name in SCRAMBLED:
         g = torch.Generator().manual_seed(2)
         with torch.no_grad():

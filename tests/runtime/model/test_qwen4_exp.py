@@ -45,7 +45,8 @@ def test_a_warm_prefix_restores_the_ple_conv_and_the_delta_state(built, monkeypa
     whole-prompt step (budget 256) or at a 16-token chunk's end (budget 16). A prompt sharing
     66 tokens then restores it (the PLE conv's last inputs with the DeltaNet's states) and
     reads its n-grams' earlier tokens from the history: transformers' tokens and logits; with
-    the restore replaced by zeros it does not read so."""
+    the PLE conv's inputs left out of the restore, or the restore replaced by zeros, it does
+    not read so."""
     _, model, loaded, _ = built(NAME, reference=False)
     first = [(11 * i + 3) % 290 + 5 for i in range(70)]
     second = [*first[:66], 21, 22]
@@ -57,6 +58,18 @@ def test_a_warm_prefix_restores_the_ple_conv_and_the_delta_state(built, monkeypa
         hits = llm.engine.kv.prefix_hits
         check(generate(llm, [second], 3)[0], want, f"warm after {budget}-token steps")
         assert llm.engine.kv.prefix_hits - hits == 64
+    from pagoda.runtime.worker.mamba_state import MambaState
+
+    restore = MambaState.restore
+
+    def without_ple(self, slots, entries):  # the DeltaNet states restored, the PLE conv's not
+        restore(self, slots, entries)
+        for conv, _ in self.states.values():
+            conv[:, self.m.conv_dim :].index_fill_(0, slots, 0)
+
+    monkeypatch.setattr(MambaState, "restore", without_ple)
+    with pytest.raises(AssertionError):
+        check(generate(llm, [second], 3)[0], want, "the PLE conv's inputs not restored")
     restored = zero_the_restore(monkeypatch)
     with pytest.raises(AssertionError):
         check(generate(llm, [second], 3)[0], want, "restore skipped")
