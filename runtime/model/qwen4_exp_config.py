@@ -8,7 +8,7 @@ experts in every layer). What Qwen4-Exp adds, as `Qwen4Exp` (`FamilyConfig.qwen4
 - Per-Layer Embeddings on the layers ``ple_layer_ids`` names (one-indexed, DeltaNet layers
   only): hashed n-grams (orders 2 .. ``ngram_size``, ``heads_per_ngram`` tables each, of prime
   sizes from ``ngram_vocab_size_base``, hashed with multipliers drawn from ``seed``: the
-  functions below are transformers' own), gated per stream, then a dilated depthwise conv
+  functions below port transformers'), gated per stream, then a dilated depthwise conv
   (``ple_conv_kernel_size`` taps ``ngram_size`` apart) whose inputs are kept per sequence
   beside the DeltaNet conv state (`MambaConfig.extra_conv_rows`);
 - the QSA indexer (``indexer_*``) of the attention layers, which keeps, for a query that sees
