@@ -144,6 +144,8 @@ class FamilyConfig:
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
+    # Qwen4-Exp (model/qwen4_exp.py): hyper-connections, Per-Layer Embeddings, the QSA limit
+    qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -319,6 +321,8 @@ class ModelConfig:
                 e.num_experts * 2 * (e.latent or h) * e.intermediate + 2 * h * e.shared_intermediate
             )
             out += sum(e.layers) * (e.params(h) - split + split // tp)
+        if self.family.qwen4 is not None:  # hyper-connections, n-gram tables (one rank only)
+            out += self.family.qwen4.params(h, self.num_kv_layers)
         return out
 
     @property
@@ -351,6 +355,9 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
+        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
+        if q is not None and q.dense_limit is not None:
+            context = min(context, q.dense_limit)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context

@@ -28,6 +28,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
+        del out["model.norm.weight"]
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
         if c.family.mamba is not None:  # a hybrid: its Mamba2 mixer or attention, its MLP
@@ -166,6 +168,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
+    if c.family.qwen4 is not None:  # (the hyper-connections' norms: `mamba_config`'s)
+        return out
     if not (c.family.olmo2_norms and c.family.mamba.attention(i)):  # (OLMo Hybrid's: after)
         out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm

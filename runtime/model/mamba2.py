@@ -86,6 +86,9 @@ class Prefill:
     # and the snapshot entries they go to [M]
     snap_conv_rows: torch.Tensor | None = None
     snap_conv_entries: torch.Tensor | None = None
+    # the same boundaries as int64 [3, M] (prefill sequence, offset in its chunk, entry):
+    # Qwen4-Exp's PLE conv (`qwen4_exp.Ple`) keeps inputs of its own there
+    snap_mid: torch.Tensor | None = None
 
 
 @dataclass
