@@ -239,7 +239,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     gen = {} if model_dir is None else _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna") else None  # per layer kind
+    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna", "dory") else None  # by kind
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
     if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
@@ -406,6 +406,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
+    if config.architecture == "dory":  # the published two-block layout, g_proj
+        from pagoda.runtime.model.dory_config import read_checkpoint_names as dory_names
+
+        dory_names(weights)
     if config.architecture == "ergo":  # its training framework's names, fused q/k/v
         from pagoda.runtime.model.ergo_config import read_checkpoint_names
 

@@ -12,6 +12,7 @@ from pagoda.runtime.model import (
     afmoe_config,
     cohere2_moe_config,
     dbrx_config,
+    dory_config,
     dots1_config,
     ergo_config,
     ernie4_5_moe_config,
@@ -44,6 +45,7 @@ MODULES = (
     laguna_config,
     mimo_v2_flash_config,
     ergo_config,
+    dory_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
