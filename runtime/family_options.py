@@ -150,6 +150,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
         ),
+        "dory": Untested(
+            tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+        ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",

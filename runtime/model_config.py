@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DoryLoops,
     ExpertRouting,
     Gemma4Layers,
     HyperConfig,
@@ -141,6 +142,8 @@ class FamilyConfig:
     gemma4: Gemma4Layers | None = None
     # Laguna (model/laguna.py): query heads by layer, the output gate, the sliding layers' rotary
     laguna: LagunaAttention | None = None
+    # Dory (model/dory.py): recurrent layers run in loops, each loop's pass its own KV cache
+    dory: DoryLoops | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
@@ -332,6 +335,8 @@ class ModelConfig:
         m, g = self.family.mamba, self.family.gemma4
         if g is not None:
             return sum(not g.shares_kv(i) for i in range(self.num_layers))
+        if self.family.dory is not None:  # (a KV cache per loop of its recurrent layers)
+            return len(self.family.dory.order())
         return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
 
     @property
@@ -408,6 +413,9 @@ class ModelConfig:
             attn_all += self.num_layers * 2 * h
         if self.architecture == "axk1":  # a norm on each MoE block's output
             attn_all += moe * h
+        if f.dory is not None:  # attention's gate and nGPT's scaled vectors, no norms; the
+            q = self.num_heads * d  # logit scale, no final norm
+            attn_all += self.num_layers * (q * h + 2 * q + 2 * i) + self.vocab_size - h
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)

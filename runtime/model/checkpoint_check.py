@@ -208,6 +208,17 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "dory":  # weightless norms; the gate, nGPT's scaled parameters
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            del out[name]
+        q, i = c.num_heads * c.head_dim, c.intermediate_size
+        out["lm_head.logit_scale"] = (c.vocab_size,)
+        for x in range(c.num_layers):
+            p = f"model.layers.{x}."
+            out.update({p + "self_attn.gate_proj.weight": (q, c.hidden_size),
+                        p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
+                        p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
+                        p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 
