@@ -16,6 +16,7 @@ from pagoda.runtime.model import (
     ernie4_5_moe_config,
     exaone_moe_config,
     flex_olmo_config,
+    flint_config,
     hunyuan_config,
     hy_v3_config,
     jetmoe_config,
@@ -46,6 +47,7 @@ MODULES = (
     mimo_v2_flash_config,
     minicpm5_moe_config,
     mellum_config,
+    flint_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
