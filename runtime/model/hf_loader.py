@@ -189,7 +189,8 @@ def _family(
     }
     if arch in family_fields.FIELDS:  # what the family sets (model/family_fields.py)
         fields.update(family_fields.FIELDS[arch](cfg, arch, n, window, layers, scaling))
-    if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
+    gated = fields.get("gated_mlp", True)  # (ungated experts: the family's own, Ergo's)
+    if fields.get("num_experts") and gated and fields["hidden_act"] != "silu":  # fused MoE's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
     return FamilyConfig(**fields)
@@ -243,6 +244,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum") else None
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
+    if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
+        by_kind = "hybrid"
     if (model_dir is not None and not family_options.tested(arch, "fp8_checkpoint")
             and read_quantization(model_dir) is not None):  # fmt: skip
         family_options.refuse(arch, "fp8_checkpoint")
@@ -252,7 +255,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
-    if arch in (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear"):  # latent: one row
+    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "longcat_flash")
+    if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
@@ -400,14 +404,28 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.olmo_hybrid_config import rename_norms
 
         rename_norms(weights)
+    if config.architecture in moe_families.RENAMES:  # (GraniteMoeSWA's experts, Kolibri's norms)
+        moe_families.RENAMES[config.architecture](weights)
+    if config.architecture == "hy_v4":  # transformers' renames (hy_v4_config.py)
+        from pagoda.runtime.model.hy_v4_config import rename_weights
+
+        rename_weights(weights)
     if config.architecture == "kimi_linear":  # the published MLP names (block_sparse_moe)
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 
         rename_mlps(weights)
+    if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
+        from pagoda.runtime.model.longcat_flash_config import rename_sublayers
+
+        rename_sublayers(weights)
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
+    if config.architecture == "ergo":  # its training framework's names, fused q/k/v
+        from pagoda.runtime.model.ergo_config import read_checkpoint_names
+
+        read_checkpoint_names(weights, config)
     if config.architecture == "dbrx":  # each layer's experts stacked (dbrx.py)
         from pagoda.runtime.model.dbrx import split_experts
 
@@ -415,7 +433,14 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
     scheme = read_quantization(model_dir)
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}
-    check_checkpoint(config, headers, weights.fp8_block)
+    try:
+        check_checkpoint(config, headers, weights.fp8_block)
+    except ValueError as e:  # (LongCat-Flash's sublayers' names: the files' own)
+        if config.architecture != "longcat_flash":
+            raise
+        from pagoda.runtime.model.longcat_flash_config import stored_names
+
+        raise ValueError(stored_names(str(e))) from e
 
 
 def untie_a_distinct_head(config: ModelConfig, weights: SafetensorsWeights | None) -> ModelConfig:

@@ -631,7 +631,7 @@ def test_lfm3_estimate_checkpoint_check_and_published_config(built, tmp_path):
     counted), the checkpoint check naming a missing gate (`gate_proj`, as published: transformers
     reads it as g_proj); LFM3-1.7B's config.json (transformers' Lfm3Config defaults) read without
     weights: its layer kinds, rotary by kind, window, ids and transformers' parameter count on
-    the meta device (less the q/k and sandwich norms, which `num_params` leaves out)."""
+    the meta device (less the attention layers' q/k norms, which `num_params` leaves out for the hybrids)."""
     import json
 
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
@@ -665,7 +665,7 @@ def test_lfm3_estimate_checkpoint_check_and_published_config(built, tmp_path):
     assert o.family.glm4_norms and o.family.mamba.attn_head_gate and o.tie_word_embeddings
     with torch.device("meta"):
         hf = transformers.Lfm3ForCausalLM(t)
-    norms = 2 * o.num_layers * o.hidden_size + 2 * o.num_kv_layers * o.head_dim
+    norms = 2 * o.num_kv_layers * o.head_dim  # the attention layers' q/k norms
     assert o.num_params + norms == sum(p.numel() for p in hf.parameters()) == 1_728_801_536
 
 
