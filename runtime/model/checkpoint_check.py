@@ -67,6 +67,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.architecture == "flint":  # its attention sinks (stored as `softmax_offset`)
+            out[a + "sinks"] = (c.num_heads,)
         if c.architecture == "minicpm5_moe":  # q_proj: each head's query, then its gate
             out[a + "q_proj.weight"] = (2 * q, h)
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate

@@ -18,6 +18,7 @@ from pagoda.runtime.model import (
     ernie4_5_moe_config,
     exaone_moe_config,
     flex_olmo_config,
+    flint_config,
     granite_swa_config,
     hunyuan_config,
     hy_v3_config,
@@ -56,6 +57,7 @@ MODULES = (
     ergo_config,
     longcat_flash_config,
     dory_config,
+    flint_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -66,7 +66,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
-    if f.attention_sinks and mc.architecture != "gpt_oss":  # GraniteSWA's sinks (float32)
+    if f.attention_sinks and mc.architecture != "gpt_oss":  # GraniteSWA's, Flint's sinks (f32)
         projections += n * 4 * mc.num_heads / t
     if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, 16 or 32 bits)
         from pagoda.runtime.model.mimo_v2_flash_config import attention_params

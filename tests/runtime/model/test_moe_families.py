@@ -78,6 +78,10 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   experts renormalised) as Laguna's decoder arranges them: sliding layers (a 9-key window,
   their own base) around a full one (its base), a dense MLP between two
   expert layers; its published config with transformers' parameter count.
+- flint (`FlintForCausalLM`): Qwen3-MoE's layers with gpt-oss's attention sinks (stored as
+  `softmax_offset`, drawn wide), rotary on the sliding layers (a 9-key window) only, the full
+  one NoPE; a float32 router (drawn: transformers zeroes it) by sigmoid scores renormalised,
+  beside an ungated shared expert; a dense MLP on `mlp_only_layers`.
 - cohere2-moe (`Cohere2MoeForCausalLM`): Cohere 2's layer (one LayerNorm, attention and the MLP
   side by side, the interleaved rotary on the window layers, NoPE global ones, `logit_scale`)
   with a dense first layer of its own width (rotating: `prefix_dense_sliding_window_pattern`
@@ -142,6 +146,9 @@ KOLIBRI_BIAS = (("mlp.gate.e_score_correction_bias", 2.0),)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
+# Flint's sinks and router drawn: transformers initialises the router to zero (every expert
+# alike) and the sinks small
+FLINT_DRAWN = (("self_attn.sinks", 1.0), ("mlp.gate.weight", 1.0))
 # Mellum's rotary by layer kind (each its own base)
 MELLUM_ROPE = {FULL: {"rope_type": "default", "rope_theta": 500000.0},
                SLIDING: {"rope_type": "default", "rope_theta": 1000.0}}  # fmt: skip
@@ -245,6 +252,10 @@ CASES = {
         head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
         num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING], sliding_window=9,
         mlp_layer_types=["sparse", "dense", "sparse"], rope_parameters=MELLUM_ROPE, **B), ()),
+    "flint": ("Flint", dict(
+        head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, num_hidden_layers=3, mlp_only_layers=[1],
+        layer_types=[SLIDING, FULL, SLIDING], sliding_window=9, **B), FLINT_DRAWN),
     "cohere2-moe": ("Cohere2Moe", dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, intermediate_size=32,
         prefix_dense_intermediate_size=48, first_k_dense_replace=1, num_shared_experts=1,
@@ -334,6 +345,12 @@ FIELDS = {
         "family.sliding_window": 9, "family.window_layers": (True, False, True),
         "family.moe_layers": (True, False, True), "family.num_experts": 6,
         "family.norm_topk_prob": True, "family.routing": None},
+    "flint": {
+        "architecture": "flint", "family.qk_norm": True, "family.attention_sinks": True,
+        "family.sliding_window": 9, "family.window_layers": (True, False, True),
+        "family.rope_layers": (True, False, True), "family.moe_layers": (True, False, True),
+        "family.routing.scoring": "sigmoid", "family.routing.bias": False,
+        "family.shared_expert_intermediate_size": 40},
     "cohere2-moe": {
         "architecture": "cohere2_moe", "family.cohere_rms_norm": False, "rms_norm_eps": 1e-5,
         "intermediate_size": 48, "family.moe_intermediate_size": 32,
@@ -404,6 +421,7 @@ FROM_SHAPES = {
     "cohere2-moe": 1e-6,
     "cohere2-moe-rms": 1e-6,
     "minicpm5-moe": 1e-6,
+    "flint": 1e-6,
 }
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
@@ -427,6 +445,8 @@ MISSING = [
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
     ("minicpm5-moe", "model.layers.0.self_attn.q_proj.weight"),
     ("mellum", "model.layers.1.mlp.up_proj.weight"),
+    ("flint", "model.layers.0.self_attn.softmax_offset"),
+    ("flint", "model.layers.2.mlp.shared_expert.down_proj.weight"),
     ("mellum", "model.layers.2.self_attn.k_norm.weight"),
     ("minicpm5-moe", "model.layers.2.mlp.gate.e_score_correction_bias"),
     ("hy-v3", "model.layers.1.mlp.expert_bias"),
@@ -863,6 +883,30 @@ def test_mellum_published_config_reads_as_transformers(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": rope}))
         with pytest.raises(ValueError, match=words):
             read_model_config(str(tmp_path))
+
+
+# Flint
+
+
+def test_flint_published_config_reads_as_transformers(tmp_path):
+    """Flint's config.json (transformers' FlintConfig defaults are its shape): the layer kinds
+    and dense layers as FlintConfig derives them, rotary on the sliding layers only,
+    transformers' parameter count on the meta device; biases on attention refused in one
+    line."""
+    cfg = dict(architectures=["FlintForCausalLM"], model_type="flint")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    sliding = tuple(t == SLIDING for t in theirs.layer_types)
+    assert c.family.window_layers == c.family.rope_layers == sliding and sum(sliding) == 35
+    assert c.family.sliding_window == theirs.sliding_window == 513
+    assert c.family.moe_layers == tuple(i not in theirs.mlp_only_layers for i in range(49))
+    with torch.device("meta"):
+        hf = transformers.FlintForCausalLM(theirs)
+    assert c.num_params == sum(p.numel() for p in hf.parameters())  # (q/k norms, sinks too)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "attention_bias": True}))
+    with pytest.raises(ValueError, match="flint attention_bias"):
+        read_model_config(str(tmp_path))
 
 
 # Cohere 2 MoE
