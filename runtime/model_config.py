@@ -372,6 +372,8 @@ class ModelConfig:
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
         if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
             attn_all += self.num_layers * (h + i)
+        if self.architecture == "beam":  # two more norms, q/k norms, the output gate
+            attn_all += self.num_layers * (2 * h + 2 * d + self.num_heads * (d * h + 1))
         if f.gated_norm_rank:  # A.X-K2's norm gates: before attention, before the experts
             attn_all += (self.num_layers + moe) * 2 * h * f.gated_norm_rank
         return attn_all + mlps + emb + h + self.hybrid_params()

@@ -53,6 +53,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.architecture == "beam":  # its norms around the MLP, attention's output gate
+            out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
+                        f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
+                        a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pagoda.runtime.model import (
     afmoe_config,
+    beam_config,
     cohere2_moe_config,
     dbrx_config,
     dots1_config,
@@ -42,6 +43,7 @@ MODULES = (
     jetmoe_config,
     laguna_config,
     mimo_v2_flash_config,
+    beam_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
