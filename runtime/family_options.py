@@ -105,6 +105,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
+        "dots3_note_text": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "beam": Untested(
             fp8="its gated attention's FP8 GEMM is not tested",
             fp8_checkpoint="not tested",

@@ -394,6 +394,8 @@ def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
     q = hidden * heads * m.qk_head_dim
     if m.q_lora_rank is not None:
         q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    if m.dots:  # Dots3 Note's rotary key norm and gate per head
+        q += m.qk_rope_head_dim + heads * hidden
     if m.output_gate:  # A.X-K2's q_b_proj: [normed | raw] bottleneck -> each head's q and gate
         q += m.q_lora_rank * heads * (m.qk_head_dim + 2 * m.v_head_dim)
     kv_a = hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank

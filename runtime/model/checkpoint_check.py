@@ -232,6 +232,9 @@ def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    if m.dots:  # Dots3 Note's rotary key norm and gate per head
+        out.update({a + "k_rope_only_layernorm.weight": (m.qk_rope_head_dim,),
+                    a + "g_proj.weight": (heads, h)})  # fmt: skip
     if m.output_gate:  # A.X-K2's: each head's query and gate, of [normed | raw] bottleneck
         out[a + "q_b_proj.weight"] = (heads * (m.qk_head_dim + m.v_head_dim), 2 * m.q_lora_rank)
     ix = m.indexer

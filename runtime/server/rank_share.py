@@ -97,4 +97,6 @@ def _mla_rows(part: str, mc: ModelConfig, lay) -> int | None:
     m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
     if re.search(r"\bq_(b_)?proj\.(weight|bias)$", part):
         return (q1 - q0) * (m.qk_head_dim + m.output_gate * m.v_head_dim)  # (A.X-K2's gates)
+    if part == "self_attn.g_proj.weight":  # Dots3 Note's gate: a row per head
+        return q1 - q0
     return None

@@ -123,6 +123,7 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     norms += mc.vocab_size * item * f.lm_head_bias
     if f.mla is not None:  # DeepSeek's latent attention's two norms
         norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
+        norms += n * f.mla.qk_rope_head_dim * item * f.mla.dots  # (Dots3's rotary key norm)
     if f.gated_norm_rank:  # A.X-K2's norm gates (W_down, W_up): every layer's, the experts'
         gated = n + sum(f.has_experts(x) for x in range(n))
         norms += gated * 2 * h * f.gated_norm_rank * item
@@ -194,6 +195,8 @@ def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]
     q = [(qk, h)] if m.q_lora_rank is None else [(m.q_lora_rank, h), (qk, m.q_lora_rank)]
     if m.output_gate:  # A.X-K2's q_b_proj: each head's q and gate, of [normed | raw] bottleneck
         q[1] = (heads * (m.qk_head_dim + m.v_head_dim) / t, 2 * m.q_lora_rank)
+    if m.dots:  # Dots3 Note's gate per head (by heads)
+        q.append((heads / t, h))
     return [*q, (m.kv_lora_rank + m.qk_rope_head_dim, h), (h, heads * m.v_head_dim / t)]
 
 
