@@ -51,6 +51,11 @@ def swiglu_oai_ref(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: fl
     return (up.clamp(-limit, limit) + 1) * g * torch.sigmoid(alpha * g)
 
 
+def silu_limit_ref(gate: torch.Tensor, up: torch.Tensor, limit: float):
+    """HY V4's routed experts' activation: ``silu(min(gate, limit)) * clamp(up, -limit, limit)``."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+
 def fused_experts(
     hidden_states: torch.Tensor,
     w13: torch.Tensor,
@@ -65,23 +70,26 @@ def fused_experts(
     w2_bias: torch.Tensor | None = None,
     alpha: float = 1.702,
     limit: float = 7.0,
+    none_ids: bool = False,
 ) -> torch.Tensor:
     """``sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = ids[t, j]``; ``[T, K]``
-    in ``hidden_states``' dtype. ``config`` and ``batch_invariant`` are launch hints (ignored)."""
+    in ``hidden_states``' dtype. ``config`` and ``batch_invariant`` are launch hints (ignored).
+    ``none_ids``: an id of -1 picks no expert, its slot adds nothing."""
     del config, batch_invariant
-    if activation not in ("silu", "swiglu_oai"):
+    if activation not in ("silu", "swiglu_oai", "silu_limit"):
         raise ValueError(f"activation {activation!r} is not supported; choose from "
-                         "('silu', 'swiglu_oai')")  # fmt: skip
+                         "('silu', 'swiglu_oai', 'silu_limit')")  # fmt: skip
     T, K = hidden_states.shape
     E = w2.shape[0]
     top_k = topk_ids.shape[1]
     dtype = hidden_states.dtype
     ids = topk_ids.reshape(-1).long()
     weights = topk_weights.reshape(-1).float()
-    order = torch.argsort(ids, stable=True)  # assignments grouped by expert
-    counts = torch.bincount(ids, minlength=E).tolist()  # one host read per call, not per token
-    rows = torch.empty((T * top_k, K), dtype=dtype, device=hidden_states.device)
-    start = 0
+    order = torch.argsort(ids, stable=True)  # assignments grouped by expert (-1's first)
+    none = int((ids < 0).sum()) if none_ids else 0
+    counts = torch.bincount(ids[ids >= 0], minlength=E).tolist()  # one host read per call
+    rows = torch.zeros((T * top_k, K), dtype=dtype, device=hidden_states.device)
+    start = none
     for e, n in enumerate(counts):
         if n == 0:
             continue
@@ -94,6 +102,8 @@ def fused_experts(
         gate, up = gate_up.chunk(2, dim=-1)
         if activation == "swiglu_oai":
             h = swiglu_oai_ref(gate.float(), up.float(), alpha, limit).to(dtype)
+        elif activation == "silu_limit":
+            h = silu_limit_ref(gate.float(), up.float(), limit).to(dtype)
         else:
             h = (F.silu(gate.float()) * up.float()).to(dtype)
         y = F.linear(h, w2[e])

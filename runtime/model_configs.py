@@ -36,6 +36,8 @@ class IndexerConfig:
     topk: int
     rope_interleave: bool
     full_layers: tuple[bool, ...]
+    rope_last: bool = False  # its last qk_rope_head_dim dims rotated, not its first (HY V4's)
+    key_norm_eps: float = 1e-6  # its key's LayerNorm's
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "head_dim", "topk"):
@@ -43,6 +45,28 @@ class IndexerConfig:
         if not self.full_layers or not self.full_layers[0]:
             raise ValueError("the first layer's indexer must be 'full' (a 'shared' layer reuses "
                              "the previous full layer's choice)")  # fmt: skip
+
+
+# DeepSeek-V4, HY V4 (runtime/model/hyper_connection.py): hyper-connections
+@dataclass(frozen=True)
+class HyperConfig:
+    """Hyper-connections: the residual is `mult` streams of the hidden size; each attention and
+    MLP block reads their mix by weights ``pre`` and writes its output into each stream by
+    ``post``, both computed per token from the streams (`model/hyper_connection.py`).
+    `sinkhorn_iters` > 0: DeepSeek-V4's manifold-constrained form (mHC: the streams are also
+    mixed by a doubly-stochastic ``comb``, Sinkhorn-Knopp); 0: HY V4's independent form (no
+    ``comb``: each stream is carried as it is, ``post`` scaled by `post_magnitude`)."""
+
+    mult: int
+    sinkhorn_iters: int
+    eps: float  # hc_eps
+    norm_eps: float  # the unweighted RMSNorm's (rms_norm_eps)
+    post_magnitude: float = 2.0
+
+    def __post_init__(self) -> None:
+        _positive("hc_mult", self.mult)
+        if isinstance(self.sinkhorn_iters, bool) or self.sinkhorn_iters < 0:
+            raise ValueError(f"hc_sinkhorn_iters must be >= 0, got {self.sinkhorn_iters}")
 
 
 # DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
@@ -144,6 +168,15 @@ class ExpertRouting:
     renorm_eps: float = 1e-20  # added to the picks' sum when renormalised (LFM2-MoE's: 1e-6)
     # noaux_tc's experts outside the best groups set to 0, not -inf (A.X-K2's router)
     zero_other_groups: bool = False
+    # the correction bias added to the logits for the choice, not to the scores (Kolibri's:
+    # topk(logits + bias), weighted by the picks' sigmoid scores)
+    bias_on_logits: bool = False
+    # the checkpoint may leave the correction bias out: then zero (A.X-K1's releases route
+    # without one; transformers' saves write zeros)
+    bias_optional: bool = False
+    # LongCat-Flash's zero-computation experts: the router scores this many more, a pick of
+    # one returns its input (`model/longcat_flash.py`)
+    zero_experts: int = 0
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:
@@ -158,6 +191,8 @@ class ExpertRouting:
                              f"got {self.topk_group}")  # fmt: skip
         if not self.routed_scaling_factor > 0:
             raise ValueError("routed_scaling_factor must be positive")
+        if self.zero_experts < 0:
+            raise ValueError("zero_expert_num must not be negative")
 
     @property
     def bias(self) -> bool:

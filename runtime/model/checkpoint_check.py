@@ -21,9 +21,15 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         from pagoda.runtime.model.gemma4_config import expected_shapes as gemma4_shapes
 
         return gemma4_shapes(c)
+    if c.architecture == "longcat_flash":  # its sublayers, the shortcut MoE's zero experts
+        from pagoda.runtime.model.longcat_flash_config import expected_shapes as longcat_shapes
+
+        return longcat_shapes(c, mla_shapes)
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
+        del out["model.norm.weight"]
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
         if c.family.mamba is not None:  # a hybrid: its Mamba2 mixer or attention, its MLP
@@ -39,6 +45,12 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+        if c.family.attention_sinks:  # a logit per head (gpt-oss's, GraniteSWA's)
+            out[a + "sinks"] = (c.num_heads,)
+        if c.family.hyper is not None:  # HY V4's hyper-connections, gate, sinks, experts
+            from pagoda.runtime.model.hy_v4_config import expected_shapes as hy_v4_shapes
+
+            out.update(hy_v4_shapes(c, i))
         if c.family.mimo is not None:  # KV heads and sinks by layer kind, narrower values
             from pagoda.runtime.model.mimo_v2_flash_config import attention_shapes
 
@@ -47,12 +59,16 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.family.gated_norm_rank:  # A.X-K2's gated norms (model/axk2.py)
             _gate_norms(c, i, out)
         out.update(_router_and_experts(c, i))
+        if c.architecture == "axk1" and c.family.has_experts(i):  # its experts' output norm
+            out[f"model.layers.{i}.post_mlp_layernorm.weight"] = (h,)
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
             out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
         if c.architecture == "afmoe":  # its norms around the MLP, attention's output gate
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.architecture == "minicpm5_moe":  # q_proj: each head's query, then its gate
+            out[a + "q_proj.weight"] = (2 * q, h)
         if c.architecture == "beam":  # its norms around the MLP, attention's output gate
             out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
                         f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
@@ -121,7 +137,7 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({p + "feed_forward.router.weight": (e, h),
                     p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
                     p + "feed_forward.experts.down_proj": (e, n, h)})  # fmt: skip
-    elif c.architecture == "granitemoe":  # its router, and its experts stacked
+    elif c.architecture in ("granitemoe", "granitemoe_swa"):  # its router, experts stacked
         e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
         out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
                     p + "output_linear.weight": (e, h, n)})  # fmt: skip
@@ -134,7 +150,8 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         routing = c.family.routing
         if c.family.shared_expert_intermediate_size and routing is None:  # its sigmoid gate
             out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
-        if routing is not None and routing.bias:  # the choice-only bias (V3's, ERNIE's, ...)
+        if routing is not None and routing.bias and not routing.bias_optional:  # choice-only
+            # bias (V3's, ERNIE's, ...; A.X-K1's may be left out)
             out[_moe_block(c, i) + names.bias] = (1, e) if names.bias_rows else (e,)
     return out
 
@@ -144,7 +161,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     from pagoda.runtime.model import mamba_config
 
     h, p = c.hidden_size, f"model.layers.{i}."
-    if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
+    m = c.family.mamba
+    if m.zamba2 is not None or m.zaya is not None:  # (its layers' tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
@@ -154,6 +172,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
+    if c.family.qwen4 is not None:  # (the hyper-connections' norms: `mamba_config`'s)
+        return out
     if not (c.family.olmo2_norms and c.family.mamba.attention(i)):  # (OLMo Hybrid's: after)
         out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
@@ -192,6 +212,15 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
+        from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
+
+        out.update(ergo_shapes(c))
+    if c.architecture == "zaya":  # the embeddings' scale and bias, the head's bias
+        for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
+            out[name] = (c.hidden_size,)
+        if c.family.lm_head_bias:
+            out["lm_head.bias"] = (c.vocab_size,)
     if c.architecture == "phi":  # its final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
@@ -284,13 +313,14 @@ def _check_gpt_oss_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list
 
 
 def _moe_block(c: ModelConfig, layer: int) -> str:
-    mixtral = c.architecture in ("mixtral", "granitemoe")
+    mixtral = c.architecture in ("mixtral", "granitemoe", "granitemoe_swa")
     block = "block_sparse_moe." if mixtral else moe_names.of(c.architecture).block
     return f"model.layers.{layer}.{block}"
 
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
 _OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe")
+_STACKED = ("hy_v4",)  # experts stacked, in `expected_shapes` (hy_v4_config.py)
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
 
@@ -303,19 +333,25 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
         if c.architecture in (
             "gemma4",
             "granitemoe",
+            "granitemoe_swa",
             "jetmoe",
             "gpt_oss",
             "granitemoehybrid",
             "nemotron_h",
             "lfm2",
             "lfm2_moe",
+            "lfm3",
             "mamba2",
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "zaya",
             "bitnet",
+            "longcat_flash",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
+        if c.architecture == "ergo" and c.family.has_experts(i):
+            continue  # stacked, ungated (`ergo_config.expected_shapes`)
         dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)
         if c.architecture in ("bamba", "falcon_h1") or dense_jamba:
             p = f"model.layers.{i}.feed_forward."
@@ -336,7 +372,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             continue
         names = ("w1", "w3", "w2") if c.architecture == "mixtral" else (
             moe_names.of(c.architecture).experts)  # fmt: skip
-        for e in range(c.family.num_experts if c.architecture not in _OWN_EXPERTS else 0):
+        own = c.architecture in _OWN_EXPERTS + _STACKED
+        for e in range(c.family.num_experts if not own else 0):
             p = f"{_moe_block(c, i)}experts.{e}."
             out.append(tuple(f"{p}{n}.weight" for n in names))
         if c.family.shared_expert_intermediate_size:

@@ -2,6 +2,8 @@
 `FamilyConfig` fields of latent attention and DeepSeek's experts (model/deepseek.py runs them).
 Kept apart from the model so that reading a config imports no layer code.
 
+A.X-K1 (`AXK1ForCausalLM`, axk1: `model/axk1.py`) is V3's with a norm on each MoE block's output,
+its q bottleneck always there, its correction bias optional (its releases have none).
 GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`, glm4_moe_lite) is DeepSeek-V3 as transformers builds
 it (`DeepseekV3Attention`, GLM-4.5's router: V3's noaux_tc with sigmoid scores and the
 correction bias) with its own defaults and its MLP kinds per layer from ``mlp_layer_types``
@@ -36,12 +38,14 @@ ARCHITECTURES = {
     "DeepseekV32ForCausalLM": "deepseek_v32",  # DeepSeek Sparse Attention (model/dsa.py)
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",  # GLM-5: V3.2's, its indexer shared across layers
     "AXK2ForCausalLM": "axk2",  # A.X-K2: V3.2's, gated norms and attention (model/axk2.py)
+    "AXK1ForCausalLM": "axk1",  # A.X-K1: V3's, its experts' output normalised (model/axk1.py)
+    "HYV4ForCausalLM": "hy_v4",  # HY V4: GLM-5's with hyper-connections (model/hy_v4.py)
     "Dots3NoteForCausalLM": "dots3_note_text",  # Dots3 Note's text model: its indexed layers
     "Dots3NoteForConditionalGeneration": "dots3_note_text",  # (its text model alone)
 }
-DSA = ("deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note_text")
+DSA = ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "dots3_note_text")
 # noaux_tc, sigmoid scores, correction bias
-V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", *DSA)
+V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", "axk1", *DSA)
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
 DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
@@ -66,6 +70,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                       "n_shared_experts": 1, "moe_intermediate_size": 1536, "n_group": 1,
                       "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
                       "routed_scaling_factor": 1.8, "rms_norm_eps": 1e-5},
+    # A.X-K1 (AXK1Config): no correction bias in its releases (zero: `bias_optional`)
+    "axk1": {"vocab_size": 163_840, "hidden_size": 7168, "intermediate_size": 18_432,
+             "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+             "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+             "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 192,
+             "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4,
+             "num_experts_per_tok": 8, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+             "max_position_embeddings": 32_768, "rms_norm_eps": 1e-6, "bos_token_id": 163_691,
+             "eos_token_id": 163_691},
     "deepseek_v32": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                      "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
                      "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 8,
@@ -88,6 +101,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "num_experts_per_tok": 8, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
              "rms_norm_eps": 1e-6, "index_topk": 2048, "index_head_dim": 128,
              "index_n_heads": 16, "gated_norm_rank": 16},
+    "hy_v4": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
+              "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 256,
+              "n_shared_experts": 1, "moe_intermediate_size": 768, "n_group": 1,
+              "topk_group": 1, "num_experts_per_tok": 8, "norm_topk_prob": True,
+              "routed_scaling_factor": 2.827, "rms_norm_eps": 1e-5, "index_topk": 2048,
+              "index_head_dim": 128, "index_n_heads": 16, "vocab_size": 120_832,
+              "hidden_size": 2816, "intermediate_size": 6912, "num_hidden_layers": 34,
+              "num_attention_heads": 32, "max_position_embeddings": 262_144,
+              "bos_token_id": 120_000, "eos_token_id": 120_025, "pad_token_id": 120_002,
+              "tie_word_embeddings": False, "hc_mult": 4, "hc_magnitude": 2.0, "hc_eps": 1e-6,
+              "swiglu_limit": 10.0},
     # Dots3NoteTextConfig's (DeepseekV32Config's where it keeps them)
     "dots3_note_text": {"vocab_size": 152_064, "hidden_size": 5120, "intermediate_size": 13_824,
                         "num_hidden_layers": 46, "num_attention_heads": 128,
@@ -114,9 +138,11 @@ def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
     if arch not in DSA:
         return None
     n = int(cfg["num_hidden_layers"])
-    kinds = cfg.get("indexer_types") if arch == "glm_moe_dsa" else None
+    kinds = cfg.get("indexer_types") if arch in ("glm_moe_dsa", "hy_v4") else None
     pattern = cfg.get("index_topk_pattern") if arch == "glm_moe_dsa" else None
-    if kinds is None and pattern is not None:  # transformers' GlmMoeDsaConfig, as it reads them
+    if kinds is None and arch == "hy_v4":  # HYV4Config's: the first, then one in every four
+        kinds = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(n)]
+    elif kinds is None and pattern is not None:  # transformers' GlmMoeDsaConfig, as it reads them
         letters = {"F": "full", "S": "shared"}
         kinds = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
     elif kinds is None:
@@ -130,9 +156,12 @@ def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
         n_heads=int(cfg["index_n_heads"]),
         head_dim=int(cfg["index_head_dim"]),
         topk=int(cfg["index_topk"]),
-        # V3.2's (and A.X-K2's) indexer: rotate-half; GLM-5's (and Dots3 Note's): interleaved
-        rope_interleave=arch in ("glm_moe_dsa", "dots3_note_text"),
+        # V3.2's (and A.X-K2's) indexer: rotate-half; GLM-5's (HY V4's, Dots3 Note's): pairs
+        rope_interleave=arch in ("glm_moe_dsa", "hy_v4", "dots3_note_text"),
         full_layers=tuple(k == "full" for k in kinds),
+        # HY V4's: its last dims rotated, its key's LayerNorm with rms_norm_eps
+        rope_last=arch == "hy_v4",
+        key_norm_eps=float(cfg.get("rms_norm_eps") or 1e-5) if arch == "hy_v4" else 1e-6,
     )
 
 
@@ -140,6 +169,8 @@ def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
     q_lora = cfg.get("q_lora_rank")
     if arch in DSA and q_lora is None:  # transformers' V3.2 attention always has the bottleneck
         raise ValueError(f"{arch} needs q_lora_rank (its indexer reads the q bottleneck)")
+    if arch == "axk1" and q_lora is None:  # (AXK1Attention always has it)
+        raise ValueError("axk1 needs q_lora_rank (its attention always has the q bottleneck)")
     return MlaConfig(
         kv_lora_rank=int(cfg["kv_lora_rank"]),
         qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
@@ -170,7 +201,12 @@ def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
         if isinstance(freq, list):  # (Dots3 Note's: a flag per layer)
             return tuple(i >= dense and bool(freq[i]) for i in range(n))
         return tuple(i >= dense and i % int(freq) == 0 for i in range(n))
-    if arch not in ("glm4_moe_lite", *DSA) or (kinds is None and arch in DSA):
+    if arch == "axk1" and kinds is None:  # AXK1Config's, from the legacy keys
+        dense, freq = int(cfg.get("first_k_dense_replace", 1)), int(cfg.get("moe_layer_freq", 1))
+        kinds = ["sparse" if i >= dense and i % freq == 0 else "dense" for i in range(n)]
+    if arch not in ("glm4_moe_lite", "axk1", *DSA) or (
+        kinds is None and arch in ("deepseek_v32", "glm_moe_dsa")
+    ):
         dense = min(int(cfg.get("first_k_dense_replace") or 0), n)
         return tuple(i >= dense for i in range(n))
     kinds = kinds or ["dense"] + ["sparse"] * (n - 1)
@@ -232,7 +268,11 @@ def family_fields(
     experts = 0 if arch == "youtu" else int(cfg.get("n_routed_experts") or 0)
     if not experts:
         return fields
-    if arch not in ("axk2", "dots3_note_text") and int(cfg.get("moe_layer_freq") or 1) != 1:
+    if int(cfg.get("moe_layer_freq") or 1) != 1 and arch not in (
+        "axk1",
+        "axk2",
+        "dots3_note_text",
+    ):  # (read by A.X-K1/K2 and Dots3 Note only)
         raise ValueError(f"moe_layer_freq {cfg['moe_layer_freq']} is not supported (experts "
                          "in every layer from first_k_dense_replace on: 1)")  # fmt: skip
     v3 = arch in V3_ROUTER
@@ -252,6 +292,7 @@ def family_fields(
         topk_group=int(cfg.get("topk_group") or 1) if method != "greedy" else 1,
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
         zero_other_groups=arch == "axk2",
+        bias_optional=arch == "axk1",
     )
     if method == "noaux_tc" and experts // groups < 2:
         raise ValueError(f"noaux_tc scores a group by its best two experts: n_group {groups} "

@@ -9,7 +9,8 @@ DeepseekV3TopkRouter compute them; GLM-4.5's router is V3's.
   groups of experts: a group scored by its best expert (V2's group_limited_greedy; the other
   groups' scores set to 0) or by the sum of its best two after adding the checkpoint's
   ``e_score_correction_bias`` (V3's noaux_tc; the other groups' set to -inf, or to 0 with
-  ``zero_other_groups``: A.X-K2's);
+  ``zero_other_groups``: A.X-K2's); Kolibri's router adds the bias to the logits, not the
+  scores (`ExpertRouting.bias_on_logits`);
 - weights: the picked experts' uncorrected scores (V2: the masked ones it picked from),
   renormalised to sum to 1 with ``norm_topk_prob`` (V3; transformers' V2 never does), times
   ``routed_scaling_factor``.
@@ -52,7 +53,10 @@ class GroupedRouter:
             weights, ids = sparsemixer(logits, r.jitter_eps)
             return weights * r.routed_scaling_factor, ids
         scores = logits.softmax(dim=-1) if r.scoring == "softmax" else logits.sigmoid()
-        choice = scores if self.bias is None else scores + self.bias
+        if self.bias is None:
+            choice = scores
+        else:  # (Kolibri's: the bias on the logits; sigmoid is monotonic, the sum is not)
+            choice = (logits if r.bias_on_logits else scores) + self.bias
         if r.topk_method != "greedy":
             choice = self._best_groups(choice)
         ids = torch.topk(choice, self.top_k, dim=-1, sorted=False).indices

@@ -101,6 +101,25 @@ def test_kernel_handles_int64_ids_and_no_tokens(device):
     assert fused_experts(**empty).shape == (0, K)
 
 
+def test_none_ids_pick_no_expert(device):
+    """``none_ids``: a slot of id -1 (LongCat-Flash's zero-computation experts) adds nothing
+    and costs no GEMM row: the same as its weight zeroed on a real expert; a token whose every
+    slot is -1 gets zeros (as top_k 1 would)."""
+    from pagoda.kernels import fused_experts
+
+    args = _inputs(5, 4, 2, torch.float32, device)
+    none = torch.zeros_like(args["topk_ids"], dtype=torch.bool)
+    none[::2, 0] = True  # every other token's first pick: no expert
+    none[3] = True  # token 3: none at all
+    zeroed = dict(args, topk_weights=args["topk_weights"].masked_fill(none, 0.0))
+    args["topk_ids"] = args["topk_ids"].masked_fill(none, -1)
+    got = fused_experts(**args, none_ids=True)
+    torch.testing.assert_close(got, reference.fused_experts(**zeroed), **TOL[torch.float32])
+    torch.testing.assert_close(reference.fused_experts(**args, none_ids=True), got,
+                               **TOL[torch.float32])  # fmt: skip
+    assert not got[3].any()
+
+
 def _check_alignment(ids: torch.Tensor, E: int, bm: int, sorted_ids, expert_ids, num_padded):
     """What the GEMM relies on, stated directly."""
     from pagoda.kernels.fused_moe import max_padded_slots
@@ -297,3 +316,27 @@ def test_gpt_oss_biases_and_clamped_swiglu_match_reference(device, dtype, E, top
     got = fused_experts(**args, **extra)
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
     assert not torch.allclose(want.float(), reference.fused_experts(**args).float(), **TOL[dtype])
+
+
+def test_hy_v4_clamped_silu_matches_reference(device):
+    """HY V4's routed experts: silu(min(gate, limit)) * clamp(up, -limit, limit), `limit` low
+    enough that both clamps bite; the reference against a float64 loop of that definition, the
+    kernel against the reference."""
+    from pagoda.kernels import fused_experts
+
+    T, E, top_k = 5, 4, 2
+    args = _inputs(T, E, top_k, torch.float32, device)
+    want = reference.fused_experts(**args, activation="silu_limit", limit=0.6)
+    if device.type == "cpu":
+        x, w13, w2 = (args[n].double() for n in ("hidden_states", "w13", "w2"))
+        naive = torch.zeros(x.shape, dtype=torch.float64)
+        for t in range(T):
+            for j in range(top_k):
+                e = int(args["topk_ids"][t, j])
+                gate, up = (w13[e] @ x[t]).chunk(2)
+                h = torch.nn.functional.silu(gate.clamp(max=0.6)) * up.clamp(-0.6, 0.6)
+                naive[t] += float(args["topk_weights"][t, j]) * (w2[e] @ h)
+        torch.testing.assert_close(want.double(), naive, atol=1e-5, rtol=1e-5)
+    got = fused_experts(**args, activation="silu_limit", limit=0.6)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    assert not torch.allclose(want, reference.fused_experts(**args), **TOL[torch.float32])
