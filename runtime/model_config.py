@@ -403,6 +403,8 @@ class ModelConfig:
             attn_all += n * n * h + n + 1  # the head's fold
         if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
             attn_all += self.num_layers * (h + i)
+        if self.architecture == "beam":  # two more norms, the output gate and its bias
+            attn_all += self.num_layers * (2 * h + self.num_heads * (d * h + 1))
         if f.gated_norm_rank:  # A.X-K2's norm gates: before attention, before the experts
             attn_all += (self.num_layers + moe) * 2 * h * f.gated_norm_rank
         if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
@@ -437,6 +439,8 @@ def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
     q = hidden * heads * m.qk_head_dim
     if m.q_lora_rank is not None:
         q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    if m.dots:  # Dots3 Note's rotary key norm and gate per head
+        q += m.qk_rope_head_dim + heads * hidden
     if m.output_gate:  # A.X-K2's q_b_proj: [normed | raw] bottleneck -> each head's q and gate
         q += m.q_lora_rank * heads * (m.qk_head_dim + 2 * m.v_head_dim)
     kv_a = hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank

@@ -90,6 +90,11 @@ class MlaConfig:
     # A.X-K2 (model/axk2.py): q_b_proj reads [normed | raw] bottleneck (2 x q_lora_rank) and
     # gives each head its query and a sigmoid gate (v_head_dim) on its value before o_proj
     output_gate: bool = False
+    # Dots3 Note (model/deepseek.py): the q/kv bottleneck norms' eps, the normed bottleneck and
+    # latent scaled by sqrt(hidden / rank), an RMSNorm on the shared rotary key before rotary
+    # (`k_rope_only_layernorm`) and a sigmoid gate per head on its value (`g_proj`)
+    norm_eps: float = 1e-6
+    dots: bool = False
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):

@@ -71,6 +71,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out[a + "sinks"] = (c.num_heads,)
         if c.architecture == "minicpm5_moe":  # q_proj: each head's query, then its gate
             out[a + "q_proj.weight"] = (2 * q, h)
+        if c.architecture == "beam":  # its norms around the MLP, attention's output gate
+            out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
+                        f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
+                        a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -270,6 +274,9 @@ def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    if m.dots:  # Dots3 Note's rotary key norm and gate per head
+        out.update({a + "k_rope_only_layernorm.weight": (m.qk_rope_head_dim,),
+                    a + "g_proj.weight": (heads, h)})  # fmt: skip
     if m.output_gate:  # A.X-K2's: each head's query and gate, of [normed | raw] bottleneck
         out[a + "q_b_proj.weight"] = (heads * (m.qk_head_dim + m.v_head_dim), 2 * m.q_lora_rank)
     ix = m.indexer

@@ -263,6 +263,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
+        if arch == "dots3_note_text":  # its rotary by layer kind, 80M by default
+            rope_theta, scaling = deepseek.dots3_rope(cfg)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
         rope_theta, scaling = moe_families.ROPE[arch](cfg, rope_theta, scaling, head_dim)
     if rope_kind(scaling) == "proportional" and arch not in PROPORTIONAL_ROTARY:

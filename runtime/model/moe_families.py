@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pagoda.runtime.model import (
     afmoe_config,
+    beam_config,
     cohere2_moe_config,
     dbrx_config,
     dory_config,
@@ -58,6 +59,7 @@ MODULES = (
     longcat_flash_config,
     dory_config,
     flint_config,
+    beam_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -98,6 +98,12 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   layers' norms at eps 1e-6 beside a final rms_norm_eps of 0.1 (wide enough to change the
   tokens were the layers' norms to read it); jetmoe-top3: top-3 of 6, one
   KV head, three layers, an untied head. One rank, 16 bits: TP and FP8 are refused.
+- beam (`BeamForCausalLM`: Reflection AI's Beam): per-head q/k norms, window layers (shorter
+  than the prompts) rotating beside NoPE full-attention layers whose q is scaled by position,
+  attention's output gated per head element with a per-head bias, four norms a layer and
+  depth-scaled residual adds, dense and expert layers by `mlp_layer_types` (V3's router: a
+  correction bias large enough to change the picks, 2 groups of which 1, scaled by 2.5; no
+  shared expert), the logits soft-capped at 6.
 """
 
 from __future__ import annotations
@@ -134,6 +140,7 @@ ERNIE_BIAS = (("mlp.gate.moe_statics.e_score_correction_bias", 0.3),)
 V3_BIAS = (("mlp.gate.e_score_correction_bias", 1.0),)
 MINIMAX_BIAS = (("mlp.e_score_correction_bias", 1.0),)
 AFMOE_ROUTER = (("mlp.router.gate.weight", 1.0), ("mlp.expert_bias", 1.0))
+BEAM_BIASES = (("mlp.gate.e_score_correction_bias", 1.0), ("self_attn.gate_bias", 1.0))
 # JetMoE's routers (attention's and the MLP's), drawn wide enough that the picks vary by token
 JETMOE_ROUTERS = (
     ("self_attention.experts.router.layer.weight", 1.0),
@@ -276,6 +283,11 @@ CASES = {
         num_local_experts=6, num_experts_per_tok=3, intermediate_size=24, kv_channels=32,
         num_key_value_heads=1, num_hidden_layers=3, tie_word_embeddings=False, **E),
         JETMOE_ROUTERS),
+    "beam": ("Beam", dict(
+        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_group=2,
+        topk_group=1, num_hidden_layers=4, sliding_window=11, final_logit_softcapping=6.0,
+        layer_types=[SLIDING, FULL, SLIDING, FULL],
+        mlp_layer_types=["dense", "sparse", "sparse", "dense"], **P), BEAM_BIASES),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -390,6 +402,13 @@ FIELDS = {
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
+    "beam": {
+        "architecture": "beam", "family.qk_norm": True, "family.sliding_window": 11,
+        "family.window_layers": (True, False, True, False),
+        "family.rope_layers": (True, False, True, False),
+        "family.moe_layers": (False, True, True, False), "family.routing.n_group": 2,
+        "family.routing.routed_scaling_factor": 2.5, "family.final_logit_softcapping": 6.0,
+        "family.shared_expert_intermediate_size": 0},
 }  # fmt: skip
 # `server/weights.py` against the built model, bf16 from float32 files (rank 0's share of tp):
 # float32 routers and correction biases (ERNIE's [1, E], MiniMax-M2's under `block_sparse_moe`,
@@ -422,6 +441,7 @@ FROM_SHAPES = {
     "cohere2-moe-rms": 1e-6,
     "minicpm5-moe": 1e-6,
     "flint": 1e-6,
+    "beam": 1e-6,
 }
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
@@ -456,6 +476,9 @@ MISSING = [
     ("jetmoe", "model.layers.0.self_attention.kv_proj.weight"),
     ("jetmoe", "model.layers.1.mlp.bias"),
     ("jetmoe-top3", "model.layers.2.self_attention.experts.router.layer.weight"),
+    ("beam", "model.layers.1.self_attn.gate_bias"),
+    ("beam", "model.layers.3.pre_feedforward_layernorm.weight"),
+    ("beam", "model.layers.2.mlp.gate.e_score_correction_bias"),
 ]
 # Two ranks, one case per layout the families' own code splits: AfMoE's output gate split by
 # heads, DBRX's stacked experts listed per expert, Cohere 2 MoE's shared experts averaged (the
@@ -946,6 +969,31 @@ def test_hy_v3_sparse_config_reads_as_transformers(tmp_path):
     assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
     assert f.routing.routed_scaling_factor == theirs.router_scaling_factor
     assert f.num_experts_per_tok == theirs.num_experts_per_tok == 8
+
+
+def test_beam_sparse_config_reads_as_transformers(tmp_path):
+    """Beam-1.0's shape from BeamConfig's defaults (7 layers, 16 experts: a quick count): every
+    sixth and the last full attention without rotary, the first three dense, 8 groups of which
+    4, the cap 30, the sliding layers' base from `rope_parameters`; transformers' parameter
+    count (meta device)."""
+    cfg = {"architectures": ["BeamForCausalLM"], "model_type": "beam", "num_hidden_layers": 7,
+           "num_experts": 16,
+           "rope_parameters": {"sliding_attention": {"rope_type": "default",
+                                                     "rope_theta": 50000.0},
+                               "full_attention": None}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    f = c.family
+    sliding = tuple(t == SLIDING for t in theirs.layer_types)
+    assert f.window_layers == f.rope_layers == sliding and sliding[4:] == (True, False, False)
+    assert f.sliding_window == theirs.sliding_window == 512 and c.rope_theta == 50000.0
+    assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
+    assert (f.routing.n_group, f.routing.topk_group, f.final_logit_softcapping) == (8, 4, 30.0)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size) == (48, 8, 128, 5120)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(theirs)
+    assert c.num_params == sum(p.numel() for p in hf.parameters())
 
 
 # JetMoE
