@@ -138,6 +138,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_5_moe": Untested(fp8=_DELTANET),
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "bailing_hybrid": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
