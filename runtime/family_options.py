@@ -136,6 +136,13 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_next": Untested(fp8=_DELTANET),
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
+        "qwen4_exp": Untested(
+            tensor_parallel="its hyper-connections and Per-Layer Embeddings are not split",
+            fp8=_DELTANET,
+            fp8_checkpoint="not tested",
+            kv_cache="its QSA indexer is tested with 16/32-bit caches only",
+            float16="tested in bfloat16 and float32 only",
+        ),
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "bailing_hybrid": Untested(tensor_parallel="kda layers", fp8="kda layers"),
@@ -143,6 +150,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
+        ),
+        "dory": Untested(
+            tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
         ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",

@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DoryLoops,
     ExpertRouting,
     Gemma4Layers,
     HyperConfig,
@@ -143,9 +144,13 @@ class FamilyConfig:
     gemma4: Gemma4Layers | None = None
     # Laguna (model/laguna.py): query heads by layer, the output gate, the sliding layers' rotary
     laguna: LagunaAttention | None = None
+    # Dory (model/dory.py): recurrent layers run in loops, each loop's pass its own KV cache
+    dory: DoryLoops | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
+    # Qwen4-Exp (model/qwen4_exp.py): hyper-connections, Per-Layer Embeddings, the QSA limit
+    qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -321,6 +326,8 @@ class ModelConfig:
                 e.num_experts * 2 * (e.latent or h) * e.intermediate + 2 * h * e.shared_intermediate
             )
             out += sum(e.layers) * (e.params(h) - split + split // tp)
+        if self.family.qwen4 is not None:  # hyper-connections, n-gram tables (one rank only)
+            out += self.family.qwen4.params(h, self.num_kv_layers)
         return out
 
     @property
@@ -330,6 +337,8 @@ class ModelConfig:
         m, g = self.family.mamba, self.family.gemma4
         if g is not None:
             return sum(not g.shares_kv(i) for i in range(self.num_layers))
+        if self.family.dory is not None:  # (a KV cache per loop of its recurrent layers)
+            return len(self.family.dory.order())
         return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
 
     @property
@@ -353,6 +362,9 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
+        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
+        if q is not None and q.dense_limit is not None:
+            context = min(context, q.dense_limit)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -403,6 +415,9 @@ class ModelConfig:
             attn_all += self.num_layers * 2 * h
         if self.architecture == "axk1":  # a norm on each MoE block's output
             attn_all += moe * h
+        if f.dory is not None:  # attention's gate and nGPT's scaled vectors, no norms; the
+            q = self.num_heads * d  # logit scale, no final norm
+            attn_all += self.num_layers * (q * h + 2 * q + 2 * i) + self.vocab_size - h
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)

@@ -210,6 +210,32 @@ class Llama4Attention:
 
 
 @dataclass(frozen=True)
+class DoryLoops:
+    """Dory's looped layers (`model/dory.py`, read by `model/dory_config.py`): the first
+    `inputs` layers once, the `recurrent` after them `loops` times (each pass a KV cache of its
+    own), the last `outputs` once; nGPT's residual rate (`alpha`) and the `init_range` its
+    scaled parameters are stored over."""
+
+    inputs: int
+    recurrent: int
+    outputs: int
+    loops: int
+    alpha: float
+    init_range: float
+
+    def __post_init__(self) -> None:
+        if self.loops < 1 or self.recurrent < 0 or self.inputs < 0 or self.outputs < 0:
+            raise ValueError(f"dory n_recurrent_loops must be at least 1 and the layer counts "
+                             f"non-negative, got {self}")  # fmt: skip
+
+    def order(self) -> list[int]:
+        """The layers in the order they run (the recurrent ones once per loop)."""
+        middle = list(range(self.inputs, self.inputs + self.recurrent))
+        last = self.inputs + self.recurrent
+        return [*range(self.inputs), *middle * self.loops, *range(last, last + self.outputs)]
+
+
+@dataclass(frozen=True)
 class LagunaAttention:
     """Laguna's attention (`model/laguna.py`, read by `model/laguna_config.py`): query heads
     by layer (`num_attention_heads_per_layer`; KV heads and head size are the model's), the

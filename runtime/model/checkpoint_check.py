@@ -28,6 +28,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
+        del out["model.norm.weight"]
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
         if c.family.mamba is not None:  # a hybrid: its Mamba2 mixer or attention, its MLP
@@ -166,6 +168,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
+    if c.family.qwen4 is not None:  # (the hyper-connections' norms: `mamba_config`'s)
+        return out
     if not (c.family.olmo2_norms and c.family.mamba.attention(i)):  # (OLMo Hybrid's: after)
         out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
@@ -204,6 +208,17 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "dory":  # weightless norms; the gate, nGPT's scaled parameters
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            del out[name]
+        q, i = c.num_heads * c.head_dim, c.intermediate_size
+        out["lm_head.logit_scale"] = (c.vocab_size,)
+        for x in range(c.num_layers):
+            p = f"model.layers.{x}."
+            out.update({p + "self_attn.gate_proj.weight": (q, c.hidden_size),
+                        p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
+                        p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
+                        p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 

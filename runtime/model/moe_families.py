@@ -12,6 +12,7 @@ from pagoda.runtime.model import (
     afmoe_config,
     cohere2_moe_config,
     dbrx_config,
+    dory_config,
     dots1_config,
     ergo_config,
     ernie4_5_moe_config,
@@ -54,6 +55,7 @@ MODULES = (
     mellum_config,
     ergo_config,
     longcat_flash_config,
+    dory_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -92,6 +92,7 @@ MODEL_CLASSES = {
     "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts
     "qwen3_5": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's layers, a dense MLP
     "qwen3_5_moe": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's, experts in every layer
+    "qwen4_exp": ("qwen4_exp", "Qwen4ExpModel"),  # Qwen3.5-MoE's, hyper-connections, n-grams
     "olmo_hybrid": ("olmo_hybrid", "OlmoHybridModel"),  # Gated DeltaNet + OLMo 3's attention
     "kimi_linear": ("kimi_linear", "KimiLinearModel"),  # KDA + NoPE latent attention, V3 experts
     "bailing_hybrid": ("bailing_hybrid", "BailingHybridModel"),  # KDA + gated MLA, V3 experts

@@ -856,8 +856,7 @@ def test_mellum_published_config_reads_as_transformers(tmp_path):
     assert c.family.moe_layers == (True,) * 28 and c.family.num_experts == 64
     with torch.device("meta"):
         hf = transformers.MellumForCausalLM(theirs)
-    qk_norms = 2 * c.num_layers * c.head_dim  # (`num_params` leaves them out)
-    assert c.num_params + qk_norms == sum(p.numel() for p in hf.parameters())
+    assert c.num_params == sum(p.numel() for p in hf.parameters())  # (q/k norms counted)
     half = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
     for kind, words in ((SLIDING, "sliding_attention rotary"), (FULL, "a partial rotary")):
         rope = {**theirs.rope_parameters, kind: half}
@@ -971,21 +970,35 @@ def test_jetmoe_that_does_not_fit_is_offered_neither_fp8_weights_nor_more_ranks(
 
 
 def test_axk1_without_correction_biases_routes_as_transformers(built, tmp_path):
-    """A.X-K1's releases hold no `e_score_correction_bias` (transformers leaves it zero): the
-    checkpoint without them is read (not refused) and routes as transformers does."""
+    """A.X-K1's releases hold no `e_score_correction_bias` (transformers leaves it at its
+    zero init) and a `post_mlp_layernorm` in the dense layers too (which transformers
+    ignores): such a checkpoint is read (not refused), routes as transformers does with zero
+    biases, and the weights estimate counts what the model holds (not the dense layers'
+    norms)."""
     from arch_cases import NEW, generate, prompts
     from hf_oracle import hf_greedy_plain, save_word_tokenizer
+    from model_bytes import check_estimate
     from pagoda.runtime import LLM
     from safetensors.torch import load_file, save_file
 
-    path = built("axk1")[0]
+    path, model, _, _ = built("axk1")
     tensors = load_file(str(path / "model.safetensors"))
     kept = {k: v for k, v in tensors.items() if not k.endswith("e_score_correction_bias")}
     assert len(kept) == len(tensors) - 2
+    kept["model.layers.0.post_mlp_layernorm.weight"] = torch.full((64,), 5.0)  # (not read)
     (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
     save_file(kept, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     save_word_tokenizer(tmp_path, 300)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    want = [hf_greedy_plain(hf, p, NEW)[0] for p in prompts()]
+    prompt = prompts()[0]  # (53 tokens: four 16-token chunks)
+    biases = [layer.mlp.gate.e_score_correction_bias for layer in model.model.layers[1:]]
+    saved = [b.clone() for b in biases]
+    try:  # transformers' model as it loads without them: zero biases
+        for b in biases:
+            b.zero_()
+        want = hf_greedy_plain(model, prompt, NEW)[0]
+    finally:
+        for b, v in zip(biases, saved):
+            b.copy_(v)
     llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, max_num_seqs=4)
-    assert [tokens for tokens, _ in generate(llm, prompts())] == want
+    assert generate(llm, [prompt])[0][0] == want
+    check_estimate(tmp_path, 1)
