@@ -2,11 +2,12 @@
 `bailing_hybrid_config.py`): Kimi Linear's layers (`kimi_linear.py`) with
 
 - the latent attention rotated (DeepSeek-V3's interleaved rotary) and gated per head: the
-  output of each head times sigmoid(g_proj(x)) [t, heads] before o_proj;
+  output of each head times sigmoid(g_proj(x)) [t, heads] (rounded first) before o_proj;
 - KDA layers whose forget gate is one projection, f_proj [H K, hidden], bounded (``kda_safe_gate``,
   the only form read): g = lower_bound * sigmoid(exp(A_log) (f_proj(x) + dt_bias)), rounded to
   the model's dtype as transformers does; the output gate one projection too, g_proj [H K,
-  hidden].
+  hidden]; the conv in float32 (transformers keeps its weight so), its SiLU output rounded to
+  the model's dtype.
 
 The KDA states, experts and refusals are Kimi Linear's (tensor parallelism and FP8 refused).
 """
@@ -14,6 +15,7 @@ The KDA states, experts and refusals are Kimi Linear's (tensor parallelism and F
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from pagoda.runtime.model.deepseek import DeepseekModel
 from pagoda.runtime.model.delta_rule_config import conv_names
 from pagoda.runtime.model.device_weights import DeviceWeights
@@ -34,7 +36,10 @@ class BailingDeltaAttention(KimiDeltaAttention):
         rows = ("q_proj", "k_proj", "v_proj", "f_proj", "g_proj", "b_proj")
         self.in_proj = ctx.linear(torch.cat([w[f"{p}{n}.weight"] for n in rows]).contiguous())
         self.out_proj = ctx.linear(w[p + "o_proj.weight"])
-        self.conv_weight = torch.cat([w[n] for n in conv_names(p, w)])[:, 0, :].contiguous()
+        # the conv in float32 (transformers keeps it so), its SiLU output rounded (`_qkv`)
+        parts = [w.source(n).float().to(dev) for n in conv_names(p, w)]
+        self.conv_weight = torch.cat(parts)[:, 0, :].contiguous()
+        self.conv_fn = self._conv32
         self.rate = torch.exp(w.source(p + "A_log").float().reshape(-1, 1)).to(dev)  # [H, 1]
         self.dt_bias = w.source(p + "dt_bias").float().view(m.n_heads, m.head_dim).to(dev)
         self.norm = w.source(p + "o_norm.weight").float().to(dev)
@@ -43,6 +48,15 @@ class BailingDeltaAttention(KimiDeltaAttention):
 
     def linears(self) -> list:
         return [self.in_proj, self.out_proj]
+
+    def _conv32(self, window: torch.Tensor) -> torch.Tensor:
+        """The prefill's causal conv [1, C, L] -> [1, C, L - K + 1] in float32."""
+        w = self.conv_weight
+        return F.conv1d(window.float(), w[:, None, :], None, groups=w.shape[0])
+
+    def _qkv(self, x: torch.Tensor):
+        """The float32 conv's SiLU output rounded to the model's dtype first, as transformers'."""
+        return super()._qkv(x.to(self.dtype))
 
     def inputs(self, h: torch.Tensor):
         t, m = h.shape[0], self.m
@@ -75,7 +89,12 @@ class BailingHybridLayer(KimiLinearLayer):
             q_full, k_full, k_full, k_cache, v_cache, step.meta, window=None,
             kv_scales=self.kv_scales,
         )  # fmt: skip
-        return self.values(out, self.head_gate(x).unsqueeze(-1))
+        # W_UV, then each head times sigmoid(g_proj(x)) rounded to the model's dtype first (as
+        # transformers multiplies), o_proj
+        t, h = out.shape[:2]
+        v = torch.bmm(out.transpose(0, 1), self.w_uv).transpose(0, 1)  # [t, h, v_head_dim]
+        v = v * torch.sigmoid(self.head_gate(x).float()).to(v.dtype).unsqueeze(-1)
+        return self.o_proj(v.reshape(t, h * self.mla.v_head_dim))
 
     def make_mixer(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext

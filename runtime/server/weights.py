@@ -381,7 +381,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
     if mc.architecture in ("kimi_linear", "bailing_hybrid") and _KDA_TENSORS.search(name):
-        return t.numel * (p.dtype.itemsize if name.endswith("conv1d.weight") else 4)
+        conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
+        return t.numel * (p.dtype.itemsize if conv else 4)  # (BailingHybrid's conv float32)
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
         # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
         n = t.numel * _mamba_share(name, mc, lay)

@@ -94,3 +94,20 @@ def test_the_weights_estimate(built):
     table = weights.read_checkpoint(path, mc.architecture)
     got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", 1, None))
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=0.01)
+
+
+def test_bfloat16_rounds_where_transformers_does(built):
+    """In bfloat16 the KDA conv runs in float32 (transformers keeps its weight so) and its SiLU
+    output, the forget gate and the heads' gates are rounded where transformers rounds them:
+    the same 8 greedy tokens as transformers' bfloat16 model (with the conv in bfloat16 they
+    part at the 7th)."""
+    import torch
+    from pagoda.runtime import LLM, SamplingParams
+
+    path = built("bailing-hybrid", reference=False)[0]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    ids = [5, 17, 42, 99, 7, 3, 250, 11]
+    want = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, 8:].tolist()
+    llm = LLM(str(path), dtype="bfloat16", device="cpu")
+    got = llm.generate([ids], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert got[0].outputs[0].token_ids == want
