@@ -150,6 +150,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "bailing_hybrid": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",

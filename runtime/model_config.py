@@ -113,6 +113,8 @@ class FamilyConfig:
     swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
     # HY V4 (model/hy_v4.py): the residual as hyper-connected streams (DeepSeek-V4's form too)
     hyper: HyperConfig | None = None
+    # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
+    kda_lower_bound: float = -5.0
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0

@@ -451,6 +451,10 @@ def check_checkpoint(
         from pagoda.runtime.model.kimi_linear_config import check_conv as check_kda_conv
 
         check_kda_conv(config, headers)
+    if config.architecture == "bailing_hybrid":  # its KDA convs, whole or in three parts
+        from pagoda.runtime.model.bailing_hybrid_config import check_conv as check_bh_conv
+
+        check_bh_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     if config.family.bitnet == "offline":  # packed: uint8 matrices

@@ -36,6 +36,7 @@ ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linea
     "model_max_length": "max_position_embeddings", "moe_renormalize": "norm_topk_prob",
     "num_expert_group": "n_group", "num_experts": "n_routed_experts",
     "num_experts_per_token": "num_experts_per_tok", "num_shared_experts": "n_shared_experts"}  # fmt: skip
+ALIASES["bailing_hybrid"] = ALIASES["kimi_linear"]  # BailingHybridConfig's (the same keys)
 ALIASES["dbrx"] = ALIASES["mpt"]
 ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's

@@ -259,7 +259,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
-    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "longcat_flash")
+    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "bailing_hybrid",
+              "longcat_flash")  # fmt: skip
     if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
@@ -420,6 +421,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 
         rename_mlps(weights)
+    if config.architecture == "bailing_hybrid":  # the published names (bailing_hybrid_config)
+        from pagoda.runtime.model.bailing_hybrid_config import rename
+
+        rename(weights)
     if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
         from pagoda.runtime.model.longcat_flash_config import rename_sublayers
 

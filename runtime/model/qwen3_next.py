@@ -118,6 +118,10 @@ class GatedDeltaNet:
         self.scale = m.d_state**-0.5
         self.sizes = [m.conv_dim, m.d_inner, m.n_heads, m.n_heads]
 
+    # the prefill's conv where it is not `conv_weight`'s in the inputs' dtype (`packed_conv`'s
+    # `conv_fn`: BailingHybrid's float32 conv, model/bailing_hybrid.py)
+    conv_fn = None
+
     def linears(self) -> list:
         return [self.in_proj, self.out_proj]
 
@@ -135,7 +139,7 @@ class GatedDeltaNet:
             snaps = None if step.snaps is None else step.snaps[self.index]
             snap = None if pre.snap_conv_rows is None else snaps
             x = packed_conv(conv, qkv[nd:], pre, self.conv_weight, None,
-                            None if snap is None else snap[0])  # fmt: skip
+                            None if snap is None else snap[0], self.conv_fn)  # fmt: skip
             o[nd:] = gated_delta.prefill(*self._qkv(F.silu(x)), g[nd:], beta[nd:], state,
                                          pre.groups, m.chunk_size,
                                          None if snap is None else snap[1],

@@ -96,6 +96,7 @@ MODEL_CLASSES = {
     "qwen4_exp": ("qwen4_exp", "Qwen4ExpModel"),  # Qwen3.5-MoE's, hyper-connections, n-grams
     "olmo_hybrid": ("olmo_hybrid", "OlmoHybridModel"),  # Gated DeltaNet + OLMo 3's attention
     "kimi_linear": ("kimi_linear", "KimiLinearModel"),  # KDA + NoPE latent attention, V3 experts
+    "bailing_hybrid": ("bailing_hybrid", "BailingHybridModel"),  # KDA + gated MLA, V3 experts
     "minimax": ("minimax", "MiniMaxModel"),  # lightning + softmax attention, Mixtral's experts
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query

@@ -212,6 +212,17 @@ CASES = {
                             "num_heads": 2, "short_conv_kernel_size": 4},
         num_experts=8, num_experts_per_token=2, num_shared_experts=1, moe_intermediate_size=32,
         first_k_dense_replace=1, num_expert_group=2, topk_group=1, routed_scaling_factor=2.0)),
+    # BailingHybrid (model/bailing_hybrid.py): KDA layers (full-rank forget and output gates)
+    # beside rotated latent attention gated per head, DeepSeek-V3's experts (router biases
+    # scrambled), written in the published form (word_embeddings, attention., dense,
+    # q/k/v convs in three parts, expert_bias); the KDA head size is head_dim (as the rotary's:
+    # transformers writes head_dim = qk_rope_head_dim back)
+    "bailing-hybrid": ("BailingHybrid", dict(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+        q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, head_dim=16,
+        layer_group_size=2, num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+        moe_intermediate_size=32, first_k_dense_replace=1, num_expert_group=2, topk_group=1,
+        routed_scaling_factor=2.0, num_nextn_predict_layers=0, kda_lower_bound=-4.0)),
     # Zaya (model/zaya.py): q/k from two convs over a conv state, values half delayed, a
     # float32 residual stream with learned scalings, a router MLP carrying its state from layer
     # to layer over top-1 experts and a skip choice (`write` draws the key scales, the router's
@@ -230,11 +241,11 @@ CASES = {
 }  # fmt: skip
 # the Gated DeltaNet, KDA and lightning rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
 DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "qwen4-exp", "olmo-hybrid", "olmo-hybrid-nope",
-         "kimi-linear", "minimax")  # fmt: skip
+         "kimi-linear", "bailing-hybrid", "minimax")  # fmt: skip
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
-SCRAMBLED = ("nemotron-h-moe", "lfm2-moe")
+SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid")
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's
 # norm before the gate over a group split across the ranks (four heads: Falcon's three above
@@ -478,6 +489,9 @@ REFUSED = {
                   "hyper-connections and Per-Layer Embeddings are not split)",
                   _NO_FP8.format("qwen4_exp", "gated_deltanet")),
     "kimi-linear": (2, _NO_TP.format("kimi_linear", "kda"), _NO_FP8.format("kimi_linear", "kda")),
+    "bailing-hybrid": (
+        2, _NO_TP.format("bailing_hybrid", "kda"), _NO_FP8.format("bailing_hybrid", "kda")
+    ),
     "minimax": (2, _NO_TP.format("minimax", "lightning"), _NO_FP8.format("minimax", "lightning")),
     "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
     "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
