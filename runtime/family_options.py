@@ -129,6 +129,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_next": Untested(fp8=_DELTANET),
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
+        "lara_mini": Untested(fp8=_DELTANET),
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),

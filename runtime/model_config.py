@@ -377,7 +377,7 @@ class ModelConfig:
         mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
         experts = moe * f.num_experts * (mats * h * f.moe_intermediate_size + h)  # + the router
         if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
-            gate = h if f.routing is None else 0
+            gate = h if f.routing is None and self.architecture != "lara_mini" else 0
             experts += moe * (mats * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
@@ -389,7 +389,7 @@ class ModelConfig:
         if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
             attn_all += self.num_layers * self.num_heads
         if f.qk_norm and not f.cohere_layer:  # per-head q/k norms: a weight of head_dim each
-            attn_all += self.num_layers * 2 * d
+            attn_all += self.num_kv_layers * 2 * d  # (a hybrid's attention layers')
         if f.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
             attn_all += self.num_layers * 2 * h
         if self.architecture == "axk1":  # a norm on each MoE block's output

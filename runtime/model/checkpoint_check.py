@@ -304,7 +304,7 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
 
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
-_OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe")
+_OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe", "lara_mini")
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
 

@@ -149,7 +149,8 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm"):  # fmt: skip
+                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
+                    "lara_mini"):  # fmt: skip
         return None
     return int(window) if window else None
 
