@@ -382,6 +382,8 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         multi_query = arch == "gpt_bigcode" and cfg.get("multi_query", True)
         mha = "stacked" if arch == "gpt2" else "per_head"
         fields["falcon_qkv"] = "multi_query" if multi_query else mha
+    if arch == "gpt_neo":  # q/k/v apart without biases, out_proj's; scores unscaled
+        fields.update(attention_multiplier=1.0, o_proj_bias=True)
     if arch == "opt":
         if not cfg.get("layer_norm_elementwise_affine", True):
             raise ValueError("OPT with layer_norm_elementwise_affine false (LayerNorms without "
@@ -436,7 +438,7 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 FIELDS: dict[str, Fields] = {
-    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt"), _learned),
+    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo"), _learned),
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "qwen3": _qwen3,
     "gemma3": _gemma3,

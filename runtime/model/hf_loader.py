@@ -150,7 +150,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
                     "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
-                    "lara_mini"):  # fmt: skip
+                    "lara_mini", "gpt_neo"):  # fmt: skip
         return None
     return int(window) if window else None
 

@@ -83,6 +83,7 @@ HF_ARCHITECTURES = {
     # learned absolute positions (model/positions.py)
     "GPT2LMHeadModel": "gpt2",  # GPT-2: Conv1D matrices, fused c_attn, tied head
     "GPTBigCodeForCausalLM": "gpt_bigcode",  # StarCoder 1, SantaCoder: multi-query
+    "GPTNeoForCausalLM": "gpt_neo",  # GPT-Neo: local (windowed) and global layers, unscaled
     "OPTForCausalLM": "opt",  # OPT: positions offset by 2, pre- or post-norm, project_in/out
     # ALiBi (model/bloom.py)
     "BloomForCausalLM": "bloom",
@@ -229,6 +230,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "num_hidden_layers": 12, "num_attention_heads": 12, "hidden_act": "gelu_new",
              "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "bos_token_id": 50_256,
              "eos_token_id": 50_256},
+    "gpt_neo": {"vocab_size": 50_257, "max_position_embeddings": 2048, "hidden_size": 2048,
+                "num_hidden_layers": 24, "num_attention_heads": 16, "sliding_window": 256,
+                "hidden_act": "gelu_new", "layer_norm_epsilon": 1e-5,
+                "attention_types": [[["global", "local"], 12]], "tie_word_embeddings": True,
+                "bos_token_id": 50_256, "eos_token_id": 50_256},
     "gpt_bigcode": {"vocab_size": 50_257, "max_position_embeddings": 1024, "hidden_size": 768,
                     "num_hidden_layers": 12, "num_attention_heads": 12,
                     "hidden_act": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5,
@@ -314,7 +320,7 @@ EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
-EPS.update(mpt="layer_norm_epsilon", **moe_families.EPS)
+EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {

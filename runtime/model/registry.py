@@ -97,6 +97,7 @@ MODEL_CLASSES = {
     "minimax": ("minimax", "MiniMaxModel"),  # lightning + softmax attention, Mixtral's experts
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
+    "gpt_neo": ("positions", "LearnedPositionsModel"),  # local (windowed) layers, unscaled
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
