@@ -377,7 +377,7 @@ class ModelConfig:
         mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
         experts = moe * f.num_experts * (mats * h * f.moe_intermediate_size + h)  # + the router
         if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
-            gate = h if f.routing is None and self.architecture != "lara_mini" else 0
+            gate = h if f.routing is None else 0
             experts += moe * (mats * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)

@@ -8,9 +8,9 @@ of five: DeltaNet, window, DeltaNet, full, window)
 - Qwen3's attention (`qwen3.Qwen3Layer`: per-head q/k norms, no output gate), rotating on the
   `sliding_attention` layers (the window: `FamilyConfig.window_layers`), NoPE on the
   `full_attention` ones (`FamilyConfig.rope_layers`);
-- in every layer Flint's experts: the router's logits in float32 (`Float32Router`), softmax
-  top-k renormalised where `norm_topk_prob`, the weights rounded to the model's dtype, the
-  experts stacked (gate_up [E, 2N, hidden], down [E, hidden, N]) beside a shared expert added
+- in every layer Flint's experts: the router's logits in float32 (`FamilyConfig.routing`:
+  `moe_routing.GroupedRouter`, softmax, greedy), top-k renormalised where `norm_topk_prob`, the
+  weights rounded to the model's dtype, the experts stacked (gate_up [E, 2N, hidden], down [E, hidden, N]) beside a shared expert added
   without a gate (`moe.SharedExpertMoE`).
 
 Every RMSNorm scales by its weight as stored in float32 and rounds once (Helium's:
@@ -40,23 +40,6 @@ class LaraGatedDeltaNet(GatedDeltaNet):
         return w[p + "in_proj.weight"]
 
 
-class Float32Router:
-    """``(weights float32 [T, k], ids [T, k])``: softmax over float32 logits (the router's
-    weight and the hidden states in float32), top-k, renormalised where asked."""
-
-    __slots__ = ("linear", "renormalize", "top_k")
-
-    def __init__(self, linear, top_k: int, renormalize: bool) -> None:
-        self.linear, self.top_k, self.renormalize = linear, top_k, renormalize
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = torch.softmax(self.linear(x.float()), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights, ids
-
-
 class LaraMiniLayer(RecurrentLayer, Qwen3Layer):
     """Qwen3's attention layer, or a Gated DeltaNet layer, then the experts."""
 
@@ -75,13 +58,5 @@ class LaraMiniModel(Qwen3Model):
     layer_class = LaraMiniLayer
     rms_norm_16bit = staticmethod(gemma_rms_norm)
     moe_names = ("mlp.", ("gate_up_proj", "down_proj"))
-    moe_shared, shared_expert_gated = "shared_expert.", False
-
-    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
-        """The experts beside the shared expert, routed in float32 (`Float32Router`)."""
-        mlp = make_mlp(self, w, prefix, index, ctx)
-        routed, gate = mlp.routed, prefix + "mlp.gate.weight"
-        linear = ctx.linear(w.source(gate).float())  # replicated on every rank
-        routed.route = Float32Router(linear, routed.top_k, routed.renormalize)
-        routed.router = None
-        return mlp
+    moe_shared = "shared_expert."  # (ungated: `FamilyConfig.routing` set)
+    make_mlp = make_mlp

@@ -279,8 +279,7 @@ class SharedExpertMoE:
         cls, model: LlamaModel, w: DeviceWeights, prefix: str, ctx: LayerContext
     ) -> SharedExpertMoE:
         p = prefix + model.moe_names[0]  # type: ignore[attr-defined]
-        # DeepSeek's shared_experts and LaraMini's (Flint's) shared_expert: no gate
-        gated = model.config.family.routing is None and getattr(model, "shared_expert_gated", True)
+        gated = model.config.family.routing is None  # DeepSeek's shared_experts: no gate
         name = "shared_expert." if gated else getattr(model, "moe_shared", "shared_experts.")
         shared = GatedMLP(ctx, w, p + name)
         if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'

@@ -27,6 +27,7 @@ from typing import Any
 
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
+from pagoda.runtime.model_configs import ExpertRouting
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {
@@ -139,6 +140,9 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if lara:  # experts in every layer; the window layers rotate, the full ones are NoPE
         layers, norm = (True,) * n, bool(cfg["norm_topk_prob"])
         fields["rope_layers"] = tuple(t == _SLIDING for t in layer_types(cfg, n, lara))
+        # Flint's router: float32 logits, softmax top-k (renormalised exactly), and so its
+        # shared expert without a gate (`moe.SharedExpertMoE`)
+        fields["routing"] = ExpertRouting(renorm_eps=0.0)
     elif arch == "qwen3_next":
         step, dense = int(cfg["decoder_sparse_step"]), set(cfg.get("mlp_only_layers") or ())
         experts = int(cfg["num_experts"])

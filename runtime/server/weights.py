@@ -325,7 +325,6 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * p.dtype.itemsize
     m = mc.family.mamba  # DeepSeek's router, and Nemotron-H's (the same one), held in float32
     float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
-    float32_router |= mc.architecture == "lara_mini"  # (`lara_mini.Float32Router`)
     # (Cohere's q/k norms: [heads, head_dim]; Gemma 4's MoE block's `_1`, `_2`)
     norm = _NORM.search(name) is not None
     # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
