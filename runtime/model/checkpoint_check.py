@@ -83,7 +83,9 @@ def _layer_norms(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     h, a, n = c.hidden_size, f"model.layers.{i}.self_attn.", {}
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     one_norm = (
-        c.family.cohere_layer or c.architecture in ("phi", "gptj") or c.family.falcon_norms == "one"
+        c.family.cohere_layer
+        or c.architecture in ("phi", "gptj", "codegen")
+        or c.family.falcon_norms == "one"
     )
     if not one_norm:  # (Cohere's, Phi's, Falcon's parallel layers: one norm)
         n[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)

@@ -32,6 +32,7 @@ ALIASES = {
     "jetmoe": {"kv_channels": "head_dim", "activation_function": "hidden_act"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+ALIASES["codegen"] = ALIASES["gptj"]
 ALIASES["gpt_neo"] = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                       "activation_function": "hidden_act", "window_size": "sliding_window"}  # fmt: skip
 ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linear_config.py)
@@ -73,7 +74,7 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         grouped = out.get("new_decoder_architecture") or not out.get("multi_query")
         heads = out.get("num_kv_heads") or out["num_attention_heads"]
         out["num_key_value_heads"] = heads if grouped else 1
-    if arch == "gptj":  # its MLP 4 x hidden by default, `rotary_dim` of each head rotated
+    if arch in ("gptj", "codegen"):  # the MLP 4 x hidden by default, `rotary_dim` rotated
         hidden, heads = int(out["hidden_size"]), int(out["num_attention_heads"])
         out["intermediate_size"] = out.get("intermediate_size") or 4 * hidden
         if out.get("rotary_dim"):
@@ -85,7 +86,7 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch == "gpt_neo":  # its MLP 4 x hidden by default; `attention_types` as layer_types
         out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
         out["layer_types"] = gpt_neo_layer_types(out)
-    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo"):  # multi-head,
+    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen"):
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)

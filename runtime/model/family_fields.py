@@ -25,7 +25,7 @@ Fields = Callable[
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
 UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
-UNGATED += ("gptj", "nanochat")
+UNGATED += ("gptj", "nanochat", "codegen")
 
 
 def read_rope(
@@ -150,7 +150,7 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     if arch == "gpt_neox":  # Falcon's per-head q/k/v; two norms in parallel, or Llama's layer
         parallel = cfg.get("use_parallel_residual", True)
         fields.update(falcon_qkv="per_head", falcon_norms="two" if parallel else "sequential")
-    if arch == "gptj":  # Phi's model, the rotary in the interleaved layout (GLM's)
+    if arch in ("gptj", "codegen"):  # Phi's model, the rotary interleaved (GLM's layout)
         fields.update(layer_norm_bias=True, rope_interleaved=True)
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
         fields["qk_norm"] = True

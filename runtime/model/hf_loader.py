@@ -394,6 +394,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)
+    if config.architecture == "codegen":  # its fused q/v/k in 4 groups (phi.py)
+        from pagoda.runtime.model.phi import split_codegen_qkv
+
+        split_codegen_qkv(weights, config)
     if config.architecture == "gpt2":  # Conv1D matrices, stored [in, out]
         from pagoda.runtime.model.positions import transpose_conv1d
 

@@ -75,6 +75,7 @@ MODEL_CLASSES = {
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
+    "codegen": ("phi", "PhiModel"),  # GPT-J's, its fused q/v/k split at load (phi.py)
     "granitemoehybrid": ("granite_hybrid", "HybridModel"),  # Granite 4.0: Mamba2 + attention
     "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
     "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
