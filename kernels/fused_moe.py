@@ -57,7 +57,9 @@ FUSED_MOE = "fused_moe"  # the kernel's name in configs/*.json
 # common step under load (`pagoda tune` times this bucket's candidates at the decode batch and
 # at the prefill chunk, as for the matmuls).
 INVARIANT_TOKENS = 256
-ACTIVATIONS = ("silu", "swiglu_oai")  # SwiGLU; gpt-oss's clamped one (`swiglu_oai_ref`)
+# SwiGLU; gpt-oss's clamped one (`swiglu_oai_ref`); SwiGLU with gate <= limit, |up| <= limit
+# (HY V4's routed experts: `silu_limit_ref`)
+ACTIVATIONS = ("silu", "swiglu_oai", "silu_limit")
 ALIGN_CHUNK = 1024  # assignments one align program reads per step
 
 
@@ -209,6 +211,7 @@ def _moe_gemm_kernel(
     MUL_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,  # + the expert's bias (gate's and up's: N apart), as stored
     SWIGLU_OAI: tl.constexpr,  # GATED's activation: gpt-oss's clamped SwiGLU, not silu
+    SILU_LIMIT: tl.constexpr,  # GATED's silu with gate and up clamped to `limit` (HY V4's)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -265,6 +268,9 @@ def _moe_gemm_kernel(
             up = tl.minimum(tl.maximum(up, -limit), limit) + 1.0
             acc = gate / (1.0 + tl.exp(-alpha * gate)) * up
         else:
+            if SILU_LIMIT:  # silu(min(gate, limit)) * clamp(up, -limit, limit)
+                gate = tl.minimum(gate, limit)
+                up = tl.minimum(tl.maximum(up, -limit), limit)
             acc = gate / (1.0 + tl.exp(-gate)) * up
     if MUL_WEIGHT:
         acc = acc * tl.load(topk_weights_ptr + assign, mask=row_mask, other=0.0)[:, None]
@@ -365,7 +371,8 @@ def fused_experts(
     only: graph-capturable. gpt-oss's experts: ``w13_bias`` ``[E, 2N]`` and ``w2_bias``
     ``[E, K]`` added to each product (rounded as stored, before the activation and the routing
     weight), ``activation="swiglu_oai"`` with ``alpha`` and ``limit``
-    (`fused_moe_reference.swiglu_oai_ref`). ``none_ids``: ids may also be -1, a slot that picks
+    (`fused_moe_reference.swiglu_oai_ref`); HY V4's: ``activation="silu_limit"`` with ``limit``
+    (`fused_moe_reference.silu_limit_ref`). ``none_ids``: ids may also be -1, a slot that picks
     no expert and adds nothing (LongCat-Flash's zero-computation experts).
     """
     _validate(hidden_states, w13, w2, topk_weights, topk_ids, activation, none_ids)
@@ -414,7 +421,8 @@ def fused_experts(
             weights if bias is None else bias, 0 if bias is None else bias.stride(0),
             float(alpha), float(limit),
             ROWS_PER_A=per_a, GATED=gated, MUL_WEIGHT=weighted, HAS_BIAS=bias is not None,
-            SWIGLU_OAI=activation == "swiglu_oai", BLOCK_N=bn, BLOCK_K=bk,
+            SWIGLU_OAI=activation == "swiglu_oai", SILU_LIMIT=activation == "silu_limit",
+            BLOCK_N=bn, BLOCK_K=bk,
             num_stages=fit_stages(int(cfg["num_stages"]), stage_bytes, device, unbuffered=held),
             **common,
         )  # fmt: skip

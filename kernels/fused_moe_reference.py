@@ -51,6 +51,11 @@ def swiglu_oai_ref(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: fl
     return (up.clamp(-limit, limit) + 1) * g * torch.sigmoid(alpha * g)
 
 
+def silu_limit_ref(gate: torch.Tensor, up: torch.Tensor, limit: float):
+    """HY V4's routed experts' activation: ``silu(min(gate, limit)) * clamp(up, -limit, limit)``."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+
 def fused_experts(
     hidden_states: torch.Tensor,
     w13: torch.Tensor,
@@ -71,9 +76,9 @@ def fused_experts(
     in ``hidden_states``' dtype. ``config`` and ``batch_invariant`` are launch hints (ignored).
     ``none_ids``: an id of -1 picks no expert, its slot adds nothing."""
     del config, batch_invariant
-    if activation not in ("silu", "swiglu_oai"):
+    if activation not in ("silu", "swiglu_oai", "silu_limit"):
         raise ValueError(f"activation {activation!r} is not supported; choose from "
-                         "('silu', 'swiglu_oai')")  # fmt: skip
+                         "('silu', 'swiglu_oai', 'silu_limit')")  # fmt: skip
     T, K = hidden_states.shape
     E = w2.shape[0]
     top_k = topk_ids.shape[1]
@@ -97,6 +102,8 @@ def fused_experts(
         gate, up = gate_up.chunk(2, dim=-1)
         if activation == "swiglu_oai":
             h = swiglu_oai_ref(gate.float(), up.float(), alpha, limit).to(dtype)
+        elif activation == "silu_limit":
+            h = silu_limit_ref(gate.float(), up.float(), limit).to(dtype)
         else:
             h = (F.silu(gate.float()) * up.float()).to(dtype)
         y = F.linear(h, w2[e])

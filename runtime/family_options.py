@@ -120,6 +120,18 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
+        "hy_v4": Untested(
+            tensor_parallel="its gated attention with sinks and its stacked experts are not "
+            "split over ranks",
+            fp8=_DSA_FP8,
+            fp8_checkpoint="not tested",
+            kv_cache=_DSA_KV,
+        ),
+        "dots3_note_text": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
+        "beam": Untested(
+            fp8="its gated attention's FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+        ),
         "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
@@ -130,12 +142,23 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
         "lara_mini": Untested(fp8=_DELTANET),
+        "qwen4_exp": Untested(
+            tensor_parallel="its hyper-connections and Per-Layer Embeddings are not split",
+            fp8=_DELTANET,
+            fp8_checkpoint="not tested",
+            kv_cache="its QSA indexer is tested with 16/32-bit caches only",
+            float16="tested in bfloat16 and float32 only",
+        ),
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
+        ),
+        "dory": Untested(
+            tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
         ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",

@@ -11,8 +11,10 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DoryLoops,
     ExpertRouting,
     Gemma4Layers,
+    HyperConfig,
     LagunaAttention,
     Llama4Attention,
     MiMoAttention,
@@ -109,6 +111,8 @@ class FamilyConfig:
     attention_sinks: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
+    # HY V4 (model/hy_v4.py): the residual as hyper-connected streams (DeepSeek-V4's form too)
+    hyper: HyperConfig | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -138,9 +142,13 @@ class FamilyConfig:
     gemma4: Gemma4Layers | None = None
     # Laguna (model/laguna.py): query heads by layer, the output gate, the sliding layers' rotary
     laguna: LagunaAttention | None = None
+    # Dory (model/dory.py): recurrent layers run in loops, each loop's pass its own KV cache
+    dory: DoryLoops | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
+    # Qwen4-Exp (model/qwen4_exp.py): hyper-connections, Per-Layer Embeddings, the QSA limit
+    qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -316,6 +324,8 @@ class ModelConfig:
                 e.num_experts * 2 * (e.latent or h) * e.intermediate + 2 * h * e.shared_intermediate
             )
             out += sum(e.layers) * (e.params(h) - split + split // tp)
+        if self.family.qwen4 is not None:  # hyper-connections, n-gram tables (one rank only)
+            out += self.family.qwen4.params(h, self.num_kv_layers)
         return out
 
     @property
@@ -325,6 +335,8 @@ class ModelConfig:
         m, g = self.family.mamba, self.family.gemma4
         if g is not None:
             return sum(not g.shares_kv(i) for i in range(self.num_layers))
+        if self.family.dory is not None:  # (a KV cache per loop of its recurrent layers)
+            return len(self.family.dory.order())
         return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
 
     @property
@@ -348,6 +360,9 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
+        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
+        if q is not None and q.dense_limit is not None:
+            context = min(context, q.dense_limit)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -382,8 +397,14 @@ class ModelConfig:
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
+        if f.hyper is not None:  # HY V4's hyper-connections, attention's gates and sinks
+            n, gate = f.hyper.mult, self.num_heads * f.mla.v_head_dim * h + self.num_heads
+            attn_all += self.num_layers * (2 * (2 * n * n * h + 2 * n + 2) + gate)
+            attn_all += n * n * h + n + 1  # the head's fold
         if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
             attn_all += self.num_layers * (h + i)
+        if self.architecture == "beam":  # two more norms, the output gate and its bias
+            attn_all += self.num_layers * (2 * h + self.num_heads * (d * h + 1))
         if f.gated_norm_rank:  # A.X-K2's norm gates: before attention, before the experts
             attn_all += (self.num_layers + moe) * 2 * h * f.gated_norm_rank
         if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
@@ -394,6 +415,9 @@ class ModelConfig:
             attn_all += self.num_layers * 2 * h
         if self.architecture == "axk1":  # a norm on each MoE block's output
             attn_all += moe * h
+        if f.dory is not None:  # attention's gate and nGPT's scaled vectors, no norms; the
+            q = self.num_heads * d  # logit scale, no final norm
+            attn_all += self.num_layers * (q * h + 2 * q + 2 * i) + self.vocab_size - h
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
@@ -415,6 +439,8 @@ def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
     q = hidden * heads * m.qk_head_dim
     if m.q_lora_rank is not None:
         q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    if m.dots:  # Dots3 Note's rotary key norm and gate per head
+        q += m.qk_rope_head_dim + heads * hidden
     if m.output_gate:  # A.X-K2's q_b_proj: [normed | raw] bottleneck -> each head's q and gate
         q += m.q_lora_rank * heads * (m.qk_head_dim + 2 * m.v_head_dim)
     kv_a = hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank

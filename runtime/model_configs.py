@@ -36,6 +36,8 @@ class IndexerConfig:
     topk: int
     rope_interleave: bool
     full_layers: tuple[bool, ...]
+    rope_last: bool = False  # its last qk_rope_head_dim dims rotated, not its first (HY V4's)
+    key_norm_eps: float = 1e-6  # its key's LayerNorm's
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "head_dim", "topk"):
@@ -43,6 +45,28 @@ class IndexerConfig:
         if not self.full_layers or not self.full_layers[0]:
             raise ValueError("the first layer's indexer must be 'full' (a 'shared' layer reuses "
                              "the previous full layer's choice)")  # fmt: skip
+
+
+# DeepSeek-V4, HY V4 (runtime/model/hyper_connection.py): hyper-connections
+@dataclass(frozen=True)
+class HyperConfig:
+    """Hyper-connections: the residual is `mult` streams of the hidden size; each attention and
+    MLP block reads their mix by weights ``pre`` and writes its output into each stream by
+    ``post``, both computed per token from the streams (`model/hyper_connection.py`).
+    `sinkhorn_iters` > 0: DeepSeek-V4's manifold-constrained form (mHC: the streams are also
+    mixed by a doubly-stochastic ``comb``, Sinkhorn-Knopp); 0: HY V4's independent form (no
+    ``comb``: each stream is carried as it is, ``post`` scaled by `post_magnitude`)."""
+
+    mult: int
+    sinkhorn_iters: int
+    eps: float  # hc_eps
+    norm_eps: float  # the unweighted RMSNorm's (rms_norm_eps)
+    post_magnitude: float = 2.0
+
+    def __post_init__(self) -> None:
+        _positive("hc_mult", self.mult)
+        if isinstance(self.sinkhorn_iters, bool) or self.sinkhorn_iters < 0:
+            raise ValueError(f"hc_sinkhorn_iters must be >= 0, got {self.sinkhorn_iters}")
 
 
 # DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
@@ -66,6 +90,11 @@ class MlaConfig:
     # A.X-K2 (model/axk2.py): q_b_proj reads [normed | raw] bottleneck (2 x q_lora_rank) and
     # gives each head its query and a sigmoid gate (v_head_dim) on its value before o_proj
     output_gate: bool = False
+    # Dots3 Note (model/deepseek.py): the q/kv bottleneck norms' eps, the normed bottleneck and
+    # latent scaled by sqrt(hidden / rank), an RMSNorm on the shared rotary key before rotary
+    # (`k_rope_only_layernorm`) and a sigmoid gate per head on its value (`g_proj`)
+    norm_eps: float = 1e-6
+    dots: bool = False
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
@@ -183,6 +212,32 @@ class Llama4Attention:
     temperature_tuning: bool = True
     floor_scale: float = 8192.0
     attn_scale: float = 0.1
+
+
+@dataclass(frozen=True)
+class DoryLoops:
+    """Dory's looped layers (`model/dory.py`, read by `model/dory_config.py`): the first
+    `inputs` layers once, the `recurrent` after them `loops` times (each pass a KV cache of its
+    own), the last `outputs` once; nGPT's residual rate (`alpha`) and the `init_range` its
+    scaled parameters are stored over."""
+
+    inputs: int
+    recurrent: int
+    outputs: int
+    loops: int
+    alpha: float
+    init_range: float
+
+    def __post_init__(self) -> None:
+        if self.loops < 1 or self.recurrent < 0 or self.inputs < 0 or self.outputs < 0:
+            raise ValueError(f"dory n_recurrent_loops must be at least 1 and the layer counts "
+                             f"non-negative, got {self}")  # fmt: skip
+
+    def order(self) -> list[int]:
+        """The layers in the order they run (the recurrent ones once per loop)."""
+        middle = list(range(self.inputs, self.inputs + self.recurrent))
+        last = self.inputs + self.recurrent
+        return [*range(self.inputs), *middle * self.loops, *range(last, last + self.outputs)]
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,9 @@ class MambaConfig:
     zamba2: Zamba2Blocks | None = None
     # Zaya: a short conv state beside attention in every layer, feeding its q/k/v
     zaya: ZayaCCA | None = None
+    # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
+    # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
+    extra_conv_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
@@ -315,12 +318,17 @@ class MambaConfig:
             + 3 * self.n_heads
         )
 
+    @property
+    def conv_state_rows(self) -> int:
+        """The rows of a layer's conv state: `conv_dim`, and `extra_conv_rows`."""
+        return self.conv_dim + self.extra_conv_rows
+
     def ssm_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float32 if self.ssm_float32 else dtype
 
     def state_bytes(self, dtype: torch.dtype, seqs: int) -> int:
         """The state slots of `seqs` sequences over every Mamba layer: conv [conv_dim,
         d_conv - 1] in `dtype`, SSM [heads, head_dim, d_state] in `ssm_dtype`."""
-        conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
+        conv = self.conv_state_rows * (self.d_conv - 1) * dtype.itemsize
         ssm = math.prod(self.ssm_shape) * self.ssm_dtype(dtype).itemsize
         return self.num_layers * (conv + ssm) * seqs

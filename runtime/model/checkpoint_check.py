@@ -28,6 +28,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
+        del out["model.norm.weight"]
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
         if c.family.mamba is not None:  # a hybrid: its Mamba2 mixer or attention, its MLP
@@ -45,6 +47,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
         if c.family.attention_sinks:  # a logit per head (gpt-oss's, GraniteSWA's)
             out[a + "sinks"] = (c.num_heads,)
+        if c.family.hyper is not None:  # HY V4's hyper-connections, gate, sinks, experts
+            from pagoda.runtime.model.hy_v4_config import expected_shapes as hy_v4_shapes
+
+            out.update(hy_v4_shapes(c, i))
         if c.family.mimo is not None:  # KV heads and sinks by layer kind, narrower values
             from pagoda.runtime.model.mimo_v2_flash_config import attention_shapes
 
@@ -61,8 +67,14 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.architecture == "flint":  # its attention sinks (stored as `softmax_offset`)
+            out[a + "sinks"] = (c.num_heads,)
         if c.architecture == "minicpm5_moe":  # q_proj: each head's query, then its gate
             out[a + "q_proj.weight"] = (2 * q, h)
+        if c.architecture == "beam":  # its norms around the MLP, attention's output gate
+            out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
+                        f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
+                        a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -164,6 +176,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
+    if c.family.qwen4 is not None:  # (the hyper-connections' norms: `mamba_config`'s)
+        return out
     if not (c.family.olmo2_norms and c.family.mamba.attention(i)):  # (OLMo Hybrid's: after)
         out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
@@ -202,6 +216,17 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "dory":  # weightless norms; the gate, nGPT's scaled parameters
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            del out[name]
+        q, i = c.num_heads * c.head_dim, c.intermediate_size
+        out["lm_head.logit_scale"] = (c.vocab_size,)
+        for x in range(c.num_layers):
+            p = f"model.layers.{x}."
+            out.update({p + "self_attn.gate_proj.weight": (q, c.hidden_size),
+                        p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
+                        p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
+                        p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 
@@ -251,6 +276,9 @@ def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    if m.dots:  # Dots3 Note's rotary key norm and gate per head
+        out.update({a + "k_rope_only_layernorm.weight": (m.qk_rope_head_dim,),
+                    a + "g_proj.weight": (heads, h)})  # fmt: skip
     if m.output_gate:  # A.X-K2's: each head's query and gate, of [normed | raw] bottleneck
         out[a + "q_b_proj.weight"] = (heads * (m.qk_head_dim + m.v_head_dim), 2 * m.q_lora_rank)
     ix = m.indexer
@@ -307,6 +335,7 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
 _OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe", "lara_mini")
+_STACKED = ("hy_v4",)  # experts stacked, in `expected_shapes` (hy_v4_config.py)
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
 
@@ -358,7 +387,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             continue
         names = ("w1", "w3", "w2") if c.architecture == "mixtral" else (
             moe_names.of(c.architecture).experts)  # fmt: skip
-        for e in range(c.family.num_experts if c.architecture not in _OWN_EXPERTS else 0):
+        own = c.architecture in _OWN_EXPERTS + _STACKED
+        for e in range(c.family.num_experts if not own else 0):
             p = f"{_moe_block(c, i)}experts.{e}."
             out.append(tuple(f"{p}{n}.weight" for n in names))
         if c.family.shared_expert_intermediate_size:

@@ -1,5 +1,6 @@
 """DeepSeek Sparse Attention (`DeepseekV32ForCausalLM`: DeepSeek-V3.2; `GlmMoeDsaForCausalLM`:
-GLM-5): DeepSeek-V3's latent attention (`deepseek.DeepseekLayer`) in which each query attends
+GLM-5; `Dots3NoteForCausalLM`: Dots3 Note's text model, with Dots3's attention in
+`deepseek.DeepseekLayer`; A.X-K2: model/axk2.py): DeepSeek-V3's latent attention (`deepseek.DeepseekLayer`) in which each query attends
 to at most ``index_topk`` earlier tokens of its sequence, picked by a lightning indexer
 (`model_configs.IndexerConfig`), as transformers' ``DeepseekV32Indexer`` computes it:
 
@@ -54,6 +55,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionMetadata
+from pagoda.runtime.attention.torch_backend import _softmax_with_sinks
 from pagoda.runtime.model.deepseek import DeepseekLayer, DeepseekModel, _rotary_dims
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step, linear_layer
@@ -158,15 +160,18 @@ class DsaLayer(DeepseekLayer):
         """The indexer's queries [t, H, D], rotated; its keys, rotated, into ``key`` [t, D]."""
         ix, r, t = self.ix, self.mla.qk_rope_head_dim, x.shape[0]
         q = self.wq_b(bottleneck).view(t, ix.n_heads, ix.head_dim)
-        k = F.layer_norm(self.wk(x), (ix.head_dim,), *self.k_norm, eps=1e-6)
+        norm = self.k_norm  # in the model's dtype (HY V4's in float32, as transformers)
+        k = F.layer_norm(self.wk(x).to(norm[0].dtype), (ix.head_dim,), *norm, eps=ix.key_norm_eps)
+        k = k.to(x.dtype)
+        rot = slice(ix.head_dim - r, None) if ix.rope_last else slice(0, r)  # HY V4's: its last
         q_rot, k_rot = x.new_empty(t, ix.n_heads, r), x.new_empty(t, 1, r)
-        _rotary_dims(q_rot, q[..., :r], ix.rope_interleave)
-        _rotary_dims(k_rot, k[:, None, :r], ix.rope_interleave)
+        _rotary_dims(q_rot, q[..., rot], ix.rope_interleave)
+        _rotary_dims(k_rot, k[:, None, rot], ix.rope_interleave)
         positions, rows = step.rope[self.rope]
         self.ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
-        q[..., :r] = q_rot
-        key[:, :r] = k_rot[:, 0]
-        key[:, r:] = k[:, r:]
+        q[..., rot] = q_rot
+        key.copy_(k)
+        key[:, rot] = k_rot[:, 0]
         return q
 
     def _select(
@@ -205,10 +210,12 @@ def sparse_attention(
     kept: torch.Tensor,
     scale: float,
     latent: int,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed attention of each token over its kept cache rows only: ``q`` [T, h, C] (C the
     row's scored columns), ``rows`` [slots, W] the cache, ``slots`` / ``kept`` [T, k] →
-    [T, h, latent], the softmax in float32 (transformers' eager attention), in token slices."""
+    [T, h, latent], the softmax in float32 (transformers' eager attention), in token slices;
+    ``sinks`` (float32 [h], HY V4's): each head's learned logit in its softmax's denominator."""
     t, h, c = q.shape
     k = slots.shape[1]
     out = q.new_empty(t, h, latent)
@@ -218,7 +225,10 @@ def sparse_attention(
         sel = rows[slots[t0:t1]]  # [n, k, W]
         s = torch.bmm(q[t0:t1], sel[..., :c].transpose(1, 2).to(q.dtype)).float() * scale
         s.masked_fill_(~kept[t0:t1, None, :], float("-inf"))
-        p = torch.softmax(s, dim=-1).to(q.dtype)
+        if sinks is None:
+            p = torch.softmax(s, dim=-1).to(q.dtype)
+        else:
+            p = _softmax_with_sinks(s, sinks.view(1, h, 1)).to(q.dtype)
         out[t0:t1] = torch.bmm(p, sel[..., :latent].to(q.dtype))
     return out
 

@@ -13,9 +13,9 @@ from pagoda.runtime.model import bitnet_config as bitnet
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
+from pagoda.runtime.model import hy_v4_config, moe_families
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
-from pagoda.runtime.model import moe_families
 from pagoda.runtime.model.ops import rope_kind
 
 # (cfg, arch, n, window, window_layers, scaling) -> the fields the family sets
@@ -349,6 +349,8 @@ def _gpt_oss(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 def _deepseek(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    if arch == "hy_v4":  # GLM-5's, with hyper-connections (model/hy_v4.py)
+        return hy_v4_config.family_fields(cfg, n, scaling)
     return deepseek.family_fields(cfg, arch, n, scaling)
 
 

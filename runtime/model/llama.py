@@ -63,6 +63,9 @@ if TYPE_CHECKING:
 
 
 EMBED = "model.embed_tokens.weight"
+# `meta.aux`: int64 [B, n] each sequence's n tokens before the step's first (-1: before the
+# sequence), for a model whose `token_history` is n (Qwen4-Exp's n-grams: model/qwen4_exp.py)
+TOKEN_HISTORY = "token_history"
 
 
 def _lookup_table(
@@ -268,6 +271,7 @@ class LlamaModel:
     # normalised rows, then scales): `ops.gemma_rms_norm` scales the float32 rows, rounds once.
     # In float32 the two are one, and `ops.rms_norm` (native on the CPU) serves.
     rms_norm_16bit: Callable[..., Any] | None = None
+    token_history = 0  # the tokens before each sequence's step it reads (`TOKEN_HISTORY`)
 
     def __init__(
         self,

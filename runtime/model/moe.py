@@ -83,6 +83,9 @@ def _fused_kernel() -> Callable[..., torch.Tensor] | None:
 class SparseMoE:
     """Router + experts of one layer (module docstring)."""
 
+    # the fused kernel's activation where the family sets `act_and_mul` otherwise (HY V4's)
+    fused_activation: dict = {}
+
     def __init__(
         self,
         ctx: LayerContext,
@@ -190,6 +193,7 @@ class SparseMoE:
             return self.fused(
                 x, self.w13, self.w2, weights, ids.to(torch.int32),
                 batch_invariant=self.batch_invariant, none_ids=none_ids,
+                **self.fused_activation,
             )  # fmt: skip
         if self.w13 is not None:
             return self._every_expert(x, weights, ids)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import qwen4_exp_config as qwen4
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
 from pagoda.runtime.model_configs import ExpertRouting
 from pagoda.runtime.recurrent_configs import MambaConfig
@@ -37,13 +38,17 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",  # its text model; the vision tower not read
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "LaraMiniForCausalLM": "lara_mini",  # Lara-4-Mini: Qwen3.5's DeltaNet, Qwen3 attention
+    "Qwen4ExpForCausalLM": "qwen4_exp",  # Qwen3.5-MoE's layers, hyper-connections, PLE
+    "Qwen4ExpForConditionalGeneration": "qwen4_exp",  # its text model (`qwen4_exp_config`)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (`hf_tables`)
 TEXT_MODEL_TYPES = {
     "Qwen3_5ForConditionalGeneration": {"qwen3_5_text": "qwen3_5"},
     "Qwen3_5MoeForConditionalGeneration": {"qwen3_5_moe_text": "qwen3_5_moe"},
+    "Qwen4ExpForConditionalGeneration": {"qwen4_exp_text": "qwen4_exp"},
 }
-WRAPPER_TIES = {"qwen3_5": False, "qwen3_5_moe": False}  # Qwen3_5Config's default
+# Qwen3_5Config's default (Qwen4ExpConfig's too)
+WRAPPER_TIES = {"qwen3_5": False, "qwen3_5_moe": False, "qwen4_exp": False}
 _LINEAR = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
            "linear_value_head_dim": 128, "linear_num_key_heads": 16,
            "linear_num_value_heads": 32, "head_dim": 256, "rms_norm_eps": 1e-6,
@@ -73,6 +78,7 @@ DEFAULTS = {
                   "num_experts_per_tok": 4, "num_experts": 128, "norm_topk_prob": True,
                   "sliding_window": 512},
 }  # fmt: skip
+DEFAULTS["qwen4_exp"] = {**DEFAULTS["qwen3_5_moe"], **qwen4.DEFAULTS}
 _LINEAR_ATTN, _ATTENTION = "linear_attention", "full_attention"
 _SLIDING = "sliding_attention"  # LaraMini's rotating window layers (its full ones NoPE)
 # LaraMini's released pattern (transformers' default layer_types), period 5
@@ -83,8 +89,12 @@ STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
 def layer_types(cfg: Mapping[str, Any], n: int, lara: bool = False) -> list[str]:
-    """Each layer's kind; ``lara``: LaraMini's (its default pattern, its sliding layers)."""
+    """Each layer's type; Qwen4-Exp's "indexed_attention" (attention with its QSA indexer,
+    `qwen4_exp_config`) read as attention; ``lara``: LaraMini's (its default pattern, its
+    sliding layers)."""
     types = cfg.get("layer_types")
+    if types is not None and "hc_count" in cfg:
+        types = [_ATTENTION if t == "indexed_attention" else t for t in types]
     if types is None and lara:
         types = [_LARA_PATTERN[i % len(_LARA_PATTERN)] for i in range(n)]
     if types is None:
@@ -109,8 +119,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch == "lara_mini":  # its window layers; experts in every layer; a whole rotary
         out["layer_types"] = layer_types(cfg, int(cfg["num_hidden_layers"]), lara=True)
     elif "partial_rotary_factor" not in params and cfg.get("partial_rotary_factor") is None:
-        out["partial_rotary_factor"] = 0.25
-    if arch in ("qwen3_5_moe", "lara_mini"):
+        out["partial_rotary_factor"] = 1.0 if arch == qwen4.ARCH else 0.25  # (transformers')
+    if arch in ("qwen3_5_moe", qwen4.ARCH, "lara_mini"):
         out["intermediate_size"] = cfg["moe_intermediate_size"]
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported in a {arch} model "
@@ -118,8 +128,11 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     return out
 
 
-def mamba(cfg: Mapping[str, Any], n: int, lara: bool = False) -> MambaConfig:
-    """The Gated DeltaNet layers as recurrent layers (module docstring)."""
+def mamba(
+    cfg: Mapping[str, Any], n: int, extra_conv_rows: int = 0, lara: bool = False
+) -> MambaConfig:
+    """The Gated DeltaNet layers as recurrent layers (module docstring); `extra_conv_rows`:
+    Qwen4-Exp's PLE conv state beside each one's conv state."""
     return delta_rule_mamba(
         (t == _LINEAR_ATTN for t in layer_types(cfg, n, lara)),
         v_heads=int(cfg["linear_num_value_heads"]),
@@ -128,12 +141,18 @@ def mamba(cfg: Mapping[str, Any], n: int, lara: bool = False) -> MambaConfig:
         k_dim=int(cfg["linear_key_head_dim"]),
         d_conv=int(cfg["linear_conv_kernel_dim"]),
         attn_output_gate=not lara,
+        extra_conv_rows=extra_conv_rows,
     )
 
 
 def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     lara = arch == "lara_mini"
-    fields: dict[str, Any] = {"mamba": mamba(cfg, n, lara), "qk_norm": True}
+    fields: dict[str, Any] = {"mamba": mamba(cfg, n, lara=lara), "qk_norm": True}
+    if arch == qwen4.ARCH:
+        types, h = layer_types(cfg, n), int(cfg["hidden_size"])
+        q = fields["qwen4"] = qwen4.read(cfg, types, h)
+        extra = q.extra_conv_rows(h, int(cfg["linear_conv_kernel_dim"]))
+        fields["mamba"] = mamba(cfg, n, extra)
     if arch == "qwen3_5":
         return fields
     norm = True
@@ -222,4 +241,6 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out[p + "mlp.gate.weight"] = (c.family.num_experts, h)
         if c.architecture != "lara_mini":  # (its shared expert ungated: Flint's)
             out[p + "mlp.shared_expert_gate.weight"] = (1, h)
+    if c.family.qwen4 is not None:
+        out.update(qwen4.expected_shapes(c, i))
     return out

@@ -47,6 +47,8 @@ MODEL_CLASSES = {
     "deepseek_v32": ("dsa", "DsaModel"),  # DeepSeek Sparse Attention's lightning indexer
     "glm_moe_dsa": ("dsa", "DsaModel"),  # GLM-5: V3.2's, the indexer's choice shared
     "axk2": ("axk2", "Axk2Model"),  # A.X-K2: V3.2's, gated norms, attention's output gate
+    "hy_v4": ("hy_v4", "HyV4Model"),  # GLM-5's with hyper-connections, gated sink attention
+    "dots3_note_text": ("dsa", "DsaModel"),  # V3.2's, GLM-5's indexer, Dots3's attention
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
@@ -93,6 +95,7 @@ MODEL_CLASSES = {
     "qwen3_5": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's layers, a dense MLP
     "qwen3_5_moe": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's, experts in every layer
     "lara_mini": ("lara_mini", "LaraMiniModel"),  # Qwen3.5's DeltaNet, Qwen3 attention, experts
+    "qwen4_exp": ("qwen4_exp", "Qwen4ExpModel"),  # Qwen3.5-MoE's, hyper-connections, n-grams
     "olmo_hybrid": ("olmo_hybrid", "OlmoHybridModel"),  # Gated DeltaNet + OLMo 3's attention
     "kimi_linear": ("kimi_linear", "KimiLinearModel"),  # KDA + NoPE latent attention, V3 experts
     "minimax": ("minimax", "MiniMaxModel"),  # lightning + softmax attention, Mixtral's experts

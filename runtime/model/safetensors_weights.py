@@ -39,6 +39,7 @@ _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
 _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
 _SKIP += ("model.visual.",)  # (EXAONE 4.5's, Qwen3.5's)
 _SKIP += ("mtp.",)  # (Qwen3-Next's and Qwen3.5's multi-token prediction layers: not run)
+_SKIP += ("model.mtp_layers.",)  # (HY V4's, as transformers ignores them: not run)
 _SKIP += ("model.embed_vision.", "model.audio_tower.", "model.embed_audio.")  # (Gemma 4's)
 # EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
 _RENAMES = tuple((re.compile(a), b) for a, b in (
@@ -108,6 +109,8 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # LFM3's sandwich norms, as GLM-4's (model/lfm2.py)
     (r"\.post_operator_norm\.weight$", ".post_self_attn_layernorm.weight"),
     (r"\.post_ffn_norm\.weight$", ".post_mlp_layernorm.weight"),
+    # Flint's attention sinks, as gpt-oss's (model/flint.py)
+    (r"\.self_attn\.softmax_offset$", ".self_attn.sinks"),
 ))  # fmt: skip
 
 

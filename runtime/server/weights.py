@@ -81,7 +81,9 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    "model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
                    "model.per_layer_projection_norm.weight",
                    # Zaya's embedding scale (model/zaya.py)
-                   "model.input_hidden_states_scale", "model.input_hidden_states_bias")  # fmt: skip
+                   "model.input_hidden_states_scale", "model.input_hidden_states_bias",
+                   # HY V4's hyper-connections' fold (model/hy_v4.py)
+                   "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq",
              # MiniMax's lightning decays, computed from the config (model/minimax.py)
@@ -121,6 +123,11 @@ _NORM = re.compile(r"norm(_\d)?\.weight$")
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
                              r"((gate|moe_statics|experts)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+# HY V4's tensors held in float32: the hyper-connections, the sinks, the indexer key's norm
+_HY_V4_FLOAT32 = re.compile(
+    r"(_hc\.(fn|base|scale)|hc_head\.hc_\w+|self_attn\.sinks|"
+    r"indexer\.k_norm\.(weight|bias))$"
+)
 
 
 @dataclass(frozen=True)
@@ -230,6 +237,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
 
         with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
             read_checkpoint_names(weights, read_config(path))
+    if architecture == "hy_v4":  # transformers' renames, as the loader lists them
+        from pagoda.runtime.model.hy_v4_config import rename_weights
+
+        rename_weights(weights)
     if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
         from pagoda.runtime.model.dbrx import split_experts
         from pagoda.runtime.model.hf_loader import read_config
@@ -260,6 +271,7 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         NORM,
         "model.norm.bias",
         "lm_head.bias",
+        "lm_head.logit_scale",  # (Dory's, float32)
         "model.final_layernorm.weight",
         "model.final_layernorm.bias",
         *_OUTSIDE_LAYERS,
@@ -343,12 +355,16 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _float32_router(t, p)
     if name.endswith("indexer.weights_proj.weight"):  # DeepSeek Sparse Attention's, float32
         return _float32_router(t, p)
+    if mc.family.hyper is not None and _HY_V4_FLOAT32.search(name):  # (model/hy_v4.py)
+        return t.numel * 4
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
     if mc.family.gemma4 is not None and name == "model.embed_tokens_per_layer.weight":
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+    if name == "lm_head.logit_scale":  # Dory's per-token logit scale, float32
+        return t.numel * 4
     if mc.architecture == "ergo":  # (model/ergo.py)
         if name.endswith(("experts.up_proj", "experts.down_proj")):  # a Linear per expert of
             e, a, b = t.shape  # each [in, out] slice, transposed

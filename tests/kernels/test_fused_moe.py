@@ -316,3 +316,27 @@ def test_gpt_oss_biases_and_clamped_swiglu_match_reference(device, dtype, E, top
     got = fused_experts(**args, **extra)
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
     assert not torch.allclose(want.float(), reference.fused_experts(**args).float(), **TOL[dtype])
+
+
+def test_hy_v4_clamped_silu_matches_reference(device):
+    """HY V4's routed experts: silu(min(gate, limit)) * clamp(up, -limit, limit), `limit` low
+    enough that both clamps bite; the reference against a float64 loop of that definition, the
+    kernel against the reference."""
+    from pagoda.kernels import fused_experts
+
+    T, E, top_k = 5, 4, 2
+    args = _inputs(T, E, top_k, torch.float32, device)
+    want = reference.fused_experts(**args, activation="silu_limit", limit=0.6)
+    if device.type == "cpu":
+        x, w13, w2 = (args[n].double() for n in ("hidden_states", "w13", "w2"))
+        naive = torch.zeros(x.shape, dtype=torch.float64)
+        for t in range(T):
+            for j in range(top_k):
+                e = int(args["topk_ids"][t, j])
+                gate, up = (w13[e] @ x[t]).chunk(2)
+                h = torch.nn.functional.silu(gate.clamp(max=0.6)) * up.clamp(-0.6, 0.6)
+                naive[t] += float(args["topk_weights"][t, j]) * (w2[e] @ h)
+        torch.testing.assert_close(want.double(), naive, atol=1e-5, rtol=1e-5)
+    got = fused_experts(**args, activation="silu_limit", limit=0.6)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    assert not torch.allclose(want, reference.fused_experts(**args), **TOL[torch.float32])

@@ -185,6 +185,19 @@ CASES = {
         sliding_window=8, linear_num_key_heads=2, linear_num_value_heads=4,
         linear_key_head_dim=16, linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=32, shared_expert_intermediate_size=48)),
+    # Qwen4-Exp (model/qwen4_exp.py): Qwen3.5-MoE's layers between two hyper-connection
+    # streams, Per-Layer Embeddings of hashed 2- and 3-grams on the DeltaNet layer (their table
+    # saved in two shards), its output gate a sigmoid; an end-of-sequence id (12) inside the
+    # prompts cuts their n-grams; the QSA indexer keeps every token up to 99 (budget 96)
+    "qwen4-exp": ("Qwen4ExpText", dict(
+        **DELTA_HEADS, num_hidden_layers=2, layer_types=[LIN, FULL], linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, hc_count=2, hc_lowrank=16, ple_layer_ids=[1],
+        ple_embed_dim=32, heads_per_ngram=2, ngram_vocab_size_base=61,
+        make_ngram_vocab_size_divisible_by=8, split_ngram_parts=2, output_gate_type="sigmoid",
+        eos_token_id=12, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
+        indexer_budget=96, indexer_compress_ratio=4)),
     # OLMo Hybrid (model/olmo_hybrid.py): a DeltaNet layer first, beta doubled
     # (`linear_allow_neg_eigval`, the default), rotary, grouped KV heads, value heads wider than
     # key heads; then attention first, beta in [0, 1], no rotary (`rope_parameters` without a
@@ -224,8 +237,8 @@ CASES = {
         mlp_alpha_factor=1.2, mlp_beta_factor=0.8)),
 }  # fmt: skip
 # the Gated DeltaNet, KDA and lightning rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
-DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "lara-mini", "olmo-hybrid", "olmo-hybrid-nope",
-         "kimi-linear", "minimax")  # fmt: skip
+DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "lara-mini", "qwen4-exp", "olmo-hybrid",
+         "olmo-hybrid-nope", "kimi-linear", "minimax")  # fmt: skip
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
@@ -266,6 +279,13 @@ def write(name: str, path):
     """Case `name`'s checkpoint (`make_tiny_model`) saved to `path`; the transformers model."""
     arch, overrides = CASES[name]
     model = make_tiny_model(path, arch, **overrides)
+    if name == "qwen4-exp":  # its PLE conv starts at zeros (transformers' init): drawn here
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for key, p in model.named_parameters():
+                if key.endswith("ple.conv1d.weight"):
+                    p.copy_(torch.randn(p.shape, generator=g))
+        model.save_pretrained(path)
     if name in SCRAMBLED:
         g = torch.Generator().manual_seed(2)
         with torch.no_grad():
@@ -463,6 +483,9 @@ REFUSED = {
     "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("qwen3_5", "gated_deltanet")),
     "lara-mini": (4, _DELTA_TP, _NO_FP8.format("lara_mini", "gated_deltanet")),
     "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("olmo_hybrid", "gated_deltanet")),
+    "qwen4-exp": (2, "--tensor-parallel-size 2 is not supported for a qwen4_exp model (its "
+                  "hyper-connections and Per-Layer Embeddings are not split)",
+                  _NO_FP8.format("qwen4_exp", "gated_deltanet")),
     "kimi-linear": (2, _NO_TP.format("kimi_linear", "kda"), _NO_FP8.format("kimi_linear", "kda")),
     "minimax": (2, _NO_TP.format("minimax", "lightning"), _NO_FP8.format("minimax", "lightning")),
     "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
