@@ -141,6 +141,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_next": Untested(fp8=_DELTANET),
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
+        "lara_mini": Untested(fp8=_DELTANET),
         "qwen4_exp": Untested(
             tensor_parallel="its hyper-connections and Per-Layer Embeddings are not split",
             fp8=_DELTANET,

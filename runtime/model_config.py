@@ -412,7 +412,7 @@ class ModelConfig:
         if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
             attn_all += self.num_layers * self.num_heads
         if f.qk_norm and not f.cohere_layer:  # per-head q/k norms: a weight of head_dim each
-            attn_all += self.num_layers * 2 * d
+            attn_all += self.num_kv_layers * 2 * d  # (a hybrid's attention layers')
         if f.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
             attn_all += self.num_layers * 2 * h
         if self.architecture == "axk1":  # a norm on each MoE block's output

@@ -149,7 +149,8 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm"):  # fmt: skip
+                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
+                    "lara_mini", "gpt_neo"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -400,6 +401,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)
+    if config.architecture == "codegen":  # its fused q/v/k in 4 groups (phi.py)
+        from pagoda.runtime.model.phi import split_codegen_qkv
+
+        split_codegen_qkv(weights, config)
     if config.architecture == "gpt2":  # Conv1D matrices, stored [in, out]
         from pagoda.runtime.model.positions import transpose_conv1d
 

@@ -85,6 +85,7 @@ class GatedDeltaNet:
     (`olmo_hybrid.py`) names its output projection and gated norm otherwise."""
 
     out_name, norm_name = "out_proj.weight", "norm.weight"
+    norm_rounded = True  # RMSNorm(o) rounded before its weight (LaraMini's: float32 throughout)
     # the delta rule's decode step and chunked prefill (Kimi Linear's KDA: `kda.py`'s)
     step_rule = staticmethod(gated_delta.recurrent_step)
     chunk_rule = staticmethod(gated_delta.chunked)
@@ -191,7 +192,7 @@ class GatedDeltaNet:
         t, dtype = o.shape[0], o.dtype
         y = o.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = self.norm * y.to(dtype)
+        y = self.norm * (y.to(dtype) if self.norm_rounded else y)
         y = y * F.silu(z.float().view(t, *o.shape[1:]))
         return y.to(dtype).view(t, -1)
 

@@ -353,6 +353,7 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         and mc.family.mamba is not None
         and (mc.family.mamba.mixer == "gated_deltanet")
         and not mc.family.olmo2_norms  # (OLMo Hybrid's: as stored)
+        and mc.architecture != "lara_mini"  # (as stored)
     )
     if float32_router and _FLOAT32_ROUTER.search(name):
         return _float32_router(t, p)
