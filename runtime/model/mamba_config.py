@@ -26,7 +26,7 @@ reading a config imports no layer code.
 - Jamba (`JambaForCausalLM`): `jamba_config.py`.
 - Zamba2, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, Zaya: `zamba2_config.py`,
   `lfm2_config.py`, `qwen3_next_config.py`, `olmo_hybrid_config.py`, `kimi_linear_config.py`,
-  `zaya_config.py`.
+  `zaya_config.py`; Inkling: `inkling_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
 """
 
@@ -38,6 +38,7 @@ from typing import Any
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import (
     bailing_hybrid_config,
+    inkling_config,
     jamba_config,
     kimi_linear_config,
     lfm2_config,
@@ -68,6 +69,7 @@ ARCHITECTURES = {
     **minimax_config.ARCHITECTURES,  # MiniMax-Text-01: lightning attention (minimax.py)
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
+    **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -93,6 +95,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **minimax_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
     **zaya_config.DEFAULTS,
+    **inkling_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
@@ -173,7 +176,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.overrides(cfg, arch)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
-                   zamba2_config, mamba1_config, mamba2_config, nemotron_h_config, zaya_config, minimax_config):  # fmt: skip
+                   zamba2_config, mamba1_config, mamba2_config, nemotron_h_config, zaya_config, minimax_config,
+                   inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -190,7 +194,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if arch in mamba1_config.DEFAULTS:
         return mamba1_config.family_fields(cfg, arch, n)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
-                   zamba2_config, mamba2_config, nemotron_h_config, jamba_config, zaya_config, minimax_config):  # fmt: skip
+                   zamba2_config, mamba2_config, nemotron_h_config, jamba_config, zaya_config, minimax_config,
+                   inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -218,7 +223,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
                    bailing_hybrid_config,
                    zamba2_config, nemotron_h_config, mamba1_config, jamba_config,
-                   zaya_config, minimax_config):  # fmt: skip
+                   zaya_config, minimax_config, inkling_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
