@@ -32,6 +32,9 @@ ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
 UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
 POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
+# families with biases on q, k, v, the output, both MLP matrices and every LayerNorm (their
+# q/k norms' too), counted in `num_params`
+ALL_BIASES = ("persimmon",)
 
 
 def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
@@ -423,6 +426,10 @@ class ModelConfig:
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
+        if self.architecture in ALL_BIASES:  # the projections', the MLP's, the norms'
+            q_k_norms = 2 * d if f.qk_norm else 0
+            kv = self.num_kv_heads * d
+            attn_all += self.num_layers * (self.num_heads * d + 2 * kv + 4 * h + i + q_k_norms) + h
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

@@ -25,7 +25,7 @@ Fields = Callable[
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
 UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
-UNGATED += ("gptj", "nanochat", "codegen")
+UNGATED += ("gptj", "nanochat", "codegen", "persimmon")
 
 
 def read_rope(
@@ -154,6 +154,9 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         fields.update(layer_norm_bias=True, rope_interleaved=True)
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
         fields["qk_norm"] = True
+    if arch == "persimmon":  # GPT-NeoX's q/k/v per head in Llama's layer; Phi's q/k norms
+        fields.update(layer_norm_bias=True, falcon_qkv="per_head", falcon_norms="sequential",
+                      qk_norm=bool(cfg.get("qk_layernorm")))  # fmt: skip
     if arch == "apertus":
         fields["qk_norm"] = True
     if arch == "nanochat":  # (its q/k norms have no weights: model/nanochat.py)

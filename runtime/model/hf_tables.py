@@ -74,6 +74,7 @@ HF_ARCHITECTURES = {
     "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
     "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
     "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
+    "PersimmonForCausalLM": "persimmon",  # Persimmon: q/k LayerNorms, ReLU² MLP (model/phi.py)
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
     "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
@@ -205,6 +206,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
                  "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 0},
+    "persimmon": {"vocab_size": 262_144, "hidden_size": 4096, "intermediate_size": 16_384,
+                  "num_hidden_layers": 36, "num_attention_heads": 64, "hidden_act": "relu2",
+                  "max_position_embeddings": 16_384, "layer_norm_eps": 1e-5,
+                  "partial_rotary_factor": 0.5, "qk_layernorm": True, "attention_bias": True,
+                  "bos_token_id": 1, "eos_token_id": 2},
     "jais2": {"vocab_size": 150_272, "hidden_size": 3328, "intermediate_size": 26_624,
               "num_attention_heads": 26, "hidden_act": "relu2", "max_position_embeddings": 8192,
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
@@ -324,7 +330,7 @@ NULLABLE = {
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
-EPS.update(codegen="layer_norm_epsilon")
+EPS.update(codegen="layer_norm_epsilon", persimmon="layer_norm_eps")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
@@ -367,7 +373,7 @@ DEFAULT_ROPE = {
 }
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
-                   "stablelm", "gptj", "codegen", *moe_families.PARTIAL_ROTARY,
+                   "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,
                    *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya")  # fmt: skip
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)

@@ -73,6 +73,7 @@ MODEL_CLASSES = {
     "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
+    "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
