@@ -161,6 +161,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",
         ),
+        "doge": Untested(
+            tensor_parallel="its dynamic mask reads every KV head's values (dt_proj)",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
+        ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",

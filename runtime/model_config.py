@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DogeAttention,
     DoryLoops,
     ExpertRouting,
     Gemma4Layers,
@@ -149,6 +150,8 @@ class FamilyConfig:
     laguna: LagunaAttention | None = None
     # Dory (model/dory.py): recurrent layers run in loops, each loop's pass its own KV cache
     dory: DoryLoops | None = None
+    # Doge (model/doge.py): the dynamic mask's key biases, the product-key experts
+    doge: DogeAttention | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
@@ -349,6 +352,10 @@ class ModelConfig:
         """(KV heads, head size) of each layer that keeps a KV cache, in layer order: the
         model's for every one, or Gemma 4's by layer."""
         g, m = self.family.gemma4, self.family.mimo
+        if self.family.doge is not None:  # (the keys' bias column, padded)
+            return ((self.num_kv_heads, DogeAttention.cache_head_dim(self.head_dim)),) * (
+                self.num_layers
+            )
         if m is not None:  # (values padded to the keys' size)
             return tuple((m.swa_kv_heads if self.family.window(i) else self.num_kv_heads,
                           self.head_dim) for i in range(self.num_layers))  # fmt: skip
@@ -368,6 +375,8 @@ class ModelConfig:
         q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
         if q is not None and q.dense_limit is not None:
             context = min(context, q.dense_limit)
+        if self.family.doge is not None:  # (transformers keeps only some keys past it)
+            context = min(context, self.family.doge.keep_window)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -423,6 +432,10 @@ class ModelConfig:
         if f.dory is not None:  # attention's gate and nGPT's scaled vectors, no norms; the
             q = self.num_heads * d  # logit scale, no final norm
             attn_all += self.num_layers * (q * h + 2 * q + 2 * i) + self.vocab_size - h
+        if f.doge is not None:  # A, dt_proj, two residual scales a layer; the experts' router
+            kv, e = self.num_kv_heads, f.doge.num_experts  # and tables beside the dense MLP
+            attn_all += self.num_layers * (kv + kv * kv * d + 2 * h)
+            attn_all += self.num_layers * (2 * f.doge.num_keys * h + 2 * e * h) if e else 0
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)

@@ -7,6 +7,7 @@ shared blocks) are in `recurrent_configs.py`. Validated in ``__post_init__`` lik
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -252,6 +253,31 @@ class LagunaAttention:
     gate_per_head: bool = True
     local_rope_theta: float = 10_000.0
     local_rotary: float = 1.0
+
+
+@dataclass(frozen=True)
+class DogeAttention:
+    """Doge's dynamic mask attention and cross-domain MoE (`model/doge.py`, read by
+    `model/doge_config.py`): every key's score gains its own bias exp(A * softplus(dt_proj(v)))
+    (one per KV head, from all KV heads' values), which rides in the keys' extra columns
+    (`cache_head_dim`); `keep_window` the keys beyond which transformers keeps only the
+    top-biased ones (the context is bounded by it instead); `num_experts` product-key experts
+    (0: a dense MLP), `top_k` of them per token."""
+
+    keep_window: int
+    num_experts: int = 0
+    top_k: int = 0
+    norm_topk_prob: bool = False
+
+    @property
+    def num_keys(self) -> int:
+        """The router's keys per half: the experts are the pairs (floor(sqrt(num_experts))²)."""
+        return math.isqrt(self.num_experts)
+
+    @staticmethod
+    def cache_head_dim(head_dim: int) -> int:
+        """The cached key/value width: the head, one bias column, zeros to a multiple of 16."""
+        return -(-(head_dim + 1) // 16) * 16
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,19 @@ _APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
 _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn.'s
 
 
+def _doge_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
+    """Doge's A and dt_proj, its residual scales and, with experts, their router and tables."""
+    g, h, kv = c.family.doge, c.hidden_size, c.num_kv_heads
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.A": (kv,), p + "self_attn.dt_proj.weight": (kv, kv * c.head_dim),
+                    p + "input_residual": (h,), p + "post_attention_residual": (h,)})  # fmt: skip
+        if g.num_experts:
+            out.update({p + "mlp.router_gate.weight": (2 * g.num_keys, h),
+                        p + "mlp.down_embed.weight": (g.num_experts, h),
+                        p + "mlp.up_embed.weight": (g.num_experts, h)})  # fmt: skip
+
+
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
@@ -227,6 +240,8 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                         p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
                         p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
                         p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
+    if c.family.doge is not None:  # the dynamic mask, residual scales, experts (doge.py)
+        _doge_tensors(c, out)
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 
