@@ -444,7 +444,10 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "qwen3": _qwen3,
     "gemma3": _gemma3,
-    "gemma4": lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n),
+    **dict.fromkeys(
+        gemma4.ARCHS,
+        lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n, arch),
+    ),
     "gemma2": _gemma2,
     "vaultgemma": _gemma2,
     "gemma": _gemma,

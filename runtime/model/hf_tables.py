@@ -332,6 +332,7 @@ EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_familie
 # nor rope_scaling
 DEFAULT_ROPE = {
     "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
+    "gemma4_unified": gemma4.DEFAULT_ROPE,
     "laguna": laguna.DEFAULT_ROPE,  # by layer kind
     "zaya": zaya.DEFAULT_ROPE,  # by layer kind
     "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
