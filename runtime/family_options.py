@@ -111,6 +111,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "longcat_flash": Untested(
             tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",

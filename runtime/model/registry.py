@@ -61,6 +61,7 @@ MODEL_CLASSES = {
     "nanochat": ("nanochat", "NanoChatModel"),  # weightless norms, ReLU² MLP, soft cap
     "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
+    "apertus1p5": ("apertus", "Apertus1p5Model"),  # Apertus', its LM head pruned
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
     "exaone": ("llama", "LlamaModel"),  # EXAONE 3 / 3.5: Llama's under GPT-style names
