@@ -85,6 +85,13 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
+        "gemma4_unified": Untested(
+            tensor_parallel="its layers' own head sizes and KV heads and its shared KV caches "
+            "are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
         "laguna": Untested(
             tensor_parallel="its query heads by layer are not tested on ranks",
             fp8="its gate and per-layer heads' FP8 GEMM is not tested",
@@ -104,6 +111,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "longcat_flash": Untested(
             tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",

@@ -132,6 +132,9 @@ class FamilyConfig:
     # count from the config alone needs to know)
     o_proj_bias: bool = False
     lm_head_bias: bool = False
+    # an LM head pruned to the vocabulary's first `head_rows` ids (Apertus 1.5's
+    # `output_vocab_size`: model/apertus.py), the embedding keeping every id; 0: the vocabulary
+    head_rows: int = 0
     # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by sigmoids of
     # the top-k logits that scale the experts' inputs, beside an ungated shared expert
     llama4: Llama4Attention | None = None
@@ -409,7 +412,8 @@ class ModelConfig:
             gate = h if f.routing is None else 0
             experts += moe * (mats * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * mats * h * i + experts
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        head = 0 if self.tie_word_embeddings else f.head_rows or self.vocab_size
+        emb = (self.vocab_size + head) * h
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
         if f.hyper is not None:  # HY V4's hyper-connections, attention's gates and sinks
             n, gate = f.hyper.mult, self.num_heads * f.mla.v_head_dim * h + self.num_heads

@@ -85,7 +85,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         elif c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
-        out[HEAD] = (c.vocab_size, h)
+        out[HEAD] = (c.family.head_rows or c.vocab_size, h)  # (Apertus 1.5's pruned head)
     return _family_tensors(c, out)
 
 
@@ -215,7 +215,7 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         bitnet_shapes(c, out)
     if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
-    if c.architecture == "apertus":
+    if c.architecture in ("apertus", "apertus1p5"):
         for old, new in _APERTUS_NORMS.items():
             for i in range(c.num_layers):
                 out[f"model.layers.{i}.{new}.weight"] = out.pop(f"model.layers.{i}.{old}.weight")
@@ -362,6 +362,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(c.num_layers):
         if c.architecture in (
             "gemma4",
+            "gemma4_unified",
             "granitemoe",
             "granitemoe_swa",
             "jetmoe",

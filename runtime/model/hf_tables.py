@@ -61,6 +61,7 @@ HF_ARCHITECTURES = {
     "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
+    "Apertus1p5TextForCausalLM": "apertus1p5",  # Apertus', its LM head pruned (apertus.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
     # EXAONE 3.0 / 3.5: Llama's, GPT-style names (safetensors_weights); EXAONE 4.5: its text model
@@ -170,6 +171,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "apertus": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
                 "rope_theta": 12_000_000.0,  # transformers' default_theta
                 "bos_token_id": 1, "eos_token_id": 2},
+    "apertus1p5": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
+                   "rope_theta": 12_000_000.0, "bos_token_id": 1, "eos_token_id": 2,
+                   "vocab_size": 266_752},  # (Apertus1p5TextConfig: Apertus' and its vocabulary)
     "exaone": {"vocab_size": 102_400, "intermediate_size": 14_336, "num_key_value_heads": 8,
                "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0,
                "bos_token_id": 1, "eos_token_id": 361},
@@ -338,6 +342,7 @@ EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_familie
 # nor rope_scaling
 DEFAULT_ROPE = {
     "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
+    "gemma4_unified": gemma4.DEFAULT_ROPE,
     "laguna": laguna.DEFAULT_ROPE,  # by layer kind
     "zaya": zaya.DEFAULT_ROPE,  # by layer kind
     "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
@@ -371,6 +376,7 @@ DEFAULT_ROPE = {
         "high_freq_factor": 4.0,
     },
 }
+DEFAULT_ROPE["apertus1p5"] = DEFAULT_ROPE["apertus"]  # (Apertus1p5TextConfig is ApertusConfig's)
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
                    "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,

@@ -25,6 +25,7 @@ MODEL_CLASSES = {
     "gemma2": ("gemma2", "Gemma2Model"),
     "gemma3": ("gemma3", "Gemma3Model"),
     "gemma4": ("gemma4", "Gemma4Model"),  # per-layer inputs, KV-shared layers, MoE block
+    "gemma4_unified": ("gemma4", "Gemma4Model"),  # Gemma 4's without PLE or MoE (gemma4_config)
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),
     "qwen2moe": ("moe", "Qwen2MoeModel"),
@@ -60,6 +61,7 @@ MODEL_CLASSES = {
     "nanochat": ("nanochat", "NanoChatModel"),  # weightless norms, ReLU² MLP, soft cap
     "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
+    "apertus1p5": ("apertus", "Apertus1p5Model"),  # Apertus', its LM head pruned
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
     "exaone": ("llama", "LlamaModel"),  # EXAONE 3 / 3.5: Llama's under GPT-style names
