@@ -165,6 +165,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
         ),
+        "zamba": Untested(
+            tensor_parallel="its shared block and mamba1 layers are not split",
+            fp8="its shared block and mamba1 layers",
+        ),
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",

@@ -213,7 +213,7 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         from pagoda.runtime.model.bitnet_config import expected_shapes as bitnet_shapes
 
         bitnet_shapes(c, out)
-    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2", "zamba"):  # final norm name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture in ("apertus", "apertus1p5"):
         for old, new in _APERTUS_NORMS.items():
@@ -376,6 +376,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "zamba",
             "zaya",
             "bitnet",
             "longcat_flash",

@@ -24,8 +24,8 @@ reading a config imports no layer code.
   limits and tensors, which the readers here share).
 - Mamba-1 (`MambaForCausalLM`, `FalconMambaForCausalLM`): `mamba1_config.py`.
 - Jamba (`JambaForCausalLM`): `jamba_config.py`.
-- Zamba2, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, Zaya: `zamba2_config.py`,
-  `lfm2_config.py`, `qwen3_next_config.py`, `olmo_hybrid_config.py`, `kimi_linear_config.py`,
+- Zamba2, Zamba, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, Zaya: `zamba2_config.py`,
+  `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`, `olmo_hybrid_config.py`, `kimi_linear_config.py`,
   `zaya_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
 """
@@ -48,6 +48,7 @@ from pagoda.runtime.model import (
     olmo_hybrid_config,
     qwen3_next_config,
     zamba2_config,
+    zamba_config,
     zaya_config,
 )
 from pagoda.runtime.recurrent_configs import FalconH1Scales, MambaConfig
@@ -67,6 +68,7 @@ ARCHITECTURES = {
     **bailing_hybrid_config.ARCHITECTURES,  # BailingHybrid: KDA, V3's (bailing_hybrid.py)
     **minimax_config.ARCHITECTURES,  # MiniMax-Text-01: lightning attention (minimax.py)
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
+    **zamba_config.ARCHITECTURES,  # Zamba: Mamba-1 layers in heads, a shared block (zamba.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
 }
 # transformers' config defaults, where config.json leaves one out
@@ -92,6 +94,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **bailing_hybrid_config.DEFAULTS,
     **minimax_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
+    **zamba_config.DEFAULTS,
     **zaya_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
@@ -173,7 +176,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.overrides(cfg, arch)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
-                   zamba2_config, mamba1_config, mamba2_config, nemotron_h_config, zaya_config, minimax_config):  # fmt: skip
+                   zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
+                   zaya_config, minimax_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -190,7 +194,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if arch in mamba1_config.DEFAULTS:
         return mamba1_config.family_fields(cfg, arch, n)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
-                   zamba2_config, mamba2_config, nemotron_h_config, jamba_config, zaya_config, minimax_config):  # fmt: skip
+                   zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
+                   zaya_config, minimax_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -217,7 +222,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     layer, checked as Llama's) and, for Granite 4.0, its MLP; the other families' their own."""
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
                    bailing_hybrid_config,
-                   zamba2_config, nemotron_h_config, mamba1_config, jamba_config,
+                   zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
                    zaya_config, minimax_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)

@@ -90,6 +90,7 @@ MODEL_CLASSES = {
     "falcon_mamba": ("mamba1", "MambaModel"),  # Mamba-1's, norms on B, C and dt
     "jamba": ("jamba", "JambaModel"),  # Mamba-1 and attention layers, experts every other
     "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
+    "zamba": ("zamba", "ZambaModel"),  # Mamba-1 layers in heads, one shared block
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "zaya": ("zaya", "ZayaModel"),  # q/k/v from a conv state, a router MLP over top-1 experts

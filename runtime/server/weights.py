@@ -381,6 +381,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
+    if mc.architecture == "zamba" and name.endswith(("_proj_weight", "dt_proj_bias")):
+        return t.numel * p.dtype.itemsize  # its mixers' per-head x_proj, dt_proj: tensors
     if mc.architecture in ("kimi_linear", "bailing_hybrid") and _KDA_TENSORS.search(name):
         conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
         return t.numel * (p.dtype.itemsize if conv else 4)  # (BailingHybrid's conv float32)

@@ -158,6 +158,16 @@ CASES = {
              num_attention_heads=4, num_key_value_heads=2, adapter_rank=8, n_mamba_heads=4,
              mamba_d_state=16, chunk_size=8, intermediate_size=96),
     ),
+    # Zamba (model/zamba.py): Mamba-1 mixers in two heads (each its own x_proj, dt_proj, B, C;
+    # in_proj's rows interleaved, biased projections) in every layer, one shared block (no
+    # adapters, no rotary, grouped-query attention over [stream, embeddings]) used by two
+    # hybrid layers
+    "zamba": (
+        "Zamba",
+        dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+             n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=6, mamba_proj_bias=True,
+             intermediate_size=96),
+    ),
     # Gated DeltaNet among gated attention (model/qwen3_next.py). Qwen3-Next: experts with the
     # shared expert and its gate, a dense layer (`mlp_only_layers`), two value heads per key
     # head, top-k not renormalised; Qwen3.5: a dense MLP, as many key heads as value heads, key
@@ -511,6 +521,7 @@ REFUSED = {
     "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm3": (2, _NO_TP.format("lfm3", "short_conv"), _NO_FP8.format("lfm3", "short_conv")),
     "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
+    "zamba": (2, "not supported for a zamba model", "fp8 is not supported for a zamba model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
 }  # fmt: skip
 
