@@ -347,6 +347,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(c.num_layers):
         if c.architecture in (
             "gemma4",
+            "gemma3n",
             "granitemoe",
             "granitemoe_swa",
             "jetmoe",

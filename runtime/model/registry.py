@@ -25,6 +25,7 @@ MODEL_CLASSES = {
     "gemma2": ("gemma2", "Gemma2Model"),
     "gemma3": ("gemma3", "Gemma3Model"),
     "gemma4": ("gemma4", "Gemma4Model"),  # per-layer inputs, KV-shared layers, MoE block
+    "gemma3n": ("gemma3n", "Gemma3nModel"),  # Gemma 4's layers with AltUp, Laurel, sparsity
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),
     "qwen2moe": ("moe", "Qwen2MoeModel"),
