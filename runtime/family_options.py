@@ -92,6 +92,13 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
+        "gemma3n": Untested(
+            tensor_parallel="its AltUp streams, Laurel branch and shared KV caches are not split "
+            "over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
         "laguna": Untested(
             tensor_parallel="its query heads by layer are not tested on ranks",
             fp8="its gate and per-layer heads' FP8 GEMM is not tested",

@@ -363,6 +363,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
         if c.architecture in (
             "gemma4",
             "gemma4_unified",
+            "gemma3n",
             "granitemoe",
             "granitemoe_swa",
             "jetmoe",

@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime.model import bitnet_config as bitnet
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import hy_v4_config, moe_families
@@ -465,6 +466,7 @@ FIELDS: dict[str, Fields] = {
         gemma4.ARCHS,
         lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n, arch),
     ),
+    "gemma3n": lambda cfg, arch, n, window, layers, scaling: gemma3n.family_fields(cfg, n),
     "gemma2": _gemma2,
     "vaultgemma": _gemma2,
     "gemma": _gemma,

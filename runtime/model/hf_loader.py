@@ -149,7 +149,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
+                    "gemma3n", "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
                     "lara_mini", "gpt_neo", "gemma4_unified"):  # fmt: skip
         return None
     return int(window) if window else None
@@ -247,7 +247,11 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory")
         else None
     )
-    if arch in ("gemma4", "gemma4_unified"):  # the sliding layers' (full ones': gemma4_config)
+    if arch in (
+        "gemma4",
+        "gemma4_unified",
+        "gemma3n",
+    ):  # the sliding layers' (full ones': gemma4_config)
         by_kind = "sliding_attention"
     if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
         by_kind = "hybrid"

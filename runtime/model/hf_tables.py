@@ -9,6 +9,7 @@ from typing import Any
 
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import dory_config as dory
+from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import laguna_config as laguna
@@ -33,6 +34,9 @@ HF_ARCHITECTURES = {
     # Gemma 4: per-layer inputs, KV-shared layers, head sizes by layer (model/gemma4.py); the
     # multimodal checkpoints' text model (its vision and audio towers are not read)
     **gemma4.ARCHITECTURES,
+    # Gemma 3n: AltUp, Laurel, per-layer inputs, KV-shared layers (model/gemma3n.py); the
+    # multimodal checkpoints' text model (its vision and audio towers are not read)
+    **gemma3n.ARCHITECTURES,
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen2MoeForCausalLM": "qwen2moe",
@@ -104,6 +108,7 @@ TEXT_MODEL_TYPES = {
                                          "ministral3": "ministral3"},
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
     **gemma4.TEXT_MODEL_TYPES,
+    **gemma3n.TEXT_MODEL_TYPES,
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
@@ -305,6 +310,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
     **gemma4.DEFAULTS,
+    **gemma3n.DEFAULTS,
 }  # fmt: skip
 DEFAULTS["vaultgemma"] = DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
@@ -329,6 +335,7 @@ NULLABLE = {
     "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
     **moe_families.NULLABLE,
     "gemma4": ("hidden_size_per_layer_input",),  # null: no per-layer inputs
+    "gemma3n": ("final_logit_softcapping",),  # null: no cap
     **zaya.NULLABLE,
 }
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family

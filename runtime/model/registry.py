@@ -26,6 +26,7 @@ MODEL_CLASSES = {
     "gemma3": ("gemma3", "Gemma3Model"),
     "gemma4": ("gemma4", "Gemma4Model"),  # per-layer inputs, KV-shared layers, MoE block
     "gemma4_unified": ("gemma4", "Gemma4Model"),  # Gemma 4's without PLE or MoE (gemma4_config)
+    "gemma3n": ("gemma3n", "Gemma3nModel"),  # Gemma 4's layers with AltUp, Laurel, sparsity
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),
     "qwen2moe": ("moe", "Qwen2MoeModel"),
