@@ -167,6 +167,13 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "bailing_hybrid": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "glm5_next": Untested(
+            tensor_parallel="kda layers",
+            fp8="kda layers",
+            fp8_checkpoint="not tested",
+            kv_cache="tested with 16/32-bit caches only",
+            float16="tested in bfloat16 and float32 only",
+        ),
         "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",

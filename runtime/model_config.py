@@ -119,6 +119,9 @@ class FamilyConfig:
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
+    # GLM-5-Next (model/glm5_next.py): the longest sequence its k-pool DSA indexer keeps whole
+    # (the context is capped there: its sparse selection is not implemented)
+    dense_limit: int | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -380,6 +383,8 @@ class ModelConfig:
             context = min(context, q.dense_limit)
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
+        if self.family.dense_limit is not None:  # GLM-5-Next: where its indexer keeps all
+            context = min(context, self.family.dense_limit)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context

@@ -98,8 +98,10 @@ class MlaConfig:
     dots: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             _positive(name, getattr(self, name))
+        # (0: no rotary key at all, GLM-5-Next's NoPE latent attention: model/glm5_next.py)
+        option_rules.check_int("qk_rope_head_dim", self.qk_rope_head_dim, low=0)
         if self.q_lora_rank is not None:
             _positive("q_lora_rank", self.q_lora_rank)
         if self.qk_rope_head_dim % 2:

@@ -475,6 +475,10 @@ def check_checkpoint(
         from pagoda.runtime.model.bailing_hybrid_config import check_conv as check_bh_conv
 
         check_bh_conv(config, headers)
+    if config.architecture == "glm5_next":  # its KDA convs (glm5_next_config.py)
+        from pagoda.runtime.model.glm5_next_config import check_conv as check_g5n_conv
+
+        check_g5n_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     if config.family.bitnet == "offline":  # packed: uint8 matrices

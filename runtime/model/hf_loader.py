@@ -264,11 +264,12 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
-    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "bailing_hybrid",
+    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "bailing_hybrid", "glm5_next",
               "longcat_flash")  # fmt: skip
     if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
-        rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
+        # (the dims that rotate; none on GLM-5-Next's NoPE layers: the checks below as a row's)
+        rope_dim = int(cfg["qk_rope_head_dim"]) or head_dim
         if arch == "dots3_note_text":  # its rotary by layer kind, 80M by default
             rope_theta, scaling = deepseek.dots3_rope(cfg)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
@@ -434,6 +435,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.bailing_hybrid_config import rename
 
         rename(weights)
+    if config.architecture == "glm5_next":  # transformers' renames (glm5_next_config.py)
+        from pagoda.runtime.model.glm5_next_config import rename_weights as rename_glm5_next
+
+        rename_glm5_next(weights)
     if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
         from pagoda.runtime.model.longcat_flash_config import rename_sublayers
 

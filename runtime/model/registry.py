@@ -104,6 +104,7 @@ MODEL_CLASSES = {
     "olmo_hybrid": ("olmo_hybrid", "OlmoHybridModel"),  # Gated DeltaNet + OLMo 3's attention
     "kimi_linear": ("kimi_linear", "KimiLinearModel"),  # KDA + NoPE latent attention, V3 experts
     "bailing_hybrid": ("bailing_hybrid", "BailingHybridModel"),  # KDA + gated MLA, V3 experts
+    "glm5_next": ("glm5_next", "Glm5NextModel"),  # KDA + NoPE DSA latent attention, mHC, V3 experts
     "minimax": ("minimax", "MiniMaxModel"),  # lightning + softmax attention, Mixtral's experts
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
