@@ -205,6 +205,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),
+        "inkling2": Untested(
+            tensor_parallel="its short convs' states, block residuals and relative logits are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
+        ),
     }
 )
 

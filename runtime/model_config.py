@@ -319,8 +319,8 @@ class ModelConfig:
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
             return m.zamba2.params(self) - llama
-        if m.inkling is not None:  # its layers' own beyond Llama's (one rank)
-            return m.inkling.params(self)
+        if m.inkling is not None or m.inkling2 is not None:  # its layers' own beyond Llama's
+            return (m.inkling or m.inkling2).params(self)  # (one rank)
         if m.zaya is not None:  # its layers' own (one rank), less the first's router state
             # scale, and the embeddings' scale and bias
             return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
@@ -367,7 +367,8 @@ class ModelConfig:
             return ((self.num_kv_heads, DogeAttention.cache_head_dim(self.head_dim)),) * (
                 self.num_layers
             )
-        ink = None if self.family.mamba is None else self.family.mamba.inkling
+        m2 = self.family.mamba
+        ink = None if m2 is None else (m2.inkling or m2.inkling2)
         if ink is not None:  # (the window layers' own)
             return tuple(ink.kv_shape(self, i) for i in range(self.num_layers))
         if m is not None:  # (values padded to the keys' size)

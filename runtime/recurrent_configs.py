@@ -200,6 +200,59 @@ class InklingLayers:
 
 
 @dataclass(frozen=True)
+class Inkling2Layers:
+    """Inkling 2's layers (`model/inkling2.py`, read by `model/inkling2_config.py`): Inkling's
+    window layers (their own KV heads), relative logits and four short convs per layer (the
+    full layers' k/v convs dynamic: per-token taps), L2 clips of q, k (`qk_clip`) and the
+    relative states (`rel_clip`), the full layers' log scaling of q and those states,
+    per-token sinks, block attention residuals every `block` layers, softcapped SwiGLU experts
+    (`gate_cap`, `up_cap`) routed by normalised sigmoid scores times `route_scale`; the
+    embedding `padded_vocab` rows (the head: `ModelConfig.vocab_size`)."""
+
+    sliding: tuple[bool, ...]
+    swa_kv_heads: int
+    d_rel: int
+    rel_extent: int
+    log_floor: int
+    log_alpha: float
+    qk_clip: float
+    rel_clip: float
+    block: int
+    gate_cap: float
+    up_cap: float
+    route_scale: float
+    padded_vocab: int
+
+    def __post_init__(self) -> None:
+        for name in ("swa_kv_heads", "d_rel", "rel_extent", "log_floor", "block", "padded_vocab"):
+            _positive(name, getattr(self, name))
+
+    def kv_shape(self, c: ModelConfig, layer: int) -> tuple[int, int]:
+        """(KV heads, head size) of `layer`."""
+        return (self.swa_kv_heads if self.sliding[layer] else c.num_kv_heads), c.head_dim
+
+    def params(self, c: ModelConfig) -> int:
+        """The weights beyond Llama's attention and the experts (routers counted): the gate,
+        sink, relative-logit and clip-scale tensors, the convs (dynamic on full layers), the
+        block residuals' queries, the full layers' extra norms; the padded embedding rows."""
+        h, f, k, nh, d = c.hidden_size, c.family, c.family.mamba.d_conv, c.num_heads, c.head_dim
+        out = h + (self.padded_vocab - c.vocab_size) * h + h  # embed norm, padding, final query
+        for i in range(c.num_layers):
+            hkv = self.kv_shape(c, i)[0]
+            extent = f.sliding_window if self.sliding[i] else self.rel_extent
+            out += nh * d * h + nh * (h - 1) + nh * self.d_rel * (h + 1) + self.d_rel * extent
+            out += nh * d + h + f.num_experts  # gate, sinks (gpt-oss's one logit a head counted),
+            # relative logits; q scale, query, correction bias
+            out += 2 * h * hkv * d - 2 * h * c.num_kv_heads * d  # (a window layer's KV heads)
+            out += 2 * h * k  # the output convs
+            if self.sliding[i]:
+                out += 2 * hkv * d * k + (h if i else 0)
+            else:
+                out += 2 * (k * hkv * d + hkv * k * h) + 2 * h + (3 * h if i else 0)
+        return out
+
+
+@dataclass(frozen=True)
 class MiniMaxScales:
     """MiniMax-Text-01's residual weights (`model/minimax.py`): each sublayer's output is
     ``alpha * x + beta * f(x)`` of its normalised input x, by sublayer kind."""
@@ -270,6 +323,7 @@ class MambaConfig:
     zaya: ZayaCCA | None = None
     # Inkling: four short convs' inputs beside attention in every layer, relative logits
     inkling: InklingLayers | None = None
+    inkling2: Inkling2Layers | None = None  # Inkling 2's
     # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
     # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
     extra_conv_rows: int = 0

@@ -187,6 +187,7 @@ class AttentionBackend(ABC):
         layers), then return attention output for every query token;
         ``window``: this layer's sliding window (the backend's ``sliding_window``), or None;
         ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only;
-        ``sinks``: this layer's attention sinks, float32 ``[num_heads]``; ``chunk``: this
+        ``sinks``: this layer's attention sinks, float32 ``[num_heads]`` (or ``[T, num_heads]``, one
+        per query token: Inkling 2's, the torch backend's only); ``chunk``: this
         layer's attention chunk, or None (module docstring); ``rel_bias``: this layer's
         relative-position logits [T, num_heads, E] (a backend built with ``rel_logits``)."""

@@ -305,7 +305,8 @@ class TorchAttentionBackend(AttentionBackend):
                 vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
                 vb = dequantize_rows(vb, q.dtype) if int8 else vb
             rel = None if rel_bias is None else rel_bias[bk.q_rows]  # [B, Qp, H, E]
-            o = self._attend(q[bk.q_rows], kb, vb, bk, sinks, latent, rel)
+            sk = sinks if sinks is None or sinks.dim() == 1 else sinks[bk.q_rows]  # per token
+            o = self._attend(q[bk.q_rows], kb, vb, bk, sk, latent, rel)
             out.index_copy_(0, bk.dst, o.reshape(-1, *o.shape[2:]).index_select(0, bk.src))
         return out
 
@@ -330,8 +331,10 @@ class TorchAttentionBackend(AttentionBackend):
         qs = qs.view(b, qp, hkv, g, d).permute(2, 0, 1, 3, 4)
         out = torch.empty(b, qp, hkv, g, dv, dtype=q.dtype, device=q.device)
         step = bk.rows_per_call
-        if sinks is not None:  # [Hkv, 1, 1, g, 1]: a head's sink, as the scores' layout
-            sinks = sinks.float().view(hkv, 1, 1, g, 1)
+        if sinks is not None and sinks.dim() == 1:  # [Hkv, 1, 1, g, 1]: a head's sink, as the
+            sinks = sinks.float().view(hkv, 1, 1, g, 1)  # scores' layout
+        elif sinks is not None:  # [B, Qp, H]: each row's own (Inkling 2's) -> [Hkv, B, Qp, g, 1]
+            sinks = sinks.float().view(b, qp, hkv, g).permute(2, 0, 1, 3).unsqueeze(-1)
         if rel is not None:  # [Hkv, B, Qp, g, E], as the scores' layout
             rel = rel.view(b, qp, hkv, g, rel.shape[-1]).permute(2, 0, 1, 3, 4)
         slopes = self.alibi_slopes
@@ -349,7 +352,10 @@ class TorchAttentionBackend(AttentionBackend):
             if rel is not None:  # each row's logit at the key's distance, 0 from E on
                 s = s.add_(_relative_logits(rel[:, :, r0:r1], bk.dist[:, r0:r1, :, :n]))
             s = s.add_(bk.mask[:, r0:r1, :, :n])
-            p = torch.softmax(s, dim=-1) if sinks is None else _softmax_with_sinks(s, sinks)
+            if sinks is not None and sinks.shape[2] != 1:  # (per row: this slice's)
+                p = _softmax_with_sinks(s, sinks[:, :, r0:r1])
+            else:
+                p = torch.softmax(s, dim=-1) if sinks is None else _softmax_with_sinks(s, sinks)
             p = p.to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
             o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, v.shape[-1])
             out[:, r0:r1] = o[..., :dv].permute(1, 2, 0, 3, 4)

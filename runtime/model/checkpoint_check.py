@@ -166,7 +166,7 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
     h, p = c.hidden_size, f"model.layers.{i}."
     m = c.family.mamba
-    if m.zamba2 is not None or m.zaya is not None or m.inkling is not None:  # (its layers'
+    if m.zamba2 is not None or m.zaya is not None or m.inkling or m.inkling2:  # (its layers'
         # tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
@@ -252,8 +252,12 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
             out[name] = (c.hidden_size,)
         if c.family.lm_head_bias:
             out["lm_head.bias"] = (c.vocab_size,)
-    if c.architecture == "inkling":  # the embeddings' norm
+    if c.architecture in ("inkling", "inkling2"):  # the embeddings' norm
         out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
+    if c.architecture == "inkling2":  # the final block residual, the padded embedding
+        out["model.final_input.query"] = (c.hidden_size,)
+        out["model.embed_tokens.weight"] = (c.family.mamba.inkling2.padded_vocab, c.hidden_size)
+        out[HEAD] = out["model.embed_tokens.weight"]  # (stored padded: its rows cut at load)
     if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
@@ -383,6 +387,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "zamba",
             "zaya",
             "inkling",
+            "inkling2",
             "bitnet",
             "longcat_flash",
         ):

@@ -431,6 +431,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 
         rename_mlps(weights)
+    if config.architecture == "inkling2":  # the published names (inkling2_config)
+        from pagoda.runtime.model.inkling2_config import rename as rename_inkling2
+
+        rename_inkling2(weights)
     if config.architecture == "bailing_hybrid":  # the published names (bailing_hybrid_config)
         from pagoda.runtime.model.bailing_hybrid_config import rename
 

@@ -13,6 +13,7 @@ from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import glm5_next_config as glm5_next
+from pagoda.runtime.model import inkling2_config as inkling2
 from pagoda.runtime.model import inkling_config as inkling
 from pagoda.runtime.model import laguna_config as laguna
 from pagoda.runtime.model import lfm2_config as lfm2
@@ -114,6 +115,7 @@ TEXT_MODEL_TYPES = {
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
     **glm5_next.TEXT_MODEL_TYPES,  # GLM-5-Next's (model/glm5_next.py)
     **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
+    **inkling2.TEXT_MODEL_TYPES,  # Inkling 2's (model/inkling2.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
@@ -123,7 +125,7 @@ REMOTE_CODE_TYPES = {
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
 WRAPPER_TIES = {"exaone4_5": False, **qwen3_next.WRAPPER_TIES, **glm5_next.WRAPPER_TIES,
-                **inkling.WRAPPER_TIES}  # fmt: skip
+                **inkling.WRAPPER_TIES, **inkling2.WRAPPER_TIES}  # fmt: skip
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.

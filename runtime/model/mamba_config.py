@@ -27,7 +27,7 @@ reading a config imports no layer code.
 - Zamba2, Zamba, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, GLM-5-Next, Zaya:
   `zamba2_config.py`, `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`,
   `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`.
-  Inkling: `inkling_config.py`.
+  Inkling, Inkling 2: `inkling_config.py`, `inkling2_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
 """
 
@@ -40,6 +40,7 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import (
     bailing_hybrid_config,
     glm5_next_config,
+    inkling2_config,
     inkling_config,
     jamba_config,
     kimi_linear_config,
@@ -75,6 +76,7 @@ ARCHITECTURES = {
     **zamba_config.ARCHITECTURES,  # Zamba: Mamba-1 layers in heads, a shared block (zamba.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
     **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
+    **inkling2_config.ARCHITECTURES,  # Inkling 2: Inkling's, block attention residuals
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -103,6 +105,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **zamba_config.DEFAULTS,
     **zaya_config.DEFAULTS,
     **inkling_config.DEFAULTS,
+    **inkling2_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
@@ -186,7 +189,7 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
                    zaya_config, minimax_config,
-                   inkling_config):  # fmt: skip
+                   inkling_config, inkling2_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -206,7 +209,7 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
                    zaya_config, minimax_config,
-                   inkling_config):  # fmt: skip
+                   inkling_config, inkling2_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -235,7 +238,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                    bailing_hybrid_config, glm5_next_config,
                    zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
                    zaya_config, minimax_config,
-                   inkling_config):  # fmt: skip
+                   inkling_config, inkling2_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

@@ -85,7 +85,7 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    # HY V4's hyper-connections' fold (model/hy_v4.py)
                    "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale",
                    # Inkling's embedding norm (model/inkling.py)
-                   "model.embed_tokens.embed_norm.weight")  # fmt: skip
+                   "model.embed_tokens.embed_norm.weight", "model.final_input.query")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq",
              # MiniMax's lightning decays, computed from the config (model/minimax.py)
@@ -256,6 +256,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.glm5_next_config import rename_weights as rename_glm5_next
 
         rename_glm5_next(weights)
+    if architecture == "inkling2":  # the published names, as the loader lists them
+        from pagoda.runtime.model.inkling2_config import rename as rename_inkling2
+
+        rename_inkling2(weights)
     if architecture == "bailing_hybrid":  # the published names, as the loader lists them
         from pagoda.runtime.model.bailing_hybrid_config import rename
 
@@ -402,7 +406,7 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
-    if mc.architecture == "inkling":  # (model/inkling.py)
+    if mc.architecture in ("inkling", "inkling2"):  # (model/inkling.py, inkling2.py)
         held = _inkling_held(name, t, mc, lay, p)
         if held != -1:
             return held
@@ -441,8 +445,10 @@ def _inkling_held(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> i
         return _dense([t], mc, lay, p)
     if name.endswith(("shared_experts.gate_proj", "shared_experts.up_proj")):
         return None
+    # (Inkling 2's static taps, clip scales and block-residual queries too)
     if name.endswith(("conv1d.weight", "mlp.gate.weight", "gate.global_scale",
-                      "gate.e_score_correction_bias")):  # fmt: skip
+                      "gate.e_score_correction_bias", "static_weight", "norm.scale",
+                      ".query")):  # fmt: skip
         return t.numel * 4
     if name.endswith("rel_logits_proj.proj"):
         return t.numel * p.dtype.itemsize

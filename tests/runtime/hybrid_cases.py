@@ -273,6 +273,18 @@ CASES = {
         swa_head_dim=16, sliding_window_size=8, d_rel=4, rel_extent=12, local_layer_ids=[0],
         mlp_layer_types=["dense", "sparse"], moe_intermediate_size=32, n_routed_experts=4,
         num_experts_per_tok=2, n_shared_experts=1, log_scaling_n_floor=4)),
+    # Inkling 2 (model/inkling2.py): Inkling's layers with block attention residuals (blocks of
+    # 2 layers), q/k/relative-state L2 clips, per-token sinks, a gated output, the full layer's
+    # dynamic k/v convs and log scaling from position 4, softcapped experts, a head narrower
+    # than the embedding, soft-capped logits
+    "inkling2": ("Inkling2Text", dict(
+        num_hidden_layers=3, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=4,
+        swa_head_dim=16, sliding_window_size=8, d_rel=4, rel_extent=12,
+        layer_types=["hybrid_sliding", "hybrid", "hybrid_sliding"], n_layers_per_attn_res_block=2,
+        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+        log_scaling_n_floor=4, unpadded_vocab_size=290, eos_token_id=2, mlp_gate_softcap=2.0,
+        mlp_up_softcap=3.0, final_logit_softcapping=20.0, qk_l2_clip_threshold=3.0,
+        rel_l2_clip_threshold=2.0)),
     # MiniMax-Text-01 (model/minimax.py): lightning attention (Mamba2's scan, chunks of
     # block_size) beside softmax attention, Mixtral's experts, residual weights by sublayer
     "minimax": ("MiniMax", dict(
@@ -287,7 +299,7 @@ DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "lara-mini", "qwen4-exp", "olmo
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
-SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid", "glm5-next", "inkling")
+SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid", "glm5-next", "inkling", "inkling2")
 # config class prefix -> (the multimodal wrapper `write` builds around the text config, its
 # tiny vision config: not read)
 WRAPPED = {"Glm5Next": ("Glm5NextForConditionalGeneration",
@@ -350,6 +362,13 @@ def write(name: str, path):
             for key, buf in model.named_buffers():
                 if key.endswith(("e_score_correction_bias", "expert_bias")):
                     buf.copy_(torch.randn(buf.shape, generator=g))
+        model.save_pretrained(path)
+    if name == "inkling2":  # the block residuals' queries start at zeros: drawn here
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for key, p in model.named_parameters():
+                if key.endswith(".query"):
+                    p.copy_(torch.randn(p.shape, generator=g))
         model.save_pretrained(path)
     if name == "zaya":
         _zaya_draws(model)
@@ -562,6 +581,7 @@ REFUSED = {
     "zamba": (2, "not supported for a zamba model", "fp8 is not supported for a zamba model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
     "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
+    "inkling2": (2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"),
 }  # fmt: skip
 
 

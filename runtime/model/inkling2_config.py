@@ -1,0 +1,187 @@
+"""Inkling 2's text model config (`Inkling2ForCausalLM`; `Inkling2ForConditionalGeneration`'s
+`text_config`, its vision tower not read) as transformers' Inkling2TextConfig reads it, for
+`model/inkling2.py`; reached through `mamba_config` (every layer keeps its four short convs'
+inputs in the hybrids' state slots beside its KV cache: `MambaConfig.inkling2`,
+`parallel_attention`). Kept apart from the model so that reading a config imports no layer code.
+
+- `layer_types` ("hybrid": full attention, "hybrid_sliding": a window of `sliding_window_size`;
+  by default every sixth layer full); the window layers' `swa_num_key_value_heads` (their own
+  KV cache shape); `swa_num_attention_heads` or `swa_head_dim` other than the full layers'
+  refused;
+- relative-position logits (`d_rel`, `rel_extent`; the window on window layers), L2 clips of q, k
+  (`qk_l2_clip_threshold`) and the relative states (`rel_l2_clip_threshold`), the full layers'
+  logarithmic scaling from `log_scaling_n_floor`; per-token attention sinks (`sink_proj`);
+- block attention residuals every `n_layers_per_attn_res_block` layers;
+- experts in every layer (`n_routed_experts`, `moe_intermediate_size`, also read from
+  `intermediate_size`), SwiGLU softcapped (`mlp_gate_softcap`, `mlp_up_softcap`), routed by
+  sigmoid scores (`scoring_func` "sigmoid" only) times `route_scale` (`routed_scaling_factor`);
+- the head `unpadded_vocab_size` rows (the logits' width: `ModelConfig.vocab_size`), the
+  embedding `vocab_size`; `final_logit_softcapping`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.recurrent_configs import Inkling2Layers, MambaConfig
+
+ARCHITECTURES = {"Inkling2ForCausalLM": "inkling2", "Inkling2ForConditionalGeneration": "inkling2"}
+TEXT_MODEL_TYPES = {"Inkling2ForConditionalGeneration": {"inkling2_text": "inkling2"}}
+WRAPPER_TIES = {"inkling2": False}
+# Inkling2TextConfig's attribute_map
+ALIASES = {"sconv_kernel_size": "conv_kernel_size", "model_max_length": "max_position_embeddings",
+           "sliding_window": "sliding_window_size", "num_local_experts": "n_routed_experts",
+           "intermediate_size": "moe_intermediate_size",
+           "routed_scaling_factor": "route_scale"}  # fmt: skip
+DEFAULTS = {
+    "inkling2": {"vocab_size": 201_024, "unpadded_vocab_size": 200_058, "hidden_size": 4608,
+                 "num_hidden_layers": 48, "num_attention_heads": 48, "num_key_value_heads": 8,
+                 "head_dim": 128, "swa_num_key_value_heads": 8, "sliding_window_size": 1024,
+                 "d_rel": 16, "rel_extent": 1024, "log_scaling_n_floor": 128_000,
+                 "log_scaling_alpha": 0.1, "max_position_embeddings": 1_048_576,
+                 "rms_norm_eps": 1e-6, "conv_kernel_size": 4, "moe_intermediate_size": 2304,
+                 "n_routed_experts": 384, "num_experts_per_tok": 8, "route_scale": 8.0,
+                 "qk_l2_clip_threshold": 22.627416997969522, "rel_l2_clip_threshold": 8.0,
+                 "n_layers_per_attn_res_block": 6, "mlp_gate_softcap": 4.0,
+                 "mlp_up_softcap": 25.0, "final_logit_softcapping": 30.0,
+                 "scoring_func": "sigmoid", "tie_word_embeddings": False,
+                 "eos_token_id": 200_006},
+}  # fmt: skip
+NULLABLE: dict[str, tuple[str, ...]] = {}
+# the published names (as transformers saves them too) -> transformers' (its conversion
+# mapping "inkling2_text"); the stacked experts' gate/up rows stay interleaved (the model
+# splits them), the head padded (the model keeps its `unpadded_vocab_size` rows)
+_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^model\.llm\.unembed\.", "lm_head."), (r"^model\.llm\.", "model."),
+    (r"embed\.weight$", "embed_tokens.weight"), (r"embed_norm\.", "embed_tokens.embed_norm."),
+    (r"mlp\.experts\.w13_weight$", "mlp.experts.gate_up_proj"),
+    (r"mlp\.experts\.w2_weight$", "mlp.experts.down_proj"),
+    (r"mlp\.gate\.bias$", "mlp.gate.e_score_correction_bias"), (r"\.attn\.", ".self_attn."),
+    (r"self_attn\.wq_du", "self_attn.q_proj.linear"), (r"self_attn\.wk_dv", "self_attn.k_proj.linear"),
+    (r"self_attn\.wv_dv", "self_attn.v_proj.linear"),
+    (r"self_attn\.k_sconv\.", "self_attn.k_proj.sconv."),
+    (r"self_attn\.v_sconv\.", "self_attn.v_proj.sconv."),
+    (r"self_attn\.rel_logits_proj\.", "self_attn.relative_position_bias."),
+    (r"self_attn\.wr_du", "self_attn.relative_position_bias.linear"),
+    (r"self_attn\.q_l2_clip\.", "self_attn.q_proj.norm."),
+    (r"self_attn\.rel_l2_clip\.", "self_attn.relative_position_bias.norm."),
+    (r"self_attn\.wo_ud", "self_attn.o_proj.linear"),
+    (r"self_attn\.gate_attn", "self_attn.o_proj.gate_proj"),
+    (r"self_attn\.attn_sink_proj", "self_attn.sink_proj"),
+    (r"attn_sconv\.", "post_attention_convolution."), (r"mlp_sconv\.", "post_mlp_convolution."),
+    (r"(convolution|sconv)\.weight(?!_)", r"\1.conv1d.weight"),
+    (r"(convolution|sconv)\.static_w$", r"\1.static_weight"),
+    (r"(convolution|sconv)\.weight_proj$", r"\1.weight_proj.weight"),
+    (r"mlp_norm", "post_attention_layernorm"), (r"attn_norm", "input_layernorm"),
+    (r"(q|k|v)_input_norm", r"\1_input_layernorm"),
+    (r"attn_res\.mlp_queries\.(\d+)$", r"layers.\1.mlp_input.query"),
+    (r"attn_res\.output_query$", "final_input.query"),
+))  # fmt: skip
+_ATTN_QUERY = re.compile(r"attn_res\.attn_queries\.(\d+)$")
+
+
+def rename(weights) -> None:
+    """The published names under transformers' (`_RENAMES`; the attention queries numbered
+    from the second layer)."""
+    for name in list(weights):
+        new = name
+        for pattern, to in _RENAMES:
+            new = pattern.sub(to, new)
+        new = _ATTN_QUERY.sub(lambda m: f"layers.{int(m.group(1)) + 1}.attention_input.query", new)
+        if new != name:
+            weights.rename(name, new)
+
+
+def overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The experts' width as `intermediate_size` (no dense MLP); the logits' width."""
+    return {"intermediate_size": cfg["moe_intermediate_size"],
+            "vocab_size": cfg["unpadded_vocab_size"], "padded_vocab": cfg["vocab_size"]}  # fmt: skip
+
+
+def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """ValueError, one line, for what transformers' Inkling 2 runs that this does not."""
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["hybrid" if (i + 1) % 6 == 0 else "hybrid_sliding" for i in range(n)]
+    if len(types) != n or set(types) - {"hybrid", "hybrid_sliding"}:
+        raise ValueError(f"inkling2 layer_types must name each of the {n} layers hybrid or "
+                         "hybrid_sliding")  # fmt: skip
+    heads, d = int(cfg["num_attention_heads"]), int(cfg["head_dim"])
+    for key, want in (("swa_num_attention_heads", heads), ("swa_head_dim", d)):
+        if int(cfg.get(key) or want) != want:
+            raise ValueError(f"inkling2 {key} {cfg[key]} differing from the full layers' {want} "
+                             "is not supported")  # fmt: skip
+    if cfg.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ValueError(
+            f"inkling2 scoring_func {cfg['scoring_func']!r} is not supported (sigmoid)"
+        )
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"inkling2 hidden_act {cfg['hidden_act']!r} is not supported (silu)")
+    sliding = tuple(t == "hybrid_sliding" for t in types)
+    kv, swa_kv = int(cfg["num_key_value_heads"]), int(cfg["swa_num_key_value_heads"])
+    layers = Inkling2Layers(
+        sliding=sliding, swa_kv_heads=swa_kv, d_rel=int(cfg["d_rel"]),
+        rel_extent=int(cfg["rel_extent"]), log_floor=int(cfg["log_scaling_n_floor"]),
+        log_alpha=float(cfg["log_scaling_alpha"]), qk_clip=float(cfg["qk_l2_clip_threshold"]),
+        rel_clip=float(cfg["rel_l2_clip_threshold"]),
+        block=int(cfg["n_layers_per_attn_res_block"]), gate_cap=float(cfg["mlp_gate_softcap"]),
+        up_cap=float(cfg["mlp_up_softcap"]), route_scale=float(cfg["route_scale"]),
+        padded_vocab=int(cfg["padded_vocab"]))  # fmt: skip
+    hidden = int(cfg["hidden_size"])
+    width = max(kv, swa_kv if any(sliding) else kv) * d
+    cap = cfg.get("final_logit_softcapping")
+    return {
+        "mamba": MambaConfig(
+            layers=(True,) * n, n_heads=1, head_dim=2 * width + 2 * hidden, d_state=1,
+            d_conv=int(cfg["conv_kernel_size"]), conv_bias=False, mixer="short_conv",
+            parallel_attention=True, inkling2=layers),
+        "sliding_window": int(cfg["sliding_window_size"]) if any(sliding) else None,
+        "window_layers": sliding if any(sliding) else (),
+        "relative_logits": True,
+        "attention_sinks": True,
+        "final_logit_softcapping": None if cap is None else float(cap),
+        "num_experts": int(cfg["n_routed_experts"]),
+        "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+        "moe_intermediate_size": int(cfg["moe_intermediate_size"]),
+        "norm_topk_prob": True,
+    }  # fmt: skip
+
+
+def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer `i`'s tensors, all of them (`checkpoint_check._hybrid_layer`)."""
+    ink, f, h = c.family.mamba.inkling2, c.family, c.hidden_size
+    hkv, d, k = ink.kv_shape(c, i)[0], c.head_dim, c.family.mamba.d_conv
+    q, kv, nh = c.num_heads * d, hkv * d, c.num_heads
+    p = f"model.layers.{i}."
+    a = p + "self_attn."
+    r = a + "relative_position_bias."
+    extent = f.sliding_window if ink.sliding[i] else ink.rel_extent
+    e, n = f.num_experts, f.moe_intermediate_size
+    out = {
+        p + "mlp_input.query": (h,), p + "post_attention_layernorm.weight": (h,),
+        a + "q_proj.linear.weight": (q, h), a + "q_proj.norm.scale": (nh, d),
+        a + "k_proj.linear.weight": (kv, h), a + "v_proj.linear.weight": (kv, h),
+        a + "o_proj.gate_proj.weight": (q, h), a + "o_proj.linear.weight": (h, q),
+        a + "sink_proj.weight": (nh, h), r + "proj": (ink.d_rel, extent),
+        r + "linear.weight": (nh * ink.d_rel, h), r + "norm.scale": (nh, ink.d_rel),
+        p + "mlp.experts.gate_up_proj": (e, 2 * n, h), p + "mlp.experts.down_proj": (e, h, n),
+        p + "mlp.gate.weight": (e, h), p + "mlp.gate.e_score_correction_bias": (e,),
+        p + "post_attention_convolution.conv1d.weight": (h, 1, k),
+        p + "post_mlp_convolution.conv1d.weight": (h, 1, k),
+    }  # fmt: skip
+    if ink.sliding[i]:
+        out[p + "input_layernorm.weight"] = (h,)
+        for x in "kv":
+            out[f"{a}{x}_proj.sconv.conv1d.weight"] = (kv, 1, k)
+    else:
+        for x in "qkv":
+            out[f"{p}{x}_input_layernorm.weight"] = (h,)
+        for x in "kv":
+            out[f"{a}{x}_proj.sconv.static_weight"] = (k, kv)
+            out[f"{a}{x}_proj.sconv.weight_proj.weight"] = (hkv * k, h)
+    if i:
+        out[p + "attention_input.query"] = (h,) if ink.sliding[i] else (3, h)
+    return out
