@@ -31,10 +31,10 @@ ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
 UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
-POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
+POSITIONS = ("rope", "learned", "alibi", "sinusoidal")  # `FamilyConfig.positions`
 # families with biases on q, k, v, the output, both MLP matrices and every LayerNorm (their
 # q/k norms' too), counted in `num_params`
-ALL_BIASES = ("persimmon",)
+ALL_BIASES = ("persimmon", "xglm")
 
 
 def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
@@ -157,7 +157,8 @@ class FamilyConfig:
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
-    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`)
+    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`), "sinusoidal"
+    # (learned's, the table computed: XGLM's)
     positions: str = "rope"
     position_offset: int = 0  # OPT's 2
     # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores / (i + 1) (q scaled)

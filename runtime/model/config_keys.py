@@ -32,6 +32,9 @@ ALIASES = {
     "jetmoe": {"kv_channels": "head_dim", "activation_function": "hidden_act"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+ALIASES["xglm"] = {"d_model": "hidden_size", "attention_heads": "num_attention_heads",
+                   "num_layers": "num_hidden_layers", "ffn_dim": "intermediate_size",
+                   "activation_function": "hidden_act"}  # fmt: skip
 ALIASES["codegen"] = ALIASES["gptj"]
 ALIASES["gpt_neo"] = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                       "activation_function": "hidden_act", "window_size": "sliding_window"}  # fmt: skip
@@ -44,7 +47,7 @@ ALIASES["dbrx"] = ALIASES["mpt"]
 ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
-OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo")
+OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm")
 
 
 def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -88,7 +91,7 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
         out["layer_types"] = gpt_neo_layer_types(out)
     if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
-                "persimmon"):  # fmt: skip
+                "persimmon", "xglm"):  # fmt: skip
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)

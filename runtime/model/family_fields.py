@@ -403,6 +403,21 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return fields
 
 
+def _xglm(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """XGLM (model/positions.py): a sinusoidal table offset by 2, the embeddings scaled by
+    sqrt(hidden) (`scale_embedding`), OPT's pre-norm layer with biases, an ungated MLP."""
+    if cfg.get("add_cross_attention"):
+        raise ValueError("add_cross_attention (an encoder-decoder's cross-attention) is "
+                         "not supported: Pagoda serves causal decoders")  # fmt: skip
+    pad = cfg.get("pad_token_id")
+    if pad is not None and int(pad) >= 2:  # (transformers zeroes that row of its table)
+        raise ValueError(f"XGLM with pad_token_id {pad} (its position table's row {pad} "
+                         "zeroed) is not supported: 0, 1 or null")  # fmt: skip
+    scale = math.sqrt(int(cfg["hidden_size"])) if cfg.get("scale_embedding", True) else 1.0
+    return {"positions": "sinusoidal", "position_offset": 2, "gated_mlp": False,
+            "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
+
+
 def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     """BLOOM and MPT (model/bloom.py): ALiBi, an ungated MLP, a fused q/k/v."""
     fields: dict[str, Any] = {"positions": "alibi", "alibi_slopes": arch, "gated_mlp": False}
@@ -445,6 +460,7 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 FIELDS: dict[str, Fields] = {
     **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo"), _learned),
     **dict.fromkeys(("bloom", "mpt"), _alibi),
+    "xglm": _xglm,
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     "gemma4": lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n),

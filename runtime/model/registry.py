@@ -105,6 +105,7 @@ MODEL_CLASSES = {
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "gpt_neo": ("positions", "LearnedPositionsModel"),  # local (windowed) layers, unscaled
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
+    "xglm": ("positions", "XglmModel"),  # sinusoidal positions, scaled embeddings (OPT's)
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...

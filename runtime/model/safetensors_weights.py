@@ -112,6 +112,11 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # Persimmon's fused q/k/v and MLP (model/phi.py: split as GPT-NeoX's)
     (r"\.self_attn\.query_key_value\.", ".self_attn.qkv_proj."),
     (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
+    # XGLM's norms and MLP (model/positions.py: OPT's names under `model.`)
+    (r"^model\.layer_norm\.", "model.norm."), (r"\.self_attn_layer_norm\.", ".input_layernorm."),
+    (r"\.final_layer_norm\.", ".post_attention_layernorm."),
+    (r"^(model\.layers\.\d+)\.fc1\.", r"\1.mlp.up_proj."),
+    (r"^(model\.layers\.\d+)\.fc2\.", r"\1.mlp.down_proj."),
     # Flint's attention sinks, as gpt-oss's (model/flint.py)
     (r"\.self_attn\.softmax_offset$", ".self_attn.sinks"),
 ))  # fmt: skip

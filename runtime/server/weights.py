@@ -303,6 +303,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py)
         total += tensors[EMBED].numel * (4 - p.dtype.itemsize)
+    if mc.family.positions == "sinusoidal":  # XGLM's table, computed (model/positions.py)
+        rows = mc.max_position_embeddings + mc.family.position_offset
+        total += rows * mc.hidden_size * p.dtype.itemsize
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
     for name, t in tensors.items():
