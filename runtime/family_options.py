@@ -103,6 +103,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "granitemoe_swa": Untested(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
+        "diffllama": Untested(
+            tensor_parallel="its differential attention pairs the first half of the heads with "
+            "the second, across ranks"
+        ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "longcat_flash": Untested(

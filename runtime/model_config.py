@@ -176,6 +176,8 @@ class FamilyConfig:
     bitnet: str = ""
     # Ergo (model/ergo.py): the full-attention layers' scores × this (q and k × its root)
     global_attention_scale: float | None = None
+    # DiffLlama (model/diffllama.py): differential attention, its KV cache twice the KV heads
+    diff_attention: bool = False
 
     @property
     def transforms_logits(self) -> bool:
@@ -353,6 +355,8 @@ class ModelConfig:
         if m is not None:  # (values padded to the keys' size)
             return tuple((m.swa_kv_heads if self.family.window(i) else self.num_kv_heads,
                           self.head_dim) for i in range(self.num_layers))  # fmt: skip
+        if self.family.diff_attention:  # (k twice, each half of v's heads twice)
+            return ((2 * self.num_kv_heads, self.head_dim),) * self.num_kv_layers
         if g is None:
             return ((self.num_kv_heads, self.head_dim),) * self.num_kv_layers
         return tuple((g.kv_heads[i], g.head_dims[i]) for i in range(self.num_layers)
@@ -427,6 +431,8 @@ class ModelConfig:
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
+        if f.diff_attention:  # DiffLlama's lambda_q1, lambda_k1, lambda_q2, lambda_k2
+            attn_all += self.num_layers * 4 * d
         if self.architecture in ALL_BIASES:  # the projections', the MLP's, the norms'
             q_k_norms = 2 * d if f.qk_norm else 0
             kv = self.num_kv_heads * d

@@ -236,6 +236,10 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
             out[name] = (c.hidden_size,)
         if c.family.lm_head_bias:
             out["lm_head.bias"] = (c.vocab_size,)
+    if c.family.diff_attention:  # DiffLlama's four vectors a layer (model/diffllama.py)
+        for i in range(c.num_layers):
+            out.update({f"model.layers.{i}.self_attn.{n}": (c.head_dim,)
+                        for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})  # fmt: skip
     if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family

@@ -165,6 +165,17 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return fields
 
 
+def _diffllama(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """DiffLlama (model/diffllama.py): Llama's model with differential attention, which pairs
+    the first half of the query heads with the second and splits the values' KV heads in two."""
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    if kv % 2:
+        raise ValueError(f"DiffLlama with num_key_value_heads {kv} is not supported: its "
+                         "differential attention splits the KV heads in two (an even count)")  # fmt: skip
+    return {"diff_attention": True}
+
+
 def _ernie4_5(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return {"rope_interleaved": True}
 
@@ -478,6 +489,7 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(UNGATED, _ungated),
     "ernie4_5": _ernie4_5,
     "helium": _ernie4_5,  # (the interleaved rotary)
+    "diffllama": _diffllama,
     "exaone4": _exaone4,
     "bitnet": lambda cfg, arch, n, window, layers, scaling: bitnet.family_fields(cfg),
     "smollm3": _smollm3,

@@ -78,6 +78,7 @@ HF_ARCHITECTURES = {
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
     "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
+    "DiffLlamaForCausalLM": "diffllama",  # Llama's, differential attention (diffllama.py)
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
@@ -230,6 +231,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "head_dim": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
             "sliding_window": 8192, "bos_token_id": 128_000,
             "eos_token_id": [128_001, 128_008, 128_009]},
+    "diffllama": {"vocab_size": 32_000, "hidden_size": 2048, "intermediate_size": 8192,
+                  "num_hidden_layers": 16, "num_attention_heads": 32, "rms_norm_eps": 1e-5,
+                  "bos_token_id": 1, "eos_token_id": 2},
     "helium": {"vocab_size": 48_000, "hidden_size": 2560, "intermediate_size": 7040,
                "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20,
                "head_dim": 128, "rms_norm_eps": 1e-8, "max_position_embeddings": 4096,

@@ -74,6 +74,7 @@ MODEL_CLASSES = {
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
     "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
+    "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
