@@ -112,6 +112,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         from pagoda.runtime.model.dory_config import overrides as dory_overrides
 
         out.update(dory_overrides(out))
+    if arch == "gemma3n":  # its MLP widths by layer, its rotary by layer kind
+        from pagoda.runtime.model.gemma3n_config import overrides as gemma3n_overrides
+
+        out.update(gemma3n_overrides(out))
     if arch == "ergo":  # the dense MLP's width, the window's published name, hidden / heads
         from pagoda.runtime.model.ergo_config import overrides
 

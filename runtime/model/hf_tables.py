@@ -9,8 +9,10 @@ from typing import Any
 
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import dory_config as dory
+from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
+from pagoda.runtime.model import glm5_next_config as glm5_next
 from pagoda.runtime.model import laguna_config as laguna
 from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
@@ -33,6 +35,9 @@ HF_ARCHITECTURES = {
     # Gemma 4: per-layer inputs, KV-shared layers, head sizes by layer (model/gemma4.py); the
     # multimodal checkpoints' text model (its vision and audio towers are not read)
     **gemma4.ARCHITECTURES,
+    # Gemma 3n: AltUp, Laurel, per-layer inputs, KV-shared layers (model/gemma3n.py); the
+    # multimodal checkpoints' text model (its vision and audio towers are not read)
+    **gemma3n.ARCHITECTURES,
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen2MoeForCausalLM": "qwen2moe",
@@ -61,6 +66,7 @@ HF_ARCHITECTURES = {
     "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
+    "Apertus1p5TextForCausalLM": "apertus1p5",  # Apertus', its LM head pruned (apertus.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
     # EXAONE 3.0 / 3.5: Llama's, GPT-style names (safetensors_weights); EXAONE 4.5: its text model
@@ -105,7 +111,9 @@ TEXT_MODEL_TYPES = {
                                          "ministral3": "ministral3"},
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
     **gemma4.TEXT_MODEL_TYPES,
+    **gemma3n.TEXT_MODEL_TYPES,
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
+    **glm5_next.TEXT_MODEL_TYPES,  # GLM-5-Next's (model/glm5_next.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
@@ -114,7 +122,7 @@ REMOTE_CODE_TYPES = {
                 "transformer.h.N.mixer.Wqkv tensors",
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
-WRAPPER_TIES = {"exaone4_5": False, **qwen3_next.WRAPPER_TIES}
+WRAPPER_TIES = {"exaone4_5": False, **qwen3_next.WRAPPER_TIES, **glm5_next.WRAPPER_TIES}
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -172,6 +180,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "apertus": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
                 "rope_theta": 12_000_000.0,  # transformers' default_theta
                 "bos_token_id": 1, "eos_token_id": 2},
+    "apertus1p5": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
+                   "rope_theta": 12_000_000.0, "bos_token_id": 1, "eos_token_id": 2,
+                   "vocab_size": 266_752},  # (Apertus1p5TextConfig: Apertus' and its vocabulary)
     "exaone": {"vocab_size": 102_400, "intermediate_size": 14_336, "num_key_value_heads": 8,
                "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0,
                "bos_token_id": 1, "eos_token_id": 361},
@@ -311,6 +322,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
     **gemma4.DEFAULTS,
+    **gemma3n.DEFAULTS,
 }  # fmt: skip
 DEFAULTS["vaultgemma"] = DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
@@ -335,7 +347,9 @@ NULLABLE = {
     "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
     **moe_families.NULLABLE,
     "gemma4": ("hidden_size_per_layer_input",),  # null: no per-layer inputs
+    "gemma3n": ("final_logit_softcapping",),  # null: no cap
     **zaya.NULLABLE,
+    "glm5_next": glm5_next.NULLABLE,
 }
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
@@ -349,6 +363,7 @@ EPS.update(xglm="_layer_norm_eps")
 # nor rope_scaling
 DEFAULT_ROPE = {
     "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
+    "gemma4_unified": gemma4.DEFAULT_ROPE,
     "laguna": laguna.DEFAULT_ROPE,  # by layer kind
     "zaya": zaya.DEFAULT_ROPE,  # by layer kind
     "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
@@ -382,6 +397,7 @@ DEFAULT_ROPE = {
         "high_freq_factor": 4.0,
     },
 }
+DEFAULT_ROPE["apertus1p5"] = DEFAULT_ROPE["apertus"]  # (Apertus1p5TextConfig is ApertusConfig's)
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
                    "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,

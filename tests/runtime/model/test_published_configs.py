@@ -297,3 +297,41 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
+
+
+# SmallDoge's Doge-320M and Doge-120M-MoE model_config (their recipes' config_full.yaml): the
+# dynamic rotary over the 2048-token context, tied, half the heads' KV heads
+DOGE_320M = {"vocab_size": 32768, "hidden_size": 1024, "intermediate_size": 2048,
+             "num_hidden_layers": 32, "tie_word_embeddings": True,
+             "max_position_embeddings": 2048, "rope_theta": 10000.0,
+             "rope_scaling": {"rope_type": "dynamic", "factor": 4.0,
+                              "original_max_position_embeddings": 2048},
+             "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
+DOGE_120M_MOE = {**DOGE_320M, "hidden_size": 512, "intermediate_size": 1024,
+                 "num_hidden_layers": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "is_moe": True, "num_experts": 4096, "num_experts_per_tok": 32}  # fmt: skip
+
+
+@pytest.mark.parametrize(("cfg", "params"), [(DOGE_320M, 335_750_272),
+                                             (DOGE_120M_MOE, 122_728_992)])  # fmt: skip
+def test_published_doge_configs_read_as_transformers_reads_them(tmp_path, cfg, params):
+    """Doge-320M's and Doge-120M-MoE's config.json: shapes, tying, the context (the dynamic
+    rotary's and keep_window_size's 2048), the experts' keys, and the parameter count
+    transformers' own on the meta device (A, dt_proj, residual scales, router and tables)."""
+    import torch
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DogeForCausalLM"],
+                                                      "model_type": "doge", **cfg}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    assert (o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads, o.head_dim) == (
+        t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads,
+        t.hidden_size // t.num_attention_heads)  # fmt: skip
+    assert o.tie_word_embeddings and o.context_length == 2048 and o.rope_theta == 10000.0
+    g = o.family.doge
+    assert (g.keep_window, g.num_experts, g.num_keys) == (
+        (2048, 4096, 64) if t.is_moe else (2048, 0, 0)
+    )
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
