@@ -149,6 +149,9 @@ class FamilyConfig:
     dory: DoryLoops | None = None
     # Doge (model/doge.py): the dynamic mask's key biases, the product-key experts
     doge: DogeAttention | None = None
+    # MiniMax-M3 (model/minimax_m3.py): the context up to which its indexer keeps every key
+    # block, its sparse layers attending densely (None: no sparse layer)
+    indexed_context: int | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
@@ -374,6 +377,8 @@ class ModelConfig:
             context = min(context, q.dense_limit)
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
+        if self.family.indexed_context is not None:  # (MiniMax-M3's indexer drops blocks past it)
+            context = min(context, self.family.indexed_context)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
