@@ -171,6 +171,9 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="its stacked experts' FP8 scales are not read",
         ),
+        "mllama": Untested(
+            tensor_parallel="its embedding's rows past the vocabulary are not split as the head's",
+        ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",

@@ -412,6 +412,8 @@ class ModelConfig:
             experts += moe * (mats * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        if self.architecture == "mllama":  # its embedding's 8 rows past the vocabulary
+            emb += 8 * h
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
         if f.hyper is not None:  # HY V4's hyper-connections, attention's gates and sinks
             n, gate = f.hyper.mult, self.num_heads * f.mla.v_head_dim * h + self.num_heads

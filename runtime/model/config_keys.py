@@ -108,6 +108,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         from pagoda.runtime.model.dory_config import overrides as dory_overrides
 
         out.update(dory_overrides(out))
+    if arch == "mllama":  # the self-attention layers alone (mllama_config.py)
+        from pagoda.runtime.model.mllama_config import overrides as mllama_overrides
+
+        out.update(mllama_overrides(out))
     if arch == "minimax_m3":  # widths by MLP kind, layer kinds from the released keys
         from pagoda.runtime.model.minimax_m3_config import overrides as minimax_m3_overrides
 

@@ -33,6 +33,7 @@ from pagoda.runtime.model import (
     minicpm5_moe_config,
     minimax_m2_config,
     minimax_m3_config,
+    mllama_config,
     phimoe_config,
     solar_open_config,
 )
@@ -64,6 +65,7 @@ MODULES = (
     beam_config,
     doge_config,
     minimax_m3_config,
+    mllama_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
