@@ -196,6 +196,14 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
         ),
+        "minimax_m3": Untested(
+            tensor_parallel="its fused gate_up MLPs are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="its stacked experts' FP8 scales are not read",
+        ),
+        "mllama": Untested(
+            tensor_parallel="its embedding's rows past the vocabulary are not split as the head's",
+        ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",

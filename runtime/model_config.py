@@ -158,6 +158,9 @@ class FamilyConfig:
     dory: DoryLoops | None = None
     # Doge (model/doge.py): the dynamic mask's key biases, the product-key experts
     doge: DogeAttention | None = None
+    # MiniMax-M3 (model/minimax_m3.py): the context up to which its indexer keeps every key
+    # block, its sparse layers attending densely (None: no sparse layer)
+    indexed_context: int | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
@@ -390,6 +393,8 @@ class ModelConfig:
             context = min(context, self.family.doge.keep_window)
         if self.family.dense_limit is not None:  # GLM-5-Next: where its indexer keeps all
             context = min(context, self.family.dense_limit)
+        if self.family.indexed_context is not None:  # (MiniMax-M3's indexer drops blocks past it)
+            context = min(context, self.family.indexed_context)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -424,6 +429,8 @@ class ModelConfig:
         mlps = (self.num_layers - moe) * mats * h * i + experts
         head = 0 if self.tie_word_embeddings else f.head_rows or self.vocab_size
         emb = (self.vocab_size + head) * h
+        if self.architecture == "mllama":  # its embedding's 8 rows past the vocabulary
+            emb += 8 * h
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
         if f.hyper is not None:  # HY V4's hyper-connections, attention's gates and sinks
             n, gate = f.hyper.mult, self.num_heads * f.mla.v_head_dim * h + self.num_heads

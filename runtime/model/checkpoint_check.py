@@ -28,6 +28,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.architecture == "mllama":  # (its rows past the vocabulary: mllama_config.py)
+        out[EMBED] = (c.vocab_size + 8, h)
     if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
         del out["model.norm.weight"]
     for i in range(c.num_layers):
@@ -75,6 +77,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
                         f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
+        if c.architecture == "minimax_m3":  # its fused and stacked MLPs (minimax_m3_config.py)
+            from pagoda.runtime.model.minimax_m3_config import expected_shapes as m3_shapes
+
+            out.update(m3_shapes(c, i))
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -385,6 +391,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "zaya",
             "bitnet",
             "longcat_flash",
+            "minimax_m3",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         if c.architecture == "ergo" and c.family.has_experts(i):

@@ -116,6 +116,14 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         from pagoda.runtime.model.gemma3n_config import overrides as gemma3n_overrides
 
         out.update(gemma3n_overrides(out))
+    if arch == "mllama":  # the self-attention layers alone (mllama_config.py)
+        from pagoda.runtime.model.mllama_config import overrides as mllama_overrides
+
+        out.update(mllama_overrides(out))
+    if arch == "minimax_m3":  # widths by MLP kind, layer kinds from the released keys
+        from pagoda.runtime.model.minimax_m3_config import overrides as minimax_m3_overrides
+
+        out.update(minimax_m3_overrides(out))
     if arch == "ergo":  # the dense MLP's width, the window's published name, hidden / heads
         from pagoda.runtime.model.ergo_config import overrides
 

@@ -110,6 +110,7 @@ TEXT_MODEL_TYPES = {
     "Mistral3ForConditionalGeneration": {"mistral": "mistral", "ministral": "ministral",
                                          "ministral3": "ministral3"},
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
+    "MllamaForConditionalGeneration": {"mllama_text_model": "mllama"},  # (mllama_config.py)
     **gemma4.TEXT_MODEL_TYPES,
     **gemma3n.TEXT_MODEL_TYPES,
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
@@ -122,7 +123,12 @@ REMOTE_CODE_TYPES = {
                 "transformer.h.N.mixer.Wqkv tensors",
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
-WRAPPER_TIES = {"exaone4_5": False, **qwen3_next.WRAPPER_TIES, **glm5_next.WRAPPER_TIES}
+WRAPPER_TIES = {
+    "exaone4_5": False,
+    "mllama": False,
+    **qwen3_next.WRAPPER_TIES,
+    **glm5_next.WRAPPER_TIES,
+}
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.

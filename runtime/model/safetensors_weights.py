@@ -37,6 +37,7 @@ _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGenerati
 )
 _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
 _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
+_SKIP += ("model.vision_model.",)  # (Mllama's, transformers 5's names)
 _SKIP += ("model.visual.",)  # (EXAONE 4.5's, Qwen3.5's)
 _SKIP += ("mtp.",)  # (Qwen3-Next's and Qwen3.5's multi-token prediction layers: not run)
 _SKIP += ("model.mtp_layers.",)  # (HY V4's, as transformers ignores them: not run)

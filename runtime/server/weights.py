@@ -297,6 +297,8 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return int(name.rsplit(".", 2)[1]) < mc.family.gemma4.gemma3n.altup_inputs - 1
     if mc.architecture == "glm5_next" and ".self_attn.indexer." in name:
         return False  # (every token kept within its context: the indexer not run, glm5_next.py)
+    if mc.architecture == "minimax_m3" and ".self_attn.indexer." in name:
+        return False  # (its sparse layers attend densely: model/minimax_m3_config.py)
     m = _LAYER.match(name)
     if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
         return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))
@@ -397,7 +399,9 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
             return t.numel * 8
         if _NORM.search(name) or name.endswith("experts.norm"):
             return t.numel * 4  # its norms and expert norms in float32
-    if mc.architecture == "zaya" and name.endswith(("experts.gate_up_proj", "down_proj")):
+    if mc.architecture in ("zaya", "minimax_m3") and name.endswith(
+        ("experts.gate_up_proj", "down_proj")
+    ):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
@@ -414,11 +418,12 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return None
     if norm and (
         mc.family.gemma_norms or (mc.family.cohere_layer and not mc.family.cohere_rms_norm)
-        or mc.architecture == "gpt_oss" or float32_norm or mc.family.gemma4 is not None
+        or mc.architecture in ("gpt_oss", "minimax_m3") or float32_norm
+        or mc.family.gemma4 is not None
         or name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
     ):  # fmt: skip
-        # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
-        # w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
+        # float32: Gemma's (and MiniMax-M3's) 1 + w (gemma2.norm_weight), Cohere's LayerNorm
+        # weights, gpt-oss's w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
         return math.prod(_local(name, t.shape, mc, lay)) * 4
     if name.endswith("self_attn.sinks"):  # float32, this rank's heads
         start, stop = lay.heads(mc.num_heads)
