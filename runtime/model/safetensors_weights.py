@@ -109,6 +109,11 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # LFM3's sandwich norms, as GLM-4's (model/lfm2.py)
     (r"\.post_operator_norm\.weight$", ".post_self_attn_layernorm.weight"),
     (r"\.post_ffn_norm\.weight$", ".post_mlp_layernorm.weight"),
+    # RecurrentGemma's (model/recurrent_gemma.py): its norms, attention, MLP, the final norm
+    (r"\.temporal_pre_norm\.", ".input_layernorm."),
+    (r"\.channel_pre_norm\.", ".post_attention_layernorm."), (r"\.mlp_block\.", ".mlp."),
+    (r"\.temporal_block\.([qkvo])_proj\.", r".self_attn.\1_proj."),
+    (r"^model\.final_norm\.weight$", "model.norm.weight"),
     # Flint's attention sinks, as gpt-oss's (model/flint.py)
     (r"\.self_attn\.softmax_offset$", ".self_attn.sinks"),
 ))  # fmt: skip
