@@ -126,6 +126,10 @@ _NAMES = re.compile(r"(?<![\w./])(?:model\.[\w.]*\w|lm_head\.\w+)")
 def _text_name(stored: str) -> str | None:
     if stored.startswith(_SKIP) or stored.endswith(_BUFFERS):
         return None
+    if stored.startswith("rwkv.") or stored == "head.weight":  # RWKV's (model/rwkv_config.py)
+        from pagoda.runtime.model.rwkv_config import rwkv_name
+
+        return rwkv_name(stored)
     if stored.startswith("backbone."):  # Nemotron-H's names (model/nemotron_h_config.py)
         from pagoda.runtime.model.nemotron_h_config import nemotron_name
 

@@ -177,6 +177,9 @@ CASES = {
              num_key_value_heads=1, attention_window_size=8, intermediate_size=192,
              logits_soft_cap=20.0),
     ),
+    # RWKV-4 (model/rwkv.py): time-mix (the wkv recurrence) and channel-mix in every layer, the
+    # token shift from the state slots, LayerNorms with biases, no attention; untied
+    "rwkv": ("Rwkv", dict(num_hidden_layers=2, intermediate_size=128)),
     # Gated DeltaNet among gated attention (model/qwen3_next.py). Qwen3-Next: experts with the
     # shared expert and its gate, a dense layer (`mlp_only_layers`), two value heads per key
     # head, top-k not renormalised; Qwen3.5: a dense MLP, as many key heads as value heads, key
@@ -535,6 +538,7 @@ REFUSED = {
     "recurrent-gemma": (
         2, _NO_TP.format("recurrent_gemma", "rglru"), _NO_FP8.format("recurrent_gemma", "rglru")
     ),
+    "rwkv": (2, _NO_TP.format("rwkv", "wkv"), _NO_FP8.format("rwkv", "wkv")),
 }  # fmt: skip
 
 
