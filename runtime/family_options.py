@@ -187,6 +187,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its shared block and mamba1 layers are not split",
             fp8="its shared block and mamba1 layers",
         ),
+        "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
+        "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",

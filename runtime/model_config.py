@@ -335,6 +335,10 @@ class ModelConfig:
             out += self.num_kv_layers * h * self.head_dim * self.num_heads // tp
         if m.attn_head_gate:  # g_proj, one gate a head (LFM3's attention)
             out += self.num_kv_layers * h * self.num_heads // tp
+        if m.mixer == "wkv":  # RWKV's LayerNorms' biases, its first layer's pre_ln
+            out += self.num_layers * 2 * h + 3 * h
+        if m.mixer == "rglru":  # RecurrentGemma's MLP biases (every layer's), o_proj's bias
+            out += self.num_layers * (2 * self.intermediate_size + h) + self.num_kv_layers * h
         if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
             mats = 3 if self.family.gated_mlp else 2
             out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp

@@ -216,7 +216,7 @@ class MambaConfig:
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
-                              "lightning"):  # fmt: skip
+                              "lightning", "rglru", "wkv"):  # fmt: skip
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -244,7 +244,7 @@ class MambaConfig:
         state; 1 for Mamba-1's scan (it passes through the state at every token) and LFM2's
         short conv (its state is the inputs before a token), so their boundaries fall every
         block and the scheduler cuts no prefill chunk for them."""
-        return 1 if self.mixer in ("mamba1", "short_conv") else self.chunk_size
+        return 1 if self.mixer in ("mamba1", "short_conv", "rglru", "wkv") else self.chunk_size
 
     @property
     def conv_dim(self) -> int:
@@ -298,6 +298,12 @@ class MambaConfig:
             return 5 * self.d_inner * hidden + self.d_inner
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
+        if self.mixer == "wkv":  # RWKV's time-mix (k, v, r, output; decay, bonus, 3 mixes), the
+            d = self.d_inner  # channel-mix's receptance and 2 mixes (its key and value: the
+            return 4 * d * hidden + 2 * d + hidden * hidden + 5 * hidden  # ungated MLP's)
+        if self.mixer == "rglru":  # linear_y, linear_x, linear_out, the conv (all biased), the
+            d, p = self.d_inner, self.head_dim  # recurrent param, two gates per head block
+            return 3 * d * hidden + 2 * d + hidden + d * (self.d_conv + 1) + d + 2 * d * (p + 1)
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
             d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D (and
             proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)  # Jamba's dt/B/C norms)

@@ -388,6 +388,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "falcon_mamba",
             "zamba2",
             "zamba",
+            "rwkv",
             "zaya",
             "bitnet",
             "longcat_flash",

@@ -407,7 +407,8 @@ DEFAULT_ROPE["apertus1p5"] = DEFAULT_ROPE["apertus"]  # (Apertus1p5TextConfig is
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
                    "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,
-                   *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya")  # fmt: skip
+                   *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya",
+                   "recurrent_gemma")  # fmt: skip
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)
 PROPORTIONAL_ROTARY = ("lfm3",)

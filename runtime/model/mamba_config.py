@@ -28,6 +28,8 @@ reading a config imports no layer code.
   `zamba2_config.py`, `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`,
   `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
+- RecurrentGemma (RG-LRU blocks among local attention layers): `recurrent_gemma_config.py`.
+- RWKV-4 (time-mix and channel-mix, no attention): `rwkv_config.py`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from pagoda.runtime.model import (
     nemotron_h_config,
     olmo_hybrid_config,
     qwen3_next_config,
+    recurrent_gemma_config,
+    rwkv_config,
     zamba2_config,
     zamba_config,
     zaya_config,
@@ -72,6 +76,8 @@ ARCHITECTURES = {
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
     **zamba_config.ARCHITECTURES,  # Zamba: Mamba-1 layers in heads, a shared block (zamba.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
+    **recurrent_gemma_config.ARCHITECTURES,  # RG-LRU blocks, local attention
+    **rwkv_config.ARCHITECTURES,  # RWKV-4: time-mix and channel-mix (model/rwkv.py)
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -99,6 +105,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **zamba2_config.DEFAULTS,
     **zamba_config.DEFAULTS,
     **zaya_config.DEFAULTS,
+    **recurrent_gemma_config.DEFAULTS,
+    **rwkv_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
@@ -181,7 +189,7 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
-                   zaya_config, minimax_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -200,7 +208,7 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
-                   zaya_config, minimax_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -228,7 +236,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
                    bailing_hybrid_config, glm5_next_config,
                    zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
-                   zaya_config, minimax_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

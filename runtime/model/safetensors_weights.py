@@ -118,6 +118,11 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.final_layer_norm\.", ".post_attention_layernorm."),
     (r"^(model\.layers\.\d+)\.fc1\.", r"\1.mlp.up_proj."),
     (r"^(model\.layers\.\d+)\.fc2\.", r"\1.mlp.down_proj."),
+    # RecurrentGemma's (model/recurrent_gemma.py): its norms, attention, MLP, the final norm
+    (r"\.temporal_pre_norm\.", ".input_layernorm."),
+    (r"\.channel_pre_norm\.", ".post_attention_layernorm."), (r"\.mlp_block\.", ".mlp."),
+    (r"\.temporal_block\.([qkvo])_proj\.", r".self_attn.\1_proj."),
+    (r"^model\.final_norm\.weight$", "model.norm.weight"),
     # Flint's attention sinks, as gpt-oss's (model/flint.py)
     (r"\.self_attn\.softmax_offset$", ".self_attn.sinks"),
 ))  # fmt: skip
@@ -130,6 +135,10 @@ _NAMES = re.compile(r"(?<![\w./])(?:model\.[\w.]*\w|lm_head\.\w+)")
 def _text_name(stored: str) -> str | None:
     if stored.startswith(_SKIP) or stored.endswith(_BUFFERS):
         return None
+    if stored.startswith("rwkv.") or stored == "head.weight":  # RWKV's (model/rwkv_config.py)
+        from pagoda.runtime.model.rwkv_config import rwkv_name
+
+        return rwkv_name(stored)
     if stored.startswith("backbone."):  # Nemotron-H's names (model/nemotron_h_config.py)
         from pagoda.runtime.model.nemotron_h_config import nemotron_name
 

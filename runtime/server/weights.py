@@ -405,6 +405,11 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
+    if mc.architecture == "recurrent_gemma" and (".rg_lru." in name or ".conv_1d." in name):
+        return t.numel * (4 if name.endswith("recurrent_param") else p.dtype.itemsize)  # (tensors:
+        # the RG-LRU's gates and conv, its decay's softplus in float32: model/recurrent_gemma.py)
+    if mc.architecture == "rwkv" and ".time_" in name:  # RWKV's mixes in the dtype, decay
+        return t.numel * (4 if name.endswith(("time_decay", "time_first")) else p.dtype.itemsize)
     if mc.architecture == "zamba" and name.endswith(("_proj_weight", "dt_proj_bias")):
         return t.numel * p.dtype.itemsize  # its mixers' per-head x_proj, dt_proj: tensors
     if mc.architecture in _KDA_FAMILIES and _KDA_TENSORS.search(name):
