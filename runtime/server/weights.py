@@ -249,6 +249,12 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.bailing_hybrid_config import rename
 
         rename(weights)
+    if architecture == "gemma3n":  # the wrapper's embedders, as the loader lists them
+        from pagoda.runtime.model.gemma3n_config import list_embedders
+        from pagoda.runtime.model.hf_loader import read_config
+
+        with contextlib.suppress(ValueError):  # (refused at load in one line)
+            list_embedders(weights, read_config(path))
     if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
         from pagoda.runtime.model.dbrx import split_experts
         from pagoda.runtime.model.hf_loader import read_config
