@@ -120,8 +120,12 @@ _KDA_TENSORS = re.compile(r"self_attn\.(([qkv]_)?conv1d\.weight|A_log|dt_bias|o_
 _NORM = re.compile(r"norm(_\d)?\.weight$")
 # Gemma 3n's AltUp projections into and out of its extra streams (Linears outside the layers)
 _ALTUP = re.compile(r"model\.altup_(unembed_)?projections\.\d+\.weight$")
-# and each layer's router and coefficients (tensors: `gemma3n.AltUp`)
-_ALTUP_COEFS = re.compile(r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$")
+# and each layer's router and coefficients (tensors: `gemma3n.AltUp`), and the wrapper's tables
+# of image and audio token ids (`Gemma3nModel.embed_tokens`)
+_ALTUP_COEFS = re.compile(
+    r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$"
+    r"|^model\.embed_(vision|audio)\.embedding\.weight$"
+)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -292,8 +296,11 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
     ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
         # PhiMoE's head a bias)
         return True
-    if mc.family.gemma4 is not None and _ALTUP.match(name):  # Gemma 3n's (model/gemma3n.py)
-        return int(name.rsplit(".", 2)[1]) < mc.family.gemma4.gemma3n.altup_inputs - 1
+    g3n = None if mc.family.gemma4 is None else mc.family.gemma4.gemma3n  # (model/gemma3n.py)
+    if g3n is not None and _ALTUP.match(name):
+        return int(name.rsplit(".", 2)[1]) < g3n.altup_inputs - 1
+    if g3n is not None and name.startswith(("model.embed_vision.", "model.embed_audio.")):
+        return name in g3n.model_shapes(mc.hidden_size)  # (its soft-token norms: not read)
     m = _LAYER.match(name)
     if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
         return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))

@@ -90,6 +90,7 @@ def test_a_conditional_generation_checkpoint_reads_its_text_model_and_token_embe
     audio range (278..299), which transformers embeds through `embed_vision` / `embed_audio`
     even without images or audio, through those embedders: transformers' tokens and logits."""
     from arch_cases import check
+    from model_bytes import check_estimate
     from transformers.models.gemma3n import modeling_gemma3n
 
     real = modeling_gemma3n.AutoModel.from_config
@@ -112,6 +113,7 @@ def test_a_conditional_generation_checkpoint_reads_its_text_model_and_token_embe
               max_num_batched_tokens=16)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
         check(got, want, f"gemma3n wrapper: prompt {i}")
+    check_estimate(tmp_path, rel=1e-3)  # (the towers not counted, the embedders counted)
 
 
 def _published(layers: int, width: int, shared: int) -> dict:
