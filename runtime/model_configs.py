@@ -294,6 +294,9 @@ class Gemma3nParts:
     altup_correct_scale: bool
     laurel_rank: int
     sparsity: tuple[float, ...]
+    # the multimodal wrapper's embedders of its image and audio token ids (none in a causal
+    # LM's checkpoint): (name, first id, ids, width, eps), `model.embed_<name>.`
+    embedders: tuple[tuple[str, int, int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         _positive("altup_num_inputs", self.altup_inputs)
@@ -306,8 +309,13 @@ class Gemma3nParts:
                              "hold fractions in [0, 1)")  # fmt: skip
 
     def model_shapes(self, h: int) -> dict[str, tuple[int, ...]]:
-        """AltUp's projections into and out of its extra streams (outside the layers)."""
+        """AltUp's projections into and out of its extra streams (outside the layers), and the
+        wrapper's embedders of image and audio token ids."""
         out = {}
+        for name, _, rows, width, _ in self.embedders:
+            e = f"model.embed_{name}."
+            out.update({e + "embedding.weight": (rows, width), e + "hard_embedding_norm.weight":
+                        (width,), e + "embedding_projection.weight": (h, width)})  # fmt: skip
         for i in range(self.altup_inputs - 1):
             for name in ("altup_projections", "altup_unembed_projections"):
                 out[f"model.{name}.{i}.weight"] = (h, h)

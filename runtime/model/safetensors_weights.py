@@ -304,6 +304,14 @@ class SafetensorsWeights(Mapping):
     def __contains__(self, name: object) -> bool:
         return name in self._where
 
+    def list_skipped(self, names: set[str]) -> None:
+        """List the stored tensors `names` that the prefixes of the multimodal parts leave out
+        (Gemma 3n's embedders of image and audio token ids: `gemma3n_config.list_embedders`)."""
+        for i, handle in enumerate(self._handles):
+            for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
+                if stored in names:
+                    self._where[stored] = (i, stored)
+
     def rename(self, name: str, new: str) -> None:
         """List tensor `name` as `new` (Qwen3.5-MoE's stacked experts, stored without a
         `.weight`, under the name `moe.SparseMoE` reads stacked experts by)."""

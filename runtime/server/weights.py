@@ -123,8 +123,12 @@ _KDA_FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
 _NORM = re.compile(r"norm(_\d)?\.weight$")
 # Gemma 3n's AltUp projections into and out of its extra streams (Linears outside the layers)
 _ALTUP = re.compile(r"model\.altup_(unembed_)?projections\.\d+\.weight$")
-# and each layer's router and coefficients (tensors: `gemma3n.AltUp`)
-_ALTUP_COEFS = re.compile(r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$")
+# and each layer's router and coefficients (tensors: `gemma3n.AltUp`), and the wrapper's tables
+# of image and audio token ids (`Gemma3nModel.embed_tokens`)
+_ALTUP_COEFS = re.compile(
+    r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$"
+    r"|^model\.embed_(vision|audio)\.embedding\.weight$"
+)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -256,6 +260,12 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.bailing_hybrid_config import rename
 
         rename(weights)
+    if architecture == "gemma3n":  # the wrapper's embedders, as the loader lists them
+        from pagoda.runtime.model.gemma3n_config import list_embedders
+        from pagoda.runtime.model.hf_loader import read_config
+
+        with contextlib.suppress(ValueError):  # (refused at load in one line)
+            list_embedders(weights, read_config(path))
     if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
         from pagoda.runtime.model.dbrx import split_experts
         from pagoda.runtime.model.hf_loader import read_config
@@ -293,8 +303,11 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
     ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
         # PhiMoE's head a bias)
         return True
-    if mc.family.gemma4 is not None and _ALTUP.match(name):  # Gemma 3n's (model/gemma3n.py)
-        return int(name.rsplit(".", 2)[1]) < mc.family.gemma4.gemma3n.altup_inputs - 1
+    g3n = None if mc.family.gemma4 is None else mc.family.gemma4.gemma3n  # (model/gemma3n.py)
+    if g3n is not None and _ALTUP.match(name):
+        return int(name.rsplit(".", 2)[1]) < g3n.altup_inputs - 1
+    if g3n is not None and name.startswith(("model.embed_vision.", "model.embed_audio.")):
+        return name in g3n.model_shapes(mc.hidden_size)  # (its soft-token norms: not read)
     if mc.architecture == "glm5_next" and ".self_attn.indexer." in name:
         return False  # (every token kept within its context: the indexer not run, glm5_next.py)
     if mc.architecture == "minimax_m3" and ".self_attn.indexer." in name:
