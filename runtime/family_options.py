@@ -214,6 +214,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
         ),
+        "inkling": Untested(
+            tensor_parallel="its short convs' states and relative logits are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
+        ),
     }
 )
 

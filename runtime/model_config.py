@@ -113,6 +113,9 @@ class FamilyConfig:
     # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
     # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
     attention_sinks: bool = False
+    # Inkling (model/inkling.py): each layer's relative-position logits join the scores (the
+    # attention backends' `rel_logits`: the torch backend's)
+    relative_logits: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
     # HY V4 (model/hy_v4.py): the residual as hyper-connected streams (DeepSeek-V4's form too)
@@ -322,6 +325,8 @@ class ModelConfig:
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
             return m.zamba2.params(self) - llama
+        if m.inkling is not None:  # its layers' own beyond Llama's (one rank)
+            return m.inkling.params(self)
         if m.zaya is not None:  # its layers' own (one rank), less the first's router state
             # scale, and the embeddings' scale and bias
             return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
@@ -372,6 +377,9 @@ class ModelConfig:
             return ((self.num_kv_heads, DogeAttention.cache_head_dim(self.head_dim)),) * (
                 self.num_layers
             )
+        ink = None if self.family.mamba is None else self.family.mamba.inkling
+        if ink is not None:  # (the window layers' own)
+            return tuple(ink.kv_shape(self, i) for i in range(self.num_layers))
         if m is not None:  # (values padded to the keys' size)
             return tuple((m.swa_kv_heads if self.family.window(i) else self.num_kv_heads,
                           self.head_dim) for i in range(self.num_layers))  # fmt: skip

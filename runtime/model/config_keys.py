@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.model import longcat_flash_config
+from pagoda.runtime.model import inkling_config, longcat_flash_config
 
 # older config.json keys a family's config class reads as another (its `attribute_map`, or an
 # init argument it renames)
@@ -45,6 +45,7 @@ ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linea
 ALIASES["bailing_hybrid"] = ALIASES["kimi_linear"]  # BailingHybridConfig's (the same keys)
 ALIASES["dbrx"] = ALIASES["mpt"]
 ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
+ALIASES["inkling"] = inkling_config.ALIASES  # InklingTextConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
 OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm")

@@ -13,6 +13,7 @@ from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import glm5_next_config as glm5_next
+from pagoda.runtime.model import inkling_config as inkling
 from pagoda.runtime.model import laguna_config as laguna
 from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
@@ -115,6 +116,7 @@ TEXT_MODEL_TYPES = {
     **gemma3n.TEXT_MODEL_TYPES,
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
     **glm5_next.TEXT_MODEL_TYPES,  # GLM-5-Next's (model/glm5_next.py)
+    **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
@@ -128,6 +130,7 @@ WRAPPER_TIES = {
     "mllama": False,
     **qwen3_next.WRAPPER_TIES,
     **glm5_next.WRAPPER_TIES,
+    **inkling.WRAPPER_TIES,
 }
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
@@ -356,6 +359,7 @@ NULLABLE = {
     "gemma3n": ("final_logit_softcapping",),  # null: no cap
     **zaya.NULLABLE,
     "glm5_next": glm5_next.NULLABLE,
+    **inkling.NULLABLE,
 }
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")

@@ -83,7 +83,9 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    # Zaya's embedding scale (model/zaya.py)
                    "model.input_hidden_states_scale", "model.input_hidden_states_bias",
                    # HY V4's hyper-connections' fold (model/hy_v4.py)
-                   "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")  # fmt: skip
+                   "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale",
+                   # Inkling's embedding norm (model/inkling.py)
+                   "model.embed_tokens.embed_norm.weight")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq",
              # MiniMax's lightning decays, computed from the config (model/minimax.py)
@@ -94,6 +96,8 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\bqkv_proj\.([qk]_proj|v_proj_delayed)\b"), "qkv_proj.cca"),
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
+          # Inkling's relative states: with q, k and v in one matrix (model/inkling.py)
+          (re.compile(r"\bself_attn\.r_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
           # a GGUF's experts (`gguf_archs`: `experts.gate`/`.up`) and GraniteMoE's
@@ -425,6 +429,10 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * (4 if name.endswith(("time_decay", "time_first")) else p.dtype.itemsize)
     if mc.architecture == "zamba" and name.endswith(("_proj_weight", "dt_proj_bias")):
         return t.numel * p.dtype.itemsize  # its mixers' per-head x_proj, dt_proj: tensors
+    if mc.architecture == "inkling":  # (model/inkling.py)
+        held = _inkling_held(name, t, mc, lay, p)
+        if held != -1:
+            return held
     if mc.architecture in _KDA_FAMILIES and _KDA_TENSORS.search(name):
         conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
         return t.numel * (p.dtype.itemsize if conv else 4)  # (the others' conv float32)
@@ -448,6 +456,23 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return (stop - start) * 4
     return _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize  # norms and biases (o's and
     # down's whole on every rank)
+
+
+def _inkling_held(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
+    """Inkling's tensors held otherwise than Llama's (-1: as Llama's): a Linear per expert,
+    routed or shared (the shared experts' gate and up one Linear each: None, grouped); the
+    convs, the router and its scale and correction bias in float32; the relative-logit
+    profiles a tensor."""
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return _dense([t], mc, lay, p)
+    if name.endswith(("shared_experts.gate_proj", "shared_experts.up_proj")):
+        return None
+    if name.endswith(("conv1d.weight", "mlp.gate.weight", "gate.global_scale",
+                      "gate.e_score_correction_bias")):  # fmt: skip
+        return t.numel * 4
+    if name.endswith("rel_logits_proj.proj"):
+        return t.numel * p.dtype.itemsize
+    return -1
 
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
