@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DenseLimit,
     DogeAttention,
     DoryLoops,
     ExpertRouting,
@@ -122,9 +123,9 @@ class FamilyConfig:
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
-    # GLM-5-Next (model/glm5_next.py): the longest sequence its k-pool DSA indexer keeps whole
-    # (the context is capped there: its sparse selection is not implemented)
-    dense_limit: int | None = None
+    # GLM-5-Next's, Qwen4-Exp's, MiniMax-M3's sparse indexers: the longest sequence they keep
+    # whole (the context is capped there: their sparse selection is not implemented)
+    dense_limit: DenseLimit | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -161,9 +162,6 @@ class FamilyConfig:
     dory: DoryLoops | None = None
     # Doge (model/doge.py): the dynamic mask's key biases, the product-key experts
     doge: DogeAttention | None = None
-    # MiniMax-M3 (model/minimax_m3.py): the context up to which its indexer keeps every key
-    # block, its sparse layers attending densely (None: no sparse layer)
-    indexed_context: int | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
@@ -398,15 +396,10 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
-        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
-        if q is not None and q.dense_limit is not None:
-            context = min(context, q.dense_limit)
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
-        if self.family.dense_limit is not None:  # GLM-5-Next: where its indexer keeps all
-            context = min(context, self.family.dense_limit)
-        if self.family.indexed_context is not None:  # (MiniMax-M3's indexer drops blocks past it)
-            context = min(context, self.family.indexed_context)
+        if self.family.dense_limit is not None:  # where a sparse indexer keeps every key
+            context = min(context, self.family.dense_limit.tokens)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context

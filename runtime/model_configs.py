@@ -48,6 +48,28 @@ class IndexerConfig:
                              "the previous full layer's choice)")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class DenseLimit:
+    """The longest sequence a sparse indexer keeps every key for (GLM-5-Next's, Qwen4-Exp's,
+    MiniMax-M3's): the context is capped there, as their sparse selection past it is not built,
+    and a longer --max-model-len is refused in one line naming `what` and `how` it is computed."""
+
+    tokens: int
+    what: str  # e.g. "its QSA indexer's sparse selection"
+    how: str  # the config keys it comes from, e.g. "indexer_budget + indexer_compress_ratio - 1"
+
+    def __post_init__(self) -> None:
+        _positive("max_model_len", self.tokens)
+
+    def check(self, arch: str, asked: int | None) -> None:
+        """A --max-model-len past the limit: refused in one line."""
+        if asked is not None and asked > self.tokens:
+            raise ValueError(
+                f"max_model_len {asked} is not supported for a {arch} model: {self.what} (past "
+                f"{self.how} = {self.tokens} tokens) is not implemented; lower --max-model-len"
+            )
+
+
 # DeepSeek-V4, HY V4 (runtime/model/hyper_connection.py): hyper-connections
 @dataclass(frozen=True)
 class HyperConfig:

@@ -359,7 +359,7 @@ def test_minimax_m3s_text_config_reads_with_transformers_defaults(tmp_path):
     assert (f.num_experts, f.num_experts_per_tok, f.swiglu_alpha, f.swiglu_limit) == (
         t.num_local_experts, t.num_experts_per_tok, t.swiglu_alpha, t.swiglu_limit)  # fmt: skip
     assert f.routing.routed_scaling_factor == t.routed_scaling_factor and o.rope_scaling is None
-    assert f.indexed_context is None and o.context_length == t.max_position_embeddings
+    assert f.dense_limit is None and o.context_length == t.max_position_embeddings
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 447_186_441_216
