@@ -59,13 +59,16 @@ def test_checkpoint_check_estimate_and_refusals(built):
     from hybrid_cases import check_missing_refused
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.core import check_dtype, check_max_model_len
 
     path, _, loaded, _ = built("minimax_m3")
     mc, f = loaded.config, loaded.config.family
     assert (mc.intermediate_size, f.moe_intermediate_size) == (48, 24)
     assert f.moe_layers == (False, True, True) and f.dense_limit.tokens == 96
     assert mc.context_length == 96 and f.routing.routed_scaling_factor == 1.5
+    with pytest.raises(ValueError, match=r"^max_model_len 97 is not supported for a minimax_m3 "
+                       r"model: its indexer's sparse block selection \(past .* = 96 tokens\)"):  # fmt: skip
+        check_max_model_len(97, mc)
     check_estimate(path, rel=1e-6)
     check_missing_refused(loaded, ["model.layers.0.mlp.gate_up_proj.weight",
                                    "model.layers.1.mlp.experts.gate_up_proj",
