@@ -7,6 +7,7 @@ shared blocks) are in `recurrent_configs.py`. Validated in ``__post_init__`` lik
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -97,8 +98,10 @@ class MlaConfig:
     dots: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             _positive(name, getattr(self, name))
+        # (0: no rotary key at all, GLM-5-Next's NoPE latent attention: model/glm5_next.py)
+        option_rules.check_int("qk_rope_head_dim", self.qk_rope_head_dim, low=0)
         if self.q_lora_rank is not None:
             _positive("q_lora_rank", self.q_lora_rank)
         if self.qk_rope_head_dim % 2:
@@ -252,6 +255,31 @@ class LagunaAttention:
     gate_per_head: bool = True
     local_rope_theta: float = 10_000.0
     local_rotary: float = 1.0
+
+
+@dataclass(frozen=True)
+class DogeAttention:
+    """Doge's dynamic mask attention and cross-domain MoE (`model/doge.py`, read by
+    `model/doge_config.py`): every key's score gains its own bias exp(A * softplus(dt_proj(v)))
+    (one per KV head, from all KV heads' values), which rides in the keys' extra columns
+    (`cache_head_dim`); `keep_window` the keys beyond which transformers keeps only the
+    top-biased ones (the context is bounded by it instead); `num_experts` product-key experts
+    (0: a dense MLP), `top_k` of them per token."""
+
+    keep_window: int
+    num_experts: int = 0
+    top_k: int = 0
+    norm_topk_prob: bool = False
+
+    @property
+    def num_keys(self) -> int:
+        """The router's keys per half: the experts are the pairs (floor(sqrt(num_experts))²)."""
+        return math.isqrt(self.num_experts)
+
+    @staticmethod
+    def cache_head_dim(head_dim: int) -> int:
+        """The cached key/value width: the head, one bias column, zeros to a multiple of 16."""
+        return -(-(head_dim + 1) // 16) * 16
 
 
 @dataclass(frozen=True)

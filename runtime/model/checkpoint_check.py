@@ -85,7 +85,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         elif c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
-        out[HEAD] = (c.vocab_size, h)
+        out[HEAD] = (c.family.head_rows or c.vocab_size, h)  # (Apertus 1.5's pruned head)
     return _family_tensors(c, out)
 
 
@@ -193,6 +193,19 @@ _APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
 _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn.'s
 
 
+def _doge_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
+    """Doge's A and dt_proj, its residual scales and, with experts, their router and tables."""
+    g, h, kv = c.family.doge, c.hidden_size, c.num_kv_heads
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.A": (kv,), p + "self_attn.dt_proj.weight": (kv, kv * c.head_dim),
+                    p + "input_residual": (h,), p + "post_attention_residual": (h,)})  # fmt: skip
+        if g.num_experts:
+            out.update({p + "mlp.router_gate.weight": (2 * g.num_keys, h),
+                        p + "mlp.down_embed.weight": (g.num_experts, h),
+                        p + "mlp.up_embed.weight": (g.num_experts, h)})  # fmt: skip
+
+
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
@@ -200,9 +213,9 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         from pagoda.runtime.model.bitnet_config import expected_shapes as bitnet_shapes
 
         bitnet_shapes(c, out)
-    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2", "zamba"):  # final norm name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
-    if c.architecture == "apertus":
+    if c.architecture in ("apertus", "apertus1p5"):
         for old, new in _APERTUS_NORMS.items():
             for i in range(c.num_layers):
                 out[f"model.layers.{i}.{new}.weight"] = out.pop(f"model.layers.{i}.{old}.weight")
@@ -227,6 +240,8 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                         p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
                         p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
                         p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
+    if c.family.doge is not None:  # the dynamic mask, residual scales, experts (doge.py)
+        _doge_tensors(c, out)
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 
@@ -236,7 +251,7 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
             out[name] = (c.hidden_size,)
         if c.family.lm_head_bias:
             out["lm_head.bias"] = (c.vocab_size,)
-    if c.architecture == "phi":  # its final norm's name
+    if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
     if f.positions == "learned":  # the table of positions (model/positions.py)
@@ -347,6 +362,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(c.num_layers):
         if c.architecture in (
             "gemma4",
+            "gemma4_unified",
             "gemma3n",
             "granitemoe",
             "granitemoe_swa",
@@ -361,6 +377,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "zamba",
             "zaya",
             "bitnet",
             "longcat_flash",
@@ -458,6 +475,10 @@ def check_checkpoint(
         from pagoda.runtime.model.bailing_hybrid_config import check_conv as check_bh_conv
 
         check_bh_conv(config, headers)
+    if config.architecture == "glm5_next":  # its KDA convs (glm5_next_config.py)
+        from pagoda.runtime.model.glm5_next_config import check_conv as check_g5n_conv
+
+        check_g5n_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     if config.family.bitnet == "offline":  # packed: uint8 matrices

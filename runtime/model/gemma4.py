@@ -1,5 +1,6 @@
 """Gemma 4 (the text model: `Gemma4ForCausalLM`, and `Gemma4ForConditionalGeneration` read
-text-only; its config in `gemma4_config.py`, `model_configs.Gemma4Layers`): Gemma 3's scaled
+text-only; its config in `gemma4_config.py`, `model_configs.Gemma4Layers`; Gemma 4 Unified's
+too, which is this model without per-layer inputs or the MoE block): Gemma 3's scaled
 embedding, four norms a layer, GeGLU and final soft cap (`gemma2.py`), with what transformers'
 `Gemma4TextDecoderLayer` changes:
 

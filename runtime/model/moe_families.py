@@ -13,6 +13,7 @@ from pagoda.runtime.model import (
     beam_config,
     cohere2_moe_config,
     dbrx_config,
+    doge_config,
     dory_config,
     dots1_config,
     ergo_config,
@@ -60,6 +61,7 @@ MODULES = (
     dory_config,
     flint_config,
     beam_config,
+    doge_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
