@@ -123,6 +123,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
+        "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "longcat_flash": Untested(
             tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",

@@ -247,6 +247,10 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                         p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
                         p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
                         p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
+    if c.architecture == "aria_text":  # its stacked experts, stored [in, out] (aria_config.py)
+        from pagoda.runtime.model.aria_config import expert_shapes
+
+        out.update(expert_shapes(c))
     if c.family.doge is not None:  # the dynamic mask, residual scales, experts (doge.py)
         _doge_tensors(c, out)
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
@@ -363,7 +367,7 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
 _OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe", "lara_mini")
-_STACKED = ("hy_v4",)  # experts stacked, in `expected_shapes` (hy_v4_config.py)
+_STACKED = ("hy_v4", "aria_text")  # experts stacked, in `expected_shapes` (hy_v4_config.py)
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
 

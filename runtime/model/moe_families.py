@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pagoda.runtime.model import (
     afmoe_config,
+    aria_config,
     beam_config,
     cohere2_moe_config,
     dbrx_config,
@@ -66,6 +67,7 @@ MODULES = (
     doge_config,
     minimax_m3_config,
     mllama_config,
+    aria_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -416,6 +416,12 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
             return t.numel * 8
         if _NORM.search(name) or name.endswith("experts.norm"):
             return t.numel * 4  # its norms and expert norms in float32
+    if mc.architecture == "aria_text" and name.endswith(("experts.gate_up_proj", "down_proj")):
+        e, a, b = t.shape  # a Linear per expert of each [in, out] slice, transposed (Aria's),
+        # under a per-expert matrix's name (rows or columns split: `rank_share._local`)
+        return _dense([Stored(name + ".weight", t.kind, (e, b, a), t.nbytes)], mc, lay, p)
+    if mc.architecture == "aria_text" and name.endswith("mlp.router.weight"):  # DeepSeek's kind
+        return _float32_router(t, p)
     if mc.architecture in ("zaya", "minimax_m3") and name.endswith(
         ("experts.gate_up_proj", "down_proj")
     ):

@@ -108,6 +108,9 @@ GEMMA4 = {"architectures": ["Gemma4ForCausalLM"], "hidden_size": 64, "intermedia
                               "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}}  # fmt: skip
 GEMMA4_UNIFIED = {**GEMMA4, "architectures": ["Gemma4UnifiedForCausalLM"],
                   "model_type": "gemma4_unified_text"}  # fmt: skip
+ARIA = {"architectures": ["AriaTextForCausalLM"], "model_type": "aria_text", "vocab_size": 300,
+        "hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4,
+        "num_hidden_layers": 2}  # fmt: skip
 GEMMA3N = {"architectures": ["Gemma3nForCausalLM"], "model_type": "gemma3n_text",
            "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
            "num_key_value_heads": 1, "num_hidden_layers": 2, "head_dim": 16, "vocab_size": 300,
@@ -151,7 +154,7 @@ FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) -> None:
     untested = {a for a, row in UNTESTED.items() if row.fp8_checkpoint}
-    configs = {"gemma4": GEMMA4, "gemma4_unified": GEMMA4_UNIFIED, "gemma3n": GEMMA3N, "mimo_v2_flash": MIMO, "axk2": AXK2, "minicpm5_moe": MINICPM5,
+    configs = {"gemma4": GEMMA4, "gemma4_unified": GEMMA4_UNIFIED, "gemma3n": GEMMA3N, "mimo_v2_flash": MIMO, "aria_text": ARIA, "axk2": AXK2, "minicpm5_moe": MINICPM5,
                "hy_v4": HY_V4, "qwen4_exp": QWEN4, "beam": BEAM,
                "dots3_note_text": DOTS3, "glm5_next": GLM5_NEXT, "minimax_m3": MINIMAX_M3}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"

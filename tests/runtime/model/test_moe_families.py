@@ -104,6 +104,10 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   depth-scaled residual adds, dense and expert layers by `mlp_layer_types` (V3's router: a
   correction bias large enough to change the picks, 2 groups of which 1, scaled by 2.5; no
   shared expert), the logits soft-capped at 6.
+- aria-text (`AriaTextForCausalLM`: Aria's language model): Llama's attention, experts in every
+  layer stacked as transformers keeps them for `grouped_mm` ([E, hidden, 2N], [E, N, hidden],
+  read transposed), picked by the top-k router logits weighted by their softmax, beside an
+  ungated shared MLP of two experts' width.
 """
 
 from __future__ import annotations
@@ -288,6 +292,9 @@ CASES = {
         topk_group=1, num_hidden_layers=4, sliding_window=11, final_logit_softcapping=6.0,
         layer_types=[SLIDING, FULL, SLIDING, FULL],
         mlp_layer_types=["dense", "sparse", "sparse", "dense"], **P), BEAM_BIASES),
+    "aria-text": ("AriaText", dict(
+        moe_num_experts=8, moe_topk=2, moe_num_shared_experts=2, intermediate_size=32,
+        num_hidden_layers=3, tie_word_embeddings=False), ()),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -409,6 +416,11 @@ FIELDS = {
         "family.moe_layers": (False, True, True, False), "family.routing.n_group": 2,
         "family.routing.routed_scaling_factor": 2.5, "family.final_logit_softcapping": 6.0,
         "family.shared_expert_intermediate_size": 0},
+    "aria-text": {
+        "architecture": "aria_text", "family.num_experts": 8, "family.num_experts_per_tok": 2,
+        "family.moe_intermediate_size": 32, "family.shared_expert_intermediate_size": 64,
+        "family.routing.scoring": "softmax", "family.norm_topk_prob": True,
+        "tie_word_embeddings": False},
 }  # fmt: skip
 # `server/weights.py` against the built model, bf16 from float32 files (rank 0's share of tp):
 # float32 routers and correction biases (ERNIE's [1, E], MiniMax-M2's under `block_sparse_moe`,
@@ -423,7 +435,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
              ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("mellum", 2), ("jetmoe", 1),
-             ("jetmoe-top3", 1)]  # fmt: skip
+             ("jetmoe-top3", 1), ("aria-text", 1), ("aria-text", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -442,6 +454,7 @@ FROM_SHAPES = {
     "minicpm5-moe": 1e-6,
     "flint": 1e-6,
     "beam": 1e-6,
+    "aria-text": 1e-6,
 }
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
@@ -479,6 +492,9 @@ MISSING = [
     ("beam", "model.layers.1.self_attn.gate_bias"),
     ("beam", "model.layers.3.pre_feedforward_layernorm.weight"),
     ("beam", "model.layers.2.mlp.gate.e_score_correction_bias"),
+    ("aria-text", "model.layers.1.mlp.experts.fc1.weight"),  # (as transformers saves it)
+    ("aria-text", "model.layers.2.mlp.shared_experts.down_proj.weight"),
+    ("aria-text", "model.layers.0.mlp.router.weight"),
 ]
 # Two ranks, one case per layout the families' own code splits: AfMoE's output gate split by
 # heads, DBRX's stacked experts listed per expert, Cohere 2 MoE's shared experts averaged (the
