@@ -30,6 +30,7 @@ reading a config imports no layer code.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
 - RecurrentGemma (RG-LRU blocks among local attention layers): `recurrent_gemma_config.py`.
 - RWKV-4 (time-mix and channel-mix, no attention): `rwkv_config.py`.
+- xLSTM (mLSTM layers, no attention): `xlstm_config.py`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from pagoda.runtime.model import (
     qwen3_next_config,
     recurrent_gemma_config,
     rwkv_config,
+    xlstm_config,
     zamba2_config,
     zamba_config,
     zaya_config,
@@ -76,6 +78,7 @@ ARCHITECTURES = {
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
     **recurrent_gemma_config.ARCHITECTURES,  # RG-LRU blocks, local attention
     **rwkv_config.ARCHITECTURES,  # RWKV-4: time-mix and channel-mix (model/rwkv.py)
+    **xlstm_config.ARCHITECTURES,  # xLSTM: mLSTM layers, SwiGLU (model/xlstm.py)
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -104,6 +107,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **zaya_config.DEFAULTS,
     **recurrent_gemma_config.DEFAULTS,
     **rwkv_config.DEFAULTS,
+    **xlstm_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
@@ -185,7 +189,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         return qwen3_next_config.overrides(cfg, arch)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
-                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -203,7 +208,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         return mamba1_config.family_fields(cfg, arch, n)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
-                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -231,7 +237,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
                    bailing_hybrid_config,
                    zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
-                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
