@@ -85,6 +85,20 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
+        "gemma4_unified": Untested(
+            tensor_parallel="its layers' own head sizes and KV heads and its shared KV caches "
+            "are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
+        "gemma3n": Untested(
+            tensor_parallel="its AltUp streams, Laurel branch and shared KV caches are not split "
+            "over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
         "laguna": Untested(
             tensor_parallel="its query heads by layer are not tested on ranks",
             fp8="its gate and per-layer heads' FP8 GEMM is not tested",
@@ -103,7 +117,12 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "granitemoe_swa": Untested(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
+        "diffllama": Untested(
+            tensor_parallel="its differential attention pairs the first half of the heads with "
+            "the second, across ranks"
+        ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "longcat_flash": Untested(
             tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
@@ -152,6 +171,13 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "bailing_hybrid": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "glm5_next": Untested(
+            tensor_parallel="kda layers",
+            fp8="kda layers",
+            fp8_checkpoint="not tested",
+            kv_cache="tested with 16/32-bit caches only",
+            float16="tested in bfloat16 and float32 only",
+        ),
         "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
@@ -168,6 +194,19 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",
         ),
+        "doge": Untested(
+            tensor_parallel="its dynamic mask reads every KV head's values (dt_proj)",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
+        ),
+        "minimax_m3": Untested(
+            tensor_parallel="its fused gate_up MLPs are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="its stacked experts' FP8 scales are not read",
+        ),
+        "mllama": Untested(
+            tensor_parallel="its embedding's rows past the vocabulary are not split as the head's",
+        ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",
@@ -175,6 +214,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zaya": Untested(
             tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
+        ),
+        "inkling": Untested(
+            tensor_parallel="its short convs' states and relative logits are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),
     }
 )

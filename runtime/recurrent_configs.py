@@ -142,6 +142,64 @@ class ZayaCCA:
 
 
 @dataclass(frozen=True)
+class InklingLayers:
+    """Inkling's layers (`model/inkling.py`, read by `model/inkling_config.py`): window layers
+    (`sliding`) with their own KV heads and head size; relative-position logits (`d_rel`
+    profiles over `rel_extent` distances, the window's on window layers); the full layers'
+    logit scaling ``1 + log_alpha * log(max((p + 1) / log_floor, 1))`` (None: none); four short
+    convs per layer whose inputs are its conv state ([k | v | attention's output | the MLP's],
+    `MambaConfig.d_conv` taps); `shared_experts` beside the routed ones, scored with them,
+    weights times `route_scale`; the final hidden states over `logits_divisor`."""
+
+    sliding: tuple[bool, ...]
+    swa_kv_heads: int
+    swa_head_dim: int
+    d_rel: int
+    rel_extent: int
+    log_floor: int | None
+    log_alpha: float
+    shared_experts: int
+    route_scale: float
+    logits_divisor: float
+
+    def __post_init__(self) -> None:
+        for name in ("swa_kv_heads", "swa_head_dim", "d_rel", "rel_extent", "shared_experts"):
+            _positive(name, getattr(self, name))
+        if self.log_floor is not None:
+            _positive("log_scaling_n_floor", self.log_floor)
+        if self.logits_divisor <= 0:
+            raise ValueError(f"logits_mup_width_multiplier must be positive, got "
+                             f"{self.logits_divisor}")  # fmt: skip
+
+    def kv_shape(self, c: ModelConfig, layer: int) -> tuple[int, int]:
+        """(KV heads, head size) of `layer`."""
+        if self.sliding[layer]:
+            return self.swa_kv_heads, self.swa_head_dim
+        return c.num_kv_heads, c.head_dim
+
+    def params(self, c: ModelConfig) -> int:
+        """The layers' weights beyond Llama's attention and MLPs and the experts'
+        (`FamilyConfig.num_experts`, routers counted): each layer's r_proj, relative-logit
+        profiles, its convs and the MLP's scale (dense) or the shared experts, the router's
+        shared rows, scale and correction bias (sparse); the embedding norm; less Llama's
+        attention where a window layer's shape differs."""
+        h, f, k = c.hidden_size, c.family, c.family.mamba.d_conv
+        out = h  # the embedding norm
+        for i in range(c.num_layers):
+            hkv, d = self.kv_shape(c, i)
+            extent = f.sliding_window if self.sliding[i] else self.rel_extent
+            out += c.num_heads * self.d_rel * h + self.d_rel * extent + (2 * hkv * d + 2 * h) * k
+            out += h * d * (c.num_heads * 2 + hkv * 2) + 2 * d  # attention, q/k norms
+            out -= h * c.head_dim * (c.num_heads * 2 + c.num_kv_heads * 2) + 2 * c.head_dim
+            if f.has_experts(i):
+                n, s = f.moe_intermediate_size, self.shared_experts
+                out += s * 3 * h * n + s * h + 1 + f.num_experts
+            else:
+                out += 1
+        return out
+
+
+@dataclass(frozen=True)
 class MiniMaxScales:
     """MiniMax-Text-01's residual weights (`model/minimax.py`): each sublayer's output is
     ``alpha * x + beta * f(x)`` of its normalised input x, by sublayer kind."""
@@ -214,6 +272,8 @@ class MambaConfig:
     zamba2: Zamba2Blocks | None = None
     # Zaya: a short conv state beside attention in every layer, feeding its q/k/v
     zaya: ZayaCCA | None = None
+    # Inkling: four short convs' inputs beside attention in every layer, relative logits
+    inkling: InklingLayers | None = None
     # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
     # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
     extra_conv_rows: int = 0

@@ -28,6 +28,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.architecture == "mllama":  # (its rows past the vocabulary: mllama_config.py)
+        out[EMBED] = (c.vocab_size + 8, h)
     if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
         del out["model.norm.weight"]
     for i in range(c.num_layers):
@@ -75,6 +77,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
                         f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
+        if c.architecture == "minimax_m3":  # its fused and stacked MLPs (minimax_m3_config.py)
+            from pagoda.runtime.model.minimax_m3_config import expected_shapes as m3_shapes
+
+            out.update(m3_shapes(c, i))
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -85,7 +91,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         elif c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
-        out[HEAD] = (c.vocab_size, h)
+        out[HEAD] = (c.family.head_rows or c.vocab_size, h)  # (Apertus 1.5's pruned head)
     return _family_tensors(c, out)
 
 
@@ -166,7 +172,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
     h, p = c.hidden_size, f"model.layers.{i}."
     m = c.family.mamba
-    if m.zamba2 is not None or m.zaya is not None:  # (its layers' tensors all named there)
+    if m.zamba2 is not None or m.zaya is not None or m.inkling is not None:  # (its layers'
+        # tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
@@ -193,6 +200,19 @@ _APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
 _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn.'s
 
 
+def _doge_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
+    """Doge's A and dt_proj, its residual scales and, with experts, their router and tables."""
+    g, h, kv = c.family.doge, c.hidden_size, c.num_kv_heads
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.A": (kv,), p + "self_attn.dt_proj.weight": (kv, kv * c.head_dim),
+                    p + "input_residual": (h,), p + "post_attention_residual": (h,)})  # fmt: skip
+        if g.num_experts:
+            out.update({p + "mlp.router_gate.weight": (2 * g.num_keys, h),
+                        p + "mlp.down_embed.weight": (g.num_experts, h),
+                        p + "mlp.up_embed.weight": (g.num_experts, h)})  # fmt: skip
+
+
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
@@ -202,7 +222,7 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         bitnet_shapes(c, out)
     if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2", "zamba"):  # final norm name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
-    if c.architecture == "apertus":
+    if c.architecture in ("apertus", "apertus1p5"):
         for old, new in _APERTUS_NORMS.items():
             for i in range(c.num_layers):
                 out[f"model.layers.{i}.{new}.weight"] = out.pop(f"model.layers.{i}.{old}.weight")
@@ -227,6 +247,8 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                         p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
                         p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
                         p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
+    if c.family.doge is not None:  # the dynamic mask, residual scales, experts (doge.py)
+        _doge_tensors(c, out)
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 
@@ -236,7 +258,13 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
             out[name] = (c.hidden_size,)
         if c.family.lm_head_bias:
             out["lm_head.bias"] = (c.vocab_size,)
-    if c.architecture == "phi":  # its final norm's name
+    if c.family.diff_attention:  # DiffLlama's four vectors a layer (model/diffllama.py)
+        for i in range(c.num_layers):
+            out.update({f"model.layers.{i}.self_attn.{n}": (c.head_dim,)
+                        for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})  # fmt: skip
+    if c.architecture == "inkling":  # the embeddings' norm
+        out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
+    if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
     if f.positions == "learned":  # the table of positions (model/positions.py)
@@ -347,6 +375,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(c.num_layers):
         if c.architecture in (
             "gemma4",
+            "gemma4_unified",
+            "gemma3n",
             "granitemoe",
             "granitemoe_swa",
             "jetmoe",
@@ -364,8 +394,10 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "rwkv",
             "xlstm",
             "zaya",
+            "inkling",
             "bitnet",
             "longcat_flash",
+            "minimax_m3",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         if c.architecture == "ergo" and c.family.has_experts(i):
@@ -460,6 +492,10 @@ def check_checkpoint(
         from pagoda.runtime.model.bailing_hybrid_config import check_conv as check_bh_conv
 
         check_bh_conv(config, headers)
+    if config.architecture == "glm5_next":  # its KDA convs (glm5_next_config.py)
+        from pagoda.runtime.model.glm5_next_config import check_conv as check_g5n_conv
+
+        check_g5n_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     if config.family.bitnet == "offline":  # packed: uint8 matrices

@@ -24,9 +24,10 @@ reading a config imports no layer code.
   limits and tensors, which the readers here share).
 - Mamba-1 (`MambaForCausalLM`, `FalconMambaForCausalLM`): `mamba1_config.py`.
 - Jamba (`JambaForCausalLM`): `jamba_config.py`.
-- Zamba2, Zamba, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, Zaya: `zamba2_config.py`,
-  `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`, `olmo_hybrid_config.py`, `kimi_linear_config.py`,
-  `zaya_config.py`.
+- Zamba2, Zamba, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, GLM-5-Next, Zaya:
+  `zamba2_config.py`, `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`,
+  `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`;
+  Inkling: `inkling_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
 - RecurrentGemma (RG-LRU blocks among local attention layers): `recurrent_gemma_config.py`.
 - RWKV-4 (time-mix and channel-mix, no attention): `rwkv_config.py`.
@@ -41,6 +42,8 @@ from typing import Any
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import (
     bailing_hybrid_config,
+    glm5_next_config,
+    inkling_config,
     jamba_config,
     kimi_linear_config,
     lfm2_config,
@@ -72,6 +75,7 @@ ARCHITECTURES = {
     **olmo_hybrid_config.ARCHITECTURES,  # OLMo Hybrid: Gated DeltaNet, OLMo 3's attention
     **kimi_linear_config.ARCHITECTURES,  # Kimi Linear: KDA, DeepSeek-V3's (kimi_linear.py)
     **bailing_hybrid_config.ARCHITECTURES,  # BailingHybrid: KDA, V3's (bailing_hybrid.py)
+    **glm5_next_config.ARCHITECTURES,  # GLM-5-Next: KDA, NoPE DSA, mHC (glm5_next.py)
     **minimax_config.ARCHITECTURES,  # MiniMax-Text-01: lightning attention (minimax.py)
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
     **zamba_config.ARCHITECTURES,  # Zamba: Mamba-1 layers in heads, a shared block (zamba.py)
@@ -79,6 +83,7 @@ ARCHITECTURES = {
     **recurrent_gemma_config.ARCHITECTURES,  # RG-LRU blocks, local attention
     **rwkv_config.ARCHITECTURES,  # RWKV-4: time-mix and channel-mix (model/rwkv.py)
     **xlstm_config.ARCHITECTURES,  # xLSTM: mLSTM layers, SwiGLU (model/xlstm.py)
+    **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -101,6 +106,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **olmo_hybrid_config.DEFAULTS,
     **kimi_linear_config.DEFAULTS,
     **bailing_hybrid_config.DEFAULTS,
+    **glm5_next_config.DEFAULTS,
     **minimax_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
     **zamba_config.DEFAULTS,
@@ -108,6 +114,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **recurrent_gemma_config.DEFAULTS,
     **rwkv_config.DEFAULTS,
     **xlstm_config.DEFAULTS,
+    **inkling_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
@@ -188,9 +195,10 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.overrides(cfg, arch)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
+                   glm5_next_config,
                    zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
                    zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
-                   xlstm_config):  # fmt: skip
+                   xlstm_config, inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -207,9 +215,10 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if arch in mamba1_config.DEFAULTS:
         return mamba1_config.family_fields(cfg, arch, n)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
+                   glm5_next_config,
                    zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
                    zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
-                   xlstm_config):  # fmt: skip
+                   xlstm_config, inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -235,10 +244,10 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s tensors besides its norms: its Mamba2 mixer (or nothing for an attention
     layer, checked as Llama's) and, for Granite 4.0, its MLP; the other families' their own."""
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
-                   bailing_hybrid_config,
+                   bailing_hybrid_config, glm5_next_config,
                    zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
                    zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
-                   xlstm_config):  # fmt: skip
+                   xlstm_config, inkling_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

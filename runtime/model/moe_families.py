@@ -13,6 +13,7 @@ from pagoda.runtime.model import (
     beam_config,
     cohere2_moe_config,
     dbrx_config,
+    doge_config,
     dory_config,
     dots1_config,
     ergo_config,
@@ -31,6 +32,8 @@ from pagoda.runtime.model import (
     mimo_v2_flash_config,
     minicpm5_moe_config,
     minimax_m2_config,
+    minimax_m3_config,
+    mllama_config,
     phimoe_config,
     solar_open_config,
 )
@@ -60,6 +63,9 @@ MODULES = (
     dory_config,
     flint_config,
     beam_config,
+    doge_config,
+    minimax_m3_config,
+    mllama_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

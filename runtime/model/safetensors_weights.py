@@ -37,6 +37,7 @@ _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGenerati
 )
 _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
 _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
+_SKIP += ("model.vision_model.",)  # (Mllama's, transformers 5's names)
 _SKIP += ("model.visual.",)  # (EXAONE 4.5's, Qwen3.5's)
 _SKIP += ("mtp.",)  # (Qwen3-Next's and Qwen3.5's multi-token prediction layers: not run)
 _SKIP += ("model.mtp_layers.",)  # (HY V4's, as transformers ignores them: not run)
@@ -109,6 +110,14 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # LFM3's sandwich norms, as GLM-4's (model/lfm2.py)
     (r"\.post_operator_norm\.weight$", ".post_self_attn_layernorm.weight"),
     (r"\.post_ffn_norm\.weight$", ".post_mlp_layernorm.weight"),
+    # Persimmon's fused q/k/v and MLP (model/phi.py: split as GPT-NeoX's)
+    (r"\.self_attn\.query_key_value\.", ".self_attn.qkv_proj."),
+    (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
+    # XGLM's norms and MLP (model/positions.py: OPT's names under `model.`)
+    (r"^model\.layer_norm\.", "model.norm."), (r"\.self_attn_layer_norm\.", ".input_layernorm."),
+    (r"\.final_layer_norm\.", ".post_attention_layernorm."),
+    (r"^(model\.layers\.\d+)\.fc1\.", r"\1.mlp.up_proj."),
+    (r"^(model\.layers\.\d+)\.fc2\.", r"\1.mlp.down_proj."),
     # RecurrentGemma's (model/recurrent_gemma.py): its norms, attention, MLP, the final norm
     (r"\.temporal_pre_norm\.", ".input_layernorm."),
     (r"\.channel_pre_norm\.", ".post_attention_layernorm."), (r"\.mlp_block\.", ".mlp."),
@@ -298,6 +307,14 @@ class SafetensorsWeights(Mapping):
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
+
+    def list_skipped(self, names: set[str]) -> None:
+        """List the stored tensors `names` that the prefixes of the multimodal parts leave out
+        (Gemma 3n's embedders of image and audio token ids: `gemma3n_config.list_embedders`)."""
+        for i, handle in enumerate(self._handles):
+            for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
+                if stored in names:
+                    self._where[stored] = (i, stored)
 
     def rename(self, name: str, new: str) -> None:
         """List tensor `name` as `new` (Qwen3.5-MoE's stacked experts, stored without a
