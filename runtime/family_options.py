@@ -190,6 +190,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
         "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
+        "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",

@@ -396,6 +396,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "zamba2",
             "zamba",
             "rwkv",
+            "xlstm",
             "zaya",
             "inkling",
             "bitnet",

@@ -31,6 +31,7 @@ reading a config imports no layer code.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
 - RecurrentGemma (RG-LRU blocks among local attention layers): `recurrent_gemma_config.py`.
 - RWKV-4 (time-mix and channel-mix, no attention): `rwkv_config.py`.
+- xLSTM (mLSTM layers, no attention): `xlstm_config.py`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from pagoda.runtime.model import (
     qwen3_next_config,
     recurrent_gemma_config,
     rwkv_config,
+    xlstm_config,
     zamba2_config,
     zamba_config,
     zaya_config,
@@ -80,6 +82,7 @@ ARCHITECTURES = {
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
     **recurrent_gemma_config.ARCHITECTURES,  # RG-LRU blocks, local attention
     **rwkv_config.ARCHITECTURES,  # RWKV-4: time-mix and channel-mix (model/rwkv.py)
+    **xlstm_config.ARCHITECTURES,  # xLSTM: mLSTM layers, SwiGLU (model/xlstm.py)
     **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
 }
 # transformers' config defaults, where config.json leaves one out
@@ -110,6 +113,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **zaya_config.DEFAULTS,
     **recurrent_gemma_config.DEFAULTS,
     **rwkv_config.DEFAULTS,
+    **xlstm_config.DEFAULTS,
     **inkling_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
@@ -194,7 +198,7 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
                    zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
-                   inkling_config):  # fmt: skip
+                   xlstm_config, inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -214,7 +218,7 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
                    zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
-                   inkling_config):  # fmt: skip
+                   xlstm_config, inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -243,7 +247,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                    bailing_hybrid_config, glm5_next_config,
                    zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
                    zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
-                   inkling_config):  # fmt: skip
+                   xlstm_config, inkling_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

@@ -95,6 +95,7 @@ MODEL_CLASSES = {
     "zamba": ("zamba", "ZambaModel"),  # Mamba-1 layers in heads, one shared block
     "recurrent_gemma": ("recurrent_gemma", "RecurrentGemmaModel"),  # RG-LRU + local attention
     "rwkv": ("rwkv", "RwkvModel"),  # RWKV-4: time-mix (wkv) and channel-mix, no attention
+    "xlstm": ("xlstm", "XlstmModel"),  # mLSTM layers (matrix memory), SwiGLU, no attention
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "zaya": ("zaya", "ZayaModel"),  # q/k/v from a conv state, a router MLP over top-1 experts

@@ -139,6 +139,10 @@ def _text_name(stored: str) -> str | None:
         from pagoda.runtime.model.rwkv_config import rwkv_name
 
         return rwkv_name(stored)
+    if stored.startswith(("backbone.blocks.", "backbone.out_norm.")):  # xLSTM's
+        from pagoda.runtime.model.xlstm_config import xlstm_name
+
+        return xlstm_name(stored)
     if stored.startswith("backbone."):  # Nemotron-H's names (model/nemotron_h_config.py)
         from pagoda.runtime.model.nemotron_h_config import nemotron_name
 

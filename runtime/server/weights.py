@@ -94,6 +94,9 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
 _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
           # Zaya's q, k and delayed values: the conv's inputs in one matrix (model/zaya.py)
           (re.compile(r"\bqkv_proj\.([qk]_proj|v_proj_delayed)\b"), "qkv_proj.cca"),
+          # xLSTM's mLSTM: q, k, v and the output gate in one matrix, the two gates in another
+          (re.compile(r"\bmlstm_layer\.(q|k|v|ogate_preact)\b"), "mlstm_layer.qkvo"),
+          (re.compile(r"\bmlstm_layer\.[if]gate_preact\b"), "mlstm_layer.gates"),
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
           # Inkling's relative states: with q, k and v in one matrix (model/inkling.py)

@@ -180,6 +180,9 @@ CASES = {
     # RWKV-4 (model/rwkv.py): time-mix (the wkv recurrence) and channel-mix in every layer, the
     # token shift from the state slots, LayerNorms with biases, no attention; untied
     "rwkv": ("Rwkv", dict(num_hidden_layers=2, intermediate_size=128)),
+    # xLSTM (model/xlstm.py): mLSTM layers (two heads, q/k half as wide as v, soft-capped
+    # gates, a LayerNorm per head) and SwiGLU FFNs, no attention; the logits soft-capped
+    "xlstm": ("xLSTM", dict(num_hidden_layers=2, num_heads=2, output_logit_soft_cap=20.0)),
     # Gated DeltaNet among gated attention (model/qwen3_next.py). Qwen3-Next: experts with the
     # shared expert and its gate, a dense layer (`mlp_only_layers`), two value heads per key
     # head, top-k not renormalised; Qwen3.5: a dense MLP, as many key heads as value heads, key
@@ -577,6 +580,7 @@ REFUSED = {
         2, _NO_TP.format("recurrent_gemma", "rglru"), _NO_FP8.format("recurrent_gemma", "rglru")
     ),
     "rwkv": (2, _NO_TP.format("rwkv", "wkv"), _NO_FP8.format("rwkv", "wkv")),
+    "xlstm": (2, _NO_TP.format("xlstm", "mlstm"), _NO_FP8.format("xlstm", "mlstm")),
     "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
 }  # fmt: skip
 

@@ -2,7 +2,8 @@
 (`MambaForCausalLM`), Jamba (Mamba-1 mixers among attention layers), LFM2 (short convs
 among attention layers), RecurrentGemma (RG-LRU blocks beside local attention) and RWKV-4 (the
 wkv recurrence and token shifts), on the tiny checkpoints of tests/runtime/hybrid_cases.py that
-transformers writes (float32). Their states hold at every token, so snapshots are taken every
+transformers writes (float32; xLSTM's scan saves its snapshots as theirs: left to
+test_hybrid_ssm.py's chunk-end case for CI time). Their states hold at every token, so snapshots are taken every
 block (`MambaConfig.snapshot_chunk` 1): inside a whole-prompt step from the scans' position
 loops and the conv segments, at a chunk's end from the slots
 (test_hybrid_ssm.py's chunked, batched and preempted case covers those).
