@@ -264,7 +264,12 @@ PUBLISHED = {
         "eos_token_id": 2, "ffn_dim": 4096, "layerdrop": 0.0, "max_position_embeddings": 2048,
         "num_layers": 24, "pad_token_id": 1, "scale_embedding": True, "vocab_size": 256008},
         564_463_616),
+    # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
+    "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
+                  8_492_011_520),
 }  # fmt: skip
+# text configs transformers' Auto classes map to no causal LM
+_CAUSAL_LM = {"emu3_text_model": "Emu3ForCausalLM"}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -295,7 +300,10 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
     eps = next((getattr(t, k) for k in names if hasattr(t, k)), 1e-5)  # (else nn.LayerNorm's)
     assert o.rms_norm_eps == eps
     with torch.device("meta"):
-        hf = transformers.AutoModelForCausalLM.from_config(t)
+        if t.model_type in _CAUSAL_LM:
+            hf = getattr(transformers, _CAUSAL_LM[t.model_type])(t)
+        else:
+            hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
 
 
