@@ -407,6 +407,13 @@ def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
         from pagoda.runtime.model.qwen4_exp_config import check_max_model_len as check_qsa
 
         check_qsa(model.family.qwen4, asked)
+    k = model.family.kolibri11
+    if k is not None and asked is not None and asked > k.budget:
+        raise ValueError(
+            f"max_model_len {asked} is not supported for a kolibri1_1 model: its indexed "
+            f"attention's sparse selection (past index_topk + index_num_local_tokens + "
+            f"index_num_sink_tokens = {k.budget} tokens) is not implemented; lower --max-model-len"
+        )
     if model.family.dense_limit is not None:  # GLM-5-Next: past its indexer's dense reach
         from pagoda.runtime.model.glm5_next_config import check_max_model_len as check_dsa
 

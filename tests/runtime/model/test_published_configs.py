@@ -217,6 +217,37 @@ def test_kolibri_1s_config_reads_with_transformers_defaults(tmp_path):
         check(o, 2)
 
 
+def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
+    """Kolibri1_1Config's defaults are Kolibri-1.1's shape: a config.json naming the
+    architecture alone reads as transformers fills it in (window and indexed layers, the
+    KV-shared layers' sources, the dense MLPs and their width), the parameter count
+    transformers' on the meta device; served up to its indexer's budget (2184 tokens: a longer
+    --max-model-len refused in one line), TP refused."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+    from pagoda.runtime.engine.core import check_max_model_len
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Kolibri1_1ForCausalLM"],
+                                                      "model_type": "kolibri1_1"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f = o.family
+    assert f.window_layers == tuple(k == "sliding_attention" for k in t.layer_types)
+    assert f.kolibri11.kv_source == tuple(t.kv_source_layers)
+    assert f.moe_layers == tuple(i not in t.mlp_only_layers for i in range(t.num_hidden_layers))
+    assert o.intermediate_size == t.mlp_only_intermediate_size == 3584
+    assert o.num_kv_layers == sum(s == i for i, s in enumerate(t.kv_source_layers)) == 44
+    assert o.context_length == check_max_model_len(None, o) == 2184
+    with pytest.raises(ValueError, match=r"max_model_len 4096 is not supported for a kolibri1_1 "
+                                         r"model: its indexed attention's sparse selection"):  # fmt: skip
+        check_max_model_len(4096, o)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 75_112_646_912
+    with pytest.raises(ValueError, match="not supported for a kolibri1_1 model"):
+        check(o, 2)
+
+
 def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
     """AXK1Config's defaults are A.X-K1's shape (519 B parameters by transformers' own count on
     the meta device): a config.json naming the architecture alone reads as transformers fills
