@@ -192,6 +192,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its shared block and mamba1 layers are not split",
             fp8="its shared block and mamba1 layers",
         ),
+        "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
+        "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",
@@ -201,6 +203,14 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
         ),
+        "minimax_m3": Untested(
+            tensor_parallel="its fused gate_up MLPs are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="its stacked experts' FP8 scales are not read",
+        ),
+        "mllama": Untested(
+            tensor_parallel="its embedding's rows past the vocabulary are not split as the head's",
+        ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",
@@ -208,6 +218,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zaya": Untested(
             tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
+        ),
+        "inkling": Untested(
+            tensor_parallel="its short convs' states and relative logits are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),
     }
 )

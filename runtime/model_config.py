@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DenseLimit,
     DogeAttention,
     DoryLoops,
     ExpertRouting,
@@ -113,15 +114,18 @@ class FamilyConfig:
     # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
     # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
     attention_sinks: bool = False
+    # Inkling (model/inkling.py): each layer's relative-position logits join the scores (the
+    # attention backends' `rel_logits`: the torch backend's)
+    relative_logits: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
     # HY V4 (model/hy_v4.py): the residual as hyper-connected streams (DeepSeek-V4's form too)
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
-    # GLM-5-Next (model/glm5_next.py): the longest sequence its k-pool DSA indexer keeps whole
-    # (the context is capped there: its sparse selection is not implemented)
-    dense_limit: int | None = None
+    # GLM-5-Next's, Qwen4-Exp's, MiniMax-M3's sparse indexers: the longest sequence they keep
+    # whole (the context is capped there: their sparse selection is not implemented)
+    dense_limit: DenseLimit | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -321,6 +325,8 @@ class ModelConfig:
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
             return m.zamba2.params(self) - llama
+        if m.inkling is not None:  # its layers' own beyond Llama's (one rank)
+            return m.inkling.params(self)
         if m.zaya is not None:  # its layers' own (one rank), less the first's router state
             # scale, and the embeddings' scale and bias
             return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
@@ -334,6 +340,10 @@ class ModelConfig:
             out += self.num_kv_layers * h * self.head_dim * self.num_heads // tp
         if m.attn_head_gate:  # g_proj, one gate a head (LFM3's attention)
             out += self.num_kv_layers * h * self.num_heads // tp
+        if m.mixer == "wkv":  # RWKV's LayerNorms' biases, its first layer's pre_ln
+            out += self.num_layers * 2 * h + 3 * h
+        if m.mixer == "rglru":  # RecurrentGemma's MLP biases (every layer's), o_proj's bias
+            out += self.num_layers * (2 * self.intermediate_size + h) + self.num_kv_layers * h
         if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
             mats = 3 if self.family.gated_mlp else 2
             out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp
@@ -369,6 +379,9 @@ class ModelConfig:
             return ((self.num_kv_heads, DogeAttention.cache_head_dim(self.head_dim)),) * (
                 self.num_layers
             )
+        ink = None if self.family.mamba is None else self.family.mamba.inkling
+        if ink is not None:  # (the window layers' own)
+            return tuple(ink.kv_shape(self, i) for i in range(self.num_layers))
         if m is not None:  # (values padded to the keys' size)
             return tuple((m.swa_kv_heads if self.family.window(i) else self.num_kv_heads,
                           self.head_dim) for i in range(self.num_layers))  # fmt: skip
@@ -387,15 +400,10 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
-        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
-        if q is not None and q.dense_limit is not None:
-            context = min(context, q.dense_limit)
-        if self.family.kolibri11 is not None:  # Kolibri 1.1: where its indexed layers see all
-            context = min(context, self.family.kolibri11.budget)
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
-        if self.family.dense_limit is not None:  # GLM-5-Next: where its indexer keeps all
-            context = min(context, self.family.dense_limit)
+        if self.family.dense_limit is not None:  # where a sparse indexer keeps every key
+            context = min(context, self.family.dense_limit.tokens)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -430,6 +438,8 @@ class ModelConfig:
         mlps = (self.num_layers - moe) * mats * h * i + experts
         head = 0 if self.tie_word_embeddings else f.head_rows or self.vocab_size
         emb = (self.vocab_size + head) * h
+        if self.architecture == "mllama":  # its embedding's 8 rows past the vocabulary
+            emb += 8 * h
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
         if f.hyper is not None:  # HY V4's hyper-connections, attention's gates and sinks
             n, gate = f.hyper.mult, self.num_heads * f.mla.v_head_dim * h + self.num_heads

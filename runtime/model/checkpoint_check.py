@@ -28,6 +28,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.architecture == "mllama":  # (its rows past the vocabulary: mllama_config.py)
+        out[EMBED] = (c.vocab_size + 8, h)
     if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
         del out["model.norm.weight"]
     for i in range(c.num_layers):
@@ -75,6 +77,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
                         f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
+        if c.architecture == "minimax_m3":  # its fused and stacked MLPs (minimax_m3_config.py)
+            from pagoda.runtime.model.minimax_m3_config import expected_shapes as m3_shapes
+
+            out.update(m3_shapes(c, i))
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -166,7 +172,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
     h, p = c.hidden_size, f"model.layers.{i}."
     m = c.family.mamba
-    if m.zamba2 is not None or m.zaya is not None:  # (its layers' tensors all named there)
+    if m.zamba2 is not None or m.zaya is not None or m.inkling is not None:  # (its layers'
+        # tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
@@ -259,6 +266,8 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         for i in range(c.num_layers):
             out.update({f"model.layers.{i}.self_attn.{n}": (c.head_dim,)
                         for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})  # fmt: skip
+    if c.architecture == "inkling":  # the embeddings' norm
+        out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
     if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
@@ -386,9 +395,12 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "falcon_mamba",
             "zamba2",
             "zamba",
+            "rwkv",
             "zaya",
+            "inkling",
             "bitnet",
             "longcat_flash",
+            "minimax_m3",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         if c.architecture == "ergo" and c.family.has_experts(i):

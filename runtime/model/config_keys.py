@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.model import longcat_flash_config
+from pagoda.runtime.model import inkling_config, longcat_flash_config
 
 # older config.json keys a family's config class reads as another (its `attribute_map`, or an
 # init argument it renames)
@@ -46,6 +46,7 @@ ALIASES["bailing_hybrid"] = ALIASES["kimi_linear"]  # BailingHybridConfig's (the
 ALIASES["dbrx"] = ALIASES["mpt"]
 ALIASES["kolibri1_1"] = {"mlp_only_intermediate_size": "intermediate_size"}  # (its dense MLPs')
 ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
+ALIASES["inkling"] = inkling_config.ALIASES  # InklingTextConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
 OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm", "kolibri1_1")
@@ -117,6 +118,14 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         from pagoda.runtime.model.gemma3n_config import overrides as gemma3n_overrides
 
         out.update(gemma3n_overrides(out))
+    if arch == "mllama":  # the self-attention layers alone (mllama_config.py)
+        from pagoda.runtime.model.mllama_config import overrides as mllama_overrides
+
+        out.update(mllama_overrides(out))
+    if arch == "minimax_m3":  # widths by MLP kind, layer kinds from the released keys
+        from pagoda.runtime.model.minimax_m3_config import overrides as minimax_m3_overrides
+
+        out.update(minimax_m3_overrides(out))
     if arch == "ergo":  # the dense MLP's width, the window's published name, hidden / heads
         from pagoda.runtime.model.ergo_config import overrides
 

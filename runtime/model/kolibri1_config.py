@@ -21,8 +21,9 @@ Kolibri 1.1 (`Kolibri1_1ForCausalLM`: Aleph-Alpha/Kolibri-1.1) is this model wit
 - "indexed_attention" layers for the full ones (NoPE): transformers' `Kolibri1_1Indexer` picks
   the keys each query attends to, `index_topk` of a pool plus `index_num_sink_tokens` and
   `index_num_local_tokens`, once a query sees more keys than those together; up to that budget
-  (2184 tokens with the defaults) every key: Pagoda serves it within the budget (`Kolibri11`:
-  a longer --max-model-len is refused in one line, the sparse selection is not implemented),
+  (2184 tokens with the defaults) every key: Pagoda serves it within the budget
+  (`FamilyConfig.dense_limit`: a longer --max-model-len is refused in one line, the sparse
+  selection is not implemented),
   where these layers attend to every key, their keys and values rounded to NVFP4 (E2M1 values,
   an E4M3 scale per 16: `kolibri1.nvfp4_round`) as transformers rounds them;
 - KV-shared layers (`kv_source_layers`: an indexed layer reading an earlier one's keys and
@@ -36,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda.runtime.model_configs import ExpertRouting
+from pagoda.runtime.model_configs import DenseLimit, ExpertRouting
 
 ARCHITECTURES = {"Kolibri1ForCausalLM": "kolibri1", "Kolibri1_1ForCausalLM": "kolibri1_1"}
 MODEL_CLASSES = {"kolibri1": ("kolibri1", "Kolibri1Model"),
@@ -62,12 +63,10 @@ _SOURCES = (0, 0, 0, 3, 4, 5, 5, 5, 5, 0)
 
 @dataclass(frozen=True)
 class Kolibri11:
-    """Kolibri 1.1's attention (`FamilyConfig.kolibri11`): the layer whose KV cache each layer
-    reads (its own, or an earlier indexed layer's) and the longest sequence whose indexed
-    layers attend to every key (`index_topk` + local + sink tokens)."""
+    """Kolibri 1.1's KV-shared layers (`FamilyConfig.kolibri11`): the layer whose KV cache each
+    layer reads (its own, or an earlier indexed layer's)."""
 
     kv_source: tuple[int, ...]
-    budget: int
 
     def shares_kv(self, layer: int) -> bool:
         return self.kv_source[layer] != layer
@@ -122,7 +121,10 @@ def _kolibri1_1(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
                                        "index_num_sink_tokens"))  # fmt: skip
     dense = cfg.get("mlp_only_layers")
     dense = set(range(min(2, n)) if dense is None else dense)
-    return {"kolibri11": Kolibri11(kv_sources(cfg, types), budget),
+    what = "its indexed attention's sparse selection"
+    how = "index_topk + index_num_local_tokens + index_num_sink_tokens"
+    return {"kolibri11": Kolibri11(kv_sources(cfg, types)),
+            "dense_limit": DenseLimit(budget, what, how),
             "moe_layers": tuple(i not in dense for i in range(n))}  # fmt: skip
 
 

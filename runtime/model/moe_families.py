@@ -32,6 +32,8 @@ from pagoda.runtime.model import (
     mimo_v2_flash_config,
     minicpm5_moe_config,
     minimax_m2_config,
+    minimax_m3_config,
+    mllama_config,
     phimoe_config,
     solar_open_config,
 )
@@ -62,6 +64,8 @@ MODULES = (
     flint_config,
     beam_config,
     doge_config,
+    minimax_m3_config,
+    mllama_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -406,7 +406,7 @@ FIELDS = {
         "architecture": "kolibri1_1", "family.window_layers": (True, False, True, False),
         "family.rope_layers": (True, False, True, False),
         "family.moe_layers": (True, False, True, True), "family.kolibri11.kv_source": (0, 1, 2, 1),
-        "family.kolibri11.budget": 2184, "intermediate_size": 96, "num_kv_layers": 3},
+        "family.dense_limit.tokens": 2184, "intermediate_size": 96, "num_kv_layers": 3},
     "axk1": {
         "architecture": "axk1", "family.moe_layers": (False, True, True),
         "family.routing.topk_method": "noaux_tc", "family.routing.n_group": 2,

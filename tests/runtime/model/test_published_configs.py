@@ -374,3 +374,31 @@ def test_published_doge_configs_read_as_transformers_reads_them(tmp_path, cfg, p
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
+
+
+def test_minimax_m3s_text_config_reads_with_transformers_defaults(tmp_path):
+    """MiniMaxM3VLTextConfig's defaults are MiniMax-M3's shape (447 B parameters by
+    transformers' own count on the meta device): a config.json naming the architecture alone
+    reads as transformers fills it in (every layer full attention and experts, the widths by
+    kind, the clamped SwiGLU, the router's scale, a whole-head rotary), the count its own."""
+    import torch
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["MiniMaxM3VLForCausalLM"], "model_type": "minimax_m3_vl_text"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f = o.family
+    assert (o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads, o.head_dim) == (
+        t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads,
+        t.head_dim)  # fmt: skip
+    assert (o.bos_token_id, list(o.eos_token_ids), o.rope_theta) == (
+        t.bos_token_id, [t.eos_token_id], t.rope_parameters["rope_theta"])  # fmt: skip
+    assert (o.intermediate_size, f.moe_intermediate_size, f.shared_expert_intermediate_size) == (
+        t.dense_intermediate_size, t.intermediate_size, t.shared_intermediate_size)  # fmt: skip
+    assert (f.num_experts, f.num_experts_per_tok, f.swiglu_alpha, f.swiglu_limit) == (
+        t.num_local_experts, t.num_experts_per_tok, t.swiglu_alpha, t.swiglu_limit)  # fmt: skip
+    assert f.routing.routed_scaling_factor == t.routed_scaling_factor and o.rope_scaling is None
+    assert f.dense_limit is None and o.context_length == t.max_position_embeddings
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 447_186_441_216
