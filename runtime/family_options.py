@@ -122,6 +122,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             "the second, across ranks"
         ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "kolibri1_1": Untested(
+            tensor_parallel="its KV-shared layers are not tested on several ranks",
+            fp8="not tested",
+            kv_cache="its indexed layers' keys and values are rounded to NVFP4 in the cache",
+        ),
         "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),

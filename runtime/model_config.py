@@ -167,6 +167,8 @@ class FamilyConfig:
     mimo: MiMoAttention | None = None
     # Qwen4-Exp (model/qwen4_exp.py): hyper-connections, Per-Layer Embeddings, the QSA limit
     qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
+    # Kolibri 1.1 (model/kolibri1.py): its KV-shared layers, its indexed layers' budget
+    kolibri11: Any = None  # `kolibri1_config.Kolibri11`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -362,6 +364,8 @@ class ModelConfig:
         m, g = self.family.mamba, self.family.gemma4
         if g is not None:
             return sum(not g.shares_kv(i) for i in range(self.num_layers))
+        if self.family.kolibri11 is not None:  # (its KV-shared layers read an earlier one's)
+            return sum(not self.family.kolibri11.shares_kv(i) for i in range(self.num_layers))
         if self.family.dory is not None:  # (a KV cache per loop of its recurrent layers)
             return len(self.family.dory.order())
         return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
@@ -465,6 +469,10 @@ class ModelConfig:
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
+        if f.kolibri11 is not None:  # its KV-shared layers: no k_proj nor v_proj; their q
+            # norms (the q/k norms above are counted by the layers with a KV cache)
+            shared = sum(map(f.kolibri11.shares_kv, range(self.num_layers)))
+            attn_all -= shared * (2 * h * self.num_kv_heads * d - d)
         if f.diff_attention:  # DiffLlama's lambda_q1, lambda_k1, lambda_q2, lambda_k2
             attn_all += self.num_layers * 4 * d
         if self.architecture in ALL_BIASES:  # the projections', the MLP's, the norms'

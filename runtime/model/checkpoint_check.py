@@ -262,6 +262,10 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
             out[name] = (c.hidden_size,)
         if c.family.lm_head_bias:
             out["lm_head.bias"] = (c.vocab_size,)
+    if c.family.kolibri11 is not None:  # Kolibri 1.1's KV-shared layers: q alone (kolibri1.py)
+        for i in filter(c.family.kolibri11.shares_kv, range(c.num_layers)):
+            for n in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+                del out[f"model.layers.{i}.self_attn.{n}"]
     if c.family.diff_attention:  # DiffLlama's four vectors a layer (model/diffllama.py)
         for i in range(c.num_layers):
             out.update({f"model.layers.{i}.self_attn.{n}": (c.head_dim,)

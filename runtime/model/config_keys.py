@@ -44,11 +44,12 @@ ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linea
     "num_experts_per_token": "num_experts_per_tok", "num_shared_experts": "n_shared_experts"}  # fmt: skip
 ALIASES["bailing_hybrid"] = ALIASES["kimi_linear"]  # BailingHybridConfig's (the same keys)
 ALIASES["dbrx"] = ALIASES["mpt"]
+ALIASES["kolibri1_1"] = {"mlp_only_intermediate_size": "intermediate_size"}  # (its dense MLPs')
 ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
 ALIASES["inkling"] = inkling_config.ALIASES  # InklingTextConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
-OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm")
+OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm", "kolibri1_1")
 
 
 def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:

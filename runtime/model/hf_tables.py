@@ -87,6 +87,9 @@ HF_ARCHITECTURES = {
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
     "DiffLlamaForCausalLM": "diffllama",  # Llama's, differential attention (diffllama.py)
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
+    # Emu3's text model (Llama's, its defaults); Emu3-Chat/Gen's text model (the VQ-VAE not read)
+    "Emu3ForCausalLM": "emu3",
+    "Emu3ForConditionalGeneration": "emu3",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -132,6 +135,7 @@ WRAPPER_TIES = {
     **glm5_next.WRAPPER_TIES,
     **inkling.WRAPPER_TIES,
 }
+WRAPPER_TIES["emu3"] = False  # (Emu3Config's)
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -246,6 +250,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "num_hidden_layers": 28, "num_attention_heads": 16, "rotary_dim": 64,
              "hidden_act": "gelu_new", "layer_norm_epsilon": 1e-5, "bos_token_id": 50_256,
              "eos_token_id": 50_256},
+    "emu3": {"vocab_size": 184_622, "hidden_size": 4096, "intermediate_size": 14_336,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "max_position_embeddings": 9216, "rms_norm_eps": 1e-5,
+             "rope_theta": 1_000_000.0,  # transformers' default_theta
+             "pad_token_id": 151_643, "bos_token_id": 151_849, "eos_token_id": 151_850},
     "cwm": {"vocab_size": 128_256, "hidden_size": 6144, "intermediate_size": 21_504,
             "num_hidden_layers": 64, "num_attention_heads": 48, "num_key_value_heads": 8,
             "head_dim": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,

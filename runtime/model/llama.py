@@ -172,7 +172,7 @@ class LlamaLayer:
         self.attn_norm = model.read_norm(w, pre) if pre in w else None
         post = prefix + "post_attention_layernorm.weight"  # none in Cohere's (one norm a layer)
         self.mlp_norm = model.read_norm(w, post) if post in w else None
-        qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
+        qkv = [f"{a}{n}.weight" for n in self.projections(model, index)]
         o = a + "o_proj.weight"
         if ctx.tp is None:
             self.qkv, self.o_proj = linear_layer(ctx, w, qkv), linear_layer(ctx, w, [o])
@@ -185,6 +185,10 @@ class LlamaLayer:
         # halves (the ops' kernels), or pairs (GLM's and Cohere's interleaved layout)
         self.rotary = rotary_interleaved if c.family.rope_interleaved else ctx.ops.rotary_embedding
         self.mlp = model.make_mlp(w, prefix, index, ctx)
+
+    def projections(self, model: LlamaModel, index: int) -> tuple[str, ...]:
+        """The projections `qkv` stacks, in order (Kolibri 1.1's KV-shared layers: q alone)."""
+        return ("q_proj", "k_proj", "v_proj")
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.o_proj, *self.mlp.linears()]

@@ -79,6 +79,7 @@ MODEL_CLASSES = {
     "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
     "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
+    "emu3": ("llama", "LlamaModel"),  # Emu3's text model: Llama's
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved

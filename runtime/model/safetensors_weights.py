@@ -34,6 +34,10 @@ _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGenerati
     ("model.language_model.", "model."),
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
+    # Emu3's (Emu3ForConditionalGeneration): as its files store them, and as transformers 5 names them
+    ("text_model.model.", "model."),
+    ("text_model.lm_head.", "lm_head."),
+    ("model.text_model.", "model."),
 )
 _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
 _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
@@ -42,6 +46,7 @@ _SKIP += ("model.visual.",)  # (EXAONE 4.5's, Qwen3.5's)
 _SKIP += ("mtp.",)  # (Qwen3-Next's and Qwen3.5's multi-token prediction layers: not run)
 _SKIP += ("model.mtp_layers.",)  # (HY V4's, as transformers ignores them: not run)
 _SKIP += ("model.embed_vision.", "model.audio_tower.", "model.embed_audio.")  # (Gemma 4's)
+_SKIP += ("vqmodel.", "model.vqmodel.")  # (Emu3's VQ-VAE image tokenizer)
 # EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
 _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),

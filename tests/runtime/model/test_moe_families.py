@@ -154,6 +154,7 @@ JETMOE_ROUTERS = (
 SINKS = (("self_attn.sinks", 1.0),)
 # Kolibri 1's choice-only bias, added to the logits (large enough to change the picks)
 KOLIBRI_BIAS = (("mlp.gate.e_score_correction_bias", 2.0),)
+INDEXED = "indexed_attention"  # (Kolibri 1.1's)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
@@ -237,6 +238,13 @@ CASES = {
         num_hidden_layers=3, head_dim=16, num_experts=6, num_experts_per_tok=2,
         moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=10,
         layer_types=[SLIDING, FULL, SLIDING], **E), KOLIBRI_BIAS),
+    # Kolibri 1.1: sliding, indexed (dense MLP), sliding, indexed reading layer 1's KV cache
+    "kolibri1_1": ("Kolibri1_1", dict(
+        num_hidden_layers=4, head_dim=16, num_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=10,
+        layer_types=[SLIDING, INDEXED, SLIDING, INDEXED], kv_source_layers=[0, 1, 2, 1],
+        index_layers=[1], index_num_heads=2, mlp_only_layers=[1], mlp_only_intermediate_size=96,
+        **E), KOLIBRI_BIAS),
     "axk1": ("AXK1", dict(
         num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
@@ -401,6 +409,11 @@ FIELDS = {
         "family.window_layers": (True, False, True), "family.rope_layers": (True, False, True),
         "family.routing.bias_on_logits": True, "family.routing.bias": True,
         "family.norm_topk_prob": False, "family.shared_expert_intermediate_size": 48},
+    "kolibri1_1": {
+        "architecture": "kolibri1_1", "family.window_layers": (True, False, True, False),
+        "family.rope_layers": (True, False, True, False),
+        "family.moe_layers": (True, False, True, True), "family.kolibri11.kv_source": (0, 1, 2, 1),
+        "family.dense_limit.tokens": 2184, "intermediate_size": 96, "num_kv_layers": 3},
     "axk1": {
         "architecture": "axk1", "family.moe_layers": (False, True, True),
         "family.routing.topk_method": "noaux_tc", "family.routing.n_group": 2,
@@ -431,7 +444,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
-             ("granitemoe-swa", 1), ("kolibri1", 1), ("axk1", 1),
+             ("granitemoe-swa", 1), ("kolibri1", 1), ("kolibri1_1", 1), ("axk1", 1),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
              ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("mellum", 2), ("jetmoe", 1),
@@ -447,6 +460,7 @@ FROM_SHAPES = {
     "granitemoe-shared": 1e-6,
     "granitemoe-swa": 1e-6,
     "kolibri1": 1e-6,
+    "kolibri1_1": 1e-6,
     "axk1": 1e-6,
     "dbrx": 1e-6,
     "cohere2-moe": 1e-6,
@@ -473,6 +487,7 @@ MISSING = [
     ("granitemoe-swa", "model.layers.2.self_attn.sinks"),
     ("kolibri1", "model.layers.1.moe.router.expert_bias"),
     ("kolibri1", "model.layers.2.post_ffn_norm.weight"),
+    ("kolibri1_1", "model.layers.1.self_attn.k_norm.weight"),
     ("axk1", "model.layers.1.post_mlp_layernorm.weight"),
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),

@@ -217,6 +217,37 @@ def test_kolibri_1s_config_reads_with_transformers_defaults(tmp_path):
         check(o, 2)
 
 
+def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
+    """Kolibri1_1Config's defaults are Kolibri-1.1's shape: a config.json naming the
+    architecture alone reads as transformers fills it in (window and indexed layers, the
+    KV-shared layers' sources, the dense MLPs and their width), the parameter count
+    transformers' on the meta device; served up to its indexer's budget (2184 tokens: a longer
+    --max-model-len refused in one line), TP refused."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+    from pagoda.runtime.engine.core import check_max_model_len
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Kolibri1_1ForCausalLM"],
+                                                      "model_type": "kolibri1_1"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f = o.family
+    assert f.window_layers == tuple(k == "sliding_attention" for k in t.layer_types)
+    assert f.kolibri11.kv_source == tuple(t.kv_source_layers)
+    assert f.moe_layers == tuple(i not in t.mlp_only_layers for i in range(t.num_hidden_layers))
+    assert o.intermediate_size == t.mlp_only_intermediate_size == 3584
+    assert o.num_kv_layers == sum(s == i for i, s in enumerate(t.kv_source_layers)) == 44
+    assert o.context_length == check_max_model_len(None, o) == 2184
+    with pytest.raises(ValueError, match=r"max_model_len 4096 is not supported for a kolibri1_1 "
+                                         r"model: its indexed attention's sparse selection"):  # fmt: skip
+        check_max_model_len(4096, o)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 75_112_646_912
+    with pytest.raises(ValueError, match="not supported for a kolibri1_1 model"):
+        check(o, 2)
+
+
 def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
     """AXK1Config's defaults are A.X-K1's shape (519 B parameters by transformers' own count on
     the meta device): a config.json naming the architecture alone reads as transformers fills
@@ -264,7 +295,12 @@ PUBLISHED = {
         "eos_token_id": 2, "ffn_dim": 4096, "layerdrop": 0.0, "max_position_embeddings": 2048,
         "num_layers": 24, "pad_token_id": 1, "scale_embedding": True, "vocab_size": 256008},
         564_463_616),
+    # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
+    "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
+                  8_492_011_520),
 }  # fmt: skip
+# text configs transformers' Auto classes map to no causal LM
+_CAUSAL_LM = {"emu3_text_model": "Emu3ForCausalLM"}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -295,7 +331,10 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
     eps = next((getattr(t, k) for k in names if hasattr(t, k)), 1e-5)  # (else nn.LayerNorm's)
     assert o.rms_norm_eps == eps
     with torch.device("meta"):
-        hf = transformers.AutoModelForCausalLM.from_config(t)
+        if t.model_type in _CAUSAL_LM:
+            hf = getattr(transformers, _CAUSAL_LM[t.model_type])(t)
+        else:
+            hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
 
 
