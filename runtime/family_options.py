@@ -85,6 +85,20 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
+        "gemma4_unified": Untested(
+            tensor_parallel="its layers' own head sizes and KV heads and its shared KV caches "
+            "are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
+        "gemma3n": Untested(
+            tensor_parallel="its AltUp streams, Laurel branch and shared KV caches are not split "
+            "over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
         "laguna": Untested(
             tensor_parallel="its query heads by layer are not tested on ranks",
             fp8="its gate and per-layer heads' FP8 GEMM is not tested",
@@ -104,6 +118,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "longcat_flash": Untested(
             tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
@@ -152,10 +167,21 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "bailing_hybrid": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "glm5_next": Untested(
+            tensor_parallel="kda layers",
+            fp8="kda layers",
+            fp8_checkpoint="not tested",
+            kv_cache="tested with 16/32-bit caches only",
+            float16="tested in bfloat16 and float32 only",
+        ),
         "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
+        ),
+        "zamba": Untested(
+            tensor_parallel="its shared block and mamba1 layers are not split",
+            fp8="its shared block and mamba1 layers",
         ),
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",

@@ -33,6 +33,9 @@ ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
 UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
 POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
+# families with biases on q, k, v, the output, both MLP matrices and every LayerNorm (their
+# q/k norms' too), counted in `num_params`
+ALL_BIASES = ("persimmon",)
 
 
 def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
@@ -116,6 +119,9 @@ class FamilyConfig:
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
+    # GLM-5-Next (model/glm5_next.py): the longest sequence its k-pool DSA indexer keeps whole
+    # (the context is capped there: its sparse selection is not implemented)
+    dense_limit: int | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -129,6 +135,9 @@ class FamilyConfig:
     # count from the config alone needs to know)
     o_proj_bias: bool = False
     lm_head_bias: bool = False
+    # an LM head pruned to the vocabulary's first `head_rows` ids (Apertus 1.5's
+    # `output_vocab_size`: model/apertus.py), the embedding keeping every id; 0: the vocabulary
+    head_rows: int = 0
     # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by sigmoids of
     # the top-k logits that scale the experts' inputs, beside an ungated shared expert
     llama4: Llama4Attention | None = None
@@ -379,6 +388,8 @@ class ModelConfig:
             context = min(context, self.family.doge.keep_window)
         if self.family.indexed_context is not None:  # (MiniMax-M3's indexer drops blocks past it)
             context = min(context, self.family.indexed_context)
+        if self.family.dense_limit is not None:  # GLM-5-Next: where its indexer keeps all
+            context = min(context, self.family.dense_limit)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -411,7 +422,8 @@ class ModelConfig:
             gate = h if f.routing is None else 0
             experts += moe * (mats * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * mats * h * i + experts
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        head = 0 if self.tie_word_embeddings else f.head_rows or self.vocab_size
+        emb = (self.vocab_size + head) * h
         if self.architecture == "mllama":  # its embedding's 8 rows past the vocabulary
             emb += 8 * h
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
@@ -443,6 +455,10 @@ class ModelConfig:
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
+        if self.architecture in ALL_BIASES:  # the projections', the MLP's, the norms'
+            q_k_norms = 2 * d if f.qk_norm else 0
+            kv = self.num_kv_heads * d
+            attn_all += self.num_layers * (self.num_heads * d + 2 * kv + 4 * h + i + q_k_norms) + h
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

@@ -98,8 +98,10 @@ class MlaConfig:
     dots: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             _positive(name, getattr(self, name))
+        # (0: no rotary key at all, GLM-5-Next's NoPE latent attention: model/glm5_next.py)
+        option_rules.check_int("qk_rope_head_dim", self.qk_rope_head_dim, low=0)
         if self.q_lora_rank is not None:
             _positive("q_lora_rank", self.q_lora_rank)
         if self.qk_rope_head_dim % 2:
@@ -281,6 +283,47 @@ class DogeAttention:
 
 
 @dataclass(frozen=True)
+class Gemma3nParts:
+    """What Gemma 3n's layers add to the table it shares with Gemma 4 (`Gemma4Layers.gemma3n`;
+    `model/gemma3n.py`, read by `model/gemma3n_config.py`): AltUp's `altup_inputs` streams
+    (the layer runs on `altup_active`'s), Laurel's rank, and each layer's activation sparsity
+    (0: a plain gate; else the Gaussian top-k's target fraction of zeros)."""
+
+    altup_inputs: int
+    altup_active: int
+    altup_correct_scale: bool
+    laurel_rank: int
+    sparsity: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        _positive("altup_num_inputs", self.altup_inputs)
+        _positive("laurel_rank", self.laurel_rank)
+        if not 0 <= self.altup_active < self.altup_inputs:
+            raise ValueError(f"gemma3n altup_active_idx {self.altup_active} must be in "
+                             f"0..{self.altup_inputs - 1}")  # fmt: skip
+        if any(not 0.0 <= s < 1.0 for s in self.sparsity):
+            raise ValueError(f"gemma3n activation_sparsity_pattern {list(self.sparsity)} must "
+                             "hold fractions in [0, 1)")  # fmt: skip
+
+    def model_shapes(self, h: int) -> dict[str, tuple[int, ...]]:
+        """AltUp's projections into and out of its extra streams (outside the layers)."""
+        out = {}
+        for i in range(self.altup_inputs - 1):
+            for name in ("altup_projections", "altup_unembed_projections"):
+                out[f"model.{name}.{i}.weight"] = (h, h)
+        return out
+
+    def layer_shapes(self, x: str, h: int) -> dict[str, tuple[int, ...]]:
+        """Layer `x`'s AltUp router and coefficients, and its Laurel branch."""
+        a, r = self.altup_inputs, self.laurel_rank
+        return {x + "altup.correct_output_scale": (h,), x + "altup.correction_coefs.weight": (a, a),
+                x + "altup.prediction_coefs.weight": (a * a, a),
+                x + "altup.modality_router.weight": (a, h), x + "altup.router_norm.weight": (h,),
+                x + "laurel.linear_left.weight": (r, h), x + "laurel.linear_right.weight": (h, r),
+                x + "laurel.post_laurel_norm.weight": (h,)}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Gemma4Layers:
     """Gemma 4's text model (`model/gemma4.py`, read by `model/gemma4_config.py`): what differs
     layer by layer, and the per-layer inputs. `ModelConfig.head_dim` / `num_kv_heads` are the
@@ -302,9 +345,13 @@ class Gemma4Layers:
     num_experts: int = 0  # a MoE block beside the dense MLP in every layer (0: none)
     top_k: int = 0
     moe_intermediate_size: int = 0
+    gemma3n: Gemma3nParts | None = None  # Gemma 3n's AltUp, Laurel, sparsity (no layer scalar)
 
     def __post_init__(self) -> None:
         n = len(self.head_dims)
+        if self.gemma3n is not None and len(self.gemma3n.sparsity) != n:
+            raise ValueError(f"gemma3n activation_sparsity_pattern must name each of the {n} "
+                             "layers")  # fmt: skip
         for name in ("kv_heads", "kv_source", "k_eq_v", "mlp_widths"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"gemma4 {name} must name each of the {n} layers")
@@ -331,6 +378,8 @@ class Gemma4Layers:
         if not c.tie_word_embeddings:
             out["lm_head.weight"] = (c.vocab_size, h)
         n, p = c.num_layers, g.per_layer_input
+        if g.gemma3n is not None:
+            out.update(g.gemma3n.model_shapes(h))
         if p:
             out.update({"model.embed_tokens_per_layer.weight": (g.per_layer_vocab, n * p),
                         "model.per_layer_model_projection.weight": (n * p, h),
@@ -339,7 +388,11 @@ class Gemma4Layers:
             x, d, kv = f"model.layers.{i}.", g.head_dims[i], g.kv_heads[i] * g.head_dims[i]
             a = x + "self_attn."
             out.update({a + "q_proj.weight": (heads * d, h), a + "o_proj.weight": (h, heads * d),
-                        a + "q_norm.weight": (d,), x + "layer_scalar": (1,)})  # fmt: skip
+                        a + "q_norm.weight": (d,)})  # fmt: skip
+            if g.gemma3n is None:
+                out[x + "layer_scalar"] = (1,)
+            else:
+                out.update(g.gemma3n.layer_shapes(x, h))
             if not g.shares_kv(i):
                 out.update({a + "k_proj.weight": (kv, h), a + "k_norm.weight": (d,)})
                 if not g.k_eq_v[i]:

@@ -74,7 +74,8 @@ class Zamba2Blocks:
     """Zamba2's shared transformer blocks (`model/zamba2.py`): `blocks` of them (attention over
     the concatenated [stream, embeddings], then a gated MLP), reused in turn by the hybrid
     layers `hybrid` marks, each use with LoRA adapters of rank `adapter_rank` of its own on the
-    MLP's gate_up (and on q, k and v where `attention_adapters`), then a linear of its own."""
+    MLP's gate_up (and on q, k and v where `attention_adapters`), then a linear of its own.
+    Zamba (`model/zamba.py`, Mamba-1 mixers): one block, no adapters (`adapter_rank` 0)."""
 
     hybrid: tuple[bool, ...]  # per layer: True = a shared block before the Mamba2 mixer
     blocks: int
@@ -83,7 +84,8 @@ class Zamba2Blocks:
 
     def __post_init__(self) -> None:
         _positive("num_mem_blocks", self.blocks)
-        _positive("adapter_rank", self.adapter_rank)
+        if self.adapter_rank < 0 or (self.attention_adapters and not self.adapter_rank):
+            raise ValueError(f"adapter_rank must be positive, got {self.adapter_rank}")
 
     def block(self, layer: int) -> tuple[int, int]:
         """(the shared block, the use's index among the hybrid layers) of hybrid layer `layer`."""
@@ -96,11 +98,13 @@ class Zamba2Blocks:
         m, h = c.family.mamba, c.hidden_size
         z, inter, wide, r = m.zamba2, c.intermediate_size, 2 * c.hidden_size, m.zamba2.adapter_rank
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        biases = m.proj_bias * (2 * inter + h)  # (add_bias_linear: the MLP's; the mixers' in
-        block = wide * (q + 2 * kv) + q * h + 3 * h * inter + wide + h + biases  # mixer_params)
+        zamba2 = m.mixer == "mamba2"  # (Zamba's Mamba-1 mixers: their biases in mixer_params)
+        biases = zamba2 * m.proj_bias * (2 * inter + h)  # (add_bias_linear: the MLP's; the
+        block = wide * (q + 2 * kv) + q * h + 3 * h * inter + wide + h + biases  # mixers' below)
         uses = sum(z.hybrid)
         adapter = r * (h + 2 * inter) + z.attention_adapters * 3 * r * 2 * wide
-        mixer = m.mixer_params(h) + m.proj_bias * (m.d_inner + m.conv_dim + m.n_heads + h) + h
+        mixer_bias = zamba2 * m.proj_bias * (m.d_inner + m.conv_dim + m.n_heads + h)
+        mixer = m.mixer_params(h) + mixer_bias + h
         emb = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
         total = (
             emb + h + c.num_layers * mixer + uses * (h * h + adapter) + min(z.blocks, uses) * block
@@ -179,7 +183,8 @@ class MambaConfig:
     # the recurrent layers' kind: "mamba2" (the mixer above), "short_conv" (LFM2's gated
     # short convolutions, `model/lfm2.py`: a conv state over d_inner = hidden channels, no SSM
     # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread) or "mamba1" (Mamba-1's
-    # selective scan, `model/mamba1.py`: n_heads 1, head_dim d_inner, A [d_inner, d_state], a
+    # selective scan, `model/mamba1.py`: n_heads 1 (Zamba's n_mamba_heads, each its own B and
+    # C), head_dim d_inner / n_heads, A [d_inner, d_state], a
     # conv over d_inner channels; dt from a `dt_rank` projection, FalconMamba's weightless RMS
     # norms on B, C and dt where `bcdt_eps` is set, Jamba's with weights where `bcdt_weighted`)
     # or "gated_deltanet" (Qwen3-Next's and Qwen3.5's linear attention, `model/qwen3_next.py`:

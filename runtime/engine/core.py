@@ -39,7 +39,7 @@ from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.cpu.host_memory import release_freed_memory
 from pagoda.runtime.engine import recurrent
-from pagoda.runtime.engine.info import token_ids_in_range
+from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model import longrope
@@ -150,6 +150,9 @@ class EngineCore:
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab:
             raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
+        if not_generated(params.allowed_token_ids, self.model_config.family.head_rows):
+            raise ValueError("allowed_token_ids holds no id this model generates: its LM head "
+                             f"scores [0, {self.model_config.family.head_rows})")  # fmt: skip
         if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if params.structured_outputs is not None:  # offline: compiled here (server: before)
@@ -404,6 +407,10 @@ def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
         from pagoda.runtime.model.qwen4_exp_config import check_max_model_len as check_qsa
 
         check_qsa(model.family.qwen4, asked)
+    if model.family.dense_limit is not None:  # GLM-5-Next: past its indexer's dense reach
+        from pagoda.runtime.model.glm5_next_config import check_max_model_len as check_dsa
+
+        check_dsa(model.family.dense_limit, asked)
     context = model.context_length
     if asked is not None and asked > context:
         raise ValueError(

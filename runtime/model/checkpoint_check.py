@@ -91,7 +91,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         elif c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
-        out[HEAD] = (c.vocab_size, h)
+        out[HEAD] = (c.family.head_rows or c.vocab_size, h)  # (Apertus 1.5's pruned head)
     return _family_tensors(c, out)
 
 
@@ -219,9 +219,9 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         from pagoda.runtime.model.bitnet_config import expected_shapes as bitnet_shapes
 
         bitnet_shapes(c, out)
-    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2", "zamba"):  # final norm name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
-    if c.architecture == "apertus":
+    if c.architecture in ("apertus", "apertus1p5"):
         for old, new in _APERTUS_NORMS.items():
             for i in range(c.num_layers):
                 out[f"model.layers.{i}.{new}.weight"] = out.pop(f"model.layers.{i}.{old}.weight")
@@ -257,7 +257,7 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
             out[name] = (c.hidden_size,)
         if c.family.lm_head_bias:
             out["lm_head.bias"] = (c.vocab_size,)
-    if c.architecture == "phi":  # its final norm's name
+    if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
     if f.positions == "learned":  # the table of positions (model/positions.py)
@@ -368,6 +368,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(c.num_layers):
         if c.architecture in (
             "gemma4",
+            "gemma4_unified",
+            "gemma3n",
             "granitemoe",
             "granitemoe_swa",
             "jetmoe",
@@ -381,6 +383,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "zamba",
             "zaya",
             "bitnet",
             "longcat_flash",
@@ -479,6 +482,10 @@ def check_checkpoint(
         from pagoda.runtime.model.bailing_hybrid_config import check_conv as check_bh_conv
 
         check_bh_conv(config, headers)
+    if config.architecture == "glm5_next":  # its KDA convs (glm5_next_config.py)
+        from pagoda.runtime.model.glm5_next_config import check_conv as check_g5n_conv
+
+        check_g5n_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     if config.family.bitnet == "offline":  # packed: uint8 matrices

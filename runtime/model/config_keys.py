@@ -87,7 +87,8 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch == "gpt_neo":  # its MLP 4 x hidden by default; `attention_types` as layer_types
         out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
         out["layer_types"] = gpt_neo_layer_types(out)
-    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen"):
+    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
+                "persimmon"):  # fmt: skip
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)
@@ -116,6 +117,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         from pagoda.runtime.model.minimax_m3_config import overrides as minimax_m3_overrides
 
         out.update(minimax_m3_overrides(out))
+    if arch == "gemma3n":  # its MLP widths by layer, its rotary by layer kind
+        from pagoda.runtime.model.gemma3n_config import overrides as gemma3n_overrides
+
+        out.update(gemma3n_overrides(out))
     if arch == "ergo":  # the dense MLP's width, the window's published name, hidden / heads
         from pagoda.runtime.model.ergo_config import overrides
 

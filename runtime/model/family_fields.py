@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime.model import bitnet_config as bitnet
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import hy_v4_config, moe_families
@@ -25,7 +26,7 @@ Fields = Callable[
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
 UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
-UNGATED += ("gptj", "nanochat", "codegen")
+UNGATED += ("gptj", "nanochat", "codegen", "persimmon", "apertus1p5")
 
 
 def read_rope(
@@ -154,12 +155,29 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         fields.update(layer_norm_bias=True, rope_interleaved=True)
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
         fields["qk_norm"] = True
+    if arch == "persimmon":  # GPT-NeoX's q/k/v per head in Llama's layer; Phi's q/k norms
+        fields.update(layer_norm_bias=True, falcon_qkv="per_head", falcon_norms="sequential",
+                      qk_norm=bool(cfg.get("qk_layernorm")))  # fmt: skip
     if arch == "apertus":
         fields["qk_norm"] = True
+    if arch == "apertus1p5":  # Apertus', its LM head pruned to `output_vocab_size` rows
+        fields.update(qk_norm=True, head_rows=_apertus1p5_head(cfg))
     if arch == "nanochat":  # (its q/k norms have no weights: model/nanochat.py)
         cap = cfg.get("final_logit_softcapping")
         fields["final_logit_softcapping"] = float(cap) if cap else None
     return fields
+
+
+def _apertus1p5_head(cfg) -> int:
+    """The pruned head's rows (0: none, the vocabulary's), as Apertus1p5TextConfig checks
+    them; tied, none (transformers' head is then the embedding, every id scored)."""
+    rows, vocab = cfg.get("output_vocab_size"), int(cfg["vocab_size"])
+    if rows is None or int(rows) == vocab:
+        return 0
+    if not 1 <= int(rows) <= vocab:
+        raise ValueError(f"output_vocab_size ({rows}) must be in [1, vocab_size] "
+                         f"(vocab_size is {vocab})")  # fmt: skip
+    return 0 if cfg.get("tie_word_embeddings") else int(rows)
 
 
 def _ernie4_5(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
@@ -444,7 +462,11 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "qwen3": _qwen3,
     "gemma3": _gemma3,
-    "gemma4": lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n),
+    **dict.fromkeys(
+        gemma4.ARCHS,
+        lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n, arch),
+    ),
+    "gemma3n": lambda cfg, arch, n, window, layers, scaling: gemma3n.family_fields(cfg, n),
     "gemma2": _gemma2,
     "vaultgemma": _gemma2,
     "gemma": _gemma,

@@ -1,5 +1,6 @@
 """Gemma 4 (the text model: `Gemma4ForCausalLM`, and `Gemma4ForConditionalGeneration` read
-text-only; its config in `gemma4_config.py`, `model_configs.Gemma4Layers`): Gemma 3's scaled
+text-only; its config in `gemma4_config.py`, `model_configs.Gemma4Layers`; Gemma 4 Unified's
+too, which is this model without per-layer inputs or the MoE block): Gemma 3's scaled
 embedding, four norms a layer, GeGLU and final soft cap (`gemma2.py`), with what transformers'
 `Gemma4TextDecoderLayer` changes:
 
@@ -87,6 +88,29 @@ class Gemma4Layer(LlamaLayer):
     def __init__(
         self, model: Gemma4Model, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
+        g = model.config.family.gemma4
+        self.read_attention(model, w, prefix, index, ctx)
+        ctx = self.ctx
+        self.mlp = GatedMLP(ctx, w, prefix + "mlp.")
+        self.moe = None
+        if g.num_experts:
+            self.moe = _experts(model, w, prefix, ctx)
+            self.moe_norms = [model.read_norm(w, f"{prefix}{n}.weight") for n in _MOE_NORMS]
+        self.per_layer = None
+        self.act = _ACTS[model.config.family.hidden_act]  # (the MLP's: `hidden_activation`)
+        if g.per_layer_input:
+            self.per_layer = (
+                linear_layer(ctx, w, [prefix + "per_layer_input_gate.weight"]),
+                linear_layer(ctx, w, [prefix + "per_layer_projection.weight"]),
+                model.read_norm(w, prefix + "post_per_layer_input_norm.weight"),
+            )
+        self.layer_scalar = w[prefix + "layer_scalar"]
+
+    def read_attention(
+        self, model: Gemma4Model, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        """The attention (its own shape, or a KV-shared layer's q alone) and the four norms
+        around it and the MLP (Gemma 3n's layer reads them too: `gemma3n.py`)."""
         g, a = model.config.family.gemma4, prefix + "self_attn."
         backend = model.layer_backend(index)
         ctx = dataclasses.replace(ctx, backend=backend, head_dim=g.head_dims[index],
@@ -118,20 +142,6 @@ class Gemma4Layer(LlamaLayer):
         self.kv_scales = model.kv_scales(w, f"model.layers.{self.source}.self_attn")
         self.rope = model.rope_table(index)
         self.rotary = ctx.ops.rotary_embedding
-        self.mlp = GatedMLP(ctx, w, prefix + "mlp.")
-        self.moe = None
-        if g.num_experts:
-            self.moe = _experts(model, w, prefix, ctx)
-            self.moe_norms = [model.read_norm(w, f"{prefix}{n}.weight") for n in _MOE_NORMS]
-        self.per_layer = None
-        self.act = _ACTS[model.config.family.hidden_act]  # (the MLP's: `hidden_activation`)
-        if g.per_layer_input:
-            self.per_layer = (
-                linear_layer(ctx, w, [prefix + "per_layer_input_gate.weight"]),
-                linear_layer(ctx, w, [prefix + "per_layer_projection.weight"]),
-                model.read_norm(w, prefix + "post_per_layer_input_norm.weight"),
-            )
-        self.layer_scalar = w[prefix + "layer_scalar"]
 
     def linears(self):
         out = [self.qkv, self.o_proj, *self.mlp.linears()]

@@ -1,6 +1,8 @@
 """Gemma 4's text config as transformers 5 reads it (`Gemma4TextConfig`: `Gemma4ForCausalLM`,
 and the text model of `Gemma4ForConditionalGeneration`, under `text_config`), for
-`model/gemma4.py`. Kept apart from the model so that reading a config imports no layer code.
+`model/gemma4.py`; Gemma 4 Unified's (`Gemma4UnifiedTextConfig`, architecture
+"gemma4_unified": `Gemma4UnifiedForCausalLM`, `Gemma4UnifiedForConditionalGeneration` read
+text-only) is Gemma 4's without per-layer inputs or the MoE block, with a 1024-key window. Kept apart from the model so that reading a config imports no layer code.
 
 - `layer_types` (by default every sixth layer full attention), the last layer always full
   attention (transformers forces it); sliding layers see `sliding_window` keys;
@@ -35,8 +37,13 @@ from pagoda.runtime.model_configs import Gemma4Layers
 if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
     from pagoda.runtime.config import ModelConfig
 
-ARCHITECTURES = {"Gemma4ForCausalLM": "gemma4", "Gemma4ForConditionalGeneration": "gemma4"}
-TEXT_MODEL_TYPES = {"Gemma4ForConditionalGeneration": {"gemma4_text": "gemma4"}}
+ARCHITECTURES = {"Gemma4ForCausalLM": "gemma4", "Gemma4ForConditionalGeneration": "gemma4",
+                 "Gemma4UnifiedForCausalLM": "gemma4_unified",
+                 "Gemma4UnifiedForConditionalGeneration": "gemma4_unified"}  # fmt: skip
+TEXT_MODEL_TYPES = {"Gemma4ForConditionalGeneration": {"gemma4_text": "gemma4"},
+                    "Gemma4UnifiedForConditionalGeneration":
+                        {"gemma4_unified_text": "gemma4_unified"}}  # fmt: skip
+ARCHS = ("gemma4", "gemma4_unified")  # (the unified one: Gemma 4's without PLE or MoE)
 # transformers' Gemma4TextConfig defaults, where config.json leaves one out
 DEFAULTS = {
     "gemma4": {"vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,
@@ -49,6 +56,11 @@ DEFAULTS = {
                "num_kv_shared_layers": 0, "enable_moe_block": False,
                "use_double_wide_mlp": False, "attention_bias": False},
 }  # fmt: skip
+# Gemma4UnifiedTextConfig's: Gemma 4's, a longer window and context; no per-layer inputs nor
+# MoE block (the keys do not exist there: `layers` ignores them)
+DEFAULTS["gemma4_unified"] = {**DEFAULTS["gemma4"], "sliding_window": 1024,
+                              "max_position_embeddings": 262_144}  # fmt: skip
+_UNIFIED_NONE = {"hidden_size_per_layer_input": 0, "enable_moe_block": False}
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_ROPE = {
     SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
@@ -123,7 +135,9 @@ def kv_sources(types: list[str], shared: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def layers(cfg: Mapping[str, Any], n: int) -> Gemma4Layers:
+def layers(cfg: Mapping[str, Any], n: int, unified: bool = False) -> Gemma4Layers:
+    if unified:  # (Gemma4UnifiedTextModel builds neither, whatever config.json says)
+        cfg = {**cfg, **_UNIFIED_NONE}
     bidirectional = cfg.get("use_bidirectional_attention")
     if bidirectional not in (None, "vision"):  # ("vision": image tokens only; text is causal)
         raise ValueError(f"gemma4 use_bidirectional_attention {bidirectional!r} is not "
@@ -172,10 +186,10 @@ def layers(cfg: Mapping[str, Any], n: int) -> Gemma4Layers:
     )
 
 
-def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
+def family_fields(cfg: Mapping[str, Any], n: int, arch: str = "gemma4") -> dict[str, Any]:
     types = layer_types(cfg, n)
     return dict(
-        gemma4=layers(cfg, n),
+        gemma4=layers(cfg, n, unified=arch == "gemma4_unified"),
         qk_norm=True,
         window_layers=tuple(t == SLIDING for t in types),
         attention_multiplier=1.0,  # (q and k normed: no softmax scale)

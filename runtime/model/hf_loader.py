@@ -149,8 +149,8 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
-                    "lara_mini", "gpt_neo"):  # fmt: skip
+                    "gemma3n", "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
+                    "lara_mini", "gpt_neo", "gemma4_unified"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -247,7 +247,11 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory")
         else None
     )
-    if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
+    if arch in (
+        "gemma4",
+        "gemma4_unified",
+        "gemma3n",
+    ):  # the sliding layers' (full ones': gemma4_config)
         by_kind = "sliding_attention"
     if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
         by_kind = "hybrid"
@@ -260,11 +264,12 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
-    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "bailing_hybrid",
+    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "bailing_hybrid", "glm5_next",
               "longcat_flash")  # fmt: skip
     if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
-        rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
+        # (the dims that rotate; none on GLM-5-Next's NoPE layers: the checks below as a row's)
+        rope_dim = int(cfg["qk_rope_head_dim"]) or head_dim
         if arch == "dots3_note_text":  # its rotary by layer kind, 80M by default
             rope_theta, scaling = deepseek.dots3_rope(cfg)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
@@ -430,6 +435,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.bailing_hybrid_config import rename
 
         rename(weights)
+    if config.architecture == "glm5_next":  # transformers' renames (glm5_next_config.py)
+        from pagoda.runtime.model.glm5_next_config import rename_weights as rename_glm5_next
+
+        rename_glm5_next(weights)
     if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
         from pagoda.runtime.model.longcat_flash_config import rename_sublayers
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import dory_config as dory
+from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
+from pagoda.runtime.model import glm5_next_config as glm5_next
 from pagoda.runtime.model import laguna_config as laguna
 from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
@@ -33,6 +35,9 @@ HF_ARCHITECTURES = {
     # Gemma 4: per-layer inputs, KV-shared layers, head sizes by layer (model/gemma4.py); the
     # multimodal checkpoints' text model (its vision and audio towers are not read)
     **gemma4.ARCHITECTURES,
+    # Gemma 3n: AltUp, Laurel, per-layer inputs, KV-shared layers (model/gemma3n.py); the
+    # multimodal checkpoints' text model (its vision and audio towers are not read)
+    **gemma3n.ARCHITECTURES,
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen2MoeForCausalLM": "qwen2moe",
@@ -61,6 +66,7 @@ HF_ARCHITECTURES = {
     "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
+    "Apertus1p5TextForCausalLM": "apertus1p5",  # Apertus', its LM head pruned (apertus.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
     # EXAONE 3.0 / 3.5: Llama's, GPT-style names (safetensors_weights); EXAONE 4.5: its text model
@@ -74,6 +80,7 @@ HF_ARCHITECTURES = {
     "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
     "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
     "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
+    "PersimmonForCausalLM": "persimmon",  # Persimmon: q/k LayerNorms, ReLU² MLP (model/phi.py)
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
     "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
@@ -103,7 +110,9 @@ TEXT_MODEL_TYPES = {
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
     "MllamaForConditionalGeneration": {"mllama_text_model": "mllama"},  # (mllama_config.py)
     **gemma4.TEXT_MODEL_TYPES,
+    **gemma3n.TEXT_MODEL_TYPES,
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
+    **glm5_next.TEXT_MODEL_TYPES,  # GLM-5-Next's (model/glm5_next.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
@@ -112,7 +121,8 @@ REMOTE_CODE_TYPES = {
                 "transformer.h.N.mixer.Wqkv tensors",
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
-WRAPPER_TIES = {"exaone4_5": False, "mllama": False, **qwen3_next.WRAPPER_TIES}
+WRAPPER_TIES = {"exaone4_5": False, **qwen3_next.WRAPPER_TIES, **glm5_next.WRAPPER_TIES}
+WRAPPER_TIES["mllama"] = False  # (MllamaConfig's)
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -170,6 +180,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "apertus": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
                 "rope_theta": 12_000_000.0,  # transformers' default_theta
                 "bos_token_id": 1, "eos_token_id": 2},
+    "apertus1p5": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
+                   "rope_theta": 12_000_000.0, "bos_token_id": 1, "eos_token_id": 2,
+                   "vocab_size": 266_752},  # (Apertus1p5TextConfig: Apertus' and its vocabulary)
     "exaone": {"vocab_size": 102_400, "intermediate_size": 14_336, "num_key_value_heads": 8,
                "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0,
                "bos_token_id": 1, "eos_token_id": 361},
@@ -206,6 +219,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
                  "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 0},
+    "persimmon": {"vocab_size": 262_144, "hidden_size": 4096, "intermediate_size": 16_384,
+                  "num_hidden_layers": 36, "num_attention_heads": 64, "hidden_act": "relu2",
+                  "max_position_embeddings": 16_384, "layer_norm_eps": 1e-5,
+                  "partial_rotary_factor": 0.5, "qk_layernorm": True, "attention_bias": True,
+                  "bos_token_id": 1, "eos_token_id": 2},
     "jais2": {"vocab_size": 150_272, "hidden_size": 3328, "intermediate_size": 26_624,
               "num_attention_heads": 26, "hidden_act": "relu2", "max_position_embeddings": 8192,
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
@@ -296,6 +314,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
     **gemma4.DEFAULTS,
+    **gemma3n.DEFAULTS,
 }  # fmt: skip
 DEFAULTS["vaultgemma"] = DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
@@ -320,12 +339,14 @@ NULLABLE = {
     "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
     **moe_families.NULLABLE,
     "gemma4": ("hidden_size_per_layer_input",),  # null: no per-layer inputs
+    "gemma3n": ("final_logit_softcapping",),  # null: no cap
     **zaya.NULLABLE,
+    "glm5_next": glm5_next.NULLABLE,
 }
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
-EPS.update(codegen="layer_norm_epsilon")
+EPS.update(codegen="layer_norm_epsilon", persimmon="layer_norm_eps")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
@@ -333,6 +354,7 @@ EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_familie
 # nor rope_scaling
 DEFAULT_ROPE = {
     "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
+    "gemma4_unified": gemma4.DEFAULT_ROPE,
     "laguna": laguna.DEFAULT_ROPE,  # by layer kind
     "zaya": zaya.DEFAULT_ROPE,  # by layer kind
     "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
@@ -366,9 +388,10 @@ DEFAULT_ROPE = {
         "high_freq_factor": 4.0,
     },
 }
+DEFAULT_ROPE["apertus1p5"] = DEFAULT_ROPE["apertus"]  # (Apertus1p5TextConfig is ApertusConfig's)
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
-                   "stablelm", "gptj", "codegen", *moe_families.PARTIAL_ROTARY,
+                   "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,
                    *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya")  # fmt: skip
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)

@@ -24,9 +24,9 @@ reading a config imports no layer code.
   limits and tensors, which the readers here share).
 - Mamba-1 (`MambaForCausalLM`, `FalconMambaForCausalLM`): `mamba1_config.py`.
 - Jamba (`JambaForCausalLM`): `jamba_config.py`.
-- Zamba2, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, Zaya: `zamba2_config.py`,
-  `lfm2_config.py`, `qwen3_next_config.py`, `olmo_hybrid_config.py`, `kimi_linear_config.py`,
-  `zaya_config.py`.
+- Zamba2, Zamba, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, GLM-5-Next, Zaya:
+  `zamba2_config.py`, `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`,
+  `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
 """
 
@@ -38,6 +38,7 @@ from typing import Any
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import (
     bailing_hybrid_config,
+    glm5_next_config,
     jamba_config,
     kimi_linear_config,
     lfm2_config,
@@ -48,6 +49,7 @@ from pagoda.runtime.model import (
     olmo_hybrid_config,
     qwen3_next_config,
     zamba2_config,
+    zamba_config,
     zaya_config,
 )
 from pagoda.runtime.recurrent_configs import FalconH1Scales, MambaConfig
@@ -65,8 +67,10 @@ ARCHITECTURES = {
     **olmo_hybrid_config.ARCHITECTURES,  # OLMo Hybrid: Gated DeltaNet, OLMo 3's attention
     **kimi_linear_config.ARCHITECTURES,  # Kimi Linear: KDA, DeepSeek-V3's (kimi_linear.py)
     **bailing_hybrid_config.ARCHITECTURES,  # BailingHybrid: KDA, V3's (bailing_hybrid.py)
+    **glm5_next_config.ARCHITECTURES,  # GLM-5-Next: KDA, NoPE DSA, mHC (glm5_next.py)
     **minimax_config.ARCHITECTURES,  # MiniMax-Text-01: lightning attention (minimax.py)
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
+    **zamba_config.ARCHITECTURES,  # Zamba: Mamba-1 layers in heads, a shared block (zamba.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
 }
 # transformers' config defaults, where config.json leaves one out
@@ -90,8 +94,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **olmo_hybrid_config.DEFAULTS,
     **kimi_linear_config.DEFAULTS,
     **bailing_hybrid_config.DEFAULTS,
+    **glm5_next_config.DEFAULTS,
     **minimax_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
+    **zamba_config.DEFAULTS,
     **zaya_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
@@ -173,7 +179,9 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.overrides(cfg, arch)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
-                   zamba2_config, mamba1_config, mamba2_config, nemotron_h_config, zaya_config, minimax_config):  # fmt: skip
+                   glm5_next_config,
+                   zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
+                   zaya_config, minimax_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -190,7 +198,9 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if arch in mamba1_config.DEFAULTS:
         return mamba1_config.family_fields(cfg, arch, n)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
-                   zamba2_config, mamba2_config, nemotron_h_config, jamba_config, zaya_config, minimax_config):  # fmt: skip
+                   glm5_next_config,
+                   zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
+                   zaya_config, minimax_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -216,8 +226,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s tensors besides its norms: its Mamba2 mixer (or nothing for an attention
     layer, checked as Llama's) and, for Granite 4.0, its MLP; the other families' their own."""
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
-                   bailing_hybrid_config,
-                   zamba2_config, nemotron_h_config, mamba1_config, jamba_config,
+                   bailing_hybrid_config, glm5_next_config,
+                   zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
                    zaya_config, minimax_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)

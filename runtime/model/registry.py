@@ -25,6 +25,8 @@ MODEL_CLASSES = {
     "gemma2": ("gemma2", "Gemma2Model"),
     "gemma3": ("gemma3", "Gemma3Model"),
     "gemma4": ("gemma4", "Gemma4Model"),  # per-layer inputs, KV-shared layers, MoE block
+    "gemma4_unified": ("gemma4", "Gemma4Model"),  # Gemma 4's without PLE or MoE (gemma4_config)
+    "gemma3n": ("gemma3n", "Gemma3nModel"),  # Gemma 4's layers with AltUp, Laurel, sparsity
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),
     "qwen2moe": ("moe", "Qwen2MoeModel"),
@@ -60,6 +62,7 @@ MODEL_CLASSES = {
     "nanochat": ("nanochat", "NanoChatModel"),  # weightless norms, ReLU² MLP, soft cap
     "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
+    "apertus1p5": ("apertus", "Apertus1p5Model"),  # Apertus', its LM head pruned
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
     "exaone": ("llama", "LlamaModel"),  # EXAONE 3 / 3.5: Llama's under GPT-style names
@@ -73,6 +76,7 @@ MODEL_CLASSES = {
     "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
+    "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
@@ -87,6 +91,7 @@ MODEL_CLASSES = {
     "falcon_mamba": ("mamba1", "MambaModel"),  # Mamba-1's, norms on B, C and dt
     "jamba": ("jamba", "JambaModel"),  # Mamba-1 and attention layers, experts every other
     "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
+    "zamba": ("zamba", "ZambaModel"),  # Mamba-1 layers in heads, one shared block
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "zaya": ("zaya", "ZayaModel"),  # q/k/v from a conv state, a router MLP over top-1 experts
@@ -99,6 +104,7 @@ MODEL_CLASSES = {
     "olmo_hybrid": ("olmo_hybrid", "OlmoHybridModel"),  # Gated DeltaNet + OLMo 3's attention
     "kimi_linear": ("kimi_linear", "KimiLinearModel"),  # KDA + NoPE latent attention, V3 experts
     "bailing_hybrid": ("bailing_hybrid", "BailingHybridModel"),  # KDA + gated MLA, V3 experts
+    "glm5_next": ("glm5_next", "Glm5NextModel"),  # KDA + NoPE DSA latent attention, mHC, V3 experts
     "minimax": ("minimax", "MiniMaxModel"),  # lightning + softmax attention, Mixtral's experts
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query

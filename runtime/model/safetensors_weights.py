@@ -110,6 +110,9 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # LFM3's sandwich norms, as GLM-4's (model/lfm2.py)
     (r"\.post_operator_norm\.weight$", ".post_self_attn_layernorm.weight"),
     (r"\.post_ffn_norm\.weight$", ".post_mlp_layernorm.weight"),
+    # Persimmon's fused q/k/v and MLP (model/phi.py: split as GPT-NeoX's)
+    (r"\.self_attn\.query_key_value\.", ".self_attn.qkv_proj."),
+    (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
     # Flint's attention sinks, as gpt-oss's (model/flint.py)
     (r"\.self_attn\.softmax_offset$", ".self_attn.sinks"),
 ))  # fmt: skip

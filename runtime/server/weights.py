@@ -115,9 +115,16 @@ _MAMBA_TENSORS = re.compile(
 )  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A; OLMo Hybrid's conv in q, k, v parts)
 # a KDA layer's conv (whole or in q, k, v parts), A_log, dt_bias and gated norm: tensors, not
 # `Linear`s, all but the conv in float32 (`model/kimi_linear.py`)
-_KDA_TENSORS = re.compile(r"self_attn\.(([qkv]_)?conv1d\.weight|A_log|dt_bias|o_norm\.weight)$")
+_KDA_TENSORS = re.compile(
+    r"self_attn\.(([qkv]_)?conv1d\.weight|(forget_gate\.)?(A_log|dt_bias)|o_norm\.weight)$"
+)  # (GLM-5-Next's A_log and dt_bias under forget_gate.)
+_KDA_FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
 # a norm's weight (Gemma 4's `post_feedforward_layernorm_1`, `_2`, `pre_feedforward_layernorm_2`)
 _NORM = re.compile(r"norm(_\d)?\.weight$")
+# Gemma 3n's AltUp projections into and out of its extra streams (Linears outside the layers)
+_ALTUP = re.compile(r"model\.altup_(unembed_)?projections\.\d+\.weight$")
+# and each layer's router and coefficients (tensors: `gemma3n.AltUp`)
+_ALTUP_COEFS = re.compile(r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -241,6 +248,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.hy_v4_config import rename_weights
 
         rename_weights(weights)
+    if architecture == "glm5_next":  # transformers' renames, as the loader lists them
+        from pagoda.runtime.model.glm5_next_config import rename_weights as rename_glm5_next
+
+        rename_glm5_next(weights)
     if architecture == "bailing_hybrid":  # the published names, as the loader lists them
         from pagoda.runtime.model.bailing_hybrid_config import rename
 
@@ -266,8 +277,8 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
 
 def read_by_model(name: str, mc: ModelConfig) -> bool:
     """Whether the model reads tensor `name` as a weight of its own (FP8 scales go with theirs)."""
-    if name.endswith(_NOT_READ):
-        return False
+    if name.endswith(_NOT_READ) and not name.endswith(".altup.correct_output_scale"):
+        return False  # (Gemma 3n's AltUp scale: a weight, not an FP8 scale)
     if name == HEAD:
         return not mc.tie_word_embeddings
     if name in (
@@ -284,6 +295,10 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return True
     if mc.architecture == "minimax_m3" and ".self_attn.indexer." in name:
         return False  # (its sparse layers attend densely: model/minimax_m3_config.py)
+    if mc.family.gemma4 is not None and _ALTUP.match(name):  # Gemma 3n's (model/gemma3n.py)
+        return int(name.rsplit(".", 2)[1]) < mc.family.gemma4.gemma3n.altup_inputs - 1
+    if mc.architecture == "glm5_next" and ".self_attn.indexer." in name:
+        return False  # (every token kept within its context: the indexer not run, glm5_next.py)
     m = _LAYER.match(name)
     if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
         return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))
@@ -365,6 +380,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * 4
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
+    if mc.family.gemma4 is not None and _ALTUP_COEFS.search(name):  # tensors, not Linears
+        return t.numel * p.dtype.itemsize
     if mc.family.gemma4 is not None and name == "model.embed_tokens_per_layer.weight":
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
@@ -385,9 +402,11 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
-    if mc.architecture in ("kimi_linear", "bailing_hybrid") and _KDA_TENSORS.search(name):
+    if mc.architecture == "zamba" and name.endswith(("_proj_weight", "dt_proj_bias")):
+        return t.numel * p.dtype.itemsize  # its mixers' per-head x_proj, dt_proj: tensors
+    if mc.architecture in _KDA_FAMILIES and _KDA_TENSORS.search(name):
         conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
-        return t.numel * (p.dtype.itemsize if conv else 4)  # (BailingHybrid's conv float32)
+        return t.numel * (p.dtype.itemsize if conv else 4)  # (the others' conv float32)
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
         # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
         n = t.numel * _mamba_share(name, mc, lay)

@@ -60,7 +60,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     experts, routers, shared = _expert_bytes(mc, item, fp8, t, moe)
     projections += shared
     width = f.embed_proj_dim or h  # (OPT's narrower embeddings, projected in and out)
-    embed = mc.vocab_size * width * (1 if mc.tie_word_embeddings else 2) * item
+    head = 0 if mc.tie_word_embeddings else f.head_rows or mc.vocab_size  # (a pruned head)
+    embed = (mc.vocab_size + head) * width * item
     if mc.architecture == "gpt_oss":  # biases, sinks (float32)
         heads = mc.num_heads / t
         biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole

@@ -106,6 +106,7 @@ _LM_CLASSES["Qwen4ExpText"] = "Qwen4ExpForCausalLM"
 _LM_CLASSES["MiniMaxM3VLText"] = "MiniMaxM3VLForCausalLM"
 _LM_CLASSES["MllamaText"] = "MllamaForCausalLM"
 _LM_CLASSES["Dots3NoteText"] = "Dots3NoteForCausalLM"
+_LM_CLASSES["Glm5Next"] = "Glm5NextForConditionalGeneration"  # (no text-only causal LM)
 
 
 def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 from arch_cases import NEW, check, check_preempted, generate, prompts
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from hf_oracle import TINY, hf_greedy_plain, make_tiny_model, make_tiny_wrapped
 from pagoda.runtime import LLM, SamplingParams
 
 MAMBA = dict(mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8)
@@ -158,6 +158,16 @@ CASES = {
              num_attention_heads=4, num_key_value_heads=2, adapter_rank=8, n_mamba_heads=4,
              mamba_d_state=16, chunk_size=8, intermediate_size=96),
     ),
+    # Zamba (model/zamba.py): Mamba-1 mixers in two heads (each its own x_proj, dt_proj, B, C;
+    # in_proj's rows interleaved, biased projections) in every layer, one shared block (no
+    # adapters, no rotary, grouped-query attention over [stream, embeddings]) used by two
+    # hybrid layers
+    "zamba": (
+        "Zamba",
+        dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+             n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=6, mamba_proj_bias=True,
+             intermediate_size=96),
+    ),
     # Gated DeltaNet among gated attention (model/qwen3_next.py). Qwen3-Next: experts with the
     # shared expert and its gate, a dense layer (`mlp_only_layers`), two value heads per key
     # head, top-k not renormalised; Qwen3.5: a dense MLP, as many key heads as value heads, key
@@ -231,6 +241,20 @@ CASES = {
         layer_group_size=2, num_experts=8, num_experts_per_token=2, num_shared_experts=1,
         moe_intermediate_size=32, first_k_dense_replace=1, num_expert_group=2, topk_group=1,
         routed_scaling_factor=2.0, num_nextn_predict_layers=0, kda_lower_bound=-4.0)),
+    # GLM-5-Next (model/glm5_next.py; `WRAPPED`: its Glm5NextForConditionalGeneration, a tiny
+    # vision tower not read): a KDA layer (bounded low-rank forget gate, float32 conv in q, k, v
+    # parts), then two NoPE latent attention layers (the indexer "full", then "shared", keeping
+    # every token up to 259: index_topk 256, pools of 4), mHC streams (2), a dense MLP then
+    # DeepSeek-V3's experts (per expert; router biases scrambled), every SwiGLU clamped at 3
+    "glm5-next": ("Glm5Next", dict(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        layer_types=[LIN, "indexed_attention", "indexed_attention"],
+        indexer_types=["full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse"],
+        q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=0, v_head_dim=16,
+        index_n_heads=2, index_head_dim=16, index_topk=256, index_kpool=4, linear_head_dim=16,
+        linear_num_heads=2, linear_lower_bound=-4.0, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=2, topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
+        routed_scaling_factor=2.0, hc_mult=2, swiglu_limit=3.0, intermediate_size=96)),
     # Zaya (model/zaya.py): q/k from two convs over a conv state, values half delayed, a
     # float32 residual stream with learned scalings, a router MLP carrying its state from layer
     # to layer over top-1 experts and a skip choice (`write` draws the key scales, the router's
@@ -249,11 +273,16 @@ CASES = {
 }  # fmt: skip
 # the Gated DeltaNet, KDA and lightning rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
 DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "lara-mini", "qwen4-exp", "olmo-hybrid",
-         "olmo-hybrid-nope", "kimi-linear", "bailing-hybrid", "minimax")  # fmt: skip
+         "olmo-hybrid-nope", "kimi-linear", "bailing-hybrid", "glm5-next", "minimax")  # fmt: skip
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
-SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid")
+SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid", "glm5-next")
+# config class prefix -> (the multimodal wrapper `write` builds around the text config, its
+# tiny vision config: not read)
+WRAPPED = {"Glm5Next": ("Glm5NextForConditionalGeneration",
+                        dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2,
+                             out_hidden_size=64, projection_intermediate_size=32))}  # fmt: skip
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's
 # norm before the gate over a group split across the ranks (four heads: Falcon's three above
@@ -289,7 +318,15 @@ TP_CASES = {
 def write(name: str, path):
     """Case `name`'s checkpoint (`make_tiny_model`) saved to `path`; the transformers model."""
     arch, overrides = CASES[name]
-    model = make_tiny_model(path, arch, **overrides)
+    if arch in WRAPPED:  # (seed, scale and tokenizer as make_tiny_model's)
+        import transformers
+
+        cls, vision = WRAPPED[arch]
+        text = dict(TINY, pad_token_id=0) | overrides
+        config = getattr(transformers, f"{arch}Config")(text_config=text, vision_config=vision)
+        model = make_tiny_wrapped(path, cls, config)
+    else:
+        model = make_tiny_model(path, arch, **overrides)
     if name == "qwen4-exp":  # its PLE conv starts at zeros (transformers' init): drawn here
         g = torch.Generator().manual_seed(2)
         with torch.no_grad():
@@ -501,6 +538,7 @@ REFUSED = {
     "bailing-hybrid": (
         2, _NO_TP.format("bailing_hybrid", "kda"), _NO_FP8.format("bailing_hybrid", "kda")
     ),
+    "glm5-next": (2, _NO_TP.format("glm5_next", "kda"), _NO_FP8.format("glm5_next", "kda")),
     "minimax": (2, _NO_TP.format("minimax", "lightning"), _NO_FP8.format("minimax", "lightning")),
     "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
     "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
@@ -511,6 +549,7 @@ REFUSED = {
     "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm3": (2, _NO_TP.format("lfm3", "short_conv"), _NO_FP8.format("lfm3", "short_conv")),
     "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
+    "zamba": (2, "not supported for a zamba model", "fp8 is not supported for a zamba model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
 }  # fmt: skip
 

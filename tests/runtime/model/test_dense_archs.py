@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM, HunYuan
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Persimmon, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM, HunYuan
 and GPT-J against transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -36,6 +36,8 @@ the directory for the reference: both read the published shape alike.
   two norms in parallel or Llama's layer, the older `rotary_pct` / `rotary_emb_base`;
 - StableLM (`StableLmForCausalLM`): LayerNorms with biases, a partial rotary, q/k/v biases;
   StableLM 2 12B's parallel layer and per-head q/k LayerNorms (a weight per head) with GQA;
+- Persimmon (`PersimmonForCausalLM`): GPT-NeoX's q/k/v per head in Llama's layer, a LayerNorm
+  over each head of q and k (Phi's), half of each head rotated, a ReLU² ungated MLP, biases;
 - Jais 2 (`Jais2ForCausalLM`): Llama's layer with LayerNorms (biases), a ReLU² ungated MLP;
 - VaultGemma (`VaultGemmaForCausalLM`): Gemma 2's model, two norms a layer (the second named
   `pre_feedforward_layernorm`), window layers, attention and final soft caps;
@@ -132,6 +134,9 @@ CASES = {
     # StableLM 2 12B: one norm in parallel, per-head q/k LayerNorms, GQA
     "stablelm-parallel-qk-norms": ("StableLm", dict(use_parallel_residual=True,
                                                     qk_layernorm=True), {}),
+    # Persimmon: GPT-NeoX's q/k/v per head, Phi's q/k LayerNorms, half rotated, ReLU² MLP
+    "persimmon-qk-layernorm": ("Persimmon", dict(num_key_value_heads=None, rope_parameters={
+        "rope_type": "default", "rope_theta": 25000.0, "partial_rotary_factor": 0.5}), {}),
     # Jais 2: LayerNorms with biases, ReLU² ungated MLP, biases everywhere
     "jais2-relu2": ("Jais2", dict(), {}),
     # VaultGemma: Gemma 2's model with two norms a layer; windows, both soft caps
@@ -282,7 +287,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
-    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj", "codegen")
+    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj", "codegen", "persimmon")
     assert c.family.gated_mlp == (c.architecture not in ungated)
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
@@ -320,7 +325,7 @@ def test_two_ranks_match_transformers(built, name):
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
-    ("stablelm-parallel-qk-norms", 1), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
+    ("stablelm-parallel-qk-norms", 1), ("persimmon-qk-layernorm", 2), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
     ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("gptj-rotary-dim", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
@@ -351,6 +356,7 @@ test_gpu_matches_transformers_with_graphs = gpu_test()
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4}),
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4, "rotary_pct": 0.5, "rotary_emb_base": 1e4}),
     ("StableLm", "stablelm", {"num_hidden_layers": 4}),
+    ("Persimmon", "persimmon", {"num_hidden_layers": 4}),
     ("Jais2", "jais2", {"num_hidden_layers": 4}),
     ("VaultGemma", "vaultgemma", {"num_hidden_layers": 4}),
     ("HyperCLOVAX", "hyperclovax", {"num_hidden_layers": 4}),

@@ -43,7 +43,12 @@ CASES = {
     # the MoE block beside every MLP, no per-layer inputs
     "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16,
                 hidden_size_per_layer_input=0, num_hidden_layers=3, layer_types=[S, S, F]),
+    # Gemma 4 Unified (Gemma4UnifiedForCausalLM): no per-layer inputs nor MoE block; KV-shared
+    # layers with keys as values (one full-attention KV head), double-wide MLPs
+    "unified": dict(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True,
+                    num_global_key_value_heads=1),
 }  # fmt: skip
+_NO_PLE = ("hidden_size_per_layer_input", "vocab_size_per_layer_input")  # (not Unified's keys)
 
 
 def _scaled(model):
@@ -58,6 +63,10 @@ def _scaled(model):
 
 def write(name: str, path):
     torch.manual_seed(0)
+    if name == "unified":
+        text = {k: v for k, v in {**TEXT, **CASES[name]}.items() if k not in _NO_PLE}
+        config = transformers.Gemma4UnifiedTextConfig(**text)
+        return save_tiny(_scaled(transformers.Gemma4UnifiedForCausalLM(config).eval()), path)
     config = transformers.Gemma4TextConfig(**{**TEXT, **CASES[name]})
     return save_tiny(_scaled(transformers.Gemma4ForCausalLM(config).eval()), path)
 
@@ -128,6 +137,54 @@ def test_a_conditional_generation_checkpoint_is_read_text_only(tmp_path):
     )
     got = generate(llm, prompts())
     assert [t for t, _ in got] == [t for t, _ in reference]
+
+
+def test_a_unified_conditional_generation_checkpoint_is_read_text_only(tmp_path):
+    """Gemma4UnifiedForConditionalGeneration with its vision and audio embedders (no towers):
+    the text model under `model.language_model.`, the embedders not read; transformers'
+    tokens."""
+    torch.manual_seed(0)
+    vision = transformers.Gemma4UnifiedVisionConfig(patch_size=2, pooling_kernel_size=1,
+                                                    mm_embed_dim=16, mm_posemb_size=8)  # fmt: skip
+    audio = transformers.Gemma4UnifiedAudioConfig(audio_embed_dim=16)
+    text = {k: v for k, v in {**TEXT, **CASES["unified"]}.items() if k not in _NO_PLE}
+    cfg = transformers.Gemma4UnifiedConfig(
+        text_config=transformers.Gemma4UnifiedTextConfig(**text), vision_config=vision,
+        audio_config=audio,
+    )  # fmt: skip
+    model = transformers.Gemma4UnifiedForConditionalGeneration(cfg).eval()
+    model = save_tiny(_scaled(model), tmp_path)
+    reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.architecture == "gemma4_unified"
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    got = generate(llm, prompts())
+    assert [t for t, _ in got] == [t for t, _ in reference]
+
+
+def test_a_sparse_unified_config_reads_as_transformers_reads_it(tmp_path):
+    """Gemma4UnifiedTextConfig's defaults where config.json leaves them out (a 1024-key window,
+    5 sliding : 1 full, 512-wide full-attention heads); per-layer-input and MoE keys, which its
+    model never builds, do not make them."""
+    text = {"model_type": "gemma4_unified_text", "hidden_size": 64, "intermediate_size": 96,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 6,
+            "head_dim": 16, "vocab_size": 300, "hidden_size_per_layer_input": 8,
+            "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+            "moe_intermediate_size": 16}  # fmt: skip
+    top = {"architectures": ["Gemma4UnifiedForConditionalGeneration"],
+           "model_type": "gemma4_unified", "text_config": text}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).get_text_config()
+    ours = read_model_config(str(tmp_path))
+    g, n = ours.family.gemma4, theirs.num_hidden_layers
+    assert ours.architecture == "gemma4_unified"
+    assert list(g.head_dims) == [theirs.per_layer_config[i].head_dim for i in range(n)]
+    assert [ours.family.window(i) for i in range(n)] == [
+        theirs.sliding_window if t == S else None for t in theirs.layer_types
+    ]
+    assert ours.max_position_embeddings == theirs.max_position_embeddings == 262_144
+    assert g.per_layer_input == 0 and g.num_experts == 0
 
 
 # google/gemma-4-E2B-it's text_config shrunk (35 layers of 4 sliding : 1 full, head sizes 256

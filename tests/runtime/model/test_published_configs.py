@@ -244,6 +244,54 @@ def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
         check(o, 2)
 
 
+# published config.json files (their keys and values as on the hub; transformers_version,
+# torch_dtype, use_cache, dropouts and initializer_range left out) -> transformers' parameter
+# count of the model they describe (on the meta device)
+PUBLISHED = {
+    # adept/persimmon-8b-base's (-chat's alike): rope_theta 25,000 (transformers 5's default
+    # is 10,000), BOS = EOS 71013
+    "persimmon-8b-base": ({
+        "architectures": ["PersimmonForCausalLM"], "model_type": "persimmon",
+        "bos_token_id": 71013, "eos_token_id": 71013, "hidden_act": "relu2", "hidden_size": 4096,
+        "intermediate_size": 16384, "layer_norm_eps": 1e-05, "max_position_embeddings": 16384,
+        "num_attention_heads": 64, "num_hidden_layers": 36, "partial_rotary_factor": 0.5,
+        "qk_layernorm": True, "rope_scaling": None, "rope_theta": 25000.0,
+        "tie_word_embeddings": False, "vocab_size": 262144}, 9_397_175_296),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
+    """A published checkpoint's config.json: the shapes, rotary, eps, ids and tying as
+    transformers' config class reads them, and the parameter count transformers' own."""
+    import torch
+
+    cfg, params = PUBLISHED[name]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    t = transformers.AutoConfig.from_pretrained(tmp_path).get_text_config()
+    o = read_model_config(str(tmp_path))
+    heads = t.num_attention_heads
+    kv = getattr(t, "num_key_value_heads", None) or heads
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // heads
+    assert (o.vocab_size, o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads) == (
+        t.vocab_size, t.hidden_size, t.num_hidden_layers, heads, kv)  # fmt: skip
+    assert (o.head_dim, o.max_position_embeddings, o.tie_word_embeddings) == (
+        head_dim, t.max_position_embeddings, t.tie_word_embeddings)  # fmt: skip
+    eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, eos)
+    rope = getattr(t, "rope_parameters", None) or {}
+    if rope:
+        assert o.rope_theta == rope["rope_theta"]
+        assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
+            "partial_rotary_factor", 1.0)  # fmt: skip
+    eps = next(getattr(t, k) for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+               if hasattr(t, k))  # fmt: skip
+    assert o.rms_norm_eps == eps
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
+
+
 # SmallDoge's Doge-320M and Doge-120M-MoE model_config (their recipes' config_full.yaml): the
 # dynamic rotary over the 2048-token context, tied, half the heads' KV heads
 DOGE_320M = {"vocab_size": 32768, "hidden_size": 1024, "intermediate_size": 2048,
