@@ -246,6 +246,12 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                         p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
                         p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
                         p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
+    if c.family.hrm is not None:  # weightless norms; attention's gate, z_L_init
+        from pagoda.runtime.model.hrm_text_config import expected_shapes as hrm_shapes
+
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            del out[name]
+        out.update(hrm_shapes(c))
     if c.family.doge is not None:  # the dynamic mask, residual scales, experts (doge.py)
         _doge_tensors(c, out)
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)

@@ -109,6 +109,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         from pagoda.runtime.model.dory_config import overrides as dory_overrides
 
         out.update(dory_overrides(out))
+    if arch == "hrm_text":  # its two stacks' layers (hrm_text_config.py)
+        from pagoda.runtime.model.hrm_text_config import overrides as hrm_overrides
+
+        out.update(hrm_overrides(out))
     if arch == "mllama":  # the self-attention layers alone (mllama_config.py)
         from pagoda.runtime.model.mllama_config import overrides as mllama_overrides
 
