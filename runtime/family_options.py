@@ -117,6 +117,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "granitemoe_swa": Untested(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
+        "diffllama": Untested(
+            tensor_parallel="its differential attention pairs the first half of the heads with "
+            "the second, across ranks"
+        ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
@@ -183,6 +187,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its shared block and mamba1 layers are not split",
             fp8="its shared block and mamba1 layers",
         ),
+        "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
+        "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",
@@ -211,6 +217,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zaya": Untested(
             tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
+        ),
+        "inkling": Untested(
+            tensor_parallel="its short convs' states and relative logits are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),
     }
 )

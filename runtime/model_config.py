@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DenseLimit,
     DogeAttention,
     DoryLoops,
     ExpertRouting,
@@ -33,10 +34,10 @@ ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
 UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
-POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
+POSITIONS = ("rope", "learned", "alibi", "sinusoidal")  # `FamilyConfig.positions`
 # families with biases on q, k, v, the output, both MLP matrices and every LayerNorm (their
 # q/k norms' too), counted in `num_params`
-ALL_BIASES = ("persimmon",)
+ALL_BIASES = ("persimmon", "xglm")
 
 
 def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
@@ -114,15 +115,18 @@ class FamilyConfig:
     # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
     # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
     attention_sinks: bool = False
+    # Inkling (model/inkling.py): each layer's relative-position logits join the scores (the
+    # attention backends' `rel_logits`: the torch backend's)
+    relative_logits: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
     # HY V4 (model/hy_v4.py): the residual as hyper-connected streams (DeepSeek-V4's form too)
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
-    # GLM-5-Next (model/glm5_next.py): the longest sequence its k-pool DSA indexer keeps whole
-    # (the context is capped there: its sparse selection is not implemented)
-    dense_limit: int | None = None
+    # GLM-5-Next's, Qwen4-Exp's, MiniMax-M3's sparse indexers: the longest sequence they keep
+    # whole (the context is capped there: their sparse selection is not implemented)
+    dense_limit: DenseLimit | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -161,9 +165,6 @@ class FamilyConfig:
     doge: DogeAttention | None = None
     # HRM-Text (model/hrm_text.py): its L and H stacks run in cycles, each pass a KV cache
     hrm: HrmCycles | None = None
-    # MiniMax-M3 (model/minimax_m3.py): the context up to which its indexer keeps every key
-    # block, its sparse layers attending densely (None: no sparse layer)
-    indexed_context: int | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
@@ -172,7 +173,8 @@ class FamilyConfig:
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
-    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`)
+    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`), "sinusoidal"
+    # (learned's, the table computed: XGLM's)
     positions: str = "rope"
     position_offset: int = 0  # OPT's 2
     # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores / (i + 1) (q scaled)
@@ -190,6 +192,8 @@ class FamilyConfig:
     bitnet: str = ""
     # Ergo (model/ergo.py): the full-attention layers' scores × this (q and k × its root)
     global_attention_scale: float | None = None
+    # DiffLlama (model/diffllama.py): differential attention, its KV cache twice the KV heads
+    diff_attention: bool = False
 
     @property
     def transforms_logits(self) -> bool:
@@ -322,6 +326,8 @@ class ModelConfig:
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
             return m.zamba2.params(self) - llama
+        if m.inkling is not None:  # its layers' own beyond Llama's (one rank)
+            return m.inkling.params(self)
         if m.zaya is not None:  # its layers' own (one rank), less the first's router state
             # scale, and the embeddings' scale and bias
             return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
@@ -335,6 +341,10 @@ class ModelConfig:
             out += self.num_kv_layers * h * self.head_dim * self.num_heads // tp
         if m.attn_head_gate:  # g_proj, one gate a head (LFM3's attention)
             out += self.num_kv_layers * h * self.num_heads // tp
+        if m.mixer == "wkv":  # RWKV's LayerNorms' biases, its first layer's pre_ln
+            out += self.num_layers * 2 * h + 3 * h
+        if m.mixer == "rglru":  # RecurrentGemma's MLP biases (every layer's), o_proj's bias
+            out += self.num_layers * (2 * self.intermediate_size + h) + self.num_kv_layers * h
         if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
             mats = 3 if self.family.gated_mlp else 2
             out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp
@@ -370,9 +380,14 @@ class ModelConfig:
             return ((self.num_kv_heads, DogeAttention.cache_head_dim(self.head_dim)),) * (
                 self.num_layers
             )
+        ink = None if self.family.mamba is None else self.family.mamba.inkling
+        if ink is not None:  # (the window layers' own)
+            return tuple(ink.kv_shape(self, i) for i in range(self.num_layers))
         if m is not None:  # (values padded to the keys' size)
             return tuple((m.swa_kv_heads if self.family.window(i) else self.num_kv_heads,
                           self.head_dim) for i in range(self.num_layers))  # fmt: skip
+        if self.family.diff_attention:  # (k twice, each half of v's heads twice)
+            return ((2 * self.num_kv_heads, self.head_dim),) * self.num_kv_layers
         if g is None:
             return ((self.num_kv_heads, self.head_dim),) * self.num_kv_layers
         return tuple((g.kv_heads[i], g.head_dims[i]) for i in range(self.num_layers)
@@ -386,15 +401,10 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
-        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
-        if q is not None and q.dense_limit is not None:
-            context = min(context, q.dense_limit)
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
-        if self.family.indexed_context is not None:  # (MiniMax-M3's indexer drops blocks past it)
-            context = min(context, self.family.indexed_context)
-        if self.family.dense_limit is not None:  # GLM-5-Next: where its indexer keeps all
-            context = min(context, self.family.dense_limit)
+        if self.family.dense_limit is not None:  # where a sparse indexer keeps every key
+            context = min(context, self.family.dense_limit.tokens)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -464,6 +474,8 @@ class ModelConfig:
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
+        if f.diff_attention:  # DiffLlama's lambda_q1, lambda_k1, lambda_q2, lambda_k2
+            attn_all += self.num_layers * 4 * d
         if self.architecture in ALL_BIASES:  # the projections', the MLP's, the norms'
             q_k_norms = 2 * d if f.qk_norm else 0
             kv = self.num_kv_heads * d

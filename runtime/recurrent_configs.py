@@ -142,6 +142,64 @@ class ZayaCCA:
 
 
 @dataclass(frozen=True)
+class InklingLayers:
+    """Inkling's layers (`model/inkling.py`, read by `model/inkling_config.py`): window layers
+    (`sliding`) with their own KV heads and head size; relative-position logits (`d_rel`
+    profiles over `rel_extent` distances, the window's on window layers); the full layers'
+    logit scaling ``1 + log_alpha * log(max((p + 1) / log_floor, 1))`` (None: none); four short
+    convs per layer whose inputs are its conv state ([k | v | attention's output | the MLP's],
+    `MambaConfig.d_conv` taps); `shared_experts` beside the routed ones, scored with them,
+    weights times `route_scale`; the final hidden states over `logits_divisor`."""
+
+    sliding: tuple[bool, ...]
+    swa_kv_heads: int
+    swa_head_dim: int
+    d_rel: int
+    rel_extent: int
+    log_floor: int | None
+    log_alpha: float
+    shared_experts: int
+    route_scale: float
+    logits_divisor: float
+
+    def __post_init__(self) -> None:
+        for name in ("swa_kv_heads", "swa_head_dim", "d_rel", "rel_extent", "shared_experts"):
+            _positive(name, getattr(self, name))
+        if self.log_floor is not None:
+            _positive("log_scaling_n_floor", self.log_floor)
+        if self.logits_divisor <= 0:
+            raise ValueError(f"logits_mup_width_multiplier must be positive, got "
+                             f"{self.logits_divisor}")  # fmt: skip
+
+    def kv_shape(self, c: ModelConfig, layer: int) -> tuple[int, int]:
+        """(KV heads, head size) of `layer`."""
+        if self.sliding[layer]:
+            return self.swa_kv_heads, self.swa_head_dim
+        return c.num_kv_heads, c.head_dim
+
+    def params(self, c: ModelConfig) -> int:
+        """The layers' weights beyond Llama's attention and MLPs and the experts'
+        (`FamilyConfig.num_experts`, routers counted): each layer's r_proj, relative-logit
+        profiles, its convs and the MLP's scale (dense) or the shared experts, the router's
+        shared rows, scale and correction bias (sparse); the embedding norm; less Llama's
+        attention where a window layer's shape differs."""
+        h, f, k = c.hidden_size, c.family, c.family.mamba.d_conv
+        out = h  # the embedding norm
+        for i in range(c.num_layers):
+            hkv, d = self.kv_shape(c, i)
+            extent = f.sliding_window if self.sliding[i] else self.rel_extent
+            out += c.num_heads * self.d_rel * h + self.d_rel * extent + (2 * hkv * d + 2 * h) * k
+            out += h * d * (c.num_heads * 2 + hkv * 2) + 2 * d  # attention, q/k norms
+            out -= h * c.head_dim * (c.num_heads * 2 + c.num_kv_heads * 2) + 2 * c.head_dim
+            if f.has_experts(i):
+                n, s = f.moe_intermediate_size, self.shared_experts
+                out += s * 3 * h * n + s * h + 1 + f.num_experts
+            else:
+                out += 1
+        return out
+
+
+@dataclass(frozen=True)
 class MiniMaxScales:
     """MiniMax-Text-01's residual weights (`model/minimax.py`): each sublayer's output is
     ``alpha * x + beta * f(x)`` of its normalised input x, by sublayer kind."""
@@ -210,13 +268,15 @@ class MambaConfig:
     zamba2: Zamba2Blocks | None = None
     # Zaya: a short conv state beside attention in every layer, feeding its q/k/v
     zaya: ZayaCCA | None = None
+    # Inkling: four short convs' inputs beside attention in every layer, relative logits
+    inkling: InklingLayers | None = None
     # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
     # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
     extra_conv_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
-                              "lightning"):  # fmt: skip
+                              "lightning", "rglru", "wkv"):  # fmt: skip
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -244,7 +304,7 @@ class MambaConfig:
         state; 1 for Mamba-1's scan (it passes through the state at every token) and LFM2's
         short conv (its state is the inputs before a token), so their boundaries fall every
         block and the scheduler cuts no prefill chunk for them."""
-        return 1 if self.mixer in ("mamba1", "short_conv") else self.chunk_size
+        return 1 if self.mixer in ("mamba1", "short_conv", "rglru", "wkv") else self.chunk_size
 
     @property
     def conv_dim(self) -> int:
@@ -298,6 +358,12 @@ class MambaConfig:
             return 5 * self.d_inner * hidden + self.d_inner
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
+        if self.mixer == "wkv":  # RWKV's time-mix (k, v, r, output; decay, bonus, 3 mixes), the
+            d = self.d_inner  # channel-mix's receptance and 2 mixes (its key and value: the
+            return 4 * d * hidden + 2 * d + hidden * hidden + 5 * hidden  # ungated MLP's)
+        if self.mixer == "rglru":  # linear_y, linear_x, linear_out, the conv (all biased), the
+            d, p = self.d_inner, self.head_dim  # recurrent param, two gates per head block
+            return 3 * d * hidden + 2 * d + hidden + d * (self.d_conv + 1) + d + 2 * d * (p + 1)
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
             d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D (and
             proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)  # Jamba's dt/B/C norms)

@@ -172,7 +172,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
     h, p = c.hidden_size, f"model.layers.{i}."
     m = c.family.mamba
-    if m.zamba2 is not None or m.zaya is not None:  # (its layers' tensors all named there)
+    if m.zamba2 is not None or m.zaya is not None or m.inkling is not None:  # (its layers'
+        # tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
@@ -263,6 +264,12 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
             out[name] = (c.hidden_size,)
         if c.family.lm_head_bias:
             out["lm_head.bias"] = (c.vocab_size,)
+    if c.family.diff_attention:  # DiffLlama's four vectors a layer (model/diffllama.py)
+        for i in range(c.num_layers):
+            out.update({f"model.layers.{i}.self_attn.{n}": (c.head_dim,)
+                        for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})  # fmt: skip
+    if c.architecture == "inkling":  # the embeddings' norm
+        out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
     if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
@@ -390,7 +397,9 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "falcon_mamba",
             "zamba2",
             "zamba",
+            "rwkv",
             "zaya",
+            "inkling",
             "bitnet",
             "longcat_flash",
             "minimax_m3",

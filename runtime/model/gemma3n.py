@@ -16,7 +16,11 @@ by w, its per-layer inputs, GeGLU and the final soft cap, with what transformers
   with the attention's residual sum ((h + attn + laurel) / sqrt 2);
 - activation sparsity: in the layers of `Gemma3nParts.sparsity` > 0 the MLP's gate keeps what
   exceeds its row's mean + std x the normal quantile of that fraction (relu(gate - cutoff));
-- no layer scalar; per-layer input ids past its table read row 0.
+- no layer scalar; per-layer input ids past its table read row 0;
+- the multimodal wrapper's image and audio token ids (`Gemma3nParts.embedders`) embedded
+  through its embedders (a table, its norm, a projection to hidden, an unweighted norm), as
+  transformers' `Gemma3nModel` embeds them with or without images or audio; its towers are not
+  read (text only).
 
 Tensor parallelism and FP8 are refused (`family_options`). Batched over the step's tokens.
 """
@@ -145,9 +149,30 @@ class Gemma3nModel(Gemma4Model):
                          for i in range(n)]  # fmt: skip
         self.altup_out = [linear_layer(ctx, w, [f"model.altup_unembed_projections.{i}.weight"])
                           for i in range(n)]  # fmt: skip
+        self.embedders = []  # (first id, ids, table, its norm, projection, eps)
+        for name, first, rows, _, eps in self.config.family.gemma4.gemma3n.embedders:
+            e = f"model.embed_{name}."
+            self.embedders.append((first, rows, w[e + "embedding.weight"],
+                                   self.read_norm(w, e + "hard_embedding_norm.weight"),
+                                   linear_layer(ctx, w, [e + "embedding_projection.weight"]), eps))  # fmt: skip
+        self.unweighted = self.ones(self.config.hidden_size)
 
     def linears(self):
-        return [*self.altup_in, *self.altup_out, *super().linears()]
+        return [*self.altup_in, *self.altup_out, *(e[4] for e in self.embedders),
+                *super().linears()]  # fmt: skip
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The scaled text embedding; the wrapper's image and audio ids through their embedders
+        (a table, its norm, a projection, an unweighted norm: transformers'
+        `Gemma3nMultimodalEmbedder` on token ids), every row computed, the mask picking."""
+        h = super().embed_tokens(input_ids)
+        for first, rows, table, norm, proj, eps in self.embedders:
+            mask = (input_ids >= first) & (input_ids < first + rows)
+            x = F.embedding((input_ids - first).clamp(0, rows - 1), table)
+            x = proj(self.rms_norm(x=x, weight=norm, eps=eps))
+            x = self.rms_norm(x=x, weight=self.unweighted, eps=eps)
+            h = torch.where(mask.unsqueeze(-1), x, h)
+        return h
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Gemma 4's, ids past the per-layer table reading its row 0 (module docstring)."""

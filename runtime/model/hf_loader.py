@@ -261,6 +261,10 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
     if arch == "llama4":  # the dense MLP's width
         cfg = {**cfg, **llama4.overrides(cfg)}
+    if arch == "gemma3n":  # the wrapper's embedders of image and audio token ids
+        from pagoda.runtime.model.gemma3n_config import wrapper_embedders
+
+        cfg = {**cfg, "multimodal_embedders": wrapper_embedders(top)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
@@ -455,6 +459,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.ergo_config import read_checkpoint_names
 
         read_checkpoint_names(weights, config)
+    if config.architecture == "gemma3n":  # the wrapper's embedders of image / audio token ids
+        from pagoda.runtime.model.gemma3n_config import list_embedders
+
+        list_embedders(weights, config)
     if config.architecture == "dbrx":  # each layer's experts stacked (dbrx.py)
         from pagoda.runtime.model.dbrx import split_experts
 

@@ -13,6 +13,7 @@ from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import glm5_next_config as glm5_next
+from pagoda.runtime.model import inkling_config as inkling
 from pagoda.runtime.model import laguna_config as laguna
 from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
@@ -84,6 +85,7 @@ HF_ARCHITECTURES = {
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
     "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
+    "DiffLlamaForCausalLM": "diffllama",  # Llama's, differential attention (diffllama.py)
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
@@ -94,6 +96,7 @@ HF_ARCHITECTURES = {
     "GPTBigCodeForCausalLM": "gpt_bigcode",  # StarCoder 1, SantaCoder: multi-query
     "GPTNeoForCausalLM": "gpt_neo",  # GPT-Neo: local (windowed) and global layers, unscaled
     "OPTForCausalLM": "opt",  # OPT: positions offset by 2, pre- or post-norm, project_in/out
+    "XGLMForCausalLM": "xglm",  # XGLM: sinusoidal positions (offset 2), scaled embeddings
     # ALiBi (model/bloom.py)
     "BloomForCausalLM": "bloom",
     "MPTForCausalLM": "mpt",  # (mosaicml's own code's name)
@@ -113,6 +116,7 @@ TEXT_MODEL_TYPES = {
     **gemma3n.TEXT_MODEL_TYPES,
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
     **glm5_next.TEXT_MODEL_TYPES,  # GLM-5-Next's (model/glm5_next.py)
+    **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
@@ -121,8 +125,13 @@ REMOTE_CODE_TYPES = {
                 "transformer.h.N.mixer.Wqkv tensors",
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
-WRAPPER_TIES = {"exaone4_5": False, **qwen3_next.WRAPPER_TIES, **glm5_next.WRAPPER_TIES}
-WRAPPER_TIES["mllama"] = False  # (MllamaConfig's)
+WRAPPER_TIES = {
+    "exaone4_5": False,
+    "mllama": False,
+    **qwen3_next.WRAPPER_TIES,
+    **glm5_next.WRAPPER_TIES,
+    **inkling.WRAPPER_TIES,
+}
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -242,6 +251,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "head_dim": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
             "sliding_window": 8192, "bos_token_id": 128_000,
             "eos_token_id": [128_001, 128_008, 128_009]},
+    "diffllama": {"vocab_size": 32_000, "hidden_size": 2048, "intermediate_size": 8192,
+                  "num_hidden_layers": 16, "num_attention_heads": 32, "rms_norm_eps": 1e-5,
+                  "bos_token_id": 1, "eos_token_id": 2},
     "helium": {"vocab_size": 48_000, "hidden_size": 2560, "intermediate_size": 7040,
                "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20,
                "head_dim": 128, "rms_norm_eps": 1e-8, "max_position_embeddings": 4096,
@@ -270,6 +282,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "num_attention_heads": 12, "hidden_act": "relu", "tie_word_embeddings": True,
             "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2,
             "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: OPTConfig has no eps)
+    "xglm": {"vocab_size": 256_008, "max_position_embeddings": 2048, "hidden_size": 1024,
+             "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+             "hidden_act": "gelu", "scale_embedding": True, "tie_word_embeddings": True,
+             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+             "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: XGLMConfig has no eps)
     "bloom": {"vocab_size": 250_880, "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 8, "layer_norm_epsilon": 1e-5,
               "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 2048,
@@ -342,6 +359,7 @@ NULLABLE = {
     "gemma3n": ("final_logit_softcapping",),  # null: no cap
     **zaya.NULLABLE,
     "glm5_next": glm5_next.NULLABLE,
+    **inkling.NULLABLE,
 }
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
@@ -350,6 +368,7 @@ EPS.update(codegen="layer_norm_epsilon", persimmon="layer_norm_eps")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
+EPS.update(xglm="_layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
@@ -392,7 +411,8 @@ DEFAULT_ROPE["apertus1p5"] = DEFAULT_ROPE["apertus"]  # (Apertus1p5TextConfig is
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
                    "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,
-                   *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya")  # fmt: skip
+                   *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya",
+                   "recurrent_gemma")  # fmt: skip
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)
 PROPORTIONAL_ROTARY = ("lfm3",)

@@ -26,8 +26,11 @@ reading a config imports no layer code.
 - Jamba (`JambaForCausalLM`): `jamba_config.py`.
 - Zamba2, Zamba, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, GLM-5-Next, Zaya:
   `zamba2_config.py`, `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`,
-  `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`.
+  `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`;
+  Inkling: `inkling_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
+- RecurrentGemma (RG-LRU blocks among local attention layers): `recurrent_gemma_config.py`.
+- RWKV-4 (time-mix and channel-mix, no attention): `rwkv_config.py`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import (
     bailing_hybrid_config,
     glm5_next_config,
+    inkling_config,
     jamba_config,
     kimi_linear_config,
     lfm2_config,
@@ -48,6 +52,8 @@ from pagoda.runtime.model import (
     nemotron_h_config,
     olmo_hybrid_config,
     qwen3_next_config,
+    recurrent_gemma_config,
+    rwkv_config,
     zamba2_config,
     zamba_config,
     zaya_config,
@@ -72,6 +78,9 @@ ARCHITECTURES = {
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
     **zamba_config.ARCHITECTURES,  # Zamba: Mamba-1 layers in heads, a shared block (zamba.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
+    **recurrent_gemma_config.ARCHITECTURES,  # RG-LRU blocks, local attention
+    **rwkv_config.ARCHITECTURES,  # RWKV-4: time-mix and channel-mix (model/rwkv.py)
+    **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -99,6 +108,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **zamba2_config.DEFAULTS,
     **zamba_config.DEFAULTS,
     **zaya_config.DEFAULTS,
+    **recurrent_gemma_config.DEFAULTS,
+    **rwkv_config.DEFAULTS,
+    **inkling_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
@@ -181,7 +193,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
-                   zaya_config, minimax_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -200,7 +213,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
-                   zaya_config, minimax_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -228,7 +242,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
                    bailing_hybrid_config, glm5_next_config,
                    zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
-                   zaya_config, minimax_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   inkling_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

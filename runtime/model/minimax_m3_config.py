@@ -12,14 +12,14 @@ Kept apart from the model so that reading a config imports no layer code.
 - the indexer keeps, for every query, the `index_topk_blocks` best key blocks of
   `index_block_size` keys: with no more blocks than that, every block that is not wholly in the
   future, which is causal attention itself. The context is bounded there
-  (`FamilyConfig.indexed_context`) and the sparse layers attend densely.
+  (`FamilyConfig.dense_limit`) and the sparse layers attend densely.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pagoda.runtime.model_configs import ExpertRouting
+from pagoda.runtime.model_configs import DenseLimit, ExpertRouting
 
 ARCHITECTURES = {"MiniMaxM3VLForCausalLM": "minimax_m3"}
 MODEL_CLASSES = {"minimax_m3": ("minimax_m3", "MiniMaxM3Model")}
@@ -86,7 +86,10 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         "shared_expert_intermediate_size": int(cfg["shared_intermediate_size"]),
         "swiglu_alpha": float(cfg["swiglu_alpha"]),
         "swiglu_limit": float(cfg["swiglu_limit"]),
-        "indexed_context": blocks * size if SPARSE in types else None,
+        "dense_limit": DenseLimit(blocks * size, "its indexer's sparse block selection",
+                                  "index_block_size × index_topk_blocks")
+        if SPARSE in types
+        else None,
     }  # fmt: skip
 
 

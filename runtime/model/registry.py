@@ -77,6 +77,7 @@ MODEL_CLASSES = {
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
     "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
+    "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
@@ -92,9 +93,12 @@ MODEL_CLASSES = {
     "jamba": ("jamba", "JambaModel"),  # Mamba-1 and attention layers, experts every other
     "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
     "zamba": ("zamba", "ZambaModel"),  # Mamba-1 layers in heads, one shared block
+    "recurrent_gemma": ("recurrent_gemma", "RecurrentGemmaModel"),  # RG-LRU + local attention
+    "rwkv": ("rwkv", "RwkvModel"),  # RWKV-4: time-mix (wkv) and channel-mix, no attention
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "zaya": ("zaya", "ZayaModel"),  # q/k/v from a conv state, a router MLP over top-1 experts
+    "inkling": ("inkling", "InklingModel"),  # short convs, relative logits, shared experts
     "lfm3": ("lfm2", "Lfm3Model"),  # LFM2's, sliding layers, head gates, sandwich norms
     "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts
     "qwen3_5": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's layers, a dense MLP
@@ -110,6 +114,7 @@ MODEL_CLASSES = {
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "gpt_neo": ("positions", "LearnedPositionsModel"),  # local (windowed) layers, unscaled
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
+    "xglm": ("positions", "XglmModel"),  # sinusoidal positions, scaled embeddings (OPT's)
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...

@@ -113,6 +113,16 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # Persimmon's fused q/k/v and MLP (model/phi.py: split as GPT-NeoX's)
     (r"\.self_attn\.query_key_value\.", ".self_attn.qkv_proj."),
     (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
+    # XGLM's norms and MLP (model/positions.py: OPT's names under `model.`)
+    (r"^model\.layer_norm\.", "model.norm."), (r"\.self_attn_layer_norm\.", ".input_layernorm."),
+    (r"\.final_layer_norm\.", ".post_attention_layernorm."),
+    (r"^(model\.layers\.\d+)\.fc1\.", r"\1.mlp.up_proj."),
+    (r"^(model\.layers\.\d+)\.fc2\.", r"\1.mlp.down_proj."),
+    # RecurrentGemma's (model/recurrent_gemma.py): its norms, attention, MLP, the final norm
+    (r"\.temporal_pre_norm\.", ".input_layernorm."),
+    (r"\.channel_pre_norm\.", ".post_attention_layernorm."), (r"\.mlp_block\.", ".mlp."),
+    (r"\.temporal_block\.([qkvo])_proj\.", r".self_attn.\1_proj."),
+    (r"^model\.final_norm\.weight$", "model.norm.weight"),
     # Flint's attention sinks, as gpt-oss's (model/flint.py)
     (r"\.self_attn\.softmax_offset$", ".self_attn.sinks"),
 ))  # fmt: skip
@@ -125,6 +135,10 @@ _NAMES = re.compile(r"(?<![\w./])(?:model\.[\w.]*\w|lm_head\.\w+)")
 def _text_name(stored: str) -> str | None:
     if stored.startswith(_SKIP) or stored.endswith(_BUFFERS):
         return None
+    if stored.startswith("rwkv.") or stored == "head.weight":  # RWKV's (model/rwkv_config.py)
+        from pagoda.runtime.model.rwkv_config import rwkv_name
+
+        return rwkv_name(stored)
     if stored.startswith("backbone."):  # Nemotron-H's names (model/nemotron_h_config.py)
         from pagoda.runtime.model.nemotron_h_config import nemotron_name
 
@@ -289,6 +303,14 @@ class SafetensorsWeights(Mapping):
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
+
+    def list_skipped(self, names: set[str]) -> None:
+        """List the stored tensors `names` that the prefixes of the multimodal parts leave out
+        (Gemma 3n's embedders of image and audio token ids: `gemma3n_config.list_embedders`)."""
+        for i, handle in enumerate(self._handles):
+            for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
+                if stored in names:
+                    self._where[stored] = (i, stored)
 
     def rename(self, name: str, new: str) -> None:
         """List tensor `name` as `new` (Qwen3.5-MoE's stacked experts, stored without a

@@ -83,7 +83,9 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    # Zaya's embedding scale (model/zaya.py)
                    "model.input_hidden_states_scale", "model.input_hidden_states_bias",
                    # HY V4's hyper-connections' fold (model/hy_v4.py)
-                   "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")  # fmt: skip
+                   "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale",
+                   # Inkling's embedding norm (model/inkling.py)
+                   "model.embed_tokens.embed_norm.weight")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq",
              # MiniMax's lightning decays, computed from the config (model/minimax.py)
@@ -94,6 +96,8 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\bqkv_proj\.([qk]_proj|v_proj_delayed)\b"), "qkv_proj.cca"),
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
+          # Inkling's relative states: with q, k and v in one matrix (model/inkling.py)
+          (re.compile(r"\bself_attn\.r_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
           # a GGUF's experts (`gguf_archs`: `experts.gate`/`.up`) and GraniteMoE's
@@ -123,8 +127,12 @@ _KDA_FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
 _NORM = re.compile(r"norm(_\d)?\.weight$")
 # Gemma 3n's AltUp projections into and out of its extra streams (Linears outside the layers)
 _ALTUP = re.compile(r"model\.altup_(unembed_)?projections\.\d+\.weight$")
-# and each layer's router and coefficients (tensors: `gemma3n.AltUp`)
-_ALTUP_COEFS = re.compile(r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$")
+# and each layer's router and coefficients (tensors: `gemma3n.AltUp`), and the wrapper's tables
+# of image and audio token ids (`Gemma3nModel.embed_tokens`)
+_ALTUP_COEFS = re.compile(
+    r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$"
+    r"|^model\.embed_(vision|audio)\.embedding\.weight$"
+)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -256,6 +264,12 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.bailing_hybrid_config import rename
 
         rename(weights)
+    if architecture == "gemma3n":  # the wrapper's embedders, as the loader lists them
+        from pagoda.runtime.model.gemma3n_config import list_embedders
+        from pagoda.runtime.model.hf_loader import read_config
+
+        with contextlib.suppress(ValueError):  # (refused at load in one line)
+            list_embedders(weights, read_config(path))
     if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
         from pagoda.runtime.model.dbrx import split_experts
         from pagoda.runtime.model.hf_loader import read_config
@@ -294,12 +308,15 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
     ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
         # PhiMoE's head a bias)
         return True
-    if mc.architecture == "minimax_m3" and ".self_attn.indexer." in name:
-        return False  # (its sparse layers attend densely: model/minimax_m3_config.py)
-    if mc.family.gemma4 is not None and _ALTUP.match(name):  # Gemma 3n's (model/gemma3n.py)
-        return int(name.rsplit(".", 2)[1]) < mc.family.gemma4.gemma3n.altup_inputs - 1
+    g3n = None if mc.family.gemma4 is None else mc.family.gemma4.gemma3n  # (model/gemma3n.py)
+    if g3n is not None and _ALTUP.match(name):
+        return int(name.rsplit(".", 2)[1]) < g3n.altup_inputs - 1
+    if g3n is not None and name.startswith(("model.embed_vision.", "model.embed_audio.")):
+        return name in g3n.model_shapes(mc.hidden_size)  # (its soft-token norms: not read)
     if mc.architecture == "glm5_next" and ".self_attn.indexer." in name:
         return False  # (every token kept within its context: the indexer not run, glm5_next.py)
+    if mc.architecture == "minimax_m3" and ".self_attn.indexer." in name:
+        return False  # (its sparse layers attend densely: model/minimax_m3_config.py)
     m = _LAYER.match(name)
     if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
         return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))
@@ -321,6 +338,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py)
         total += tensors[EMBED].numel * (4 - p.dtype.itemsize)
+    if mc.family.positions == "sinusoidal":  # XGLM's table, computed (model/positions.py)
+        rows = mc.max_position_embeddings + mc.family.position_offset
+        total += rows * mc.hidden_size * p.dtype.itemsize
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
     for name, t in tensors.items():
@@ -403,8 +423,17 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
+    if mc.architecture == "recurrent_gemma" and (".rg_lru." in name or ".conv_1d." in name):
+        return t.numel * (4 if name.endswith("recurrent_param") else p.dtype.itemsize)  # (tensors:
+        # the RG-LRU's gates and conv, its decay's softplus in float32: model/recurrent_gemma.py)
+    if mc.architecture == "rwkv" and ".time_" in name:  # RWKV's mixes in the dtype, decay
+        return t.numel * (4 if name.endswith(("time_decay", "time_first")) else p.dtype.itemsize)
     if mc.architecture == "zamba" and name.endswith(("_proj_weight", "dt_proj_bias")):
         return t.numel * p.dtype.itemsize  # its mixers' per-head x_proj, dt_proj: tensors
+    if mc.architecture == "inkling":  # (model/inkling.py)
+        held = _inkling_held(name, t, mc, lay, p)
+        if held != -1:
+            return held
     if mc.architecture in _KDA_FAMILIES and _KDA_TENSORS.search(name):
         conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
         return t.numel * (p.dtype.itemsize if conv else 4)  # (the others' conv float32)
@@ -428,6 +457,23 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return (stop - start) * 4
     return _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize  # norms and biases (o's and
     # down's whole on every rank)
+
+
+def _inkling_held(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
+    """Inkling's tensors held otherwise than Llama's (-1: as Llama's): a Linear per expert,
+    routed or shared (the shared experts' gate and up one Linear each: None, grouped); the
+    convs, the router and its scale and correction bias in float32; the relative-logit
+    profiles a tensor."""
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return _dense([t], mc, lay, p)
+    if name.endswith(("shared_experts.gate_proj", "shared_experts.up_proj")):
+        return None
+    if name.endswith(("conv1d.weight", "mlp.gate.weight", "gate.global_scale",
+                      "gate.e_score_correction_bias")):  # fmt: skip
+        return t.numel * 4
+    if name.endswith("rel_logits_proj.proj"):
+        return t.numel * p.dtype.itemsize
+    return -1
 
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts

@@ -147,7 +147,7 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
         norms += n * mc.num_heads / t * item
     if f.embed_proj_dim:
         norms += 2 * h * f.embed_proj_dim * item
-    if f.positions == "learned":  # the table, whole on every rank
+    if f.positions in ("learned", "sinusoidal"):  # the table (stored or computed), every rank's
         norms += (mc.max_position_embeddings + f.position_offset) * h * item
     return norms
 

@@ -149,6 +149,7 @@ class ModelRunner:
             sinks=mc.family.attention_sinks,
             latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
             alibi_slopes=None if slopes is None else slopes.to(self.device),
+            rel_logits=mc.family.relative_logits,
         )
 
     def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:

@@ -105,6 +105,7 @@ _LM_CLASSES.update(Qwen3_5Text="Qwen3_5ForCausalLM", Qwen3_5MoeText="Qwen3_5MoeF
 _LM_CLASSES["Qwen4ExpText"] = "Qwen4ExpForCausalLM"
 _LM_CLASSES["MiniMaxM3VLText"] = "MiniMaxM3VLForCausalLM"
 _LM_CLASSES["MllamaText"] = "MllamaForCausalLM"
+_LM_CLASSES["InklingText"] = "InklingForCausalLM"
 _LM_CLASSES["Dots3NoteText"] = "Dots3NoteForCausalLM"
 _LM_CLASSES["Glm5Next"] = "Glm5NextForConditionalGeneration"  # (no text-only causal LM)
 

@@ -142,10 +142,10 @@ AXK2 = {"architectures": ["AXK2ForCausalLM"], "model_type": "axk2", "num_hidden_
 BEAM = {"architectures": ["BeamForCausalLM"], "model_type": "beam", "num_hidden_layers": 2}
 DOTS3 = {"architectures": ["Dots3NoteForCausalLM"], "model_type": "dots3_note_text",
          "num_hidden_layers": 2, "use_sliding_window": False}  # fmt: skip
-MINIMAX_M3 = {"architectures": ["MiniMaxM3VLForCausalLM"], "model_type": "minimax_m3_vl_text",
-              "num_hidden_layers": 2}  # fmt: skip
 GLM5_NEXT = {"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
              "text_config": {"num_hidden_layers": 4}}  # fmt: skip
+MINIMAX_M3 = {"architectures": ["MiniMaxM3VLForCausalLM"], "model_type": "minimax_m3_vl_text",
+              "num_hidden_layers": 2}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 

@@ -44,6 +44,8 @@ the directory for the reference: both read the published shape alike.
 - HyperCLOVA X (`HyperCLOVAXForCausalLM`): Granite's scalars with norms on attention's and the
   MLP's outputs (`use_post_norm`), the logits multiplied by `logits_scaling`, the softmax scale
   head_dim ** -0.5 unless `attention_multiplier` says;
+- DiffLlama (`DiffLlamaForCausalLM`): Llama's with differential attention (two value reads
+  per head, head pairs subtracted with the learned lambda, a weightless RMSNorm), GQA;
 - Helium (`HeliumForCausalLM`): Llama's with the interleaved rotary, q/k/v biases;
 - Code World Model (`CwmForCausalLM`): Llama's with window layers (its default pattern when
   config.json names no layer_types) and its llama3 rotary by default;
@@ -149,6 +151,9 @@ CASES = {
     # and with its softmax scale given, without the peri-norms
     "hyperclovax-no-post-norm": ("HyperCLOVAX", dict(
         use_post_norm=False, attention_multiplier=0.05, residual_multiplier=0.7), {}),
+    # DiffLlama: differential attention (GQA: 8 heads over 4 KV heads), lambdas drawn large
+    "diffllama-gqa": ("DiffLlama", dict(num_attention_heads=8, num_key_value_heads=4,
+                                        lambda_std_dev=0.5), {}),
     # Helium: the interleaved rotary, q/k/v biases, its float32-scaled RMSNorm
     "helium-biases": ("Helium", dict(head_dim=16, attention_bias=True), {}),
     # Code World Model: window layers by its default pattern (every fourth global), llama3 rotary
@@ -326,7 +331,7 @@ def test_two_ranks_match_transformers(built, name):
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
     ("stablelm-parallel-qk-norms", 1), ("persimmon-qk-layernorm", 2), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
-    ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("gptj-rotary-dim", 2),
+    ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("diffllama-gqa", 1), ("gptj-rotary-dim", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -361,6 +366,7 @@ test_gpu_matches_transformers_with_graphs = gpu_test()
     ("VaultGemma", "vaultgemma", {"num_hidden_layers": 4}),
     ("HyperCLOVAX", "hyperclovax", {"num_hidden_layers": 4}),
     ("Helium", "helium", {"num_hidden_layers": 4, "num_key_value_heads": 8}),
+    ("DiffLlama", "diffllama", {"num_hidden_layers": 4}),
     ("Cwm", "cwm", {"num_hidden_layers": 5}),
     ("HunYuanDenseV1", "hunyuan_v1_dense", {"num_hidden_layers": 4}),
     ("GPTJ", "gptj", {"n_layer": 4, "rotary_dim": 4}),
@@ -404,6 +410,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
                 "parallel_attn": False}, "num_ln_in_parallel_attn 1 and parallel_attn false"),
     ("Olmo", {"clip_qkv": -1.0}, "clip_qkv must be positive"),
     ("GPTJ", {"rotary_dim": 32}, r"rotary_dim 32 must be even and at most the head size 16"),
+    ("DiffLlama", {"num_key_value_heads": 1}, "DiffLlama with num_key_value_heads 1 is not"),
     # microsoft/phi-2's config.json before its port (read as Phi with phi-1.5's defaults: 2048
     # wide, 24 layers, where it says n_embd 2560, n_layer 32)
     ("Phi", {"model_type": "phi-msft", "n_embd": 2560, "n_layer": 32},

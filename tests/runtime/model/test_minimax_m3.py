@@ -59,13 +59,16 @@ def test_checkpoint_check_estimate_and_refusals(built):
     from hybrid_cases import check_missing_refused
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.core import check_dtype, check_max_model_len
 
     path, _, loaded, _ = built("minimax_m3")
     mc, f = loaded.config, loaded.config.family
     assert (mc.intermediate_size, f.moe_intermediate_size) == (48, 24)
-    assert f.moe_layers == (False, True, True) and f.indexed_context == 96
+    assert f.moe_layers == (False, True, True) and f.dense_limit.tokens == 96
     assert mc.context_length == 96 and f.routing.routed_scaling_factor == 1.5
+    with pytest.raises(ValueError, match=r"^max_model_len 97 is not supported for a minimax_m3 "
+                       r"model: its indexer's sparse block selection \(past .* = 96 tokens\)"):  # fmt: skip
+        check_max_model_len(97, mc)
     check_estimate(path, rel=1e-6)
     check_missing_refused(loaded, ["model.layers.0.mlp.gate_up_proj.weight",
                                    "model.layers.1.mlp.experts.gate_up_proj",
@@ -90,7 +93,7 @@ def test_the_released_keys_read_as_transformers_reads_them(tmp_path):
     t = transformers.AutoConfig.from_pretrained(tmp_path)
     o = read_model_config(str(tmp_path))
     assert list(o.family.moe_layers) == [k == "sparse" for k in t.mlp_layer_types]
-    assert o.family.indexed_context == t.index_block_size * t.index_topk_blocks == 2048
+    assert o.family.dense_limit.tokens == t.index_block_size * t.index_topk_blocks == 2048
     assert "partial_rotary_factor" not in (o.rope_scaling or {})
     assert "partial_rotary_factor" not in t.rope_parameters
     with torch.device("meta"):  # transformers' count less the indexer's tensors (not read)

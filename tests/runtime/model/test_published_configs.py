@@ -257,6 +257,13 @@ PUBLISHED = {
         "num_attention_heads": 64, "num_hidden_layers": 36, "partial_rotary_factor": 0.5,
         "qk_layernorm": True, "rope_scaling": None, "rope_theta": 25000.0,
         "tie_word_embeddings": False, "vocab_size": 262144}, 9_397_175_296),
+    # facebook/xglm-564M's: XGLMConfig's defaults under their own keys (d_model, ffn_dim, ...)
+    "xglm-564M": ({
+        "architectures": ["XGLMForCausalLM"], "model_type": "xglm", "activation_function": "gelu",
+        "attention_heads": 16, "bos_token_id": 0, "d_model": 1024, "decoder_start_token_id": 2,
+        "eos_token_id": 2, "ffn_dim": 4096, "layerdrop": 0.0, "max_position_embeddings": 2048,
+        "num_layers": 24, "pad_token_id": 1, "scale_embedding": True, "vocab_size": 256008},
+        564_463_616),
 }  # fmt: skip
 
 
@@ -284,8 +291,8 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
         assert o.rope_theta == rope["rope_theta"]
         assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
             "partial_rotary_factor", 1.0)  # fmt: skip
-    eps = next(getattr(t, k) for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
-               if hasattr(t, k))  # fmt: skip
+    names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+    eps = next((getattr(t, k) for k in names if hasattr(t, k)), 1e-5)  # (else nn.LayerNorm's)
     assert o.rms_norm_eps == eps
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
@@ -352,7 +359,7 @@ def test_minimax_m3s_text_config_reads_with_transformers_defaults(tmp_path):
     assert (f.num_experts, f.num_experts_per_tok, f.swiglu_alpha, f.swiglu_limit) == (
         t.num_local_experts, t.num_experts_per_tok, t.swiglu_alpha, t.swiglu_limit)  # fmt: skip
     assert f.routing.routed_scaling_factor == t.routed_scaling_factor and o.rope_scaling is None
-    assert f.indexed_context is None and o.context_length == t.max_position_embeddings
+    assert f.dense_limit is None and o.context_length == t.max_position_embeddings
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 447_186_441_216
