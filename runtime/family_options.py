@@ -210,6 +210,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="its stacked experts' FP8 scales are not read",
         ),
+        "hrm_text": Untested(
+            tensor_parallel="its recurrent stacks are not tested over ranks",
+            fp8="its FP8 GEMM is not tested",
+        ),
         "mllama": Untested(
             tensor_parallel="its embedding's rows past the vocabulary are not split as the head's",
         ),

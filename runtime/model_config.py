@@ -16,6 +16,7 @@ from pagoda.runtime.model_configs import (
     DoryLoops,
     ExpertRouting,
     Gemma4Layers,
+    HrmCycles,
     HyperConfig,
     LagunaAttention,
     Llama4Attention,
@@ -162,6 +163,8 @@ class FamilyConfig:
     dory: DoryLoops | None = None
     # Doge (model/doge.py): the dynamic mask's key biases, the product-key experts
     doge: DogeAttention | None = None
+    # HRM-Text (model/hrm_text.py): its L and H stacks run in cycles, each pass a KV cache
+    hrm: HrmCycles | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
@@ -368,6 +371,8 @@ class ModelConfig:
             return sum(not self.family.kolibri11.shares_kv(i) for i in range(self.num_layers))
         if self.family.dory is not None:  # (a KV cache per loop of its recurrent layers)
             return len(self.family.dory.order())
+        if self.family.hrm is not None:  # (a KV cache per pass of its stacks)
+            return len(self.family.hrm.order())
         return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
 
     @property
@@ -423,6 +428,10 @@ class ModelConfig:
             shapes = self.family.gemma4.tensor_shapes(self).values()
             return sum(math.prod(s) for s in shapes)
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        if self.family.hrm is not None:  # q, k, v, gate, o and the MLP a layer; weightless
+            head = 1 if self.tie_word_embeddings else 2  # norms; z_L_init
+            q = self.num_heads * d
+            return self.num_layers * (5 * h * q + 3 * h * i) + head * self.vocab_size * h + h
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         f = self.family
         if f.mla is not None:

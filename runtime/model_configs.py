@@ -280,6 +280,24 @@ class LagunaAttention:
 
 
 @dataclass(frozen=True)
+class HrmCycles:
+    """HRM-Text's recurrence (`model/hrm_text.py`, read by `model/hrm_text_config.py`): two
+    stacks of `per_stack` layers (L, then H), every token through `h_cycles` high cycles of
+    `l_cycles` L-stack passes then one H-stack pass, each pass's layers a KV cache of their
+    own; the embeddings times `embedding_scale`."""
+
+    per_stack: int
+    h_cycles: int
+    l_cycles: int
+    embedding_scale: float
+
+    def order(self) -> list[int]:
+        """The physical layer (L's 0.., then H's) each pass runs, in order: one KV cache each."""
+        low, high = list(range(self.per_stack)), list(range(self.per_stack, 2 * self.per_stack))
+        return (low * self.l_cycles + high) * self.h_cycles
+
+
+@dataclass(frozen=True)
 class DogeAttention:
     """Doge's dynamic mask attention and cross-domain MoE (`model/doge.py`, read by
     `model/doge_config.py`): every key's score gains its own bias exp(A * softplus(dt_proj(v)))

@@ -251,6 +251,12 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         from pagoda.runtime.model.aria_config import expert_shapes
 
         out.update(expert_shapes(c))
+    if c.family.hrm is not None:  # weightless norms; attention's gate, z_L_init
+        from pagoda.runtime.model.hrm_text_config import expected_shapes as hrm_shapes
+
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            del out[name]
+        out.update(hrm_shapes(c))
     if c.family.doge is not None:  # the dynamic mask, residual scales, experts (doge.py)
         _doge_tensors(c, out)
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)

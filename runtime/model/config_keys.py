@@ -114,6 +114,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         from pagoda.runtime.model.dory_config import overrides as dory_overrides
 
         out.update(dory_overrides(out))
+    if arch == "hrm_text":  # its two stacks' layers (hrm_text_config.py)
+        from pagoda.runtime.model.hrm_text_config import overrides as hrm_overrides
+
+        out.update(hrm_overrides(out))
     if arch == "gemma3n":  # its MLP widths by layer, its rotary by layer kind
         from pagoda.runtime.model.gemma3n_config import overrides as gemma3n_overrides
 

@@ -23,6 +23,7 @@ from pagoda.runtime.model import (
     flex_olmo_config,
     flint_config,
     granite_swa_config,
+    hrm_text_config,
     hunyuan_config,
     hy_v3_config,
     jetmoe_config,
@@ -68,6 +69,7 @@ MODULES = (
     minimax_m3_config,
     mllama_config,
     aria_config,
+    hrm_text_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -304,6 +304,7 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         "model.norm.bias",
         "lm_head.bias",
         "lm_head.logit_scale",  # (Dory's, float32)
+        "model.z_L_init",  # (HRM-Text's)
         "model.final_layernorm.weight",
         "model.final_layernorm.bias",
         *_OUTSIDE_LAYERS,

@@ -14,7 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from arch_cases import built_fixture, case_fixture, check, generate, greedy_test, prompts
+from arch_cases import (
+    built_fixture,
+    case_fixture,
+    check,
+    generate,
+    gpu_test,
+    greedy_test,
+    prompts,
+)
 from hf_oracle import make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
@@ -40,6 +48,8 @@ built = built_fixture(write)
 case = case_fixture(CASES)
 
 test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
+# the Triton kernels over the padded key/value width, CUDA graphs
+test_gpu_matches_transformers_with_graphs = gpu_test()
 
 
 def hf_greedy_stepwise(model, prompt: list[int], n: int):

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from arch_cases import built_fixture, case_fixture, greedy_test
+from arch_cases import built_fixture, case_fixture, fused_moe_at, gpu_test, greedy_test
 from hf_oracle import make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
@@ -48,6 +48,8 @@ built = built_fixture(write)
 case = case_fixture(CASES)
 
 test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
+# the fused-MoE kernel's swiglu_oai without biases, CUDA graphs
+test_gpu_matches_transformers_with_graphs = gpu_test(fused_moe_at(1))
 
 
 def test_checkpoint_check_estimate_and_refusals(built):
