@@ -3,8 +3,10 @@ transformers' plain greedy loop, token for token and logits within 1e-3 (float32
 random checkpoint transformers writes itself: a dense layer then two expert layers (stacked
 experts, a shared expert, a drawn correction bias, routed_scaling_factor), a full-attention and
 a sparse layer whose indexer keeps every block within the context, a partial rotary, a SwiGLU
-clamp low enough to bite; chunked into 16-token steps, three prompts sharing steps, a warm
-prefix cache, a pool small enough to preempt. Also the checkpoint check, the weights estimate,
+clamp low enough to bite (1.0); chunked into 16-token steps, three prompts sharing steps, a warm
+prefix cache, a pool small enough to preempt (measured on transformers: without the drawn
+correction biases 12 of the 18 greedy tokens change, without the clamp 9, with the routed
+scale 1 10). Also the checkpoint check, the weights estimate,
 the context bound and what is refused."""
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ CASES = {
         mlp_layer_types=["dense", "sparse", "sparse"], layer_types=[FULL, SPARSE, FULL],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                          "partial_rotary_factor": 0.5},
-        routed_scaling_factor=1.5, swiglu_limit=3.0),
+        routed_scaling_factor=1.5, swiglu_limit=1.0),
 }  # fmt: skip
 
 
