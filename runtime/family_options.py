@@ -89,8 +89,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             float16=_FLOAT16,
         ),
         "gemma3n": Untested(
-            tensor_parallel="its AltUp streams, Laurel branch and shared KV caches are not split "
-            "over ranks",
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
