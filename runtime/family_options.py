@@ -79,22 +79,16 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "gemma3": Untested(float16=_FLOAT16),
         "vaultgemma": Untested(float16=_FLOAT16),
         "gemma4": Untested(
-            tensor_parallel="its layers' own head sizes and KV heads and its shared KV caches "
-            "are not split over ranks",
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
         "gemma4_unified": Untested(
-            tensor_parallel="its layers' own head sizes and KV heads and its shared KV caches "
-            "are not split over ranks",
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
         "gemma3n": Untested(
-            tensor_parallel="its AltUp streams, Laurel branch and shared KV caches are not split "
-            "over ranks",
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="not tested",
             float16=_FLOAT16,

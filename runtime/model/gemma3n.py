@@ -22,7 +22,11 @@ by w, its per-layer inputs, GeGLU and the final soft cap, with what transformers
   transformers' `Gemma3nModel` embeds them with or without images or audio; its towers are not
   read (text only).
 
-Tensor parallelism and FP8 are refused (`family_options`). Batched over the step's tokens.
+Tensor parallel: the attention and MLPs split as Gemma 4's (`gemma4.py`: heads, KV-shared
+layers on their rank's cache rows, MLP widths by layer), the sparse MLPs' gate statistics
+summed over the ranks (`SparseGatedMLP`); AltUp (its router, coefficients and stream
+projections), Laurel, the per-layer inputs and the wrapper's embedders replicated (small).
+FP8 is refused (`family_options`). Batched over the step's tokens.
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ _ROOT2 = math.sqrt(2)
 
 
 class SparseGatedMLP(GatedMLP):
-    """GatedMLP with the Gaussian top-k on its gate (module docstring)."""
+    """GatedMLP with the Gaussian top-k on its gate (module docstring); tensor parallel, the
+    gate's row mean and standard deviation over every rank's columns (two [T, 1] all-reduces,
+    in float32)."""
 
-    __slots__ = ("multiplier",)
+    __slots__ = ("multiplier", "tp")
 
     def __init__(self, ctx: LayerContext, w: DeviceWeights, prefix: str, sparsity: float,
                  dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
@@ -49,12 +55,19 @@ class SparseGatedMLP(GatedMLP):
         normal = torch.distributions.normal.Normal(0, 1)
         quantile = normal.icdf(torch.tensor(sparsity, dtype=torch.float32))
         self.multiplier = quantile.to(device=device, dtype=dtype)
+        self.tp = ctx.tp
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up(x)
         gate = gate_up[:, : gate_up.shape[-1] // 2]
-        mean = gate.mean(dim=-1, keepdim=True)
-        std = gate.std(dim=-1, keepdim=True, unbiased=False)
+        if self.tp is None:
+            mean = gate.mean(dim=-1, keepdim=True)
+            std = gate.std(dim=-1, keepdim=True, unbiased=False)
+        else:  # this rank's columns of the gate: the row's moments summed over the ranks
+            wide, n = gate.float(), gate.shape[-1] * self.tp.layout.size
+            mean = self.tp.all_reduce(wide.sum(dim=-1, keepdim=True)) / n
+            var = self.tp.all_reduce(((wide - mean) ** 2).sum(dim=-1, keepdim=True)) / n
+            mean, std = mean.to(gate.dtype), var.sqrt().to(gate.dtype)
         gate.copy_(F.relu(gate - (mean + std * self.multiplier)))
         return self.down(self.act_and_mul(x=gate_up))
 

@@ -36,10 +36,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     h, i, n, t = mc.hidden_size, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
     f = mc.family
-    if f.gemma4 is not None:  # (one rank, 16 or 32 bits: `family_options` refuses the rest)
+    if f.gemma4 is not None:  # (16 or 32 bits: `family_options` refuses FP8)
         from pagoda.runtime.model.gemma4_config import param_count
 
-        return param_count(mc) * item
+        return param_count(mc, tp) * item
     if mc.architecture == "longcat_flash":  # (one rank, 16 or 32 bits: `family_options`)
         from pagoda.runtime.model.checkpoint_check import expected_shapes
         from pagoda.runtime.model.longcat_flash_config import weight_bytes

@@ -17,6 +17,7 @@ from arch_cases import (
     built_fixture,
     check_chunked_cached_batched,
     check_preempted,
+    check_two_ranks,
     generate,
     prompts,
 )
@@ -60,11 +61,21 @@ def test_gemma3n_matches_transformers_chunked_batched_cached_and_preempted(built
     check_preempted(loaded, reference, "gemma3n")
 
 
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+def test_two_ranks_match_transformers(built):
+    """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
+    cache: each rank one of the two KV heads (the shared layers reading their rank's rows), the
+    MLP widths by layer split, the sparse layers' gate statistics summed over the ranks, AltUp
+    and Laurel replicated."""
+    path, _, loaded, reference = built("text")
+    check_two_ranks(path, loaded, reference, "gemma3n two ranks", kv_heads=1)
+
+
 def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built):
     """`expected_shapes` names every tensor transformers saved (the KV-shared layers' k/v
     projections and norms aside: transformers never reads them), with its shape; the weights
     estimate from config.json alone is their bytes, and the estimate from the checkpoint's
-    metadata is what the built model holds in bf16."""
+    metadata is what the built model holds in bf16, on one rank and on rank 0 of two."""
     from model_bytes import check_estimate
     from pagoda.runtime.model.checkpoint_check import expected_shapes
     from pagoda.runtime.server.weights import from_shapes
@@ -79,6 +90,7 @@ def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built
     size = sum(math.prod(s) for n, s in stored.items() if n not in unread)
     assert from_shapes(loaded.config, torch.float32, False) == 4 * size
     check_estimate(path, rel=1e-3)
+    check_estimate(path, 2, rel=1e-3)
 
 
 def test_a_conditional_generation_checkpoint_reads_its_text_model_and_token_embedders(
@@ -197,16 +209,23 @@ def test_what_gemma3n_does_not_compute_is_refused_in_one_line(tmp_path, change, 
         read_model_config(str(tmp_path))
 
 
-def test_gemma3n_tensor_parallelism_and_fp8_are_refused(tmp_path):
+def test_gemma3n_widths_that_do_not_split_and_fp8_are_refused(tmp_path):
+    """The published E2B splits over two ranks; a later layer's MLP width that does not is one
+    line naming the layer; FP8 refused."""
     from types import SimpleNamespace
 
     from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.core import check_dtype
 
-    (tmp_path / "config.json").write_text(json.dumps({**E2B,
-                                                      "architectures": ["Gemma3nForCausalLM"]}))  # fmt: skip
-    mc = read_model_config(str(tmp_path))
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a gemma3n"):
-        check(mc, 2)
+    def config(text):
+        (tmp_path / "config.json").write_text(json.dumps({**text,
+                                                          "architectures": ["Gemma3nForCausalLM"]}))  # fmt: skip
+        return read_model_config(str(tmp_path))
+
+    mc = config(E2B)
+    check(mc, 2)
+    odd = {**E2B, "intermediate_size": [8192] * 3 + [8191] + [8192] * 26}
+    with pytest.raises(ValueError, match="does not divide layer 3's MLP width \\(8191\\)"):
+        check(config(odd), 2)
     with pytest.raises(ValueError, match="fp8 is not supported for a gemma3n"):
         check_dtype(SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16), mc)
