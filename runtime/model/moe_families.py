@@ -13,6 +13,7 @@ from pagoda.runtime.model import (
     aria_config,
     beam_config,
     cohere2_moe_config,
+    cohere_compass_config,
     dbrx_config,
     doge_config,
     dory_config,
@@ -68,6 +69,7 @@ MODULES = (
     minimax_m3_config,
     mllama_config,
     aria_config,
+    cohere_compass_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
