@@ -244,7 +244,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     # the rotary per layer kind: the full-attention layers'
     by_kind = (
         "full_attention"
-        if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory")
+        if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory", "cohere_compass")
         else None
     )
     if arch in (

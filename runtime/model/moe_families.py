@@ -13,6 +13,7 @@ from pagoda.runtime.model import (
     aria_config,
     beam_config,
     cohere2_moe_config,
+    cohere_compass_config,
     dbrx_config,
     doge_config,
     dory_config,
@@ -70,6 +71,7 @@ MODULES = (
     mllama_config,
     aria_config,
     hrm_text_config,
+    cohere_compass_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -108,6 +108,7 @@ _LM_CLASSES["MllamaText"] = "MllamaForCausalLM"
 _LM_CLASSES["InklingText"] = "InklingForCausalLM"
 _LM_CLASSES["Dots3NoteText"] = "Dots3NoteForCausalLM"
 _LM_CLASSES["Emu3Text"] = "Emu3ForCausalLM"
+_LM_CLASSES["CohereCompassText"] = "CohereCompassForCausalLM"
 _LM_CLASSES["Glm5Next"] = "Glm5NextForConditionalGeneration"  # (no text-only causal LM)
 
 
