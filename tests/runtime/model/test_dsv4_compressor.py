@@ -1,0 +1,66 @@
+"""DeepSeek-V4's compressors as pure functions of token rows (`model/dsv4_compressor.py`)
+against transformers' own ``DeepseekV4CSACompressor`` / ``DeepseekV4HCACompressor`` with the
+same weights (float32): the entries of a 23-token sequence computed in one call, and the same
+entries transformers builds when the sequence arrives in chunks of 5, 1, 9 and 8 tokens through
+its cache (its buffer, overlap slice and running entries): both are what the token rows alone
+give, which is what lets the engine keep only token rows in its paged cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda.runtime.model.dsv4_compressor import compress, entry_positions, rotate_trailing
+
+transformers = pytest.importorskip("transformers")
+H, D, L = 32, 16, 23
+RATES = {"csa": 4, "hca": 8}  # (the config below)
+
+
+def _config():
+    return transformers.DeepseekV4Config(
+        hidden_size=H, head_dim=D, partial_rotary_factor=0.5, num_hidden_layers=2,
+        num_attention_heads=2, q_lora_rank=16, index_n_heads=2, index_head_dim=8, index_topk=4,
+        layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        vocab_size=64, n_routed_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+
+
+def _ours(module, x, rate, overlap):
+    """The entries from the token rows alone (module docstring of dsv4_compressor)."""
+    usable = x.shape[1] // rate * rate
+    kv, gate = module.kv_proj(x[:, :usable]), module.gate_proj(x[:, :usable])
+    entries = compress(kv, gate, module.position_bias, module.kv_norm.weight,
+                       module.kv_norm.variance_epsilon, rate, overlap)  # fmt: skip
+    pos = entry_positions(entries.shape[1], rate, x.device)[None]
+    cos, sin = module.rotary_emb(entries, position_ids=pos, layer_type="compress")
+    return rotate_trailing(entries, cos, sin)
+
+
+@pytest.mark.parametrize("kind", list(RATES))
+def test_entries_are_a_pure_function_of_the_token_rows(kind):
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+    cfg = _config()
+    rate = RATES[kind]
+    cls = m.DeepseekV4CSACompressor if kind == "csa" else m.DeepseekV4HCACompressor
+    torch.manual_seed(0)
+    module = cls(cfg).float().eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape) * (0.3 if p.dim() > 1 else 1.0))
+    layer = 0 if kind == "csa" else 1
+    x = torch.randn(1, L, H)
+    q_res = torch.randn(1, L, cfg.q_lora_rank)
+    with torch.no_grad():
+        ours = _ours(module, x, rate, kind == "csa")
+        assert ours.shape[1] == L // rate
+        whole = module(x, q_res, torch.arange(L)[None], None, layer)[0][:, 0]
+        torch.testing.assert_close(ours, whole, rtol=1e-5, atol=1e-5)
+        cache = transformers.DynamicCache(config=cfg)
+        start = 0
+        for n in (5, 1, 9, 8):  # chunked prefill and decodes through transformers' cache
+            pos = torch.arange(start, start + n)[None]
+            got = module(x[:, start : start + n], q_res[:, start : start + n], pos, cache, layer)
+            start += n
+        torch.testing.assert_close(ours, got[0][:, 0], rtol=1e-5, atol=1e-5)
