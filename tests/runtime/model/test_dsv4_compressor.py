@@ -64,3 +64,40 @@ def test_entries_are_a_pure_function_of_the_token_rows(kind):
             got = module(x[:, start : start + n], q_res[:, start : start + n], pos, cache, layer)
             start += n
         torch.testing.assert_close(ours, got[0][:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_routers_match_transformers():
+    """DeepSeek-V4's routers (`moe_routing`): sqrtsoftplus scores + correction bias, greedy
+    top-k (``DeepseekV4TopKRouter``), and the hash layers' fixed ``tid2eid[input_ids]`` experts
+    weighted by the same scores (``DeepseekV4HashRouter``): the same experts and weights."""
+    from pagoda.runtime.model.moe_routing import GroupedRouter, HashRouter
+    from pagoda.runtime.model_configs import ExpertRouting
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+    cfg = _config()
+    torch.manual_seed(1)
+    topk, hashed = m.DeepseekV4TopKRouter(cfg).float(), m.DeepseekV4HashRouter(cfg).float()
+    with torch.no_grad():
+        for r in (topk, hashed):
+            r.weight.copy_(torch.randn(r.weight.shape))
+        topk.e_score_correction_bias.copy_(torch.randn(cfg.n_routed_experts))
+        hashed.tid2eid.copy_(torch.randint(0, cfg.n_routed_experts, hashed.tid2eid.shape))
+    routing = ExpertRouting(scoring="sqrtsoftplus", topk_method="greedy", n_group=1, topk_group=1,
+                            routed_scaling_factor=cfg.routed_scaling_factor)  # fmt: skip
+    x, ids = torch.randn(7, H), torch.randint(0, cfg.vocab_size, (7,))
+
+    def linear(r):
+        return lambda v: torch.nn.functional.linear(v, r.weight)
+
+    with torch.no_grad():
+        _, want_w, want_ids = topk(x)
+        got_w, got_ids = GroupedRouter(linear(topk), topk.e_score_correction_bias, routing,
+                                       cfg.num_experts_per_tok, True)(x)  # fmt: skip
+        order_got, order_want = got_ids.sort(dim=-1), want_ids.sort(dim=-1)
+        assert torch.equal(order_got.values, order_want.values)
+        torch.testing.assert_close(got_w.gather(1, order_got.indices),
+                                   want_w.gather(1, order_want.indices))  # fmt: skip
+        _, want_w, want_ids = hashed(x, ids)
+        got_w, got_ids = HashRouter(linear(hashed), hashed.tid2eid, routing)(x, ids)
+        assert torch.equal(got_ids, want_ids)
+        torch.testing.assert_close(got_w, want_w)
