@@ -61,6 +61,12 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
+    if f.hyper is not None:  # HY V4's (one rank, 16 or 32 bits): attention's gates in the
+        # dtype; the hyper-connections, sinks and the indexer key's norm in float32
+        nh, m, ix = f.hyper.mult, mc.num_heads, f.mla.indexer
+        projections += n * m * f.mla.v_head_dim * h * item
+        projections += 4 * (n * (2 * (2 * nh * nh * h + 2 * nh + 2) + m) + nh * nh * h + nh + 1)
+        projections += sum(ix.full_layers) * 2 * ix.head_dim * (4 - item)
     if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, 16 or 32 bits)
         from pagoda.runtime.model.mimo_v2_flash_config import attention_params
 

@@ -118,3 +118,17 @@ def test_the_weights_estimate_is_what_the_model_holds(built):
     from model_bytes import check_estimate
 
     check_estimate(built("hy_v4")[0], 1)
+
+
+def test_the_weights_from_shapes_as_from_its_tensors(built):
+    """`fit`'s count from config.json alone (`from_shapes`, one rank, 16 bits) against the
+    headers' (as CUDA holds them): the gates, the float32 hyper-connections and sinks."""
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    path = built("hy_v4")[0]
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", 1, None))
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=1e-6)
