@@ -89,7 +89,7 @@ def index_scores(
 def picked_entries(scores: torch.Tensor, rate: int, topk: int) -> torch.Tensor:
     """bool [B, L, E]: the ``topk`` best entries of each query among the complete windows
     before it (entry w when ``w < (t + 1) // rate``)."""
-    b, length, e = scores.shape
+    length, e = scores.shape[1:]
     t = torch.arange(length, device=scores.device)
     ready = torch.arange(e, device=scores.device)[None, :] < ((t + 1) // rate)[:, None]
     scores = scores.masked_fill(~ready, float("-inf"))
