@@ -37,7 +37,7 @@ def _model():
     model = transformers.DeepseekV4ForCausalLM(cfg).float().eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             scale = 0.5 if p.dim() > 1 else 0.2
             p.add_(torch.randn(p.shape, generator=g) * scale)
         for layer in model.model.layers:
