@@ -71,3 +71,60 @@ def rotate_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
 def entry_positions(windows: int, rate: int, device: torch.device) -> torch.Tensor:
     """The rotary position of each entry: its window's first token, ``w * rate``."""
     return torch.arange(windows, device=device) * rate
+
+
+def slot_start(done: torch.Tensor, rate: int, overlap: bool) -> torch.Tensor:
+    """The first token a sequence's open-window slot holds once ``done`` tokens are in the
+    cache: the open window's start, and for CSA (``overlap``) the last complete window's too
+    (its Ca halves feed the next entry). At a window boundary HCA's slot is empty and CSA's
+    holds that one window: the "Ca tail" a block stores (docs: "DeepSeek-V4 in the engine")."""
+    closed = done // rate
+    return (closed - 1).clamp(min=0) * rate if overlap else closed * rate
+
+
+def step_entries(
+    slot_kv: torch.Tensor,  # [B, S, C] the slot rows (tokens slot_start(done) .. done - 1)
+    slot_gate: torch.Tensor,
+    new_kv: torch.Tensor,  # [B, Q, C] the step's rows, padded (the first q[b] real)
+    new_gate: torch.Tensor,
+    done: torch.Tensor,  # int64 [B] tokens cached before the step
+    q: torch.Tensor,  # int64 [B] the step's tokens
+    position_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    rate: int,
+    overlap: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of the compressor over a batch (the design's open-window slot): (entries
+    [B, W, D] of the windows each span holds, first [B] absolute index of entries[:, 0], keep
+    bool [B, W]: the entries that close in this step, the new slot's kv and gate [B, S', C]).
+    The spans (slot then step rows) start on window boundaries, so `compress` over them gives
+    the closing windows' entries; a CSA span's first window is the one before (its own entry,
+    emitted earlier, is dropped). Batched: spans padded to the longest (padding only follows a
+    sequence's rows, so it only touches windows past its own)."""
+    dev = new_kv.device
+    start, s_len = slot_start(done, rate, overlap), done - slot_start(done, rate, overlap)
+    span = s_len + q
+    width = -(-int(span.max()) // rate) * rate
+    b, c = new_kv.shape[0], new_kv.shape[-1]
+    j = torch.arange(width, device=dev)[None, :]  # span position
+    from_slot = j < s_len[:, None]
+    slot_idx = j.clamp(max=max(slot_kv.shape[1] - 1, 0)).expand(b, -1)
+    new_idx = (j - s_len[:, None]).clamp(0, max(new_kv.shape[1] - 1, 0))
+
+    def gather(slot: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        a = slot.gather(1, slot_idx[..., None].expand(-1, -1, c)) if slot.shape[1] else 0
+        n = new.gather(1, new_idx[..., None].expand(-1, -1, c))
+        return torch.where(from_slot[..., None], a, n) if slot.shape[1] else n
+
+    kv, gate = gather(slot_kv, new_kv), gather(slot_gate, new_gate)
+    entries = compress(kv, gate, position_bias, norm_weight, eps, rate, overlap)
+    first = start // rate
+    w = first[:, None] + torch.arange(entries.shape[1], device=dev)[None, :]
+    keep = (w >= done[:, None] // rate) & (w < (done + q)[:, None] // rate)
+    # the new slot: span tokens from slot_start(done + q) on, left-aligned
+    new_start = slot_start(done + q, rate, overlap) - start
+    n_slot = span - new_start
+    k = torch.arange(max(int(n_slot.max()), 0), device=dev)[None, :]
+    idx = (new_start[:, None] + k).clamp(max=width - 1)[..., None].expand(-1, -1, c)
+    return entries, first, keep, kv.gather(1, idx), gate.gather(1, idx)

@@ -101,3 +101,42 @@ def test_routers_match_transformers():
         got_w, got_ids = HashRouter(linear(hashed), hashed.tid2eid, routing)(x, ids)
         assert torch.equal(got_ids, want_ids)
         torch.testing.assert_close(got_w, want_w)
+
+
+@pytest.mark.parametrize("kind", list(RATES))
+def test_stepped_entries_with_the_open_window_slot_are_the_whole_sequences(kind):
+    """Two sequences (23 and 13 tokens) stepped together in ragged chunks, the slot carried
+    between steps: every entry is emitted once, equal to `compress` over the whole sequence; at
+    each window boundary the slot holds CSA's last window alone, HCA's nothing."""
+    from pagoda.runtime.model.dsv4_compressor import slot_start, step_entries
+
+    rate, overlap, c = RATES[kind], kind == "csa", 2 * D if kind == "csa" else D
+    g = torch.Generator().manual_seed(5)
+    lens, steps = (23, 13), ((5, 3), (1, 1), (9, 0), (0, 4), (8, 5))
+    rows = [(torch.randn(n, c, generator=g), torch.randn(n, c, generator=g)) for n in lens]
+    bias, w = torch.randn(rate, c, generator=g), torch.rand(D, generator=g) + 0.5
+    slot_kv = slot_gate = torch.zeros(2, 0, c)
+    done, got = torch.zeros(2, dtype=torch.long), [[], []]
+    for qs in steps:
+        q = torch.tensor(qs)
+        width = max(max(qs), 1)
+        new = [torch.zeros(2, width, c), torch.zeros(2, width, c)]
+        for b in range(2):  # (building the test's inputs: the engine gathers them)
+            a = int(done[b])
+            for i in range(2):
+                new[i][b, : qs[b]] = rows[b][i][a : a + qs[b]]
+        entries, first, keep, slot_kv, slot_gate = step_entries(
+            slot_kv, slot_gate, new[0], new[1], done, q, bias, w, 1e-6, rate, overlap
+        )
+        for b in range(2):
+            got[b].extend((int(first[b]) + i, entries[b, i]) for i in keep[b].nonzero()[:, 0])
+        done = done + q
+        for b in range(2):  # the slot's length where a window just closed
+            n_slot = int(done[b] - slot_start(done[b : b + 1], rate, overlap)[0])
+            if int(done[b]) % rate == 0 and int(done[b]):
+                assert n_slot == (rate if overlap else 0)
+    for b, n in enumerate(lens):
+        whole = compress(rows[b][0][None, : n // rate * rate], rows[b][1][None, : n // rate * rate],
+                         bias, w, 1e-6, rate, overlap)[0]  # fmt: skip
+        assert [i for i, _ in got[b]] == list(range(n // rate))
+        torch.testing.assert_close(torch.stack([e for _, e in got[b]]), whole)
