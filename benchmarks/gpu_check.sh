@@ -236,7 +236,8 @@ FAMILY_TESTS2=${FAMILY_TESTS2:-tests/runtime/model/test_dense_archs.py \
     tests/runtime/model/test_more_archs.py}
 FAMILY_TESTS3=${FAMILY_TESTS3:-tests/runtime/model/test_position_archs.py \
     tests/runtime/model/test_dsa.py tests/runtime/model/test_nanochat.py \
-    tests/runtime/model/test_bitnet.py tests/runtime/model/test_recurrent_prefix.py}
+    tests/runtime/model/test_bitnet.py tests/runtime/model/test_recurrent_prefix.py \
+    tests/runtime/model/test_longcat_flash.py}
 TAIL=40 step families 540 bash -c '
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 tests/kernels/test_kernel_latent.py
     latent=$?

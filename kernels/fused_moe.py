@@ -10,7 +10,7 @@ down projection. The design is vLLM's ``fused_moe``, in three launches plus the 
 1. ``moe_align_block_size`` (one Triton program per expert): the ``T * top_k`` (token, slot)
    assignments sorted by expert (stable: token order within an expert), each expert's run padded
    to a multiple of ``BLOCK_M``, and the expert of every ``BLOCK_M`` block. Blocks past the last
-   expert get expert -1. Every size is a static bound from host ints (``T * top_k +
+   expert get expert -1; an id of -1 (no expert: `none_ids`) is left out. Every size is a static bound from host ints (``T * top_k +
    min(E, T * top_k) * (BLOCK_M - 1)`` slots), nothing is read back: no host sync, so it runs
    inside CUDA graphs, and empty experts cost nothing.
 2. One grouped GEMM over those blocks for ``w13``: a program multiplies ``BLOCK_M`` rows of one
@@ -19,7 +19,9 @@ down projection. The design is vLLM's ``fused_moe``, in three launches plus the 
    never stored. Padding rows are masked; blocks of expert -1 exit at once.
 3. The same kernel for ``w2`` over the ``[A, N]`` activations, the routing weight multiplied
    into the fp32 accumulator; each assignment's row lands at its own index.
-4. A sum over the top-k slots per token, ``j = 0 .. top_k - 1`` in order, in fp32.
+4. A sum over the top-k slots per token, ``j = 0 .. top_k - 1`` in order, in fp32; with
+   ``none_ids`` a slot whose id is -1 adds nothing (LongCat-Flash's zero-computation experts:
+   such a pick costs no GEMM row, `model/longcat_flash.py`).
 
 Numerics (and the torch reference's, ``fused_moe_reference``): products accumulate in fp32;
 gate and up are rounded to the input dtype before SiLU-and-mul (as if stored, as the dense
@@ -118,6 +120,7 @@ def _moe_align_kernel(
     counts = tl.zeros([BINS], dtype=tl.int32)
     for start in range(0, num_assign, CHUNK):
         ids = tl.load(topk_ids_ptr + start + offs, mask=start + offs < num_assign, other=BINS - 1)
+        ids = tl.where(ids < 0, BINS - 1, ids)  # -1: no expert (the last bin is no expert's)
         counts += tl.histogram(ids, BINS)
     bins = tl.arange(0, BINS)
     counts = tl.where(bins < num_experts, counts, 0)
@@ -155,7 +158,8 @@ def moe_align_block_size(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort the (token, slot) assignments by expert, each expert padded to ``block_m`` rows.
 
-    ``topk_ids`` ``[T, top_k]`` (values in ``[0, num_experts)``; not checked on the device).
+    ``topk_ids`` ``[T, top_k]`` (values in ``[0, num_experts)``, or -1 for no expert: left
+    out; not checked on the device).
     Returns ``sorted_ids`` int32 ``[S]`` (assignment index ``t * top_k + j`` in expert order,
     ``T * top_k`` on padding and past the end), ``expert_ids`` int32 ``[S // block_m]`` (-1 past
     the end) and ``num_padded`` int32 ``[1]``; ``S = max_padded_slots(...)``.
@@ -277,18 +281,23 @@ def _moe_gemm_kernel(
 @triton.jit
 def _moe_sum_kernel(
     x_ptr,  # [T, TOP_K, K] contiguous
+    ids_ptr,  # [T, TOP_K] the routing (read with NONE_IDS only)
     out_ptr,  # [T, K]
     K,
     stride_out,
     TOP_K: tl.constexpr,
     BLOCK: tl.constexpr,
+    NONE_IDS: tl.constexpr,  # a slot of id -1 adds nothing (its row was never written)
 ):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < K
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TOP_K):  # slot order: the same sum whatever else is in the batch
-        acc += tl.load(x_ptr + (t * TOP_K + j) * K + offs, mask=mask, other=0.0).to(tl.float32)
+        row = tl.load(x_ptr + (t * TOP_K + j) * K + offs, mask=mask, other=0.0).to(tl.float32)
+        if NONE_IDS:
+            row = tl.where(tl.load(ids_ptr + t * TOP_K + j) >= 0, row, 0.0)
+        acc += row
     tl.store(out_ptr + t * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -299,7 +308,7 @@ def _check_biases(w13, w2, w13_bias, w2_bias) -> None:
             raise ValueError(f"{name} must be contiguous {list(want)}, got {list(bias.shape)}")
 
 
-def _validate(x, w13, w2, topk_weights, topk_ids, activation: str) -> None:
+def _validate(x, w13, w2, topk_weights, topk_ids, activation: str, none_ids: bool) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r} is not supported; choose from {ACTIVATIONS}")
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
@@ -332,8 +341,9 @@ def _validate(x, w13, w2, topk_weights, topk_ids, activation: str) -> None:
     if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_weights.is_floating_point():
         raise ValueError(f"topk_ids must be int32 (got {topk_ids.dtype}), topk_weights float32 "
                          f"(got {topk_weights.dtype})")  # fmt: skip
-    if not 1 <= topk_ids.shape[1] <= E:
-        raise ValueError(f"top_k must be in [1, E={E}], got {topk_ids.shape[1]}")
+    top_k = topk_ids.shape[1]
+    if top_k < 1 or (top_k > E and not none_ids):  # (none_ids: picks of no expert beside E)
+        raise ValueError(f"top_k must be in [1, E={E}], got {top_k}")
 
 
 def fused_experts(
@@ -350,6 +360,7 @@ def fused_experts(
     w2_bias: torch.Tensor | None = None,
     alpha: float = 1.702,
     limit: float = 7.0,
+    none_ids: bool = False,
 ) -> torch.Tensor:
     """The MoE MLP of a batch: ``[T, K]`` in ``hidden_states``' dtype (module docstring).
 
@@ -361,9 +372,10 @@ def fused_experts(
     ``[E, K]`` added to each product (rounded as stored, before the activation and the routing
     weight), ``activation="swiglu_oai"`` with ``alpha`` and ``limit``
     (`fused_moe_reference.swiglu_oai_ref`); HY V4's: ``activation="silu_limit"`` with ``limit``
-    (`fused_moe_reference.silu_limit_ref`).
+    (`fused_moe_reference.silu_limit_ref`). ``none_ids``: ids may also be -1, a slot that picks
+    no expert and adds nothing (LongCat-Flash's zero-computation experts).
     """
-    _validate(hidden_states, w13, w2, topk_weights, topk_ids, activation)
+    _validate(hidden_states, w13, w2, topk_weights, topk_ids, activation, none_ids)
     _check_biases(w13, w2, w13_bias, w2_bias)
     biases = [b for b in (w13_bias, w2_bias) if b is not None]
     device = check_device(hidden_states, w13, w2, topk_weights, topk_ids, *biases)
@@ -383,8 +395,10 @@ def fused_experts(
     num_assign, num_blocks = T * top_k, expert_ids.shape[0]
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     act = torch.empty((num_assign, N), dtype=hidden_states.dtype, device=device)
-    # top_k == 1: one row per token, the w2 pass writes the output directly
-    rows = out if top_k == 1 else torch.empty((num_assign, K), dtype=out.dtype, device=device)
+    # top_k == 1: one row per token, the w2 pass writes the output directly (not with
+    # none_ids: a row of no expert is never written, the sum reads it as zeros)
+    direct = top_k == 1 and not none_ids
+    rows = out if direct else torch.empty((num_assign, K), dtype=out.dtype, device=device)
     common = dict(
         BLOCK_M=bm, GROUP_M=int(cfg["GROUP_M"]), DOT_PRECISION=dot_precision(out.dtype),
         num_warps=int(cfg["num_warps"]),
@@ -412,9 +426,11 @@ def fused_experts(
             num_stages=fit_stages(int(cfg["num_stages"]), stage_bytes, device, unbuffered=held),
             **common,
         )  # fmt: skip
-    if top_k > 1:
+    if not direct:
         block = min(1024, next_pow2(K))
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
         _moe_sum_kernel[(T, triton.cdiv(K, block))](
-            rows, out, K, out.stride(0), TOP_K=top_k, BLOCK=block, num_warps=4
-        )
+            rows, ids, out, K, out.stride(0), TOP_K=top_k, BLOCK=block, NONE_IDS=none_ids,
+            num_warps=4,
+        )  # fmt: skip
     return out

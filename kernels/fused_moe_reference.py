@@ -70,9 +70,11 @@ def fused_experts(
     w2_bias: torch.Tensor | None = None,
     alpha: float = 1.702,
     limit: float = 7.0,
+    none_ids: bool = False,
 ) -> torch.Tensor:
     """``sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = ids[t, j]``; ``[T, K]``
-    in ``hidden_states``' dtype. ``config`` and ``batch_invariant`` are launch hints (ignored)."""
+    in ``hidden_states``' dtype. ``config`` and ``batch_invariant`` are launch hints (ignored).
+    ``none_ids``: an id of -1 picks no expert, its slot adds nothing."""
     del config, batch_invariant
     if activation not in ("silu", "swiglu_oai", "silu_limit"):
         raise ValueError(f"activation {activation!r} is not supported; choose from "
@@ -83,10 +85,11 @@ def fused_experts(
     dtype = hidden_states.dtype
     ids = topk_ids.reshape(-1).long()
     weights = topk_weights.reshape(-1).float()
-    order = torch.argsort(ids, stable=True)  # assignments grouped by expert
-    counts = torch.bincount(ids, minlength=E).tolist()  # one host read per call, not per token
-    rows = torch.empty((T * top_k, K), dtype=dtype, device=hidden_states.device)
-    start = 0
+    order = torch.argsort(ids, stable=True)  # assignments grouped by expert (-1's first)
+    none = int((ids < 0).sum()) if none_ids else 0
+    counts = torch.bincount(ids[ids >= 0], minlength=E).tolist()  # one host read per call
+    rows = torch.zeros((T * top_k, K), dtype=dtype, device=hidden_states.device)
+    start = none
     for e, n in enumerate(counts):
         if n == 0:
             continue

@@ -94,6 +94,21 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),
+        "minicpm5_moe": Untested(
+            fp8="its gated q_proj's FP8 GEMM is not tested", fp8_checkpoint="not tested"
+        ),
+        "granite_swa": Untested(
+            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
+        ),
+        "granitemoe_swa": Untested(
+            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
+        ),
+        "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "longcat_flash": Untested(
+            tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
+            fp8="not tested",
+        ),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",
@@ -104,6 +119,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
+        "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "hy_v4": Untested(
             tensor_parallel="its gated attention with sinks and its stacked experts are not "
             "split over ranks",
@@ -113,17 +129,34 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
+        "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
         "falcon_mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
         "jamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
         "qwen3_next": Untested(fp8=_DELTANET),
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
+        "qwen4_exp": Untested(
+            tensor_parallel="its hyper-connections and Per-Layer Embeddings are not split",
+            fp8=_DELTANET,
+            fp8_checkpoint="not tested",
+            kv_cache="its QSA indexer is tested with 16/32-bit caches only",
+            float16="tested in bfloat16 and float32 only",
+        ),
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
+        ),
+        "ergo": Untested(
+            tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+        ),
+        "zaya": Untested(
+            tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
+            fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
         ),
     }
 )

@@ -84,6 +84,9 @@ class FamilyConfig:
     # rotary: per layer, True = rotated; () = every layer (SmolLM3's NoPE layers, Cohere 2's
     # global layers attend without positions)
     rope_layers: tuple[bool, ...] = ()
+    # rotary base per layer (GraniteSWA's `layer_rope_theta`, 0 on its NoPE layers); () =
+    # `ModelConfig.rope_theta` on every rotating layer
+    rope_thetas: tuple[float, ...] = ()
     rope_interleaved: bool = False  # rotate pairs (2i, 2i + 1), not halves (GLM, Cohere)
     # GLM-4's layer: RMSNorms on attention's and the MLP's outputs too, before their residual adds
     glm4_norms: bool = False
@@ -98,6 +101,9 @@ class FamilyConfig:
     # shared_expert_intermediate_size (moe_intermediate_size x n_shared_experts)
     mla: MlaConfig | None = None
     routing: ExpertRouting | None = None
+    # A.X-K2 (model/axk2.py): the norm before attention (and before the experts) gated by
+    # sigmoid(W_up(silu(W_down(y)))) of its output y, W_down this wide (0: plain norms)
+    gated_norm_rank: int = 0
     # gpt-oss (`model/gpt_oss.py`): a learned logit per head that joins each softmax's
     # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
     # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
@@ -138,6 +144,8 @@ class FamilyConfig:
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
+    # Qwen4-Exp (model/qwen4_exp.py): hyper-connections, Per-Layer Embeddings, the QSA limit
+    qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -157,6 +165,8 @@ class FamilyConfig:
     # ("offline") or as master weights quantized at load ("online"); "": dense (no
     # quantization_config: transformers runs plain Linears)
     bitnet: str = ""
+    # Ergo (model/ergo.py): the full-attention layers' scores × this (q and k × its root)
+    global_attention_scale: float | None = None
 
     @property
     def transforms_logits(self) -> bool:
@@ -289,6 +299,9 @@ class ModelConfig:
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
             return m.zamba2.params(self) - llama
+        if m.zaya is not None:  # its layers' own (one rank), less the first's router state
+            # scale, and the embeddings' scale and bias
+            return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
         if self.family.mla is not None:  # latent attention (Kimi Linear's; one rank only)
@@ -297,6 +310,8 @@ class ModelConfig:
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
         if m.attn_output_gate:  # q_proj's gate rows (Qwen3-Next's attention)
             out += self.num_kv_layers * h * self.head_dim * self.num_heads // tp
+        if m.attn_head_gate:  # g_proj, one gate a head (LFM3's attention)
+            out += self.num_kv_layers * h * self.num_heads // tp
         if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
             mats = 3 if self.family.gated_mlp else 2
             out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp
@@ -306,6 +321,8 @@ class ModelConfig:
                 e.num_experts * 2 * (e.latent or h) * e.intermediate + 2 * h * e.shared_intermediate
             )
             out += sum(e.layers) * (e.params(h) - split + split // tp)
+        if self.family.qwen4 is not None:  # hyper-connections, n-gram tables (one rank only)
+            out += self.family.qwen4.params(h, self.num_kv_layers)
         return out
 
     @property
@@ -338,6 +355,9 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
+        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
+        if q is not None and q.dense_limit is not None:
+            context = min(context, q.dense_limit)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -361,12 +381,14 @@ class ModelConfig:
         f = self.family
         if f.mla is not None:
             attn = mla_params(h, self.num_heads, f.mla)
+        if self.architecture == "minicpm5_moe":  # q_proj's gate rows (as q)
+            attn += h * d * self.num_heads
         moe = sum(f.has_experts(n) for n in range(self.num_layers))
-        experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
+        mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
+        experts = moe * f.num_experts * (mats * h * f.moe_intermediate_size + h)  # + the router
         if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
             gate = h if f.routing is None else 0
-            experts += moe * (3 * h * f.shared_expert_intermediate_size + gate)
-        mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
+            experts += moe * (mats * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
@@ -376,6 +398,19 @@ class ModelConfig:
             attn_all += n * n * h + n + 1  # the head's fold
         if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
             attn_all += self.num_layers * (h + i)
+        if f.gated_norm_rank:  # A.X-K2's norm gates: before attention, before the experts
+            attn_all += (self.num_layers + moe) * 2 * h * f.gated_norm_rank
+        if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
+            attn_all += self.num_layers * self.num_heads
+        if f.qk_norm and not f.cohere_layer:  # per-head q/k norms: a weight of head_dim each
+            attn_all += self.num_layers * 2 * d
+        if f.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
+            attn_all += self.num_layers * 2 * h
+        if self.architecture == "axk1":  # a norm on each MoE block's output
+            attn_all += moe * h
+        if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
+            # norms; each expert's norm, the correction bias, the shared expert's norm
+            attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 
@@ -394,6 +429,8 @@ def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
     q = hidden * heads * m.qk_head_dim
     if m.q_lora_rank is not None:
         q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    if m.output_gate:  # A.X-K2's q_b_proj: [normed | raw] bottleneck -> each head's q and gate
+        q += m.q_lora_rank * heads * (m.qk_head_dim + 2 * m.v_head_dim)
     kv_a = hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
     kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
     return q + kv_a + kv_b + heads * m.v_head_dim * hidden

@@ -87,6 +87,9 @@ class MlaConfig:
     q_lora_rank: int | None = None  # None: q_proj (DeepSeek-V2-Lite)
     rope_interleave: bool = True  # rotary pairs (x0, x1), (x2, x3), ... (V2 always, V3's flag)
     indexer: IndexerConfig | None = None  # DeepSeek Sparse Attention (V3.2, GLM-5)
+    # A.X-K2 (model/axk2.py): q_b_proj reads [normed | raw] bottleneck (2 x q_lora_rank) and
+    # gives each head its query and a sigmoid gate (v_head_dim) on its value before o_proj
+    output_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
@@ -96,6 +99,8 @@ class MlaConfig:
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
         ix = self.indexer
+        if self.output_gate and self.q_lora_rank is None:
+            raise ValueError("the attention's output gate reads q_lora_rank's bottleneck")
         if ix is not None and (ix.head_dim < self.qk_rope_head_dim or self.q_lora_rank is None):
             raise ValueError(f"the indexer reads q_lora_rank's bottleneck (got {self.q_lora_rank}"
                              f") and rotates qk_rope_head_dim ({self.qk_rope_head_dim}) of its "
@@ -156,6 +161,17 @@ class ExpertRouting:
     correction_bias: bool = False
     jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
     renorm_eps: float = 1e-20  # added to the picks' sum when renormalised (LFM2-MoE's: 1e-6)
+    # noaux_tc's experts outside the best groups set to 0, not -inf (A.X-K2's router)
+    zero_other_groups: bool = False
+    # the correction bias added to the logits for the choice, not to the scores (Kolibri's:
+    # topk(logits + bias), weighted by the picks' sigmoid scores)
+    bias_on_logits: bool = False
+    # the checkpoint may leave the correction bias out: then zero (A.X-K1's releases route
+    # without one; transformers' saves write zeros)
+    bias_optional: bool = False
+    # LongCat-Flash's zero-computation experts: the router scores this many more, a pick of
+    # one returns its input (`model/longcat_flash.py`)
+    zero_experts: int = 0
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:
@@ -170,6 +186,8 @@ class ExpertRouting:
                              f"got {self.topk_group}")  # fmt: skip
         if not self.routed_scaling_factor > 0:
             raise ValueError("routed_scaling_factor must be positive")
+        if self.zero_experts < 0:
+            raise ValueError("zero_expert_num must not be negative")
 
     @property
     def bias(self) -> bool:

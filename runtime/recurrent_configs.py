@@ -109,6 +109,45 @@ class Zamba2Blocks:
 
 
 @dataclass(frozen=True)
+class ZayaCCA:
+    """Zaya's attention inputs (`model/zaya.py`, read by `model/zaya_config.py`): q and k from
+    a causal conv over the tokens (a depthwise conv of `time0` taps, then one of `time1` taps
+    grouped by head), half of each value from the token before; the conv state holds the last
+    ``time0 + time1 - 2`` q/k projections and the delayed value projection of the token before
+    (`MambaConfig.d_conv`, a short conv's state). Its router (`router_hidden` wide) reads the
+    previous layer's router state."""
+
+    time0: int
+    time1: int
+    router_hidden: int
+
+    def __post_init__(self) -> None:
+        for name in ("time0", "time1", "router_hidden"):
+            _positive(name, getattr(self, name))
+
+    def params(self, c: ModelConfig) -> int:
+        """One layer's weights beyond Llama's attention (the values' two halves are v's
+        rows) and the experts' (`FamilyConfig.num_experts`): the convs, the key scale, the
+        two residual scalings, the router (its state's scale too: the first layer has none)
+        less the one matrix `from_shapes` counts for it."""
+        h, d, e, r = c.hidden_size, c.head_dim, c.family.num_experts, self.router_hidden
+        qk = (c.num_heads + c.num_kv_heads) * d
+        conv = qk * (self.time0 + 1) + qk * (d * self.time1 + 1)
+        router = r * h + 3 * r + 2 * (r * r + r) + (e + 1) * r + (e + 1) - e * h
+        return conv + c.num_kv_heads + 8 * h + router
+
+
+@dataclass(frozen=True)
+class MiniMaxScales:
+    """MiniMax-Text-01's residual weights (`model/minimax.py`): each sublayer's output is
+    ``alpha * x + beta * f(x)`` of its normalised input x, by sublayer kind."""
+
+    full_attn: tuple[float, float] = (1.0, 1.0)  # (alpha, beta) after softmax attention
+    linear_attn: tuple[float, float] = (1.0, 1.0)  # after lightning attention
+    mlp: tuple[float, float] = (1.0, 1.0)  # after the MoE
+
+
+@dataclass(frozen=True)
 class MambaConfig:
     """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
     `layers` marks run one in place of attention, each keeping a recurrent state per sequence
@@ -135,6 +174,7 @@ class MambaConfig:
     norm_before_gate: bool = False
     parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
     falcon: FalconH1Scales | None = None
+    minimax: MiniMaxScales | None = None  # MiniMax-Text-01's residual weights
     moe: NemotronHExperts | None = None  # Nemotron-H's MoE blocks
     # the recurrent layers' kind: "mamba2" (the mixer above), "short_conv" (LFM2's gated
     # short convolutions, `model/lfm2.py`: a conv state over d_inner = hidden channels, no SSM
@@ -145,20 +185,30 @@ class MambaConfig:
     # or "gated_deltanet" (Qwen3-Next's and Qwen3.5's linear attention, `model/qwen3_next.py`:
     # n_heads value heads of head_dim, n_groups key heads of d_state; a conv over q, k, v and a
     # state [n_heads, d_state, head_dim] per sequence) or "kda" (Kimi Linear's, `model/kimi_linear.py`:
-    # the same shapes, n_groups = n_heads, a decay per key channel: `model/kda.py`)
+    # the same shapes, n_groups = n_heads, a decay per key channel: `model/kda.py`) or
+    # "lightning" (MiniMax-Text-01's lightning attention, `model/minimax.py`: Mamba2's scan with
+    # dt 1, A the heads' decays, B = k, C = q, x = v, one group a head; no conv: conv_dim 0)
     mixer: str = "mamba2"
     dt_rank: int = 0
     bcdt_eps: float | None = None
     bcdt_weighted: bool = False
     # the attention layers' q_proj also gives an output gate per head (Qwen3-Next's)
     attn_output_gate: bool = False
+    # the attention layers' output scaled per head by sigmoid(g_proj(x)) (LFM3's)
+    attn_head_gate: bool = False
     # Gated DeltaNet's beta = 2 sigmoid(b), in [0, 2] (OLMo Hybrid's `linear_allow_neg_eigval`)
     allow_neg_eigval: bool = False
     # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some
     zamba2: Zamba2Blocks | None = None
+    # Zaya: a short conv state beside attention in every layer, feeding its q/k/v
+    zaya: ZayaCCA | None = None
+    # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
+    # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
+    extra_conv_rows: int = 0
 
     def __post_init__(self) -> None:
-        if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda"):
+        if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
+                              "lightning"):  # fmt: skip
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -192,6 +242,8 @@ class MambaConfig:
     def conv_dim(self) -> int:
         """The channels the causal conv runs over: x, B and C (a short conv's: d_inner; Gated
         DeltaNet's: q, k and v, shaped as x, B and C)."""
+        if self.mixer == "lightning":  # (no conv: an empty conv state)
+            return 0
         if self.mixer not in ("mamba2", "gated_deltanet", "kda"):
             return self.d_inner
         return self.d_inner + 2 * self.n_groups * self.d_state
@@ -234,6 +286,8 @@ class MambaConfig:
         """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias (a
         short conv's: in_proj [3 d, hidden], out_proj, the conv, their biases)."""
         c = self.conv_dim
+        if self.mixer == "lightning":  # qkv_proj, output_gate, out_proj, the norm
+            return 5 * self.d_inner * hidden + self.d_inner
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
@@ -264,12 +318,17 @@ class MambaConfig:
             + 3 * self.n_heads
         )
 
+    @property
+    def conv_state_rows(self) -> int:
+        """The rows of a layer's conv state: `conv_dim`, and `extra_conv_rows`."""
+        return self.conv_dim + self.extra_conv_rows
+
     def ssm_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float32 if self.ssm_float32 else dtype
 
     def state_bytes(self, dtype: torch.dtype, seqs: int) -> int:
         """The state slots of `seqs` sequences over every Mamba layer: conv [conv_dim,
         d_conv - 1] in `dtype`, SSM [heads, head_dim, d_state] in `ssm_dtype`."""
-        conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
+        conv = self.conv_state_rows * (self.d_conv - 1) * dtype.itemsize
         ssm = math.prod(self.ssm_shape) * self.ssm_dtype(dtype).itemsize
         return self.num_layers * (conv + ssm) * seqs

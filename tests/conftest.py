@@ -31,10 +31,10 @@ def skip_or_fail(reason: str) -> None:
 # Slow tests that share the cores well: no timing bounds, so they may run beside others (their
 # servers bind free loopback ports). `make test` runs them with the tests not marked slow on the
 # xdist workers; every other slow test is marked `serial` and runs alone after: the operator's
-# autoscaling, autotune and chaos runs, `pagoda tune`, a server's SIGTERM drain and the tensor
-# parallel group's dead rank, which assert how soon something happens, and the hf:// download
-# then serve (its blocking subprocess runs starve the in-process API server; beside other tests
-# on a loaded machine its server was not ready within the test's 240 s).
+# autoscaling, autotune, peering and chaos runs and the tensor parallel server's dead rank and
+# two nodes, which assert how soon something happens, and the hf:// download then serve (its
+# blocking subprocess runs starve the in-process API server; beside other tests on a loaded
+# machine its server was not ready within the test's 240 s).
 SLOW_IN_PARALLEL = (
     "tests/benchmarks/",
     "tests/docs/test_readme.py",  # `make serve`'s command answers the README's examples
@@ -52,6 +52,8 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/engine/test_llm_internlm3_spm.py",  # tokens equal transformers'
     "tests/runtime/engine/test_warmup.py",  # which kernel variants a run launches
     "tests/runtime/model/test_gguf.py",
+    "tests/runtime/model/test_glm_cohere.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_hybrid_ssm.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_hybrid_fp8.py",  # the interpreter's FP8 GEMM, two ranks; untimed
     "tests/runtime/model/test_glm4_moe.py",  # the interpreter, two ranks; untimed
     "tests/runtime/model/test_deepseek.py",  # the interpreter on the latent cache, two ranks
@@ -64,11 +66,14 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/test_forward_sync_free.py",  # Triton's interpreter, ops recorded
     "tests/runtime/model/test_gpt_oss.py",  # Triton's interpreter in the engine
     "tests/runtime/model/test_llama4.py",  # Triton's interpreter in the engine, two ranks
+    "tests/runtime/model/test_moe_families.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_more_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/quantization/test_fp8_engine.py",  # tokens equal across batch and chunking
     "tests/runtime/test_correctness_hf.py",
     "tests/runtime/tune/test_moe_sweep.py",
     "tests/runtime/tune/test_tune_interpreter.py",
     "tests/runtime/tune/test_tune_revision.py",  # the commit recorded; targets as loose as above
+    "tests/runtime/tune/test_tune_e2e.py",  # a profile written, resumed, served; bounds of 60 s
     "tests/server/test_async_scheduling_server.py",  # texts equal the offline engine's
     "tests/server/test_cli.py",  # flags resolved to configs; exit 2 before loading
     "tests/server/test_fuzz.py",  # no 5xx, the engine intact after
@@ -76,6 +81,7 @@ SLOW_IN_PARALLEL = (
     "tests/server/test_minimax_m2_api.py",  # calls and thinking parsed as written
     "tests/server/test_harmony_tools_api.py",  # a steered model's harmony calls
     "tests/server/test_hybrid_serve.py",  # answers equal transformers'
+    "tests/server/test_lifecycle.py",  # /ready 503 while loading; SIGTERM drains (10 s bound)
     "tests/server/test_parallel_flags.py",  # exit 2 before loading
     "tests/server/test_reasoning_api.py",  # replies split as the completions oracle's text
     "tests/server/test_reasoning_qwen3.py",  # replies split as the template renders them

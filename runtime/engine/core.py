@@ -400,6 +400,10 @@ class EngineCore:
 def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
     """The sequence length the engine serves: `asked`, or the model's context length when left
     out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
+    if model.family.qwen4 is not None:  # past its QSA indexer's dense reach: refused
+        from pagoda.runtime.model.qwen4_exp_config import check_max_model_len as check_qsa
+
+        check_qsa(model.family.qwen4, asked)
     context = model.context_length
     if asked is not None and asked > context:
         raise ValueError(

@@ -21,9 +21,15 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         from pagoda.runtime.model.gemma4_config import expected_shapes as gemma4_shapes
 
         return gemma4_shapes(c)
+    if c.architecture == "longcat_flash":  # its sublayers, the shortcut MoE's zero experts
+        from pagoda.runtime.model.longcat_flash_config import expected_shapes as longcat_shapes
+
+        return longcat_shapes(c, mla_shapes)
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
+        del out["model.norm.weight"]
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
         if c.family.mamba is not None:  # a hybrid: its Mamba2 mixer or attention, its MLP
@@ -39,6 +45,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+        if c.family.attention_sinks:  # a logit per head (gpt-oss's, GraniteSWA's)
+            out[a + "sinks"] = (c.num_heads,)
         if c.family.hyper is not None:  # HY V4's hyper-connections, gate, sinks, experts
             from pagoda.runtime.model.hy_v4_config import expected_shapes as hy_v4_shapes
 
@@ -48,13 +56,19 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
             out.update(attention_shapes(c, i))
         out.update(_layer_norms(c, i))
+        if c.family.gated_norm_rank:  # A.X-K2's gated norms (model/axk2.py)
+            _gate_norms(c, i, out)
         out.update(_router_and_experts(c, i))
+        if c.architecture == "axk1" and c.family.has_experts(i):  # its experts' output norm
+            out[f"model.layers.{i}.post_mlp_layernorm.weight"] = (h,)
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
             out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
         if c.architecture == "afmoe":  # its norms around the MLP, attention's output gate
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.architecture == "minicpm5_moe":  # q_proj: each head's query, then its gate
+            out[a + "q_proj.weight"] = (2 * q, h)
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -97,6 +111,16 @@ def _layer_norms(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     return n
 
 
+def _gate_norms(c: ModelConfig, i: int, out: dict[str, tuple[int, ...]]) -> None:
+    """Layer `i`'s norms in `out` where A.X-K2 gates them: before attention, and before the
+    experts in an expert layer (`<norm>.norm.weight` and the gate's W_down / W_up)."""
+    h, r, p = c.hidden_size, c.family.gated_norm_rank, f"model.layers.{i}."
+    for norm in ("input_layernorm", "post_attention_layernorm")[: 1 + c.family.has_experts(i)]:
+        del out[f"{p}{norm}.weight"]
+        out.update({f"{p}{norm}.norm.weight": (h,), f"{p}{norm}.W_down.weight": (r, h),
+                    f"{p}{norm}.W_up.weight": (h, r)})  # fmt: skip
+
+
 def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s router and the tensors beside it that `mlp_triples` does not name: gpt-oss's
     sinks and biases, Llama 4's and GraniteMoe's stacked experts, a shared expert's gate, a
@@ -109,7 +133,7 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({p + "feed_forward.router.weight": (e, h),
                     p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
                     p + "feed_forward.experts.down_proj": (e, n, h)})  # fmt: skip
-    elif c.architecture == "granitemoe":  # its router, and its experts stacked
+    elif c.architecture in ("granitemoe", "granitemoe_swa"):  # its router, experts stacked
         e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
         out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
                     p + "output_linear.weight": (e, h, n)})  # fmt: skip
@@ -122,7 +146,8 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         routing = c.family.routing
         if c.family.shared_expert_intermediate_size and routing is None:  # its sigmoid gate
             out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
-        if routing is not None and routing.bias:  # the choice-only bias (V3's, ERNIE's, ...)
+        if routing is not None and routing.bias and not routing.bias_optional:  # choice-only
+            # bias (V3's, ERNIE's, ...; A.X-K1's may be left out)
             out[_moe_block(c, i) + names.bias] = (1, e) if names.bias_rows else (e,)
     return out
 
@@ -132,7 +157,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     from pagoda.runtime.model import mamba_config
 
     h, p = c.hidden_size, f"model.layers.{i}."
-    if c.family.mamba.zamba2 is not None:  # (its layers' tensors all named there)
+    m = c.family.mamba
+    if m.zamba2 is not None or m.zaya is not None:  # (its layers' tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
@@ -142,6 +168,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out.update(mamba_config.expected_shapes(c, i))  # (Qwen3-Next's wider q_proj: its own)
+    if c.family.qwen4 is not None:  # (the hyper-connections' norms: `mamba_config`'s)
+        return out
     if not (c.family.olmo2_norms and c.family.mamba.attention(i)):  # (OLMo Hybrid's: after)
         out[p + "input_layernorm.weight"] = (h,)
     if c.architecture not in ("nemotron_h", "mamba2", "mamba", "falcon_mamba"):  # (one norm
@@ -180,6 +208,15 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
+        from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
+
+        out.update(ergo_shapes(c))
+    if c.architecture == "zaya":  # the embeddings' scale and bias, the head's bias
+        for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
+            out[name] = (c.hidden_size,)
+        if c.family.lm_head_bias:
+            out["lm_head.bias"] = (c.vocab_size,)
     if c.architecture == "phi":  # its final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
@@ -220,6 +257,8 @@ def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    if m.output_gate:  # A.X-K2's: each head's query and gate, of [normed | raw] bottleneck
+        out[a + "q_b_proj.weight"] = (heads * (m.qk_head_dim + m.v_head_dim), 2 * m.q_lora_rank)
     ix = m.indexer
     if ix is not None and ix.full_layers[i]:
         p = a + "indexer."
@@ -267,7 +306,7 @@ def _check_gpt_oss_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list
 
 
 def _moe_block(c: ModelConfig, layer: int) -> str:
-    mixtral = c.architecture in ("mixtral", "granitemoe")
+    mixtral = c.architecture in ("mixtral", "granitemoe", "granitemoe_swa")
     block = "block_sparse_moe." if mixtral else moe_names.of(c.architecture).block
     return f"model.layers.{layer}.{block}"
 
@@ -287,19 +326,25 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
         if c.architecture in (
             "gemma4",
             "granitemoe",
+            "granitemoe_swa",
             "jetmoe",
             "gpt_oss",
             "granitemoehybrid",
             "nemotron_h",
             "lfm2",
             "lfm2_moe",
+            "lfm3",
             "mamba2",
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "zaya",
             "bitnet",
+            "longcat_flash",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
+        if c.architecture == "ergo" and c.family.has_experts(i):
+            continue  # stacked, ungated (`ergo_config.expected_shapes`)
         dense_jamba = c.architecture == "jamba" and not c.family.has_experts(i)
         if c.architecture in ("bamba", "falcon_h1") or dense_jamba:
             p = f"model.layers.{i}.feed_forward."

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pagoda.runtime.model import longcat_flash_config
+
 # older config.json keys a family's config class reads as another (its `attribute_map`, or an
 # init argument it renames)
 ALIASES = {
@@ -35,6 +37,7 @@ ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linea
     "num_expert_group": "n_group", "num_experts": "n_routed_experts",
     "num_experts_per_token": "num_experts_per_tok", "num_shared_experts": "n_shared_experts"}  # fmt: skip
 ALIASES["dbrx"] = ALIASES["mpt"]
+ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
 OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx")
@@ -94,11 +97,17 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
             "intermediate_size"]  # fmt: skip
         rms = out.get("rms_norm_eps")  # (RMSNorm where set, else LayerNorm's eps)
         out["norm_eps"] = out["layer_norm_eps"] if rms is None else rms
+    if arch == "ergo":  # the dense MLP's width, the window's published name, hidden / heads
+        from pagoda.runtime.model.ergo_config import overrides
+
+        out.update(overrides(out))
     if arch == "solar_open":  # no dense MLP (experts in every layer): the experts' width
         out.setdefault("intermediate_size", out["moe_intermediate_size"])
     if arch == "dbrx":  # nested in attn_config / ffn_config (DbrxConfig's defaults: 1, 3584)
         out["num_key_value_heads"] = int((out.get("attn_config") or {}).get("kv_n_heads", 1))
         out["intermediate_size"] = int((out.get("ffn_config") or {}).get("ffn_hidden_size", 3584))
+    if arch == "longcat_flash":  # two attention sublayers a layer (longcat_flash_config.py)
+        out["num_hidden_layers"] = 2 * int(out["num_layers"])
     if arch == "jetmoe":  # JetMoeConfig's: the KV heads once per expert picked
         out["num_attention_heads"] = int(out["num_key_value_heads"]) * int(
             out["num_experts_per_tok"])  # fmt: skip

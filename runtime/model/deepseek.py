@@ -58,8 +58,8 @@ class DeepseekLayer(LlamaLayer):
         c, a = model.config, prefix + "self_attn."
         m: MlaConfig = c.family.mla
         self.ctx, self.index, self.mla = ctx, index, m
-        self.attn_norm = w[prefix + "input_layernorm.weight"]
-        self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
+        self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
+        self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
         first = "q_a_proj" if m.q_lora_rank is not None else "q_proj"
         # q's first projection and the latent's read the same x: one matmul
         names = [f"{a}{first}.weight", f"{a}kv_a_proj_with_mqa.weight"]
@@ -89,7 +89,8 @@ class DeepseekLayer(LlamaLayer):
         self.q_norm = self.q_b = None
         if m.q_lora_rank is not None:
             self.q_norm = w[a + "q_a_layernorm.weight"]
-            self.q_b = by_heads(a + "q_b_proj.weight", m.qk_head_dim)
+            # (with A.X-K2's output gate, each head's query then its gate: `project`)
+            self.q_b = by_heads(a + "q_b_proj.weight", m.qk_head_dim + m.output_gate * m.v_head_dim)
         self.kv_norm = w[a + "kv_a_layernorm.weight"]
         self.w_uk, self.w_uv = absorbed(w, a, m, heads)
         o = a + "o_proj.weight"  # input columns by heads (an even share), summed over ranks
@@ -108,21 +109,23 @@ class DeepseekLayer(LlamaLayer):
         """Absorbed latent attention (module docstring): per head, the query's unrotated part
         times W_UK is scored against the cached latent, its rotary part against the shared
         rotary key; the output, a mix of latents, is turned into the value by W_UV."""
-        q_full, k_full, _ = self.project(x, step)
+        q_full, k_full, _, gate = self.project(x, step)
         k_cache, v_cache = step.kv_caches[self.index]
         out = self.ctx.backend.forward(  # [t, h, c]: each head's mix of latents
             q_full, k_full, k_full, k_cache, v_cache, step.meta, window=None,
             kv_scales=self.kv_scales,
         )  # fmt: skip
-        return self.values(out)
+        return self.values(out, gate)
 
     def project(
         self, x: torch.Tensor, step: Step, extra: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(q_full ``[t, h, c + r + extra]``, k_full ``[t, 1, c + r + extra]``, the normed q
-        bottleneck or None): the query ``[q_nope @ W_UK | q_rope]`` and the cache row ``[normed
-        latent | k_rope]``, rotated; ``extra`` columns after them (q's zero, k's unset: the
-        sparse attention's indexer key, model/dsa.py)."""
+        bottleneck or None, the output gate ``[t, h, v_head_dim]`` or None): the query ``[q_nope
+        @ W_UK | q_rope]`` and the cache row ``[normed latent | k_rope]``, rotated; ``extra``
+        columns after them (q's zero, k's unset: the sparse attention's indexer key,
+        model/dsa.py). A.X-K2's q_b_proj reads the normed bottleneck beside the raw one and
+        gives each head its query and its gate (`MlaConfig.output_gate`)."""
         ctx, m = self.ctx, self.mla
         t, h = x.shape[0], ctx.num_heads
         n, r, c = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
@@ -130,10 +133,12 @@ class DeepseekLayer(LlamaLayer):
             q, latent, k_pe = self.qkv_a(x).split(self.a_sizes, dim=-1)
         else:
             q, (latent, k_pe) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
-        bottleneck = None
+        bottleneck = gate = None
         if self.q_b is not None:
             bottleneck = ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6)
-            q = self.q_b(bottleneck)
+            q = self.q_b(torch.cat([bottleneck, q], dim=-1) if m.output_gate else bottleneck)
+        if m.output_gate:
+            q, gate = q.view(t, h, n + r + m.v_head_dim).split([n + r, m.v_head_dim], dim=-1)
         q = q.view(t, h, n + r)
         # the query and the cache row: [q_nope @ W_UK | q_rope] and [normed latent | k_rope]
         q_full = x.new_empty(t, h, c + r + extra)
@@ -149,13 +154,16 @@ class DeepseekLayer(LlamaLayer):
             positions, rows = step.rope[self.rope]
             ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
         k_full[..., c : c + r] = k_rot
-        return q_full, k_full, bottleneck
+        return q_full, k_full, bottleneck, gate
 
-    def values(self, out: torch.Tensor) -> torch.Tensor:
-        """The layer's output from each head's mix of latents ``out`` [t, h, c]: W_UV, o_proj."""
+    def values(self, out: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output from each head's mix of latents ``out`` [t, h, c]: W_UV, times
+        sigmoid(gate) where there is one (float32, as transformers), o_proj."""
         t, h = out.shape[:2]
-        v = torch.bmm(out.transpose(0, 1), self.w_uv)  # [h, t, v_head_dim]
-        return self.o_proj(v.transpose(0, 1).reshape(t, h * self.mla.v_head_dim))
+        v = torch.bmm(out.transpose(0, 1), self.w_uv).transpose(0, 1)  # [t, h, v_head_dim]
+        if gate is not None:
+            v = (v * torch.sigmoid(gate.float())).to(v.dtype)
+        return self.o_proj(v.reshape(t, h * self.mla.v_head_dim))
 
 
 def _rotary_dims(dst: torch.Tensor, src: torch.Tensor, interleaved: bool) -> None:

@@ -2,6 +2,8 @@
 `FamilyConfig` fields of latent attention and DeepSeek's experts (model/deepseek.py runs them).
 Kept apart from the model so that reading a config imports no layer code.
 
+A.X-K1 (`AXK1ForCausalLM`, axk1: `model/axk1.py`) is V3's with a norm on each MoE block's output,
+its q bottleneck always there, its correction bias optional (its releases have none).
 GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`, glm4_moe_lite) is DeepSeek-V3 as transformers builds
 it (`DeepseekV3Attention`, GLM-4.5's router: V3's noaux_tc with sigmoid scores and the
 correction bias) with its own defaults and its MLP kinds per layer from ``mlp_layer_types``
@@ -14,7 +16,8 @@ main rotary always interleaved, the indexer's rotate-half (V3.2) or interleaved 
 kinds from ``mlp_layer_types`` (by default the first ``first_k_dense_replace`` dense) and
 GLM-5's per-layer ``indexer_types`` ("full" or "shared"; by default from
 ``index_topk_pattern`` or ``index_topk_freq`` / ``index_skip_topk_offset``, as transformers
-derives them)."""
+derives them). A.X-K2 (`AXK2ForCausalLM`) is V3.2 with gated norms, an output gate in its
+attention and its own router defaults (model/axk2.py)."""
 
 from __future__ import annotations
 
@@ -32,11 +35,13 @@ ARCHITECTURES = {
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash
     "DeepseekV32ForCausalLM": "deepseek_v32",  # DeepSeek Sparse Attention (model/dsa.py)
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",  # GLM-5: V3.2's, its indexer shared across layers
+    "AXK2ForCausalLM": "axk2",  # A.X-K2: V3.2's, gated norms and attention (model/axk2.py)
+    "AXK1ForCausalLM": "axk1",  # A.X-K1: V3's, its experts' output normalised (model/axk1.py)
     "HYV4ForCausalLM": "hy_v4",  # HY V4: GLM-5's with hyper-connections (model/hy_v4.py)
 }
-DSA = ("deepseek_v32", "glm_moe_dsa", "hy_v4")
+DSA = ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")
 # noaux_tc, sigmoid scores, correction bias
-V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", *DSA)
+V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", "axk1", *DSA)
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
 DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
@@ -61,6 +66,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                       "n_shared_experts": 1, "moe_intermediate_size": 1536, "n_group": 1,
                       "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
                       "routed_scaling_factor": 1.8, "rms_norm_eps": 1e-5},
+    # A.X-K1 (AXK1Config): no correction bias in its releases (zero: `bias_optional`)
+    "axk1": {"vocab_size": 163_840, "hidden_size": 7168, "intermediate_size": 18_432,
+             "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+             "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+             "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 192,
+             "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4,
+             "num_experts_per_tok": 8, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+             "max_position_embeddings": 32_768, "rms_norm_eps": 1e-6, "bos_token_id": 163_691,
+             "eos_token_id": 163_691},
     "deepseek_v32": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                      "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
                      "n_shared_experts": 1, "moe_intermediate_size": 2048, "n_group": 8,
@@ -73,6 +87,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                     "topk_group": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
                     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-5,
                     "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32},
+    # AXK2Config's (A.X-K2-Light's shape; no expert groups unless n_group is set)
+    "axk2": {"vocab_size": 163_840, "hidden_size": 2048, "intermediate_size": 5120,
+             "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 32,
+             "max_position_embeddings": 131_072, "bos_token_id": 163_691,
+             "eos_token_id": 163_691, "q_lora_rank": 384, "kv_lora_rank": 128,
+             "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+             "n_routed_experts": 128, "n_shared_experts": 1, "moe_intermediate_size": 512,
+             "num_experts_per_tok": 8, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+             "rms_norm_eps": 1e-6, "index_topk": 2048, "index_head_dim": 128,
+             "index_n_heads": 16, "gated_norm_rank": 16},
     "hy_v4": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
               "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 256,
               "n_shared_experts": 1, "moe_intermediate_size": 768, "n_group": 1,
@@ -116,7 +140,7 @@ def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
         n_heads=int(cfg["index_n_heads"]),
         head_dim=int(cfg["index_head_dim"]),
         topk=int(cfg["index_topk"]),
-        rope_interleave=arch != "deepseek_v32",  # V3.2's indexer: rotate-half
+        rope_interleave=arch in ("glm_moe_dsa", "hy_v4"),  # V3.2's and A.X-K2's: rotate-half
         full_layers=tuple(k == "full" for k in kinds),
         # HY V4's: its last dims rotated, its key's LayerNorm with rms_norm_eps
         rope_last=arch == "hy_v4",
@@ -128,6 +152,8 @@ def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
     q_lora = cfg.get("q_lora_rank")
     if arch in DSA and q_lora is None:  # transformers' V3.2 attention always has the bottleneck
         raise ValueError(f"{arch} needs q_lora_rank (its indexer reads the q bottleneck)")
+    if arch == "axk1" and q_lora is None:  # (AXK1Attention always has it)
+        raise ValueError("axk1 needs q_lora_rank (its attention always has the q bottleneck)")
     return MlaConfig(
         kv_lora_rank=int(cfg["kv_lora_rank"]),
         qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
@@ -137,6 +163,7 @@ def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
         # V2's complex rotary and V3.2's / GLM-5's (their configs have no such key) interleave
         rope_interleave=arch in ("deepseek_v2", *DSA) or bool(cfg.get("rope_interleave", True)),
         indexer=indexer_config(cfg, arch),
+        output_gate=arch == "axk2",
     )
 
 
@@ -150,7 +177,15 @@ def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
     reads it (GLM-4.7-Flash: by default its first layer dense; V3.2, GLM-5), else the first
     ``first_k_dense_replace`` layers dense."""
     kinds = cfg.get("mlp_layer_types")
-    if arch not in ("glm4_moe_lite", *DSA) or (kinds is None and arch in DSA[:2]):
+    if arch == "axk2" and kinds is None:  # AXK2Config's: from the first dense, by the frequency
+        dense, freq = int(cfg.get("first_k_dense_replace", 1)), int(cfg.get("moe_layer_freq", 1))
+        return tuple(i >= dense and i % freq == 0 for i in range(n))
+    if arch == "axk1" and kinds is None:  # AXK1Config's, from the legacy keys
+        dense, freq = int(cfg.get("first_k_dense_replace", 1)), int(cfg.get("moe_layer_freq", 1))
+        kinds = ["sparse" if i >= dense and i % freq == 0 else "dense" for i in range(n)]
+    if arch not in ("glm4_moe_lite", "axk1", *DSA) or (
+        kinds is None and arch in ("deepseek_v32", "glm_moe_dsa")
+    ):
         dense = min(int(cfg.get("first_k_dense_replace") or 0), n)
         return tuple(i >= dense for i in range(n))
     kinds = kinds or ["dense"] + ["sparse"] * (n - 1)
@@ -171,13 +206,18 @@ def family_fields(
         mscale = yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"]))
         scale *= mscale * mscale
     fields: dict[str, Any] = {"mla": m, "attention_multiplier": scale}
+    if arch == "axk2":
+        fields["gated_norm_rank"] = int(cfg["gated_norm_rank"])
     if cfg.get("mlp_bias"):
         raise ValueError("mlp_bias on a DeepSeek model is not supported")
     # (YoutuConfig has no experts: an n_routed_experts config.json may carry is not read)
     experts = 0 if arch == "youtu" else int(cfg.get("n_routed_experts") or 0)
     if not experts:
         return fields
-    if int(cfg.get("moe_layer_freq") or 1) != 1:  # transformers ignores it; no checkpoint sets it
+    if int(cfg.get("moe_layer_freq") or 1) != 1 and arch not in (
+        "axk1",
+        "axk2",
+    ):  # (read by A.X-K1/K2 only)
         raise ValueError(f"moe_layer_freq {cfg['moe_layer_freq']} is not supported (experts "
                          "in every layer from first_k_dense_replace on: 1)")  # fmt: skip
     v3 = arch in V3_ROUTER
@@ -196,6 +236,8 @@ def family_fields(
         n_group=groups,
         topk_group=int(cfg.get("topk_group") or 1) if method != "greedy" else 1,
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        zero_other_groups=arch == "axk2",
+        bias_optional=arch == "axk1",
     )
     if method == "noaux_tc" and experts // groups < 2:
         raise ValueError(f"noaux_tc scores a group by its best two experts: n_group {groups} "

@@ -131,7 +131,7 @@ class DsaLayer(DeepseekLayer):
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         m, ix, meta = self.mla, self.ix, step.meta
         cr = m.kv_lora_rank + m.qk_rope_head_dim
-        q_full, k_full, bottleneck = self.project(x, step, ix.head_dim)
+        q_full, k_full, bottleneck, gate = self.project(x, step, ix.head_dim)
         q_index = None
         if self.full:  # the indexer's key into the row's last columns
             q_index = self._index_query_and_key(x, bottleneck, k_full[:, 0, cr:], step)
@@ -143,7 +143,7 @@ class DsaLayer(DeepseekLayer):
                 q_full, k_full, k_full, k_cache, v_cache, meta, window=None,
                 kv_scales=self.kv_scales,
             )  # fmt: skip
-            return self.values(out)
+            return self.values(out, gate)
         rows = k_cache.view(-1, k_cache.shape[-1])  # one KV head: [slots, W] in any layout
         rows.index_copy_(0, meta.slot_mapping, k_full[:, 0].to(rows.dtype))
         if self.full:
@@ -151,7 +151,7 @@ class DsaLayer(DeepseekLayer):
         slots, kept = meta.aux[KEPT]
         out = sparse_attention(q_full[..., :cr], rows, slots, kept, self.ctx.backend.scale,
                                m.kv_lora_rank)  # fmt: skip
-        return self.values(out)
+        return self.values(out, gate)
 
     def _index_query_and_key(
         self, x: torch.Tensor, bottleneck: torch.Tensor, key: torch.Tensor, step: Step

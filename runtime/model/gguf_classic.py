@@ -2,12 +2,13 @@
 runs from a config.json alone (`gemma`: Gemma 1, `phi2`, `stablelm`, `gpt2`, `starcoder`:
 GPTBigCode, `gptneox`, `falcon`, `bloom`, `mpt`, `olmo`, `exaone`: EXAONE 3, `nemotron`,
 `jais2`, `minicpm3`, `hunyuan-dense`, `hunyuan-moe`, `lfm2`, `lfm2moe`, `ernie4_5-moe`,
-`dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`, `jamba`, `minimax-m2`; `qwen3next`, `qwen35`,
-`qwen35moe`: their keys, names and forms in `gguf_qwen3next`; `gemma4`: in `gguf_gemma4`;
-`kimi-linear`: in `gguf_kimi`; `mimo2`: in `gguf_mimo`), read by writing the config.json the family's checkpoint would have from the file's keys
-(`hf_config`) and reading it as the safetensors loader does (`hf_loader.model_config`): the
-engine builds the model it builds from the checkpoint, its tensors under the names that loader
-gives them (`hf_name`).
+`dots1`, `exaone-moe`, `mamba`: Mamba-1 and Falcon-Mamba, `mamba2`; `jamba`: its keys and
+names in `gguf_jamba`; `minimax-m2`: its experts' keys in `gguf_minimax_m2`; `qwen3next`,
+`qwen35`, `qwen35moe`: their keys, names and forms in `gguf_qwen3next`; `gemma4`: in
+`gguf_gemma4`; `kimi-linear`: in `gguf_kimi`; `mimo2`: in `gguf_mimo`), read by writing the
+config.json the family's checkpoint would have from the file's keys (`hf_config`) and reading
+it as the safetensors loader does (`hf_loader.model_config`): the engine builds the model it
+builds from the checkpoint, its tensors under the names that loader gives them (`hf_name`).
 
 What the converter changed, undone here:
 - Gemma: its norms stored as 1 + w (`FamilyConfig.norms_hold_one_plus_w`); no rope base
@@ -44,12 +45,10 @@ What the converter changed, undone here:
   the conv squeezed, Mamba2's dt_bias as `ssm_dt.bias`: read back by `gguf_mamba.mamba_value`;
   no time-step limit nor scan chunk in the file (llama.cpp has neither: transformers' defaults);
   Falcon-Mamba's mixer eps transformers' default (1e-6: llama.cpp uses the layers' eps).
-- Jamba: its attention layers as a per-layer `attention.head_count_kv` (0: a Mamba-1 mixer)
-  and its expert layers by their `ffn_gate_inp`, read back as the config's offsets and periods
-  (`_jamba`); its mixer as Mamba-1's above, with its dt/B/C norms (`ssm_*_norm`); the experts
-  stacked.
-- MiniMax-M2: the experts stacked, the correction bias as `exp_probs_b`, the rotating dims
-  as `rope.dimension_count` (its `rotary_dim`); a sigmoid router renormalised (`_minimax_m2`).
+- Jamba (`gguf_jamba`): its layer kinds read back as offsets and periods; its mixer as
+  Mamba-1's above (`SSM`), with its dt/B/C norms; the experts stacked.
+- MiniMax-M2 (`gguf_minimax_m2`): the experts stacked, the correction bias as `exp_probs_b`,
+  the rotating dims as `rope.dimension_count` (its `rotary_dim`); a sigmoid router renormalised.
 - Hunyuan: the NTK alpha baked into `rope.freq_base` (read as the plain base); q/k norms
   as its `query_layernorm`/`key_layernorm`.
 
@@ -67,7 +66,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pagoda.runtime.model import gguf_gemma4, gguf_kimi, gguf_mimo, gguf_qwen3next
+from pagoda.runtime.model import (
+    gguf_gemma4,
+    gguf_jamba,
+    gguf_kimi,
+    gguf_mimo,
+    gguf_minimax_m2,
+    gguf_qwen3next,
+)
 
 # llama.cpp's architecture -> (the engine's, the checkpoint's config.json `architectures`)
 ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": "gpt2",
@@ -77,7 +83,7 @@ ENGINE_ARCH = {"gemma": "gemma", "phi2": "phi", "stablelm": "stablelm", "gpt2": 
                "hunyuan-dense": "hunyuan_v1_dense", "lfm2": "lfm2", "lfm2moe": "lfm2_moe",
                "ernie4_5-moe": "ernie4_5_moe", "hunyuan-moe": "hunyuan_v1_moe",
                "dots1": "dots1", "mamba": "mamba", "mamba2": "mamba2", "exaone-moe": "exaone_moe",
-               "jamba": "jamba", "minimax-m2": "minimax_m2",
+               **gguf_jamba.ENGINE_ARCH, **gguf_minimax_m2.ENGINE_ARCH,
                **gguf_qwen3next.ENGINE_ARCH, **gguf_gemma4.ENGINE_ARCH,
                **gguf_kimi.ENGINE_ARCH, **gguf_mimo.ENGINE_ARCH}  # fmt: skip
 HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
@@ -92,9 +98,8 @@ HF_ARCH = {"gemma": "GemmaForCausalLM", "phi": "PhiForCausalLM",
            "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "dots1": "Dots1ForCausalLM",
            "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
            "mamba2": "Mamba2ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
-           "jamba": "JambaForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
-           **gguf_qwen3next.HF_ARCH, **gguf_gemma4.HF_ARCH, **gguf_kimi.HF_ARCH,
-           **gguf_mimo.HF_ARCH}  # fmt: skip
+           **gguf_jamba.HF_ARCH, **gguf_minimax_m2.HF_ARCH, **gguf_qwen3next.HF_ARCH,
+           **gguf_gemma4.HF_ARCH, **gguf_kimi.HF_ARCH, **gguf_mimo.HF_ARCH}  # fmt: skip
 ARCHS = tuple(HF_ARCH)  # the engine's
 PERMUTED = ("olmo",)  # the files' whose Q/K rows the converter permutes (LlamaModel's permute)
 # the activations llama.cpp hard-codes, as the families' configs name them (no GGUF key)
@@ -131,10 +136,6 @@ GLOBALS = {"position_embd.weight": "model.embed_positions.weight",
            "token_embd_norm.weight": "model.embed_layernorm.weight",
            "token_embd_norm.bias": "model.embed_layernorm.bias",
            "output.bias": "lm_head.bias"}  # fmt: skip
-# Jamba's: its final norm, its Mamba-1 mixer's dt/B/C norms, its MLP and its norm
-JAMBA = {"ssm_dt_norm": "mamba.dt_layernorm", "ssm_b_norm": "mamba.b_layernorm",
-         "ssm_c_norm": "mamba.c_layernorm", "ffn_norm": "pre_ff_layernorm",
-         **{f"ffn_{p}": f"feed_forward.{p}_proj" for p in ("gate", "up", "down")}}  # fmt: skip
 PHI_GLOBALS = {"output_norm.weight": "model.final_layernorm.weight",
                "output_norm.bias": "model.final_layernorm.bias"}  # fmt: skip
 # the per-layer names, where they differ from Llama's (`gguf_loader._LAYER_NAMES`)
@@ -163,8 +164,8 @@ def global_name(name: str, architecture: str) -> str | None:
     (None: Llama's name, or `hf_name`'s, holds)."""
     if architecture == "phi" and name in PHI_GLOBALS:
         return PHI_GLOBALS[name]
-    if architecture == "jamba" and name == "output_norm.weight":
-        return "model.final_layernorm.weight"
+    if architecture in gguf_jamba.ARCHS and gguf_jamba.global_name(name):
+        return gguf_jamba.global_name(name)
     if architecture in ("lfm2", "lfm2_moe"):
         if name == "token_embd_norm.weight":
             return "model.norm.weight"
@@ -183,8 +184,8 @@ def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
         return gguf_mimo.hf_name(layer, part, kind)
     if architecture == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):
         return f"model.layers.{layer}.self_attn.{part[5]}_layernorm.{kind}"  # (read by row)
-    if architecture == "jamba" and part in JAMBA:
-        return f"model.layers.{layer}.{JAMBA[part]}.{kind}"
+    if architecture in gguf_jamba.ARCHS and part in gguf_jamba.NAMES:
+        return gguf_jamba.hf_name(layer, part, kind)
     if architecture in ("mamba", "falcon_mamba", "mamba2", "jamba") and part in SSM:
         if architecture == "mamba2" and part == "ssm_dt":  # its dt bias alone, no suffix
             return f"model.layers.{layer}.mamba.dt_bias"
@@ -290,8 +291,8 @@ def hf_config(get: Get, gguf_arch: str, tensors: set[str], vocab: int,
         return gguf_mimo.hf_config(get, tensors, vocab)
     if arch in ("mamba", "falcon_mamba", "mamba2"):
         return _ssm(get, arch, tensors, vocab)
-    if arch == "jamba":
-        return _jamba(get, tensors, vocab)
+    if arch in gguf_jamba.ARCHS:
+        return gguf_jamba.hf_config(get, tensors, vocab)
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     per_layer = get("attention.head_count_kv")  # (LFM2's: a value a layer, 0 on its convs)
     kv = max(per_layer) if isinstance(per_layer, list) else per_layer
@@ -420,8 +421,8 @@ def _experts(get: Get, arch: str, tensors: set[str]) -> dict[str, Any]:
                 "moe_layer_start_index": int(get("leading_dense_block_count", 0) or 0),
                 "moe_layer_end_index": -1, "moe_num_shared_experts": shared,
                 "use_bias": "blk.0.attn_q.bias" in tensors}  # fmt: skip
-    if arch == "minimax_m2":
-        return _minimax_m2(get, count, used, width)
+    if arch in gguf_minimax_m2.ARCHS:
+        return gguf_minimax_m2.experts(get, count, used, width)
     if arch in ("dots1", "exaone_moe"):  # DeepSeek-V3's router: sigmoid, the correction bias
         gating = get("expert_gating_func")
         if gating is not None and int(gating) != 2:
@@ -482,67 +483,3 @@ def _ssm(get: Get, arch: str, tensors: set[str], vocab: int) -> dict[str, Any]:
     else:
         cfg.update(intermediate_size=inner, time_step_rank=int(get("ssm.time_step_rank")))
     return cfg
-
-
-def _jamba(get: Get, tensors: set[str], vocab: int) -> dict[str, Any]:
-    """Jamba's config.json: its attention layers where the per-layer `attention.head_count_kv`
-    is not 0 and its expert layers where `ffn_gate_inp` is (the converter writes neither
-    period: read back as `*_layer_offset` / `*_layer_period`, refused where not periodic); the
-    Mamba-1 mixers' sizes from `ssm.*` (d_inner `ssm.inner_size`, dt rank `time_step_rank`)."""
-    n, hidden = int(get("block_count")), int(get("embedding_length"))
-    kv = get("attention.head_count_kv")
-    if not isinstance(kv, list) or len(kv) != n:
-        raise ValueError(f"GGUF jamba needs attention.head_count_kv with a value for each of its "
-                         f"{n} layers (0 on the Mamba layers)")  # fmt: skip
-    attn = [bool(k) for k in kv]
-    experts = int(get("expert_count", 0) or 0)
-    moe = [f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n)]
-    first = attn.index(False) if False in attn else 0  # a Mamba layer
-    cfg: dict[str, Any] = {
-        "architectures": [HF_ARCH["jamba"]], "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")), "num_hidden_layers": n,
-        "num_attention_heads": int(get("attention.head_count")),
-        "num_key_value_heads": max(int(k) for k in kv),
-        "max_position_embeddings": int(get("context_length", 2048)), "hidden_act": "silu",
-        "tie_word_embeddings": "output.weight" not in tensors,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        "mamba_d_state": int(get("ssm.state_size")), "mamba_d_conv": int(get("ssm.conv_kernel")),
-        "mamba_expand": int(get("ssm.inner_size")) // hidden,
-        "mamba_dt_rank": int(get("ssm.time_step_rank")),
-        "mamba_conv_bias": f"blk.{first}.ssm_conv1d.bias" in tensors,
-        "mamba_proj_bias": f"blk.{first}.ssm_in.bias" in tensors,
-        "num_experts": experts if any(moe) else 1,
-        "num_experts_per_tok": int(get("expert_used_count", 1) or 1),
-    }  # fmt: skip
-    if int(get("ssm.inner_size")) % hidden:
-        raise ValueError("GGUF jamba ssm.inner_size must be a multiple of embedding_length")
-    for kind, flags in (("attn", attn), ("expert", moe)):
-        offset, period = _periodic(kind, flags) if any(flags) else (0, 1)  # (none: dense)
-        cfg.update({f"{kind}_layer_offset": offset, f"{kind}_layer_period": period})
-    return cfg
-
-
-def _periodic(kind: str, flags: list[bool]) -> tuple[int, int]:
-    """(offset, period) with flags[i] == (i % period == offset); ValueError where none."""
-    on = [i for i, f in enumerate(flags) if f]
-    if on:
-        offset = on[0]
-        period = on[1] - on[0] if len(on) > 1 else len(flags)
-        if period > offset and all(f == (i % period == offset) for i, f in enumerate(flags)):
-            return offset, period
-    raise ValueError(f"GGUF jamba's {kind} layers {on} are not every period-th layer from an "
-                     f"offset ({kind}_layer_period / {kind}_layer_offset)")  # fmt: skip
-
-
-def _minimax_m2(get: Get, count: int, used: int, width: int) -> dict[str, Any]:
-    """MiniMax-M2's expert keys: a sigmoid router with its correction bias (`exp_probs_b`),
-    the top-k renormalised (llama.cpp's graph, transformers' model); another router or a
-    scale of the weights (which its config.json cannot say) refused."""
-    gating, scale = get("expert_gating_func"), get("expert_weights_scale")
-    if gating is not None and int(gating) != 2:
-        raise ValueError(f"GGUF minimax-m2 with expert_gating_func {gating} is not supported "
-                         "(its router is a sigmoid: 2)")  # fmt: skip
-    if scale not in (None, 0.0, 1.0):
-        raise ValueError(f"GGUF minimax-m2 expert_weights_scale {scale} is not supported")
-    return {"num_local_experts": count, "num_experts_per_tok": used, "intermediate_size": width,
-            "scoring_func": "sigmoid", "use_routing_bias": True}  # fmt: skip

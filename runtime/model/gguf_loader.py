@@ -9,8 +9,9 @@ layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, c
 (`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus,
 mistral3, glm4moe, llama4 (`gguf_archs.py`: their names, fused rows and fields), granitehybrid,
 nemotron_h, nemotron_h_moe and falcon-h1 (`gguf_mamba.py`: the hybrids' Mamba2 mixers); gemma,
-phi2, stablelm, gpt2, starcoder, gptneox, falcon, bloom, mpt, jamba and minimax-m2 (`gguf_classic.py`: read as
-their checkpoints' config.json, fused q/k/v as row parts), gemma4 (`gguf_gemma4.py`, read
+phi2, stablelm, gpt2, starcoder, gptneox, falcon, bloom, mpt, jamba and minimax-m2 (`gguf_classic.py`,
+`gguf_jamba.py`, `gguf_minimax_m2.py`: read as their checkpoints' config.json, fused q/k/v as
+row parts), gemma4 (`gguf_gemma4.py`, read
 the same way; its `gemma4` BPE vocabulary with the file's merges). Quantized tensors (Q4_0,
 Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
 builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its

@@ -8,6 +8,10 @@ Llama layer with GLM-4.5's differences.
 - DeepSeek-V3's experts (`moe.make_mlp`): dense MLPs in the first `first_k_dense_replace`
   layers, then routed experts picked by `moe_routing.GroupedRouter` plus the ungated shared
   experts (`moe.SharedExpertMoE`), each split by width under tensor parallelism.
+
+MiniCPM5-MoE (`MiniCPM5MoeForCausalLM`, `minicpm5_moe_config.py`) is this model with Llama's
+attention (no q/k norms, the whole head rotating) gated as Qwen3-Next's (`qwen3.GatedQuery`:
+q_proj gives each head's query and then its gate, attention's output times sigmoid(gate)).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pagoda.runtime.model import moe_names
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
 from pagoda.runtime.model.moe import make_mlp
-from pagoda.runtime.model.qwen3 import Qwen3Layer
+from pagoda.runtime.model.qwen3 import GatedQuery, Qwen3Layer
 
 
 class Glm4MoeLayer(Qwen3Layer):
@@ -56,3 +60,17 @@ class Glm4MoeModel(LlamaModel):
     @property
     def moe_shared(self) -> str:
         return moe_names.of(self.config.architecture).shared
+
+
+class MiniCPM5MoeLayer(GatedQuery, LlamaLayer):
+    """Llama's layer with Qwen3-Next's output gate in q_proj (module docstring)."""
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        self.read_gated_qkv(model, w, prefix, ctx)
+
+
+class MiniCPM5MoeModel(Glm4MoeModel):
+    layer_class = MiniCPM5MoeLayer

@@ -15,6 +15,11 @@ converter splits them: gate, up and down stacked apart, under Mixtral's names (`
 GraniteMoeShared (`GraniteMoeSharedForCausalLM`, read as `granitemoe`) adds beside the experts an
 ungated `shared_mlp` of `shared_intermediate_size` (gate and up in one `input_linear`) that every
 token goes through, its output added to the experts' before the residual multiplier.
+
+GraniteSWA and GraniteMoeSWA (`GraniteSwaModel`, `GraniteMoeSwaModel`; their config in
+`granite_swa_config.py`) are these two with window layers by `layer_types`, a sink logit per
+head in every layer's softmax (`self_attn.sinks`, the backends' ``sinks`` as gpt-oss's) and a
+rotary base per layer (`FamilyConfig.rope_thetas`: one table per base, none on a NoPE layer).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pagoda.runtime.model.llama import (
     linear_layer,
 )
 from pagoda.runtime.model.moe import MixtralModel, SharedExpertMoE, SparseMoE, make_mlp
+from pagoda.runtime.model.ops import build_cos_sin_cache, check_rope_context
 from pagoda.runtime.model.parallel_linear import RowParallelLinear, column_linear, row_linear
 
 
@@ -142,3 +148,44 @@ class GraniteMoeModel(GraniteModel):
         if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'
             shared.down = shared.down.inner  # (one all-reduce for both)
         return SharedExpertMoE(SparseMoE.from_weights(self, w, prefix, ctx), shared, None)
+
+
+class GraniteSwaLayer(GraniteLayer):
+    """Granite's layer with its heads' sink logits (float32), read as gpt-oss's."""
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        self.sinks = w[prefix + "self_attn.sinks"].float().contiguous()
+
+
+class SwaRope:
+    """GraniteSWA's rotary tables: "global" (`rope_theta`), and one per other base a layer
+    names (`FamilyConfig.rope_thetas`), each with the config's scaling; a NoPE layer (base 0)
+    reads none."""
+
+    def rope_table(self, index: int) -> str | None:
+        theta = self.config.family.rope_thetas[index]
+        if not theta:
+            return None
+        return "global" if theta == self.config.rope_theta else f"theta={theta:g}"
+
+    def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
+        c = self.config
+        check_rope_context(c.rope_scaling, c.max_position_embeddings, max_positions)
+        thetas = {c.rope_theta, *(t for t in c.family.rope_thetas if t)}
+        caches = {}
+        for theta in sorted(thetas):
+            name = "global" if theta == c.rope_theta else f"theta={theta:g}"
+            cache = build_cos_sin_cache(c.head_dim, theta, c.rope_scaling, max_positions)
+            caches[name] = cache.to(self.device)
+        return caches
+
+
+class GraniteSwaModel(SwaRope, GraniteModel):
+    layer_class = GraniteSwaLayer
+
+
+class GraniteMoeSwaModel(SwaRope, GraniteMoeModel):
+    layer_class = GraniteSwaLayer

@@ -40,11 +40,12 @@ from pagoda.runtime.model.hf_tables import (
     HF_ARCHITECTURES,
     NULLABLE,
     PARTIAL_ROTARY,
+    PROPORTIONAL_ROTARY,
     REMOTE_CODE_TYPES,
     TEXT_MODEL_TYPES,
     WRAPPER_TIES,
 )
-from pagoda.runtime.model.ops import rope_inv_freq, rotary_dim
+from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, has_weight_files
 from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
@@ -188,7 +189,8 @@ def _family(
     }
     if arch in family_fields.FIELDS:  # what the family sets (model/family_fields.py)
         fields.update(family_fields.FIELDS[arch](cfg, arch, n, window, layers, scaling))
-    if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
+    gated = fields.get("gated_mlp", True)  # (ungated experts: the family's own, Ergo's)
+    if fields.get("num_experts") and gated and fields["hidden_act"] != "silu":  # fused MoE's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
     return FamilyConfig(**fields)
@@ -238,9 +240,12 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     gen = {} if model_dir is None else _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna") else None  # per layer kind
+    # the rotary per layer kind: the full-attention layers'
+    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum") else None
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
+    if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
+        by_kind = "hybrid"
     if (model_dir is not None and not family_options.tested(arch, "fp8_checkpoint")
             and read_quantization(model_dir) is not None):  # fmt: skip
         family_options.refuse(arch, "fp8_checkpoint")
@@ -250,11 +255,15 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
-    if arch in (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear"):  # latent: one row
+    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "longcat_flash")
+    if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
         rope_theta, scaling = moe_families.ROPE[arch](cfg, rope_theta, scaling, head_dim)
+    if rope_kind(scaling) == "proportional" and arch not in PROPORTIONAL_ROTARY:
+        raise ValueError(f"rope_scaling type 'proportional' is not supported for {arch} (tested "
+                         f"for {', '.join(PROPORTIONAL_ROTARY)})")  # fmt: skip
     rope_inv_freq(rope_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(rope_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in PARTIAL_ROTARY and rotary_dim(rope_dim, scaling) != rope_dim:
@@ -395,6 +404,8 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.olmo_hybrid_config import rename_norms
 
         rename_norms(weights)
+    if config.architecture in moe_families.RENAMES:  # (GraniteMoeSWA's experts, Kolibri's norms)
+        moe_families.RENAMES[config.architecture](weights)
     if config.architecture == "hy_v4":  # transformers' renames (hy_v4_config.py)
         from pagoda.runtime.model.hy_v4_config import rename_weights
 
@@ -403,10 +414,18 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 
         rename_mlps(weights)
+    if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
+        from pagoda.runtime.model.longcat_flash_config import rename_sublayers
+
+        rename_sublayers(weights)
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
+    if config.architecture == "ergo":  # its training framework's names, fused q/k/v
+        from pagoda.runtime.model.ergo_config import read_checkpoint_names
+
+        read_checkpoint_names(weights, config)
     if config.architecture == "dbrx":  # each layer's experts stacked (dbrx.py)
         from pagoda.runtime.model.dbrx import split_experts
 
@@ -414,7 +433,14 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
     scheme = read_quantization(model_dir)
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}
-    check_checkpoint(config, headers, weights.fp8_block)
+    try:
+        check_checkpoint(config, headers, weights.fp8_block)
+    except ValueError as e:  # (LongCat-Flash's sublayers' names: the files' own)
+        if config.architecture != "longcat_flash":
+            raise
+        from pagoda.runtime.model.longcat_flash_config import stored_names
+
+        raise ValueError(stored_names(str(e))) from e
 
 
 def untie_a_distinct_head(config: ModelConfig, weights: SafetensorsWeights | None) -> ModelConfig:

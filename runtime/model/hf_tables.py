@@ -11,10 +11,13 @@ from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import laguna_config as laguna
+from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
+from pagoda.runtime.model import mellum_config as mellum
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model import qwen3_next_config as qwen3_next
+from pagoda.runtime.model import zaya_config as zaya
 
 # `architectures` in config.json -> `ModelConfig.architecture`
 HF_ARCHITECTURES = {
@@ -304,6 +307,7 @@ NULLABLE = {
     "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
     **moe_families.NULLABLE,
     "gemma4": ("hidden_size_per_layer_input",),  # null: no per-layer inputs
+    **zaya.NULLABLE,
 }
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
@@ -316,6 +320,9 @@ EPS.update(mpt="layer_norm_epsilon", **moe_families.EPS)
 DEFAULT_ROPE = {
     "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
     "laguna": laguna.DEFAULT_ROPE,  # by layer kind
+    "zaya": zaya.DEFAULT_ROPE,  # by layer kind
+    "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
+    "mellum": mellum.DEFAULT_ROPE,  # by layer kind
     "ministral3": {
         "rope_type": "yarn",
         "rope_theta": 1_000_000.0,
@@ -347,5 +354,8 @@ DEFAULT_ROPE = {
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
                    "stablelm", "gptj", *moe_families.PARTIAL_ROTARY,
-                   *qwen3_next.DEFAULTS)  # fmt: skip
+                   *qwen3_next.DEFAULTS, "zaya")  # fmt: skip
+# the families whose full-attention layers' "proportional" rotary is read here and tested
+# (transformers' other models would run it too; untested: refused, one line)
+PROPORTIONAL_ROTARY = ("lfm3",)
 FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)

@@ -15,7 +15,11 @@ layout come as the Mamba2 layers' do (`mamba2.MambaStep`): the decode rows one b
 step over their slots, the prefill chunks one conv over each sequence's state and tokens
 (`ssd.pack`'s conv segments), so a prompt split over steps computes what one pass would.
 LFM2-MoE (`Lfm2MoeForCausalLM`) is this model with `moe.SparseMoE` experts after its first
-dense layers (`lfm2_config.py`). Prefix caching keeps snapshots of the conv states every block
+dense layers (`lfm2_config.py`). LFM3 (`Lfm3ForCausalLM`, `Lfm3Layer`) adds sliding-window
+attention layers with their own rotary (Llama's "local" table; the full layers' is
+"proportional", `ops.rope_inv_freq`), each head's attention output times sigmoid(gate_proj(x)),
+and RMSNorms on the operator's and the MLP's outputs before their residual adds (GLM-4's
+`glm4_norms`). Prefix caching keeps snapshots of the conv states every block
 (`engine/recurrent.py`: a boundary's state is the inputs before it, saved from the conv
 segments inside a chunk, from the slot at a chunk's end); tensor parallelism is refused
 (`distributed/layout.py`).
@@ -25,8 +29,8 @@ from __future__ import annotations
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, linear_layer
-from pagoda.runtime.model.mamba2 import MambaStep, packed_conv, save_chunk_ends
+from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
@@ -113,3 +117,57 @@ class Lfm2Model(LlamaModel):
 class Lfm2MoeModel(Lfm2Model):
     """LFM2-MoE (`Lfm2MoeForCausalLM`): LFM2's layers, experts after the first dense ones
     (`lfm2_config.py`)."""
+
+
+class Lfm3Layer(Lfm2Layer):
+    """LFM2's layer with LFM3's head gate on attention's output and its sandwich norms (the
+    operator's and the MLP's outputs normalised before their residual adds)."""
+
+    post_attn_norm: torch.Tensor | None = None
+    post_mlp_norm: torch.Tensor | None = None
+    gate = None  # the checkpoint's gate_proj (transformers' g_proj): one sigmoid gate a head
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        f = model.config.family
+        if f.glm4_norms:
+            self.post_attn_norm = model.norm_weight(w[prefix + "post_self_attn_layernorm.weight"])
+            self.post_mlp_norm = model.norm_weight(w[prefix + "post_mlp_layernorm.weight"])
+        if self.mixer is None and f.mamba.attn_head_gate:
+            self.gate = linear_layer(ctx, w, [prefix + "self_attn.gate_proj.weight"])
+
+    def linears(self):
+        return [*super().linears(), *([self.gate] if self.gate is not None else [])]
+
+    def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if self.gate is None:
+            return out
+        gate = torch.sigmoid(self.gate(x))  # [T, heads]
+        t, h = gate.shape
+        return (out.view(t, h, -1) * gate.unsqueeze(-1)).view(t, -1)
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        norm, eps = self.ctx.rms_norm, self.ctx.eps
+        x, residual = self.attention_input(h, residual)
+        if self.mixer is not None:
+            h = self.mixer(x, step.meta.aux[MAMBA_STEP])
+        else:
+            h = self.attention(x, step)
+        if self.post_attn_norm is not None:
+            h = norm(x=h, weight=self.post_attn_norm, eps=eps)
+        x, residual = norm(x=h, weight=self.mlp_norm, eps=eps, residual=residual)
+        h = self.mlp(x)
+        if self.post_mlp_norm is not None:
+            h = norm(x=h, weight=self.post_mlp_norm, eps=eps)
+        return h, residual
+
+
+class Lfm3Model(Lfm2Model):
+    """LFM3 (`Lfm3ForCausalLM`): `Lfm3Layer`s; the sliding layers read the "local" rotary
+    table (`FamilyConfig.local_rope_theta`), the full ones the "global" (proportional) one."""
+
+    layer_class = Lfm3Layer

@@ -63,6 +63,9 @@ if TYPE_CHECKING:
 
 
 EMBED = "model.embed_tokens.weight"
+# `meta.aux`: int64 [B, n] each sequence's n tokens before the step's first (-1: before the
+# sequence), for a model whose `token_history` is n (Qwen4-Exp's n-grams: model/qwen4_exp.py)
+TOKEN_HISTORY = "token_history"
 
 
 def _lookup_table(
@@ -123,6 +126,7 @@ class Step:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     # per rotary table ("global", "local"): (positions, cache), or (None, this step's rows)
     rope: dict[str, tuple[torch.Tensor | None, torch.Tensor]]
+    shortcut: torch.Tensor | None = None  # LongCat-Flash's MoE output between two sublayers
 
 
 class GatedMLP:
@@ -218,7 +222,7 @@ class LlamaLayer:
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         ctx = self.ctx
         t, d = x.shape[0], ctx.head_dim
-        q, k, v = self.qkv_heads(x)
+        q, k, v = self.step_qkv(x, step)
         q, k = self.before_rotary(q, k)
         if self.rope is not None:  # None: a layer without positions (`FamilyConfig.rope_layers`)
             positions, rows = step.rope[self.rope]
@@ -235,6 +239,13 @@ class LlamaLayer:
             sinks=self.sinks, chunk=self.chunk,
         )  # fmt: skip
         return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))
+
+    def step_qkv(
+        self, x: torch.Tensor, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of `x` in `step`: `qkv_heads` (Zaya's convolve them over earlier tokens,
+        read from the step's state slots)."""
+        return self.qkv_heads(x)
 
     def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """What a family does to attention's output [T, H * D] (of the input `x`) before o_proj
@@ -260,6 +271,7 @@ class LlamaModel:
     # normalised rows, then scales): `ops.gemma_rms_norm` scales the float32 rows, rounds once.
     # In float32 the two are one, and `ops.rms_norm` (native on the CPU) serves.
     rms_norm_16bit: Callable[..., Any] | None = None
+    token_history = 0  # the tokens before each sequence's step it reads (`TOKEN_HISTORY`)
 
     def __init__(
         self,

@@ -86,6 +86,9 @@ class Prefill:
     # and the snapshot entries they go to [M]
     snap_conv_rows: torch.Tensor | None = None
     snap_conv_entries: torch.Tensor | None = None
+    # the same boundaries as int64 [3, M] (prefill sequence, offset in its chunk, entry):
+    # Qwen4-Exp's PLE conv (`qwen4_exp.Ple`) keeps inputs of its own there
+    snap_mid: torch.Tensor | None = None
 
 
 @dataclass
@@ -188,13 +191,14 @@ def packed_conv(
     weight: torch.Tensor,  # [C, K]
     bias: torch.Tensor | None,
     snap: torch.Tensor | None = None,  # [entries, C, K - 1] prefix-cache snapshots' conv states
+    conv_fn=None,  # [1, C, L] -> [1, C, L - K + 1]: a conv of its own (Zaya's), else `weight`'s
 ) -> torch.Tensor:
     """The causal conv [T, C] (no activation) of a step's prefill chunks, all at once over each
     sequence's segment (its conv state, then its tokens: `ssd.pack`); the new conv states (each
     segment's last K - 1 inputs) written to their slots, and with `snap` the conv states at the
     snapshot boundaries inside the chunks (``pre.snap_conv_rows``) to theirs. The Mamba2 mixer's,
     LFM2's short conv's and the Mamba-1 mixer's."""
-    k, n_seq, c = weight.shape[1] - 1, pre.slots.shape[0], weight.shape[0]
+    k, n_seq, c = conv.shape[2], pre.slots.shape[0], x.shape[1]
     window = x.new_empty(pre.conv_len, c).index_copy_(0, pre.conv_rows, x)
     start = conv.index_select(0, pre.slots).transpose(1, 2).reshape(n_seq * k, c)
     window.index_copy_(0, pre.state_rows, start.to(window.dtype))
@@ -203,7 +207,10 @@ def packed_conv(
     if snap is not None:  # the conv inputs before boundaries inside chunks
         at = window.index_select(0, pre.snap_conv_rows).view(-1, k, c)
         snap.index_copy_(0, pre.snap_conv_entries, at.transpose(1, 2).to(conv.dtype))
-    out = F.conv1d(window.t()[None], weight[:, None, :], bias, groups=c)[0]
+    if conv_fn is not None:
+        out = conv_fn(window.t()[None])[0]
+    else:
+        out = F.conv1d(window.t()[None], weight[:, None, :], bias, groups=c)[0]
     del window
     return out.index_select(1, pre.conv_out).t()
 

@@ -24,8 +24,10 @@ reading a config imports no layer code.
   limits and tensors, which the readers here share).
 - Mamba-1 (`MambaForCausalLM`, `FalconMambaForCausalLM`): `mamba1_config.py`.
 - Jamba (`JambaForCausalLM`): `jamba_config.py`.
-- Zamba2, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear: `zamba2_config.py`,
-  `lfm2_config.py`, `qwen3_next_config.py`, `olmo_hybrid_config.py`, `kimi_linear_config.py`.
+- Zamba2, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, Zaya: `zamba2_config.py`,
+  `lfm2_config.py`, `qwen3_next_config.py`, `olmo_hybrid_config.py`, `kimi_linear_config.py`,
+  `zaya_config.py`.
+- MiniMax-Text-01 (lightning attention): `minimax_config.py`.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ from pagoda.runtime.model import (
     lfm2_config,
     mamba1_config,
     mamba2_config,
+    minimax_config,
     nemotron_h_config,
     olmo_hybrid_config,
     qwen3_next_config,
     zamba2_config,
+    zaya_config,
 )
 from pagoda.runtime.recurrent_configs import FalconH1Scales, MambaConfig
 
@@ -59,7 +63,9 @@ ARCHITECTURES = {
     **qwen3_next_config.ARCHITECTURES,  # Qwen3-Next, Qwen3.5: Gated DeltaNet (qwen3_next.py)
     **olmo_hybrid_config.ARCHITECTURES,  # OLMo Hybrid: Gated DeltaNet, OLMo 3's attention
     **kimi_linear_config.ARCHITECTURES,  # Kimi Linear: KDA, DeepSeek-V3's (kimi_linear.py)
+    **minimax_config.ARCHITECTURES,  # MiniMax-Text-01: lightning attention (minimax.py)
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
+    **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -81,7 +87,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **qwen3_next_config.DEFAULTS,
     **olmo_hybrid_config.DEFAULTS,
     **kimi_linear_config.DEFAULTS,
+    **minimax_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
+    **zaya_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
@@ -162,7 +170,7 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.overrides(cfg, arch)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, zamba2_config,
-                   mamba1_config, mamba2_config, nemotron_h_config):  # fmt: skip
+                   mamba1_config, mamba2_config, nemotron_h_config, zaya_config, minimax_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -179,7 +187,7 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if arch in mamba1_config.DEFAULTS:
         return mamba1_config.family_fields(cfg, arch, n)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, zamba2_config,
-                   mamba2_config, nemotron_h_config, jamba_config):  # fmt: skip
+                   mamba2_config, nemotron_h_config, jamba_config, zaya_config, minimax_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -205,7 +213,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s tensors besides its norms: its Mamba2 mixer (or nothing for an attention
     layer, checked as Llama's) and, for Granite 4.0, its MLP; the other families' their own."""
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
-                   zamba2_config, nemotron_h_config, mamba1_config, jamba_config):  # fmt: skip
+                   zamba2_config, nemotron_h_config, mamba1_config, jamba_config,
+                   zaya_config, minimax_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

@@ -49,19 +49,21 @@ log = logging.getLogger(__name__)
 def grouped_experts(
     x: torch.Tensor,  # [T, K]
     topk_weights: torch.Tensor,  # float32 [T, k]
-    topk_ids: torch.Tensor,  # [T, k]
+    topk_ids: torch.Tensor,  # [T, k]; -1: no expert (LongCat's zero experts)
     expert: Callable[[int, torch.Tensor], torch.Tensor],  # (e, rows [n, K]) -> [n, K]
 ) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * expert(topk_ids[t, j], x[t])`` grouped by expert (module
-    docstring). Reads the per-expert counts on the host: the CPU path."""
+    docstring); a pick of id -1 adds nothing. Reads the per-expert counts on the host: the CPU
+    path."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
+    order = torch.argsort(flat, stable=True)  # (the -1 picks first)
     token = order // k  # the token of each pick, by expert
     weight = topk_weights.reshape(-1).index_select(0, order)
     out = torch.zeros_like(x)
-    start = 0
-    for e, n in enumerate(torch.bincount(flat).tolist()):
+    real = flat >= 0
+    start = flat.numel() - int(real.sum())
+    for e, n in enumerate(torch.bincount(flat[real]).tolist()):
         if n:
             rows = token[start : start + n]
             y = expert(e, x.index_select(0, rows))
@@ -122,14 +124,15 @@ class SparseMoE:
 
             bias = p + getattr(model, "moe_bias", "gate.e_score_correction_bias")
             linear = ctx.linear(w.source(gate).float())  # replicated on every rank
-            bias = w.source(bias).reshape(-1) if f.routing.bias else None  # ([1, E]: ERNIE's)
+            stored = f.routing.bias and (bias in w or not f.routing.bias_optional)
+            bias = w.source(bias).reshape(-1) if stored else None  # ([1, E]: ERNIE's)
             route = GroupedRouter(linear, bias, f.routing, f.num_experts_per_tok,
                                   f.norm_topk_prob)  # fmt: skip
             router = None
         else:
             router = ctx.linear(w[gate], quantized=w.quantized([gate]))
         tensors = _ExpertTensors(w, p + getattr(model, "moe_experts", "experts."), names,
-                                 f.num_experts)  # fmt: skip
+                                 f.num_experts, getattr(model, "moe_suffix", ".weight"))  # fmt: skip
         if ctx.tp is not None:
             tensors.rows = ctx.tp.layout.even(f.moe_intermediate_size)
         w13 = w2 = None
@@ -175,12 +178,22 @@ class SparseMoE:
             weights, ids = torch.topk(probs, self.top_k, dim=-1)
             if self.renormalize:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
+        return self.run_experts(x, weights, ids)
+
+    def run_experts(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, none_ids: bool = False
+    ) -> torch.Tensor:
+        """``sum_j weights[t, j] * expert(ids[t, j], x[t])`` (this rank's part; weights float32
+        [T, k], ids [T, k]) for routing decided by the caller (`partial`'s, Zaya's router:
+        `zaya.py`); ``none_ids``: an id of -1 picks no expert and costs nothing (LongCat's zero
+        experts)."""
         if self.round_weights:  # Qwen3-MoE hands the experts weights in the model's dtype
             weights = weights.to(x.dtype).float()
         if self.fused is not None:
             return self.fused(
                 x, self.w13, self.w2, weights, ids.to(torch.int32),
-                batch_invariant=self.batch_invariant, **self.fused_activation,
+                batch_invariant=self.batch_invariant, none_ids=none_ids,
+                **self.fused_activation,
             )  # fmt: skip
         if self.w13 is not None:
             return self._every_expert(x, weights, ids)
@@ -192,8 +205,9 @@ class SparseMoE:
 
     def _every_expert(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
         """Without the fused kernel on CUDA: no host sync (CUDA graphs), E times the work."""
-        dense = torch.zeros(x.shape[0], self.w13.shape[0], device=x.device)
-        dense.scatter_(1, ids, weights)  # [T, E], 0 where an expert is not picked
+        dense = torch.zeros(x.shape[0], self.w13.shape[0] + 1, device=x.device)
+        dense.scatter_(1, ids.long() % dense.shape[1], weights)  # [T, E + 1]: -1 picks the last
+        dense = dense[:, :-1]  # 0 where an expert is not picked
         out = torch.zeros_like(x)
         for e in range(self.w13.shape[0]):
             y = torch.nn.functional.linear(self.act_and_mul(x=x @ self.w13[e].T), self.w2[e])
@@ -203,13 +217,17 @@ class SparseMoE:
 
 class _ExpertTensors:
     """One layer's expert weights, per expert or stacked (read once, then sliced); two names
-    are stacked gate and up in one [E, 2N, K] tensor, then down (GraniteMoe's)."""
+    are stacked gate and up in one [E, 2N, K] tensor, then down (GraniteMoe's; `suffix` ""
+    where the stacks are stored as transformers 5's `gate_up_proj` / `down_proj` parameters,
+    Zaya's)."""
 
-    def __init__(self, w: DeviceWeights, prefix: str, names: tuple[str, ...], n: int):
+    def __init__(
+        self, w: DeviceWeights, prefix: str, names: tuple[str, ...], n: int, suffix: str = ".weight"
+    ):
         self.w, self.prefix, self.names, self.n = w, prefix, names, n
         self.rows: tuple[int, int] | None = None  # this rank's intermediate rows (tensor parallel)
-        self.stacked = f"{prefix}{names[0]}.weight" in w
-        self._stack = [w[f"{prefix}{x}.weight"] for x in names] if self.stacked else None
+        self.stacked = f"{prefix}{names[0]}{suffix}" in w
+        self._stack = [w[f"{prefix}{x}{suffix}"] for x in names] if self.stacked else None
 
     def _name(self, e: int, which: int) -> str:
         return f"{self.prefix}{e}.{self.names[which]}.weight"

@@ -13,14 +13,20 @@ from pagoda.runtime.model import (
     cohere2_moe_config,
     dbrx_config,
     dots1_config,
+    ergo_config,
     ernie4_5_moe_config,
     exaone_moe_config,
     flex_olmo_config,
+    granite_swa_config,
     hunyuan_config,
     hy_v3_config,
     jetmoe_config,
+    kolibri1_config,
     laguna_config,
+    longcat_flash_config,
+    mellum_config,
     mimo_v2_flash_config,
+    minicpm5_moe_config,
     minimax_m2_config,
     phimoe_config,
     solar_open_config,
@@ -42,6 +48,12 @@ MODULES = (
     jetmoe_config,
     laguna_config,
     mimo_v2_flash_config,
+    minicpm5_moe_config,
+    granite_swa_config,
+    kolibri1_config,
+    mellum_config,
+    ergo_config,
+    longcat_flash_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
@@ -55,3 +67,7 @@ EPS = {k: v for m in MODULES for k, v in getattr(m, "EPS", {}).items()}
 PARTIAL_ROTARY = tuple(a for m in MODULES for a in getattr(m, "PARTIAL_ROTARY", ()))
 # a family's own rotary reading, (cfg, theta, rope_scaling, head_dim) -> (theta, rope_scaling)
 ROPE = {arch: m.rope for m in MODULES if hasattr(m, "rope") for arch in m.ARCHITECTURES.values()}
+# a family's stored tensor names listed as its model reads them, (weights) -> None (the HF loader
+# and the weights estimate run it on the opened checkpoint)
+RENAMES = {arch: m.rename_tensors for m in MODULES if hasattr(m, "rename_tensors")
+           for arch in m.ARCHITECTURES.values()}  # fmt: skip

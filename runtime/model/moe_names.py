@@ -29,6 +29,7 @@ NAMES: dict[str, MoeNames] = {
     "laguna": MoeNames(bias="experts.e_score_correction_bias", shared="shared_expert."),
     "jamba": MoeNames(block="feed_forward.", router="router.weight"),
     "phimoe": MoeNames(block="block_sparse_moe.", experts=("w1", "w3", "w2")),
+    "minimax": MoeNames(block="block_sparse_moe.", experts=("w1", "w3", "w2")),
     "minimax_m2": MoeNames(
         block="block_sparse_moe.", experts=("w1", "w3", "w2"), bias="e_score_correction_bias"
     ),

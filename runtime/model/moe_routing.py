@@ -8,7 +8,9 @@ DeepseekV3TopkRouter compute them; GLM-4.5's router is V3's.
 - choice: greedy (the top-k scores), or limited to the best ``topk_group`` of ``n_group``
   groups of experts: a group scored by its best expert (V2's group_limited_greedy; the other
   groups' scores set to 0) or by the sum of its best two after adding the checkpoint's
-  ``e_score_correction_bias`` (V3's noaux_tc; the other groups' set to -inf);
+  ``e_score_correction_bias`` (V3's noaux_tc; the other groups' set to -inf, or to 0 with
+  ``zero_other_groups``: A.X-K2's); Kolibri's router adds the bias to the logits, not the
+  scores (`ExpertRouting.bias_on_logits`);
 - weights: the picked experts' uncorrected scores (V2: the masked ones it picked from),
   renormalised to sum to 1 with ``norm_topk_prob`` (V3; transformers' V2 never does), times
   ``routed_scaling_factor``.
@@ -55,7 +57,10 @@ class GroupedRouter:
             weights, ids = sparsemixer(logits, r.jitter_eps)
             return weights * r.routed_scaling_factor, ids
         scores = _scores(logits, r.scoring)
-        choice = scores if self.bias is None else scores + self.bias
+        if self.bias is None:
+            choice = scores
+        else:  # (Kolibri's: the bias on the logits; sigmoid is monotonic, the sum is not)
+            choice = (logits if r.bias_on_logits else scores) + self.bias
         if r.topk_method != "greedy":
             choice = self._best_groups(choice)
         ids = torch.topk(choice, self.top_k, dim=-1, sorted=False).indices
@@ -74,7 +79,7 @@ class GroupedRouter:
             group_scores = grouped.amax(dim=-1)
         best = torch.topk(group_scores, r.topk_group, dim=-1, sorted=False).indices
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-        fill = float("-inf") if r.topk_method == "noaux_tc" else 0.0
+        fill = float("-inf") if r.topk_method == "noaux_tc" and not r.zero_other_groups else 0.0
         return grouped.masked_fill(~keep.unsqueeze(-1), fill).view(t, e)
 
 

@@ -180,7 +180,7 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "proportional")
 
 
 def rope_kind(scaling: dict[str, Any] | None) -> str:
@@ -192,7 +192,10 @@ def rope_kind(scaling: dict[str, Any] | None) -> str:
 
 def rotary_dim(head_dim: int, scaling: dict[str, Any] | None) -> int:
     """The dims of each head that rotate: int(head_dim * partial_rotary_factor), as transformers
-    takes them (the first ones; the rest pass through)."""
+    takes them (the first ones; the rest pass through); "proportional": all of them (its
+    `partial_rotary_factor` zeroes the last angles instead: `rope_inv_freq`)."""
+    if rope_kind(scaling) == "proportional":
+        return head_dim
     partial = float((scaling or {}).get("partial_rotary_factor") or 1.0)
     dim = int(head_dim * partial)
     if not 0 < dim <= head_dim or dim % 2:
@@ -210,9 +213,10 @@ def rope_inv_freq(
     Supports default, linear, dynamic (within the model's `max_position_embeddings`, where it
     is the default rotary: the engine refuses a longer context, `check_rope_context`), llama3
     (from its parameters, or a GGUF's per-frequency divisors, `freq_factors`), yarn (with
-    DeepSeek's `mscale`/`mscale_all_dim` and `truncate`) and longrope (Phi-3's: its short
-    factors, or with `long` its long ones; `longrope.py` says which a token takes), following
-    the Hugging Face definitions. Anything else is a ValueError, one line.
+    DeepSeek's `mscale`/`mscale_all_dim` and `truncate`), longrope (Phi-3's: its short
+    factors, or with `long` its long ones; `longrope.py` says which a token takes) and
+    proportional (the first angles over the whole head, the rest 0), following the Hugging Face
+    definitions. Anything else is a ValueError, one line.
     """
     dim = rotary_dim(head_dim, scaling)
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -228,6 +232,10 @@ def rope_inv_freq(
     factor = float(scaling.get("factor") or 1.0)
     if kind in ("default", "dynamic"):
         return inv, 1.0
+    if kind == "proportional":  # the first partial_rotary_factor of the angles over the whole
+        # head, the rest 0 (cos 1, sin 0: those dims pass through), all / factor (LFM3's, Gemma 4's)
+        angles = int(float(scaling.get("partial_rotary_factor") or 1.0) * dim // 2)
+        return torch.cat([inv[:angles], torch.zeros(dim // 2 - angles)]) / factor, 1.0
     if kind == "linear":
         return inv / factor, 1.0
     if kind == "llama3" and "freq_factors" in scaling:  # a GGUF's rope_freqs: divisors as given

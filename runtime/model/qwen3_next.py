@@ -44,7 +44,7 @@ from pagoda.runtime.model.mamba2 import MambaStep, conv_step, packed_conv, save_
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import gemma_rms_norm
 from pagoda.runtime.model.parallel_linear import row_linear
-from pagoda.runtime.model.qwen3 import Qwen3Layer
+from pagoda.runtime.model.qwen3 import GatedQuery, Qwen3Layer
 from pagoda.runtime.model.qwen3_next_config import STACKED
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
@@ -192,7 +192,7 @@ class GatedDeltaNet:
         return y.to(dtype).view(t, -1)
 
 
-class Qwen3NextLayer(RecurrentLayer, Qwen3Layer):
+class Qwen3NextLayer(RecurrentLayer, GatedQuery, Qwen3Layer):
     """Gated attention or a Gated DeltaNet layer, then the MLP (`recurrent_layer.RecurrentLayer`);
     the residual adds fused into the norms, as Llama's."""
 
@@ -204,37 +204,13 @@ class Qwen3NextLayer(RecurrentLayer, Qwen3Layer):
         super().__init__(model, w, prefix, index, ctx)
         if self.mixer is not None:
             return
-        # q_proj [heads * 2 * head_dim]: each head's query, then its gate; read as one matrix
-        # [q, k, v, gate] (the Llama layer's [q, k, v] replaced); with tensor parallelism this
-        # rank's query heads and KV heads (`layout.heads`, `kv_heads`)
-        c = model.config
-        a, d = prefix + "self_attn.", c.head_dim
-        q, gate = w[a + "q_proj.weight"].view(c.num_heads, 2, d, -1).unbind(1)
-        k, v = w[a + "k_proj.weight"], w[a + "v_proj.weight"]
-        if ctx.tp is not None:
-            (h0, h1), (k0, k1) = ctx.tp.layout.heads(c.num_heads), ctx.tp.layout.kv_heads(
-                c.num_kv_heads)  # fmt: skip
-            q, gate, k, v = q[h0:h1], gate[h0:h1], k[k0 * d : k1 * d], v[k0 * d : k1 * d]
-        qkvg = [q.reshape(-1, q.shape[-1]), k, v, gate.reshape(-1, gate.shape[-1])]
-        self.qkv = ctx.linear(torch.cat(qkvg))
-        self._gate: torch.Tensor | None = None
+        self.read_gated_qkv(model, w, prefix, ctx)  # (`qwen3.GatedQuery`)
 
     def make_mixer(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> GatedDeltaNet:
         c = model.config
         return GatedDeltaNet(c.family.mamba, w, prefix, index, c.rms_norm_eps, ctx)
-
-    def qkv_heads(self, x: torch.Tensor):
-        ctx = self.ctx
-        t, d = x.shape[0], ctx.head_dim
-        q, k, v, self._gate = self.qkv(x).split([*ctx.qkv_sizes, ctx.num_heads * d], dim=-1)
-        return (q.reshape(t, ctx.num_heads, d), k.reshape(t, ctx.num_kv_heads, d),
-                v.reshape(t, ctx.num_kv_heads, d))  # fmt: skip
-
-    def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        gate, self._gate = self._gate, None
-        return out * torch.sigmoid(gate)
 
 
 class Qwen3NextModel(LlamaModel):

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import qwen4_exp_config as qwen4
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
 from pagoda.runtime.recurrent_configs import MambaConfig
 
@@ -35,13 +36,17 @@ ARCHITECTURES = {
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",  # its text model; the vision tower not read
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Qwen4ExpForCausalLM": "qwen4_exp",  # Qwen3.5-MoE's layers, hyper-connections, PLE
+    "Qwen4ExpForConditionalGeneration": "qwen4_exp",  # its text model (`qwen4_exp_config`)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (`hf_tables`)
 TEXT_MODEL_TYPES = {
     "Qwen3_5ForConditionalGeneration": {"qwen3_5_text": "qwen3_5"},
     "Qwen3_5MoeForConditionalGeneration": {"qwen3_5_moe_text": "qwen3_5_moe"},
+    "Qwen4ExpForConditionalGeneration": {"qwen4_exp_text": "qwen4_exp"},
 }
-WRAPPER_TIES = {"qwen3_5": False, "qwen3_5_moe": False}  # Qwen3_5Config's default
+# Qwen3_5Config's default (Qwen4ExpConfig's too)
+WRAPPER_TIES = {"qwen3_5": False, "qwen3_5_moe": False, "qwen4_exp": False}
 _LINEAR = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
            "linear_value_head_dim": 128, "linear_num_key_heads": 16,
            "linear_num_value_heads": 32, "head_dim": 256, "rms_norm_eps": 1e-6,
@@ -64,6 +69,7 @@ DEFAULTS = {
                     "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8,
                     "num_experts": 256},
 }  # fmt: skip
+DEFAULTS["qwen4_exp"] = {**DEFAULTS["qwen3_5_moe"], **qwen4.DEFAULTS}
 _LINEAR_ATTN, _ATTENTION = "linear_attention", "full_attention"
 # the published Qwen3.5-MoE checkpoints' stacked experts: gate and up [E, 2N, hidden] (gate
 # first), down [E, hidden, N]; listed with a `.weight` (`stacked_experts`)
@@ -71,7 +77,11 @@ STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
 def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
+    """Each layer's type; Qwen4-Exp's "indexed_attention" (attention with its QSA indexer,
+    `qwen4_exp_config`) read as attention."""
     types = cfg.get("layer_types")
+    if types is not None and "hc_count" in cfg:
+        types = [_ATTENTION if t == "indexed_attention" else t for t in types]
     if types is None:
         every = int(cfg.get("full_attention_interval") or 4)
         types = [_LINEAR_ATTN if (i + 1) % every else _ATTENTION for i in range(n)]
@@ -90,8 +100,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     params = cfg.get("rope_parameters") or {}
     if "partial_rotary_factor" not in params and cfg.get("partial_rotary_factor") is None:
-        out["partial_rotary_factor"] = 0.25
-    if arch == "qwen3_5_moe":
+        out["partial_rotary_factor"] = 1.0 if arch == qwen4.ARCH else 0.25  # (transformers')
+    if arch in ("qwen3_5_moe", qwen4.ARCH):
         out["intermediate_size"] = cfg["moe_intermediate_size"]
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported in a {arch} model "
@@ -99,8 +109,9 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     return out
 
 
-def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
-    """The Gated DeltaNet layers as recurrent layers (module docstring)."""
+def mamba(cfg: Mapping[str, Any], n: int, extra_conv_rows: int = 0) -> MambaConfig:
+    """The Gated DeltaNet layers as recurrent layers (module docstring); `extra_conv_rows`:
+    Qwen4-Exp's PLE conv state beside each one's conv state."""
     return delta_rule_mamba(
         (t == _LINEAR_ATTN for t in layer_types(cfg, n)),
         v_heads=int(cfg["linear_num_value_heads"]),
@@ -109,11 +120,17 @@ def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
         k_dim=int(cfg["linear_key_head_dim"]),
         d_conv=int(cfg["linear_conv_kernel_dim"]),
         attn_output_gate=True,
+        extra_conv_rows=extra_conv_rows,
     )
 
 
 def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     fields: dict[str, Any] = {"mamba": mamba(cfg, n), "qk_norm": True}
+    if arch == qwen4.ARCH:
+        types, h = layer_types(cfg, n), int(cfg["hidden_size"])
+        q = fields["qwen4"] = qwen4.read(cfg, types, h)
+        extra = q.extra_conv_rows(h, int(cfg["linear_conv_kernel_dim"]))
+        fields["mamba"] = mamba(cfg, n, extra)
     if arch == "qwen3_5":
         return fields
     if arch == "qwen3_next":
@@ -190,4 +207,6 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     if c.family.has_experts(i):
         out.update({p + "mlp.gate.weight": (c.family.num_experts, h),
                     p + "mlp.shared_expert_gate.weight": (1, h)})  # fmt: skip
+    if c.family.qwen4 is not None:
+        out.update(qwen4.expected_shapes(c, i))
     return out

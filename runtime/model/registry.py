@@ -43,8 +43,10 @@ MODEL_CLASSES = {
     "deepseek_v3": ("deepseek", "DeepseekModel"),
     "youtu": ("deepseek", "DeepseekModel"),  # V3's latent attention, a dense MLP
     "glm4_moe_lite": ("deepseek", "DeepseekModel"),  # GLM-4.7-Flash: DeepSeek-V3's layers
+    "axk1": ("axk1", "AXK1Model"),  # A.X-K1: V3's, a norm on the experts' output
     "deepseek_v32": ("dsa", "DsaModel"),  # DeepSeek Sparse Attention's lightning indexer
     "glm_moe_dsa": ("dsa", "DsaModel"),  # GLM-5: V3.2's, the indexer's choice shared
+    "axk2": ("axk2", "Axk2Model"),  # A.X-K2: V3.2's, gated norms, attention's output gate
     "hy_v4": ("hy_v4", "HyV4Model"),  # GLM-5's with hyper-connections, gated sink attention
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
@@ -85,11 +87,15 @@ MODEL_CLASSES = {
     "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
+    "zaya": ("zaya", "ZayaModel"),  # q/k/v from a conv state, a router MLP over top-1 experts
+    "lfm3": ("lfm2", "Lfm3Model"),  # LFM2's, sliding layers, head gates, sandwich norms
     "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts
     "qwen3_5": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's layers, a dense MLP
     "qwen3_5_moe": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's, experts in every layer
+    "qwen4_exp": ("qwen4_exp", "Qwen4ExpModel"),  # Qwen3.5-MoE's, hyper-connections, n-grams
     "olmo_hybrid": ("olmo_hybrid", "OlmoHybridModel"),  # Gated DeltaNet + OLMo 3's attention
     "kimi_linear": ("kimi_linear", "KimiLinearModel"),  # KDA + NoPE latent attention, V3 experts
+    "minimax": ("minimax", "MiniMaxModel"),  # lightning + softmax attention, Mixtral's experts
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections

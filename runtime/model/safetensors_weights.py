@@ -106,6 +106,9 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # LFM2's (model/lfm2.py): its norms, attention's output, the final norm
     (r"\.operator_norm\.", ".input_layernorm."), (r"\.ffn_norm\.", ".post_attention_layernorm."),
     (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."), (r"^model\.embedding_norm\.", "model.norm."),
+    # LFM3's sandwich norms, as GLM-4's (model/lfm2.py)
+    (r"\.post_operator_norm\.weight$", ".post_self_attn_layernorm.weight"),
+    (r"\.post_ffn_norm\.weight$", ".post_mlp_layernorm.weight"),
 ))  # fmt: skip
 
 
@@ -308,8 +311,12 @@ class SafetensorsWeights(Mapping):
 
     def _layer_names(self) -> dict[str, tuple[str, str]]:
         """A layer's tensor name with its number as "{}" -> (a number, that layer's stored
-        name), over every stored tensor (the fused ones `split_rows` no longer lists too)."""
+        name), over every stored tensor (the fused ones `split_rows` no longer lists too; a
+        `rename`d one under its new name: Kolibri 1's published norms)."""
         out: dict[str, tuple[str, str]] = {}
+        for name, (_, stored) in self._where.items():
+            if m := _LAYER.match(name):
+                out.setdefault(f"{m[1]}{{}}{m[3]}", (m[2], stored))
         for handle in self._handles:
             for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 name = _text_name(stored)

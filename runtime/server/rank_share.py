@@ -51,6 +51,7 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"\bq_proj\.(weight|bias)$", part):
         q0, q1 = lay.heads(mc.num_heads)
         gated = mc.family.mamba is not None and mc.family.mamba.attn_output_gate  # (its gates)
+        gated = gated or mc.architecture == "minicpm5_moe"  # (MiniCPM5-MoE's too)
         return (q1 - q0) * mc.head_dim * (2 if gated else 1), cols
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)

@@ -80,11 +80,18 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    # Gemma 4's per-layer inputs (model/gemma4.py)
                    "model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
                    "model.per_layer_projection_norm.weight",
+                   # Zaya's embedding scale (model/zaya.py)
+                   "model.input_hidden_states_scale", "model.input_hidden_states_bias",
                    # HY V4's hyper-connections' fold (model/hy_v4.py)
                    "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
-             "output_scale", "inv_freq")  # fmt: skip
+             "output_scale", "inv_freq",
+             # MiniMax's lightning decays, computed from the config (model/minimax.py)
+             *(f"self_attn.{b}" for b in ("slope_rate", "query_decay", "key_decay",
+                                          "diagonal_decay")))  # fmt: skip
 _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
+          # Zaya's q, k and delayed values: the conv's inputs in one matrix (model/zaya.py)
+          (re.compile(r"\bqkv_proj\.([qk]_proj|v_proj_delayed)\b"), "qkv_proj.cca"),
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -224,6 +231,12 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.positions import transpose_conv1d
 
         transpose_conv1d(weights)
+    if architecture == "ergo":  # its training framework's names, as the loader reads them
+        from pagoda.runtime.model.ergo_config import read_checkpoint_names
+        from pagoda.runtime.model.hf_loader import read_config
+
+        with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
+            read_checkpoint_names(weights, read_config(path))
     if architecture == "hy_v4":  # transformers' renames, as the loader lists them
         from pagoda.runtime.model.hy_v4_config import rename_weights
 
@@ -234,6 +247,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
 
         with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
             split_experts(weights, read_config(path))
+    from pagoda.runtime.model.moe_families import RENAMES
+
+    if architecture in RENAMES:  # a family's tensors as the loader names them
+        RENAMES[architecture](weights)
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)
@@ -261,6 +278,8 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         # PhiMoE's head a bias)
         return True
     m = _LAYER.match(name)
+    if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
+        return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))
     g = mc.family.gemma4  # its KV-shared layers' K/V projections and norms: not read
     if m is not None and g is not None and int(m.group(1)) < mc.num_layers:
         shared = g.shares_kv(int(m.group(1)))
@@ -277,6 +296,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
+    if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py)
+        total += tensors[EMBED].numel * (4 - p.dtype.itemsize)
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
     for name, t in tensors.items():
@@ -340,6 +361,18 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+    if mc.architecture == "ergo":  # (model/ergo.py)
+        if name.endswith(("experts.up_proj", "experts.down_proj")):  # a Linear per expert of
+            e, a, b = t.shape  # each [in, out] slice, transposed
+            return _dense([Stored(name, t.kind, (e, b, a), t.nbytes)], mc, lay, p)
+        if name.endswith("residual_gate.weight"):  # float32, as its two factors
+            return t.numel * 8
+        if _NORM.search(name) or name.endswith("experts.norm"):
+            return t.numel * 4  # its norms and expert norms in float32
+    if mc.architecture == "zaya" and name.endswith(("experts.gate_up_proj", "down_proj")):
+        return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+    if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
+        return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
     if mc.architecture == "kimi_linear" and _KDA_TENSORS.search(name):
         return t.numel * (p.dtype.itemsize if name.endswith("conv1d.weight") else 4)
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 # hidden-wide vectors a layer holds beyond Llama's two norms, in the model's dtype, whole on
 # every rank: AfMoE's two more norms, JetMoE's attention and MLP output biases
-EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2}
+EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2, "kolibri1": 2}  # (Kolibri 1: GLM-4's post norms)
 
 
 def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
@@ -34,6 +34,11 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         from pagoda.runtime.model.gemma4_config import param_count
 
         return param_count(mc) * item
+    if mc.architecture == "longcat_flash":  # (one rank, 16 or 32 bits: `family_options`)
+        from pagoda.runtime.model.checkpoint_check import expected_shapes
+        from pagoda.runtime.model.longcat_flash_config import weight_bytes
+
+        return weight_bytes(expected_shapes(mc), item)
     moe = sum(f.has_experts(x) for x in range(n))
     kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
     attn, attn_rows = _attention_shape(mc, t, kv)
@@ -67,6 +72,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         projections += n * m * f.mla.v_head_dim * h * item
         projections += 4 * (n * (2 * (2 * nh * nh * h + 2 * nh + 2) + m) + nh * nh * h + nh + 1)
         projections += sum(ix.full_layers) * 2 * ix.head_dim * (4 - item)
+    if f.attention_sinks and mc.architecture != "gpt_oss":  # GraniteSWA's sinks (float32)
+        projections += n * 4 * mc.num_heads / t
     if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, 16 or 32 bits)
         from pagoda.runtime.model.mimo_v2_flash_config import attention_params
 
@@ -82,7 +89,7 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
     h, d = mc.hidden_size, mc.head_dim
     attn = h * d * (2 * mc.num_heads / t + 2 * kv)
     attn_rows = (mc.num_heads / t + 2 * kv) * d + h
-    if mc.architecture == "afmoe":  # attention's output gate (as q)
+    if mc.architecture in ("afmoe", "minicpm5_moe"):  # attention's output gate (as q)
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
     if mc.family.laguna is not None:  # query heads by layer (their mean), the softplus gate
@@ -111,6 +118,8 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
         norms = (n + 1) * h * 4
     norms += EXTRA_LAYER_VECTORS.get(mc.architecture, 0) * n * h * item
+    if mc.architecture == "axk1":  # a norm on each MoE block's output
+        norms += sum(f.has_experts(x) for x in range(n)) * h * item
     if mc.architecture == "bitnet":  # its sub-norms: attention's output, the MLP's product
         norms += n * (h + mc.intermediate_size) * item
         if mc.family.bitnet == "offline":  # the packed layers' scales, one per output column
@@ -142,14 +151,18 @@ def _expert_bytes(mc: ModelConfig, item: int, fp8: bool, t: int, moe: int):
     with V3's correction bias), a shared expert as a dense MLP split over `t` ranks (FP8 with
     the projections, gate/up split by rows, down by columns) and Qwen2-MoE's gate, whole."""
     h, f = mc.hidden_size, mc.family
-    experts = moe * f.num_experts * 3 * h * f.moe_intermediate_size * item
+    mats = 3 if f.gated_mlp else 2  # (Ergo's experts: up and down)
+    experts = moe * f.num_experts * mats * h * f.moe_intermediate_size * item
     routers = moe * f.num_experts * h * item
     if f.routing is not None:
         routers = moe * f.num_experts * (h + f.routing.bias) * 4
     shared = 0.0
     if s := f.shared_expert_intermediate_size:
-        shared = moe * (3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item)
-        gate = f.routing is None and mc.architecture != "granitemoe"  # Qwen2-MoE's sigmoid gate
+        shared = moe * (mats * h * s / t + 4 * (2 * s / t + h) if fp8 else mats * h * s / t * item)
+        gate = f.routing is None and mc.architecture not in (
+            "granitemoe",
+            "granitemoe_swa",
+        )  # Qwen2-MoE's sigmoid gate
         routers += moe * h * item if gate else 0
     return experts, routers, shared
 

@@ -83,7 +83,7 @@ class MambaState:
         self.layers = [i for i, mamba in enumerate(m.layers) if mamba]
         self.states = {
             i: (
-                torch.zeros(num_slots, m.conv_dim, m.d_conv - 1, dtype=dtype, device=device),
+                torch.zeros(num_slots, m.conv_state_rows, m.d_conv - 1, dtype=dtype, device=device),
                 torch.zeros(num_slots, *m.ssm_shape, dtype=m.ssm_dtype(dtype), device=device),
             )
             for i in self.layers
@@ -184,7 +184,7 @@ class MambaState:
             mid, runs = None, None
             if host.save_mid is not None:
                 mid, runs = _mid_saves(host, p, m.d_conv)
-                parts += mid
+                parts += [*mid, host.save_mid.reshape(-1)]
             # one copy to the device, split there into views
             idx = to_device(np.concatenate(parts)).split([len(a) for a in parts])
             slots = idx[0]
@@ -197,6 +197,7 @@ class MambaState:
                 for i, g in enumerate(groups):
                     g.snap_chunks, g.snap_entries = idx[k + 2 + 2 * i : k + 4 + 2 * i]
                     g.snap_runs = runs[i]
+                prefill.snap_mid = idx[-1].view(3, -1)
         return MambaStep(on_device, nd, self.states, run, prefill, snaps, save_end)
 
     def restore(self, slots: torch.Tensor, entries: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model import alibi
-from pagoda.runtime.model.llama import LlamaModel
+from pagoda.runtime.model.llama import TOKEN_HISTORY, LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.ops import select_ops
@@ -48,7 +48,7 @@ from pagoda.runtime.worker.mamba_state import MambaState
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock
-from pagoda.runtime.worker.step_inputs import StepInputs
+from pagoda.runtime.worker.step_inputs import StepInputs, token_history
 
 log = logging.getLogger(__name__)
 
@@ -364,6 +364,9 @@ class ModelRunner:
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
                                            out.snapshots)  # fmt: skip
+        if self.model.token_history:  # the tokens before each sequence's step (n-grams)
+            inp.history = token_history([r.token_ids for r in reqs], starts,
+                                        self.model.token_history)  # fmt: skip
         if self.model.long_rope:  # which rotary table a longrope prompt's chunks read
             inp.prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, count=n)
         if self.prompt_logprob_requests:  # some request asked: are its prompt positions here?
@@ -452,6 +455,8 @@ class ModelRunner:
             backend.prepare(meta)
         if inp.mamba is not None:
             meta.aux[MAMBA_STEP] = self.mamba.device_step(inp.mamba, self.to_device)
+        if inp.history is not None:
+            meta.aux[TOKEN_HISTORY] = self.to_device(inp.history)
         return self.model.forward(
             ids,
             self.to_device(inp.positions),

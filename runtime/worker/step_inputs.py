@@ -32,3 +32,15 @@ class StepInputs:
     prompt: Any = None
     prompt_lens: np.ndarray | None = None  # int64 [B] each request's prompt (`model/longrope.py`)
     mamba: Any = None  # a hybrid's state slots (`worker.mamba_state.HostSlots`)
+    history: np.ndarray | None = None  # int64 [B, n]: `token_history`'s, for `llama.TOKEN_HISTORY`
+
+
+def token_history(token_lists, starts: np.ndarray, n: int) -> np.ndarray:
+    """int64 [B, n]: the n tokens of each sequence's history before `starts` (its step's first
+    position; -1 before the sequence: a prefix-cache hit or a chunk reads what its tokens are)."""
+    lens = np.minimum(starts, n)
+    flat = np.fromiter((t for ts, s in zip(token_lists, starts.tolist()) for t in ts[max(0, s - n) : s]),
+                       dtype=np.int64, count=int(lens.sum()))  # fmt: skip
+    out = np.full((len(starts), n), -1, dtype=np.int64)
+    out[np.arange(n)[None, :] >= (n - lens)[:, None]] = flat
+    return out

@@ -101,6 +101,25 @@ def test_kernel_handles_int64_ids_and_no_tokens(device):
     assert fused_experts(**empty).shape == (0, K)
 
 
+def test_none_ids_pick_no_expert(device):
+    """``none_ids``: a slot of id -1 (LongCat-Flash's zero-computation experts) adds nothing
+    and costs no GEMM row: the same as its weight zeroed on a real expert; a token whose every
+    slot is -1 gets zeros (as top_k 1 would)."""
+    from pagoda.kernels import fused_experts
+
+    args = _inputs(5, 4, 2, torch.float32, device)
+    none = torch.zeros_like(args["topk_ids"], dtype=torch.bool)
+    none[::2, 0] = True  # every other token's first pick: no expert
+    none[3] = True  # token 3: none at all
+    zeroed = dict(args, topk_weights=args["topk_weights"].masked_fill(none, 0.0))
+    args["topk_ids"] = args["topk_ids"].masked_fill(none, -1)
+    got = fused_experts(**args, none_ids=True)
+    torch.testing.assert_close(got, reference.fused_experts(**zeroed), **TOL[torch.float32])
+    torch.testing.assert_close(reference.fused_experts(**args, none_ids=True), got,
+                               **TOL[torch.float32])  # fmt: skip
+    assert not got[3].any()
+
+
 def _check_alignment(ids: torch.Tensor, E: int, bm: int, sorted_ids, expert_ids, num_padded):
     """What the GEMM relies on, stated directly."""
     from pagoda.kernels.fused_moe import max_padded_slots

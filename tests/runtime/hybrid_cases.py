@@ -103,6 +103,15 @@ CASES = {
              num_dense_layers=1, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
              routed_scaling_factor=1.5),
     ),
+    # LFM3: LFM2's convs beside full-attention layers (proportional rotary: half the angles)
+    # and sliding ones (an 8-key window, their own rotary base), each head's output gated by
+    # sigmoid(g_proj(x)), the sandwich norms; untied
+    "lfm3": (
+        "Lfm3",
+        dict(num_hidden_layers=4, layer_types=["conv", "sliding_attention", "full_attention",
+                                               "conv"], sliding_window=8, head_dim=16,
+             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+    ),
     # Mamba2 alone (Mamba2ForCausalLM): no attention, no MLP, its `backbone.` names; two
     # groups of B/C, biased projections, a time-step limit
     "mamba2": (
@@ -168,6 +177,19 @@ CASES = {
         linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=32)),
+    # Qwen4-Exp (model/qwen4_exp.py): Qwen3.5-MoE's layers between two hyper-connection
+    # streams, Per-Layer Embeddings of hashed 2- and 3-grams on the DeltaNet layer (their table
+    # saved in two shards), its output gate a sigmoid; an end-of-sequence id (12) inside the
+    # prompts cuts their n-grams; the QSA indexer keeps every token up to 99 (budget 96)
+    "qwen4-exp": ("Qwen4ExpText", dict(
+        **DELTA_HEADS, num_hidden_layers=2, layer_types=[LIN, FULL], linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, hc_count=2, hc_lowrank=16, ple_layer_ids=[1],
+        ple_embed_dim=32, heads_per_ngram=2, ngram_vocab_size_base=61,
+        make_ngram_vocab_size_divisible_by=8, split_ngram_parts=2, output_gate_type="sigmoid",
+        eos_token_id=12, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
+        indexer_budget=96, indexer_compress_ratio=4)),
     # OLMo Hybrid (model/olmo_hybrid.py): a DeltaNet layer first, beta doubled
     # (`linear_allow_neg_eigval`, the default), rotary, grouped KV heads, value heads wider than
     # key heads; then attention first, beta in [0, 1], no rotary (`rope_parameters` without a
@@ -190,9 +212,25 @@ CASES = {
                             "num_heads": 2, "short_conv_kernel_size": 4},
         num_experts=8, num_experts_per_token=2, num_shared_experts=1, moe_intermediate_size=32,
         first_k_dense_replace=1, num_expert_group=2, topk_group=1, routed_scaling_factor=2.0)),
+    # Zaya (model/zaya.py): q/k from two convs over a conv state, values half delayed, a
+    # float32 residual stream with learned scalings, a router MLP carrying its state from layer
+    # to layer over top-1 experts and a skip choice (`write` draws the key scales, the router's
+    # balancing biases and the scalings' biases), an LM head with a bias
+    "zaya": ("Zaya", dict(
+        num_hidden_layers=3, head_dim=16, num_experts=4, moe_intermediate_size=32,
+        router_hidden_size=32, cca_time0=2, cca_time1=3, tie_word_embeddings=False,
+        lm_head_bias=True)),
+    # MiniMax-Text-01 (model/minimax.py): lightning attention (Mamba2's scan, chunks of
+    # block_size) beside softmax attention, Mixtral's experts, residual weights by sublayer
+    "minimax": ("MiniMax", dict(
+        num_hidden_layers=3, layer_types=[FULL, LIN, LIN], head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, intermediate_size=32, block_size=8, full_attn_alpha_factor=1.5,
+        full_attn_beta_factor=0.9, linear_attn_alpha_factor=1.3, linear_attn_beta_factor=0.7,
+        mlp_alpha_factor=1.2, mlp_beta_factor=0.8)),
 }  # fmt: skip
-# the Gated DeltaNet and KDA rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
-DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "olmo-hybrid", "olmo-hybrid-nope", "kimi-linear")
+# the Gated DeltaNet, KDA and lightning rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
+DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "qwen4-exp", "olmo-hybrid", "olmo-hybrid-nope",
+         "kimi-linear", "minimax")  # fmt: skip
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
@@ -233,6 +271,13 @@ def write(name: str, path):
     """Case `name`'s checkpoint (`make_tiny_model`) saved to `path`; the transformers model."""
     arch, overrides = CASES[name]
     model = make_tiny_model(path, arch, **overrides)
+    if name == "qwen4-exp":  # its PLE conv starts at zeros (transformers' init): drawn here
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for key, p in model.named_parameters():
+                if key.endswith("ple.conv1d.weight"):
+                    p.copy_(torch.randn(p.shape, generator=g))
+        model.save_pretrained(path)
     if name in SCRAMBLED:
         g = torch.Generator().manual_seed(2)
         with torch.no_grad():
@@ -240,7 +285,30 @@ def write(name: str, path):
                 if key.endswith(("e_score_correction_bias", "expert_bias")):
                     buf.copy_(torch.randn(buf.shape, generator=g))
         model.save_pretrained(path)
+    if name == "zaya":
+        _zaya_draws(model)
+        model.save_pretrained(path)
     return model
+
+
+def _zaya_draws(model) -> None:
+    """Zaya's key scales in [1, 2] (zeros: every key alike), the biases of its residual
+    scalings small (else they outweigh the layers), the router MLP's matrices 5 times larger
+    (else its biases pick one expert for every token) and balancing biases: every expert and
+    the skip choice picked in prompt 0."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if key.endswith("qk_norm.temp"):
+                p.copy_(1 + torch.rand(p.shape, generator=g))
+            if key.endswith(("residual_scale.hidden_states_bias", "residual_scale.residual_bias",
+                             "input_hidden_states_bias")):  # fmt: skip
+                p.mul_(0.1)
+            if ".router_mlp." in key and p.dim() > 1:
+                p.mul_(5)
+        for key, buf in model.named_buffers():
+            if key.endswith("balancing_biases"):
+                buf.copy_(0.1 * torch.randn(buf.shape, generator=g))
 
 
 class Built:
@@ -406,7 +474,11 @@ REFUSED = {
     "qwen3-next": (4, _DELTA_TP, _NO_FP8.format("qwen3_next", "gated_deltanet")),
     "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("qwen3_5", "gated_deltanet")),
     "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("olmo_hybrid", "gated_deltanet")),
+    "qwen4-exp": (2, "--tensor-parallel-size 2 is not supported for a qwen4_exp model (its "
+                  "hyper-connections and Per-Layer Embeddings are not split)",
+                  _NO_FP8.format("qwen4_exp", "gated_deltanet")),
     "kimi-linear": (2, _NO_TP.format("kimi_linear", "kda"), _NO_FP8.format("kimi_linear", "kda")),
+    "minimax": (2, _NO_TP.format("minimax", "lightning"), _NO_FP8.format("minimax", "lightning")),
     "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
     "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
     "falcon-mamba": (
@@ -414,7 +486,9 @@ REFUSED = {
     ),
     "lfm2": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
+    "lfm3": (2, _NO_TP.format("lfm3", "short_conv"), _NO_FP8.format("lfm3", "short_conv")),
     "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
+    "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
 }  # fmt: skip
 
 

@@ -115,21 +115,29 @@ MIMO = {"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flas
         "rope_parameters": {k: {"rope_type": "default", "rope_theta": 1e4,
                                 "partial_rotary_factor": 0.334}
                             for k in ("full_attention", "sliding_attention")}}  # fmt: skip
+MINICPM5 = {"architectures": ["MiniCPM5MoeForCausalLM"], "model_type": "minicpm5_moe"}
 HY_V4 = {"architectures": ["HYV4ForCausalLM"], "model_type": "hy_v4", "vocab_size": 300,
          "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
          "num_hidden_layers": 2, "q_lora_rank": 24, "kv_lora_rank": 32, "qk_nope_head_dim": 32,
          "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8,
          "num_experts_per_tok": 2, "moe_intermediate_size": 32, "index_head_dim": 32,
          "index_n_heads": 4, "index_topk": 8}  # fmt: skip
+QWEN4 = {"architectures": ["Qwen4ExpForCausalLM"], "model_type": "qwen4_exp_text",
+         "vocab_size": 300, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 16, "num_hidden_layers": 2, "layer_types": ["linear_attention",
+         "full_attention"], "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+         "num_experts": 4, "num_experts_per_tok": 2, "hc_count": 2, "hc_lowrank": 16}  # fmt: skip
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300,
          "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
          "num_key_value_heads": 2, "num_hidden_layers": 2}  # fmt: skip
+AXK2 = {"architectures": ["AXK2ForCausalLM"], "model_type": "axk2", "num_hidden_layers": 2}
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
 def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) -> None:
     untested = {a for a, row in UNTESTED.items() if row.fp8_checkpoint}
-    configs = {"gemma4": GEMMA4, "mimo_v2_flash": MIMO, "hy_v4": HY_V4}
+    configs = {"gemma4": GEMMA4, "mimo_v2_flash": MIMO, "axk2": AXK2, "minicpm5_moe": MINICPM5,
+               "hy_v4": HY_V4, "qwen4_exp": QWEN4}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch

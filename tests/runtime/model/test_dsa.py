@@ -1,5 +1,5 @@
 """DeepSeek Sparse Attention (`DeepseekV32ForCausalLM`: DeepSeek-V3.2; `GlmMoeDsaForCausalLM`:
-GLM-5) against transformers, token for token and logits within 1e-3 (float32), on tiny random
+GLM-5; `AXK2ForCausalLM`: A.X-K2) against transformers, token for token and logits within 1e-3 (float32), on tiny random
 checkpoints transformers writes itself, with an ``index_topk`` small enough that the indexer's
 choice changes the tokens: prompts of 53, 23 and 48 tokens chunked into 16-token steps, three
 prompts sharing steps (decodes beside prefill chunks), a warm prefix cache, a pool small enough
@@ -10,7 +10,9 @@ to preempt.
 - glm5-top24: GLM-5's interleaved indexer rotary, ``indexer_types`` full / shared / full (the
   shared layer reuses the first one's choice), 24 keys: the first steps attend densely (no
   sequence past 24 tokens), then the 53- and 48-token prompts' later chunks sparsely, and the
-  23-token prompt crosses 24 while decoding.
+  23-token prompt crosses 24 while decoding;
+- axk2-top8: A.X-K2 (`AXK2ForCausalLM`) on v32-top8's shape: its gated norms, the attention's
+  output gate fused into q_b_proj, two expert groups whose losers score 0 (not -inf).
 
 Also: two tensor-parallel ranks, the cache row (latent, rotary key, indexer key), the refusals
 (``--quantization fp8``, int8/FP8 KV caches), the block-wise FP8 release format and the
@@ -37,7 +39,12 @@ CASES = {
     "v32-top8": ("DeepseekV32", dict(MLA, index_n_heads=16, index_topk=8, num_hidden_layers=2)),
     "glm5-top24": ("GlmMoeDsa", dict(MLA, index_n_heads=16, index_topk=24, num_hidden_layers=3,
                                      indexer_types=["full", "shared", "full"])),
+    # A.X-K2: gated norms (rank 8), the attention's output gate, expert groups whose losers
+    # score 0 (biases low enough that a kept group has fewer than two experts above 0)
+    "axk2-top8": ("AXK2", dict(MLA, index_n_heads=16, index_topk=8, num_hidden_layers=2,
+                               gated_norm_rank=8)),
 }  # fmt: skip
+BIAS_SHIFT = {"axk2-top8": -2.0}
 
 
 def write_case(name: str, path):
@@ -47,7 +54,7 @@ def write_case(name: str, path):
     with torch.no_grad():
         for layer in model.model.layers[1:]:
             bias = layer.mlp.gate.e_score_correction_bias
-            bias.copy_(torch.randn(bias.shape, generator=g))
+            bias.copy_(torch.randn(bias.shape, generator=g) + BIAS_SHIFT.get(name, 0.0))
     model.save_pretrained(path)
     return model
 
@@ -180,6 +187,36 @@ def test_published_configs_read_as_transformers_reads_them(tmp_path, changes):
     assert f.attention_multiplier == pytest.approx(192**-0.5 * mscale**2)
 
 
+# A.X-K2's config.json as AXK2Config writes its defaults (A.X-K2-Light's shape), sparse, with the
+# legacy keys it derives mlp_layer_types from (4 layers; a frequency of 2: layer 2 alone routed)
+AXK2_LIGHT = {"architectures": ["AXK2ForCausalLM"], "model_type": "axk2", "num_hidden_layers": 4,
+              "first_k_dense_replace": 1, "moe_layer_freq": 2, "n_group": None,
+              "topk_group": None, "rope_theta": 10000.0}  # fmt: skip
+
+
+def test_a_published_style_axk2_config_reads_as_transformers_reads_it(tmp_path):
+    """AXK2Config's defaults: the gated norms' rank, the MLP kinds from first_k_dense_replace and
+    moe_layer_freq, routing without groups (null n_group), the indexer (rotate-half), the cache
+    row (128 + 32 + 128) and transformers' own parameter count (meta device)."""
+    from pagoda.runtime.model.loader import read_model_config
+
+    (tmp_path / "config.json").write_text(json.dumps(AXK2_LIGHT))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    ours = read_model_config(str(tmp_path))
+    f, ix = ours.family, ours.family.mla.indexer
+    assert ours.architecture == "axk2" and f.gated_norm_rank == theirs.gated_norm_rank == 16
+    assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
+    assert f.moe_layers == (False, False, True, False)
+    assert (f.routing.n_group, f.routing.topk_group, f.routing.zero_other_groups) == (1, 1, True)
+    assert (ix.n_heads, ix.head_dim, ix.topk, ix.rope_interleave) == (16, 128, 2048, False)
+    assert f.mla.output_gate and (ours.num_kv_heads, ours.head_dim) == (1, 128 + 32 + 128)
+    assert (ours.vocab_size, ours.hidden_size, ours.num_heads) == (163_840, 2048, 32)
+    assert (ours.bos_token_id, list(ours.eos_token_ids)) == (163_691, [163_691])
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(theirs)
+    assert ours.num_params == sum(p.numel() for p in hf.parameters())
+
+
 def test_a_block_wise_fp8_release_loads_dequantized(built, tmp_path):
     """DeepSeek-V3.2's FP8 release format: the decoder's projections, the indexer's wq_b and wk
     among them, in E4M3 with a float32 `weight_scale_inv` per 32 x 32 tile (partial at the
@@ -208,19 +245,26 @@ def test_a_block_wise_fp8_release_loads_dequantized(built, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("change", "match"),
-    [({"indexer_types": ["full", "full", "full"]},
+    ("name", "change", "match"),
+    [("glm5-top24", {"indexer_types": ["full", "full", "full"]},
       r"missing tensor 'model.layers.1.self_attn.indexer.wq_b.weight'"),
-     ({"index_head_dim": 16}, r"indexer.wq_b.weight is \[512, 24\], .* needs \[256, 24\]")],
+     ("glm5-top24", {"index_head_dim": 16},
+      r"indexer.wq_b.weight is \[512, 24\], .* needs \[256, 24\]"),
+     ("axk2-top8", {"gated_norm_rank": 4},
+      r"input_layernorm.W_down.weight is \[8, 64\], .* needs \[4, 64\]"),
+     ("axk2-top8", {"mlp_layer_types": ["sparse", "sparse"]},
+      r"missing tensor 'model.layers.0.post_attention_layernorm.norm.weight'")],
+    ids=["glm5-all-full", "glm5-head-dim", "axk2-gate-rank", "axk2-dense-made-sparse"],
 )  # fmt: skip
 def test_indexer_weights_the_config_does_not_match_are_refused_in_one_line(
-    built, tmp_path, change, match
+    built, tmp_path, name, change, match
 ):
     """GLM-5's checkpoint read with a layer made 'full' that has no indexer (its shared layer),
-    or another index_head_dim: one line naming the tensor."""
+    or another index_head_dim; A.X-K2's with another gate rank, or its dense layer made an
+    expert layer (whose norm before the MLP is gated): one line naming the tensor."""
     from pagoda.runtime.model.loader import read_model_config
 
-    path = built("glm5-top24")[0]
+    path = built(name)[0]
     for f in path.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((path / "config.json").read_text())

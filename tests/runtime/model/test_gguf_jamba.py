@@ -1,4 +1,4 @@
-"""llama.cpp GGUFs of Jamba (`jamba`, read by `model/gguf_classic.py`): a tiny transformers
+"""llama.cpp GGUFs of Jamba (`jamba`, read by `model/gguf_jamba.py`): a tiny transformers
 checkpoint written as llama.cpp's converter writes it (its JambaModel: the attention layers as a
 per-layer `attention.head_count_kv`, the Mamba-1 mixer's sizes as `ssm.*`, A as -exp(A_log),
 the conv squeezed, the experts stacked apart; Q8_0 matrices); the engine on the file matches

@@ -1,4 +1,4 @@
-"""llama.cpp GGUFs of MiniMax-M2 (`minimax-m2`, read by `model/gguf_classic.py`): a tiny
+"""llama.cpp GGUFs of MiniMax-M2 (`minimax-m2`, read by `model/gguf_minimax_m2.py`): a tiny
 transformers checkpoint written as llama.cpp's converter writes it (its MiniMaxM2Model over
 TextModel: `rope.dimension_count` its rotary_dim, the experts stacked, the correction bias as
 `exp_probs_b.bias`, the router a sigmoid; Q8_0 matrices); the engine on the file matches

@@ -626,6 +626,49 @@ def test_lfm2_estimates_checks_and_refusals(built, tmp_path):
         read_model_config(str(tmp_path))
 
 
+def test_lfm3_estimate_checkpoint_check_and_published_config(built, tmp_path):
+    """LFM3: the weights estimate against the built model (its head gates and sandwich norms
+    counted), the checkpoint check naming a missing gate (`gate_proj`, as published: transformers
+    reads it as g_proj); LFM3-1.7B's config.json (transformers' Lfm3Config defaults) read without
+    weights: its layer kinds, rotary by kind, window, ids and transformers' parameter count on
+    the meta device (less the attention layers' q/k norms, which `num_params` leaves out for the hybrids)."""
+    import json
+
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server.weights import from_shapes
+
+    _, _, loaded, _ = built("lfm3", reference=False)
+    mc = loaded.config
+    stored = sum(t.numel() for t in loaded.weights.values()) * 2
+    assert from_shapes(mc, torch.bfloat16, False) == pytest.approx(stored, rel=0.02)
+    headers = {n: loaded.weights.dtype_and_shape(n) for n in loaded.weights}
+    check_checkpoint(mc, headers)
+    gate = "model.layers.1.self_attn.gate_proj.weight"
+    del headers[gate]
+    with pytest.raises(ValueError, match=re.escape(f"missing tensor '{gate}'")):
+        check_checkpoint(mc, headers)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["Lfm3ForCausalLM"], "model_type": "lfm3"})
+    )
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    kinds = [
+        {"conv": "c", "sliding_attention": "s", "full_attention": "f"}[k] for k in t.layer_types
+    ]
+    ours = ["c" if o.family.mamba.layers[i] else "s" if o.family.window(i) else "f"
+            for i in range(o.num_layers)]  # fmt: skip
+    assert ours == kinds and o.family.sliding_window == t.sliding_window == 256
+    assert o.rope_scaling == t.rope_parameters["full_attention"] and o.rope_theta == 1e6
+    assert o.family.local_rope_theta == t.rope_parameters["sliding_attention"]["rope_theta"]
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, [t.eos_token_id])
+    assert o.family.glm4_norms and o.family.mamba.attn_head_gate and o.tie_word_embeddings
+    with torch.device("meta"):
+        hf = transformers.Lfm3ForCausalLM(t)
+    norms = 2 * o.num_kv_layers * o.head_dim  # the attention layers' q/k norms
+    assert o.num_params + norms == sum(p.numel() for p in hf.parameters()) == 1_728_801_536
+
+
 def test_mamba2_alone_sizes_and_the_hub_config(built, tmp_path):
     """Mamba2ForCausalLM has no attention layer (nor Granite 4.0 with transformers' default
     layer_types, "granite4-all-mamba", checked against transformers above): the memory check
@@ -723,9 +766,9 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     assert 7.1e9 < big.num_params < 7.4e9  # Falcon-Mamba-7B
 
 
-@pytest.mark.parametrize("name", ["lfm2", "lfm2-bias", "mamba1", "falcon-mamba"])
+@pytest.mark.parametrize("name", ["lfm2", "lfm2-bias", "lfm3", "mamba1", "falcon-mamba"])
 def test_tensor_parallelism_and_fp8_are_refused_for_short_convs_and_mamba1(built, name):
-    """`--tensor-parallel-size 2` and `--quantization fp8` on LFM2's or Mamba-1's layers:
+    """`--tensor-parallel-size 2` and `--quantization fp8` on LFM2's (LFM3's) or Mamba-1's layers:
     refused in one line at start (`layout.check`, `core.check_dtype`, which `pagoda serve`
     runs before it binds), not served untested (`hybrid_cases.REFUSED`)."""
     check_refused(name, built(name, reference=False)[2].config)

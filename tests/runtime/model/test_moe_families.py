@@ -2,8 +2,8 @@
 (float32), on tiny random checkpoints transformers writes itself: prompts chunked into 16-token
 steps, three prompts sharing steps, a warm prefix cache, and a pool small enough to preempt; the
 config fields as transformers reads them, the weights estimate against what the built model
-holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo) and, on CUDA, the
-fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each family's own.
+holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a case a layout,
+`TWO_RANKS`) and, on CUDA, the fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each family's own.
 
 - ernie45-moe (`Ernie4_5_MoeForCausalLM`): the interleaved float32 rotary of dense ERNIE 4.5, a
   dense first layer, then a float32 softmax router whose choice adds a correction bias large
@@ -48,6 +48,18 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   layer, experts from the first layer on, one shared expert.
 - granitemoe-shared (`GraniteMoeSharedForCausalLM`): GraniteMoe's scalars and stacked experts
   (top-2 of 4) with the ungated `shared_mlp` beside them, its width other than the experts'.
+- granitemoe-swa (`GraniteMoeSWAForCausalLM`): GraniteMoeShared's model with window layers
+  (`layer_types`, prompts longer than the window) and a sink logit per head (drawn at random).
+- kolibri1 (`Kolibri1ForCausalLM`): EXAONE 4's attention (per-head q/k norms, window layers
+  rotating, the full one NoPE), GLM-4's norms after attention and the MLP (published as
+  `post_attn_norm` / `post_ffn_norm`), top-2 of 6 experts by the logits plus a choice-only bias
+  (`moe.router.expert_bias`, drawn large enough to change the picks) weighted by their sigmoid
+  scores, not renormalised, beside a shared MLP.
+- axk1 (`AXK1ForCausalLM`: A.X-K1): DeepSeek-V3's latent attention (the q bottleneck, the
+  interleaved rotary) and grouped sigmoid router (a correction bias large enough to change the
+  picks, 2 groups of which 1, scaled by 2) with the shared expert, an RMSNorm on each MoE
+  block's output; a dense first layer. Without its correction biases (as A.X-K1 is released)
+  it routes as transformers does, with none.
 - dbrx (`DbrxForCausalLM`): MPT's bias-free LayerNorms and stacked `Wqkv` clamped by a
   `clip_qkv` small enough to clamp, the rotary, two KV heads, top-2 of 4 experts renormalised
   (their stacked `w1` / `v1` / `w2` listed per expert); dbrx-plain: a clamp too wide to act
@@ -57,6 +69,15 @@ fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each 
   first layer on: V3's router (sigmoid, a correction bias large enough to change the picks, 4
   groups of which 2, renormalised, scaled by 2) beside one shared expert, the whole head
   rotating.
+- minicpm5-moe (`MiniCPM5MoeForCausalLM`): GLM-4.5's model with Llama's attention gated as
+  Qwen3-Next's (q_proj gives each head's query, then its gate), a dense first layer, then 3 of
+  8 experts in 2 groups (one kept) with correction biases large enough to change the picks,
+  scaled by 2.5, beside two shared experts' width; its published config (the older
+  architecture name, `first_k_dense_replace`) with transformers' parameter count.
+- mellum (`MellumForCausalLM`): Qwen3-MoE's layers (per-head q/k norms, softmax-routed
+  experts renormalised) as Laguna's decoder arranges them: sliding layers (a 9-key window,
+  their own base) around a full one (its base), a dense MLP between two
+  expert layers; its published config with transformers' parameter count.
 - cohere2-moe (`Cohere2MoeForCausalLM`): Cohere 2's layer (one LayerNorm, attention and the MLP
   side by side, the interleaved rotary on the window layers, NoPE global ones, `logit_scale`)
   with a dense first layer of its own width (rotating: `prefix_dense_sliding_window_pattern`
@@ -114,9 +135,16 @@ JETMOE_ROUTERS = (
     ("self_attention.experts.router.layer.weight", 1.0),
     ("mlp.router.layer.weight", 1.0),
 )
+# GraniteMoeSWA's sink logits (transformers initialises them to zero)
+SINKS = (("self_attn.sinks", 1.0),)
+# Kolibri 1's choice-only bias, added to the logits (large enough to change the picks)
+KOLIBRI_BIAS = (("mlp.gate.e_score_correction_bias", 2.0),)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
+# Mellum's rotary by layer kind (each its own base)
+MELLUM_ROPE = {FULL: {"rope_type": "default", "rope_theta": 500000.0},
+               SLIDING: {"rope_type": "default", "rope_theta": 1000.0}}  # fmt: skip
 # name: (transformers config class prefix, config overrides, tensors drawn at random)
 CASES = {
     "ernie45-moe": ("Ernie4_5_Moe", dict(
@@ -182,6 +210,20 @@ CASES = {
         num_local_experts=4, intermediate_size=32, shared_intermediate_size=48,
         embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
         logits_scaling=2.0, **E), ()),
+    "granitemoe-swa": ("GraniteMoeSWA", dict(
+        num_hidden_layers=3, num_local_experts=4, intermediate_size=32,
+        shared_intermediate_size=48, embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.2, logits_scaling=2.0, sliding_window=10,
+        layer_types=[SLIDING, FULL, SLIDING], **E), SINKS),
+    "kolibri1": ("Kolibri1", dict(
+        num_hidden_layers=3, head_dim=16, num_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=10,
+        layer_types=[SLIDING, FULL, SLIDING], **E), KOLIBRI_BIAS),
+    "axk1": ("AXK1", dict(
+        num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1,
+        routed_scaling_factor=2.0, mlp_layer_types=["dense", "sparse", "sparse"], **E), V3_BIAS),
     "dbrx": ("Dbrx", dict(
         d_model=64, n_heads=4, n_layers=2, **DBRX_ROPE,
         attn_config=dict(kv_n_heads=2, clip_qkv=0.3, rope_theta=50000.0),
@@ -195,6 +237,14 @@ CASES = {
         head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
         routed_scaling_factor=2.0, n_shared_experts=1, moe_intermediate_size=32,
         **B), V3_BIAS),
+    "minicpm5-moe": ("MiniCPM5Moe", dict(
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, n_shared_experts=2, moe_intermediate_size=24,
+        mlp_layer_types=["dense", "sparse", "sparse"], num_hidden_layers=3, **B, **P), V3_BIAS),
+    "mellum": ("Mellum", dict(
+        head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
+        num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING], sliding_window=9,
+        mlp_layer_types=["sparse", "dense", "sparse"], rope_parameters=MELLUM_ROPE, **B), ()),
     "cohere2-moe": ("Cohere2Moe", dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, intermediate_size=32,
         prefix_dense_intermediate_size=48, first_k_dense_replace=1, num_shared_experts=1,
@@ -273,6 +323,17 @@ FIELDS = {
         "architecture": "solar_open", "family.qk_norm": False, "rope_scaling": None,
         "family.moe_layers": (True, True), "family.shared_expert_intermediate_size": 32,
         "family.routing.n_group": 4, "family.routing.bias": True},
+    "minicpm5-moe": {
+        "architecture": "minicpm5_moe", "family.qk_norm": False, "rope_scaling": None,
+        "family.moe_layers": (False, True, True), "family.shared_expert_intermediate_size": 48,
+        "family.routing.n_group": 2, "family.routing.bias": True,
+        "family.routing.routed_scaling_factor": 2.5},
+    "mellum": {
+        "architecture": "mellum", "family.qk_norm": True, "rope_theta": 500000.0,
+        "rope_scaling": None, "family.local_rope_theta": 1000.0,
+        "family.sliding_window": 9, "family.window_layers": (True, False, True),
+        "family.moe_layers": (True, False, True), "family.num_experts": 6,
+        "family.norm_topk_prob": True, "family.routing": None},
     "cohere2-moe": {
         "architecture": "cohere2_moe", "family.cohere_rms_norm": False, "rms_norm_eps": 1e-5,
         "intermediate_size": 48, "family.moe_intermediate_size": 32,
@@ -295,6 +356,20 @@ FIELDS = {
         "tie_word_embeddings": True},
     "jetmoe-top3": {"num_heads": 3, "num_kv_heads": 1, "head_dim": 32,
                     "tie_word_embeddings": False},
+    "granitemoe-swa": {
+        "architecture": "granitemoe_swa", "family.shared_expert_intermediate_size": 48,
+        "family.window_layers": (True, False, True), "family.attention_sinks": True,
+        "family.rope_thetas": (10000.0,) * 3, "family.attention_multiplier": 0.2},
+    "kolibri1": {
+        "architecture": "kolibri1", "family.qk_norm": True, "family.glm4_norms": True,
+        "family.window_layers": (True, False, True), "family.rope_layers": (True, False, True),
+        "family.routing.bias_on_logits": True, "family.routing.bias": True,
+        "family.norm_topk_prob": False, "family.shared_expert_intermediate_size": 48},
+    "axk1": {
+        "architecture": "axk1", "family.moe_layers": (False, True, True),
+        "family.routing.topk_method": "noaux_tc", "family.routing.n_group": 2,
+        "family.routing.bias_optional": True, "family.mla.q_lora_rank": 24,
+        "family.mla.rope_interleave": True, "family.shared_expert_intermediate_size": 32},
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
@@ -308,9 +383,11 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
+             ("granitemoe-swa", 1), ("kolibri1", 1), ("axk1", 1),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
-             ("hy-v3", 1), ("hy-v3", 2), ("jetmoe", 1), ("jetmoe-top3", 1)]  # fmt: skip
+             ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("mellum", 2), ("jetmoe", 1),
+             ("jetmoe-top3", 1)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -320,9 +397,13 @@ FROM_SHAPES = {
     "minimax-m2": 1e-6,
     "phimoe": 1e-6,
     "granitemoe-shared": 1e-6,
+    "granitemoe-swa": 1e-6,
+    "kolibri1": 1e-6,
+    "axk1": 1e-6,
     "dbrx": 1e-6,
     "cohere2-moe": 1e-6,
     "cohere2-moe-rms": 1e-6,
+    "minicpm5-moe": 1e-6,
 }
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
@@ -338,8 +419,16 @@ MISSING = [
     ("afmoe", "model.layers.3.post_mlp_layernorm.weight"),
     ("afmoe", "model.layers.1.mlp.router.gate.weight"),
     ("granitemoe-shared", "model.layers.1.shared_mlp.output_linear.weight"),
+    ("granitemoe-swa", "model.layers.2.self_attn.sinks"),
+    ("kolibri1", "model.layers.1.moe.router.expert_bias"),
+    ("kolibri1", "model.layers.2.post_ffn_norm.weight"),
+    ("axk1", "model.layers.1.post_mlp_layernorm.weight"),
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
+    ("minicpm5-moe", "model.layers.0.self_attn.q_proj.weight"),
+    ("mellum", "model.layers.1.mlp.up_proj.weight"),
+    ("mellum", "model.layers.2.self_attn.k_norm.weight"),
+    ("minicpm5-moe", "model.layers.2.mlp.gate.e_score_correction_bias"),
     ("hy-v3", "model.layers.1.mlp.expert_bias"),
     ("hy-v3", "model.layers.2.mlp.shared_mlp.down_proj.weight"),
     ("hy-v3", "model.layers.1.mlp.router.gate.weight"),
@@ -348,13 +437,19 @@ MISSING = [
     ("jetmoe", "model.layers.1.mlp.bias"),
     ("jetmoe-top3", "model.layers.2.self_attention.experts.router.layer.weight"),
 ]
-# heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
-# experts and shared MLPs by width, routers whole on each (DBRX's experts listed per expert;
-# Cohere 2 MoE's average halved before the sum; GraniteMoeShared's shared MLP and Solar Open's
-# and Hy3's GLM-4.5 layers split as Granite 4.0's and GLM-4.5's, whose tests run them on two
-# ranks: their weights estimates are checked at tp 2)
-TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
-             "flex-olmo", "afmoe", "dbrx", "cohere2-moe"]  # fmt: skip
+# Two ranks, one case per layout the families' own code splits: AfMoE's output gate split by
+# heads, DBRX's stacked experts listed per expert, Cohere 2 MoE's shared experts averaged (the
+# average halved before the sum); each with the routed experts by width and the router whole on
+# each rank. The others split as a layout tested on two ranks elsewhere: ERNIE 4.5 MoE's,
+# Hunyuan's, dots1's, EXAONE MoE's, Solar Open's and Hy3's heads (Qwen3's per-head q/k norms or
+# none) beside experts and shared experts by width (GLM-4.5's, test_glm4_moe.py: dots1, EXAONE
+# MoE, Solar Open and Hy3 run its model; Qwen2-MoE's and Mixtral's, test_tensor_parallel.py);
+# MiniMax-M2's and FlexOlmo's q/k norms over the whole projections, all-reduced (OLMo 2's layer:
+# test_tensor_parallel.py's olmo2-kv1, test_olmo_hybrid.py); PhiMoE's LayerNorm biases, q/k/v
+# biases by heads and LM head bias after the gather (Phi's, test_dense_archs.py);
+# GraniteMoeShared's shared MLP (Granite 4.0's, test_tp_hybrid.py). Their weights estimates are
+# checked at tp 2 (ESTIMATES).
+TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe"]
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -714,6 +809,62 @@ def test_solar_open_sparse_config_reads_as_transformers(tmp_path):
     assert f.moe_layers == (True, True) and c.intermediate_size == 32
 
 
+# MiniCPM5-MoE
+
+
+def test_minicpm5_moe_published_config_reads_as_transformers(tmp_path):
+    """MiniCPM5-15B-A2.5B's config.json under its older architecture name (the defaults are its
+    shape), with the older `first_k_dense_replace` in place of `mlp_layer_types`: base 5e6, the
+    dense layers, the ids and transformers' parameter count on the meta device (the gate rows
+    of q_proj counted); the attention without its gate refused in one line."""
+    cfg = dict(architectures=["MiniCPM5MoEForCausalLM"], model_type="minicpm5_moe",
+               first_k_dense_replace=2)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.architecture == "minicpm5_moe" and c.rope_scaling is None
+    assert c.rope_theta == theirs.rope_parameters["rope_theta"] == 5e6
+    assert c.family.moe_layers == tuple(m == "sparse" for m in theirs.mlp_layer_types)
+    assert c.family.moe_layers[:3] == (False, False, True)
+    assert (c.bos_token_id, list(c.eos_token_ids)) == (theirs.bos_token_id, theirs.eos_token_id)
+    with torch.device("meta"):
+        hf = transformers.MiniCPM5MoeForCausalLM(theirs)
+    assert c.num_params == sum(p.numel() for p in hf.parameters()) == 14_546_094_080
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "use_gated_attention": False}))
+    with pytest.raises(ValueError, match="use_gated_attention false is not supported"):
+        read_model_config(str(tmp_path))
+
+
+# Mellum
+
+
+def test_mellum_published_config_reads_as_transformers(tmp_path):
+    """Mellum2-12B-A2.5B's config.json (transformers' MellumConfig defaults are its shape) with
+    its sliding layers named: the rotary by kind, the window, the experts in every layer (the
+    hub's `num_experts` key), transformers' parameter count on the meta device; a partial
+    rotary (which transformers' Mellum cannot run) refused in one line, on either kind."""
+    types = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"] * 7
+    cfg = dict(architectures=["MellumForCausalLM"], model_type="mellum", layer_types=types,
+               num_experts=64)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    assert c.rope_theta == theirs.rope_parameters[FULL]["rope_theta"] == 5e5
+    assert c.family.local_rope_theta == theirs.rope_parameters[SLIDING]["rope_theta"]
+    assert c.family.sliding_window == theirs.sliding_window == 1024
+    assert [c.family.window(i) is not None for i in range(28)] == [t == SLIDING for t in types]
+    assert c.family.moe_layers == (True,) * 28 and c.family.num_experts == 64
+    with torch.device("meta"):
+        hf = transformers.MellumForCausalLM(theirs)
+    assert c.num_params == sum(p.numel() for p in hf.parameters())  # (q/k norms counted)
+    half = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    for kind, words in ((SLIDING, "sliding_attention rotary"), (FULL, "a partial rotary")):
+        rope = {**theirs.rope_parameters, kind: half}
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": rope}))
+        with pytest.raises(ValueError, match=words):
+            read_model_config(str(tmp_path))
+
+
 # Cohere 2 MoE
 
 
@@ -816,3 +967,24 @@ def test_jetmoe_that_does_not_fit_is_offered_neither_fp8_weights_nor_more_ranks(
     fixes = text.split("; would fit: ")[1]
     assert fixes.startswith("--kv-cache-dtype fp8 (") and "--quantization" not in fixes, text
     assert "--tensor-parallel-size" not in fixes, text
+
+
+def test_axk1_without_correction_biases_routes_as_transformers(built, tmp_path):
+    """A.X-K1's releases hold no `e_score_correction_bias` (transformers leaves it zero): the
+    checkpoint without them is read (not refused) and routes as transformers does."""
+    from arch_cases import NEW, generate, prompts
+    from hf_oracle import hf_greedy_plain, save_word_tokenizer
+    from pagoda.runtime import LLM
+    from safetensors.torch import load_file, save_file
+
+    path = built("axk1")[0]
+    tensors = load_file(str(path / "model.safetensors"))
+    kept = {k: v for k, v in tensors.items() if not k.endswith("e_score_correction_bias")}
+    assert len(kept) == len(tensors) - 2
+    (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
+    save_file(kept, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    save_word_tokenizer(tmp_path, 300)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    want = [hf_greedy_plain(hf, p, NEW)[0] for p in prompts()]
+    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, max_num_seqs=4)
+    assert [tokens for tokens, _ in generate(llm, prompts())] == want

@@ -149,3 +149,96 @@ def test_bitnet_b1_58_2b_4t_reads_as_transformers_reads_it(tmp_path, mode):
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 2_412_820_480
     with pytest.raises(ValueError, match="not supported for a bitnet model"):
         check(o, 2)
+
+
+@pytest.mark.parametrize(("arch", "model_type", "params"), [
+    ("GraniteSWAForCausalLM", "granite_swa", 2_144_463_840),  # granite-swash-2b's shape
+    ("GraniteMoeSWAForCausalLM", "granitemoe_swa", None),
+])  # fmt: skip
+def test_a_sparse_granite_swa_config_reads_with_transformers_defaults(
+    tmp_path, arch, model_type, params
+):
+    """GraniteSWA's config class defaults are granite-swash-2b's shape: a config.json naming
+    the architecture alone reads as transformers fills it in (shapes, ids, tying, the window,
+    the layer pattern, a rotary base per layer), and the parameter count is transformers' own
+    (the sinks included); tensor parallelism refused in one line."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch],
+                                                      "model_type": model_type}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    assert o.architecture == model_type
+    assert (o.vocab_size, o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads) == (
+        t.vocab_size, t.hidden_size, t.num_hidden_layers, t.num_attention_heads,
+        t.num_key_value_heads)  # fmt: skip
+    assert (o.rms_norm_eps, o.max_position_embeddings, o.tie_word_embeddings) == (
+        t.rms_norm_eps, t.max_position_embeddings, t.tie_word_embeddings)  # fmt: skip
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, [t.eos_token_id])
+    assert o.family.sliding_window == t.sliding_window == 128
+    assert list(o.family.window_layers) == [k == "sliding_attention" for k in t.layer_types]
+    assert list(o.family.rope_thetas) == t.layer_rope_theta and o.family.attention_sinks
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters())
+    assert params is None or o.num_params == params
+    with pytest.raises(ValueError, match=f"not supported for a {model_type} model"):
+        check(o, 2)
+
+
+def test_kolibri_1s_config_reads_with_transformers_defaults(tmp_path):
+    """Kolibri1Config's defaults are Kolibri-1's shape (78.1 B parameters by transformers' own
+    count on the meta device): a config.json naming the architecture alone reads as
+    transformers fills it in (heads, the window and its layers, NoPE full layers, experts), the
+    parameter count transformers' (its correction biases are buffers); TP refused."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Kolibri1ForCausalLM"],
+                                                      "model_type": "kolibri1"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    assert (o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads, o.head_dim) == (
+        t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads,
+        t.head_dim)  # fmt: skip
+    assert (o.rms_norm_eps, o.max_position_embeddings, o.tie_word_embeddings) == (
+        t.rms_norm_eps, t.max_position_embeddings, t.tie_word_embeddings)  # fmt: skip
+    sliding = tuple(k == "sliding_attention" for k in t.layer_types)
+    assert o.family.window_layers == o.family.rope_layers == sliding and not sliding[4]
+    assert o.family.sliding_window == t.sliding_window == 513
+    f = o.family
+    assert (f.num_experts, f.num_experts_per_tok, f.moe_intermediate_size) == (384, 6, 512)
+    assert (f.shared_expert_intermediate_size, f.norm_topk_prob) == (512, False)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 78_103_055_360
+    with pytest.raises(ValueError, match="not supported for a kolibri1 model"):
+        check(o, 2)
+
+
+def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
+    """AXK1Config's defaults are A.X-K1's shape (519 B parameters by transformers' own count on
+    the meta device): a config.json naming the architecture alone reads as transformers fills
+    it in (latent attention with the q bottleneck, the first layer dense, V3's router over 8
+    groups), the parameter count transformers' (the experts' output norms included); TP
+    refused."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["AXK1ForCausalLM"],
+                                                      "model_type": "axk1"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    assert (o.hidden_size, o.num_layers, o.num_heads, o.vocab_size) == (
+        t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.vocab_size)  # fmt: skip
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, [t.eos_token_id])
+    assert o.family.moe_layers == tuple(k == "sparse" for k in t.mlp_layer_types)
+    assert o.family.mla.q_lora_rank == t.q_lora_rank and o.family.mla.rope_interleave
+    r = o.family.routing
+    assert (r.n_group, r.topk_group, r.routed_scaling_factor) == (8, 4, 2.5) and r.bias_optional
+    with torch.device("meta"):
+        hf = transformers.AXK1ForCausalLM(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 518_983_052_288
+    with pytest.raises(ValueError, match="not supported for a axk1 model"):
+        check(o, 2)
