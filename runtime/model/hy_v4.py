@@ -85,7 +85,7 @@ class HyV4Layer(DsaLayer):
         """Sparse latent attention with sinks (module docstring), each head's value gated."""
         m, meta = self.mla, step.meta
         cr = m.kv_lora_rank + m.qk_rope_head_dim
-        q_full, k_full, bottleneck = self.project(x, step, self.ix.head_dim)
+        q_full, k_full, bottleneck, _ = self.project(x, step, self.ix.head_dim)
         q_index = None
         if self.full:  # the indexer's key into the row's last columns
             q_index = self._index_query_and_key(x, bottleneck, k_full[:, 0, cr:], step)
@@ -100,9 +100,7 @@ class HyV4Layer(DsaLayer):
         out = sparse_attention(q_full[..., :cr], rows, slots, kept, self.ctx.backend.scale,
                                m.kv_lora_rank, self.sinks)  # fmt: skip
         t, h = out.shape[:2]
-        v = torch.bmm(out.transpose(0, 1), self.w_uv).transpose(0, 1)  # [t, h, v_head_dim]
-        v = v * torch.sigmoid(self.gate(x)).view(t, h, -1)
-        return self.o_proj(v.reshape(t, h * m.v_head_dim))
+        return self.values(out, self.gate(x).view(t, h, -1))  # (sigmoid(gate) in float32)
 
 
 class HyV4Model(DsaModel):
