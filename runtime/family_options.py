@@ -127,6 +127,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="not tested",
             kv_cache=_DSA_KV,
         ),
+        "dots3_note_text": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
+        "beam": Untested(
+            fp8="its gated attention's FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+        ),
         "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
@@ -149,6 +154,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
+        ),
+        "dory": Untested(
+            tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
         ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",

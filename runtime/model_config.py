@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DoryLoops,
     ExpertRouting,
     Gemma4Layers,
     HyperConfig,
@@ -141,6 +142,8 @@ class FamilyConfig:
     gemma4: Gemma4Layers | None = None
     # Laguna (model/laguna.py): query heads by layer, the output gate, the sliding layers' rotary
     laguna: LagunaAttention | None = None
+    # Dory (model/dory.py): recurrent layers run in loops, each loop's pass its own KV cache
+    dory: DoryLoops | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
@@ -332,6 +335,8 @@ class ModelConfig:
         m, g = self.family.mamba, self.family.gemma4
         if g is not None:
             return sum(not g.shares_kv(i) for i in range(self.num_layers))
+        if self.family.dory is not None:  # (a KV cache per loop of its recurrent layers)
+            return len(self.family.dory.order())
         return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
 
     @property
@@ -398,6 +403,8 @@ class ModelConfig:
             attn_all += n * n * h + n + 1  # the head's fold
         if self.architecture == "bitnet":  # its sub-norms (attention's output, the MLP's)
             attn_all += self.num_layers * (h + i)
+        if self.architecture == "beam":  # two more norms, the output gate and its bias
+            attn_all += self.num_layers * (2 * h + self.num_heads * (d * h + 1))
         if f.gated_norm_rank:  # A.X-K2's norm gates: before attention, before the experts
             attn_all += (self.num_layers + moe) * 2 * h * f.gated_norm_rank
         if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
@@ -408,6 +415,9 @@ class ModelConfig:
             attn_all += self.num_layers * 2 * h
         if self.architecture == "axk1":  # a norm on each MoE block's output
             attn_all += moe * h
+        if f.dory is not None:  # attention's gate and nGPT's scaled vectors, no norms; the
+            q = self.num_heads * d  # logit scale, no final norm
+            attn_all += self.num_layers * (q * h + 2 * q + 2 * i) + self.vocab_size - h
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
@@ -429,6 +439,8 @@ def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
     q = hidden * heads * m.qk_head_dim
     if m.q_lora_rank is not None:
         q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    if m.dots:  # Dots3 Note's rotary key norm and gate per head
+        q += m.qk_rope_head_dim + heads * hidden
     if m.output_gate:  # A.X-K2's q_b_proj: [normed | raw] bottleneck -> each head's q and gate
         q += m.q_lora_rank * heads * (m.qk_head_dim + 2 * m.v_head_dim)
     kv_a = hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank

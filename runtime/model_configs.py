@@ -90,6 +90,11 @@ class MlaConfig:
     # A.X-K2 (model/axk2.py): q_b_proj reads [normed | raw] bottleneck (2 x q_lora_rank) and
     # gives each head its query and a sigmoid gate (v_head_dim) on its value before o_proj
     output_gate: bool = False
+    # Dots3 Note (model/deepseek.py): the q/kv bottleneck norms' eps, the normed bottleneck and
+    # latent scaled by sqrt(hidden / rank), an RMSNorm on the shared rotary key before rotary
+    # (`k_rope_only_layernorm`) and a sigmoid gate per head on its value (`g_proj`)
+    norm_eps: float = 1e-6
+    dots: bool = False
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
@@ -207,6 +212,32 @@ class Llama4Attention:
     temperature_tuning: bool = True
     floor_scale: float = 8192.0
     attn_scale: float = 0.1
+
+
+@dataclass(frozen=True)
+class DoryLoops:
+    """Dory's looped layers (`model/dory.py`, read by `model/dory_config.py`): the first
+    `inputs` layers once, the `recurrent` after them `loops` times (each pass a KV cache of its
+    own), the last `outputs` once; nGPT's residual rate (`alpha`) and the `init_range` its
+    scaled parameters are stored over."""
+
+    inputs: int
+    recurrent: int
+    outputs: int
+    loops: int
+    alpha: float
+    init_range: float
+
+    def __post_init__(self) -> None:
+        if self.loops < 1 or self.recurrent < 0 or self.inputs < 0 or self.outputs < 0:
+            raise ValueError(f"dory n_recurrent_loops must be at least 1 and the layer counts "
+                             f"non-negative, got {self}")  # fmt: skip
+
+    def order(self) -> list[int]:
+        """The layers in the order they run (the recurrent ones once per loop)."""
+        middle = list(range(self.inputs, self.inputs + self.recurrent))
+        last = self.inputs + self.recurrent
+        return [*range(self.inputs), *middle * self.loops, *range(last, last + self.outputs)]
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,14 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
                         f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h)})  # fmt: skip
+        if c.architecture == "flint":  # its attention sinks (stored as `softmax_offset`)
+            out[a + "sinks"] = (c.num_heads,)
         if c.architecture == "minicpm5_moe":  # q_proj: each head's query, then its gate
             out[a + "q_proj.weight"] = (2 * q, h)
+        if c.architecture == "beam":  # its norms around the MLP, attention's output gate
+            out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
+                        f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
+                        a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -208,6 +214,17 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "dory":  # weightless norms; the gate, nGPT's scaled parameters
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            del out[name]
+        q, i = c.num_heads * c.head_dim, c.intermediate_size
+        out["lm_head.logit_scale"] = (c.vocab_size,)
+        for x in range(c.num_layers):
+            p = f"model.layers.{x}."
+            out.update({p + "self_attn.gate_proj.weight": (q, c.hidden_size),
+                        p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
+                        p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
+                        p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 
@@ -257,6 +274,9 @@ def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
         out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
                     a + "q_a_layernorm.weight": (m.q_lora_rank,),
                     a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
+    if m.dots:  # Dots3 Note's rotary key norm and gate per head
+        out.update({a + "k_rope_only_layernorm.weight": (m.qk_rope_head_dim,),
+                    a + "g_proj.weight": (heads, h)})  # fmt: skip
     if m.output_gate:  # A.X-K2's: each head's query and gate, of [normed | raw] bottleneck
         out[a + "q_b_proj.weight"] = (heads * (m.qk_head_dim + m.v_head_dim), 2 * m.q_lora_rank)
     ix = m.indexer

@@ -97,6 +97,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
             "intermediate_size"]  # fmt: skip
         rms = out.get("rms_norm_eps")  # (RMSNorm where set, else LayerNorm's eps)
         out["norm_eps"] = out["layer_norm_eps"] if rms is None else rms
+    if arch == "dory":  # the published layout's attention and mlp blocks: one layer a pair
+        from pagoda.runtime.model.dory_config import overrides as dory_overrides
+
+        out.update(dory_overrides(out))
     if arch == "ergo":  # the dense MLP's width, the window's published name, hidden / heads
         from pagoda.runtime.model.ergo_config import overrides
 

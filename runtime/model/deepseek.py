@@ -40,6 +40,8 @@ ungated shared MLP of ``moe_intermediate_size x n_shared_experts`` (`moe.SharedE
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
@@ -89,9 +91,16 @@ class DeepseekLayer(LlamaLayer):
         self.q_norm = self.q_b = None
         if m.q_lora_rank is not None:
             self.q_norm = w[a + "q_a_layernorm.weight"]
+            if m.dots:  # Dots3 Note's scale of the normed bottleneck, in the norm's weight
+                self.q_norm = self.q_norm * math.sqrt(c.hidden_size / m.q_lora_rank)
             # (with A.X-K2's output gate, each head's query then its gate: `project`)
             self.q_b = by_heads(a + "q_b_proj.weight", m.qk_head_dim + m.output_gate * m.v_head_dim)
         self.kv_norm = w[a + "kv_a_layernorm.weight"]
+        self.k_rope_norm = self.g_proj = None
+        if m.dots:  # the latent's scale; the rotary key's norm; the gate per head
+            self.kv_norm = self.kv_norm * math.sqrt(c.hidden_size / m.kv_lora_rank)
+            self.k_rope_norm = w[a + "k_rope_only_layernorm.weight"]
+            self.g_proj = by_heads(a + "g_proj.weight", 1)
         self.w_uk, self.w_uv = absorbed(w, a, m, heads)
         o = a + "o_proj.weight"  # input columns by heads (an even share), summed over ranks
         self.o_proj = linear_layer(ctx, w, [o]) if ctx.tp is None else row_linear(ctx, w, o)
@@ -102,7 +111,7 @@ class DeepseekLayer(LlamaLayer):
         self.mlp = model.make_mlp(w, prefix, index, ctx)
 
     def linears(self):
-        apart = [x for x in (self.kv_a, self.q_b) if x is not None]
+        apart = [x for x in (self.kv_a, self.q_b, self.g_proj) if x is not None]
         return [self.qkv_a, *apart, self.o_proj, *self.mlp.linears()]
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
@@ -125,7 +134,9 @@ class DeepseekLayer(LlamaLayer):
         @ W_UK | q_rope]`` and the cache row ``[normed latent | k_rope]``, rotated; ``extra``
         columns after them (q's zero, k's unset: the sparse attention's indexer key,
         model/dsa.py). A.X-K2's q_b_proj reads the normed bottleneck beside the raw one and
-        gives each head its query and its gate (`MlaConfig.output_gate`)."""
+        gives each head its query and its gate (`MlaConfig.output_gate`); Dots3 Note's gate is
+        ``g_proj(x)``, one per head ``[t, h, 1]``, its rotary key normed before rotary and its
+        bottleneck and latent scaled (in their norms' weights: `MlaConfig.dots`)."""
         ctx, m = self.ctx, self.mla
         t, h = x.shape[0], ctx.num_heads
         n, r, c = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
@@ -135,7 +146,7 @@ class DeepseekLayer(LlamaLayer):
             q, (latent, k_pe) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
         bottleneck = gate = None
         if self.q_b is not None:
-            bottleneck = ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6)
+            bottleneck = ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=m.norm_eps)
             q = self.q_b(torch.cat([bottleneck, q], dim=-1) if m.output_gate else bottleneck)
         if m.output_gate:
             q, gate = q.view(t, h, n + r + m.v_head_dim).split([n + r, m.v_head_dim], dim=-1)
@@ -146,7 +157,11 @@ class DeepseekLayer(LlamaLayer):
             q_full[..., c + r :] = 0
         q_full[..., :c] = torch.bmm(q[..., :n].transpose(0, 1), self.w_uk).transpose(0, 1)
         k_full = x.new_empty(t, 1, c + r + extra)
-        k_full[:, 0, :c] = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)
+        k_full[:, 0, :c] = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=m.norm_eps)
+        if self.k_rope_norm is not None:  # (in the checkpoint's layout, before de-interleaving)
+            k_pe = ctx.rms_norm(x=k_pe.contiguous(), weight=self.k_rope_norm, eps=m.norm_eps)
+        if self.g_proj is not None:  # [t, h, 1]: one gate per head
+            gate = self.g_proj(x).unsqueeze(-1)
         q_rot, k_rot = q_full[..., c : c + r], x.new_empty(t, 1, r)
         _rotary_dims(q_rot, q[..., n:], self.interleaved)
         _rotary_dims(k_rot, k_pe.unsqueeze(1), self.interleaved)

@@ -17,7 +17,9 @@ kinds from ``mlp_layer_types`` (by default the first ``first_k_dense_replace`` d
 GLM-5's per-layer ``indexer_types`` ("full" or "shared"; by default from
 ``index_topk_pattern`` or ``index_topk_freq`` / ``index_skip_topk_offset``, as transformers
 derives them). A.X-K2 (`AXK2ForCausalLM`) is V3.2 with gated norms, an output gate in its
-attention and its own router defaults (model/axk2.py)."""
+attention and its own router defaults (model/axk2.py); Dots3 Note's text model
+(`Dots3NoteForCausalLM`) is V3.2 with GLM-5's indexer and Dots3's attention (`MlaConfig.dots`),
+served where every layer is indexed (`check_dots3_layers`)."""
 
 from __future__ import annotations
 
@@ -38,8 +40,10 @@ ARCHITECTURES = {
     "AXK2ForCausalLM": "axk2",  # A.X-K2: V3.2's, gated norms and attention (model/axk2.py)
     "AXK1ForCausalLM": "axk1",  # A.X-K1: V3's, its experts' output normalised (model/axk1.py)
     "HYV4ForCausalLM": "hy_v4",  # HY V4: GLM-5's with hyper-connections (model/hy_v4.py)
+    "Dots3NoteForCausalLM": "dots3_note_text",  # Dots3 Note's text model: its indexed layers
+    "Dots3NoteForConditionalGeneration": "dots3_note_text",  # (its text model alone)
 }
-DSA = ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")
+DSA = ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "dots3_note_text")
 # noaux_tc, sigmoid scores, correction bias
 V3_ROUTER = ("deepseek_v3", "glm4_moe_lite", "axk1", *DSA)
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out
@@ -108,7 +112,19 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "bos_token_id": 120_000, "eos_token_id": 120_025, "pad_token_id": 120_002,
               "tie_word_embeddings": False, "hc_mult": 4, "hc_magnitude": 2.0, "hc_eps": 1e-6,
               "swiglu_limit": 10.0},
+    # Dots3NoteTextConfig's (DeepseekV32Config's where it keeps them)
+    "dots3_note_text": {"vocab_size": 152_064, "hidden_size": 5120, "intermediate_size": 13_824,
+                        "num_hidden_layers": 46, "num_attention_heads": 128,
+                        "max_position_embeddings": 524_288, "rms_norm_eps": 1e-5,
+                        "bos_token_id": 151_643, "eos_token_id": 151_668, "q_lora_rank": 1024,
+                        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                        "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1,
+                        "moe_intermediate_size": 1536, "shared_experts_intermediate_size": 1536,
+                        "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1,
+                        "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+                        "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64},
 }  # fmt: skip
+DOTS3_THETA = 80_000_000.0  # Dots3NoteTextConfig's default_theta
 NULLABLE = ("q_lora_rank",)  # null: q_proj (V2-Lite), not the default bottleneck
 
 
@@ -140,7 +156,8 @@ def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
         n_heads=int(cfg["index_n_heads"]),
         head_dim=int(cfg["index_head_dim"]),
         topk=int(cfg["index_topk"]),
-        rope_interleave=arch in ("glm_moe_dsa", "hy_v4"),  # V3.2's and A.X-K2's: rotate-half
+        # V3.2's (and A.X-K2's) indexer: rotate-half; GLM-5's (HY V4's, Dots3 Note's): pairs
+        rope_interleave=arch in ("glm_moe_dsa", "hy_v4", "dots3_note_text"),
         full_layers=tuple(k == "full" for k in kinds),
         # HY V4's: its last dims rotated, its key's LayerNorm with rms_norm_eps
         rope_last=arch == "hy_v4",
@@ -164,6 +181,8 @@ def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
         rope_interleave=arch in ("deepseek_v2", *DSA) or bool(cfg.get("rope_interleave", True)),
         indexer=indexer_config(cfg, arch),
         output_gate=arch == "axk2",
+        norm_eps=float(cfg.get("rms_norm_eps") or 1e-6) if arch == "dots3_note_text" else 1e-6,
+        dots=arch == "dots3_note_text",
     )
 
 
@@ -177,9 +196,11 @@ def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
     reads it (GLM-4.7-Flash: by default its first layer dense; V3.2, GLM-5), else the first
     ``first_k_dense_replace`` layers dense."""
     kinds = cfg.get("mlp_layer_types")
-    if arch == "axk2" and kinds is None:  # AXK2Config's: from the first dense, by the frequency
-        dense, freq = int(cfg.get("first_k_dense_replace", 1)), int(cfg.get("moe_layer_freq", 1))
-        return tuple(i >= dense and i % freq == 0 for i in range(n))
+    if arch in ("axk2", "dots3_note_text") and kinds is None:  # their configs': from the first
+        dense, freq = int(cfg.get("first_k_dense_replace", 1)), cfg.get("moe_layer_freq", 1)
+        if isinstance(freq, list):  # (Dots3 Note's: a flag per layer)
+            return tuple(i >= dense and bool(freq[i]) for i in range(n))
+        return tuple(i >= dense and i % int(freq) == 0 for i in range(n))
     if arch == "axk1" and kinds is None:  # AXK1Config's, from the legacy keys
         dense, freq = int(cfg.get("first_k_dense_replace", 1)), int(cfg.get("moe_layer_freq", 1))
         kinds = ["sparse" if i >= dense and i % freq == 0 else "dense" for i in range(n)]
@@ -195,6 +216,36 @@ def moe_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
     return tuple(k == "sparse" for k in kinds)
 
 
+def check_dots3_layers(cfg: Mapping[str, Any], n: int) -> None:
+    """Dots3 Note's layers must all be DeepSeek Sparse Attention (`indexed_attention`): its
+    sliding-window layers (their own latent sizes, heads and rotary) and plain full-attention
+    ones are refused in one line."""
+    types = cfg.get("layer_types")
+    if types is None:  # Dots3NoteTextConfig's: a window on most layers unless switched off
+        window = cfg.get("use_sliding_window", True)
+        dsa = cfg.get("use_dsa", None if "per_layer_config" in cfg else True)
+        types = ["indexed_attention" if not window or i < 2 or i % 4 == 1 else
+                 "sliding_attention" for i in range(n)]  # fmt: skip
+        if dsa is False:
+            types = ["full_attention" if t == "indexed_attention" else t for t in types]
+    other = sorted(set(types) - {"indexed_attention"})
+    if other or len(types) != n:
+        raise ValueError(f"Dots3 Note's {' and '.join(other) or 'layer_types'} layers are not "
+                         "supported (only indexed_attention: DeepSeek Sparse Attention on "
+                         "every layer)")  # fmt: skip
+
+
+def dots3_rope(cfg: Mapping[str, Any]) -> tuple[float, None]:
+    """Dots3 Note's rotary: ``rope_parameters.indexed_attention`` (its partial_rotary_factor
+    names the qk_rope_head_dim of head_dim that rotate: all of the latent's rotary dims), else
+    a flat rope_theta, else 80M; another rope_type is refused in one line."""
+    params = cfg.get("rope_parameters") or {}
+    params = params.get("indexed_attention", params) or {}
+    if rope_kind(dict(params)) != "default" or cfg.get("rope_scaling"):
+        raise ValueError("a rope_type other than default on Dots3 Note is not supported")
+    return float(params.get("rope_theta") or cfg.get("rope_theta") or DOTS3_THETA), None
+
+
 def family_fields(
     cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None
 ) -> dict[str, Any]:
@@ -205,6 +256,9 @@ def family_fields(
     if scaling and rope_kind(dict(scaling)) != "default" and scaling.get("mscale_all_dim"):
         mscale = yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"]))
         scale *= mscale * mscale
+    if arch == "dots3_note_text":
+        check_dots3_layers(cfg, n)
+        scale = m.qk_head_dim**-0.5  # (no yarn mscale)
     fields: dict[str, Any] = {"mla": m, "attention_multiplier": scale}
     if arch == "axk2":
         fields["gated_norm_rank"] = int(cfg["gated_norm_rank"])
@@ -217,7 +271,8 @@ def family_fields(
     if int(cfg.get("moe_layer_freq") or 1) != 1 and arch not in (
         "axk1",
         "axk2",
-    ):  # (read by A.X-K1/K2 only)
+        "dots3_note_text",
+    ):  # (read by A.X-K1/K2 and Dots3 Note only)
         raise ValueError(f"moe_layer_freq {cfg['moe_layer_freq']} is not supported (experts "
                          "in every layer from first_k_dense_replace on: 1)")  # fmt: skip
     v3 = arch in V3_ROUTER
@@ -243,6 +298,9 @@ def family_fields(
         raise ValueError(f"noaux_tc scores a group by its best two experts: n_group {groups} "
                          f"leaves {experts // groups} of {experts} per group")  # fmt: skip
     moe_width = int(cfg["moe_intermediate_size"])
+    shared = moe_width * int(cfg.get("n_shared_experts") or 0)
+    if arch == "dots3_note_text":  # its shared experts' own width
+        shared = int(cfg["shared_experts_intermediate_size"]) * int(cfg["n_shared_experts"])
     return {
         **fields,
         "routing": routing,
@@ -252,5 +310,5 @@ def family_fields(
         # transformers' V2 router never renormalises (DeepSeek's own code did, with the flag)
         "norm_topk_prob": v3 and bool(cfg.get("norm_topk_prob", True)),
         "moe_layers": moe_layers(cfg, arch, n),
-        "shared_expert_intermediate_size": moe_width * int(cfg.get("n_shared_experts") or 0),
+        "shared_expert_intermediate_size": shared,
     }

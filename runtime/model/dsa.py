@@ -1,5 +1,6 @@
 """DeepSeek Sparse Attention (`DeepseekV32ForCausalLM`: DeepSeek-V3.2; `GlmMoeDsaForCausalLM`:
-GLM-5): DeepSeek-V3's latent attention (`deepseek.DeepseekLayer`) in which each query attends
+GLM-5; `Dots3NoteForCausalLM`: Dots3 Note's text model, with Dots3's attention in
+`deepseek.DeepseekLayer`; A.X-K2: model/axk2.py): DeepSeek-V3's latent attention (`deepseek.DeepseekLayer`) in which each query attends
 to at most ``index_topk`` earlier tokens of its sequence, picked by a lightning indexer
 (`model_configs.IndexerConfig`), as transformers' ``DeepseekV32Indexer`` computes it:
 

@@ -137,16 +137,22 @@ class GptOssMoE:
         return down(swiglu_oai(gate_up(rows), self.alpha, self.limit))
 
 
+def read_sinks(model: LlamaModel, w: DeviceWeights, prefix: str, ctx: LayerContext) -> torch.Tensor:
+    """Layer `prefix`'s attention sinks, float32 [heads] (this rank's heads' with tensor
+    parallelism): gpt-oss's, and Flint's (`flint.py`)."""
+    sinks = w[prefix + "self_attn.sinks"].float()
+    if ctx.tp is not None:  # this rank's heads' sinks
+        start, stop = ctx.tp.layout.heads(model.config.num_heads)
+        sinks = sinks[start:stop]
+    return sinks.contiguous()
+
+
 class GptOssLayer(LlamaLayer):
     def __init__(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
         super().__init__(model, w, prefix, index, ctx)
-        sinks = w[prefix + "self_attn.sinks"].float()
-        if ctx.tp is not None:  # this rank's heads' sinks
-            start, stop = ctx.tp.layout.heads(model.config.num_heads)
-            sinks = sinks[start:stop]
-        self.sinks = sinks.contiguous()
+        self.sinks = read_sinks(model, w, prefix, ctx)
 
 
 class GptOssModel(LlamaModel):

@@ -241,7 +241,11 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
     # the rotary per layer kind: the full-attention layers'
-    by_kind = "full_attention" if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum") else None
+    by_kind = (
+        "full_attention"
+        if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory")
+        else None
+    )
     if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
         by_kind = "sliding_attention"
     if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
@@ -259,6 +263,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
+        if arch == "dots3_note_text":  # its rotary by layer kind, 80M by default
+            rope_theta, scaling = deepseek.dots3_rope(cfg)
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
         rope_theta, scaling = moe_families.ROPE[arch](cfg, rope_theta, scaling, head_dim)
     if rope_kind(scaling) == "proportional" and arch not in PROPORTIONAL_ROTARY:
@@ -422,6 +428,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
+    if config.architecture == "dory":  # the published two-block layout, g_proj
+        from pagoda.runtime.model.dory_config import read_checkpoint_names as dory_names
+
+        dory_names(weights)
     if config.architecture == "ergo":  # its training framework's names, fused q/k/v
         from pagoda.runtime.model.ergo_config import read_checkpoint_names
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import dory_config as dory
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import laguna_config as laguna
@@ -323,6 +324,7 @@ DEFAULT_ROPE = {
     "zaya": zaya.DEFAULT_ROPE,  # by layer kind
     "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
     "mellum": mellum.DEFAULT_ROPE,  # by layer kind
+    "dory": dory.DEFAULT_ROPE,  # by layer kind
     "ministral3": {
         "rope_type": "yarn",
         "rope_theta": 1_000_000.0,

@@ -17,7 +17,8 @@ step over their slots, the prefill chunks one conv over each sequence's state an
 LFM2-MoE (`Lfm2MoeForCausalLM`) is this model with `moe.SparseMoE` experts after its first
 dense layers (`lfm2_config.py`). LFM3 (`Lfm3ForCausalLM`, `Lfm3Layer`) adds sliding-window
 attention layers with their own rotary (Llama's "local" table; the full layers' is
-"proportional", `ops.rope_inv_freq`), each head's attention output times sigmoid(gate_proj(x)),
+"proportional", `ops.rope_inv_freq`; both applied in float32 and rounded once, as transformers'
+float32 cos and sin: `rotary_float32`), each head's attention output times sigmoid(gate_proj(x)),
 and RMSNorms on the operator's and the MLP's outputs before their residual adds (GLM-4's
 `glm4_norms`). Prefix caching keeps snapshots of the conv states every block
 (`engine/recurrent.py`: a boundary's state is the inputs before it, saved from the conv
@@ -32,6 +33,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.ops import gather_cos_sin
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
@@ -119,6 +121,27 @@ class Lfm2MoeModel(Lfm2Model):
     (`lfm2_config.py`)."""
 
 
+def rotary_float32(
+    *, positions: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotate-half rotary in float32 with float32 cos and sin (the cache's rows, gathered
+    here by `positions`, or this step's float32 rows), rounded once, in place on q and k: as
+    transformers' LFM3 applies its float32 tables to q and k of the model's dtype."""
+    rows = (
+        cos_sin_cache
+        if positions is None
+        else gather_cos_sin(positions, cos_sin_cache, torch.float32)
+    )
+    cos, sin = rows.float().unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
+    for x in (q, k):
+        x1, x2 = x.chunk(2, dim=-1)
+        a, b = x1.float(), x2.float()
+        first = a * cos - b * sin
+        x2.copy_(b * cos + a * sin)
+        x1.copy_(first)
+    return q, k
+
+
 class Lfm3Layer(Lfm2Layer):
     """LFM2's layer with LFM3's head gate on attention's output and its sandwich norms (the
     operator's and the MLP's outputs normalised before their residual adds)."""
@@ -137,6 +160,8 @@ class Lfm3Layer(Lfm2Layer):
             self.post_mlp_norm = model.norm_weight(w[prefix + "post_mlp_layernorm.weight"])
         if self.mixer is None and f.mamba.attn_head_gate:
             self.gate = linear_layer(ctx, w, [prefix + "self_attn.gate_proj.weight"])
+        if self.mixer is None:
+            self.rotary = rotary_float32
 
     def linears(self):
         return [*super().linears(), *([self.gate] if self.gate is not None else [])]
@@ -171,3 +196,6 @@ class Lfm3Model(Lfm2Model):
     table (`FamilyConfig.local_rope_theta`), the full ones the "global" (proportional) one."""
 
     layer_class = Lfm3Layer
+
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype, meta) -> dict:
+        return super()._rope_rows(positions, torch.float32, meta)  # cos and sin in float32

@@ -188,7 +188,7 @@ def packed_conv(
     conv: torch.Tensor,  # [slots, C, K - 1] the layer's conv states
     x: torch.Tensor,  # [T, C] the prefill chunks' conv inputs
     pre: Prefill,
-    weight: torch.Tensor,  # [C, K]
+    weight: torch.Tensor | None,  # [C, K] (None with `conv_fn`)
     bias: torch.Tensor | None,
     snap: torch.Tensor | None = None,  # [entries, C, K - 1] prefix-cache snapshots' conv states
     conv_fn=None,  # [1, C, L] -> [1, C, L - K + 1]: a conv of its own (Zaya's), else `weight`'s
@@ -197,7 +197,7 @@ def packed_conv(
     sequence's segment (its conv state, then its tokens: `ssd.pack`); the new conv states (each
     segment's last K - 1 inputs) written to their slots, and with `snap` the conv states at the
     snapshot boundaries inside the chunks (``pre.snap_conv_rows``) to theirs. The Mamba2 mixer's,
-    LFM2's short conv's and the Mamba-1 mixer's."""
+    LFM2's short conv's, the Mamba-1 mixer's and (its own convs: `conv_fn`) Zaya's q/k."""
     k, n_seq, c = conv.shape[2], pre.slots.shape[0], x.shape[1]
     window = x.new_empty(pre.conv_len, c).index_copy_(0, pre.conv_rows, x)
     start = conv.index_select(0, pre.slots).transpose(1, 2).reshape(n_seq * k, c)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pagoda.runtime.model import (
     afmoe_config,
+    beam_config,
     cohere2_moe_config,
     dbrx_config,
+    dory_config,
     dots1_config,
     ergo_config,
     ernie4_5_moe_config,
     exaone_moe_config,
     flex_olmo_config,
+    flint_config,
     granite_swa_config,
     hunyuan_config,
     hy_v3_config,
@@ -54,6 +57,9 @@ MODULES = (
     mellum_config,
     ergo_config,
     longcat_flash_config,
+    dory_config,
+    flint_config,
+    beam_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -109,6 +109,8 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     # LFM3's sandwich norms, as GLM-4's (model/lfm2.py)
     (r"\.post_operator_norm\.weight$", ".post_self_attn_layernorm.weight"),
     (r"\.post_ffn_norm\.weight$", ".post_mlp_layernorm.weight"),
+    # Flint's attention sinks, as gpt-oss's (model/flint.py)
+    (r"\.self_attn\.softmax_offset$", ".self_attn.sinks"),
 ))  # fmt: skip
 
 

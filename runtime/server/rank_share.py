@@ -53,6 +53,9 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         gated = mc.family.mamba is not None and mc.family.mamba.attn_output_gate  # (its gates)
         gated = gated or mc.architecture == "minicpm5_moe"  # (MiniCPM5-MoE's too)
         return (q1 - q0) * mc.head_dim * (2 if gated else 1), cols
+    if part == "self_attn.gate_bias":  # Beam's output gate's, one per head: the rank's heads
+        q0, q1 = lay.heads(mc.num_heads)
+        return q1 - q0, 1
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
@@ -94,5 +97,7 @@ def _mla_rows(part: str, mc: ModelConfig, lay) -> int | None:
     `model/deepseek.py`); None for the others."""
     m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
     if re.search(r"\bq_(b_)?proj\.(weight|bias)$", part):
-        return (q1 - q0) * m.qk_head_dim
+        return (q1 - q0) * (m.qk_head_dim + m.output_gate * m.v_head_dim)  # (A.X-K2's gates)
+    if part == "self_attn.g_proj.weight":  # Dots3 Note's gate: a row per head
+        return q1 - q0
     return None

@@ -271,6 +271,7 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         NORM,
         "model.norm.bias",
         "lm_head.bias",
+        "lm_head.logit_scale",  # (Dory's, float32)
         "model.final_layernorm.weight",
         "model.final_layernorm.bias",
         *_OUTSIDE_LAYERS,
@@ -361,6 +362,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+    if name == "lm_head.logit_scale":  # Dory's per-token logit scale, float32
+        return t.numel * 4
     if mc.architecture == "ergo":  # (model/ergo.py)
         if name.endswith(("experts.up_proj", "experts.down_proj")):  # a Linear per expert of
             e, a, b = t.shape  # each [in, out] slice, transposed

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 
 # hidden-wide vectors a layer holds beyond Llama's two norms, in the model's dtype, whole on
-# every rank: AfMoE's two more norms, JetMoE's attention and MLP output biases
-EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2, "kolibri1": 2}  # (Kolibri 1: GLM-4's post norms)
+# every rank: AfMoE's (and Beam's) two more norms, JetMoE's attention and MLP output biases
+EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2, "kolibri1": 2, "beam": 2}  # (Kolibri 1: GLM-4's)
 
 
 def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
@@ -72,7 +72,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         projections += n * m * f.mla.v_head_dim * h * item
         projections += 4 * (n * (2 * (2 * nh * nh * h + 2 * nh + 2) + m) + nh * nh * h + nh + 1)
         projections += sum(ix.full_layers) * 2 * ix.head_dim * (4 - item)
-    if f.attention_sinks and mc.architecture != "gpt_oss":  # GraniteSWA's sinks (float32)
+    if f.attention_sinks and mc.architecture != "gpt_oss":  # GraniteSWA's, Flint's sinks (f32)
         projections += n * 4 * mc.num_heads / t
     if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, 16 or 32 bits)
         from pagoda.runtime.model.mimo_v2_flash_config import attention_params
@@ -89,7 +89,7 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
     h, d = mc.hidden_size, mc.head_dim
     attn = h * d * (2 * mc.num_heads / t + 2 * kv)
     attn_rows = (mc.num_heads / t + 2 * kv) * d + h
-    if mc.architecture in ("afmoe", "minicpm5_moe"):  # attention's output gate (as q)
+    if mc.architecture in ("afmoe", "minicpm5_moe", "beam"):  # attention's output gate (as q)
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
     if mc.family.laguna is not None:  # query heads by layer (their mean), the softplus gate
@@ -138,6 +138,12 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     norms += mc.vocab_size * item * f.lm_head_bias
     if f.mla is not None:  # DeepSeek's latent attention's two norms
         norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
+        norms += n * f.mla.qk_rope_head_dim * item * f.mla.dots  # (Dots3's rotary key norm)
+    if f.gated_norm_rank:  # A.X-K2's norm gates (W_down, W_up): every layer's, the experts'
+        gated = n + sum(f.has_experts(x) for x in range(n))
+        norms += gated * 2 * h * f.gated_norm_rank * item
+    if mc.architecture == "beam":  # attention's gate bias, one per head, by the rank's heads
+        norms += n * mc.num_heads / t * item
     if f.embed_proj_dim:
         norms += 2 * h * f.embed_proj_dim * item
     if f.positions == "learned":  # the table, whole on every rank
@@ -206,6 +212,10 @@ def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]
     bottleneck and the latent whole (kv_b, absorbed, is no projection: `_kv_b_rows`)."""
     qk = heads * m.qk_head_dim / t
     q = [(qk, h)] if m.q_lora_rank is None else [(m.q_lora_rank, h), (qk, m.q_lora_rank)]
+    if m.output_gate:  # A.X-K2's q_b_proj: each head's q and gate, of [normed | raw] bottleneck
+        q[1] = (heads * (m.qk_head_dim + m.v_head_dim) / t, 2 * m.q_lora_rank)
+    if m.dots:  # Dots3 Note's gate per head (by heads)
+        q.append((heads / t, h))
     return [*q, (m.kv_lora_rank + m.qk_rope_head_dim, h), (h, heads * m.v_head_dim / t)]
 
 

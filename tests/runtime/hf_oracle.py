@@ -103,6 +103,7 @@ _LM_CLASSES["InternLM3"] = "LlamaForCausalLM"
 _LM_CLASSES["GPT2"] = "GPT2LMHeadModel"
 _LM_CLASSES.update(Qwen3_5Text="Qwen3_5ForCausalLM", Qwen3_5MoeText="Qwen3_5MoeForCausalLM")
 _LM_CLASSES["Qwen4ExpText"] = "Qwen4ExpForCausalLM"
+_LM_CLASSES["Dots3NoteText"] = "Dots3NoteForCausalLM"
 
 
 def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):

@@ -48,7 +48,10 @@ MLA = dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim
 DEEPSEEK = {"DeepseekV2": dict(MLA, q_lora_rank=None, n_shared_experts=2),
             "DeepseekV3": dict(MLA, q_lora_rank=24, n_group=2, topk_group=1),
             "DeepseekV32": dict(MLA, q_lora_rank=24, n_group=2, topk_group=1, index_n_heads=4,
-                                index_head_dim=32, index_topk=8)}  # fmt: skip
+                                index_head_dim=32, index_topk=8),
+            # A.X-K2: q_b_proj with the output gate, the norms' gate matrices
+            "AXK2": dict(MLA, q_lora_rank=24, index_n_heads=4, index_head_dim=32, index_topk=8,
+                         gated_norm_rank=8)}  # fmt: skip
 
 
 def _resave(model, src, dst, dtype):

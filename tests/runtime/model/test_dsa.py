@@ -43,6 +43,12 @@ CASES = {
     # score 0 (biases low enough that a kept group has fewer than two experts above 0)
     "axk2-top8": ("AXK2", dict(MLA, index_n_heads=16, index_topk=8, num_hidden_layers=2,
                                gated_norm_rank=8)),
+    # Dots3 Note's text model, every layer indexed: GLM-5's interleaved indexer rotary, its
+    # scaled bottleneck and latent, the rotary key's norm, a gate per head, norms' eps 1e-5,
+    # shared experts of their own width, rotary base 80M
+    "dots3-top8": ("Dots3NoteText", dict(MLA, head_dim=48, index_n_heads=16, index_topk=8,
+                                         num_hidden_layers=2, use_sliding_window=False,
+                                         shared_experts_intermediate_size=24)),
 }  # fmt: skip
 BIAS_SHIFT = {"axk2-top8": -2.0}
 
@@ -215,6 +221,62 @@ def test_a_published_style_axk2_config_reads_as_transformers_reads_it(tmp_path):
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(theirs)
     assert ours.num_params == sum(p.numel() for p in hf.parameters())
+
+
+DOTS3 = {"architectures": ["Dots3NoteForCausalLM"], "model_type": "dots3_note_text",
+         "num_hidden_layers": 4}  # fmt: skip
+
+
+def test_dots3_note_configs_read_as_transformers_reads_them(tmp_path):
+    """Dots3NoteTextConfig's defaults (4 layers): its sliding-window layers are refused in one
+    line; with `use_sliding_window` false, every layer indexed: the rotary base (80M), the
+    norms' eps, the MLP kinds, the shared experts' width, GLM-5's indexer rotary, and
+    transformers' own parameter count (meta device)."""
+    from pagoda.runtime.model.loader import read_model_config
+
+    (tmp_path / "config.json").write_text(json.dumps(DOTS3))
+    with pytest.raises(ValueError, match="Dots3 Note's sliding_attention layers are not") as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)
+    (tmp_path / "config.json").write_text(json.dumps({**DOTS3, "use_sliding_window": False}))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    ours = read_model_config(str(tmp_path))
+    f, m = ours.family, ours.family.mla
+    assert set(theirs.layer_types) == {"indexed_attention"}
+    assert ours.rope_theta == theirs.rope_parameters["indexed_attention"]["rope_theta"] == 8e7
+    assert m.dots and m.norm_eps == ours.rms_norm_eps == theirs.rms_norm_eps == 1e-5
+    assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
+    assert f.shared_expert_intermediate_size == theirs.shared_experts_intermediate_size == 1536
+    assert m.indexer.rope_interleave and m.indexer.full_layers == (True,) * 4
+    assert f.attention_multiplier == pytest.approx((128 + 64) ** -0.5)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(theirs)
+    assert ours.num_params == sum(p.numel() for p in hf.parameters())
+
+
+def test_a_dots3_note_conditional_checkpoint_loads_its_text_model(built, tmp_path):
+    """`Dots3NoteForConditionalGeneration` as transformers saves it: config.json's text model
+    under `text_config` beside the vision and audio towers' configs, the text model's tensors
+    under `model.` as the causal LM's (the towers' under `vision_encoder.` / `audio_encoder.`,
+    not read): the text model is served, transformers' tokens and logits (checked once against
+    transformers' conditional model on text alone, whose forward is its text model's)."""
+    from arch_cases import check, generate
+    from pagoda.runtime import LLM
+    from pagoda.runtime.model.loader import load_model
+
+    path, _, _, reference = built("dots3-top8")
+    for f in path.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    text = json.loads((path / "config.json").read_text())
+    wrapped = {"architectures": ["Dots3NoteForConditionalGeneration"], "model_type": "dots3_note",
+               "text_config": text, "vision_config": {}, "audio_config": {}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(wrapped))
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.architecture == "dots3_note_text"
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"dots3 conditional: prompt {i}")
 
 
 def test_a_block_wise_fp8_release_loads_dequantized(built, tmp_path):

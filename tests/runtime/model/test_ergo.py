@@ -1,7 +1,7 @@
 """Ergo (`ErgoForCausalLM`, model/ergo.py) against transformers, token for token and logits within
 1e-3 (float32), on a tiny random checkpoint transformers writes itself in the published layout
 (`tok_embeddings`, `layers.N.attention.wqkv`, `feed_forward.gate_kernel` stored [in, out], ...):
-three sliding layers (a window shorter than the prompts, interleaved rotary) then a full one
+two sliding layers (a window shorter than the prompts, interleaved rotary) then a full one
 without rotary, its scores × `global_attention_scale`; a dense ReLU² first layer, then experts
 with their own output norms, a correction bias large enough to change the picks, the routed
 scale, the normalised shared expert; learned residual gates and four norms a layer drawn away
@@ -22,7 +22,8 @@ from pagoda.runtime.model.loader import read_model_config
 transformers = pytest.importorskip("transformers")
 CASES = {
     "ergo": dict(
-        num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        num_hidden_layers=3, global_attention_every_n_layers=3, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32,
         shared_intermediate_size=48, first_dense_intermediate_size=96, sliding_window=8,
         global_attention_scale=2.0, rms_norm_eps=1e-6),
 }  # fmt: skip
@@ -64,13 +65,13 @@ def test_config_checkpoint_check_estimate_and_refusals(built):
     path, _, loaded, _ = built("ergo")
     mc = loaded.config
     f = mc.family
-    assert f.window_layers == f.rope_layers == (True, True, True, False)
-    assert f.global_attention_scale == 2.0 and f.moe_layers == (False, True, True, True)
+    assert f.window_layers == f.rope_layers == (True, True, False)
+    assert f.global_attention_scale == 2.0 and f.moe_layers == (False, True, True)
     assert mc.head_dim == 16 and mc.intermediate_size == 96 and f.rope_interleaved
     assert loaded.weights.dtype_and_shape("model.layers.1.mlp.gate.weight")[1] == [4, 64]
     check_missing_refused(loaded, ["model.layers.2.mlp.experts.norm",
                                    "model.layers.0.feedforward_residual_gate.weight",
-                                   "model.layers.3.self_attn.k_proj.weight"])  # fmt: skip
+                                   "model.layers.2.self_attn.k_proj.weight"])  # fmt: skip
     check_estimate(path, rel=1e-6)
     with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a ergo"):
         check(mc, 2)

@@ -78,6 +78,10 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   experts renormalised) as Laguna's decoder arranges them: sliding layers (a 9-key window,
   their own base) around a full one (its base), a dense MLP between two
   expert layers; its published config with transformers' parameter count.
+- flint (`FlintForCausalLM`): Qwen3-MoE's layers with gpt-oss's attention sinks (stored as
+  `softmax_offset`, drawn wide), rotary on the sliding layers (a 9-key window) only, the full
+  one NoPE; a float32 router (drawn: transformers zeroes it) by sigmoid scores renormalised,
+  beside an ungated shared expert; a dense MLP on `mlp_only_layers`.
 - cohere2-moe (`Cohere2MoeForCausalLM`): Cohere 2's layer (one LayerNorm, attention and the MLP
   side by side, the interleaved rotary on the window layers, NoPE global ones, `logit_scale`)
   with a dense first layer of its own width (rotating: `prefix_dense_sliding_window_pattern`
@@ -94,6 +98,12 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   layers' norms at eps 1e-6 beside a final rms_norm_eps of 0.1 (wide enough to change the
   tokens were the layers' norms to read it); jetmoe-top3: top-3 of 6, one
   KV head, three layers, an untied head. One rank, 16 bits: TP and FP8 are refused.
+- beam (`BeamForCausalLM`: Reflection AI's Beam): per-head q/k norms, window layers (shorter
+  than the prompts) rotating beside NoPE full-attention layers whose q is scaled by position,
+  attention's output gated per head element with a per-head bias, four norms a layer and
+  depth-scaled residual adds, dense and expert layers by `mlp_layer_types` (V3's router: a
+  correction bias large enough to change the picks, 2 groups of which 1, scaled by 2.5; no
+  shared expert), the logits soft-capped at 6.
 """
 
 from __future__ import annotations
@@ -130,6 +140,7 @@ ERNIE_BIAS = (("mlp.gate.moe_statics.e_score_correction_bias", 0.3),)
 V3_BIAS = (("mlp.gate.e_score_correction_bias", 1.0),)
 MINIMAX_BIAS = (("mlp.e_score_correction_bias", 1.0),)
 AFMOE_ROUTER = (("mlp.router.gate.weight", 1.0), ("mlp.expert_bias", 1.0))
+BEAM_BIASES = (("mlp.gate.e_score_correction_bias", 1.0), ("self_attn.gate_bias", 1.0))
 # JetMoE's routers (attention's and the MLP's), drawn wide enough that the picks vary by token
 JETMOE_ROUTERS = (
     ("self_attention.experts.router.layer.weight", 1.0),
@@ -142,6 +153,9 @@ KOLIBRI_BIAS = (("mlp.gate.e_score_correction_bias", 2.0),)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
+# Flint's sinks and router drawn: transformers initialises the router to zero (every expert
+# alike) and the sinks small
+FLINT_DRAWN = (("self_attn.sinks", 1.0), ("mlp.gate.weight", 1.0))
 # Mellum's rotary by layer kind (each its own base)
 MELLUM_ROPE = {FULL: {"rope_type": "default", "rope_theta": 500000.0},
                SLIDING: {"rope_type": "default", "rope_theta": 1000.0}}  # fmt: skip
@@ -245,6 +259,10 @@ CASES = {
         head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
         num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING], sliding_window=9,
         mlp_layer_types=["sparse", "dense", "sparse"], rope_parameters=MELLUM_ROPE, **B), ()),
+    "flint": ("Flint", dict(
+        head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, num_hidden_layers=3, mlp_only_layers=[1],
+        layer_types=[SLIDING, FULL, SLIDING], sliding_window=9, **B), FLINT_DRAWN),
     "cohere2-moe": ("Cohere2Moe", dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, intermediate_size=32,
         prefix_dense_intermediate_size=48, first_k_dense_replace=1, num_shared_experts=1,
@@ -265,6 +283,11 @@ CASES = {
         num_local_experts=6, num_experts_per_tok=3, intermediate_size=24, kv_channels=32,
         num_key_value_heads=1, num_hidden_layers=3, tie_word_embeddings=False, **E),
         JETMOE_ROUTERS),
+    "beam": ("Beam", dict(
+        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_group=2,
+        topk_group=1, num_hidden_layers=4, sliding_window=11, final_logit_softcapping=6.0,
+        layer_types=[SLIDING, FULL, SLIDING, FULL],
+        mlp_layer_types=["dense", "sparse", "sparse", "dense"], **P), BEAM_BIASES),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -334,6 +357,12 @@ FIELDS = {
         "family.sliding_window": 9, "family.window_layers": (True, False, True),
         "family.moe_layers": (True, False, True), "family.num_experts": 6,
         "family.norm_topk_prob": True, "family.routing": None},
+    "flint": {
+        "architecture": "flint", "family.qk_norm": True, "family.attention_sinks": True,
+        "family.sliding_window": 9, "family.window_layers": (True, False, True),
+        "family.rope_layers": (True, False, True), "family.moe_layers": (True, False, True),
+        "family.routing.scoring": "sigmoid", "family.routing.bias": False,
+        "family.shared_expert_intermediate_size": 40},
     "cohere2-moe": {
         "architecture": "cohere2_moe", "family.cohere_rms_norm": False, "rms_norm_eps": 1e-5,
         "intermediate_size": 48, "family.moe_intermediate_size": 32,
@@ -373,6 +402,13 @@ FIELDS = {
     "granitemoe-shared": {
         "architecture": "granitemoe", "family.shared_expert_intermediate_size": 48,
         "family.moe_intermediate_size": 32, "family.residual_multiplier": 0.5},
+    "beam": {
+        "architecture": "beam", "family.qk_norm": True, "family.sliding_window": 11,
+        "family.window_layers": (True, False, True, False),
+        "family.rope_layers": (True, False, True, False),
+        "family.moe_layers": (False, True, True, False), "family.routing.n_group": 2,
+        "family.routing.routed_scaling_factor": 2.5, "family.final_logit_softcapping": 6.0,
+        "family.shared_expert_intermediate_size": 0},
 }  # fmt: skip
 # `server/weights.py` against the built model, bf16 from float32 files (rank 0's share of tp):
 # float32 routers and correction biases (ERNIE's [1, E], MiniMax-M2's under `block_sparse_moe`,
@@ -404,6 +440,8 @@ FROM_SHAPES = {
     "cohere2-moe": 1e-6,
     "cohere2-moe-rms": 1e-6,
     "minicpm5-moe": 1e-6,
+    "flint": 1e-6,
+    "beam": 1e-6,
 }
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
@@ -427,6 +465,8 @@ MISSING = [
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
     ("minicpm5-moe", "model.layers.0.self_attn.q_proj.weight"),
     ("mellum", "model.layers.1.mlp.up_proj.weight"),
+    ("flint", "model.layers.0.self_attn.softmax_offset"),
+    ("flint", "model.layers.2.mlp.shared_expert.down_proj.weight"),
     ("mellum", "model.layers.2.self_attn.k_norm.weight"),
     ("minicpm5-moe", "model.layers.2.mlp.gate.e_score_correction_bias"),
     ("hy-v3", "model.layers.1.mlp.expert_bias"),
@@ -436,6 +476,9 @@ MISSING = [
     ("jetmoe", "model.layers.0.self_attention.kv_proj.weight"),
     ("jetmoe", "model.layers.1.mlp.bias"),
     ("jetmoe-top3", "model.layers.2.self_attention.experts.router.layer.weight"),
+    ("beam", "model.layers.1.self_attn.gate_bias"),
+    ("beam", "model.layers.3.pre_feedforward_layernorm.weight"),
+    ("beam", "model.layers.2.mlp.gate.e_score_correction_bias"),
 ]
 # Two ranks, one case per layout the families' own code splits: AfMoE's output gate split by
 # heads, DBRX's stacked experts listed per expert, Cohere 2 MoE's shared experts averaged (the
@@ -865,6 +908,30 @@ def test_mellum_published_config_reads_as_transformers(tmp_path):
             read_model_config(str(tmp_path))
 
 
+# Flint
+
+
+def test_flint_published_config_reads_as_transformers(tmp_path):
+    """Flint's config.json (transformers' FlintConfig defaults are its shape): the layer kinds
+    and dense layers as FlintConfig derives them, rotary on the sliding layers only,
+    transformers' parameter count on the meta device; biases on attention refused in one
+    line."""
+    cfg = dict(architectures=["FlintForCausalLM"], model_type="flint")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    sliding = tuple(t == SLIDING for t in theirs.layer_types)
+    assert c.family.window_layers == c.family.rope_layers == sliding and sum(sliding) == 35
+    assert c.family.sliding_window == theirs.sliding_window == 513
+    assert c.family.moe_layers == tuple(i not in theirs.mlp_only_layers for i in range(49))
+    with torch.device("meta"):
+        hf = transformers.FlintForCausalLM(theirs)
+    assert c.num_params == sum(p.numel() for p in hf.parameters())  # (q/k norms, sinks too)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "attention_bias": True}))
+    with pytest.raises(ValueError, match="flint attention_bias"):
+        read_model_config(str(tmp_path))
+
+
 # Cohere 2 MoE
 
 
@@ -902,6 +969,31 @@ def test_hy_v3_sparse_config_reads_as_transformers(tmp_path):
     assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
     assert f.routing.routed_scaling_factor == theirs.router_scaling_factor
     assert f.num_experts_per_tok == theirs.num_experts_per_tok == 8
+
+
+def test_beam_sparse_config_reads_as_transformers(tmp_path):
+    """Beam-1.0's shape from BeamConfig's defaults (7 layers, 16 experts: a quick count): every
+    sixth and the last full attention without rotary, the first three dense, 8 groups of which
+    4, the cap 30, the sliding layers' base from `rope_parameters`; transformers' parameter
+    count (meta device)."""
+    cfg = {"architectures": ["BeamForCausalLM"], "model_type": "beam", "num_hidden_layers": 7,
+           "num_experts": 16,
+           "rope_parameters": {"sliding_attention": {"rope_type": "default",
+                                                     "rope_theta": 50000.0},
+                               "full_attention": None}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    c = read_model_config(str(tmp_path))
+    f = c.family
+    sliding = tuple(t == SLIDING for t in theirs.layer_types)
+    assert f.window_layers == f.rope_layers == sliding and sliding[4:] == (True, False, False)
+    assert f.sliding_window == theirs.sliding_window == 512 and c.rope_theta == 50000.0
+    assert f.moe_layers == tuple(t == "sparse" for t in theirs.mlp_layer_types)
+    assert (f.routing.n_group, f.routing.topk_group, f.final_logit_softcapping) == (8, 4, 30.0)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size) == (48, 8, 128, 5120)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(theirs)
+    assert c.num_params == sum(p.numel() for p in hf.parameters())
 
 
 # JetMoE
@@ -970,21 +1062,35 @@ def test_jetmoe_that_does_not_fit_is_offered_neither_fp8_weights_nor_more_ranks(
 
 
 def test_axk1_without_correction_biases_routes_as_transformers(built, tmp_path):
-    """A.X-K1's releases hold no `e_score_correction_bias` (transformers leaves it zero): the
-    checkpoint without them is read (not refused) and routes as transformers does."""
+    """A.X-K1's releases hold no `e_score_correction_bias` (transformers leaves it at its
+    zero init) and a `post_mlp_layernorm` in the dense layers too (which transformers
+    ignores): such a checkpoint is read (not refused), routes as transformers does with zero
+    biases, and the weights estimate counts what the model holds (not the dense layers'
+    norms)."""
     from arch_cases import NEW, generate, prompts
     from hf_oracle import hf_greedy_plain, save_word_tokenizer
+    from model_bytes import check_estimate
     from pagoda.runtime import LLM
     from safetensors.torch import load_file, save_file
 
-    path = built("axk1")[0]
+    path, model, _, _ = built("axk1")
     tensors = load_file(str(path / "model.safetensors"))
     kept = {k: v for k, v in tensors.items() if not k.endswith("e_score_correction_bias")}
     assert len(kept) == len(tensors) - 2
+    kept["model.layers.0.post_mlp_layernorm.weight"] = torch.full((64,), 5.0)  # (not read)
     (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
     save_file(kept, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     save_word_tokenizer(tmp_path, 300)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    want = [hf_greedy_plain(hf, p, NEW)[0] for p in prompts()]
+    prompt = prompts()[0]  # (53 tokens: four 16-token chunks)
+    biases = [layer.mlp.gate.e_score_correction_bias for layer in model.model.layers[1:]]
+    saved = [b.clone() for b in biases]
+    try:  # transformers' model as it loads without them: zero biases
+        for b in biases:
+            b.zero_()
+        want = hf_greedy_plain(model, prompt, NEW)[0]
+    finally:
+        for b, v in zip(biases, saved):
+            b.copy_(v)
     llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, max_num_seqs=4)
-    assert [tokens for tokens, _ in generate(llm, prompts())] == want
+    assert generate(llm, [prompt])[0][0] == want
+    check_estimate(tmp_path, 1)
