@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from pagoda.runtime.model import ops
 from pagoda.runtime.model_configs import HyperConfig
 
 SLIDING, CSA, HCA = (
@@ -226,6 +228,22 @@ def read(cfg: Mapping[str, Any]) -> Dsv4Config:
                           float(g("hc_eps", 1e-6)), eps),
         rms_norm_eps=eps, tie_word_embeddings=bool(g("tie_word_embeddings", False)),
     )  # fmt: skip
+
+
+def rotary(
+    rot: Rotary, rope_dim: int, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos, sin [..., rope_dim / 2] of one table at ``positions`` (one angle per
+    interleaved pair, `dsv4_compressor.rotate_trailing`'s form), times yarn's attention factor,
+    as transformers' ``DeepseekV4RotaryEmbedding``."""
+    scaling = None
+    if rot.rope_type == "yarn":
+        scaling = {"rope_type": "yarn", "factor": rot.factor, "beta_fast": rot.beta_fast,
+                   "beta_slow": rot.beta_slow, "attention_factor": rot.attention_factor,
+                   "original_max_position_embeddings": rot.original_max_position_embeddings}  # fmt: skip
+    inv, scale = ops.rope_inv_freq(rope_dim, rot.theta, scaling)
+    angles = positions[..., None].float() * inv.to(positions.device)
+    return angles.cos() * scale, angles.sin() * scale
 
 
 def canonical(name: str) -> str:

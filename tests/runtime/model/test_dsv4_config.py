@@ -123,3 +123,22 @@ def test_refusals_are_one_line(change, match):
     with pytest.raises(ValueError, match=match) as err:
         D.read({**TINY, **change})
     assert "\n" not in str(err.value)
+
+
+def test_rotary_tables_match_transformers():
+    """Both tables of the published-style config (main: base 1e4; compress: base 1.6e5 with yarn
+    x16 over 65536, attention factor 1) at positions far past the original context."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
+
+    cfg = {"num_hidden_layers": 2, "qk_rope_head_dim": 64, "head_dim": 512,
+           "compress_rope_theta": 160000, "max_position_embeddings": 1048576,
+           "rope_scaling": {"type": "yarn", "factor": 16, "beta_fast": 32, "beta_slow": 1,
+                            "original_max_position_embeddings": 65536}}  # fmt: skip
+    c = D.read(cfg)
+    theirs = DeepseekV4RotaryEmbedding(transformers.DeepseekV4Config(**cfg))
+    pos = torch.tensor([[0, 1, 7, 4096, 70000, 1000000]])
+    x = torch.zeros(1, dtype=torch.float32)
+    for rot, table in ((c.main_rope, "main"), (c.compress_rope, "compress")):
+        want = theirs(x, pos, layer_type=table)
+        got = D.rotary(rot, c.rope_dim, pos)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
