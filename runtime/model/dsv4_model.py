@@ -1,0 +1,113 @@
+"""DeepSeek-V4's whole model stepped over ragged batches against its paged caches, read from a
+checkpoint's tensors (`dsv4_config`: config.json and the stored names), outside the engine (the
+design: docs/runtime.md, "DeepSeek-V4 in the engine"). Each layer: mHC (`hyper_connection`,
+Sinkhorn) around `dsv4_layer.Dsv4Attention` and the MoE (hash-routed first layers by
+``tid2eid[input_ids]``, then sqrtsoftplus + correction bias top-k; routed and shared experts'
+SwiGLU clamped at ``swiglu_limit``), RMSNorms with float32 weights; the streams folded by
+``hc_head``, the final norm, the LM head. Not served: the engine's model class (its `Step`, the
+runner's entry tables and slots, the registry) is the next step; the caller holds the layers'
+`Dsv4Cache` and hands each step's `Batch`. Routed experts run expert by expert over their
+tokens (the engine's fused experts are the next step too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.model.dsv4_attention import rms
+from pagoda.runtime.model.dsv4_config import Dsv4Config
+from pagoda.runtime.model.dsv4_layer import Batch, Dsv4Attention, Dsv4Cache
+from pagoda.runtime.model.hy_v4 import silu_limit_and_mul
+from pagoda.runtime.model.hyper_connection import HyperConnection, HyperHead, expand
+from pagoda.runtime.model.moe_routing import GroupedRouter, HashRouter
+from pagoda.runtime.model_configs import ExpertRouting
+
+HC = ("fn", "base", "scale")
+
+
+class Dsv4Moe:
+    """Layer ``i``'s experts (module docstring); weights by `dsv4_config.canonical` names."""
+
+    def __init__(self, c: Dsv4Config, i: int, w: Mapping[str, torch.Tensor]) -> None:
+        p, e = f"model.layers.{i}.mlp.", c.num_experts
+        routing = ExpertRouting(scoring=c.scoring, topk_method="greedy", n_group=1, topk_group=1,
+                                routed_scaling_factor=c.routed_scaling_factor)  # fmt: skip
+        gate = w[p + "gate.weight"].float()
+
+        def linear(x):
+            return F.linear(x, gate)
+
+        self.hashed = c.mlp_layer_types[i] == "hash_moe"
+        if self.hashed:
+            self.router = HashRouter(linear, w[p + "gate.tid2eid"], routing)
+        else:
+            bias = w[p + "gate.e_score_correction_bias"]
+            self.router = GroupedRouter(
+                linear, bias, routing, c.experts_per_token, c.norm_topk_prob
+            )
+        x = p + "experts."
+        self.w13 = torch.stack([torch.cat([w[f"{x}{j}.gate_proj.weight"], w[f"{x}{j}.up_proj.weight"]])
+                                for j in range(e)])  # fmt: skip
+        self.w2 = torch.stack([w[f"{x}{j}.down_proj.weight"] for j in range(e)])
+        s = p + "shared_experts."
+        self.s13 = torch.cat([w[s + "gate_proj.weight"], w[s + "up_proj.weight"]])
+        self.s2 = w[s + "down_proj.weight"]
+        self.limit = c.swiglu_limit if c.swiglu_limit is not None else float("inf")
+
+    def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.router(x, input_ids) if self.hashed else self.router(x)
+        out = torch.zeros_like(x)
+        for e in ids.unique().tolist():  # each picked expert over its tokens
+            tok, slot = (ids == e).nonzero(as_tuple=True)
+            h = silu_limit_and_mul(F.linear(x[tok], self.w13[e]), self.limit)
+            y = F.linear(h, self.w2[e]) * weights[tok, slot, None].to(x.dtype)
+            out.index_add_(0, tok, y)
+        return out + F.linear(silu_limit_and_mul(F.linear(x, self.s13), self.limit), self.s2)
+
+
+class Dsv4Model:
+    """The model of `c` from tensors ``w`` (`dsv4_config.check_headers`' canonical names)."""
+
+    def __init__(self, c: Dsv4Config, w: Mapping[str, torch.Tensor]) -> None:
+        self.c, self.w = c, w
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            attn_w = {k[len(p) + 10 :]: v for k, v in w.items() if k.startswith(p + "self_attn.")}
+            self.layers.append((
+                HyperConnection(c.hyper, *(w[f"{p}attn_hc.{n}"] for n in HC)),
+                w[p + "input_layernorm.weight"].float(), Dsv4Attention(c, i, attn_w),
+                HyperConnection(c.hyper, *(w[f"{p}ffn_hc.{n}"] for n in HC)),
+                w[p + "post_attention_layernorm.weight"].float(), Dsv4Moe(c, i, w),
+            ))  # fmt: skip
+        self.head = HyperHead(c.hyper, *(w[f"model.hc_head.hc_{n}"] for n in HC))
+        self.lm_head = w["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
+
+    def new_caches(self, blocks: int, block_size: int, dtype: torch.dtype) -> list[Dsv4Cache]:
+        """Each layer's empty rows and entry tables (``block_size`` a multiple of the rates)."""
+        c, out = self.c, []
+        for rate in c.compress_rates:
+            if rate and block_size % rate:
+                raise ValueError(f"block_size {block_size} is not a multiple of the compress "
+                                 f"rate {rate} (DeepSeek-V4)")  # fmt: skip
+            per = block_size // rate if rate else 0
+            out.append(Dsv4Cache(torch.zeros(blocks * block_size, c.head_dim, dtype=dtype),
+                                 {"kv": torch.zeros(blocks, per, c.head_dim, dtype=dtype),
+                                  "index": torch.zeros(blocks, per, c.index_head_dim, dtype=dtype)}))  # fmt: skip
+        return out
+
+    def __call__(self, input_ids: torch.Tensor, b: Batch, caches: list[Dsv4Cache]) -> torch.Tensor:
+        """The logits [T, vocab] of the step's tokens."""
+        eps = self.c.rms_norm_eps
+        streams = expand(
+            F.embedding(input_ids, self.w["model.embed_tokens.weight"]), self.c.hyper.mult
+        )
+        for (ahc, anorm, attn, fhc, fnorm, moe), cache in zip(self.layers, caches, strict=True):
+            post, comb, x = ahc(streams)
+            streams = ahc.merge(streams, post, comb, attn(rms(x, eps, anorm), b, cache))
+            post, comb, x = fhc(streams)
+            streams = fhc.merge(streams, post, comb, moe(rms(x, eps, fnorm), input_ids))
+        x = rms(self.head(streams), eps, self.w["model.norm.weight"].float())
+        return F.linear(x, self.lm_head)
