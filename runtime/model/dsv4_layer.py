@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model import dsv4_entries as E
 from pagoda.runtime.model import dsv4_paged as P
 from pagoda.runtime.model.dsv4_attention import grouped_projection, rms, unrotate
@@ -35,6 +36,15 @@ class Batch:
     done: torch.Tensor  # [B] tokens cached before the step
     count: torch.Tensor  # [B] the step's tokens
     block_size: int
+
+    @classmethod
+    def from_meta(cls, meta: AttentionMetadata, positions: torch.Tensor) -> Batch:
+        """The engine step's layout (its attention metadata and token positions)."""
+        starts = meta.query_start_loc.long()
+        count = starts[1:] - starts[:-1]
+        seq = torch.repeat_interleave(torch.arange(meta.num_seqs, device=count.device), count)
+        done = meta.seq_lens.long() - count
+        return cls(meta.block_tables, seq, positions.long(), done, count, meta.block_size)
 
 
 @dataclass

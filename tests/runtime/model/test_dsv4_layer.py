@@ -66,3 +66,21 @@ def test_stepped_layer_matches_transformers(layer):
             done = done + count
     for i in range(2):
         torch.testing.assert_close(torch.cat(got[i]), want[i], rtol=1e-4, atol=1e-4)
+
+
+def test_batch_from_the_engine_metadata():
+    """A step's `AttentionMetadata` (a decode, then two prefill chunks) read as the layer's
+    `Batch`: each token's sequence, the tokens cached before the step, the step's counts."""
+    from pagoda.runtime.attention.base import AttentionMetadata
+
+    tables = torch.tensor([[3, 0], [1, 2], [4, 5]], dtype=torch.int32)
+    meta = AttentionMetadata(num_seqs=3, num_decodes=1, num_tokens=6, max_query_len=3,
+                             max_seq_len=12, query_start_loc=torch.tensor([0, 1, 4, 6], dtype=torch.int32),
+                             seq_lens=torch.tensor([12, 3, 10], dtype=torch.int32),
+                             block_tables=tables, slot_mapping=torch.zeros(6, dtype=torch.long),
+                             block_size=8)  # fmt: skip
+    positions = torch.tensor([11, 0, 1, 2, 8, 9])
+    b = Batch.from_meta(meta, positions)
+    assert b.seq.tolist() == [0, 1, 1, 1, 2, 2]
+    assert b.count.tolist() == [1, 3, 2] and b.done.tolist() == [11, 0, 8]
+    assert (b.pos == positions).all() and b.block_size == 8 and b.block_tables is tables
