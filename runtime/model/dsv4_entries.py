@@ -81,3 +81,39 @@ def restore_slot(
     rows = tails[block.long()]
     c = rows.shape[-1] // 2
     return rows[..., :c], rows[..., c:]
+
+
+def write_block_tails(
+    tails: torch.Tensor,  # [num_blocks, rate, 2 C]
+    block_tables: torch.Tensor,
+    start: torch.Tensor,  # [B] the absolute position of span[:, 0] (`slot_start(done)`)
+    span_kv: torch.Tensor,  # [B, S, C] the slot's rows then the step's (`step_span`)
+    span_gate: torch.Tensor,
+    done: torch.Tensor,  # [B] tokens cached before the step
+    count: torch.Tensor,  # [B] the step's tokens
+    block_size: int,
+) -> None:
+    """CSA: the Ca tail (last window's rows) of every block the step fills, wherever the step
+    ends (a chunk may fill several blocks): for each block end ``P`` in ``(done, done + count]``
+    the span's rows of tokens ``[P - rate, P)``."""
+    rate = tails.shape[1]
+    first = done // block_size + 1  # the first block end past done, in blocks
+    m = max(int(((done + count) // block_size - first + 1).max()), 0)
+    if m == 0:
+        return
+    ends = (first[:, None] + torch.arange(m, device=done.device)[None, :]) * block_size  # [B, M]
+    valid = ends <= (done + count)[:, None]
+    j = (ends - start[:, None])[..., None] - rate + torch.arange(rate, device=done.device)
+    j = j.clamp(0, span_kv.shape[1] - 1)  # [B, M, rate] span positions
+    c = span_kv.shape[-1]
+    rows = torch.cat(
+        [
+            span_kv.gather(1, j.view(len(j), -1, 1).expand(-1, -1, c)),
+            span_gate.gather(1, j.view(len(j), -1, 1).expand(-1, -1, c)),
+        ],
+        dim=-1,
+    )
+    rows = rows.view(len(j), m, rate, 2 * c)
+    blk = (ends // block_size - 1).clamp(max=block_tables.shape[1] - 1)
+    block = block_tables.gather(1, blk).long()
+    tails.index_copy_(0, block[valid], rows[valid].to(tails.dtype))

@@ -22,7 +22,7 @@ from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model import dsv4_entries as E
 from pagoda.runtime.model import dsv4_paged as P
 from pagoda.runtime.model.dsv4_attention import grouped_projection, rms, unrotate
-from pagoda.runtime.model.dsv4_compressor import rotate_trailing, step_entries
+from pagoda.runtime.model.dsv4_compressor import rotate_trailing, slot_start, step_entries
 from pagoda.runtime.model.dsv4_config import CSA, SLIDING, Dsv4Config, rotary
 
 
@@ -36,6 +36,9 @@ class Batch:
     done: torch.Tensor  # [B] tokens cached before the step
     count: torch.Tensor  # [B] the step's tokens
     block_size: int
+    # bool [B]: sequences whose first `done` tokens (whole blocks) come from the prefix cache
+    # and whose slots start from their last block's Ca tail (CSA); None: none
+    restored: torch.Tensor | None = None
 
     @classmethod
     def from_meta(cls, meta: AttentionMetadata, positions: torch.Tensor) -> Batch:
@@ -50,12 +53,27 @@ class Batch:
 @dataclass
 class Dsv4Cache:
     """One layer's state: its paged rows [slots, D]; per compressor (``"kv"``, CSA's
-    ``"index"``) the entry table [blocks, block_size / rate, width] and the B sequences'
-    open-window slots (kv, gate) [B, S, C]."""
+    ``"index"``) the entry table [blocks, block_size / rate, width], CSA's Ca tails
+    [blocks, rate, 2 C] (`dsv4_entries.write_tails`) and the B sequences' open-window slots
+    (kv, gate) [B, S, C]."""
 
     rows: torch.Tensor
     entries: dict[str, torch.Tensor] = field(default_factory=dict)
+    tails: dict[str, torch.Tensor] = field(default_factory=dict)
     slots: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def _span(slot: torch.Tensor, new: torch.Tensor, s_len: torch.Tensor) -> torch.Tensor:
+    """Each sequence's slot rows (its first ``s_len``) then the step's rows [B, S + Q, C]."""
+    b, q = new.shape[0], new.shape[1]
+    j = torch.arange(slot.shape[1] + q, device=new.device)[None, :].expand(b, -1)
+    c = new.shape[-1]
+    from_slot = j < s_len[:, None]
+    n = new.gather(1, (j - s_len[:, None]).clamp(0, q - 1)[..., None].expand(-1, -1, c))
+    if slot.shape[1] == 0:
+        return n
+    a = slot.gather(1, j.clamp(max=slot.shape[1] - 1)[..., None].expand(-1, -1, c))
+    return torch.where(from_slot[..., None], a, n)
 
 
 class Dsv4Attention:
@@ -85,12 +103,22 @@ class Dsv4Attention:
         new_kv[b.seq, at], new_gate[b.seq, at] = kv, gate
         c = kv.shape[-1]
         slot_kv, slot_gate = cache.slots.get(name, (kv.new_zeros(len(b.count), 0, c),) * 2)
+        if overlap and b.restored is not None and bool(b.restored.any()):  # a prefix-cache hit
+            slot_kv, slot_gate = self._restore(cache.tails[name], b, slot_kv, slot_gate)
         norm = w[prefix + "kv_norm.weight"]
         entries, first, keep, *slot = step_entries(
             slot_kv, slot_gate, new_kv, new_gate, b.done, b.count, w[prefix + "position_bias"],
             norm, self.c.rms_norm_eps, rate, overlap,
         )  # fmt: skip
         cache.slots[name] = tuple(slot)
+        if overlap:  # each block the step fills keeps its last window for a later prefix hit
+            start = slot_start(b.done, rate, True)
+            span = [
+                _span(sl, nw, b.done - start)
+                for sl, nw in ((slot_kv, new_kv), (slot_gate, new_gate))
+            ]
+            E.write_block_tails(cache.tails[name], b.block_tables, start, *span, b.done, b.count,
+                                b.block_size)  # fmt: skip
         at_w = (first[:, None] + torch.arange(entries.shape[1], device=x.device)) * rate
         cos, sin = self._table(at_w, self.c.compress_rope)
         entries = rotate_trailing(entries, cos, sin)
@@ -99,6 +127,19 @@ class Dsv4Attention:
             cache.entries[name], b.block_tables, (b.done + b.count) // rate, rate
         )
         return got
+
+    def _restore(self, tails, b: Batch, slot_kv, slot_gate):
+        """The restored sequences' slots: their last cached block's Ca tail (`rate` rows)."""
+        rate, n = self.rate, max(slot_kv.shape[1], self.rate)
+        pad = (0, 0, 0, n - slot_kv.shape[1])
+        slot_kv, slot_gate = F.pad(slot_kv, pad), F.pad(slot_gate, pad)
+        r = b.restored
+        tail_kv, tail_gate = E.restore_slot(tails, b.block_tables[r], b.done[r], b.block_size)
+        slot_kv[r, :rate], slot_gate[r, :rate] = (
+            tail_kv.to(slot_kv.dtype),
+            tail_gate.to(slot_kv.dtype),
+        )
+        return slot_kv, slot_gate
 
     def __call__(self, x: torch.Tensor, b: Batch, cache: Dsv4Cache) -> torch.Tensor:
         """The layer's attention output [T, hidden] for the step's normed inputs ``x``."""

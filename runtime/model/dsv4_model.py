@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.model.dsv4_attention import rms
-from pagoda.runtime.model.dsv4_config import Dsv4Config
+from pagoda.runtime.model.dsv4_config import CSA, Dsv4Config
 from pagoda.runtime.model.dsv4_layer import Batch, Dsv4Attention, Dsv4Cache
 from pagoda.runtime.model.hy_v4 import silu_limit_and_mul
 from pagoda.runtime.model.hyper_connection import HyperConnection, HyperHead, expand
@@ -88,14 +88,19 @@ class Dsv4Model:
     def new_caches(self, blocks: int, block_size: int, dtype: torch.dtype) -> list[Dsv4Cache]:
         """Each layer's empty rows and entry tables (``block_size`` a multiple of the rates)."""
         c, out = self.c, []
-        for rate in c.compress_rates:
+        for kind, rate in zip(c.layer_types, c.compress_rates, strict=True):
             if rate and block_size % rate:
                 raise ValueError(f"block_size {block_size} is not a multiple of the compress "
                                  f"rate {rate} (DeepSeek-V4)")  # fmt: skip
             per = block_size // rate if rate else 0
-            out.append(Dsv4Cache(torch.zeros(blocks * block_size, c.head_dim, dtype=dtype),
-                                 {"kv": torch.zeros(blocks, per, c.head_dim, dtype=dtype),
-                                  "index": torch.zeros(blocks, per, c.index_head_dim, dtype=dtype)}))  # fmt: skip
+            d, di = c.head_dim, c.index_head_dim
+            cache = Dsv4Cache(torch.zeros(blocks * block_size, d, dtype=dtype),
+                              {"kv": torch.zeros(blocks, per, d, dtype=dtype),
+                               "index": torch.zeros(blocks, per, di, dtype=dtype)})  # fmt: skip
+            if kind == CSA:  # Ca tails: the last window's kv and gate rows (2 x 2 D wide)
+                cache.tails = {"kv": torch.zeros(blocks, rate, 4 * d, dtype=dtype),
+                               "index": torch.zeros(blocks, rate, 4 * di, dtype=dtype)}  # fmt: skip
+            out.append(cache)
         return out
 
     def __call__(self, input_ids: torch.Tensor, b: Batch, caches: list[Dsv4Cache]) -> torch.Tensor:

@@ -47,9 +47,10 @@ def test_stepped_layer_matches_transformers(layer):
     nb = 8
     tables = torch.randperm(nb, generator=torch.Generator().manual_seed(9)).view(2, nb // 2)
     rate = c.compress_rates[layer] or BS
-    cache = Dsv4Cache(torch.zeros(nb * BS, c.head_dim),
-                      {"kv": torch.zeros(nb, BS // rate, c.head_dim),
-                       "index": torch.zeros(nb, BS // rate, c.index_head_dim)})  # fmt: skip
+    d, di = c.head_dim, c.index_head_dim
+    cache = Dsv4Cache(torch.zeros(nb * BS, d),
+                      {"kv": torch.zeros(nb, BS // rate, d), "index": torch.zeros(nb, BS // rate, di)},
+                      {"kv": torch.zeros(nb, rate, 4 * d), "index": torch.zeros(nb, rate, 4 * di)})  # fmt: skip
     done = torch.zeros(2, dtype=torch.long)
     got = [[], []]
     with torch.no_grad():

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 from pagoda.runtime.model import dsv4_config as D
-from pagoda.runtime.model.dsv4_layer import Batch
+from pagoda.runtime.model.dsv4_layer import Batch, Dsv4Cache
 from pagoda.runtime.model.dsv4_model import Dsv4Model
 from test_dsv4_model import _model
 
@@ -41,7 +41,7 @@ def test_stepped_model_from_checkpoint_matches_transformers_greedy(tmp_path):
     want = [_greedy(model, p) for p in prompts]
 
     tables = torch.randperm(8, generator=g).view(2, 4)
-    caches = ours.new_caches(8, BS, torch.float32)
+    caches = ours.new_caches(12, BS, torch.float32)
     done, out = torch.zeros(2, dtype=torch.long), [[], []]
     steps = [*CHUNKS, *[(1, 1)] * (NEW - 1)]
     with torch.no_grad():
@@ -60,3 +60,25 @@ def test_stepped_model_from_checkpoint_matches_transformers_greedy(tmp_path):
                 if done[i] >= len(prompts[i]):  # a prompt complete: its next token
                     out[i].append(int(logits[last[i]].argmax()))
     assert out == want
+
+    # a prefix-cache hit: a third prompt sharing prompt 0's first block (8 tokens), its CSA
+    # slots restored from that block's Ca tail, stepped alone with fresh slots
+    third = prompts[0][:BS] + torch.randint(0, cfg.vocab_size, (5,), generator=g).tolist()
+    table = torch.tensor([[int(tables[0, 0]), 8, 9, 10]])
+    hit = [Dsv4Cache(c.rows, c.entries, c.tails) for c in caches]
+    done, got, rows = torch.tensor([BS]), [], []
+    with torch.no_grad():
+        for n in [5] + [1] * (NEW - 1):
+            pos = torch.arange(int(done[0]), int(done[0]) + n)
+            full = third + got
+            ids = torch.tensor([full[int(t)] for t in pos])
+            restored = torch.tensor([int(done[0]) == BS])
+            batch = Batch(table, torch.zeros(n, dtype=torch.long), pos, done, torch.tensor([n]), BS,
+                          restored)  # fmt: skip
+            rows.append(ours(ids, batch, hit))
+            got.append(int(rows[-1][-1].argmax()))
+            done = done + n
+    assert got == _greedy(model, third)
+    with torch.no_grad():  # every stepped position's logits, not only the picks
+        full = model(torch.tensor([third + got[:-1]])).logits[0, BS:]
+    torch.testing.assert_close(torch.cat(rows), full, rtol=1e-4, atol=1e-4)
