@@ -26,6 +26,7 @@ missing or misshapen one in one line, naming it as the files store it.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -302,6 +303,13 @@ def expected_shapes(c: Dsv4Config) -> dict[str, tuple[int, ...]]:
             out.update({x + "gate_proj.weight": (w, h), x + "up_proj.weight": (w, h),
                         x + "down_proj.weight": (h, w)})  # fmt: skip
     return out
+
+
+def num_params(c: Dsv4Config) -> int:
+    """Every tensor the model reads (`expected_shapes`): transformers' parameters and its
+    persistent buffers (``tid2eid``, the correction biases). DeepSeek-V4-Flash-Base's shape
+    (transformers' defaults): 284,328,206,295."""
+    return sum(math.prod(s) for s in expected_shapes(c).values())
 
 
 def check_headers(c: Dsv4Config, headers: Mapping[str, tuple[str, list[int]]]) -> dict[str, str]:

@@ -142,3 +142,14 @@ def test_rotary_tables_match_transformers():
         want = theirs(x, pos, layer_type=table)
         got = D.rotary(rot, c.rope_dim, pos)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_num_params_is_transformers_meta_count():
+    """The published widths (transformers' defaults) on four layers (HCA, HCA, CSA, HCA; three
+    hash-routed): transformers' parameters and persistent buffers on the meta device."""
+    cfg = transformers.DeepseekV4Config(num_hidden_layers=4)
+    with torch.device("meta"):
+        model = transformers.DeepseekV4ForCausalLM(cfg)
+    want = sum(p.numel() for p in model.parameters())
+    want += sum(b.numel() for n, b in model.named_buffers() if "rotary_emb" not in n)
+    assert D.num_params(D.read(cfg.to_dict())) == want
