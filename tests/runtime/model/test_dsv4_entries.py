@@ -77,3 +77,25 @@ def test_entries_through_block_tables_and_a_prefix_hit(kind):
                        cached, slot)  # fmt: skip
     got, _ = T.read_entries(table, tables3, done3 // rate, rate)
     torch.testing.assert_close(got[0], whole(*rows3[0]))
+
+
+def test_block_tails_of_a_chunk_that_fills_several_blocks():
+    """`write_block_tails`: a step from token 3 to 21 (8-token blocks, rate 4) fills blocks 0
+    and 1: their tails are tokens 4..7 and 12..15 of the span (slot rows 0..2, then the step's),
+    kv then gate; a second sequence whose step fills none writes nothing."""
+    from pagoda.runtime.model.dsv4_compressor import slot_start
+
+    rate, bs, c = 4, 8, 2
+    done, count = torch.tensor([3, 9]), torch.tensor([18, 2])
+    start = slot_start(done, rate, True)  # 0 and 4
+    tok = start[:, None] + torch.arange(24)[None, :]  # the span's absolute positions
+    span_kv = tok[..., None].float().expand(-1, -1, c).clone()
+    span_gate = -span_kv
+    tables = torch.tensor([[5, 2, 7], [0, 1, 3]])
+    tails = torch.full((8, rate, 2 * c), 99.0)
+    T.write_block_tails(tails, tables, start, span_kv, span_gate, done, count, bs)
+    for block, first in ((5, 4), (2, 12)):
+        want = torch.arange(first, first + rate).float()[:, None].expand(-1, c)
+        torch.testing.assert_close(tails[block], torch.cat([want, -want], dim=-1))
+    untouched = [b for b in range(8) if b not in (5, 2)]
+    assert (tails[untouched] == 99).all()
