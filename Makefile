@@ -10,6 +10,11 @@ SERVE_STAMP := $(VENV)/.installed-serve
 # PYTHONSAFEPATH: the repository root has a folder named `operator`, which must never shadow
 # the standard-library module of that name for `python -m ...` started here.
 export PYTHONSAFEPATH := 1
+# Python's default, bytecode written: where the environment turns it off (PYTHONDONTWRITEBYTECODE),
+# every process `make test` starts (each server, tensor-parallel rank, benchmark child, CLI run)
+# compiled the modules it imports from source again (uv installs no .pyc): ~3 s of CPU for a
+# pytest process's imports on a 2-core Xeon, ~1 s for a `pagoda serve`.
+unexport PYTHONDONTWRITEBYTECODE
 PIP := $(BIN)/python -m pip
 # uv installs the dependencies (parallel downloads: ~10x faster than pip here); pip keeps
 # installing torch, whose CPU wheel it finds on local disk through this machine's pip config.

@@ -210,6 +210,11 @@ def before_after(args) -> None:
     cmd += ["--extras"] if args.extras else []
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": str(_old_tree(args.old_ref, Path(tmp))), "after": None}
+        # one checkpoint for both trees, written here: the same weights, and no child imports
+        # transformers to write its own (seconds of each child's start)
+        (Path(tmp) / "model").mkdir()
+        write_random_llama(Path(tmp) / "model", TINY)
+        cmd += ["--model-dir", str(Path(tmp) / "model")]
         runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
         for r in range(rounds):  # who goes first alternates too: drift within a round
             for label, tree in list(trees.items())[:: 1 if r % 2 == 0 else -1]:
@@ -297,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=4,
                     help="with --old-ref: rounds of before and after, alternating (medians)")  # fmt: skip
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -304,9 +310,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.old_ref:
         before_after(args)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        write_random_llama(Path(tmp), TINY)
-        loaded = load_model(tmp)
+    if args.model_dir:  # (a before/after child: the parent wrote it)
+        loaded = load_model(args.model_dir)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            write_random_llama(Path(tmp), TINY)
+            loaded = load_model(tmp)
     rows = measure_all(loaded, args)
     if args.child:
         import pagoda.runtime

@@ -141,6 +141,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_next": Untested(fp8=_DELTANET),
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
+        "lara_mini": Untested(fp8=_DELTANET),
         "qwen4_exp": Untested(
             tensor_parallel="its hyper-connections and Per-Layer Embeddings are not split",
             fp8=_DELTANET,
@@ -150,6 +151,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "olmo_hybrid": Untested(fp8=_DELTANET),
         "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "bailing_hybrid": Untested(tensor_parallel="kda layers", fp8="kda layers"),
         "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",

@@ -113,6 +113,8 @@ class FamilyConfig:
     swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
     # HY V4 (model/hy_v4.py): the residual as hyper-connected streams (DeepSeek-V4's form too)
     hyper: HyperConfig | None = None
+    # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
+    kda_lower_bound: float = -5.0
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -410,7 +412,7 @@ class ModelConfig:
         if f.attention_sinks:  # a sink logit per head (gpt-oss's, GraniteSWA's)
             attn_all += self.num_layers * self.num_heads
         if f.qk_norm and not f.cohere_layer:  # per-head q/k norms: a weight of head_dim each
-            attn_all += self.num_layers * 2 * d
+            attn_all += self.num_kv_layers * 2 * d  # (a hybrid's attention layers')
         if f.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
             attn_all += self.num_layers * 2 * h
         if self.architecture == "axk1":  # a norm on each MoE block's output

@@ -194,8 +194,11 @@ class MambaConfig:
     bcdt_weighted: bool = False
     # the attention layers' q_proj also gives an output gate per head (Qwen3-Next's)
     attn_output_gate: bool = False
-    # the attention layers' output scaled per head by sigmoid(g_proj(x)) (LFM3's)
+    # the attention layers' output scaled per head by sigmoid(g_proj(x)) (LFM3's, BailingHybrid's)
     attn_head_gate: bool = False
+    # KDA's forget and output gates one full-rank projection each, f_proj and g_proj [H K,
+    # hidden] (BailingHybrid's, `model/bailing_hybrid.py`), not Kimi's f_a f_b and g_a g_b
+    kda_full_gates: bool = False
     # Gated DeltaNet's beta = 2 sigmoid(b), in [0, 2] (OLMo Hybrid's `linear_allow_neg_eigval`)
     allow_neg_eigval: bool = False
     # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some
@@ -306,6 +309,8 @@ class MambaConfig:
         ):  # q k v, b, f_a f_b, g_a g_b, o_proj, the conv, o_norm, A_log, dt_bias
             d, k = self.d_inner, self.head_dim
             proj = (3 * d + self.n_heads + 2 * k) * hidden + 2 * k * d + hidden * d
+            if self.kda_full_gates:  # f_proj and g_proj for f_a f_b and g_a g_b
+                proj = (5 * d + self.n_heads) * hidden + hidden * d
             return proj + c * self.d_conv + k + self.n_heads + d
         if self.mixer == "gated_deltanet":  # q k v z b a, out_proj, the conv, norm, A_log, dt_bias
             proj = (c + self.d_inner + 2 * self.n_heads) * hidden + hidden * self.d_inner

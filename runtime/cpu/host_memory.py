@@ -31,13 +31,21 @@ TRIM_THRESHOLD = (1 << 31) - 1  # never give the heap's top back
 
 
 @functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, found once per process (`find_library` runs `ldconfig -p` in a subprocess:
+    ~10 ms on a busy 2-core machine, at every engine start before); None where not found."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
+@functools.cache
 def keep_freed_memory() -> bool:
     """Set glibc's thresholds once per process; False where the C library is not glibc."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+        mallopt = _libc().mallopt
+    except AttributeError:  # (None: no C library found; or one without mallopt)
         return False
     ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
@@ -53,8 +61,8 @@ def release_freed_memory() -> bool:
     blocks, weights before bf16 conversion) that the thresholds above would otherwise keep
     resident for the life of the process. Steps then fault in only what they reuse."""
     try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
-    except (OSError, AttributeError, TypeError):
+        trim = _libc().malloc_trim
+    except AttributeError:  # (None: no C library found; or one without malloc_trim)
         return False
     return bool(trim(0))
 

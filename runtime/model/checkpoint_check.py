@@ -95,7 +95,9 @@ def _layer_norms(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     h, a, n = c.hidden_size, f"model.layers.{i}.self_attn.", {}
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     one_norm = (
-        c.family.cohere_layer or c.architecture in ("phi", "gptj") or c.family.falcon_norms == "one"
+        c.family.cohere_layer
+        or c.architecture in ("phi", "gptj", "codegen")
+        or c.family.falcon_norms == "one"
     )
     if not one_norm:  # (Cohere's, Phi's, Falcon's parallel layers: one norm)
         n[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)
@@ -332,7 +334,7 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
 
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
-_OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe")
+_OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe", "lara_mini")
 _STACKED = ("hy_v4",)  # experts stacked, in `expected_shapes` (hy_v4_config.py)
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
@@ -451,6 +453,10 @@ def check_checkpoint(
         from pagoda.runtime.model.kimi_linear_config import check_conv as check_kda_conv
 
         check_kda_conv(config, headers)
+    if config.architecture == "bailing_hybrid":  # its KDA convs, whole or in three parts
+        from pagoda.runtime.model.bailing_hybrid_config import check_conv as check_bh_conv
+
+        check_bh_conv(config, headers)
     if config.architecture == "gpt_oss":
         _check_gpt_oss_experts(config, headers)
     if config.family.bitnet == "offline":  # packed: uint8 matrices

@@ -32,15 +32,19 @@ ALIASES = {
     "jetmoe": {"kv_channels": "head_dim", "activation_function": "hidden_act"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+ALIASES["codegen"] = ALIASES["gptj"]
+ALIASES["gpt_neo"] = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                      "activation_function": "hidden_act", "window_size": "sliding_window"}  # fmt: skip
 ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linear_config.py)
     "model_max_length": "max_position_embeddings", "moe_renormalize": "norm_topk_prob",
     "num_expert_group": "n_group", "num_experts": "n_routed_experts",
     "num_experts_per_token": "num_experts_per_tok", "num_shared_experts": "n_shared_experts"}  # fmt: skip
+ALIASES["bailing_hybrid"] = ALIASES["kimi_linear"]  # BailingHybridConfig's (the same keys)
 ALIASES["dbrx"] = ALIASES["mpt"]
 ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
-OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx")
+OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo")
 
 
 def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -71,7 +75,7 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         grouped = out.get("new_decoder_architecture") or not out.get("multi_query")
         heads = out.get("num_kv_heads") or out["num_attention_heads"]
         out["num_key_value_heads"] = heads if grouped else 1
-    if arch == "gptj":  # its MLP 4 x hidden by default, `rotary_dim` of each head rotated
+    if arch in ("gptj", "codegen"):  # the MLP 4 x hidden by default, `rotary_dim` rotated
         hidden, heads = int(out["hidden_size"]), int(out["num_attention_heads"])
         out["intermediate_size"] = out.get("intermediate_size") or 4 * hidden
         if out.get("rotary_dim"):
@@ -80,7 +84,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
                 raise ValueError(f"rotary_dim {rotary} must be even and at most the head size "
                                  f"{head} (n_embd {hidden} / n_head {heads})")  # fmt: skip
             out["partial_rotary_factor"] = rotary / head
-    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt"):  # multi-head attention,
+    if arch == "gpt_neo":  # its MLP 4 x hidden by default; `attention_types` as layer_types
+        out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
+        out["layer_types"] = gpt_neo_layer_types(out)
+    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen"):
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)
@@ -116,3 +123,20 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["num_attention_heads"] = int(out["num_key_value_heads"]) * int(
             out["num_experts_per_tok"])  # fmt: skip
     return out
+
+
+def gpt_neo_layer_types(cfg: Mapping[str, Any]) -> list[str]:
+    """GPT-Neo's `attention_types` ([[kinds, repeats], ...], GPTNeoConfig's expansion: each
+    list of kinds repeated) as layer_types: "local" layers slide (`window_size`), "global" ones
+    attend to everything; ValueError, one line, for another kind or a count that is not
+    `num_layers`."""
+    types = [kind for kinds, times in cfg["attention_types"] for _ in range(int(times))
+             for kind in kinds]  # fmt: skip
+    unknown = sorted(set(types) - {"global", "local"})
+    if unknown:
+        raise ValueError(f"attention_types {unknown} are not supported in a gpt_neo model "
+                         "(global or local)")  # fmt: skip
+    if len(types) != int(cfg["num_hidden_layers"]):
+        raise ValueError(f"attention_types name {len(types)} layers, the model has "
+                         f"{cfg['num_hidden_layers']}")  # fmt: skip
+    return ["sliding_attention" if t == "local" else "full_attention" for t in types]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import EMBED, LayerContext, LlamaLayer, LlamaModel, Step
-from pagoda.runtime.model.moe import grouped_experts
+from pagoda.runtime.model.moe import grouped_experts, masked_experts
 from pagoda.runtime.model.moe_routing import GroupedRouter
 from pagoda.runtime.model.ungated_mlp import UngatedMLP, relu2
 
@@ -70,11 +70,7 @@ class ErgoMoE:
         if self.grouped:
             out = grouped_experts(x, weights, ids, self._expert)
         else:
-            dense = torch.zeros(x.shape[0], len(self.experts), device=x.device)
-            dense.scatter_(1, ids, weights)
-            out = torch.zeros_like(x)
-            for e in range(len(self.experts)):
-                out += (self._expert(e, x) * dense[:, e : e + 1]).to(out.dtype)
+            out = masked_experts(x, weights, ids, self._expert, len(self.experts))
         return out + norm32(self.shared(x), self.shared_norm, self.eps)
 
 

@@ -15,25 +15,16 @@ greedy), beside ungated shared experts of `moe_intermediate_size x moe_num_share
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from pagoda.runtime.model import moe_names
+from pagoda.runtime.model import moe_names, ops
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
 from pagoda.runtime.model.moe import make_mlp
-from pagoda.runtime.model.ops import gather_cos_sin, rotary_interleaved
+from pagoda.runtime.model.ops import rotary_interleaved
 
-
-def rotary_float32(
-    *, positions: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rotary_interleaved` in float32 with float32 cos and sin (the cache's rows, gathered here
-    by `positions`, or this step's float32 rows), in place on q and k."""
-    rows = (
-        cos_sin_cache
-        if positions is None
-        else gather_cos_sin(positions, cos_sin_cache, torch.float32)
-    )
-    return rotary_interleaved(positions=None, q=q, k=k, cos_sin_cache=rows, widen=True)
+rotary_float32 = functools.partial(ops.rotary_float32, rotary_interleaved)
 
 
 class Ernie4_5Layer(LlamaLayer):

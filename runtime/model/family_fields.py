@@ -25,7 +25,7 @@ Fields = Callable[
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
 UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
-UNGATED += ("gptj", "nanochat")
+UNGATED += ("gptj", "nanochat", "codegen")
 
 
 def read_rope(
@@ -150,7 +150,7 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     if arch == "gpt_neox":  # Falcon's per-head q/k/v; two norms in parallel, or Llama's layer
         parallel = cfg.get("use_parallel_residual", True)
         fields.update(falcon_qkv="per_head", falcon_norms="two" if parallel else "sequential")
-    if arch == "gptj":  # Phi's model, the rotary in the interleaved layout (GLM's)
+    if arch in ("gptj", "codegen"):  # Phi's model, the rotary interleaved (GLM's layout)
         fields.update(layer_norm_bias=True, rope_interleaved=True)
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
         fields["qk_norm"] = True
@@ -384,6 +384,8 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         multi_query = arch == "gpt_bigcode" and cfg.get("multi_query", True)
         mha = "stacked" if arch == "gpt2" else "per_head"
         fields["falcon_qkv"] = "multi_query" if multi_query else mha
+    if arch == "gpt_neo":  # q/k/v apart without biases, out_proj's; scores unscaled
+        fields.update(attention_multiplier=1.0, o_proj_bias=True)
     if arch == "opt":
         if not cfg.get("layer_norm_elementwise_affine", True):
             raise ValueError("OPT with layer_norm_elementwise_affine false (LayerNorms without "
@@ -438,7 +440,7 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 FIELDS: dict[str, Fields] = {
-    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt"), _learned),
+    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo"), _learned),
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "qwen3": _qwen3,
     "gemma3": _gemma3,

@@ -149,7 +149,8 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm"):  # fmt: skip
+                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
+                    "lara_mini", "gpt_neo"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -259,7 +260,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
-    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "longcat_flash")
+    latent = (*deepseek.ARCHITECTURES.values(), "minicpm3", "kimi_linear", "bailing_hybrid",
+              "longcat_flash")  # fmt: skip
     if arch in latent:  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
@@ -399,6 +401,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)
+    if config.architecture == "codegen":  # its fused q/v/k in 4 groups (phi.py)
+        from pagoda.runtime.model.phi import split_codegen_qkv
+
+        split_codegen_qkv(weights, config)
     if config.architecture == "gpt2":  # Conv1D matrices, stored [in, out]
         from pagoda.runtime.model.positions import transpose_conv1d
 
@@ -420,6 +426,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 
         rename_mlps(weights)
+    if config.architecture == "bailing_hybrid":  # the published names (bailing_hybrid_config)
+        from pagoda.runtime.model.bailing_hybrid_config import rename
+
+        rename(weights)
     if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
         from pagoda.runtime.model.longcat_flash_config import rename_sublayers
 

@@ -80,10 +80,12 @@ HF_ARCHITECTURES = {
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
+    "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
     "GPTJForCausalLM": "gptj",  # GPT-J: Phi's model with the interleaved rotary (model/phi.py)  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     # learned absolute positions (model/positions.py)
     "GPT2LMHeadModel": "gpt2",  # GPT-2: Conv1D matrices, fused c_attn, tied head
     "GPTBigCodeForCausalLM": "gpt_bigcode",  # StarCoder 1, SantaCoder: multi-query
+    "GPTNeoForCausalLM": "gpt_neo",  # GPT-Neo: local (windowed) and global layers, unscaled
     "OPTForCausalLM": "opt",  # OPT: positions offset by 2, pre- or post-norm, project_in/out
     # ALiBi (model/bloom.py)
     "BloomForCausalLM": "bloom",
@@ -208,6 +210,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
               "bos_token_id": 0, "eos_token_id": 150_024},
     "hyperclovax": {"bos_token_id": 1, "eos_token_id": 2},
+    "codegen": {"vocab_size": 50_400, "max_position_embeddings": 2048, "hidden_size": 4096,
+                "num_hidden_layers": 28, "num_attention_heads": 16, "rotary_dim": 64,
+                "hidden_act": "gelu_new", "layer_norm_epsilon": 1e-5, "bos_token_id": 50_256,
+                "eos_token_id": 50_256},
     "gptj": {"vocab_size": 50_400, "max_position_embeddings": 2048, "hidden_size": 4096,
              "num_hidden_layers": 28, "num_attention_heads": 16, "rotary_dim": 64,
              "hidden_act": "gelu_new", "layer_norm_epsilon": 1e-5, "bos_token_id": 50_256,
@@ -230,6 +236,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "num_hidden_layers": 12, "num_attention_heads": 12, "hidden_act": "gelu_new",
              "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "bos_token_id": 50_256,
              "eos_token_id": 50_256},
+    "gpt_neo": {"vocab_size": 50_257, "max_position_embeddings": 2048, "hidden_size": 2048,
+                "num_hidden_layers": 24, "num_attention_heads": 16, "sliding_window": 256,
+                "hidden_act": "gelu_new", "layer_norm_epsilon": 1e-5,
+                "attention_types": [[["global", "local"], 12]], "tie_word_embeddings": True,
+                "bos_token_id": 50_256, "eos_token_id": 50_256},
     "gpt_bigcode": {"vocab_size": 50_257, "max_position_embeddings": 1024, "hidden_size": 768,
                     "num_hidden_layers": 12, "num_attention_heads": 12,
                     "hidden_act": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5,
@@ -313,9 +324,10 @@ NULLABLE = {
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
+EPS.update(codegen="layer_norm_epsilon")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
-EPS.update(mpt="layer_norm_epsilon", **moe_families.EPS)
+EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
@@ -355,8 +367,8 @@ DEFAULT_ROPE = {
 }
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
-                   "stablelm", "gptj", *moe_families.PARTIAL_ROTARY,
-                   *qwen3_next.DEFAULTS, "zaya")  # fmt: skip
+                   "stablelm", "gptj", "codegen", *moe_families.PARTIAL_ROTARY,
+                   *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya")  # fmt: skip
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)
 PROPORTIONAL_ROTARY = ("lfm3",)

@@ -85,7 +85,7 @@ class HyV4Layer(DsaLayer):
         """Sparse latent attention with sinks (module docstring), each head's value gated."""
         m, meta = self.mla, step.meta
         cr = m.kv_lora_rank + m.qk_rope_head_dim
-        q_full, k_full, bottleneck, _ = self.project(x, step, self.ix.head_dim)  # (no gate)
+        q_full, k_full, bottleneck, _ = self.project(x, step, self.ix.head_dim)
         q_index = None
         if self.full:  # the indexer's key into the row's last columns
             q_index = self._index_query_and_key(x, bottleneck, k_full[:, 0, cr:], step)

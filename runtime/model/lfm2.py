@@ -28,12 +28,14 @@ segments inside a chunk, from the slot at a chunk's end); tensor parallelism is 
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from pagoda.runtime.model import ops
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
-from pagoda.runtime.model.ops import gather_cos_sin
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
@@ -121,25 +123,8 @@ class Lfm2MoeModel(Lfm2Model):
     (`lfm2_config.py`)."""
 
 
-def rotary_float32(
-    *, positions: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotate-half rotary in float32 with float32 cos and sin (the cache's rows, gathered
-    here by `positions`, or this step's float32 rows), rounded once, in place on q and k: as
-    transformers' LFM3 applies its float32 tables to q and k of the model's dtype."""
-    rows = (
-        cos_sin_cache
-        if positions is None
-        else gather_cos_sin(positions, cos_sin_cache, torch.float32)
-    )
-    cos, sin = rows.float().unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
-    for x in (q, k):
-        x1, x2 = x.chunk(2, dim=-1)
-        a, b = x1.float(), x2.float()
-        first = a * cos - b * sin
-        x2.copy_(b * cos + a * sin)
-        x1.copy_(first)
-    return q, k
+# the rotate-half rotary in float32 with float32 cos and sin, rounded once (transformers' LFM3)
+rotary_float32 = functools.partial(ops.rotary_float32, ops.rotary_embedding)
 
 
 class Lfm3Layer(Lfm2Layer):

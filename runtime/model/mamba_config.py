@@ -37,6 +37,7 @@ from typing import Any
 
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import (
+    bailing_hybrid_config,
     jamba_config,
     kimi_linear_config,
     lfm2_config,
@@ -63,6 +64,7 @@ ARCHITECTURES = {
     **qwen3_next_config.ARCHITECTURES,  # Qwen3-Next, Qwen3.5: Gated DeltaNet (qwen3_next.py)
     **olmo_hybrid_config.ARCHITECTURES,  # OLMo Hybrid: Gated DeltaNet, OLMo 3's attention
     **kimi_linear_config.ARCHITECTURES,  # Kimi Linear: KDA, DeepSeek-V3's (kimi_linear.py)
+    **bailing_hybrid_config.ARCHITECTURES,  # BailingHybrid: KDA, V3's (bailing_hybrid.py)
     **minimax_config.ARCHITECTURES,  # MiniMax-Text-01: lightning attention (minimax.py)
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
@@ -87,6 +89,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **qwen3_next_config.DEFAULTS,
     **olmo_hybrid_config.DEFAULTS,
     **kimi_linear_config.DEFAULTS,
+    **bailing_hybrid_config.DEFAULTS,
     **minimax_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
     **zaya_config.DEFAULTS,
@@ -169,8 +172,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     the shared one (`shared_intermediate_size`), its experts' width goes to the family."""
     if arch in qwen3_next_config.DEFAULTS:
         return qwen3_next_config.overrides(cfg, arch)
-    for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, zamba2_config,
-                   mamba1_config, mamba2_config, nemotron_h_config, zaya_config, minimax_config):  # fmt: skip
+    for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
+                   zamba2_config, mamba1_config, mamba2_config, nemotron_h_config, zaya_config, minimax_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -186,8 +189,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         return qwen3_next_config.family_fields(cfg, arch, n)
     if arch in mamba1_config.DEFAULTS:
         return mamba1_config.family_fields(cfg, arch, n)
-    for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, zamba2_config,
-                   mamba2_config, nemotron_h_config, jamba_config, zaya_config, minimax_config):  # fmt: skip
+    for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
+                   zamba2_config, mamba2_config, nemotron_h_config, jamba_config, zaya_config, minimax_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -213,6 +216,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s tensors besides its norms: its Mamba2 mixer (or nothing for an attention
     layer, checked as Llama's) and, for Granite 4.0, its MLP; the other families' their own."""
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
+                   bailing_hybrid_config,
                    zamba2_config, nemotron_h_config, mamba1_config, jamba_config,
                    zaya_config, minimax_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:

@@ -72,6 +72,24 @@ def grouped_experts(
     return out
 
 
+def masked_experts(
+    x: torch.Tensor,  # [T, K]
+    topk_weights: torch.Tensor,  # float32 [T, k]
+    topk_ids: torch.Tensor,  # [T, k]; -1: no expert
+    expert: Callable[[int, torch.Tensor], torch.Tensor],  # (e, rows [n, K]) -> [n, K]
+    num_experts: int,
+) -> torch.Tensor:
+    """`grouped_experts`' sum with every expert over every token, each output times its weight
+    (0 where the expert is not picked): no host sync (CUDA graphs), E times the work; the CUDA
+    path where no fused kernel runs the experts."""
+    dense = torch.zeros(x.shape[0], num_experts + 1, device=x.device)
+    dense.scatter_(1, topk_ids.long() % dense.shape[1], topk_weights)  # -1 picks the last
+    out = torch.zeros_like(x)
+    for e in range(num_experts):
+        out += (expert(e, x) * dense[:, e : e + 1]).to(out.dtype)
+    return out
+
+
 def _fused_kernel() -> Callable[..., torch.Tensor] | None:
     try:
         from pagoda.kernels.fused_moe import fused_experts
@@ -204,15 +222,12 @@ class SparseMoE:
         return down(self.act_and_mul(x=gate_up(rows)))
 
     def _every_expert(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
-        """Without the fused kernel on CUDA: no host sync (CUDA graphs), E times the work."""
-        dense = torch.zeros(x.shape[0], self.w13.shape[0] + 1, device=x.device)
-        dense.scatter_(1, ids.long() % dense.shape[1], weights)  # [T, E + 1]: -1 picks the last
-        dense = dense[:, :-1]  # 0 where an expert is not picked
-        out = torch.zeros_like(x)
-        for e in range(self.w13.shape[0]):
-            y = torch.nn.functional.linear(self.act_and_mul(x=x @ self.w13[e].T), self.w2[e])
-            out += (y * dense[:, e : e + 1]).to(out.dtype)
-        return out
+        """Without the fused kernel on CUDA (`masked_experts`)."""
+        return masked_experts(x, weights, ids, self._stacked_expert, self.w13.shape[0])
+
+    def _stacked_expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        y = self.act_and_mul(x=rows @ self.w13[e].T)
+        return torch.nn.functional.linear(y, self.w2[e])
 
 
 class _ExpertTensors:

@@ -27,6 +27,7 @@ NAMES: dict[str, MoeNames] = {
     "exaone_moe": MoeNames(bias="e_score_correction_bias"),
     "hy_v3": MoeNames(router="router.gate.weight", bias="expert_bias", shared="shared_mlp."),
     "laguna": MoeNames(bias="experts.e_score_correction_bias", shared="shared_expert."),
+    "lara_mini": MoeNames(shared="shared_expert."),  # (its experts stacked: qwen3_next_config)
     "flint": MoeNames(shared="shared_expert."),
     "jamba": MoeNames(block="feed_forward.", router="router.weight"),
     "phimoe": MoeNames(block="block_sparse_moe.", experts=("w1", "w3", "w2")),

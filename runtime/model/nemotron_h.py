@@ -21,7 +21,7 @@ import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
-from pagoda.runtime.model.moe import grouped_experts
+from pagoda.runtime.model.moe import grouped_experts, masked_experts
 from pagoda.runtime.model.moe_routing import GroupedRouter
 from pagoda.runtime.model.ops import gemma_rms_norm
 from pagoda.runtime.model.parallel_linear import RowParallelLinear, column_linear, row_linear
@@ -70,11 +70,7 @@ class NemotronHMoE:
         if self.grouped:
             out = grouped_experts(h, weights, ids, self._expert)
         else:
-            dense = torch.zeros(h.shape[0], len(self.experts), device=h.device)
-            dense.scatter_(1, ids, weights)
-            out = torch.zeros_like(h)
-            for e in range(len(self.experts)):
-                out += (self._expert(e, h) * dense[:, e : e + 1]).to(out.dtype)
+            out = masked_experts(h, weights, ids, self._expert, len(self.experts))
         if self.latent is not None:  # (on the experts' sum: a projection of its own)
             out = self.latent[1](out if self.tp is None else self.tp.all_reduce(out))
             shared = self.shared(x)

@@ -56,13 +56,15 @@ def rotary_embedding(
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
+    widen: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate-half rotary on q [T, H, D] and k [T, Hkv, D], in place; cache rows are cat(cos, sin).
 
     With `positions=None`, `cos_sin_cache` already holds one row per token (see `gather_cos_sin`).
     When q and k are adjacent views of one fused qkv projection (the model's case) they are
     rotated as one tensor: half the kernel launches. Every product, sum and difference is rounded
-    to the input dtype as Hugging Face's `q * cos + rotate_half(q) * sin` rounds it.
+    to the input dtype as Hugging Face's `q * cos + rotate_half(q) * sin` rounds it, or with
+    `widen` computed in float32 and rounded once (LFM3's: `rotary_float32`).
     Returns (q, k).
     """
     cs = cos_sin_cache if positions is None else gather_cos_sin(positions, cos_sin_cache, q.dtype)
@@ -70,6 +72,9 @@ def rotary_embedding(
     qk = _joint_view(q, k)
     for x in (q, k) if qk is None else (qk,):
         x1, x2 = x.chunk(2, dim=-1)
+        if widen and x.dtype != torch.float32:
+            _rotate_widened(x1, x2, cos, sin)
+            continue
         new1 = torch.mul(x1, cos)
         tmp = torch.mul(x2, sin)
         new1.sub_(tmp)  # x1 cos - x2 sin
@@ -99,9 +104,7 @@ def rotary_interleaved(
         pairs = x.unflatten(-1, (-1, 2))  # a view: [T, H, D/2, 2]
         x1, x2 = pairs[..., 0], pairs[..., 1]
         if widen and x.dtype != torch.float32:
-            a, b, c, s = x1.float(), x2.float(), cos.float(), sin.float()
-            x1.copy_(a * c - b * s)
-            x2.copy_(b * c + a * s)
+            _rotate_widened(x1, x2, cos, sin)
             continue
         new1 = torch.mul(x1, cos)
         tmp = torch.mul(x2, sin)
@@ -110,6 +113,33 @@ def rotary_interleaved(
         x2.mul_(cos).add_(tmp)  # x2 cos + x1 sin
         x1.copy_(new1)
     return q, k
+
+
+def _rotate_widened(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """(x1, x2) <- (x1 cos - x2 sin, x2 cos + x1 sin) in float32, rounded once, in place."""
+    a, b, c, s = x1.float(), x2.float(), cos.float(), sin.float()
+    x1.copy_(a * c - b * s)
+    x2.copy_(b * c + a * s)
+
+
+def rotary_float32(
+    rotate,
+    *,
+    positions: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rotate` (`rotary_embedding` or `rotary_interleaved`) in float32 with float32 cos and sin
+    (the cache's rows, gathered here by `positions`, or this step's float32 rows), rounded once,
+    in place on q and k: as transformers' ERNIE 4.5 and LFM3 apply their float32 tables to q and
+    k of the model's dtype."""
+    rows = (
+        cos_sin_cache
+        if positions is None
+        else gather_cos_sin(positions, cos_sin_cache, torch.float32)
+    )
+    return rotate(positions=None, q=q, k=k, cos_sin_cache=rows, widen=True)
 
 
 def _joint_view(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:

@@ -16,6 +16,9 @@ families'; its final norm is read as `model.final_layernorm` (`FINAL_NORM`).
 GPT-J (`GPTJForCausalLM`: gpt-j-6b) is this model with the rotary in the interleaved layout, pairs
 (2i, 2i + 1) over `rotary_dim` of each head, no q/k/v or output biases, and its GPT-2-style
 names and keys (`transformer.h.N.attn.q_proj`, `mlp.fc_in` / `fc_out`; `n_embd`, `n_head`, ...).
+CodeGen (`CodeGenForCausalLM`: codegen-350M/2B/6B/16B, mono/multi/nl) is GPT-J's model with q, k
+and v fused in one `attn.qkv_proj` over its 4 model-parallel shards (each shard's quarter of q,
+then of v, then of k): listed as q_proj, k_proj, v_proj at load (`split_codegen_qkv`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,24 @@ from pagoda.runtime.model.ungated_mlp import UngatedMLP
 
 HEAD_BIAS = "lm_head.bias"
 FINAL_NORM = "model.final_layernorm.weight"  # Phi's name for `model.norm` (Bamba's too)
+
+
+CODEGEN_GROUPS = 4  # CodeGen's model-parallel shards: transformers' `mp_num`, fixed
+
+
+def split_codegen_qkv(weights, config) -> None:
+    """List each CodeGen layer's fused `attn.qkv_proj` ([3 hidden, hidden]: 4 groups, each its
+    quarter of the q rows, then v's, then k's) as q_proj, k_proj, v_proj (each one's quarters
+    joined in order); ValueError, one line, for one missing or of the wrong height."""
+    part = config.hidden_size // CODEGEN_GROUPS
+    for layer in range(config.num_layers):
+        fused = f"model.layers.{layer}.attn.qkv_proj.weight"
+        if fused not in weights:
+            raise ValueError(f"checkpoint is missing tensor {fused!r}")
+        a = f"model.layers.{layer}.self_attn."
+        parts = [(f"{a}{n}_proj.weight", (3 * g + j) * part, (3 * g + j + 1) * part)
+                 for g in range(CODEGEN_GROUPS) for j, n in enumerate("qvk")]  # fmt: skip
+        weights.split_rows(fused, parts)
 
 
 class PhiLayer(LlamaLayer):

@@ -16,6 +16,10 @@ row ``p + FamilyConfig.position_offset`` added to the embedding of the token at 
 - GPTBigCode (`GPTBigCodeForCausalLM`: StarCoder 1, SantaCoder): GPT-2's model with nn.Linear
   matrices and, with `multi_query`, one KV head (`c_attn`: every q head, one k, one v; without
   it q/k/v per head).
+- GPT-Neo (`GPTNeoForCausalLM`): GPT-2's model with nn.Linear matrices, q/k/v apart (no
+  biases; `out_proj` with one), scores unscaled (`FamilyConfig.attention_multiplier` 1), its
+  `attention_types` read as layer_types (`config_keys.gpt_neo_layer_types`: "local" layers
+  slide over `window_size` tokens).
 - OPT (`OPTForCausalLM`): its table offset by 2; q/k/v/out projections and fc1/fc2 with biases
   where `enable_bias`; ReLU; norms before each sublayer and a final one
   (`do_layer_norm_before`), or after each residual add and none at the end (opt-350m:
@@ -72,7 +76,7 @@ class OptLayer(LlamaLayer):
 
 
 class LearnedPositionsModel(Starcoder2Model):
-    """GPT-2, GPTBigCode and OPT (module docstring)."""
+    """GPT-2, GPTBigCode, GPT-Neo and OPT (module docstring)."""
 
     layer_class = OptLayer  # (Llama's layer unless `post_norm`)
 

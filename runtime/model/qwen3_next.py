@@ -85,6 +85,7 @@ class GatedDeltaNet:
     (`olmo_hybrid.py`) names its output projection and gated norm otherwise."""
 
     out_name, norm_name = "out_proj.weight", "norm.weight"
+    norm_rounded = True  # RMSNorm(o) rounded before its weight (LaraMini's: float32 throughout)
     # the delta rule's decode step and chunked prefill (Kimi Linear's KDA: `kda.py`'s)
     step_rule = staticmethod(gated_delta.recurrent_step)
     chunk_rule = staticmethod(gated_delta.chunked)
@@ -118,6 +119,10 @@ class GatedDeltaNet:
         self.scale = m.d_state**-0.5
         self.sizes = [m.conv_dim, m.d_inner, m.n_heads, m.n_heads]
 
+    # the prefill's conv where it is not `conv_weight`'s in the inputs' dtype (`packed_conv`'s
+    # `conv_fn`: BailingHybrid's float32 conv, model/bailing_hybrid.py)
+    conv_fn = None
+
     def linears(self) -> list:
         return [self.in_proj, self.out_proj]
 
@@ -135,7 +140,7 @@ class GatedDeltaNet:
             snaps = None if step.snaps is None else step.snaps[self.index]
             snap = None if pre.snap_conv_rows is None else snaps
             x = packed_conv(conv, qkv[nd:], pre, self.conv_weight, None,
-                            None if snap is None else snap[0])  # fmt: skip
+                            None if snap is None else snap[0], self.conv_fn)  # fmt: skip
             o[nd:] = gated_delta.prefill(*self._qkv(F.silu(x)), g[nd:], beta[nd:], state,
                                          pre.groups, m.chunk_size,
                                          None if snap is None else snap[1],
@@ -187,7 +192,7 @@ class GatedDeltaNet:
         t, dtype = o.shape[0], o.dtype
         y = o.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = self.norm * y.to(dtype)
+        y = self.norm * (y.to(dtype) if self.norm_rounded else y)
         y = y * F.silu(z.float().view(t, *o.shape[1:]))
         return y.to(dtype).view(t, -1)
 

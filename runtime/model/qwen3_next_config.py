@@ -28,6 +28,7 @@ from typing import Any
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import qwen4_exp_config as qwen4
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
+from pagoda.runtime.model_configs import ExpertRouting
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {
@@ -36,6 +37,7 @@ ARCHITECTURES = {
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",  # its text model; the vision tower not read
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "LaraMiniForCausalLM": "lara_mini",  # Lara-4-Mini: Qwen3.5's DeltaNet, Qwen3 attention
     "Qwen4ExpForCausalLM": "qwen4_exp",  # Qwen3.5-MoE's layers, hyper-connections, PLE
     "Qwen4ExpForConditionalGeneration": "qwen4_exp",  # its text model (`qwen4_exp_config`)
 }
@@ -68,29 +70,44 @@ DEFAULTS = {
                     "num_key_value_heads": 2, "moe_intermediate_size": 512,
                     "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8,
                     "num_experts": 256},
+    "lara_mini": {**_LINEAR, "vocab_size": 151936, "hidden_size": 1024, "num_hidden_layers": 34,
+                  "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+                  "linear_num_key_heads": 8, "linear_num_value_heads": 16,
+                  "max_position_embeddings": 131072, "tie_word_embeddings": True,
+                  "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                  "num_experts_per_tok": 4, "num_experts": 128, "norm_topk_prob": True,
+                  "sliding_window": 512},
 }  # fmt: skip
 DEFAULTS["qwen4_exp"] = {**DEFAULTS["qwen3_5_moe"], **qwen4.DEFAULTS}
 _LINEAR_ATTN, _ATTENTION = "linear_attention", "full_attention"
+_SLIDING = "sliding_attention"  # LaraMini's rotating window layers (its full ones NoPE)
+# LaraMini's released pattern (transformers' default layer_types), period 5
+_LARA_PATTERN = (_LINEAR_ATTN, _SLIDING, _LINEAR_ATTN, _ATTENTION, _SLIDING)
 # the published Qwen3.5-MoE checkpoints' stacked experts: gate and up [E, 2N, hidden] (gate
 # first), down [E, hidden, N]; listed with a `.weight` (`stacked_experts`)
 STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
-def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
+def layer_types(cfg: Mapping[str, Any], n: int, lara: bool = False) -> list[str]:
     """Each layer's type; Qwen4-Exp's "indexed_attention" (attention with its QSA indexer,
-    `qwen4_exp_config`) read as attention."""
+    `qwen4_exp_config`) read as attention; ``lara``: LaraMini's (its default pattern, its
+    sliding layers)."""
     types = cfg.get("layer_types")
     if types is not None and "hc_count" in cfg:
         types = [_ATTENTION if t == "indexed_attention" else t for t in types]
+    if types is None and lara:
+        types = [_LARA_PATTERN[i % len(_LARA_PATTERN)] for i in range(n)]
     if types is None:
         every = int(cfg.get("full_attention_interval") or 4)
         types = [_LINEAR_ATTN if (i + 1) % every else _ATTENTION for i in range(n)]
     if len(types) != n:
         raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
-    unknown = sorted({t for t in types if t not in (_LINEAR_ATTN, _ATTENTION)})
+    known = (_LINEAR_ATTN, _ATTENTION, _SLIDING) if lara else (_LINEAR_ATTN, _ATTENTION)
+    unknown = sorted({t for t in types if t not in known})
     if unknown:
-        raise ValueError(f"layer_types {unknown} are not supported in a Qwen3-Next / Qwen3.5 "
-                         "model (linear_attention or full_attention)")  # fmt: skip
+        raise ValueError(f"layer_types {unknown} are not supported in a "
+                         f"{'LaraMini' if lara else 'Qwen3-Next / Qwen3.5'} model "
+                         f"({' or '.join(known)})")  # fmt: skip
     return list(types)
 
 
@@ -99,9 +116,11 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     (transformers' 0.25), Qwen3.5-MoE's width (experts in every layer: no dense MLP)."""
     out: dict[str, Any] = {}
     params = cfg.get("rope_parameters") or {}
-    if "partial_rotary_factor" not in params and cfg.get("partial_rotary_factor") is None:
+    if arch == "lara_mini":  # its window layers; experts in every layer; a whole rotary
+        out["layer_types"] = layer_types(cfg, int(cfg["num_hidden_layers"]), lara=True)
+    elif "partial_rotary_factor" not in params and cfg.get("partial_rotary_factor") is None:
         out["partial_rotary_factor"] = 1.0 if arch == qwen4.ARCH else 0.25  # (transformers')
-    if arch in ("qwen3_5_moe", qwen4.ARCH):
+    if arch in ("qwen3_5_moe", qwen4.ARCH, "lara_mini"):
         out["intermediate_size"] = cfg["moe_intermediate_size"]
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported in a {arch} model "
@@ -109,23 +128,26 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     return out
 
 
-def mamba(cfg: Mapping[str, Any], n: int, extra_conv_rows: int = 0) -> MambaConfig:
+def mamba(
+    cfg: Mapping[str, Any], n: int, extra_conv_rows: int = 0, lara: bool = False
+) -> MambaConfig:
     """The Gated DeltaNet layers as recurrent layers (module docstring); `extra_conv_rows`:
     Qwen4-Exp's PLE conv state beside each one's conv state."""
     return delta_rule_mamba(
-        (t == _LINEAR_ATTN for t in layer_types(cfg, n)),
+        (t == _LINEAR_ATTN for t in layer_types(cfg, n, lara)),
         v_heads=int(cfg["linear_num_value_heads"]),
         v_dim=int(cfg["linear_value_head_dim"]),
         k_heads=int(cfg["linear_num_key_heads"]),
         k_dim=int(cfg["linear_key_head_dim"]),
         d_conv=int(cfg["linear_conv_kernel_dim"]),
-        attn_output_gate=True,
+        attn_output_gate=not lara,
         extra_conv_rows=extra_conv_rows,
     )
 
 
 def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
-    fields: dict[str, Any] = {"mamba": mamba(cfg, n), "qk_norm": True}
+    lara = arch == "lara_mini"
+    fields: dict[str, Any] = {"mamba": mamba(cfg, n, lara=lara), "qk_norm": True}
     if arch == qwen4.ARCH:
         types, h = layer_types(cfg, n), int(cfg["hidden_size"])
         q = fields["qwen4"] = qwen4.read(cfg, types, h)
@@ -133,13 +155,20 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         fields["mamba"] = mamba(cfg, n, extra)
     if arch == "qwen3_5":
         return fields
-    if arch == "qwen3_next":
+    norm = True
+    if lara:  # experts in every layer; the window layers rotate, the full ones are NoPE
+        layers, norm = (True,) * n, bool(cfg["norm_topk_prob"])
+        fields["rope_layers"] = tuple(t == _SLIDING for t in layer_types(cfg, n, lara))
+        # Flint's router: float32 logits, softmax top-k (renormalised exactly), and so its
+        # shared expert without a gate (`moe.SharedExpertMoE`)
+        fields["routing"] = ExpertRouting(renorm_eps=0.0)
+    elif arch == "qwen3_next":
         step, dense = int(cfg["decoder_sparse_step"]), set(cfg.get("mlp_only_layers") or ())
         experts = int(cfg["num_experts"])
         layers = tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(n))
         norm = bool(cfg["norm_topk_prob"])
     else:  # Qwen3.5-MoE: experts in every layer, renormalised
-        layers, norm = (True,) * n, True
+        layers = (True,) * n
     if any(layers):
         fields.update(num_experts=int(cfg["num_experts"]),
                       num_experts_per_tok=int(cfg["num_experts_per_tok"]),
@@ -192,7 +221,11 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({x + "conv1d.weight": (m.conv_dim, 1, m.d_conv), x + "A_log": (m.n_heads,),
                     x + "dt_bias": (m.n_heads,), x + "norm.weight": (m.head_dim,),
                     x + "out_proj.weight": (h, m.d_inner)})  # fmt: skip
-        if c.architecture == "qwen3_next":
+        if c.architecture == "lara_mini":  # one in_proj, rows [q k v z b a]; out_norm
+            del out[x + "norm.weight"]
+            out.update({x + "in_proj.weight": (m.conv_dim + m.d_inner + 2 * m.n_heads, h),
+                        x + "out_norm.weight": (m.head_dim,)})  # fmt: skip
+        elif c.architecture == "qwen3_next":
             out.update({x + "in_proj_qkvz.weight": (m.conv_dim + m.d_inner, h),
                         x + "in_proj_ba.weight": (2 * m.n_heads, h)})  # fmt: skip
         else:
@@ -200,13 +233,14 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                         x + "in_proj_z.weight": (m.d_inner, h),
                         x + "in_proj_b.weight": (m.n_heads, h),
                         x + "in_proj_a.weight": (m.n_heads, h)})  # fmt: skip
-    else:
+    else:  # (LaraMini's q_proj without the gate rows)
         a, q = p + "self_attn.", c.num_heads * c.head_dim
-        out.update({a + "q_proj.weight": (2 * q, h), a + "q_norm.weight": (c.head_dim,),
-                    a + "k_norm.weight": (c.head_dim,)})  # fmt: skip
+        out.update({a + "q_proj.weight": (2 * q if m.attn_output_gate else q, h),
+                    a + "q_norm.weight": (c.head_dim,), a + "k_norm.weight": (c.head_dim,)})  # fmt: skip
     if c.family.has_experts(i):
-        out.update({p + "mlp.gate.weight": (c.family.num_experts, h),
-                    p + "mlp.shared_expert_gate.weight": (1, h)})  # fmt: skip
+        out[p + "mlp.gate.weight"] = (c.family.num_experts, h)
+        if c.architecture != "lara_mini":  # (its shared expert ungated: Flint's)
+            out[p + "mlp.shared_expert_gate.weight"] = (1, h)
     if c.family.qwen4 is not None:
         out.update(qwen4.expected_shapes(c, i))
     return out

@@ -77,6 +77,7 @@ MODEL_CLASSES = {
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
+    "codegen": ("phi", "PhiModel"),  # GPT-J's, its fused q/v/k split at load (phi.py)
     "granitemoehybrid": ("granite_hybrid", "HybridModel"),  # Granite 4.0: Mamba2 + attention
     "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
     "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
@@ -93,12 +94,15 @@ MODEL_CLASSES = {
     "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts
     "qwen3_5": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's layers, a dense MLP
     "qwen3_5_moe": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's, experts in every layer
+    "lara_mini": ("lara_mini", "LaraMiniModel"),  # Qwen3.5's DeltaNet, Qwen3 attention, experts
     "qwen4_exp": ("qwen4_exp", "Qwen4ExpModel"),  # Qwen3.5-MoE's, hyper-connections, n-grams
     "olmo_hybrid": ("olmo_hybrid", "OlmoHybridModel"),  # Gated DeltaNet + OLMo 3's attention
     "kimi_linear": ("kimi_linear", "KimiLinearModel"),  # KDA + NoPE latent attention, V3 experts
+    "bailing_hybrid": ("bailing_hybrid", "BailingHybridModel"),  # KDA + gated MLA, V3 experts
     "minimax": ("minimax", "MiniMaxModel"),  # lightning + softmax attention, Mixtral's experts
     "gpt2": ("positions", "LearnedPositionsModel"),  # learned positions, Conv1D matrices
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
+    "gpt_neo": ("positions", "LearnedPositionsModel"),  # local (windowed) layers, unscaled
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv

@@ -30,7 +30,7 @@ def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
         tensors = dict(_llama4_experts(t) for t in tensors.values())
     if mc.architecture == "jetmoe":  # its attention experts, as the one Linear each becomes
         tensors = dict(_jetmoe_attention(t) for t in tensors.values())
-    if mc.architecture in ("qwen3_next", "qwen3_5_moe"):  # stacked experts, read as `.weight`
+    if mc.architecture in ("qwen3_next", "qwen3_5_moe", "lara_mini"):  # stacked, as `.weight`
         from pagoda.runtime.model.qwen3_next_config import stacked_experts
 
         renamed = stacked_experts(tensors)

@@ -241,6 +241,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.hy_v4_config import rename_weights
 
         rename_weights(weights)
+    if architecture == "bailing_hybrid":  # the published names, as the loader lists them
+        from pagoda.runtime.model.bailing_hybrid_config import rename
+
+        rename(weights)
     if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
         from pagoda.runtime.model.dbrx import split_experts
         from pagoda.runtime.model.hf_loader import read_config
@@ -349,6 +353,7 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         and mc.family.mamba is not None
         and (mc.family.mamba.mixer == "gated_deltanet")
         and not mc.family.olmo2_norms  # (OLMo Hybrid's: as stored)
+        and mc.architecture != "lara_mini"  # (as stored)
     )
     if float32_router and _FLOAT32_ROUTER.search(name):
         return _float32_router(t, p)
@@ -376,8 +381,9 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
-    if mc.architecture == "kimi_linear" and _KDA_TENSORS.search(name):
-        return t.numel * (p.dtype.itemsize if name.endswith("conv1d.weight") else 4)
+    if mc.architecture in ("kimi_linear", "bailing_hybrid") and _KDA_TENSORS.search(name):
+        conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
+        return t.numel * (p.dtype.itemsize if conv else 4)  # (BailingHybrid's conv float32)
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
         # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
         n = t.numel * _mamba_share(name, mc, lay)

@@ -328,3 +328,28 @@ def scramble_correction_biases(model, path, first_moe_layer: int = 0) -> torch.G
                 bias.copy_(torch.randn(bias.shape, generator=g))
     model.save_pretrained(path)
     return g
+
+
+def check_rotary_float32(rotary, hf_module, dtype: torch.dtype, theta: float, scaling) -> None:
+    """A float32 rotary (`ops.rotary_float32`'s: ERNIE 4.5's, LFM3's) on q [T, H, D] and k [T,
+    Hkv, D] equal bit for bit to transformers' own apply_rotary_pos_emb (`hf_module`'s) with its
+    float32 cos and sin, from the cache by positions (the CUDA ops' path) and from float32 rows
+    gathered once (the CPU's)."""
+    from pagoda.runtime.model.ops import build_cos_sin_cache, gather_cos_sin
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(7, 4, 32, generator=g).to(dtype)
+    k = torch.randn(7, 2, 32, generator=g).to(dtype)
+    positions = torch.tensor([0, 1, 2, 40, 41, 300, 5])
+    cache = build_cos_sin_cache(32, theta, scaling, 512)
+    cos, sin = cache[positions].chunk(2, dim=-1)  # transformers' cat((freqs, freqs)) tables
+    cos, sin = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]
+    want_q, want_k = hf_module.apply_rotary_pos_emb(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin
+    )
+    for rows in (positions, None):
+        gq, gk = q.clone(), k.clone()
+        table = cache if rows is not None else gather_cos_sin(positions, cache, torch.float32)
+        rotary(positions=rows, q=gq, k=gk, cos_sin_cache=table)
+        assert torch.equal(gq, want_q[0].transpose(0, 1)), rows
+        assert torch.equal(gk, want_k[0].transpose(0, 1)), rows

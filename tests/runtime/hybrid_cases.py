@@ -24,7 +24,7 @@ from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
 
 MAMBA = dict(mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8)
-LIN, FULL = "linear_attention", "full_attention"
+LIN, FULL, SLIDE = "linear_attention", "full_attention", "sliding_attention"
 DELTA_HEADS = dict(head_dim=16, num_attention_heads=4, num_key_value_heads=2)
 # name: (transformers config class prefix, config overrides)
 CASES = {
@@ -177,6 +177,14 @@ CASES = {
         linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=32)),
+    # LaraMini (model/lara_mini.py): Qwen3.5's DeltaNet (one fused in_proj, out_norm), Qwen3
+    # attention rotating in a window of 8 on the sliding layers, NoPE on the full one, Flint's
+    # experts (float32 router, stacked experts, an ungated shared expert) in every layer
+    "lara-mini": ("LaraMini", dict(
+        **DELTA_HEADS, num_hidden_layers=4, layer_types=[LIN, SLIDE, FULL, SLIDE],
+        sliding_window=8, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48)),
     # Qwen4-Exp (model/qwen4_exp.py): Qwen3.5-MoE's layers between two hyper-connection
     # streams, Per-Layer Embeddings of hashed 2- and 3-grams on the DeltaNet layer (their table
     # saved in two shards), its output gate a sigmoid; an end-of-sequence id (12) inside the
@@ -212,6 +220,17 @@ CASES = {
                             "num_heads": 2, "short_conv_kernel_size": 4},
         num_experts=8, num_experts_per_token=2, num_shared_experts=1, moe_intermediate_size=32,
         first_k_dense_replace=1, num_expert_group=2, topk_group=1, routed_scaling_factor=2.0)),
+    # BailingHybrid (model/bailing_hybrid.py): KDA layers (full-rank forget and output gates)
+    # beside rotated latent attention gated per head, DeepSeek-V3's experts (router biases
+    # scrambled), written in the published form (word_embeddings, attention., dense,
+    # q/k/v convs in three parts, expert_bias); the KDA head size is head_dim (as the rotary's:
+    # transformers writes head_dim = qk_rope_head_dim back)
+    "bailing-hybrid": ("BailingHybrid", dict(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+        q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, head_dim=16,
+        layer_group_size=2, num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+        moe_intermediate_size=32, first_k_dense_replace=1, num_expert_group=2, topk_group=1,
+        routed_scaling_factor=2.0, num_nextn_predict_layers=0, kda_lower_bound=-4.0)),
     # Zaya (model/zaya.py): q/k from two convs over a conv state, values half delayed, a
     # float32 residual stream with learned scalings, a router MLP carrying its state from layer
     # to layer over top-1 experts and a skip choice (`write` draws the key scales, the router's
@@ -229,12 +248,12 @@ CASES = {
         mlp_alpha_factor=1.2, mlp_beta_factor=0.8)),
 }  # fmt: skip
 # the Gated DeltaNet, KDA and lightning rows (files of their own); `SSM`: the rest (test_hybrid_ssm.py)
-DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "qwen4-exp", "olmo-hybrid", "olmo-hybrid-nope",
-         "kimi-linear", "minimax")  # fmt: skip
+DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "lara-mini", "qwen4-exp", "olmo-hybrid",
+         "olmo-hybrid-nope", "kimi-linear", "bailing-hybrid", "minimax")  # fmt: skip
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
-SCRAMBLED = ("nemotron-h-moe", "lfm2-moe")
+SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid")
 # two ranks: Granite 4.0's two B/C groups (one a rank) and Bamba's one (replicated) as above;
 # Nemotron-H's MoE block with one group or two, with latent projections and without; Falcon-H1's
 # norm before the gate over a group split across the ranks (four heads: Falcon's three above
@@ -473,11 +492,15 @@ _NO_FP8 = r"fp8 is not supported for a {} model \({} layers\)"
 REFUSED = {
     "qwen3-next": (4, _DELTA_TP, _NO_FP8.format("qwen3_next", "gated_deltanet")),
     "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("qwen3_5", "gated_deltanet")),
+    "lara-mini": (4, _DELTA_TP, _NO_FP8.format("lara_mini", "gated_deltanet")),
     "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("olmo_hybrid", "gated_deltanet")),
     "qwen4-exp": (2, "--tensor-parallel-size 2 is not supported for a qwen4_exp model (its "
                   "hyper-connections and Per-Layer Embeddings are not split)",
                   _NO_FP8.format("qwen4_exp", "gated_deltanet")),
     "kimi-linear": (2, _NO_TP.format("kimi_linear", "kda"), _NO_FP8.format("kimi_linear", "kda")),
+    "bailing-hybrid": (
+        2, _NO_TP.format("bailing_hybrid", "kda"), _NO_FP8.format("bailing_hybrid", "kda")
+    ),
     "minimax": (2, _NO_TP.format("minimax", "lightning"), _NO_FP8.format("minimax", "lightning")),
     "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
     "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),

@@ -48,7 +48,8 @@ the directory for the reference: both read the published shape alike.
 - HunYuan dense (`HunYuanDenseV1ForCausalLM`): per-head q/k RMSNorms after rotary, its
   "dynamic" rotary with a fixed `alpha` (a static base);
 - GPT-J (`GPTJForCausalLM`): Phi's model with the interleaved rotary over `rotary_dim`, its
-  GPT-2-style keys (`n_embd`, `n_head`, `n_inner`, ...).
+  GPT-2-style keys (`n_embd`, `n_head`, `n_inner`, ...);
+- CodeGen (`CodeGenForCausalLM`): GPT-J's, its q/v/k fused in one `qkv_proj` in 4 groups.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -153,6 +154,9 @@ CASES = {
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), {}),
     # GPT-J: Phi's parallel layer with the interleaved rotary over rotary_dim, the head's bias
     "gptj-rotary-dim": ("GPTJ", dict(n_inner=128, rotary_dim=8, num_key_value_heads=None), {}),
+    # CodeGen: GPT-J's, q/v/k fused in one qkv_proj over 4 shards (split at load)
+    "codegen-rotary-dim": ("CodeGen", dict(n_inner=128, rotary_dim=8, num_key_value_heads=None),
+                           {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -185,7 +189,7 @@ def published(path, renames: dict[str, str]) -> None:
     if cfg["model_type"] == "cwm":  # left to CwmConfig: its window pattern and llama3 rotary
         for key in ("layer_types", "rope_theta", "rope_scaling"):
             cfg.pop(key)
-    if cfg["model_type"] == "gptj":  # gpt-j-6b's: GPT-2's keys only
+    if cfg["model_type"] in ("gptj", "codegen"):  # gpt-j-6b's, CodeGen's: GPT-2's keys only
         for key in ("intermediate_size", "num_key_value_heads", "rope_theta", "rope_scaling"):
             cfg.pop(key, None)
     if cfg["model_type"] == "gemma":
@@ -226,8 +230,9 @@ def _eps(t) -> float | None:
 
 
 def _rope(t) -> dict:
-    """transformers' rotary of config `t` (GPT-J's: a base of 10,000 over `rotary_dim`)."""
-    if t.model_type == "gptj":
+    """transformers' rotary of config `t` (GPT-J's, CodeGen's: a base of 10,000 over
+    `rotary_dim`)."""
+    if t.model_type in ("gptj", "codegen"):
         return {"rope_type": "default", "rope_theta": 10000.0,
                 "partial_rotary_factor": t.rotary_dim / (t.n_embd // t.n_head)}  # fmt: skip
     return t.rope_parameters
@@ -252,7 +257,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     c, t = read_model_config(str(path)), model.config.get_text_config()
     family = {"exaone3_5": "exaone", "exaone4_5": "exaone4", "falcon2": "falcon",
               "hunyuan": "hunyuan_v1_dense"}  # fmt: skip
-    if name.startswith("gptj"):  # GPT-2's keys (transformers' attribute_map): checked below
+    if name.startswith(("gptj", "codegen")):  # GPT-2's keys (transformers' attribute_map)
         assert (c.hidden_size, c.intermediate_size, c.num_kv_heads) == (64, 128, 4)
         assert c.rope_scaling["partial_rotary_factor"] == 0.5 and c.family.rope_interleaved
     assert c.architecture == family.get(name.split("-")[0], name.split("-")[0])
@@ -277,7 +282,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
-    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj")
+    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj", "codegen")
     assert c.family.gated_mlp == (c.architecture not in ungated)
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
@@ -353,6 +358,7 @@ test_gpu_matches_transformers_with_graphs = gpu_test()
     ("Cwm", "cwm", {"num_hidden_layers": 5}),
     ("HunYuanDenseV1", "hunyuan_v1_dense", {"num_hidden_layers": 4}),
     ("GPTJ", "gptj", {"n_layer": 4, "rotary_dim": 4}),
+    ("CodeGen", "codegen", {"n_layer": 4, "rotary_dim": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
@@ -430,11 +436,14 @@ def _widen(name: str):
      r"missing tensor 'gpt_neox\.layers\.1\.post_attention_layernorm\.bias'"),
     ("GPTJ", dict(num_key_value_heads=None, rotary_dim=8), _pop("transformer.h.0.ln_1.bias"),
      r"missing tensor 'transformer\.h\.0\.ln_1\.bias'"),
+    ("CodeGen", dict(num_key_value_heads=None, rotary_dim=8),
+     _pop("transformer.h.1.attn.qkv_proj.weight"),
+     r"missing tensor 'transformer\.h\.1\.attn\.qkv_proj\.weight'"),
     ("Exaone", {}, _widen("transformer.h.0.mlp.c_fc_1.weight"),
      r"transformer\.h\.0\.mlp\.c_fc_1\.weight is \[256, 64\]; with "
      r"transformer\.h\.0\.mlp\.c_fc_0\.weight \[128, 64\]"),
 ], ids=["falcon-qkv-height", "falcon-qkv-missing", "gpt_neox-norm-bias", "gptj-ln_1-bias",
-        "exaone-c_fc_1-width"])  # fmt: skip
+        "codegen-qkv-missing", "exaone-c_fc_1-width"])  # fmt: skip
 def test_a_checkpoint_refusal_names_the_tensors_as_the_files_do(
     tmp_path, arch, overrides, edit, match
 ):

@@ -10,7 +10,7 @@ Triton backend (its kernels in Triton's interpreter: the CUDA path's launchers) 
 dispatch mode records the aten ops that synchronize on CUDA, in `LlamaModel.forward` only (the
 readback and the scheduler's host work are outside it). The experts run as on CUDA: gpt-oss's
 in the fused-MoE kernel, the routed experts of the other families densely (no per-expert
-counts read on the host, as `SparseMoE._every_expert` does without the fused kernel).
+counts read on the host, as `moe.masked_experts` runs them without the fused kernel).
 """
 
 from __future__ import annotations
@@ -122,15 +122,12 @@ class SyncWatch(TorchDispatchMode):
 
 
 def dense_experts(x, topk_weights, topk_ids, expert):
-    """`moe.grouped_experts` without the host's per-expert counts: every expert over every row,
-    weighted by a scattered [T, E] routing matrix (`SparseMoE._every_expert`'s maths)."""
+    """`moe.grouped_experts` without the host's per-expert counts (`moe.masked_experts`: every
+    expert over every row, weighted by a scattered [T, E] routing matrix)."""
+    from pagoda.runtime.model.moe import masked_experts
+
     n = len(expert.__self__.experts)  # the layer's (`SparseMoE`) experts
-    dense = torch.zeros(x.shape[0], n, dtype=torch.float32)
-    dense.scatter_(1, topk_ids.long(), topk_weights.float())
-    out = torch.zeros_like(x)
-    for e in range(n):
-        out += (expert(e, x) * dense[:, e : e + 1]).to(out.dtype)
-    return out
+    return masked_experts(x, topk_weights.float(), topk_ids, expert, n)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -31,7 +31,15 @@ import re
 
 import pytest
 import torch
-from arch_cases import NEW, SMALL_POOL, case_fixture, check, generate, prompts
+from arch_cases import (
+    NEW,
+    SMALL_POOL,
+    case_fixture,
+    check,
+    check_rotary_float32,
+    generate,
+    prompts,
+)
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from hybrid_cases import (
     MAMBA,
@@ -671,29 +679,13 @@ def test_lfm3_estimate_checkpoint_check_and_published_config(built, tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lfm3s_rotary_is_transformers_bit_for_bit(dtype):
-    """LFM3's rotary (`lfm2.rotary_float32`, the proportional table: half the angles) on q
-    [T, H, D] and k [T, Hkv, D] against transformers' own apply_rotary_pos_emb with its float32
-    cos and sin, from the cache by positions and from float32 rows gathered once."""
+    """LFM3's rotary (`lfm2.rotary_float32`: rotate-half, the proportional table: half the
+    angles) against transformers' own (`arch_cases.check_rotary_float32`)."""
     from pagoda.runtime.model.lfm2 import rotary_float32
-    from pagoda.runtime.model.ops import build_cos_sin_cache, gather_cos_sin
     from transformers.models.lfm3 import modeling_lfm3 as hf
 
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(7, 4, 32, generator=g).to(dtype)
-    k = torch.randn(7, 2, 32, generator=g).to(dtype)
-    positions = torch.tensor([0, 1, 2, 40, 41, 300, 5])
     scaling = {"rope_type": "proportional", "partial_rotary_factor": 0.5}
-    cache = build_cos_sin_cache(32, 1e6, scaling, 512)
-    cos, sin = cache[positions].chunk(2, dim=-1)  # transformers' cat((freqs, freqs)) tables
-    cos, sin = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]
-    want_q, want_k = hf.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                             cos, sin)  # fmt: skip
-    for rows in (positions, None):
-        gq, gk = q.clone(), k.clone()
-        table = cache if rows is not None else gather_cos_sin(positions, cache, torch.float32)
-        rotary_float32(positions=rows, q=gq, k=gk, cos_sin_cache=table)
-        assert torch.equal(gq, want_q[0].transpose(0, 1)), rows
-        assert torch.equal(gk, want_k[0].transpose(0, 1)), rows
+    check_rotary_float32(rotary_float32, hf, dtype, 1e6, scaling)
 
 
 def test_mamba2_alone_sizes_and_the_hub_config(built, tmp_path):

@@ -34,6 +34,7 @@ from arch_cases import (
     SLIDING,
     built_fixture,
     case_fixture,
+    check_rotary_float32,
     check_two_ranks,
     gpu_test,
     greedy_test,
@@ -262,28 +263,12 @@ def test_a_mistral3_around_another_text_model_is_refused_in_one_line(built, tmp_
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_ernie4_5s_rotary_is_transformers_bit_for_bit(dtype):
-    """ERNIE 4.5's rotary (`ernie4_5.rotary_float32`) on q [T, H, D] and k [T, Hkv, D] against
-    transformers' own apply_rotary_pos_emb with its float32 cos and sin, from the cache by
-    positions (the CUDA ops' path) and from float32 rows gathered once (the CPU's)."""
+    """ERNIE 4.5's rotary (`ernie4_5.rotary_float32`: interleaved) against transformers' own
+    (`arch_cases.check_rotary_float32`)."""
     from pagoda.runtime.model.ernie4_5 import rotary_float32
-    from pagoda.runtime.model.ops import build_cos_sin_cache, gather_cos_sin
     from transformers.models.ernie4_5 import modeling_ernie4_5 as hf
 
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(7, 4, 32, generator=g).to(dtype)
-    k = torch.randn(7, 2, 32, generator=g).to(dtype)
-    positions = torch.tensor([0, 1, 2, 40, 41, 300, 5])
-    cache = build_cos_sin_cache(32, 10000.0, None, 512)
-    cos, sin = cache[positions].chunk(2, dim=-1)  # transformers' cat((freqs, freqs)) tables
-    cos, sin = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]
-    want_q, want_k = hf.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                             cos, sin)  # fmt: skip
-    for rows in (positions, None):
-        gq, gk = q.clone(), k.clone()
-        table = cache if rows is not None else gather_cos_sin(positions, cache, torch.float32)
-        rotary_float32(positions=rows, q=gq, k=gk, cos_sin_cache=table)
-        assert torch.equal(gq, want_q[0].transpose(0, 1)), rows
-        assert torch.equal(gk, want_k[0].transpose(0, 1)), rows
+    check_rotary_float32(rotary_float32, hf, dtype, 10000.0, None)
 
 
 @pytest.mark.parametrize("arch", ["Apertus", "Ministral3", "Ernie4_5"])

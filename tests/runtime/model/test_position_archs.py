@@ -10,6 +10,8 @@ Learned absolute positions (`model/positions.py`):
   with `scale_attn_by_inverse_layer_idx` (BioMedLM's: layer i's scores / (i + 1));
 - GPTBigCode (`GPTBigCodeForCausalLM`: StarCoder 1, SantaCoder): multi-query (one KV head) and
   multi-head (q/k/v per head in `c_attn`);
+- GPT-Neo (`GPTNeoForCausalLM`): `attention_types` local (a window of `window_size`) and
+  global layers, scores not scaled by 1/sqrt(d), q/k/v apart (no biases) and out_proj's bias;
 - OPT (`OPTForCausalLM`): positions offset by 2, biases (or none: `enable_bias` false), ReLU,
   pre-norm with a final norm; opt-350m's post-norm layers with `word_embed_proj_dim` narrower than hidden
   (`project_in` / `project_out`), the hub's `decoder.` names.
@@ -57,6 +59,10 @@ CASES = {
                                  reorder_and_upcast_attn=True), None),
     "gpt_bigcode-mqa": ("GPTBigCode", dict(multi_query=True), None),
     "gpt_bigcode-mha": ("GPTBigCode", dict(multi_query=False, activation_function="gelu"), None),
+    # GPT-Neo: a global layer, then a local one (a window of 8: the prompts pass it), unscaled
+    # scores, q/k/v apart without biases beside out_proj's
+    "gpt_neo-local": ("GPTNeo", dict(num_key_value_heads=None, window_size=8,
+                                     attention_types=[[["global", "local"], 1]]), None),
     "opt-pre-norm": ("OPT", dict(ffn_dim=128, enable_bias=True), None),
     "opt-no-bias": ("OPT", dict(ffn_dim=128, enable_bias=False), None),
     "opt-post-norm-proj": ("OPT", dict(ffn_dim=128, do_layer_norm_before=False,
@@ -131,6 +137,7 @@ def test_two_ranks_match_transformers(built, name, kv_heads):
 
 
 @pytest.mark.parametrize(("name", "tp"), [("gpt2-hub-names", 2), ("gpt_bigcode-mqa", 1),
+                                        ("gpt_neo-local", 1),
                                         ("opt-post-norm-proj", 2), ("bloom-6-heads", 2)])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the position
@@ -168,6 +175,7 @@ def test_the_config_reads_as_transformers_reads_it(built):
 @pytest.mark.parametrize(("arch", "model_type", "extra"), [
     ("GPT2LMHeadModel", "gpt2", {"n_layer": 2}),
     ("GPTBigCodeForCausalLM", "gpt_bigcode", {"n_layer": 2}),
+    ("GPTNeoForCausalLM", "gpt_neo", {"num_layers": 2, "attention_types": [[["local"], 2]]}),
     ("OPTForCausalLM", "opt", {"num_hidden_layers": 2}),
     ("BloomForCausalLM", "bloom", {"n_layer": 2}),
     ("MPTForCausalLM", "mpt", {"n_layers": 2, "d_model": 256, "n_heads": 8}),
@@ -188,8 +196,10 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
         t.num_hidden_layers, heads, kv, inner or 4 * t.hidden_size)  # fmt: skip
     assert o.tie_word_embeddings == t.tie_word_embeddings
     assert o.bos_token_id == t.bos_token_id
-    if model_type in ("gpt2", "gpt_bigcode", "opt"):
+    if model_type in ("gpt2", "gpt_bigcode", "opt", "gpt_neo"):
         assert o.max_position_embeddings == t.max_position_embeddings
+    if model_type == "gpt_neo":  # its window on the local layers, as transformers' mask's
+        assert [o.family.window(i) for i in range(2)] == [t.window_size] * 2
     eps = getattr(t, "layer_norm_epsilon", 1e-5)
     assert o.rms_norm_eps == eps
 
@@ -347,3 +357,22 @@ def test_vocab_and_merges_tokenize_as_transformers(built, tmp_path):
     assert len(out[0].outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="no chat template; use completions"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_gpt_neo_layers_and_refusals(built, tmp_path):
+    """GPT-Neo's `attention_types` read per layer (global: no window; local: `window_size`),
+    scores unscaled; another kind of layer, or a count that is not num_layers, refused in one
+    line."""
+    c = built("gpt_neo-local")[2].config
+    assert [c.family.window(i) for i in range(2)] == [None, 8]
+    assert c.family.attention_multiplier == 1.0
+    for types, words in (
+        ([[["global", "sparse"], 1]], r"attention_types \['sparse'\]"),
+        ([[["global"], 3]], "attention_types name 3 layers, the model has 2"),
+    ):
+        cfg = {"architectures": ["GPTNeoForCausalLM"], "model_type": "gpt_neo", "num_layers": 2,
+               "attention_types": types}  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ValueError, match=words) as e:
+            read_model_config(str(tmp_path))
+        assert "\n" not in str(e.value)
