@@ -151,6 +151,8 @@ class FamilyConfig:
     mimo: MiMoAttention | None = None
     # Qwen4-Exp (model/qwen4_exp.py): hyper-connections, Per-Layer Embeddings, the QSA limit
     qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
+    # DeepSeek-V4 (model/dsv4_engine.py): its whole config.json read apart (`dsv4_config`)
+    dsv4: Any = None  # `dsv4_config.Dsv4Config`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -383,6 +385,10 @@ class ModelConfig:
         if self.family.gemma4 is not None:  # its tensors, layer by layer
             shapes = self.family.gemma4.tensor_shapes(self).values()
             return sum(math.prod(s) for s in shapes)
+        if self.family.dsv4 is not None:  # DeepSeek-V4's tensors (dsv4_config.expected_shapes)
+            from pagoda.runtime.model.dsv4_config import num_params
+
+            return num_params(self.family.dsv4)
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         f = self.family

@@ -326,3 +326,21 @@ def check_headers(c: Dsv4Config, headers: Mapping[str, tuple[str, list[int]]]) -
             raise ValueError(f"checkpoint tensor {stored[name]} is {list(got)}, config.json "
                              f"gives {list(shape)}")  # fmt: skip
     return stored
+
+
+def model_config(cfg: Mapping[str, Any], eos: tuple[int, ...]):
+    """The engine's `ModelConfig` of a DeepSeek-V4 config.json (architecture "deepseek_v4"):
+    the sizes the runner and the estimates read (one KV head of ``head_dim``: the token row),
+    the whole config in ``family.dsv4`` (`read`)."""
+    from pagoda.runtime.config import FamilyConfig, ModelConfig
+
+    c = read(cfg)
+    return ModelConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        intermediate_size=c.moe_intermediate_size, num_layers=c.num_layers,
+        num_heads=c.num_heads, num_kv_heads=1, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.main_rope.theta,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 1048576)),
+        tie_word_embeddings=c.tie_word_embeddings, bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=eos, architecture="deepseek_v4", family=FamilyConfig(dsv4=c),
+    )  # fmt: skip

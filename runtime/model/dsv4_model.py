@@ -105,6 +105,10 @@ class Dsv4Model:
 
     def __call__(self, input_ids: torch.Tensor, b: Batch, caches: list[Dsv4Cache]) -> torch.Tensor:
         """The logits [T, vocab] of the step's tokens."""
+        return F.linear(self.head_input(self.streams(input_ids, b, caches)), self.lm_head)
+
+    def streams(self, input_ids: torch.Tensor, b: Batch, caches: list[Dsv4Cache]) -> torch.Tensor:
+        """The last layer's hyper-connected streams [T, hc_mult, hidden] of the step's tokens."""
         eps = self.c.rms_norm_eps
         streams = expand(
             F.embedding(input_ids, self.w["model.embed_tokens.weight"]), self.c.hyper.mult
@@ -114,5 +118,8 @@ class Dsv4Model:
             streams = ahc.merge(streams, post, comb, attn(rms(x, eps, anorm), b, cache))
             post, comb, x = fhc(streams)
             streams = fhc.merge(streams, post, comb, moe(rms(x, eps, fnorm), input_ids))
-        x = rms(self.head(streams), eps, self.w["model.norm.weight"].float())
-        return F.linear(x, self.lm_head)
+        return streams
+
+    def head_input(self, streams: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads: the streams folded (``hc_head``), then the final norm."""
+        return rms(self.head(streams), self.c.rms_norm_eps, self.w["model.norm.weight"].float())

@@ -134,6 +134,8 @@ AXK2 = {"architectures": ["AXK2ForCausalLM"], "model_type": "axk2", "num_hidden_
 BEAM = {"architectures": ["BeamForCausalLM"], "model_type": "beam", "num_hidden_layers": 2}
 DOTS3 = {"architectures": ["Dots3NoteForCausalLM"], "model_type": "dots3_note_text",
          "num_hidden_layers": 2, "use_sliding_window": False}  # fmt: skip
+DSV4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+        "num_hidden_layers": 2}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -141,7 +143,7 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
     untested = {a for a, row in UNTESTED.items() if row.fp8_checkpoint}
     configs = {"gemma4": GEMMA4, "mimo_v2_flash": MIMO, "axk2": AXK2, "minicpm5_moe": MINICPM5,
                "hy_v4": HY_V4, "qwen4_exp": QWEN4, "beam": BEAM,
-               "dots3_note_text": DOTS3}  # fmt: skip
+               "dots3_note_text": DOTS3, "deepseek_v4": DSV4}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch
