@@ -23,8 +23,10 @@ in the engine"): `dsv4_model.Dsv4Model` run over the engine's step.
 
 Not supported (refused in one line: `family_options.py`): tensor parallelism, FP8 weights and
 checkpoints, FP8/int8 KV caches, float16. CUDA graphs are off (the step is eager: its indexer
-picks and window bounds are read on the host). Routed experts run expert by expert over their
-tokens (`dsv4_model.Dsv4Moe`), not through the fused-MoE kernel.
+picks and window bounds are read on the host). The routed experts run as `moe.SparseMoE` runs
+them (`_experts`): the fused-MoE kernel with its ``silu_limit`` activation on CUDA, one
+`Linear` pair an expert over its tokens elsewhere; routing (hash or sqrtsoftplus) and the shared
+expert in `dsv4_model.Dsv4Moe`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -40,8 +43,10 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsv4_config import CSA, SLIDING, Dsv4Config, expected_shapes
 from pagoda.runtime.model.dsv4_layer import Batch, Dsv4Cache
 from pagoda.runtime.model.dsv4_model import Dsv4Model
+from pagoda.runtime.model.hy_v4 import silu_limit_and_mul
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import SEQUENCE_STATE, LlamaModel
+from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.request import RUNNING, Request
 
 # kept in float32, as transformers keeps them (`_keep_in_fp32_modules_strict`)
@@ -223,6 +228,7 @@ class Dsv4EngineModel(LlamaModel):
         if tp is not None or fp8 is not None:  # (refused at start: family_options)
             raise ValueError("DeepSeek-V4 runs on one device, in 16 or 32 bits")
         self.config, self.c = config, config.family.dsv4
+        self._moes: list[SparseMoE] = []
         self.dtype, self.device, self.tp = dtype, device, tp
         self.long_rope = {}
         w = DeviceWeights(weights, device, dtype, {}, None, check_weights)
@@ -233,8 +239,13 @@ class Dsv4EngineModel(LlamaModel):
                 tensors[name] = weights[name].to(device)
             else:
                 tensors[name] = (w32 if _FLOAT32.search(name) else w)[name]
-        self.core = Dsv4Model(self.c, tensors)
-        for name in [n for n in tensors if ".experts." in n]:  # (stacked by the MoE now)
+        limit = self.c.swiglu_limit
+        ctx = SimpleNamespace(  # what `SparseMoE` reads of a `LayerContext`
+            act_and_mul=lambda x: silu_limit_and_mul(x, float("inf") if limit is None else limit),
+            batch_invariant=batch_invariant, tp=None,
+        )  # fmt: skip
+        self.core = Dsv4Model(self.c, tensors, lambda i: self._experts(ctx, tensors, i))
+        for name in [n for n in tensors if ".experts." in n]:  # (held by the MoE now)
             del tensors[name]
         self.lm_head = Linear(self.core.lm_head, invariant=batch_invariant)
         self.vocab_size = self.c.vocab_size
@@ -242,6 +253,26 @@ class Dsv4EngineModel(LlamaModel):
         self.state: Dsv4Slots | None = None  # (`sequence_state`: the runner asks once)
         w.check_finite()
         w32.check_finite()
+
+    def _experts(self, ctx, tensors, i: int):
+        """Layer ``i``'s routed experts as `moe.SparseMoE` runs them: the fused kernel over
+        stacked weights on CUDA (its ``silu_limit`` activation), one `Linear` pair an expert
+        over its tokens elsewhere (`moe.grouped_experts`)."""
+        c, x = self.c, f"model.layers.{i}.mlp.experts."
+        pairs = [(torch.cat([tensors[f"{x}{j}.gate_proj.weight"], tensors[f"{x}{j}.up_proj.weight"]]),
+                  tensors[f"{x}{j}.down_proj.weight"]) for j in range(c.num_experts)]  # fmt: skip
+        w13 = w2 = None
+        experts = []
+        if self.device.type == "cuda":
+            w13, w2 = torch.stack([a for a, _ in pairs]), torch.stack([b for _, b in pairs])
+        else:
+            experts = [(Linear(a, invariant=ctx.batch_invariant),
+                        Linear(b, invariant=ctx.batch_invariant)) for a, b in pairs]  # fmt: skip
+        moe = SparseMoE(ctx, None, experts, w13, w2, c.experts_per_token, c.norm_topk_prob, False)
+        if c.swiglu_limit is not None:
+            moe.fused_activation = dict(activation="silu_limit", limit=c.swiglu_limit)
+        self._moes.append(moe)
+        return moe.run_experts
 
     @property
     def kv_backends(self) -> list[Dsv4LayerCache]:
@@ -252,7 +283,7 @@ class Dsv4EngineModel(LlamaModel):
         return self.state
 
     def linears(self) -> list[Linear]:
-        return [self.lm_head]
+        return [*(x for m in self._moes for x in m.linears()[1:]), self.lm_head]
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_caches, meta, logits_indices, head=None):
