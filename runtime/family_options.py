@@ -134,7 +134,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="its FP8 and FP4 experts are not read",
             kv_cache="its compressed entries and window slots are kept in the model's dtype",
-            float16="tested in bfloat16 and float32 only",
+            float16="not tested: float32 is tested against transformers, bfloat16 runs",
         ),
         "beam": Untested(
             fp8="its gated attention's FP8 GEMM is not tested",

@@ -19,14 +19,14 @@ from hf_oracle import hf_greedy_plain, save_tiny
 from pagoda.runtime.model import dsv4_engine
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.slow  # three engines and transformers' greedy loop: ~15 s, 2 busy cores
 V = 300
 
 
 def _write(path):
     """The tiny checkpoint; the transformers model (float32, eval). Matrices get noise of std
     0.5 so greedy picks are well separated; 16 indexer heads, so that no query's indexer
-    scores tie at zero (ReLU: with few heads transformers' top-k would break ties by length)."""
+    scores tie at zero (ReLU: with few heads transformers' top-k would break ties by length);
+    3 Sinkhorn iterations (20 by default) keep transformers' forward cheap."""
     cfg = transformers.DeepseekV4Config(
         hidden_size=32, head_dim=16, partial_rotary_factor=0.5, num_hidden_layers=3,
         num_attention_heads=4, q_lora_rank=16, index_n_heads=16, index_head_dim=8, index_topk=2,
@@ -35,7 +35,7 @@ def _write(path):
         mlp_layer_types=["hash_moe", "moe", "moe"], sliding_window=8, o_groups=2, o_lora_rank=8,
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
         vocab_size=V, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
-        hc_mult=3, swiglu_limit=0.5, max_position_embeddings=512, eos_token_id=2, bos_token_id=1,
+        hc_mult=3, hc_sinkhorn_iters=3, swiglu_limit=0.5, max_position_embeddings=512, eos_token_id=2, bos_token_id=1,
     )  # fmt: skip
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
