@@ -110,3 +110,28 @@ def test_refusals(case):
     with pytest.raises(ValueError, match=r"^checkpoint is missing tensor 'model\.layers\.1\.self"
                                          r"_attn\.compressor\.indexer\.kv_proj\.weight'"):  # fmt: skip
         check_checkpoint(mc, headers)
+
+
+def test_published_style_config_reads_as_the_engines(tmp_path):
+    """A sparse config.json (transformers' defaults: DeepSeek-V4-Flash-Base's widths, 43
+    layers) read by the loader: one KV head of 512 (the token row), 1M positions, every tensor
+    counted (`dsv4_config.num_params`, transformers' meta-device count in test_dsv4_config.py),
+    blocks of 128 tokens (the HCA rate) asked for."""
+    import json
+
+    from pagoda.runtime.engine.core import check_block_size
+    from pagoda.runtime.model import dsv4_config
+    from pagoda.runtime.model.loader import read_model_config
+
+    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_model_config(str(tmp_path))
+    assert (mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.head_dim) == (
+        "deepseek_v4", 43, 64, 1, 512)  # fmt: skip
+    assert mc.context_length == 1 << 20
+    assert mc.num_params == dsv4_config.num_params(mc.family.dsv4) == 284_328_206_295
+    check_block_size(SimpleNamespace(cache=SimpleNamespace(block_size=128)), mc)
+    with pytest.raises(ValueError, match="use --block-size 128"):
+        check_block_size(SimpleNamespace(cache=SimpleNamespace(block_size=64)), mc)
+    # bf16: 512-wide rows in 43 layers, plus the blocks' entries and CSA's tails
+    assert dsv4_engine.bytes_per_token(mc.family.dsv4, torch.bfloat16, 128) == 53_816
