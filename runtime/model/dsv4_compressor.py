@@ -24,6 +24,7 @@ then RMSNorm (``kv_norm``, float32 weight) and the interleaved rotary of the tra
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -82,6 +83,20 @@ def slot_start(done: torch.Tensor, rate: int, overlap: bool) -> torch.Tensor:
     return (closed - 1).clamp(min=0) * rate if overlap else closed * rate
 
 
+def step_widths(done: np.ndarray, q: np.ndarray, rate: int, overlap: bool) -> tuple[int, int]:
+    """`step_entries`' two sizes from the host's lengths (no device sync): the spans' width,
+    windows whole, and the new slots' most rows."""
+
+    def first(n: np.ndarray) -> np.ndarray:  # `slot_start` on the host
+        return np.maximum(n // rate - 1, 0) * rate if overlap else n // rate * rate
+
+    start = first(done)
+    span = done - start + q
+    width = -(-int(span.max()) // rate) * rate
+    n_slot = span - (first(done + q) - start)
+    return width, max(int(n_slot.max()), 0)
+
+
 def step_entries(
     slot_kv: torch.Tensor,  # [B, S, C] the slot rows (tokens slot_start(done) .. done - 1)
     slot_gate: torch.Tensor,
@@ -94,6 +109,7 @@ def step_entries(
     eps: float,
     rate: int,
     overlap: bool,
+    widths: tuple[int, int] | None = None,  # `step_widths`' (None: read from the device)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step of the compressor over a batch (the design's open-window slot): (entries
     [B, W, D] of the windows each span holds, first [B] absolute index of entries[:, 0], keep
@@ -105,7 +121,7 @@ def step_entries(
     dev = new_kv.device
     start, s_len = slot_start(done, rate, overlap), done - slot_start(done, rate, overlap)
     span = s_len + q
-    width = -(-int(span.max()) // rate) * rate
+    width = -(-int(span.max()) // rate) * rate if widths is None else widths[0]
     b, c = new_kv.shape[0], new_kv.shape[-1]
     j = torch.arange(width, device=dev)[None, :]  # span position
     from_slot = j < s_len[:, None]
@@ -125,6 +141,6 @@ def step_entries(
     # the new slot: span tokens from slot_start(done + q) on, left-aligned
     new_start = slot_start(done + q, rate, overlap) - start
     n_slot = span - new_start
-    k = torch.arange(max(int(n_slot.max()), 0), device=dev)[None, :]
+    k = torch.arange(max(int(n_slot.max()), 0) if widths is None else widths[1], device=dev)[None]
     idx = (new_start[:, None] + k).clamp(max=width - 1)[..., None].expand(-1, -1, c)
     return entries, first, keep, kv.gather(1, idx), gate.gather(1, idx)

@@ -42,12 +42,16 @@ def write_entries(
 
 
 def read_entries(
-    entries_table: torch.Tensor, block_tables: torch.Tensor, count: torch.Tensor, rate: int
+    entries_table: torch.Tensor,
+    block_tables: torch.Tensor,
+    count: torch.Tensor,
+    rate: int,
+    most: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(entries [B, E, D], valid bool [B, E]) of each sequence's first ``count[b]`` entries,
-    padded to the longest."""
+    padded to the longest (``most``: that longest, from the host; None: read from the device)."""
     per_block, d = entries_table.shape[1], entries_table.shape[2]
-    e = max(int(count.max()), 0)
+    e = max(int(count.max()) if most is None else most, 0)
     w = torch.arange(e, device=count.device)[None, :].expand(count.shape[0], -1)
     rows = entry_rows(block_tables, w, rate, per_block * rate)
     return entries_table.view(-1, d)[rows], w < count[:, None]
@@ -92,13 +96,14 @@ def write_block_tails(
     done: torch.Tensor,  # [B] tokens cached before the step
     count: torch.Tensor,  # [B] the step's tokens
     block_size: int,
+    most: int | None = None,  # the most block ends a sequence's step crosses (host), or None
 ) -> None:
     """CSA: the Ca tail (last window's rows) of every block the step fills, wherever the step
     ends (a chunk may fill several blocks): for each block end ``P`` in ``(done, done + count]``
     the span's rows of tokens ``[P - rate, P)``."""
     rate = tails.shape[1]
     first = done // block_size + 1  # the first block end past done, in blocks
-    m = max(int(((done + count) // block_size - first + 1).max()), 0)
+    m = max(int(((done + count) // block_size - first + 1).max()) if most is None else most, 0)
     if m == 0:
         return
     ends = (first[:, None] + torch.arange(m, device=done.device)[None, :]) * block_size  # [B, M]

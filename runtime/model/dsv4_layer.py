@@ -16,13 +16,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model import dsv4_entries as E
 from pagoda.runtime.model import dsv4_paged as P
 from pagoda.runtime.model.dsv4_attention import grouped_projection, rms, unrotate
-from pagoda.runtime.model.dsv4_compressor import rotate_trailing, slot_start, step_entries
+from pagoda.runtime.model.dsv4_compressor import (
+    rotate_trailing,
+    slot_start,
+    step_entries,
+    step_widths,
+)
 from pagoda.runtime.model.dsv4_config import CSA, SLIDING, Dsv4Config, rotary
 
 
@@ -39,15 +45,36 @@ class Batch:
     # bool [B]: sequences whose first `done` tokens (whole blocks) come from the prefix cache
     # and whose slots start from their last block's Ca tail (CSA); None: none
     restored: torch.Tensor | None = None
+    # the host's (done, count) int64 [B] each: the step's sizes read without a device sync
+    # (`sizes`); None: read from the device tensors
+    host: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def from_meta(cls, meta: AttentionMetadata, positions: torch.Tensor) -> Batch:
         """The engine step's layout (its attention metadata and token positions)."""
         starts = meta.query_start_loc.long()
         count = starts[1:] - starts[:-1]
-        seq = torch.repeat_interleave(torch.arange(meta.num_seqs, device=count.device), count)
+        seq = torch.repeat_interleave(torch.arange(meta.num_seqs, device=count.device), count,
+                                      output_size=positions.shape[0])  # fmt: skip
         done = meta.seq_lens.long() - count
-        return cls(meta.block_tables, seq, positions.long(), done, count, meta.block_size)
+        q = np.asarray(meta.query_lens_host, dtype=np.int64)
+        host = (np.asarray(meta.seq_lens_host, dtype=np.int64) - q, q)
+        return cls(meta.block_tables, seq, positions.long(), done, count, meta.block_size,
+                   host=host)  # fmt: skip
+
+    def sizes(self, rate: int, overlap: bool) -> dict | None:
+        """A compressor's sizes this step from the host's lengths (None without them):
+        `step_widths`', the most entries a sequence holds after it, the most block ends it
+        crosses."""
+        if self.host is None:
+            return None
+        done, q = self.host
+        bs = self.block_size
+        return {
+            "widths": step_widths(done, q, rate, overlap),
+            "entries": int(((done + q) // rate).max()),
+            "tails": int(((done + q) // bs - done // bs).max()),
+        }
 
 
 @dataclass
@@ -96,19 +123,20 @@ class Dsv4Attention:
             F.linear(x, w[prefix + "kv_proj.weight"]),
             F.linear(x, w[prefix + "gate_proj.weight"]),
         )
-        width = max(int(b.count.max()), 1)
+        sizes = b.sizes(rate, overlap)
+        width = max(int(b.count.max()) if b.host is None else int(b.host[1].max()), 1)
         at = b.pos - b.done[b.seq]  # each token's place in its sequence's step
         new_kv = kv.new_zeros(b.count.shape[0], width, kv.shape[-1])
         new_gate = torch.zeros_like(new_kv)
         new_kv[b.seq, at], new_gate[b.seq, at] = kv, gate
         c = kv.shape[-1]
         slot_kv, slot_gate = cache.slots.get(name, (kv.new_zeros(len(b.count), 0, c),) * 2)
-        if overlap and b.restored is not None and bool(b.restored.any()):  # a prefix-cache hit
+        if overlap and b.restored is not None:  # a prefix-cache hit
             slot_kv, slot_gate = self._restore(cache.tails[name], b, slot_kv, slot_gate)
         norm = w[prefix + "kv_norm.weight"]
         entries, first, keep, *slot = step_entries(
             slot_kv, slot_gate, new_kv, new_gate, b.done, b.count, w[prefix + "position_bias"],
-            norm, self.c.rms_norm_eps, rate, overlap,
+            norm, self.c.rms_norm_eps, rate, overlap, None if sizes is None else sizes["widths"],
         )  # fmt: skip
         cache.slots[name] = tuple(slot)
         if overlap:  # each block the step fills keeps its last window for a later prefix hit
@@ -118,14 +146,13 @@ class Dsv4Attention:
                 for sl, nw in ((slot_kv, new_kv), (slot_gate, new_gate))
             ]
             E.write_block_tails(cache.tails[name], b.block_tables, start, *span, b.done, b.count,
-                                b.block_size)  # fmt: skip
+                                b.block_size, None if sizes is None else sizes["tails"])  # fmt: skip
         at_w = (first[:, None] + torch.arange(entries.shape[1], device=x.device)) * rate
         cos, sin = self._table(at_w, self.c.compress_rope)
         entries = rotate_trailing(entries, cos, sin)
         E.write_entries(cache.entries[name], b.block_tables, first, entries, keep, rate)
-        got, _ = E.read_entries(
-            cache.entries[name], b.block_tables, (b.done + b.count) // rate, rate
-        )
+        got, _ = E.read_entries(cache.entries[name], b.block_tables, (b.done + b.count) // rate,
+                                rate, None if sizes is None else sizes["entries"])  # fmt: skip
         return got
 
     def _restore(self, tails, b: Batch, slot_kv, slot_gate):
