@@ -26,6 +26,7 @@ missing or misshapen one in one line, naming it as the files store it.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -237,14 +238,21 @@ def rotary(
     """float32 cos, sin [..., rope_dim / 2] of one table at ``positions`` (one angle per
     interleaved pair, `dsv4_compressor.rotate_trailing`'s form), times yarn's attention factor,
     as transformers' ``DeepseekV4RotaryEmbedding``."""
+    inv, scale = _inv_freq(rot, rope_dim, positions.device)
+    angles = positions[..., None].float() * inv
+    return angles.cos() * scale, angles.sin() * scale
+
+
+@functools.lru_cache(maxsize=16)
+def _inv_freq(rot: Rotary, rope_dim: int, device: torch.device) -> tuple[torch.Tensor, float]:
+    """One table's inverse frequencies on ``device`` (made once: no copy to it each step)."""
     scaling = None
     if rot.rope_type == "yarn":
         scaling = {"rope_type": "yarn", "factor": rot.factor, "beta_fast": rot.beta_fast,
                    "beta_slow": rot.beta_slow, "attention_factor": rot.attention_factor,
                    "original_max_position_embeddings": rot.original_max_position_embeddings}  # fmt: skip
     inv, scale = ops.rope_inv_freq(rope_dim, rot.theta, scaling)
-    angles = positions[..., None].float() * inv.to(positions.device)
-    return angles.cos() * scale, angles.sin() * scale
+    return inv.to(device), scale
 
 
 def canonical(name: str) -> str:
