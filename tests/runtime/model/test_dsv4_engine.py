@@ -3,18 +3,20 @@
 16:1 layers; hash and sqrtsoftplus MoE; mHC) gives transformers' plain greedy tokens and logits:
 the three prompts of unequal length batched in 16-token steps (chunked prefill), again in
 reverse order on the warm prefix cache (CSA's window slots restored from the cached blocks'
-Ca tails), and in a KV pool so small that requests are preempted (recomputed); plus the
+Ca tails; with the restores dropped the warm run leaves transformers'), and in a KV pool so
+small that requests are preempted (recomputed); plus the
 one-line refusals (block size, a missing tensor, tensor parallelism, FP8) and the memory the
 runner allocates against the estimates'."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
-from arch_cases import NEW, check_chunked_cached_batched, check_preempted, prompts
+from arch_cases import NEW, check, check_chunked_cached_batched, check_preempted, generate, prompts
 from hf_oracle import hf_greedy_plain, save_tiny
 from pagoda.runtime.model import dsv4_engine
 
@@ -85,6 +87,15 @@ def test_engine_matches_transformers_chunked_batched_warm_preempted(case, monkey
     assert dsv4_engine.bytes_per_token(c, dtype, 16) * 16 == runner.bytes_per_block
     assert runner.seq_state.nbytes == dsv4_engine.slots_bytes(c, dtype, 4)
     check_preempted(loaded, reference, "deepseek_v4")
+    # the same warm run with the restores dropped (each hit's slot read as it was left by
+    # another request) leaves transformers' logits
+    monkeypatch.setattr(
+        dsv4_engine.Dsv4Slots, "prepare", lambda *a: replace(prepare(*a), restored=None)
+    )
+    with pytest.raises(AssertionError):
+        warm = generate(llm, prompts()[::-1])[::-1]
+        for i, want in enumerate(reference):
+            check(warm[i], want, f"prompt {i}, warm, no restore")
 
 
 def test_refusals(case):
