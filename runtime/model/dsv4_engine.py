@@ -39,6 +39,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from pagoda.runtime.cpu.host_memory import zeros
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsv4_config import CSA, SLIDING, Dsv4Config, expected_shapes
 from pagoda.runtime.model.dsv4_layer import Batch, Dsv4Cache
@@ -119,15 +120,13 @@ class Dsv4LayerCache:
         c, i = self.c, self.layer
         check_block_size(c, block_size)
         rate, csa = c.compress_rates[i], c.layer_types[i] == CSA
-        cache = Dsv4Cache(torch.zeros(num_blocks * block_size, c.head_dim, dtype=model_dtype,
-                                      device=device))  # fmt: skip
+        dt = model_dtype  # (`zeros`: lazily zeroed pages on the CPU, as the KV caches')
+        cache = Dsv4Cache(zeros((num_blocks * block_size, c.head_dim), dt, device))
         for name, width in compressors(c, i):
-            per = block_size // rate
             d = width // 2 if csa else width
-            cache.entries[name] = torch.zeros(num_blocks, per, d, dtype=model_dtype, device=device)
+            cache.entries[name] = zeros((num_blocks, block_size // rate, d), dt, device)
             if csa:
-                cache.tails[name] = torch.zeros(num_blocks, rate, 2 * width, dtype=model_dtype,
-                                                device=device)  # fmt: skip
+                cache.tails[name] = zeros((num_blocks, rate, 2 * width), dt, device)
         return cache
 
     def prepare(self, meta) -> None:
