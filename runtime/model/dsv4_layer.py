@@ -131,8 +131,14 @@ class Dsv4Attention:
         new_kv[b.seq, at], new_gate[b.seq, at] = kv, gate
         c = kv.shape[-1]
         slot_kv, slot_gate = cache.slots.get(name, (kv.new_zeros(len(b.count), 0, c),) * 2)
+        tails = cache.tails.get(name)
+        most = None if sizes is None else sizes["tails"]
         if overlap and b.restored is not None:  # a prefix-cache hit
-            slot_kv, slot_gate = self._restore(cache.tails[name], b, slot_kv, slot_gate)
+            # the block it restores from may be one another sequence fills in this very step
+            # (the KV manager shares the blocks a step schedules): those tails first
+            unrestored = torch.where(b.restored, 0, b.count)
+            self._write_tails(tails, b, slot_kv, slot_gate, new_kv, new_gate, unrestored, most)
+            slot_kv, slot_gate = self._restore(tails, b, slot_kv, slot_gate)
         norm = w[prefix + "kv_norm.weight"]
         entries, first, keep, *slot = step_entries(
             slot_kv, slot_gate, new_kv, new_gate, b.done, b.count, w[prefix + "position_bias"],
@@ -140,13 +146,7 @@ class Dsv4Attention:
         )  # fmt: skip
         cache.slots[name] = tuple(slot)
         if overlap:  # each block the step fills keeps its last window for a later prefix hit
-            start = slot_start(b.done, rate, True)
-            span = [
-                _span(sl, nw, b.done - start)
-                for sl, nw in ((slot_kv, new_kv), (slot_gate, new_gate))
-            ]
-            E.write_block_tails(cache.tails[name], b.block_tables, start, *span, b.done, b.count,
-                                b.block_size, None if sizes is None else sizes["tails"])  # fmt: skip
+            self._write_tails(tails, b, slot_kv, slot_gate, new_kv, new_gate, b.count, most)
         at_w = (first[:, None] + torch.arange(entries.shape[1], device=x.device)) * rate
         cos, sin = self._table(at_w, self.c.compress_rope)
         entries = rotate_trailing(entries, cos, sin)
@@ -154,6 +154,15 @@ class Dsv4Attention:
         got, _ = E.read_entries(cache.entries[name], b.block_tables, (b.done + b.count) // rate,
                                 rate, None if sizes is None else sizes["entries"])  # fmt: skip
         return got
+
+    def _write_tails(self, tails, b: Batch, slot_kv, slot_gate, new_kv, new_gate, count, most):
+        """CSA: the Ca tail of every block the sequences' ``count`` step tokens fill
+        (`dsv4_entries.write_block_tails` over each slot's rows, then the step's)."""
+        start = slot_start(b.done, self.rate, True)
+        span = [
+            _span(sl, nw, b.done - start) for sl, nw in ((slot_kv, new_kv), (slot_gate, new_gate))
+        ]
+        E.write_block_tails(tails, b.block_tables, start, *span, b.done, count, b.block_size, most)
 
     def _restore(self, tails, b: Batch, slot_kv, slot_gate):
         """The restored sequences' slots: their last cached block's Ca tail (`rate` rows)."""

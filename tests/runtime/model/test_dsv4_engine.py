@@ -3,8 +3,9 @@
 16:1 layers; hash and sqrtsoftplus MoE; mHC) gives transformers' plain greedy tokens and logits:
 the three prompts of unequal length batched in 16-token steps (chunked prefill), again in
 reverse order on the warm prefix cache (CSA's window slots restored from the cached blocks'
-Ca tails; with the restores dropped the warm run leaves transformers'), and in a KV pool so
-small that requests are preempted (recomputed); plus the
+Ca tails; with the restores dropped the warm run leaves transformers'), in a KV pool so
+small that requests are preempted (recomputed), and all in one step (a prompt hitting the
+blocks another fills in that step); plus the
 one-line refusals (block size, a missing tensor, tensor parallelism, FP8) and the memory the
 runner allocates against the estimates'."""
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 from arch_cases import NEW, check, check_chunked_cached_batched, check_preempted, generate, prompts
 from hf_oracle import hf_greedy_plain, save_tiny
+from pagoda.runtime import LLM
 from pagoda.runtime.model import dsv4_engine
 
 transformers = pytest.importorskip("transformers")
@@ -87,6 +89,13 @@ def test_engine_matches_transformers_chunked_batched_warm_preempted(case, monkey
     assert dsv4_engine.bytes_per_token(c, dtype, 16) * 16 == runner.bytes_per_block
     assert runner.seq_state.nbytes == dsv4_engine.slots_bytes(c, dtype, 4)
     check_preempted(loaded, reference, "deepseek_v4")
+    # the three prompts in one step: prompt 2 hits the two blocks prompt 0 fills in that same
+    # step, its slots restored from the tails written earlier in each layer
+    one = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=256, max_num_seqs=3)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(one, prompts()), reference, strict=True)):
+        check(got, want, f"one step: prompt {i}")
+    assert one.engine.kv.prefix_hits == 32
     # the same warm run with the restores dropped (each hit's slot read as it was left by
     # another request) leaves transformers' logits
     monkeypatch.setattr(
