@@ -172,6 +172,8 @@ class FamilyConfig:
     qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
     # Kolibri 1.1 (model/kolibri1.py): its KV-shared layers, its indexed layers' budget
     kolibri11: Any = None  # `kolibri1_config.Kolibri11`
+    # DeepSeek-V4 (model/dsv4_engine.py): its whole config.json read apart (`dsv4_config`)
+    dsv4: Any = None  # `dsv4_config.Dsv4Config`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
@@ -427,6 +429,10 @@ class ModelConfig:
         if self.family.gemma4 is not None:  # its tensors, layer by layer
             shapes = self.family.gemma4.tensor_shapes(self).values()
             return sum(math.prod(s) for s in shapes)
+        if self.family.dsv4 is not None:  # DeepSeek-V4's tensors (dsv4_config.expected_shapes)
+            from pagoda.runtime.model.dsv4_config import num_params
+
+            return num_params(self.family.dsv4)
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         if self.family.hrm is not None:  # q, k, v, gate, o and the MLP a layer; weightless
             head = 1 if self.tie_word_embeddings else 2  # norms; z_L_init

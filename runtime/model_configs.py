@@ -148,7 +148,7 @@ class MlaConfig:
         return self.kv_lora_rank + self.qk_rope_head_dim + extra
 
 
-ROUTER_SCORES = ("softmax", "sigmoid")
+ROUTER_SCORES = ("softmax", "sigmoid", "sqrtsoftplus")  # (sqrt(softplus): DeepSeek-V4's)
 # sparsemixer: PhiMoE's two experts, each by its own masked softmax (moe_routing.sparsemixer)
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc", "sparsemixer")
 

@@ -139,6 +139,10 @@ class AttentionBackend(ABC):
             return n * (self.head_dim + 4)
         return n * self.head_dim * self.cache_dtype(model_dtype).itemsize
 
+    def block_bytes(self, model_dtype: torch.dtype, block_size: int) -> int:
+        """Cache bytes one block takes in one layer."""
+        return block_size * self.bytes_per_token(model_dtype)
+
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, model_dtype: torch.dtype, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:

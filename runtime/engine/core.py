@@ -72,6 +72,7 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         check_dtype(config, loaded.config)
+        check_block_size(config, loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -434,6 +435,15 @@ def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
         asked = ENGINE_OPTIONS[option](config) if option in ENGINE_OPTIONS else None
         if asked is not None:
             family_options.refuse(model.architecture, option, **asked)
+
+
+def check_block_size(config: EngineConfig, model: ModelConfig) -> None:
+    """ValueError, one line, where the family needs blocks that end on its windows'
+    boundaries (DeepSeek-V4's compress rates: model/dsv4_engine.py) and `--block-size` does not."""
+    if model.family.dsv4 is not None:
+        from pagoda.runtime.model.dsv4_engine import check_block_size as dsv4_blocks
+
+        dsv4_blocks(model.family.dsv4, config.cache.block_size)
 
 
 def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):

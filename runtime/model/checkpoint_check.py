@@ -473,6 +473,11 @@ def check_checkpoint(
 ) -> None:
     """ValueError, one line, where `headers` (name -> (safetensors dtype, shape)) lacks a tensor
     `config` needs, holds one of another shape, or an FP8 weight without usable scales."""
+    if config.family.dsv4 is not None:  # DeepSeek-V4: its own names (dsv4_config.py)
+        from pagoda.runtime.model.dsv4_config import check_headers
+
+        check_headers(config.family.dsv4, headers)
+        return
     for name, shape in expected_shapes(config).items():
         if name == HEAD and name not in headers:  # vLLM refuses it; transformers draws one
             raise ValueError(f"checkpoint is missing tensor {HEAD!r} (config.json says "

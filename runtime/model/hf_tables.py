@@ -54,6 +54,7 @@ HF_ARCHITECTURES = {
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
     **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
+    "DeepseekV4ForCausalLM": "deepseek_v4",  # mHC, CSA/HCA compressed attention (dsv4_engine.py)
     "GptOssForCausalLM": "gpt_oss",  # gpt-oss-20b/120b: sinks, biased experts (model/gpt_oss.py)
     # Mistral-Small-3.1/3.2, Devstral-Small, Magistral-Small: the text model (`text_config`,
     # its `model_type` naming the family: `TEXT_MODEL_TYPES`); the vision tower is not read
@@ -335,6 +336,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "swiglu_limit": 7.0,
     },
     **deepseek.DEFAULTS,
+    # DeepSeek-V4's sizes (DeepseekV4Config's; the rest: dsv4_config.read)
+    "deepseek_v4": {"vocab_size": 129_280, "hidden_size": 4096, "num_hidden_layers": 43,
+                    "num_attention_heads": 64},
     **glm4_moe.DEFAULTS,
     **llama4.DEFAULTS,
     **hybrid.DEFAULTS,

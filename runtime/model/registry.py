@@ -51,6 +51,7 @@ MODEL_CLASSES = {
     "axk2": ("axk2", "Axk2Model"),  # A.X-K2: V3.2's, gated norms, attention's output gate
     "hy_v4": ("hy_v4", "HyV4Model"),  # GLM-5's with hyper-connections, gated sink attention
     "dots3_note_text": ("dsa", "DsaModel"),  # V3.2's, GLM-5's indexer, Dots3's attention
+    "deepseek_v4": ("dsv4_engine", "Dsv4EngineModel"),  # mHC, CSA/HCA compressed attention
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
