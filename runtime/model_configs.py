@@ -48,6 +48,28 @@ class IndexerConfig:
                              "the previous full layer's choice)")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class DenseLimit:
+    """The longest sequence a sparse indexer keeps every key for (GLM-5-Next's, Qwen4-Exp's,
+    MiniMax-M3's): the context is capped there, as their sparse selection past it is not built,
+    and a longer --max-model-len is refused in one line naming `what` and `how` it is computed."""
+
+    tokens: int
+    what: str  # e.g. "its QSA indexer's sparse selection"
+    how: str  # the config keys it comes from, e.g. "indexer_budget + indexer_compress_ratio - 1"
+
+    def __post_init__(self) -> None:
+        _positive("max_model_len", self.tokens)
+
+    def check(self, arch: str, asked: int | None) -> None:
+        """A --max-model-len past the limit: refused in one line."""
+        if asked is not None and asked > self.tokens:
+            raise ValueError(
+                f"max_model_len {asked} is not supported for a {arch} model: {self.what} (past "
+                f"{self.how} = {self.tokens} tokens) is not implemented; lower --max-model-len"
+            )
+
+
 # DeepSeek-V4, HY V4 (runtime/model/hyper_connection.py): hyper-connections
 @dataclass(frozen=True)
 class HyperConfig:
@@ -126,7 +148,7 @@ class MlaConfig:
         return self.kv_lora_rank + self.qk_rope_head_dim + extra
 
 
-ROUTER_SCORES = ("softmax", "sigmoid")
+ROUTER_SCORES = ("softmax", "sigmoid", "sqrtsoftplus")  # (sqrt(softplus): DeepSeek-V4's)
 # sparsemixer: PhiMoE's two experts, each by its own masked softmax (moe_routing.sparsemixer)
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc", "sparsemixer")
 
@@ -258,6 +280,24 @@ class LagunaAttention:
 
 
 @dataclass(frozen=True)
+class HrmCycles:
+    """HRM-Text's recurrence (`model/hrm_text.py`, read by `model/hrm_text_config.py`): two
+    stacks of `per_stack` layers (L, then H), every token through `h_cycles` high cycles of
+    `l_cycles` L-stack passes then one H-stack pass, each pass's layers a KV cache of their
+    own; the embeddings times `embedding_scale`."""
+
+    per_stack: int
+    h_cycles: int
+    l_cycles: int
+    embedding_scale: float
+
+    def order(self) -> list[int]:
+        """The physical layer (L's 0.., then H's) each pass runs, in order: one KV cache each."""
+        low, high = list(range(self.per_stack)), list(range(self.per_stack, 2 * self.per_stack))
+        return (low * self.l_cycles + high) * self.h_cycles
+
+
+@dataclass(frozen=True)
 class DogeAttention:
     """Doge's dynamic mask attention and cross-domain MoE (`model/doge.py`, read by
     `model/doge_config.py`): every key's score gains its own bias exp(A * softplus(dt_proj(v)))
@@ -294,6 +334,9 @@ class Gemma3nParts:
     altup_correct_scale: bool
     laurel_rank: int
     sparsity: tuple[float, ...]
+    # the multimodal wrapper's embedders of its image and audio token ids (none in a causal
+    # LM's checkpoint): (name, first id, ids, width, eps), `model.embed_<name>.`
+    embedders: tuple[tuple[str, int, int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         _positive("altup_num_inputs", self.altup_inputs)
@@ -306,8 +349,13 @@ class Gemma3nParts:
                              "hold fractions in [0, 1)")  # fmt: skip
 
     def model_shapes(self, h: int) -> dict[str, tuple[int, ...]]:
-        """AltUp's projections into and out of its extra streams (outside the layers)."""
+        """AltUp's projections into and out of its extra streams (outside the layers), and the
+        wrapper's embedders of image and audio token ids."""
         out = {}
+        for name, _, rows, width, _ in self.embedders:
+            e = f"model.embed_{name}."
+            out.update({e + "embedding.weight": (rows, width), e + "hard_embedding_norm.weight":
+                        (width,), e + "embedding_projection.weight": (h, width)})  # fmt: skip
         for i in range(self.altup_inputs - 1):
             for name in ("altup_projections", "altup_unembed_projections"):
                 out[f"model.{name}.{i}.weight"] = (h, h)

@@ -317,6 +317,10 @@ class MambaConfig:
     kda_full_gates: bool = False
     # Gated DeltaNet's beta = 2 sigmoid(b), in [0, 2] (OLMo Hybrid's `linear_allow_neg_eigval`)
     allow_neg_eigval: bool = False
+    # xLSTM's mLSTM ("mlstm"): its gates' soft cap, the eps of its output's denominator
+    gate_soft_cap: float = 15.0
+    kernel_eps: float = 1e-6
+    fused_projections: bool = False  # its `weight_mode` "fused": q/k/v/o, i/f, the FFN's gate/up
     # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some
     zamba2: Zamba2Blocks | None = None
     # Zaya: a short conv state beside attention in every layer, feeding its q/k/v
@@ -330,7 +334,7 @@ class MambaConfig:
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
-                              "lightning"):  # fmt: skip
+                              "lightning", "rglru", "wkv", "mlstm"):  # fmt: skip
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -358,13 +362,15 @@ class MambaConfig:
         state; 1 for Mamba-1's scan (it passes through the state at every token) and LFM2's
         short conv (its state is the inputs before a token), so their boundaries fall every
         block and the scheduler cuts no prefill chunk for them."""
-        return 1 if self.mixer in ("mamba1", "short_conv") else self.chunk_size
+        if self.mixer in ("mamba1", "short_conv", "rglru", "wkv", "mlstm"):
+            return 1
+        return self.chunk_size
 
     @property
     def conv_dim(self) -> int:
         """The channels the causal conv runs over: x, B and C (a short conv's: d_inner; Gated
         DeltaNet's: q, k and v, shaped as x, B and C)."""
-        if self.mixer == "lightning":  # (no conv: an empty conv state)
+        if self.mixer in ("lightning", "mlstm"):  # (no conv: an empty conv state)
             return 0
         if self.mixer not in ("mamba2", "gated_deltanet", "kda"):
             return self.d_inner
@@ -376,6 +382,8 @@ class MambaConfig:
         short conv (no SSM state: an empty slot tensor, so the slot code needs no branch)."""
         if self.mixer == "short_conv":
             return (0,)
+        if self.mixer == "mlstm":  # xLSTM's C [heads, dqk, dv], then its n and m columns
+            return (self.n_heads, self.d_state, self.head_dim + 2)
         if self.mixer in ("gated_deltanet", "kda"):  # [value heads, key_dim, value_dim]
             return (self.n_heads, self.d_state, self.head_dim)
         return (self.n_heads, self.head_dim, self.d_state)
@@ -412,6 +420,15 @@ class MambaConfig:
             return 5 * self.d_inner * hidden + self.d_inner
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
+        if self.mixer == "mlstm":  # q, k, v, o, the two gates (biased), the norm, out_proj
+            qk, v = self.n_heads * self.d_state, self.d_inner
+            return (2 * qk + 3 * v) * hidden + 2 * self.n_heads * (hidden + 1) + v
+        if self.mixer == "wkv":  # RWKV's time-mix (k, v, r, output; decay, bonus, 3 mixes), the
+            d = self.d_inner  # channel-mix's receptance and 2 mixes (its key and value: the
+            return 4 * d * hidden + 2 * d + hidden * hidden + 5 * hidden  # ungated MLP's)
+        if self.mixer == "rglru":  # linear_y, linear_x, linear_out, the conv (all biased), the
+            d, p = self.d_inner, self.head_dim  # recurrent param, two gates per head block
+            return 3 * d * hidden + 2 * d + hidden + d * (self.d_conv + 1) + d + 2 * d * (p + 1)
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
             d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D (and
             proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)  # Jamba's dt/B/C norms)

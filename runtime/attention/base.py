@@ -139,6 +139,10 @@ class AttentionBackend(ABC):
             return n * (self.head_dim + 4)
         return n * self.head_dim * self.cache_dtype(model_dtype).itemsize
 
+    def block_bytes(self, model_dtype: torch.dtype, block_size: int) -> int:
+        """Cache bytes one block takes in one layer."""
+        return block_size * self.bytes_per_token(model_dtype)
+
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, model_dtype: torch.dtype, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,16 +155,20 @@ class AttentionBackend(ABC):
             (k_cache, k_cache) if self.latent is not None else (k_cache, zeros(shape, dt, device))
         )
 
-    def with_geometry(self, num_kv_heads: int, head_dim: int) -> AttentionBackend:
+    def with_geometry(
+        self, num_kv_heads: int, head_dim: int, num_heads: int | None = None
+    ) -> AttentionBackend:
         """This backend for layers of another shape (Gemma 4's full-attention layers: their
-        own head size and KV heads), sharing everything else; itself where the shape is its."""
-        if (num_kv_heads, head_dim) == (self.num_kv_heads, self.head_dim):
+        own head size and KV heads; DiffLlama's doubled heads), sharing everything else;
+        itself where the shape is its."""
+        heads = self.num_heads if num_heads is None else num_heads
+        if (num_kv_heads, head_dim, heads) == (self.num_kv_heads, self.head_dim, self.num_heads):
             return self
-        if self.num_heads % num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+        if heads % num_kv_heads:
+            raise ValueError(f"num_heads={heads} is not a multiple of "
                              f"num_kv_heads={num_kv_heads}")  # fmt: skip
         other = copy.copy(self)
-        other.num_kv_heads, other.head_dim = num_kv_heads, head_dim
+        other.num_kv_heads, other.head_dim, other.num_heads = num_kv_heads, head_dim, heads
         return other
 
     def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook

@@ -72,6 +72,7 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         check_dtype(config, loaded.config)
+        check_block_size(config, loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -403,14 +404,8 @@ class EngineCore:
 def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
     """The sequence length the engine serves: `asked`, or the model's context length when left
     out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
-    if model.family.qwen4 is not None:  # past its QSA indexer's dense reach: refused
-        from pagoda.runtime.model.qwen4_exp_config import check_max_model_len as check_qsa
-
-        check_qsa(model.family.qwen4, asked)
-    if model.family.dense_limit is not None:  # GLM-5-Next: past its indexer's dense reach
-        from pagoda.runtime.model.glm5_next_config import check_max_model_len as check_dsa
-
-        check_dsa(model.family.dense_limit, asked)
+    if model.family.dense_limit is not None:  # past a sparse indexer's dense reach: refused
+        model.family.dense_limit.check(model.architecture, asked)
     context = model.context_length
     if asked is not None and asked > context:
         raise ValueError(
@@ -440,6 +435,15 @@ def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
         asked = ENGINE_OPTIONS[option](config) if option in ENGINE_OPTIONS else None
         if asked is not None:
             family_options.refuse(model.architecture, option, **asked)
+
+
+def check_block_size(config: EngineConfig, model: ModelConfig) -> None:
+    """ValueError, one line, where the family needs blocks that end on its windows'
+    boundaries (DeepSeek-V4's compress rates: model/dsv4_engine.py) and `--block-size` does not."""
+    if model.family.dsv4 is not None:
+        from pagoda.runtime.model.dsv4_engine import check_block_size as dsv4_blocks
+
+        dsv4_blocks(model.family.dsv4, config.cache.block_size)
 
 
 def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):

@@ -168,6 +168,17 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return fields
 
 
+def _diffllama(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """DiffLlama (model/diffllama.py): Llama's model with differential attention, which pairs
+    the first half of the query heads with the second and splits the values' KV heads in two."""
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    if kv % 2:
+        raise ValueError(f"DiffLlama with num_key_value_heads {kv} is not supported: its "
+                         "differential attention splits the KV heads in two (an even count)")  # fmt: skip
+    return {"diff_attention": True}
+
+
 def _apertus1p5_head(cfg) -> int:
     """The pruned head's rows (0: none, the vocabulary's), as Apertus1p5TextConfig checks
     them; tied, none (transformers' head is then the embedding, every id scored)."""
@@ -418,6 +429,21 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return fields
 
 
+def _xglm(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """XGLM (model/positions.py): a sinusoidal table offset by 2, the embeddings scaled by
+    sqrt(hidden) (`scale_embedding`), OPT's pre-norm layer with biases, an ungated MLP."""
+    if cfg.get("add_cross_attention"):
+        raise ValueError("add_cross_attention (an encoder-decoder's cross-attention) is "
+                         "not supported: Pagoda serves causal decoders")  # fmt: skip
+    pad = cfg.get("pad_token_id")
+    if pad is not None and int(pad) >= 2:  # (transformers zeroes that row of its table)
+        raise ValueError(f"XGLM with pad_token_id {pad} (its position table's row {pad} "
+                         "zeroed) is not supported: 0, 1 or null")  # fmt: skip
+    scale = math.sqrt(int(cfg["hidden_size"])) if cfg.get("scale_embedding", True) else 1.0
+    return {"positions": "sinusoidal", "position_offset": 2, "gated_mlp": False,
+            "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
+
+
 def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     """BLOOM and MPT (model/bloom.py): ALiBi, an ungated MLP, a fused q/k/v."""
     fields: dict[str, Any] = {"positions": "alibi", "alibi_slopes": arch, "gated_mlp": False}
@@ -460,6 +486,7 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 FIELDS: dict[str, Fields] = {
     **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo"), _learned),
     **dict.fromkeys(("bloom", "mpt"), _alibi),
+    "xglm": _xglm,
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     **dict.fromkeys(
@@ -481,6 +508,7 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(UNGATED, _ungated),
     "ernie4_5": _ernie4_5,
     "helium": _ernie4_5,  # (the interleaved rotary)
+    "diffllama": _diffllama,
     "exaone4": _exaone4,
     "bitnet": lambda cfg, arch, n, window, layers, scaling: bitnet.family_fields(cfg),
     "smollm3": _smollm3,

@@ -16,9 +16,17 @@ by w, its per-layer inputs, GeGLU and the final soft cap, with what transformers
   with the attention's residual sum ((h + attn + laurel) / sqrt 2);
 - activation sparsity: in the layers of `Gemma3nParts.sparsity` > 0 the MLP's gate keeps what
   exceeds its row's mean + std x the normal quantile of that fraction (relu(gate - cutoff));
-- no layer scalar; per-layer input ids past its table read row 0.
+- no layer scalar; per-layer input ids past its table read row 0;
+- the multimodal wrapper's image and audio token ids (`Gemma3nParts.embedders`) embedded
+  through its embedders (a table, its norm, a projection to hidden, an unweighted norm), as
+  transformers' `Gemma3nModel` embeds them with or without images or audio; its towers are not
+  read (text only).
 
-Tensor parallelism and FP8 are refused (`family_options`). Batched over the step's tokens.
+Tensor parallel: the attention and MLPs split as Gemma 4's (`gemma4.py`: heads, KV-shared
+layers on their rank's cache rows, MLP widths by layer), the sparse MLPs' gate statistics
+summed over the ranks (`SparseGatedMLP`); AltUp (its router, coefficients and stream
+projections), Laurel, the per-layer inputs and the wrapper's embedders replicated (small).
+FP8 is refused (`family_options`). Batched over the step's tokens.
 """
 
 from __future__ import annotations
@@ -35,9 +43,11 @@ _ROOT2 = math.sqrt(2)
 
 
 class SparseGatedMLP(GatedMLP):
-    """GatedMLP with the Gaussian top-k on its gate (module docstring)."""
+    """GatedMLP with the Gaussian top-k on its gate (module docstring); tensor parallel, the
+    gate's row mean and standard deviation over every rank's columns (two [T, 1] all-reduces,
+    in float32)."""
 
-    __slots__ = ("multiplier",)
+    __slots__ = ("multiplier", "tp")
 
     def __init__(self, ctx: LayerContext, w: DeviceWeights, prefix: str, sparsity: float,
                  dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
@@ -45,12 +55,19 @@ class SparseGatedMLP(GatedMLP):
         normal = torch.distributions.normal.Normal(0, 1)
         quantile = normal.icdf(torch.tensor(sparsity, dtype=torch.float32))
         self.multiplier = quantile.to(device=device, dtype=dtype)
+        self.tp = ctx.tp
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up(x)
         gate = gate_up[:, : gate_up.shape[-1] // 2]
-        mean = gate.mean(dim=-1, keepdim=True)
-        std = gate.std(dim=-1, keepdim=True, unbiased=False)
+        if self.tp is None:
+            mean = gate.mean(dim=-1, keepdim=True)
+            std = gate.std(dim=-1, keepdim=True, unbiased=False)
+        else:  # this rank's columns of the gate: the row's moments summed over the ranks
+            wide, n = gate.float(), gate.shape[-1] * self.tp.layout.size
+            mean = self.tp.all_reduce(wide.sum(dim=-1, keepdim=True)) / n
+            var = self.tp.all_reduce(((wide - mean) ** 2).sum(dim=-1, keepdim=True)) / n
+            mean, std = mean.to(gate.dtype), var.sqrt().to(gate.dtype)
         gate.copy_(F.relu(gate - (mean + std * self.multiplier)))
         return self.down(self.act_and_mul(x=gate_up))
 
@@ -145,9 +162,30 @@ class Gemma3nModel(Gemma4Model):
                          for i in range(n)]  # fmt: skip
         self.altup_out = [linear_layer(ctx, w, [f"model.altup_unembed_projections.{i}.weight"])
                           for i in range(n)]  # fmt: skip
+        self.embedders = []  # (first id, ids, table, its norm, projection, eps)
+        for name, first, rows, _, eps in self.config.family.gemma4.gemma3n.embedders:
+            e = f"model.embed_{name}."
+            self.embedders.append((first, rows, w[e + "embedding.weight"],
+                                   self.read_norm(w, e + "hard_embedding_norm.weight"),
+                                   linear_layer(ctx, w, [e + "embedding_projection.weight"]), eps))  # fmt: skip
+        self.unweighted = self.ones(self.config.hidden_size)
 
     def linears(self):
-        return [*self.altup_in, *self.altup_out, *super().linears()]
+        return [*self.altup_in, *self.altup_out, *(e[4] for e in self.embedders),
+                *super().linears()]  # fmt: skip
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The scaled text embedding; the wrapper's image and audio ids through their embedders
+        (a table, its norm, a projection, an unweighted norm: transformers'
+        `Gemma3nMultimodalEmbedder` on token ids), every row computed, the mask picking."""
+        h = super().embed_tokens(input_ids)
+        for first, rows, table, norm, proj, eps in self.embedders:
+            mask = (input_ids >= first) & (input_ids < first + rows)
+            x = F.embedding((input_ids - first).clamp(0, rows - 1), table)
+            x = proj(self.rms_norm(x=x, weight=norm, eps=eps))
+            x = self.rms_norm(x=x, weight=self.unweighted, eps=eps)
+            h = torch.where(mask.unsqueeze(-1), x, h)
+        return h
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Gemma 4's, ids past the per-layer table reading its row 0 (module docstring)."""

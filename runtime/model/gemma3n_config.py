@@ -15,6 +15,9 @@ KV sharing, per-layer inputs, MLP widths by layer) with `Gemma3nParts` for what 
   `vocab_size_per_layer_input` rows: ids past it read row 0, as transformers'
   `get_per_layer_inputs` (the published table is 256 rows short of the vocabulary: the
   multimodal wrapper's image and audio tokens);
+- the multimodal wrapper's embedders of its image and audio token ids (`vision_config` /
+  `audio_config`'s `vocab_offset`, `vocab_size`, `hidden_size`: `wrapper_embedders`), their
+  tensors listed by `list_embedders` (the towers themselves are not read);
 - AltUp (`altup_num_inputs` streams, `altup_active_idx`, `altup_correct_scale`), Laurel
   (`laurel_rank`), `activation_sparsity_pattern` (by default 0.95 on the first 10 layers of a
   model of more than 10).
@@ -50,6 +53,41 @@ DEFAULTS = {
                 "num_kv_shared_layers": 15, "laurel_rank": 64, "attention_bias": False},
 }  # fmt: skip
 THETAS = {FULL: ("rope_theta", 1_000_000.0), SLIDING: ("rope_local_base_freq", 10_000.0)}
+# the wrapper's embedders of image and audio token ids: (name, config key, Gemma3nVisionConfig's
+# / Gemma3nAudioConfig's defaults: vocab_offset, vocab_size, hidden_size)
+EMBEDDERS = (("vision", "vision_config", 262_144, 128, 2048),
+             ("audio", "audio_config", 262_272, 128, 1536))  # fmt: skip
+
+
+def wrapper_embedders(top: Mapping[str, Any]) -> list[tuple[str, int, int, int, float]]:
+    """(name, first id, ids, width, eps) of each of `Gemma3nModel`'s embedders: transformers
+    embeds the ids of its image and audio ranges through them, whether or not images or audio
+    come with the prompt (`Gemma3nModel.forward`); none for a causal LM's config.json. The
+    ranges must follow one another up to the vocabulary's end, as transformers' masks read them
+    (the image range up to the audio one, the audio range to the last id)."""
+    if "text_config" not in top:
+        return []
+    out = []
+    for name, key, offset, rows, width in EMBEDDERS:
+        c = top.get(key) or {}
+        out.append((name, int(c.get("vocab_offset", offset)), int(c.get("vocab_size", rows)),
+                    int(c.get("hidden_size", width)), float(c.get("rms_norm_eps", 1e-6))))  # fmt: skip
+    vocab = int({**DEFAULTS["gemma3n"], **top["text_config"]}["vocab_size"])
+    (_, v_first, v_rows, _, _), (_, a_first, a_rows, _, _) = out
+    if v_first + v_rows != a_first or a_first + a_rows != vocab:
+        raise ValueError(f"gemma3n image ids {v_first}+{v_rows} and audio ids {a_first}+{a_rows} "
+                         f"that do not end at each other and at the vocabulary's {vocab} are "
+                         "not supported")  # fmt: skip
+    return out
+
+
+def list_embedders(weights, config: ModelConfig) -> None:
+    """List the wrapper's embedder tensors (`safetensors_weights` leaves the multimodal parts
+    out) that the model reads."""
+    g = config.family.gemma4
+    shapes = g.gemma3n.model_shapes(config.hidden_size) if g and g.gemma3n else {}
+    weights.list_skipped({n for n in shapes if n.startswith(("model.embed_vision.",
+                                                             "model.embed_audio."))})  # fmt: skip
 
 
 def overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,6 +147,7 @@ def layers(cfg: Mapping[str, Any], n: int) -> Gemma4Layers:
         altup_correct_scale=bool(cfg["altup_correct_scale"]),
         laurel_rank=int(cfg["laurel_rank"]),
         sparsity=sparsity(cfg, n),
+        embedders=tuple(tuple(e) for e in cfg.get("multimodal_embedders") or ()),
     )
     return Gemma4Layers(
         head_dims=(d,) * n,

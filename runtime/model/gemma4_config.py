@@ -202,12 +202,32 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return c.family.gemma4.tensor_shapes(c)
 
 
-def param_count(c: ModelConfig) -> int:
-    """The weights' elements (`server/weights_from_shapes.from_shapes` for a config alone)."""
-    total = 0
-    for shape in expected_shapes(c).values():
-        size = 1
-        for s in shape:
-            size *= s
-        total += size
-    return total
+_SPLIT_ROWS = ("self_attn.q_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+               "experts.gate_up_proj")  # fmt: skip
+_SPLIT_COLUMNS = ("self_attn.o_proj.weight", "mlp.down_proj.weight", "experts.down_proj")
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def _rank_share(name: str, shape: tuple[int, ...], c: ModelConfig, tp: int) -> int:
+    """Elements of tensor `name` one of `tp` ranks holds (`model/gemma4.py`): the vocabulary's
+    padded rows, q's and the MLPs' and experts' rows (o's, down's columns) split, k and v the
+    rank's KV heads of their layer (split, or one replicated), the rest whole (norms, routers,
+    per-layer inputs, Gemma 3n's AltUp and Laurel)."""
+    size = 1
+    for s in shape:
+        size *= s
+    if tp == 1:
+        return size
+    if name in _VOCAB:
+        return -(-shape[0] // tp) * shape[1]
+    if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+        layer = int(name.split(".")[2])
+        kv = c.family.gemma4.kv_heads[layer]
+        return size // kv * max(1, kv // tp)
+    return size // tp if name.endswith(_SPLIT_ROWS + _SPLIT_COLUMNS) else size
+
+
+def param_count(c: ModelConfig, tp: int = 1) -> int:
+    """The weights' elements, on one rank of `tp` (`server/weights_from_shapes.from_shapes` for
+    a config alone)."""
+    return sum(_rank_share(n, shape, c, tp) for n, shape in expected_shapes(c).items())

@@ -41,7 +41,7 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import kimi_linear_config
 from pagoda.runtime.model.delta_rule_config import check_conv as check_conv_parts
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
-from pagoda.runtime.model_configs import HyperConfig
+from pagoda.runtime.model_configs import DenseLimit, HyperConfig
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"Glm5NextForConditionalGeneration": "glm5_next"}  # its text model
@@ -139,9 +139,11 @@ def overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def dense_limit(cfg: Mapping[str, Any]) -> int:
+def dense_limit(cfg: Mapping[str, Any]) -> DenseLimit:
     """The longest sequence whose indexer keeps every earlier token (module docstring)."""
-    return int(cfg["index_topk"]) + int(cfg["index_kpool"]) - 1
+    return DenseLimit(int(cfg["index_topk"]) + int(cfg["index_kpool"]) - 1,
+                      "its DSA indexer's sparse k-pool selection",
+                      "index_topk + index_kpool - 1")  # fmt: skip
 
 
 def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
@@ -213,13 +215,3 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 def check_conv(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
     """Every KDA layer's conv, [3 H K, 1, kernel]."""
     check_conv_parts(c, headers, "self_attn.", "linear_conv_kernel_dim")
-
-
-def check_max_model_len(limit: int, asked: int | None) -> None:
-    """A --max-model-len past what the indexer keeps whole: refused in one line."""
-    if asked is not None and asked > limit:
-        raise ValueError(
-            f"max_model_len {asked} is not supported for a glm5_next model: its DSA indexer's "
-            f"sparse k-pool selection (past index_topk + index_kpool - 1 = {limit} tokens) is "
-            "not implemented; lower --max-model-len"
-        )

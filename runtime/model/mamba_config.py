@@ -26,9 +26,13 @@ reading a config imports no layer code.
 - Jamba (`JambaForCausalLM`): `jamba_config.py`.
 - Zamba2, Zamba, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, GLM-5-Next, Zaya:
   `zamba2_config.py`, `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`,
-  `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`.
-  Inkling, Inkling 2: `inkling_config.py`, `inkling2_config.py`.
+  `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`;
+  Inkling, Inkling 2: `inkling_config.py`,
+  `inkling2_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
+- RecurrentGemma (RG-LRU blocks among local attention layers): `recurrent_gemma_config.py`.
+- RWKV-4 (time-mix and channel-mix, no attention): `rwkv_config.py`.
+- xLSTM (mLSTM layers, no attention): `xlstm_config.py`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ from pagoda.runtime.model import (
     nemotron_h_config,
     olmo_hybrid_config,
     qwen3_next_config,
+    recurrent_gemma_config,
+    rwkv_config,
+    xlstm_config,
     zamba2_config,
     zamba_config,
     zaya_config,
@@ -75,6 +82,9 @@ ARCHITECTURES = {
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
     **zamba_config.ARCHITECTURES,  # Zamba: Mamba-1 layers in heads, a shared block (zamba.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
+    **recurrent_gemma_config.ARCHITECTURES,  # RG-LRU blocks, local attention
+    **rwkv_config.ARCHITECTURES,  # RWKV-4: time-mix and channel-mix (model/rwkv.py)
+    **xlstm_config.ARCHITECTURES,  # xLSTM: mLSTM layers, SwiGLU (model/xlstm.py)
     **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
     **inkling2_config.ARCHITECTURES,  # Inkling 2: Inkling's, block attention residuals
 }
@@ -104,6 +114,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **zamba2_config.DEFAULTS,
     **zamba_config.DEFAULTS,
     **zaya_config.DEFAULTS,
+    **recurrent_gemma_config.DEFAULTS,
+    **rwkv_config.DEFAULTS,
+    **xlstm_config.DEFAULTS,
     **inkling_config.DEFAULTS,
     **inkling2_config.DEFAULTS,
 }  # fmt: skip
@@ -188,8 +201,8 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
-                   zaya_config, minimax_config,
-                   inkling_config, inkling2_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config, inkling_config, inkling2_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -208,8 +221,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    glm5_next_config,
                    zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
-                   zaya_config, minimax_config,
-                   inkling_config, inkling2_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config, inkling_config, inkling2_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -237,8 +250,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
                    bailing_hybrid_config, glm5_next_config,
                    zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
-                   zaya_config, minimax_config,
-                   inkling_config, inkling2_config):  # fmt: skip
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config, inkling_config, inkling2_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

@@ -51,6 +51,7 @@ MODEL_CLASSES = {
     "axk2": ("axk2", "Axk2Model"),  # A.X-K2: V3.2's, gated norms, attention's output gate
     "hy_v4": ("hy_v4", "HyV4Model"),  # GLM-5's with hyper-connections, gated sink attention
     "dots3_note_text": ("dsa", "DsaModel"),  # V3.2's, GLM-5's indexer, Dots3's attention
+    "deepseek_v4": ("dsv4_engine", "Dsv4EngineModel"),  # mHC, CSA/HCA compressed attention
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
@@ -77,7 +78,9 @@ MODEL_CLASSES = {
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
     "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
+    "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
+    "emu3": ("llama", "LlamaModel"),  # Emu3's text model: Llama's
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
@@ -92,6 +95,9 @@ MODEL_CLASSES = {
     "jamba": ("jamba", "JambaModel"),  # Mamba-1 and attention layers, experts every other
     "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
     "zamba": ("zamba", "ZambaModel"),  # Mamba-1 layers in heads, one shared block
+    "recurrent_gemma": ("recurrent_gemma", "RecurrentGemmaModel"),  # RG-LRU + local attention
+    "rwkv": ("rwkv", "RwkvModel"),  # RWKV-4: time-mix (wkv) and channel-mix, no attention
+    "xlstm": ("xlstm", "XlstmModel"),  # mLSTM layers (matrix memory), SwiGLU, no attention
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "zaya": ("zaya", "ZayaModel"),  # q/k/v from a conv state, a router MLP over top-1 experts
@@ -112,6 +118,7 @@ MODEL_CLASSES = {
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "gpt_neo": ("positions", "LearnedPositionsModel"),  # local (windowed) layers, unscaled
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
+    "xglm": ("positions", "XglmModel"),  # sinusoidal positions, scaled embeddings (OPT's)
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...

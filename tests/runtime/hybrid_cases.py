@@ -168,6 +168,21 @@ CASES = {
              n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=6, mamba_proj_bias=True,
              intermediate_size=96),
     ),
+    # RecurrentGemma (model/recurrent_gemma.py): RG-LRU blocks (four gate blocks) beside local
+    # attention (a window of 8 keys, one KV head, rotary on half of each head, o_proj biased),
+    # GeGLU MLPs with biases, Gemma's norms, the logits soft-capped
+    "recurrent-gemma": (
+        "RecurrentGemma",
+        dict(num_hidden_layers=3, block_types=["recurrent", "attention", "recurrent"],
+             num_key_value_heads=1, attention_window_size=8, intermediate_size=192,
+             logits_soft_cap=20.0),
+    ),
+    # RWKV-4 (model/rwkv.py): time-mix (the wkv recurrence) and channel-mix in every layer, the
+    # token shift from the state slots, LayerNorms with biases, no attention; untied
+    "rwkv": ("Rwkv", dict(num_hidden_layers=2, intermediate_size=128)),
+    # xLSTM (model/xlstm.py): mLSTM layers (two heads, q/k half as wide as v, soft-capped
+    # gates, a LayerNorm per head) and SwiGLU FFNs, no attention; the logits soft-capped
+    "xlstm": ("xLSTM", dict(num_hidden_layers=2, num_heads=2, output_logit_soft_cap=20.0)),
     # Gated DeltaNet among gated attention (model/qwen3_next.py). Qwen3-Next: experts with the
     # shared expert and its gate, a dense layer (`mlp_only_layers`), two value heads per key
     # head, top-k not renormalised; Qwen3.5: a dense MLP, as many key heads as value heads, key
@@ -580,6 +595,11 @@ REFUSED = {
     "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
     "zamba": (2, "not supported for a zamba model", "fp8 is not supported for a zamba model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
+    "recurrent-gemma": (
+        2, _NO_TP.format("recurrent_gemma", "rglru"), _NO_FP8.format("recurrent_gemma", "rglru")
+    ),
+    "rwkv": (2, _NO_TP.format("rwkv", "wkv"), _NO_FP8.format("rwkv", "wkv")),
+    "xlstm": (2, _NO_TP.format("xlstm", "mlstm"), _NO_FP8.format("xlstm", "mlstm")),
     "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
     "inkling2": (2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"),
 }  # fmt: skip

@@ -13,9 +13,15 @@ import math
 
 import pytest
 import torch
-from arch_cases import built_fixture, check_chunked_cached_batched, check_preempted, generate
-from arch_cases import prompts as arch_prompts
-from hf_oracle import randomize, save_tiny
+from arch_cases import (
+    built_fixture,
+    check_chunked_cached_batched,
+    check_preempted,
+    check_two_ranks,
+    generate,
+    prompts,
+)
+from hf_oracle import hf_greedy_plain, randomize, save_tiny
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
 
@@ -55,11 +61,21 @@ def test_gemma3n_matches_transformers_chunked_batched_cached_and_preempted(built
     check_preempted(loaded, reference, "gemma3n")
 
 
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+def test_two_ranks_match_transformers(built):
+    """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
+    cache: each rank one of the two KV heads (the shared layers reading their rank's rows), the
+    MLP widths by layer split, the sparse layers' gate statistics summed over the ranks, AltUp
+    and Laurel replicated."""
+    path, _, loaded, reference = built("text")
+    check_two_ranks(path, loaded, reference, "gemma3n two ranks", kv_heads=1)
+
+
 def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built):
     """`expected_shapes` names every tensor transformers saved (the KV-shared layers' k/v
     projections and norms aside: transformers never reads them), with its shape; the weights
     estimate from config.json alone is their bytes, and the estimate from the checkpoint's
-    metadata is what the built model holds in bf16."""
+    metadata is what the built model holds in bf16, on one rank and on rank 0 of two."""
     from model_bytes import check_estimate
     from pagoda.runtime.model.checkpoint_check import expected_shapes
     from pagoda.runtime.server.weights import from_shapes
@@ -74,33 +90,42 @@ def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built
     size = sum(math.prod(s) for n, s in stored.items() if n not in unread)
     assert from_shapes(loaded.config, torch.float32, False) == 4 * size
     check_estimate(path, rel=1e-3)
+    check_estimate(path, 2, rel=1e-3)
 
 
-def test_a_conditional_generation_checkpoint_is_read_text_only(built, tmp_path):
-    """Gemma3nForConditionalGeneration's layout (its vision tower needs timm, not installed
-    here): transformers' text model under `model.language_model.`, with tower and embedder
-    tensors beside it that are not read; the wrapper's text path is the causal LM's for ids
-    below its embedders' `vocab_offset`, so transformers' tokens are the causal LM's."""
-    from safetensors.torch import load_file, save_file
+def test_a_conditional_generation_checkpoint_reads_its_text_model_and_token_embedders(
+    tmp_path, monkeypatch
+):
+    """Gemma3nForConditionalGeneration (its vision tower, a timm model, stubbed: timm is not
+    installed here; its audio tower one small conformer layer): the text model under
+    `model.language_model.`, the towers not read; the ids of its image range (256..277) and
+    audio range (278..299), which transformers embeds through `embed_vision` / `embed_audio`
+    even without images or audio, through those embedders: transformers' tokens and logits."""
+    from arch_cases import check
+    from model_bytes import check_estimate
+    from transformers.models.gemma3n import modeling_gemma3n
 
-    path, _, _, reference = built("text")
-    tensors = {n.replace("model.", "model.language_model.", 1): t
-               for n, t in load_file(str(path / "model.safetensors")).items()}  # fmt: skip
-    tensors["model.embed_vision.embedding.weight"] = torch.zeros(4, 8)
-    tensors["model.audio_tower.subsample_conv_projection.input_proj_linear.weight"] = torch.zeros(4)
-    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    text = json.loads((path / "config.json").read_text())
-    top = {"architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n",
-           "text_config": {**text, "architectures": None}, "eos_token_id": [1, 106]}  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(top))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (path / name).exists():
-            (tmp_path / name).write_text((path / name).read_text())
+    real = modeling_gemma3n.AutoModel.from_config
+    monkeypatch.setattr(modeling_gemma3n.AutoModel, "from_config", lambda c, *a, **k: (
+        torch.nn.Module() if c.model_type == "gemma3n_vision" else real(c, *a, **k)))  # fmt: skip
+    torch.manual_seed(0)
+    vision = transformers.Gemma3nVisionConfig(hidden_size=16, vocab_size=22, vocab_offset=256)
+    audio = transformers.Gemma3nAudioConfig(hidden_size=24, vocab_size=22, vocab_offset=278,
+                                            conf_num_hidden_layers=1, conf_num_attention_heads=2,
+                                            input_feat_size=8, sscp_conv_channel_size=[4, 4])  # fmt: skip
+    cfg = transformers.Gemma3nConfig(text_config=transformers.Gemma3nTextConfig(**TEXT),
+                                     vision_config=vision, audio_config=audio)  # fmt: skip
+    model = save_tiny(randomize(transformers.Gemma3nForConditionalGeneration(cfg).eval()), tmp_path)
+    reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
     loaded = load_model(str(tmp_path))
     assert loaded.config.architecture == "gemma3n"
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=4)
-    got = generate(llm, arch_prompts())
-    assert [t for t, _ in got] == [t for t, _ in reference]
+    assert [e[:3] for e in loaded.config.family.gemma4.gemma3n.embedders] == [
+        ("vision", 256, 22), ("audio", 278, 22)]  # fmt: skip
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=4,
+              max_num_batched_tokens=16)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"gemma3n wrapper: prompt {i}")
+    check_estimate(tmp_path, rel=1e-3)  # (the towers not counted, the embedders counted)
 
 
 def _published(layers: int, width: int, shared: int) -> dict:
@@ -129,8 +154,10 @@ E2B, E4B = _published(30, 8192, 10), _published(35, 16384, 15)
                          ids=["e2b", "e4b"])  # fmt: skip
 def test_published_gemma3n_configs_read_as_transformers_reads_them(tmp_path, text, params):
     """The E2B / E4B checkpoints' config.json: shapes, KV sharing, window layers, rotary bases,
-    sparsity, ids as transformers reads them; the parameter count transformers' own (the text
-    model on the meta device)."""
+    sparsity, ids as transformers reads them; the parameter count transformers' own (on the
+    meta device: the text model's, and its embedders of image and audio token ids)."""
+    from transformers.models.gemma3n import modeling_gemma3n
+
     top = {"architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n",
            "text_config": text, "eos_token_id": [1, 106]}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(top))
@@ -155,9 +182,16 @@ def test_published_gemma3n_configs_read_as_transformers_reads_them(tmp_path, tex
     assert (g.per_layer_input, g.per_layer_vocab) == (256, theirs.vocab_size_per_layer_input)
     assert ours.family.final_logit_softcapping == theirs.final_logit_softcapping
     assert set(ours.eos_token_ids) == {1, 106}
-    with torch.device("meta"):
+    top = transformers.AutoConfig.from_pretrained(tmp_path)
+    with torch.device("meta"):  # the text model, and the embedders of image and audio ids
         hf = transformers.Gemma3nForCausalLM(theirs)
-    assert ours.num_params == sum(p.numel() for p in hf.parameters()) == params
+        embedders = [modeling_gemma3n.Gemma3nMultimodalEmbedder(c, theirs)
+                     for c in (top.vision_config, top.audio_config)]  # fmt: skip
+    text = sum(p.numel() for p in hf.parameters())
+    assert text == params
+    # (their soft-token norms, for the towers' outputs, are not read)
+    read = sum(p.numel() for e in embedders for n, p in e.named_parameters() if "soft" not in n)
+    assert ours.num_params == text + read
 
 
 @pytest.mark.parametrize(
@@ -175,16 +209,23 @@ def test_what_gemma3n_does_not_compute_is_refused_in_one_line(tmp_path, change, 
         read_model_config(str(tmp_path))
 
 
-def test_gemma3n_tensor_parallelism_and_fp8_are_refused(tmp_path):
+def test_gemma3n_widths_that_do_not_split_and_fp8_are_refused(tmp_path):
+    """The published E2B splits over two ranks; a later layer's MLP width that does not is one
+    line naming the layer; FP8 refused."""
     from types import SimpleNamespace
 
     from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.core import check_dtype
 
-    (tmp_path / "config.json").write_text(json.dumps({**E2B,
-                                                      "architectures": ["Gemma3nForCausalLM"]}))  # fmt: skip
-    mc = read_model_config(str(tmp_path))
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a gemma3n"):
-        check(mc, 2)
+    def config(text):
+        (tmp_path / "config.json").write_text(json.dumps({**text,
+                                                          "architectures": ["Gemma3nForCausalLM"]}))  # fmt: skip
+        return read_model_config(str(tmp_path))
+
+    mc = config(E2B)
+    check(mc, 2)
+    odd = {**E2B, "intermediate_size": [8192] * 3 + [8191] + [8192] * 26}
+    with pytest.raises(ValueError, match="does not divide layer 3's MLP width \\(8191\\)"):
+        check(config(odd), 2)
     with pytest.raises(ValueError, match="fp8 is not supported for a gemma3n"):
         check_dtype(SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16), mc)

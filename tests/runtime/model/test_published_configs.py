@@ -217,6 +217,37 @@ def test_kolibri_1s_config_reads_with_transformers_defaults(tmp_path):
         check(o, 2)
 
 
+def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
+    """Kolibri1_1Config's defaults are Kolibri-1.1's shape: a config.json naming the
+    architecture alone reads as transformers fills it in (window and indexed layers, the
+    KV-shared layers' sources, the dense MLPs and their width), the parameter count
+    transformers' on the meta device; served up to its indexer's budget (2184 tokens: a longer
+    --max-model-len refused in one line), TP refused."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+    from pagoda.runtime.engine.core import check_max_model_len
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Kolibri1_1ForCausalLM"],
+                                                      "model_type": "kolibri1_1"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f = o.family
+    assert f.window_layers == tuple(k == "sliding_attention" for k in t.layer_types)
+    assert f.kolibri11.kv_source == tuple(t.kv_source_layers)
+    assert f.moe_layers == tuple(i not in t.mlp_only_layers for i in range(t.num_hidden_layers))
+    assert o.intermediate_size == t.mlp_only_intermediate_size == 3584
+    assert o.num_kv_layers == sum(s == i for i, s in enumerate(t.kv_source_layers)) == 44
+    assert o.context_length == check_max_model_len(None, o) == 2184
+    with pytest.raises(ValueError, match=r"max_model_len 4096 is not supported for a kolibri1_1 "
+                                         r"model: its indexed attention's sparse selection"):  # fmt: skip
+        check_max_model_len(4096, o)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 75_112_646_912
+    with pytest.raises(ValueError, match="not supported for a kolibri1_1 model"):
+        check(o, 2)
+
+
 def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
     """AXK1Config's defaults are A.X-K1's shape (519 B parameters by transformers' own count on
     the meta device): a config.json naming the architecture alone reads as transformers fills
@@ -257,7 +288,19 @@ PUBLISHED = {
         "num_attention_heads": 64, "num_hidden_layers": 36, "partial_rotary_factor": 0.5,
         "qk_layernorm": True, "rope_scaling": None, "rope_theta": 25000.0,
         "tie_word_embeddings": False, "vocab_size": 262144}, 9_397_175_296),
+    # facebook/xglm-564M's: XGLMConfig's defaults under their own keys (d_model, ffn_dim, ...)
+    "xglm-564M": ({
+        "architectures": ["XGLMForCausalLM"], "model_type": "xglm", "activation_function": "gelu",
+        "attention_heads": 16, "bos_token_id": 0, "d_model": 1024, "decoder_start_token_id": 2,
+        "eos_token_id": 2, "ffn_dim": 4096, "layerdrop": 0.0, "max_position_embeddings": 2048,
+        "num_layers": 24, "pad_token_id": 1, "scale_embedding": True, "vocab_size": 256008},
+        564_463_616),
+    # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
+    "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
+                  8_492_011_520),
 }  # fmt: skip
+# text configs transformers' Auto classes map to no causal LM
+_CAUSAL_LM = {"emu3_text_model": "Emu3ForCausalLM"}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -284,11 +327,14 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
         assert o.rope_theta == rope["rope_theta"]
         assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
             "partial_rotary_factor", 1.0)  # fmt: skip
-    eps = next(getattr(t, k) for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
-               if hasattr(t, k))  # fmt: skip
+    names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+    eps = next((getattr(t, k) for k in names if hasattr(t, k)), 1e-5)  # (else nn.LayerNorm's)
     assert o.rms_norm_eps == eps
     with torch.device("meta"):
-        hf = transformers.AutoModelForCausalLM.from_config(t)
+        if t.model_type in _CAUSAL_LM:
+            hf = getattr(transformers, _CAUSAL_LM[t.model_type])(t)
+        else:
+            hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
 
 
@@ -328,3 +374,31 @@ def test_published_doge_configs_read_as_transformers_reads_them(tmp_path, cfg, p
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
+
+
+def test_minimax_m3s_text_config_reads_with_transformers_defaults(tmp_path):
+    """MiniMaxM3VLTextConfig's defaults are MiniMax-M3's shape (447 B parameters by
+    transformers' own count on the meta device): a config.json naming the architecture alone
+    reads as transformers fills it in (every layer full attention and experts, the widths by
+    kind, the clamped SwiGLU, the router's scale, a whole-head rotary), the count its own."""
+    import torch
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["MiniMaxM3VLForCausalLM"], "model_type": "minimax_m3_vl_text"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f = o.family
+    assert (o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads, o.head_dim) == (
+        t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads,
+        t.head_dim)  # fmt: skip
+    assert (o.bos_token_id, list(o.eos_token_ids), o.rope_theta) == (
+        t.bos_token_id, [t.eos_token_id], t.rope_parameters["rope_theta"])  # fmt: skip
+    assert (o.intermediate_size, f.moe_intermediate_size, f.shared_expert_intermediate_size) == (
+        t.dense_intermediate_size, t.intermediate_size, t.shared_intermediate_size)  # fmt: skip
+    assert (f.num_experts, f.num_experts_per_tok, f.swiglu_alpha, f.swiglu_limit) == (
+        t.num_local_experts, t.num_experts_per_tok, t.swiglu_alpha, t.swiglu_limit)  # fmt: skip
+    assert f.routing.routed_scaling_factor == t.routed_scaling_factor and o.rope_scaling is None
+    assert f.dense_limit is None and o.context_length == t.max_position_embeddings
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 447_186_441_216
