@@ -115,9 +115,6 @@ class FamilyConfig:
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
-    # GLM-5-Next (model/glm5_next.py): the longest sequence its k-pool DSA indexer keeps whole
-    # (the context is capped there: its sparse selection is not implemented)
-    dense_limit: int | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -368,8 +365,6 @@ class ModelConfig:
         q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
         if q is not None and q.dense_limit is not None:
             context = min(context, q.dense_limit)
-        if self.family.dense_limit is not None:  # GLM-5-Next: where its indexer keeps all
-            context = min(context, self.family.dense_limit)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -433,11 +428,14 @@ class ModelConfig:
 
 def indexer_params(hidden: int, m: MlaConfig | None) -> int:
     """The lightning indexers' weights (DeepSeek Sparse Attention), over the layers that run
-    one: wq_b, wk, k_norm's weight and bias, weights_proj."""
+    one: wq_b, wk, k_norm's weight and bias, weights_proj (and a k-pool indexer's position
+    weights and gate projection, GLM-5-Next's)."""
     ix = None if m is None else m.indexer
     if ix is None:
         return 0
     one = (m.q_lora_rank * ix.n_heads + hidden + 2) * ix.head_dim + ix.n_heads * hidden
+    if ix.kpool:
+        one += (ix.kpool + hidden) * ix.head_dim
     return sum(ix.full_layers) * one
 
 

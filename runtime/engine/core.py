@@ -404,10 +404,6 @@ def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
         from pagoda.runtime.model.qwen4_exp_config import check_max_model_len as check_qsa
 
         check_qsa(model.family.qwen4, asked)
-    if model.family.dense_limit is not None:  # GLM-5-Next: past its indexer's dense reach
-        from pagoda.runtime.model.glm5_next_config import check_max_model_len as check_dsa
-
-        check_dsa(model.family.dense_limit, asked)
     context = model.context_length
     if asked is not None and asked > context:
         raise ValueError(

@@ -289,8 +289,6 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
     ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
         # PhiMoE's head a bias)
         return True
-    if mc.architecture == "glm5_next" and ".self_attn.indexer." in name:
-        return False  # (every token kept within its context: the indexer not run, glm5_next.py)
     m = _LAYER.match(name)
     if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
         return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))
@@ -366,7 +364,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     )
     if float32_router and _FLOAT32_ROUTER.search(name):
         return _float32_router(t, p)
-    if name.endswith("indexer.weights_proj.weight"):  # DeepSeek Sparse Attention's, float32
+    if name.endswith("indexer.weights_proj.weight") and mc.architecture != "glm5_next":
+        # DeepSeek Sparse Attention's, float32 (GLM-5-Next's in the model's dtype)
         return _float32_router(t, p)
     if mc.family.hyper is not None and _HY_V4_FLOAT32.search(name):  # (model/hy_v4.py)
         return t.numel * 4
