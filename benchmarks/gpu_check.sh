@@ -223,7 +223,8 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 # (test_position_archs: GPT-2, GPTBigCode's multi-query attention, OPT, BLOOM, MPT), DeepSeek
 # Sparse Attention (test_dsa: V3.2, GLM-5), NanoChat, BitNet (test_bitnet) and Mamba-1's, Jamba's
 # and LFM2's prefix caching (test_recurrent_prefix: the snapshots saved and restored without a
-# host sync). Each
+# host sync), Doge (its padded key/value width in the kernels) and MiniMax-M3 (swiglu_oai
+# without biases in the fused-MoE kernel). Each
 # family's tiny model against transformers on the GPU with CUDA graphs, eager decodes as the
 # graphs', no host sync in any step's launch. Between them the three lists hold every test file
 # of tests/runtime/model with a gpu-marked test (tests/benchmarks/test_gpu_check.py checks it);
@@ -237,7 +238,8 @@ FAMILY_TESTS2=${FAMILY_TESTS2:-tests/runtime/model/test_dense_archs.py \
 FAMILY_TESTS3=${FAMILY_TESTS3:-tests/runtime/model/test_position_archs.py \
     tests/runtime/model/test_dsa.py tests/runtime/model/test_nanochat.py \
     tests/runtime/model/test_bitnet.py tests/runtime/model/test_recurrent_prefix.py \
-    tests/runtime/model/test_longcat_flash.py}
+    tests/runtime/model/test_longcat_flash.py tests/runtime/model/test_doge.py \
+    tests/runtime/model/test_minimax_m3.py}
 TAIL=40 step families 540 bash -c '
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 tests/kernels/test_kernel_latent.py
     latent=$?

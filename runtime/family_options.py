@@ -79,8 +79,16 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "gemma3": Untested(float16=_FLOAT16),
         "vaultgemma": Untested(float16=_FLOAT16),
         "gemma4": Untested(
-            tensor_parallel="its layers' own head sizes and KV heads and its shared KV caches "
-            "are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
+        "gemma4_unified": Untested(
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="not tested",
+            float16=_FLOAT16,
+        ),
+        "gemma3n": Untested(
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
@@ -103,7 +111,18 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "granitemoe_swa": Untested(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
+        "diffllama": Untested(
+            tensor_parallel="its differential attention pairs the first half of the heads with "
+            "the second, across ranks"
+        ),
         "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "kolibri1_1": Untested(
+            tensor_parallel="its KV-shared layers are not tested on several ranks",
+            fp8="not tested",
+            kv_cache="its indexed layers' keys and values are rounded to NVFP4 in the cache",
+        ),
+        "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
+        "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
         "longcat_flash": Untested(
             tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
@@ -128,6 +147,14 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             kv_cache=_DSA_KV,
         ),
         "dots3_note_text": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
+        "deepseek_v4": Untested(
+            tensor_parallel="its compressed attention and hyper-connections are not split over "
+            "ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="its FP8 and FP4 experts are not read",
+            kv_cache="its compressed entries and window slots are kept in the model's dtype",
+            float16="not tested: float32 is tested against transformers, bfloat16 runs",
+        ),
         "beam": Untested(
             fp8="its gated attention's FP8 GEMM is not tested",
             fp8_checkpoint="not tested",
@@ -164,9 +191,33 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
         ),
+        "zamba": Untested(
+            tensor_parallel="its shared block and mamba1 layers are not split",
+            fp8="its shared block and mamba1 layers",
+        ),
+        "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
+        "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
+        "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",
+        ),
+        "doge": Untested(
+            tensor_parallel="its dynamic mask reads every KV head's values (dt_proj)",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
+        ),
+        "minimax_m3": Untested(
+            tensor_parallel="its fused gate_up MLPs are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            fp8_checkpoint="its stacked experts' FP8 scales are not read",
+        ),
+        "hrm_text": Untested(
+            tensor_parallel="its recurrent stacks are not tested over ranks",
+            fp8="its FP8 GEMM is not tested",
+        ),
+        "mllama": Untested(
+            tensor_parallel="its embedding's rows past the vocabulary are not split as the head's",
         ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
@@ -175,6 +226,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zaya": Untested(
             tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
+        ),
+        "inkling": Untested(
+            tensor_parallel="its short convs' states and relative logits are not split over ranks",
+            fp8="its FP8 GEMM is not tested",
+            kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),
     }
 )

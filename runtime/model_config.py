@@ -11,9 +11,12 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
+    DenseLimit,
+    DogeAttention,
     DoryLoops,
     ExpertRouting,
     Gemma4Layers,
+    HrmCycles,
     HyperConfig,
     LagunaAttention,
     Llama4Attention,
@@ -31,7 +34,10 @@ ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
 UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
-POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
+POSITIONS = ("rope", "learned", "alibi", "sinusoidal")  # `FamilyConfig.positions`
+# families with biases on q, k, v, the output, both MLP matrices and every LayerNorm (their
+# q/k norms' too), counted in `num_params`
+ALL_BIASES = ("persimmon", "xglm")
 
 
 def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
@@ -109,12 +115,18 @@ class FamilyConfig:
     # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
     # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
     attention_sinks: bool = False
+    # Inkling (model/inkling.py): each layer's relative-position logits join the scores (the
+    # attention backends' `rel_logits`: the torch backend's)
+    relative_logits: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
     # HY V4 (model/hy_v4.py): the residual as hyper-connected streams (DeepSeek-V4's form too)
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
+    # Qwen4-Exp's, MiniMax-M3's sparse indexers: the longest sequence they keep
+    # whole (the context is capped there: their sparse selection is not implemented)
+    dense_limit: DenseLimit | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -128,6 +140,9 @@ class FamilyConfig:
     # count from the config alone needs to know)
     o_proj_bias: bool = False
     lm_head_bias: bool = False
+    # an LM head pruned to the vocabulary's first `head_rows` ids (Apertus 1.5's
+    # `output_vocab_size`: model/apertus.py), the embedding keeping every id; 0: the vocabulary
+    head_rows: int = 0
     # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by sigmoids of
     # the top-k logits that scale the experts' inputs, beside an ungated shared expert
     llama4: Llama4Attention | None = None
@@ -146,15 +161,24 @@ class FamilyConfig:
     laguna: LagunaAttention | None = None
     # Dory (model/dory.py): recurrent layers run in loops, each loop's pass its own KV cache
     dory: DoryLoops | None = None
+    # Doge (model/doge.py): the dynamic mask's key biases, the product-key experts
+    doge: DogeAttention | None = None
+    # HRM-Text (model/hrm_text.py): its L and H stacks run in cycles, each pass a KV cache
+    hrm: HrmCycles | None = None
     # MiMo-V2-Flash (model/mimo_v2_flash.py): more KV heads and sinks in the window layers,
     # values narrower than the keys
     mimo: MiMoAttention | None = None
     # Qwen4-Exp (model/qwen4_exp.py): hyper-connections, Per-Layer Embeddings, the QSA limit
     qwen4: Any = None  # `qwen4_exp_config.Qwen4Exp`
+    # Kolibri 1.1 (model/kolibri1.py): its KV-shared layers, its indexed layers' budget
+    kolibri11: Any = None  # `kolibri1_config.Kolibri11`
+    # DeepSeek-V4 (model/dsv4_engine.py): its whole config.json read apart (`dsv4_config`)
+    dsv4: Any = None  # `dsv4_config.Dsv4Config`
     # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
     # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
     # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
-    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`)
+    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`), "sinusoidal"
+    # (learned's, the table computed: XGLM's)
     positions: str = "rope"
     position_offset: int = 0  # OPT's 2
     # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores / (i + 1) (q scaled)
@@ -172,6 +196,8 @@ class FamilyConfig:
     bitnet: str = ""
     # Ergo (model/ergo.py): the full-attention layers' scores × this (q and k × its root)
     global_attention_scale: float | None = None
+    # DiffLlama (model/diffllama.py): differential attention, its KV cache twice the KV heads
+    diff_attention: bool = False
 
     @property
     def transforms_logits(self) -> bool:
@@ -304,6 +330,8 @@ class ModelConfig:
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
             llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
             return m.zamba2.params(self) - llama
+        if m.inkling is not None:  # its layers' own beyond Llama's (one rank)
+            return m.inkling.params(self)
         if m.zaya is not None:  # its layers' own (one rank), less the first's router state
             # scale, and the embeddings' scale and bias
             return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
@@ -317,6 +345,10 @@ class ModelConfig:
             out += self.num_kv_layers * h * self.head_dim * self.num_heads // tp
         if m.attn_head_gate:  # g_proj, one gate a head (LFM3's attention)
             out += self.num_kv_layers * h * self.num_heads // tp
+        if m.mixer == "wkv":  # RWKV's LayerNorms' biases, its first layer's pre_ln
+            out += self.num_layers * 2 * h + 3 * h
+        if m.mixer == "rglru":  # RecurrentGemma's MLP biases (every layer's), o_proj's bias
+            out += self.num_layers * (2 * self.intermediate_size + h) + self.num_kv_layers * h
         if m.mlp_layers:  # an MLP in those layers only (Nemotron-H's ungated; Mamba2's none)
             mats = 3 if self.family.gated_mlp else 2
             out -= (self.num_layers - sum(m.mlp_layers)) * mats * h * self.intermediate_size // tp
@@ -337,8 +369,12 @@ class ModelConfig:
         m, g = self.family.mamba, self.family.gemma4
         if g is not None:
             return sum(not g.shares_kv(i) for i in range(self.num_layers))
+        if self.family.kolibri11 is not None:  # (its KV-shared layers read an earlier one's)
+            return sum(not self.family.kolibri11.shares_kv(i) for i in range(self.num_layers))
         if self.family.dory is not None:  # (a KV cache per loop of its recurrent layers)
             return len(self.family.dory.order())
+        if self.family.hrm is not None:  # (a KV cache per pass of its stacks)
+            return len(self.family.hrm.order())
         return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
 
     @property
@@ -346,9 +382,18 @@ class ModelConfig:
         """(KV heads, head size) of each layer that keeps a KV cache, in layer order: the
         model's for every one, or Gemma 4's by layer."""
         g, m = self.family.gemma4, self.family.mimo
+        if self.family.doge is not None:  # (the keys' bias column, padded)
+            return ((self.num_kv_heads, DogeAttention.cache_head_dim(self.head_dim)),) * (
+                self.num_layers
+            )
+        ink = None if self.family.mamba is None else self.family.mamba.inkling
+        if ink is not None:  # (the window layers' own)
+            return tuple(ink.kv_shape(self, i) for i in range(self.num_layers))
         if m is not None:  # (values padded to the keys' size)
             return tuple((m.swa_kv_heads if self.family.window(i) else self.num_kv_heads,
                           self.head_dim) for i in range(self.num_layers))  # fmt: skip
+        if self.family.diff_attention:  # (k twice, each half of v's heads twice)
+            return ((2 * self.num_kv_heads, self.head_dim),) * self.num_kv_layers
         if g is None:
             return ((self.num_kv_heads, self.head_dim),) * self.num_kv_layers
         return tuple((g.kv_heads[i], g.head_dims[i]) for i in range(self.num_layers)
@@ -362,9 +407,10 @@ class ModelConfig:
         in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
         rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
         s, context = self.rope_scaling or {}, self.max_position_embeddings
-        q = self.family.qwen4  # Qwen4-Exp: where its QSA indexer keeps every token
-        if q is not None and q.dense_limit is not None:
-            context = min(context, q.dense_limit)
+        if self.family.doge is not None:  # (transformers keeps only some keys past it)
+            context = min(context, self.family.doge.keep_window)
+        if self.family.dense_limit is not None:  # where a sparse indexer keeps every key
+            context = min(context, self.family.dense_limit.tokens)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -383,7 +429,15 @@ class ModelConfig:
         if self.family.gemma4 is not None:  # its tensors, layer by layer
             shapes = self.family.gemma4.tensor_shapes(self).values()
             return sum(math.prod(s) for s in shapes)
+        if self.family.dsv4 is not None:  # DeepSeek-V4's tensors (dsv4_config.expected_shapes)
+            from pagoda.runtime.model.dsv4_config import num_params
+
+            return num_params(self.family.dsv4)
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        if self.family.hrm is not None:  # q, k, v, gate, o and the MLP a layer; weightless
+            head = 1 if self.tie_word_embeddings else 2  # norms; z_L_init
+            q = self.num_heads * d
+            return self.num_layers * (5 * h * q + 3 * h * i) + head * self.vocab_size * h + h
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         f = self.family
         if f.mla is not None:
@@ -397,7 +451,10 @@ class ModelConfig:
             gate = h if f.routing is None else 0
             experts += moe * (mats * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * mats * h * i + experts
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        head = 0 if self.tie_word_embeddings else f.head_rows or self.vocab_size
+        emb = (self.vocab_size + head) * h
+        if self.architecture == "mllama":  # its embedding's 8 rows past the vocabulary
+            emb += 8 * h
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
         if f.hyper is not None:  # HY V4's hyper-connections, attention's gates and sinks
             n, gate = f.hyper.mult, self.num_heads * f.mla.v_head_dim * h + self.num_heads
@@ -420,9 +477,23 @@ class ModelConfig:
         if f.dory is not None:  # attention's gate and nGPT's scaled vectors, no norms; the
             q = self.num_heads * d  # logit scale, no final norm
             attn_all += self.num_layers * (q * h + 2 * q + 2 * i) + self.vocab_size - h
+        if f.doge is not None:  # A, dt_proj, two residual scales a layer; the experts' router
+            kv, e = self.num_kv_heads, f.doge.num_experts  # and tables beside the dense MLP
+            attn_all += self.num_layers * (kv + kv * kv * d + 2 * h)
+            attn_all += self.num_layers * (2 * f.doge.num_keys * h + 2 * e * h) if e else 0
         if self.architecture == "ergo":  # two more norms and two residual gates a layer, q/k
             # norms; each expert's norm, the correction bias, the shared expert's norm
             attn_all += self.num_layers * (4 * h + 2 * d) + moe * (f.num_experts * (h + 1) + h)
+        if f.kolibri11 is not None:  # its KV-shared layers: no k_proj nor v_proj; their q
+            # norms (the q/k norms above are counted by the layers with a KV cache)
+            shared = sum(map(f.kolibri11.shares_kv, range(self.num_layers)))
+            attn_all -= shared * (2 * h * self.num_kv_heads * d - d)
+        if f.diff_attention:  # DiffLlama's lambda_q1, lambda_k1, lambda_q2, lambda_k2
+            attn_all += self.num_layers * 4 * d
+        if self.architecture in ALL_BIASES:  # the projections', the MLP's, the norms'
+            q_k_norms = 2 * d if f.qk_norm else 0
+            kv = self.num_kv_heads * d
+            attn_all += self.num_layers * (self.num_heads * d + 2 * kv + 4 * h + i + q_k_norms) + h
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

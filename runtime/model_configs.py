@@ -7,6 +7,7 @@ shared blocks) are in `recurrent_configs.py`. Validated in ``__post_init__`` lik
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,28 @@ class IndexerConfig:
         if not self.kpool and (not self.full_layers or not self.full_layers[0]):
             raise ValueError("the first layer's indexer must be 'full' (a 'shared' layer reuses "
                              "the previous full layer's choice)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DenseLimit:
+    """The longest sequence a sparse indexer keeps every key for (Qwen4-Exp's, MiniMax-M3's):
+    the context is capped there, as their sparse selection past it is not built,
+    and a longer --max-model-len is refused in one line naming `what` and `how` it is computed."""
+
+    tokens: int
+    what: str  # e.g. "its QSA indexer's sparse selection"
+    how: str  # the config keys it comes from, e.g. "indexer_budget + indexer_compress_ratio - 1"
+
+    def __post_init__(self) -> None:
+        _positive("max_model_len", self.tokens)
+
+    def check(self, arch: str, asked: int | None) -> None:
+        """A --max-model-len past the limit: refused in one line."""
+        if asked is not None and asked > self.tokens:
+            raise ValueError(
+                f"max_model_len {asked} is not supported for a {arch} model: {self.what} (past "
+                f"{self.how} = {self.tokens} tokens) is not implemented; lower --max-model-len"
+            )
 
 
 # DeepSeek-V4, HY V4 (runtime/model/hyper_connection.py): hyper-connections
@@ -135,7 +158,7 @@ class MlaConfig:
         return self.kv_lora_rank + self.qk_rope_head_dim + extra
 
 
-ROUTER_SCORES = ("softmax", "sigmoid")
+ROUTER_SCORES = ("softmax", "sigmoid", "sqrtsoftplus")  # (sqrt(softplus): DeepSeek-V4's)
 # sparsemixer: PhiMoE's two experts, each by its own masked softmax (moe_routing.sparsemixer)
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc", "sparsemixer")
 
@@ -267,6 +290,98 @@ class LagunaAttention:
 
 
 @dataclass(frozen=True)
+class HrmCycles:
+    """HRM-Text's recurrence (`model/hrm_text.py`, read by `model/hrm_text_config.py`): two
+    stacks of `per_stack` layers (L, then H), every token through `h_cycles` high cycles of
+    `l_cycles` L-stack passes then one H-stack pass, each pass's layers a KV cache of their
+    own; the embeddings times `embedding_scale`."""
+
+    per_stack: int
+    h_cycles: int
+    l_cycles: int
+    embedding_scale: float
+
+    def order(self) -> list[int]:
+        """The physical layer (L's 0.., then H's) each pass runs, in order: one KV cache each."""
+        low, high = list(range(self.per_stack)), list(range(self.per_stack, 2 * self.per_stack))
+        return (low * self.l_cycles + high) * self.h_cycles
+
+
+@dataclass(frozen=True)
+class DogeAttention:
+    """Doge's dynamic mask attention and cross-domain MoE (`model/doge.py`, read by
+    `model/doge_config.py`): every key's score gains its own bias exp(A * softplus(dt_proj(v)))
+    (one per KV head, from all KV heads' values), which rides in the keys' extra columns
+    (`cache_head_dim`); `keep_window` the keys beyond which transformers keeps only the
+    top-biased ones (the context is bounded by it instead); `num_experts` product-key experts
+    (0: a dense MLP), `top_k` of them per token."""
+
+    keep_window: int
+    num_experts: int = 0
+    top_k: int = 0
+    norm_topk_prob: bool = False
+
+    @property
+    def num_keys(self) -> int:
+        """The router's keys per half: the experts are the pairs (floor(sqrt(num_experts))²)."""
+        return math.isqrt(self.num_experts)
+
+    @staticmethod
+    def cache_head_dim(head_dim: int) -> int:
+        """The cached key/value width: the head, one bias column, zeros to a multiple of 16."""
+        return -(-(head_dim + 1) // 16) * 16
+
+
+@dataclass(frozen=True)
+class Gemma3nParts:
+    """What Gemma 3n's layers add to the table it shares with Gemma 4 (`Gemma4Layers.gemma3n`;
+    `model/gemma3n.py`, read by `model/gemma3n_config.py`): AltUp's `altup_inputs` streams
+    (the layer runs on `altup_active`'s), Laurel's rank, and each layer's activation sparsity
+    (0: a plain gate; else the Gaussian top-k's target fraction of zeros)."""
+
+    altup_inputs: int
+    altup_active: int
+    altup_correct_scale: bool
+    laurel_rank: int
+    sparsity: tuple[float, ...]
+    # the multimodal wrapper's embedders of its image and audio token ids (none in a causal
+    # LM's checkpoint): (name, first id, ids, width, eps), `model.embed_<name>.`
+    embedders: tuple[tuple[str, int, int, int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        _positive("altup_num_inputs", self.altup_inputs)
+        _positive("laurel_rank", self.laurel_rank)
+        if not 0 <= self.altup_active < self.altup_inputs:
+            raise ValueError(f"gemma3n altup_active_idx {self.altup_active} must be in "
+                             f"0..{self.altup_inputs - 1}")  # fmt: skip
+        if any(not 0.0 <= s < 1.0 for s in self.sparsity):
+            raise ValueError(f"gemma3n activation_sparsity_pattern {list(self.sparsity)} must "
+                             "hold fractions in [0, 1)")  # fmt: skip
+
+    def model_shapes(self, h: int) -> dict[str, tuple[int, ...]]:
+        """AltUp's projections into and out of its extra streams (outside the layers), and the
+        wrapper's embedders of image and audio token ids."""
+        out = {}
+        for name, _, rows, width, _ in self.embedders:
+            e = f"model.embed_{name}."
+            out.update({e + "embedding.weight": (rows, width), e + "hard_embedding_norm.weight":
+                        (width,), e + "embedding_projection.weight": (h, width)})  # fmt: skip
+        for i in range(self.altup_inputs - 1):
+            for name in ("altup_projections", "altup_unembed_projections"):
+                out[f"model.{name}.{i}.weight"] = (h, h)
+        return out
+
+    def layer_shapes(self, x: str, h: int) -> dict[str, tuple[int, ...]]:
+        """Layer `x`'s AltUp router and coefficients, and its Laurel branch."""
+        a, r = self.altup_inputs, self.laurel_rank
+        return {x + "altup.correct_output_scale": (h,), x + "altup.correction_coefs.weight": (a, a),
+                x + "altup.prediction_coefs.weight": (a * a, a),
+                x + "altup.modality_router.weight": (a, h), x + "altup.router_norm.weight": (h,),
+                x + "laurel.linear_left.weight": (r, h), x + "laurel.linear_right.weight": (h, r),
+                x + "laurel.post_laurel_norm.weight": (h,)}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Gemma4Layers:
     """Gemma 4's text model (`model/gemma4.py`, read by `model/gemma4_config.py`): what differs
     layer by layer, and the per-layer inputs. `ModelConfig.head_dim` / `num_kv_heads` are the
@@ -288,9 +403,13 @@ class Gemma4Layers:
     num_experts: int = 0  # a MoE block beside the dense MLP in every layer (0: none)
     top_k: int = 0
     moe_intermediate_size: int = 0
+    gemma3n: Gemma3nParts | None = None  # Gemma 3n's AltUp, Laurel, sparsity (no layer scalar)
 
     def __post_init__(self) -> None:
         n = len(self.head_dims)
+        if self.gemma3n is not None and len(self.gemma3n.sparsity) != n:
+            raise ValueError(f"gemma3n activation_sparsity_pattern must name each of the {n} "
+                             "layers")  # fmt: skip
         for name in ("kv_heads", "kv_source", "k_eq_v", "mlp_widths"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"gemma4 {name} must name each of the {n} layers")
@@ -317,6 +436,8 @@ class Gemma4Layers:
         if not c.tie_word_embeddings:
             out["lm_head.weight"] = (c.vocab_size, h)
         n, p = c.num_layers, g.per_layer_input
+        if g.gemma3n is not None:
+            out.update(g.gemma3n.model_shapes(h))
         if p:
             out.update({"model.embed_tokens_per_layer.weight": (g.per_layer_vocab, n * p),
                         "model.per_layer_model_projection.weight": (n * p, h),
@@ -325,7 +446,11 @@ class Gemma4Layers:
             x, d, kv = f"model.layers.{i}.", g.head_dims[i], g.kv_heads[i] * g.head_dims[i]
             a = x + "self_attn."
             out.update({a + "q_proj.weight": (heads * d, h), a + "o_proj.weight": (h, heads * d),
-                        a + "q_norm.weight": (d,), x + "layer_scalar": (1,)})  # fmt: skip
+                        a + "q_norm.weight": (d,)})  # fmt: skip
+            if g.gemma3n is None:
+                out[x + "layer_scalar"] = (1,)
+            else:
+                out.update(g.gemma3n.layer_shapes(x, h))
             if not g.shares_kv(i):
                 out.update({a + "k_proj.weight": (kv, h), a + "k_norm.weight": (d,)})
                 if not g.k_eq_v[i]:

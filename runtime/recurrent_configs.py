@@ -74,7 +74,8 @@ class Zamba2Blocks:
     """Zamba2's shared transformer blocks (`model/zamba2.py`): `blocks` of them (attention over
     the concatenated [stream, embeddings], then a gated MLP), reused in turn by the hybrid
     layers `hybrid` marks, each use with LoRA adapters of rank `adapter_rank` of its own on the
-    MLP's gate_up (and on q, k and v where `attention_adapters`), then a linear of its own."""
+    MLP's gate_up (and on q, k and v where `attention_adapters`), then a linear of its own.
+    Zamba (`model/zamba.py`, Mamba-1 mixers): one block, no adapters (`adapter_rank` 0)."""
 
     hybrid: tuple[bool, ...]  # per layer: True = a shared block before the Mamba2 mixer
     blocks: int
@@ -83,7 +84,8 @@ class Zamba2Blocks:
 
     def __post_init__(self) -> None:
         _positive("num_mem_blocks", self.blocks)
-        _positive("adapter_rank", self.adapter_rank)
+        if self.adapter_rank < 0 or (self.attention_adapters and not self.adapter_rank):
+            raise ValueError(f"adapter_rank must be positive, got {self.adapter_rank}")
 
     def block(self, layer: int) -> tuple[int, int]:
         """(the shared block, the use's index among the hybrid layers) of hybrid layer `layer`."""
@@ -96,11 +98,13 @@ class Zamba2Blocks:
         m, h = c.family.mamba, c.hidden_size
         z, inter, wide, r = m.zamba2, c.intermediate_size, 2 * c.hidden_size, m.zamba2.adapter_rank
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        biases = m.proj_bias * (2 * inter + h)  # (add_bias_linear: the MLP's; the mixers' in
-        block = wide * (q + 2 * kv) + q * h + 3 * h * inter + wide + h + biases  # mixer_params)
+        zamba2 = m.mixer == "mamba2"  # (Zamba's Mamba-1 mixers: their biases in mixer_params)
+        biases = zamba2 * m.proj_bias * (2 * inter + h)  # (add_bias_linear: the MLP's; the
+        block = wide * (q + 2 * kv) + q * h + 3 * h * inter + wide + h + biases  # mixers' below)
         uses = sum(z.hybrid)
         adapter = r * (h + 2 * inter) + z.attention_adapters * 3 * r * 2 * wide
-        mixer = m.mixer_params(h) + m.proj_bias * (m.d_inner + m.conv_dim + m.n_heads + h) + h
+        mixer_bias = zamba2 * m.proj_bias * (m.d_inner + m.conv_dim + m.n_heads + h)
+        mixer = m.mixer_params(h) + mixer_bias + h
         emb = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
         total = (
             emb + h + c.num_layers * mixer + uses * (h * h + adapter) + min(z.blocks, uses) * block
@@ -135,6 +139,64 @@ class ZayaCCA:
         conv = qk * (self.time0 + 1) + qk * (d * self.time1 + 1)
         router = r * h + 3 * r + 2 * (r * r + r) + (e + 1) * r + (e + 1) - e * h
         return conv + c.num_kv_heads + 8 * h + router
+
+
+@dataclass(frozen=True)
+class InklingLayers:
+    """Inkling's layers (`model/inkling.py`, read by `model/inkling_config.py`): window layers
+    (`sliding`) with their own KV heads and head size; relative-position logits (`d_rel`
+    profiles over `rel_extent` distances, the window's on window layers); the full layers'
+    logit scaling ``1 + log_alpha * log(max((p + 1) / log_floor, 1))`` (None: none); four short
+    convs per layer whose inputs are its conv state ([k | v | attention's output | the MLP's],
+    `MambaConfig.d_conv` taps); `shared_experts` beside the routed ones, scored with them,
+    weights times `route_scale`; the final hidden states over `logits_divisor`."""
+
+    sliding: tuple[bool, ...]
+    swa_kv_heads: int
+    swa_head_dim: int
+    d_rel: int
+    rel_extent: int
+    log_floor: int | None
+    log_alpha: float
+    shared_experts: int
+    route_scale: float
+    logits_divisor: float
+
+    def __post_init__(self) -> None:
+        for name in ("swa_kv_heads", "swa_head_dim", "d_rel", "rel_extent", "shared_experts"):
+            _positive(name, getattr(self, name))
+        if self.log_floor is not None:
+            _positive("log_scaling_n_floor", self.log_floor)
+        if self.logits_divisor <= 0:
+            raise ValueError(f"logits_mup_width_multiplier must be positive, got "
+                             f"{self.logits_divisor}")  # fmt: skip
+
+    def kv_shape(self, c: ModelConfig, layer: int) -> tuple[int, int]:
+        """(KV heads, head size) of `layer`."""
+        if self.sliding[layer]:
+            return self.swa_kv_heads, self.swa_head_dim
+        return c.num_kv_heads, c.head_dim
+
+    def params(self, c: ModelConfig) -> int:
+        """The layers' weights beyond Llama's attention and MLPs and the experts'
+        (`FamilyConfig.num_experts`, routers counted): each layer's r_proj, relative-logit
+        profiles, its convs and the MLP's scale (dense) or the shared experts, the router's
+        shared rows, scale and correction bias (sparse); the embedding norm; less Llama's
+        attention where a window layer's shape differs."""
+        h, f, k = c.hidden_size, c.family, c.family.mamba.d_conv
+        out = h  # the embedding norm
+        for i in range(c.num_layers):
+            hkv, d = self.kv_shape(c, i)
+            extent = f.sliding_window if self.sliding[i] else self.rel_extent
+            out += c.num_heads * self.d_rel * h + self.d_rel * extent + (2 * hkv * d + 2 * h) * k
+            out += h * d * (c.num_heads * 2 + hkv * 2) + 2 * d  # attention, q/k norms
+            out -= h * c.head_dim * (c.num_heads * 2 + c.num_kv_heads * 2) + 2 * c.head_dim
+            if f.has_experts(i):
+                n, s = f.moe_intermediate_size, self.shared_experts
+                out += s * 3 * h * n + s * h + 1 + f.num_experts
+            else:
+                out += 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -179,7 +241,8 @@ class MambaConfig:
     # the recurrent layers' kind: "mamba2" (the mixer above), "short_conv" (LFM2's gated
     # short convolutions, `model/lfm2.py`: a conv state over d_inner = hidden channels, no SSM
     # state; n_heads 1, head_dim hidden, d_state and n_groups 1 unread) or "mamba1" (Mamba-1's
-    # selective scan, `model/mamba1.py`: n_heads 1, head_dim d_inner, A [d_inner, d_state], a
+    # selective scan, `model/mamba1.py`: n_heads 1 (Zamba's n_mamba_heads, each its own B and
+    # C), head_dim d_inner / n_heads, A [d_inner, d_state], a
     # conv over d_inner channels; dt from a `dt_rank` projection, FalconMamba's weightless RMS
     # norms on B, C and dt where `bcdt_eps` is set, Jamba's with weights where `bcdt_weighted`)
     # or "gated_deltanet" (Qwen3-Next's and Qwen3.5's linear attention, `model/qwen3_next.py`:
@@ -201,17 +264,23 @@ class MambaConfig:
     kda_full_gates: bool = False
     # Gated DeltaNet's beta = 2 sigmoid(b), in [0, 2] (OLMo Hybrid's `linear_allow_neg_eigval`)
     allow_neg_eigval: bool = False
+    # xLSTM's mLSTM ("mlstm"): its gates' soft cap, the eps of its output's denominator
+    gate_soft_cap: float = 15.0
+    kernel_eps: float = 1e-6
+    fused_projections: bool = False  # its `weight_mode` "fused": q/k/v/o, i/f, the FFN's gate/up
     # Zamba2: a Mamba2 mixer in every layer, shared attention blocks before it on some
     zamba2: Zamba2Blocks | None = None
     # Zaya: a short conv state beside attention in every layer, feeding its q/k/v
     zaya: ZayaCCA | None = None
+    # Inkling: four short convs' inputs beside attention in every layer, relative logits
+    inkling: InklingLayers | None = None
     # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
     # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
     extra_conv_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
-                              "lightning"):  # fmt: skip
+                              "lightning", "rglru", "wkv", "mlstm"):  # fmt: skip
             raise ValueError(f"unknown recurrent mixer {self.mixer!r}")
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
             _positive(name, getattr(self, name))
@@ -239,13 +308,15 @@ class MambaConfig:
         state; 1 for Mamba-1's scan (it passes through the state at every token) and LFM2's
         short conv (its state is the inputs before a token), so their boundaries fall every
         block and the scheduler cuts no prefill chunk for them."""
-        return 1 if self.mixer in ("mamba1", "short_conv") else self.chunk_size
+        if self.mixer in ("mamba1", "short_conv", "rglru", "wkv", "mlstm"):
+            return 1
+        return self.chunk_size
 
     @property
     def conv_dim(self) -> int:
         """The channels the causal conv runs over: x, B and C (a short conv's: d_inner; Gated
         DeltaNet's: q, k and v, shaped as x, B and C)."""
-        if self.mixer == "lightning":  # (no conv: an empty conv state)
+        if self.mixer in ("lightning", "mlstm"):  # (no conv: an empty conv state)
             return 0
         if self.mixer not in ("mamba2", "gated_deltanet", "kda"):
             return self.d_inner
@@ -257,6 +328,8 @@ class MambaConfig:
         short conv (no SSM state: an empty slot tensor, so the slot code needs no branch)."""
         if self.mixer == "short_conv":
             return (0,)
+        if self.mixer == "mlstm":  # xLSTM's C [heads, dqk, dv], then its n and m columns
+            return (self.n_heads, self.d_state, self.head_dim + 2)
         if self.mixer in ("gated_deltanet", "kda"):  # [value heads, key_dim, value_dim]
             return (self.n_heads, self.d_state, self.head_dim)
         return (self.n_heads, self.head_dim, self.d_state)
@@ -293,6 +366,15 @@ class MambaConfig:
             return 5 * self.d_inner * hidden + self.d_inner
         if self.mixer == "short_conv":
             return 4 * c * hidden + c * self.d_conv + self.conv_bias * 5 * c
+        if self.mixer == "mlstm":  # q, k, v, o, the two gates (biased), the norm, out_proj
+            qk, v = self.n_heads * self.d_state, self.d_inner
+            return (2 * qk + 3 * v) * hidden + 2 * self.n_heads * (hidden + 1) + v
+        if self.mixer == "wkv":  # RWKV's time-mix (k, v, r, output; decay, bonus, 3 mixes), the
+            d = self.d_inner  # channel-mix's receptance and 2 mixes (its key and value: the
+            return 4 * d * hidden + 2 * d + hidden * hidden + 5 * hidden  # ungated MLP's)
+        if self.mixer == "rglru":  # linear_y, linear_x, linear_out, the conv (all biased), the
+            d, p = self.d_inner, self.head_dim  # recurrent param, two gates per head block
+            return 3 * d * hidden + 2 * d + hidden + d * (self.d_conv + 1) + d + 2 * d * (p + 1)
         if self.mixer == "mamba1":  # in_proj, out_proj (their biases), the conv, x_proj,
             d, n, r = self.d_inner, self.d_state, self.dt_rank  # dt_proj, A_log, D (and
             proj = 3 * d * hidden + self.proj_bias * (2 * d + hidden)  # Jamba's dt/B/C norms)

@@ -24,6 +24,7 @@ def get_attention_backend(
     sinks: bool = False,
     latent: int | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    rel_logits: bool = False,
 ) -> AttentionBackend:
     """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere.
     ``batch_invariant`` selects the Triton kernels' invariant mode (the torch backend always is).
@@ -31,11 +32,13 @@ def get_attention_backend(
     an FP8 one (``"fp8"``, E4M3 with per-layer scales) by the Triton backend only.
     ``sliding_window``, ``softcap``, ``sinks`` and ``latent`` (multi-head latent attention's
     one-row cache) and ``alibi_slopes`` (ALiBi: BLOOM, MPT; the kernels' ``HAS_ALIBI`` path,
-    the CPU kernel's and the torch path's bias) as ``AttentionBackend`` takes them."""
+    the CPU kernel's and the torch path's bias) as ``AttentionBackend`` takes them.
+    ``rel_logits`` (Inkling's relative-position logits) only the torch backend adds: auto
+    picks it on CUDA too, and triton is refused in one line."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" and not rel_logits else "torch"
     if kv_cache_dtype == "int8" and (name == "triton" or device.type != "cpu"):
         raise ValueError(
             "kv_cache_dtype 'int8' is a CPU feature (the torch attention backend on a CPU "
@@ -46,6 +49,9 @@ def get_attention_backend(
             "kv_cache_dtype 'fp8' is read by the Triton attention backend only (CUDA GPUs with "
             "FP8); use attention backend auto or triton"
         )
+    if rel_logits and name == "triton":
+        raise ValueError("the Triton attention backend cannot add relative-position logits "
+                         "(Inkling's): use attention backend auto or torch")  # fmt: skip
     if name == "triton":
         from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
 
@@ -59,7 +65,7 @@ def get_attention_backend(
     return TorchAttentionBackend(
         num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
         sliding_window=sliding_window, softcap=softcap, sinks=sinks, latent=latent,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, rel_logits=rel_logits,
     )  # fmt: skip
 
 

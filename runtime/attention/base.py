@@ -11,6 +11,10 @@ sinks (gpt-oss) passes one learned logit per head that joins each softmax's deno
 nothing else: ``p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink))``, as if a key no value reads.
 A model with ALiBi (BLOOM, MPT) builds its backend with one slope per head: each score gets
 ``slope_h * (key_pos - query_pos)`` added (after the scale and any soft cap, before the mask).
+A model with relative-position logits (Inkling) builds it with ``rel_logits`` and passes each
+layer's ``rel_bias`` [T, num_heads, E]: query token i's score for a key at backward distance
+``d = query_pos - key_pos`` gets ``rel_bias[i, h, d]`` added where ``d < E`` (nothing beyond),
+after the scale, before the mask (the torch backend only: Triton's kernels take no such bias).
 
 KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a backend may choose another layout and
@@ -84,6 +88,7 @@ class AttentionBackend(ABC):
         sinks: bool = False,
         latent: int | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        rel_logits: bool = False,
     ) -> None:
         """``sliding_window``: the window of the model's window layers (None: it has none);
         ``softcap``: scores become softcap * tanh(scores / softcap) before the softmax (Gemma);
@@ -91,7 +96,8 @@ class AttentionBackend(ABC):
         ``latent``: a latent cache whose values are each row's first ``latent`` columns
         (module docstring; None: separate K and V); ``alibi_slopes``: float32 ``[num_heads]``
         on the model's device, each head's scores plus ``slope * (key_pos - query_pos)``
-        before the softmax (ALiBi: BLOOM, MPT; None: no bias)."""
+        before the softmax (ALiBi: BLOOM, MPT; None: no bias); ``rel_logits``: the model's
+        layers pass relative-position logits to ``forward`` (Inkling: module docstring)."""
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
@@ -112,6 +118,7 @@ class AttentionBackend(ABC):
             raise ValueError(f"ALiBi needs one slope per head ({num_heads}), got "
                              f"{list(alibi_slopes.shape)}")  # fmt: skip
         self.alibi_slopes = alibi_slopes
+        self.rel_logits = rel_logits
 
     @property
     def kv_tensors(self) -> int:
@@ -132,6 +139,10 @@ class AttentionBackend(ABC):
             return n * (self.head_dim + 4)
         return n * self.head_dim * self.cache_dtype(model_dtype).itemsize
 
+    def block_bytes(self, model_dtype: torch.dtype, block_size: int) -> int:
+        """Cache bytes one block takes in one layer."""
+        return block_size * self.bytes_per_token(model_dtype)
+
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, model_dtype: torch.dtype, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,16 +155,20 @@ class AttentionBackend(ABC):
             (k_cache, k_cache) if self.latent is not None else (k_cache, zeros(shape, dt, device))
         )
 
-    def with_geometry(self, num_kv_heads: int, head_dim: int) -> AttentionBackend:
+    def with_geometry(
+        self, num_kv_heads: int, head_dim: int, num_heads: int | None = None
+    ) -> AttentionBackend:
         """This backend for layers of another shape (Gemma 4's full-attention layers: their
-        own head size and KV heads), sharing everything else; itself where the shape is its."""
-        if (num_kv_heads, head_dim) == (self.num_kv_heads, self.head_dim):
+        own head size and KV heads; DiffLlama's doubled heads), sharing everything else;
+        itself where the shape is its."""
+        heads = self.num_heads if num_heads is None else num_heads
+        if (num_kv_heads, head_dim, heads) == (self.num_kv_heads, self.head_dim, self.num_heads):
             return self
-        if self.num_heads % num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+        if heads % num_kv_heads:
+            raise ValueError(f"num_heads={heads} is not a multiple of "
                              f"num_kv_heads={num_kv_heads}")  # fmt: skip
         other = copy.copy(self)
-        other.num_kv_heads, other.head_dim = num_kv_heads, head_dim
+        other.num_kv_heads, other.head_dim, other.num_heads = num_kv_heads, head_dim, heads
         return other
 
     def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
@@ -173,6 +188,7 @@ class AttentionBackend(ABC):
         sinks: torch.Tensor | None = None,
         chunk: int | None = None,
         store: bool = True,
+        rel_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim] (a latent cache: [T, num_heads, latent])
         """Store k/v at ``meta.slot_mapping`` (not with ``store`` false: a layer reading another
         layer's cache, whose k/v of this step these are, already stored: Gemma 4's KV-shared
@@ -180,4 +196,5 @@ class AttentionBackend(ABC):
         ``window``: this layer's sliding window (the backend's ``sliding_window``), or None;
         ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only;
         ``sinks``: this layer's attention sinks, float32 ``[num_heads]``; ``chunk``: this
-        layer's attention chunk, or None (module docstring)."""
+        layer's attention chunk, or None (module docstring); ``rel_bias``: this layer's
+        relative-position logits [T, num_heads, E] (a backend built with ``rel_logits``)."""

@@ -111,6 +111,8 @@ class _Bucket:
     blocks: torch.Tensor  # [B, nblk] cache blocks (padded columns repeat the last one)
     mask: torch.Tensor  # [B, Qp, 1, Kp] float32, 0 where allowed and -inf elsewhere
     rel: torch.Tensor | None  # [B, Qp, 1, Kp] float32 key_pos - query_pos (ALiBi), or None
+    # [B, Qp, 1, Kp] int64 query_pos - key_pos, 0 where masked (relative logits), or None
+    dist: torch.Tensor | None
     key_len: np.ndarray  # [Qp // rows_per_call slices] keys each row slice needs (aligned)
     rows_per_call: int
 
@@ -210,6 +212,10 @@ class TorchAttentionBackend(AttentionBackend):
         if self.alibi_slopes is not None:  # ALiBi's distances (0 where masked: no NaN)
             rel = np.where(allowed, k_pos - q_pos[:, :, None], 0).astype(np.float32)
             rel = torch.from_numpy(np.ascontiguousarray(rel[:, :, None, :])).to(dev)
+        dist = None
+        if self.rel_logits:  # relative logits' backward distances (0 where masked)
+            dist = np.where(allowed, q_pos[:, :, None] - k_pos, 0)[:, :, None, :]
+            dist = torch.from_numpy(np.ascontiguousarray(dist)).to(dev)
         cols = np.minimum(
             f[:, None] // bs + np.arange(nblk)[None, :], meta.block_tables.shape[1] - 1
         )
@@ -225,6 +231,7 @@ class TorchAttentionBackend(AttentionBackend):
             blocks=blocks.long(),
             mask=torch.from_numpy(np.ascontiguousarray(mask)).to(dev),
             rel=rel,
+            dist=dist,
             key_len=key_len,
             rows_per_call=rows,
         )
@@ -242,6 +249,7 @@ class TorchAttentionBackend(AttentionBackend):
         # not soft caps or attention sinks: a model with either takes the torch path, as does a
         # latent cache
         usable = usable and self.softcap is None and not self.sinks and self.latent is None
+        usable = usable and not self.rel_logits  # (relative logits: the torch path's alone)
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
@@ -265,11 +273,13 @@ class TorchAttentionBackend(AttentionBackend):
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
     def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None, sinks=None,
-                chunk=None, store=True):  # fmt: skip
+                chunk=None, store=True, rel_bias=None):  # fmt: skip
         if kv_scales is not None:  # get_attention_backend gives FP8 caches to Triton only
             raise ValueError("the torch attention backend has no FP8 KV cache")
         if sinks is not None and self.kernel is not None:  # allocate_kv_cache saw `self.sinks`
             raise ValueError("attention sinks need a backend built with sinks=True")
+        if rel_bias is not None and not self.rel_logits:
+            raise ValueError("relative-position logits need a backend built with rel_logits=True")
         if self.kernel is not None:  # the kernel's layout: it reads the cache in place
             if store:
                 self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -294,13 +304,14 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
                 vb = dequantize_rows(vb, q.dtype) if int8 else vb
-            o = self._attend(q[bk.q_rows], kb, vb, bk, sinks, latent)
+            rel = None if rel_bias is None else rel_bias[bk.q_rows]  # [B, Qp, H, E]
+            o = self._attend(q[bk.q_rows], kb, vb, bk, sinks, latent, rel)
             out.index_copy_(0, bk.dst, o.reshape(-1, *o.shape[2:]).index_select(0, bk.src))
         return out
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bk: _Bucket, sinks=None,
-        width: int | None = None,
+        width: int | None = None, rel: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """[B, Qp, H, D] x [Hkv, B, Kp, D] and values [Hkv, B, Kp, Dv] → [B, Qp, H, Dv], in
         row slices; ``width``: only the first ``width`` columns of ``p @ v`` are kept (a latent
@@ -308,7 +319,9 @@ class TorchAttentionBackend(AttentionBackend):
 
         Both GEMMs run in the cache's dtype (float32 accumulation inside); the softmax runs in
         float32 on the scores, as Hugging Face's eager attention does; with ``sinks`` (float32
-        [H]) each head's sink joins the denominator (`_softmax_with_sinks`).
+        [H]) each head's sink joins the denominator (`_softmax_with_sinks`); with ``rel``
+        ([B, Qp, H, E] relative logits of each padded query row) each score gets its row's
+        logit at the key's backward distance where that is below E (`base.py`).
         """
         b, qp, h, d = q.shape
         hkv, g, dv = k.shape[0], h // k.shape[0], width or v.shape[-1]
@@ -319,6 +332,8 @@ class TorchAttentionBackend(AttentionBackend):
         step = bk.rows_per_call
         if sinks is not None:  # [Hkv, 1, 1, g, 1]: a head's sink, as the scores' layout
             sinks = sinks.float().view(hkv, 1, 1, g, 1)
+        if rel is not None:  # [Hkv, B, Qp, g, E], as the scores' layout
+            rel = rel.view(b, qp, hkv, g, rel.shape[-1]).permute(2, 0, 1, 3, 4)
         slopes = self.alibi_slopes
         if slopes is not None:  # [Hkv, 1, 1, g, 1], as the sinks
             slopes = slopes.to(device=q.device, dtype=torch.float32).view(hkv, 1, 1, g, 1)
@@ -331,12 +346,23 @@ class TorchAttentionBackend(AttentionBackend):
                 s = torch.tanh(s.div_(self.softcap)).mul_(self.softcap)
             if slopes is not None:  # ALiBi: slope * (key_pos - query_pos)
                 s = s.add_(slopes * bk.rel[:, r0:r1, :, :n])
+            if rel is not None:  # each row's logit at the key's distance, 0 from E on
+                s = s.add_(_relative_logits(rel[:, :, r0:r1], bk.dist[:, r0:r1, :, :n]))
             s = s.add_(bk.mask[:, r0:r1, :, :n])
             p = torch.softmax(s, dim=-1) if sinks is None else _softmax_with_sinks(s, sinks)
             p = p.to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
             o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, v.shape[-1])
             out[:, r0:r1] = o[..., :dv].permute(1, 2, 0, 3, 4)
         return out.view(b, qp, h, dv)
+
+
+def _relative_logits(rel: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
+    """float32 [Hkv, B, r, g, n] biases: ``rel`` [Hkv, B, r, g, E] at ``dist`` [B, r, 1, n]
+    (each key's backward distance from its row), zero at distances E and beyond."""
+    e = rel.shape[-1]
+    idx = dist.clamp(max=e - 1).unsqueeze(0).expand(*rel.shape[:-1], dist.shape[-1])
+    out = rel.gather(-1, idx).float()
+    return out.masked_fill_((dist >= e).unsqueeze(0), 0.0)
 
 
 def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,7 @@ class TritonAttentionBackend(AttentionBackend):
         sinks: torch.Tensor | None = None,
         chunk: int | None = None,
         store: bool = True,
+        rel_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping`` (-1 skipped; not with ``store`` false: base.py),
         then attend causally over the cache
@@ -85,7 +86,11 @@ class TritonAttentionBackend(AttentionBackend):
         An FP8 cache is written and read with this layer's ``kv_scales``; ``sinks`` (float32
         [num_heads]) join each head's softmax denominator. A latent cache (``self.latent``):
         ``k_cache`` is ``v_cache``, ``k`` is stored (with the K scale) and read as both, and
-        the output is the first ``latent`` columns of the kernels' (a view, no copy)."""
+        the output is the first ``latent`` columns of the kernels' (a view, no copy).
+        Relative-position logits (``rel_bias``) the kernels cannot add: refused
+        (`get_attention_backend` gives them to the torch backend)."""
+        if rel_bias is not None:
+            raise ValueError("the Triton attention backend cannot add relative-position logits")
         if self.latent is not None:
             scale = None if kv_scales is None else (kv_scales[0], kv_scales[0])
             out = self._attend(q, k, k, k_cache, k_cache, meta, window, scale, sinks, chunk,

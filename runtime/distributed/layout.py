@@ -9,6 +9,8 @@ Megatron-style sharding, as vLLM's: rank r of N holds
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
 - a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says;
+- Gemma 4's (and Gemma 3n's) layers by their own shapes: each layer's KV heads and MLP width
+  (`gemma4_problem`);
 - rows ``[r V'/N, (r+1) V'/N)`` of the embedding and LM head, V' the vocabulary rounded up to a
   multiple of N (the padding rows are zeros on the embedding side and cut from the logits).
 
@@ -25,6 +27,7 @@ from pagoda.runtime import family_options, options
 if TYPE_CHECKING:  # (config reads a rank's Mamba2 shapes from model/mamba_shard.py, which
     # imports this module)
     from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.model_configs import Gemma4Layers
     from pagoda.runtime.recurrent_configs import MambaConfig
 
 
@@ -86,6 +89,24 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     return None
 
 
+def gemma4_problem(g: Gemma4Layers, size: int) -> str | None:
+    """Why `size` ranks cannot split Gemma 4's (or Gemma 3n's) layers of their own shapes (one
+    line), or None: each layer's KV heads (the full-attention layers' `num_global_key_value_heads`)
+    must divide by `size` or it by them, each layer's MLP width (double wide, Gemma 3n's by
+    layer) and the MoE block's experts' width divide by it (`model/gemma4.py`)."""
+    for i, kv in enumerate(g.kv_heads):
+        if kv % size and size % kv:
+            return (f"--tensor-parallel-size {size}: layer {i}'s {kv} KV heads can neither be "
+                    f"split over {size} ranks nor replicated evenly")  # fmt: skip
+    for i, width in enumerate(g.mlp_widths):
+        if width % size:
+            return f"--tensor-parallel-size {size} does not divide layer {i}'s MLP width ({width})"
+    if g.num_experts and g.moe_intermediate_size % size:
+        return (f"--tensor-parallel-size {size} does not divide the experts' width "
+                f"(moe_intermediate_size {g.moe_intermediate_size})")  # fmt: skip
+    return None
+
+
 def check(config: ModelConfig, size: int) -> None:
     """ValueError, one line, if `config` cannot be split over `size` ranks: its family is not
     tested on ranks (`family_options.py`), or its shapes do not divide (the arithmetic is
@@ -109,6 +130,8 @@ def check(config: ModelConfig, size: int) -> None:
     m = f.mamba
     if problem is None and m is not None and m.num_layers:  # the Mamba2 mixers' heads, groups
         problem = mamba_problem(m, size)
+    if problem is None and f.gemma4 is not None:  # its layers' own KV heads and widths
+        problem = gemma4_problem(f.gemma4, size)
     moe = None if m is None else m.moe  # Nemotron-H's experts, split by width
     widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,
                                      "moe_shared_expert_intermediate_size": moe.shared_intermediate}  # fmt: skip

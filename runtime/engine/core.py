@@ -39,7 +39,7 @@ from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.cpu.host_memory import release_freed_memory
 from pagoda.runtime.engine import recurrent
-from pagoda.runtime.engine.info import token_ids_in_range
+from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model import longrope
@@ -72,6 +72,7 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         check_dtype(config, loaded.config)
+        check_block_size(config, loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -150,6 +151,9 @@ class EngineCore:
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab:
             raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
+        if not_generated(params.allowed_token_ids, self.model_config.family.head_rows):
+            raise ValueError("allowed_token_ids holds no id this model generates: its LM head "
+                             f"scores [0, {self.model_config.family.head_rows})")  # fmt: skip
         if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if params.structured_outputs is not None:  # offline: compiled here (server: before)
@@ -400,10 +404,8 @@ class EngineCore:
 def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
     """The sequence length the engine serves: `asked`, or the model's context length when left
     out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
-    if model.family.qwen4 is not None:  # past its QSA indexer's dense reach: refused
-        from pagoda.runtime.model.qwen4_exp_config import check_max_model_len as check_qsa
-
-        check_qsa(model.family.qwen4, asked)
+    if model.family.dense_limit is not None:  # past a sparse indexer's dense reach: refused
+        model.family.dense_limit.check(model.architecture, asked)
     context = model.context_length
     if asked is not None and asked > context:
         raise ValueError(
@@ -433,6 +435,15 @@ def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
         asked = ENGINE_OPTIONS[option](config) if option in ENGINE_OPTIONS else None
         if asked is not None:
             family_options.refuse(model.architecture, option, **asked)
+
+
+def check_block_size(config: EngineConfig, model: ModelConfig) -> None:
+    """ValueError, one line, where the family needs blocks that end on its windows'
+    boundaries (DeepSeek-V4's compress rates: model/dsv4_engine.py) and `--block-size` does not."""
+    if model.family.dsv4 is not None:
+        from pagoda.runtime.model.dsv4_engine import check_block_size as dsv4_blocks
+
+        dsv4_blocks(model.family.dsv4, config.cache.block_size)
 
 
 def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):

@@ -24,6 +24,8 @@ class EngineInfo:
     max_token_bytes: int = 64  # longest vocabulary entry in UTF-8 bytes: text per token bound
     # the model's generation_config.json sampling fields: defaults for what a request leaves out
     sampling_defaults: Mapping[str, float | int] = field(default_factory=dict)
+    # an LM head pruned to ids [0, head_rows) (Apertus 1.5): the others are never generated
+    head_rows: int = 0
 
     @classmethod
     def from_core(cls, core: Any) -> EngineInfo:
@@ -35,6 +37,7 @@ class EngineInfo:
             tokenizer=core.tokenizer,
             max_token_bytes=_max_token_bytes(core.tokenizer, core.model_config.vocab_size),
             sampling_defaults=dict(getattr(core, "sampling_defaults", {})),
+            head_rows=core.model_config.family.head_rows,
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -62,6 +65,9 @@ class EngineInfo:
             raise ParamError("allowed_token_ids", f"allowed_token_ids holds token id "
                              f"{max(params.allowed_token_ids)}, not in this model's vocabulary "
                              f"[0, {vocab})")  # fmt: skip
+        if not_generated(params.allowed_token_ids, self.head_rows):
+            raise ParamError("allowed_token_ids", f"allowed_token_ids holds no id this model "
+                             f"generates: its LM head scores [0, {self.head_rows})")  # fmt: skip
         if params.stop_token_ids and max(params.stop_token_ids) >= vocab:  # it could never stop
             raise ParamError("stop_token_ids", f"stop_token_ids holds token id "
                              f"{max(params.stop_token_ids)}, not in this model's vocabulary "
@@ -75,6 +81,12 @@ class EngineInfo:
                 f"{self.max_model_len} tokens and the prompt has {n}, so at most "
                 f"{self.max_model_len - n} tokens can be generated, not {params.max_tokens}",
             )
+
+
+def not_generated(allowed: Sequence[int] | None, head_rows: int) -> bool:
+    """Whether `allowed_token_ids` names only ids past a pruned LM head's `head_rows` (0: not
+    pruned), whose logits are -inf (`Apertus1p5Model`): no token could be drawn."""
+    return bool(head_rows and allowed) and min(allowed) >= head_rows
 
 
 def token_ids_in_range(ids: Sequence[int], vocab: int) -> bool:

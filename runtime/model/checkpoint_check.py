@@ -28,6 +28,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
+    if c.architecture == "mllama":  # (its rows past the vocabulary: mllama_config.py)
+        out[EMBED] = (c.vocab_size + 8, h)
     if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
         del out["model.norm.weight"]
     for i in range(c.num_layers):
@@ -75,6 +77,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
                         f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
                         a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
+        if c.architecture == "minimax_m3":  # its fused and stacked MLPs (minimax_m3_config.py)
+            from pagoda.runtime.model.minimax_m3_config import expected_shapes as m3_shapes
+
+            out.update(m3_shapes(c, i))
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -85,7 +91,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         elif c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
-        out[HEAD] = (c.vocab_size, h)
+        out[HEAD] = (c.family.head_rows or c.vocab_size, h)  # (Apertus 1.5's pruned head)
     return _family_tensors(c, out)
 
 
@@ -166,7 +172,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
     h, p = c.hidden_size, f"model.layers.{i}."
     m = c.family.mamba
-    if m.zamba2 is not None or m.zaya is not None:  # (its layers' tensors all named there)
+    if m.zamba2 is not None or m.zaya is not None or m.inkling is not None:  # (its layers'
+        # tensors all named there)
         return mamba_config.expected_shapes(c, i)
     out: dict[str, tuple[int, ...]] = {}
     if c.family.mamba.attention(i) and c.family.mla is not None:  # (Kimi Linear's)
@@ -193,6 +200,19 @@ _APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
 _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn.'s
 
 
+def _doge_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
+    """Doge's A and dt_proj, its residual scales and, with experts, their router and tables."""
+    g, h, kv = c.family.doge, c.hidden_size, c.num_kv_heads
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.A": (kv,), p + "self_attn.dt_proj.weight": (kv, kv * c.head_dim),
+                    p + "input_residual": (h,), p + "post_attention_residual": (h,)})  # fmt: skip
+        if g.num_experts:
+            out.update({p + "mlp.router_gate.weight": (2 * g.num_keys, h),
+                        p + "mlp.down_embed.weight": (g.num_experts, h),
+                        p + "mlp.up_embed.weight": (g.num_experts, h)})  # fmt: skip
+
+
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
@@ -200,9 +220,9 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         from pagoda.runtime.model.bitnet_config import expected_shapes as bitnet_shapes
 
         bitnet_shapes(c, out)
-    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2"):  # their final norm's name
+    if c.architecture in ("bamba", "falcon_h1", "jamba", "zamba2", "zamba"):  # final norm name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
-    if c.architecture == "apertus":
+    if c.architecture in ("apertus", "apertus1p5"):
         for old, new in _APERTUS_NORMS.items():
             for i in range(c.num_layers):
                 out[f"model.layers.{i}.{new}.weight"] = out.pop(f"model.layers.{i}.{old}.weight")
@@ -227,6 +247,18 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                         p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
                         p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
                         p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
+    if c.architecture == "aria_text":  # its stacked experts, stored [in, out] (aria_config.py)
+        from pagoda.runtime.model.aria_config import expert_shapes
+
+        out.update(expert_shapes(c))
+    if c.family.hrm is not None:  # weightless norms; attention's gate, z_L_init
+        from pagoda.runtime.model.hrm_text_config import expected_shapes as hrm_shapes
+
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            del out[name]
+        out.update(hrm_shapes(c))
+    if c.family.doge is not None:  # the dynamic mask, residual scales, experts (doge.py)
+        _doge_tensors(c, out)
     if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 
@@ -236,7 +268,17 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
             out[name] = (c.hidden_size,)
         if c.family.lm_head_bias:
             out["lm_head.bias"] = (c.vocab_size,)
-    if c.architecture == "phi":  # its final norm's name
+    if c.family.kolibri11 is not None:  # Kolibri 1.1's KV-shared layers: q alone (kolibri1.py)
+        for i in filter(c.family.kolibri11.shares_kv, range(c.num_layers)):
+            for n in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+                del out[f"model.layers.{i}.self_attn.{n}"]
+    if c.family.diff_attention:  # DiffLlama's four vectors a layer (model/diffllama.py)
+        for i in range(c.num_layers):
+            out.update({f"model.layers.{i}.self_attn.{n}": (c.head_dim,)
+                        for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})  # fmt: skip
+    if c.architecture == "inkling":  # the embeddings' norm
+        out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
+    if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family
     if f.positions == "learned":  # the table of positions (model/positions.py)
@@ -338,7 +380,7 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
 _OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe", "lara_mini")
-_STACKED = ("hy_v4",)  # experts stacked, in `expected_shapes` (hy_v4_config.py)
+_STACKED = ("hy_v4", "aria_text")  # experts stacked, in `expected_shapes` (hy_v4_config.py)
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
 
@@ -350,6 +392,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(c.num_layers):
         if c.architecture in (
             "gemma4",
+            "gemma4_unified",
+            "gemma3n",
             "granitemoe",
             "granitemoe_swa",
             "jetmoe",
@@ -363,9 +407,14 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "mamba",
             "falcon_mamba",
             "zamba2",
+            "zamba",
+            "rwkv",
+            "xlstm",
             "zaya",
+            "inkling",
             "bitnet",
             "longcat_flash",
+            "minimax_m3",
         ):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
         if c.architecture == "ergo" and c.family.has_experts(i):
@@ -427,6 +476,11 @@ def check_checkpoint(
 ) -> None:
     """ValueError, one line, where `headers` (name -> (safetensors dtype, shape)) lacks a tensor
     `config` needs, holds one of another shape, or an FP8 weight without usable scales."""
+    if config.family.dsv4 is not None:  # DeepSeek-V4: its own names (dsv4_config.py)
+        from pagoda.runtime.model.dsv4_config import check_headers
+
+        check_headers(config.family.dsv4, headers)
+        return
     for name, shape in expected_shapes(config).items():
         if name == HEAD and name not in headers:  # vLLM refuses it; transformers draws one
             raise ValueError(f"checkpoint is missing tensor {HEAD!r} (config.json says "

@@ -13,7 +13,9 @@ R7B, Command A): the Llama layer with Cohere's differences (`FamilyConfig.cohere
 - Cohere 2: window layers (`layer_types`, or every `sliding_window_pattern`-th layer global),
   which rotate, and global layers without rotary (NoPE, `FamilyConfig.rope_layers`);
 - Cohere 2 MoE (`Cohere2MoeModel`, `cohere2_moe_config.py`): Cohere 2's with experts, and
-  Llama's RMSNorm where its config says.
+  Llama's RMSNorm where its config says;
+- Cohere Compass (`cohere_compass_config.py`): Cohere 2's with the rotary by layer kind, in
+  Llama's rotate-half layout (`FamilyConfig.rope_interleaved` false).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class CohereLayer(LlamaLayer):
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
         super().__init__(model, w, prefix, index, ctx)
-        self.rotary = functools.partial(rotary_interleaved, widen=True)  # in float32, as HF
+        if model.config.family.rope_interleaved:  # (Cohere Compass's rotates halves: Llama's)
+            self.rotary = functools.partial(rotary_interleaved, widen=True)  # in float32, as HF
         self.q_norm = self.k_norm = None
         if model.config.family.qk_norm:  # [heads, head_dim]: this rank's heads' rows
             c, a, tp = model.config, prefix + "self_attn.", ctx.tp

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.model import longcat_flash_config
+from pagoda.runtime.model import inkling_config, longcat_flash_config
 
 # older config.json keys a family's config class reads as another (its `attribute_map`, or an
 # init argument it renames)
@@ -32,6 +32,9 @@ ALIASES = {
     "jetmoe": {"kv_channels": "head_dim", "activation_function": "hidden_act"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+ALIASES["xglm"] = {"d_model": "hidden_size", "attention_heads": "num_attention_heads",
+                   "num_layers": "num_hidden_layers", "ffn_dim": "intermediate_size",
+                   "activation_function": "hidden_act"}  # fmt: skip
 ALIASES["codegen"] = ALIASES["gptj"]
 ALIASES["gpt_neo"] = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                       "activation_function": "hidden_act", "window_size": "sliding_window"}  # fmt: skip
@@ -41,10 +44,12 @@ ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linea
     "num_experts_per_token": "num_experts_per_tok", "num_shared_experts": "n_shared_experts"}  # fmt: skip
 ALIASES["bailing_hybrid"] = ALIASES["kimi_linear"]  # BailingHybridConfig's (the same keys)
 ALIASES["dbrx"] = ALIASES["mpt"]
+ALIASES["kolibri1_1"] = {"mlp_only_intermediate_size": "intermediate_size"}  # (its dense MLPs')
 ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
+ALIASES["inkling"] = inkling_config.ALIASES  # InklingTextConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
-OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo")
+OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm", "kolibri1_1")
 
 
 def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -87,7 +92,8 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch == "gpt_neo":  # its MLP 4 x hidden by default; `attention_types` as layer_types
         out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
         out["layer_types"] = gpt_neo_layer_types(out)
-    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen"):
+    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
+                "persimmon", "xglm"):  # fmt: skip
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)
@@ -108,6 +114,22 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         from pagoda.runtime.model.dory_config import overrides as dory_overrides
 
         out.update(dory_overrides(out))
+    if arch == "hrm_text":  # its two stacks' layers (hrm_text_config.py)
+        from pagoda.runtime.model.hrm_text_config import overrides as hrm_overrides
+
+        out.update(hrm_overrides(out))
+    if arch == "gemma3n":  # its MLP widths by layer, its rotary by layer kind
+        from pagoda.runtime.model.gemma3n_config import overrides as gemma3n_overrides
+
+        out.update(gemma3n_overrides(out))
+    if arch == "mllama":  # the self-attention layers alone (mllama_config.py)
+        from pagoda.runtime.model.mllama_config import overrides as mllama_overrides
+
+        out.update(mllama_overrides(out))
+    if arch == "minimax_m3":  # widths by MLP kind, layer kinds from the released keys
+        from pagoda.runtime.model.minimax_m3_config import overrides as minimax_m3_overrides
+
+        out.update(minimax_m3_overrides(out))
     if arch == "ergo":  # the dense MLP's width, the window's published name, hidden / heads
         from pagoda.runtime.model.ergo_config import overrides
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from pagoda.runtime.model import bitnet_config as bitnet
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import hy_v4_config, moe_families
@@ -25,7 +26,7 @@ Fields = Callable[
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
 UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
-UNGATED += ("gptj", "nanochat", "codegen")
+UNGATED += ("gptj", "nanochat", "codegen", "persimmon", "apertus1p5")
 
 
 def read_rope(
@@ -154,12 +155,40 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         fields.update(layer_norm_bias=True, rope_interleaved=True)
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
         fields["qk_norm"] = True
+    if arch == "persimmon":  # GPT-NeoX's q/k/v per head in Llama's layer; Phi's q/k norms
+        fields.update(layer_norm_bias=True, falcon_qkv="per_head", falcon_norms="sequential",
+                      qk_norm=bool(cfg.get("qk_layernorm")))  # fmt: skip
     if arch == "apertus":
         fields["qk_norm"] = True
+    if arch == "apertus1p5":  # Apertus', its LM head pruned to `output_vocab_size` rows
+        fields.update(qk_norm=True, head_rows=_apertus1p5_head(cfg))
     if arch == "nanochat":  # (its q/k norms have no weights: model/nanochat.py)
         cap = cfg.get("final_logit_softcapping")
         fields["final_logit_softcapping"] = float(cap) if cap else None
     return fields
+
+
+def _diffllama(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """DiffLlama (model/diffllama.py): Llama's model with differential attention, which pairs
+    the first half of the query heads with the second and splits the values' KV heads in two."""
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    if kv % 2:
+        raise ValueError(f"DiffLlama with num_key_value_heads {kv} is not supported: its "
+                         "differential attention splits the KV heads in two (an even count)")  # fmt: skip
+    return {"diff_attention": True}
+
+
+def _apertus1p5_head(cfg) -> int:
+    """The pruned head's rows (0: none, the vocabulary's), as Apertus1p5TextConfig checks
+    them; tied, none (transformers' head is then the embedding, every id scored)."""
+    rows, vocab = cfg.get("output_vocab_size"), int(cfg["vocab_size"])
+    if rows is None or int(rows) == vocab:
+        return 0
+    if not 1 <= int(rows) <= vocab:
+        raise ValueError(f"output_vocab_size ({rows}) must be in [1, vocab_size] "
+                         f"(vocab_size is {vocab})")  # fmt: skip
+    return 0 if cfg.get("tie_word_embeddings") else int(rows)
 
 
 def _ernie4_5(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
@@ -400,6 +429,21 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return fields
 
 
+def _xglm(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """XGLM (model/positions.py): a sinusoidal table offset by 2, the embeddings scaled by
+    sqrt(hidden) (`scale_embedding`), OPT's pre-norm layer with biases, an ungated MLP."""
+    if cfg.get("add_cross_attention"):
+        raise ValueError("add_cross_attention (an encoder-decoder's cross-attention) is "
+                         "not supported: Pagoda serves causal decoders")  # fmt: skip
+    pad = cfg.get("pad_token_id")
+    if pad is not None and int(pad) >= 2:  # (transformers zeroes that row of its table)
+        raise ValueError(f"XGLM with pad_token_id {pad} (its position table's row {pad} "
+                         "zeroed) is not supported: 0, 1 or null")  # fmt: skip
+    scale = math.sqrt(int(cfg["hidden_size"])) if cfg.get("scale_embedding", True) else 1.0
+    return {"positions": "sinusoidal", "position_offset": 2, "gated_mlp": False,
+            "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
+
+
 def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     """BLOOM and MPT (model/bloom.py): ALiBi, an ungated MLP, a fused q/k/v."""
     fields: dict[str, Any] = {"positions": "alibi", "alibi_slopes": arch, "gated_mlp": False}
@@ -442,9 +486,14 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 FIELDS: dict[str, Fields] = {
     **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo"), _learned),
     **dict.fromkeys(("bloom", "mpt"), _alibi),
+    "xglm": _xglm,
     "qwen3": _qwen3,
     "gemma3": _gemma3,
-    "gemma4": lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n),
+    **dict.fromkeys(
+        gemma4.ARCHS,
+        lambda cfg, arch, n, window, layers, scaling: gemma4.family_fields(cfg, n, arch),
+    ),
+    "gemma3n": lambda cfg, arch, n, window, layers, scaling: gemma3n.family_fields(cfg, n),
     "gemma2": _gemma2,
     "vaultgemma": _gemma2,
     "gemma": _gemma,
@@ -459,6 +508,7 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(UNGATED, _ungated),
     "ernie4_5": _ernie4_5,
     "helium": _ernie4_5,  # (the interleaved rotary)
+    "diffllama": _diffllama,
     "exaone4": _exaone4,
     "bitnet": lambda cfg, arch, n, window, layers, scaling: bitnet.family_fields(cfg),
     "smollm3": _smollm3,

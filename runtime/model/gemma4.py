@@ -1,5 +1,6 @@
 """Gemma 4 (the text model: `Gemma4ForCausalLM`, and `Gemma4ForConditionalGeneration` read
-text-only; its config in `gemma4_config.py`, `model_configs.Gemma4Layers`): Gemma 3's scaled
+text-only; its config in `gemma4_config.py`, `model_configs.Gemma4Layers`; Gemma 4 Unified's
+too, which is this model without per-layer inputs or the MoE block): Gemma 3's scaled
 embedding, four norms a layer, GeGLU and final soft cap (`gemma2.py`), with what transformers'
 `Gemma4TextDecoderLayer` changes:
 
@@ -24,8 +25,15 @@ embedding, four norms a layer, GeGLU and final soft cap (`gemma2.py`), with what
 
 Each layer hands back the whole stream (the residual adds are not fused into the norms: the
 layer scalar scales all of it). Experts: grouped on the CPU; on CUDA every expert over every
-token (the fused-MoE kernel runs SwiGLU, these run GeGLU), no host sync. Tensor parallelism and
-FP8 are refused (`distributed/layout.py`, `engine/core.check_dtype`).
+token (the fused-MoE kernel runs SwiGLU, these run GeGLU), no host sync. FP8 is refused
+(`engine/core.check_dtype`).
+
+Tensor parallel (`distributed/layout.py`): each layer's query heads and its own KV heads (by its
+shape: split, or replicated when fewer than ranks) column-parallel, o row-parallel; a KV-shared
+layer reads its source's cache rows on its own rank (the same kind: the same heads); the MLP
+(double wide or not) and each expert split by width, the experts' sum all-reduced before its
+norm; the router, the per-layer inputs (table, projection, each layer's gate and projection),
+norms and layer scalars replicated.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from pagoda.runtime.model.gemma2 import Gemma2Model
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step, linear_layer
 from pagoda.runtime.model.moe import SparseMoE
 from pagoda.runtime.model.ops import build_cos_sin_cache, gemma_rms_norm, rotary_embedding
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 
 
 @dataclass
@@ -72,8 +81,15 @@ class Gemma4Router:
 
 
 def _experts(model: Gemma4Model, w: DeviceWeights, p: str, ctx: LayerContext) -> SparseMoE:
-    """The layer's GeGLU experts (gate_up [E, 2N, K], down [E, K, N]) behind its router."""
+    """The layer's GeGLU experts (gate_up [E, 2N, K], down [E, K, N]) behind its router (on
+    every rank); tensor parallel: this rank's rows of each expert's gate and up, those columns
+    of its down (`layout.py`), the output summed over ranks (`Gemma4Layer.routed_experts`)."""
     gate_up, down = w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]
+    if ctx.tp is not None:
+        n = gate_up.shape[1] // 2
+        a, b = ctx.tp.layout.even(n)
+        gate_up = torch.cat([gate_up[:, a:b], gate_up[:, n + a : n + b]], dim=1)
+        down = down[:, :, a:b].contiguous()
     route = Gemma4Router(model, w, p + "router.", ctx)
     if w.device.type == "cuda":  # every expert over every token (module docstring)
         moe = SparseMoE(ctx, None, [], gate_up, down, route.top_k, False, False, route)
@@ -87,19 +103,45 @@ class Gemma4Layer(LlamaLayer):
     def __init__(
         self, model: Gemma4Model, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
+        g = model.config.family.gemma4
+        self.read_attention(model, w, prefix, index, ctx)
+        ctx = self.ctx
+        self.mlp = GatedMLP(ctx, w, prefix + "mlp.")
+        self.moe = None
+        if g.num_experts:
+            self.moe = _experts(model, w, prefix, ctx)
+            self.moe_norms = [model.read_norm(w, f"{prefix}{n}.weight") for n in _MOE_NORMS]
+        self.per_layer = None
+        self.act = _ACTS[model.config.family.hidden_act]  # (the MLP's: `hidden_activation`)
+        if g.per_layer_input:
+            self.per_layer = (
+                linear_layer(ctx, w, [prefix + "per_layer_input_gate.weight"]),
+                linear_layer(ctx, w, [prefix + "per_layer_projection.weight"]),
+                model.read_norm(w, prefix + "post_per_layer_input_norm.weight"),
+            )
+        self.layer_scalar = w[prefix + "layer_scalar"]
+
+    def read_attention(
+        self, model: Gemma4Model, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        """The attention (its own shape, or a KV-shared layer's q alone) and the four norms
+        around it and the MLP (Gemma 3n's layer reads them too: `gemma3n.py`)."""
         g, a = model.config.family.gemma4, prefix + "self_attn."
-        backend = model.layer_backend(index)
-        ctx = dataclasses.replace(ctx, backend=backend, head_dim=g.head_dims[index],
-                                  num_kv_heads=g.kv_heads[index])  # fmt: skip
+        backend, d = model.layer_backend(index), g.head_dims[index]
+        (k0, k1) = model.local_kv_heads(index)
+        ctx = dataclasses.replace(ctx, backend=backend, head_dim=d, num_kv_heads=k1 - k0)
         self.ctx, self.index, self.source = ctx, index, g.kv_source[index]
         self.shared, self.k_eq_v = g.shares_kv(index), g.k_eq_v[index]
         names = [a + "q_proj.weight"]
         if not self.shared:
             names += [a + "k_proj.weight"] + ([] if self.k_eq_v else [a + "v_proj.weight"])
-        self.qkv, self.o_proj = (
-            linear_layer(ctx, w, names),
-            linear_layer(ctx, w, [a + "o_proj.weight"]),
-        )
+        o = a + "o_proj.weight"
+        if ctx.tp is None:
+            self.qkv, self.o_proj = linear_layer(ctx, w, names), linear_layer(ctx, w, [o])
+        else:  # this rank's query heads and KV heads of this layer's shape (`local_kv_heads`)
+            q0, q1 = ctx.tp.layout.heads(model.config.num_heads)
+            rows = [(q0 * d, q1 * d)] + [(k0 * d, k1 * d)] * (len(names) - 1)
+            self.qkv, self.o_proj = column_linear(ctx, w, names, rows), row_linear(ctx, w, o)
         self.q_norm = model.read_norm(w, a + "q_norm.weight")
         self.k_norm = None if self.shared else model.read_norm(w, a + "k_norm.weight")
         self.v_norm = model.ones(ctx.head_dim)
@@ -118,20 +160,6 @@ class Gemma4Layer(LlamaLayer):
         self.kv_scales = model.kv_scales(w, f"model.layers.{self.source}.self_attn")
         self.rope = model.rope_table(index)
         self.rotary = ctx.ops.rotary_embedding
-        self.mlp = GatedMLP(ctx, w, prefix + "mlp.")
-        self.moe = None
-        if g.num_experts:
-            self.moe = _experts(model, w, prefix, ctx)
-            self.moe_norms = [model.read_norm(w, f"{prefix}{n}.weight") for n in _MOE_NORMS]
-        self.per_layer = None
-        self.act = _ACTS[model.config.family.hidden_act]  # (the MLP's: `hidden_activation`)
-        if g.per_layer_input:
-            self.per_layer = (
-                linear_layer(ctx, w, [prefix + "per_layer_input_gate.weight"]),
-                linear_layer(ctx, w, [prefix + "per_layer_projection.weight"]),
-                model.read_norm(w, prefix + "post_per_layer_input_norm.weight"),
-            )
-        self.layer_scalar = w[prefix + "layer_scalar"]
 
     def linears(self):
         out = [self.qkv, self.o_proj, *self.mlp.linears()]
@@ -160,8 +188,10 @@ class Gemma4Layer(LlamaLayer):
         weights, ids = moe.route(h)
         x = self.ctx.rms_norm(x=h, weight=norm_in, eps=self.ctx.eps)
         if moe.w13 is not None:
-            return moe._every_expert(x, weights, ids)
-        return moe_module.grouped_experts(x, weights, ids, moe._expert)
+            out = moe._every_expert(x, weights, ids)
+        else:
+            out = moe_module.grouped_experts(x, weights, ids, moe._expert)
+        return out if moe.tp is None else moe.tp.all_reduce(out)  # (this rank's widths' part)
 
     def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Each head's row of `x` [T, H, D] normed on its own."""
@@ -216,9 +246,17 @@ class Gemma4Model(Gemma2Model):
         """An unweighted norm's weight."""
         return self.norm_weight(torch.ones(width, dtype=self.dtype, device=self.device))
 
+    def local_kv_heads(self, index: int) -> tuple[int, int]:
+        """Layer `index`'s KV heads [start, stop) on this rank: all of them on one, else split
+        or replicated by `layout.py` (a KV-shared layer's are its source's: same kind, same
+        count, so the same rows of the cache it reads)."""
+        kv = self.config.family.gemma4.kv_heads[index]
+        return (0, kv) if self.tp is None else self.tp.layout.kv_heads(kv)
+
     def layer_backend(self, index: int) -> AttentionBackend:
         g = self.config.family.gemma4
-        shape = (g.kv_heads[index], g.head_dims[index])
+        k0, k1 = self.local_kv_heads(index)
+        shape = (k1 - k0, g.head_dims[index])
         if shape not in self._backends:
             self._backends[shape] = self.backend.with_geometry(*shape)
         return self._backends[shape]

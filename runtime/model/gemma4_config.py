@@ -1,6 +1,8 @@
 """Gemma 4's text config as transformers 5 reads it (`Gemma4TextConfig`: `Gemma4ForCausalLM`,
 and the text model of `Gemma4ForConditionalGeneration`, under `text_config`), for
-`model/gemma4.py`. Kept apart from the model so that reading a config imports no layer code.
+`model/gemma4.py`; Gemma 4 Unified's (`Gemma4UnifiedTextConfig`, architecture
+"gemma4_unified": `Gemma4UnifiedForCausalLM`, `Gemma4UnifiedForConditionalGeneration` read
+text-only) is Gemma 4's without per-layer inputs or the MoE block, with a 1024-key window. Kept apart from the model so that reading a config imports no layer code.
 
 - `layer_types` (by default every sixth layer full attention), the last layer always full
   attention (transformers forces it); sliding layers see `sliding_window` keys;
@@ -35,8 +37,13 @@ from pagoda.runtime.model_configs import Gemma4Layers
 if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
     from pagoda.runtime.config import ModelConfig
 
-ARCHITECTURES = {"Gemma4ForCausalLM": "gemma4", "Gemma4ForConditionalGeneration": "gemma4"}
-TEXT_MODEL_TYPES = {"Gemma4ForConditionalGeneration": {"gemma4_text": "gemma4"}}
+ARCHITECTURES = {"Gemma4ForCausalLM": "gemma4", "Gemma4ForConditionalGeneration": "gemma4",
+                 "Gemma4UnifiedForCausalLM": "gemma4_unified",
+                 "Gemma4UnifiedForConditionalGeneration": "gemma4_unified"}  # fmt: skip
+TEXT_MODEL_TYPES = {"Gemma4ForConditionalGeneration": {"gemma4_text": "gemma4"},
+                    "Gemma4UnifiedForConditionalGeneration":
+                        {"gemma4_unified_text": "gemma4_unified"}}  # fmt: skip
+ARCHS = ("gemma4", "gemma4_unified")  # (the unified one: Gemma 4's without PLE or MoE)
 # transformers' Gemma4TextConfig defaults, where config.json leaves one out
 DEFAULTS = {
     "gemma4": {"vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,
@@ -49,6 +56,11 @@ DEFAULTS = {
                "num_kv_shared_layers": 0, "enable_moe_block": False,
                "use_double_wide_mlp": False, "attention_bias": False},
 }  # fmt: skip
+# Gemma4UnifiedTextConfig's: Gemma 4's, a longer window and context; no per-layer inputs nor
+# MoE block (the keys do not exist there: `layers` ignores them)
+DEFAULTS["gemma4_unified"] = {**DEFAULTS["gemma4"], "sliding_window": 1024,
+                              "max_position_embeddings": 262_144}  # fmt: skip
+_UNIFIED_NONE = {"hidden_size_per_layer_input": 0, "enable_moe_block": False}
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_ROPE = {
     SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
@@ -123,7 +135,9 @@ def kv_sources(types: list[str], shared: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def layers(cfg: Mapping[str, Any], n: int) -> Gemma4Layers:
+def layers(cfg: Mapping[str, Any], n: int, unified: bool = False) -> Gemma4Layers:
+    if unified:  # (Gemma4UnifiedTextModel builds neither, whatever config.json says)
+        cfg = {**cfg, **_UNIFIED_NONE}
     bidirectional = cfg.get("use_bidirectional_attention")
     if bidirectional not in (None, "vision"):  # ("vision": image tokens only; text is causal)
         raise ValueError(f"gemma4 use_bidirectional_attention {bidirectional!r} is not "
@@ -172,10 +186,10 @@ def layers(cfg: Mapping[str, Any], n: int) -> Gemma4Layers:
     )
 
 
-def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
+def family_fields(cfg: Mapping[str, Any], n: int, arch: str = "gemma4") -> dict[str, Any]:
     types = layer_types(cfg, n)
     return dict(
-        gemma4=layers(cfg, n),
+        gemma4=layers(cfg, n, unified=arch == "gemma4_unified"),
         qk_norm=True,
         window_layers=tuple(t == SLIDING for t in types),
         attention_multiplier=1.0,  # (q and k normed: no softmax scale)
@@ -188,12 +202,32 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return c.family.gemma4.tensor_shapes(c)
 
 
-def param_count(c: ModelConfig) -> int:
-    """The weights' elements (`server/weights_from_shapes.from_shapes` for a config alone)."""
-    total = 0
-    for shape in expected_shapes(c).values():
-        size = 1
-        for s in shape:
-            size *= s
-        total += size
-    return total
+_SPLIT_ROWS = ("self_attn.q_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+               "experts.gate_up_proj")  # fmt: skip
+_SPLIT_COLUMNS = ("self_attn.o_proj.weight", "mlp.down_proj.weight", "experts.down_proj")
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def _rank_share(name: str, shape: tuple[int, ...], c: ModelConfig, tp: int) -> int:
+    """Elements of tensor `name` one of `tp` ranks holds (`model/gemma4.py`): the vocabulary's
+    padded rows, q's and the MLPs' and experts' rows (o's, down's columns) split, k and v the
+    rank's KV heads of their layer (split, or one replicated), the rest whole (norms, routers,
+    per-layer inputs, Gemma 3n's AltUp and Laurel)."""
+    size = 1
+    for s in shape:
+        size *= s
+    if tp == 1:
+        return size
+    if name in _VOCAB:
+        return -(-shape[0] // tp) * shape[1]
+    if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+        layer = int(name.split(".")[2])
+        kv = c.family.gemma4.kv_heads[layer]
+        return size // kv * max(1, kv // tp)
+    return size // tp if name.endswith(_SPLIT_ROWS + _SPLIT_COLUMNS) else size
+
+
+def param_count(c: ModelConfig, tp: int = 1) -> int:
+    """The weights' elements, on one rank of `tp` (`server/weights_from_shapes.from_shapes` for
+    a config alone)."""
+    return sum(_rank_share(n, shape, c, tp) for n, shape in expected_shapes(c).items())

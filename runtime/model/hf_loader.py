@@ -149,8 +149,8 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
-                    "lara_mini", "gpt_neo"):  # fmt: skip
+                    "gemma3n", "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
+                    "lara_mini", "gpt_neo", "gemma4_unified"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -244,19 +244,33 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     # the rotary per layer kind: the full-attention layers'
     by_kind = (
         "full_attention"
-        if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory")
+        if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory", "cohere_compass")
         else None
     )
-    if arch == "gemma4":  # the sliding layers' (the full ones': `gemma4_config`)
+    if arch in (
+        "gemma4",
+        "gemma4_unified",
+        "gemma3n",
+    ):  # the sliding layers' (full ones': gemma4_config)
         by_kind = "sliding_attention"
     if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
         by_kind = "hybrid"
     if (model_dir is not None and not family_options.tested(arch, "fp8_checkpoint")
             and read_quantization(model_dir) is not None):  # fmt: skip
         family_options.refuse(arch, "fp8_checkpoint")
+    if arch == "deepseek_v4":  # its own config reading (model/dsv4_config.py)
+        from pagoda.runtime.model.dsv4_config import model_config as dsv4_model_config
+
+        ids = (gen.get("eos_token_id"), top.get("eos_token_id"), cfg.get("eos_token_id"))
+        eos = tuple(dict.fromkeys(i for v in ids for i in _as_ids(v)))
+        return dsv4_model_config(cfg, eos)
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
     if arch == "llama4":  # the dense MLP's width
         cfg = {**cfg, **llama4.overrides(cfg)}
+    if arch == "gemma3n":  # the wrapper's embedders of image and audio token ids
+        from pagoda.runtime.model.gemma3n_config import wrapper_embedders
+
+        cfg = {**cfg, "multimodal_embedders": wrapper_embedders(top)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     rope_dim = head_dim
@@ -423,6 +437,12 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.hy_v4_config import rename_weights
 
         rename_weights(weights)
+    if config.architecture == "deepseek_v4":  # the published and saved names (dsv4_config)
+        from pagoda.runtime.model.dsv4_config import canonical
+
+        for name in list(weights):
+            if canonical(name) != name:
+                weights.rename(name, canonical(name))
     if config.architecture == "kimi_linear":  # the published MLP names (block_sparse_moe)
         from pagoda.runtime.model.kimi_linear_config import rename_mlps
 
@@ -451,6 +471,10 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.ergo_config import read_checkpoint_names
 
         read_checkpoint_names(weights, config)
+    if config.architecture == "gemma3n":  # the wrapper's embedders of image / audio token ids
+        from pagoda.runtime.model.gemma3n_config import list_embedders
+
+        list_embedders(weights, config)
     if config.architecture == "dbrx":  # each layer's experts stacked (dbrx.py)
         from pagoda.runtime.model.dbrx import split_experts
 

@@ -9,9 +9,11 @@ from typing import Any
 
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import dory_config as dory
+from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import glm5_next_config as glm5_next
+from pagoda.runtime.model import inkling_config as inkling
 from pagoda.runtime.model import laguna_config as laguna
 from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
@@ -34,6 +36,9 @@ HF_ARCHITECTURES = {
     # Gemma 4: per-layer inputs, KV-shared layers, head sizes by layer (model/gemma4.py); the
     # multimodal checkpoints' text model (its vision and audio towers are not read)
     **gemma4.ARCHITECTURES,
+    # Gemma 3n: AltUp, Laurel, per-layer inputs, KV-shared layers (model/gemma3n.py); the
+    # multimodal checkpoints' text model (its vision and audio towers are not read)
+    **gemma3n.ARCHITECTURES,
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen2MoeForCausalLM": "qwen2moe",
@@ -49,6 +54,7 @@ HF_ARCHITECTURES = {
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
     **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
+    "DeepseekV4ForCausalLM": "deepseek_v4",  # mHC, CSA/HCA compressed attention (dsv4_engine.py)
     "GptOssForCausalLM": "gpt_oss",  # gpt-oss-20b/120b: sinks, biased experts (model/gpt_oss.py)
     # Mistral-Small-3.1/3.2, Devstral-Small, Magistral-Small: the text model (`text_config`,
     # its `model_type` naming the family: `TEXT_MODEL_TYPES`); the vision tower is not read
@@ -62,6 +68,7 @@ HF_ARCHITECTURES = {
     "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
+    "Apertus1p5TextForCausalLM": "apertus1p5",  # Apertus', its LM head pruned (apertus.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
     # EXAONE 3.0 / 3.5: Llama's, GPT-style names (safetensors_weights); EXAONE 4.5: its text model
@@ -75,10 +82,15 @@ HF_ARCHITECTURES = {
     "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
     "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
     "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
+    "PersimmonForCausalLM": "persimmon",  # Persimmon: q/k LayerNorms, ReLU² MLP (model/phi.py)
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
     "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
+    "DiffLlamaForCausalLM": "diffllama",  # Llama's, differential attention (diffllama.py)
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
+    # Emu3's text model (Llama's, its defaults); Emu3-Chat/Gen's text model (the VQ-VAE not read)
+    "Emu3ForCausalLM": "emu3",
+    "Emu3ForConditionalGeneration": "emu3",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -88,6 +100,7 @@ HF_ARCHITECTURES = {
     "GPTBigCodeForCausalLM": "gpt_bigcode",  # StarCoder 1, SantaCoder: multi-query
     "GPTNeoForCausalLM": "gpt_neo",  # GPT-Neo: local (windowed) and global layers, unscaled
     "OPTForCausalLM": "opt",  # OPT: positions offset by 2, pre- or post-norm, project_in/out
+    "XGLMForCausalLM": "xglm",  # XGLM: sinusoidal positions (offset 2), scaled embeddings
     # ALiBi (model/bloom.py)
     "BloomForCausalLM": "bloom",
     "MPTForCausalLM": "mpt",  # (mosaicml's own code's name)
@@ -102,9 +115,12 @@ TEXT_MODEL_TYPES = {
     "Mistral3ForConditionalGeneration": {"mistral": "mistral", "ministral": "ministral",
                                          "ministral3": "ministral3"},
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
+    "MllamaForConditionalGeneration": {"mllama_text_model": "mllama"},  # (mllama_config.py)
     **gemma4.TEXT_MODEL_TYPES,
+    **gemma3n.TEXT_MODEL_TYPES,
     **qwen3_next.TEXT_MODEL_TYPES,  # Qwen3.5's (model/qwen3_next.py)
     **glm5_next.TEXT_MODEL_TYPES,  # GLM-5-Next's (model/glm5_next.py)
+    **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
@@ -113,7 +129,14 @@ REMOTE_CODE_TYPES = {
                 "transformer.h.N.mixer.Wqkv tensors",
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
-WRAPPER_TIES = {"exaone4_5": False, **qwen3_next.WRAPPER_TIES, **glm5_next.WRAPPER_TIES}
+WRAPPER_TIES = {
+    "exaone4_5": False,
+    "mllama": False,
+    **qwen3_next.WRAPPER_TIES,
+    **glm5_next.WRAPPER_TIES,
+    **inkling.WRAPPER_TIES,
+}
+WRAPPER_TIES["emu3"] = False  # (Emu3Config's)
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -171,6 +194,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "apertus": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
                 "rope_theta": 12_000_000.0,  # transformers' default_theta
                 "bos_token_id": 1, "eos_token_id": 2},
+    "apertus1p5": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
+                   "rope_theta": 12_000_000.0, "bos_token_id": 1, "eos_token_id": 2,
+                   "vocab_size": 266_752},  # (Apertus1p5TextConfig: Apertus' and its vocabulary)
     "exaone": {"vocab_size": 102_400, "intermediate_size": 14_336, "num_key_value_heads": 8,
                "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0,
                "bos_token_id": 1, "eos_token_id": 361},
@@ -207,6 +233,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
                  "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 0},
+    "persimmon": {"vocab_size": 262_144, "hidden_size": 4096, "intermediate_size": 16_384,
+                  "num_hidden_layers": 36, "num_attention_heads": 64, "hidden_act": "relu2",
+                  "max_position_embeddings": 16_384, "layer_norm_eps": 1e-5,
+                  "partial_rotary_factor": 0.5, "qk_layernorm": True, "attention_bias": True,
+                  "bos_token_id": 1, "eos_token_id": 2},
     "jais2": {"vocab_size": 150_272, "hidden_size": 3328, "intermediate_size": 26_624,
               "num_attention_heads": 26, "hidden_act": "relu2", "max_position_embeddings": 8192,
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
@@ -220,11 +251,19 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "num_hidden_layers": 28, "num_attention_heads": 16, "rotary_dim": 64,
              "hidden_act": "gelu_new", "layer_norm_epsilon": 1e-5, "bos_token_id": 50_256,
              "eos_token_id": 50_256},
+    "emu3": {"vocab_size": 184_622, "hidden_size": 4096, "intermediate_size": 14_336,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "max_position_embeddings": 9216, "rms_norm_eps": 1e-5,
+             "rope_theta": 1_000_000.0,  # transformers' default_theta
+             "pad_token_id": 151_643, "bos_token_id": 151_849, "eos_token_id": 151_850},
     "cwm": {"vocab_size": 128_256, "hidden_size": 6144, "intermediate_size": 21_504,
             "num_hidden_layers": 64, "num_attention_heads": 48, "num_key_value_heads": 8,
             "head_dim": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
             "sliding_window": 8192, "bos_token_id": 128_000,
             "eos_token_id": [128_001, 128_008, 128_009]},
+    "diffllama": {"vocab_size": 32_000, "hidden_size": 2048, "intermediate_size": 8192,
+                  "num_hidden_layers": 16, "num_attention_heads": 32, "rms_norm_eps": 1e-5,
+                  "bos_token_id": 1, "eos_token_id": 2},
     "helium": {"vocab_size": 48_000, "hidden_size": 2560, "intermediate_size": 7040,
                "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20,
                "head_dim": 128, "rms_norm_eps": 1e-8, "max_position_embeddings": 4096,
@@ -253,6 +292,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "num_attention_heads": 12, "hidden_act": "relu", "tie_word_embeddings": True,
             "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2,
             "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: OPTConfig has no eps)
+    "xglm": {"vocab_size": 256_008, "max_position_embeddings": 2048, "hidden_size": 1024,
+             "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+             "hidden_act": "gelu", "scale_embedding": True, "tie_word_embeddings": True,
+             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+             "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: XGLMConfig has no eps)
     "bloom": {"vocab_size": 250_880, "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 8, "layer_norm_epsilon": 1e-5,
               "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 2048,
@@ -292,11 +336,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "swiglu_limit": 7.0,
     },
     **deepseek.DEFAULTS,
+    # DeepSeek-V4's sizes (DeepseekV4Config's; the rest: dsv4_config.read)
+    "deepseek_v4": {"vocab_size": 129_280, "hidden_size": 4096, "num_hidden_layers": 43,
+                    "num_attention_heads": 64},
     **glm4_moe.DEFAULTS,
     **llama4.DEFAULTS,
     **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
     **gemma4.DEFAULTS,
+    **gemma3n.DEFAULTS,
 }  # fmt: skip
 DEFAULTS["vaultgemma"] = DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
@@ -321,20 +369,24 @@ NULLABLE = {
     "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
     **moe_families.NULLABLE,
     "gemma4": ("hidden_size_per_layer_input",),  # null: no per-layer inputs
+    "gemma3n": ("final_logit_softcapping",),  # null: no cap
     **zaya.NULLABLE,
     "glm5_next": glm5_next.NULLABLE,
+    **inkling.NULLABLE,
 }
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
-EPS.update(codegen="layer_norm_epsilon")
+EPS.update(codegen="layer_norm_epsilon", persimmon="layer_norm_eps")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
+EPS.update(xglm="_layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
     "gemma4": gemma4.DEFAULT_ROPE,  # by layer kind
+    "gemma4_unified": gemma4.DEFAULT_ROPE,
     "laguna": laguna.DEFAULT_ROPE,  # by layer kind
     "zaya": zaya.DEFAULT_ROPE,  # by layer kind
     "lfm3": lfm2.DEFAULT_ROPE,  # by layer kind
@@ -368,10 +420,12 @@ DEFAULT_ROPE = {
         "high_freq_factor": 4.0,
     },
 }
+DEFAULT_ROPE["apertus1p5"] = DEFAULT_ROPE["apertus"]  # (Apertus1p5TextConfig is ApertusConfig's)
 # the families whose transformers models read partial_rotary_factor
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
-                   "stablelm", "gptj", "codegen", *moe_families.PARTIAL_ROTARY,
-                   *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya")  # fmt: skip
+                   "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,
+                   *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya",
+                   "recurrent_gemma")  # fmt: skip
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)
 PROPORTIONAL_ROTARY = ("lfm3",)

@@ -15,18 +15,34 @@ DeepSeek's experts beside an ungated shared MLP) with
 
 Tensor parallelism and `--quantization fp8` are refused in one line (`family_options`). Kept
 apart from the model so that reading a config imports no layer code.
+
+Kolibri 1.1 (`Kolibri1_1ForCausalLM`: Aleph-Alpha/Kolibri-1.1) is this model with
+
+- "indexed_attention" layers for the full ones (NoPE): transformers' `Kolibri1_1Indexer` picks
+  the keys each query attends to, `index_topk` of a pool plus `index_num_sink_tokens` and
+  `index_num_local_tokens`, once a query sees more keys than those together; up to that budget
+  (2184 tokens with the defaults) every key: Pagoda serves it within the budget
+  (`FamilyConfig.dense_limit`: a longer --max-model-len is refused in one line, the sparse
+  selection is not implemented),
+  where these layers attend to every key, their keys and values rounded to NVFP4 (E2M1 values,
+  an E4M3 scale per 16: `kolibri1.nvfp4_round`) as transformers rounds them;
+- KV-shared layers (`kv_source_layers`: an indexed layer reading an earlier one's keys and
+  values, without k_proj, v_proj or k_norm of its own), by default Kolibri 1.1's layout;
+- dense MLPs of `mlp_only_intermediate_size` in `mlp_only_layers` (by default the first two).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from pagoda.runtime.model_configs import ExpertRouting
+from pagoda.runtime.model_configs import DenseLimit, ExpertRouting
 
-ARCHITECTURES = {"Kolibri1ForCausalLM": "kolibri1"}
-MODEL_CLASSES = {"kolibri1": ("kolibri1", "Kolibri1Model")}
-SLIDING, FULL = "sliding_attention", "full_attention"
+ARCHITECTURES = {"Kolibri1ForCausalLM": "kolibri1", "Kolibri1_1ForCausalLM": "kolibri1_1"}
+MODEL_CLASSES = {"kolibri1": ("kolibri1", "Kolibri1Model"),
+                 "kolibri1_1": ("kolibri1", "Kolibri11Model")}  # fmt: skip
+SLIDING, FULL, INDEXED = "sliding_attention", "full_attention", "indexed_attention"
 # transformers' Kolibri1Config defaults, where config.json leaves one out; it has no dense MLP
 # (`intermediate_size` here is the experts' width, read by no layer)
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -37,6 +53,25 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "shared_expert_intermediate_size": 512, "num_experts_per_tok": 6,
                  "num_local_experts": 384, "norm_topk_prob": False},
 }  # fmt: skip
+# Kolibri1_1Config's: Kolibri 1's, its dense MLPs' width (read as intermediate_size), the budget
+DEFAULTS["kolibri1_1"] = {**DEFAULTS["kolibri1"], "intermediate_size": 3584, "index_topk": 2048,
+                          "index_num_local_tokens": 128, "index_num_sink_tokens": 8}  # fmt: skip
+# transformers' default kv_source_layers of Kolibri 1.1's indexed layers: the source of each, as
+# the count of indexed layers before it
+_SOURCES = (0, 0, 0, 3, 4, 5, 5, 5, 5, 0)
+
+
+@dataclass(frozen=True)
+class Kolibri11:
+    """Kolibri 1.1's KV-shared layers (`FamilyConfig.kolibri11`): the layer whose KV cache each
+    layer reads (its own, or an earlier indexed layer's)."""
+
+    kv_source: tuple[int, ...]
+
+    def shares_kv(self, layer: int) -> bool:
+        return self.kv_source[layer] != layer
+
+
 # the published tensor names -> the ones the model reads (transformers' conversion mapping)
 _RENAMES = (
     (".moe.router.expert_bias", ".mlp.gate.e_score_correction_bias"),
@@ -45,25 +80,65 @@ _RENAMES = (
 )
 
 
-def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
+def layer_types(cfg: Mapping[str, Any], n: int, full: str = FULL) -> list[str]:
     types = cfg.get("layer_types")
     if types is None:
-        types = [FULL if (i + 1) % 5 == 0 else SLIDING for i in range(n)]
-    if len(types) != n or not set(types) <= {SLIDING, FULL}:
-        raise ValueError(f"layer_types {types!r} must name {n} layers, each {SLIDING} or {FULL}")
+        types = [full if (i + 1) % 5 == 0 else SLIDING for i in range(n)]
+    if len(types) != n or not set(types) <= {SLIDING, full}:
+        raise ValueError(f"layer_types {types!r} must name {n} layers, each {SLIDING} or {full}")
     return list(types)
+
+
+def kv_sources(cfg: Mapping[str, Any], types: list[str]) -> tuple[int, ...]:
+    """Kolibri 1.1's `kv_source_layers` (transformers' default where left out), checked as
+    Kolibri1_1Config checks them."""
+    indexed = [i for i, t in enumerate(types) if t == INDEXED]
+    sources = cfg.get("kv_source_layers")
+    if sources is None:
+        if len(indexed) > len(_SOURCES):
+            raise ValueError(f"Kolibri 1.1 with {len(indexed)} indexed-attention layers needs "
+                             "kv_source_layers")  # fmt: skip
+        sources = list(range(len(types)))
+        for layer, source in zip(indexed, _SOURCES, strict=False):
+            sources[layer] = indexed[source]
+    if len(sources) != len(types):
+        raise ValueError(f"kv_source_layers names {len(sources)} layers, the model has "
+                         f"{len(types)}")  # fmt: skip
+    for i, s in enumerate(sources):
+        if not 0 <= s <= i or sources[s] != s or types[s] != types[i]:
+            raise ValueError(f"kv_source_layers: layer {i} cannot read layer {s}'s keys and "
+                             "values (an earlier layer of its kind with its own)")  # fmt: skip
+    return tuple(int(s) for s in sources)
+
+
+def _kolibri1_1(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """Kolibri 1.1's fields beside Kolibri 1's (module docstring)."""
+    types = layer_types(cfg, n, INDEXED)
+    if int(cfg["head_dim"]) % 16:
+        raise ValueError(f"Kolibri 1.1's head_dim must be a multiple of 16 (NVFP4 blocks), got "
+                         f"{cfg['head_dim']}")  # fmt: skip
+    budget = sum(int(cfg[k]) for k in ("index_topk", "index_num_local_tokens",
+                                       "index_num_sink_tokens"))  # fmt: skip
+    dense = cfg.get("mlp_only_layers")
+    dense = set(range(min(2, n)) if dense is None else dense)
+    what = "its indexed attention's sparse selection"
+    how = "index_topk + index_num_local_tokens + index_num_sink_tokens"
+    return {"kolibri11": Kolibri11(kv_sources(cfg, types)),
+            "dense_limit": DenseLimit(budget, what, how),
+            "moe_layers": tuple(i not in dense for i in range(n))}  # fmt: skip
 
 
 def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     """`FamilyConfig` fields of a Kolibri 1 config.json (its layers: `n`), as transformers
     reads them; ValueError, one line, for what it does not run."""
-    types = layer_types(cfg, n)
+    types = layer_types(cfg, n, INDEXED if arch == "kolibri1_1" else FULL)
     window = cfg.get("sliding_window")
     if SLIDING in types and (window is None or int(window) < 1):
         raise ValueError(f"Kolibri 1's sliding-attention layers need a positive sliding_window, "
                          f"got {window}")  # fmt: skip
     sliding = tuple(t == SLIDING for t in types)
-    return {
+    extra = _kolibri1_1(cfg, n) if arch == "kolibri1_1" else {}
+    return extra | {
         "qk_norm": True,
         "glm4_norms": True,
         "sliding_window": None if window is None else int(window),

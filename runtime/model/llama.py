@@ -66,6 +66,9 @@ EMBED = "model.embed_tokens.weight"
 # `meta.aux`: int64 [B, n] each sequence's n tokens before the step's first (-1: before the
 # sequence), for a model whose `token_history` is n (Qwen4-Exp's n-grams: model/qwen4_exp.py)
 TOKEN_HISTORY = "token_history"
+# `meta.aux`: a model's per-sequence state for the step (`LlamaModel.sequence_state`'s
+# `device_step`: DeepSeek-V4's open-window slots, model/dsv4_engine.py)
+SEQUENCE_STATE = "sequence_state"
 
 
 def _lookup_table(
@@ -172,7 +175,7 @@ class LlamaLayer:
         self.attn_norm = model.read_norm(w, pre) if pre in w else None
         post = prefix + "post_attention_layernorm.weight"  # none in Cohere's (one norm a layer)
         self.mlp_norm = model.read_norm(w, post) if post in w else None
-        qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
+        qkv = [f"{a}{n}.weight" for n in self.projections(model, index)]
         o = a + "o_proj.weight"
         if ctx.tp is None:
             self.qkv, self.o_proj = linear_layer(ctx, w, qkv), linear_layer(ctx, w, [o])
@@ -185,6 +188,10 @@ class LlamaLayer:
         # halves (the ops' kernels), or pairs (GLM's and Cohere's interleaved layout)
         self.rotary = rotary_interleaved if c.family.rope_interleaved else ctx.ops.rotary_embedding
         self.mlp = model.make_mlp(w, prefix, index, ctx)
+
+    def projections(self, model: LlamaModel, index: int) -> tuple[str, ...]:
+        """The projections `qkv` stacks, in order (Kolibri 1.1's KV-shared layers: q alone)."""
+        return ("q_proj", "k_proj", "v_proj")
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.o_proj, *self.mlp.linears()]
@@ -431,6 +438,12 @@ class LlamaModel:
         runner allocates each one's cache with it): the model's, or one of another shape
         (Gemma 4's full-attention layers)."""
         return [self.backend] * self.config.num_kv_layers
+
+    def sequence_state(self, num_slots: int):
+        """The per-sequence state the model keeps beyond its KV blocks, ``num_slots`` of it (the
+        runner's `prepare` / `device_step` each step, `SEQUENCE_STATE`): none here (DeepSeek-V4's
+        open windows: model/dsv4_engine.py; the hybrids' Mamba states are the runner's own)."""
+        return None
 
     def layer_caches(self, caches: list) -> list:
         """Every layer's (k_cache, v_cache) from those of `kv_backends` (Mamba layers' places

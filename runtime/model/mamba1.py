@@ -1,7 +1,8 @@
 """Mamba-1 (`MambaForCausalLM`: state-spaces/mamba-130m to 2.8b; `FalconMambaForCausalLM`:
 Falcon-Mamba-7B): each layer ``x + mixer(norm(x))``, no attention, no MLP (configs read in
 `mamba1_config.py`, `MambaConfig.mixer` "mamba1"). Jamba's Mamba layers run the mixer here too
-(`jamba.py`).
+(`jamba.py`), and Zamba's (`zamba.py`: its channels in heads, each with its own x_proj,
+dt_proj, B and C; the state [heads, P, d_state], one head of d_inner here).
 
 The mixer (transformers' `MambaMixer`): in_proj gives x and the gate z (d_inner each); x goes
 through a causal depthwise conv of width ``d_conv`` and SiLU; x_proj gives the time step's
@@ -52,16 +53,17 @@ BLOCK_ELEMENTS = 1 << 22  # the prefill scan's decays and inputs [rows, D, N] co
 
 
 def selective_step(
-    state: torch.Tensor,  # [S, D, N] float32, updated in place
-    x: torch.Tensor,  # [S, D] float32
-    dt: torch.Tensor,  # [S, D] float32, softplus'd
-    A: torch.Tensor,  # [D, N]
-    B: torch.Tensor,  # [S, N] float32
-    C: torch.Tensor,  # [S, N] float32
+    state: torch.Tensor,  # [S, H, P, N] float32, updated in place
+    x: torch.Tensor,  # [S, H, P] float32
+    dt: torch.Tensor,  # [S, H, P] float32, softplus'd
+    A: torch.Tensor,  # [H, P, N]
+    B: torch.Tensor,  # [S, H, N] float32
+    C: torch.Tensor,  # [S, H, N] float32
 ) -> torch.Tensor:
-    """One token of each of S sequences: y [S, D] (transformers'
-    `mamba_selective_state_update`, without D and the gate)."""
-    state.mul_(torch.exp(dt[..., None] * A)).add_((dt * x)[..., None] * B[:, None, :])
+    """One token of each of S sequences: y [S, H, P] (transformers'
+    `mamba_selective_state_update`, without D and the gate; H heads of P channels, each head's
+    B and C its own: one head of d_inner for Mamba-1, Zamba's `n_mamba_heads`)."""
+    state.mul_(torch.exp(dt[..., None] * A)).add_((dt * x)[..., None] * B[:, :, None, :])
     return torch.matmul(state, C[..., None])[..., 0]
 
 
@@ -77,14 +79,32 @@ class Mamba1Mixer:
         self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
         self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [D, K]
         self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
-        self.A = -torch.exp(w[p + "A_log"].float())  # [D, N], float32 as transformers'
-        self.D = w[p + "D"].float()
+        self.A = self.read_a(w, p)
+        self.D = w[p + "D"].float().reshape(-1)  # [D]
         self.bcdt_weights = None  # Jamba's norms' weights on dt, B and C
         if m.bcdt_weighted:
             self.bcdt_weights = [w[f"{p}{n}_layernorm.weight"] for n in ("dt", "b", "c")]
 
+    def read_a(self, w: DeviceWeights, p: str) -> torch.Tensor:
+        """A [H, P, N], float32 as transformers' (A_log [D, N] for Mamba-1: one head)."""
+        m = self.m
+        a_log = w[p + "A_log"].float().view(m.n_heads, m.head_dim, m.d_state)
+        return -torch.exp(a_log)
+
     def linears(self) -> list:
         return [self.in_proj, self.x_proj, self.dt_proj, self.out_proj]
+
+    def ssm_inputs(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """From the conv's output c [T, D]: dt [T, D] (float32, softplus'd), B and C [T, H, N]
+        (float32; one head here)."""
+        m = self.m
+        dt, B, C = self.x_proj(c).split([m.dt_rank, m.d_state, m.d_state], dim=-1)
+        if m.bcdt_eps is not None:  # Falcon-Mamba's weightless norms, Jamba's weighted
+            dt, B, C = (_rms(t, m.bcdt_eps) for t in (dt, B, C))
+            if self.bcdt_weights is not None:
+                dt, B, C = (x * t for x, t in zip(self.bcdt_weights, (dt, B, C)))
+        dt = F.softplus(self.dt_proj(dt).float())
+        return dt, B.float()[:, None], C.float()[:, None]
 
     def __call__(self, h: torch.Tensor, step: MambaStep) -> torch.Tensor:
         """h [T, hidden] -> [T, hidden]; the layer's states updated at the step's slots."""
@@ -102,21 +122,18 @@ class Mamba1Mixer:
             snap = None if pre.snap_conv_rows is None else step.snaps[self.index][0]
             c[nd:] = F.silu(packed_conv(conv, x[nd:], pre, self.conv_weight, self.conv_bias,
                                         snap))  # fmt: skip
-        dt, B, C = self.x_proj(c).split([m.dt_rank, m.d_state, m.d_state], dim=-1)
-        if m.bcdt_eps is not None:  # Falcon-Mamba's weightless norms, Jamba's weighted
-            dt, B, C = (_rms(t, m.bcdt_eps) for t in (dt, B, C))
-            if self.bcdt_weights is not None:
-                dt, B, C = (x * t for x, t in zip(self.bcdt_weights, (dt, B, C)))
-        dt = F.softplus(self.dt_proj(dt).float())
+        dt, B, C = self.ssm_inputs(c)
+        hp = (m.n_heads, m.head_dim)  # (the channels as heads)
         y = torch.empty(c.shape, dtype=torch.float32, device=c.device)
-        xf, B, C = c.float(), B.float(), C.float()
+        xf = c.float()
+        x3, dt3 = xf.view(-1, *hp), dt.view(-1, *hp)
         if nd:
-            state = self._slots(ssm, step, nd).float().view(nd, m.d_inner, m.d_state)
-            y[:nd] = selective_step(state, xf[:nd], dt[:nd], self.A, B[:nd], C[:nd])
+            state = self._slots(ssm, step, nd).float()  # [nd, H, P, N] (in place: a run)
+            y[:nd] = selective_step(state, x3[:nd], dt3[:nd], self.A, B[:nd], C[:nd]).view(nd, -1)
             if step.decode_run is None or ssm.dtype != torch.float32:  # (else in place)
-                self._write(ssm, step, nd, state.view(nd, 1, m.d_inner, m.d_state))
+                self._write(ssm, step, nd, state)
         if step.prefill is not None:
-            y[nd:] = self._scan(ssm, xf[nd:], dt[nd:], B[nd:], C[nd:], step)
+            y[nd:] = self._scan(ssm, x3[nd:], dt3[nd:], B[nd:], C[nd:], step).flatten(1)
         save_chunk_ends(step, self.index)  # prefix caching: boundaries at a chunk's end
         y = (y + xf * self.D) * F.silu(z.float())
         return self.out_proj(y.to(h.dtype))
@@ -141,12 +158,11 @@ class Mamba1Mixer:
         positions they fall on copied to their snapshot entries (`ScanGroup.snap_runs`)."""
         m, pre = self.m, step.prefill
         g = pre.groups[0]  # (chunks of one token: one group, its rows the positions' runs)
-        n_seq = pre.slots.shape[0]
-        state = ssm.index_select(0, pre.slots).float().view(n_seq, m.d_inner, m.d_state)
+        state = ssm.index_select(0, pre.slots).float()  # [n_seq, H, P, N]
         runs = g.snap_runs or {}
         snap = step.snaps[self.index][1] if runs else None
         rows = g.rows.shape[0]
-        xp, dtp, Bp, Cp = (t.new_empty(rows, t.shape[1]).index_copy_(0, g.rows, t.index_select(
+        xp, dtp, Bp, Cp = (t.new_empty(rows, *t.shape[1:]).index_copy_(0, g.rows, t.index_select(
             0, g.tokens)) for t in (x, dt, B, C))  # fmt: skip
         dBx = dtp * xp
         yp = torch.empty_like(xp)
@@ -156,16 +172,16 @@ class Mamba1Mixer:
             if off in runs:  # boundaries here: the states before this position saved
                 a, b = runs[off]
                 keep = state.index_select(0, g.snap_chunks[a:b] - off)
-                snap.index_copy_(0, g.snap_entries[a:b], keep.unsqueeze(1).to(snap.dtype))
+                snap.index_copy_(0, g.snap_entries[a:b], keep.to(snap.dtype))
             if off + n > hi:  # the next rows' decays and inputs, a block of rows at once
                 lo, hi = off, min(rows, off + max(n, per_block))
-                dA = torch.exp(dtp[lo:hi, :, None] * self.A)
-                dBxB = dBx[lo:hi, :, None] * Bp[lo:hi, None, :]
+                dA = torch.exp(dtp[lo:hi, ..., None] * self.A)
+                dBxB = dBx[lo:hi, ..., None] * Bp[lo:hi, :, None, :]
             s = state[:n]
             s.mul_(dA[off - lo : off - lo + n]).add_(dBxB[off - lo : off - lo + n])
-            yp[off : off + n] = torch.matmul(s, Cp[off : off + n, :, None])[..., 0]
+            yp[off : off + n] = torch.matmul(s, Cp[off : off + n, ..., None])[..., 0]
             off += n
-        ssm.index_copy_(0, pre.slots, state.view(n_seq, 1, m.d_inner, m.d_state).to(ssm.dtype))
+        ssm.index_copy_(0, pre.slots, state.to(ssm.dtype))
         return yp.new_empty(yp.shape).index_copy_(0, g.tokens, yp.index_select(0, g.rows))
 
 

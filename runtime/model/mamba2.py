@@ -134,8 +134,14 @@ def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
         from pagoda.runtime.model.kda import prefill_bytes as kda_bytes
 
         return kda_bytes(tokens, m.n_heads, m.d_state, m.head_dim, m.chunk_size)
-    if m.mixer == "mamba1":  # `mamba1.Mamba1Mixer._scan`: eight float32 [T, d_inner] (its
-        # inputs packed, ...), the states, a block of decays and inputs (`BLOCK_ELEMENTS` each)
+    if m.mixer in (
+        "mamba1",
+        "rglru",
+        "wkv",
+        "mlstm",
+    ):  # `mamba1.Mamba1Mixer._scan` (the RG-LRU's, less):
+        # eight float32 [T, d_inner] (its inputs packed, ...), the states, a block of decays
+        # and inputs (`BLOCK_ELEMENTS` each)
         return (8 * tokens + 3 * seqs * m.d_state) * m.d_inner * 4 + 2 * (1 << 22) * 4
     return ssd_scan_bytes(tokens, seqs, m.n_heads, m.head_dim, m.d_state, m.n_groups,
                           m.chunk_size)  # fmt: skip

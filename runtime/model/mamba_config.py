@@ -24,10 +24,14 @@ reading a config imports no layer code.
   limits and tensors, which the readers here share).
 - Mamba-1 (`MambaForCausalLM`, `FalconMambaForCausalLM`): `mamba1_config.py`.
 - Jamba (`JambaForCausalLM`): `jamba_config.py`.
-- Zamba2, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, GLM-5-Next, Zaya:
-  `zamba2_config.py`, `lfm2_config.py`, `qwen3_next_config.py`, `olmo_hybrid_config.py`,
-  `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`.
+- Zamba2, Zamba, LFM2, Qwen3-Next / Qwen3.5, OLMo Hybrid, Kimi Linear, GLM-5-Next, Zaya:
+  `zamba2_config.py`, `zamba_config.py`, `lfm2_config.py`, `qwen3_next_config.py`,
+  `olmo_hybrid_config.py`, `kimi_linear_config.py`, `glm5_next_config.py`, `zaya_config.py`;
+  Inkling: `inkling_config.py`.
 - MiniMax-Text-01 (lightning attention): `minimax_config.py`.
+- RecurrentGemma (RG-LRU blocks among local attention layers): `recurrent_gemma_config.py`.
+- RWKV-4 (time-mix and channel-mix, no attention): `rwkv_config.py`.
+- xLSTM (mLSTM layers, no attention): `xlstm_config.py`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import (
     bailing_hybrid_config,
     glm5_next_config,
+    inkling_config,
     jamba_config,
     kimi_linear_config,
     lfm2_config,
@@ -48,7 +53,11 @@ from pagoda.runtime.model import (
     nemotron_h_config,
     olmo_hybrid_config,
     qwen3_next_config,
+    recurrent_gemma_config,
+    rwkv_config,
+    xlstm_config,
     zamba2_config,
+    zamba_config,
     zaya_config,
 )
 from pagoda.runtime.recurrent_configs import FalconH1Scales, MambaConfig
@@ -69,7 +78,12 @@ ARCHITECTURES = {
     **glm5_next_config.ARCHITECTURES,  # GLM-5-Next: KDA, NoPE DSA, mHC (glm5_next.py)
     **minimax_config.ARCHITECTURES,  # MiniMax-Text-01: lightning attention (minimax.py)
     **zamba2_config.ARCHITECTURES,  # Zamba2: Mamba2 layers, shared blocks (model/zamba2.py)
+    **zamba_config.ARCHITECTURES,  # Zamba: Mamba-1 layers in heads, a shared block (zamba.py)
     **zaya_config.ARCHITECTURES,  # Zaya: a conv state feeding attention in every layer
+    **recurrent_gemma_config.ARCHITECTURES,  # RG-LRU blocks, local attention
+    **rwkv_config.ARCHITECTURES,  # RWKV-4: time-mix and channel-mix (model/rwkv.py)
+    **xlstm_config.ARCHITECTURES,  # xLSTM: mLSTM layers, SwiGLU (model/xlstm.py)
+    **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -95,7 +109,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **glm5_next_config.DEFAULTS,
     **minimax_config.DEFAULTS,
     **zamba2_config.DEFAULTS,
+    **zamba_config.DEFAULTS,
     **zaya_config.DEFAULTS,
+    **recurrent_gemma_config.DEFAULTS,
+    **rwkv_config.DEFAULTS,
+    **xlstm_config.DEFAULTS,
+    **inkling_config.DEFAULTS,
 }  # fmt: skip
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
@@ -177,7 +196,9 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         return qwen3_next_config.overrides(cfg, arch)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    glm5_next_config,
-                   zamba2_config, mamba1_config, mamba2_config, nemotron_h_config, zaya_config, minimax_config):  # fmt: skip
+                   zamba2_config, zamba_config, mamba1_config, mamba2_config, nemotron_h_config,
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config, inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.overrides(cfg)
     if arch == "granitemoehybrid":
@@ -195,7 +216,9 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
         return mamba1_config.family_fields(cfg, arch, n)
     for family in (lfm2_config, olmo_hybrid_config, kimi_linear_config, bailing_hybrid_config,
                    glm5_next_config,
-                   zamba2_config, mamba2_config, nemotron_h_config, jamba_config, zaya_config, minimax_config):  # fmt: skip
+                   zamba2_config, zamba_config, mamba2_config, nemotron_h_config, jamba_config,
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config, inkling_config):  # fmt: skip
         if arch in family.DEFAULTS:
             return family.family_fields(cfg, n)
     fields: dict[str, Any] = {"mamba": mamba(cfg, arch, n)}
@@ -222,8 +245,9 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     layer, checked as Llama's) and, for Granite 4.0, its MLP; the other families' their own."""
     for family in (lfm2_config, qwen3_next_config, olmo_hybrid_config, kimi_linear_config,
                    bailing_hybrid_config, glm5_next_config,
-                   zamba2_config, nemotron_h_config, mamba1_config, jamba_config,
-                   zaya_config, minimax_config):  # fmt: skip
+                   zamba2_config, zamba_config, nemotron_h_config, mamba1_config, jamba_config,
+                   zaya_config, minimax_config, recurrent_gemma_config, rwkv_config,
+                   xlstm_config, inkling_config):  # fmt: skip
         if c.architecture in family.DEFAULTS:
             return family.expected_shapes(c, i)
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."

@@ -27,7 +27,8 @@ parallelism it is split by width like the experts, and both partial sums share t
 Expert weights come per expert (Hugging Face: `experts.{e}.w1` / `gate_proj` ...) or stacked
 `[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`), or gate
 and up stacked together `[E, 2N, K]` beside down `[E, K, N]` (GraniteMoe's `input_linear` and
-`output_linear`; its router's softmax over the top-k logits is the renormalised top-k).
+`output_linear`; its router's softmax over the top-k logits is the renormalised top-k), or
+those two stored transposed, `[E, K, 2N]` and `[E, N, K]` (Aria's, `AriaTextModel`).
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ class SparseMoE:
         else:
             router = ctx.linear(w[gate], quantized=w.quantized([gate]))
         tensors = _ExpertTensors(w, p + getattr(model, "moe_experts", "experts."), names,
-                                 f.num_experts, getattr(model, "moe_suffix", ".weight"))  # fmt: skip
+                                 f.num_experts, getattr(model, "moe_suffix", ".weight"),
+                                 getattr(model, "moe_transposed", False))  # fmt: skip
         if ctx.tp is not None:
             tensors.rows = ctx.tp.layout.even(f.moe_intermediate_size)
         w13 = w2 = None
@@ -234,12 +236,14 @@ class _ExpertTensors:
     """One layer's expert weights, per expert or stacked (read once, then sliced); two names
     are stacked gate and up in one [E, 2N, K] tensor, then down (GraniteMoe's; `suffix` ""
     where the stacks are stored as transformers 5's `gate_up_proj` / `down_proj` parameters,
-    Zaya's)."""
+    Zaya's; `transposed`: stored [E, K, 2N] and [E, N, K], `grouped_mm`'s layout, Aria's)."""
 
     def __init__(
-        self, w: DeviceWeights, prefix: str, names: tuple[str, ...], n: int, suffix: str = ".weight"
-    ):
+        self, w: DeviceWeights, prefix: str, names: tuple[str, ...], n: int,
+        suffix: str = ".weight", transposed: bool = False,
+    ):  # fmt: skip
         self.w, self.prefix, self.names, self.n = w, prefix, names, n
+        self.transposed = transposed
         self.rows: tuple[int, int] | None = None  # this rank's intermediate rows (tensor parallel)
         self.stacked = f"{prefix}{names[0]}{suffix}" in w
         self._stack = [w[f"{prefix}{x}{suffix}"] for x in names] if self.stacked else None
@@ -252,6 +256,8 @@ class _ExpertTensors:
         rows of gate and up and those columns of down."""
         if self._stack is not None and len(self._stack) == 2:
             gate_up, down = self._stack[0][e], self._stack[1][e]
+            if self.transposed:  # (gate and up are cut, then stacked or copied: contiguous)
+                gate_up, down = gate_up.T, down.T.contiguous()
             gate, up = gate_up.chunk(2)
         elif self._stack is not None:
             gate, up, down = (t[e] for t in self._stack)
@@ -356,4 +362,14 @@ class Qwen2MoeModel(LlamaModel):
     the shared expert beside them (`SharedExpertMoE`); a dense MLP elsewhere."""
 
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    make_mlp = make_mlp
+
+
+class AriaTextModel(LlamaModel):
+    """Aria's text model (`aria_config.py`): Llama's attention; in every layer the routed
+    experts (softmax top-k renormalised: `FamilyConfig.routing`), stacked and stored
+    transposed, beside the ungated `shared_experts` MLP (`SharedExpertMoE`)."""
+
+    moe_names = ("mlp.", ("gate_up_proj", "down_proj"))
+    moe_router, moe_suffix, moe_transposed = "router.weight", "", True
     make_mlp = make_mlp

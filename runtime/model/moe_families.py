@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pagoda.runtime.model import (
     afmoe_config,
+    aria_config,
     beam_config,
     cohere2_moe_config,
+    cohere_compass_config,
     dbrx_config,
+    doge_config,
     dory_config,
     dots1_config,
     ergo_config,
@@ -21,6 +24,7 @@ from pagoda.runtime.model import (
     flex_olmo_config,
     flint_config,
     granite_swa_config,
+    hrm_text_config,
     hunyuan_config,
     hy_v3_config,
     jetmoe_config,
@@ -31,6 +35,8 @@ from pagoda.runtime.model import (
     mimo_v2_flash_config,
     minicpm5_moe_config,
     minimax_m2_config,
+    minimax_m3_config,
+    mllama_config,
     phimoe_config,
     solar_open_config,
 )
@@ -60,6 +66,12 @@ MODULES = (
     dory_config,
     flint_config,
     beam_config,
+    doge_config,
+    minimax_m3_config,
+    mllama_config,
+    aria_config,
+    hrm_text_config,
+    cohere_compass_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -30,6 +30,7 @@ NAMES: dict[str, MoeNames] = {
     "lara_mini": MoeNames(shared="shared_expert."),  # (its experts stacked: qwen3_next_config)
     "flint": MoeNames(shared="shared_expert."),
     "jamba": MoeNames(block="feed_forward.", router="router.weight"),
+    "aria_text": MoeNames(router="router.weight"),  # (its experts stacked: aria_config)
     "phimoe": MoeNames(block="block_sparse_moe.", experts=("w1", "w3", "w2")),
     "minimax": MoeNames(block="block_sparse_moe.", experts=("w1", "w3", "w2")),
     "minimax_m2": MoeNames(

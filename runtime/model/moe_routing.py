@@ -15,6 +15,10 @@ DeepseekV3TopkRouter compute them; GLM-4.5's router is V3's.
   renormalised to sum to 1 with ``norm_topk_prob`` (V3; transformers' V2 never does), times
   ``routed_scaling_factor``.
 
+DeepSeek-V4's (its design: docs/runtime.md): ``sqrtsoftplus`` scores (sqrt(softplus(logits)))
+with the correction bias, greedy; its first layers' `HashRouter` takes the experts from a fixed
+token -> experts table (``tid2eid[input_ids]``) and weighs them by the same scores.
+
 PhiMoE's router (`sparsemixer`: ``topk_method`` sparsemixer) picks its two experts one after the
 other, each weighted by a softmax over the logits near it.
 
@@ -52,7 +56,7 @@ class GroupedRouter:
         if r.topk_method == "sparsemixer":
             weights, ids = sparsemixer(logits, r.jitter_eps)
             return weights * r.routed_scaling_factor, ids
-        scores = logits.softmax(dim=-1) if r.scoring == "softmax" else logits.sigmoid()
+        scores = _scores(logits, r.scoring)
         if self.bias is None:
             choice = scores
         else:  # (Kolibri's: the bias on the logits; sigmoid is monotonic, the sum is not)
@@ -77,6 +81,39 @@ class GroupedRouter:
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
         fill = float("-inf") if r.topk_method == "noaux_tc" and not r.zero_other_groups else 0.0
         return grouped.masked_fill(~keep.unsqueeze(-1), fill).view(t, e)
+
+
+def _scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    if scoring == "softmax":
+        return logits.softmax(dim=-1)
+    if scoring == "sqrtsoftplus":  # DeepSeek-V4's
+        return torch.nn.functional.softplus(logits).sqrt()
+    return logits.sigmoid()
+
+
+class HashRouter:
+    """DeepSeek-V4's hash-routed layers: ``(weights float32 [T, k], ids [T, k])`` of the hidden
+    states ``x`` [T, hidden] of the tokens ``input_ids`` [T]: the experts ``table[input_ids]``
+    (``tid2eid``, [vocab, k]), weighted by their scores renormalised, times
+    ``routed_scaling_factor``."""
+
+    __slots__ = ("linear", "routing", "table")
+
+    def __init__(
+        self, linear: Callable[[torch.Tensor], torch.Tensor], table: torch.Tensor,
+        routing: ExpertRouting,
+    ) -> None:  # fmt: skip
+        self.linear, self.table, self.routing = linear, table.long(), routing
+
+    def __call__(
+        self, x: torch.Tensor, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.routing
+        scores = _scores(self.linear(x.float()), r.scoring)
+        ids = self.table.index_select(0, input_ids)
+        weights = scores.gather(1, ids)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + r.renorm_eps)
+        return weights * r.routed_scaling_factor, ids
 
 
 def sparsemixer(logits: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,13 @@ names and keys (`transformer.h.N.attn.q_proj`, `mlp.fc_in` / `fc_out`; `n_embd`,
 CodeGen (`CodeGenForCausalLM`: codegen-350M/2B/6B/16B, mono/multi/nl) is GPT-J's model with q, k
 and v fused in one `attn.qkv_proj` over its 4 model-parallel shards (each shard's quarter of q,
 then of v, then of k): listed as q_proj, k_proj, v_proj at load (`split_codegen_qkv`).
+
+Persimmon (`PersimmonForCausalLM`: persimmon-8b-base / -chat) is this model in Llama's sequential
+layer (two LayerNorms with biases): q, k and v fused per head in `self_attn.query_key_value` as
+GPT-NeoX's (split at load: `falcon.split_qkv`, "per_head"), Phi's q/k LayerNorms (one weight
+and bias for every head, eps `layer_norm_eps`) before a rotate-half rotary over half of each
+head, an ungated ReLU² MLP (`dense_h_to_4h` / `dense_4h_to_h`, with biases), biases on q, k, v
+and `dense`, no bias on the head (`PersimmonModel`).
 """
 
 from __future__ import annotations
@@ -97,3 +104,11 @@ class PhiModel(Starcoder2Model):
     def logits(self, x, head):
         logits = super().logits(x, None)
         return logits if self.head_bias is None else logits + self.head_bias
+
+
+class PersimmonLayer(PhiLayer):
+    __call__ = LlamaLayer.__call__  # Llama's sequential layer, Phi's q/k LayerNorms
+
+
+class PersimmonModel(PhiModel):
+    layer_class = PersimmonLayer

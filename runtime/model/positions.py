@@ -25,10 +25,16 @@ row ``p + FamilyConfig.position_offset`` added to the embedding of the token at 
   (`do_layer_norm_before`), or after each residual add and none at the end (opt-350m:
   `OptLayer`); embeddings of `word_embed_proj_dim` projected in and out around the layers
   (`project_in` / `project_out`, no bias) where that differs from hidden_size.
+- XGLM (`XGLMForCausalLM`: xglm-564M ... 7.5B): OPT's pre-norm layer (LayerNorms with biases,
+  eps 1e-5; q/k/v/out, fc1/fc2 with biases; exact GELU; a final norm `model.layer_norm`; a tied
+  head) whose table is not stored but computed (`sinusoidal_table`, `FamilyConfig.positions`
+  "sinusoidal"), offset by 2 as OPT's, and its token embeddings multiplied by sqrt(hidden)
+  (`scale_embedding`: `FamilyConfig.embedding_multiplier`) before the rows are added.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -108,3 +114,29 @@ class LearnedPositionsModel(Starcoder2Model):
     def linears(self):
         extra = [x for x in (self.project_in, self.project_out) if x is not None]
         return super().linears()[:-1] + extra + [self.lm_head]
+
+
+def sinusoidal_table(rows: int, dim: int) -> torch.Tensor:
+    """[rows, dim] float32: XGLM's (fairseq's) table, row p = [sin(p f), cos(p f)] with
+    frequencies f_i = 10000 ** (-i / (dim / 2 - 1)), a zero column where dim is odd; computed
+    as transformers' `XGLMSinusoidalPositionalEmbedding.get_embedding` computes it."""
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000) / (half - 1)))
+    angles = torch.arange(rows, dtype=torch.float32).unsqueeze(1) * freq.unsqueeze(0)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    return F.pad(table, (0, dim % 2))
+
+
+class XglmModel(LearnedPositionsModel):
+    """XGLM (module docstring): the table computed, the token embeddings scaled."""
+
+    def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
+        c = self.config
+        table = sinusoidal_table(
+            c.max_position_embeddings + c.family.position_offset, c.hidden_size
+        )
+        self.positions_table = table.to(device=self.device, dtype=self.dtype)
+        self.project_in = self.project_out = None
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().embed_tokens(input_ids) * self.config.family.embedding_multiplier

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pagoda.runtime.model_configs import DenseLimit
 
 ARCH = "qwen4_exp"
 DEFAULTS = {
@@ -72,7 +73,6 @@ class Qwen4Exp:
     num_layers: int
     eos_token_id: int
     gate_act: str  # the DeltaNet output gate's activation: "silu" or "sigmoid"
-    dense_limit: int | None  # the longest sequence the QSA indexer keeps whole (None: no QSA)
     indexer_weights: int = 0  # one attention layer's indexer weights (loaded, not read)
 
     @property
@@ -163,13 +163,12 @@ def read(cfg: Mapping[str, Any], types: list[str], hidden: int) -> Qwen4Exp:
                          "(silu or sigmoid)")  # fmt: skip
     qsa = [cfg.get(k) for k in ("indexer_n_heads", "indexer_head_dim", "indexer_budget",
                                 "indexer_compress_ratio")]  # fmt: skip
-    limit, weights = None, 0
+    weights = 0
     if any(v is not None for v in qsa):
         if any(v is None or int(v) <= 0 for v in qsa) or int(cfg.get("indexer_kv_heads") or 1) != 1:
             raise ValueError("a Qwen4-Exp QSA indexer needs positive indexer_n_heads, "
                              "indexer_head_dim, indexer_budget, indexer_compress_ratio and one "
                              "key head (indexer_kv_heads 1)")  # fmt: skip
-        limit = int(cfg["indexer_budget"]) + int(cfg["indexer_compress_ratio"]) - 1
         heads, d = int(cfg["indexer_n_heads"]), int(cfg["indexer_head_dim"])
         weights = (heads + 1) * d * hidden + 2 * d  # index_qk_proj, q and k layernorms
     return Qwen4Exp(
@@ -178,18 +177,17 @@ def read(cfg: Mapping[str, Any], types: list[str], hidden: int) -> Qwen4Exp:
         heads_per_ngram=per, ngram_vocab_base=int(cfg["ngram_vocab_size_base"]),
         ngram_divisor=int(cfg["make_ngram_vocab_size_divisible_by"]), seed=int(cfg["seed"]),
         num_layers=n, eos_token_id=-1 if eos is None else int(eos), gate_act=act,
-        dense_limit=limit, indexer_weights=weights,
+        indexer_weights=weights,
     )  # fmt: skip
 
 
-def check_max_model_len(q: Qwen4Exp, asked: int | None) -> None:
-    """A --max-model-len past what the QSA indexer keeps whole: refused in one line."""
-    if q.dense_limit is not None and asked is not None and asked > q.dense_limit:
-        raise ValueError(
-            f"max_model_len {asked} is not supported for a qwen4_exp model: its QSA indexer's "
-            f"sparse selection (past indexer_budget + indexer_compress_ratio - 1 = "
-            f"{q.dense_limit} tokens) is not implemented; lower --max-model-len"
-        )
+def dense_limit(cfg: Mapping[str, Any]) -> DenseLimit | None:
+    """The longest sequence the QSA indexer keeps whole (module docstring); None: no QSA."""
+    if cfg.get("indexer_budget") is None:
+        return None
+    return DenseLimit(int(cfg["indexer_budget"]) + int(cfg["indexer_compress_ratio"]) - 1,
+                      "its QSA indexer's sparse selection",
+                      "indexer_budget + indexer_compress_ratio - 1")  # fmt: skip
 
 
 def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:

@@ -6,7 +6,8 @@ layers are the attention layer class's own.
 
 Mixed in before that class: LFM2's short convs (`lfm2.py`), Qwen3-Next's and OLMo Hybrid's
 Gated DeltaNet (`qwen3_next.py`, `olmo_hybrid.py`), Kimi Linear's KDA (`kimi_linear.py`),
-Jamba's Mamba-1 mixers (`jamba.py`), and Granite 4.0's / Bamba's Mamba2 mixers
+Jamba's Mamba-1 mixers (`jamba.py`), RecurrentGemma's RG-LRU blocks
+(`recurrent_gemma.py`, its call passing the step's first-token mask), and Granite 4.0's / Bamba's Mamba2 mixers
 (`granite_hybrid.py`, whose own call scales each branch). Falcon-H1 (mixer and attention side
 by side), Nemotron-H, Mamba-1 and Zamba2 (no MLP after the mixer, or a shared block before it)
 have layers of their own.

@@ -25,6 +25,8 @@ MODEL_CLASSES = {
     "gemma2": ("gemma2", "Gemma2Model"),
     "gemma3": ("gemma3", "Gemma3Model"),
     "gemma4": ("gemma4", "Gemma4Model"),  # per-layer inputs, KV-shared layers, MoE block
+    "gemma4_unified": ("gemma4", "Gemma4Model"),  # Gemma 4's without PLE or MoE (gemma4_config)
+    "gemma3n": ("gemma3n", "Gemma3nModel"),  # Gemma 4's layers with AltUp, Laurel, sparsity
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),
     "qwen2moe": ("moe", "Qwen2MoeModel"),
@@ -49,6 +51,7 @@ MODEL_CLASSES = {
     "axk2": ("axk2", "Axk2Model"),  # A.X-K2: V3.2's, gated norms, attention's output gate
     "hy_v4": ("hy_v4", "HyV4Model"),  # GLM-5's with hyper-connections, gated sink attention
     "dots3_note_text": ("dsa", "DsaModel"),  # V3.2's, GLM-5's indexer, Dots3's attention
+    "deepseek_v4": ("dsv4_engine", "Dsv4EngineModel"),  # mHC, CSA/HCA compressed attention
     "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
@@ -60,6 +63,7 @@ MODEL_CLASSES = {
     "nanochat": ("nanochat", "NanoChatModel"),  # weightless norms, ReLU² MLP, soft cap
     "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
+    "apertus1p5": ("apertus", "Apertus1p5Model"),  # Apertus', its LM head pruned
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
     "exaone": ("llama", "LlamaModel"),  # EXAONE 3 / 3.5: Llama's under GPT-style names
@@ -73,7 +77,10 @@ MODEL_CLASSES = {
     "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
+    "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
+    "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
+    "emu3": ("llama", "LlamaModel"),  # Emu3's text model: Llama's
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
@@ -87,9 +94,14 @@ MODEL_CLASSES = {
     "falcon_mamba": ("mamba1", "MambaModel"),  # Mamba-1's, norms on B, C and dt
     "jamba": ("jamba", "JambaModel"),  # Mamba-1 and attention layers, experts every other
     "zamba2": ("zamba2", "Zamba2Model"),  # Mamba2 layers, shared blocks with LoRA adapters
+    "zamba": ("zamba", "ZambaModel"),  # Mamba-1 layers in heads, one shared block
+    "recurrent_gemma": ("recurrent_gemma", "RecurrentGemmaModel"),  # RG-LRU + local attention
+    "rwkv": ("rwkv", "RwkvModel"),  # RWKV-4: time-mix (wkv) and channel-mix, no attention
+    "xlstm": ("xlstm", "XlstmModel"),  # mLSTM layers (matrix memory), SwiGLU, no attention
     "lfm2": ("lfm2", "Lfm2Model"),  # gated short convs among Qwen3-style attention layers
     "lfm2_moe": ("lfm2", "Lfm2MoeModel"),  # LFM2's, sigmoid-routed experts after dense layers
     "zaya": ("zaya", "ZayaModel"),  # q/k/v from a conv state, a router MLP over top-1 experts
+    "inkling": ("inkling", "InklingModel"),  # short convs, relative logits, shared experts
     "lfm3": ("lfm2", "Lfm3Model"),  # LFM2's, sliding layers, head gates, sandwich norms
     "qwen3_next": ("qwen3_next", "Qwen3NextModel"),  # Gated DeltaNet + gated attention, experts
     "qwen3_5": ("qwen3_next", "Qwen3NextModel"),  # Qwen3-Next's layers, a dense MLP
@@ -105,6 +117,7 @@ MODEL_CLASSES = {
     "gpt_bigcode": ("positions", "LearnedPositionsModel"),  # GPT-2's, multi-query
     "gpt_neo": ("positions", "LearnedPositionsModel"),  # local (windowed) layers, unscaled
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
+    "xglm": ("positions", "XglmModel"),  # sinusoidal positions, scaled embeddings (OPT's)
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...

@@ -56,6 +56,8 @@ class SharedBlock:
     """One shared transformer block's weights (module docstring), read once from its first
     use's layer (`zamba2_config.block_prefix`)."""
 
+    gate_up_names = ("gate_up_proj",)  # the MLP's gate and up, under ``feed_forward.``
+
     def __init__(self, model: LlamaModel, w: DeviceWeights, ctx: LayerContext, block: int):
         p = zamba2_config.block_prefix(model.config, block)
         a, f = p + "self_attn.", p + "feed_forward."
@@ -64,11 +66,21 @@ class SharedBlock:
         self.mlp_norm = model.read_norm(w, p + "pre_ff_layernorm.weight")
         self.qkv = linear_layer(ctx, w, [f"{a}{n}_proj.weight" for n in "qkv"])
         self.o_proj = linear_layer(ctx, w, [a + "o_proj.weight"])
-        self.gate_up = linear_layer(ctx, w, [f + "gate_up_proj.weight"])
+        self.gate_up = linear_layer(ctx, w, [f"{f}{n}.weight" for n in self.gate_up_names])
         self.down = linear_layer(ctx, w, [f + "down_proj.weight"])
 
     def linears(self) -> list:
         return [self.qkv, self.o_proj, self.gate_up, self.down]
+
+    def projections(self, ctx: LayerContext, w: DeviceWeights, use: int, z) -> tuple:
+        """Use `use`'s q/k/v and gate_up: the block's, with the use's LoRA adapters on the
+        MLP's gate_up and, where `z.attention_adapters`, on q, k and v."""
+        qkv = self.qkv
+        if z.attention_adapters:
+            names = ["self_attn.linear_q", "self_attn.linear_k", "self_attn.linear_v"]
+            qkv = LoraLinear(self.qkv, *self.adapter(ctx, w, names, use))
+        gate_up = ["feed_forward.gate_up_proj"]
+        return qkv, LoraLinear(self.gate_up, *self.adapter(ctx, w, gate_up, use))
 
     def adapter(self, ctx: LayerContext, w: DeviceWeights, names: list[str], use: int):
         """Use `use`'s adapters of the projections `names` (under the block) as one
@@ -93,17 +105,12 @@ class Zamba2Layer(LlamaLayer):
         p = zamba2_config.mixer_prefix(c, index)
         self.ctx, self.index = ctx, index
         self.attn_norm = model.read_norm(w, p + "input_layernorm.weight")  # the mixer's norm
-        self.mixer = Mamba2Mixer(m, w, p, index, zamba2_config.GATED_NORM_EPS, ctx)
+        self.mixer = self.make_mixer(m, w, p, index, ctx)
         if not m.zamba2.hybrid[index]:
             return
         b, use = m.zamba2.block(index)
         self.block = block = model.blocks[b]
-        self.qkv = block.qkv
-        if m.zamba2.attention_adapters:
-            names = ["self_attn.linear_q", "self_attn.linear_k", "self_attn.linear_v"]
-            self.qkv = LoraLinear(block.qkv, *block.adapter(ctx, w, names, use))
-        gate_up = ["feed_forward.gate_up_proj"]
-        self.gate_up = LoraLinear(block.gate_up, *block.adapter(ctx, w, gate_up, use))
+        self.qkv, self.gate_up = block.projections(ctx, w, use, m.zamba2)
         self.o_proj = block.o_proj
         self.kv_scales = model.kv_scales(w, block.prefix + "self_attn")
         self.window = self.chunk = None
@@ -111,17 +118,21 @@ class Zamba2Layer(LlamaLayer):
         self.rotary = ctx.ops.rotary_embedding
         self.linear = linear_layer(ctx, w, [f"model.layers.{index}.linear.weight"])
 
+    def make_mixer(self, m, w: DeviceWeights, p: str, index: int, ctx: LayerContext):
+        """The layer's mixer (under `p`): Mamba2's (Zamba's Mamba-1 heads: `zamba.py`)."""
+        return Mamba2Mixer(m, w, p, index, zamba2_config.GATED_NORM_EPS, ctx)
+
     def linears(self):
         if self.block is None:
             return self.mixer.linears()
-        adapters = self.gate_up.linears() + (self.qkv.linears() if self.qkv is not self.block.qkv
-                                             else [])  # fmt: skip
+        adapters = [a for x in (self.gate_up, self.qkv) if isinstance(x, LoraLinear)
+                    for a in x.linears()]  # fmt: skip
         first = self.block.linears() if self.is_first_use else []  # (shared: listed once)
         return [*self.mixer.linears(), *adapters, self.linear, *first]
 
     @property
     def is_first_use(self) -> bool:
-        return self.block.prefix == f"model.layers.{self.index}.shared_transformer."
+        return self.block.prefix.startswith(f"model.layers.{self.index}.")
 
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Zamba2Step
@@ -141,10 +152,12 @@ class Zamba2Layer(LlamaLayer):
 
 class Zamba2Model(LlamaModel):
     layer_class = Zamba2Layer
+    block_class = SharedBlock
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
         z = self.config.family.mamba.zamba2
-        self.blocks = [SharedBlock(self, w, ctx, b) for b in range(min(z.blocks, sum(z.hybrid)))]
+        n = min(z.blocks, sum(z.hybrid))
+        self.blocks = [self.block_class(self, w, ctx, b) for b in range(n)]
 
     def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:
         return super().read_norm(w, FINAL_NORM if name == "model.norm.weight" else name)

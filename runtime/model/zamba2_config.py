@@ -119,7 +119,12 @@ def block_prefix(c: ModelConfig, block: int) -> str:
     """Where shared block `block`'s tensors are: under its first use's layer."""
     z = c.family.mamba.zamba2
     first = [i for i, h in enumerate(z.hybrid) if h][block]
-    return f"model.layers.{first}.shared_transformer."
+    return f"model.layers.{first}.{shared_name(c)}."
+
+
+def shared_name(c: ModelConfig) -> str:
+    """The shared block's name under a hybrid layer: Zamba2's, Zamba's (`zamba_config.py`)."""
+    return "shared_transf" if c.architecture == "zamba" else "shared_transformer"
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:

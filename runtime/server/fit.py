@@ -72,6 +72,10 @@ class Plan:
         return max(1, mc.num_kv_heads // self.tp)
 
     def kv_bytes_per_token(self, mc: ModelConfig) -> int:
+        if mc.family.dsv4 is not None:  # rows, entries, Ca tails (model/dsv4_engine.py)
+            from pagoda.runtime.model.dsv4_engine import bytes_per_token
+
+            return bytes_per_token(mc.family.dsv4, self.dtype, self.block_size)
         item = 1 if self.fp8_kv or self.int8_kv else self.dtype.itemsize
         return sum(  # int8: a float32 scale per row; KV heads split over the ranks
             mc.kv_tensors * max(1, heads // self.tp) * (dim * item + 4 * self.int8_kv)
@@ -86,6 +90,10 @@ class Plan:
 
     def state_bytes(self, mc: ModelConfig) -> int:
         """A hybrid's Mamba state slots, one per sequence (`worker/mamba_state.py`)."""
+        if mc.family.dsv4 is not None:  # DeepSeek-V4's open-window slots (dsv4_engine.py)
+            from pagoda.runtime.model.dsv4_engine import slots_bytes
+
+            return slots_bytes(mc.family.dsv4, self.dtype, self.max_num_seqs)
         m = mamba_shard.local(mc.family.mamba, self.tp)  # this rank's heads
         return 0 if m is None else m.state_bytes(self.dtype, self.max_num_seqs)
 

@@ -36,7 +36,7 @@ def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
         renamed = stacked_experts(tensors)
         tensors = {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
                    for n, t in tensors.items()}  # fmt: skip
-    if mc.architecture == "zamba2":  # the blocks' tensors it reads, the adapters as held
+    if mc.architecture in ("zamba2", "zamba"):  # the blocks' tensors it reads, the adapters as held
         tensors = _zamba2_as_held(tensors, mc)
     if mc.architecture == "bitnet":  # its BitLinear matrices: unpacked or quantized at load
         tensors = _bitnet_as_held(tensors, mc)
@@ -102,13 +102,13 @@ def _zamba2_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, St
     block's first use (a copy a later hybrid layer holds is not read, as transformers ties it),
     a use's q/k/v adapters as one `Linear` each way (the three A stacked [3r, 2h], the three B
     one block-diagonal [3 x 2h, 3r])."""
-    from pagoda.runtime.model.zamba2_config import block_prefix
+    from pagoda.runtime.model.zamba2_config import block_prefix, shared_name
 
     z = mc.family.mamba.zamba2
     read = tuple(block_prefix(mc, b) for b in range(min(z.blocks, sum(z.hybrid))))
     out: dict[str, Stored] = {}
     for name, t in tensors.items():
-        if ".shared_transformer." in name and not name.startswith(read):
+        if f".{shared_name(mc)}." in name and not name.startswith(read):
             continue
         m = _ZAMBA2_ADAPTER.match(name)
         if m is None:

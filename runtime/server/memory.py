@@ -76,9 +76,16 @@ _BLAME = {
 }
 
 
-def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:
+def kv_bytes_per_token(
+    mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str, block_size: int = 128
+) -> int:
     """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`; one
-    latent row per layer for multi-head latent attention, `ModelConfig.kv_tensors`)."""
+    latent row per layer for multi-head latent attention, `ModelConfig.kv_tensors`; DeepSeek-V4's
+    rows with their blocks' compressed entries and Ca tails, `dsv4_engine.bytes_per_token`)."""
+    if mc.family.dsv4 is not None:
+        from pagoda.runtime.model.dsv4_engine import bytes_per_token
+
+        return bytes_per_token(mc.family.dsv4, dtype, block_size)
     total = 0
     for heads, dim in mc.kv_layer_shapes:  # (a hybrid's Mamba layers keep no KV cache)
         rows = mc.kv_tensors * heads
@@ -121,7 +128,7 @@ def estimate(
     w = held.bytes
     if device.type == "cpu":
         w *= cfg.parallel.ranks_per_node
-    per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype)
+    per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype, cache.block_size)
     if cache.num_blocks_override is not None:
         kv = cache.num_blocks_override * cache.block_size * per_token
     elif cache.kv_cache_memory is not None:
@@ -159,6 +166,10 @@ def estimate(
     # one rank's Mamba state slots (its heads: `model/mamba_shard.py`), every rank's on a CPU
     m = mamba_shard.local(mc.family.mamba, cfg.parallel.tensor_parallel_size)
     state = 0 if m is None else m.state_bytes(dtype, sched.max_num_seqs)
+    if mc.family.dsv4 is not None:  # DeepSeek-V4's open-window slots (model/dsv4_engine.py)
+        from pagoda.runtime.model.dsv4_engine import slots_bytes
+
+        state = slots_bytes(mc.family.dsv4, dtype, sched.max_num_seqs)
     if device.type == "cpu":
         state *= cfg.parallel.ranks_per_node
     return Footprint(w, kv, blocks, tables, rope, graphs,
@@ -197,7 +208,7 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
     device = cfg.torch_device()
     fp = estimate(mc, cfg, model_path, device)
     bs = cfg.cache.block_size
-    per_block = kv_bytes_per_token(mc, cfg.torch_dtype(), cfg.cache.kv_cache_dtype) * bs
+    per_block = kv_bytes_per_token(mc, cfg.torch_dtype(), cfg.cache.kv_cache_dtype, bs) * bs
     host, source = host_available()
     derived = False
     if device.type == "cpu":

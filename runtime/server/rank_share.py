@@ -33,6 +33,8 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if name in (EMBED, HEAD):
         start, stop = lay.vocab(rows)
         return stop - start, cols
+    if mc.family.gemma4 is not None and m:  # its layers' own head sizes and KV heads
+        return _gemma4_local(int(m.group(1)), part, rows, cols, mc, lay)
     if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
         return m_rows, cols
     if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
@@ -69,6 +71,26 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _gemma4_local(layer: int, part: str, rows: int, cols: int, mc: ModelConfig, lay):
+    """(rows, columns) of a Gemma 4 / Gemma 3n layer's tensor on one rank (`model/gemma4.py`):
+    q by its heads and k/v by its KV heads of the layer's head size, o, the MLP's down and the
+    experts' down by input columns, gate/up and the experts' gate_up by rows; the rest whole
+    (norms, the router, per-layer inputs, AltUp, Laurel)."""
+    g = mc.family.gemma4
+    d = g.head_dims[layer]
+    if part == "self_attn.q_proj.weight":
+        q0, q1 = lay.heads(mc.num_heads)
+        return (q1 - q0) * d, cols
+    if part in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+        k0, k1 = lay.kv_heads(g.kv_heads[layer])
+        return (k1 - k0) * d, cols
+    if part in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "experts.down_proj"):
+        return rows, cols // lay.size
+    if part in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "experts.gate_up_proj"):
+        return rows // lay.size, cols
+    return rows, cols
 
 
 def _mamba_share(name: str, mc: ModelConfig, lay) -> float:

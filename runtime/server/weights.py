@@ -83,7 +83,9 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    # Zaya's embedding scale (model/zaya.py)
                    "model.input_hidden_states_scale", "model.input_hidden_states_bias",
                    # HY V4's hyper-connections' fold (model/hy_v4.py)
-                   "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")  # fmt: skip
+                   "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale",
+                   # Inkling's embedding norm (model/inkling.py)
+                   "model.embed_tokens.embed_norm.weight")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq",
              # MiniMax's lightning decays, computed from the config (model/minimax.py)
@@ -92,8 +94,13 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
 _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
           # Zaya's q, k and delayed values: the conv's inputs in one matrix (model/zaya.py)
           (re.compile(r"\bqkv_proj\.([qk]_proj|v_proj_delayed)\b"), "qkv_proj.cca"),
+          # xLSTM's mLSTM: q, k, v and the output gate in one matrix, the two gates in another
+          (re.compile(r"\bmlstm_layer\.(q|k|v|ogate_preact)\b"), "mlstm_layer.qkvo"),
+          (re.compile(r"\bmlstm_layer\.[if]gate_preact\b"), "mlstm_layer.gates"),
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
+          # Inkling's relative states: with q, k and v in one matrix (model/inkling.py)
+          (re.compile(r"\bself_attn\.r_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
           # a GGUF's experts (`gguf_archs`: `experts.gate`/`.up`) and GraniteMoE's
@@ -121,6 +128,14 @@ _KDA_TENSORS = re.compile(
 _KDA_FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
 # a norm's weight (Gemma 4's `post_feedforward_layernorm_1`, `_2`, `pre_feedforward_layernorm_2`)
 _NORM = re.compile(r"norm(_\d)?\.weight$")
+# Gemma 3n's AltUp projections into and out of its extra streams (Linears outside the layers)
+_ALTUP = re.compile(r"model\.altup_(unembed_)?projections\.\d+\.weight$")
+# and each layer's router and coefficients (tensors: `gemma3n.AltUp`), and the wrapper's tables
+# of image and audio token ids (`Gemma3nModel.embed_tokens`)
+_ALTUP_COEFS = re.compile(
+    r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$"
+    r"|^model\.embed_(vision|audio)\.embedding\.weight$"
+)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -252,6 +267,12 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         from pagoda.runtime.model.bailing_hybrid_config import rename
 
         rename(weights)
+    if architecture == "gemma3n":  # the wrapper's embedders, as the loader lists them
+        from pagoda.runtime.model.gemma3n_config import list_embedders
+        from pagoda.runtime.model.hf_loader import read_config
+
+        with contextlib.suppress(ValueError):  # (refused at load in one line)
+            list_embedders(weights, read_config(path))
     if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
         from pagoda.runtime.model.dbrx import split_experts
         from pagoda.runtime.model.hf_loader import read_config
@@ -273,8 +294,8 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
 
 def read_by_model(name: str, mc: ModelConfig) -> bool:
     """Whether the model reads tensor `name` as a weight of its own (FP8 scales go with theirs)."""
-    if name.endswith(_NOT_READ):
-        return False
+    if name.endswith(_NOT_READ) and not name.endswith(".altup.correct_output_scale"):
+        return False  # (Gemma 3n's AltUp scale: a weight, not an FP8 scale)
     if name == HEAD:
         return not mc.tie_word_embeddings
     if name in (
@@ -283,12 +304,20 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         "model.norm.bias",
         "lm_head.bias",
         "lm_head.logit_scale",  # (Dory's, float32)
+        "model.z_L_init",  # (HRM-Text's)
         "model.final_layernorm.weight",
         "model.final_layernorm.bias",
         *_OUTSIDE_LAYERS,
     ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
         # PhiMoE's head a bias)
         return True
+    g3n = None if mc.family.gemma4 is None else mc.family.gemma4.gemma3n  # (model/gemma3n.py)
+    if g3n is not None and _ALTUP.match(name):
+        return int(name.rsplit(".", 2)[1]) < g3n.altup_inputs - 1
+    if g3n is not None and name.startswith(("model.embed_vision.", "model.embed_audio.")):
+        return name in g3n.model_shapes(mc.hidden_size)  # (its soft-token norms: not read)
+    if mc.architecture == "minimax_m3" and ".self_attn.indexer." in name:
+        return False  # (its sparse layers attend densely: model/minimax_m3_config.py)
     m = _LAYER.match(name)
     if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
         return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))
@@ -310,6 +339,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py)
         total += tensors[EMBED].numel * (4 - p.dtype.itemsize)
+    if mc.family.positions == "sinusoidal":  # XGLM's table, computed (model/positions.py)
+        rows = mc.max_position_embeddings + mc.family.position_offset
+        total += rows * mc.hidden_size * p.dtype.itemsize
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
     for name, t in tensors.items():
@@ -371,6 +403,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return t.numel * 4
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
+    if mc.family.gemma4 is not None and _ALTUP_COEFS.search(name):  # tensors, not Linears
+        return t.numel * p.dtype.itemsize
     if mc.family.gemma4 is not None and name == "model.embed_tokens_per_layer.weight":
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
@@ -385,10 +419,29 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
             return t.numel * 8
         if _NORM.search(name) or name.endswith("experts.norm"):
             return t.numel * 4  # its norms and expert norms in float32
-    if mc.architecture == "zaya" and name.endswith(("experts.gate_up_proj", "down_proj")):
+    if mc.architecture == "aria_text" and name.endswith(("experts.gate_up_proj", "down_proj")):
+        e, a, b = t.shape  # a Linear per expert of each [in, out] slice, transposed (Aria's),
+        # under a per-expert matrix's name (rows or columns split: `rank_share._local`)
+        return _dense([Stored(name + ".weight", t.kind, (e, b, a), t.nbytes)], mc, lay, p)
+    if mc.architecture == "aria_text" and name.endswith("mlp.router.weight"):  # DeepSeek's kind
+        return _float32_router(t, p)
+    if mc.architecture in ("zaya", "minimax_m3") and name.endswith(
+        ("experts.gate_up_proj", "down_proj")
+    ):
         return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
         return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
+    if mc.architecture == "recurrent_gemma" and (".rg_lru." in name or ".conv_1d." in name):
+        return t.numel * (4 if name.endswith("recurrent_param") else p.dtype.itemsize)  # (tensors:
+        # the RG-LRU's gates and conv, its decay's softplus in float32: model/recurrent_gemma.py)
+    if mc.architecture == "rwkv" and ".time_" in name:  # RWKV's mixes in the dtype, decay
+        return t.numel * (4 if name.endswith(("time_decay", "time_first")) else p.dtype.itemsize)
+    if mc.architecture == "zamba" and name.endswith(("_proj_weight", "dt_proj_bias")):
+        return t.numel * p.dtype.itemsize  # its mixers' per-head x_proj, dt_proj: tensors
+    if mc.architecture == "inkling":  # (model/inkling.py)
+        held = _inkling_held(name, t, mc, lay, p)
+        if held != -1:
+            return held
     if mc.architecture in _KDA_FAMILIES and _KDA_TENSORS.search(name):
         conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
         return t.numel * (p.dtype.itemsize if conv else 4)  # (the others' conv float32)
@@ -400,17 +453,35 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return None
     if norm and (
         mc.family.gemma_norms or (mc.family.cohere_layer and not mc.family.cohere_rms_norm)
-        or mc.architecture == "gpt_oss" or float32_norm or mc.family.gemma4 is not None
+        or mc.architecture in ("gpt_oss", "minimax_m3") or float32_norm
+        or mc.family.gemma4 is not None
         or name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
     ):  # fmt: skip
-        # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's
-        # w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
+        # float32: Gemma's (and MiniMax-M3's) 1 + w (gemma2.norm_weight), Cohere's LayerNorm
+        # weights, gpt-oss's w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
         return math.prod(_local(name, t.shape, mc, lay)) * 4
     if name.endswith("self_attn.sinks"):  # float32, this rank's heads
         start, stop = lay.heads(mc.num_heads)
         return (stop - start) * 4
     return _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize  # norms and biases (o's and
     # down's whole on every rank)
+
+
+def _inkling_held(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
+    """Inkling's tensors held otherwise than Llama's (-1: as Llama's): a Linear per expert,
+    routed or shared (the shared experts' gate and up one Linear each: None, grouped); the
+    convs, the router and its scale and correction bias in float32; the relative-logit
+    profiles a tensor."""
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return _dense([t], mc, lay, p)
+    if name.endswith(("shared_experts.gate_proj", "shared_experts.up_proj")):
+        return None
+    if name.endswith(("conv1d.weight", "mlp.gate.weight", "gate.global_scale",
+                      "gate.e_score_correction_bias")):  # fmt: skip
+        return t.numel * 4
+    if name.endswith("rel_logits_proj.proj"):
+        return t.numel * p.dtype.itemsize
+    return -1
 
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts

@@ -16,7 +16,13 @@ if TYPE_CHECKING:
 
 # hidden-wide vectors a layer holds beyond Llama's two norms, in the model's dtype, whole on
 # every rank: AfMoE's (and Beam's) two more norms, JetMoE's attention and MLP output biases
-EXTRA_LAYER_VECTORS = {"afmoe": 2, "jetmoe": 2, "kolibri1": 2, "beam": 2}  # (Kolibri 1: GLM-4's)
+EXTRA_LAYER_VECTORS = {
+    "afmoe": 2,
+    "jetmoe": 2,
+    "kolibri1": 2,
+    "kolibri1_1": 2,
+    "beam": 2,
+}  # (Kolibri 1: GLM-4's)
 
 
 def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
@@ -30,10 +36,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     h, i, n, t = mc.hidden_size, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
     f = mc.family
-    if f.gemma4 is not None:  # (one rank, 16 or 32 bits: `family_options` refuses the rest)
+    if f.gemma4 is not None:  # (16 or 32 bits: `family_options` refuses FP8)
         from pagoda.runtime.model.gemma4_config import param_count
 
-        return param_count(mc) * item
+        return param_count(mc, tp) * item
     if mc.architecture == "longcat_flash":  # (one rank, 16 or 32 bits: `family_options`)
         from pagoda.runtime.model.checkpoint_check import expected_shapes
         from pagoda.runtime.model.longcat_flash_config import weight_bytes
@@ -60,7 +66,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     experts, routers, shared = _expert_bytes(mc, item, fp8, t, moe)
     projections += shared
     width = f.embed_proj_dim or h  # (OPT's narrower embeddings, projected in and out)
-    embed = mc.vocab_size * width * (1 if mc.tie_word_embeddings else 2) * item
+    head = 0 if mc.tie_word_embeddings else f.head_rows or mc.vocab_size  # (a pruned head)
+    embed = (mc.vocab_size + head) * width * item
     if mc.architecture == "gpt_oss":  # biases, sinks (float32)
         heads = mc.num_heads / t
         biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
@@ -81,6 +88,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         from pagoda.runtime.model.mimo_v2_flash_config import attention_params
 
         projections += attention_params(mc) * item - n * attn * item
+    if f.kolibri11 is not None:  # its KV-shared layers: no k/v projections nor k norm
+        shared, rows = sum(map(f.kolibri11.shares_kv, range(n))), 2 * kv * mc.head_dim
+        projections -= shared * ((rows * h + 4 * rows if fp8 else rows * h * item)
+                                 + mc.head_dim * item)  # fmt: skip
     hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`recurrent_configs.MambaConfig`)
     return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
 
@@ -149,7 +160,7 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
         norms += n * mc.num_heads / t * item
     if f.embed_proj_dim:
         norms += 2 * h * f.embed_proj_dim * item
-    if f.positions == "learned":  # the table, whole on every rank
+    if f.positions in ("learned", "sinusoidal"):  # the table (stored or computed), every rank's
         norms += (mc.max_position_embeddings + f.position_offset) * h * item
     return norms
 

@@ -24,7 +24,7 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model import alibi
-from pagoda.runtime.model.llama import TOKEN_HISTORY, LlamaModel
+from pagoda.runtime.model.llama import SEQUENCE_STATE, TOKEN_HISTORY, LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.ops import select_ops
@@ -94,6 +94,8 @@ class ModelRunner:
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
                                           self.device, self.block_tables,
                                           1 if tp is None else tp.size)  # fmt: skip
+        # a model's own per-sequence state (DeepSeek-V4's open windows), before the KV budget
+        self.seq_state = self.model.sequence_state(config.scheduler.max_num_seqs)
         sized = self._size_cache(max_model_len)
         self.num_blocks, self.num_snapshots = sized.num_blocks, sized.num_snapshots
         if tp is not None:  # the same pool on every rank: what the fullest device holds
@@ -149,6 +151,7 @@ class ModelRunner:
             sinks=mc.family.attention_sinks,
             latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
             alibi_slopes=None if slopes is None else slopes.to(self.device),
+            rel_logits=mc.family.relative_logits,
         )
 
     def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:
@@ -185,8 +188,8 @@ class ModelRunner:
             and self.backend.name == "triton"
         ):
             return
-        if self.mamba is not None:
-            log.info("CUDA graphs off: a model with Mamba layers runs its decodes eagerly")
+        if self.mamba is not None or self.seq_state is not None:
+            log.info("CUDA graphs off: a model with per-sequence state runs its decodes eagerly")
             return
         mla = self.model_config.family.mla
         if mla is not None and mla.indexer is not None:  # dense or sparse: chosen per step
@@ -199,8 +202,7 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        per_token = sum(b.bytes_per_token(self.dtype) for b in self.model.kv_backends)
-        return self.block_size * per_token
+        return sum(b.block_bytes(self.dtype, self.block_size) for b in self.model.kv_backends)
 
     @property
     def snapshot_interval(self) -> int:
@@ -364,6 +366,8 @@ class ModelRunner:
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
                                            out.snapshots)  # fmt: skip
+        if self.seq_state is not None:  # the model's per-sequence state (its slots)
+            inp.seq_state = self.seq_state.prepare(reqs, starts, qlens)
         if self.model.token_history:  # the tokens before each sequence's step (n-grams)
             inp.history = token_history([r.token_ids for r in reqs], starts,
                                         self.model.token_history)  # fmt: skip
@@ -457,6 +461,8 @@ class ModelRunner:
             meta.aux[MAMBA_STEP] = self.mamba.device_step(inp.mamba, self.to_device)
         if inp.history is not None:
             meta.aux[TOKEN_HISTORY] = self.to_device(inp.history)
+        if inp.seq_state is not None:
+            meta.aux[SEQUENCE_STATE] = self.seq_state.device_step(inp.seq_state, self.to_device)
         return self.model.forward(
             ids,
             self.to_device(inp.positions),

@@ -103,7 +103,12 @@ _LM_CLASSES["InternLM3"] = "LlamaForCausalLM"
 _LM_CLASSES["GPT2"] = "GPT2LMHeadModel"
 _LM_CLASSES.update(Qwen3_5Text="Qwen3_5ForCausalLM", Qwen3_5MoeText="Qwen3_5MoeForCausalLM")
 _LM_CLASSES["Qwen4ExpText"] = "Qwen4ExpForCausalLM"
+_LM_CLASSES["MiniMaxM3VLText"] = "MiniMaxM3VLForCausalLM"
+_LM_CLASSES["MllamaText"] = "MllamaForCausalLM"
+_LM_CLASSES["InklingText"] = "InklingForCausalLM"
 _LM_CLASSES["Dots3NoteText"] = "Dots3NoteForCausalLM"
+_LM_CLASSES["Emu3Text"] = "Emu3ForCausalLM"
+_LM_CLASSES["CohereCompassText"] = "CohereCompassForCausalLM"
 _LM_CLASSES["Glm5Next"] = "Glm5NextForConditionalGeneration"  # (no text-only causal LM)
 
 

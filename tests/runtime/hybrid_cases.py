@@ -158,6 +158,31 @@ CASES = {
              num_attention_heads=4, num_key_value_heads=2, adapter_rank=8, n_mamba_heads=4,
              mamba_d_state=16, chunk_size=8, intermediate_size=96),
     ),
+    # Zamba (model/zamba.py): Mamba-1 mixers in two heads (each its own x_proj, dt_proj, B, C;
+    # in_proj's rows interleaved, biased projections) in every layer, one shared block (no
+    # adapters, no rotary, grouped-query attention over [stream, embeddings]) used by two
+    # hybrid layers
+    "zamba": (
+        "Zamba",
+        dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+             n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=6, mamba_proj_bias=True,
+             intermediate_size=96),
+    ),
+    # RecurrentGemma (model/recurrent_gemma.py): RG-LRU blocks (four gate blocks) beside local
+    # attention (a window of 8 keys, one KV head, rotary on half of each head, o_proj biased),
+    # GeGLU MLPs with biases, Gemma's norms, the logits soft-capped
+    "recurrent-gemma": (
+        "RecurrentGemma",
+        dict(num_hidden_layers=3, block_types=["recurrent", "attention", "recurrent"],
+             num_key_value_heads=1, attention_window_size=8, intermediate_size=192,
+             logits_soft_cap=20.0),
+    ),
+    # RWKV-4 (model/rwkv.py): time-mix (the wkv recurrence) and channel-mix in every layer, the
+    # token shift from the state slots, LayerNorms with biases, no attention; untied
+    "rwkv": ("Rwkv", dict(num_hidden_layers=2, intermediate_size=128)),
+    # xLSTM (model/xlstm.py): mLSTM layers (two heads, q/k half as wide as v, soft-capped
+    # gates, a LayerNorm per head) and SwiGLU FFNs, no attention; the logits soft-capped
+    "xlstm": ("xLSTM", dict(num_hidden_layers=2, num_heads=2, output_logit_soft_cap=20.0)),
     # Gated DeltaNet among gated attention (model/qwen3_next.py). Qwen3-Next: experts with the
     # shared expert and its gate, a dense layer (`mlp_only_layers`), two value heads per key
     # head, top-k not renormalised; Qwen3.5: a dense MLP, as many key heads as value heads, key
@@ -256,6 +281,16 @@ CASES = {
         num_hidden_layers=3, head_dim=16, num_experts=4, moe_intermediate_size=32,
         router_hidden_size=32, cca_time0=2, cca_time1=3, tie_word_embeddings=False,
         lm_head_bias=True)),
+    # Inkling (model/inkling.py): no rotary; relative logits (an extent of 12, shorter than the
+    # prompts; the window's on the window layer), short convs on k, v and both sublayers'
+    # outputs in the conv state; a window layer with twice the KV heads and a dense MLP, then
+    # a full layer with its logit scaling from position 4 and routed + shared experts
+    # (correction biases scrambled by `write`)
+    "inkling": ("InklingText", dict(
+        num_hidden_layers=2, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=4,
+        swa_head_dim=16, sliding_window_size=8, d_rel=4, rel_extent=12, local_layer_ids=[0],
+        mlp_layer_types=["dense", "sparse"], moe_intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, log_scaling_n_floor=4)),
     # MiniMax-Text-01 (model/minimax.py): lightning attention (Mamba2's scan, chunks of
     # block_size) beside softmax attention, Mixtral's experts, residual weights by sublayer
     "minimax": ("MiniMax", dict(
@@ -270,7 +305,7 @@ DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "lara-mini", "qwen4-exp", "olmo
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
-SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid", "glm5-next")
+SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid", "glm5-next", "inkling")
 # config class prefix -> (the multimodal wrapper `write` builds around the text config, its
 # tiny vision config: not read)
 WRAPPED = {"Glm5Next": ("Glm5NextForConditionalGeneration",
@@ -549,7 +584,14 @@ REFUSED = {
     "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm3": (2, _NO_TP.format("lfm3", "short_conv"), _NO_FP8.format("lfm3", "short_conv")),
     "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
+    "zamba": (2, "not supported for a zamba model", "fp8 is not supported for a zamba model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
+    "recurrent-gemma": (
+        2, _NO_TP.format("recurrent_gemma", "rglru"), _NO_FP8.format("recurrent_gemma", "rglru")
+    ),
+    "rwkv": (2, _NO_TP.format("rwkv", "wkv"), _NO_FP8.format("rwkv", "wkv")),
+    "xlstm": (2, _NO_TP.format("xlstm", "mlstm"), _NO_FP8.format("xlstm", "mlstm")),
+    "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
 }  # fmt: skip
 
 

@@ -106,6 +106,17 @@ GEMMA4 = {"architectures": ["Gemma4ForCausalLM"], "hidden_size": 64, "intermedia
           "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25,
                                                  "rope_theta": 1e6, "rope_type": "proportional"},
                               "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}}  # fmt: skip
+GEMMA4_UNIFIED = {**GEMMA4, "architectures": ["Gemma4UnifiedForCausalLM"],
+                  "model_type": "gemma4_unified_text"}  # fmt: skip
+ARIA = {"architectures": ["AriaTextForCausalLM"], "model_type": "aria_text", "vocab_size": 300,
+        "hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4,
+        "num_hidden_layers": 2}  # fmt: skip
+GEMMA3N = {"architectures": ["Gemma3nForCausalLM"], "model_type": "gemma3n_text",
+           "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+           "num_key_value_heads": 1, "num_hidden_layers": 2, "head_dim": 16, "vocab_size": 300,
+           "vocab_size_per_layer_input": 300, "hidden_size_per_layer_input": 8,
+           "num_kv_shared_layers": 0, "laurel_rank": 8,
+           "layer_types": ["sliding_attention", "full_attention"]}  # fmt: skip
 MIMO = {"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash",
         "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "head_dim": 24,
         "v_head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 1,
@@ -136,14 +147,18 @@ DOTS3 = {"architectures": ["Dots3NoteForCausalLM"], "model_type": "dots3_note_te
          "num_hidden_layers": 2, "use_sliding_window": False}  # fmt: skip
 GLM5_NEXT = {"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
              "text_config": {"num_hidden_layers": 4}}  # fmt: skip
+MINIMAX_M3 = {"architectures": ["MiniMaxM3VLForCausalLM"], "model_type": "minimax_m3_vl_text",
+              "num_hidden_layers": 2}  # fmt: skip
+DSV4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+        "num_hidden_layers": 2}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
 def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) -> None:
     untested = {a for a, row in UNTESTED.items() if row.fp8_checkpoint}
-    configs = {"gemma4": GEMMA4, "mimo_v2_flash": MIMO, "axk2": AXK2, "minicpm5_moe": MINICPM5,
+    configs = {"gemma4": GEMMA4, "gemma4_unified": GEMMA4_UNIFIED, "gemma3n": GEMMA3N, "mimo_v2_flash": MIMO, "aria_text": ARIA, "axk2": AXK2, "minicpm5_moe": MINICPM5,
                "hy_v4": HY_V4, "qwen4_exp": QWEN4, "beam": BEAM,
-               "dots3_note_text": DOTS3, "glm5_next": GLM5_NEXT}  # fmt: skip
+               "dots3_note_text": DOTS3, "glm5_next": GLM5_NEXT, "minimax_m3": MINIMAX_M3, "deepseek_v4": DSV4}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch
@@ -161,14 +176,15 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
 
 def test_a_refused_option_is_one_line_and_exit_2_from_pagoda_serve(tmp_path) -> None:
     """`pagoda serve` on a config.json alone (the refusal comes before any weight is read)."""
-    (tmp_path / "config.json").write_text(json.dumps(GEMMA4))
+    (tmp_path / "config.json").write_text(json.dumps(MIMO))
     cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", "0",
            "--model", str(tmp_path), "--tensor-parallel-size", "2"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pagoda serve: error: "), result.stderr
-    _assert_refusal(lines[0].removeprefix("pagoda serve: error: "), "gemma4", "tensor_parallel")
+    _assert_refusal(lines[0].removeprefix("pagoda serve: error: "), "mimo_v2_flash",
+                    "tensor_parallel")  # fmt: skip
     assert "Traceback" not in result.stderr and "listening on" not in result.stderr
 
 

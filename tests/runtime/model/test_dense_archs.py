@@ -1,5 +1,5 @@
-"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM, HunYuan
+"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Emu3 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Persimmon, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM, HunYuan
 and GPT-J against transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -36,13 +36,19 @@ the directory for the reference: both read the published shape alike.
   two norms in parallel or Llama's layer, the older `rotary_pct` / `rotary_emb_base`;
 - StableLM (`StableLmForCausalLM`): LayerNorms with biases, a partial rotary, q/k/v biases;
   StableLM 2 12B's parallel layer and per-head q/k LayerNorms (a weight per head) with GQA;
+- Persimmon (`PersimmonForCausalLM`): GPT-NeoX's q/k/v per head in Llama's layer, a LayerNorm
+  over each head of q and k (Phi's), half of each head rotated, a ReLU² ungated MLP, biases;
 - Jais 2 (`Jais2ForCausalLM`): Llama's layer with LayerNorms (biases), a ReLU² ungated MLP;
 - VaultGemma (`VaultGemmaForCausalLM`): Gemma 2's model, two norms a layer (the second named
   `pre_feedforward_layernorm`), window layers, attention and final soft caps;
 - HyperCLOVA X (`HyperCLOVAXForCausalLM`): Granite's scalars with norms on attention's and the
   MLP's outputs (`use_post_norm`), the logits multiplied by `logits_scaling`, the softmax scale
   head_dim ** -0.5 unless `attention_multiplier` says;
+- DiffLlama (`DiffLlamaForCausalLM`): Llama's with differential attention (two value reads
+  per head, head pairs subtracted with the learned lambda, a weightless RMSNorm), GQA;
 - Helium (`HeliumForCausalLM`): Llama's with the interleaved rotary, q/k/v biases;
+- Emu3 (`Emu3ForCausalLM`, and `Emu3ForConditionalGeneration`'s text model, its VQ-VAE not
+  read): Llama's, its rotary base 1e6 by default;
 - Code World Model (`CwmForCausalLM`): Llama's with window layers (its default pattern when
   config.json names no layer_types) and its llama3 rotary by default;
 - HunYuan dense (`HunYuanDenseV1ForCausalLM`): per-head q/k RMSNorms after rotary, its
@@ -132,6 +138,9 @@ CASES = {
     # StableLM 2 12B: one norm in parallel, per-head q/k LayerNorms, GQA
     "stablelm-parallel-qk-norms": ("StableLm", dict(use_parallel_residual=True,
                                                     qk_layernorm=True), {}),
+    # Persimmon: GPT-NeoX's q/k/v per head, Phi's q/k LayerNorms, half rotated, ReLU² MLP
+    "persimmon-qk-layernorm": ("Persimmon", dict(num_key_value_heads=None, rope_parameters={
+        "rope_type": "default", "rope_theta": 25000.0, "partial_rotary_factor": 0.5}), {}),
     # Jais 2: LayerNorms with biases, ReLU² ungated MLP, biases everywhere
     "jais2-relu2": ("Jais2", dict(), {}),
     # VaultGemma: Gemma 2's model with two norms a layer; windows, both soft caps
@@ -144,8 +153,15 @@ CASES = {
     # and with its softmax scale given, without the peri-norms
     "hyperclovax-no-post-norm": ("HyperCLOVAX", dict(
         use_post_norm=False, attention_multiplier=0.05, residual_multiplier=0.7), {}),
+    # DiffLlama: differential attention (GQA: 8 heads over 4 KV heads), lambdas drawn large
+    "diffllama-gqa": ("DiffLlama", dict(num_attention_heads=8, num_key_value_heads=4,
+                                        lambda_std_dev=0.5), {}),
     # Helium: the interleaved rotary, q/k/v biases, its float32-scaled RMSNorm
     "helium-biases": ("Helium", dict(head_dim=16, attention_bias=True), {}),
+    # Emu3's text model: Llama's (dropout in training only), its rotary base 1e6 by default
+    "emu3-text": ("Emu3Text", dict(rope_parameters=None), {}),
+    # Emu3-Chat: the same text model in Emu3ForConditionalGeneration beside a tiny VQ-VAE
+    "emu3-chat-text": ("Emu3", {}, {}),
     # Code World Model: window layers by its default pattern (every fourth global), llama3 rotary
     "cwm-window-layers": ("Cwm", dict(head_dim=16, num_hidden_layers=5, sliding_window=10,
                                       layer_types=None, rope_parameters=None), {}),
@@ -214,13 +230,28 @@ def make_exaone4_5(path, **overrides):
     return make_tiny_wrapped(path, "Exaone4_5_ForConditionalGeneration", cfg)
 
 
+def make_emu3(path, **overrides):
+    """Emu3ForConditionalGeneration around a tiny Emu3 text model and a one-level VQ-VAE,
+    saved as transformers saves it (`text_model.model.`, `text_model.lm_head`, `vqmodel.`)."""
+    text = dict(TINY, pad_token_id=0) | overrides
+    vq = dict(codebook_size=16, embed_dim=8, latent_channels=8, base_channels=32,
+              channel_multiplier=[1], num_res_blocks=1, attn_resolutions=[], hidden_size=32,
+              num_attention_heads=1)  # fmt: skip
+    cfg = transformers.Emu3Config(text_config=text, vq_config=vq, vocabulary_map={"<image>": 299})
+    return make_tiny_wrapped(path, "Emu3ForConditionalGeneration", cfg)
+
+
 def _make(name: str, path):
     arch, overrides, renames = CASES[name]
     if arch == "Exaone4_5":
         return make_exaone4_5(path, **overrides)
+    if arch == "Emu3":
+        return make_emu3(path, **overrides)
     make_tiny_model(path, arch, **overrides)
     published(path, renames)
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # (transformers' Auto classes do not map Emu3's text config to Emu3ForCausalLM)
+    lm = transformers.Emu3ForCausalLM if arch == "Emu3Text" else transformers.AutoModelForCausalLM
+    return lm.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def _eps(t) -> float | None:
@@ -282,7 +313,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
-    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj", "codegen")
+    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj", "codegen", "persimmon")
     assert c.family.gated_mlp == (c.architecture not in ungated)
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
@@ -320,8 +351,8 @@ def test_two_ranks_match_transformers(built, name):
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
-    ("stablelm-parallel-qk-norms", 1), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
-    ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("gptj-rotary-dim", 2),
+    ("stablelm-parallel-qk-norms", 1), ("persimmon-qk-layernorm", 2), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
+    ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("diffllama-gqa", 1), ("emu3-chat-text", 2), ("gptj-rotary-dim", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -351,10 +382,12 @@ test_gpu_matches_transformers_with_graphs = gpu_test()
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4}),
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4, "rotary_pct": 0.5, "rotary_emb_base": 1e4}),
     ("StableLm", "stablelm", {"num_hidden_layers": 4}),
+    ("Persimmon", "persimmon", {"num_hidden_layers": 4}),
     ("Jais2", "jais2", {"num_hidden_layers": 4}),
     ("VaultGemma", "vaultgemma", {"num_hidden_layers": 4}),
     ("HyperCLOVAX", "hyperclovax", {"num_hidden_layers": 4}),
     ("Helium", "helium", {"num_hidden_layers": 4, "num_key_value_heads": 8}),
+    ("DiffLlama", "diffllama", {"num_hidden_layers": 4}),
     ("Cwm", "cwm", {"num_hidden_layers": 5}),
     ("HunYuanDenseV1", "hunyuan_v1_dense", {"num_hidden_layers": 4}),
     ("GPTJ", "gptj", {"n_layer": 4, "rotary_dim": 4}),
@@ -398,6 +431,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
                 "parallel_attn": False}, "num_ln_in_parallel_attn 1 and parallel_attn false"),
     ("Olmo", {"clip_qkv": -1.0}, "clip_qkv must be positive"),
     ("GPTJ", {"rotary_dim": 32}, r"rotary_dim 32 must be even and at most the head size 16"),
+    ("DiffLlama", {"num_key_value_heads": 1}, "DiffLlama with num_key_value_heads 1 is not"),
     # microsoft/phi-2's config.json before its port (read as Phi with phi-1.5's defaults: 2048
     # wide, 24 layers, where it says n_embd 2560, n_layer 32)
     ("Phi", {"model_type": "phi-msft", "n_embd": 2560, "n_layer": 32},

@@ -16,6 +16,7 @@ from arch_cases import (
     built_fixture,
     check_chunked_cached_batched,
     check_preempted,
+    check_two_ranks,
     generate,
     prompts,
 )
@@ -43,7 +44,17 @@ CASES = {
     # the MoE block beside every MLP, no per-layer inputs
     "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16,
                 hidden_size_per_layer_input=0, num_hidden_layers=3, layer_types=[S, S, F]),
+    # Gemma 4 Unified (Gemma4UnifiedForCausalLM): no per-layer inputs nor MoE block; KV-shared
+    # layers with keys as values (one full-attention KV head), double-wide MLPs
+    "unified": dict(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True,
+                    num_global_key_value_heads=1),
 }  # fmt: skip
+_NO_PLE = ("hidden_size_per_layer_input", "vocab_size_per_layer_input")  # (not Unified's keys)
+# over two ranks: the kv-shared case (the full layers' one KV head replicated on both ranks, the
+# sliding layers' two split, the shared layers reading their own rank's cache rows) with the MoE
+# block beside every MLP (experts split by width); per-layer inputs replicated
+TWO_RANKS = {**CASES["kv-shared"], "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+             "moe_intermediate_size": 16}  # fmt: skip
 
 
 def _scaled(model):
@@ -58,7 +69,11 @@ def _scaled(model):
 
 def write(name: str, path):
     torch.manual_seed(0)
-    config = transformers.Gemma4TextConfig(**{**TEXT, **CASES[name]})
+    if name == "unified":
+        text = {k: v for k, v in {**TEXT, **CASES[name]}.items() if k not in _NO_PLE}
+        config = transformers.Gemma4UnifiedTextConfig(**text)
+        return save_tiny(_scaled(transformers.Gemma4UnifiedForCausalLM(config).eval()), path)
+    config = transformers.Gemma4TextConfig(**{**TEXT, **{**CASES, "two-ranks": TWO_RANKS}[name]})
     return save_tiny(_scaled(transformers.Gemma4ForCausalLM(config).eval()), path)
 
 
@@ -77,7 +92,8 @@ def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built
     (none the model would leave unread), the weights estimate from config.json alone
     (`server/weights.from_shapes`) is their bytes, and the estimate from the checkpoint's
     metadata is what the built model holds in bf16 (the MoE block's float32 norms and the
-    unweighted norms' weights made at load too)."""
+    unweighted norms' weights made at load too), on one rank and on rank 0 of two (its heads
+    and KV heads by layer, its MLP and experts' rows)."""
     from model_bytes import check_estimate
     from pagoda.runtime.model.checkpoint_check import expected_shapes
     from pagoda.runtime.server.weights import from_shapes
@@ -90,6 +106,15 @@ def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built
     size = sum(math.prod(s) for s in stored.values())
     assert from_shapes(loaded.config, torch.float32, False) == 4 * size
     check_estimate(path, rel=1e-3)
+    check_estimate(path, 2, rel=1e-3)
+
+
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+def test_two_ranks_match_transformers(built):
+    """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
+    cache (`TWO_RANKS`): rank 0 holds one of the sliding layers' two KV heads."""
+    path, _, loaded, reference = built("two-ranks")
+    check_two_ranks(path, loaded, reference, "gemma4 two ranks", kv_heads=1)
 
 
 def test_kv_shared_layers_keep_no_pages_and_survive_preemption(built):
@@ -128,6 +153,54 @@ def test_a_conditional_generation_checkpoint_is_read_text_only(tmp_path):
     )
     got = generate(llm, prompts())
     assert [t for t, _ in got] == [t for t, _ in reference]
+
+
+def test_a_unified_conditional_generation_checkpoint_is_read_text_only(tmp_path):
+    """Gemma4UnifiedForConditionalGeneration with its vision and audio embedders (no towers):
+    the text model under `model.language_model.`, the embedders not read; transformers'
+    tokens."""
+    torch.manual_seed(0)
+    vision = transformers.Gemma4UnifiedVisionConfig(patch_size=2, pooling_kernel_size=1,
+                                                    mm_embed_dim=16, mm_posemb_size=8)  # fmt: skip
+    audio = transformers.Gemma4UnifiedAudioConfig(audio_embed_dim=16)
+    text = {k: v for k, v in {**TEXT, **CASES["unified"]}.items() if k not in _NO_PLE}
+    cfg = transformers.Gemma4UnifiedConfig(
+        text_config=transformers.Gemma4UnifiedTextConfig(**text), vision_config=vision,
+        audio_config=audio,
+    )  # fmt: skip
+    model = transformers.Gemma4UnifiedForConditionalGeneration(cfg).eval()
+    model = save_tiny(_scaled(model), tmp_path)
+    reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.architecture == "gemma4_unified"
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    got = generate(llm, prompts())
+    assert [t for t, _ in got] == [t for t, _ in reference]
+
+
+def test_a_sparse_unified_config_reads_as_transformers_reads_it(tmp_path):
+    """Gemma4UnifiedTextConfig's defaults where config.json leaves them out (a 1024-key window,
+    5 sliding : 1 full, 512-wide full-attention heads); per-layer-input and MoE keys, which its
+    model never builds, do not make them."""
+    text = {"model_type": "gemma4_unified_text", "hidden_size": 64, "intermediate_size": 96,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 6,
+            "head_dim": 16, "vocab_size": 300, "hidden_size_per_layer_input": 8,
+            "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+            "moe_intermediate_size": 16}  # fmt: skip
+    top = {"architectures": ["Gemma4UnifiedForConditionalGeneration"],
+           "model_type": "gemma4_unified", "text_config": text}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).get_text_config()
+    ours = read_model_config(str(tmp_path))
+    g, n = ours.family.gemma4, theirs.num_hidden_layers
+    assert ours.architecture == "gemma4_unified"
+    assert list(g.head_dims) == [theirs.per_layer_config[i].head_dim for i in range(n)]
+    assert [ours.family.window(i) for i in range(n)] == [
+        theirs.sliding_window if t == S else None for t in theirs.layer_types
+    ]
+    assert ours.max_position_embeddings == theirs.max_position_embeddings == 262_144
+    assert g.per_layer_input == 0 and g.num_experts == 0
 
 
 # google/gemma-4-E2B-it's text_config shrunk (35 layers of 4 sliding : 1 full, head sizes 256
@@ -200,18 +273,37 @@ def test_what_gemma4_does_not_compute_is_refused_in_one_line(tmp_path, change, m
         read_model_config(str(tmp_path))
 
 
-def test_gemma4_tensor_parallelism_and_fp8_are_refused(tmp_path):
+def _config(tmp_path, text):
+    (tmp_path / "config.json").write_text(
+        json.dumps({**text, "architectures": ["Gemma4ForCausalLM"]})
+    )
+    return read_model_config(str(tmp_path))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_attention_heads": 6, "num_global_key_value_heads": 3}, "layer 5's 3 KV heads can neither be split over 2"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+      "moe_intermediate_size": 25}, "experts' width \\(moe_intermediate_size 25\\)"),
+], ids=["global-kv-heads", "experts-width"])  # fmt: skip
+def test_gemma4_layers_that_two_ranks_cannot_split_are_refused_in_one_line(
+    tmp_path, change, message
+):
+    """The full-attention layers' own KV heads and the experts' width must split (or the KV
+    heads replicate); the published shapes do (`DENSE_31B`, `MOE_26B` shrunk)."""
+    from pagoda.runtime.distributed.layout import check
+
+    for ok in (E2B, DENSE_31B, MOE_26B):
+        check(_config(tmp_path, ok), 2)
+    with pytest.raises(ValueError, match=message):
+        check(_config(tmp_path, {**DENSE_31B, **change}), 2)
+
+
+def test_gemma4_fp8_is_refused(tmp_path):
     from types import SimpleNamespace
 
-    from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.core import check_dtype
 
-    (tmp_path / "config.json").write_text(
-        json.dumps({**E2B, "architectures": ["Gemma4ForCausalLM"]})
-    )
-    mc = read_model_config(str(tmp_path))
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a gemma4"):
-        check(mc, 2)
+    mc = _config(tmp_path, E2B)
     with pytest.raises(ValueError, match="fp8 is not supported for a gemma4"):
         # (an EngineConfig refuses fp8 on this CPU itself: the flag as a GPU's would read)
         check_dtype(SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16), mc)
@@ -233,9 +325,10 @@ def test_gemma4_on_the_triton_backend_matches_transformers(built):
     check_on_triton(model, loaded, (19, 12), "kv-shared")
 
 
-def test_a_gemma4_too_big_for_its_gpu_is_offered_neither_fp8_nor_more_gpus(tmp_path, monkeypatch):
+def test_a_gemma4_too_big_for_its_gpu_is_offered_more_gpus_not_fp8(tmp_path, monkeypatch):
     """google/gemma-4-E2B's text model (its per-layer table: 2.35B of its parameters) on a GPU
-    of 8 GiB: refused with its size counted from the config, and no refused flag as a fix."""
+    of 8 GiB: refused with its size counted from the config; FP8 (refused) not offered, four
+    ranks are (the per-layer table whole on each: two do not hold it)."""
     from pagoda.runtime import config
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import fit, memory
@@ -255,4 +348,5 @@ def test_a_gemma4_too_big_for_its_gpu_is_offered_neither_fp8_nor_more_gpus(tmp_p
         fit.check(mc, EngineConfig.create("m", device="cuda", max_model_len=8192), tmp_path)
     msg = str(err.value)
     assert msg.startswith("the model (4.6B parameters) needs 8.8 GiB: weights 8.6 GiB"), msg
-    assert "--quantization fp8" not in msg and "--tensor-parallel-size" not in msg, msg
+    assert "--quantization fp8" not in msg, msg
+    assert msg.endswith("would fit: --tensor-parallel-size 4 (5.7 GiB per GPU)"), msg

@@ -11,7 +11,9 @@ transformers' plain greedy loop at every step.
   layout, q/k/v biases; GLM-4's norms on attention's and the MLP's outputs;
 - Cohere (per-head q/k LayerNorms) and Cohere 2 (window layers rotated, global ones NoPE):
   LayerNorm, attention and the MLP in parallel off one norm, the interleaved rotary, the
-  logits scaled, a tied head.
+  logits scaled, a tied head;
+- Cohere Compass (`CohereCompassForCausalLM`): Cohere 2's layer with the rotary in halves, a
+  base per layer kind or none (NoPE) from `rope_parameters`.
 
 Also: Cohere over two tensor-parallel ranks (gloo), the interleaved rotary bit for bit
 against transformers' own functions (float32, bf16), the weights estimate against what the built
@@ -65,6 +67,23 @@ CASES = {
         "Cohere2", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2,
                         logit_scale=0.25),
     ),
+    # Cohere 2's layer, the rotary in halves (not pairs) with a base per layer kind: window
+    # layers 10,000, global ones 500; logits scaled
+    "cohere-compass-window-bases": (
+        "CohereCompassText", dict(num_hidden_layers=3, sliding_window=10, logit_scale=0.5,
+                                  layer_types=[SLIDING, FULL, SLIDING], rope_parameters={
+                                      SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+                                      FULL: {"rope_type": "default", "rope_theta": 500.0}}),
+    ),
+    # every layer global and NoPE but the first kind's (null: no rotary), no logit scale,
+    # an untied head
+    "cohere-compass-nope-untied": (
+        "CohereCompassText", dict(num_hidden_layers=3, tie_word_embeddings=False,
+                                  layer_types=[FULL, SLIDING, FULL], sliding_window=10,
+                                  rope_parameters={
+                                      SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+                                      FULL: None}),
+    ),
 }  # fmt: skip
 
 
@@ -91,6 +110,12 @@ def test_per_layer_rotary_and_windows_read_as_transformers(case):
     if name.startswith("cohere2"):
         assert f.window_layers == f.rope_layers == (True, False, True, False)
         assert f.logit_scale == 0.25
+    if name == "cohere-compass-window-bases":
+        assert f.rope_layers == () or all(f.rope_layers)
+        assert (f.local_rope_theta, f.logit_scale, f.rope_interleaved) == (10000.0, 0.5, False)
+        assert read_model_config(str(path)).rope_theta == 500.0
+    if name == "cohere-compass-nope-untied":
+        assert f.rope_layers == (False, True, False) and f.logit_scale == 1.0
     if name.startswith("olmo3"):
         assert f.window_layers == (True, True, True, False) and f.local_rope_theta == 10000.0
 
@@ -99,6 +124,7 @@ def test_per_layer_rotary_and_windows_read_as_transformers(case):
     ("Glm4", dict(head_dim=32), 1),
     ("Cohere", dict(use_qk_norm=True, attention_bias=True), 1),
     ("Cohere", dict(use_qk_norm=True, num_key_value_heads=1, vocab_size=301), 2),
+    ("CohereCompassText", dict(rope_parameters={FULL: {"rope_type": "default", "rope_theta": 1e4}}), 1),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: GLM-4's fused
@@ -232,3 +258,41 @@ def test_cohere2s_older_config_format_reads_as_transformers_reads_it(tmp_path):
     want = tuple(t == SLIDING for t in theirs.layer_types)
     assert ours.family.window_layers == ours.family.rope_layers == want
     assert want == (True, True, True, False, True)
+
+
+# a Cohere Compass text config.json with what CohereCompassTextConfig leaves to defaults left
+# out; its rope_parameters with the dangling top-level entries the hub's North config has
+# (transformers drops them when the layer kinds are named)
+COMPASS = {"architectures": ["CohereCompassForCausalLM"], "model_type": "cohere_compass_text",
+           "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 300,
+           "rope_parameters": {"rope_theta": 1.0, "rope_type": "default",
+                               FULL: {"rope_type": "default", "rope_theta": 50000.0,
+                                      "mrope_section": [4, 2, 2]}}}  # fmt: skip
+
+
+def test_a_sparse_cohere_compass_config_reads_as_transformers_reads_it(tmp_path):
+    """Every layer global and rotated (transformers' default layer_types) by the full-attention
+    kind's base, the window unused, no logit scale, Cohere 2's ids, eps and tied head."""
+    (tmp_path / "config.json").write_text(json.dumps(COMPASS))
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    assert o.architecture == "cohere_compass" and t.layer_types == [FULL, FULL]
+    assert o.rope_theta == t.rope_parameters[FULL]["rope_theta"] == 50000.0
+    assert o.family.rope_layers in ((), (True, True)) and o.family.window_layers == ()
+    assert o.family.logit_scale == 1.0 and t.logit_scale is None
+    assert (o.bos_token_id, list(o.eos_token_ids), o.tie_word_embeddings) == (
+        t.bos_token_id, [t.eos_token_id], t.tie_word_embeddings)  # fmt: skip
+    assert o.rms_norm_eps == t.layer_norm_eps and not o.family.rope_interleaved
+
+
+@pytest.mark.parametrize(("edit", "words"), [
+    ({"layer_types": [SLIDING, FULL]}, "rope_parameters names no 'sliding_attention' entry"),
+    ({"rope_parameters": {FULL: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
+     "full_attention rotary .* is not supported"),
+])  # fmt: skip
+def test_what_cohere_compass_does_not_run_is_refused_in_one_line(tmp_path, edit, words):
+    (tmp_path / "config.json").write_text(json.dumps({**COMPASS, **edit}))
+    with pytest.raises(ValueError, match=words) as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)

@@ -104,6 +104,10 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   depth-scaled residual adds, dense and expert layers by `mlp_layer_types` (V3's router: a
   correction bias large enough to change the picks, 2 groups of which 1, scaled by 2.5; no
   shared expert), the logits soft-capped at 6.
+- aria-text (`AriaTextForCausalLM`: Aria's language model): Llama's attention, experts in every
+  layer stacked as transformers keeps them for `grouped_mm` ([E, hidden, 2N], [E, N, hidden],
+  read transposed), picked by the top-k router logits weighted by their softmax, beside an
+  ungated shared MLP of two experts' width.
 """
 
 from __future__ import annotations
@@ -150,6 +154,7 @@ JETMOE_ROUTERS = (
 SINKS = (("self_attn.sinks", 1.0),)
 # Kolibri 1's choice-only bias, added to the logits (large enough to change the picks)
 KOLIBRI_BIAS = (("mlp.gate.e_score_correction_bias", 2.0),)
+INDEXED = "indexed_attention"  # (Kolibri 1.1's)
 # DBRX's base both where transformers reads it and where its released configs keep it
 DBRX_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
@@ -233,6 +238,13 @@ CASES = {
         num_hidden_layers=3, head_dim=16, num_experts=6, num_experts_per_tok=2,
         moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=10,
         layer_types=[SLIDING, FULL, SLIDING], **E), KOLIBRI_BIAS),
+    # Kolibri 1.1: sliding, indexed (dense MLP), sliding, indexed reading layer 1's KV cache
+    "kolibri1_1": ("Kolibri1_1", dict(
+        num_hidden_layers=4, head_dim=16, num_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=10,
+        layer_types=[SLIDING, INDEXED, SLIDING, INDEXED], kv_source_layers=[0, 1, 2, 1],
+        index_layers=[1], index_num_heads=2, mlp_only_layers=[1], mlp_only_intermediate_size=96,
+        **E), KOLIBRI_BIAS),
     "axk1": ("AXK1", dict(
         num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
@@ -288,6 +300,9 @@ CASES = {
         topk_group=1, num_hidden_layers=4, sliding_window=11, final_logit_softcapping=6.0,
         layer_types=[SLIDING, FULL, SLIDING, FULL],
         mlp_layer_types=["dense", "sparse", "sparse", "dense"], **P), BEAM_BIASES),
+    "aria-text": ("AriaText", dict(
+        moe_num_experts=8, moe_topk=2, moe_num_shared_experts=2, intermediate_size=32,
+        num_hidden_layers=3, tie_word_embeddings=False), ()),
 }  # fmt: skip
 # the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
 # `["b"]` where `a` is a dict)
@@ -394,6 +409,11 @@ FIELDS = {
         "family.window_layers": (True, False, True), "family.rope_layers": (True, False, True),
         "family.routing.bias_on_logits": True, "family.routing.bias": True,
         "family.norm_topk_prob": False, "family.shared_expert_intermediate_size": 48},
+    "kolibri1_1": {
+        "architecture": "kolibri1_1", "family.window_layers": (True, False, True, False),
+        "family.rope_layers": (True, False, True, False),
+        "family.moe_layers": (True, False, True, True), "family.kolibri11.kv_source": (0, 1, 2, 1),
+        "family.dense_limit.tokens": 2184, "intermediate_size": 96, "num_kv_layers": 3},
     "axk1": {
         "architecture": "axk1", "family.moe_layers": (False, True, True),
         "family.routing.topk_method": "noaux_tc", "family.routing.n_group": 2,
@@ -409,6 +429,11 @@ FIELDS = {
         "family.moe_layers": (False, True, True, False), "family.routing.n_group": 2,
         "family.routing.routed_scaling_factor": 2.5, "family.final_logit_softcapping": 6.0,
         "family.shared_expert_intermediate_size": 0},
+    "aria-text": {
+        "architecture": "aria_text", "family.num_experts": 8, "family.num_experts_per_tok": 2,
+        "family.moe_intermediate_size": 32, "family.shared_expert_intermediate_size": 64,
+        "family.routing.scoring": "softmax", "family.norm_topk_prob": True,
+        "tie_word_embeddings": False},
 }  # fmt: skip
 # `server/weights.py` against the built model, bf16 from float32 files (rank 0's share of tp):
 # float32 routers and correction biases (ERNIE's [1, E], MiniMax-M2's under `block_sparse_moe`,
@@ -419,11 +444,11 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
-             ("granitemoe-swa", 1), ("kolibri1", 1), ("axk1", 1),
+             ("granitemoe-swa", 1), ("kolibri1", 1), ("kolibri1_1", 1), ("axk1", 1),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
              ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("mellum", 2), ("jetmoe", 1),
-             ("jetmoe-top3", 1)]  # fmt: skip
+             ("jetmoe-top3", 1), ("aria-text", 1), ("aria-text", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -435,6 +460,7 @@ FROM_SHAPES = {
     "granitemoe-shared": 1e-6,
     "granitemoe-swa": 1e-6,
     "kolibri1": 1e-6,
+    "kolibri1_1": 1e-6,
     "axk1": 1e-6,
     "dbrx": 1e-6,
     "cohere2-moe": 1e-6,
@@ -442,6 +468,7 @@ FROM_SHAPES = {
     "minicpm5-moe": 1e-6,
     "flint": 1e-6,
     "beam": 1e-6,
+    "aria-text": 1e-6,
 }
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
@@ -460,6 +487,7 @@ MISSING = [
     ("granitemoe-swa", "model.layers.2.self_attn.sinks"),
     ("kolibri1", "model.layers.1.moe.router.expert_bias"),
     ("kolibri1", "model.layers.2.post_ffn_norm.weight"),
+    ("kolibri1_1", "model.layers.1.self_attn.k_norm.weight"),
     ("axk1", "model.layers.1.post_mlp_layernorm.weight"),
     ("dbrx", "transformer.blocks.1.ffn.experts.mlp.v1"),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"),
@@ -479,6 +507,9 @@ MISSING = [
     ("beam", "model.layers.1.self_attn.gate_bias"),
     ("beam", "model.layers.3.pre_feedforward_layernorm.weight"),
     ("beam", "model.layers.2.mlp.gate.e_score_correction_bias"),
+    ("aria-text", "model.layers.1.mlp.experts.fc1.weight"),  # (as transformers saves it)
+    ("aria-text", "model.layers.2.mlp.shared_experts.down_proj.weight"),
+    ("aria-text", "model.layers.0.mlp.router.weight"),
 ]
 # Two ranks, one case per layout the families' own code splits: AfMoE's output gate split by
 # heads, DBRX's stacked experts listed per expert, Cohere 2 MoE's shared experts averaged (the

@@ -14,7 +14,9 @@ Learned absolute positions (`model/positions.py`):
   global layers, scores not scaled by 1/sqrt(d), q/k/v apart (no biases) and out_proj's bias;
 - OPT (`OPTForCausalLM`): positions offset by 2, biases (or none: `enable_bias` false), ReLU,
   pre-norm with a final norm; opt-350m's post-norm layers with `word_embed_proj_dim` narrower than hidden
-  (`project_in` / `project_out`), the hub's `decoder.` names.
+  (`project_in` / `project_out`), the hub's `decoder.` names;
+- XGLM (`XGLMForCausalLM`): OPT's pre-norm layer with a sinusoidal table computed (none
+  stored), offset by 2, the embeddings scaled by sqrt(hidden), exact GELU.
 
 ALiBi (`model/alibi.py`, `model/bloom.py`; every attention path adds the bias: the CPU C++
 kernel by default here, the torch path and the Triton kernels below):
@@ -67,6 +69,8 @@ CASES = {
     "opt-no-bias": ("OPT", dict(ffn_dim=128, enable_bias=False), None),
     "opt-post-norm-proj": ("OPT", dict(ffn_dim=128, do_layer_norm_before=False,
                                        word_embed_proj_dim=32), "model."),
+    # XGLM: a computed sinusoidal table offset by 2, embeddings x sqrt(hidden), OPT's pre-norm
+    "xglm-sinusoidal": ("XGLM", dict(num_key_value_heads=None, ffn_dim=128), None),
     "bloom-6-heads": ("Bloom", dict(hidden_size=96, num_attention_heads=6), None),
     "mpt-clip-6-heads": ("Mpt", dict(hidden_size=96, num_attention_heads=6,
                                      attn_config={"clip_qkv": 0.5}), None),
@@ -137,7 +141,7 @@ def test_two_ranks_match_transformers(built, name, kv_heads):
 
 
 @pytest.mark.parametrize(("name", "tp"), [("gpt2-hub-names", 2), ("gpt_bigcode-mqa", 1),
-                                        ("gpt_neo-local", 1),
+                                        ("gpt_neo-local", 1), ("xglm-sinusoidal", 2),
                                         ("opt-post-norm-proj", 2), ("bloom-6-heads", 2)])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the position
@@ -153,7 +157,7 @@ def test_the_config_reads_as_transformers_reads_it(built):
     """Positions, heads, widths, eps and tying as transformers' configs say."""
     expect = {"gpt2": ("learned", 4, 256), "gpt_bigcode-mqa": ("learned", 1, 256),
               "opt-post-norm-proj": ("learned", 4, 128), "bloom-6-heads": ("alibi", 6, 384),
-              "mpt-clip-6-heads": ("alibi", 6, 384)}  # fmt: skip
+              "mpt-clip-6-heads": ("alibi", 6, 384), "xglm-sinusoidal": ("sinusoidal", 4, 128)}  # fmt: skip
     for name, (positions, kv_heads, width) in expect.items():
         path, model, _, _ = built(name)
         c = read_model_config(str(path))
@@ -177,6 +181,7 @@ def test_the_config_reads_as_transformers_reads_it(built):
     ("GPTBigCodeForCausalLM", "gpt_bigcode", {"n_layer": 2}),
     ("GPTNeoForCausalLM", "gpt_neo", {"num_layers": 2, "attention_types": [[["local"], 2]]}),
     ("OPTForCausalLM", "opt", {"num_hidden_layers": 2}),
+    ("XGLMForCausalLM", "xglm", {"num_layers": 2}),
     ("BloomForCausalLM", "bloom", {"n_layer": 2}),
     ("MPTForCausalLM", "mpt", {"n_layers": 2, "d_model": 256, "n_heads": 8}),
 ])  # fmt: skip
@@ -188,7 +193,8 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     t, o = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
     heads = t.num_attention_heads
     kv = 1 if getattr(t, "multi_query", False) else heads
-    width = {"opt": "ffn_dim", "gpt2": "n_inner", "gpt_bigcode": "n_inner"}.get(model_type)
+    width = {"opt": "ffn_dim", "gpt2": "n_inner", "gpt_bigcode": "n_inner",
+             "xglm": "ffn_dim"}.get(model_type)  # fmt: skip
     inner = getattr(t, width) if width else None
     if model_type == "mpt":
         inner = t.expansion_ratio * t.d_model
@@ -196,7 +202,9 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
         t.num_hidden_layers, heads, kv, inner or 4 * t.hidden_size)  # fmt: skip
     assert o.tie_word_embeddings == t.tie_word_embeddings
     assert o.bos_token_id == t.bos_token_id
-    if model_type in ("gpt2", "gpt_bigcode", "opt", "gpt_neo"):
+    if model_type == "xglm":  # sqrt(d_model) with scale_embedding (its default)
+        assert o.family.embedding_multiplier == t.d_model**0.5 and t.scale_embedding
+    if model_type in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "xglm"):
         assert o.max_position_embeddings == t.max_position_embeddings
     if model_type == "gpt_neo":  # its window on the local layers, as transformers' mask's
         assert [o.family.window(i) for i in range(2)] == [t.window_size] * 2
@@ -210,6 +218,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ("Mpt", {"attn_config": {"alibi": False}}, "MPT without attn_config.alibi"),
     ("Mpt", {"logit_scale": "inv_sqrt_d_model"}, "logit_scale 'inv_sqrt_d_model'"),
     ("OPT", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
+    ("XGLM", {"pad_token_id": 5}, r"XGLM with pad_token_id 5 \(its position table's row 5"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     check_config_refused(tmp_path, arch, edit, words)

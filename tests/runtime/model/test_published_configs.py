@@ -217,6 +217,37 @@ def test_kolibri_1s_config_reads_with_transformers_defaults(tmp_path):
         check(o, 2)
 
 
+def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
+    """Kolibri1_1Config's defaults are Kolibri-1.1's shape: a config.json naming the
+    architecture alone reads as transformers fills it in (window and indexed layers, the
+    KV-shared layers' sources, the dense MLPs and their width), the parameter count
+    transformers' on the meta device; served up to its indexer's budget (2184 tokens: a longer
+    --max-model-len refused in one line), TP refused."""
+    import torch
+    from pagoda.runtime.distributed.layout import check
+    from pagoda.runtime.engine.core import check_max_model_len
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Kolibri1_1ForCausalLM"],
+                                                      "model_type": "kolibri1_1"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f = o.family
+    assert f.window_layers == tuple(k == "sliding_attention" for k in t.layer_types)
+    assert f.kolibri11.kv_source == tuple(t.kv_source_layers)
+    assert f.moe_layers == tuple(i not in t.mlp_only_layers for i in range(t.num_hidden_layers))
+    assert o.intermediate_size == t.mlp_only_intermediate_size == 3584
+    assert o.num_kv_layers == sum(s == i for i, s in enumerate(t.kv_source_layers)) == 44
+    assert o.context_length == check_max_model_len(None, o) == 2184
+    with pytest.raises(ValueError, match=r"max_model_len 4096 is not supported for a kolibri1_1 "
+                                         r"model: its indexed attention's sparse selection"):  # fmt: skip
+        check_max_model_len(4096, o)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 75_112_646_912
+    with pytest.raises(ValueError, match="not supported for a kolibri1_1 model"):
+        check(o, 2)
+
+
 def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
     """AXK1Config's defaults are A.X-K1's shape (519 B parameters by transformers' own count on
     the meta device): a config.json naming the architecture alone reads as transformers fills
@@ -242,3 +273,132 @@ def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 518_983_052_288
     with pytest.raises(ValueError, match="not supported for a axk1 model"):
         check(o, 2)
+
+
+# published config.json files (their keys and values as on the hub; transformers_version,
+# torch_dtype, use_cache, dropouts and initializer_range left out) -> transformers' parameter
+# count of the model they describe (on the meta device)
+PUBLISHED = {
+    # adept/persimmon-8b-base's (-chat's alike): rope_theta 25,000 (transformers 5's default
+    # is 10,000), BOS = EOS 71013
+    "persimmon-8b-base": ({
+        "architectures": ["PersimmonForCausalLM"], "model_type": "persimmon",
+        "bos_token_id": 71013, "eos_token_id": 71013, "hidden_act": "relu2", "hidden_size": 4096,
+        "intermediate_size": 16384, "layer_norm_eps": 1e-05, "max_position_embeddings": 16384,
+        "num_attention_heads": 64, "num_hidden_layers": 36, "partial_rotary_factor": 0.5,
+        "qk_layernorm": True, "rope_scaling": None, "rope_theta": 25000.0,
+        "tie_word_embeddings": False, "vocab_size": 262144}, 9_397_175_296),
+    # facebook/xglm-564M's: XGLMConfig's defaults under their own keys (d_model, ffn_dim, ...)
+    "xglm-564M": ({
+        "architectures": ["XGLMForCausalLM"], "model_type": "xglm", "activation_function": "gelu",
+        "attention_heads": 16, "bos_token_id": 0, "d_model": 1024, "decoder_start_token_id": 2,
+        "eos_token_id": 2, "ffn_dim": 4096, "layerdrop": 0.0, "max_position_embeddings": 2048,
+        "num_layers": 24, "pad_token_id": 1, "scale_embedding": True, "vocab_size": 256008},
+        564_463_616),
+    # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
+    "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
+                  8_492_011_520),
+}  # fmt: skip
+# text configs transformers' Auto classes map to no causal LM
+_CAUSAL_LM = {"emu3_text_model": "Emu3ForCausalLM"}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
+    """A published checkpoint's config.json: the shapes, rotary, eps, ids and tying as
+    transformers' config class reads them, and the parameter count transformers' own."""
+    import torch
+
+    cfg, params = PUBLISHED[name]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    t = transformers.AutoConfig.from_pretrained(tmp_path).get_text_config()
+    o = read_model_config(str(tmp_path))
+    heads = t.num_attention_heads
+    kv = getattr(t, "num_key_value_heads", None) or heads
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // heads
+    assert (o.vocab_size, o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads) == (
+        t.vocab_size, t.hidden_size, t.num_hidden_layers, heads, kv)  # fmt: skip
+    assert (o.head_dim, o.max_position_embeddings, o.tie_word_embeddings) == (
+        head_dim, t.max_position_embeddings, t.tie_word_embeddings)  # fmt: skip
+    eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, eos)
+    rope = getattr(t, "rope_parameters", None) or {}
+    if rope:
+        assert o.rope_theta == rope["rope_theta"]
+        assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
+            "partial_rotary_factor", 1.0)  # fmt: skip
+    names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+    eps = next((getattr(t, k) for k in names if hasattr(t, k)), 1e-5)  # (else nn.LayerNorm's)
+    assert o.rms_norm_eps == eps
+    with torch.device("meta"):
+        if t.model_type in _CAUSAL_LM:
+            hf = getattr(transformers, _CAUSAL_LM[t.model_type])(t)
+        else:
+            hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
+
+
+# SmallDoge's Doge-320M and Doge-120M-MoE model_config (their recipes' config_full.yaml): the
+# dynamic rotary over the 2048-token context, tied, half the heads' KV heads
+DOGE_320M = {"vocab_size": 32768, "hidden_size": 1024, "intermediate_size": 2048,
+             "num_hidden_layers": 32, "tie_word_embeddings": True,
+             "max_position_embeddings": 2048, "rope_theta": 10000.0,
+             "rope_scaling": {"rope_type": "dynamic", "factor": 4.0,
+                              "original_max_position_embeddings": 2048},
+             "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
+DOGE_120M_MOE = {**DOGE_320M, "hidden_size": 512, "intermediate_size": 1024,
+                 "num_hidden_layers": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "is_moe": True, "num_experts": 4096, "num_experts_per_tok": 32}  # fmt: skip
+
+
+@pytest.mark.parametrize(("cfg", "params"), [(DOGE_320M, 335_750_272),
+                                             (DOGE_120M_MOE, 122_728_992)])  # fmt: skip
+def test_published_doge_configs_read_as_transformers_reads_them(tmp_path, cfg, params):
+    """Doge-320M's and Doge-120M-MoE's config.json: shapes, tying, the context (the dynamic
+    rotary's and keep_window_size's 2048), the experts' keys, and the parameter count
+    transformers' own on the meta device (A, dt_proj, residual scales, router and tables)."""
+    import torch
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DogeForCausalLM"],
+                                                      "model_type": "doge", **cfg}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    assert (o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads, o.head_dim) == (
+        t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads,
+        t.hidden_size // t.num_attention_heads)  # fmt: skip
+    assert o.tie_word_embeddings and o.context_length == 2048 and o.rope_theta == 10000.0
+    g = o.family.doge
+    assert (g.keep_window, g.num_experts, g.num_keys) == (
+        (2048, 4096, 64) if t.is_moe else (2048, 0, 0)
+    )
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == params
+
+
+def test_minimax_m3s_text_config_reads_with_transformers_defaults(tmp_path):
+    """MiniMaxM3VLTextConfig's defaults are MiniMax-M3's shape (447 B parameters by
+    transformers' own count on the meta device): a config.json naming the architecture alone
+    reads as transformers fills it in (every layer full attention and experts, the widths by
+    kind, the clamped SwiGLU, the router's scale, a whole-head rotary), the count its own."""
+    import torch
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["MiniMaxM3VLForCausalLM"], "model_type": "minimax_m3_vl_text"}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f = o.family
+    assert (o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads, o.head_dim) == (
+        t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads,
+        t.head_dim)  # fmt: skip
+    assert (o.bos_token_id, list(o.eos_token_ids), o.rope_theta) == (
+        t.bos_token_id, [t.eos_token_id], t.rope_parameters["rope_theta"])  # fmt: skip
+    assert (o.intermediate_size, f.moe_intermediate_size, f.shared_expert_intermediate_size) == (
+        t.dense_intermediate_size, t.intermediate_size, t.shared_intermediate_size)  # fmt: skip
+    assert (f.num_experts, f.num_experts_per_tok, f.swiglu_alpha, f.swiglu_limit) == (
+        t.num_local_experts, t.num_experts_per_tok, t.swiglu_alpha, t.swiglu_limit)  # fmt: skip
+    assert f.routing.routed_scaling_factor == t.routed_scaling_factor and o.rope_scaling is None
+    assert f.dense_limit is None and o.context_length == t.max_position_embeddings
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(t)
+    assert o.num_params == sum(p.numel() for p in hf.parameters()) == 447_186_441_216

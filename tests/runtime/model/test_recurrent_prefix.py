@@ -1,9 +1,11 @@
 """Prefix caching for the recurrent families without a chunked scan: Mamba-1
-(`MambaForCausalLM`), Jamba (Mamba-1 mixers among attention layers) and LFM2 (short convs
-among attention layers), on the tiny checkpoints of tests/runtime/hybrid_cases.py that
-transformers writes (float32). Their states hold at every token, so snapshots are taken every
-block (`MambaConfig.snapshot_chunk` 1): inside a whole-prompt step from the Mamba-1 scan's
-position loop and the conv segments, at a chunk's end from the slots
+(`MambaForCausalLM`), Jamba (Mamba-1 mixers among attention layers), LFM2 (short convs
+among attention layers), RecurrentGemma (RG-LRU blocks beside local attention) and RWKV-4 (the
+wkv recurrence and token shifts), on the tiny checkpoints of tests/runtime/hybrid_cases.py that
+transformers writes (float32; xLSTM's scan saves its snapshots as theirs: left to
+test_hybrid_ssm.py's chunk-end case for CI time). Their states hold at every token, so snapshots are taken every
+block (`MambaConfig.snapshot_chunk` 1): inside a whole-prompt step from the scans' position
+loops and the conv segments, at a chunk's end from the slots
 (test_hybrid_ssm.py's chunked, batched and preempted case covers those).
 
 - A warm batch sharing a 48-token prefix reads as transformers' (tokens, logits within 1e-3),
@@ -26,7 +28,7 @@ from pagoda.runtime import LLM, SamplingParams
 
 transformers = pytest.importorskip("transformers")
 
-NAMES = ["mamba1", "jamba", "lfm2"]
+NAMES = ["mamba1", "jamba", "lfm2", "recurrent-gemma", "rwkv"]
 
 
 def _make(name: str, path):

@@ -1,0 +1,107 @@
+"""MiniMax-M3's text model's config.json (`MiniMaxM3VLForCausalLM`, model_type
+`minimax_m3_vl_text`) as transformers' MiniMaxM3VLTextConfig reads it, its checkpoint's tensor
+shapes: the `FamilyConfig` fields `model/minimax_m3.py` runs (its docstring says what they do).
+Kept apart from the model so that reading a config imports no layer code.
+
+- `intermediate_size` is the experts' width, `dense_intermediate_size` the dense layers' and
+  `shared_intermediate_size` the shared expert's; `mlp_layer_types` (or the released
+  `moe_layer_freq`) says which layers hold experts, `layer_types` (or the released
+  `sparse_attention_config.sparse_attention_freq`) which attend through the lightning indexer;
+- transformers ignores `rotary_dim` (its MiniMax-M2 reading is not inherited): the rotary is
+  partial only where `rope_parameters` names a `partial_rotary_factor`;
+- the indexer keeps, for every query, the `index_topk_blocks` best key blocks of
+  `index_block_size` keys: with no more blocks than that, every block that is not wholly in the
+  future, which is causal attention itself. The context is bounded there
+  (`FamilyConfig.dense_limit`) and the sparse layers attend densely.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagoda.runtime.model_configs import DenseLimit, ExpertRouting
+
+ARCHITECTURES = {"MiniMaxM3VLForCausalLM": "minimax_m3"}
+MODEL_CLASSES = {"minimax_m3": ("minimax_m3", "MiniMaxM3Model")}
+PARTIAL_ROTARY = ("minimax_m3",)
+SPARSE = "minimax_m3_sparse"
+# transformers' MiniMaxM3VLTextConfig defaults, where config.json leaves one out
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "minimax_m3": {"vocab_size": 200_064, "hidden_size": 6144, "intermediate_size": 3072,
+                   "num_hidden_layers": 60, "num_attention_heads": 64, "num_key_value_heads": 4,
+                   "head_dim": 128, "max_position_embeddings": 524_288, "rms_norm_eps": 1e-6,
+                   "rope_theta": 5_000_000.0, "bos_token_id": 200_034, "eos_token_id": 200_020,
+                   "tie_word_embeddings": False, "num_experts_per_tok": 4,
+                   "num_local_experts": 128, "dense_intermediate_size": 12_288,
+                   "shared_intermediate_size": 3072, "routed_scaling_factor": 2.0,
+                   "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "index_n_heads": 4,
+                   "index_head_dim": 128, "index_block_size": 128, "index_topk_blocks": 16},
+}  # fmt: skip
+# the released config's names of the indexer's sizes (transformers reads them there too)
+_LEGACY = {"index_n_heads": "sparse_num_index_heads", "index_head_dim": "sparse_index_dim",
+           "index_block_size": "sparse_block_size", "index_topk_blocks": "sparse_topk_blocks"}  # fmt: skip
+
+
+def overrides(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The widths by kind (the dense MLP's as `intermediate_size`, the experts' as
+    `moe_intermediate_size`) and the layer kinds from the released keys, as transformers
+    derives them."""
+    n = int(cfg["num_hidden_layers"])
+    sparse = cfg.get("sparse_attention_config") or {}
+    out = {key: sparse[old] for key, old in _LEGACY.items() if old in sparse}
+    types = cfg.get("layer_types")
+    if types is None and "sparse_attention_freq" in sparse:
+        types = [SPARSE if f else "full_attention" for f in sparse["sparse_attention_freq"]]
+    mlp = cfg.get("mlp_layer_types")
+    if mlp is None and cfg.get("moe_layer_freq") is not None:
+        mlp = ["sparse" if f else "dense" for f in cfg["moe_layer_freq"]]
+    out.update(layer_types=types or ["full_attention"] * n, mlp_layer_types=mlp or ["sparse"] * n,
+               moe_intermediate_size=cfg["intermediate_size"],
+               intermediate_size=cfg["dense_intermediate_size"], hidden_act="silu")  # fmt: skip
+    return out
+
+
+def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """`FamilyConfig` fields of a MiniMax-M3 text config.json (its layers: `n`), as
+    transformers reads them; ValueError, one line, for what it does not run."""
+    types, mlp = cfg["layer_types"], cfg["mlp_layer_types"]
+    for name, v in (("layer_types", types), ("mlp_layer_types", mlp)):
+        if len(v) != n:
+            raise ValueError(f"minimax_m3 {name} names {len(v)} layers, the model has {n}")
+    if set(types) - {"full_attention", SPARSE}:
+        raise ValueError(f"minimax_m3 layer_types {sorted(set(types))} are not supported "
+                         f"(full_attention and {SPARSE})")  # fmt: skip
+    if set(mlp) - {"dense", "sparse"}:
+        raise ValueError(f"minimax_m3 mlp_layer_types {sorted(set(mlp))} are not supported")
+    blocks, size = int(cfg["index_topk_blocks"]), int(cfg["index_block_size"])
+    return {
+        "qk_norm": True,
+        "routing": ExpertRouting(scoring="sigmoid", correction_bias=True,
+                                 routed_scaling_factor=float(cfg["routed_scaling_factor"])),
+        "num_experts": int(cfg["num_local_experts"]),
+        "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+        "moe_intermediate_size": int(cfg["moe_intermediate_size"]),
+        "norm_topk_prob": True,
+        "moe_layers": tuple(t == "sparse" for t in mlp),
+        "shared_expert_intermediate_size": int(cfg["shared_intermediate_size"]),
+        "swiglu_alpha": float(cfg["swiglu_alpha"]),
+        "swiglu_limit": float(cfg["swiglu_limit"]),
+        "dense_limit": DenseLimit(blocks * size, "its indexer's sparse block selection",
+                                  "index_block_size × index_topk_blocks")
+        if SPARSE in types
+        else None,
+    }  # fmt: skip
+
+
+def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer `i`'s MLP (gate and up fused, gate rows first): dense, or the stacked experts and
+    the shared expert (the router and bias: the checkpoint check's own); none of the indexer's
+    (not run: module docstring)."""
+    f, h, p = c.family, c.hidden_size, f"model.layers.{i}.mlp."
+    if not f.has_experts(i):
+        n = c.intermediate_size
+        return {p + "gate_up_proj.weight": (2 * n, h), p + "down_proj.weight": (h, n)}
+    e, n, s = f.num_experts, f.moe_intermediate_size, f.shared_expert_intermediate_size
+    return {p + "experts.gate_up_proj": (e, 2 * n, h), p + "experts.down_proj": (e, h, n),
+            p + "shared_experts.gate_up_proj.weight": (2 * s, h),
+            p + "shared_experts.down_proj.weight": (h, s)}  # fmt: skip
