@@ -124,7 +124,7 @@ class FamilyConfig:
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
-    # GLM-5-Next's, Qwen4-Exp's, MiniMax-M3's sparse indexers: the longest sequence they keep
+    # Qwen4-Exp's, MiniMax-M3's sparse indexers: the longest sequence they keep
     # whole (the context is capped there: their sparse selection is not implemented)
     dense_limit: DenseLimit | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
@@ -500,11 +500,14 @@ class ModelConfig:
 
 def indexer_params(hidden: int, m: MlaConfig | None) -> int:
     """The lightning indexers' weights (DeepSeek Sparse Attention), over the layers that run
-    one: wq_b, wk, k_norm's weight and bias, weights_proj."""
+    one: wq_b, wk, k_norm's weight and bias, weights_proj (and a k-pool indexer's position
+    weights and gate projection, GLM-5-Next's)."""
     ix = None if m is None else m.indexer
     if ix is None:
         return 0
     one = (m.q_lora_rank * ix.n_heads + hidden + 2) * ix.head_dim + ix.n_heads * hidden
+    if ix.kpool:
+        one += (ix.kpool + hidden) * ix.head_dim
     return sum(ix.full_layers) * one
 
 

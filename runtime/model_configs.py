@@ -30,7 +30,8 @@ class IndexerConfig:
     `rope_interleave`, GLM-5; rotate-half, V3.2) score every earlier token of the sequence, and
     the layer attends to the `topk` best only (all of them while there are no more). A layer
     that is not `full_layers[i]` reuses the previous full layer's choice (GLM-5's "shared"
-    `indexer_types`); the first layer is full."""
+    `indexer_types`); the first layer is full (GLM-5-Next's: the layers with an indexer,
+    `glm5_next_config.indexer`)."""
 
     n_heads: int
     head_dim: int
@@ -39,19 +40,26 @@ class IndexerConfig:
     full_layers: tuple[bool, ...]
     rope_last: bool = False  # its last qk_rope_head_dim dims rotated, not its first (HY V4's)
     key_norm_eps: float = 1e-6  # its key's LayerNorm's
+    # GLM-5-Next's k-pool indexer (model/glm5_next.py): pools of `kpool` tokens scored, each a
+    # learned mix of its tokens' keys (a gate score per token cached beside its key), the
+    # `topk / kpool` best whole pools and the query's unfinished pool kept (0: per token)
+    kpool: int = 0
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "head_dim", "topk"):
             _positive(f"index_{name}", getattr(self, name))
-        if not self.full_layers or not self.full_layers[0]:
+        if self.kpool < 0 or (self.kpool and self.topk % self.kpool):
+            raise ValueError(f"index_topk ({self.topk}) must be divisible by index_kpool "
+                             f"({self.kpool})")  # fmt: skip
+        if not self.kpool and (not self.full_layers or not self.full_layers[0]):
             raise ValueError("the first layer's indexer must be 'full' (a 'shared' layer reuses "
                              "the previous full layer's choice)")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class DenseLimit:
-    """The longest sequence a sparse indexer keeps every key for (GLM-5-Next's, Qwen4-Exp's,
-    MiniMax-M3's): the context is capped there, as their sparse selection past it is not built,
+    """The longest sequence a sparse indexer keeps every key for (Qwen4-Exp's, MiniMax-M3's):
+    the context is capped there, as their sparse selection past it is not built,
     and a longer --max-model-len is refused in one line naming `what` and `how` it is computed."""
 
     tokens: int
@@ -143,8 +151,10 @@ class MlaConfig:
     @property
     def cache_width(self) -> int:
         """A latent cache row: the normed latent, then the rotated shared key (512 + 64), then
-        the indexer's key where there is an indexer (+ 128: model/dsa.py)."""
-        extra = 0 if self.indexer is None else self.indexer.head_dim
+        the indexer's key where there is an indexer (+ 128: model/dsa.py), and a k-pool
+        indexer's gate score (+ 128: model/glm5_next.py)."""
+        ix = self.indexer
+        extra = 0 if ix is None else ix.head_dim * (2 if ix.kpool else 1)
         return self.kv_lora_rank + self.qk_rope_head_dim + extra
 
 

@@ -334,6 +334,9 @@ def mla_shapes(c: ModelConfig, a: str, i: int) -> dict[str, tuple[int, ...]]:
                     p + "wk.weight": (ix.head_dim, h), p + "k_norm.weight": (ix.head_dim,),
                     p + "k_norm.bias": (ix.head_dim,),
                     p + "weights_proj.weight": (ix.n_heads, h)})  # fmt: skip
+        if ix.kpool:  # GLM-5-Next's pools: a position's weight, the gate scores' projection
+            out.update({p + "index_kpool_compress_ape": (ix.kpool, ix.head_dim),
+                        p + "index_kpool_compress_gate": (ix.head_dim, h)})  # fmt: skip
     return out
 
 

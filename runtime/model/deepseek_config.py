@@ -135,18 +135,19 @@ def yarn_mscale(factor: float, mscale: float) -> float:
 
 def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
     """The lightning indexer of a V3.2 / GLM-5 config (None for the others)."""
-    if arch not in DSA:
+    if arch not in (*DSA, "glm5_next"):  # (GLM-5-Next's: GLM-5's reading, k-pools)
         return None
     n = int(cfg["num_hidden_layers"])
-    kinds = cfg.get("indexer_types") if arch in ("glm_moe_dsa", "hy_v4") else None
-    pattern = cfg.get("index_topk_pattern") if arch == "glm_moe_dsa" else None
+    glm = arch in ("glm_moe_dsa", "glm5_next")
+    kinds = cfg.get("indexer_types") if glm or arch == "hy_v4" else None
+    pattern = cfg.get("index_topk_pattern") if glm else None
     if kinds is None and arch == "hy_v4":  # HYV4Config's: the first, then one in every four
         kinds = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(n)]
     elif kinds is None and pattern is not None:  # transformers' GlmMoeDsaConfig, as it reads them
         letters = {"F": "full", "S": "shared"}
         kinds = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
     elif kinds is None:
-        freq = max(int(cfg.get("index_topk_freq", 1)), 1) if arch == "glm_moe_dsa" else 1
+        freq = max(int(cfg.get("index_topk_freq", 1)), 1) if glm else 1
         offset = int(cfg.get("index_skip_topk_offset", 2))
         kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
     if len(kinds) != n or set(kinds) - {"full", "shared"}:
@@ -162,6 +163,7 @@ def indexer_config(cfg: Mapping[str, Any], arch: str) -> IndexerConfig | None:
         # HY V4's: its last dims rotated, its key's LayerNorm with rms_norm_eps
         rope_last=arch == "hy_v4",
         key_norm_eps=float(cfg.get("rms_norm_eps") or 1e-5) if arch == "hy_v4" else 1e-6,
+        kpool=int(cfg["index_kpool"]) if arch == "glm5_next" else 0,
     )
 
 
@@ -181,7 +183,9 @@ def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
         rope_interleave=arch in ("deepseek_v2", *DSA) or bool(cfg.get("rope_interleave", True)),
         indexer=indexer_config(cfg, arch),
         output_gate=arch == "axk2",
-        norm_eps=float(cfg.get("rms_norm_eps") or 1e-6) if arch == "dots3_note_text" else 1e-6,
+        norm_eps=float(cfg.get("rms_norm_eps") or 1e-6)
+        if arch in ("dots3_note_text", "glm5_next")
+        else 1e-6,
         dots=arch == "dots3_note_text",
     )
 

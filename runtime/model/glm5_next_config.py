@@ -7,21 +7,19 @@ config imports no layer code.
 - layer kinds from ``layer_types`` ("linear_attention": KDA; "indexed_attention", or
   "full_attention" read as it: NoPE latent attention with the k-pool DSA indexer), by default
   every fourth layer indexed (``i % 4 == 3``); MLP kinds from ``mlp_layer_types`` (by default
-  the first three dense); ``indexer_types`` ("full" / "shared", by default from
-  ``index_topk_pattern`` or ``index_topk_freq`` / ``index_skip_topk_offset``, as transformers);
+  the first three dense);
+- the indexed layers' k-pool indexer (`model_configs.IndexerConfig`, ``kpool``): GLM-5's
+  ``indexer_types`` ("full" / "shared", by default from ``index_topk_pattern`` or
+  ``index_topk_freq`` / ``index_skip_topk_offset``, as transformers), ``index_topk``,
+  ``index_kpool``, ``index_n_heads``, ``index_head_dim`` (`indexer`); a "shared" layer that
+  does not follow a full one, and ``index_kpool_always_select_tail`` false (a token would not
+  see its own unfinished pool), refused in one line;
 - the KDA layers' heads, head size, conv width and forget-gate bound from ``linear_num_heads``,
   ``linear_head_dim``, ``linear_conv_kernel_dim``, ``linear_lower_bound`` (or the published
   ``linear_attn_config``: ``num_heads``, ``head_dim``, ``short_conv_kernel_size``,
   ``gate_lower_bound``, ``safe_gate``); a null bound (the unbounded gate) is refused;
 - DeepSeek-V3's experts and router (`deepseek_config`), every SwiGLU clamped by
   ``swiglu_limit``; mHC hyper-connections (``hc_mult``, ``hc_eps``, ``hc_sinkhorn_iters``).
-
-**The sparse selection is not implemented**: the indexer keeps every earlier token while a
-sequence has fewer than ``index_topk + index_kpool`` (its ``index_topk / index_kpool`` best
-whole pools are all of them, the unfinished pool always kept), so the model's context is
-capped there (`dense_limit`) and a longer --max-model-len is refused in one line
-(`check_max_model_len`); without ``index_kpool_always_select_tail`` a token would not see its
-own unfinished pool even in a short sequence: refused.
 
 The checkpoint's names: transformers' conversion mapping ("glm5_next") renames the stored ones
 at load (a KDA layer's ``f_a_proj``, ``f_b_proj``, ``dt_bias`` and ``A_log`` under
@@ -35,13 +33,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import kimi_linear_config
+from pagoda.runtime.model import deepseek_config, kimi_linear_config
 from pagoda.runtime.model.delta_rule_config import check_conv as check_conv_parts
 from pagoda.runtime.model.delta_rule_config import delta_rule_mamba
-from pagoda.runtime.model_configs import DenseLimit, HyperConfig
+from pagoda.runtime.model_configs import HyperConfig, IndexerConfig
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"Glm5NextForConditionalGeneration": "glm5_next"}  # its text model
@@ -89,23 +88,6 @@ def mlp_kinds(cfg: Mapping[str, Any], n: int) -> list[str]:
     return list(kinds) if kinds is not None else ["dense"] * min(3, n) + ["sparse"] * (n - 3)
 
 
-def indexer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
-    """Per layer "full" or "shared", as transformers derives them (module docstring)."""
-    kinds = cfg.get("indexer_types")
-    pattern = cfg.get("index_topk_pattern")
-    if kinds is None and pattern is not None:
-        letters = {"F": "full", "S": "shared"}
-        kinds = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
-    elif kinds is None:
-        freq = max(int(cfg.get("index_topk_freq", 1)), 1)
-        offset = int(cfg.get("index_skip_topk_offset", 2))
-        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
-    if len(kinds) != n or set(kinds) - {"full", "shared"}:
-        raise ValueError(f"indexer_types must name 'full' or 'shared' for each of the {n} "
-                         f"layers, got {kinds}")  # fmt: skip
-    return list(kinds)
-
-
 def _flat(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``linear_attn_config``'s keys read as transformers' flat ones (`__post_init__`'s)."""
     lin, out = cfg.get("linear_attn_config"), dict(cfg)
@@ -139,13 +121,6 @@ def overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def dense_limit(cfg: Mapping[str, Any]) -> DenseLimit:
-    """The longest sequence whose indexer keeps every earlier token (module docstring)."""
-    return DenseLimit(int(cfg["index_topk"]) + int(cfg["index_kpool"]) - 1,
-                      "its DSA indexer's sparse k-pool selection",
-                      "index_topk + index_kpool - 1")  # fmt: skip
-
-
 def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
     """The KDA layers as recurrent layers: H heads of K, one key head per value head."""
     heads, dim = int(cfg["linear_num_heads"]), int(cfg["linear_head_dim"])
@@ -160,26 +135,36 @@ def mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
     )
 
 
-def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
-    """Kimi Linear's (DeepSeek-V3's NoPE latent attention and experts, the KDA layers) with the
-    indexed layers' norms' eps, the hyper-connections, the clamp and the dense limit."""
-    from dataclasses import replace
+def indexer(cfg: Mapping[str, Any], types: list[str]) -> IndexerConfig:
+    """GLM-5's indexer as `deepseek_config` reads it (``indexer_types``, by default from
+    ``index_topk_pattern`` or ``index_topk_freq`` / ``index_skip_topk_offset``) with its
+    k-pools, "full" on the indexed layers that run one; a "shared" layer must follow a full one
+    (transformers' reuses the layer before's choice), else refused in one line."""
+    ix = deepseek_config.indexer_config(cfg, "glm5_next")
+    full = tuple(f and t == _INDEXED for f, t in zip(ix.full_layers, types))
+    for i, t in enumerate(types):
+        if t == _INDEXED and not full[i] and (i == 0 or not full[i - 1]):
+            raise ValueError(f"glm5_next layer {i}'s indexer is 'shared' but layer {i - 1} runs "
+                             "no indexer of its own (a shared layer reuses the previous "
+                             "layer's choice)")  # fmt: skip
+    return replace(ix, full_layers=full)
 
+
+def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """Kimi Linear's (DeepSeek-V3's experts, the KDA layers) with GLM-5's NoPE latent attention
+    and its k-pool indexer, the hyper-connections and the clamp."""
     cfg = _flat(cfg)
     types = layer_types(cfg, n)
-    kinds = mlp_kinds(cfg, n)
-    indexer_types(cfg, n)  # (checked; every kept token is the same with either kind)
     kimi = {**cfg, "layer_types": ["full_attention" if t == _INDEXED else t for t in types],
-            "mlp_layer_types": kinds, "linear_attn_config": None}  # fmt: skip
+            "mlp_layer_types": mlp_kinds(cfg, n), "linear_attn_config": None}  # fmt: skip
     fields = kimi_linear_config.family_fields(kimi, n)
-    eps = float(cfg.get("rms_norm_eps") or 1e-5)
+    mla = deepseek_config.mla_config(cfg, "glm5_next")
     hyper = HyperConfig(mult=int(cfg["hc_mult"]), sinkhorn_iters=int(cfg["hc_sinkhorn_iters"]),
-                        eps=float(cfg["hc_eps"]), norm_eps=eps)  # fmt: skip
+                        eps=float(cfg["hc_eps"]), norm_eps=mla.norm_eps)  # fmt: skip
     limit = float(cfg["swiglu_limit"])
-    return {**fields, "mamba": mamba(cfg, n), "mla": replace(fields["mla"], norm_eps=eps),
+    return {**fields, "mamba": mamba(cfg, n), "mla": replace(mla, indexer=indexer(cfg, types)),
             "hyper": hyper, "swiglu_limit": limit if limit > 0 else None,
-            "kda_lower_bound": float(cfg["linear_lower_bound"]),
-            "dense_limit": dense_limit(cfg)}  # fmt: skip
+            "kda_lower_bound": float(cfg["linear_lower_bound"])}  # fmt: skip
 
 
 def rename_weights(weights) -> None:

@@ -320,8 +320,6 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return int(name.rsplit(".", 2)[1]) < g3n.altup_inputs - 1
     if g3n is not None and name.startswith(("model.embed_vision.", "model.embed_audio.")):
         return name in g3n.model_shapes(mc.hidden_size)  # (its soft-token norms: not read)
-    if mc.architecture == "glm5_next" and ".self_attn.indexer." in name:
-        return False  # (every token kept within its context: the indexer not run, glm5_next.py)
     if mc.architecture == "minimax_m3" and ".self_attn.indexer." in name:
         return False  # (its sparse layers attend densely: model/minimax_m3_config.py)
     m = _LAYER.match(name)
@@ -402,7 +400,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     )
     if float32_router and _FLOAT32_ROUTER.search(name):
         return _float32_router(t, p)
-    if name.endswith("indexer.weights_proj.weight"):  # DeepSeek Sparse Attention's, float32
+    if name.endswith("indexer.weights_proj.weight") and mc.architecture != "glm5_next":
+        # DeepSeek Sparse Attention's, float32 (GLM-5-Next's in the model's dtype)
         return _float32_router(t, p)
     if mc.family.hyper is not None and _HY_V4_FLOAT32.search(name):  # (model/hy_v4.py)
         return t.numel * 4

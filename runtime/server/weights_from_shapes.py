@@ -53,8 +53,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     if f.mla is not None:
         absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
         ix = f.mla.indexer  # DeepSeek Sparse Attention's, whole on every rank
-        if ix is not None:  # weights_proj in float32
-            proj = sum(ix.full_layers) * ix.n_heads * h
+        if ix is not None:  # weights_proj in float32 (GLM-5-Next's k-pool one: not)
+            proj = 0 if ix.kpool else sum(ix.full_layers) * ix.n_heads * h
             absorbed += (indexer_params(h, f.mla) - proj) * item + proj * 4
     mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
@@ -73,7 +73,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases = (heads + 2 * kv) * mc.head_dim + h  # q/k/v this rank's, o's whole
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
-    if f.hyper is not None:  # HY V4's (one rank, 16 or 32 bits): attention's gates in the
+    if mc.architecture == "glm5_next":  # its mHC hyper-connections, in float32 (one rank)
+        nh = f.hyper.mult
+        projections += 4 * n * 2 * ((2 + nh) * nh * (nh * h + 1) + 3)
+    elif f.hyper is not None:  # HY V4's (one rank, 16 or 32 bits): attention's gates in the
         # dtype; the hyper-connections, sinks and the indexer key's norm in float32
         nh, m, ix = f.hyper.mult, mc.num_heads, f.mla.indexer
         projections += n * m * f.mla.v_head_dim * h * item

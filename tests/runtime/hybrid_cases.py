@@ -258,18 +258,21 @@ CASES = {
         routed_scaling_factor=2.0, num_nextn_predict_layers=0, kda_lower_bound=-4.0)),
     # GLM-5-Next (model/glm5_next.py; `WRAPPED`: its Glm5NextForConditionalGeneration, a tiny
     # vision tower not read): a KDA layer (bounded low-rank forget gate, float32 conv in q, k, v
-    # parts), then two NoPE latent attention layers (the indexer "full", then "shared", keeping
-    # every token up to 259: index_topk 256, pools of 4), mHC streams (2), a dense MLP then
-    # DeepSeek-V3's experts (per expert; router biases scrambled), every SwiGLU clamped at 3
+    # parts), then two NoPE latent attention layers (the indexer "full", then "shared": past 19
+    # tokens the 4 best whole pools of 4 and the unfinished one; 4 index heads, so that no two
+    # pools' scores tie; `write` draws the pools' position logits and gate projection: zeros
+    # and ones in transformers' init), mHC streams (2, 4 Sinkhorn steps), a dense MLP then
+    # DeepSeek-V3's experts (per expert; router biases scrambled), every SwiGLU clamped at 1
     "glm5-next": ("Glm5Next", dict(
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
         layer_types=[LIN, "indexed_attention", "indexed_attention"],
         indexer_types=["full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse"],
         q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=0, v_head_dim=16,
-        index_n_heads=2, index_head_dim=16, index_topk=256, index_kpool=4, linear_head_dim=16,
+        index_n_heads=4, index_head_dim=16, index_topk=16, index_kpool=4, linear_head_dim=16,
         linear_num_heads=2, linear_lower_bound=-4.0, n_routed_experts=8, num_experts_per_tok=2,
         n_group=2, topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
-        routed_scaling_factor=2.0, hc_mult=2, swiglu_limit=3.0, intermediate_size=96)),
+        routed_scaling_factor=2.0, hc_mult=2, hc_sinkhorn_iters=4, swiglu_limit=1.0,
+        intermediate_size=96)),
     # Zaya (model/zaya.py): q/k from two convs over a conv state, values half delayed, a
     # float32 residual stream with learned scalings, a router MLP carrying its state from layer
     # to layer over top-1 experts and a skip choice (`write` draws the key scales, the router's
@@ -369,6 +372,13 @@ def write(name: str, path):
         with torch.no_grad():
             for key, p in model.named_parameters():
                 if key.endswith("ple.conv1d.weight"):
+                    p.copy_(torch.randn(p.shape, generator=g))
+        model.save_pretrained(path)
+    if name == "glm5-next":  # its k-pool indexer's ape and gate: zeros and ones, drawn here
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for key, p in model.named_parameters():
+                if key.endswith(("index_kpool_compress_ape", "index_kpool_compress_gate")):
                     p.copy_(torch.randn(p.shape, generator=g))
         model.save_pretrained(path)
     if name in SCRAMBLED:
