@@ -399,7 +399,7 @@ def _hybrid(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
-    """GPT-2, GPTBigCode, OPT (model/positions.py): learned positions, LayerNorms with biases,
+    """GPT-2, GPTBigCode, OPT, OpenAI GPT (model/positions.py): learned positions, LayerNorms with biases,
     an ungated MLP, a fused q/k/v (GPT-2's stacked, StarCoder 1's multi-query or per head)."""
     fields: dict[str, Any] = {"positions": "learned", "gated_mlp": False, "layer_norm_bias": True}
     if arch in ("gpt2", "gpt_bigcode"):
@@ -413,6 +413,8 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         multi_query = arch == "gpt_bigcode" and cfg.get("multi_query", True)
         mha = "stacked" if arch == "gpt2" else "per_head"
         fields["falcon_qkv"] = "multi_query" if multi_query else mha
+    if arch == "openai_gpt":  # GPT-1: GPT-2's stacked c_attn, norms after each residual add
+        fields.update(falcon_qkv="stacked", post_norm=True)
     if arch == "gpt_neo":  # q/k/v apart without biases, out_proj's; scores unscaled
         fields.update(attention_multiplier=1.0, o_proj_bias=True)
     if arch == "opt":
@@ -484,7 +486,7 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 FIELDS: dict[str, Fields] = {
-    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo"), _learned),
+    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo", "openai_gpt"), _learned),
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "xglm": _xglm,
     "qwen3": _qwen3,

@@ -30,6 +30,10 @@ row ``p + FamilyConfig.position_offset`` added to the embedding of the token at 
   head) whose table is not stored but computed (`sinusoidal_table`, `FamilyConfig.positions`
   "sinusoidal"), offset by 2 as OPT's, and its token embeddings multiplied by sqrt(hidden)
   (`scale_embedding`: `FamilyConfig.embedding_multiplier`) before the rows are added.
+- OpenAI GPT (`OpenAIGPTLMHeadModel`: GPT-1): GPT-2's model (Conv1D matrices, the stacked
+  `c_attn`, biases, a tied head; `tokens_embed` / `positions_embed` read as `wte` / `wpe`) with
+  OPT's post-norm layers (`OptLayer`: ``ln_1(x + attn(x))``, ``ln_2(x + mlp(x))``) and no
+  final norm; `afn` "gelu" is gelu_new (transformers' ACT_FNS).
 """
 
 from __future__ import annotations

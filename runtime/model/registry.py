@@ -117,6 +117,7 @@ MODEL_CLASSES = {
     "gpt_neo": ("positions", "LearnedPositionsModel"),  # local (windowed) layers, unscaled
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
     "xglm": ("positions", "XglmModel"),  # sinusoidal positions, scaled embeddings (OPT's)
+    "openai_gpt": ("positions", "LearnedPositionsModel"),  # GPT-2's matrices, post-norm (OPT's)
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...

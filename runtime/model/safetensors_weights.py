@@ -64,6 +64,8 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
     # GPT-2's and StarCoder 1's (model/positions.py)
     (r"^transformer\.wpe\.", "model.embed_positions."),
+    (r"^transformer\.tokens_embed\.", "model.embed_tokens."),  # OpenAI GPT's
+    (r"^transformer\.positions_embed\.", "model.embed_positions."),
     (r"\.attn\.c_attn\.", ".self_attn.qkv_proj."), (r"\.attn\.c_proj\.", ".self_attn.o_proj."),
     (r"\.mlp\.c_fc\.", ".mlp.up_proj."),
     # BLOOM's and MPT's (model/bloom.py)
@@ -79,7 +81,10 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
 # the top-level names of checkpoints saved from the base model (gpt2's, bloom's: `h.0.`, `wte`)
 # and OPT's (`decoder.`), under the causal LM's prefix
-_BARE = re.compile(r"^(?:h|wte|wpe|ln_f|word_embeddings|word_embeddings_layernorm)\.")
+_BARE = re.compile(
+    r"^(?:h|wte|wpe|ln_f|word_embeddings|word_embeddings_layernorm|tokens_embed|"
+    r"positions_embed)\."
+)
 # and Llama-style ones (`layers.0.`, `embed_tokens`: a LlamaModel's), under `model.`, as
 # transformers adds its base_model_prefix to a checkpoint saved without it
 _BARE_MODEL = re.compile(r"^(?:embed_tokens|layers|norm|final_layernorm)\.")

@@ -295,6 +295,15 @@ PUBLISHED = {
         "eos_token_id": 2, "ffn_dim": 4096, "layerdrop": 0.0, "max_position_embeddings": 2048,
         "num_layers": 24, "pad_token_id": 1, "scale_embedding": True, "vocab_size": 256008},
         564_463_616),
+    # openai-community/openai-gpt's (GPT-1): no BOS nor EOS id, no final norm
+    "openai-gpt": ({
+        "afn": "gelu", "architectures": ["OpenAIGPTLMHeadModel"], "attn_pdrop": 0.1,
+        "embd_pdrop": 0.1, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+        "model_type": "openai-gpt", "n_ctx": 512, "n_embd": 768, "n_head": 12, "n_layer": 12,
+        "n_positions": 512, "n_special": 0, "predict_special_tokens": True, "resid_pdrop": 0.1,
+        "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+        "summary_type": "cls_index", "summary_use_proj": True, "vocab_size": 40478},
+        116_534_784),
     # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
     "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
                   8_492_011_520),
@@ -321,6 +330,7 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
     assert (o.head_dim, o.max_position_embeddings, o.tie_word_embeddings) == (
         head_dim, t.max_position_embeddings, t.tie_word_embeddings)  # fmt: skip
     eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
+    eos = [] if eos == [None] else eos  # (openai-gpt names none)
     assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, eos)
     rope = getattr(t, "rope_parameters", None) or {}
     if rope:
