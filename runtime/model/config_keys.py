@@ -99,7 +99,7 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
         out["layer_types"] = gpt_neo_layer_types(out)
     if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
-                "persimmon", "xglm", "openai_gpt"):  # fmt: skip
+                "persimmon", "xglm", "openai_gpt", "biogpt"):  # fmt: skip
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)

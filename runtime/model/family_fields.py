@@ -446,6 +446,14 @@ def _xglm(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
             "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
 
 
+def _biogpt(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """BioGPT (model/positions.py): OPT's learned table offset by 2, the embeddings scaled by
+    sqrt(hidden) (`scale_embedding`), pre-norm layers with biases, an ungated MLP."""
+    scale = math.sqrt(int(cfg["hidden_size"])) if cfg.get("scale_embedding", True) else 1.0
+    return {"positions": "learned", "position_offset": 2, "gated_mlp": False,
+            "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
+
+
 def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     """BLOOM and MPT (model/bloom.py): ALiBi, an ungated MLP, a fused q/k/v."""
     fields: dict[str, Any] = {"positions": "alibi", "alibi_slopes": arch, "gated_mlp": False}
@@ -489,6 +497,7 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo", "openai_gpt"), _learned),
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "xglm": _xglm,
+    "biogpt": _biogpt,
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     **dict.fromkeys(

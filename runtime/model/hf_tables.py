@@ -101,6 +101,7 @@ HF_ARCHITECTURES = {
     "OPTForCausalLM": "opt",  # OPT: positions offset by 2, pre- or post-norm, project_in/out
     "XGLMForCausalLM": "xglm",  # XGLM: sinusoidal positions (offset 2), scaled embeddings
     "OpenAIGPTLMHeadModel": "openai_gpt",  # GPT-1: GPT-2's Conv1D matrices, post-norm layers
+    "BioGptForCausalLM": "biogpt",  # BioGPT: OPT's table (offset 2), scaled embeddings
     # ALiBi (model/bloom.py)
     "BloomForCausalLM": "bloom",
     "MPTForCausalLM": "mpt",  # (mosaicml's own code's name)
@@ -300,6 +301,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "openai_gpt": {"vocab_size": 40_478, "max_position_embeddings": 512, "hidden_size": 768,
                    "num_hidden_layers": 12, "num_attention_heads": 12, "afn": "gelu",
                    "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
+    "biogpt": {"vocab_size": 42_384, "max_position_embeddings": 1024, "hidden_size": 1024,
+               "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+               "hidden_act": "gelu", "scale_embedding": True, "tie_word_embeddings": True,
+               "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+               "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: its layer_norm_eps is not read)
     "bloom": {"vocab_size": 250_880, "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 8, "layer_norm_epsilon": 1e-5,
               "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 2048,
@@ -381,7 +387,7 @@ EPS.update(codegen="layer_norm_epsilon", persimmon="layer_norm_eps")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
-EPS.update(xglm="_layer_norm_eps", openai_gpt="layer_norm_epsilon")
+EPS.update(xglm="_layer_norm_eps", openai_gpt="layer_norm_epsilon", biogpt="_layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {

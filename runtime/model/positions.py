@@ -34,6 +34,10 @@ row ``p + FamilyConfig.position_offset`` added to the embedding of the token at 
   `c_attn`, biases, a tied head; `tokens_embed` / `positions_embed` read as `wte` / `wpe`) with
   OPT's post-norm layers (`OptLayer`: ``ln_1(x + attn(x))``, ``ln_2(x + mlp(x))``) and no
   final norm; `afn` "gelu" is gelu_new (transformers' ACT_FNS).
+- BioGPT (`BioGptForCausalLM`: microsoft/biogpt, BioGPT-Large): XGLM's layer and scaled
+  embeddings (`ScaledPositionsModel`) over OPT's stored table offset by 2; `biogpt.` and
+  `output_projection` read as `model.` and `lm_head`; LayerNorms of eps 1e-5 (nn.LayerNorm's:
+  its `layer_norm_eps` is not read by transformers).
 """
 
 from __future__ import annotations
@@ -131,7 +135,14 @@ def sinusoidal_table(rows: int, dim: int) -> torch.Tensor:
     return F.pad(table, (0, dim % 2))
 
 
-class XglmModel(LearnedPositionsModel):
+class ScaledPositionsModel(LearnedPositionsModel):
+    """BioGPT (module docstring): the token embeddings scaled before the table's rows are added."""
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().embed_tokens(input_ids) * self.config.family.embedding_multiplier
+
+
+class XglmModel(ScaledPositionsModel):
     """XGLM (module docstring): the table computed, the token embeddings scaled."""
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
@@ -141,6 +152,3 @@ class XglmModel(LearnedPositionsModel):
         )
         self.positions_table = table.to(device=self.device, dtype=self.dtype)
         self.project_in = self.project_out = None
-
-    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return super().embed_tokens(input_ids) * self.config.family.embedding_multiplier

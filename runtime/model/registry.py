@@ -118,6 +118,7 @@ MODEL_CLASSES = {
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
     "xglm": ("positions", "XglmModel"),  # sinusoidal positions, scaled embeddings (OPT's)
     "openai_gpt": ("positions", "LearnedPositionsModel"),  # GPT-2's matrices, post-norm (OPT's)
+    "biogpt": ("positions", "ScaledPositionsModel"),  # OPT's table, scaled embeddings
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...

@@ -108,6 +108,7 @@ _NEOX_RENAMES = tuple((re.compile(a), b) for a, b in (
 ))  # fmt: skip
 # Phi's names -> Llama's (model/phi.py), and HyperCLOVA X's post-sublayer norms -> GLM-4's
 _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^biogpt\.", "model."), (r"^output_projection\.", "lm_head."),  # BioGPT's (then XGLM's)
     (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
     (r"\.mlp\.fc1\.", ".mlp.up_proj."), (r"\.mlp\.fc2\.", ".mlp.down_proj."),
     (r"\.self_attn\.([qk])_layernorm\.(weight|bias)$", r".self_attn.\1_norm.\2"),

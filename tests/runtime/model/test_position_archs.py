@@ -18,7 +18,9 @@ Learned absolute positions (`model/positions.py`):
 - XGLM (`XGLMForCausalLM`): OPT's pre-norm layer with a sinusoidal table computed (none
   stored), offset by 2, the embeddings scaled by sqrt(hidden), exact GELU;
 - OpenAI GPT (`OpenAIGPTLMHeadModel`): GPT-2's Conv1D matrices and fused `c_attn` under
-  OPT's post-norm layers, no final norm.
+  OPT's post-norm layers, no final norm;
+- BioGPT (`BioGptForCausalLM`): OPT's stored table offset by 2 under XGLM's pre-norm layer,
+  the embeddings scaled by sqrt(hidden).
 
 ALiBi (`model/alibi.py`, `model/bloom.py`; every attention path adds the bias: the CPU C++
 kernel by default here, the torch path and the Triton kernels below):
@@ -76,6 +78,8 @@ CASES = {
     # OpenAI GPT: GPT-2's Conv1D matrices and c_attn, OPT's post-norm layers, no final norm
     # (the hub's names: openai-gpt's files have no `transformer.` prefix)
     "openai_gpt-post-norm": ("OpenAIGPT", dict(num_key_value_heads=None), "transformer."),
+    # BioGPT: OPT's table offset by 2, embeddings x sqrt(hidden), XGLM's pre-norm layer
+    "biogpt-scaled": ("BioGpt", dict(num_key_value_heads=None), None),
     "bloom-6-heads": ("Bloom", dict(hidden_size=96, num_attention_heads=6), None),
     "mpt-clip-6-heads": ("Mpt", dict(hidden_size=96, num_attention_heads=6,
                                      attn_config={"clip_qkv": 0.5}), None),
@@ -147,7 +151,7 @@ def test_two_ranks_match_transformers(built, name, kv_heads):
 
 @pytest.mark.parametrize(("name", "tp"), [("gpt2-hub-names", 2), ("gpt_bigcode-mqa", 1),
                                         ("gpt_neo-local", 1), ("xglm-sinusoidal", 2),
-                                        ("openai_gpt-post-norm", 2),
+                                        ("openai_gpt-post-norm", 2), ("biogpt-scaled", 2),
                                         ("opt-post-norm-proj", 2), ("bloom-6-heads", 2)])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the position
@@ -163,14 +167,15 @@ def test_the_config_reads_as_transformers_reads_it(built):
     """Positions, heads, widths, eps and tying as transformers' configs say."""
     expect = {"gpt2": ("learned", 4, 256), "gpt_bigcode-mqa": ("learned", 1, 256),
               "opt-post-norm-proj": ("learned", 4, 128), "bloom-6-heads": ("alibi", 6, 384),
-              "mpt-clip-6-heads": ("alibi", 6, 384), "xglm-sinusoidal": ("sinusoidal", 4, 128)}  # fmt: skip
+              "mpt-clip-6-heads": ("alibi", 6, 384), "xglm-sinusoidal": ("sinusoidal", 4, 128),
+              "biogpt-scaled": ("learned", 4, 128)}  # fmt: skip
     for name, (positions, kv_heads, width) in expect.items():
         path, model, _, _ = built(name)
         c = read_model_config(str(path))
         assert (c.family.positions, c.num_kv_heads, c.intermediate_size) == (
             positions, kv_heads, width), name  # fmt: skip
         assert c.tie_word_embeddings == (
-            model.lm_head.weight is model.get_input_embeddings().weight
+            model.get_output_embeddings().weight is model.get_input_embeddings().weight
         )
     c = read_model_config(str(built("opt-post-norm-proj")[0]))
     assert (c.family.position_offset, c.family.post_norm, c.family.embed_proj_dim) == (2, True, 32)
@@ -189,6 +194,7 @@ def test_the_config_reads_as_transformers_reads_it(built):
     ("OPTForCausalLM", "opt", {"num_hidden_layers": 2}),
     ("XGLMForCausalLM", "xglm", {"num_layers": 2}),
     ("OpenAIGPTLMHeadModel", "openai-gpt", {"n_layer": 2}),
+    ("BioGptForCausalLM", "biogpt", {"num_hidden_layers": 2}),
     ("BloomForCausalLM", "bloom", {"n_layer": 2}),
     ("MPTForCausalLM", "mpt", {"n_layers": 2, "d_model": 256, "n_heads": 8}),
 ])  # fmt: skip
@@ -211,7 +217,10 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     assert o.bos_token_id == t.bos_token_id
     if model_type == "xglm":  # sqrt(d_model) with scale_embedding (its default)
         assert o.family.embedding_multiplier == t.d_model**0.5 and t.scale_embedding
-    if model_type in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "xglm", "openai-gpt"):
+    if model_type == "biogpt":  # the same, over OPT's table offset by 2
+        assert o.family.embedding_multiplier == t.hidden_size**0.5 and t.scale_embedding
+        assert o.family.position_offset == 2
+    if model_type in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "xglm", "openai-gpt", "biogpt"):
         assert o.max_position_embeddings == t.max_position_embeddings
     if model_type == "gpt_neo":  # its window on the local layers, as transformers' mask's
         assert [o.family.window(i) for i in range(2)] == [t.window_size] * 2
@@ -226,6 +235,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ("Mpt", {"logit_scale": "inv_sqrt_d_model"}, "logit_scale 'inv_sqrt_d_model'"),
     ("OPT", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
     ("XGLM", {"pad_token_id": 5}, r"XGLM with pad_token_id 5 \(its position table's row 5"),
+    ("BioGpt", {"hidden_act": "silu"}, "hidden activation 'silu' in an ungated MLP"),
     ("OpenAIGPT", {"afn": "silu"}, r"OpenAI GPT with afn 'silu' is not supported \(gelu, relu\)"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):

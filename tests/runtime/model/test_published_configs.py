@@ -304,6 +304,15 @@ PUBLISHED = {
         "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
         "summary_type": "cls_index", "summary_use_proj": True, "vocab_size": 40478},
         116_534_784),
+    # microsoft/biogpt's: its layer_norm_eps (1e-12) unread (nn.LayerNorm's 1e-5 run)
+    "biogpt": ({
+        "activation_dropout": 0.0, "architectures": ["BioGptForCausalLM"],
+        "attention_probs_dropout_prob": 0.1, "bos_token_id": 0, "eos_token_id": 2,
+        "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 1024,
+        "initializer_range": 0.02, "intermediate_size": 4096, "layer_norm_eps": 1e-12,
+        "layerdrop": 0.0, "max_position_embeddings": 1024, "model_type": "biogpt",
+        "num_attention_heads": 16, "num_hidden_layers": 24, "pad_token_id": 1,
+        "scale_embedding": True, "use_cache": True, "vocab_size": 42384}, 346_763_264),
     # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
     "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
                   8_492_011_520),
@@ -339,6 +348,7 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
             "partial_rotary_factor", 1.0)  # fmt: skip
     names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
     eps = next((getattr(t, k) for k in names if hasattr(t, k)), 1e-5)  # (else nn.LayerNorm's)
+    eps = 1e-5 if t.model_type == "biogpt" else eps  # (its modeling runs nn.LayerNorm's)
     assert o.rms_norm_eps == eps
     with torch.device("meta"):
         if t.model_type in _CAUSAL_LM:
