@@ -37,7 +37,7 @@ UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: 
 POSITIONS = ("rope", "learned", "alibi", "sinusoidal")  # `FamilyConfig.positions`
 # families with biases on q, k, v, the output, both MLP matrices and every LayerNorm (their
 # q/k norms' too), counted in `num_params`
-ALL_BIASES = ("persimmon", "xglm", "openai_gpt", "biogpt")
+ALL_BIASES = ("persimmon", "xglm", "openai_gpt", "biogpt", "ctrl")
 
 
 def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
@@ -492,6 +492,8 @@ class ModelConfig:
             attn_all += (self.max_position_embeddings + f.position_offset) * h
         if self.architecture == "openai_gpt":  # no final norm (nor its bias)
             attn_all -= 2 * h
+        if self.architecture == "ctrl":  # its head's bias
+            attn_all += self.vocab_size
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

@@ -39,6 +39,7 @@ ALIASES["codegen"] = ALIASES["gptj"]
 ALIASES["openai_gpt"] = {"n_embd": "hidden_size", "n_head": "num_attention_heads",
                          "n_layer": "num_hidden_layers",
                          "n_positions": "max_position_embeddings"}  # fmt: skip
+ALIASES["ctrl"] = {**ALIASES["openai_gpt"], "dff": "intermediate_size"}
 # OpenAIGPTConfig's `afn` -> transformers' activation (its ACT_FNS: "gelu" is gelu_new's tanh)
 OPENAI_GPT_AFN = {"gelu": "gelu_new", "relu": "relu"}
 ALIASES["gpt_neo"] = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
@@ -55,7 +56,7 @@ ALIASES["inkling"] = inkling_config.ALIASES  # InklingTextConfig's attribute_map
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
 OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm", "kolibri1_1",
-              "openai_gpt")  # fmt: skip
+              "openai_gpt", "ctrl")  # fmt: skip
 
 
 def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
         out["layer_types"] = gpt_neo_layer_types(out)
     if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
-                "persimmon", "xglm", "openai_gpt", "biogpt"):  # fmt: skip
+                "persimmon", "xglm", "openai_gpt", "biogpt", "ctrl"):  # fmt: skip
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)

@@ -454,6 +454,17 @@ def _biogpt(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
             "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
 
 
+def _ctrl(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """CTRL (model/positions.py): its own sinusoidal table (no offset), the embeddings scaled by
+    sqrt(hidden), pre-norm layers with biases (eps 1e-6 in its layers), a ReLU MLP, a head bias."""
+    eps = float(cfg.get("layer_norm_epsilon", 1e-6))
+    if eps != 1e-6:  # (transformers' layers run 1e-6 whatever it says; the final norm its value)
+        raise ValueError(f"CTRL with layer_norm_epsilon {eps} is not supported (1e-6: its "
+                         "layers' LayerNorms run 1e-6 whatever the config says)")  # fmt: skip
+    return {"positions": "sinusoidal", "gated_mlp": False, "layer_norm_bias": True,
+            "embedding_multiplier": math.sqrt(int(cfg["hidden_size"])), "lm_head_bias": True}  # fmt: skip
+
+
 def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     """BLOOM and MPT (model/bloom.py): ALiBi, an ungated MLP, a fused q/k/v."""
     fields: dict[str, Any] = {"positions": "alibi", "alibi_slopes": arch, "gated_mlp": False}
@@ -498,6 +509,7 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "xglm": _xglm,
     "biogpt": _biogpt,
+    "ctrl": _ctrl,
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     **dict.fromkeys(

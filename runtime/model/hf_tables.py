@@ -102,6 +102,7 @@ HF_ARCHITECTURES = {
     "XGLMForCausalLM": "xglm",  # XGLM: sinusoidal positions (offset 2), scaled embeddings
     "OpenAIGPTLMHeadModel": "openai_gpt",  # GPT-1: GPT-2's Conv1D matrices, post-norm layers
     "BioGptForCausalLM": "biogpt",  # BioGPT: OPT's table (offset 2), scaled embeddings
+    "CTRLLMHeadModel": "ctrl",  # CTRL: its sinusoidal positions, scaled embeddings, head bias
     # ALiBi (model/bloom.py)
     "BloomForCausalLM": "bloom",
     "MPTForCausalLM": "mpt",  # (mosaicml's own code's name)
@@ -306,6 +307,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "hidden_act": "gelu", "scale_embedding": True, "tie_word_embeddings": True,
                "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
                "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: its layer_norm_eps is not read)
+    "ctrl": {"vocab_size": 246_534, "max_position_embeddings": 256, "hidden_size": 1280,
+             "intermediate_size": 8192, "num_hidden_layers": 48, "num_attention_heads": 16,
+             "hidden_act": "relu", "layer_norm_epsilon": 1e-6, "tie_word_embeddings": True},
     "bloom": {"vocab_size": 250_880, "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 8, "layer_norm_epsilon": 1e-5,
               "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 2048,
@@ -388,6 +392,7 @@ EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_e
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
 EPS.update(xglm="_layer_norm_eps", openai_gpt="layer_norm_epsilon", biogpt="_layer_norm_eps")
+EPS.update(ctrl="layer_norm_epsilon")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {

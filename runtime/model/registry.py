@@ -119,6 +119,7 @@ MODEL_CLASSES = {
     "xglm": ("positions", "XglmModel"),  # sinusoidal positions, scaled embeddings (OPT's)
     "openai_gpt": ("positions", "LearnedPositionsModel"),  # GPT-2's matrices, post-norm (OPT's)
     "biogpt": ("positions", "ScaledPositionsModel"),  # OPT's table, scaled embeddings
+    "ctrl": ("positions", "CtrlModel"),  # its sinusoidal table, scaled embeddings, head bias
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...

@@ -66,6 +66,14 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^transformer\.wpe\.", "model.embed_positions."),
     (r"^transformer\.tokens_embed\.", "model.embed_tokens."),  # OpenAI GPT's
     (r"^transformer\.positions_embed\.", "model.embed_positions."),
+    # CTRL's (model/positions.py)
+    (r"^transformer\.w\.", "model.embed_tokens."), (r"^transformer\.layernorm\.", "model.norm."),
+    (r"\.multi_head_attention\.Wq\.", ".self_attn.q_proj."),
+    (r"\.multi_head_attention\.Wk\.", ".self_attn.k_proj."),
+    (r"\.multi_head_attention\.Wv\.", ".self_attn.v_proj."),
+    (r"\.multi_head_attention\.dense\.", ".self_attn.o_proj."),
+    (r"\.ffn\.0\.", ".mlp.up_proj."), (r"\.ffn\.2\.", ".mlp.down_proj."),
+    (r"\.layernorm1\.", ".input_layernorm."), (r"\.layernorm2\.", ".post_attention_layernorm."),
     (r"\.attn\.c_attn\.", ".self_attn.qkv_proj."), (r"\.attn\.c_proj\.", ".self_attn.o_proj."),
     (r"\.mlp\.c_fc\.", ".mlp.up_proj."),
     # BLOOM's and MPT's (model/bloom.py)

@@ -313,6 +313,14 @@ PUBLISHED = {
         "layerdrop": 0.0, "max_position_embeddings": 1024, "model_type": "biogpt",
         "num_attention_heads": 16, "num_hidden_layers": 24, "pad_token_id": 1,
         "scale_embedding": True, "use_cache": True, "vocab_size": 42384}, 346_763_264),
+    # Salesforce/ctrl's: a 50000-row computed table, the head's bias counted
+    "ctrl": ({
+        "architectures": ["CTRLLMHeadModel"], "attn_pdrop": 0.1, "dff": 8192, "embd_pdrop": 0.1,
+        "from_tf": False, "initializer_range": 0.02, "layer_norm_epsilon": 1e-06,
+        "model_type": "ctrl", "n_ctx": 512, "n_embd": 1280, "n_head": 16, "n_layer": 48,
+        "n_positions": 50000, "resid_pdrop": 0.1, "summary_activation": None,
+        "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+        "summary_use_proj": True, "use_cache": True, "vocab_size": 246534}, 1_637_964_550),
     # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
     "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
                   8_492_011_520),
