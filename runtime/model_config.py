@@ -494,6 +494,8 @@ class ModelConfig:
             attn_all -= 2 * h
         if self.architecture == "ctrl":  # its head's bias
             attn_all += self.vocab_size
+        if self.architecture == "gpt_neox_japanese":  # its LayerNorms' biases, the last o_proj's
+            attn_all += (2 * self.num_layers + 2) * h
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

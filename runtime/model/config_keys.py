@@ -32,6 +32,7 @@ ALIASES = {
     "jetmoe": {"kv_channels": "head_dim", "activation_function": "hidden_act"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+ALIASES["gpt_neox_japanese"] = ALIASES["gpt_neox"]
 ALIASES["xglm"] = {"d_model": "hidden_size", "attention_heads": "num_attention_heads",
                    "num_layers": "num_hidden_layers", "ffn_dim": "intermediate_size",
                    "activation_function": "hidden_act"}  # fmt: skip
@@ -99,7 +100,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch == "gpt_neo":  # its MLP 4 x hidden by default; `attention_types` as layer_types
         out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
         out["layer_types"] = gpt_neo_layer_types(out)
-    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
+    if arch == "gpt_neox_japanese":  # the MLP intermediate_multiple_size x hidden
+        out["intermediate_size"] = int(int(out["hidden_size"]) * out.get(
+            "intermediate_multiple_size", 4))  # fmt: skip
+    if arch in ("gpt_neox", "gpt_neox_japanese", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
                 "persimmon", "xglm", "openai_gpt", "biogpt", "ctrl"):  # fmt: skip
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query

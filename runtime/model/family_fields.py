@@ -25,7 +25,8 @@ Fields = Callable[
     dict[str, Any],
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
-UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
+UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2",
+           "gpt_neox_japanese")  # fmt: skip
 UNGATED += ("gptj", "nanochat", "codegen", "persimmon", "apertus1p5")
 
 
@@ -144,6 +145,7 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         "falcon",
         "gpt_neox",
         "jais2",
+        "gpt_neox_japanese",
     ):  # (Nemotron: 1 + w)
         fields["layer_norm_bias"] = True
     if arch == "falcon":
@@ -151,6 +153,8 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     if arch == "gpt_neox":  # Falcon's per-head q/k/v; two norms in parallel, or Llama's layer
         parallel = cfg.get("use_parallel_residual", True)
         fields.update(falcon_qkv="per_head", falcon_norms="two" if parallel else "sequential")
+    if arch == "gpt_neox_japanese":  # GPT-NeoX's q/k/v per head in Llama's layer, no biases
+        fields.update(falcon_qkv="per_head", falcon_norms="sequential")  # (but the last o_proj's)
     if arch in ("gptj", "codegen"):  # Phi's model, the rotary interleaved (GLM's layout)
         fields.update(layer_norm_bias=True, rope_interleaved=True)
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias

@@ -80,6 +80,7 @@ HF_ARCHITECTURES = {
     "MiniCPM3ForCausalLM": "minicpm3",  # DeepSeek's latent attention, muP scales (minicpm3.py)
     "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
     "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
+    "GPTNeoXJapaneseForCausalLM": "gpt_neox_japanese",  # GPT-NeoX's, sequential, no biases
     "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
     "PersimmonForCausalLM": "persimmon",  # Persimmon: q/k LayerNorms, ReLU² MLP (model/phi.py)
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
@@ -231,6 +232,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25, "attention_bias": True,
                  "use_parallel_residual": True, "max_position_embeddings": 2048,
                  "bos_token_id": 0, "eos_token_id": 2},
+    "gpt_neox_japanese": {"vocab_size": 32_000, "hidden_size": 2560, "num_hidden_layers": 32,
+                          "num_attention_heads": 32, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+                          "partial_rotary_factor": 1.0, "max_position_embeddings": 2048,
+                          "tie_word_embeddings": True, "bos_token_id": 31_996,
+                          "eos_token_id": 31_999},
     "stablelm": {"vocab_size": 50_304, "intermediate_size": 6912, "hidden_size": 2560,
                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
@@ -392,7 +398,7 @@ EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_e
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
 EPS.update(xglm="_layer_norm_eps", openai_gpt="layer_norm_epsilon", biogpt="_layer_norm_eps")
-EPS.update(ctrl="layer_norm_epsilon")
+EPS.update(ctrl="layer_norm_epsilon", gpt_neox_japanese="layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
@@ -436,7 +442,7 @@ DEFAULT_ROPE["apertus1p5"] = DEFAULT_ROPE["apertus"]  # (Apertus1p5TextConfig is
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
                    "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,
                    *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya",
-                   "recurrent_gemma")  # fmt: skip
+                   "recurrent_gemma", "gpt_neox_japanese")  # fmt: skip
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)
 PROPORTIONAL_ROTARY = ("lfm3",)

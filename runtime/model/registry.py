@@ -75,6 +75,7 @@ MODEL_CLASSES = {
     "minicpm3": ("minicpm3", "MiniCPM3Model"),  # DeepSeek's latent attention, muP scales
     "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
+    "gpt_neox_japanese": ("falcon", "FalconModel"),  # GPT-NeoX's, Llama's layer, no biases
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
     "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
     "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention

@@ -108,6 +108,8 @@ _OPT_RENAMES = tuple((re.compile(a), b) for a, b in (
 ))  # fmt: skip
 # GPT-NeoX's names -> Llama's (model/falcon.py), on `gpt_neox.` and `embed_out.` names
 _NEOX_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^gpt_neox_japanese\.", "gpt_neox."),  # GPT-NeoX-Japanese's; its last layer's o_proj bias
+    (r"\.attention\.dense_bias$", ".self_attn.o_proj.bias"),
     (r"^gpt_neox\.embed_in\.", "model.embed_tokens."), (r"^gpt_neox\.layers\.", "model.layers."),
     (r"^gpt_neox\.final_layer_norm\.", "model.norm."), (r"^embed_out\.", "lm_head."),
     (r"\.attention\.query_key_value\.", ".self_attn.qkv_proj."),
@@ -174,7 +176,7 @@ def _text_name(stored: str) -> str | None:
     elif stored.startswith("decoder.") or _BARE_MODEL.match(stored):
         stored = "model." + stored
     renames = _RENAMES if stored.startswith("transformer.") else _PHI_RENAMES
-    if stored.startswith(("gpt_neox.", "embed_out.")):
+    if stored.startswith(("gpt_neox.", "gpt_neox_japanese.", "embed_out.")):
         renames = _NEOX_RENAMES
     if stored.startswith("model.decoder."):
         renames = _OPT_RENAMES

@@ -321,6 +321,15 @@ PUBLISHED = {
         "n_positions": 50000, "resid_pdrop": 0.1, "summary_activation": None,
         "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
         "summary_use_proj": True, "use_cache": True, "vocab_size": 246534}, 1_637_964_550),
+    # abeja/gpt-neox-japanese-2.7b's: the older rotary keys, the MLP a multiple of hidden
+    "gpt-neox-japanese-2.7b": ({
+        "architectures": ["GPTNeoXJapaneseForCausalLM"], "attention_dropout": 0.1,
+        "bos_token_id": 31996, "eos_token_id": 31999, "hidden_act": "gelu", "hidden_dropout": 0.0,
+        "hidden_size": 2560, "initializer_range": 0.02, "intermediate_multiple_size": 4,
+        "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+        "model_type": "gpt_neox_japanese", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "rotary_emb_base": 10000, "rotary_pct": 1.0, "use_cache": True, "vocab_size": 32000},
+        2_598_837_760),
     # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
     "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
                   8_492_011_520),
