@@ -245,7 +245,7 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         return Checkpoint("")
     # headers only (a pickle's tensors memory-mapped, none read): tensors are read on access
     weights = SafetensorsWeights(files)
-    if architecture == "gpt2":  # its Conv1D matrices, listed [out, in] as the loader reads them
+    if architecture in ("gpt2", "openai_gpt"):  # Conv1D matrices, listed [out, in] as read
         from pagoda.runtime.model.positions import transpose_conv1d
 
         transpose_conv1d(weights)
