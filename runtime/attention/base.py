@@ -171,6 +171,19 @@ class AttentionBackend(ABC):
         other.num_kv_heads, other.head_dim, other.num_heads = num_kv_heads, head_dim, heads
         return other
 
+    def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
+        """Store ``k``/``v`` ``[T, Hkv, D]`` at ``slots`` (every one a real slot) in this
+        layout, 16/32-bit caches (a sparse attention's own store: Kolibri 1.1's)."""
+        nb, bs = k_cache.shape[:2]
+        for x, cache in ((k, k_cache), (v, v_cache)):
+            cache.view(nb * bs, *cache.shape[2:]).index_copy_(0, slots, x.to(cache.dtype))
+
+    def read_kv(self, k_cache, v_cache, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached k and v ``[*slots.shape, Hkv, D]`` at ``slots``, 16/32-bit caches (a
+        sparse attention's gather: Kolibri 1.1's)."""
+        nb, bs = k_cache.shape[:2]
+        return tuple(c.view(nb * bs, *c.shape[2:])[slots] for c in (k_cache, v_cache))
+
     def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
         """Build per-step tensors once (not once per layer); store them in ``meta.aux``."""
 

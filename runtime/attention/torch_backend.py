@@ -272,6 +272,18 @@ class TorchAttentionBackend(AttentionBackend):
             rows = quantize_rows(x) if cache.dtype == torch.int8 else x.to(cache.dtype)
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
+    def read_kv(self, k_cache, v_cache, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached k and v ``[*slots.shape, Hkv, D]`` at ``slots`` from the kernel's packed
+        layout (K ``[Hkv, NB, D/P, BS, P]``, V ``[Hkv, NB, BS/P, D, P]``: attention.cpp) or the
+        head-major one; 16/32-bit caches (a sparse attention's gather: Kolibri 1.1's)."""
+        if self.kernel is not None:
+            bs, p = k_cache.shape[3:]
+            blk, off = slots // bs, slots % bs
+            k = k_cache[:, blk, :, off, :]  # [*S, Hkv, D/P, P]
+            return k.flatten(-2), v_cache[:, blk, off // p, :, off % p]
+        hkv, nb, bs, d = k_cache.shape
+        return tuple(c.view(hkv, nb * bs, d)[:, slots].movedim(0, -2) for c in (k_cache, v_cache))
+
     def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None, sinks=None,
                 chunk=None, store=True, rel_bias=None):  # fmt: skip
         if kv_scales is not None:  # get_attention_backend gives FP8 caches to Triton only

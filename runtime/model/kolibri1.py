@@ -5,15 +5,26 @@ norms on attention's and the MLP's outputs) and Qwen3's per-head q/k norms (`qwe
 the window layers rotate, the full ones are NoPE (`FamilyConfig.rope_layers`).
 
 Kolibri 1.1 (`Kolibri11Model`; `kolibri1_config.py`): its indexed layers (Kolibri 1's full ones)
-round their keys and values to NVFP4 before the cache (`nvfp4_round`) and attend to every key
-(Pagoda serves it up to the indexer's budget: `Kolibri11`); a KV-shared layer has q_proj and
-q_norm alone and reads its source layer's cache (`layer_caches`) and this step's keys and values
-(handed on by the source layer, `step_kv`) without writing; dense MLPs in `mlp_only_layers`."""
+round their keys and values to NVFP4 before the cache (`nvfp4_round`); a KV-shared layer has
+q_proj and q_norm alone and reads its source layer's cache (`layer_caches`) and this step's keys
+and values (handed on by the source layer, `step_kv`) without writing; dense MLPs in
+`mlp_only_layers`. An indexed layer attends to every key through the attention backend while no
+sequence of the step is longer than `Kolibri11.budget`; past it the whole step selects
+(`TokenSelection`, transformers' `Kolibri1_1Indexer.select_tokens`), batched in torch over
+`dsa.index_plan`'s padded ``[B, Q]`` queries: the context's keys and values gathered through the
+block tables (`AttentionBackend.read_kv`), each query's score for key j the ReLU'd products of
+its first `index_heads` heads (NVFP4) with key head 0 (NVFP4), summed head by head in float32,
+times ``head_dim ** -0.5 / index_heads``; the `topk` best keys between the `sinks` first and the
+`local` last (ties to the earlier key, as transformers' ``top_k_mask``), with those; its heads
+attend to the kept keys only (float32 softmax). The pool the best are picked from is every
+visible key: Pagoda serves the model up to `index_pool_size` (`FamilyConfig.dense_limit`)."""
 
 from __future__ import annotations
 
 import torch
+from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.dsa import MAX_SCORE_ELEMS, index_plan
 from pagoda.runtime.model.glm4 import Glm4Layer
 from pagoda.runtime.model.glm4_moe import Glm4MoeModel
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
@@ -32,6 +43,75 @@ def nvfp4_round(x: torch.Tensor) -> torch.Tensor:
     step = torch.where(magnitude < 2, 0.5, torch.where(magnitude < 4, 1.0, 2.0))
     rounded = torch.round(magnitude / step) * step
     return (rounded.copysign(scaled) * scale).flatten(-2).to(x.dtype)
+
+
+def top_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` highest finite scores of each row; ties go to the lowest indices (transformers'
+    ``Kolibri1_1Indexer.top_k_mask``)."""
+    k = min(k, scores.shape[-1])
+    kth = scores.topk(k, dim=-1).values[..., -1:]
+    above = scores > kth
+    tied = (scores == kth) & (kth > float("-inf"))
+    free = k - above.sum(-1, keepdim=True)
+    return above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= free))
+
+
+class TokenSelection:
+    """An indexed layer's sparse attention past `Kolibri11.budget` (module docstring)."""
+
+    def __init__(self, k11, head_dim: int, scale: float) -> None:
+        self.k11, self.scale = k11, scale
+        self.head_weight = head_dim**-0.5 / k11.index_heads
+
+    def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata, backend):
+        """Each query's heads ``q`` [T, H, D] over its kept keys of the cache → [T, H, D]."""
+        plan, c = index_plan(meta), self.k11
+        b, qp = plan.q_rows.shape
+        kp = plan.slots.shape[1]
+        keys, values = backend.read_kv(k_cache, v_cache, plan.slots)  # [B, K, Hkv, D]
+        routing_keys = nvfp4_round(keys[:, :, 0]).float().transpose(1, 2)  # [B, D, K]
+        routing = nvfp4_round(q[:, : c.index_heads]).float()[plan.q_rows]  # [B, Q, n, D]
+        pos = torch.arange(kp, device=q.device)
+        width = min(c.budget, kp)
+        kept = torch.empty(b, qp, width, dtype=torch.long, device=q.device)
+        real = torch.empty(b, qp, width, dtype=torch.bool, device=q.device)
+        n = max(1, MAX_SCORE_ELEMS // (b * kp))
+        for r0 in range(0, qp, n):  # row slices bound the [B, n, K] scores
+            r1 = min(r0 + n, qp)
+            scores = q.new_zeros(b, r1 - r0, kp, dtype=torch.float32)
+            for i in range(c.index_heads):  # head by head, as transformers sums them
+                scores += torch.matmul(routing[:, r0:r1, i], routing_keys).relu_()
+            scores *= self.head_weight
+            last = plan.q_pos[:, r0:r1]  # [B, n, 1]
+            visible = pos <= last
+            local = pos > last - c.local
+            sinks = pos < c.sinks
+            chosen = top_k_mask(scores.masked_fill_(~(visible & ~sinks & ~local),
+                                                    float("-inf")), c.topk)  # fmt: skip
+            short = last < c.budget  # a query seeing no more keys than the budget: all of them
+            sel = visible & (chosen | sinks | local | short)
+            top = sel.to(torch.float32).topk(width, dim=-1)  # its (at most `width`) keys
+            kept[:, r0:r1], real[:, r0:r1] = top.indices, top.values > 0
+        kept, real = kept.view(b * qp, width)[plan.src], real.view(b * qp, width)[plan.src]
+        return self._attend(q, keys, values, plan.src // qp, kept, real)
+
+    def _attend(self, q, keys, values, batch, kept, real) -> torch.Tensor:
+        """Softmax attention of each token [T, H, D] (of sequence ``batch`` [T]) over its kept
+        keys ``kept`` [T, w] (``real``: not padding), the softmax in float32, in token slices."""
+        t, h, d = q.shape
+        hkv = keys.shape[2]
+        out = q.new_empty(t, h, d)
+        n = max(1, MAX_SCORE_ELEMS // (kept.shape[1] * h * d))
+        for t0 in range(0, t, n):
+            t1 = min(t0 + n, t)
+            seq, idx = batch[t0:t1, None], kept[t0:t1]
+            k, v = keys[seq, idx], values[seq, idx]  # [n, w, Hkv, D]
+            qg = q[t0:t1].view(t1 - t0, hkv, h // hkv, d)
+            s = torch.einsum("tkgd,twkd->tkgw", qg, k.to(q.dtype)).float() * self.scale
+            s.masked_fill_(~real[t0:t1, None, None, :], float("-inf"))
+            p = torch.softmax(s, dim=-1).to(q.dtype)
+            out[t0:t1] = torch.einsum("tkgw,twkd->tkgd", p, v.to(q.dtype)).reshape(-1, h, d)
+        return out
 
 
 # the published tensor names -> the ones the model reads (transformers' conversion mapping)
@@ -68,6 +148,7 @@ class Kolibri11Layer(Glm4Layer):
         self.q_norm = model.norm_weight(w[a + "q_norm.weight"])
         self.k_norm = None if self.shared else model.norm_weight(w[a + "k_norm.weight"])
         self.indexed = model.config.family.window(index) is None  # (no window: indexed)
+        self.selection = TokenSelection(k, ctx.head_dim, ctx.backend.scale)
         # an FP8 cache's scales: those it was written with (the source layer's)
         self.kv_scales = model.kv_scales(w, f"model.layers.{k.kv_source[index]}.self_attn")
 
@@ -91,18 +172,29 @@ class Kolibri11Layer(Glm4Layer):
         return q, k
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        if not self.shared:
+        meta = step.meta
+        sparse = self.indexed and meta.max_seq_len > self.selection.k11.budget
+        if not (self.shared or sparse):
             return super().attention(x, step)
         ctx = self.ctx
         t, d, h = x.shape[0], ctx.head_dim, ctx.num_heads
-        norm, eps = ctx.rms_norm, ctx.eps
-        q = norm(x=self.qkv(x).view(t * h, d), weight=self.q_norm, eps=eps).view(t, h, d)
-        k, v = self.source.step_kv
-        k_cache, v_cache = step.kv_caches[self.index]  # (the source's: `layer_caches`)
-        out = ctx.backend.forward(
-            q, k, v, k_cache, v_cache, step.meta, window=None, kv_scales=self.kv_scales,
-            store=False,
-        )  # fmt: skip
+        k_cache, v_cache = step.kv_caches[self.index]  # (a KV-shared layer's: its source's)
+        if self.shared:
+            norm, eps = ctx.rms_norm, ctx.eps
+            q = norm(x=self.qkv(x).view(t * h, d), weight=self.q_norm, eps=eps).view(t, h, d)
+            k, v = self.source.step_kv
+        else:  # (an indexed layer: NoPE, no rotary)
+            q, k, v = self.step_qkv(x, step)
+            q, k = self.after_rotary(*self.before_rotary(q, k))
+        if sparse:
+            if not self.shared:
+                ctx.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            out = self.selection.attend(q, k_cache, v_cache, meta, ctx.backend)
+        else:
+            out = ctx.backend.forward(
+                q, k, v, k_cache, v_cache, meta, window=None, kv_scales=self.kv_scales,
+                store=False,
+            )  # fmt: skip
         return self.o_proj(out.reshape(t, h * d))
 
 

@@ -19,13 +19,16 @@ apart from the model so that reading a config imports no layer code.
 Kolibri 1.1 (`Kolibri1_1ForCausalLM`: Aleph-Alpha/Kolibri-1.1) is this model with
 
 - "indexed_attention" layers for the full ones (NoPE): transformers' `Kolibri1_1Indexer` picks
-  the keys each query attends to, `index_topk` of a pool plus `index_num_sink_tokens` and
-  `index_num_local_tokens`, once a query sees more keys than those together; up to that budget
-  (2184 tokens with the defaults) every key: Pagoda serves it within the budget
-  (`FamilyConfig.dense_limit`: a longer --max-model-len is refused in one line, the sparse
-  selection is not implemented),
-  where these layers attend to every key, their keys and values rounded to NVFP4 (E2M1 values,
-  an E4M3 scale per 16: `kolibri1.nvfp4_round`) as transformers rounds them;
+  the keys each query attends to, the `index_topk` best of a pool (by the first
+  `index_num_heads` query heads against key head 0) plus the first `index_num_sink_tokens` and
+  the last `index_num_local_tokens`, once a query sees more keys than those together (2184
+  with the defaults; below that every key: `Kolibri11.budget`), their keys and values rounded
+  to NVFP4 (E2M1 values, an E4M3 scale per 16: `kolibri1.nvfp4_round`) as transformers rounds
+  them. That selection runs (`kolibri1.TokenSelection`); the pool is every visible key up to
+  `index_pool_size` tokens (16384), past which transformers' indexer layers (`index_layers`)
+  pick it by blocks of `index_compression` keys whose mean it takes over the keys before their
+  NVFP4 rounding, which the cache does not keep: Pagoda serves it up to the pool size
+  (`FamilyConfig.dense_limit`: a longer --max-model-len is refused in one line);
 - KV-shared layers (`kv_source_layers`: an indexed layer reading an earlier one's keys and
   values, without k_proj, v_proj or k_norm of its own), by default Kolibri 1.1's layout;
 - dense MLPs of `mlp_only_intermediate_size` in `mlp_only_layers` (by default the first two).
@@ -55,7 +58,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 # Kolibri1_1Config's: Kolibri 1's, its dense MLPs' width (read as intermediate_size), the budget
 DEFAULTS["kolibri1_1"] = {**DEFAULTS["kolibri1"], "intermediate_size": 3584, "index_topk": 2048,
-                          "index_num_local_tokens": 128, "index_num_sink_tokens": 8}  # fmt: skip
+                          "index_num_local_tokens": 128, "index_num_sink_tokens": 8,
+                          "index_num_heads": 12, "index_pool_size": 16384}  # fmt: skip
 # transformers' default kv_source_layers of Kolibri 1.1's indexed layers: the source of each, as
 # the count of indexed layers before it
 _SOURCES = (0, 0, 0, 3, 4, 5, 5, 5, 5, 0)
@@ -64,9 +68,19 @@ _SOURCES = (0, 0, 0, 3, 4, 5, 5, 5, 5, 0)
 @dataclass(frozen=True)
 class Kolibri11:
     """Kolibri 1.1's KV-shared layers (`FamilyConfig.kolibri11`): the layer whose KV cache each
-    layer reads (its own, or an earlier indexed layer's)."""
+    layer reads (its own, or an earlier indexed layer's); its indexed layers' selection: the
+    `topk` best keys by `index_heads` query heads, the first `sinks`, the last `local`."""
 
     kv_source: tuple[int, ...]
+    topk: int = 2048
+    local: int = 128
+    sinks: int = 8
+    index_heads: int = 12
+
+    @property
+    def budget(self) -> int:
+        """The most keys an indexed layer's query attends to (all of them up to this many)."""
+        return self.topk + self.local + self.sinks
 
     def shares_kv(self, layer: int) -> bool:
         return self.kv_source[layer] != layer
@@ -117,14 +131,21 @@ def _kolibri1_1(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
     if int(cfg["head_dim"]) % 16:
         raise ValueError(f"Kolibri 1.1's head_dim must be a multiple of 16 (NVFP4 blocks), got "
                          f"{cfg['head_dim']}")  # fmt: skip
-    budget = sum(int(cfg[k]) for k in ("index_topk", "index_num_local_tokens",
-                                       "index_num_sink_tokens"))  # fmt: skip
+    k11 = Kolibri11(kv_sources(cfg, types), topk=int(cfg["index_topk"]),
+                    local=int(cfg["index_num_local_tokens"]),
+                    sinks=int(cfg["index_num_sink_tokens"]),
+                    index_heads=int(cfg["index_num_heads"]))  # fmt: skip
+    heads = int(cfg["num_attention_heads"]) // int(cfg["num_key_value_heads"])
+    if not 0 < k11.index_heads <= heads or k11.topk < 1 or min(k11.local, k11.sinks) < 0:
+        raise ValueError(f"Kolibri 1.1's index_num_heads must be within 1 .. {heads} (key head "
+                         f"0's query heads), index_topk positive, got {k11.index_heads}, "
+                         f"{k11.topk}")  # fmt: skip
     dense = cfg.get("mlp_only_layers")
     dense = set(range(min(2, n)) if dense is None else dense)
-    what = "its indexed attention's sparse selection"
-    how = "index_topk + index_num_local_tokens + index_num_sink_tokens"
-    return {"kolibri11": Kolibri11(kv_sources(cfg, types)),
-            "dense_limit": DenseLimit(budget, what, how),
+    pool = max(int(cfg["index_pool_size"]), k11.budget)
+    what = "its indexed attention's pool selection (block means of the keys before rounding)"
+    return {"kolibri11": k11,
+            "dense_limit": DenseLimit(pool, what, "index_pool_size"),
             "moe_layers": tuple(i not in dense for i in range(n))}  # fmt: skip
 
 

@@ -195,9 +195,11 @@ class ModelRunner:
         if mla is not None and mla.indexer is not None:  # dense or sparse: chosen per step
             log.info("CUDA graphs off: DeepSeek Sparse Attention runs its decodes eagerly")
             return
+        limit = self.graph_seq_limit  # (captured within it, replayed only there)
         self.cuda_graphs = CudaGraphRunner(
-            self.model, self.kv_caches, self.block_size, max_num_seqs, max_model_len, self.device
-        )
+            self.model, self.kv_caches, self.block_size, max_num_seqs,
+            max_model_len if limit is None else min(limit, max_model_len), self.device,
+        )  # fmt: skip
         self.cuda_graphs.capture()
 
     @property
@@ -423,6 +425,14 @@ class ModelRunner:
             self.channel.send(inp, ids)
         return self.forward_step(inp, ids, head)
 
+    @property
+    def graph_seq_limit(self) -> int | None:
+        """The longest sequence a captured decode may hold, where the model's attention takes
+        another path past it (Kolibri 1.1's indexed layers past their budget select their keys,
+        chosen on the host: model/kolibri1.py); None: any."""
+        k11 = self.model_config.family.kolibri11
+        return None if k11 is None else k11.budget
+
     def forward_step(
         self, inp: StepInputs, ids: torch.Tensor, head: HeadSampling | None = None
     ) -> torch.Tensor:
@@ -436,6 +446,7 @@ class ModelRunner:
             and head is None
             and graph.can_run(nd, n, max_blocks)
             and not (self.model.long_rope and (inp.prompt_lens > inp.seq_lens).any())
+            and (self.graph_seq_limit is None or seq_lens.max() <= self.graph_seq_limit)
         ):  # graphs read longrope's table by seq_lens: not for a one-token chunk mid-prompt
             logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
             return logits.index_select(0, self.to_device(_logit_rows(inp, inp.sampling)))

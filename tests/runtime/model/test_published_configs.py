@@ -221,7 +221,8 @@ def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
     """Kolibri1_1Config's defaults are Kolibri-1.1's shape: a config.json naming the
     architecture alone reads as transformers fills it in (window and indexed layers, the
     KV-shared layers' sources, the dense MLPs and their width), the parameter count
-    transformers' on the meta device; served up to its indexer's budget (2184 tokens: a longer
+    transformers' on the meta device; the indexer's selection past 2184 tokens (2048 best, 8
+    sinks, 128 local, by 12 heads); served up to its pool size (16384 tokens: a longer
     --max-model-len refused in one line), TP refused."""
     import torch
     from pagoda.runtime.distributed.layout import check
@@ -237,10 +238,12 @@ def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
     assert f.moe_layers == tuple(i not in t.mlp_only_layers for i in range(t.num_hidden_layers))
     assert o.intermediate_size == t.mlp_only_intermediate_size == 3584
     assert o.num_kv_layers == sum(s == i for i, s in enumerate(t.kv_source_layers)) == 44
-    assert o.context_length == check_max_model_len(None, o) == 2184
-    with pytest.raises(ValueError, match=r"max_model_len 4096 is not supported for a kolibri1_1 "
-                                         r"model: its indexed attention's sparse selection"):  # fmt: skip
-        check_max_model_len(4096, o)
+    k = f.kolibri11
+    assert (k.topk, k.sinks, k.local, k.index_heads, k.budget) == (2048, 8, 128, 12, 2184)
+    assert o.context_length == check_max_model_len(None, o) == t.index_pool_size == 16384
+    with pytest.raises(ValueError, match=r"max_model_len 16385 is not supported for a kolibri1_1 "
+                                         r"model: its indexed attention's pool selection"):  # fmt: skip
+        check_max_model_len(16385, o)
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 75_112_646_912
