@@ -233,7 +233,7 @@ class Dsv4EngineModel(LlamaModel):
         self._moes: list[SparseMoE] = []
         self.dtype, self.device, self.tp = dtype, device, tp
         self.long_rope = {}
-        weights = Dequantized(weights, self.c.quant)  # released FP8 / FP4: float32 on access
+        weights = Dequantized(weights, self.c.quant, device)  # released FP8 / FP4, float32
         w = DeviceWeights(weights, device, dtype, {}, None, check_weights)
         w32 = DeviceWeights(weights, device, torch.float32, {}, None, check_weights)
         tensors = {}

@@ -139,14 +139,17 @@ class Dequantized(Mapping):
     """The checkpoint's tensors (canonical names) with every quantized matrix dequantized to
     float32 on access and the scales left out (what the engine reads)."""
 
-    def __init__(self, weights: Mapping[str, torch.Tensor], q: Dsv4Quant | None) -> None:
-        self._w, self.q = weights, q
+    def __init__(
+        self, weights: Mapping[str, torch.Tensor], q: Dsv4Quant | None, device: torch.device
+    ) -> None:
+        self._w, self.q, self.device = weights, q, device
 
     def __getitem__(self, name: str) -> torch.Tensor:
         t = self._w[name]
         if t.dtype not in (torch.float8_e4m3fn, torch.int8) or self.q is None:
             return t
-        scale = self._w[scale_of(name, self._w)]
+        # the codes and scales moved first: dequantized on the device, one matrix at a time
+        t, scale = t.to(self.device), self._w[scale_of(name, self._w)].to(self.device)
         if t.dtype == torch.int8:
             return dequantize_fp4(t, scale)
         return dequantize_fp8(t, scale, self.q.block)
