@@ -11,7 +11,8 @@ and ``expert_dtype`` "fp4", its ``Fp8Dequantize``; ``DeepseekV4Config`` moves a 
   the files use; ``X.weight_scale_inv``, transformers' rename, is read too), one per tile of
   ``weight_block_size``: [ceil(N / bn), ceil(K / bk)]; value = code * scale.
 - A routed expert's matrix (``expert_dtype`` "fp4") is ``I8`` [N, K / 2]: two FP4 E2M1 codes a
-  byte, the low nibble first (value 2j low, 2j + 1 high), with ``X.scale`` [N, ceil(K / 32)],
+  byte, the low nibble first (value 2j low, 2j + 1 high) (or the same bytes as torch's
+  ``float4_e2m1fn_x2``, safetensors' ``F4``, whose header lists [N, K]), with ``X.scale`` [N, ceil(K / 32)],
   one per 32 values of a row (MXFP4's group); value = E2M1 * scale.
 - Scales are ``F8_E8M0`` (``scale_fmt`` "ue8m0": powers of two) or ``F32`` ("float").
 
@@ -31,9 +32,11 @@ import torch
 from pagoda.runtime.model.mxfp4 import FP4_VALUES
 
 FP8, FP4 = "F8_E4M3", "I8"
+FP4_KINDS = (FP4, "F4")  # I8 [N, K / 2] bytes, or torch's float4_e2m1fn_x2 (listed [N, K])
 SCALE_KINDS = ("F8_E8M0", "F32")
 GROUP = 32  # FP4 values a scale
 _SCALES = ("scale", "weight_scale_inv")  # the files' name, transformers'
+_CODES = (torch.float8_e4m3fn, torch.int8, torch.float4_e2m1fn_x2)
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def is_scale(name: str, names) -> bool:
 
 def held_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A stored matrix's shape as the engine holds it (FP4's packed columns unpacked)."""
-    return (*shape[:-1], shape[-1] * 2) if kind == FP4 else tuple(shape)
+    return (*shape[:-1], shape[-1] * 2) if kind == FP4 else tuple(shape)  # (F4's: as listed)
 
 
 def check(q: Dsv4Quant | None, name: str, stored: str, shape: tuple[int, ...],
@@ -88,7 +91,7 @@ def check(q: Dsv4Quant | None, name: str, stored: str, shape: tuple[int, ...],
     """Matrix ``stored`` (read as ``name``, expected ``want``) and its scales: ValueError, one
     line, where a quantized one lacks its scales or they (or it) are misshapen."""
     kind = headers[stored][0]
-    if kind not in (FP8, FP4):
+    if kind not in (FP8, *FP4_KINDS):
         if tuple(shape) != want:
             raise ValueError(f"checkpoint tensor {stored} is {list(shape)}, config.json gives "
                              f"{list(want)}")  # fmt: skip
@@ -96,7 +99,7 @@ def check(q: Dsv4Quant | None, name: str, stored: str, shape: tuple[int, ...],
     if q is None:
         raise ValueError(f"checkpoint tensor {stored} is {kind}, but config.json has no "
                          "quantization_config")  # fmt: skip
-    fp4 = kind == FP4
+    fp4 = kind in FP4_KINDS
     if fp4 and not (q.expert_fp4 and ".mlp.experts." in name):
         raise ValueError(f"checkpoint tensor {stored} is {kind}: only the routed experts are "
                          "FP4 (expert_dtype 'fp4')")  # fmt: skip
@@ -146,11 +149,11 @@ class Dequantized(Mapping):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         t = self._w[name]
-        if t.dtype not in (torch.float8_e4m3fn, torch.int8) or self.q is None:
+        if t.dtype not in _CODES or self.q is None:
             return t
         # the codes and scales moved first: dequantized on the device, one matrix at a time
         t, scale = t.to(self.device), self._w[scale_of(name, self._w)].to(self.device)
-        if t.dtype == torch.int8:
+        if t.dtype != torch.float8_e4m3fn:
             return dequantize_fp4(t, scale)
         return dequantize_fp8(t, scale, self.q.block)
 
@@ -174,7 +177,7 @@ def held_tensors(tensors: dict) -> dict:
     for name, t in tensors.items():
         if name.removeprefix("model.").startswith("mtp.") or is_scale(name, tensors):
             continue
-        if t.kind in (FP8, FP4) and scale_of(name, tensors) is not None:
+        if t.kind in (FP8, *FP4_KINDS) and scale_of(name, tensors) is not None:
             shape = held_shape(t.kind, t.shape)
             t = dataclasses.replace(t, kind="F32", shape=shape, nbytes=4 * math.prod(shape))
         out[name] = t

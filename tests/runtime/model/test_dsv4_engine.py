@@ -209,6 +209,8 @@ def _released(src, quantized, dequantized):
         fp4, fp8 = _EXPERTS.search(name), _FP8_MATRICES.search(name)
         if fp4 or fp8:
             codes, scale, w = (_quantize_fp4 if fp4 else _quantize_fp8)(w)
+            if fp4 and ".experts.0." in name:  # the same bytes as torch's FP4 dtype (F4)
+                codes = codes.view(torch.float4_e2m1fn_x2)
             packed[name], packed[name.removesuffix("weight") + "scale"] = codes, scale
         else:
             packed[name] = w
@@ -259,6 +261,7 @@ def test_released_fp8_fp4_checkpoint_matches_transformers_on_its_dequantized_wei
     headers = {k: loaded.weights.dtype_and_shape(k) for k in loaded.weights}
     scale = "model.layers.1.mlp.experts.2.down_proj.scale"
     assert headers[scale] == ("F8_E8M0", [32, 1])
+    assert headers["model.layers.1.mlp.experts.0.down_proj.weight"] == ("F4", [32, 24])
     bad = dict(headers) | {scale: ("F8_E8M0", [32, 2])}
     with pytest.raises(ValueError, match=r"^checkpoint tensor .*experts\.2\.(w2|down_proj)\."
                                          r"scale is F8_E8M0 \[32, 2\]; the I8 matrix \[32, 12\] "
