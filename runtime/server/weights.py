@@ -292,6 +292,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         kind, shape = weights.dtype_and_shape(name)
         numel = math.prod(shape)
         tensors[name] = Stored(name, kind, tuple(shape), numel * ITEM_BYTES.get(kind, 4))
+    if architecture == "deepseek_v4":  # its released FP8 / FP4 matrices as held, dequantized
+        from pagoda.runtime.model.dsv4_quant import held_tensors
+
+        tensors = held_tensors(tensors)
     form = ".bin" if files[0].suffix == ".bin" else "safetensors"
     return Checkpoint(form, tensors, sum(f.stat().st_size for f in files))
 
