@@ -146,6 +146,11 @@ def test_refusals(built):
     check_refused(NAME, mc)
     assert mc.family.dense_limit is None and check_max_model_len(200, mc) == 200
     assert mc.family.qwen4.indexer_dense_limit == 11  # 2 blocks of 4 kept, a tail of 3
+    # the indexer's key table counts in the KV budget: one attention layer's 16 float32 a token
+    from pagoda.runtime.server.memory import kv_bytes_per_token
+
+    kv = kv_bytes_per_token(mc, torch.float32, "auto")
+    assert kv == 2 * mc.num_kv_heads * mc.head_dim * 4 + 16 * 4
     check_missing_refused(loaded, ["model.layers.0.ple.key_proj.weight",
                                    "model.layers.1.mlp_hyper_connection.input_mix_weight_up.weight",
                                    "model.hyper_connection_mixer.hc_norm.weight",
