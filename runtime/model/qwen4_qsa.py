@@ -25,6 +25,7 @@ import math
 
 import torch
 from pagoda.runtime.attention.base import AttentionMetadata
+from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsa import MAX_SCORE_ELEMS, index_plan
 from pagoda.runtime.model.qwen4_exp_config import Qwen4Exp
@@ -121,14 +122,15 @@ def cache_rows(backend, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: tor
                hkv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """K and V [N, Hkv, D] of the cache ``slots`` [N], in the backend's layout: the CPU
     kernel's packed one, the torch path's head-major [Hkv, NB, BS, D], else [NB, BS, Hkv, D]."""
-    if getattr(backend, "kernel", None) is not None:
+    torch_path = isinstance(backend, TorchAttentionBackend)
+    if torch_path and backend.kernel is not None:
         bs = k_cache.shape[3]
         blk, off = slots // bs, slots % bs
         k = k_cache[:, blk, :, off, :].reshape(-1, hkv, d)  # [N, Hkv, D/p, p]
         pv = v_cache.shape[-1]
         v = v_cache[:, blk, off // pv, :, off % pv]  # [N, Hkv, D]
         return k, v
-    if hasattr(backend, "kernel"):
+    if torch_path:
         return (k_cache.view(hkv, -1, d)[:, slots].transpose(0, 1),
                 v_cache.view(hkv, -1, d)[:, slots].transpose(0, 1))  # fmt: skip
     return k_cache.view(-1, hkv, d)[slots], v_cache.view(-1, hkv, d)[slots]
@@ -136,7 +138,7 @@ def cache_rows(backend, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: tor
 
 def write_rows(backend, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
     """Store k and v [T, Hkv, D] at ``slots`` in the backend's layout."""
-    if hasattr(backend, "write_kv"):
+    if isinstance(backend, TorchAttentionBackend):
         backend.write_kv(k, v, k_cache, v_cache, slots)
         return
     hkv, d = k.shape[1:]

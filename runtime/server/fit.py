@@ -77,9 +77,11 @@ class Plan:
 
             return bytes_per_token(mc.family.dsv4, self.dtype, self.block_size)
         item = 1 if self.fp8_kv or self.int8_kv else self.dtype.itemsize
-        return sum(  # int8: a float32 scale per row; KV heads split over the ranks
+        from pagoda.runtime.model.qwen4_exp_config import index_key_bytes
+
+        return index_key_bytes(mc, self.dtype) + sum(  # int8: a float32 scale per row; KV
             mc.kv_tensors * max(1, heads // self.tp) * (dim * item + 4 * self.int8_kv)
-            for heads, dim in mc.kv_layer_shapes
+            for heads, dim in mc.kv_layer_shapes  # heads split over the ranks
         )
 
     def kv_bytes(self, mc: ModelConfig, tokens: int | None = None) -> int:

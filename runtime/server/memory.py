@@ -95,7 +95,9 @@ def kv_bytes_per_token(
             total += rows * dim
         else:
             total += rows * dim * dtype.itemsize
-    return total
+    from pagoda.runtime.model.qwen4_exp_config import index_key_bytes
+
+    return total + index_key_bytes(mc, dtype)  # (Qwen4-Exp's indexer keys)
 
 
 def host_available() -> tuple[int, str]:

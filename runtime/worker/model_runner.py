@@ -204,7 +204,12 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        return sum(b.block_bytes(self.dtype, self.block_size) for b in self.model.kv_backends)
+        from pagoda.runtime.model.qwen4_exp_config import index_key_bytes
+
+        keys = index_key_bytes(self.model_config, self.dtype) * self.block_size  # (Qwen4-Exp's)
+        return keys + sum(
+            b.block_bytes(self.dtype, self.block_size) for b in self.model.kv_backends
+        )
 
     @property
     def snapshot_interval(self) -> int:

@@ -146,6 +146,11 @@ def test_refusals(built):
     check_refused(NAME, mc)
     assert mc.family.dense_limit is None and check_max_model_len(200, mc) == 200
     assert mc.family.qwen4.indexer_dense_limit == 11  # 2 blocks of 4 kept, a tail of 3
+    # the indexer's key table counts in the KV budget: one attention layer's 16 float32 a token
+    from pagoda.runtime.server.memory import kv_bytes_per_token
+
+    kv = kv_bytes_per_token(mc, torch.float32, "auto")
+    assert kv == 2 * mc.num_kv_heads * mc.head_dim * 4 + 16 * 4
     check_missing_refused(loaded, ["model.layers.0.ple.key_proj.weight",
                                    "model.layers.1.mlp_hyper_connection.input_mix_weight_up.weight",
                                    "model.hyper_connection_mixer.hc_norm.weight",
@@ -161,3 +166,32 @@ def test_the_weights_count_as_transformers_counts_them(built):
     _, model, loaded, _ = built(NAME, reference=False)
     want = sum(p.numel() for p in model.parameters())
     assert abs(loaded.config.num_params - want) <= 64, (loaded.config.num_params, want)
+
+
+def test_the_cache_rows_read_back_in_every_layout(monkeypatch):
+    """`qwen4_qsa.cache_rows` reads back what the backend wrote at random slots: the CPU
+    kernel's packed layout (float32 and bfloat16), the torch path's head-major one and the
+    [NB, BS, Hkv, D] one of the other backends (Triton's, written by `write_rows`)."""
+    from pagoda.runtime.attention import get_attention_backend
+    from pagoda.runtime.model.qwen4_qsa import cache_rows, write_rows
+
+    cpu = torch.device("cpu")
+    slots = torch.randperm(64)[:20]
+    for switch, dtype in (("kernel", torch.float32), ("kernel", torch.bfloat16),
+                          ("torch", torch.float32)):  # fmt: skip
+        monkeypatch.setenv("PAGODA_CPU_ATTENTION", switch)
+        be = get_attention_backend("torch", cpu, 4, 2, 32, 32**-0.5)
+        k_cache, v_cache = be.allocate_kv_cache(4, 16, dtype, cpu)
+        if switch == "kernel" and be.kernel is None:
+            continue  # (the kernel did not build here)
+        k, v = torch.randn(2, 20, 2, 32).to(dtype)
+        write_rows(be, k, v, k_cache, v_cache, slots)
+        got = cache_rows(be, k_cache, v_cache, slots, 2, 32)
+        assert torch.equal(got[0], k) and torch.equal(got[1], v), (switch, dtype)
+    base = object()  # not the torch backend: [NB, BS, Hkv, D] (`AttentionBackend`'s)
+    k_cache, v_cache = torch.zeros(2, 4, 16, 2, 32).unbind(0)
+    k, v = torch.randn(2, 20, 2, 32)
+    write_rows(base, k, v, k_cache, v_cache, slots)
+    got = cache_rows(base, k_cache, v_cache, slots, 2, 32)
+    assert torch.equal(got[0], k) and torch.equal(got[1], v)
+    assert torch.equal(k_cache.view(64, 2, 32)[slots], k)
