@@ -23,7 +23,11 @@ from typing import Any
 
 from pagoda.runtime.model_configs import ExpertRouting
 
-ARCHITECTURES = {"AriaTextForCausalLM": "aria_text"}
+# AriaForConditionalGeneration (rhymes-ai/Aria): its text model, read text-only (the vision
+# tower and projector are not read); its head untied unless the top-level flag says
+ARCHITECTURES = {"AriaTextForCausalLM": "aria_text", "AriaForConditionalGeneration": "aria_text"}
+TEXT_MODEL_TYPES = {"AriaForConditionalGeneration": {"aria_text": "aria_text"}}
+WRAPPER_TIES = {"aria": False}  # (AriaConfig's)
 MODEL_CLASSES = {"aria_text": ("moe", "AriaTextModel")}
 # transformers' AriaTextConfig defaults (LlamaConfig's, Aria's own), where config.json leaves
 # one out

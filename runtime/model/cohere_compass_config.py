@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-ARCHITECTURES = {"CohereCompassForCausalLM": "cohere_compass"}
+# CohereCompassForConditionalGeneration (CohereLabs' North vision models): its text model, read
+# text-only (the vision tower `model.visual.` is not read); its head untied unless the top-level
+# flag says (CohereCompassConfig's default, whatever its text_config's)
+ARCHITECTURES = {"CohereCompassForCausalLM": "cohere_compass",
+                 "CohereCompassForConditionalGeneration": "cohere_compass"}  # fmt: skip
+TEXT_MODEL_TYPES = {
+    "CohereCompassForConditionalGeneration": {"cohere_compass_text": "cohere_compass"}
+}
+WRAPPER_TIES = {"cohere_compass": False}
 MODEL_CLASSES = {"cohere_compass": ("cohere", "CohereModel")}
 SLIDING, FULL = "sliding_attention", "full_attention"
 # transformers' CohereCompassTextConfig defaults (Cohere2Config's; logit_scale none), where

@@ -70,6 +70,7 @@ HF_ARCHITECTURES = {
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
     "Apertus1p5TextForCausalLM": "apertus1p5",  # Apertus', its LM head pruned (apertus.py)
+    "Apertus1p5ForConditionalGeneration": "apertus1p5",  # its text model (tokenizers not read)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
     # EXAONE 3.0 / 3.5: Llama's, GPT-style names (safetensors_weights); EXAONE 4.5: its text model
@@ -127,6 +128,8 @@ TEXT_MODEL_TYPES = {
     **glm5_next.TEXT_MODEL_TYPES,  # GLM-5-Next's (model/glm5_next.py)
     **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
     **inkling2.TEXT_MODEL_TYPES,  # Inkling 2's (model/inkling2.py)
+    "Apertus1p5ForConditionalGeneration": {"apertus1p5_text": "apertus1p5"},
+    **moe_families.TEXT_MODEL_TYPES,  # Aria's, Cohere Compass'
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
@@ -142,6 +145,8 @@ WRAPPER_TIES = {
     **glm5_next.WRAPPER_TIES,
     **inkling.WRAPPER_TIES,
     **inkling2.WRAPPER_TIES,
+    "apertus1p5": False,
+    **moe_families.WRAPPER_TIES,
 }
 WRAPPER_TIES["emu3"] = False  # (Emu3Config's)
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is

@@ -77,6 +77,10 @@ ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
 MODEL_CLASSES = {k: v for m in MODULES for k, v in m.MODEL_CLASSES.items()}
 FIELDS = {arch: m.family_fields for m in MODULES for arch in m.ARCHITECTURES.values()}
+# multimodal wrappers read text-only: their text model's family by text_config's model_type,
+# and the wrapper's own tie_word_embeddings default (`hf_tables.TEXT_MODEL_TYPES`, `WRAPPER_TIES`)
+TEXT_MODEL_TYPES = {k: v for m in MODULES for k, v in getattr(m, "TEXT_MODEL_TYPES", {}).items()}
+WRAPPER_TIES = {k: v for m in MODULES for k, v in getattr(m, "WRAPPER_TIES", {}).items()}
 # config.json keys whose null means "none" rather than the default
 NULLABLE = {k: v for m in MODULES for k, v in getattr(m, "NULLABLE", {}).items()}
 # the config.json key of the norms' eps where it is not rms_norm_eps

@@ -47,6 +47,7 @@ _SKIP += ("mtp.",)  # (Qwen3-Next's and Qwen3.5's multi-token prediction layers:
 _SKIP += ("model.mtp_layers.",)  # (HY V4's, as transformers ignores them: not run)
 _SKIP += ("model.embed_vision.", "model.audio_tower.", "model.embed_audio.")  # (Gemma 4's)
 _SKIP += ("vqmodel.", "model.vqmodel.")  # (Emu3's VQ-VAE image tokenizer)
+_SKIP += ("model.vision_tokenizer.", "model.audio_tokenizer.")  # (Apertus 1.5's)
 # EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
 _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
