@@ -311,7 +311,7 @@ class ModelConfig:
             if len(getattr(self.family, name)) not in (0, self.num_layers):
                 raise ValueError(f"{name} must name each of the {self.num_layers} layers")
         m = self.family.mamba
-        if m is not None and len(m.layers) != self.num_layers:
+        if m is not None and len(m.layers) != self.num_layers and m.inkling2 is None:
             raise ValueError(f"the Mamba layers must name each of the {self.num_layers} layers")
         g = self.family.gemma4
         if g is not None and len(g.head_dims) != self.num_layers:
@@ -375,7 +375,7 @@ class ModelConfig:
             return len(self.family.dory.order())
         if self.family.hrm is not None:  # (a KV cache per pass of its stacks)
             return len(self.family.hrm.order())
-        return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
+        return self.num_layers if m is None else sum(map(m.attention, range(len(m.layers))))
 
     @property
     def kv_layer_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -389,7 +389,7 @@ class ModelConfig:
         m2 = self.family.mamba
         ink = None if m2 is None else (m2.inkling or m2.inkling2)
         if ink is not None:  # (the window layers' own)
-            return tuple(ink.kv_shape(self, i) for i in range(self.num_layers))
+            return tuple(ink.kv_shape(self, i) for i in range(len(m2.layers)))
         if m is not None:  # (values padded to the keys' size)
             return tuple((m.swa_kv_heads if self.family.window(i) else self.num_kv_heads,
                           self.head_dim) for i in range(self.num_layers))  # fmt: skip

@@ -222,13 +222,24 @@ class Inkling2Layers:
     up_cap: float
     route_scale: float
     padded_vocab: int
+    # Inkling2Loop's looped layers [start, end) run `passes` times, each pass after the first
+    # with its own KV caches and conv states (cache indices after the model's layers) and
+    # message gates of rank `gate_rank`; (0, 0, 1, 0): none
+    loop: tuple[int, int, int, int] = (0, 0, 1, 0)
 
     def __post_init__(self) -> None:
         for name in ("swa_kv_heads", "d_rel", "rel_extent", "log_floor", "block", "padded_vocab"):
             _positive(name, getattr(self, name))
 
+    def cache_layers(self) -> tuple[int, ...]:
+        """Each KV cache / conv state's layer: the model's, then the looped layers' again
+        for each further pass."""
+        start, end, passes, _ = self.loop
+        return (*range(len(self.sliding)), *(list(range(start, end)) * (passes - 1)))
+
     def kv_shape(self, c: ModelConfig, layer: int) -> tuple[int, int]:
-        """(KV heads, head size) of `layer`."""
+        """(KV heads, head size) of `layer` (a cache index: `cache_layers`)."""
+        layer = self.cache_layers()[layer]
         return (self.swa_kv_heads if self.sliding[layer] else c.num_kv_heads), c.head_dim
 
     def params(self, c: ModelConfig) -> int:
@@ -249,7 +260,8 @@ class Inkling2Layers:
                 out += 2 * hkv * d * k + (h if i else 0)
             else:
                 out += 2 * (k * hkv * d + hkv * k * h) + 2 * h + (3 * h if i else 0)
-        return out
+        start, end, _, rank = self.loop  # four message gates a looped layer, their queries
+        return out + (end - start) * 4 * (2 * h * rank + 2 * rank * h + h)
 
 
 @dataclass(frozen=True)

@@ -284,6 +284,10 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         out["model.final_input.query"] = (c.hidden_size,)
         out["model.embed_tokens.weight"] = (c.family.mamba.inkling2.padded_vocab, c.hidden_size)
         out[HEAD] = out["model.embed_tokens.weight"]  # (stored padded: its rows cut at load)
+        start, end, _, _ = c.family.mamba.inkling2.loop
+        if end > start:  # Inkling2Loop's message queries (inkling2_config.MESSAGE_QUERIES)
+            for name in ("queries", "kv_queries"):
+                out[f"model.middle_cycle_cross_pass_{name}"] = (2 * (end - start), c.hidden_size)
     if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family

@@ -69,6 +69,8 @@ def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     for old, new in ALIASES.get(arch, {}).items():
         if old in out and (out.get(new) is None or arch in OLDER_WINS):
             out[new] = out[old]
+    if arch == "inkling2" and out.get("model_type") == "inkling2_loop_text":
+        out = {**inkling2_config.LOOP_DEFAULTS, **out}  # (Inkling2Loop's own defaults)
     if arch == "gemma":
         out.pop("hidden_activation", None)
         if out.get("hidden_act") == "gelu":

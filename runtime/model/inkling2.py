@@ -20,7 +20,14 @@ with their own KV heads) with:
 - experts in every layer: SwiGLU with the linear gate factor and up softcapped, routed by
   sigmoid scores (plus `e_score_correction_bias` for the choice) normalised over the top-k,
   times `route_scale`; the logits soft-capped (`final_logit_softcapping`), the head
-  `unpadded_vocab_size` rows beside a `vocab_size`-row embedding.
+  `unpadded_vocab_size` rows beside a `vocab_size`-row embedding;
+- Inkling2Loop (`Inkling2LoopForCausalLM`, `...ForConditionalGeneration`: `Inkling2Layers.loop`):
+  layers [start, end) run `passes` times, each further pass from the pre-loop hidden state and
+  blocks on copies of those layers (`pass_copy`: the weights shared, their own KV caches and
+  conv states after the model's layers), its q/k/v and MLP inputs gated
+  ``(1 - tanh(forget)) x + tanh(gain) m`` (`Inkling2Layer.gate`) with messages m: softmax
+  mixes, by learned queries per looped layer and input, of the last pass's blocks (less the
+  pre-loop output) and its output (transformers' `Inkling2LoopTextModel`).
 
 Tensor parallelism and FP8 are refused (`family_options`); on CUDA the torch attention
 backend runs, the experts one Linear each (their softcapped SwiGLU is no fused kernel's).
@@ -28,6 +35,7 @@ backend runs, the experts one Linear each (their softcapped SwiGLU is no fused k
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -35,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend
 from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.inkling2_config import MESSAGE_QUERIES
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
@@ -202,6 +211,26 @@ class Inkling2Layer(LlamaLayer):
             for x in ("attention", "mlp"))  # fmt: skip
         self.convs = Convs(index, hkv * d, c.hidden_size, c.family.mamba.d_conv)
         self.mlp = Inkling2MoE(model, w, prefix, ctx)
+        start, end, _, _ = ink.loop  # Inkling2Loop's message gates (q, k, v, mlp inputs)
+        self.gates = [(w[f"{p}{x}_message_gate.down_proj.weight"],
+                       w.source(f"{p}{x}_message_gate.forget_gate_proj.weight").float(),
+                       w.source(f"{p}{x}_message_gate.message_gate_proj.weight").float())
+                      for x in ("q", "k", "v", "mlp")] if start <= index < end else []  # fmt: skip
+
+    def pass_copy(self, index: int) -> Inkling2Layer:
+        """This layer (its weights shared) on cache index `index`: a further loop pass's."""
+        layer = copy.copy(self)
+        layer.index, layer.convs = index, copy.copy(self.convs)
+        layer.convs.index = index
+        return layer
+
+    def gate(self, which: int, x: torch.Tensor, message: torch.Tensor) -> torch.Tensor:
+        """float32 ``(1 - forget) * x + gate * message`` (transformers' Inkling2LoopMessageGate)."""
+        down, forget, gate = self.gates[which]
+        xf, mf = x.float(), message.float()
+        g = torch.cat([rms(xf, None, self.eps), rms(mf, None, self.eps)], dim=-1)
+        g = F.linear(g.to(down.dtype), down).float()
+        return (1 - torch.tanh(F.linear(g, forget))) * xf + torch.tanh(F.linear(g, gate)) * mf
 
     def linears(self) -> list:
         own = [self.k, self.v, self.k_dyn, self.v_dyn] if self.full else [self.kv]
@@ -217,6 +246,8 @@ class Inkling2Layer(LlamaLayer):
             v = self.convs.dynamic("v", self.v(xv), self.v_static, self.v_dyn, xv, hkv, mstep)
         else:
             k, v = self.kv(xk).split(hkv * d, dim=-1)
+            if xv is not xk:  # (a looped pass's gated inputs: v's own)
+                v = self.kv(xv)[:, hkv * d :]
             k = self.convs.static("k", k, self.k_conv, mstep)
             v = self.convs.static("v", v, self.v_conv, mstep)
         dtype = xq.dtype
@@ -233,19 +264,26 @@ class Inkling2Layer(LlamaLayer):
         out = (out.reshape(t, h * d).float() * torch.sigmoid(gate.float())).to(dtype)
         return self.convs.static("attn", self.o_proj(out), self.attn_conv, mstep)
 
-    def __call__(self, h: torch.Tensor, blocks: list[torch.Tensor], step: Step) -> torch.Tensor:
+    def __call__(self, h, blocks: list[torch.Tensor], step: Step, messages=None) -> torch.Tensor:
+        """`messages`: float32 [T, 4, H], a further loop pass's (q, k, v, mlp inputs)."""
         dtype, mstep = h.dtype, step.meta.aux[MAMBA_STEP]
+        norms = self.norms
         if self.attn_query is None:
             ins = [h] * len(self.norms)
         else:
             ins = list(block_mix(self.attn_query, blocks, h).unbind(1))
-        xs = [rms(x, wt, self.eps).to(dtype) for x, wt in zip(ins, self.norms)]
+        if messages is not None:
+            ins = [self.gate(j, ins[j % len(ins)], messages[:, j]) for j in range(3)]
+            norms = norms * (3 // len(norms))
+        xs = [rms(x, wt, self.eps).to(dtype) for x, wt in zip(ins, norms)]
         a = self.attention(xs * (3 // len(xs)), step).float()
         if self.boundary:
             blocks, residual = [*blocks, h], a
         else:
             residual = a = h.float() + a
         x = block_mix(self.mlp_query, blocks, a)[:, 0]
+        if messages is not None:
+            x = self.gate(3, x, messages[:, 3])
         m = self.mlp(rms(x, self.mlp_norm, self.eps).to(dtype))
         m = self.convs.static("mlp", m, self.mlp_conv, mstep)
         save_chunk_ends(mstep, self.index)  # prefix caching: boundaries at a chunk's end
@@ -258,6 +296,10 @@ class Inkling2Model(LlamaModel):
     def __init__(self, config, weights, **kwargs) -> None:
         self._backends: dict[tuple[int, int], AttentionBackend] = {}
         super().__init__(config, weights, **kwargs)
+        n, (start, end, passes, _) = config.num_layers, config.family.mamba.inkling2.loop
+        # Inkling2Loop's further passes over layers [start, end): their own caches after n's
+        self.passes = [[self.layers[i].pass_copy(n + (p - 1) * (end - start) + i - start)
+                        for i in range(start, end)] for p in range(1, passes)]  # fmt: skip
 
     def layer_backend(self, index: int) -> AttentionBackend:
         shape = self.config.kv_layer_shapes[index]
@@ -267,7 +309,7 @@ class Inkling2Model(LlamaModel):
 
     @property
     def kv_backends(self) -> list[AttentionBackend]:
-        return [self.layer_backend(i) for i in range(self.config.num_layers)]
+        return [self.layer_backend(i) for i in range(self.config.num_kv_layers)]
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
         # the head's first `vocab_size` rows (stored padded to the embedding's)
@@ -275,6 +317,10 @@ class Inkling2Model(LlamaModel):
         self.vocab_size = self.config.vocab_size
         self.embed_norm = w["model.embed_tokens.embed_norm.weight"]
         self.final_query = w.source("model.final_input.query").float()
+        start, end, _, _ = self.config.family.mamba.inkling2.loop
+        if end > start:  # [looped layers, 4, H]: the messages' (q, k, v, mlp) queries
+            qm, kv = (w.source(n).float().unflatten(0, (-1, 2)) for n in MESSAGE_QUERIES)
+            self.message_query = torch.cat([qm[:, :1], kv, qm[:, 1:]], dim=1)
 
     def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
         return {}  # (no rotary)
@@ -292,16 +338,30 @@ class Inkling2Model(LlamaModel):
         e = self.embed_tokens(input_ids)
         h = rms(e, self.embed_norm, eps).to(e.dtype)
         step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype, meta))
-        blocks: list[torch.Tensor] = []
-        for layer in self.layers:
-            new = layer(h, blocks, step)
-            if layer.boundary:
-                blocks.append(h)
-            h = new
+        start, end, _, _ = self.config.family.mamba.inkling2.loop
+        h, blocks = self._run(self.layers[:start], h, [], step)
+        pre = h, blocks
+        h, blocks = self._run(self.layers[start:end], h, blocks, step)
+        for layers in self.passes:  # from the pre-loop states, messages from the last pass
+            # (its blocks less the first, the pre-loop output again)
+            q = self.message_query
+            msgs = block_mix(q, blocks[len(pre[1]) + 1 :], h).view(h.shape[0], *q.shape)
+            h, blocks = self._run(layers, pre[0], pre[1], step, msgs)
+        h, blocks = self._run(self.layers[end:], h, blocks, step)
         blocks = [b.index_select(0, logits_indices) for b in blocks]
         h = h.index_select(0, logits_indices)
         x = block_mix(self.final_query, blocks, h)[:, 0]
         return self.logits(rms(x, self.norm, eps).to(h.dtype), head)
+
+    @staticmethod
+    def _run(layers, h, blocks, step, msgs=None):
+        blocks = list(blocks)
+        for j, layer in enumerate(layers):
+            new = layer(h, blocks, step, None if msgs is None else msgs[:, j])
+            if layer.boundary:
+                blocks.append(h)
+            h = new
+        return h, blocks
 
     def logits(self, x, head):
         cap = self.config.family.final_logit_softcapping

@@ -16,7 +16,11 @@ inputs in the hybrids' state slots beside its KV cache: `MambaConfig.inkling2`,
   `intermediate_size`), SwiGLU softcapped (`mlp_gate_softcap`, `mlp_up_softcap`), routed by
   sigmoid scores (`scoring_func` "sigmoid" only) times `route_scale` (`routed_scaling_factor`);
 - the head `unpadded_vocab_size` rows (the logits' width: `ModelConfig.vocab_size`), the
-  embedding `vocab_size`; `final_logit_softcapping`.
+  embedding `vocab_size`; `final_logit_softcapping`;
+- Inkling2Loop (`Inkling2LoopForCausalLM`, `Inkling2LoopForConditionalGeneration`, model_type
+  "inkling2_loop_text": its own defaults, `LOOP_DEFAULTS`): the looped layers and passes
+  (`loop_fields`: `Inkling2Layers.loop`; a KV cache and conv state per layer and further pass,
+  `Inkling2Layers.cache_layers`), the message gates (`controllers.*`) and queries.
 """
 
 from __future__ import annotations
@@ -28,9 +32,22 @@ from typing import Any
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.recurrent_configs import Inkling2Layers, MambaConfig
 
-ARCHITECTURES = {"Inkling2ForCausalLM": "inkling2", "Inkling2ForConditionalGeneration": "inkling2"}
-TEXT_MODEL_TYPES = {"Inkling2ForConditionalGeneration": {"inkling2_text": "inkling2"}}
-WRAPPER_TIES = {"inkling2": False}
+ARCHITECTURES = {"Inkling2ForCausalLM": "inkling2", "Inkling2ForConditionalGeneration": "inkling2",
+                 # Inkling2Loop: Inkling 2's layers, a span of them looped (`loop_fields`)
+                 "Inkling2LoopForCausalLM": "inkling2",
+                 "Inkling2LoopForConditionalGeneration": "inkling2"}  # fmt: skip
+TEXT_MODEL_TYPES = {
+    "Inkling2ForConditionalGeneration": {"inkling2_text": "inkling2"},
+    "Inkling2LoopForConditionalGeneration": {"inkling2_loop_text": "inkling2"},
+}
+# Inkling2LoopTextConfig's loop defaults (its `loop_config` keys in parentheses)
+LOOP_KEYS = (
+    ("loop_layer_index_start", "core_start", 6),
+    ("loop_layer_index_end", "core_end", 18),
+    ("loop_num_passes", "num_passes", 3),
+    ("loop_gate_rank", "gate_rank", 64),
+)
+WRAPPER_TIES = {"inkling2": False, "inkling2_loop": False}
 # Inkling2TextConfig's attribute_map
 ALIASES = {"sconv_kernel_size": "conv_kernel_size", "model_max_length": "max_position_embeddings",
            "sliding_window": "sliding_window_size", "num_local_experts": "n_routed_experts",
@@ -50,11 +67,21 @@ DEFAULTS = {
                  "scoring_func": "sigmoid", "tie_word_embeddings": False,
                  "eos_token_id": 200_006},
 }  # fmt: skip
+# Inkling2LoopTextConfig's defaults where they differ from Inkling2TextConfig's (read before
+# those: `config_keys.renamed`, by its `model_type`)
+LOOP_DEFAULTS = {"hidden_size": 2304, "num_hidden_layers": 24, "num_attention_heads": 24,
+                 "swa_num_attention_heads": 24, "log_scaling_n_floor": 8192,
+                 "moe_intermediate_size": 1152, "n_routed_experts": 128}  # fmt: skip
 NULLABLE: dict[str, tuple[str, ...]] = {}
 # the published names (as transformers saves them too) -> transformers' (its conversion
 # mapping "inkling2_text"); the stacked experts' gate/up rows stay interleaved (the model
 # splits them), the head padded (the model keeps its `unpadded_vocab_size` rows)
 _RENAMES = tuple((re.compile(a), b) for a, b in (
+    # Inkling2Loop's message gates (its q gate stored as `attn`'s: before `.attn.`)
+    (r"controllers\.attn\.", "q_message_gate."), (r"controllers\.(k|v|mlp)\.", r"\1_message_gate."),
+    (r"_message_gate\.down_weight$", "_message_gate.down_proj.weight"),
+    (r"_message_gate\.gain_weight$", "_message_gate.message_gate_proj.weight"),
+    (r"_message_gate\.forget_weight$", "_message_gate.forget_gate_proj.weight"),
     (r"^model\.llm\.unembed\.", "lm_head."), (r"^model\.llm\.", "model."),
     (r"embed\.weight$", "embed_tokens.weight"), (r"embed_norm\.", "embed_tokens.embed_norm."),
     (r"mlp\.experts\.w13_weight$", "mlp.experts.gate_up_proj"),
@@ -80,6 +107,10 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"attn_res\.mlp_queries\.(\d+)$", r"layers.\1.mlp_input.query"),
     (r"attn_res\.output_query$", "final_input.query"),
 ))  # fmt: skip
+# Inkling2Loop's message queries, stored as two [2 x looped layers, H] tensors: each looped
+# layer's (q, mlp) queries and its (k, v) ones (read by the model as [layers, 4, H])
+MESSAGE_QUERIES = ("model.middle_cycle_cross_pass_queries",
+                   "model.middle_cycle_cross_pass_kv_queries")  # fmt: skip
 _ATTN_QUERY = re.compile(r"attn_res\.attn_queries\.(\d+)$")
 
 
@@ -99,6 +130,22 @@ def overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The experts' width as `intermediate_size` (no dense MLP); the logits' width."""
     return {"intermediate_size": cfg["moe_intermediate_size"],
             "vocab_size": cfg["unpadded_vocab_size"], "padded_vocab": cfg["vocab_size"]}  # fmt: skip
+
+
+def loop_fields(cfg: Mapping[str, Any], n: int, block: int) -> tuple[int, int, int, int]:
+    """Inkling2Loop's (start, end, passes, gate rank) as Inkling2LoopTextConfig reads them
+    (`loop_config` over the flat keys over its defaults); (0, 0, 1, 0) for Inkling 2."""
+    looped = cfg.get("model_type") == "inkling2_loop_text" or any(k in cfg for k, _, _ in LOOP_KEYS)
+    if not looped and cfg.get("loop_config") is None:
+        return (0, 0, 1, 0)
+    nested = cfg.get("loop_config") or {}
+    start, end, passes, rank = (int(nested.get(k2, cfg.get(k, d))) for k, k2, d in LOOP_KEYS)
+    if passes < 1 or not 0 < start <= end <= n or start % block or end % block or rank < 1:
+        raise ValueError(f"inkling2_loop needs 0 < loop_layer_index_start <= loop_layer_index_end "
+                         f"<= {n}, both multiples of n_layers_per_attn_res_block {block}, "
+                         f"loop_num_passes >= 1 and loop_gate_rank >= 1; got {start}, {end}, "
+                         f"{passes}, {rank}")  # fmt: skip
+    return start, end, passes, rank
 
 
 def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
@@ -129,13 +176,15 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
         rel_clip=float(cfg["rel_l2_clip_threshold"]),
         block=int(cfg["n_layers_per_attn_res_block"]), gate_cap=float(cfg["mlp_gate_softcap"]),
         up_cap=float(cfg["mlp_up_softcap"]), route_scale=float(cfg["route_scale"]),
-        padded_vocab=int(cfg["padded_vocab"]))  # fmt: skip
+        padded_vocab=int(cfg["padded_vocab"]),
+        loop=loop_fields(cfg, n, int(cfg["n_layers_per_attn_res_block"])))  # fmt: skip
     hidden = int(cfg["hidden_size"])
     width = max(kv, swa_kv if any(sliding) else kv) * d
     cap = cfg.get("final_logit_softcapping")
     return {
         "mamba": MambaConfig(
-            layers=(True,) * n, n_heads=1, head_dim=2 * width + 2 * hidden, d_state=1,
+            layers=(True,) * len(layers.cache_layers()), n_heads=1,
+            head_dim=2 * width + 2 * hidden, d_state=1,
             d_conv=int(cfg["conv_kernel_size"]), conv_bias=False, mixer="short_conv",
             parallel_attention=True, inkling2=layers),
         "sliding_window": int(cfg["sliding_window_size"]) if any(sliding) else None,
@@ -184,4 +233,11 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
             out[f"{a}{x}_proj.sconv.weight_proj.weight"] = (hkv * k, h)
     if i:
         out[p + "attention_input.query"] = (h,) if ink.sliding[i] else (3, h)
+    start, end, _, rank = ink.loop
+    if start <= i < end:  # a looped layer's message gates
+        for x in ("q", "k", "v", "mlp"):
+            g = f"{p}{x}_message_gate."
+            out[g + "down_proj.weight"] = (rank, 2 * h)
+            out[g + "forget_gate_proj.weight"] = (h, rank)
+            out[g + "message_gate_proj.weight"] = (h, rank)
     return out

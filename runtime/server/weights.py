@@ -85,7 +85,10 @@ _OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weig
                    # HY V4's hyper-connections' fold (model/hy_v4.py)
                    "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale",
                    # Inkling's embedding norm (model/inkling.py)
-                   "model.embed_tokens.embed_norm.weight", "model.final_input.query")  # fmt: skip
+                   "model.embed_tokens.embed_norm.weight", "model.final_input.query",
+                   # Inkling2Loop's message queries (model/inkling2_config.py)
+                   "model.middle_cycle_cross_pass_queries",
+                   "model.middle_cycle_cross_pass_kv_queries")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq",
              # MiniMax's lightning decays, computed from the config (model/minimax.py)
@@ -491,6 +494,10 @@ def _inkling_held(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> i
         return t.numel * 4
     if name.endswith("rel_logits_proj.proj"):
         return t.numel * p.dtype.itemsize
+    if name.startswith("model.middle_cycle_cross_pass_"):  # (Inkling2Loop's, float32)
+        return t.numel * 4
+    if "_message_gate." in name:  # its message gates: tensors, the two up float32
+        return t.numel * (p.dtype.itemsize if name.endswith("down_proj.weight") else 4)
     return -1
 
 

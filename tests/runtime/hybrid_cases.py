@@ -303,6 +303,18 @@ CASES = {
         log_scaling_n_floor=4, unpadded_vocab_size=290, eos_token_id=2, mlp_gate_softcap=2.0,
         mlp_up_softcap=3.0, final_logit_softcapping=20.0, qk_l2_clip_threshold=3.0,
         rel_l2_clip_threshold=2.0)),
+    # Inkling2Loop (model/inkling2.py): Inkling 2's layers 1-2 (one window, one full layer)
+    # run three times, each further pass on its own KV caches and conv states, its q/k/v and
+    # MLP inputs gated with messages attended from the last pass's blocks; one layer after
+    "inkling2-loop": ("Inkling2LoopText", dict(
+        num_hidden_layers=4, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=4,
+        swa_head_dim=16, sliding_window_size=8, d_rel=4, rel_extent=12,
+        layer_types=["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
+        n_layers_per_attn_res_block=1, loop_layer_index_start=1, loop_layer_index_end=3,
+        loop_num_passes=3, loop_gate_rank=8, intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, log_scaling_n_floor=4, unpadded_vocab_size=290, eos_token_id=2,
+        mlp_gate_softcap=2.0, mlp_up_softcap=3.0, final_logit_softcapping=20.0,
+        qk_l2_clip_threshold=3.0, rel_l2_clip_threshold=2.0)),
     # MiniMax-Text-01 (model/minimax.py): lightning attention (Mamba2's scan, chunks of
     # block_size) beside softmax attention, Mixtral's experts, residual weights by sublayer
     "minimax": ("MiniMax", dict(
@@ -317,7 +329,15 @@ DELTA = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "lara-mini", "qwen4-exp", "olmo
 SSM = tuple(name for name in CASES if name not in DELTA)
 # rows whose router correction biases (buffers: zeros) `write` scrambles, large enough to change
 # the picks
-SCRAMBLED = ("nemotron-h-moe", "lfm2-moe", "bailing-hybrid", "glm5-next", "inkling", "inkling2")
+SCRAMBLED = (
+    "nemotron-h-moe",
+    "lfm2-moe",
+    "bailing-hybrid",
+    "glm5-next",
+    "inkling",
+    "inkling2",
+    "inkling2-loop",
+)
 # config class prefix -> (the multimodal wrapper `write` builds around the text config, its
 # tiny vision config: not read)
 WRAPPED = {"Glm5Next": ("Glm5NextForConditionalGeneration",
@@ -388,7 +408,7 @@ def write(name: str, path):
                 if key.endswith(("e_score_correction_bias", "expert_bias")):
                     buf.copy_(torch.randn(buf.shape, generator=g))
         model.save_pretrained(path)
-    if name == "inkling2":  # the block residuals' queries start at zeros: drawn here
+    if name in ("inkling2", "inkling2-loop"):  # the residuals' queries start at zeros: drawn
         g = torch.Generator().manual_seed(2)
         with torch.no_grad():
             for key, p in model.named_parameters():
@@ -612,6 +632,9 @@ REFUSED = {
     "xlstm": (2, _NO_TP.format("xlstm", "mlstm"), _NO_FP8.format("xlstm", "mlstm")),
     "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
     "inkling2": (2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"),
+    "inkling2-loop": (
+        2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"
+    ),
 }  # fmt: skip
 
 

@@ -5,7 +5,8 @@ softcapped experts, a head narrower than the embedding, soft-capped logits; chun
 on a warm prefix cache, preempted, against transformers, from the checkpoint transformers
 saves in the published names): per-token sinks in the torch backend; every layer a KV cache
 and a conv state; the weights estimate; the checkpoint check; what is refused in one line; the
-published config read as transformers counts it."""
+published config read as transformers counts it; Inkling2Loop's ("inkling2-loop": its further
+passes' caches, estimate, checkpoint check, refusals, published config, conditional checkpoint)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ transformers = pytest.importorskip("transformers")
 
 PUBLISHED = {"architectures": ["Inkling2ForConditionalGeneration"], "model_type": "inkling2",
              "text_config": {"model_type": "inkling2_text"}}  # fmt: skip
+LOOP = {"architectures": ["Inkling2LoopForConditionalGeneration"], "model_type": "inkling2_loop",
+        "text_config": {"model_type": "inkling2_loop_text"}}  # fmt: skip
 
 
 def test_per_token_sinks_in_the_torch_backend():
@@ -73,12 +76,31 @@ def test_state_slots_estimate_checkpoint_check_and_refusals(built):
     check_refused("inkling2", mc)
 
 
+def test_loop_caches_estimate_checkpoint_check_and_refusals(built):
+    """Inkling2Loop ("inkling2-loop": layers 1-2 run three times): a KV cache and a conv state
+    for each layer and for each further pass of the looped ones (their shapes the layer's);
+    the weights estimate; the checkpoint check names a missing message gate or message query
+    (the published names); tensor parallelism and FP8 refused in one line."""
+    from model_bytes import check_estimate
+
+    path, _, loaded, _ = built("inkling2-loop", reference=False)
+    mc = loaded.config
+    assert mc.family.mamba.inkling2.loop == (1, 3, 3, 8)
+    assert mc.num_kv_layers == mc.family.mamba.num_layers == 4 + 2 * 2
+    assert mc.kv_layer_shapes == ((4, 16), (2, 16), (4, 16), (2, 16)) + ((2, 16), (4, 16)) * 2
+    check_estimate(path, rel=0.02)
+    check_missing_refused(loaded, ["model.layers.2.mlp_message_gate.forget_gate_proj.weight",
+                                   "model.middle_cycle_cross_pass_kv_queries"])  # fmt: skip
+    check_refused("inkling2-loop", mc)
+
+
 @pytest.mark.parametrize(
     ("edit", "words"),
     [
         ({"swa_head_dim": 64}, "swa_head_dim 64 differing"),
         ({"scoring_func": "softmax"}, "scoring_func 'softmax' is not supported"),
         ({"layer_types": ["full_attention"]}, "layer_types must name each of the 1 layers"),
+        ({"model_type": "inkling2_loop_text"}, "inkling2_loop needs 0 < loop_layer_index_start"),
     ],
 )
 def test_what_it_does_not_run_is_refused_in_one_line(tmp_path, edit, words):
@@ -108,16 +130,34 @@ def test_published_config_reads_as_transformers_does(tmp_path):
     assert mc.num_params == hf
 
 
-def test_conditional_generation_checkpoint_reads_text_only(built, tmp_path):
-    """`Inkling2ForConditionalGeneration` (the same `model.llm.` names beside `model.visual.`,
-    not read): the engine's tokens and logits are transformers' text model's."""
+def test_published_loop_config_reads_as_transformers_does(tmp_path):
+    """Inkling2Loop's published shape (its own defaults): layers 6-17 looped three times (a KV
+    cache and a conv state per layer and further pass), the text model's parameter count as
+    transformers counts it."""
+    (tmp_path / "config.json").write_text(json.dumps(LOOP))
+    mc = read_model_config(str(tmp_path))
+    f = mc.family
+    assert mc.architecture == "inkling2" and f.mamba.inkling2.loop == (6, 18, 3, 64)
+    assert (mc.hidden_size, mc.num_layers, f.num_experts) == (2304, 24, 128)
+    assert mc.num_kv_layers == 24 + 2 * 12
+    with torch.device("meta"):
+        model = transformers.Inkling2LoopForCausalLM(transformers.Inkling2LoopTextConfig())
+    hf = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    assert mc.num_params == hf
+
+
+@pytest.mark.parametrize(("name", "top"), [("inkling2", PUBLISHED), ("inkling2-loop", LOOP)])
+def test_conditional_generation_checkpoint_reads_text_only(built, tmp_path, name, top):
+    """`Inkling2ForConditionalGeneration` and `Inkling2LoopForConditionalGeneration` (the same
+    `model.llm.` names beside `model.visual.`, not read): the engine's tokens and logits are
+    transformers' text model's."""
     from arch_cases import check, generate, prompts
     from pagoda.runtime import LLM
     from safetensors.torch import load_file, save_file
 
-    path, _, _, reference = built("inkling2")
+    path, _, _, reference = built(name)
     text = json.loads((path / "config.json").read_text())
-    top = {**PUBLISHED, "text_config": {**text, "architectures": None}}
+    top = {**top, "text_config": {**text, "architectures": None}}
     (tmp_path / "config.json").write_text(json.dumps(top))
     for f in path.iterdir():
         if f.name not in ("config.json", "model.safetensors"):
