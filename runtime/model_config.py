@@ -124,8 +124,8 @@ class FamilyConfig:
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
-    # Qwen4-Exp's, MiniMax-M3's sparse indexers: the longest sequence they keep
-    # whole (the context is capped there: their sparse selection is not implemented)
+    # Qwen4-Exp's, MiniMax-M3's sparse indexers, Kolibri 1.1's pool: the longest sequence they
+    # keep whole (the context is capped there: their sparse selection past it is not built)
     dense_limit: DenseLimit | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)

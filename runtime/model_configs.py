@@ -58,7 +58,8 @@ class IndexerConfig:
 
 @dataclass(frozen=True)
 class DenseLimit:
-    """The longest sequence a sparse indexer keeps every key for (Qwen4-Exp's, MiniMax-M3's):
+    """The longest sequence a sparse indexer keeps every key for (Qwen4-Exp's, MiniMax-M3's;
+    Kolibri 1.1's pool: every key up to index_pool_size, its token selection within it built):
     the context is capped there, as their sparse selection past it is not built,
     and a longer --max-model-len is refused in one line naming `what` and `how` it is computed."""
 
