@@ -151,7 +151,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its compressed attention and hyper-connections are not split over "
             "ranks",
             fp8="its FP8 GEMM is not tested",
-            fp8_checkpoint="its FP8 and FP4 experts are not read",
             kv_cache="its compressed entries and window slots are kept in the model's dtype",
             float16="not tested: float32 is tested against transformers, bfloat16 runs",
         ),
@@ -236,6 +235,9 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its short convs' states, block residuals and relative logits are not split over ranks",
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
+        ),
+        "ctrl": Untested(
+            tensor_parallel="its LM head's bias is not tested on several ranks",
         ),
     }
 )

@@ -37,7 +37,7 @@ UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: 
 POSITIONS = ("rope", "learned", "alibi", "sinusoidal")  # `FamilyConfig.positions`
 # families with biases on q, k, v, the output, both MLP matrices and every LayerNorm (their
 # q/k norms' too), counted in `num_params`
-ALL_BIASES = ("persimmon", "xglm")
+ALL_BIASES = ("persimmon", "xglm", "openai_gpt", "biogpt", "ctrl")
 
 
 def _on_layer(value: int | None, flags: tuple[bool, ...], layer: int) -> int | None:
@@ -495,6 +495,14 @@ class ModelConfig:
             q_k_norms = 2 * d if f.qk_norm else 0
             kv = self.num_kv_heads * d
             attn_all += self.num_layers * (self.num_heads * d + 2 * kv + 4 * h + i + q_k_norms) + h
+        if self.architecture in ("openai_gpt", "biogpt"):  # their stored position tables
+            attn_all += (self.max_position_embeddings + f.position_offset) * h
+        if self.architecture == "openai_gpt":  # no final norm (nor its bias)
+            attn_all -= 2 * h
+        if self.architecture == "ctrl":  # its head's bias
+            attn_all += self.vocab_size
+        if self.architecture == "gpt_neox_japanese":  # its LayerNorms' biases, the last o_proj's
+            attn_all += (2 * self.num_layers + 2) * h
         return attn_all + mlps + emb + h + self.hybrid_params()
 
 

@@ -85,7 +85,9 @@ class EngineInfo:
 
 def not_generated(allowed: Sequence[int] | None, head_rows: int) -> bool:
     """Whether `allowed_token_ids` names only ids past a pruned LM head's `head_rows` (0: not
-    pruned), whose logits are -inf (`Apertus1p5Model`): no token could be drawn."""
+    pruned), whose logits are -inf (`Apertus1p5Model`). The sampler would still draw one of
+    them (`allowed_tokens.keep_allowed`: all alike), but never one the model scores: every
+    token of such a request is a guess, so it is refused up front (400) instead."""
     return bool(head_rows and allowed) and min(allowed) >= head_rows
 
 

@@ -263,6 +263,8 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
 
         out.update(ergo_shapes(c))
+    if c.architecture == "ctrl":  # its head's bias (model/positions.py)
+        out["lm_head.bias"] = (c.vocab_size,)
     if c.architecture == "zaya":  # the embeddings' scale and bias, the head's bias
         for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
             out[name] = (c.hidden_size,)

@@ -32,10 +32,17 @@ ALIASES = {
     "jetmoe": {"kv_channels": "head_dim", "activation_function": "hidden_act"},
 }  # fmt: skip
 ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+ALIASES["gpt_neox_japanese"] = ALIASES["gpt_neox"]
 ALIASES["xglm"] = {"d_model": "hidden_size", "attention_heads": "num_attention_heads",
                    "num_layers": "num_hidden_layers", "ffn_dim": "intermediate_size",
                    "activation_function": "hidden_act"}  # fmt: skip
 ALIASES["codegen"] = ALIASES["gptj"]
+ALIASES["openai_gpt"] = {"n_embd": "hidden_size", "n_head": "num_attention_heads",
+                         "n_layer": "num_hidden_layers",
+                         "n_positions": "max_position_embeddings"}  # fmt: skip
+ALIASES["ctrl"] = {**ALIASES["openai_gpt"], "dff": "intermediate_size"}
+# OpenAIGPTConfig's `afn` -> transformers' activation (its ACT_FNS: "gelu" is gelu_new's tanh)
+OPENAI_GPT_AFN = {"gelu": "gelu_new", "relu": "relu"}
 ALIASES["gpt_neo"] = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                       "activation_function": "hidden_act", "window_size": "sliding_window"}  # fmt: skip
 ALIASES["kimi_linear"] = {  # KimiLinearConfig's attribute_map (model/kimi_linear_config.py)
@@ -50,7 +57,8 @@ ALIASES["inkling"] = inkling_config.ALIASES  # InklingTextConfig's attribute_map
 ALIASES["inkling2"] = inkling2_config.ALIASES  # Inkling2TextConfig's
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
-OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm", "kolibri1_1")
+OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm", "kolibri1_1",
+              "openai_gpt", "ctrl")  # fmt: skip
 
 
 def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -93,14 +101,24 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch == "gpt_neo":  # its MLP 4 x hidden by default; `attention_types` as layer_types
         out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
         out["layer_types"] = gpt_neo_layer_types(out)
-    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
-                "persimmon", "xglm"):  # fmt: skip
+    if arch == "gpt_neox_japanese":  # the MLP intermediate_multiple_size x hidden
+        out["intermediate_size"] = int(int(out["hidden_size"]) * out.get(
+            "intermediate_multiple_size", 4))  # fmt: skip
+    if arch in ("gpt_neox", "gpt_neox_japanese", "gptj", "gpt2", "opt", "bloom", "mpt", "gpt_neo", "codegen",
+                "persimmon", "xglm", "openai_gpt", "biogpt", "ctrl"):  # fmt: skip
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)
         out["num_key_value_heads"] = 1 if multi else out["num_attention_heads"]
     if arch in ("gpt2", "gpt_bigcode"):  # the MLP 4 x hidden unless n_inner says
         out["intermediate_size"] = out.get("n_inner") or 4 * int(out["hidden_size"])
+    if arch == "openai_gpt":  # GPT-1: the MLP 4 x hidden; `afn` as transformers' ACT_FNS read it
+        out["intermediate_size"] = 4 * int(out["hidden_size"])
+        afn = out.get("afn", "gelu")
+        if afn not in OPENAI_GPT_AFN:
+            raise ValueError(f"OpenAI GPT with afn {afn!r} is not supported "
+                             f"({', '.join(OPENAI_GPT_AFN)})")  # fmt: skip
+        out["hidden_act"] = OPENAI_GPT_AFN[afn]
     if arch == "bloom":  # (BloomConfig has no width: 4 x hidden)
         out["intermediate_size"] = 4 * int(out["hidden_size"])
     if arch == "mpt":

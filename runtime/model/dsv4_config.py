@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pagoda.runtime.model import ops
+from pagoda.runtime.model import dsv4_quant, ops
 from pagoda.runtime.model_configs import HyperConfig
 
 SLIDING, CSA, HCA = (
@@ -120,6 +120,7 @@ class Dsv4Config:
     hyper: HyperConfig
     rms_norm_eps: float
     tie_word_embeddings: bool
+    quant: dsv4_quant.Dsv4Quant | None = None  # block-wise FP8 / FP4 experts (dsv4_quant.py)
 
 
 def _layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
@@ -229,6 +230,7 @@ def read(cfg: Mapping[str, Any]) -> Dsv4Config:
         hyper=HyperConfig(int(g("hc_mult", 4)), int(g("hc_sinkhorn_iters", 20)),
                           float(g("hc_eps", 1e-6)), eps),
         rms_norm_eps=eps, tie_word_embeddings=bool(g("tie_word_embeddings", False)),
+        quant=dsv4_quant.read(cfg),
     )  # fmt: skip
 
 
@@ -323,16 +325,17 @@ def num_params(c: Dsv4Config) -> int:
 def check_headers(c: Dsv4Config, headers: Mapping[str, tuple[str, list[int]]]) -> dict[str, str]:
     """The files' tensors (stored name -> (dtype, shape)) against `expected_shapes`: a missing
     or misshapen tensor is refused in one line naming it as stored (ValueError). Returns the
-    canonical name -> stored name of every tensor read (MTP's ``mtp.`` layers are not read)."""
+    canonical name -> stored name of every tensor read (MTP's ``mtp.`` layers, the
+    ``num_nextn_predict_layers`` the released files hold, are not read). A block-wise FP8 or
+    FP4 matrix is checked with its scales (`dsv4_quant.check`)."""
     stored = {canonical(k): k for k in headers if not k.removeprefix("model.").startswith("mtp.")}
     for name, shape in expected_shapes(c).items():
         if name not in stored:
             raise ValueError(f"checkpoint is missing tensor {name!r} (DeepSeek-V4, "
                              f"{c.num_layers} layers, {c.num_experts} experts)")  # fmt: skip
-        got = tuple(headers[stored[name]][1])
-        if got != shape:
-            raise ValueError(f"checkpoint tensor {stored[name]} is {list(got)}, config.json "
-                             f"gives {list(shape)}")  # fmt: skip
+        dsv4_quant.check(
+            c.quant, name, stored[name], tuple(headers[stored[name]][1]), headers, shape
+        )  # (a quantized matrix's scales too)
     return stored
 
 

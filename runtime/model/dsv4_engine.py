@@ -21,8 +21,10 @@ in the engine"): `dsv4_model.Dsv4Model` run over the engine's step.
   gathered into each layer's `Dsv4Cache`, the model's streams, the slots written back, the
   sampling rows folded (``hc_head``), normed and projected.
 
-Not supported (refused in one line: `family_options.py`): tensor parallelism, FP8 weights and
-checkpoints, FP8/int8 KV caches, float16. CUDA graphs are off (the step is eager: its indexer
+The released checkpoints' block-wise FP8 matrices and FP4 routed experts are dequantized to
+the dtype at load (`dsv4_quant.Dequantized`). Not supported (refused in one line:
+`family_options.py`): tensor parallelism, FP8 weights (``--quantization fp8``), FP8/int8 KV
+caches, float16. CUDA graphs are off (the step is eager: its indexer
 picks and window bounds are read on the host). The routed experts run as `moe.SparseMoE` runs
 them (`_experts`): the fused-MoE kernel with its ``silu_limit`` activation on CUDA, one
 `Linear` pair an expert over its tokens elsewhere; routing (hash or sqrtsoftplus) and the shared
@@ -44,6 +46,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsv4_config import CSA, SLIDING, Dsv4Config, expected_shapes
 from pagoda.runtime.model.dsv4_layer import Batch, Dsv4Cache
 from pagoda.runtime.model.dsv4_model import Dsv4Model
+from pagoda.runtime.model.dsv4_quant import Dequantized
 from pagoda.runtime.model.hy_v4 import silu_limit_and_mul
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import SEQUENCE_STATE, LlamaModel
@@ -230,6 +233,7 @@ class Dsv4EngineModel(LlamaModel):
         self._moes: list[SparseMoE] = []
         self.dtype, self.device, self.tp = dtype, device, tp
         self.long_rope = {}
+        weights = Dequantized(weights, self.c.quant, device)  # released FP8 / FP4, float32
         w = DeviceWeights(weights, device, dtype, {}, None, check_weights)
         w32 = DeviceWeights(weights, device, torch.float32, {}, None, check_weights)
         tensors = {}

@@ -24,7 +24,9 @@ ALiBi (`alibi` true: falcon-rw) is refused when the config is read.
 GPT-NeoX (`GPTNeoXForCausalLM`: Pythia, GPT-NeoX-20B) is this model too: its q/k/v per head, two
 norms in parallel (`use_parallel_residual`, `input_layernorm` / `post_attention_layernorm`) or
 Llama's layer, a partial rotary (`rotary_pct`, default 0.25), biases, GELU; its tensors under
-`gpt_neox.` and `embed_out` read as Llama's too.
+`gpt_neox.` and `embed_out` read as Llama's too. GPT-NeoX-Japanese (`GPTNeoXJapaneseForCausalLM`)
+is GPT-NeoX's sequential layer without biases, but for the last layer's attention output
+(`dense_bias`, read as its o_proj's bias), its MLP `intermediate_multiple_size` x hidden.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ Fields = Callable[
     dict[str, Any],
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
-UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
+UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2",
+           "gpt_neox_japanese")  # fmt: skip
 UNGATED += ("gptj", "nanochat", "codegen", "persimmon", "apertus1p5")
 
 
@@ -144,6 +145,7 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         "falcon",
         "gpt_neox",
         "jais2",
+        "gpt_neox_japanese",
     ):  # (Nemotron: 1 + w)
         fields["layer_norm_bias"] = True
     if arch == "falcon":
@@ -151,6 +153,8 @@ def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     if arch == "gpt_neox":  # Falcon's per-head q/k/v; two norms in parallel, or Llama's layer
         parallel = cfg.get("use_parallel_residual", True)
         fields.update(falcon_qkv="per_head", falcon_norms="two" if parallel else "sequential")
+    if arch == "gpt_neox_japanese":  # GPT-NeoX's q/k/v per head in Llama's layer, no biases
+        fields.update(falcon_qkv="per_head", falcon_norms="sequential")  # (but the last o_proj's)
     if arch in ("gptj", "codegen"):  # Phi's model, the rotary interleaved (GLM's layout)
         fields.update(layer_norm_bias=True, rope_interleaved=True)
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
@@ -399,7 +403,7 @@ def _hybrid(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
-    """GPT-2, GPTBigCode, OPT (model/positions.py): learned positions, LayerNorms with biases,
+    """GPT-2, GPTBigCode, OPT, OpenAI GPT (model/positions.py): learned positions, LayerNorms with biases,
     an ungated MLP, a fused q/k/v (GPT-2's stacked, StarCoder 1's multi-query or per head)."""
     fields: dict[str, Any] = {"positions": "learned", "gated_mlp": False, "layer_norm_bias": True}
     if arch in ("gpt2", "gpt_bigcode"):
@@ -413,6 +417,8 @@ def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         multi_query = arch == "gpt_bigcode" and cfg.get("multi_query", True)
         mha = "stacked" if arch == "gpt2" else "per_head"
         fields["falcon_qkv"] = "multi_query" if multi_query else mha
+    if arch == "openai_gpt":  # GPT-1: GPT-2's stacked c_attn, norms after each residual add
+        fields.update(falcon_qkv="stacked", post_norm=True)
     if arch == "gpt_neo":  # q/k/v apart without biases, out_proj's; scores unscaled
         fields.update(attention_multiplier=1.0, o_proj_bias=True)
     if arch == "opt":
@@ -442,6 +448,25 @@ def _xglm(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     scale = math.sqrt(int(cfg["hidden_size"])) if cfg.get("scale_embedding", True) else 1.0
     return {"positions": "sinusoidal", "position_offset": 2, "gated_mlp": False,
             "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
+
+
+def _biogpt(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """BioGPT (model/positions.py): OPT's learned table offset by 2, the embeddings scaled by
+    sqrt(hidden) (`scale_embedding`), pre-norm layers with biases, an ungated MLP."""
+    scale = math.sqrt(int(cfg["hidden_size"])) if cfg.get("scale_embedding", True) else 1.0
+    return {"positions": "learned", "position_offset": 2, "gated_mlp": False,
+            "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
+
+
+def _ctrl(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """CTRL (model/positions.py): its own sinusoidal table (no offset), the embeddings scaled by
+    sqrt(hidden), pre-norm layers with biases (eps 1e-6 in its layers), a ReLU MLP, a head bias."""
+    eps = float(cfg.get("layer_norm_epsilon", 1e-6))
+    if eps != 1e-6:  # (transformers' layers run 1e-6 whatever it says; the final norm its value)
+        raise ValueError(f"CTRL with layer_norm_epsilon {eps} is not supported (1e-6: its "
+                         "layers' LayerNorms run 1e-6 whatever the config says)")  # fmt: skip
+    return {"positions": "sinusoidal", "gated_mlp": False, "layer_norm_bias": True,
+            "embedding_multiplier": math.sqrt(int(cfg["hidden_size"])), "lm_head_bias": True}  # fmt: skip
 
 
 def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
@@ -484,9 +509,11 @@ def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 FIELDS: dict[str, Fields] = {
-    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo"), _learned),
+    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo", "openai_gpt"), _learned),
     **dict.fromkeys(("bloom", "mpt"), _alibi),
     "xglm": _xglm,
+    "biogpt": _biogpt,
+    "ctrl": _ctrl,
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     **dict.fromkeys(

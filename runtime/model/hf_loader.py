@@ -420,7 +420,7 @@ def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsW
         from pagoda.runtime.model.phi import split_codegen_qkv
 
         split_codegen_qkv(weights, config)
-    if config.architecture == "gpt2":  # Conv1D matrices, stored [in, out]
+    if config.architecture in ("gpt2", "openai_gpt"):  # Conv1D matrices, stored [in, out]
         from pagoda.runtime.model.positions import transpose_conv1d
 
         transpose_conv1d(weights)

@@ -82,6 +82,7 @@ HF_ARCHITECTURES = {
     "MiniCPM3ForCausalLM": "minicpm3",  # DeepSeek's latent attention, muP scales (minicpm3.py)
     "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
     "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
+    "GPTNeoXJapaneseForCausalLM": "gpt_neox_japanese",  # GPT-NeoX's, sequential, no biases
     "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
     "PersimmonForCausalLM": "persimmon",  # Persimmon: q/k LayerNorms, ReLU² MLP (model/phi.py)
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
@@ -102,6 +103,9 @@ HF_ARCHITECTURES = {
     "GPTNeoForCausalLM": "gpt_neo",  # GPT-Neo: local (windowed) and global layers, unscaled
     "OPTForCausalLM": "opt",  # OPT: positions offset by 2, pre- or post-norm, project_in/out
     "XGLMForCausalLM": "xglm",  # XGLM: sinusoidal positions (offset 2), scaled embeddings
+    "OpenAIGPTLMHeadModel": "openai_gpt",  # GPT-1: GPT-2's Conv1D matrices, post-norm layers
+    "BioGptForCausalLM": "biogpt",  # BioGPT: OPT's table (offset 2), scaled embeddings
+    "CTRLLMHeadModel": "ctrl",  # CTRL: its sinusoidal positions, scaled embeddings, head bias
     # ALiBi (model/bloom.py)
     "BloomForCausalLM": "bloom",
     "MPTForCausalLM": "mpt",  # (mosaicml's own code's name)
@@ -232,6 +236,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25, "attention_bias": True,
                  "use_parallel_residual": True, "max_position_embeddings": 2048,
                  "bos_token_id": 0, "eos_token_id": 2},
+    "gpt_neox_japanese": {"vocab_size": 32_000, "hidden_size": 2560, "num_hidden_layers": 32,
+                          "num_attention_heads": 32, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+                          "partial_rotary_factor": 1.0, "max_position_embeddings": 2048,
+                          "tie_word_embeddings": True, "bos_token_id": 31_996,
+                          "eos_token_id": 31_999},
     "stablelm": {"vocab_size": 50_304, "intermediate_size": 6912, "hidden_size": 2560,
                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
@@ -300,6 +309,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "hidden_act": "gelu", "scale_embedding": True, "tie_word_embeddings": True,
              "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
              "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: XGLMConfig has no eps)
+    "openai_gpt": {"vocab_size": 40_478, "max_position_embeddings": 512, "hidden_size": 768,
+                   "num_hidden_layers": 12, "num_attention_heads": 12, "afn": "gelu",
+                   "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
+    "biogpt": {"vocab_size": 42_384, "max_position_embeddings": 1024, "hidden_size": 1024,
+               "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+               "hidden_act": "gelu", "scale_embedding": True, "tie_word_embeddings": True,
+               "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+               "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: its layer_norm_eps is not read)
+    "ctrl": {"vocab_size": 246_534, "max_position_embeddings": 256, "hidden_size": 1280,
+             "intermediate_size": 8192, "num_hidden_layers": 48, "num_attention_heads": 16,
+             "hidden_act": "relu", "layer_norm_epsilon": 1e-6, "tie_word_embeddings": True},
     "bloom": {"vocab_size": 250_880, "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 8, "layer_norm_epsilon": 1e-5,
               "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 2048,
@@ -384,7 +404,8 @@ EPS.update(codegen="layer_norm_epsilon", persimmon="layer_norm_eps")
 EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
 EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
-EPS.update(xglm="_layer_norm_eps")
+EPS.update(xglm="_layer_norm_eps", openai_gpt="layer_norm_epsilon", biogpt="_layer_norm_eps")
+EPS.update(ctrl="layer_norm_epsilon", gpt_neox_japanese="layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
@@ -428,7 +449,7 @@ DEFAULT_ROPE["apertus1p5"] = DEFAULT_ROPE["apertus"]  # (Apertus1p5TextConfig is
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
                    "stablelm", "gptj", "codegen", "persimmon", *moe_families.PARTIAL_ROTARY,
                    *(a for a in qwen3_next.DEFAULTS if a != "lara_mini"), "zaya",
-                   "recurrent_gemma")  # fmt: skip
+                   "recurrent_gemma", "gpt_neox_japanese")  # fmt: skip
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)
 PROPORTIONAL_ROTARY = ("lfm3",)

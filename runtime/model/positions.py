@@ -30,6 +30,19 @@ row ``p + FamilyConfig.position_offset`` added to the embedding of the token at 
   head) whose table is not stored but computed (`sinusoidal_table`, `FamilyConfig.positions`
   "sinusoidal"), offset by 2 as OPT's, and its token embeddings multiplied by sqrt(hidden)
   (`scale_embedding`: `FamilyConfig.embedding_multiplier`) before the rows are added.
+- OpenAI GPT (`OpenAIGPTLMHeadModel`: GPT-1): GPT-2's model (Conv1D matrices, the stacked
+  `c_attn`, biases, a tied head; `tokens_embed` / `positions_embed` read as `wte` / `wpe`) with
+  OPT's post-norm layers (`OptLayer`: ``ln_1(x + attn(x))``, ``ln_2(x + mlp(x))``) and no
+  final norm; `afn` "gelu" is gelu_new (transformers' ACT_FNS).
+- BioGPT (`BioGptForCausalLM`: microsoft/biogpt, BioGPT-Large): XGLM's layer and scaled
+  embeddings (`ScaledPositionsModel`) over OPT's stored table offset by 2; `biogpt.` and
+  `output_projection` read as `model.` and `lm_head`; LayerNorms of eps 1e-5 (nn.LayerNorm's:
+  its `layer_norm_eps` is not read by transformers).
+- CTRL (`CTRLLMHeadModel`: Salesforce/ctrl): XGLM's pre-norm layer (LayerNorms eps 1e-6,
+  q/k/v/out with biases: `Wq`/`Wk`/`Wv`/`dense`; a ReLU MLP `ffn.0`/`ffn.2`; the final norm
+  `transformer.layernorm`) and scaled embeddings (`transformer.w` x sqrt(hidden)) with CTRL's
+  own computed sinusoidal table (`ctrl_sinusoidal_table`, no offset) and a tied head with a bias
+  (`lm_head.bias`, added to the logits: `CtrlModel`).
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from pagoda.runtime.model.starcoder2 import Starcoder2Model
 from pagoda.runtime.model.ungated_mlp import UngatedMLP
 
 TABLE = "model.embed_positions.weight"
+HEAD_BIAS = "lm_head.bias"  # CTRL's
 PROJECT_IN, PROJECT_OUT = "model.project_in.weight", "model.project_out.weight"
 # GPT-2's Conv1D matrices, under Llama's names
 CONV1D = re.compile(r"^model\.layers\.\d+\.(self_attn\.(qkv|o)_proj|mlp\.(up|down)_proj)\.weight$")
@@ -127,16 +141,45 @@ def sinusoidal_table(rows: int, dim: int) -> torch.Tensor:
     return F.pad(table, (0, dim % 2))
 
 
-class XglmModel(LearnedPositionsModel):
-    """XGLM (module docstring): the table computed, the token embeddings scaled."""
+def ctrl_sinusoidal_table(rows: int, dim: int) -> torch.Tensor:
+    """[rows, dim] float32: CTRL's table, row p = [sin(p f_i) for even i, cos(p f_i) for odd i]
+    with f_i = 10000 ** (-2 (i // 2) / dim), computed as transformers' `positional_encoding`."""
+    pos = torch.arange(rows, dtype=torch.int64).to(torch.float32).unsqueeze(1)
+    i = torch.arange(dim, dtype=torch.int64).to(torch.float32).unsqueeze(0)
+    angles = pos * (1 / torch.pow(10000, (2 * (i // 2)) / dim))
+    return torch.cat([torch.sin(angles[:, 0::2]), torch.cos(angles[:, 1::2])], dim=-1)
 
-    def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
-        c = self.config
-        table = sinusoidal_table(
-            c.max_position_embeddings + c.family.position_offset, c.hidden_size
-        )
-        self.positions_table = table.to(device=self.device, dtype=self.dtype)
-        self.project_in = self.project_out = None
+
+class ScaledPositionsModel(LearnedPositionsModel):
+    """BioGPT (module docstring): the token embeddings scaled before the table's rows are added."""
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return super().embed_tokens(input_ids) * self.config.family.embedding_multiplier
+
+
+class XglmModel(ScaledPositionsModel):
+    """XGLM (module docstring): the table computed, the token embeddings scaled."""
+
+    table = staticmethod(sinusoidal_table)
+
+    def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
+        c = self.config
+        table = self.table(c.max_position_embeddings + c.family.position_offset, c.hidden_size)
+        self.positions_table = table.to(device=self.device, dtype=self.dtype)
+        self.project_in = self.project_out = None
+
+
+class CtrlModel(XglmModel):
+    """CTRL (module docstring): XGLM's model with CTRL's table and the LM head's bias."""
+
+    table = staticmethod(ctrl_sinusoidal_table)
+
+    def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
+        super().read_model_tensors(w, ctx)
+        self.head_bias = w[HEAD_BIAS]  # (added to the logits: nothing fused into the head)
+
+    def head_blocks(self, w: DeviceWeights, head: str):
+        return None
+
+    def logits(self, x, head):
+        return super().logits(x, None) + self.head_bias

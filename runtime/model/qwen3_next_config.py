@@ -151,7 +151,6 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
     if arch == qwen4.ARCH:
         types, h = layer_types(cfg, n), int(cfg["hidden_size"])
         q = fields["qwen4"] = qwen4.read(cfg, types, h)
-        fields["dense_limit"] = qwen4.dense_limit(cfg)
         extra = q.extra_conv_rows(h, int(cfg["linear_conv_kernel_dim"]))
         fields["mamba"] = mamba(cfg, n, extra)
     if arch == "qwen3_5":

@@ -23,9 +23,9 @@ Per-Layer Embeddings of hashed n-grams on some DeltaNet layers, as transformers'
 - the DeltaNet's output gate SiLU or sigmoid (``output_gate_type``).
 
 Batched over the step: the n-gram and conv gathers are index tensors built once a step from
-its host lengths (`_step_plan`), no loop over sequences. Not supported, refused in one line:
-the QSA indexer's sparse selection (the context is capped where it keeps every token:
-`qwen4_exp_config.check_max_model_len`), tensor parallelism and FP8 (`family_options.py`).
+its host lengths (`_step_plan`), no loop over sequences. The attention layers' QSA indexer and
+the sparse attention it selects: `qwen4_qsa.py`. Not supported, refused in one line: tensor
+parallelism and FP8 (`family_options.py`).
 Prefix caching keeps the PLE conv's inputs in the DeltaNet layers' snapshots (the rows past
 their conv state: saved at a chunk's end with them, and at boundaries inside a chunk from the
 step's rows, `Prefill.snap_mid`); a prefix hit's first rows read the tokens before them from
@@ -46,6 +46,7 @@ from pagoda.runtime.model.llama import TOKEN_HISTORY, LayerContext, LlamaModel, 
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, save_chunk_ends
 from pagoda.runtime.model.qwen3_next import GatedDeltaNet, Qwen3NextLayer, Qwen3NextModel
 from pagoda.runtime.model.qwen4_exp_config import Qwen4Exp
+from pagoda.runtime.model.qwen4_qsa import POSITIONS, QsaIndexer, sparse_gqa, write_rows
 
 PLAN = "qwen4_plan"  # `meta.aux`: the step's `_StepPlan`
 
@@ -287,6 +288,10 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         h = c.hidden_size
         self.attn_hc = HyperConnection(ctx, w, prefix + "attn_hyper_connection.", q, h)
         self.mlp_hc = HyperConnection(ctx, w, prefix + "mlp_hyper_connection.", q, h)
+        self.indexer = None
+        if self.mixer is None and q.indexer_heads:
+            rope = model.rope_caches["global"]
+            self.indexer = QsaIndexer(w, prefix, q, c.rms_norm_eps, ctx, rope)
         self.ple = None
         if index in q.ple_layers:
             self.ple = Ple(model, w, prefix + "ple.", q, q.ple_layers.index(index))
@@ -295,9 +300,39 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         mine = [*self.attn_hc.linears(), *self.mlp_hc.linears()]
         if self.ple is not None:
             mine += self.ple.linears()
+        if self.indexer is not None:
+            mine += self.indexer.linears()
         if self.mixer is None:
             return [*super().linears(), *mine]
         return [*self.mixer.linears(), *self.mlp.linears(), *mine]
+
+    def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """Gated attention over every earlier token while the step's sequences are within the
+        QSA indexer's dense reach (the backend's), else over each token's kept slots
+        (`qwen4_qsa`); the indexer's raw keys stored either way."""
+        ix, meta, ctx = self.indexer, step.meta, self.ctx
+        if ix is None:
+            return super().attention(x, step)
+        k_cache, v_cache = step.kv_caches[self.index]
+        slots = k_cache.numel() // (ctx.num_kv_heads * ctx.head_dim)  # (an upper bound)
+        q_index = ix.query_and_store(x, meta, k_cache, slots)
+        if meta.max_seq_len <= ix.dense_limit:
+            return super().attention(x, step)
+        t, d = x.shape[0], ctx.head_dim
+        q, k, v = self.step_qkv(x, step)
+        q, k = self.before_rotary(q, k)
+        positions, rows = step.rope[self.rope]
+        r = rows.shape[-1]
+        if r == d:
+            q, k = self.rotary(positions=positions, q=q, k=k, cos_sin_cache=rows)
+        else:
+            self.rotary(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
+        q, k = self.after_rotary(q, k)
+        backend = ctx.backend
+        write_rows(backend, k, v, k_cache, v_cache, meta.slot_mapping)
+        kept_slots, kept = ix.select(q_index, meta)
+        out = sparse_gqa(q, backend, k_cache, v_cache, kept_slots, kept, backend.scale)
+        return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))
 
     def __call__(self, h: torch.Tensor, residual: None, step: Step) -> tuple[torch.Tensor, None]:
         if self.ple is not None:
@@ -340,6 +375,7 @@ class Qwen4ExpModel(Qwen3NextModel):
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_caches, meta, logits_indices, head=None):
+        meta.aux[POSITIONS] = positions  # (the QSA indexer's rotary)
         if self.token_history:  # the step's n-gram tokens and conv gathers, once
             _step_plan(self.config.family.qwen4, input_ids, meta)
         return super().forward(input_ids, positions, kv_caches, meta, logits_indices, head)

@@ -11,12 +11,9 @@ experts in every layer). What Qwen4-Exp adds, as `Qwen4Exp` (`FamilyConfig.qwen4
   functions below port transformers'), gated per stream, then a dilated depthwise conv
   (``ple_conv_kernel_size`` taps ``ngram_size`` apart) whose inputs are kept per sequence
   beside the DeltaNet conv state (`MambaConfig.extra_conv_rows`);
-- the QSA indexer (``indexer_*``) of the attention layers, which keeps, for a query that sees
-  more than ``indexer_budget + indexer_compress_ratio - 1`` tokens, only the best
-  ``indexer_budget`` of them (in blocks of ``indexer_compress_ratio``) and the tail: **not
-  supported**. Up to that length every visible token is kept and attention is dense, exactly
-  transformers'; the model's context is capped there and a longer --max-model-len is refused
-  in one line (`check_max_model_len`).
+- the QSA indexer (``indexer_*``) of the attention layers (`qwen4_qsa.py`), which keeps, for
+  each query, the best ``indexer_budget // indexer_compress_ratio`` whole blocks of
+  ``indexer_compress_ratio`` tokens and the tail after the last whole block.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pagoda.runtime.model_configs import DenseLimit
 
 ARCH = "qwen4_exp"
 DEFAULTS = {
@@ -73,7 +69,21 @@ class Qwen4Exp:
     num_layers: int
     eos_token_id: int
     gate_act: str  # the DeltaNet output gate's activation: "silu" or "sigmoid"
-    indexer_weights: int = 0  # one attention layer's indexer weights (loaded, not read)
+    indexer_weights: int = 0  # one attention layer's indexer weights
+    indexer_heads: int = 0  # the QSA indexer's query heads (0: no indexer)
+    indexer_dim: int = 0
+    indexer_budget: int = 0  # tokens kept in whole blocks
+    indexer_ratio: int = 1  # tokens per compressed block
+
+    @property
+    def indexer_blocks(self) -> int:
+        """The blocks a query keeps (``indexer_budget // indexer_compress_ratio``)."""
+        return self.indexer_budget // self.indexer_ratio
+
+    @property
+    def indexer_dense_limit(self) -> int:
+        """The longest sequence whose every query keeps every earlier token."""
+        return (self.indexer_blocks + 1) * self.indexer_ratio - 1
 
     @property
     def ngram_heads(self) -> int:
@@ -163,13 +173,14 @@ def read(cfg: Mapping[str, Any], types: list[str], hidden: int) -> Qwen4Exp:
                          "(silu or sigmoid)")  # fmt: skip
     qsa = [cfg.get(k) for k in ("indexer_n_heads", "indexer_head_dim", "indexer_budget",
                                 "indexer_compress_ratio")]  # fmt: skip
-    weights = 0
+    weights, heads, d, budget, ratio = 0, 0, 0, 0, 1
     if any(v is not None for v in qsa):
         if any(v is None or int(v) <= 0 for v in qsa) or int(cfg.get("indexer_kv_heads") or 1) != 1:
             raise ValueError("a Qwen4-Exp QSA indexer needs positive indexer_n_heads, "
                              "indexer_head_dim, indexer_budget, indexer_compress_ratio and one "
                              "key head (indexer_kv_heads 1)")  # fmt: skip
         heads, d = int(cfg["indexer_n_heads"]), int(cfg["indexer_head_dim"])
+        budget, ratio = int(cfg["indexer_budget"]), int(cfg["indexer_compress_ratio"])
         weights = (heads + 1) * d * hidden + 2 * d  # index_qk_proj, q and k layernorms
     return Qwen4Exp(
         hc_count=hc, hc_lowrank=int(cfg["hc_lowrank"]), ple_layers=tuple(i - 1 for i in ids),
@@ -177,21 +188,13 @@ def read(cfg: Mapping[str, Any], types: list[str], hidden: int) -> Qwen4Exp:
         heads_per_ngram=per, ngram_vocab_base=int(cfg["ngram_vocab_size_base"]),
         ngram_divisor=int(cfg["make_ngram_vocab_size_divisible_by"]), seed=int(cfg["seed"]),
         num_layers=n, eos_token_id=-1 if eos is None else int(eos), gate_act=act,
-        indexer_weights=weights,
+        indexer_weights=weights, indexer_heads=heads, indexer_dim=d, indexer_budget=budget,
+        indexer_ratio=ratio,
     )  # fmt: skip
 
 
-def dense_limit(cfg: Mapping[str, Any]) -> DenseLimit | None:
-    """The longest sequence the QSA indexer keeps whole (module docstring); None: no QSA."""
-    if cfg.get("indexer_budget") is None:
-        return None
-    return DenseLimit(int(cfg["indexer_budget"]) + int(cfg["indexer_compress_ratio"]) - 1,
-                      "its QSA indexer's sparse selection",
-                      "indexer_budget + indexer_compress_ratio - 1")  # fmt: skip
-
-
 def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s hyper-connection, indexer and PLE tensors (the n-gram table by its shards:
+    """Layer `i`'s hyper-connection, QSA indexer and PLE tensors (the n-gram table by its shards:
     `ple_names`), and the model's final mixer's on layer 0."""
     q, h, p = c.family.qwen4, c.hidden_size, f"model.layers.{i}."
     wide, r = q.hc_count * h, q.hc_lowrank
@@ -205,6 +208,10 @@ def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
         m = "model.hyper_connection_mixer."
         out.update({m + "hc_norm.weight": (wide,), m + "input_mix_weight_down.weight": (r, wide),
                     m + "input_mix_weight_up.weight": (wide, r)})  # fmt: skip
+    if q.indexer_heads and not c.family.mamba.layers[i]:
+        x, d = p + "self_attn.indexer.", q.indexer_dim
+        out.update({x + "index_qk_proj.weight": ((q.indexer_heads + 1) * d, h),
+                    x + "q_layernorm.weight": (d,), x + "k_layernorm.weight": (d,)})  # fmt: skip
     if i in q.ple_layers:
         e, x = q.ple_embed_dim, p + "ple."
         out.update({x + "key_proj.weight": (wide, e), x + "value_proj.weight": (h, e),

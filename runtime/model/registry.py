@@ -76,6 +76,7 @@ MODEL_CLASSES = {
     "minicpm3": ("minicpm3", "MiniCPM3Model"),  # DeepSeek's latent attention, muP scales
     "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
+    "gpt_neox_japanese": ("falcon", "FalconModel"),  # GPT-NeoX's, Llama's layer, no biases
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
     "persimmon": ("phi", "PersimmonModel"),  # GPT-NeoX's q/k/v, Phi's q/k norms, ReLU² MLP
     "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention
@@ -119,6 +120,9 @@ MODEL_CLASSES = {
     "gpt_neo": ("positions", "LearnedPositionsModel"),  # local (windowed) layers, unscaled
     "opt": ("positions", "LearnedPositionsModel"),  # offset 2, pre/post-norm, projections
     "xglm": ("positions", "XglmModel"),  # sinusoidal positions, scaled embeddings (OPT's)
+    "openai_gpt": ("positions", "LearnedPositionsModel"),  # GPT-2's matrices, post-norm (OPT's)
+    "biogpt": ("positions", "ScaledPositionsModel"),  # OPT's table, scaled embeddings
+    "ctrl": ("positions", "CtrlModel"),  # its sinusoidal table, scaled embeddings, head bias
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...

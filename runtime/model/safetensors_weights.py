@@ -64,6 +64,16 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
     # GPT-2's and StarCoder 1's (model/positions.py)
     (r"^transformer\.wpe\.", "model.embed_positions."),
+    (r"^transformer\.tokens_embed\.", "model.embed_tokens."),  # OpenAI GPT's
+    (r"^transformer\.positions_embed\.", "model.embed_positions."),
+    # CTRL's (model/positions.py)
+    (r"^transformer\.w\.", "model.embed_tokens."), (r"^transformer\.layernorm\.", "model.norm."),
+    (r"\.multi_head_attention\.Wq\.", ".self_attn.q_proj."),
+    (r"\.multi_head_attention\.Wk\.", ".self_attn.k_proj."),
+    (r"\.multi_head_attention\.Wv\.", ".self_attn.v_proj."),
+    (r"\.multi_head_attention\.dense\.", ".self_attn.o_proj."),
+    (r"\.ffn\.0\.", ".mlp.up_proj."), (r"\.ffn\.2\.", ".mlp.down_proj."),
+    (r"\.layernorm1\.", ".input_layernorm."), (r"\.layernorm2\.", ".post_attention_layernorm."),
     (r"\.attn\.c_attn\.", ".self_attn.qkv_proj."), (r"\.attn\.c_proj\.", ".self_attn.o_proj."),
     (r"\.mlp\.c_fc\.", ".mlp.up_proj."),
     # BLOOM's and MPT's (model/bloom.py)
@@ -79,7 +89,10 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
 # the top-level names of checkpoints saved from the base model (gpt2's, bloom's: `h.0.`, `wte`)
 # and OPT's (`decoder.`), under the causal LM's prefix
-_BARE = re.compile(r"^(?:h|wte|wpe|ln_f|word_embeddings|word_embeddings_layernorm)\.")
+_BARE = re.compile(
+    r"^(?:h|wte|wpe|ln_f|word_embeddings|word_embeddings_layernorm|tokens_embed|"
+    r"positions_embed)\."
+)
 # and Llama-style ones (`layers.0.`, `embed_tokens`: a LlamaModel's), under `model.`, as
 # transformers adds its base_model_prefix to a checkpoint saved without it
 _BARE_MODEL = re.compile(r"^(?:embed_tokens|layers|norm|final_layernorm)\.")
@@ -95,6 +108,8 @@ _OPT_RENAMES = tuple((re.compile(a), b) for a, b in (
 ))  # fmt: skip
 # GPT-NeoX's names -> Llama's (model/falcon.py), on `gpt_neox.` and `embed_out.` names
 _NEOX_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^gpt_neox_japanese\.", "gpt_neox."),  # GPT-NeoX-Japanese's; its last layer's o_proj bias
+    (r"\.attention\.dense_bias$", ".self_attn.o_proj.bias"),
     (r"^gpt_neox\.embed_in\.", "model.embed_tokens."), (r"^gpt_neox\.layers\.", "model.layers."),
     (r"^gpt_neox\.final_layer_norm\.", "model.norm."), (r"^embed_out\.", "lm_head."),
     (r"\.attention\.query_key_value\.", ".self_attn.qkv_proj."),
@@ -103,6 +118,7 @@ _NEOX_RENAMES = tuple((re.compile(a), b) for a, b in (
 ))  # fmt: skip
 # Phi's names -> Llama's (model/phi.py), and HyperCLOVA X's post-sublayer norms -> GLM-4's
 _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^biogpt\.", "model."), (r"^output_projection\.", "lm_head."),  # BioGPT's (then XGLM's)
     (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
     (r"\.mlp\.fc1\.", ".mlp.up_proj."), (r"\.mlp\.fc2\.", ".mlp.down_proj."),
     (r"\.self_attn\.([qk])_layernorm\.(weight|bias)$", r".self_attn.\1_norm.\2"),
@@ -160,7 +176,7 @@ def _text_name(stored: str) -> str | None:
     elif stored.startswith("decoder.") or _BARE_MODEL.match(stored):
         stored = "model." + stored
     renames = _RENAMES if stored.startswith("transformer.") else _PHI_RENAMES
-    if stored.startswith(("gpt_neox.", "embed_out.")):
+    if stored.startswith(("gpt_neox.", "gpt_neox_japanese.", "embed_out.")):
         renames = _NEOX_RENAMES
     if stored.startswith("model.decoder."):
         renames = _OPT_RENAMES

@@ -118,6 +118,8 @@ def scheme_from_hf_config(hf_config: Mapping) -> Fp8Scheme | None:
     if qc is None:
         return None
     method = qc.get("quant_method")
+    if method == SERIALIZED_FP8 and _architectures(hf_config) & {"DeepseekV4ForCausalLM"}:
+        return None  # its block-wise FP8 and FP4 experts: dequantized at load (dsv4_quant.py)
     if method == SERIALIZED_FP8:
         return _fp8_scheme(qc)
     if method == FBGEMM_FP8:  # Meta's Llama 3.1 405B FP8: per-channel weights, dynamic rows

@@ -245,7 +245,7 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         return Checkpoint("")
     # headers only (a pickle's tensors memory-mapped, none read): tensors are read on access
     weights = SafetensorsWeights(files)
-    if architecture == "gpt2":  # its Conv1D matrices, listed [out, in] as the loader reads them
+    if architecture in ("gpt2", "openai_gpt"):  # Conv1D matrices, listed [out, in] as read
         from pagoda.runtime.model.positions import transpose_conv1d
 
         transpose_conv1d(weights)
@@ -292,6 +292,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         kind, shape = weights.dtype_and_shape(name)
         numel = math.prod(shape)
         tensors[name] = Stored(name, kind, tuple(shape), numel * ITEM_BYTES.get(kind, 4))
+    if architecture == "deepseek_v4":  # its released FP8 / FP4 matrices as held, dequantized
+        from pagoda.runtime.model.dsv4_quant import held_tensors
+
+        tensors = held_tensors(tensors)
     form = ".bin" if files[0].suffix == ".bin" else "safetensors"
     return Checkpoint(form, tensors, sum(f.stat().st_size for f in files))
 

@@ -16,6 +16,9 @@ Per step with constrained rows (`grammar_rows`, recomputed only when the batch c
    as vLLM reports them) and `n` work unchanged on the masked rows. CPU: `mask_kernel` (C, a
    word of 32 tokens at a time; xgrammar's kernel without a compiler). CUDA: the masks are
    copied without a sync and unpacked by `apply_bitmask_torch` (a few PyTorch ops, no JIT).
+   A row whose allowed tokens all have -inf logits from the model (ids a pruned LM head never
+   scores) while others are finite gets logit 0 on them (`allowed_tokens.keep_allowed`): it
+   still draws an allowed token (greedy the first, sampled a uniform one), not `NO_TOKEN`.
 
 Requests without a constraint are never looked at in steps whose batch did not change, and a
 batch without constrained rows costs one list scan when it changes (`grammar_rows`).
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pagoda.runtime.sampling.allowed_tokens import keep_allowed, lost_rows
 from pagoda.runtime.structured import mask_kernel
 
 log = logging.getLogger(__name__)
@@ -45,12 +49,27 @@ def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
     xgrammar's layout); logits [N, V], bitmask [R, ceil(V / 32)] int32, rows [R] int64, all on
     one device."""
     v = logits.shape[1]
-    shifts = _SHIFTS.get(logits.device)
+    allowed = _unpack(bitmask, v)
+    was = logits.index_select(0, rows)
+    masked = was.masked_fill(~allowed, float("-inf"))
+    # the allowed tokens all -inf in the model's row (a pruned LM head's ids): all alike
+    lost = lost_rows(was, masked.amax(-1, keepdim=True))
+    logits.index_copy_(0, rows, keep_allowed(masked, allowed, lost))
+
+
+def _row_max(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """[R] the maxima of `logits`' `rows` (CPU: each row read in place, no copy)."""
+    return torch.stack([logits[i].amax() for i in rows])
+
+
+def _unpack(bitmask: torch.Tensor, v: int) -> torch.Tensor:
+    """[R, V] bool (allowed) from xgrammar's [R, ceil(V / 32)] int32 bitmask."""
+    shifts = _SHIFTS.get(bitmask.device)
     if shifts is None:
-        shifts = _SHIFTS[logits.device] = torch.arange(32, device=logits.device, dtype=torch.int32)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :v].bool()
-    masked = logits.index_select(0, rows).masked_fill_(~allowed, float("-inf"))
-    logits.index_copy_(0, rows, masked)
+        shifts = _SHIFTS[bitmask.device] = torch.arange(
+            32, device=bitmask.device, dtype=torch.int32
+        )
+    return ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :v].bool()
 
 
 def soft_close(row: torch.Tensor, closes: list[int], vocab_size: int) -> int | None:
@@ -183,7 +202,20 @@ class GrammarBitmask:
                 rows_t = rows_t.pin_memory().to(self.device, non_blocking=True)
                 mask = mask.to(self.device, non_blocking=True)
             apply_bitmask_torch(logits, mask, rows_t)
-        elif mask_kernel.available() and logits.is_contiguous():
+            return
+        before = _row_max(logits, live)
+        self._mask_logits_cpu(logits, mask, live, rows_t)
+        # the allowed tokens all -inf in the model's row (a pruned LM head's ids): all alike,
+        # as `apply_bitmask_torch` does (on the CPU, where a test is free: only such rows)
+        lost = torch.isfinite(before) & (_row_max(logits, live) == float("-inf"))
+        if lost.any():
+            at = lost.nonzero().flatten()
+            kept = logits.index_select(0, rows_t[at])
+            allowed = _unpack(mask[at], logits.shape[1])
+            logits.index_copy_(0, rows_t[at], keep_allowed(kept, allowed, lost[at, None]))
+
+    def _mask_logits_cpu(self, logits, mask, live: list[int], rows_t: torch.Tensor) -> None:
+        if mask_kernel.available() and logits.is_contiguous():
             mask_kernel.apply_mask(logits, mask, rows_t)
         else:  # no C compiler: xgrammar's kernel, masks at the rows' positions
             full = torch.full((logits.shape[0], self.words), -1, dtype=torch.int32)

@@ -101,6 +101,9 @@ def hf_greedy_plain(model, prompt: list[int], n: int) -> tuple[list[int], list[t
 _LM_CLASSES = {"Gemma3Text": "Gemma3ForCausalLM", "Exaone": "LlamaForCausalLM"}
 _LM_CLASSES["InternLM3"] = "LlamaForCausalLM"
 _LM_CLASSES["GPT2"] = "GPT2LMHeadModel"
+_LM_CLASSES["OpenAIGPT"] = "OpenAIGPTLMHeadModel"
+_LM_CLASSES["CTRL"] = "CTRLLMHeadModel"
+_LM_CLASSES["GPTNeoXJapanese"] = "GPTNeoXJapaneseForCausalLM"
 _LM_CLASSES.update(Qwen3_5Text="Qwen3_5ForCausalLM", Qwen3_5MoeText="Qwen3_5MoeForCausalLM")
 _LM_CLASSES["Qwen4ExpText"] = "Qwen4ExpForCausalLM"
 _LM_CLASSES["MiniMaxM3VLText"] = "MiniMaxM3VLForCausalLM"

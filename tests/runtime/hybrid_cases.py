@@ -213,7 +213,7 @@ CASES = {
     # Qwen4-Exp (model/qwen4_exp.py): Qwen3.5-MoE's layers between two hyper-connection
     # streams, Per-Layer Embeddings of hashed 2- and 3-grams on the DeltaNet layer (their table
     # saved in two shards), its output gate a sigmoid; an end-of-sequence id (12) inside the
-    # prompts cuts their n-grams; the QSA indexer keeps every token up to 99 (budget 96)
+    # prompts cuts their n-grams; the QSA indexer keeps 2 blocks of 4 and the tail: sparse past 11
     "qwen4-exp": ("Qwen4ExpText", dict(
         **DELTA_HEADS, num_hidden_layers=2, layer_types=[LIN, FULL], linear_num_key_heads=2,
         linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
@@ -222,7 +222,7 @@ CASES = {
         ple_embed_dim=32, heads_per_ngram=2, ngram_vocab_size_base=61,
         make_ngram_vocab_size_divisible_by=8, split_ngram_parts=2, output_gate_type="sigmoid",
         eos_token_id=12, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
-        indexer_budget=96, indexer_compress_ratio=4)),
+        indexer_budget=8, indexer_compress_ratio=4)),
     # OLMo Hybrid (model/olmo_hybrid.py): a DeltaNet layer first, beta doubled
     # (`linear_allow_neg_eigval`, the default), rotary, grouped KV heads, value heads wider than
     # key heads; then attention first, beta in [0, 1], no rotary (`rope_parameters` without a

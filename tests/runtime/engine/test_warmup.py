@@ -64,17 +64,21 @@ def launches(monkeypatch):
     return seen
 
 
+# Per-shape configs run on Llama 4 only: its NoPE layers warm and launch exactly the variants a
+# plain Llama's layers do (measured 2026-12-07: equal sets, 15 warmed, 3 launched), so a plain
+# Llama by shape (12.8 s of CI) checked nothing more; a model without chunked layers warming no
+# CHUNKED variant is checked by the batch-invariant case (one code path for both modes).
 @pytest.mark.parametrize(
     ("invariant", "model"),
-    [(False, "llama"), (True, "llama"), (False, "llama4")],
-    ids=["by-shape", "batch-invariant", "by-shape-chunked"],
+    [(True, "llama"), (False, "llama4")],
+    ids=["batch-invariant", "by-shape-chunked"],
 )
 @pytest.mark.slow
 def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, launches, invariant,
                                            model):  # fmt: skip
-    """Per-shape configs: split counts and prefill buckets; batch-invariant: the prefill
-    kernel's decode and prefill launches only; Llama 4's chunked layers (chunks of 8) beside its
-    NoPE ones: each variant with and without its attention chunk."""
+    """Per-shape configs: split counts and prefill buckets, with and without Llama 4's
+    attention chunk (its chunked layers, chunks of 8, beside its NoPE ones); batch-invariant:
+    the prefill kernel's decode and prefill launches only, and no chunked variant."""
     if model == "llama4":
         from hf_oracle import _LM_CLASSES, make_tiny_model
 
@@ -92,7 +96,8 @@ def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, lau
     if invariant:
         assert {(k[0], k[2]) for k in warmed} == {("prefill", True), ("prefill", False)}
     else:
-        assert {k[2] for k in warmed if k[0] == "decode"} >= {1, 2, 4}  # several split counts
+        # several split counts, on the NoPE layers (no chunk) by themselves
+        assert {k[2] for k in warmed if k[0] == "decode" and not k[4]} >= {1, 2, 4}
     assert {k[4] for k in warmed} == ({False, True} if model == "llama4" else {False})
     launches.clear()
     # Short on purpose (interpreted decode is the cost), yet it reaches every variant: prefill

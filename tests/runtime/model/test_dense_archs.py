@@ -34,6 +34,8 @@ the directory for the reference: both read the published shape alike.
   Llama's sequential one, exact GELU, biases, a tied head; the MLP's width left out (4 x hidden);
 - GPT-NeoX (`GPTNeoXForCausalLM`: Pythia, GPT-NeoX-20B): Falcon's model with q/k/v per head,
   two norms in parallel or Llama's layer, the older `rotary_pct` / `rotary_emb_base`;
+- GPT-NeoX-Japanese (`GPTNeoXJapaneseForCausalLM`): GPT-NeoX's sequential layer without biases
+  but the last layer's attention output bias (`dense_bias`), the MLP a multiple of hidden;
 - StableLM (`StableLmForCausalLM`): LayerNorms with biases, a partial rotary, q/k/v biases;
   StableLM 2 12B's parallel layer and per-head q/k LayerNorms (a weight per head) with GQA;
 - Persimmon (`PersimmonForCausalLM`): GPT-NeoX's q/k/v per head in Llama's layer, a LayerNorm
@@ -133,6 +135,11 @@ CASES = {
     # GPT-NeoX's sequential layer (use_parallel_residual false), GPT-NeoX-20B's gelu_fast
     "gpt_neox-sequential": ("GPTNeoX", dict(num_key_value_heads=None, hidden_act="gelu_fast",
                                             use_parallel_residual=False), {}),
+    # GPT-NeoX-Japanese: GPT-NeoX's q/k/v per head in Llama's layer, no biases but the last
+    # layer's attention output bias, the MLP intermediate_multiple_size x hidden, half rotated
+    "gpt_neox_japanese-tied-last-bias": ("GPTNeoXJapanese", dict(
+        num_key_value_heads=None, intermediate_multiple_size=2, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), {}),
     # StableLM 2 1.6B: LayerNorms with biases, a quarter of each head rotated, q/k/v biases
     "stablelm-qkv-bias": ("StableLm", dict(use_qkv_bias=True), {}),
     # StableLM 2 12B: one norm in parallel, per-head q/k LayerNorms, GQA
@@ -197,7 +204,7 @@ def published(path, renames: dict[str, str]) -> None:
     if cfg["model_type"] == "falcon":  # falcon-7b's: no derived fields, no context
         for key in ("num_key_value_heads", "ffn_hidden_size", "max_position_embeddings"):
             cfg.pop(key, None)
-    if cfg["model_type"] == "gpt_neox":  # Pythia's: the older rotary keys
+    if cfg["model_type"] in ("gpt_neox", "gpt_neox_japanese"):  # Pythia's: the older rotary keys
         cfg["rotary_pct"] = cfg.pop("partial_rotary_factor")
         cfg["rotary_emb_base"] = cfg.pop("rope_theta")
         for key in ("rope_scaling", "attention_bias", "num_key_value_heads"):
@@ -294,7 +301,8 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert c.architecture == family.get(name.split("-")[0], name.split("-")[0])
     tied_by_default = ("gemma", "falcon", "vaultgemma")
     assert c.tie_word_embeddings == ("tied" in name or name.startswith(tied_by_default))
-    assert c.tie_word_embeddings == (model.lm_head.weight is model.get_input_embeddings().weight)
+    head = model.get_output_embeddings().weight
+    assert c.tie_word_embeddings == (head is model.get_input_embeddings().weight)
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     if name.startswith("minicpm3"):  # DeepSeek's latent cache: one row (latent, rotary key)
         head_dim = t.kv_lora_rank + t.qk_rope_head_dim
@@ -313,7 +321,8 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
-    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj", "codegen", "persimmon")
+    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj", "codegen", "persimmon",
+               "gpt_neox_japanese")  # fmt: skip
     assert c.family.gated_mlp == (c.architecture not in ungated)
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
@@ -351,6 +360,7 @@ def test_two_ranks_match_transformers(built, name):
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
+    ("gpt_neox_japanese-tied-last-bias", 2),
     ("stablelm-parallel-qk-norms", 1), ("persimmon-qk-layernorm", 2), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
     ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("diffllama-gqa", 1), ("emu3-chat-text", 2), ("gptj-rotary-dim", 2),
 ])  # fmt: skip
@@ -381,6 +391,9 @@ test_gpu_matches_transformers_with_graphs = gpu_test()
                           "num_kv_heads": 8}),
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4}),
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4, "rotary_pct": 0.5, "rotary_emb_base": 1e4}),
+    ("GPTNeoXJapanese", "gpt_neox_japanese", {"num_hidden_layers": 4}),
+    ("GPTNeoXJapanese", "gpt_neox_japanese", {"num_hidden_layers": 4, "rotary_pct": 0.5,
+                                              "intermediate_multiple_size": 2}),
     ("StableLm", "stablelm", {"num_hidden_layers": 4}),
     ("Persimmon", "persimmon", {"num_hidden_layers": 4}),
     ("Jais2", "jais2", {"num_hidden_layers": 4}),
@@ -415,6 +428,8 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
         list(o.eos_token_ids),
     ) == (t.num_hidden_layers, t.max_position_embeddings, t.tie_word_embeddings,
           t.bos_token_id, eos)  # fmt: skip
+    if model_type == "gpt_neox_japanese":  # (no intermediate_size: a multiple of hidden)
+        assert o.intermediate_size == t.hidden_size * t.intermediate_multiple_size
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     if model_type == "minicpm3":  # DeepSeek's latent cache: one row of latent and rotary key
         # (its class default of 40 KV heads is not read); v derived from hidden / heads
@@ -468,6 +483,9 @@ def _widen(name: str):
     ("GPTNeoX", dict(num_key_value_heads=None),
      _pop("gpt_neox.layers.1.post_attention_layernorm.bias"),
      r"missing tensor 'gpt_neox\.layers\.1\.post_attention_layernorm\.bias'"),
+    ("GPTNeoXJapanese", dict(num_key_value_heads=None),
+     _pop("gpt_neox_japanese.layers.1.attention.dense.weight"),
+     r"missing tensor 'gpt_neox_japanese\.layers\.1\.attention\.dense\.weight'"),
     ("GPTJ", dict(num_key_value_heads=None, rotary_dim=8), _pop("transformer.h.0.ln_1.bias"),
      r"missing tensor 'transformer\.h\.0\.ln_1\.bias'"),
     ("CodeGen", dict(num_key_value_heads=None, rotary_dim=8),
@@ -476,7 +494,8 @@ def _widen(name: str):
     ("Exaone", {}, _widen("transformer.h.0.mlp.c_fc_1.weight"),
      r"transformer\.h\.0\.mlp\.c_fc_1\.weight is \[256, 64\]; with "
      r"transformer\.h\.0\.mlp\.c_fc_0\.weight \[128, 64\]"),
-], ids=["falcon-qkv-height", "falcon-qkv-missing", "gpt_neox-norm-bias", "gptj-ln_1-bias",
+], ids=["falcon-qkv-height", "falcon-qkv-missing", "gpt_neox-norm-bias",
+        "gpt_neox_japanese-dense-missing", "gptj-ln_1-bias",
         "codegen-qkv-missing", "exaone-c_fc_1-width"])  # fmt: skip
 def test_a_checkpoint_refusal_names_the_tensors_as_the_files_do(
     tmp_path, arch, overrides, edit, match

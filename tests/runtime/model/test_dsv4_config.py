@@ -63,6 +63,15 @@ def test_published_style_config_reads_as_transformers():
     assert ours.compress_rope.factor == 16 and ours.compress_rope.attention_factor == 1.0
     bare = {"num_hidden_layers": 5}  # V4-Pro's layer schedule, three hash layers
     _ours_vs_theirs(D.read(bare), transformers.DeepseekV4Config(**bare))
+    # the released quantization (dsv4_quant.py): V4's top-level expert_dtype, V4.1's inside
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+          "activation_scheme": "dynamic", "weight_block_size": [128, 128]}  # fmt: skip
+    for released in ({"quantization_config": qc, "expert_dtype": "fp4"},
+                     {"quantization_config": {**qc, "expert_dtype": "fp4"}}):  # fmt: skip
+        theirs = transformers.DeepseekV4Config(**bare, **released).quantization_config
+        assert theirs["expert_dtype"] == "fp4"
+        assert D.read({**bare, **released}).quant == D.dsv4_quant.Dsv4Quant((128, 128), True)
+    assert D.read(bare).quant is None
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +126,10 @@ def test_missing_or_misshapen_tensor_refused_in_one_line(saved):
      ({"mlp_layer_types": ["moe", "moe"]}, "mlp_layer_types has 2 entries"),
      ({"o_groups": 3}, "o_groups 3"),
      ({"num_key_value_heads": 2}, "num_key_value_heads"),
-     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "rope_type 'llama3'")],
+     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "rope_type 'llama3'"),
+     ({"quantization_config": {"quant_method": "mxfp4"}}, "quant_method 'mxfp4'"),
+     ({"quantization_config": {"quant_method": "fp8", "scale_fmt": "e4m3"}}, "scale_fmt 'e4m3'"),
+     ({"quantization_config": {"quant_method": "fp8"}, "expert_dtype": "fp6"}, "'fp6'")],
 )  # fmt: skip
 def test_refusals_are_one_line(change, match):
     with pytest.raises(ValueError, match=match) as err:

@@ -155,3 +155,119 @@ def test_published_style_config_reads_as_the_engines(tmp_path):
         check_block_size(SimpleNamespace(cache=SimpleNamespace(block_size=64)), mc)
     # bf16: 512-wide rows in 43 layers, plus the blocks' entries and CSA's tails
     assert dsv4_engine.bytes_per_token(mc.family.dsv4, torch.bfloat16, 128) == 53_816
+
+
+# DeepSeek-V4's released format (model/dsv4_quant.py), written here from its definition: FP8
+# E4M3 codes with a power-of-two (UE8M0) scale per 128x128 tile; the routed experts MXFP4: E2M1
+# codes two a byte (the low nibble first) with a power-of-two scale per 32 values of a row
+_FP8_MATRICES = re.compile(r"\.(wq_a|wq_b|wkv|wo_a|wo_b|compressor\.wkv|compressor\.wgate|"
+                           r"shared_experts\.w[123])\.weight$")  # fmt: skip
+_EXPERTS = re.compile(r"\.experts\.\d+\.w[123]\.weight$")
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _pow2_at_least(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp2(torch.ceil(torch.log2(x.clamp_min(2.0**-126))))
+
+
+def _quantize_fp8(w: torch.Tensor, block: int = 128):
+    n, k = w.shape
+    tiles = (-(-n // block), -(-k // block))
+    padded = torch.nn.functional.pad(w.float(), (0, tiles[1] * block - k, 0, tiles[0] * block - n))
+    amax = padded.view(tiles[0], block, tiles[1], block).abs().amax(dim=(1, 3))
+    scale = _pow2_at_least(amax / 448.0)  # codes within E4M3's 448
+    full = scale.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+    codes = (w.float() / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return codes, scale.to(torch.float8_e8m0fnu), codes.float() * full
+
+
+def _quantize_fp4(w: torch.Tensor):
+    n, k = w.shape
+    groups = -(-k // 32)
+    padded = torch.nn.functional.pad(w.float(), (0, groups * 32 - k)).view(n, groups, 32)
+    scale = _pow2_at_least(padded.abs().amax(dim=-1) / 6.0)  # codes within E2M1's 6
+    x = (padded / scale[..., None]).flatten(1)[:, :k]
+    mag = (x.abs()[..., None] - _E2M1).abs().argmin(dim=-1)  # the nearest E2M1 magnitude
+    code = (mag + 8 * (x < 0)).to(torch.uint8)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).view(torch.int8)
+    values = _E2M1[mag] * torch.where(x < 0, -1.0, 1.0)
+    return packed, scale.to(torch.float8_e8m0fnu), values * scale.repeat_interleave(32, 1)[:, :k]
+
+
+def _released(src, quantized, dequantized):
+    """`src`'s checkpoint written in the released format to `quantized` (with an MTP layer, in
+    FP8 too, as the released files hold one), and in float32 as it dequantizes to
+    `dequantized` (transformers' oracle)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(src / "model.safetensors")
+    packed, plain = {}, {}
+    for name, w in tensors.items():
+        fp4, fp8 = _EXPERTS.search(name), _FP8_MATRICES.search(name)
+        if fp4 or fp8:
+            codes, scale, w = (_quantize_fp4 if fp4 else _quantize_fp8)(w)
+            if fp4 and ".experts.0." in name:  # the same bytes as torch's FP4 dtype (F4)
+                codes = codes.view(torch.float4_e2m1fn_x2)
+            packed[name], packed[name.removesuffix("weight") + "scale"] = codes, scale
+        else:
+            packed[name] = w
+        plain[name] = w.float().contiguous()
+    mtp = _quantize_fp8(torch.randn(32, 64))
+    packed |= {"mtp.0.e_proj.weight": mtp[0], "mtp.0.e_proj.scale": mtp[1],
+               "mtp.0.enorm.weight": torch.ones(32)}  # fmt: skip
+    cfg = json.loads((src / "config.json").read_text())
+    for out, tensors in ((quantized, packed), (dequantized, plain)):
+        shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors*"))
+        save_file(tensors, out / "model.safetensors")
+    cfg |= {"num_nextn_predict_layers": 1, "expert_dtype": "fp4",
+            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                                    "activation_scheme": "dynamic",
+                                    "weight_block_size": [128, 128]}}  # fmt: skip
+    (quantized / "config.json").write_text(json.dumps(cfg))
+
+
+def test_released_fp8_fp4_checkpoint_matches_transformers_on_its_dequantized_weights(
+    case, tmp_path
+):
+    """The released format read dequantized to the dtype: transformers running the same
+    dequantized weights gives the same greedy tokens (batched); its MTP layer is skipped; the
+    start-up estimate counts what the engine holds (the 16/32-bit checkpoint's bytes); a
+    missing or misshapen scale is refused in one line."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from pagoda.runtime.model.loader import load_model
+    from pagoda.runtime.server import weights as weights_of
+
+    path = case[0]
+    _released(path, tmp_path / "q", tmp_path / "dq")
+    model = transformers.DeepseekV4ForCausalLM.from_pretrained(tmp_path / "dq").float().eval()
+    model.config._attn_implementation = "eager"
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    assert reference[0][0] != case[3][0][0] or reference[1][0] != case[3][1][0]  # (quantized)
+    loaded = load_model(str(tmp_path / "q"))
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=64, max_num_seqs=3)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference, strict=True)):
+        check(got, want, f"released format: prompt {i}")
+    mc = loaded.config
+    held = {}
+    for p in (path, tmp_path / "q"):
+        cfg = EngineConfig.create(str(p), device="cpu", dtype="float32")
+        held[p] = weights_of.estimate(mc, cfg, p).bytes
+    assert held[path] == held[tmp_path / "q"]
+    headers = {k: loaded.weights.dtype_and_shape(k) for k in loaded.weights}
+    scale = "model.layers.1.mlp.experts.2.down_proj.scale"
+    assert headers[scale] == ("F8_E8M0", [32, 1])
+    assert headers["model.layers.1.mlp.experts.0.down_proj.weight"] == ("F4", [32, 24])
+    bad = dict(headers) | {scale: ("F8_E8M0", [32, 2])}
+    with pytest.raises(ValueError, match=r"^checkpoint tensor .*experts\.2\.(w2|down_proj)\."
+                                         r"scale is F8_E8M0 \[32, 2\]; the I8 matrix \[32, 12\] "
+                                         r"needs \[32, 1\]"):  # fmt: skip
+        check_checkpoint(mc, bad)
+    del headers["model.layers.0.self_attn.q_a_proj.scale"]
+    with pytest.raises(ValueError, match=r"^checkpoint tensor .*q_a_proj\.weight is F8_E4M3 "
+                                         r"without its scales"):  # fmt: skip
+        check_checkpoint(mc, headers)

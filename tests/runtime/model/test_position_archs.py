@@ -16,7 +16,13 @@ Learned absolute positions (`model/positions.py`):
   pre-norm with a final norm; opt-350m's post-norm layers with `word_embed_proj_dim` narrower than hidden
   (`project_in` / `project_out`), the hub's `decoder.` names;
 - XGLM (`XGLMForCausalLM`): OPT's pre-norm layer with a sinusoidal table computed (none
-  stored), offset by 2, the embeddings scaled by sqrt(hidden), exact GELU.
+  stored), offset by 2, the embeddings scaled by sqrt(hidden), exact GELU;
+- OpenAI GPT (`OpenAIGPTLMHeadModel`): GPT-2's Conv1D matrices and fused `c_attn` under
+  OPT's post-norm layers, no final norm;
+- BioGPT (`BioGptForCausalLM`): OPT's stored table offset by 2 under XGLM's pre-norm layer,
+  the embeddings scaled by sqrt(hidden);
+- CTRL (`CTRLLMHeadModel`): XGLM's model with CTRL's own sinusoidal table (no offset), a ReLU
+  MLP and the LM head's bias.
 
 ALiBi (`model/alibi.py`, `model/bloom.py`; every attention path adds the bias: the CPU C++
 kernel by default here, the torch path and the Triton kernels below):
@@ -71,6 +77,13 @@ CASES = {
                                        word_embed_proj_dim=32), "model."),
     # XGLM: a computed sinusoidal table offset by 2, embeddings x sqrt(hidden), OPT's pre-norm
     "xglm-sinusoidal": ("XGLM", dict(num_key_value_heads=None, ffn_dim=128), None),
+    # OpenAI GPT: GPT-2's Conv1D matrices and c_attn, OPT's post-norm layers, no final norm
+    # (the hub's names: openai-gpt's files have no `transformer.` prefix)
+    "openai_gpt-post-norm": ("OpenAIGPT", dict(num_key_value_heads=None), "transformer."),
+    # BioGPT: OPT's table offset by 2, embeddings x sqrt(hidden), XGLM's pre-norm layer
+    "biogpt-scaled": ("BioGpt", dict(num_key_value_heads=None), None),
+    # CTRL: its sinusoidal table computed, embeddings x sqrt(hidden), a ReLU MLP, a head bias
+    "ctrl-sinusoidal": ("CTRL", dict(num_key_value_heads=None, dff=128), None),
     "bloom-6-heads": ("Bloom", dict(hidden_size=96, num_attention_heads=6), None),
     "mpt-clip-6-heads": ("Mpt", dict(hidden_size=96, num_attention_heads=6,
                                      attn_config={"clip_qkv": 0.5}), None),
@@ -84,7 +97,7 @@ def _hub_names(path, prefix: str) -> None:
 
     f = path / "model.safetensors"
     tensors = {k.removeprefix(prefix): v for k, v in load_file(f).items()}
-    if "wte.weight" in tensors:
+    if "wte.weight" in tensors or "tokens_embed.weight" in tensors:
         for i in range(2):
             tensors[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 512, 512))
             tensors[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
@@ -142,6 +155,8 @@ def test_two_ranks_match_transformers(built, name, kv_heads):
 
 @pytest.mark.parametrize(("name", "tp"), [("gpt2-hub-names", 2), ("gpt_bigcode-mqa", 1),
                                         ("gpt_neo-local", 1), ("xglm-sinusoidal", 2),
+                                        ("openai_gpt-post-norm", 2), ("biogpt-scaled", 2),
+                                        ("ctrl-sinusoidal", 1),
                                         ("opt-post-norm-proj", 2), ("bloom-6-heads", 2)])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the position
@@ -157,14 +172,15 @@ def test_the_config_reads_as_transformers_reads_it(built):
     """Positions, heads, widths, eps and tying as transformers' configs say."""
     expect = {"gpt2": ("learned", 4, 256), "gpt_bigcode-mqa": ("learned", 1, 256),
               "opt-post-norm-proj": ("learned", 4, 128), "bloom-6-heads": ("alibi", 6, 384),
-              "mpt-clip-6-heads": ("alibi", 6, 384), "xglm-sinusoidal": ("sinusoidal", 4, 128)}  # fmt: skip
+              "mpt-clip-6-heads": ("alibi", 6, 384), "xglm-sinusoidal": ("sinusoidal", 4, 128),
+              "biogpt-scaled": ("learned", 4, 128), "ctrl-sinusoidal": ("sinusoidal", 4, 128)}  # fmt: skip
     for name, (positions, kv_heads, width) in expect.items():
         path, model, _, _ = built(name)
         c = read_model_config(str(path))
         assert (c.family.positions, c.num_kv_heads, c.intermediate_size) == (
             positions, kv_heads, width), name  # fmt: skip
         assert c.tie_word_embeddings == (
-            model.lm_head.weight is model.get_input_embeddings().weight
+            model.get_output_embeddings().weight is model.get_input_embeddings().weight
         )
     c = read_model_config(str(built("opt-post-norm-proj")[0]))
     assert (c.family.position_offset, c.family.post_norm, c.family.embed_proj_dim) == (2, True, 32)
@@ -182,6 +198,9 @@ def test_the_config_reads_as_transformers_reads_it(built):
     ("GPTNeoForCausalLM", "gpt_neo", {"num_layers": 2, "attention_types": [[["local"], 2]]}),
     ("OPTForCausalLM", "opt", {"num_hidden_layers": 2}),
     ("XGLMForCausalLM", "xglm", {"num_layers": 2}),
+    ("OpenAIGPTLMHeadModel", "openai-gpt", {"n_layer": 2}),
+    ("BioGptForCausalLM", "biogpt", {"num_hidden_layers": 2}),
+    ("CTRLLMHeadModel", "ctrl", {"n_layer": 2}),
     ("BloomForCausalLM", "bloom", {"n_layer": 2}),
     ("MPTForCausalLM", "mpt", {"n_layers": 2, "d_model": 256, "n_heads": 8}),
 ])  # fmt: skip
@@ -194,7 +213,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     heads = t.num_attention_heads
     kv = 1 if getattr(t, "multi_query", False) else heads
     width = {"opt": "ffn_dim", "gpt2": "n_inner", "gpt_bigcode": "n_inner",
-             "xglm": "ffn_dim"}.get(model_type)  # fmt: skip
+             "xglm": "ffn_dim", "ctrl": "dff", "biogpt": "intermediate_size"}.get(model_type)  # fmt: skip
     inner = getattr(t, width) if width else None
     if model_type == "mpt":
         inner = t.expansion_ratio * t.d_model
@@ -204,7 +223,22 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     assert o.bos_token_id == t.bos_token_id
     if model_type == "xglm":  # sqrt(d_model) with scale_embedding (its default)
         assert o.family.embedding_multiplier == t.d_model**0.5 and t.scale_embedding
-    if model_type in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "xglm"):
+    if model_type == "biogpt":  # the same, over OPT's table offset by 2
+        assert o.family.embedding_multiplier == t.hidden_size**0.5 and t.scale_embedding
+        assert o.family.position_offset == 2
+    if model_type == "ctrl":  # sqrt(n_embd), no offset, the head's bias
+        assert o.family.embedding_multiplier == t.n_embd**0.5
+        assert (o.family.position_offset, o.family.lm_head_bias) == (0, True)
+    if model_type in (
+        "gpt2",
+        "gpt_bigcode",
+        "opt",
+        "gpt_neo",
+        "xglm",
+        "openai-gpt",
+        "biogpt",
+        "ctrl",
+    ):
         assert o.max_position_embeddings == t.max_position_embeddings
     if model_type == "gpt_neo":  # its window on the local layers, as transformers' mask's
         assert [o.family.window(i) for i in range(2)] == [t.window_size] * 2
@@ -219,6 +253,9 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ("Mpt", {"logit_scale": "inv_sqrt_d_model"}, "logit_scale 'inv_sqrt_d_model'"),
     ("OPT", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
     ("XGLM", {"pad_token_id": 5}, r"XGLM with pad_token_id 5 \(its position table's row 5"),
+    ("BioGpt", {"hidden_act": "silu"}, "hidden activation 'silu' in an ungated MLP"),
+    ("CTRL", {"layer_norm_epsilon": 1e-5}, r"CTRL with layer_norm_epsilon 1e-05 is not supported"),
+    ("OpenAIGPT", {"afn": "silu"}, r"OpenAI GPT with afn 'silu' is not supported \(gelu, relu\)"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     check_config_refused(tmp_path, arch, edit, words)

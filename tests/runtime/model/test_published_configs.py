@@ -298,6 +298,41 @@ PUBLISHED = {
         "eos_token_id": 2, "ffn_dim": 4096, "layerdrop": 0.0, "max_position_embeddings": 2048,
         "num_layers": 24, "pad_token_id": 1, "scale_embedding": True, "vocab_size": 256008},
         564_463_616),
+    # openai-community/openai-gpt's (GPT-1): no BOS nor EOS id, no final norm
+    "openai-gpt": ({
+        "afn": "gelu", "architectures": ["OpenAIGPTLMHeadModel"], "attn_pdrop": 0.1,
+        "embd_pdrop": 0.1, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+        "model_type": "openai-gpt", "n_ctx": 512, "n_embd": 768, "n_head": 12, "n_layer": 12,
+        "n_positions": 512, "n_special": 0, "predict_special_tokens": True, "resid_pdrop": 0.1,
+        "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+        "summary_type": "cls_index", "summary_use_proj": True, "vocab_size": 40478},
+        116_534_784),
+    # microsoft/biogpt's: its layer_norm_eps (1e-12) unread (nn.LayerNorm's 1e-5 run)
+    "biogpt": ({
+        "activation_dropout": 0.0, "architectures": ["BioGptForCausalLM"],
+        "attention_probs_dropout_prob": 0.1, "bos_token_id": 0, "eos_token_id": 2,
+        "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 1024,
+        "initializer_range": 0.02, "intermediate_size": 4096, "layer_norm_eps": 1e-12,
+        "layerdrop": 0.0, "max_position_embeddings": 1024, "model_type": "biogpt",
+        "num_attention_heads": 16, "num_hidden_layers": 24, "pad_token_id": 1,
+        "scale_embedding": True, "use_cache": True, "vocab_size": 42384}, 346_763_264),
+    # Salesforce/ctrl's: a 50000-row computed table, the head's bias counted
+    "ctrl": ({
+        "architectures": ["CTRLLMHeadModel"], "attn_pdrop": 0.1, "dff": 8192, "embd_pdrop": 0.1,
+        "from_tf": False, "initializer_range": 0.02, "layer_norm_epsilon": 1e-06,
+        "model_type": "ctrl", "n_ctx": 512, "n_embd": 1280, "n_head": 16, "n_layer": 48,
+        "n_positions": 50000, "resid_pdrop": 0.1, "summary_activation": None,
+        "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+        "summary_use_proj": True, "use_cache": True, "vocab_size": 246534}, 1_637_964_550),
+    # abeja/gpt-neox-japanese-2.7b's: the older rotary keys, the MLP a multiple of hidden
+    "gpt-neox-japanese-2.7b": ({
+        "architectures": ["GPTNeoXJapaneseForCausalLM"], "attention_dropout": 0.1,
+        "bos_token_id": 31996, "eos_token_id": 31999, "hidden_act": "gelu", "hidden_dropout": 0.0,
+        "hidden_size": 2560, "initializer_range": 0.02, "intermediate_multiple_size": 4,
+        "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+        "model_type": "gpt_neox_japanese", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "rotary_emb_base": 10000, "rotary_pct": 1.0, "use_cache": True, "vocab_size": 32000},
+        2_598_837_760),
     # Emu3-Chat-hf's shape: Emu3Config's text_config defaults (its VQ-VAE's not counted: not read)
     "emu3-chat": ({"architectures": ["Emu3ForConditionalGeneration"], "model_type": "emu3"},
                   8_492_011_520),
@@ -324,6 +359,7 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
     assert (o.head_dim, o.max_position_embeddings, o.tie_word_embeddings) == (
         head_dim, t.max_position_embeddings, t.tie_word_embeddings)  # fmt: skip
     eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
+    eos = [] if eos == [None] else eos  # (openai-gpt names none)
     assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, eos)
     rope = getattr(t, "rope_parameters", None) or {}
     if rope:
@@ -332,6 +368,7 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
             "partial_rotary_factor", 1.0)  # fmt: skip
     names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
     eps = next((getattr(t, k) for k in names if hasattr(t, k)), 1e-5)  # (else nn.LayerNorm's)
+    eps = 1e-5 if t.model_type == "biogpt" else eps  # (its modeling runs nn.LayerNorm's)
     assert o.rms_norm_eps == eps
     with torch.device("meta"):
         if t.model_type in _CAUSAL_LM:

@@ -10,8 +10,9 @@ row (written once a session by its `built` fixture), float32, logits within 1e-3
   chunk's end (the PLE conv's inputs in it); without the restore it does not read so;
 - the multimodal checkpoint (`Qwen4ExpForConditionalGeneration`) read as its text model;
 - bfloat16: the same tokens alone and chunked among others;
-- refusals in one line: tensor parallelism, FP8, a --max-model-len past what the QSA indexer
-  keeps whole, a missing tensor.
+- the QSA indexer's sparse selection (2 blocks of 4 and the tail: the prompts attend sparsely
+  past 11 tokens; attending densely instead, the logits part from transformers' by 0.016);
+- refusals in one line: tensor parallelism, FP8, a missing tensor.
 """
 
 from __future__ import annotations
@@ -135,21 +136,20 @@ def test_bf16_tokens_do_not_depend_on_chunks_or_batch(built):
 
 
 def test_refusals(built):
-    """Tensor parallelism and FP8 refused in one line; a --max-model-len past the QSA
-    indexer's dense reach (budget 96 + blocks of 4 - 1 = 99 tokens) too, the context capped
-    there; a missing hyper-connection or PLE tensor, naming it."""
+    """Tensor parallelism and FP8 refused in one line; the context not capped by the QSA
+    indexer (its sparse selection is built: 512 positions, 200 accepted); a missing
+    hyper-connection, PLE or indexer tensor, naming it."""
     from pagoda.runtime.engine.core import check_max_model_len
 
     _, _, loaded, _ = built(NAME, reference=False)
     mc = loaded.config
     check_refused(NAME, mc)
-    assert mc.context_length == 99 and check_max_model_len(None, mc) == 99
-    with pytest.raises(ValueError, match=r"^max_model_len 100 is not supported for a qwen4_exp "
-                       r"model: its QSA indexer's sparse selection \(past .* 99 tokens\)"):  # fmt: skip
-        check_max_model_len(100, mc)
+    assert mc.family.dense_limit is None and check_max_model_len(200, mc) == 200
+    assert mc.family.qwen4.indexer_dense_limit == 11  # 2 blocks of 4 kept, a tail of 3
     check_missing_refused(loaded, ["model.layers.0.ple.key_proj.weight",
                                    "model.layers.1.mlp_hyper_connection.input_mix_weight_up.weight",
-                                   "model.hyper_connection_mixer.hc_norm.weight"])  # fmt: skip
+                                   "model.hyper_connection_mixer.hc_norm.weight",
+                                   "model.layers.1.self_attn.indexer.index_qk_proj.weight"])  # fmt: skip
     assert torch.equal(mc.family.qwen4.multipliers(300, 0), built(NAME, reference=False)[1]
                        .model.layers[0].ple.ple_embedding.layer_multipliers)  # fmt: skip
 

@@ -1,6 +1,7 @@
 """allowed_token_ids in the batched sampler: only the listed tokens are sampled, on every
 sampling path; rows that do not ask are untouched; logprobs are the model's own (vLLM's raw
-logprobs); a row whose grammar allows none of its tokens keeps the grammar's choice."""
+logprobs); a row whose grammar allows none of its tokens keeps the grammar's choice; a row
+whose allowed tokens all have -inf logits (a pruned LM head's ids) still draws one of them."""
 
 from __future__ import annotations
 
@@ -71,8 +72,11 @@ def test_a_grammar_that_allows_none_of_them_wins():
     logits = torch.randn(2, V)
     logits[0, :] = float("-inf")
     logits[0, [10, 11]] = torch.tensor([0.5, 1.5])  # the grammar allows 10 and 11 only
+    from pagoda.runtime.structured.params import StructuredOutputsParams
+
+    so = StructuredOutputsParams(choice=["x"])
     for extra in ({"temperature": 0}, {"temperature": 1.0, "seed": 1}):
-        _, b = batch(SamplingParams(**extra, allowed_token_ids=[1, 2]),
+        _, b = batch(SamplingParams(**extra, allowed_token_ids=[1, 2], structured_outputs=so),
                      SamplingParams(**extra, allowed_token_ids=[1, 2]))  # fmt: skip
         out = sample(logits.clone(), b)
         assert int(out.token_ids[0]) in (10, 11)
@@ -111,3 +115,41 @@ def test_bans_that_leave_none_of_them_give_way(temperature):
     out = sample(logits.clone(), SamplingBatch.build(reqs, V, torch.device("cpu")))
     got = out.token_ids.tolist()
     assert got[0] in (7, 9) and got[1] in (7, 9) and got[2] == 9, got
+
+
+def test_allowed_tokens_the_model_never_scores_are_still_drawn():
+    """Allowed ids whose logits are all -inf (Apertus 1.5's pruned LM-head ids, here 40..63):
+    the row draws one of them, all alike (greedy: the first allowed id; sampled: uniform),
+    batched with other rows; without the fix such a row took a token outside its list. A row
+    without a finite logit at all (NaN, all -inf) still gets NO_TOKEN."""
+    torch.manual_seed(4)
+    logits = torch.randn(8, V)
+    logits[:, 40:] = float("-inf")
+    logits[6] = float("-inf")
+    logits[7, 50] = float("nan")
+    pruned = [60, 45, 52]
+    sampled = {"temperature": 0.8, "seed": 3}
+    reqs, b = batch(
+        SamplingParams(temperature=0, allowed_token_ids=pruned),
+        SamplingParams(**sampled, allowed_token_ids=pruned),
+        SamplingParams(**sampled, top_k=2, allowed_token_ids=pruned),
+        SamplingParams(temperature=0, allowed_token_ids=[3, 50]),  # 3 is finite: 3
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, logprobs=1, allowed_token_ids=pruned),
+        SamplingParams(temperature=0, allowed_token_ids=pruned),  # all -inf: NO_TOKEN
+        SamplingParams(temperature=0, allowed_token_ids=[50, 51]),  # NaN: NO_TOKEN
+    )
+    drawn: dict[int, set[int]] = {1: set(), 2: set()}
+    for seed in range(12):
+        for r in reqs:
+            if r.generator is not None:
+                r.generator.manual_seed(seed)
+        out = sample(logits.clone(), b)
+        got = out.token_ids.tolist()
+        assert got[0] == 45 and got[5] == 45, got  # the first allowed id
+        assert got[3] == 3 and got[4] == int(logits[4].argmax()), got
+        assert got[6] == -1 and got[7] == -1, got
+        drawn[1].add(got[1])
+        drawn[2].add(got[2])
+    assert drawn[1] <= set(pruned) and len(drawn[1]) > 1, drawn  # uniform: more than one
+    assert drawn[2] <= set(pruned), drawn

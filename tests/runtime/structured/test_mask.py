@@ -226,3 +226,40 @@ def test_torch_apply_matches_xgrammar_kernel():
         got = logits.to(dtype)
         apply_bitmask_torch(got, bitmask[rows], torch.tensor(rows))
         assert torch.equal(torch.isinf(got), torch.isinf(want))
+
+
+@pytest.mark.parametrize("how", ["torch", "c-kernel", "xgrammar-kernel"])
+def test_allowed_tokens_the_model_never_scores_are_still_drawn(how, monkeypatch):
+    """A grammar that allows only ids whose logits are all -inf (a pruned LM head's, here
+    100..) while others are finite: those ids get logit 0, all alike, so the row still draws
+    one (greedy: the first); without it the row had no finite logit (NO_TOKEN, an error). A
+    row that keeps a finite allowed logit, and one with no finite logit at all, are as before."""
+    if how == "xgrammar-kernel":
+        monkeypatch.setattr(mask_kernel, "available", lambda: False)
+    elif how == "c-kernel" and not mask_kernel.available():
+        pytest.skip("no C compiler")
+    vocab = 128
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0))
+    logits[:, 100:] = float("-inf")
+    logits[2] = float("-inf")
+    allowed = [[105, 120], [7, 110], [105]]
+    bitmask = torch.zeros(3, vocab // 32, dtype=torch.int32)
+    for j, ids in enumerate(allowed):
+        for t in ids:
+            bitmask[j, t // 32] |= (1 << (t % 32)) if t % 32 != 31 else -(1 << 31)
+    gb = GrammarBitmask(None, vocab, CPU)
+    gb.torch_apply, gb.xgr = how == "torch", xgr
+    want = logits.clone()
+    gb._mask_logits(logits, bitmask, [0, 1, 2])
+    assert logits[0].isfinite().nonzero().flatten().tolist() == [105, 120]
+    assert (logits[0, [105, 120]] == 0).all()
+    assert logits[1].isfinite().nonzero().flatten().tolist() == [7]
+    assert logits[1, 7] == want[1, 7]
+    assert not logits[2].isfinite().any()
+    out = sample(
+        logits,
+        SamplingBatch.build(
+            [Request(f"r{i}", [1], SamplingParams(temperature=0)) for i in range(3)], vocab, CPU
+        ),
+    )
+    assert out.token_ids.tolist() == [105, 7, -1]
