@@ -12,7 +12,6 @@ from typing import Any
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
     BlockIndexConfig,
-    DenseLimit,
     DogeAttention,
     DoryLoops,
     ExpertRouting,
@@ -125,9 +124,6 @@ class FamilyConfig:
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
-    # Kolibri 1.1's indexer pool: the longest sequence it keeps whole (the context is capped
-    # there: its pool selection past it is not built)
-    dense_limit: DenseLimit | None = None
     # MiniMax-M3's lightning indexer (model/minimax_m3.py): its block-sparse layers
     block_index: BlockIndexConfig | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
@@ -413,8 +409,6 @@ class ModelConfig:
         s, context = self.rope_scaling or {}, self.max_position_embeddings
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
-        if self.family.dense_limit is not None:  # where a sparse indexer keeps every key
-            context = min(context, self.family.dense_limit.tokens)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context

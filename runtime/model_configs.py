@@ -57,29 +57,6 @@ class IndexerConfig:
 
 
 @dataclass(frozen=True)
-class DenseLimit:
-    """The longest sequence a sparse indexer keeps every key for (Kolibri 1.1's pool: every key
-    up to index_pool_size; its token selection within it is built, the pool's is not):
-    the context is capped there, as their sparse selection past it is not built,
-    and a longer --max-model-len is refused in one line naming `what` and `how` it is computed."""
-
-    tokens: int
-    what: str  # e.g. "its QSA indexer's sparse selection"
-    how: str  # the config keys it comes from, e.g. "indexer_budget + indexer_compress_ratio - 1"
-
-    def __post_init__(self) -> None:
-        _positive("max_model_len", self.tokens)
-
-    def check(self, arch: str, asked: int | None) -> None:
-        """A --max-model-len past the limit: refused in one line."""
-        if asked is not None and asked > self.tokens:
-            raise ValueError(
-                f"max_model_len {asked} is not supported for a {arch} model: {self.what} (past "
-                f"{self.how} = {self.tokens} tokens) is not implemented; lower --max-model-len"
-            )
-
-
-@dataclass(frozen=True)
 class BlockIndexConfig:
     """MiniMax-M3's lightning indexer on its `layers` (model/minimax_m3.py): `n_heads` heads of
     `head_dim` (one per KV head) score every earlier key, max-pooled in blocks of `block` keys;

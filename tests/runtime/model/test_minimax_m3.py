@@ -70,7 +70,7 @@ def test_checkpoint_check_estimate_and_refusals(built):
     path, _, loaded, _ = built("minimax_m3")
     mc, f = loaded.config, loaded.config.family
     assert (mc.intermediate_size, f.moe_intermediate_size) == (48, 24)
-    assert f.moe_layers == (False, True, True) and f.dense_limit is None
+    assert f.moe_layers == (False, True, True)
     ix = f.block_index
     assert (ix.n_heads, ix.head_dim, ix.block, ix.topk, ix.local) == (2, 8, 4, 3, 1)
     assert ix.layers == (False, True, False) and ix.dense_reach == 12
@@ -104,7 +104,6 @@ def test_the_released_keys_read_as_transformers_reads_them(tmp_path):
     ix = o.family.block_index
     assert (ix.block, ix.topk, ix.local) == (t.index_block_size, t.index_topk_blocks, 1)
     assert ix.layers == tuple(k == SPARSE for k in t.layer_types) and ix.dense_reach == 2048
-    assert o.family.dense_limit is None
     assert "partial_rotary_factor" not in (o.rope_scaling or {})
     assert "partial_rotary_factor" not in t.rope_parameters
     with torch.device("meta"):  # transformers' count, the indexer's tensors too

@@ -144,7 +144,7 @@ def test_refusals(built):
     _, _, loaded, _ = built(NAME, reference=False)
     mc = loaded.config
     check_refused(NAME, mc)
-    assert mc.family.dense_limit is None and check_max_model_len(200, mc) == 200
+    assert check_max_model_len(200, mc) == 200
     assert mc.family.qwen4.indexer_dense_limit == 11  # 2 blocks of 4 kept, a tail of 3
     check_missing_refused(loaded, ["model.layers.0.ple.key_proj.weight",
                                    "model.layers.1.mlp_hyper_connection.input_mix_weight_up.weight",
