@@ -210,6 +210,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its fused gate_up MLPs are not split over ranks",
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="its stacked experts' FP8 scales are not read",
+            kv_cache="its sparse layers' block attention reads 16/32-bit caches only",
         ),
         "hrm_text": Untested(
             tensor_parallel="its recurrent stacks are not tested over ranks",

@@ -11,7 +11,7 @@ from typing import Any
 
 from pagoda.runtime import option_rules
 from pagoda.runtime.model_configs import (
-    DenseLimit,
+    BlockIndexConfig,
     DogeAttention,
     DoryLoops,
     ExpertRouting,
@@ -124,9 +124,8 @@ class FamilyConfig:
     hyper: HyperConfig | None = None
     # BailingHybrid's KDA forget gate (model/bailing_hybrid.py): kda_lower_bound * sigmoid(.)
     kda_lower_bound: float = -5.0
-    # Qwen4-Exp's, MiniMax-M3's sparse indexers: the longest sequence they keep
-    # whole (the context is capped there: their sparse selection is not implemented)
-    dense_limit: DenseLimit | None = None
+    # MiniMax-M3's lightning indexer (model/minimax_m3.py): its block-sparse layers
+    block_index: BlockIndexConfig | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -410,8 +409,6 @@ class ModelConfig:
         s, context = self.rope_scaling or {}, self.max_position_embeddings
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
-        if self.family.dense_limit is not None:  # where a sparse indexer keeps every key
-            context = min(context, self.family.dense_limit.tokens)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context
@@ -457,6 +454,9 @@ class ModelConfig:
         if self.architecture == "mllama":  # its embedding's 8 rows past the vocabulary
             emb += 8 * h
         attn_all = self.num_layers * (attn + 2 * h) + indexer_params(h, f.mla)
+        if f.block_index is not None:  # MiniMax-M3's indexers: q_proj, k_proj, their norms
+            b = f.block_index
+            attn_all += sum(b.layers) * ((b.n_heads + 1) * h + 2) * b.head_dim
         if f.hyper is not None:  # HY V4's hyper-connections, attention's gates and sinks
             n, gate = f.hyper.mult, self.num_heads * f.mla.v_head_dim * h + self.num_heads
             attn_all += self.num_layers * (2 * (2 * n * n * h + 2 * n + 2) + gate)

@@ -57,25 +57,30 @@ class IndexerConfig:
 
 
 @dataclass(frozen=True)
-class DenseLimit:
-    """The longest sequence a sparse indexer keeps every key for (Qwen4-Exp's, MiniMax-M3's):
-    the context is capped there, as their sparse selection past it is not built,
-    and a longer --max-model-len is refused in one line naming `what` and `how` it is computed."""
+class BlockIndexConfig:
+    """MiniMax-M3's lightning indexer on its `layers` (model/minimax_m3.py): `n_heads` heads of
+    `head_dim` (one per KV head) score every earlier key, max-pooled in blocks of `block` keys;
+    each KV head's queries attend to its `topk` best blocks, the `local` ones ending at the
+    query's own always among them."""
 
-    tokens: int
-    what: str  # e.g. "its QSA indexer's sparse selection"
-    how: str  # the config keys it comes from, e.g. "indexer_budget + indexer_compress_ratio - 1"
+    n_heads: int
+    head_dim: int
+    block: int
+    topk: int
+    local: int
+    layers: tuple[bool, ...]
 
     def __post_init__(self) -> None:
-        _positive("max_model_len", self.tokens)
+        for name in ("n_heads", "head_dim", "block", "topk"):
+            _positive(f"index_{name}", getattr(self, name))
+        if not 0 <= self.local <= self.topk:
+            raise ValueError(f"index_local_blocks must be within 0 .. index_topk_blocks "
+                             f"({self.topk}), got {self.local}")  # fmt: skip
 
-    def check(self, arch: str, asked: int | None) -> None:
-        """A --max-model-len past the limit: refused in one line."""
-        if asked is not None and asked > self.tokens:
-            raise ValueError(
-                f"max_model_len {asked} is not supported for a {arch} model: {self.what} (past "
-                f"{self.how} = {self.tokens} tokens) is not implemented; lower --max-model-len"
-            )
+    @property
+    def dense_reach(self) -> int:
+        """The longest sequence of which every token keeps every earlier one."""
+        return self.topk * self.block
 
 
 # DeepSeek-V4, HY V4 (runtime/model/hyper_connection.py): hyper-connections

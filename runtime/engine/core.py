@@ -404,8 +404,6 @@ class EngineCore:
 def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
     """The sequence length the engine serves: `asked`, or the model's context length when left
     out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
-    if model.family.dense_limit is not None:  # past a sparse indexer's dense reach: refused
-        model.family.dense_limit.check(model.architecture, asked)
     context = model.context_length
     if asked is not None and asked > context:
         raise ValueError(

@@ -16,8 +16,12 @@ block tables (`AttentionBackend.read_kv`), each query's score for key j the ReLU
 its first `index_heads` heads (NVFP4) with key head 0 (NVFP4), summed head by head in float32,
 times ``head_dim ** -0.5 / index_heads``; the `topk` best keys between the `sinks` first and the
 `local` last (ties to the earlier key, as transformers' ``top_k_mask``), with those; its heads
-attend to the kept keys only (float32 softmax). The pool the best are picked from is every
-visible key: Pagoda serves the model up to `index_pool_size` (`FamilyConfig.dense_limit`)."""
+attend to the kept keys only (float32 softmax). The pool the best are picked from
+(`TokenSelection.pool`, transformers' ``select_pool``): every visible key up to
+`index_pool_size` keys; past it the `index_layers` layers pick the best blocks of
+`index_compression` keys by their means of the keys before NVFP4 rounding (kept per KV slot
+in the layer's `raw_keys` table beside its cache), the unfinished block competing with a zero
+score; the indexed layers after one reuse its pool (`meta.aux`)."""
 
 from __future__ import annotations
 
@@ -45,6 +49,9 @@ def nvfp4_round(x: torch.Tensor) -> torch.Tensor:
     return (rounded.copysign(scaled) * scale).flatten(-2).to(x.dtype)
 
 
+POOL = "kolibri_pool"  # `meta.aux`: the step's last pool [B, Q, K] (`TokenSelection.pool`)
+
+
 def top_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` highest finite scores of each row; ties go to the lowest indices (transformers'
     ``Kolibri1_1Indexer.top_k_mask``)."""
@@ -63,14 +70,51 @@ class TokenSelection:
         self.k11, self.scale = k11, scale
         self.head_weight = head_dim**-0.5 / k11.index_heads
 
-    def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata, backend):
-        """Each query's heads ``q`` [T, H, D] over its kept keys of the cache → [T, H, D]."""
+    def score(self, routing: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``sum_h relu(q_h . k)`` x the head weight [..., K], head by head in float32 (as
+        transformers sums them): ``routing`` [..., n, D], ``keys`` [B, D, K]."""
+        scores = torch.matmul(routing[..., 0, :], keys).relu_()
+        for i in range(1, self.k11.index_heads):
+            scores += torch.matmul(routing[..., i, :], keys).relu_()
+        return scores.mul_(self.head_weight)
+
+    def pool(self, routing: torch.Tensor, raw: torch.Tensor, plan) -> torch.Tensor:
+        """Each query's pool [B, Q, K] (transformers' ``select_pool``): past `pool_size` keys,
+        the `pool_size / compression` blocks of `compression` keys whose mean (of the keys
+        before their NVFP4 rounding, ``raw`` [B, K, D]; NVFP4 itself) scores best, the query's
+        unfinished block competing with a zero score (ties to the earlier block); else every
+        visible key."""
+        c, size = self.k11, self.k11.compression
+        kp, dev = raw.shape[1], raw.device
+        nb = kp // size
+        means = raw[:, : nb * size].float().unflatten(1, (nb, size)).sum(2) / size
+        scores = self.score(routing, nvfp4_round(means).transpose(1, 2))  # [B, Q, NB]
+        scores = torch.nn.functional.pad(scores, (0, 1))
+        blocks = torch.arange(nb + 1, device=dev)
+        seen = plan.q_pos + 1  # [B, Q, 1]
+        scores = torch.where(blocks < seen // size, scores, 0.0)
+        scores.masked_fill_(blocks >= (seen + size - 1) // size, float("-inf"))
+        chosen = top_k_mask(scores, c.pool_size // size).repeat_interleave(size, dim=-1)
+        pos = torch.arange(kp, device=dev)
+        visible = pos <= plan.q_pos
+        return visible & (chosen[..., :kp] | (seen <= c.pool_size))
+
+    def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata, backend,
+               raw_keys: torch.Tensor, source: bool):  # fmt: skip
+        """Each query's heads ``q`` [T, H, D] over its kept keys of the cache → [T, H, D]; its
+        pool a new one (``source``: an `index_layers` layer's, from ``raw_keys`` [slots, D]) or
+        the step's last one."""
         plan, c = index_plan(meta), self.k11
         b, qp = plan.q_rows.shape
         kp = plan.slots.shape[1]
         keys, values = backend.read_kv(k_cache, v_cache, plan.slots)  # [B, K, Hkv, D]
         routing_keys = nvfp4_round(keys[:, :, 0]).float().transpose(1, 2)  # [B, D, K]
         routing = nvfp4_round(q[:, : c.index_heads]).float()[plan.q_rows]  # [B, Q, n, D]
+        pool = None
+        if kp > c.pool_size and source:
+            pool = meta.aux[POOL] = self.pool(routing, raw_keys[plan.slots], plan)
+        elif kp > c.pool_size:
+            pool = meta.aux[POOL]
         pos = torch.arange(kp, device=q.device)
         width = min(c.budget, kp)
         kept = torch.empty(b, qp, width, dtype=torch.long, device=q.device)
@@ -78,18 +122,15 @@ class TokenSelection:
         n = max(1, MAX_SCORE_ELEMS // (b * kp))
         for r0 in range(0, qp, n):  # row slices bound the [B, n, K] scores
             r1 = min(r0 + n, qp)
-            scores = q.new_zeros(b, r1 - r0, kp, dtype=torch.float32)
-            for i in range(c.index_heads):  # head by head, as transformers sums them
-                scores += torch.matmul(routing[:, r0:r1, i], routing_keys).relu_()
-            scores *= self.head_weight
+            scores = self.score(routing[:, r0:r1], routing_keys)
             last = plan.q_pos[:, r0:r1]  # [B, n, 1]
-            visible = pos <= last
+            visible = pos <= last if pool is None else pool[:, r0:r1]
             local = pos > last - c.local
             sinks = pos < c.sinks
             chosen = top_k_mask(scores.masked_fill_(~(visible & ~sinks & ~local),
                                                     float("-inf")), c.topk)  # fmt: skip
             short = last < c.budget  # a query seeing no more keys than the budget: all of them
-            sel = visible & (chosen | sinks | local | short)
+            sel = (pos <= last) & (chosen | sinks | local | short)
             top = sel.to(torch.float32).topk(width, dim=-1)  # its (at most `width`) keys
             kept[:, r0:r1], real[:, r0:r1] = top.indices, top.values > 0
         kept, real = kept.view(b * qp, width)[plan.src], real.view(b * qp, width)[plan.src]
@@ -137,6 +178,10 @@ class Kolibri11Layer(Glm4Layer):
     # a source layer's keys and values of this step (NVFP4), what its KV-shared layers read
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     source: Kolibri11Layer | None = None  # a KV-shared layer's source (`Kolibri11Model`)
+    # an indexed layer's key head 0 before NVFP4 rounding per KV slot (its pool's block means)
+    raw_keys: torch.Tensor | None = None
+    raw_owner = 0  # the data pointer of the KV cache `raw_keys` goes with
+    raw_step: torch.Tensor | None = None  # this step's [T, D]
 
     def __init__(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
@@ -149,6 +194,7 @@ class Kolibri11Layer(Glm4Layer):
         self.k_norm = None if self.shared else model.norm_weight(w[a + "k_norm.weight"])
         self.indexed = model.config.family.window(index) is None  # (no window: indexed)
         self.selection = TokenSelection(k, ctx.head_dim, ctx.backend.scale)
+        self.pool_source = k.pool_layers[index]  # (an `index_layers` layer: a new pool)
         # an FP8 cache's scales: those it was written with (the source layer's)
         self.kv_scales = model.kv_scales(w, f"model.layers.{k.kv_source[index]}.self_attn")
 
@@ -167,18 +213,32 @@ class Kolibri11Layer(Glm4Layer):
     def after_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.indexed:
             return q, k
+        self.raw_step = k[:, 0]
         k = nvfp4_round(k)
         self.step_kv = (k, self.step_kv[1])
         return q, k
 
+    def store_raw(self, step: Step, cache: torch.Tensor) -> None:
+        """This step's raw key head 0 into the table that goes with the layer's KV ``cache``
+        (a new cache gets a new table)."""
+        ctx = self.ctx
+        if self.raw_keys is None or self.raw_owner != cache.data_ptr():
+            slots = cache.numel() // (ctx.num_kv_heads * ctx.head_dim)  # (its slots, at most)
+            self.raw_keys = self.raw_step.new_zeros(slots, ctx.head_dim)
+            self.raw_owner = cache.data_ptr()
+        self.raw_keys.index_copy_(0, step.meta.slot_mapping, self.raw_step)
+
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         meta = step.meta
         sparse = self.indexed and meta.max_seq_len > self.selection.k11.budget
+        k_cache, v_cache = step.kv_caches[self.index]  # (a KV-shared layer's: its source's)
         if not (self.shared or sparse):
-            return super().attention(x, step)
+            out = super().attention(x, step)
+            if self.indexed:
+                self.store_raw(step, k_cache)
+            return out
         ctx = self.ctx
         t, d, h = x.shape[0], ctx.head_dim, ctx.num_heads
-        k_cache, v_cache = step.kv_caches[self.index]  # (a KV-shared layer's: its source's)
         if self.shared:
             norm, eps = ctx.rms_norm, ctx.eps
             q = norm(x=self.qkv(x).view(t * h, d), weight=self.q_norm, eps=eps).view(t, h, d)
@@ -189,7 +249,10 @@ class Kolibri11Layer(Glm4Layer):
         if sparse:
             if not self.shared:
                 ctx.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-            out = self.selection.attend(q, k_cache, v_cache, meta, ctx.backend)
+                self.store_raw(step, k_cache)
+            table = (self.source if self.shared else self).raw_keys
+            out = self.selection.attend(q, k_cache, v_cache, meta, ctx.backend, table,
+                                        self.pool_source)  # fmt: skip
         else:
             out = ctx.backend.forward(
                 q, k, v, k_cache, v_cache, meta, window=None, kv_scales=self.kv_scales,

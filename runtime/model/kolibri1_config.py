@@ -24,11 +24,10 @@ Kolibri 1.1 (`Kolibri1_1ForCausalLM`: Aleph-Alpha/Kolibri-1.1) is this model wit
   the last `index_num_local_tokens`, once a query sees more keys than those together (2184
   with the defaults; below that every key: `Kolibri11.budget`), their keys and values rounded
   to NVFP4 (E2M1 values, an E4M3 scale per 16: `kolibri1.nvfp4_round`) as transformers rounds
-  them. That selection runs (`kolibri1.TokenSelection`); the pool is every visible key up to
-  `index_pool_size` tokens (16384), past which transformers' indexer layers (`index_layers`)
-  pick it by blocks of `index_compression` keys whose mean it takes over the keys before their
-  NVFP4 rounding, which the cache does not keep: Pagoda serves it up to the pool size
-  (`FamilyConfig.dense_limit`: a longer --max-model-len is refused in one line);
+  them (`kolibri1.TokenSelection`); the pool is every visible key up to `index_pool_size`
+  tokens (16384), past which the `index_layers` layers (by default the 1st, 3rd, 4th and 6th
+  indexed ones) pick it by blocks of `index_compression` keys (their means of the keys before
+  NVFP4 rounding), the indexed layers after one reusing it;
 - KV-shared layers (`kv_source_layers`: an indexed layer reading an earlier one's keys and
   values, without k_proj, v_proj or k_norm of its own), by default Kolibri 1.1's layout;
 - dense MLPs of `mlp_only_intermediate_size` in `mlp_only_layers` (by default the first two).
@@ -40,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda.runtime.model_configs import DenseLimit, ExpertRouting
+from pagoda.runtime.model_configs import ExpertRouting
 
 ARCHITECTURES = {"Kolibri1ForCausalLM": "kolibri1", "Kolibri1_1ForCausalLM": "kolibri1_1"}
 MODEL_CLASSES = {"kolibri1": ("kolibri1", "Kolibri1Model"),
@@ -59,7 +58,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 # Kolibri1_1Config's: Kolibri 1's, its dense MLPs' width (read as intermediate_size), the budget
 DEFAULTS["kolibri1_1"] = {**DEFAULTS["kolibri1"], "intermediate_size": 3584, "index_topk": 2048,
                           "index_num_local_tokens": 128, "index_num_sink_tokens": 8,
-                          "index_num_heads": 12, "index_pool_size": 16384}  # fmt: skip
+                          "index_num_heads": 12, "index_pool_size": 16384,
+                          "index_compression": 16}  # fmt: skip
 # transformers' default kv_source_layers of Kolibri 1.1's indexed layers: the source of each, as
 # the count of indexed layers before it
 _SOURCES = (0, 0, 0, 3, 4, 5, 5, 5, 5, 0)
@@ -76,6 +76,9 @@ class Kolibri11:
     local: int = 128
     sinks: int = 8
     index_heads: int = 12
+    pool_layers: tuple[bool, ...] = ()  # `index_layers`: the layers that pick a new pool
+    pool_size: int = 16384
+    compression: int = 16
 
     @property
     def budget(self) -> int:
@@ -131,10 +134,27 @@ def _kolibri1_1(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
     if int(cfg["head_dim"]) % 16:
         raise ValueError(f"Kolibri 1.1's head_dim must be a multiple of 16 (NVFP4 blocks), got "
                          f"{cfg['head_dim']}")  # fmt: skip
+    indexed = [i for i, t in enumerate(types) if t == INDEXED]
+    pools = cfg.get("index_layers")
+    if pools is None:  # transformers' default: the 1st, 3rd, 4th and 6th indexed layers
+        pools = [indexed[i] for i in (0, 2, 3, 5) if i < len(indexed)]
+    if (
+        sorted(set(pools)) != list(pools)
+        or not set(pools) <= set(indexed)
+        or (indexed and indexed[0] not in pools)
+    ):
+        raise ValueError(f"Kolibri 1.1's index_layers must be increasing indexed-attention "
+                         f"layers, the first among them, got {pools}")  # fmt: skip
     k11 = Kolibri11(kv_sources(cfg, types), topk=int(cfg["index_topk"]),
                     local=int(cfg["index_num_local_tokens"]),
                     sinks=int(cfg["index_num_sink_tokens"]),
-                    index_heads=int(cfg["index_num_heads"]))  # fmt: skip
+                    index_heads=int(cfg["index_num_heads"]),
+                    pool_layers=tuple(i in pools for i in range(n)),
+                    pool_size=int(cfg["index_pool_size"]),
+                    compression=int(cfg["index_compression"]))  # fmt: skip
+    if k11.compression < 1 or k11.pool_size % k11.compression:
+        raise ValueError(f"Kolibri 1.1's index_pool_size ({k11.pool_size}) must be a multiple "
+                         f"of index_compression ({k11.compression})")  # fmt: skip
     heads = int(cfg["num_attention_heads"]) // int(cfg["num_key_value_heads"])
     if not 0 < k11.index_heads <= heads or k11.topk < 1 or min(k11.local, k11.sinks) < 0:
         raise ValueError(f"Kolibri 1.1's index_num_heads must be within 1 .. {heads} (key head "
@@ -142,10 +162,7 @@ def _kolibri1_1(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
                          f"{k11.topk}")  # fmt: skip
     dense = cfg.get("mlp_only_layers")
     dense = set(range(min(2, n)) if dense is None else dense)
-    pool = max(int(cfg["index_pool_size"]), k11.budget)
-    what = "its indexed attention's pool selection (block means of the keys before rounding)"
     return {"kolibri11": k11,
-            "dense_limit": DenseLimit(pool, what, "index_pool_size"),
             "moe_layers": tuple(i not in dense for i in range(n))}  # fmt: skip
 
 

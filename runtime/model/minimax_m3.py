@@ -10,11 +10,21 @@ sigmoid router with a choice-only correction bias, renormalised) with
   fused-MoE kernel's `swiglu_oai` on CUDA) and the ungated shared expert's, each MLP's gate and
   up stored as one `gate_up_proj`;
 - the routed experts' sum x `routed_scaling_factor`, then + the shared expert;
-- the `minimax_m3_sparse` layers' lightning indexer keeps every key block within
-  `index_topk_blocks` x `index_block_size` tokens: the context is bounded there and those
-  layers attend densely, their indexer tensors not read (`minimax_m3_config`).
+- the `minimax_m3_sparse` layers' lightning indexer (`BlockIndexer`, transformers'
+  `MiniMaxM3VLIndexer`): ``index_n_heads`` queries (one per KV head) and one key per token,
+  ``q_proj`` / ``k_proj`` Gemma-normed and rotated as the layer's, the key cached per KV-cache
+  slot in the layer's key table (prefix hits, chunked prefill and preemption read the keys of
+  the blocks they read); a query's float32 score for key j ``q_h . k_j`` (unscaled), its max
+  over each block of ``index_block_size`` keys at or before the query, the
+  ``index_local_blocks`` blocks ending at its own forced in, its ``index_topk_blocks`` best
+  blocks per KV head kept. While no sequence of the step is longer than ``index_topk_blocks``
+  x ``index_block_size`` every earlier key is kept and the backend attends; past it each KV
+  head's queries attend to their kept keys only, batched over the step in torch
+  (`dsa.index_plan`; the K/V rows read through `AttentionBackend.read_kv`).
 
-Tensor parallelism, FP8 and an FP8 checkpoint are refused (`family_options`).
+Tensor parallelism, FP8, an FP8 checkpoint and FP8/int8 KV caches are refused
+(`family_options`); CUDA graphs capture decodes within the indexer's dense reach and replay
+there only (`ModelRunner.graph_seq_limit`).
 """
 
 from __future__ import annotations
@@ -23,12 +33,14 @@ import dataclasses
 import functools
 
 import torch
+from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.dsa import MAX_SCORE_ELEMS, index_plan
 from pagoda.runtime.model.gpt_oss import swiglu_oai
-from pagoda.runtime.model.llama import GatedMLP, LayerContext, linear_layer
+from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
 from pagoda.runtime.model.ops import gemma_rms_norm
-from pagoda.runtime.model.qwen3 import Qwen3Model
+from pagoda.runtime.model.qwen3 import Qwen3Layer, Qwen3Model
 
 
 class FusedGateUpMLP(GatedMLP):
@@ -40,7 +52,132 @@ class FusedGateUpMLP(GatedMLP):
         self.act_and_mul = ctx.act_and_mul
 
 
+class BlockIndexer:
+    """One sparse layer's lightning indexer (module docstring)."""
+
+    def __init__(self, model: LlamaModel, ctx: LayerContext, w: DeviceWeights, p: str, ix):
+        self.ix, self.ctx = ix, ctx
+        self.proj = linear_layer(ctx, w, [p + "q_proj.weight", p + "k_proj.weight"])
+        self.q_norm = model.norm_weight(w[p + "q_norm.weight"])
+        self.k_norm = model.norm_weight(w[p + "k_norm.weight"])
+        self.keys: torch.Tensor | None = None  # [slots, D]: each cached token's key
+        self.owner = 0  # the data pointer of the KV cache `keys` goes with
+
+    def query_and_store(self, x: torch.Tensor, step: Step, rope: str, cache: torch.Tensor):
+        """The normed, rotated queries [T, H, D]; the keys stored at the step's slots of the
+        key table that goes with the layer's KV ``cache`` (a new cache gets a new table)."""
+        ix, ctx, t = self.ix, self.ctx, x.shape[0]
+        d, norm = ix.head_dim, ctx.rms_norm
+        q, k = self.proj(x).split([ix.n_heads * d, d], dim=-1)
+        q = norm(x=q.reshape(-1, d), weight=self.q_norm, eps=ctx.eps).view(t, ix.n_heads, d)
+        k = norm(x=k.contiguous(), weight=self.k_norm, eps=ctx.eps).view(t, 1, d)
+        positions, rows = step.rope[rope]
+        r = rows.shape[-1]  # (a partial rotary's first dims, in place)
+        ctx.ops.rotary_embedding(positions=positions, q=q[..., :r], k=k[..., :r],
+                                 cos_sin_cache=rows)  # fmt: skip
+        slots = cache.numel() // (ctx.num_kv_heads * ctx.head_dim)  # (its slots, at most)
+        if self.keys is None or self.owner != cache.data_ptr():
+            self.keys, self.owner = x.new_zeros(slots, d), cache.data_ptr()
+        self.keys.index_copy_(0, step.meta.slot_mapping, k[:, 0].to(self.keys.dtype))
+        return q
+
+    def select(self, q: torch.Tensor, meta: AttentionMetadata):
+        """(slots [T, Hkv, W], kept [T, Hkv, W]), W = topk x block: each KV head's kept
+        cache slots of each token and which are real (module docstring)."""
+        ix, plan = self.ix, index_plan(meta)
+        b, qp = plan.q_rows.shape
+        kp, h, size, dev = plan.slots.shape[1], ix.n_heads, ix.block, q.device
+        nb = -(-kp // size)
+        k = min(ix.topk, nb)
+        keys = self.keys[plan.slots].float()  # [B, K, D]
+        keys = torch.nn.functional.pad(keys, (0, 0, 0, nb * size - kp)).transpose(1, 2)
+        qb = q[plan.q_rows].float()  # [B, Q, H, D]
+        pos = torch.arange(nb * size, device=dev)
+        best = torch.empty(b, qp, h, k, dtype=torch.long, device=dev)
+        real = torch.empty(b, qp, h, k, dtype=torch.bool, device=dev)
+        n = max(1, MAX_SCORE_ELEMS // (b * h * nb * size))
+        for r0 in range(0, qp, n):  # row slices bound the [B, n, H, K] scores
+            r1 = min(r0 + n, qp)
+            s = torch.matmul(qb[:, r0:r1].reshape(b, -1, ix.head_dim), keys)
+            s = s.view(b, r1 - r0, h, -1)
+            last = plan.q_pos[:, r0:r1, :, None]  # [B, n, 1, 1]
+            s.masked_fill_(pos > last, float("-inf"))  # (the padding too: past every query)
+            blocks = s.view(b, r1 - r0, h, nb, size).amax(-1)  # [B, n, H, NB]
+            own = torch.div(last, size, rounding_mode="floor")
+            local = (own - torch.arange(ix.local, device=dev)).clamp(min=0)  # [B, n, 1, L]
+            blocks.scatter_(-1, local.expand(-1, -1, h, -1), float("inf"))
+            top = blocks.topk(k, dim=-1)
+            best[:, r0:r1], real[:, r0:r1] = top.indices, top.values > float("-inf")
+        tok = (best[..., None] * size + torch.arange(size, device=dev)).flatten(-2)  # [B,Q,H,W]
+        kept = (real[..., None].expand(-1, -1, -1, -1, size).flatten(-2)
+                & (tok <= plan.q_pos[..., None]))  # fmt: skip
+        tok = tok.clamp(max=kp - 1)
+        slots = plan.slots.gather(1, tok.view(b, -1)).view(b * qp, h, -1)
+        return slots[plan.src], kept.view(b * qp, h, -1)[plan.src]
+
+
+def block_sparse(q, backend, k_cache, v_cache, slots, kept, scale: float) -> torch.Tensor:
+    """Each token's heads ``q`` [T, H, D] over their KV head's kept cache slots only
+    (``slots`` / ``kept`` [T, Hkv, W]) → [T, H, D], in token slices, the softmax in float32."""
+    t, h, d = q.shape
+    hkv, w = slots.shape[1:]
+    out = q.new_empty(t, h, d)
+    heads = torch.arange(hkv, device=q.device)
+    n = max(1, MAX_SCORE_ELEMS // (w * h * hkv))
+    for t0 in range(0, t, n):
+        t1 = min(t0 + n, t)
+        keys, values = backend.read_kv(k_cache, v_cache, slots[t0:t1])  # [n, Hkv, W, Hkv, D]
+        keys = keys[:, heads, :, heads].transpose(0, 1).to(q.dtype)  # [n, Hkv, W, D]: its own
+        values = values[:, heads, :, heads].transpose(0, 1).to(q.dtype)
+        qs = q[t0:t1].view(t1 - t0, hkv, h // hkv, d)
+        s = torch.einsum("nhgd,nhwd->nhgw", qs, keys).float() * scale
+        s.masked_fill_(~kept[t0:t1, :, None, :], float("-inf"))
+        p = torch.softmax(s, dim=-1).to(q.dtype)
+        out[t0:t1] = torch.einsum("nhgw,nhwd->nhgd", p, values).reshape(t1 - t0, h, d)
+    return out
+
+
+class MiniMaxM3Layer(Qwen3Layer):
+    """Qwen3's layer (Gemma norms); a sparse layer's indexer and block-sparse attention."""
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        ix = model.config.family.block_index
+        self.indexer = None
+        if ix is not None and ix.layers[index]:
+            self.indexer = BlockIndexer(model, ctx, w, prefix + "self_attn.indexer.", ix)
+
+    def linears(self):
+        return [*super().linears(), *([self.indexer.proj] if self.indexer else [])]
+
+    def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        if self.indexer is None:
+            return super().attention(x, step)
+        ctx, meta = self.ctx, step.meta
+        t, d = x.shape[0], ctx.head_dim
+        k_cache, v_cache = step.kv_caches[self.index]
+        q_index = self.indexer.query_and_store(x, step, self.rope, k_cache)
+        if meta.max_seq_len <= self.indexer.ix.dense_reach:  # every earlier key kept
+            return super().attention(x, step)
+        q, k, v = self.step_qkv(x, step)
+        q, k = self.before_rotary(q, k)
+        positions, rows = step.rope[self.rope]
+        r = rows.shape[-1]
+        if r == d:
+            q, k = self.rotary(positions=positions, q=q, k=k, cos_sin_cache=rows)
+        else:
+            self.rotary(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
+        q, k = self.after_rotary(q, k)
+        ctx.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        slots, kept = self.indexer.select(q_index, meta)
+        out = block_sparse(q, ctx.backend, k_cache, v_cache, slots, kept, ctx.backend.scale)
+        return self.o_proj(out.reshape(t, ctx.num_heads * d))
+
+
 class MiniMaxM3Model(Qwen3Model):
+    layer_class = MiniMaxM3Layer
     rms_norm_16bit = staticmethod(gemma_rms_norm)
     moe_names = ("mlp.", ("gate_up_proj", "down_proj"))
     moe_suffix = ""  # (experts.gate_up_proj, experts.down_proj: stacked, no `.weight`)

@@ -9,17 +9,17 @@ Kept apart from the model so that reading a config imports no layer code.
   `sparse_attention_config.sparse_attention_freq`) which attend through the lightning indexer;
 - transformers ignores `rotary_dim` (its MiniMax-M2 reading is not inherited): the rotary is
   partial only where `rope_parameters` names a `partial_rotary_factor`;
-- the indexer keeps, for every query, the `index_topk_blocks` best key blocks of
-  `index_block_size` keys: with no more blocks than that, every block that is not wholly in the
-  future, which is causal attention itself. The context is bounded there
-  (`FamilyConfig.dense_limit`) and the sparse layers attend densely.
+- the indexer (`BlockIndexConfig`: `index_n_heads`, one per KV head, of `index_head_dim`)
+  keeps, for every query and KV head, the `index_topk_blocks` best key blocks of
+  `index_block_size` keys, the `index_local_blocks` ending at the query's own always among
+  them (model/minimax_m3.py); with no more blocks than that every earlier key.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pagoda.runtime.model_configs import DenseLimit, ExpertRouting
+from pagoda.runtime.model_configs import BlockIndexConfig, ExpertRouting
 
 ARCHITECTURES = {"MiniMaxM3VLForCausalLM": "minimax_m3"}
 MODEL_CLASSES = {"minimax_m3": ("minimax_m3", "MiniMaxM3Model")}
@@ -35,11 +35,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                    "num_local_experts": 128, "dense_intermediate_size": 12_288,
                    "shared_intermediate_size": 3072, "routed_scaling_factor": 2.0,
                    "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "index_n_heads": 4,
-                   "index_head_dim": 128, "index_block_size": 128, "index_topk_blocks": 16},
+                   "index_head_dim": 128, "index_block_size": 128, "index_topk_blocks": 16,
+                   "index_local_blocks": 1},
 }  # fmt: skip
 # the released config's names of the indexer's sizes (transformers reads them there too)
 _LEGACY = {"index_n_heads": "sparse_num_index_heads", "index_head_dim": "sparse_index_dim",
-           "index_block_size": "sparse_block_size", "index_topk_blocks": "sparse_topk_blocks"}  # fmt: skip
+           "index_block_size": "sparse_block_size", "index_topk_blocks": "sparse_topk_blocks",
+           "index_local_blocks": "sparse_local_block"}  # fmt: skip
 
 
 def overrides(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +75,17 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
                          f"(full_attention and {SPARSE})")  # fmt: skip
     if set(mlp) - {"dense", "sparse"}:
         raise ValueError(f"minimax_m3 mlp_layer_types {sorted(set(mlp))} are not supported")
-    blocks, size = int(cfg["index_topk_blocks"]), int(cfg["index_block_size"])
+    index = None
+    if SPARSE in types:
+        index = BlockIndexConfig(
+            n_heads=int(cfg["index_n_heads"]), head_dim=int(cfg["index_head_dim"]),
+            block=int(cfg["index_block_size"]), topk=int(cfg["index_topk_blocks"]),
+            local=int(cfg["index_local_blocks"]), layers=tuple(t == SPARSE for t in types),
+        )  # fmt: skip
+        if index.n_heads != int(cfg["num_key_value_heads"]):
+            raise ValueError(f"minimax_m3 index_n_heads {index.n_heads} must be its "
+                             f"num_key_value_heads ({cfg['num_key_value_heads']}): one block "
+                             "selection per KV head")  # fmt: skip
     return {
         "qk_norm": True,
         "routing": ExpertRouting(scoring="sigmoid", correction_bias=True,
@@ -86,22 +98,25 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         "shared_expert_intermediate_size": int(cfg["shared_intermediate_size"]),
         "swiglu_alpha": float(cfg["swiglu_alpha"]),
         "swiglu_limit": float(cfg["swiglu_limit"]),
-        "dense_limit": DenseLimit(blocks * size, "its indexer's sparse block selection",
-                                  "index_block_size × index_topk_blocks")
-        if SPARSE in types
-        else None,
+        "block_index": index,
     }  # fmt: skip
 
 
 def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s MLP (gate and up fused, gate rows first): dense, or the stacked experts and
-    the shared expert (the router and bias: the checkpoint check's own); none of the indexer's
-    (not run: module docstring)."""
+    the shared expert (the router and bias: the checkpoint check's own); a sparse layer's
+    indexer."""
     f, h, p = c.family, c.hidden_size, f"model.layers.{i}.mlp."
+    out: dict[str, tuple[int, ...]] = {}
+    ix = f.block_index
+    if ix is not None and ix.layers[i]:
+        a, d = f"model.layers.{i}.self_attn.indexer.", ix.head_dim
+        out.update({a + "q_proj.weight": (ix.n_heads * d, h), a + "k_proj.weight": (d, h),
+                    a + "q_norm.weight": (d,), a + "k_norm.weight": (d,)})  # fmt: skip
     if not f.has_experts(i):
         n = c.intermediate_size
-        return {p + "gate_up_proj.weight": (2 * n, h), p + "down_proj.weight": (h, n)}
+        return out | {p + "gate_up_proj.weight": (2 * n, h), p + "down_proj.weight": (h, n)}
     e, n, s = f.num_experts, f.moe_intermediate_size, f.shared_expert_intermediate_size
-    return {p + "experts.gate_up_proj": (e, 2 * n, h), p + "experts.down_proj": (e, h, n),
-            p + "shared_experts.gate_up_proj.weight": (2 * s, h),
-            p + "shared_experts.down_proj.weight": (h, s)}  # fmt: skip
+    return out | {p + "experts.gate_up_proj": (e, 2 * n, h), p + "experts.down_proj": (e, h, n),
+                  p + "shared_experts.gate_up_proj.weight": (2 * s, h),
+                  p + "shared_experts.down_proj.weight": (h, s)}  # fmt: skip

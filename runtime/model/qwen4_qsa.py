@@ -25,7 +25,6 @@ import math
 
 import torch
 from pagoda.runtime.attention.base import AttentionMetadata
-from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsa import MAX_SCORE_ELEMS, index_plan
 from pagoda.runtime.model.qwen4_exp_config import Qwen4Exp
@@ -120,30 +119,15 @@ class QsaIndexer:
 
 def cache_rows(backend, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                hkv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """K and V [N, Hkv, D] of the cache ``slots`` [N], in the backend's layout: the CPU
-    kernel's packed one, the torch path's head-major [Hkv, NB, BS, D], else [NB, BS, Hkv, D]."""
-    torch_path = isinstance(backend, TorchAttentionBackend)
-    if torch_path and backend.kernel is not None:
-        bs = k_cache.shape[3]
-        blk, off = slots // bs, slots % bs
-        k = k_cache[:, blk, :, off, :].reshape(-1, hkv, d)  # [N, Hkv, D/p, p]
-        pv = v_cache.shape[-1]
-        v = v_cache[:, blk, off // pv, :, off % pv]  # [N, Hkv, D]
-        return k, v
-    if torch_path:
-        return (k_cache.view(hkv, -1, d)[:, slots].transpose(0, 1),
-                v_cache.view(hkv, -1, d)[:, slots].transpose(0, 1))  # fmt: skip
-    return k_cache.view(-1, hkv, d)[slots], v_cache.view(-1, hkv, d)[slots]
+    """K and V [N, Hkv, D] of the cache ``slots`` [N], in the backend's layout
+    (`AttentionBackend.read_kv`: the CPU kernel's packed one, the torch path's head-major one,
+    else [NB, BS, Hkv, D])."""
+    return backend.read_kv(k_cache, v_cache, slots)
 
 
 def write_rows(backend, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
-    """Store k and v [T, Hkv, D] at ``slots`` in the backend's layout."""
-    if isinstance(backend, TorchAttentionBackend):
-        backend.write_kv(k, v, k_cache, v_cache, slots)
-        return
-    hkv, d = k.shape[1:]
-    k_cache.view(-1, hkv, d).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, hkv, d).index_copy_(0, slots, v.to(v_cache.dtype))
+    """Store k and v [T, Hkv, D] at ``slots`` in the backend's layout (`write_kv`)."""
+    backend.write_kv(k, v, k_cache, v_cache, slots)
 
 
 def sparse_gqa(q, backend, k_cache, v_cache, slots, kept, scale: float) -> torch.Tensor:

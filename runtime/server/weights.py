@@ -327,8 +327,6 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return int(name.rsplit(".", 2)[1]) < g3n.altup_inputs - 1
     if g3n is not None and name.startswith(("model.embed_vision.", "model.embed_audio.")):
         return name in g3n.model_shapes(mc.hidden_size)  # (its soft-token norms: not read)
-    if mc.architecture == "minimax_m3" and ".self_attn.indexer." in name:
-        return False  # (its sparse layers attend densely: model/minimax_m3_config.py)
     m = _LAYER.match(name)
     if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
         return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))

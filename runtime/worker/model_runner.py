@@ -434,9 +434,12 @@ class ModelRunner:
     def graph_seq_limit(self) -> int | None:
         """The longest sequence a captured decode may hold, where the model's attention takes
         another path past it (Kolibri 1.1's indexed layers past their budget select their keys,
-        chosen on the host: model/kolibri1.py); None: any."""
-        k11 = self.model_config.family.kolibri11
-        return None if k11 is None else k11.budget
+        MiniMax-M3's sparse layers their blocks, chosen on the host: model/kolibri1.py,
+        model/minimax_m3.py); None: any."""
+        f = self.model_config.family
+        if f.kolibri11 is not None:
+            return f.kolibri11.budget
+        return None if f.block_index is None else f.block_index.dense_reach
 
     def forward_step(
         self, inp: StepInputs, ids: torch.Tensor, head: HeadSampling | None = None

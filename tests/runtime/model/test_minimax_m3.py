@@ -25,7 +25,8 @@ CASES = {
     "minimax_m3": dict(
         head_dim=16, intermediate_size=24, num_local_experts=6, num_experts_per_tok=2,
         dense_intermediate_size=48, shared_intermediate_size=32, index_n_heads=2,
-        index_head_dim=8, index_block_size=8, index_topk_blocks=12, num_hidden_layers=3,
+        index_head_dim=8, index_block_size=4, index_topk_blocks=3, index_local_blocks=1,
+        num_hidden_layers=3,
         mlp_layer_types=["dense", "sparse", "sparse"], layer_types=[FULL, SPARSE, FULL],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                          "partial_rotary_factor": 0.5},
@@ -55,9 +56,10 @@ test_gpu_matches_transformers_with_graphs = gpu_test(fused_moe_at(1))
 
 
 def test_checkpoint_check_estimate_and_refusals(built):
-    """The fields read, the context bounded by the indexer's blocks (12 x 8), the checkpoint
-    check naming a missing fused or stacked MLP tensor, the weights estimate (the indexer's
-    tensors not counted: not read), tensor parallelism and FP8 refused in one line."""
+    """The fields read (the indexer's: sparse past 3 blocks of 4 keys), the whole context, the
+    checkpoint check naming a missing fused or stacked MLP tensor or indexer tensor, the
+    weights estimate (the indexer's tensors too), tensor parallelism and FP8 refused in one
+    line."""
     from types import SimpleNamespace
 
     from hybrid_cases import check_missing_refused
@@ -68,16 +70,18 @@ def test_checkpoint_check_estimate_and_refusals(built):
     path, _, loaded, _ = built("minimax_m3")
     mc, f = loaded.config, loaded.config.family
     assert (mc.intermediate_size, f.moe_intermediate_size) == (48, 24)
-    assert f.moe_layers == (False, True, True) and f.dense_limit.tokens == 96
-    assert mc.context_length == 96 and f.routing.routed_scaling_factor == 1.5
-    with pytest.raises(ValueError, match=r"^max_model_len 97 is not supported for a minimax_m3 "
-                       r"model: its indexer's sparse block selection \(past .* = 96 tokens\)"):  # fmt: skip
-        check_max_model_len(97, mc)
+    assert f.moe_layers == (False, True, True)
+    ix = f.block_index
+    assert (ix.n_heads, ix.head_dim, ix.block, ix.topk, ix.local) == (2, 8, 4, 3, 1)
+    assert ix.layers == (False, True, False) and ix.dense_reach == 12
+    assert mc.context_length == check_max_model_len(None, mc) == mc.max_position_embeddings
+    assert f.routing.routed_scaling_factor == 1.5
     check_estimate(path, rel=1e-6)
     check_missing_refused(loaded, ["model.layers.0.mlp.gate_up_proj.weight",
                                    "model.layers.1.mlp.experts.gate_up_proj",
                                    "model.layers.2.mlp.shared_experts.down_proj.weight",
-                                   "model.layers.1.mlp.gate.e_score_correction_bias"])  # fmt: skip
+                                   "model.layers.1.mlp.gate.e_score_correction_bias",
+                                   "model.layers.1.self_attn.indexer.k_proj.weight"])  # fmt: skip
     with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a minimax"):
         check(mc, 2)
     engine = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
@@ -97,13 +101,14 @@ def test_the_released_keys_read_as_transformers_reads_them(tmp_path):
     t = transformers.AutoConfig.from_pretrained(tmp_path)
     o = read_model_config(str(tmp_path))
     assert list(o.family.moe_layers) == [k == "sparse" for k in t.mlp_layer_types]
-    assert o.family.dense_limit.tokens == t.index_block_size * t.index_topk_blocks == 2048
+    ix = o.family.block_index
+    assert (ix.block, ix.topk, ix.local) == (t.index_block_size, t.index_topk_blocks, 1)
+    assert ix.layers == tuple(k == SPARSE for k in t.layer_types) and ix.dense_reach == 2048
     assert "partial_rotary_factor" not in (o.rope_scaling or {})
     assert "partial_rotary_factor" not in t.rope_parameters
-    with torch.device("meta"):  # transformers' count less the indexer's tensors (not read)
+    with torch.device("meta"):  # transformers' count, the indexer's tensors too
         hf = transformers.AutoModelForCausalLM.from_config(t)
-    indexer = sum(p.numel() for n, p in hf.named_parameters() if ".indexer." in n)
-    assert indexer and o.num_params == sum(p.numel() for p in hf.parameters()) - indexer
+    assert o.num_params == sum(p.numel() for p in hf.parameters())
     cfg["layer_types"] = [FULL, "sliding_attention", FULL]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="minimax_m3 layer_types") as e:

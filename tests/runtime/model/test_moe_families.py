@@ -240,14 +240,15 @@ CASES = {
         layer_types=[SLIDING, FULL, SLIDING], **E), KOLIBRI_BIAS),
     # Kolibri 1.1: sliding, indexed (dense MLP), sliding, indexed reading layer 1's KV cache;
     # the indexed layers' selection past 7 keys (the 4 best by 2 heads, 1 sink, 2 local: ties
-    # of relu'd zero scores common), the pool every key (up to 128 tokens: the prompts' reach)
+    # of relu'd zero scores common) from a pool of the 4 best blocks of 4 past 16 keys, picked
+    # by layer 1 (`index_layers`) and reused by layer 3
     "kolibri1_1": ("Kolibri1_1", dict(
         num_hidden_layers=4, head_dim=16, num_experts=6, num_experts_per_tok=2,
         moe_intermediate_size=32, shared_expert_intermediate_size=48, sliding_window=10,
         layer_types=[SLIDING, INDEXED, SLIDING, INDEXED], kv_source_layers=[0, 1, 2, 1],
         index_layers=[1], index_num_heads=2, mlp_only_layers=[1], mlp_only_intermediate_size=96,
-        index_topk=4, index_num_local_tokens=2, index_num_sink_tokens=1, index_pool_size=128,
-        index_compression=16, **E), KOLIBRI_BIAS),
+        index_topk=4, index_num_local_tokens=2, index_num_sink_tokens=1, index_pool_size=16,
+        index_compression=4, **E), KOLIBRI_BIAS),
     "axk1": ("AXK1", dict(
         num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
@@ -416,7 +417,8 @@ FIELDS = {
         "architecture": "kolibri1_1", "family.window_layers": (True, False, True, False),
         "family.rope_layers": (True, False, True, False),
         "family.moe_layers": (True, False, True, True), "family.kolibri11.kv_source": (0, 1, 2, 1),
-        "family.dense_limit.tokens": 128, "family.kolibri11.budget": 7, "intermediate_size": 96,
+        "family.kolibri11.budget": 7,
+        "family.kolibri11.pool_layers": (False, True, False, False), "intermediate_size": 96,
         "num_kv_layers": 3},
     "axk1": {
         "architecture": "axk1", "family.moe_layers": (False, True, True),

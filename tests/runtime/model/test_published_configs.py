@@ -222,8 +222,8 @@ def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
     architecture alone reads as transformers fills it in (window and indexed layers, the
     KV-shared layers' sources, the dense MLPs and their width), the parameter count
     transformers' on the meta device; the indexer's selection past 2184 tokens (2048 best, 8
-    sinks, 128 local, by 12 heads); served up to its pool size (16384 tokens: a longer
-    --max-model-len refused in one line), TP refused."""
+    sinks, 128 local, by 12 heads) from a pool of blocks of 16 past 16384 (picked by the
+    default index_layers), the whole context, TP refused."""
     import torch
     from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.core import check_max_model_len
@@ -240,10 +240,9 @@ def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
     assert o.num_kv_layers == sum(s == i for i, s in enumerate(t.kv_source_layers)) == 44
     k = f.kolibri11
     assert (k.topk, k.sinks, k.local, k.index_heads, k.budget) == (2048, 8, 128, 12, 2184)
-    assert o.context_length == check_max_model_len(None, o) == t.index_pool_size == 16384
-    with pytest.raises(ValueError, match=r"max_model_len 16385 is not supported for a kolibri1_1 "
-                                         r"model: its indexed attention's pool selection"):  # fmt: skip
-        check_max_model_len(16385, o)
+    assert (k.pool_size, k.compression) == (t.index_pool_size, t.index_compression) == (16384, 16)
+    assert k.pool_layers == tuple(i in t.index_layers for i in range(t.num_hidden_layers))
+    assert o.context_length == check_max_model_len(None, o) == t.max_position_embeddings
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 75_112_646_912
@@ -438,7 +437,7 @@ def test_minimax_m3s_text_config_reads_with_transformers_defaults(tmp_path):
     assert (f.num_experts, f.num_experts_per_tok, f.swiglu_alpha, f.swiglu_limit) == (
         t.num_local_experts, t.num_experts_per_tok, t.swiglu_alpha, t.swiglu_limit)  # fmt: skip
     assert f.routing.routed_scaling_factor == t.routed_scaling_factor and o.rope_scaling is None
-    assert f.dense_limit is None and o.context_length == t.max_position_embeddings
+    assert o.context_length == t.max_position_embeddings
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 447_186_441_216
