@@ -188,7 +188,14 @@ def test_the_cache_rows_read_back_in_every_layout(monkeypatch):
         write_rows(be, k, v, k_cache, v_cache, slots)
         got = cache_rows(be, k_cache, v_cache, slots, 2, 32)
         assert torch.equal(got[0], k) and torch.equal(got[1], v), (switch, dtype)
-    base = object()  # not the torch backend: [NB, BS, Hkv, D] (`AttentionBackend`'s)
+    from types import SimpleNamespace
+
+    from pagoda.runtime.attention.base import AttentionBackend
+
+    base = SimpleNamespace(  # the other backends' [NB, BS, Hkv, D] (`AttentionBackend`'s)
+        read_kv=lambda *a: AttentionBackend.read_kv(None, *a),
+        write_kv=lambda *a: AttentionBackend.write_kv(None, *a),
+    )
     k_cache, v_cache = torch.zeros(2, 4, 16, 2, 32).unbind(0)
     k, v = torch.randn(2, 20, 2, 32)
     write_rows(base, k, v, k_cache, v_cache, slots)
