@@ -428,9 +428,7 @@ class ModelConfig:
             shapes = self.family.gemma4.tensor_shapes(self).values()
             return sum(math.prod(s) for s in shapes)
         if self.family.dsv4 is not None:  # DeepSeek-V4's tensors (dsv4_config.expected_shapes)
-            from pagoda.runtime.model.dsv4_config import num_params
-
-            return num_params(self.family.dsv4)
+            return self.family.dsv4.num_params()
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         if self.family.hrm is not None:  # q, k, v, gate, o and the MLP a layer; weightless
             head = 1 if self.tie_word_embeddings else 2  # norms; z_L_init

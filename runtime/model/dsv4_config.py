@@ -122,6 +122,10 @@ class Dsv4Config:
     tie_word_embeddings: bool
     quant: dsv4_quant.Dsv4Quant | None = None  # block-wise FP8 / FP4 experts (dsv4_quant.py)
 
+    def num_params(self) -> int:
+        """`num_params` (ModelConfig.num_params reads it here: no import back)."""
+        return num_params(self)
+
 
 def _layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
     kinds = cfg.get("layer_types")

@@ -16,6 +16,7 @@ import pytest
 from pagoda.runtime.engine.admission import EngineUnavailableError, QueueFullError
 from pagoda.runtime.engine.async_engine import AsyncEngine, RequestEvent
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+from pagoda.runtime.model_config import FamilyConfig
 from pagoda.runtime.options import parse_size
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.api import create_app
@@ -42,7 +43,7 @@ class FakeCore:
     """EngineCore's interface; `gate` (when set) must be open for a step to run."""
 
     max_model_len = 20_000
-    model_config = SimpleNamespace(vocab_size=100)
+    model_config = SimpleNamespace(vocab_size=100, family=FamilyConfig())
 
     def __init__(self) -> None:
         self.tokenizer = FakeTokenizer()

@@ -11,6 +11,7 @@ import time
 from types import SimpleNamespace
 
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+from pagoda.runtime.model_config import FamilyConfig
 
 
 class FakeTokenizer:
@@ -35,7 +36,7 @@ class LocalTokenizer(FakeTokenizer):
 
 class FakeCore:
     max_model_len = 20_000
-    model_config = SimpleNamespace(vocab_size=100)
+    model_config = SimpleNamespace(vocab_size=100, family=FamilyConfig())
 
     def __init__(
         self, step_s: float = 0.002, fail_load: bool = False, mark: str = "", local_tokenizer=False

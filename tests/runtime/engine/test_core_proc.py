@@ -13,6 +13,7 @@ import types
 
 import structured_testlib
 from pagoda.runtime.engine.core_proc import EngineCoreProc
+from pagoda.runtime.model_config import FamilyConfig
 from pagoda.runtime.sampling.params import SamplingParams
 from pagoda.runtime.structured.compiler import compiler_for
 from pagoda.runtime.structured.params import StructuredOutputsParams
@@ -23,7 +24,9 @@ class Core:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.model_config = types.SimpleNamespace(vocab_size=tokenizer.model_vocab_size)
+        self.model_config = types.SimpleNamespace(
+            vocab_size=tokenizer.model_vocab_size, family=FamilyConfig()
+        )
         self.added: dict[str, float] = {}
 
     def add_request(self, rid, ids, params, checked=False, bulk=False) -> None:
