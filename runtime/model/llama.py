@@ -229,23 +229,30 @@ class LlamaLayer:
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         ctx = self.ctx
         t, d = x.shape[0], ctx.head_dim
-        q, k, v = self.step_qkv(x, step)
-        q, k = self.before_rotary(q, k)
-        if self.rope is not None:  # None: a layer without positions (`FamilyConfig.rope_layers`)
-            positions, rows = step.rope[self.rope]
-            r = rows.shape[-1]  # the rotating dims: all of them, or a partial rotary's first ones
-            rotate = self.rotary
-            if r == d:
-                q, k = rotate(positions=positions, q=q, k=k, cos_sin_cache=rows)
-            else:  # in place on the first r dims of each head (every op rotates in place)
-                rotate(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
-        q, k = self.after_rotary(q, k)
+        q, k, v = self.rotated_qkv(x, step)
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
             sinks=self.sinks, chunk=self.chunk,
         )  # fmt: skip
         return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))
+
+    def rotated_qkv(
+        self, x: torch.Tensor, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of `x` in `step` as attention reads them: `step_qkv`, then the hooks and
+        the rotary at the tokens' positions (the sparse attentions' own paths use it too)."""
+        q, k, v = self.step_qkv(x, step)
+        q, k = self.before_rotary(q, k)
+        if self.rope is not None:  # None: a layer without positions (`FamilyConfig.rope_layers`)
+            positions, rows = step.rope[self.rope]
+            r = rows.shape[-1]  # the rotating dims: all of them, or a partial rotary's first ones
+            rotate = self.rotary
+            if r == self.ctx.head_dim:
+                q, k = rotate(positions=positions, q=q, k=k, cos_sin_cache=rows)
+            else:  # in place on the first r dims of each head (every op rotates in place)
+                rotate(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
+        return (*self.after_rotary(q, k), v)
 
     def step_qkv(
         self, x: torch.Tensor, step: Step

@@ -161,15 +161,7 @@ class MiniMaxM3Layer(Qwen3Layer):
         q_index = self.indexer.query_and_store(x, step, self.rope, k_cache)
         if meta.max_seq_len <= self.indexer.ix.dense_reach:  # every earlier key kept
             return super().attention(x, step)
-        q, k, v = self.step_qkv(x, step)
-        q, k = self.before_rotary(q, k)
-        positions, rows = step.rope[self.rope]
-        r = rows.shape[-1]
-        if r == d:
-            q, k = self.rotary(positions=positions, q=q, k=k, cos_sin_cache=rows)
-        else:
-            self.rotary(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
-        q, k = self.after_rotary(q, k)
+        q, k, v = self.rotated_qkv(x, step)
         ctx.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         slots, kept = self.indexer.select(q_index, meta)
         out = block_sparse(q, ctx.backend, k_cache, v_cache, slots, kept, ctx.backend.scale)

@@ -319,15 +319,7 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         if meta.max_seq_len <= ix.dense_limit:
             return super().attention(x, step)
         t, d = x.shape[0], ctx.head_dim
-        q, k, v = self.step_qkv(x, step)
-        q, k = self.before_rotary(q, k)
-        positions, rows = step.rope[self.rope]
-        r = rows.shape[-1]
-        if r == d:
-            q, k = self.rotary(positions=positions, q=q, k=k, cos_sin_cache=rows)
-        else:
-            self.rotary(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
-        q, k = self.after_rotary(q, k)
+        q, k, v = self.rotated_qkv(x, step)
         backend = ctx.backend
         write_rows(backend, k, v, k_cache, v_cache, meta.slot_mapping)
         kept_slots, kept = ix.select(q_index, meta)
