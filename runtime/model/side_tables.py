@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from pagoda.runtime.cpu.host_memory import zeros
 
 POOLS = "side_pools"  # `meta.aux`: {size: `ends(meta, size)`} of the step
 
@@ -98,7 +99,7 @@ class SlotTable:
         """The rows that go with the KV ``cache`` of ``slots`` slots (new ones for a new
         cache)."""
         if self.rows is None or self._owner != cache.data_ptr():
-            self.rows = torch.zeros(slots + 1, self.width, dtype=dtype, device=cache.device)
+            self.rows = zeros((slots + 1, self.width), dtype, cache.device)  # (lazy pages)
             self._owner = cache.data_ptr()
         return self.rows
 
