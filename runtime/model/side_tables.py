@@ -16,11 +16,11 @@ pool table, every step token's that ends no pool.
 - **pool rows** (`PoolTable`): each finished pool's key (a sequence's positions cut into pools
   of ``size`` from its first token): Qwen4-Exp's block keys (mean, normed, rotated at the
   block's start), GLM-5-Next's k-pool keys (the gate-softmax mix), Kolibri 1.1's block means
-  (NVFP4). A pool's row is written once, by the step whose token ends it (`PoolTable.close`:
-  each step token's candidate pool from its ``size`` slots through the block table, O(step
-  tokens), written where one ends), at its last token's slot // gcd(size, block_size) (no two
-  pools share a row); the selection then reads the finished pools' rows
-  (`PoolTable.gather`) in place of pooling the whole context's token rows every step.
+  (NVFP4). A pool's row is written once, by the step whose token ends it (`PoolTable.close`
+  over `ends`: the step's pools from their ``size`` slots through the block table, O(step
+  tokens)), at its last token's slot // gcd(size, block_size) (no two pools share a row); the
+  selection then reads the finished pools' rows (`PoolTable.gather`) in place of pooling the
+  whole context's token rows every step.
 
 Every table's bytes a KV block takes (``block_bytes``, from the config alone) are counted where
 the KV rows are: the runner's `bytes_per_block` (the pool's blocks), the start-up estimate
@@ -33,10 +33,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from pagoda.runtime.cpu.host_memory import zeros
 
-POOLS = "side_pools"  # `meta.aux`: {size: `ends(meta, size)`} of the step
+POOLS = "side_pools"  # `meta.aux`: {size: `Ends`} of the step
 
 
 @dataclass(frozen=True)
@@ -118,26 +119,71 @@ class SlotTable:
         return 0 if self.rows is None else self.rows.shape[1] * self.rows.element_size()
 
 
-def ends(meta, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(slots [T, size], first [T], ends [T]) of the step's tokens: the cache slots of the pool
-    of ``size`` positions ending at each token (through its sequence's block table; clamped at
-    the sequence's start), that pool's first position, and whether the token ends a pool (its
-    position + 1 a multiple of ``size``; not padding). Device tensors only (a CUDA graph's
-    inputs), once a step and size (`meta.aux`)."""
+@dataclass
+class Ends:
+    """The pools a step's tokens may end (`ends`): row i, the pool ending at step token
+    ``tok[i]`` (``end[i]``: it does), its ``size`` cache ``slots`` [N, size] and first position
+    ``first`` [N]."""
+
+    tok: torch.Tensor  # [N] step rows
+    slots: torch.Tensor  # int64 [N, size]
+    first: torch.Tensor  # int64 [N]
+    end: torch.Tensor  # bool [N]
+
+
+def ends(meta, size: int) -> Ends:
+    """The pools of ``size`` positions the step's tokens end, once a step and size (`meta.aux`),
+    their slots through the sequences' block tables. A step with prompt rows (never a CUDA
+    graph's) lists those from the host's lengths: one row a pool, so a chunk pools its tokens
+    once; a decode step (maybe a graph's: device tensors only) takes a row a token, the pool
+    ending at it (clamped at the sequence's start), ``end`` where its position + 1 is a multiple
+    of ``size`` (not padding: slot -1, length 0)."""
     done = meta.aux.setdefault(POOLS, {})
-    if size in done:
-        return done[size]
-    qsl, table, bs = meta.query_start_loc, meta.block_tables, meta.block_size
+    if size not in done:
+        eager = meta.query_lens_host and meta.num_decodes < meta.num_seqs
+        done[size] = _host_ends(meta, size) if eager else _device_ends(meta, size)
+    return done[size]
+
+
+def _device_ends(meta, size: int) -> Ends:
+    qsl = meta.query_start_loc
     tok = torch.arange(meta.slot_mapping.shape[0], device=qsl.device, dtype=qsl.dtype)
-    seq = torch.searchsorted(qsl[1:], tok, right=True).clamp_(max=table.shape[0] - 1)
+    seq = torch.searchsorted(qsl[1:], tok, right=True).clamp_(max=meta.block_tables.shape[0] - 1)
     pos = (meta.seq_lens[seq] - qsl[seq + 1] + tok).long()  # each token's position
+    end = (meta.slot_mapping >= 0) & (pos >= size - 1) & ((pos + 1) % size == 0)
+    slots, first = _pool_slots(meta, seq, pos, size)
+    return Ends(tok.long(), slots, first, end)
+
+
+def _host_ends(meta, size: int) -> Ends:
+    qlens = np.asarray(meta.query_lens_host, dtype=np.int64)
+    slens = np.asarray(meta.seq_lens_host, dtype=np.int64)
+    starts, qstart = slens - qlens, np.concatenate([[0], np.cumsum(qlens)[:-1]])
+    last = -(-(starts + 1) // size) * size - 1  # each sequence's first pool end at or past start
+    counts = np.maximum(0, (slens - 1 - last) // size + 1)
+    seq = np.repeat(np.arange(len(qlens)), counts)
+    pos = last[seq] + size * (np.arange(len(seq)) - np.repeat(np.cumsum(counts) - counts, counts))
+    dev = meta.block_tables.device
+    seq_d, pos_d = _to(seq, dev), _to(pos, dev)
+    slots, first = _pool_slots(meta, seq_d, pos_d, size)
+    tok = _to(qstart[seq] + pos - starts[seq], dev)
+    return Ends(tok, slots, first, torch.ones(len(seq), dtype=torch.bool, device=dev))
+
+
+def _pool_slots(meta, seq: torch.Tensor, pos: torch.Tensor, size: int):
+    """(slots [N, size], first [N]) of the pools ending at positions ``pos`` [N] of sequences
+    ``seq`` [N] (positions before 0 clamped to 0)."""
+    table, bs = meta.block_tables, meta.block_size
     first = pos - (size - 1)
     p = (first[:, None] + torch.arange(size, device=pos.device)).clamp_(min=0)
     cols = (p // bs).clamp_(max=table.shape[1] - 1)
-    slots = table[seq[:, None], cols].long() * bs + p % bs
-    end = (meta.slot_mapping >= 0) & (first >= 0) & ((pos + 1) % size == 0)
-    done[size] = slots, first.clamp(min=0), end
-    return done[size]
+    return table[seq[:, None], cols].long() * bs + p % bs, first.clamp(min=0)
+
+
+def _to(a: np.ndarray, dev: torch.device) -> torch.Tensor:
+    """``a`` on ``dev``: through pinned memory to a GPU (no pageable copy: no sync)."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if dev.type == "cpu" else t.pin_memory().to(dev, non_blocking=True)
 
 
 class PoolTable(SlotTable):
@@ -155,12 +201,12 @@ class PoolTable(SlotTable):
         return super().bind(cache, slots // self.per, dtype)
 
     def close(self, meta, summarize: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
-        """The pools the step's tokens end: ``summarize(slots [T, size], first [T])`` gives
-        each token's candidate pool's row [T, width] (`ends`), written where one ends."""
-        slots, first, end = ends(meta, self.size)
+        """The pools the step's tokens end: ``summarize(slots [N, size], first [N])`` gives
+        each candidate pool's row [N, width] (`ends`), written where one ends."""
+        e = ends(meta, self.size)
         spare = self.rows.shape[0] - 1
-        at = torch.where(end, meta.slot_mapping // self.per, spare)
-        self.rows.index_copy_(0, at, summarize(slots, first).to(self.rows.dtype))
+        at = torch.where(e.end, meta.slot_mapping[e.tok] // self.per, spare)
+        self.rows.index_copy_(0, at, summarize(e.slots, e.first).to(self.rows.dtype))
 
     def gather(self, slots: torch.Tensor, n: int) -> torch.Tensor:
         """The first ``n`` pools' rows [B, n, width] of each sequence, whose positions' cache

@@ -206,11 +206,11 @@ def test_the_cache_rows_read_back_in_every_layout(monkeypatch):
 
 
 def test_a_step_pools_only_the_blocks_its_tokens_end(built, monkeypatch):
-    """The indexer pools each block once, when a step's token ends it (`PoolTable.close`: one
-    candidate block a step token, its 4 raw keys), and the selection reads the block table
-    only (its raw key rows hidden while it selects): a 53-token prompt in 16-token chunks, then
-    decodes, pools 4 rows a token processed, not the context's every block each step; the
-    tokens and logits still transformers'."""
+    """The indexer pools each block once, when a step's token ends it (`PoolTable.close`: a
+    chunk the blocks it ends, a decode its token's block), and the selection reads the block
+    table only (its raw key rows hidden while it selects): a 53-token prompt in 16-token
+    chunks, then decodes, never pools the context's every block; the tokens and logits still
+    transformers'."""
     from pagoda.runtime.model.qwen4_qsa import QsaIndexer
 
     _, model, loaded, _ = built(NAME, reference=False)
@@ -234,6 +234,6 @@ def test_a_step_pools_only_the_blocks_its_tokens_end(built, monkeypatch):
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
               max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
     check(generate(llm, [prompt], 6)[0], hf_greedy_plain(model, prompt, 6), "pooled once")
-    assert pooled[:4] == [(16, 4), (16, 4), (16, 4), (5, 4)]  # the prompt's chunks
-    assert pooled[4:] == [(1, 4)] * 5  # each decode: its own token's block only
+    assert pooled[:4] == [(4, 4), (4, 4), (4, 4), (1, 4)]  # the blocks the prompt's chunks end
+    assert pooled[4:] == [(1, 4)] * 5  # each decode: its own token's block (ended or not)
     assert selected == [16, 16, 16, 5, 1, 1, 1, 1, 1]  # every step sparse (past 11 tokens)
