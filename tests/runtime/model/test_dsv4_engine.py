@@ -286,14 +286,27 @@ def _released(src, quantized, dequantized):
     (quantized / "config.json").write_text(json.dumps(cfg))
 
 
+def _held(model) -> list[torch.Tensor]:
+    """Every weight a `Dsv4EngineModel` holds, in a fixed order (its CPU Linears unpacked)."""
+    experts = [x.weight for moe in model._moes for pair in moe.experts for x in pair]
+    shared = [layer[5].s13 for layer in model.core.layers]
+    return [*model.core.w.values(), *experts, *shared, model.lm_head.inner.weight]
+
+
 def test_released_fp8_fp4_checkpoint_matches_transformers_on_its_dequantized_weights(
-    case, tmp_path
+    case, tmp_path, monkeypatch
 ):
     """The released format read dequantized to the dtype: transformers running the same
     dequantized weights gives the same greedy tokens (batched); its MTP layer is skipped; the
     start-up estimate counts what the engine holds (the 16/32-bit checkpoint's bytes); a
-    missing or misshapen scale is refused in one line."""
+    missing or misshapen scale is refused in one line. Each of two tensor-parallel ranks
+    dequantizes, then takes its share: the same tensors as its share of the dequantized
+    checkpoint (what the two-rank test runs)."""
+    from model_bytes import build
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.model import linear
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import load_model
     from pagoda.runtime.server import weights as weights_of
@@ -309,6 +322,14 @@ def test_released_fp8_fp4_checkpoint_matches_transformers_on_its_dequantized_wei
               max_num_batched_tokens=64, max_num_seqs=3)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference, strict=True)):
         check(got, want, f"released format: prompt {i}")
+    monkeypatch.setattr(linear, "_can_pack", lambda dtype: False)  # (weights readable)
+    for rank in (0, 1):
+        group = TPGroup(TPLayout(rank, 2), torch.device("cpu"), None, None)
+        got, want = (
+            _held(build(p, torch.float32, tp=group)) for p in (tmp_path / "q", tmp_path / "dq")
+        )
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        assert got[-1].shape == (V // 2, 32)  # (its half of the vocabulary)
     mc = loaded.config
     held = {}
     for p in (path, tmp_path / "q"):
