@@ -59,7 +59,7 @@ def part(c: Dsv4Config, name: str, lay: TPLayout) -> tuple[int, int, int] | None
     if name.endswith((".self_attn.o_a_proj.weight", ".self_attn.o_b_proj.weight")):
         g0, g1 = lay.even(c.o_groups)
         return (0 if "o_a_proj" in name else 1), g0 * r, g1 * r
-    m = _EXPERT.search(name)
+    m = _EXPERT.search(name) if "experts." in name else None
     if m:
         return (1 if m.group(2) == "down_proj" else 0, *lay.even(c.moe_intermediate_size))
     return None
@@ -81,7 +81,11 @@ def held_bytes(c: Dsv4Config, dtype: torch.dtype, lay: TPLayout) -> int:
     hash layers' ``tid2eid`` as int64, and the routers' float32 copies where ``dtype`` is
     narrower (the weights estimate's figure: `server/weights.py`)."""
     total = 0
+    expert = c.hidden_size * (c.moe_intermediate_size // lay.size)  # (one of its matrices)
     for name, shape in expected_shapes(c).items():
+        if ".experts." in name:  # (the routed experts: most names, one size)
+            total += dtype.itemsize * expert
+            continue
         n = math.prod(local_shape(c, name, shape, lay))
         if name.endswith("tid2eid"):
             total += 8 * n
