@@ -107,7 +107,4 @@ def read_checkpoint_names(weights) -> None:
             new = new.replace(".self_attn.g_proj.", ".self_attn.gate_proj.")
         if new != name:
             moves[name] = new
-    for name in moves:  # (in two passes: one tensor's new name may be another's old one)
-        weights.rename(name, "\0" + moves[name])
-    for new in moves.values():
-        weights.rename("\0" + new, new)
+    weights.rename_all(moves)

@@ -118,16 +118,8 @@ class RecurrentGemmaLayer(RecurrentLayer, LlamaLayer):
     ) -> RgLru:
         return RgLru(model.config.family.mamba, w, prefix, index, ctx)
 
-    def __call__(
-        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.mixer is None:
-            return super().__call__(h, residual, step)
-        x, residual = self.attention_input(h, residual)
-        h = self.mixer(x, step.meta.aux[MAMBA_STEP], step.meta.aux[FIRST])
-        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
-                                        residual=residual)  # fmt: skip
-        return self.mlp(x), residual
+    def mix(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        return self.mixer(x, step.meta.aux[MAMBA_STEP], step.meta.aux[FIRST])
 
 
 class RecurrentGemmaModel(GemmaModel):
