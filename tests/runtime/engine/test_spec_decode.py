@@ -32,7 +32,7 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     prefix of three blocks (a prefix-cache hit)."""
     rng = random.Random(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         phrase = [rng.randrange(5, 300) for _ in range(rng.randrange(3, 9))]
         out.append([rng.randrange(5, 300) for _ in range(rng.randrange(2, 30))] + phrase * 3)
     out[1] = out[0][:24] + out[1]
