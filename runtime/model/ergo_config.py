@@ -151,3 +151,9 @@ def expected_shapes(c) -> dict[str, tuple[int, ...]]:
                         x + "shared_experts.down_proj.weight": (h, s),
                         x + "shared_experts.norm.weight": (h,)})  # fmt: skip
     return out
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its norms, gates, q/k norms and experts (`expected_shapes`) in
+    `checkpoint_check.expected_shapes`' tensors."""
+    out.update(expected_shapes(c))
