@@ -98,7 +98,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its gate and per-layer heads' FP8 GEMM is not tested",
         ),
         "mimo_v2_flash": Untested(
-            tensor_parallel="not tested on several ranks",
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),

@@ -132,6 +132,11 @@ def check(config: ModelConfig, size: int) -> None:
         problem = mamba_problem(m, size)
     if problem is None and f.gemma4 is not None:  # its layers' own KV heads and widths
         problem = gemma4_problem(f.gemma4, size)
+    if problem is None and f.mimo is not None:  # MiMo-V2-Flash's sliding layers' KV heads
+        kv = f.mimo.swa_kv_heads
+        if kv % size and size % kv:
+            problem = (f"--tensor-parallel-size {size}: the sliding layers' {kv} KV heads can "
+                       f"neither be split over {size} ranks nor replicated evenly")  # fmt: skip
     moe = None if m is None else m.moe  # Nemotron-H's experts, split by width
     widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,
                                      "moe_shared_expert_intermediate_size": moe.shared_intermediate}  # fmt: skip

@@ -469,7 +469,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         # float32: Gemma's (and MiniMax-M3's) 1 + w (gemma2.norm_weight), Cohere's LayerNorm
         # weights, gpt-oss's w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
         return math.prod(_local(name, t.shape, mc, lay)) * 4
-    if name.endswith("self_attn.sinks"):  # float32, this rank's heads
+    if name.endswith(("self_attn.sinks", "self_attn.attention_sink_bias")):  # float32, this
+        # rank's heads (gpt-oss's, MiMo-V2-Flash's)
         start, stop = lay.heads(mc.num_heads)
         return (stop - start) * 4
     return _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize  # norms and biases (o's and

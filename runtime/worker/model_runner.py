@@ -208,10 +208,11 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        from pagoda.runtime.model.qwen4_exp_config import index_key_bytes
+        from pagoda.runtime.model import side_tables
 
-        keys = index_key_bytes(self.model_config, self.dtype) * self.block_size  # (Qwen4-Exp's)
-        return keys + sum(
+        # the sparse layers' tables beside the KV rows (MiniMax-M3's, Qwen4-Exp's, Kolibri 1.1's)
+        tables = side_tables.block_bytes(self.model_config, self.dtype, self.block_size)
+        return tables + sum(
             b.block_bytes(self.dtype, self.block_size) for b in self.model.kv_backends
         )
 
