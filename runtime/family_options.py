@@ -123,10 +123,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
         "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
-        "longcat_flash": Untested(
-            tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
-            fp8="not tested",
-        ),
+        "longcat_flash": Untested(fp8="not tested"),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",
