@@ -93,10 +93,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
-        "laguna": Untested(
-            tensor_parallel="its query heads by layer are not tested on ranks",
-            fp8="its gate and per-layer heads' FP8 GEMM is not tested",
-        ),
+        "laguna": Untested(fp8="its gate and per-layer heads' FP8 GEMM is not tested"),
         "mimo_v2_flash": Untested(
             fp8="not tested",
             fp8_checkpoint="not tested",

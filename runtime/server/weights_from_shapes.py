@@ -120,8 +120,8 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
     if mc.family.laguna is not None:  # query heads by layer (their mean), the softplus gate
-        g = mc.family.laguna  # (one rank, 16 or 32 bits: `family_options` refuses the rest)
-        heads, gates = sum(g.heads) / mc.num_layers, 1 if g.gate_per_head else d
+        g = mc.family.laguna  # (16 or 32 bits: `family_options` refuses FP8)
+        heads, gates = sum(g.heads) / mc.num_layers / t, 1 if g.gate_per_head else d
         attn = h * d * (2 * heads + 2 * kv) + h * heads * gates
         attn_rows = (heads + 2 * kv) * d + h + heads * gates
     if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v, router
