@@ -133,8 +133,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "hy_v4": Untested(
-            tensor_parallel="its gated attention with sinks and its stacked experts are not "
-            "split over ranks",
             fp8=_DSA_FP8,
             fp8_checkpoint="not tested",
             kv_cache=_DSA_KV,

@@ -410,7 +410,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         # DeepSeek Sparse Attention's, float32 (GLM-5-Next's in the model's dtype)
         return _float32_router(t, p)
     if mc.family.hyper is not None and _HY_V4_FLOAT32.search(name):  # (model/hy_v4.py)
-        return t.numel * 4
+        start, stop = lay.heads(mc.num_heads) if name.endswith(".sinks") else (0, t.numel)
+        return (stop - start) * 4  # (the sinks: this rank's heads')
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
     if mc.family.gemma4 is not None and _ALTUP_COEFS.search(name):  # tensors, not Linears

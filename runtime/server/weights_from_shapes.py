@@ -89,9 +89,9 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     if mc.architecture == "glm5_next":  # its mHC hyper-connections, in float32 (one rank)
         nh = f.hyper.mult
         projections += 4 * n * 2 * ((2 + nh) * nh * (nh * h + 1) + 3)
-    elif f.hyper is not None:  # HY V4's (one rank, 16 or 32 bits): attention's gates in the
-        # dtype; the hyper-connections, sinks and the indexer key's norm in float32
-        nh, m, ix = f.hyper.mult, mc.num_heads, f.mla.indexer
+    elif f.hyper is not None:  # HY V4's (16 or 32 bits): attention's gates in the dtype (this
+        # rank's heads'); the hyper-connections, sinks and the indexer key's norm in float32
+        nh, m, ix = f.hyper.mult, mc.num_heads / t, f.mla.indexer
         projections += n * m * f.mla.v_head_dim * h * item
         projections += 4 * (n * (2 * (2 * nh * nh * h + 2 * nh + 2) + m) + nh * nh * h + nh + 1)
         projections += sum(ix.full_layers) * 2 * ix.head_dim * (4 - item)
