@@ -111,7 +111,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its differential attention pairs the first half of the heads with "
             "the second, across ranks"
         ),
-        "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "kolibri1": Untested(fp8="not tested"),
         "kolibri1_1": Untested(
             tensor_parallel="its KV-shared layers are not tested on several ranks",
             fp8="not tested",
@@ -119,7 +119,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
-        "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "axk1": Untested(fp8="not tested"),
         "longcat_flash": Untested(fp8="not tested"),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
