@@ -20,7 +20,7 @@ attend to the kept keys only (float32 softmax). The pool the best are picked fro
 (`TokenSelection.pool`, transformers' ``select_pool``): every visible key up to
 `index_pool_size` keys; past it the `index_layers` layers pick the best blocks of
 `index_compression` keys by their means of the keys before NVFP4 rounding (kept per KV slot
-in the layer's `raw_keys` table beside its cache), the unfinished block competing with a zero
+in the `raw_keys` table beside the cache of the layers they read: `side_tables`), the unfinished block competing with a zero
 score; the indexed layers after one reuse its pool (`meta.aux`)."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pagoda.runtime.model.glm4 import Glm4Layer
 from pagoda.runtime.model.glm4_moe import Glm4MoeModel
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
 from pagoda.runtime.model.qwen3 import Qwen3Layer
+from pagoda.runtime.model.side_tables import SlotTable
 
 
 def nvfp4_round(x: torch.Tensor) -> torch.Tensor:
@@ -178,9 +179,9 @@ class Kolibri11Layer(Glm4Layer):
     # a source layer's keys and values of this step (NVFP4), what its KV-shared layers read
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     source: Kolibri11Layer | None = None  # a KV-shared layer's source (`Kolibri11Model`)
-    # an indexed layer's key head 0 before NVFP4 rounding per KV slot (its pool's block means)
-    raw_keys: torch.Tensor | None = None
-    raw_owner = 0  # the data pointer of the KV cache `raw_keys` goes with
+    # key head 0 before NVFP4 rounding per KV slot (its pool's block means), on the layers the
+    # pool layers pick from (`side_tables.SlotTable`)
+    raw_keys: SlotTable | None = None
     raw_step: torch.Tensor | None = None  # this step's [T, D]
 
     def __init__(
@@ -195,6 +196,9 @@ class Kolibri11Layer(Glm4Layer):
         self.indexed = model.config.family.window(index) is None  # (no window: indexed)
         self.selection = TokenSelection(k, ctx.head_dim, ctx.backend.scale)
         self.pool_source = k.pool_layers[index]  # (an `index_layers` layer: a new pool)
+        if not self.shared and index in {k.kv_source[i] for i, p in enumerate(k.pool_layers) if p}:
+            self.raw_keys = SlotTable(ctx.head_dim)
+            self.side_tables = [self.raw_keys]
         # an FP8 cache's scales: those it was written with (the source layer's)
         self.kv_scales = model.kv_scales(w, f"model.layers.{k.kv_source[index]}.self_attn")
 
@@ -220,13 +224,13 @@ class Kolibri11Layer(Glm4Layer):
 
     def store_raw(self, step: Step, cache: torch.Tensor) -> None:
         """This step's raw key head 0 into the table that goes with the layer's KV ``cache``
-        (a new cache gets a new table)."""
+        (a new cache gets a new table), where a pool layer reads it."""
+        if self.raw_keys is None:
+            return
         ctx = self.ctx
-        if self.raw_keys is None or self.raw_owner != cache.data_ptr():
-            slots = cache.numel() // (ctx.num_kv_heads * ctx.head_dim)  # (its slots, at most)
-            self.raw_keys = self.raw_step.new_zeros(slots, ctx.head_dim)
-            self.raw_owner = cache.data_ptr()
-        self.raw_keys.index_copy_(0, step.meta.slot_mapping, self.raw_step)
+        slots = cache.numel() // (ctx.num_kv_heads * ctx.head_dim)
+        self.raw_keys.bind(cache, slots, self.raw_step.dtype)
+        self.raw_keys.write(step.meta.slot_mapping, self.raw_step)
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         meta = step.meta
@@ -251,6 +255,7 @@ class Kolibri11Layer(Glm4Layer):
                 ctx.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
                 self.store_raw(step, k_cache)
             table = (self.source if self.shared else self).raw_keys
+            table = None if table is None else table.rows
             out = self.selection.attend(q, k_cache, v_cache, meta, ctx.backend, table,
                                         self.pool_source)  # fmt: skip
         else:

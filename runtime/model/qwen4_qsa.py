@@ -2,9 +2,9 @@
 `Qwen4ExpTextQSAIndexer`), batched over the step:
 
 - a token's raw indexer key (``index_qk_proj``'s last ``indexer_head_dim`` columns, before any
-  norm) is cached per KV-cache slot in the layer's key table [slots, D] (written at the step's
-  ``slot_mapping``, so prefix hits, chunked prefill and preemption read the keys of the blocks
-  they read the KV rows of); its queries are ``q_layernorm`` (1 + w) of the first columns,
+  norm) is cached per KV-cache slot in the layer's key table [slots, D] (`side_tables`,
+  counted in the KV budget; written at the step's ``slot_mapping``, so prefix hits, chunked
+  prefill and preemption read the keys of the blocks they read the KV rows of); its queries are ``q_layernorm`` (1 + w) of the first columns,
   rotated at the token's position;
 - a sequence's positions are cut into blocks of ``indexer_compress_ratio`` from its first
   token; a block's key is the float32 mean of its tokens' raw keys (in the model's dtype),
@@ -28,6 +28,7 @@ from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsa import MAX_SCORE_ELEMS, index_plan
 from pagoda.runtime.model.qwen4_exp_config import Qwen4Exp
+from pagoda.runtime.model.side_tables import SlotTable
 
 POSITIONS = "qwen4_positions"  # `meta.aux`: the step's token positions (int64 [T])
 
@@ -63,8 +64,7 @@ class QsaIndexer:
         dev = w.device
         self.q_norm = 1 + w.source(p + "q_layernorm.weight").float().to(dev)
         self.k_norm = 1 + w.source(p + "k_layernorm.weight").float().to(dev)
-        self.keys: torch.Tensor | None = None  # [slots, D]: each cached token's raw key
-        self.owner = 0  # the data pointer of the KV cache `keys` goes with
+        self.keys = SlotTable(self.dim)  # each cached token's raw key (`side_tables`)
 
     def linears(self) -> list:
         return [self.proj]
@@ -76,9 +76,8 @@ class QsaIndexer:
         cache, a new engine's, gets a new table)."""
         t, d = x.shape[0], self.dim
         q, k = self.proj(x).split([self.heads * d, d], dim=-1)
-        if self.keys is None or self.owner != cache.data_ptr():
-            self.keys, self.owner = x.new_zeros(slots, d), cache.data_ptr()
-        self.keys.index_copy_(0, meta.slot_mapping, k.to(self.keys.dtype))
+        self.keys.bind(cache, slots, x.dtype)
+        self.keys.write(meta.slot_mapping, k)
         q = _rms(q.view(t, self.heads, d), self.q_norm, self.eps)
         return _rotate(q, self.rope, meta.aux[POSITIONS])
 
@@ -89,7 +88,7 @@ class QsaIndexer:
         b, qp = plan.q_rows.shape
         h, d, c = self.heads, self.dim, self.ratio
         n = plan.slots.shape[1] // c  # whole blocks in the longest context
-        raw = self.keys[plan.slots[:, : n * c]].view(b, n, c, d)
+        raw = self.keys.rows[plan.slots[:, : n * c]].view(b, n, c, d)
         pooled = _rms(raw.float().mean(dim=2).to(raw.dtype), self.k_norm, self.eps)
         starts = torch.arange(n, device=q.device) * c
         keys = _rotate(pooled, self.rope, starts.expand(b, n)).float().transpose(1, 2)  # [B, D, n]
@@ -117,19 +116,6 @@ class QsaIndexer:
         return slots.index_select(0, plan.src), kept.view(b * qp, -1).index_select(0, plan.src)
 
 
-def cache_rows(backend, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-               hkv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """K and V [N, Hkv, D] of the cache ``slots`` [N], in the backend's layout
-    (`AttentionBackend.read_kv`: the CPU kernel's packed one, the torch path's head-major one,
-    else [NB, BS, Hkv, D])."""
-    return backend.read_kv(k_cache, v_cache, slots)
-
-
-def write_rows(backend, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
-    """Store k and v [T, Hkv, D] at ``slots`` in the backend's layout (`write_kv`)."""
-    backend.write_kv(k, v, k_cache, v_cache, slots)
-
-
 def sparse_gqa(q, backend, k_cache, v_cache, slots, kept, scale: float) -> torch.Tensor:
     """Attention of each token ``q`` [T, H, D] over its kept cache slots only (``slots`` /
     ``kept`` [T, k]) → [T, H, D], in token slices, the softmax in float32."""
@@ -141,7 +127,7 @@ def sparse_gqa(q, backend, k_cache, v_cache, slots, kept, scale: float) -> torch
     n = max(1, MAX_SCORE_ELEMS // (k * h * 4))
     for t0 in range(0, t, n):
         t1 = min(t0 + n, t)
-        keys, values = cache_rows(backend, k_cache, v_cache, slots[t0:t1].reshape(-1), hkv, d)
+        keys, values = backend.read_kv(k_cache, v_cache, slots[t0:t1].reshape(-1))
         keys = keys.view(t1 - t0, k, hkv, d).to(q.dtype)
         values = values.view(t1 - t0, k, hkv, d).to(q.dtype)
         qs = q[t0:t1].view(t1 - t0, hkv, g, d)

@@ -34,6 +34,10 @@ class StepInputs:
     mamba: Any = None  # a hybrid's state slots (`worker.mamba_state.HostSlots`)
     history: np.ndarray | None = None  # int64 [B, n]: `token_history`'s, for `llama.TOKEN_HISTORY`
     seq_state: Any = None  # the model's per-sequence state (`LlamaModel.sequence_state`)
+    # speculative decoding: the rows whose logits are sampled (a drafted request's every
+    # position; None: each sampling request's last) and the drafts (`spec.verify.SpecRows`)
+    sample_rows: np.ndarray | None = None
+    spec: Any = None
 
 
 def token_history(token_lists, starts: np.ndarray, n: int) -> np.ndarray:
