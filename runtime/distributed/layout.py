@@ -132,6 +132,11 @@ def check(config: ModelConfig, size: int) -> None:
         problem = mamba_problem(m, size)
     if problem is None and f.gemma4 is not None:  # its layers' own KV heads and widths
         problem = gemma4_problem(f.gemma4, size)
+    for i, heads in enumerate(() if f.laguna is None else f.laguna.heads):  # Laguna's by layer
+        if problem is None and heads % size:
+            problem = (
+                f"--tensor-parallel-size {size} does not divide layer {i}'s {heads} query heads"
+            )
     if problem is None and f.mimo is not None:  # MiMo-V2-Flash's sliding layers' KV heads
         kv = f.mimo.swa_kv_heads
         if kv % size and size % kv:

@@ -37,6 +37,14 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return _gemma4_local(int(m.group(1)), part, rows, cols, mc, lay)
     if mc.family.mimo is not None and m and (mimo := _mimo_rows(int(m.group(1)), part, mc, lay)):
         return mimo, cols
+    if mc.family.laguna is not None and part in (
+        "self_attn.q_proj.weight",
+        "self_attn.g_proj.weight",
+    ):
+        g = mc.family.laguna  # each layer's query heads (model/laguna.py), its gates with them
+        q0, q1 = lay.heads(g.heads[int(m.group(1))])
+        per_head = part.startswith("self_attn.g") and g.gate_per_head
+        return (q1 - q0) * (1 if per_head else mc.head_dim), cols
     if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
         return m_rows, cols
     if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
