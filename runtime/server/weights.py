@@ -343,6 +343,11 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     from pagoda.runtime.distributed.layout import TPLayout
 
     lay = TPLayout(0, p.tp)
+    if mc.family.dsv4 is not None:  # DeepSeek-V4: its tensors as a rank holds them, whatever
+        # the files store (released FP8 / FP4 dequantized to the dtype: model/dsv4_shard.py)
+        from pagoda.runtime.model.dsv4_shard import held_bytes
+
+        return held_bytes(mc.family.dsv4, p.dtype, lay), {}
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
     tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
