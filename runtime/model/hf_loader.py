@@ -19,6 +19,7 @@ from pagoda.runtime import family_options
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import (
     bpe_files,
+    checkpoint_names,
     config_keys,
     family_fields,
     moe_families,
@@ -29,13 +30,11 @@ from pagoda.runtime.model import (
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
-from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.hf_tables import (
     DEFAULT_ROPE,
     DEFAULTS,
     EPS,
-    FUSED,
     GPT_OSS_ROPE,
     HF_ARCHITECTURES,
     NULLABLE,
@@ -412,77 +411,11 @@ def check_weights(
 
 
 def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsWeights) -> None:
-    if config.architecture in FUSED:  # fused qkv_proj / gate_up_proj, listed as Llama's
-        from pagoda.runtime.model.phi3 import split_fused
-
-        split_fused(weights, config)
-    if config.architecture == "codegen":  # its fused q/v/k in 4 groups (phi.py)
-        from pagoda.runtime.model.phi import split_codegen_qkv
-
-        split_codegen_qkv(weights, config)
-    if config.architecture in ("gpt2", "openai_gpt"):  # Conv1D matrices, stored [in, out]
-        from pagoda.runtime.model.positions import transpose_conv1d
-
-        transpose_conv1d(weights)
-    if config.architecture in qwen3_next.DEFAULTS:  # Qwen3.5-MoE's stacked experts
-        for name, new in qwen3_next.stacked_experts(list(weights)).items():
-            weights.rename(name, new)
-    if config.architecture == "olmo_hybrid":  # the published norms' names (OLMo-core's)
-        from pagoda.runtime.model.olmo_hybrid_config import rename_norms
-
-        rename_norms(weights)
-    if config.architecture in moe_families.RENAMES:  # (GraniteMoeSWA's experts, Kolibri's norms)
-        moe_families.RENAMES[config.architecture](weights)
-    if config.architecture == "hy_v4":  # transformers' renames (hy_v4_config.py)
-        from pagoda.runtime.model.hy_v4_config import rename_weights
-
-        rename_weights(weights)
-    if config.architecture == "deepseek_v4":  # the published and saved names (dsv4_config)
-        from pagoda.runtime.model.dsv4_config import canonical
-
-        for name in list(weights):
-            if canonical(name) != name:
-                weights.rename(name, canonical(name))
-    if config.architecture == "kimi_linear":  # the published MLP names (block_sparse_moe)
-        from pagoda.runtime.model.kimi_linear_config import rename_mlps
-
-        rename_mlps(weights)
-    if config.architecture == "inkling2":  # the published names (inkling2_config)
-        from pagoda.runtime.model.inkling2_config import rename as rename_inkling2
-
-        rename_inkling2(weights)
-    if config.architecture == "bailing_hybrid":  # the published names (bailing_hybrid_config)
-        from pagoda.runtime.model.bailing_hybrid_config import rename
-
-        rename(weights)
-    if config.architecture == "glm5_next":  # transformers' renames (glm5_next_config.py)
-        from pagoda.runtime.model.glm5_next_config import rename_weights as rename_glm5_next
-
-        rename_glm5_next(weights)
-    if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
-        from pagoda.runtime.model.longcat_flash_config import rename_sublayers
-
-        rename_sublayers(weights)
+    checkpoint_names.list_as_read(weights, config)  # the family's renames and splits
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
-    if config.architecture == "dory":  # the published two-block layout, g_proj
-        from pagoda.runtime.model.dory_config import read_checkpoint_names as dory_names
-
-        dory_names(weights)
-    if config.architecture == "ergo":  # its training framework's names, fused q/k/v
-        from pagoda.runtime.model.ergo_config import read_checkpoint_names
-
-        read_checkpoint_names(weights, config)
-    if config.architecture == "gemma3n":  # the wrapper's embedders of image / audio token ids
-        from pagoda.runtime.model.gemma3n_config import list_embedders
-
-        list_embedders(weights, config)
-    if config.architecture == "dbrx":  # each layer's experts stacked (dbrx.py)
-        from pagoda.runtime.model.dbrx import split_experts
-
-        split_experts(weights, config)
     scheme = read_quantization(model_dir)
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}
