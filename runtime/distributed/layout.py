@@ -145,6 +145,16 @@ def check(config: ModelConfig, size: int) -> None:
         problem = mamba_problem(m, size)
     if problem is None and f.gemma4 is not None:  # its layers' own KV heads and widths
         problem = gemma4_problem(f.gemma4, size)
+    for i, heads in enumerate(() if f.laguna is None else f.laguna.heads):  # Laguna's by layer
+        if problem is None and heads % size:
+            problem = (
+                f"--tensor-parallel-size {size} does not divide layer {i}'s {heads} query heads"
+            )
+    if problem is None and f.mimo is not None:  # MiMo-V2-Flash's sliding layers' KV heads
+        kv = f.mimo.swa_kv_heads
+        if kv % size and size % kv:
+            problem = (f"--tensor-parallel-size {size}: the sliding layers' {kv} KV heads can "
+                       f"neither be split over {size} ranks nor replicated evenly")  # fmt: skip
     if problem is None and f.dsv4 is not None:  # its output projection's groups
         problem = dsv4_problem(f.dsv4, size)
     moe = None if m is None else m.moe  # Nemotron-H's experts, split by width

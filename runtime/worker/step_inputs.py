@@ -36,6 +36,10 @@ class StepInputs:
     # the model's per-sequence state (`LlamaModel.sequence_state`'s step; on the other ranks
     # of a tensor-parallel group its ``rows()`` as received)
     seq_state: Any = None
+    # speculative decoding: the rows whose logits are sampled (a drafted request's every
+    # position; None: each sampling request's last) and the drafts (`spec.verify.SpecRows`)
+    sample_rows: np.ndarray | None = None
+    spec: Any = None
 
 
 def token_history(token_lists, starts: np.ndarray, n: int) -> np.ndarray:
