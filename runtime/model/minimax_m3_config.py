@@ -120,3 +120,10 @@ def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
     return out | {p + "experts.gate_up_proj": (e, 2 * n, h), p + "experts.down_proj": (e, h, n),
                   p + "shared_experts.gate_up_proj.weight": (2 * s, h),
                   p + "shared_experts.down_proj.weight": (h, s)}  # fmt: skip
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its fused and stacked MLPs and sparse layers' indexers (`expected_shapes`) in
+    `checkpoint_check.expected_shapes`' tensors."""
+    for i in range(c.num_layers):
+        out.update(expected_shapes(c, i))

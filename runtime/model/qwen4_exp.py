@@ -46,7 +46,7 @@ from pagoda.runtime.model.llama import TOKEN_HISTORY, LayerContext, LlamaModel, 
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, save_chunk_ends
 from pagoda.runtime.model.qwen3_next import GatedDeltaNet, Qwen3NextLayer, Qwen3NextModel
 from pagoda.runtime.model.qwen4_exp_config import Qwen4Exp
-from pagoda.runtime.model.qwen4_qsa import POSITIONS, QsaIndexer, sparse_gqa, write_rows
+from pagoda.runtime.model.qwen4_qsa import POSITIONS, QsaIndexer, sparse_gqa
 
 PLAN = "qwen4_plan"  # `meta.aux`: the step's `_StepPlan`
 
@@ -322,7 +322,7 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         t, d = x.shape[0], ctx.head_dim
         q, k, v = self.rotated_qkv(x, step)
         backend = ctx.backend
-        write_rows(backend, k, v, k_cache, v_cache, meta.slot_mapping)
+        backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         kept_slots, kept = ix.select(q_index, meta)
         out = sparse_gqa(q, backend, k_cache, v_cache, kept_slots, kept, backend.scale)
         return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))

@@ -126,19 +126,6 @@ class QsaIndexer:
         return slots.index_select(0, plan.src), kept.view(b * qp, -1).index_select(0, plan.src)
 
 
-def cache_rows(backend, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-               hkv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """K and V [N, Hkv, D] of the cache ``slots`` [N], in the backend's layout
-    (`AttentionBackend.read_kv`: the CPU kernel's packed one, the torch path's head-major one,
-    else [NB, BS, Hkv, D])."""
-    return backend.read_kv(k_cache, v_cache, slots)
-
-
-def write_rows(backend, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
-    """Store k and v [T, Hkv, D] at ``slots`` in the backend's layout (`write_kv`)."""
-    backend.write_kv(k, v, k_cache, v_cache, slots)
-
-
 def sparse_gqa(q, backend, k_cache, v_cache, slots, kept, scale: float) -> torch.Tensor:
     """Attention of each token ``q`` [T, H, D] over its kept cache slots only (``slots`` /
     ``kept`` [T, k]) → [T, H, D], in token slices, the softmax in float32."""
@@ -150,7 +137,7 @@ def sparse_gqa(q, backend, k_cache, v_cache, slots, kept, scale: float) -> torch
     n = max(1, MAX_SCORE_ELEMS // (k * h * 4))
     for t0 in range(0, t, n):
         t1 = min(t0 + n, t)
-        keys, values = cache_rows(backend, k_cache, v_cache, slots[t0:t1].reshape(-1), hkv, d)
+        keys, values = backend.read_kv(k_cache, v_cache, slots[t0:t1].reshape(-1))
         keys = keys.view(t1 - t0, k, hkv, d).to(q.dtype)
         values = values.view(t1 - t0, k, hkv, d).to(q.dtype)
         qs = q[t0:t1].view(t1 - t0, hkv, g, d)

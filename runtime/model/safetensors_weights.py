@@ -348,6 +348,14 @@ class SafetensorsWeights(Mapping):
             self._transposed.discard(name)
             self._transposed.add(new)
 
+    def rename_all(self, moves: dict[str, str]) -> None:
+        """`rename` each tensor of `moves` (name -> new name), in two passes: one tensor's new
+        name may be another's old one (Dory's and Ergo's renames)."""
+        for name, new in moves.items():
+            self.rename(name, "\0" + new)
+        for new in moves.values():
+            self.rename("\0" + new, new)
+
     def stored_name(self, name: str) -> str:
         """What the files call tensor `name` (the text model's Llama-style name the engine
         reads): its stored name where it is there (a `split_rows` part's: the fused tensor's);

@@ -170,11 +170,12 @@ def test_the_weights_count_as_transformers_counts_them(built):
 
 
 def test_the_cache_rows_read_back_in_every_layout(monkeypatch):
-    """`qwen4_qsa.cache_rows` reads back what the backend wrote at random slots: the CPU
-    kernel's packed layout (float32 and bfloat16), the torch path's head-major one and the
-    [NB, BS, Hkv, D] one of the other backends (Triton's, written by `write_rows`)."""
+    """What Qwen4-Exp's sparse path stores and gathers (`AttentionBackend.write_kv` /
+    `read_kv`) reads back at random slots: the CPU kernel's packed layout (float32 and
+    bfloat16), the torch path's head-major one and the [NB, BS, Hkv, D] one of the other
+    backends (Triton's, `AttentionBackend`'s own)."""
     from pagoda.runtime.attention import get_attention_backend
-    from pagoda.runtime.model.qwen4_qsa import cache_rows, write_rows
+    from pagoda.runtime.attention.base import AttentionBackend
 
     cpu = torch.device("cpu")
     slots = torch.randperm(64)[:20]
@@ -186,21 +187,13 @@ def test_the_cache_rows_read_back_in_every_layout(monkeypatch):
         if switch == "kernel" and be.kernel is None:
             continue  # (the kernel did not build here)
         k, v = torch.randn(2, 20, 2, 32).to(dtype)
-        write_rows(be, k, v, k_cache, v_cache, slots)
-        got = cache_rows(be, k_cache, v_cache, slots, 2, 32)
+        be.write_kv(k, v, k_cache, v_cache, slots)
+        got = be.read_kv(k_cache, v_cache, slots)
         assert torch.equal(got[0], k) and torch.equal(got[1], v), (switch, dtype)
-    from types import SimpleNamespace
-
-    from pagoda.runtime.attention.base import AttentionBackend
-
-    base = SimpleNamespace(  # the other backends' [NB, BS, Hkv, D] (`AttentionBackend`'s)
-        read_kv=lambda *a: AttentionBackend.read_kv(None, *a),
-        write_kv=lambda *a: AttentionBackend.write_kv(None, *a),
-    )
     k_cache, v_cache = torch.zeros(2, 4, 16, 2, 32).unbind(0)
     k, v = torch.randn(2, 20, 2, 32)
-    write_rows(base, k, v, k_cache, v_cache, slots)
-    got = cache_rows(base, k_cache, v_cache, slots, 2, 32)
+    AttentionBackend.write_kv(None, k, v, k_cache, v_cache, slots)
+    got = AttentionBackend.read_kv(None, k_cache, v_cache, slots)
     assert torch.equal(got[0], k) and torch.equal(got[1], v)
     assert torch.equal(k_cache.view(64, 2, 32)[slots], k)
 
