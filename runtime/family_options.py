@@ -139,8 +139,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "dots3_note_text": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "deepseek_v4": Untested(
-            tensor_parallel="its compressed attention and hyper-connections are not split over "
-            "ranks",
             fp8="its FP8 GEMM is not tested",
             kv_cache="its compressed entries and window slots are kept in the model's dtype",
             float16="not tested: float32 is tested against transformers, bfloat16 runs",

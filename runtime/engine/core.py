@@ -364,14 +364,12 @@ class EngineCore:
                 reqs.append(req)
         proposer = self.proposer
         if proposer.num_buffers > 2 * len(self.scheduler.running) + 16:
-            proposer.retain(r.request_id for r in self.scheduler.running)
+            proposer.retain(self.scheduler.running)
         if not reqs:
             return
         limits = np.fromiter((r.max_new_tokens - r.num_output_tokens - 1 for r in reqs),
                              np.int64, len(reqs))  # fmt: skip
-        drafts, counts = proposer.propose(
-            [r.request_id for r in reqs], [r.token_ids for r in reqs], limits
-        )
+        drafts, counts = proposer.propose(reqs, [r.token_ids for r in reqs], limits)
         for req, row, c in zip(reqs, drafts.tolist(), counts.tolist()):
             if c > 0:
                 req.spec_token_ids = row[:c]

@@ -241,6 +241,7 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
                 tensors[name] = Stored(name, t.tensor_type.name, gguf_loader.held_shape(name, t),
                                        int(t.n_bytes))  # fmt: skip
         return Checkpoint("GGUF", tensors, path.stat().st_size)
+    from pagoda.runtime.model.checkpoint_names import LISTINGS
     from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, checkpoint_files
 
     try:
@@ -249,48 +250,15 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         return Checkpoint("")
     # headers only (a pickle's tensors memory-mapped, none read): tensors are read on access
     weights = SafetensorsWeights(files)
-    if architecture in ("gpt2", "openai_gpt"):  # Conv1D matrices, listed [out, in] as read
-        from pagoda.runtime.model.positions import transpose_conv1d
+    listing = LISTINGS.get(architecture)
+    if listing is not None and listing.estimate:  # the tensors as the loader names them
+        if not listing.config:
+            listing.run(weights, None)
+        else:
+            from pagoda.runtime.model.hf_loader import read_config
 
-        transpose_conv1d(weights)
-    if architecture == "ergo":  # its training framework's names, as the loader reads them
-        from pagoda.runtime.model.ergo_config import read_checkpoint_names
-        from pagoda.runtime.model.hf_loader import read_config
-
-        with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
-            read_checkpoint_names(weights, read_config(path))
-    if architecture == "hy_v4":  # transformers' renames, as the loader lists them
-        from pagoda.runtime.model.hy_v4_config import rename_weights
-
-        rename_weights(weights)
-    if architecture == "glm5_next":  # transformers' renames, as the loader lists them
-        from pagoda.runtime.model.glm5_next_config import rename_weights as rename_glm5_next
-
-        rename_glm5_next(weights)
-    if architecture == "inkling2":  # the published names, as the loader lists them
-        from pagoda.runtime.model.inkling2_config import rename as rename_inkling2
-
-        rename_inkling2(weights)
-    if architecture == "bailing_hybrid":  # the published names, as the loader lists them
-        from pagoda.runtime.model.bailing_hybrid_config import rename
-
-        rename(weights)
-    if architecture == "gemma3n":  # the wrapper's embedders, as the loader lists them
-        from pagoda.runtime.model.gemma3n_config import list_embedders
-        from pagoda.runtime.model.hf_loader import read_config
-
-        with contextlib.suppress(ValueError):  # (refused at load in one line)
-            list_embedders(weights, read_config(path))
-    if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
-        from pagoda.runtime.model.dbrx import split_experts
-        from pagoda.runtime.model.hf_loader import read_config
-
-        with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
-            split_experts(weights, read_config(path))
-    from pagoda.runtime.model.moe_families import RENAMES
-
-    if architecture in RENAMES:  # a family's tensors as the loader names them
-        RENAMES[architecture](weights)
+            with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
+                listing.run(weights, read_config(path))
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)
@@ -343,6 +311,11 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     from pagoda.runtime.distributed.layout import TPLayout
 
     lay = TPLayout(0, p.tp)
+    if mc.family.dsv4 is not None:  # DeepSeek-V4: its tensors as a rank holds them, whatever
+        # the files store (released FP8 / FP4 dequantized to the dtype: model/dsv4_shard.py)
+        from pagoda.runtime.model.dsv4_shard import held_bytes
+
+        return held_bytes(mc.family.dsv4, p.dtype, lay), {}
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
     tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors

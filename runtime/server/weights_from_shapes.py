@@ -53,6 +53,11 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         from pagoda.runtime.model.gemma4_config import param_count
 
         return param_count(mc, tp) * item
+    if f.dsv4 is not None:  # DeepSeek-V4: its tensors as a rank holds them (model/dsv4_shard.py)
+        from pagoda.runtime.distributed.layout import TPLayout
+        from pagoda.runtime.model.dsv4_shard import held_bytes
+
+        return held_bytes(f.dsv4, dtype, TPLayout(0, tp))
     if mc.architecture == "longcat_flash":  # (16 or 32 bits: `family_options`)
         from pagoda.runtime.model.checkpoint_check import expected_shapes
         from pagoda.runtime.model.longcat_flash_config import weight_bytes

@@ -25,11 +25,13 @@ PAD = -1
 class NgramProposer:
     def __init__(self, k: int, lookup_min: int, lookup_max: int) -> None:
         self.k, self.lookup_min, self.lookup_max = k, lookup_min, lookup_max
-        self._bufs: dict[str, tuple[np.ndarray, int]] = {}  # request id -> (tokens, length)
+        # per sequence (keyed by its `Request`: an id may come back for a new request): its
+        # tokens and their count
+        self._bufs: dict[object, tuple[np.ndarray, int]] = {}
 
-    def retain(self, request_ids) -> None:
-        """Drop the buffers of requests not in `request_ids` (finished, aborted)."""
-        live = set(request_ids)
+    def retain(self, keys) -> None:
+        """Drop the buffers of sequences not in `keys` (finished, aborted)."""
+        live = set(keys)
         for rid in [r for r in self._bufs if r not in live]:
             del self._bufs[rid]
 
@@ -37,9 +39,9 @@ class NgramProposer:
     def num_buffers(self) -> int:
         return len(self._bufs)
 
-    def _tokens(self, request_id: str, token_ids: Sequence[int]) -> np.ndarray:
-        """The request's tokens as an int32 array (its buffer topped up with the new ones)."""
-        buf, n = self._bufs.get(request_id, (None, 0))
+    def _tokens(self, key: object, token_ids: Sequence[int]) -> np.ndarray:
+        """The sequence's tokens as an int32 array (its buffer topped up with the new ones)."""
+        buf, n = self._bufs.get(key, (None, 0))
         total = len(token_ids)
         if buf is None or total > len(buf):
             grown = np.empty(max(2 * total, 64), dtype=np.int32)
@@ -48,16 +50,16 @@ class NgramProposer:
             buf = grown
         if total > n:
             buf[n:total] = token_ids[n:total]
-        self._bufs[request_id] = (buf, total)
+        self._bufs[key] = (buf, total)
         return buf[:total]
 
     def propose(
-        self, request_ids: Sequence[str], token_lists: Sequence[Sequence[int]], limits: np.ndarray
+        self, keys: Sequence[object], token_lists: Sequence[Sequence[int]], limits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Drafts of each sequence: ([B, k] int64 tokens, [B] counts), a count at most its
-        `limits` entry (0: no draft)."""
-        b, k = len(request_ids), self.k
-        arrays = [self._tokens(r, t) for r, t in zip(request_ids, token_lists)]
+        """Drafts of each sequence (`keys`: what names its buffer, e.g. its `Request`): ([B, k]
+        int64 tokens, [B] counts), a count at most its `limits` entry (0: no draft)."""
+        b, k = len(keys), self.k
+        arrays = [self._tokens(key, t) for key, t in zip(keys, token_lists)]
         lens = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=b)
         drafts = np.zeros((b, k), dtype=np.int64)
         counts = np.zeros(b, dtype=np.int64)

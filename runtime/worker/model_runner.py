@@ -121,6 +121,9 @@ class ModelRunner:
         # Async scheduling: the last launched step's tokens and the row of each request in
         # them, for the next step's rows whose token is still on the device.
         self.async_scheduling = config.uses_async_scheduling()
+        # speculative decoding: decodes may carry drafts (never with async scheduling, whose
+        # in-flight rows also run past their known tokens)
+        self.speculative = config.speculative_config is not None
         self._inflight: tuple[torch.Tensor, dict[str, int]] | None = None
         # Structured outputs: bitmasks of constrained rows, applied to the logits before sampling
         self.grammar = GrammarBitmask(loaded.tokenizer, mc.vocab_size, self.device)
@@ -385,7 +388,7 @@ class ModelRunner:
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
-        if nd < n and (seq_lens > known).any():  # decodes with drafts
+        if self.speculative and nd < n and (seq_lens > known).any():  # decodes with drafts
             inp.sample_rows, inp.spec = _spec_rows(ids, cu, seq_lens - known, sampling)
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,

@@ -1131,6 +1131,7 @@ def test_axk1_without_correction_biases_routes_as_transformers(built, tmp_path):
     finally:
         for b, v in zip(biases, saved):
             b.copy_(v)
-    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, max_num_seqs=4)
+    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, max_num_seqs=4,
+              kv_cache_memory=4 << 20)  # fmt: skip
     assert generate(llm, [prompt])[0][0] == want
     check_estimate(tmp_path, 1)
