@@ -65,6 +65,7 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/test_longcat_flash.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_laguna.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_hy_v4.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_jamba.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_dense_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_position_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_qwen3_next.py",  # two ranks over gloo; nothing timed

@@ -73,13 +73,19 @@ class TPLayout:
 def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
-    Gated DeltaNet layers split by key heads, which must divide. Other mixers (LFM2's short
-    convs, Mamba-1's, KDA) are not split: refused (their families' rows in
-    `family_options.py` refuse them first, naming the architecture)."""
+    Gated DeltaNet layers split by key heads, which must divide; Mamba-1's (Jamba's) by channels
+    of d_inner, which must divide. Other mixers (LFM2's short convs, Zamba's Mamba-1 heads,
+    KDA) are not split: refused (their families' rows in `family_options.py` refuse them
+    first, naming the architecture; so are Mamba's and Falcon-Mamba's, untested on ranks)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
             return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
                     f"(linear_num_key_heads {m.n_groups})")  # fmt: skip
+        return None
+    if m.mixer == "mamba1" and m.n_heads == 1:  # Jamba's: by channels (`model/mamba1.py`)
+        if m.d_inner % size:
+            return (f"--tensor-parallel-size {size} does not divide the Mamba mixers' channels "
+                    f"(mamba d_inner {m.d_inner})")  # fmt: skip
         return None
     if m.mixer != "mamba2":
         return f"--tensor-parallel-size {size} is not supported for a model with {m.mixer} layers"

@@ -75,7 +75,9 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         "mamba."
     ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors
         share = _mamba_share(name, mc, lay)
-        return (rows, int(cols * share)) if "out_proj.weight" in part else (int(rows * share), cols)
+        mamba1 = mc.family.mamba is not None and mc.family.mamba.mixer == "mamba1"
+        by_cols = "out_proj.weight" in part or (mamba1 and "x_proj.weight" in part)
+        return (rows, int(cols * share)) if by_cols else (int(rows * share), cols)
     if part.endswith(".weight") and _row_parallel(name):
         return rows, cols // lay.size  # input columns
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
@@ -123,6 +125,8 @@ def _mamba_share(name: str, mc: ModelConfig, lay) -> float:
     if lay.size == 1 or m is None or name.endswith("out_proj.bias"):
         return 1.0
     loc = mamba_shard.shard(m, lay).local
+    if m.mixer == "mamba1":  # Jamba's: by channels (`model/mamba1.py`), its dt/B/C norms whole
+        return 1.0 if "_layernorm." in name else loc.d_inner / m.d_inner
     if "in_proj." in name:
         return _in_proj_rows(loc) / _in_proj_rows(m)
     if "conv1d." in name:

@@ -102,10 +102,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         projections += sum(ix.full_layers) * 2 * ix.head_dim * (4 - item)
     if f.attention_sinks and mc.architecture != "gpt_oss":  # GraniteSWA's, Flint's sinks (f32)
         projections += n * 4 * mc.num_heads / t
-    if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, 16 or 32 bits)
-        from pagoda.runtime.model.mimo_v2_flash_config import attention_params
+    if f.mimo is not None:  # its attention by layer kind, the sinks (16 or 32 bits)
+        from pagoda.runtime.model.mimo_v2_flash_config import attention_bytes
 
-        projections += attention_params(mc) * item - n * attn * item
+        projections += attention_bytes(mc, item, t) - n * attn * item
     if f.kolibri11 is not None:  # its KV-shared layers: no k/v projections nor k norm
         shared, rows = sum(map(f.kolibri11.shares_kv, range(n))), 2 * kv * mc.head_dim
         projections -= shared * ((rows * h + 4 * rows if fp8 else rows * h * item)

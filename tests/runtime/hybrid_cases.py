@@ -615,7 +615,8 @@ REFUSED = {
     ),
     "glm5-next": (2, _NO_TP.format("glm5_next", "kda"), _NO_FP8.format("glm5_next", "kda")),
     "minimax": (2, _NO_TP.format("minimax", "lightning"), _NO_FP8.format("minimax", "lightning")),
-    "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
+    "jamba": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+              _NO_FP8.format("jamba", "mamba1")),
     "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
     "falcon-mamba": (
         2, _NO_TP.format("falcon_mamba", "mamba1"), _NO_FP8.format("falcon_mamba", "mamba1")

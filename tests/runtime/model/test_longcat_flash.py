@@ -143,3 +143,18 @@ def test_two_ranks_match_transformers(built):
     path, _, loaded, reference = built
     check_two_ranks(path, loaded, reference, "longcat_flash")
     check_estimate(path, 2, rel=0)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weights_from_shapes_as_from_its_tensors(built, tp):
+    """`fit`'s count from config.json alone (`from_shapes`, 16 bits, one rank's share) against
+    the headers' as CUDA holds them: the sublayers' latent attention by heads
+    (kv_b as the absorbed W_UK and W_UV), the MLPs and experts by width, the routers in float32."""
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    path = built[0]
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp, None))
+    assert got == weights.from_shapes(mc, torch.bfloat16, False, tp)
