@@ -93,12 +93,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
-        "laguna": Untested(
-            tensor_parallel="its query heads by layer are not tested on ranks",
-            fp8="its gate and per-layer heads' FP8 GEMM is not tested",
-        ),
+        "laguna": Untested(fp8="its gate and per-layer heads' FP8 GEMM is not tested"),
         "mimo_v2_flash": Untested(
-            tensor_parallel="not tested on several ranks",
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),
@@ -115,7 +111,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its differential attention pairs the first half of the heads with "
             "the second, across ranks"
         ),
-        "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "kolibri1": Untested(fp8="not tested"),
         "kolibri1_1": Untested(
             tensor_parallel="its KV-shared layers are not tested on several ranks",
             fp8="not tested",
@@ -123,11 +119,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
-        "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
-        "longcat_flash": Untested(
-            tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
-            fp8="not tested",
-        ),
+        "axk1": Untested(fp8="not tested"),
+        "longcat_flash": Untested(fp8="not tested"),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",
@@ -140,16 +133,12 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "hy_v4": Untested(
-            tensor_parallel="its gated attention with sinks and its stacked experts are not "
-            "split over ranks",
             fp8=_DSA_FP8,
             fp8_checkpoint="not tested",
             kv_cache=_DSA_KV,
         ),
         "dots3_note_text": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "deepseek_v4": Untested(
-            tensor_parallel="its compressed attention and hyper-connections are not split over "
-            "ranks",
             fp8="its FP8 GEMM is not tested",
             kv_cache="its compressed entries and window slots are kept in the model's dtype",
             float16="not tested: float32 is tested against transformers, bfloat16 runs",

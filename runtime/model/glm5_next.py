@@ -13,7 +13,8 @@ experts) with what transformers' ``modeling_glm5_next.py`` changes:
   the pool, of gate + ``index_kpool_compress_ape`` by position) mix of its tokens' keys; a
   query scores the whole pools that end at or before it (``sum_h w_h relu(q_h . key /
   sqrt(D))``, ``w = weights_proj(x) / sqrt(H)``, in the model's dtype as transformers keeps
-  it) and attends to the tokens of its ``index_topk / index_kpool`` best and to those of its
+  it; a pool's key mixed once, by the step whose token ends it, into the layer's pool table:
+  `side_tables.PoolTable`) and attends to the tokens of its ``index_topk / index_kpool`` best and to those of its
   own unfinished pool. While no sequence of the step is longer than ``index_topk +
   index_kpool - 1`` that is every earlier token: the step attends densely through the
   backend (the rows still written). "Shared" layers reuse the previous full layer's choice;
@@ -56,6 +57,7 @@ from pagoda.runtime.model.kimi_linear import KimiLinearLayer
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.moe import SharedExpertMoE, make_mlp
+from pagoda.runtime.model.side_tables import PoolTable
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 
@@ -118,6 +120,8 @@ class Glm5NextLayer(KimiLinearLayer, DsaLayer):
             self.weights_proj = linear_layer(ctx, w, [p + "weights_proj.weight"])
             self.ape = w[p + "index_kpool_compress_ape"]  # [P, D]: a position's logit in a pool
             self.compress_gate = linear_layer(ctx, w, [p + "index_kpool_compress_gate"])
+            self.pools = PoolTable(self.ix.kpool, self.ix.head_dim)  # each finished pool's key
+            self.side_tables = [self.pools]
 
     def linears(self):
         if self.mixer is not None or not self.full:
@@ -160,16 +164,19 @@ class Glm5NextLayer(KimiLinearLayer, DsaLayer):
         else:  # a shared layer's row has none: zeros (0 x garbage may be NaN)
             k_full[:, 0, c:] = 0
         k_cache, v_cache = step.kv_caches[self.index]
+        rows = k_cache.view(-1, k_cache.shape[-1])  # one KV head: [slots, W] in any layout
         if meta.max_seq_len <= self.dense_limit:  # every earlier token kept
             out = self.ctx.backend.forward(
                 q_full, k_full, k_full, k_cache, v_cache, meta, window=None,
                 kv_scales=self.kv_scales,
             )  # fmt: skip
+            if self.full:
+                self._close_pools(rows[:, c:], meta)
             return self.values(out)
-        rows = k_cache.view(-1, k_cache.shape[-1])  # one KV head: [slots, W] in any layout
         rows.index_copy_(0, meta.slot_mapping, k_full[:, 0].to(rows.dtype))
         if self.full:
-            meta.aux[KEPT] = self._select_pools(q_index, x, rows[:, c:], meta)
+            self._close_pools(rows[:, c:], meta)
+            meta.aux[KEPT] = self._select_pools(q_index, x, meta)
         slots, kept = meta.aux[KEPT]
         out = sparse_attention(q_full[..., :c], rows, slots, kept, self.ctx.backend.scale, c)
         return self.values(out)
@@ -186,26 +193,36 @@ class Glm5NextLayer(KimiLinearLayer, DsaLayer):
         row[:, ix.head_dim :] = self.compress_gate(x)
         return q
 
+    def _close_pools(self, cached: torch.Tensor, meta: AttentionMetadata) -> None:
+        """The keys of the pools the step's tokens end into the layer's pool table
+        (`side_tables.PoolTable`), from ``cached`` [slots, 2 D]: each cached token's indexer
+        key and gate score. Pool j of a sequence, its positions [j P, (j + 1) P): the sum over
+        its tokens of softmax_over_the_pool(gate + ape[i]) * key (per channel, the softmax in
+        float32, the mix in the cache's dtype, as transformers)."""
+        d = self.ix.head_dim
+
+        def pool_keys(slots: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+            rows = cached[slots]  # [N, P, 2 D]
+            keys, gates = rows[..., :d], rows[..., d:]
+            mix = torch.softmax(gates.float() + self.ape.float(), dim=1).to(keys.dtype)
+            return (mix * keys).sum(dim=1)
+
+        self.pools.bind(cached, cached.shape[0], cached.dtype, meta.block_size)
+        self.pools.close(meta, pool_keys)
+
     def _select_pools(
-        self, q: torch.Tensor, x: torch.Tensor, cached: torch.Tensor, meta: AttentionMetadata
+        self, q: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots [T, k], kept [T, k]): each token's kept cache slots, k = index_topk +
         index_kpool - 1 (its best whole pools' tokens, then its unfinished pool's), and which
-        are real. ``cached`` [slots, 2 D]: each cached token's indexer key and gate score.
-
-        Sequence b's pools are its positions [j P, (j + 1) P); pool j's key is the sum over its
-        tokens of softmax_over_the_pool(gate + ape[i]) * key (per channel, the softmax in
-        float32, the mix in the cache's dtype, as transformers); a query at position p scores
-        the pools that end at or before p: ``sum_h w_h relu(q_h . key_j / sqrt(D))``, keeps
+        are real. A query at position p scores the pools that end at or before p (their keys
+        from the pool table, `_close_pools`): ``sum_h w_h relu(q_h . key_j / sqrt(D))``, keeps
         its ``index_topk / P`` best and the positions [floor((p + 1) / P) P, p]."""
         ix, plan = self.ix, index_plan(meta)
         b, qp = plan.q_rows.shape
         h, d, p = ix.n_heads, ix.head_dim, ix.kpool
         n = plan.slots.shape[1] // p  # whole pools in the longest context
-        rows = cached[plan.slots[:, : n * p]].view(b, n, p, 2 * d)
-        keys, gates = rows[..., :d], rows[..., d:]
-        mix = torch.softmax(gates.float() + self.ape.float(), dim=2).to(keys.dtype)
-        pool_keys = (mix * keys).sum(dim=2).float().transpose(1, 2)  # [B, D, n]
+        pool_keys = self.pools.gather(plan.slots, n).float().transpose(1, 2)  # [B, D, n]
         qb = q[plan.q_rows].float()  # [B, Q, H, D]
         wb = (self.weights_proj(x).float() * h**-0.5)[plan.q_rows].unsqueeze(-2)  # [B, Q, 1, H]
         ends = torch.arange(n, device=q.device) * p + p - 1  # each pool's last position

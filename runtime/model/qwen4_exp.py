@@ -292,6 +292,7 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         if self.mixer is None and q.indexer_heads:
             rope = model.rope_caches["global"]
             self.indexer = QsaIndexer(w, prefix, q, c.rms_norm_eps, ctx, rope)
+            self.side_tables = [self.indexer.keys, self.indexer.blocks_table]
         self.ple = None
         if index in q.ple_layers:
             self.ple = Ple(model, w, prefix + "ple.", q, q.ple_layers.index(index))
@@ -314,7 +315,7 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         if ix is None:
             return super().attention(x, step)
         k_cache, v_cache = step.kv_caches[self.index]
-        slots = k_cache.numel() // (ctx.num_kv_heads * ctx.head_dim)  # (an upper bound)
+        slots = k_cache.numel() // (ctx.num_kv_heads * ctx.head_dim)
         q_index = ix.query_and_store(x, meta, k_cache, slots)
         if meta.max_seq_len <= ix.dense_limit:
             return super().attention(x, step)

@@ -35,6 +35,16 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return stop - start, cols
     if mc.family.gemma4 is not None and m:  # its layers' own head sizes and KV heads
         return _gemma4_local(int(m.group(1)), part, rows, cols, mc, lay)
+    if mc.family.mimo is not None and m and (mimo := _mimo_rows(int(m.group(1)), part, mc, lay)):
+        return mimo, cols
+    if mc.family.laguna is not None and part in (
+        "self_attn.q_proj.weight",
+        "self_attn.g_proj.weight",
+    ):
+        g = mc.family.laguna  # each layer's query heads (model/laguna.py), its gates with them
+        q0, q1 = lay.heads(g.heads[int(m.group(1))])
+        per_head = part.startswith("self_attn.g") and g.gate_per_head
+        return (q1 - q0) * (1 if per_head else mc.head_dim), cols
     if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
         return m_rows, cols
     if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
@@ -91,6 +101,16 @@ def _gemma4_local(layer: int, part: str, rows: int, cols: int, mc: ModelConfig, 
     if part in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "experts.gate_up_proj"):
         return rows // lay.size, cols
     return rows, cols
+
+
+def _mimo_rows(layer: int, part: str, mc: ModelConfig, lay) -> int | None:
+    """A rank's rows of MiMo-V2-Flash's k and v (the layer's own KV heads, split or replicated;
+    values `v_head_dim` wide): `model/mimo_v2_flash.py`; None for the others."""
+    kv, d = mc.kv_layer_shapes[layer][0], mc.head_dim
+    if part in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+        k0, k1 = lay.kv_heads(kv)
+        return (k1 - k0) * (d if part.startswith("self_attn.k") else mc.family.mimo.v_head_dim)
+    return None
 
 
 def _mamba_share(name: str, mc: ModelConfig, lay) -> float:

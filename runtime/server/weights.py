@@ -127,7 +127,7 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 # kv_b_proj, or llama.cpp's split of it: held as the absorbed W_UK and W_UV (model/deepseek.py)
-_KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
+_KV_B = re.compile(r"self_attn\.(\d+\.)?(kv|k|v)_b_proj\.weight$")  # (LongCat's sublayers')
 # a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
 _MAMBA_TENSORS = re.compile(
     r"(\.(mamba|linear_attn)\.([qkv]_)?(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
@@ -145,7 +145,8 @@ _ALTUP_COEFS = re.compile(
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
-                             r"((gate|moe_statics|experts)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
+                             r"router\.classifier\.weight|"  # (LongCat-Flash's)
+                             r"((gate|moe_statics|experts|router)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # HY V4's tensors held in float32: the hyper-connections, the sinks, the indexer key's norm
 _HY_V4_FLOAT32 = re.compile(
@@ -313,6 +314,11 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     from pagoda.runtime.distributed.layout import TPLayout
 
     lay = TPLayout(0, p.tp)
+    if mc.family.dsv4 is not None:  # DeepSeek-V4: its tensors as a rank holds them, whatever
+        # the files store (released FP8 / FP4 dequantized to the dtype: model/dsv4_shard.py)
+        from pagoda.runtime.model.dsv4_shard import held_bytes
+
+        return held_bytes(mc.family.dsv4, p.dtype, lay), {}
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
     tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
@@ -380,7 +386,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         # DeepSeek Sparse Attention's, float32 (GLM-5-Next's in the model's dtype)
         return float32_router_bytes(t, p)
     if mc.family.hyper is not None and _HY_V4_FLOAT32.search(name):  # (model/hy_v4.py)
-        return t.numel * 4
+        start, stop = lay.heads(mc.num_heads) if name.endswith(".sinks") else (0, t.numel)
+        return (stop - start) * 4  # (the sinks: this rank's heads')
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
     if mc.family.gemma4 is not None and _ALTUP_COEFS.search(name):  # tensors, not Linears
@@ -409,7 +416,8 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         # float32: Gemma's (and MiniMax-M3's) 1 + w (gemma2.norm_weight), Cohere's LayerNorm
         # weights, gpt-oss's w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
         return math.prod(_local(name, t.shape, mc, lay)) * 4
-    if name.endswith("self_attn.sinks"):  # float32, this rank's heads
+    if name.endswith(("self_attn.sinks", "self_attn.attention_sink_bias")):  # float32, this
+        # rank's heads (gpt-oss's, MiMo-V2-Flash's)
         start, stop = lay.heads(mc.num_heads)
         return (stop - start) * 4
     return _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize  # norms and biases (o's and

@@ -19,7 +19,7 @@ tests/runtime/distributed/test_tp_hybrid.py."""
 from __future__ import annotations
 
 import torch
-from arch_cases import NEW, check, check_preempted, generate, prompts
+from arch_cases import NEW, check, check_preempted, check_side_table_bytes, generate, prompts
 from hf_oracle import TINY, hf_greedy_plain, make_tiny_model, make_tiny_wrapped
 from pagoda.runtime import LLM, SamplingParams
 
@@ -495,6 +495,7 @@ def check_chunked_batched_preempted(case) -> None:
     cached = sum((len(p) - 1) // every * every for p in prompts()) if snapshots else 0
     assert llm.engine.kv.prefix_hits - hits == cached
     assert llm.engine.runner.mamba.num_held == 0
+    check_side_table_bytes(llm)
     one = [7]
     check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
     check_preempted(loaded, reference, name)

@@ -108,6 +108,6 @@ def test_bfloat16_rounds_where_transformers_does(built):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     ids = [5, 17, 42, 99, 7, 3, 250, 11]
     want = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, 8:].tolist()
-    llm = LLM(str(path), dtype="bfloat16", device="cpu")
+    llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_memory=4 << 20)
     got = llm.generate([ids], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert got[0].outputs[0].token_ids == want
