@@ -198,7 +198,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "minimax_m3": Untested(
             tensor_parallel="its fused gate_up MLPs are not split over ranks",
             fp8="its FP8 GEMM is not tested",
-            fp8_checkpoint="its stacked experts' FP8 scales are not read",
+            fp8_checkpoint="its FP8 weights' scales are not read: MiniMax-M3-MXFP8's per-expert "
+            "w1/w2/w3 with UE8M0 scales of 1x32 blocks, or block-wise FP8",
             kv_cache="its sparse layers' block attention reads 16/32-bit caches only",
         ),
         "hrm_text": Untested(

@@ -61,6 +61,8 @@ LISTINGS: dict[str, Listing] = {
     "ergo": Listing("ergo_config", "read_checkpoint_names", config=True),  # fused q/k/v too
     "gemma3n": Listing("gemma3n_config", "list_embedders", config=True),  # the wrapper's
     "dbrx": Listing("dbrx", "split_experts", config=True),  # each layer's experts stacked
+    # its published per-expert w1/w3/w2 stacked, split gate/up fused, block_sparse_moe renamed
+    "minimax_m3": Listing("minimax_m3_config", "read_published", config=True),
 }
 
 

@@ -441,3 +441,43 @@ def test_minimax_m3s_text_config_reads_with_transformers_defaults(tmp_path):
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 447_186_441_216
+
+
+def test_minimax_m3s_published_conditional_config_reads_its_text_model(tmp_path):
+    """MiniMaxAI/MiniMax-M3's checkpoint is `MiniMaxM3SparseForConditionalGeneration` with its
+    text model in `text_config`: its first 3 layers dense and full attention, the other 57
+    expert layers attending through the indexer (the released `moe_layer_freq` and
+    `sparse_attention_config` keys, as the model card's ports describe it); read text-only, its
+    head untied (MiniMaxM3VLConfig's default), the count transformers' own for the text model
+    on the meta device (426,174,565,632: the 426.175 B a published port counts for its language model)."""
+    import torch
+
+    dense = [0] * 3 + [1] * 57
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["MiniMaxM3SparseForConditionalGeneration"], "model_type": "minimax_m3_vl",
+        "text_config": {"model_type": "minimax_m3_vl_text", "moe_layer_freq": dense,
+                        "sparse_attention_config": {"sparse_attention_freq": dense}},
+        "vision_config": {"model_type": "minimax_m3_vl_vision"}}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f, tt = o.family, t.text_config
+    assert o.architecture == "minimax_m3" and not o.tie_word_embeddings
+    assert (
+        list(f.moe_layers)
+        == [k == "sparse" for k in tt.mlp_layer_types]
+        == [bool(x) for x in dense]
+    )
+    assert f.block_index.layers == tuple(k == "minimax_m3_sparse" for k in tt.layer_types)
+    with torch.device("meta"):
+        hf = transformers.MiniMaxM3SparseForConditionalGeneration(t)
+    text = sum(p.numel() for n, p in hf.named_parameters()
+               if n.startswith(("model.language_model.", "lm_head.")))  # fmt: skip
+    assert o.num_params == text == 426_174_565_632
+    # MiniMaxAI/MiniMax-M3-MXFP8's: FP8 weights, UE8M0 scales of 1x32 blocks
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                  "weight_block_size": [1, 32]}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="an FP8 minimax_m3 checkpoint is not supported") as e:
+        read_model_config(str(tmp_path))
+    assert "MiniMax-M3-MXFP8's per-expert" in str(e.value) and "\n" not in str(e.value)
