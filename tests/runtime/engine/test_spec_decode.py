@@ -48,9 +48,13 @@ def test_greedy_output_is_the_engines_without_drafts(engines):
     prompts = _prompts(6)
     params = [SamplingParams(temperature=0, max_tokens=24 + 5 * i, ignore_eos=True)
               for i in range(len(prompts))]  # fmt: skip
-    params[2] = SamplingParams(temperature=0, max_tokens=30, stop=["w7", "w42"])
+    # a stop string met mid-way (the word of a token it writes late): the tokens after it in the
+    # same drafted step are dropped
+    probe = plain.generate({"prompt_token_ids": prompts[2]}, params[2])[0].outputs[0].token_ids
+    params[2] = SamplingParams(temperature=0, max_tokens=40, stop=[f"w{probe[-6]}"])
     spec.engine.reset_counters()
     want = _run(plain, prompts, params)
+    assert want[2][0][2] == "stop"
     assert _run(spec, prompts, params) == want
     # and again: the prompts' blocks are cached now (hits)
     assert _run(spec, prompts, params) == want
@@ -102,3 +106,20 @@ def test_stats_carry_the_counters(engines):
     assert len(s.spec_accepted_per_pos) == 4
     assert sum(s.spec_accepted_per_pos) == s.spec_num_accepted_tokens
     assert s.spec_accepted_per_pos == sorted(s.spec_accepted_per_pos, reverse=True)
+
+
+def test_seeded_sampling_with_drafts_rejected_gives_the_same_tokens(smol):
+    """The embedded model asked to rewrite code at temperature 0.8: it copies much of it (drafts
+    accepted) and departs from it where the draws do (drafts rejected, each seeded generator set
+    back to the draws of the tokens kept); both samples are the plain engine's token for token
+    (a generator left one draw off changes them)."""
+    text = "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n"
+    prompt = (f"<|im_start|>user\nRewrite this code with add renamed to plus:\n{text}<|im_end|>\n"
+              "<|im_start|>assistant\n")  # fmt: skip
+    common = dict(loaded=smol, dtype="float32", max_model_len=256, kv_cache_memory=32 << 20)
+    plain, spec = LLM(**common), LLM(**common, speculative_config=SPEC)
+    params = SamplingParams(temperature=0.8, max_tokens=32, n=2, seed=2)
+    got = summary(spec.generate(prompt, params, use_tqdm=False))
+    assert got == summary(plain.generate(prompt, params, use_tqdm=False))
+    stats = spec.engine.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
