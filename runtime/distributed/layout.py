@@ -8,7 +8,8 @@ Megatron-style sharding, as vLLM's: rank r of N holds
   N / Hkv ranks, so the grouped-query mapping of every query head is what it was on one device;
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
-- a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says;
+- a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says (Qwen3-Next's Gated
+  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads);
 - Gemma 4's (and Gemma 3n's) layers by their own shapes: each layer's KV heads and MLP width
   (`gemma4_problem`);
 - DeepSeek-V4's query heads, output projection groups and experts' width
@@ -73,10 +74,11 @@ class TPLayout:
 def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
-    Gated DeltaNet layers split by key heads, which must divide; Mamba-1's (Jamba's) by channels
-    of d_inner, which must divide. Other mixers (LFM2's short convs, Zamba's Mamba-1 heads,
-    KDA) are not split: refused (their families' rows in `family_options.py` refuse them
-    first, naming the architecture; so are Mamba's and Falcon-Mamba's, untested on ranks)."""
+    Gated DeltaNet layers split by key heads, which must divide, the KDA and lightning layers by
+    heads; Mamba-1's (Jamba's) by channels of d_inner, which must divide. Other mixers (LFM2's
+    short convs, Zamba's Mamba-1 heads) are not split: refused (their families' rows in
+    `family_options.py` refuse them first, naming the architecture; so are Mamba's and
+    Falcon-Mamba's, untested on ranks)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
             return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
@@ -86,6 +88,12 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
         if m.d_inner % size:
             return (f"--tensor-parallel-size {size} does not divide the Mamba mixers' channels "
                     f"(mamba d_inner {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer in ("kda", "lightning"):  # Kimi Linear's, ..., MiniMax-Text-01's: by heads
+        if m.n_heads % size:
+            kind = "KDA" if m.mixer == "kda" else "lightning attention"
+            return (f"--tensor-parallel-size {size} does not divide the {kind} heads "
+                    f"({m.n_heads})")  # fmt: skip
         return None
     if m.mixer != "mamba2":
         return f"--tensor-parallel-size {size} is not supported for a model with {m.mixer} layers"

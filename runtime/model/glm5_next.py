@@ -34,11 +34,12 @@ experts) with what transformers' ``modeling_glm5_next.py`` changes:
   in the dense MLPs, the shared expert and the routed experts (on CUDA the fused-MoE kernel's
   ``silu_limit``), in the model's dtype as transformers computes it.
 
-The KDA states live in the hybrids' state slots (prefix caching, chunked prefill and
-preemption as Kimi Linear's); the streams live only within a step. Not supported (one line
-each, `family_options`): tensor parallelism, ``--quantization fp8``, FP8 checkpoints, FP8/int8
-KV caches (the indexer's rows are in the model's dtype), float16; CUDA graphs are off (the
-step's path is chosen on the host, as GLM-5's).
+The KDA states live in the hybrids' state slots (prefix caching, chunked prefill, preemption
+and the tensor-parallel split as Kimi Linear's; the k-pool indexer, its pools' choice and the
+streams whole on every rank, each rank picking the same pools); the streams live only within a
+step. Not supported (one line each, `family_options`): ``--quantization fp8``, FP8
+checkpoints, FP8/int8 KV caches (the indexer's rows are in the model's dtype), float16; CUDA
+graphs are off (the step's path is chosen on the host, as GLM-5's).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsa import KEPT, MAX_SCORE_ELEMS, DsaLayer, index_plan, sparse_attention
 from pagoda.runtime.model.glm5_next_config import HC
 from pagoda.runtime.model.hyper_connection import HyperConnection, expand
-from pagoda.runtime.model.kimi_linear import KimiLinearLayer
+from pagoda.runtime.model.kimi_linear import KdaShard, KimiLinearLayer
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.moe import SharedExpertMoE, make_mlp
@@ -69,23 +70,26 @@ class Glm5NextDeltaAttention(BailingDeltaAttention):
                  lower_bound: float):  # fmt: skip
         p = prefix + "self_attn."
         g = p + "forget_gate."
-        self.m, self.index, self.eps, self.beta_scale = m, index, eps, 1.0
+        r = KdaShard(m, w, ctx)
+        self.m, self.index, self.eps, self.beta_scale = r.local, index, eps, 1.0
         dev, self.lower_bound, self.dtype = w.device, lower_bound, w.dtype
-        # x's projections in one matmul: q k v (the conv's channels), f_a, g_a, b
-        rows = [p + "q_proj", p + "k_proj", p + "v_proj", g + "f_a_proj", p + "g_a_proj",
-                p + "b_proj"]  # fmt: skip
-        self.in_proj = ctx.linear(torch.cat([w[n + ".weight"] for n in rows]).contiguous())
-        self.f_b = ctx.linear(w[g + "f_b_proj.weight"])
-        self.g_b = ctx.linear(w[p + "g_b_proj.weight"])
-        self.out_proj = ctx.linear(w[p + "o_proj.weight"])
-        parts = [w.source(n).float().to(dev) for n in conv_names(p, w)]  # float32 (`_conv32`)
-        self.conv_weight = torch.cat(parts)[:, 0, :].contiguous()
+        # x's projections in one matmul: q k v (the conv's channels), f_a, g_a (whole), b
+        rows = ((p + "q_proj", r.qk), (p + "k_proj", r.qk), (p + "v_proj", r.v),
+                (g + "f_a_proj", None), (p + "g_a_proj", None), (p + "b_proj", r.heads))  # fmt: skip
+        self.in_proj = ctx.linear(torch.cat([r.rows(n + ".weight", s) for n, s in rows]))
+        self.f_b = ctx.linear(r.rows(g + "f_b_proj.weight", r.qk))
+        self.g_b = ctx.linear(r.rows(p + "g_b_proj.weight", r.v))
+        self.out_proj = r.out_proj(p + "o_proj.weight")
+        self.conv_weight = r.conv(
+            torch.cat([w.source(n).float().to(dev) for n in conv_names(p, w)])
+        )  # float32 (`_conv32`)
         self.conv_fn = self._conv32
-        self.rate = torch.exp(w.source(g + "A_log").float().reshape(-1, 1)).to(dev)  # [H, 1]
-        self.dt_bias = w.source(g + "dt_bias").float().view(m.n_heads, m.head_dim).to(dev)
+        self.rate = torch.exp(r.per_head(w.source(g + "A_log").float().reshape(-1, 1))).to(dev)
+        dt_bias = w.source(g + "dt_bias").float().view(m.n_heads, m.head_dim)
+        self.dt_bias = r.per_head(dt_bias).to(dev)  # [H, K]
         self.norm = w.source(p + "o_norm.weight").float().to(dev)
         self.scale = m.d_state**-0.5
-        self.sizes = [m.conv_dim, m.head_dim, m.head_dim, m.n_heads]
+        self.sizes = [self.m.conv_dim, m.head_dim, m.head_dim, self.m.n_heads]
 
     def linears(self) -> list:
         return [self.in_proj, self.f_b, self.g_b, self.out_proj]

@@ -112,10 +112,11 @@ def _inkling(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | 
 
 def _kda(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
     """The KDA mixers' convs, A_log, dt_bias and output norm (Kimi Linear's, Bailing's,
-    GLM-5-Next's): float32, but Kimi Linear's conv in the dtype."""
+    GLM-5-Next's): float32, but Kimi Linear's conv in the dtype; a rank's heads' share."""
     if _KDA_TENSORS.search(name):
         conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
-        return t.numel * (p.dtype.itemsize if conv else 4)
+        whole = name.endswith("o_norm.weight")  # (one head's: every rank's; the rest its heads')
+        return t.numel // (1 if whole else lay.size) * (p.dtype.itemsize if conv else 4)
     return GENERIC
 
 

@@ -1,7 +1,8 @@
 """One rank's share of a checkpoint tensor under tensor parallelism (`distributed.layout`,
 `model.parallel_linear`, `moe.py`, `model/mamba_shard.py`), for the weights estimate
 (`server/weights.py`): q by its heads, k and v by its KV heads, o and down by input columns,
-gate/up and the experts by rows, the vocabulary padded, a Mamba2 mixer by its heads."""
+gate/up and the experts by rows, the vocabulary padded, a Mamba2 mixer by its heads (a KDA
+layer's too)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         q0, q1 = lay.heads(g.heads[int(m.group(1))])
         per_head = part.startswith("self_attn.g") and g.gate_per_head
         return (q1 - q0) * (1 if per_head else mc.head_dim), cols
+    if m and (kda := _kda_local(int(m.group(1)), part, rows, cols, mc, lay)) is not None:
+        return kda
     if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
         return m_rows, cols
     if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
@@ -83,6 +86,33 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+# a KDA layer's projections split by its heads (`model/kimi_linear.py`): q, k, v, beta's, the
+# forget and output gates' full-rank or second low-rank factors (GLM-5-Next's forget gate's
+# under `forget_gate.`)
+_KDA_ROWS = re.compile(r"self_attn\.(forget_gate\.)?([qkvb]_proj|[fg]_proj|[fg]_b_proj)\.weight$")
+
+
+# a lightning layer's (MiniMax-Text-01's, `model/minimax.py`): q/k/v and the output gate by heads
+_LIGHTNING_ROWS = re.compile(r"self_attn\.(qkv_proj|output_gate)\.weight$")
+
+
+def _kda_local(layer: int, part: str, rows: int, cols: int, mc: ModelConfig, lay):
+    """(rows, columns) of a KDA layer's projection on one rank (`model/kimi_linear.py`): q, k,
+    v, b and the gates' per-head factors by rows, o_proj by input columns, the gates' first
+    low-rank factors whole; a lightning layer's (`model/minimax.py`) q/k/v, output gate and
+    norm by rows, o_proj by columns; None for other layers and tensors."""
+    m = mc.family.mamba
+    if m is None or m.mixer not in ("kda", "lightning") or not m.layers[layer]:
+        return None
+    if m.mixer == "lightning" and part.startswith("self_attn.norm."):  # (all heads': split)
+        return rows // lay.size, cols
+    if _KDA_ROWS.search(part) or _LIGHTNING_ROWS.search(part):
+        return rows // lay.size, cols
+    if part.endswith("self_attn.o_proj.weight"):
+        return rows, cols // lay.size
+    return None
 
 
 def _gemma4_local(layer: int, part: str, rows: int, cols: int, mc: ModelConfig, lay):

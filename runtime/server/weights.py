@@ -111,6 +111,8 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\bmlstm_layer\.[if]gate_preact\b"), "mlstm_layer.gates"),
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
+          # MiniMax-Text-01's lightning layers: q/k/v and the output gate in one matrix
+          (re.compile(r"\bself_attn\.output_gate\b"), "self_attn.qkv_proj"),
           # Inkling's relative states: with q, k and v in one matrix (model/inkling.py)
           (re.compile(r"\bself_attn\.r_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -122,6 +124,8 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"),
           # Qwen3-Next's and Qwen3.5's DeltaNet projections: one matrix (model/qwen3_next.py)
           (re.compile(r"\bin_proj_(qkvz|ba|qkv|z|b|a)\b"), "in_proj"))  # fmt: skip
+# BailingHybrid's KDA gates, f_proj and g_proj: in the layer's one in_proj (model/bailing_hybrid.py)
+_BAILING_KDA_GATES = re.compile(r"\bself_attn\.[fg]_proj\b")
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
@@ -335,7 +339,7 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             continue
         held = _held_apart(name, t, mc, lay, p)
         if held is None:
-            groups.setdefault(_group(name), []).append(t)
+            groups.setdefault(_group(name, mc), []).append(t)
         else:
             total += held
     fp8_layers = blocks = 0
@@ -491,7 +495,10 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
     return lookup + held, note if tied and head_blocks is None else ""
 
 
-def _group(name: str) -> str:
+def _group(name: str, mc: ModelConfig | None = None) -> str:
+    m = None if mc is None or mc.architecture != "bailing_hybrid" else _LAYER.match(name)
+    if m and mc.family.mamba.layers[int(m.group(1))]:  # its KDA gates in the one in_proj (its
+        name = _BAILING_KDA_GATES.sub("self_attn.qkv_proj", name)  # attention's g_proj apart)
     for pattern, fused in _FUSED:
         name = pattern.sub(fused, name)
     return name
