@@ -358,8 +358,8 @@ class SafetensorsWeights(Mapping):
 
     def rename_by(self, renames) -> None:
         """List each tensor under its name with the regex substitutions `renames` ((pattern,
-        replacement) pairs, in turn) applied, where that changes it (HY V4's and GLM-5-Next's
-        transformers renames)."""
+        replacement) pairs, in turn) applied, where that changes it (HY V4's, GLM-5-Next's and
+        BailingHybrid's transformers renames)."""
         for name in list(self):
             new = name
             for pattern, repl in renames:
