@@ -394,6 +394,17 @@ class SafetensorsWeights(Mapping):
         for new in moves.values():
             self.rename("\0" + new, new)
 
+    def rename_by(self, renames) -> None:
+        """List each tensor under its name with the regex substitutions `renames` ((pattern,
+        replacement) pairs, in turn) applied, where that changes it (HY V4's, GLM-5-Next's and
+        BailingHybrid's transformers renames)."""
+        for name in list(self):
+            new = name
+            for pattern, repl in renames:
+                new = pattern.sub(repl, new)
+            if new != name:
+                self.rename(name, new)
+
     def stored_name(self, name: str) -> str:
         """What the files call tensor `name` (the text model's Llama-style name the engine
         reads): its stored name where it is there (a `split_rows` part's: the fused tensor's);
