@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import moe_families, moe_names
+from pagoda.runtime.model import mamba_config, moe_families, moe_names
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 FP8_DTYPES = ("F8_E4M3",)
+# what a family changes in the tensors `expected_shapes` lists (its *_config.py's
+# `checkpoint_shapes`), (c, out) -> None
+_FAMILY_SHAPES = {**moe_families.CHECKPOINT_SHAPES, **mamba_config.CHECKPOINT_SHAPES}
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -148,8 +151,6 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i` of a hybrid (Granite 4.0, Bamba): its mixer, norms and Granite's MLP."""
-    from pagoda.runtime.model import mamba_config
-
     h, p = c.hidden_size, f"model.layers.{i}."
     m = c.family.mamba
     if m.zamba2 is not None or m.zaya is not None or m.inkling or m.inkling2:  # (its layers'
@@ -203,15 +204,10 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
-    if (family := moe_families.CHECKPOINT_SHAPES.get(c.architecture)) is not None:
-        family(c, out)  # (Dory's, Aria's, HRM-Text's, Doge's, Ergo's, ...: their *_config.py)
+    if (family := _FAMILY_SHAPES.get(c.architecture)) is not None:
+        family(c, out)  # (Dory's, Aria's, Zaya's, Inkling's, ...: their *_config.py)
     if c.architecture == "ctrl":  # its head's bias (model/positions.py)
         out["lm_head.bias"] = (c.vocab_size,)
-    if c.architecture == "zaya":  # the embeddings' scale and bias, the head's bias
-        for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
-            out[name] = (c.hidden_size,)
-        if c.family.lm_head_bias:
-            out["lm_head.bias"] = (c.vocab_size,)
     if c.family.kolibri11 is not None:  # Kolibri 1.1's KV-shared layers: q alone (kolibri1.py)
         for i in filter(c.family.kolibri11.shares_kv, range(c.num_layers)):
             for n in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
@@ -220,16 +216,6 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         for i in range(c.num_layers):
             out.update({f"model.layers.{i}.self_attn.{n}": (c.head_dim,)
                         for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})  # fmt: skip
-    if c.architecture in ("inkling", "inkling2"):  # the embeddings' norm
-        out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
-    if c.architecture == "inkling2":  # the final block residual, the padded embedding
-        out["model.final_input.query"] = (c.hidden_size,)
-        out["model.embed_tokens.weight"] = (c.family.mamba.inkling2.padded_vocab, c.hidden_size)
-        out[HEAD] = out["model.embed_tokens.weight"]  # (stored padded: its rows cut at load)
-        start, end, _, _ = c.family.mamba.inkling2.loop
-        if end > start:  # Inkling2Loop's message queries (inkling2_config.MESSAGE_QUERIES)
-            for name in ("queries", "kv_queries"):
-                out[f"model.middle_cycle_cross_pass_{name}"] = (2 * (end - start), c.hidden_size)
     if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family

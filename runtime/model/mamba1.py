@@ -27,6 +27,10 @@ inputs dt B x of a block of rows computed at once, `BLOCK_ELEMENTS` float32 each
 per-sequence loop, no host sync; the per-position loop is the cost of a selective scan without
 a kernel of its own (`benchmarks/recurrent_families.py`, docs/runtime.md).
 
+Tensor parallel (Jamba's mixers; `Mamba1Mixer.split`): each rank its channels of d_inner, its
+state slots theirs; x_proj and out_proj row-parallel (each one all-reduce: dt, B and C read
+every channel).
+
 Prefix caching (`core/state_snapshots.py`): the scan passes through every sequence's state at
 every token, so snapshot boundaries fall every block (`MambaConfig.snapshot_chunk` 1): one
 inside a prefill chunk saves the state before its position from the scan's loop (the
@@ -47,6 +51,7 @@ from pagoda.runtime.model.mamba2 import (
     packed_conv,
     save_chunk_ends,
 )
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 BLOCK_ELEMENTS = 1 << 22  # the prefill scan's decays and inputs [rows, D, N] computed per block
@@ -72,18 +77,42 @@ class Mamba1Mixer:
 
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx) -> None:
         p = prefix + "mamba."
-        self.m, self.index = m, index
-        self.in_proj = linear_layer(ctx, w, [p + "in_proj.weight"])
-        self.x_proj = linear_layer(ctx, w, [p + "x_proj.weight"])
-        self.dt_proj = linear_layer(ctx, w, [p + "dt_proj.weight"])
-        self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
-        self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [D, K]
-        self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
-        self.A = self.read_a(w, p)
-        self.D = w[p + "D"].float().reshape(-1)  # [D]
+        self.index = index
+        if ctx.tp is not None:  # this rank's channels of d_inner (`split`)
+            self.m = m.on_ranks(ctx.tp.layout.size)
+            self.split(m, w, p, ctx)
+        else:
+            self.m = m
+            self.in_proj = linear_layer(ctx, w, [p + "in_proj.weight"])
+            self.x_proj = linear_layer(ctx, w, [p + "x_proj.weight"])
+            self.dt_proj = linear_layer(ctx, w, [p + "dt_proj.weight"])
+            self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
+            self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [D, K]
+            self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
+            self.A = self.read_a(w, p)
+            self.D = w[p + "D"].float().reshape(-1)  # [D]
         self.bcdt_weights = None  # Jamba's norms' weights on dt, B and C
         if m.bcdt_weighted:
             self.bcdt_weights = [w[f"{p}{n}_layernorm.weight"] for n in ("dt", "b", "c")]
+
+    def split(self, m: MambaConfig, w: DeviceWeights, p: str, ctx) -> None:
+        """Tensor parallel (Jamba's mixers): this rank's channels [c0, c1) of d_inner: its rows
+        of in_proj's x and z parts, of the conv, dt_proj (column-parallel), A and D; x_proj
+        reads them as input columns (row-parallel: dt, B and C all-reduced, since each reads
+        every channel), out_proj too (its partial products all-reduced)."""
+        d = m.d_inner
+        c0, c1 = ctx.tp.layout.even(d)
+        self.in_proj = column_linear(
+            ctx, w, [p + "in_proj.weight"] * 2, [(c0, c1), (d + c0, d + c1)]
+        )
+        self.x_proj = row_linear(ctx, w, p + "x_proj.weight")
+        self.dt_proj = column_linear(ctx, w, [p + "dt_proj.weight"])
+        self.out_proj = row_linear(ctx, w, p + "out_proj.weight")
+        self.conv_weight = w.part(p + "conv1d.weight", 0, c0, c1)[:, 0, :].contiguous()
+        self.conv_bias = w.part(p + "conv1d.bias", 0, c0, c1) if m.conv_bias else None
+        a_log = w.part(p + "A_log", 0, c0, c1).float()
+        self.A = -torch.exp(a_log.view(1, c1 - c0, m.d_state))
+        self.D = w.part(p + "D", 0, c0, c1).float().reshape(-1)
 
     def read_a(self, w: DeviceWeights, p: str) -> torch.Tensor:
         """A [H, P, N], float32 as transformers' (A_log [D, N] for Mamba-1: one head)."""

@@ -292,7 +292,7 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         if self.mixer is None and q.indexer_heads:
             rope = model.rope_caches["global"]
             self.indexer = QsaIndexer(w, prefix, q, c.rms_norm_eps, ctx, rope)
-            self.side_tables = [self.indexer.keys]
+            self.side_tables = [self.indexer.keys, self.indexer.blocks_table]
         self.ple = None
         if index in q.ple_layers:
             self.ple = Ple(model, w, prefix + "ple.", q, q.ple_layers.index(index))

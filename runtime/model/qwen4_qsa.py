@@ -8,7 +8,9 @@
   rotated at the token's position;
 - a sequence's positions are cut into blocks of ``indexer_compress_ratio`` from its first
   token; a block's key is the float32 mean of its tokens' raw keys (in the model's dtype),
-  ``k_layernorm``-ed and rotated at the block's first position. A query at position p scores
+  ``k_layernorm``-ed and rotated at the block's first position, computed once, by the step
+  whose token ends the block, into the layer's block table (`side_tables.PoolTable`, by the
+  block's last KV slot: a step pools only the blocks its tokens end). A query at position p scores
   the whole blocks that end at or before p (``sum_h relu(q_h . key) / sqrt(D)``, float32),
   keeps its ``indexer_budget // indexer_compress_ratio`` best and the tail [nb C, p] (nb: its
   whole blocks);
@@ -28,7 +30,7 @@ from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsa import MAX_SCORE_ELEMS, index_plan
 from pagoda.runtime.model.qwen4_exp_config import Qwen4Exp
-from pagoda.runtime.model.side_tables import SlotTable
+from pagoda.runtime.model.side_tables import PoolTable, SlotTable
 
 POSITIONS = "qwen4_positions"  # `meta.aux`: the step's token positions (int64 [T])
 
@@ -65,6 +67,7 @@ class QsaIndexer:
         self.q_norm = 1 + w.source(p + "q_layernorm.weight").float().to(dev)
         self.k_norm = 1 + w.source(p + "k_layernorm.weight").float().to(dev)
         self.keys = SlotTable(self.dim)  # each cached token's raw key (`side_tables`)
+        self.blocks_table = PoolTable(self.ratio, self.dim)  # each finished block's key
 
     def linears(self) -> list:
         return [self.proj]
@@ -78,8 +81,17 @@ class QsaIndexer:
         q, k = self.proj(x).split([self.heads * d, d], dim=-1)
         self.keys.bind(cache, slots, x.dtype)
         self.keys.write(meta.slot_mapping, k)
+        self.blocks_table.bind(cache, slots, x.dtype, meta.block_size)
+        self.blocks_table.close(meta, self._block_keys)
         q = _rms(q.view(t, self.heads, d), self.q_norm, self.eps)
         return _rotate(q, self.rope, meta.aux[POSITIONS])
+
+    def _block_keys(self, slots: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """The key [N, D] of each block of cache ``slots`` [N, ratio] starting at position
+        ``first`` [N]: its raw keys' float32 mean (in the model's dtype), normed, rotated."""
+        raw = self.keys.rows[slots]
+        pooled = _rms(raw.float().mean(dim=1).to(raw.dtype), self.k_norm, self.eps)
+        return _rotate(pooled, self.rope, first)
 
     def select(self, q: torch.Tensor, meta: AttentionMetadata):
         """(slots [T, k], kept [T, k]) of each token's kept cache slots (module docstring),
@@ -88,10 +100,8 @@ class QsaIndexer:
         b, qp = plan.q_rows.shape
         h, d, c = self.heads, self.dim, self.ratio
         n = plan.slots.shape[1] // c  # whole blocks in the longest context
-        raw = self.keys.rows[plan.slots[:, : n * c]].view(b, n, c, d)
-        pooled = _rms(raw.float().mean(dim=2).to(raw.dtype), self.k_norm, self.eps)
+        keys = self.blocks_table.gather(plan.slots, n).float().transpose(1, 2)  # [B, D, n]
         starts = torch.arange(n, device=q.device) * c
-        keys = _rotate(pooled, self.rope, starts.expand(b, n)).float().transpose(1, 2)  # [B, D, n]
         qb = q[plan.q_rows].float()  # [B, Q, H, D]
         ends = starts + c - 1
         k = min(self.blocks, n)

@@ -1,15 +1,17 @@
 """Jamba (`JambaForCausalLM`) beyond the token-for-token case of test_hybrid_ssm.py (the
 "jamba" entry of tests/runtime/hybrid_cases.py: chunked, batched, preempted against
 transformers' slow torch path): the weights estimate against the built model, the checkpoint
-check naming a missing norm of the mixer, one rank and 16/32 bits only (refused in one line),
-and AI21-Jamba-1.5-Mini's config.json read without weights."""
+check naming a missing norm of the mixer, 16/32 bits only (FP8 refused in one line), two
+tensor-parallel ranks, and AI21-Jamba-1.5-Mini's config.json read without weights."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from hybrid_cases import check_refused
+from pagoda.runtime.distributed.layout import mamba_problem
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,9 +29,9 @@ MINI = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "attn_laye
 
 def test_jamba_estimates_and_refusals(built):
     """The weights estimate within 2% of the built model; state slots of Mamba-1's conv and
-    SSM states on the two Mamba layers, a KV cache on the two attention layers; tensor
-    parallelism and FP8 refused in one line (Mamba-1's mixers are neither split nor run in
-    FP8)."""
+    SSM states on the two Mamba layers, a KV cache on the two attention layers; FP8 refused in
+    one line (Mamba-1's mixers do not run in FP8), and a tensor-parallel size that does not
+    divide the mixers' channels."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import memory
@@ -43,6 +45,36 @@ def test_jamba_estimates_and_refusals(built):
     parts = memory.check(mc, cfg, path, 256).parts()
     assert parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
     check_refused("jamba", mc)
+    half = dataclasses.replace(mc.family.mamba, head_dim=130)  # (d_inner 130 over 4 ranks)
+    assert "does not divide the Mamba mixers' channels (mamba d_inner 130)" in mamba_problem(
+        half, 4
+    )
+    assert mamba_problem(mc.family.mamba, 2) is None
+
+
+@pytest.mark.slow  # a second process (gloo): ~5 s on 2 busy cores
+def test_jamba_two_ranks_match_transformers(built):
+    """Two ranks: each Mamba-1 mixer by channels of d_inner (in_proj's x and z rows, the conv,
+    dt_proj, A and D; x_proj and out_proj by input columns, dt/B/C all-reduced), each rank's
+    state slots its 64 of the 128 channels; attention by heads, the experts and MLPs by width.
+    The small pool (16-token chunks, preempted and recomputed), then from the prefix cache
+    (each rank's snapshots of its channels): transformers' tokens and logits; rank 0's weights
+    as the estimate counts them."""
+    from arch_cases import SMALL_POOL, check, generate, prompts
+    from model_bytes import check_estimate
+    from pagoda.runtime import LLM
+
+    path, _, loaded, reference = built("jamba")
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        conv, ssm = core.runner.mamba.states[0]  # this rank's channels
+        assert conv.shape[1:] == (64, 3) and ssm.shape[1:] == (1, 64, 8)
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"jamba: prompt {i}, two ranks")
+    check_estimate(path, 2, rel=0)
 
 
 def test_jamba_checkpoint_without_a_mixer_norm_is_refused(built, tmp_path):

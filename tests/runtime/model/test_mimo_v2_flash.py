@@ -131,3 +131,18 @@ def test_an_fp8_checkpoint_is_refused_in_one_line(built, tmp_path):
     with pytest.raises(ValueError, match="FP8 mimo_v2_flash checkpoint is not supported") as e:
         read_model_config(str(tmp_path))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weights_from_shapes_as_from_its_tensors(built, tp):
+    """`fit`'s count from config.json alone (`from_shapes`, 16 bits, one rank's share) against
+    the headers' as CUDA holds them: each layer's KV heads by its kind (split or
+    replicated), values narrower than keys, the sinks in float32 by the rank's heads."""
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    path = built[0]
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp, None))
+    assert got == weights.from_shapes(mc, torch.bfloat16, False, tp)
