@@ -13,11 +13,11 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.drift import parse_quantity
 from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH, PodIds
-from pagoda.operator.spec import pod_fields
+from pagoda.operator.spec import pod_fields, speculative
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
@@ -36,6 +36,9 @@ from pagoda.operator.spec.model_ref import ModelRef
 from pagoda.operator.spec.parallelism import ParallelismSpec
 from pagoda.runtime import options
 from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
+
+if TYPE_CHECKING:
+    from pagoda.runtime.spec.config import SpeculativeConfig
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
 # CRD's enums and defaults equal them (test_operator_crd.py). Aliases such as "half" are the CLI's
@@ -142,6 +145,8 @@ class EngineSpec:
     max_queue_len: int | None = None
     # the largest prefill chunk of one prompt while others run or wait; 0: off (None: by device)
     long_prefill_token_threshold: int | None = None
+    # n-gram speculative decoding (`--speculative-config`); None: off
+    speculative: SpeculativeConfig | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -149,6 +154,15 @@ class EngineSpec:
             raise SpecError("InvalidSpec", f"spec.engine.dtype must be one of {', '.join(DTYPES)}")
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
+        if self.speculative is not None and any(
+            pod_fields.flag_dest(a) == "async_scheduling" and not a.startswith("--no-")
+            for a in self.extra_args
+        ):
+            raise SpecError(  # `pagoda serve` refuses the two together at start
+                "InvalidSpec",
+                "spec.engine.speculative runs with synchronous scheduling only: drop "
+                "--async-scheduling from spec.engine.extraArgs",
+            )
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
         for needs in CRD_FLAG_RULES:
             if not needs.holds(values):
@@ -196,6 +210,7 @@ class EngineSpec:
             max_model_len=opt_int(d, "maxModelLen", p, 2, 1 << 20),  # a prompt token + one out
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
             long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
+            speculative=speculative.parse(d),
             extra_args=tuple(extra),
         )
 
@@ -386,6 +401,13 @@ class InferenceServiceSpec:
                 "InvalidSpec",
                 "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
                 f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
+            )
+        if self.engine.speculative is not None and self.tensor_parallel_size > 1:
+            raise SpecError(  # `pagoda serve` refuses it at start (a crash loop)
+                "InvalidSpec",
+                "spec.engine.speculative is not supported with tensor parallelism "
+                f"(tensorParallelSize {self.tensor_parallel_size}: resources.gpus × "
+                "parallelism.nodes, or parallelism.tensorParallelSize): drop one of them",
             )
         self._check_split()
 
