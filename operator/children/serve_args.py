@@ -18,7 +18,6 @@ from pagoda.operator.kube.names import (
     SERVER_PORT,
     WORKER,
 )
-from pagoda.operator.spec import speculative
 from pagoda.runtime import options
 
 if TYPE_CHECKING:
@@ -108,8 +107,13 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         out["quantization"] = e.quantization
     if e.long_prefill_token_threshold is not None:  # likewise
         out["longPrefillTokenThreshold"] = e.long_prefill_token_threshold
-    if e.speculative is not None:  # likewise
-        out["speculative"] = speculative.record(e.speculative)
+    if (sc := e.speculative) is not None:  # likewise; camelCase, bounds filled in
+        out["speculative"] = {
+            "method": sc.method,
+            "numSpeculativeTokens": sc.num_speculative_tokens,
+            "promptLookupMax": sc.prompt_lookup_max,
+            "promptLookupMin": sc.prompt_lookup_min,
+        }
     if spec.tensor_parallel_size > 1:
         out["tensorParallelSize"] = spec.tensor_parallel_size
     if spec.multi_node:

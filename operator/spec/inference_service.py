@@ -13,11 +13,11 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pagoda.operator.kube.drift import parse_quantity
 from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH, PodIds
-from pagoda.operator.spec import pod_fields, speculative
+from pagoda.operator.spec import pod_fields
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
@@ -36,9 +36,7 @@ from pagoda.operator.spec.model_ref import ModelRef
 from pagoda.operator.spec.parallelism import ParallelismSpec
 from pagoda.runtime import options
 from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
-
-if TYPE_CHECKING:
-    from pagoda.runtime.spec.config import SpeculativeConfig
+from pagoda.runtime.spec import config as spec_config  # SpeculativeConfig: standard library only
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
 # CRD's enums and defaults equal them (test_operator_crd.py). Aliases such as "half" are the CLI's
@@ -146,7 +144,7 @@ class EngineSpec:
     # the largest prefill chunk of one prompt while others run or wait; 0: off (None: by device)
     long_prefill_token_threshold: int | None = None
     # n-gram speculative decoding (`--speculative-config`); None: off
-    speculative: SpeculativeConfig | None = None
+    speculative: spec_config.SpeculativeConfig | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -210,7 +208,7 @@ class EngineSpec:
             max_model_len=opt_int(d, "maxModelLen", p, 2, 1 << 20),  # a prompt token + one out
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
             long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
-            speculative=speculative.parse(d),
+            speculative=_speculative(d, p),
             extra_args=tuple(extra),
         )
 
@@ -529,6 +527,41 @@ class InferenceServiceSpec:
             ),
             pod_ids=pod_ids,
         )
+
+
+SPECULATIVE_KEYS = ("method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin")
+
+
+def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.SpeculativeConfig | None:
+    """`spec.engine.speculative` → the runtime's own frozen `SpeculativeConfig` (vLLM's
+    `--speculative-config` keys), with the runtime's bounds (the CRD's equal them) and camelCase
+    names in every message; None when absent or null."""
+    p, value = f"{path}.speculative", engine.get("speculative")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(value)}")
+    unknown = sorted(str(k) for k in value if k not in SPECULATIVE_KEYS)
+    if unknown:
+        raise SpecError(
+            "InvalidSpec",
+            f"{p}: unknown field(s) {', '.join(unknown)} (known: {', '.join(SPECULATIVE_KEYS)})",
+        )
+    tokens = opt_int(value, "numSpeculativeTokens", p, 1, spec_config.MAX_SPECULATIVE_TOKENS)
+    if tokens is None:
+        raise SpecError("InvalidSpec", f"{p}.numSpeculativeTokens is required")
+    hi = opt_int(value, "promptLookupMax", p, 1, spec_config.MAX_PROMPT_LOOKUP)
+    lo = opt_int(value, "promptLookupMin", p, 1, spec_config.MAX_PROMPT_LOOKUP)
+    if hi is not None and lo is not None and lo > hi:
+        raise SpecError(
+            "InvalidSpec", f"{p}.promptLookupMin ({lo}) must be <= promptLookupMax ({hi})"
+        )
+    return spec_config.SpeculativeConfig(  # fills an unset bound as `pagoda serve` does
+        num_speculative_tokens=tokens,
+        method=choice(value, "method", p, spec_config.METHODS, spec_config.METHODS[0]),
+        prompt_lookup_max=hi,
+        prompt_lookup_min=lo,
+    )
 
 
 def _or_empty(value: Any) -> Any:
