@@ -18,11 +18,13 @@ from pagoda.runtime import option_rules, options
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism
+from pagoda.runtime.spec.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 assert ("auto", *DTYPES) == options.DTYPES
 __all__ = [
     "DEFAULT_MODEL", "CacheConfig", "EngineConfig", "FamilyConfig", "ModelConfig", "SchedulerConfig",
+    "SpeculativeConfig",
 ]  # fmt: skip
 
 
@@ -139,9 +141,24 @@ class EngineConfig:
     quantization: str | None = None
     # tensor parallelism: ranks, nodes, rendezvous (pagoda.runtime.distributed)
     parallel: Parallelism = field(default_factory=Parallelism)
+    # speculative decoding (n-gram drafts, `pagoda.runtime.spec`): a dict or the flag's JSON
+    # text is read into a SpeculativeConfig here; None: off
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
+        spec = SpeculativeConfig.parse(self.speculative_config)
+        object.__setattr__(self, "speculative_config", spec)
+        if spec is not None and self.async_scheduling:
+            raise ValueError(
+                "speculative decoding runs with synchronous scheduling only (as vLLM v1's first "
+                "did): drop --async-scheduling, or --speculative-config"
+            )
+        if spec is not None and self.parallel.tensor_parallel_size > 1:
+            raise ValueError(
+                "speculative decoding is not supported with tensor parallelism yet "
+                "(--tensor-parallel-size > 1): drop --speculative-config"
+            )
         option_rules.check_booleans(
             self, ("enable_cuda_graphs", "batch_invariant", "async_scheduling", "check_weights"),
             optional=("async_scheduling",),
@@ -217,7 +234,10 @@ class EngineConfig:
 
     def uses_async_scheduling(self) -> bool:
         """The flag, or by default on with CUDA only: on a CPU the forward runs on the host, so
-        there is no device time to hide the next step's scheduling behind."""
+        there is no device time to hide the next step's scheduling behind. Off with
+        speculative decoding (its drafts come from the tokens read back)."""
+        if self.speculative_config is not None:
+            return False
         if self.async_scheduling is not None:
             return self.async_scheduling
         return self.torch_device().type == "cuda"

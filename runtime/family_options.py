@@ -93,12 +93,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="not tested",
             float16=_FLOAT16,
         ),
-        "laguna": Untested(
-            tensor_parallel="its query heads by layer are not tested on ranks",
-            fp8="its gate and per-layer heads' FP8 GEMM is not tested",
-        ),
+        "laguna": Untested(fp8="its gate and per-layer heads' FP8 GEMM is not tested"),
         "mimo_v2_flash": Untested(
-            tensor_parallel="not tested on several ranks",
             fp8="not tested",
             fp8_checkpoint="not tested",
         ),
@@ -115,7 +111,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its differential attention pairs the first half of the heads with "
             "the second, across ranks"
         ),
-        "kolibri1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
+        "kolibri1": Untested(fp8="not tested"),
         "kolibri1_1": Untested(
             tensor_parallel="its KV-shared layers are not tested on several ranks",
             fp8="not tested",
@@ -123,11 +119,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
-        "axk1": Untested(tensor_parallel="not tested on several ranks", fp8="not tested"),
-        "longcat_flash": Untested(
-            tensor_parallel="its zero experts and shortcut MoE are not tested on several ranks",
-            fp8="not tested",
-        ),
+        "axk1": Untested(fp8="not tested"),
+        "longcat_flash": Untested(fp8="not tested"),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",
@@ -140,16 +133,12 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "hy_v4": Untested(
-            tensor_parallel="its gated attention with sinks and its stacked experts are not "
-            "split over ranks",
             fp8=_DSA_FP8,
             fp8_checkpoint="not tested",
             kv_cache=_DSA_KV,
         ),
         "dots3_note_text": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
         "deepseek_v4": Untested(
-            tensor_parallel="its compressed attention and hyper-connections are not split over "
-            "ranks",
             fp8="its FP8 GEMM is not tested",
             kv_cache="its compressed entries and window slots are kept in the model's dtype",
             float16="not tested: float32 is tested against transformers, bfloat16 runs",
@@ -163,7 +152,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
         "falcon_mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
-        "jamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
+        "jamba": Untested(fp8=_MAMBA1),  # (its Mamba-1 mixers split by channels)
         "qwen3_next": Untested(fp8=_DELTANET),
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
@@ -176,16 +165,15 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             float16="tested in bfloat16 and float32 only",
         ),
         "olmo_hybrid": Untested(fp8=_DELTANET),
-        "kimi_linear": Untested(tensor_parallel="kda layers", fp8="kda layers"),
-        "bailing_hybrid": Untested(tensor_parallel="kda layers", fp8="kda layers"),
+        "kimi_linear": Untested(fp8="kda layers"),
+        "bailing_hybrid": Untested(fp8="kda layers"),
         "glm5_next": Untested(
-            tensor_parallel="kda layers",
             fp8="kda layers",
             fp8_checkpoint="not tested",
             kv_cache="tested with 16/32-bit caches only",
             float16="tested in bfloat16 and float32 only",
         ),
-        "minimax": Untested(tensor_parallel="lightning layers", fp8="lightning layers"),
+        "minimax": Untested(fp8="lightning layers"),
         "zamba2": Untested(
             tensor_parallel="its shared blocks and their LoRA adapters are not split",
             fp8="its shared blocks' adapters",
@@ -209,7 +197,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "minimax_m3": Untested(
             tensor_parallel="its fused gate_up MLPs are not split over ranks",
             fp8="its FP8 GEMM is not tested",
-            fp8_checkpoint="its stacked experts' FP8 scales are not read",
+            fp8_checkpoint="its FP8 weights' scales are not read: MiniMax-M3-MXFP8's per-expert "
+            "w1/w2/w3 with UE8M0 scales of 1x32 blocks, or block-wise FP8",
             kv_cache="its sparse layers' block attention reads 16/32-bit caches only",
         ),
         "hrm_text": Untested(

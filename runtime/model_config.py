@@ -336,8 +336,8 @@ class ModelConfig:
             return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
-        if self.family.mla is not None:  # latent attention (Kimi Linear's; one rank only)
-            attn = mla_params(h, self.num_heads, self.family.mla)
+        if self.family.mla is not None:  # latent attention (Kimi Linear's), the rank's heads
+            attn = mla_params(h, self.num_heads, self.family.mla, tp)
         mixer = m.on_ranks(tp).mixer_params(h)
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
         if m.attn_output_gate:  # q_proj's gate rows (Qwen3-Next's attention)
@@ -517,8 +517,10 @@ def indexer_params(hidden: int, m: MlaConfig | None) -> int:
     return sum(ix.full_layers) * one
 
 
-def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
-    """The weights of one latent attention layer (`MlaConfig`): its projections and norms."""
+def mla_params(hidden: int, heads: int, m: MlaConfig, tp: int = 1) -> int:
+    """The weights of one latent attention layer (`MlaConfig`): its projections and norms; on
+    one of `tp` ranks, its heads' (`model/deepseek.py`: the bottleneck, latent and norms whole)."""
+    heads //= tp
     q = hidden * heads * m.qk_head_dim
     if m.q_lora_rank is not None:
         q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim

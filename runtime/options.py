@@ -202,6 +202,11 @@ METRIC_NUM_PREEMPTIONS = "pagoda:num_preemptions"  # counter
 METRIC_TUNED_PROFILE_INFO = "pagoda:tuned_profile_info"  # gauge 1, labels device/model/created
 METRIC_STRUCTURED_REQUESTS = "pagoda:structured_output_requests"  # counter, label type
 METRIC_GRAMMAR_COMPILE = "pagoda:grammar_compile_seconds"  # histogram, label type
+# speculative decoding (only with --speculative-config): counters, as vLLM's spec_decode ones
+METRIC_SPEC_NUM_DRAFTS = "pagoda:spec_decode_num_drafts"
+METRIC_SPEC_NUM_DRAFT_TOKENS = "pagoda:spec_decode_num_draft_tokens"
+METRIC_SPEC_NUM_ACCEPTED_TOKENS = "pagoda:spec_decode_num_accepted_tokens"
+METRIC_SPEC_ACCEPTED_PER_POS = "pagoda:spec_decode_num_accepted_tokens_per_pos"  # label position
 
 # --- `pagoda serve` flags ---------------------------------------------------------------------
 
@@ -292,6 +297,12 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          "load, one scale per output channel, activations per token (CUDA, compute capability "
          "8.9+); unset: the checkpoint's own FP8 format if it has one (dequantized on devices "
          "without FP8)", None, choices=QUANTIZATIONS),
+    Flag("--speculative-config", "speculative decoding, vLLM's JSON: "
+         '\'{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4, '
+         '"prompt_lookup_min": 2}\' drafts up to K tokens a step from an earlier occurrence of '
+         "each sequence's last n-gram and verifies them in one forward (greedy output is "
+         "unchanged; sampled output keeps its distribution); turns async scheduling off "
+         "(docs/runtime.md)", None, metavar="JSON"),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(

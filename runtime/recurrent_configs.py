@@ -418,9 +418,12 @@ class MambaConfig:
     def on_ranks(self, tp: int) -> MambaConfig:
         """The mixers' shapes on one of `tp` ranks (`model/mamba_shard.py`, which says which
         heads and groups): n_heads / tp heads, and n_groups / tp groups where tp divides them,
-        else the one group a rank's heads read (replicated)."""
+        else the one group a rank's heads read (replicated); a Mamba-1 mixer's (one head of
+        d_inner) d_inner / tp channels (`model/mamba1.py`)."""
         if tp == 1:
             return self
+        if self.mixer == "mamba1" and self.n_heads == 1:  # Jamba's: by channels of d_inner
+            return replace(self, head_dim=self.head_dim // tp)
         groups = self.n_groups // tp if self.n_groups % tp == 0 else 1
         return replace(self, n_heads=self.n_heads // tp, n_groups=groups)
 

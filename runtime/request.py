@@ -70,6 +70,10 @@ class Request:
         # Async scheduling: tokens sampled on the device but not read back yet (0 or 1 when a
         # step is scheduled); the scheduler counts them as known so the next step can run them.
         self.num_pending = 0
+        # Speculative decoding: this step's draft tokens after the last known one (set by the
+        # engine's proposer before scheduling; the scheduler trims them to what it schedules)
+        self.spec_token_ids: list[int] = []
+        self.takes_drafts = False  # whether it may (`spec.ngram.takes_drafts`; set by the engine)
         self.num_cached_tokens = 0  # prefix-cache hit at first scheduling
         self.status = RequestStatus.WAITING
         self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks

@@ -57,13 +57,23 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/test_glm4_moe.py",  # the interpreter, two ranks; untimed
     "tests/runtime/model/test_deepseek.py",  # the interpreter on the latent cache, two ranks
     "tests/runtime/model/test_dsa.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_dsv4_engine.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_finite_weights.py",  # exit 2 and its one line; untimed
     "tests/runtime/model/test_gemma3n.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_gemma4.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_mimo_v2_flash.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_longcat_flash.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_laguna.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_hy_v4.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_jamba.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_dense_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_position_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_qwen3_next.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_olmo_hybrid.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_kimi_linear.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_bailing_hybrid.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_glm5_next.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_minimax.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_forward_sync_free.py",  # Triton's interpreter, ops recorded
     "tests/runtime/model/test_gpt_oss.py",  # Triton's interpreter in the engine
     "tests/runtime/model/test_llama4.py",  # Triton's interpreter in the engine, two ranks

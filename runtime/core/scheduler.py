@@ -111,6 +111,7 @@ class Scheduler:
         plan: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
         partial: list[Request] = []
+        drafted = False  # a decode with drafts (speculative decoding) runs 1 + d tokens
         # the decode loop's fast path
         allocate, room, ids_of = self.kv.allocate_slots, self.kv.room, self.kv.req_block_ids
         # Decodes first, placed in the pass that finds them (a steady decode batch: one visit
@@ -126,6 +127,15 @@ class Scheduler:
             if req.num_pending and req.ends_with_pending:
                 continue  # its last token is in flight: it finishes when that is read back
             rid = req.request_id
+            if req.spec_token_ids:  # drafts: 1 + d tokens, within the budget and the blocks
+                d = min(len(req.spec_token_ids), budget - 1)
+                if d > 0 and allocate(req, 1 + d):
+                    del req.spec_token_ids[d:]
+                    plan[rid] = ScheduledRequest(req, 1 + d, ids_of[rid])
+                    budget -= 1 + d
+                    drafted = True
+                    continue
+                req.spec_token_ids = []  # decodes one token as usual
             # `allocate(req, 1)`, whose fast path (room in the last block) is this lookup
             if computed >= room.get(rid, 0) and not allocate(req, 1):
                 fits, back = self._make_room(req, 1, plan, preempted)
@@ -139,7 +149,7 @@ class Scheduler:
         if not preempted:
             self._admit_waiting(plan, budget, cap)
         scheduled = list(plan.values())
-        if partial or len(plan) > num_running:  # decodes first (stable)
+        if partial or drafted or len(plan) > num_running:  # decodes first (stable)
             scheduled.sort(key=lambda s: s.num_new_tokens != 1)
             num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
             num_tokens = sum(s.num_new_tokens for s in scheduled)
@@ -263,6 +273,7 @@ class Scheduler:
         self.kv.free(victim, uncache_this_step=done is not None)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.spec_token_ids = []
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(victim)

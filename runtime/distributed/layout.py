@@ -8,9 +8,12 @@ Megatron-style sharding, as vLLM's: rank r of N holds
   N / Hkv ranks, so the grouped-query mapping of every query head is what it was on one device;
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
-- a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says;
+- a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says (Qwen3-Next's Gated
+  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads);
 - Gemma 4's (and Gemma 3n's) layers by their own shapes: each layer's KV heads and MLP width
   (`gemma4_problem`);
+- DeepSeek-V4's query heads, output projection groups and experts' width
+  (`model/dsv4_shard.py`, `dsv4_problem`; its one KV row a token replicated);
 - rows ``[r V'/N, (r+1) V'/N)`` of the embedding and LM head, V' the vocabulary rounded up to a
   multiple of N (the padding rows are zeros on the embedding side and cut from the logits).
 
@@ -27,6 +30,7 @@ from pagoda.runtime import family_options, options
 if TYPE_CHECKING:  # (config reads a rank's Mamba2 shapes from model/mamba_shard.py, which
     # imports this module)
     from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.model.dsv4_config import Dsv4Config
     from pagoda.runtime.model_configs import Gemma4Layers
     from pagoda.runtime.recurrent_configs import MambaConfig
 
@@ -70,13 +74,26 @@ class TPLayout:
 def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
-    Gated DeltaNet layers split by key heads, which must divide. Other mixers (LFM2's short
-    convs, Mamba-1's, KDA) are not split: refused (their families' rows in
-    `family_options.py` refuse them first, naming the architecture)."""
+    Gated DeltaNet layers split by key heads, which must divide, the KDA and lightning layers by
+    heads; Mamba-1's (Jamba's) by channels of d_inner, which must divide. Other mixers (LFM2's
+    short convs, Zamba's Mamba-1 heads) are not split: refused (their families' rows in
+    `family_options.py` refuse them first, naming the architecture; so are Mamba's and
+    Falcon-Mamba's, untested on ranks)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
             return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
                     f"(linear_num_key_heads {m.n_groups})")  # fmt: skip
+        return None
+    if m.mixer == "mamba1" and m.n_heads == 1:  # Jamba's: by channels (`model/mamba1.py`)
+        if m.d_inner % size:
+            return (f"--tensor-parallel-size {size} does not divide the Mamba mixers' channels "
+                    f"(mamba d_inner {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer in ("kda", "lightning"):  # Kimi Linear's, ..., MiniMax-Text-01's: by heads
+        if m.n_heads % size:
+            kind = "KDA" if m.mixer == "kda" else "lightning attention"
+            return (f"--tensor-parallel-size {size} does not divide the {kind} heads "
+                    f"({m.n_heads})")  # fmt: skip
         return None
     if m.mixer != "mamba2":
         return f"--tensor-parallel-size {size} is not supported for a model with {m.mixer} layers"
@@ -107,6 +124,16 @@ def gemma4_problem(g: Gemma4Layers, size: int) -> str | None:
     return None
 
 
+def dsv4_problem(c: Dsv4Config, size: int) -> str | None:
+    """Why `size` ranks cannot split DeepSeek-V4 (one line), or None: beyond the heads and the
+    experts' width (its config's ``intermediate_size``, `check`'s), the output projection's
+    groups must divide, a group's heads on one rank (`model/dsv4_shard.py`)."""
+    if c.o_groups % size:
+        return (f"--tensor-parallel-size {size} does not divide DeepSeek-V4's output projection "
+                f"groups (o_groups {c.o_groups})")  # fmt: skip
+    return None
+
+
 def check(config: ModelConfig, size: int) -> None:
     """ValueError, one line, if `config` cannot be split over `size` ranks: its family is not
     tested on ranks (`family_options.py`), or its shapes do not divide (the arithmetic is
@@ -132,6 +159,18 @@ def check(config: ModelConfig, size: int) -> None:
         problem = mamba_problem(m, size)
     if problem is None and f.gemma4 is not None:  # its layers' own KV heads and widths
         problem = gemma4_problem(f.gemma4, size)
+    for i, heads in enumerate(() if f.laguna is None else f.laguna.heads):  # Laguna's by layer
+        if problem is None and heads % size:
+            problem = (
+                f"--tensor-parallel-size {size} does not divide layer {i}'s {heads} query heads"
+            )
+    if problem is None and f.mimo is not None:  # MiMo-V2-Flash's sliding layers' KV heads
+        kv = f.mimo.swa_kv_heads
+        if kv % size and size % kv:
+            problem = (f"--tensor-parallel-size {size}: the sliding layers' {kv} KV heads can "
+                       f"neither be split over {size} ranks nor replicated evenly")  # fmt: skip
+    if problem is None and f.dsv4 is not None:  # its output projection's groups
+        problem = dsv4_problem(f.dsv4, size)
     moe = None if m is None else m.moe  # Nemotron-H's experts, split by width
     widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,
                                      "moe_shared_expert_intermediate_size": moe.shared_intermediate}  # fmt: skip

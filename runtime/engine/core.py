@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from pagoda.runtime import family_options
 from pagoda.runtime.config import EngineConfig, ModelConfig
@@ -48,6 +49,8 @@ from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.bans import check_bans_leave_tokens
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
+from pagoda.runtime.spec.ngram import NgramProposer, takes_drafts
+from pagoda.runtime.spec.stats import SpecDecodeStats
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
@@ -73,6 +76,7 @@ class EngineCore:
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         check_dtype(config, loaded.config)
         check_block_size(config, loaded.config)
+        check_speculative(config, loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -113,6 +117,18 @@ class EngineCore:
         self.async_scheduling = config.uses_async_scheduling()
         self._inflight: LaunchedStep | None = None  # async: launched, not read back yet
         self._penalized: set[str] = set()  # requests whose steps must run synchronously
+        # speculative decoding: the drafts' proposer and the acceptance counters
+        spec = config.speculative_config
+        self.proposer: NgramProposer | None = None
+        self.spec_stats: SpecDecodeStats | None = None
+        if spec is not None:
+            if self.runner.mamba is not None or self.runner.seq_state is not None:
+                raise ValueError(_SPEC_STATE.format(self.model_config.architecture))
+            self.proposer = NgramProposer(
+                spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
+            )
+            self.spec_stats = SpecDecodeStats.empty(spec.num_speculative_tokens)
+        self._spec_logged = time.monotonic()
         # Start-up objects (weights, tokenizer, graphs) never die: keep the collector off them,
         # or a full collection every few hundred steps stalls a step by milliseconds.
         gc.collect()
@@ -237,7 +253,7 @@ class EngineCore:
                 child_params.seed = sample_seed(params.seed, i)  # is a seed, not "none"
             cid = request_id if params.n == 1 else f"{request_id}#{i}"
             reqs.append(
-                Request(
+                req := Request(
                     cid,
                     list(prompt_token_ids),
                     child_params,
@@ -248,6 +264,7 @@ class EngineCore:
                     bulk=bulk or params.n > 1,
                 )
             )
+            req.takes_drafts = self.proposer is not None and takes_drafts(req)
         return reqs
 
     def abort_request(self, request_id: str) -> None:
@@ -273,6 +290,8 @@ class EngineCore:
         clock = self.clock
         if clock is not None:
             clock.start()
+        if self.proposer is not None:
+            self._propose()
         out = self.scheduler.schedule()
         if out.is_empty:
             return self._emit_pending()
@@ -333,15 +352,45 @@ class EngineCore:
         self._update(result)
         return self.outputs.process(result, self.clock)
 
+    def _propose(self) -> None:
+        """Drafts for the running requests about to decode that take them (`spec/ngram.py`),
+        left on `Request.spec_token_ids` for the scheduler; at most what the request may still
+        generate after the step's own token."""
+        reqs = []
+        for req in self.scheduler.running:
+            if req.spec_token_ids:
+                req.spec_token_ids = []
+            if req.takes_drafts and len(req.token_ids) - req.num_computed_tokens == 1:
+                reqs.append(req)
+        proposer = self.proposer
+        if proposer.num_buffers > 2 * len(self.scheduler.running) + 16:
+            proposer.retain(self.scheduler.running)
+        if not reqs:
+            return
+        limits = np.fromiter((r.max_new_tokens - r.num_output_tokens - 1 for r in reqs),
+                             np.int64, len(reqs))  # fmt: skip
+        drafts, counts = proposer.propose(reqs, [r.token_ids for r in reqs], limits)
+        for req, row, c in zip(reqs, drafts.tolist(), counts.tolist()):
+            if c > 0:
+                req.spec_token_ids = row[:c]
+        if self.clock is not None:
+            self.clock.mark("propose")
+
     def _update(self, result: ModelRunnerOutput) -> None:
         """Fold the sampled tokens into their requests and settle which ones finished, before
-        anything is scheduled again (stop strings need the text, so those detokenize here)."""
+        anything is scheduled again (stop strings need the text, so those detokenize here).
+        A request with drafts gains several tokens, one entry each, folded in order: those
+        after one that ends it are dropped, and its computed tokens go back to those accepted."""
         now = time.monotonic()
         check_stop_string = self.outputs.check_stop_string
         for req, entries in result.prompt_logprobs:  # before the first token's output
             req.prompt_logprobs.extend(entries)
+        dropped = []
         # once per request per step: attribute reads, no calls on the common path
-        for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
+        for i, (req, tok, lp) in enumerate(zip(result.requests, result.token_ids, result.logprobs)):
+            if req.status >= FIRST_FINISHED:  # an earlier token of its drafts ended it
+                dropped.append(i)
+                continue
             if tok < 0:  # no token: the row's logits had no finite maximum (NaN, overflow)
                 self._fail_request(req)
                 continue
@@ -359,8 +408,33 @@ class EngineCore:
             if req.status >= FIRST_FINISHED:
                 self.scheduler.finish(req)
                 self._penalized.discard(req.request_id)
+        if result.spec is not None:
+            self._settle_drafts(result, dropped)
         if self.clock is not None:
             self.clock.mark("update")
+
+    def _settle_drafts(self, result: ModelRunnerOutput, dropped: list[int]) -> None:
+        """After a step with drafts: the rejected drafts' positions computed again later (their
+        cache rows are overwritten then), the counters, the entries of ended requests dropped."""
+        spec = result.spec
+        for req, d, a in zip(spec.requests, spec.drafted, spec.accepted):
+            if not req.is_finished:
+                req.num_computed_tokens -= d - a
+        stats = self.spec_stats
+        stats.add(spec.drafted, spec.accepted)
+        now = time.monotonic()
+        if now - self._spec_logged >= SPEC_LOG_INTERVAL_S:
+            self._spec_logged = now
+            log.info("speculative decoding: %d of %d draft tokens accepted (%.1f%%), %.2f tokens "
+                     "per drafted step", stats.num_accepted_tokens, stats.num_draft_tokens,
+                     100 * (stats.acceptance_rate or 0.0), stats.mean_acceptance_length or 1.0)  # fmt: skip
+        if dropped:
+            gone = set(dropped)
+            keep = [i for i in range(len(result.requests)) if i not in gone]
+            result.requests = [result.requests[i] for i in keep]
+            result.token_ids = [result.token_ids[i] for i in keep]
+            result.logprobs = [result.logprobs[i] for i in keep]
+            result.positions = [result.positions[i] for i in keep]
 
     def _fail_request(self, req: Request) -> None:
         """End a request whose step gave no token (finish reason "error"); the others of the
@@ -379,9 +453,11 @@ class EngineCore:
         """Zero the cumulative counters of `stats` (prefix-cache lookups, preemptions)."""
         self.kv.prefix_queries = self.kv.prefix_hits = 0
         self.scheduler.num_preemptions = 0
+        if self.spec_stats is not None:
+            self.spec_stats.reset()
 
     def stats(self) -> EngineStats:
-        return EngineStats(
+        stats = EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
             kv_usage=self.kv.usage(),
@@ -391,6 +467,13 @@ class EngineCore:
             prefix_hits=self.kv.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
         )
+        spec = self.spec_stats
+        if spec is not None:
+            stats.spec_num_drafts = spec.num_drafts
+            stats.spec_num_draft_tokens = spec.num_draft_tokens
+            stats.spec_num_accepted_tokens = spec.num_accepted_tokens
+            stats.spec_accepted_per_pos = list(spec.accepted_per_pos)
+        return stats
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
@@ -399,6 +482,23 @@ class EngineCore:
         """Stop the other tensor-parallel ranks, if any (idempotent)."""
         if self.executor is not None:
             self.executor.close(self.runner.channel if hasattr(self, "runner") else None)
+
+
+SPEC_LOG_INTERVAL_S = 10.0  # the acceptance log line, at most this often
+_SPEC_STATE = (
+    "speculative decoding is not supported for {} (a model that keeps per-sequence state "
+    "beyond its KV cache cannot roll rejected drafts back): drop --speculative-config"
+)
+
+
+def check_speculative(config: EngineConfig, model: ModelConfig) -> None:
+    """ValueError, one line, where speculative decoding is asked for a model whose layers keep
+    a recurrent state (Mamba hybrids, RWKV, xLSTM, RecurrentGemma) or per-sequence windows
+    (DeepSeek-V4): rejected drafts would stay in that state."""
+    if config.speculative_config is None:
+        return
+    if recurrent.keeps_state(model) or model.family.dsv4 is not None:
+        raise ValueError(_SPEC_STATE.format(model.architecture))
 
 
 def check_max_model_len(asked: int | None, model: ModelConfig) -> int:

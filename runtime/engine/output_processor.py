@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from pagoda.runtime.engine.detokenizer import IncrementalDetokenizer
 from pagoda.runtime.engine.outputs import StepOutput
@@ -81,15 +82,21 @@ class OutputProcessor:
         requests aborted since the step ran are skipped."""
         samples = self.samples
         live = []
-        for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
+        # with drafts a request has several entries: each's sequence length (`positions`)
+        positions = result.positions or repeat(None)
+        for req, tok, lp, pos in zip(result.requests, result.token_ids, result.logprobs, positions):
             s = samples.get(req.request_id)
             if s is None:
                 continue
             detok = s.detok
             if tok < 0:  # no token (non-finite logits): the request ended with an error
-                live.append((s, req, tok, lp))
+                live.append((s, req, tok, lp, pos))
                 continue
-            if not detok.stop and (req.status != _STOPPED or detok.include_stop):
+            if not detok.stop and (
+                req.status != _STOPPED
+                or detok.include_stop
+                or (pos is not None and pos < len(req.token_ids))  # a token before its stop
+            ):
                 # a stop/EOS token adds no text unless asked to
                 stream = detok.stream  # IncrementalDetokenizer.push, inlined
                 if stream is None:
@@ -102,20 +109,20 @@ class OutputProcessor:
                     if c:
                         detok.text += c
                     else:
-                        detok.wait(tok, len(req.token_ids))
-            live.append((s, req, tok, lp))
+                        detok.wait(tok, pos or len(req.token_ids))
+            live.append((s, req, tok, lp, pos))
         if clock is not None:
             clock.mark("detokenize")
         outputs = []
         append = outputs.append
-        for s, req, tok, lp in live:
+        for s, req, tok, lp, pos in live:
             detok = s.detok
             if detok.stop or req.status >= FIRST_FINISHED:
-                append(self._output(s, req, tok, lp))
+                append(self._output(s, req, tok, lp, pos))
                 continue
             # `_output` of a running request without stop strings: all its text goes out
             text, detok.text = detok.text, ""
-            num_output = len(req.token_ids) - req.num_prompt_tokens
+            num_output = (pos or len(req.token_ids)) - req.num_prompt_tokens
             append(
                 StepOutput(
                     s.parent,
@@ -139,18 +146,20 @@ class OutputProcessor:
             clock.mark("outputs")
         return outputs
 
-    def _output(self, s: _Sample, req: Request, tok: int, lp) -> StepOutput:
+    def _output(self, s: _Sample, req: Request, tok: int, lp, pos: int | None = None) -> StepOutput:
         """A finished (or stop-string-watched) sample's output; `tok` −1: its step gave no
         token (finish reason "error"), so only the text held back so far goes out."""
         status = req.status  # read once: this runs per request per step
         ok = tok >= 0
         finished = status >= FIRST_FINISHED
+        if pos is not None and pos < len(req.token_ids):  # not its step's last entry
+            finished = False
         detok = s.detok
         if finished and detok.stop_string is None:  # a cut character's bytes are read now
             ids = req.token_ids
             fed = status != _STOPPED or detok.include_stop  # the stop token's text is shown?
             detok.flush(len(ids) - (not fed))
-        num_output = len(req.token_ids) - req.num_prompt_tokens
+        num_output = (pos or len(req.token_ids)) - req.num_prompt_tokens
         out = StepOutput(
             s.parent,
             s.index,
@@ -158,8 +167,8 @@ class OutputProcessor:
             detok.pop_delta(finished),
             [lp] if lp is not None and ok else [],
             finished,
-            FINISH_REASONS[status],
-            req.stop_reason,
+            FINISH_REASONS[status] if finished else None,
+            req.stop_reason if finished else None,
             req.num_prompt_tokens,
             req.num_cached_tokens,
             num_output,

@@ -132,3 +132,9 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     prefix_queries: int
     prefix_hits: int
     num_preemptions: int
+    # speculative decoding (cumulative; `spec.stats.SpecDecodeStats`): empty per-position
+    # counts when it is off
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)

@@ -54,3 +54,13 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         "moe_layers": tuple(i >= dense for i in range(n)),
         "shared_expert_intermediate_size": width * int(cfg["num_shared_experts"]),
     }  # fmt: skip
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its norms around the MLP and attention's output gate in
+    `checkpoint_check.expected_shapes`' tensors."""
+    h, q = c.hidden_size, c.num_heads * c.head_dim
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "pre_mlp_layernorm.weight": (h,), p + "post_mlp_layernorm.weight": (h,),
+                    p + "self_attn.gate_proj.weight": (q, h)})  # fmt: skip

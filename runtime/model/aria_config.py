@@ -78,3 +78,9 @@ def rename_tensors(weights) -> None:
         for old, new in _RENAMES:
             if name.endswith(old):
                 weights.rename(name, name[: -len(old)] + new)
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its stacked experts, stored [in, out] (`expert_shapes`), in
+    `checkpoint_check.expected_shapes`' tensors."""
+    out.update(expert_shapes(c))

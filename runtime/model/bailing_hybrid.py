@@ -9,7 +9,9 @@
   hidden]; the conv in float32 (transformers keeps its weight so), its SiLU output rounded to
   the model's dtype.
 
-The KDA states, experts and refusals are Kimi Linear's (tensor parallelism and FP8 refused).
+The KDA states, experts, tensor-parallel split (the KDA layers by heads, the latent attention
+and its gate's rows by heads, the experts by width) and refusals are Kimi Linear's (FP8
+refused).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch.nn.functional as F
 from pagoda.runtime.model.deepseek import DeepseekModel
 from pagoda.runtime.model.delta_rule_config import conv_names
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.kimi_linear import KimiDeltaAttention, KimiLinearLayer
+from pagoda.runtime.model.kimi_linear import KdaShard, KimiDeltaAttention, KimiLinearLayer
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.parallel_linear import column_linear
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 
@@ -30,20 +33,24 @@ class BailingDeltaAttention(KimiDeltaAttention):
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, eps, ctx,
                  lower_bound: float):  # fmt: skip
         p = prefix + "self_attn."
-        self.m, self.index, self.eps, self.beta_scale = m, index, eps, 1.0
+        r = KdaShard(m, w, ctx)
+        self.m, self.index, self.eps, self.beta_scale = r.local, index, eps, 1.0
         dev, self.lower_bound, self.dtype = w.device, lower_bound, w.dtype
         # x's projections in one matmul: q k v (the conv's channels), f, g, b
-        rows = ("q_proj", "k_proj", "v_proj", "f_proj", "g_proj", "b_proj")
-        self.in_proj = ctx.linear(torch.cat([w[f"{p}{n}.weight"] for n in rows]).contiguous())
-        self.out_proj = ctx.linear(w[p + "o_proj.weight"])
+        rows = (("q_proj", r.qk), ("k_proj", r.qk), ("v_proj", r.v), ("f_proj", r.qk),
+                ("g_proj", r.v), ("b_proj", r.heads))  # fmt: skip
+        self.in_proj = ctx.linear(torch.cat([r.rows(f"{p}{n}.weight", s) for n, s in rows]))
+        self.out_proj = r.out_proj(p + "o_proj.weight")
         # the conv in float32 (transformers keeps it so), its SiLU output rounded (`_qkv`)
-        parts = [w.source(n).float().to(dev) for n in conv_names(p, w)]
-        self.conv_weight = torch.cat(parts)[:, 0, :].contiguous()
+        self.conv_weight = r.conv(torch.cat([w.source(n).float().to(dev)
+                                             for n in conv_names(p, w)]))  # fmt: skip
         self.conv_fn = self._conv32
-        self.rate = torch.exp(w.source(p + "A_log").float().reshape(-1, 1)).to(dev)  # [H, 1]
-        self.dt_bias = w.source(p + "dt_bias").float().view(m.n_heads, m.head_dim).to(dev)
+        self.rate = torch.exp(r.per_head(w.source(p + "A_log").float().reshape(-1, 1))).to(dev)
+        dt_bias = w.source(p + "dt_bias").float().view(m.n_heads, m.head_dim)
+        self.dt_bias = r.per_head(dt_bias).to(dev)  # [H, K]
         self.norm = w.source(p + "o_norm.weight").float().to(dev)
         self.scale = m.d_state**-0.5
+        m = self.m
         self.sizes = [m.conv_dim, m.d_inner, m.d_inner, m.n_heads]
 
     def linears(self) -> list:
@@ -76,7 +83,9 @@ class BailingHybridLayer(KimiLinearLayer):
         super().__init__(model, w, prefix, index, ctx)
         if self.mixer is None:
             self.rope, self.interleaved = "global", True
-            self.head_gate = linear_layer(ctx, w, [prefix + "self_attn.g_proj.weight"])
+            gate = prefix + "self_attn.g_proj.weight"  # a row per head: this rank's heads'
+            self.head_gate = linear_layer(ctx, w, [gate]) if ctx.tp is None else column_linear(
+                ctx, w, [gate], [ctx.tp.layout.heads(model.config.num_heads)])  # fmt: skip
 
     def linears(self):
         own = [] if self.mixer is not None else [self.head_gate]

@@ -105,12 +105,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 def rename(weights) -> None:
     """The published names under transformers' (its conversion mapping's renames)."""
-    for name in list(weights):
-        new = name
-        for pattern, to in _RENAMES:
-            new = pattern.sub(to, new)
-        if new != name:
-            weights.rename(name, new)
+    weights.rename_by(_RENAMES)
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:

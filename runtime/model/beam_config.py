@@ -87,3 +87,14 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         "norm_topk_prob": bool(cfg["norm_topk_prob"]),
         "moe_layers": tuple(k == "sparse" for k in kinds),
     }  # fmt: skip
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its norms around the MLP and attention's output gate (with a bias a head) in
+    `checkpoint_check.expected_shapes`' tensors."""
+    h, q = c.hidden_size, c.num_heads * c.head_dim
+    for i in range(c.num_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        out.update({p + "pre_feedforward_layernorm.weight": (h,),
+                    p + "post_feedforward_layernorm.weight": (h,),
+                    a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip

@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import moe_names
+from pagoda.runtime.model import mamba_config, moe_families, moe_names
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 FP8_DTYPES = ("F8_E4M3",)
+# what a family changes in the tensors `expected_shapes` lists (its *_config.py's
+# `checkpoint_shapes`), (c, out) -> None
+_FAMILY_SHAPES = {**moe_families.CHECKPOINT_SHAPES, **mamba_config.CHECKPOINT_SHAPES}
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -28,8 +31,6 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
-    if c.architecture == "mllama":  # (its rows past the vocabulary: mllama_config.py)
-        out[EMBED] = (c.vocab_size + 8, h)
     if c.family.qwen4 is not None:  # Qwen4-Exp: hyper-connections' norms (qwen4_exp_config.py)
         del out["model.norm.weight"]
     for i in range(c.num_layers):
@@ -63,24 +64,6 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         out.update(_router_and_experts(c, i))
         if c.architecture == "axk1" and c.family.has_experts(i):  # its experts' output norm
             out[f"model.layers.{i}.post_mlp_layernorm.weight"] = (h,)
-        if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
-            out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
-        if c.architecture == "afmoe":  # its norms around the MLP, attention's output gate
-            out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
-                        f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
-                        a + "gate_proj.weight": (q, h)})  # fmt: skip
-        if c.architecture == "flint":  # its attention sinks (stored as `softmax_offset`)
-            out[a + "sinks"] = (c.num_heads,)
-        if c.architecture == "minicpm5_moe":  # q_proj: each head's query, then its gate
-            out[a + "q_proj.weight"] = (2 * q, h)
-        if c.architecture == "beam":  # its norms around the MLP, attention's output gate
-            out.update({f"model.layers.{i}.pre_feedforward_layernorm.weight": (h,),
-                        f"model.layers.{i}.post_feedforward_layernorm.weight": (h,),
-                        a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
-        if c.architecture == "minimax_m3":  # its fused and stacked MLPs (minimax_m3_config.py)
-            from pagoda.runtime.model.minimax_m3_config import expected_shapes as m3_shapes
-
-            out.update(m3_shapes(c, i))
         if c.family.laguna is not None:  # query heads by layer, attention's softplus gate
             g, qi = c.family.laguna, c.family.laguna.heads[i] * d
             out.update({a + "q_proj.weight": (qi, h), a + "o_proj.weight": (h, qi),
@@ -168,8 +151,6 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i` of a hybrid (Granite 4.0, Bamba): its mixer, norms and Granite's MLP."""
-    from pagoda.runtime.model import mamba_config
-
     h, p = c.hidden_size, f"model.layers.{i}."
     m = c.family.mamba
     if m.zamba2 is not None or m.zaya is not None or m.inkling or m.inkling2:  # (its layers'
@@ -200,19 +181,6 @@ _APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
 _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn.'s
 
 
-def _doge_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
-    """Doge's A and dt_proj, its residual scales and, with experts, their router and tables."""
-    g, h, kv = c.family.doge, c.hidden_size, c.num_kv_heads
-    for i in range(c.num_layers):
-        p = f"model.layers.{i}."
-        out.update({p + "self_attn.A": (kv,), p + "self_attn.dt_proj.weight": (kv, kv * c.head_dim),
-                    p + "input_residual": (h,), p + "post_attention_residual": (h,)})  # fmt: skip
-        if g.num_experts:
-            out.update({p + "mlp.router_gate.weight": (2 * g.num_keys, h),
-                        p + "mlp.down_embed.weight": (g.num_experts, h),
-                        p + "mlp.up_embed.weight": (g.num_experts, h)})  # fmt: skip
-
-
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
@@ -236,40 +204,10 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
-    if c.architecture == "dory":  # weightless norms; the gate, nGPT's scaled parameters
-        for name in [n for n in out if n.endswith("norm.weight")]:
-            del out[name]
-        q, i = c.num_heads * c.head_dim, c.intermediate_size
-        out["lm_head.logit_scale"] = (c.vocab_size,)
-        for x in range(c.num_layers):
-            p = f"model.layers.{x}."
-            out.update({p + "self_attn.gate_proj.weight": (q, c.hidden_size),
-                        p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
-                        p + "lambda_1": (c.hidden_size,), p + "lambda_2": (c.hidden_size,),
-                        p + "mlp.suv_gate": (i,), p + "mlp.suv_up": (i,)})  # fmt: skip
-    if c.architecture == "aria_text":  # its stacked experts, stored [in, out] (aria_config.py)
-        from pagoda.runtime.model.aria_config import expert_shapes
-
-        out.update(expert_shapes(c))
-    if c.family.hrm is not None:  # weightless norms; attention's gate, z_L_init
-        from pagoda.runtime.model.hrm_text_config import expected_shapes as hrm_shapes
-
-        for name in [n for n in out if n.endswith("norm.weight")]:
-            del out[name]
-        out.update(hrm_shapes(c))
-    if c.family.doge is not None:  # the dynamic mask, residual scales, experts (doge.py)
-        _doge_tensors(c, out)
-    if c.architecture == "ergo":  # its norms, gates, q/k norms, experts (ergo_config.py)
-        from pagoda.runtime.model.ergo_config import expected_shapes as ergo_shapes
-
-        out.update(ergo_shapes(c))
+    if (family := _FAMILY_SHAPES.get(c.architecture)) is not None:
+        family(c, out)  # (Dory's, Aria's, Zaya's, Inkling's, ...: their *_config.py)
     if c.architecture == "ctrl":  # its head's bias (model/positions.py)
         out["lm_head.bias"] = (c.vocab_size,)
-    if c.architecture == "zaya":  # the embeddings' scale and bias, the head's bias
-        for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
-            out[name] = (c.hidden_size,)
-        if c.family.lm_head_bias:
-            out["lm_head.bias"] = (c.vocab_size,)
     if c.family.kolibri11 is not None:  # Kolibri 1.1's KV-shared layers: q alone (kolibri1.py)
         for i in filter(c.family.kolibri11.shares_kv, range(c.num_layers)):
             for n in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
@@ -278,16 +216,6 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
         for i in range(c.num_layers):
             out.update({f"model.layers.{i}.self_attn.{n}": (c.head_dim,)
                         for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})  # fmt: skip
-    if c.architecture in ("inkling", "inkling2"):  # the embeddings' norm
-        out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
-    if c.architecture == "inkling2":  # the final block residual, the padded embedding
-        out["model.final_input.query"] = (c.hidden_size,)
-        out["model.embed_tokens.weight"] = (c.family.mamba.inkling2.padded_vocab, c.hidden_size)
-        out[HEAD] = out["model.embed_tokens.weight"]  # (stored padded: its rows cut at load)
-        start, end, _, _ = c.family.mamba.inkling2.loop
-        if end > start:  # Inkling2Loop's message queries (inkling2_config.MESSAGE_QUERIES)
-            for name in ("queries", "kv_queries"):
-                out[f"model.middle_cycle_cross_pass_{name}"] = (2 * (end - start), c.hidden_size)
     if c.architecture in ("phi", "persimmon"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     f = c.family

@@ -44,3 +44,17 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
                              f"product keys' pairs of num_experts {experts})")  # fmt: skip
         doge = DogeAttention(keep, experts, k, bool(cfg.get("norm_topk_prob")))
     return {"qk_norm": True, "doge": doge}
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its dynamic mask's A and dt_proj, its residual scales and, with experts, their router
+    and tables, in `checkpoint_check.expected_shapes`' tensors."""
+    g, h, kv = c.family.doge, c.hidden_size, c.num_kv_heads
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.A": (kv,), p + "self_attn.dt_proj.weight": (kv, kv * c.head_dim),
+                    p + "input_residual": (h,), p + "post_attention_residual": (h,)})  # fmt: skip
+        if g.num_experts:
+            out.update({p + "mlp.router_gate.weight": (2 * g.num_keys, h),
+                        p + "mlp.down_embed.weight": (g.num_experts, h),
+                        p + "mlp.up_embed.weight": (g.num_experts, h)})  # fmt: skip

@@ -107,7 +107,19 @@ def read_checkpoint_names(weights) -> None:
             new = new.replace(".self_attn.g_proj.", ".self_attn.gate_proj.")
         if new != name:
             moves[name] = new
-    for name in moves:  # (in two passes: one tensor's new name may be another's old one)
-        weights.rename(name, "\0" + moves[name])
-    for new in moves.values():
-        weights.rename("\0" + new, new)
+    weights.rename_all(moves)
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """`checkpoint_check.expected_shapes`' tensors without norm weights (Dory's norms are
+    weightless), with attention's gate and nGPT's scaled parameters, the head's logit scale."""
+    for name in [n for n in out if n.endswith("norm.weight")]:
+        del out[name]
+    h, q, n = c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size
+    out["lm_head.logit_scale"] = (c.vocab_size,)
+    for x in range(c.num_layers):
+        p = f"model.layers.{x}."
+        out.update({p + "self_attn.gate_proj.weight": (q, h),
+                    p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
+                    p + "lambda_1": (h,), p + "lambda_2": (h,),
+                    p + "mlp.suv_gate": (n,), p + "mlp.suv_up": (n,)})  # fmt: skip

@@ -269,6 +269,14 @@ def canonical(name: str) -> str:
     return bare if bare == "lm_head.weight" else "model." + bare
 
 
+def rename_canonical(weights) -> None:
+    """List the checkpoint's tensors (the published and the saved names) by their `canonical`
+    names."""
+    for name in list(weights):
+        if canonical(name) != name:
+            weights.rename(name, canonical(name))
+
+
 def expected_shapes(c: Dsv4Config) -> dict[str, tuple[int, ...]]:
     """Every tensor `c`'s model reads, by its `canonical` name, with its shape."""
     h, d, n, e = c.hidden_size, c.head_dim, c.hyper.mult, c.num_experts

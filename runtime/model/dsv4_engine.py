@@ -23,8 +23,10 @@ in the engine"): `dsv4_model.Dsv4Model` run over the engine's step.
 
 The released checkpoints' block-wise FP8 matrices and FP4 routed experts are dequantized to
 the dtype at load (`dsv4_quant.Dequantized`). Not supported (refused in one line:
-`family_options.py`): tensor parallelism, FP8 weights (``--quantization fp8``), FP8/int8 KV
-caches, float16. CUDA graphs are off (the step is eager: its indexer
+`family_options.py`): FP8 weights (``--quantization fp8``), FP8/int8 KV caches, float16.
+Tensor parallelism: each rank its query heads, output groups, experts' width and vocabulary
+(`dsv4_shard`), the caches and slots whole on every rank (the step's slots sent to the other
+ranks with its inputs: `HostStep.rows`). CUDA graphs are off (the step is eager: its indexer
 picks and window bounds are read on the host). The routed experts run as `moe.SparseMoE` runs
 them (`_experts`): the fused-MoE kernel with its ``silu_limit`` activation on CUDA, one
 `Linear` pair an expert over its tokens elsewhere; routing (hash or sqrtsoftplus) and the shared
@@ -42,6 +44,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 from pagoda.runtime.cpu.host_memory import zeros
+from pagoda.runtime.model import dsv4_shard
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsv4_config import CSA, SLIDING, Dsv4Config, expected_shapes
 from pagoda.runtime.model.dsv4_layer import Batch, Dsv4Cache
@@ -51,11 +54,11 @@ from pagoda.runtime.model.hy_v4 import silu_limit_and_mul
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import SEQUENCE_STATE, LlamaModel
 from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.parallel_linear import ParallelLMHead, VocabParallelEmbedding
 from pagoda.runtime.request import RUNNING, Request
 
-# kept in float32, as transformers keeps them (`_keep_in_fp32_modules_strict`)
-_FLOAT32 = re.compile(r"attn_hc\.|ffn_hc\.|hc_head\.|\.sinks$|position_bias|e_score_correction"
-                      r"|q_a_norm|kv_norm|layernorm|^model\.norm\.")  # fmt: skip
+# the matrices the MoE holds once built (`Dsv4Moe`'s shared gate/up stacked, the routed experts)
+_MOE_HELD = re.compile(r"\.experts\.|shared_experts\.(gate|up)_proj")
 
 
 def compressors(c: Dsv4Config, layer: int) -> list[tuple[str, int]]:
@@ -143,6 +146,19 @@ class HostStep:
     slots: np.ndarray  # int64 [B]
     restored: np.ndarray | None  # bool [B]: slots to start from their last block's Ca tail
 
+    def rows(self) -> np.ndarray:
+        """int64 [2 B]: the slots, then which are restored (0 / 1): what rank 0 of a
+        tensor-parallel group sends the others with the step (`worker/step_channel.py`)."""
+        restored = np.zeros_like(self.slots) if self.restored is None else self.restored
+        return np.concatenate([self.slots, restored.astype(np.int64)])
+
+    @classmethod
+    def of_rows(cls, rows: np.ndarray) -> HostStep:
+        """`rows`' step back (another rank's)."""
+        b = len(rows) // 2
+        restored = rows[b:].astype(bool)
+        return cls(rows[:b], restored if restored.any() else None)
+
 
 @dataclass
 class DeviceStep:
@@ -186,7 +202,13 @@ class Dsv4Slots:
         self._done[slots] = starts + qlens
         return HostStep(slots, stale if stale.any() else None)
 
-    def device_step(self, host: HostStep, to_device: Callable[[np.ndarray], torch.Tensor]):
+    def device_step(
+        self, host: HostStep | np.ndarray, to_device: Callable[[np.ndarray], torch.Tensor]
+    ) -> DeviceStep:
+        """The step's slots on the device; ``host`` a `HostStep`, or on a tensor-parallel rank
+        but the first its `HostStep.rows` as received (`worker/step_channel.py`)."""
+        if isinstance(host, np.ndarray):
+            host = HostStep.of_rows(host)
         restored = None if host.restored is None else to_device(host.restored)
         return DeviceStep(to_device(host.slots), restored)
 
@@ -227,8 +249,8 @@ class Dsv4EngineModel(LlamaModel):
 
     def __init__(self, config, weights, *, dtype, device, batch_invariant=False, tp=None,
                  fp8=None, check_weights=True, **_ignored) -> None:  # fmt: skip
-        if tp is not None or fp8 is not None:  # (refused at start: family_options)
-            raise ValueError("DeepSeek-V4 runs on one device, in 16 or 32 bits")
+        if fp8 is not None:  # (refused at start: family_options)
+            raise ValueError("DeepSeek-V4 runs in 16 or 32 bits")
         self.config, self.c = config, config.family.dsv4
         self._moes: list[SparseMoE] = []
         self.dtype, self.device, self.tp = dtype, device, tp
@@ -240,22 +262,32 @@ class Dsv4EngineModel(LlamaModel):
         for name in expected_shapes(self.c):
             if name.endswith("tid2eid"):  # token -> experts, as stored (integers)
                 tensors[name] = weights[name].to(device)
-            else:
-                tensors[name] = (w32 if _FLOAT32.search(name) else w)[name]
+                continue
+            src = w32 if dsv4_shard.FLOAT32.search(name) else w
+            cut = None if tp is None else dsv4_shard.part(self.c, name, tp.layout)
+            tensors[name] = src[name] if cut is None else src.part(name, *cut)  # (this rank's)
         limit = self.c.swiglu_limit
         ctx = SimpleNamespace(  # what `SparseMoE` reads of a `LayerContext`
             act_and_mul=lambda x: silu_limit_and_mul(x, float("inf") if limit is None else limit),
             batch_invariant=batch_invariant, tp=None,
         )  # fmt: skip
-        self.core = Dsv4Model(self.c, tensors, lambda i: self._experts(ctx, tensors, i))
-        for name in [n for n in tensors if ".experts." in n]:  # (held by the MoE now)
+        reduce = None if tp is None else tp.all_reduce
+        self.core = Dsv4Model(self.c, tensors, lambda i: self._experts(ctx, tensors, i), reduce)
+        for name in [n for n in tensors if _MOE_HELD.search(n)]:  # (held by the MoE now)
             del tensors[name]
         self.lm_head = Linear(self.core.lm_head, invariant=batch_invariant)
+        tensors.pop("lm_head.weight", None)  # (held by the Linear alone: a CPU packs it)
+        self.core.lm_head = None  # (`core.__call__` is not the engine's: `forward`)
+        if tp is not None:  # this rank's vocabulary rows (`parallel_linear.vocab_parallel`)
+            start = tp.layout.vocab(self.c.vocab_size)[0]
+            embed = VocabParallelEmbedding(tensors["model.embed_tokens.weight"], start, tp)
+            self.core.embed = embed.rows
+            self.lm_head = ParallelLMHead(self.lm_head, self.c.vocab_size, tp)
         self.vocab_size = self.c.vocab_size
         self.layers = []
         self.state: Dsv4Slots | None = None  # (`sequence_state`: the runner asks once)
-        w.check_finite()
-        w32.check_finite()
+        w.check_finite(tp)
+        w32.check_finite(tp)
 
     def _experts(self, ctx, tensors, i: int):
         """Layer ``i``'s routed experts as `moe.SparseMoE` runs them: the fused kernel over

@@ -13,7 +13,7 @@ Weights by transformers' module names under ``self_attn.`` (`dsv4_config.canonic
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,10 +106,22 @@ def _span(slot: torch.Tensor, new: torch.Tensor, s_len: torch.Tensor) -> torch.T
 class Dsv4Attention:
     """Layer ``index`` of `c` (module docstring)."""
 
-    def __init__(self, c: Dsv4Config, index: int, w: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        c: Dsv4Config,
+        index: int,
+        w: Mapping[str, torch.Tensor],
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        """``w`` may hold a tensor-parallel rank's query heads, sinks and output groups
+        (`dsv4_shard`): the heads and groups it computes are read from their shapes, its
+        ``o_b_proj`` product summed over the ranks by ``reduce``."""
         self.c, self.w, self.kind = c, w, c.layer_types[index]
         self.rate = c.compress_rates[index]
         self.rope = c.main_rope if self.kind == SLIDING else c.compress_rope
+        self.heads = w["sinks"].shape[0]
+        self.groups = w["o_a_proj.weight"].shape[0] // c.o_lora_rank
+        self.reduce = reduce
 
     def _table(self, pos: torch.Tensor, rope=None):
         cos, sin = rotary(rope or self.rope, self.c.rope_dim, pos)
@@ -180,7 +192,7 @@ class Dsv4Attention:
     def __call__(self, x: torch.Tensor, b: Batch, cache: Dsv4Cache) -> torch.Tensor:
         """The layer's attention output [T, hidden] for the step's normed inputs ``x``."""
         c, w, t = self.c, self.w, x.shape[0]
-        eps, heads, d = c.rms_norm_eps, c.num_heads, c.head_dim
+        eps, heads, d = c.rms_norm_eps, self.heads, c.head_dim
         cos, sin = self._table(b.pos)
         q_res = rms(F.linear(x, w["q_a_proj.weight"]), eps, w["q_a_norm.weight"])
         q = rms(F.linear(q_res, w["q_b_proj.weight"]).view(t, heads, d), eps)
@@ -213,6 +225,7 @@ class Dsv4Attention:
         sinks = w["sinks"].float()
         out = P.attend(q, cache.rows, win, kept, entries, picked, b.seq, sinks, d**-0.5)
         out = unrotate(out, cos[:, None], sin[:, None]).to(x.dtype)
-        g = c.o_groups
+        g = self.groups
         grouped = grouped_projection(out.reshape(t, g, -1), w["o_a_proj.weight"], g)
-        return F.linear(grouped.flatten(1), w["o_b_proj.weight"])
+        out = F.linear(grouped.flatten(1), w["o_b_proj.weight"])
+        return out if self.reduce is None else self.reduce(out)

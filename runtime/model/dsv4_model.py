@@ -26,16 +26,24 @@ from pagoda.runtime.model_configs import ExpertRouting
 HC = ("fn", "base", "scale")
 # (x [T, hidden], weights float32 [T, k], ids [T, k]) -> the routed experts' weighted sum
 Experts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None
+Reduce = Callable[[torch.Tensor], torch.Tensor] | None  # the tensor-parallel ranks' sum
 
 
 class Dsv4Moe:
     """Layer ``i``'s experts (module docstring); weights by `dsv4_config.canonical` names."""
 
     def __init__(
-        self, c: Dsv4Config, i: int, w: Mapping[str, torch.Tensor], run_experts: Experts = None
+        self,
+        c: Dsv4Config,
+        i: int,
+        w: Mapping[str, torch.Tensor],
+        run_experts: Experts = None,
+        reduce: Reduce = None,
     ) -> None:
         """``run_experts``: (x, weights, ids) -> the routed experts' sum (the engine's
-        `moe.SparseMoE.run_experts`: the fused kernel on CUDA); None: expert by expert here."""
+        `moe.SparseMoE.run_experts`: the fused kernel on CUDA); None: expert by expert here.
+        ``reduce``: the sum over tensor-parallel ranks of the experts' and shared expert's
+        output, each rank holding its share of their width (`dsv4_shard`)."""
         p, e = f"model.layers.{i}.mlp.", c.num_experts
         routing = ExpertRouting(scoring=c.scoring, topk_method="greedy", n_group=1, topk_group=1,
                                 routed_scaling_factor=c.routed_scaling_factor)  # fmt: skip
@@ -62,8 +70,14 @@ class Dsv4Moe:
         self.s13 = torch.cat([w[s + "gate_proj.weight"], w[s + "up_proj.weight"]])
         self.s2 = w[s + "down_proj.weight"]
         self.limit = c.swiglu_limit if c.swiglu_limit is not None else float("inf")
+        self.reduce = reduce
 
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        out = self.partial(x, input_ids)
+        return out if self.reduce is None else self.reduce(out)
+
+    def partial(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """The routed and shared experts' output (tensor parallel: this rank's part)."""
         weights, ids = self.router(x, input_ids) if self.hashed else self.router(x)
         shared = F.linear(silu_limit_and_mul(F.linear(x, self.s13), self.limit), self.s2)
         if self.run_experts is not None:
@@ -85,19 +99,25 @@ class Dsv4Model:
         c: Dsv4Config,
         w: Mapping[str, torch.Tensor],
         experts: Callable[[int], Experts] | None = None,
+        reduce: Reduce = None,
     ) -> None:
-        """``experts``: layer i -> its routed experts' runner (`Dsv4Moe`); None: the loop."""
+        """``experts``: layer i -> its routed experts' runner (`Dsv4Moe`); None: the loop.
+        ``reduce``: where ``w`` holds a tensor-parallel rank's share (`dsv4_shard`), the ranks'
+        sum of the attention's output projection and of the experts (the caller then sets
+        `embed` and the LM head to its vocabulary-parallel ones)."""
         self.c, self.w = c, w
+        table = w["model.embed_tokens.weight"]
+        self.embed: Callable[[torch.Tensor], torch.Tensor] = lambda ids: F.embedding(ids, table)
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             attn_w = {k[len(p) + 10 :]: v for k, v in w.items() if k.startswith(p + "self_attn.")}
             self.layers.append((
                 HyperConnection(c.hyper, *(w[f"{p}attn_hc.{n}"] for n in HC)),
-                w[p + "input_layernorm.weight"].float(), Dsv4Attention(c, i, attn_w),
+                w[p + "input_layernorm.weight"].float(), Dsv4Attention(c, i, attn_w, reduce),
                 HyperConnection(c.hyper, *(w[f"{p}ffn_hc.{n}"] for n in HC)),
                 w[p + "post_attention_layernorm.weight"].float(),
-                Dsv4Moe(c, i, w, None if experts is None else experts(i)),
+                Dsv4Moe(c, i, w, None if experts is None else experts(i), reduce),
             ))  # fmt: skip
         self.head = HyperHead(c.hyper, *(w[f"model.hc_head.hc_{n}"] for n in HC))
         self.lm_head = w["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
@@ -127,9 +147,7 @@ class Dsv4Model:
     def streams(self, input_ids: torch.Tensor, b: Batch, caches: list[Dsv4Cache]) -> torch.Tensor:
         """The last layer's hyper-connected streams [T, hc_mult, hidden] of the step's tokens."""
         eps = self.c.rms_norm_eps
-        streams = expand(
-            F.embedding(input_ids, self.w["model.embed_tokens.weight"]), self.c.hyper.mult
-        )
+        streams = expand(self.embed(input_ids), self.c.hyper.mult)
         for (ahc, anorm, attn, fhc, fnorm, moe), cache in zip(self.layers, caches, strict=True):
             post, comb, x = ahc(streams)
             streams = ahc.merge(streams, post, comb, attn(rms(x, eps, anorm), b, cache))

@@ -10,15 +10,19 @@ and ``expert_dtype`` "fp4", its ``Fp8Dequantize``; ``DeepseekV4Config`` moves a 
 - A quantized matrix ``X.weight`` [N, K] is ``F8_E4M3`` beside its scales ``X.scale`` (the name
   the files use; ``X.weight_scale_inv``, transformers' rename, is read too), one per tile of
   ``weight_block_size``: [ceil(N / bn), ceil(K / bk)]; value = code * scale.
-- A routed expert's matrix (``expert_dtype`` "fp4") is ``I8`` [N, K / 2]: two FP4 E2M1 codes a
-  byte, the low nibble first (value 2j low, 2j + 1 high) (or the same bytes as torch's
-  ``float4_e2m1fn_x2``, safetensors' ``F4``, whose header lists [N, K]), with ``X.scale`` [N, ceil(K / 32)],
-  one per 32 values of a row (MXFP4's group); value = E2M1 * scale.
-- Scales are ``F8_E8M0`` (``scale_fmt`` "ue8m0": powers of two) or ``F32`` ("float").
+- A routed expert's matrix (``expert_dtype`` "fp4") is ``I8`` (or ``U8``) [N, K / 2]: two FP4
+  E2M1 codes a byte, the low nibble first (value 2j low, 2j + 1 high) (or the same bytes as
+  torch's ``float4_e2m1fn_x2``, safetensors' ``F4``, whose header lists [N, K]), with
+  ``X.scale`` [N, ceil(K / 32)], one per 32 values of a row (MXFP4's group); value = E2M1 *
+  scale.
+- Scales are ``F8_E8M0`` (``scale_fmt`` "ue8m0": powers of two) or ``F32`` ("float"). (A
+  checkpoint with ``expert_dtype`` "fp8", as V4-Flash-Base's is said to be, has FP8 experts with
+  float32 scales: read as any FP8 matrix.)
 
-`check` refuses a quantized matrix whose scales are missing or misshapen in one line; `Dequantized`
-serves every matrix in float32, dequantized on access (the engine casts it to its dtype), so
-the engine and its weights estimate (`held_shape`) hold what a 16/32-bit checkpoint gives.
+`check` refuses a quantized matrix whose scales are missing or misshapen in one line;
+`Dequantized` serves every matrix in float32, dequantized on access (the engine casts it to its
+dtype), so the engine and its weights estimate (`held_tensors`) hold what a 16/32-bit
+checkpoint gives.
 """
 
 from __future__ import annotations
@@ -32,11 +36,11 @@ import torch
 from pagoda.runtime.model.mxfp4 import FP4_VALUES
 
 FP8, FP4 = "F8_E4M3", "I8"
-FP4_KINDS = (FP4, "F4")  # I8 [N, K / 2] bytes, or torch's float4_e2m1fn_x2 (listed [N, K])
+FP4_KINDS = (FP4, "U8", "F4")  # [N, K / 2] bytes, or torch's float4_e2m1fn_x2 (listed [N, K])
 SCALE_KINDS = ("F8_E8M0", "F32")
 GROUP = 32  # FP4 values a scale
-_SCALES = ("scale", "weight_scale_inv")  # the files' name, transformers'
-_CODES = (torch.float8_e4m3fn, torch.int8, torch.float4_e2m1fn_x2)
+_SCALES = ("scale", "weight_scale_inv", "weight_scale")  # the files' name, transformers', vLLM's
+_CODES = (torch.float8_e4m3fn, torch.int8, torch.uint8, torch.float4_e2m1fn_x2)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def is_scale(name: str, names) -> bool:
 
 def held_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A stored matrix's shape as the engine holds it (FP4's packed columns unpacked)."""
-    return (*shape[:-1], shape[-1] * 2) if kind == FP4 else tuple(shape)  # (F4's: as listed)
+    return (*shape[:-1], shape[-1] * 2) if kind in (FP4, "U8") else tuple(shape)  # (F4: as listed)
 
 
 def check(q: Dsv4Quant | None, name: str, stored: str, shape: tuple[int, ...],

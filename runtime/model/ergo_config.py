@@ -117,10 +117,7 @@ def read_checkpoint_names(weights, c) -> None:
             new = pattern.sub(repl, new)
         if new != name:
             moves[name] = new
-    for name in moves:  # (in two passes: one tensor's new name may be another's old one)
-        weights.rename(name, "\0" + moves[name])
-    for new in moves.values():
-        weights.rename("\0" + new, new)
+    weights.rename_all(moves)
     weights.transpose([n for n in weights if _TRANSPOSED.search(n)])
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     for i in range(c.num_layers):
@@ -154,3 +151,9 @@ def expected_shapes(c) -> dict[str, tuple[int, ...]]:
                         x + "shared_experts.down_proj.weight": (h, s),
                         x + "shared_experts.norm.weight": (h,)})  # fmt: skip
     return out
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its norms, gates, q/k norms and experts (`expected_shapes`) in
+    `checkpoint_check.expected_shapes`' tensors."""
+    out.update(expected_shapes(c))

@@ -14,7 +14,7 @@ from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
-from pagoda.runtime.model import hy_v4_config, moe_families
+from pagoda.runtime.model import hy_v4_config, moe_families, positions_config, ungated_config
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model.ops import rope_kind
@@ -24,10 +24,6 @@ Fields = Callable[
     [Mapping[str, Any], str, int, "int | None", "tuple[bool, ...]", "Mapping[str, Any] | None"],
     dict[str, Any],
 ]
-# down(act(up(x))) MLPs (model/ungated_mlp.py)
-UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2",
-           "gpt_neox_japanese")  # fmt: skip
-UNGATED += ("gptj", "nanochat", "codegen", "persimmon", "apertus1p5")
 
 
 def read_rope(
@@ -136,42 +132,6 @@ def _ministral3(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return _llama4_query_scale(cfg)
 
 
-def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
-    fields: dict[str, Any] = {"gated_mlp": False}
-    if arch in (
-        "starcoder2",
-        "nemotron",
-        "phi",
-        "falcon",
-        "gpt_neox",
-        "jais2",
-        "gpt_neox_japanese",
-    ):  # (Nemotron: 1 + w)
-        fields["layer_norm_bias"] = True
-    if arch == "falcon":
-        fields.update(_falcon(cfg))
-    if arch == "gpt_neox":  # Falcon's per-head q/k/v; two norms in parallel, or Llama's layer
-        parallel = cfg.get("use_parallel_residual", True)
-        fields.update(falcon_qkv="per_head", falcon_norms="two" if parallel else "sequential")
-    if arch == "gpt_neox_japanese":  # GPT-NeoX's q/k/v per head in Llama's layer, no biases
-        fields.update(falcon_qkv="per_head", falcon_norms="sequential")  # (but the last o_proj's)
-    if arch in ("gptj", "codegen"):  # Phi's model, the rotary interleaved (GLM's layout)
-        fields.update(layer_norm_bias=True, rope_interleaved=True)
-    if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
-        fields["qk_norm"] = True
-    if arch == "persimmon":  # GPT-NeoX's q/k/v per head in Llama's layer; Phi's q/k norms
-        fields.update(layer_norm_bias=True, falcon_qkv="per_head", falcon_norms="sequential",
-                      qk_norm=bool(cfg.get("qk_layernorm")))  # fmt: skip
-    if arch == "apertus":
-        fields["qk_norm"] = True
-    if arch == "apertus1p5":  # Apertus', its LM head pruned to `output_vocab_size` rows
-        fields.update(qk_norm=True, head_rows=_apertus1p5_head(cfg))
-    if arch == "nanochat":  # (its q/k norms have no weights: model/nanochat.py)
-        cap = cfg.get("final_logit_softcapping")
-        fields["final_logit_softcapping"] = float(cap) if cap else None
-    return fields
-
-
 def _diffllama(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     """DiffLlama (model/diffllama.py): Llama's model with differential attention, which pairs
     the first half of the query heads with the second and splits the values' KV heads in two."""
@@ -181,18 +141,6 @@ def _diffllama(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         raise ValueError(f"DiffLlama with num_key_value_heads {kv} is not supported: its "
                          "differential attention splits the KV heads in two (an even count)")  # fmt: skip
     return {"diff_attention": True}
-
-
-def _apertus1p5_head(cfg) -> int:
-    """The pruned head's rows (0: none, the vocabulary's), as Apertus1p5TextConfig checks
-    them; tied, none (transformers' head is then the embedding, every id scored)."""
-    rows, vocab = cfg.get("output_vocab_size"), int(cfg["vocab_size"])
-    if rows is None or int(rows) == vocab:
-        return 0
-    if not 1 <= int(rows) <= vocab:
-        raise ValueError(f"output_vocab_size ({rows}) must be in [1, vocab_size] "
-                         f"(vocab_size is {vocab})")  # fmt: skip
-    return 0 if cfg.get("tie_word_embeddings") else int(rows)
 
 
 def _ernie4_5(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
@@ -236,24 +184,6 @@ def _gemma2(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
     )
-
-
-def _falcon(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Falcon's q/k/v layout and layer (model/falcon.py), as transformers' FalconDecoderLayer
-    picks them; ALiBi refused."""
-    if cfg.get("alibi"):
-        raise ValueError("Falcon with alibi (ALiBi position biases: falcon-rw) is not supported")
-    new, parallel = bool(cfg.get("new_decoder_architecture")), bool(cfg.get("parallel_attn"))
-    if new:
-        layers = cfg.get("num_ln_in_parallel_attn") or 2
-        if layers == 1 and not parallel:  # (transformers' layer has no MLP input then)
-            raise ValueError("Falcon's new_decoder_architecture with num_ln_in_parallel_attn 1 "
-                             "and parallel_attn false is not supported")  # fmt: skip
-        norms = "two" if layers == 2 else "one"
-    else:
-        norms = "one" if parallel else "sequential"
-    qkv = "grouped" if new else "multi_query" if cfg.get("multi_query") else "per_head"
-    return {"falcon_qkv": qkv, "falcon_norms": norms}
 
 
 def _stablelm(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
@@ -402,118 +332,8 @@ def _hybrid(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return hybrid.family_fields(cfg, arch, n)
 
 
-def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
-    """GPT-2, GPTBigCode, OPT, OpenAI GPT (model/positions.py): learned positions, LayerNorms with biases,
-    an ungated MLP, a fused q/k/v (GPT-2's stacked, StarCoder 1's multi-query or per head)."""
-    fields: dict[str, Any] = {"positions": "learned", "gated_mlp": False, "layer_norm_bias": True}
-    if arch in ("gpt2", "gpt_bigcode"):
-        if cfg.get("scale_attn_by_inverse_layer_idx"):  # (GPT-2's: BioMedLM's, CRFM's)
-            fields["q_scale_by_layer"] = True
-        if cfg.get("add_cross_attention"):
-            raise ValueError("add_cross_attention (an encoder-decoder's cross-attention) is "
-                             "not supported: Pagoda serves causal decoders")  # fmt: skip
-        if not cfg.get("scale_attn_weights", True):  # scores unscaled
-            fields["attention_multiplier"] = 1.0
-        multi_query = arch == "gpt_bigcode" and cfg.get("multi_query", True)
-        mha = "stacked" if arch == "gpt2" else "per_head"
-        fields["falcon_qkv"] = "multi_query" if multi_query else mha
-    if arch == "openai_gpt":  # GPT-1: GPT-2's stacked c_attn, norms after each residual add
-        fields.update(falcon_qkv="stacked", post_norm=True)
-    if arch == "gpt_neo":  # q/k/v apart without biases, out_proj's; scores unscaled
-        fields.update(attention_multiplier=1.0, o_proj_bias=True)
-    if arch == "opt":
-        if not cfg.get("layer_norm_elementwise_affine", True):
-            raise ValueError("OPT with layer_norm_elementwise_affine false (LayerNorms without "
-                             "parameters) is not supported")  # fmt: skip
-        pre = bool(cfg.get("do_layer_norm_before", True))
-        if pre and cfg.get("_remove_final_layer_norm"):
-            raise ValueError("OPT with _remove_final_layer_norm (no final norm after "
-                             "pre-norm layers) is not supported")  # fmt: skip
-        proj = int(cfg.get("word_embed_proj_dim") or cfg["hidden_size"])
-        fields.update(position_offset=2, post_norm=not pre,
-                      embed_proj_dim=0 if proj == int(cfg["hidden_size"]) else proj)  # fmt: skip
-    return fields
-
-
-def _xglm(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
-    """XGLM (model/positions.py): a sinusoidal table offset by 2, the embeddings scaled by
-    sqrt(hidden) (`scale_embedding`), OPT's pre-norm layer with biases, an ungated MLP."""
-    if cfg.get("add_cross_attention"):
-        raise ValueError("add_cross_attention (an encoder-decoder's cross-attention) is "
-                         "not supported: Pagoda serves causal decoders")  # fmt: skip
-    pad = cfg.get("pad_token_id")
-    if pad is not None and int(pad) >= 2:  # (transformers zeroes that row of its table)
-        raise ValueError(f"XGLM with pad_token_id {pad} (its position table's row {pad} "
-                         "zeroed) is not supported: 0, 1 or null")  # fmt: skip
-    scale = math.sqrt(int(cfg["hidden_size"])) if cfg.get("scale_embedding", True) else 1.0
-    return {"positions": "sinusoidal", "position_offset": 2, "gated_mlp": False,
-            "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
-
-
-def _biogpt(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
-    """BioGPT (model/positions.py): OPT's learned table offset by 2, the embeddings scaled by
-    sqrt(hidden) (`scale_embedding`), pre-norm layers with biases, an ungated MLP."""
-    scale = math.sqrt(int(cfg["hidden_size"])) if cfg.get("scale_embedding", True) else 1.0
-    return {"positions": "learned", "position_offset": 2, "gated_mlp": False,
-            "layer_norm_bias": True, "embedding_multiplier": scale}  # fmt: skip
-
-
-def _ctrl(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
-    """CTRL (model/positions.py): its own sinusoidal table (no offset), the embeddings scaled by
-    sqrt(hidden), pre-norm layers with biases (eps 1e-6 in its layers), a ReLU MLP, a head bias."""
-    eps = float(cfg.get("layer_norm_epsilon", 1e-6))
-    if eps != 1e-6:  # (transformers' layers run 1e-6 whatever it says; the final norm its value)
-        raise ValueError(f"CTRL with layer_norm_epsilon {eps} is not supported (1e-6: its "
-                         "layers' LayerNorms run 1e-6 whatever the config says)")  # fmt: skip
-    return {"positions": "sinusoidal", "gated_mlp": False, "layer_norm_bias": True,
-            "embedding_multiplier": math.sqrt(int(cfg["hidden_size"])), "lm_head_bias": True}  # fmt: skip
-
-
-def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
-    """BLOOM and MPT (model/bloom.py): ALiBi, an ungated MLP, a fused q/k/v."""
-    fields: dict[str, Any] = {"positions": "alibi", "alibi_slopes": arch, "gated_mlp": False}
-    if arch == "bloom":
-        if cfg.get("apply_residual_connection_post_layernorm"):
-            raise ValueError("BLOOM with apply_residual_connection_post_layernorm (the residual "
-                             "taken after the norm) is not supported")  # fmt: skip
-        fields.update(layer_norm_bias=True, falcon_qkv="per_head")
-        return fields
-    a = cfg.get("attn_config") or {}
-    if not a.get("alibi", True):
-        raise ValueError("MPT without attn_config.alibi (learned positions) is not supported "
-                         "(transformers' MPT runs ALiBi only)")  # fmt: skip
-    if a.get("qk_ln"):
-        raise ValueError("MPT with attn_config.qk_ln (q/k LayerNorms) is not supported "
-                         "(transformers' MPT does not run them)")  # fmt: skip
-    if a.get("attn_type", "multihead_attention") != "multihead_attention" or a.get("prefix_lm"):
-        raise ValueError(f"MPT attn_config attn_type {a.get('attn_type')!r} / prefix_lm is not "
-                         "supported (multihead_attention, causal)")  # fmt: skip
-    if cfg.get("logit_scale") not in (None, 1, 1.0):  # MPT's own code scales the logits
-        raise ValueError(f"MPT with logit_scale {cfg['logit_scale']!r} (the logits scaled) is not "
-                         "supported (transformers' MPT does not scale them)")  # fmt: skip
-    if not cfg.get("no_bias", True):
-        raise ValueError("MPT with no_bias false (biases transformers' MPT does not load) is "
-                         "not supported")  # fmt: skip
-    clip, scale = a.get("clip_qkv"), a.get("softmax_scale")
-    if clip is not None and not float(clip) > 0:
-        raise ValueError(f"clip_qkv must be positive, got {clip}")
-    # the slopes' alibi_bias_max as MPT's own code and vLLM read it (transformers' MPT runs 8
-    # whatever the config says)
-    bias_max = float(8 if a.get("alibi_bias_max") is None else a["alibi_bias_max"])
-    if not bias_max > 0:
-        raise ValueError(f"attn_config.alibi_bias_max must be positive, got {bias_max}")
-    fields.update(falcon_qkv="stacked", clip_qkv=None if clip is None else float(clip),
-                  attention_multiplier=None if scale is None else float(scale),
-                  alibi_bias_max=bias_max)  # fmt: skip
-    return fields
-
-
 FIELDS: dict[str, Fields] = {
-    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt", "gpt_neo", "openai_gpt"), _learned),
-    **dict.fromkeys(("bloom", "mpt"), _alibi),
-    "xglm": _xglm,
-    "biogpt": _biogpt,
-    "ctrl": _ctrl,
+    **positions_config.FIELDS,  # learned or sinusoidal position tables, ALiBi
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     **dict.fromkeys(
@@ -532,7 +352,7 @@ FIELDS: dict[str, Fields] = {
     "cohere": _cohere,
     "cohere2": _cohere,
     "ministral3": _ministral3,
-    **dict.fromkeys(UNGATED, _ungated),
+    **ungated_config.FIELDS,  # down(act(up(x))) MLPs
     "ernie4_5": _ernie4_5,
     "helium": _ernie4_5,  # (the interleaved rotary)
     "diffllama": _diffllama,

@@ -61,3 +61,10 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         "moe_layers": tuple(i not in dense and (i + 1) % step == 0 for i in range(n)),
         "shared_expert_intermediate_size": int(cfg["shared_expert_intermediate_size"]),
     }
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its attention sinks (stored as `softmax_offset`, listed as `sinks`) in
+    `checkpoint_check.expected_shapes`' tensors."""
+    for i in range(c.num_layers):
+        out[f"model.layers.{i}.self_attn.sinks"] = (c.num_heads,)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pagoda.runtime.model.gemma4_config import FULL, SLIDING, kv_sources
+from pagoda.runtime.model.gemma4_config import FULL, SLIDING, fields_of, kv_sources
 from pagoda.runtime.model_configs import Gemma3nParts, Gemma4Layers
 
 if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
@@ -163,16 +163,4 @@ def layers(cfg: Mapping[str, Any], n: int) -> Gemma4Layers:
 
 
 def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
-    types = layer_types(cfg, n)
-    return dict(
-        gemma4=layers(cfg, n),
-        qk_norm=True,
-        window_layers=tuple(t == SLIDING for t in types),
-        attention_multiplier=1.0,  # (q and k normed: no softmax scale)
-        final_logit_softcapping=cfg.get("final_logit_softcapping") or None,
-    )
-
-
-def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model reads, with its shape (`Gemma4Layers.tensor_shapes`)."""
-    return c.family.gemma4.tensor_shapes(c)
+    return fields_of(cfg, layers(cfg, n), layer_types(cfg, n))

@@ -187,9 +187,14 @@ def layers(cfg: Mapping[str, Any], n: int, unified: bool = False) -> Gemma4Layer
 
 
 def family_fields(cfg: Mapping[str, Any], n: int, arch: str = "gemma4") -> dict[str, Any]:
-    types = layer_types(cfg, n)
+    return fields_of(cfg, layers(cfg, n, unified=arch == "gemma4_unified"), layer_types(cfg, n))
+
+
+def fields_of(cfg: Mapping[str, Any], table: Gemma4Layers, types: list[str]) -> dict[str, Any]:
+    """The `FamilyConfig` fields of a model of Gemma 4's layers (`table`, layer kinds `types`):
+    Gemma 4's and Gemma 3n's."""
     return dict(
-        gemma4=layers(cfg, n, unified=arch == "gemma4_unified"),
+        gemma4=table,
         qk_norm=True,
         window_layers=tuple(t == SLIDING for t in types),
         attention_multiplier=1.0,  # (q and k normed: no softmax scale)

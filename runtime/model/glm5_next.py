@@ -13,7 +13,8 @@ experts) with what transformers' ``modeling_glm5_next.py`` changes:
   the pool, of gate + ``index_kpool_compress_ape`` by position) mix of its tokens' keys; a
   query scores the whole pools that end at or before it (``sum_h w_h relu(q_h . key /
   sqrt(D))``, ``w = weights_proj(x) / sqrt(H)``, in the model's dtype as transformers keeps
-  it) and attends to the tokens of its ``index_topk / index_kpool`` best and to those of its
+  it; a pool's key mixed once, by the step whose token ends it, into the layer's pool table:
+  `side_tables.PoolTable`) and attends to the tokens of its ``index_topk / index_kpool`` best and to those of its
   own unfinished pool. While no sequence of the step is longer than ``index_topk +
   index_kpool - 1`` that is every earlier token: the step attends densely through the
   backend (the rows still written). "Shared" layers reuse the previous full layer's choice;
@@ -33,11 +34,12 @@ experts) with what transformers' ``modeling_glm5_next.py`` changes:
   in the dense MLPs, the shared expert and the routed experts (on CUDA the fused-MoE kernel's
   ``silu_limit``), in the model's dtype as transformers computes it.
 
-The KDA states live in the hybrids' state slots (prefix caching, chunked prefill and
-preemption as Kimi Linear's); the streams live only within a step. Not supported (one line
-each, `family_options`): tensor parallelism, ``--quantization fp8``, FP8 checkpoints, FP8/int8
-KV caches (the indexer's rows are in the model's dtype), float16; CUDA graphs are off (the
-step's path is chosen on the host, as GLM-5's).
+The KDA states live in the hybrids' state slots (prefix caching, chunked prefill, preemption
+and the tensor-parallel split as Kimi Linear's; the k-pool indexer, its pools' choice and the
+streams whole on every rank, each rank picking the same pools); the streams live only within a
+step. Not supported (one line each, `family_options`): ``--quantization fp8``, FP8
+checkpoints, FP8/int8 KV caches (the indexer's rows are in the model's dtype), float16; CUDA
+graphs are off (the step's path is chosen on the host, as GLM-5's).
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsa import KEPT, MAX_SCORE_ELEMS, DsaLayer, index_plan, sparse_attention
 from pagoda.runtime.model.glm5_next_config import HC
 from pagoda.runtime.model.hyper_connection import HyperConnection, expand
-from pagoda.runtime.model.kimi_linear import KimiLinearLayer
+from pagoda.runtime.model.kimi_linear import KdaShard, KimiLinearLayer
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.moe import SharedExpertMoE, make_mlp
+from pagoda.runtime.model.side_tables import PoolTable
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 
@@ -67,23 +70,26 @@ class Glm5NextDeltaAttention(BailingDeltaAttention):
                  lower_bound: float):  # fmt: skip
         p = prefix + "self_attn."
         g = p + "forget_gate."
-        self.m, self.index, self.eps, self.beta_scale = m, index, eps, 1.0
+        r = KdaShard(m, w, ctx)
+        self.m, self.index, self.eps, self.beta_scale = r.local, index, eps, 1.0
         dev, self.lower_bound, self.dtype = w.device, lower_bound, w.dtype
-        # x's projections in one matmul: q k v (the conv's channels), f_a, g_a, b
-        rows = [p + "q_proj", p + "k_proj", p + "v_proj", g + "f_a_proj", p + "g_a_proj",
-                p + "b_proj"]  # fmt: skip
-        self.in_proj = ctx.linear(torch.cat([w[n + ".weight"] for n in rows]).contiguous())
-        self.f_b = ctx.linear(w[g + "f_b_proj.weight"])
-        self.g_b = ctx.linear(w[p + "g_b_proj.weight"])
-        self.out_proj = ctx.linear(w[p + "o_proj.weight"])
-        parts = [w.source(n).float().to(dev) for n in conv_names(p, w)]  # float32 (`_conv32`)
-        self.conv_weight = torch.cat(parts)[:, 0, :].contiguous()
+        # x's projections in one matmul: q k v (the conv's channels), f_a, g_a (whole), b
+        rows = ((p + "q_proj", r.qk), (p + "k_proj", r.qk), (p + "v_proj", r.v),
+                (g + "f_a_proj", None), (p + "g_a_proj", None), (p + "b_proj", r.heads))  # fmt: skip
+        self.in_proj = ctx.linear(torch.cat([r.rows(n + ".weight", s) for n, s in rows]))
+        self.f_b = ctx.linear(r.rows(g + "f_b_proj.weight", r.qk))
+        self.g_b = ctx.linear(r.rows(p + "g_b_proj.weight", r.v))
+        self.out_proj = r.out_proj(p + "o_proj.weight")
+        self.conv_weight = r.conv(
+            torch.cat([w.source(n).float().to(dev) for n in conv_names(p, w)])
+        )  # float32 (`_conv32`)
         self.conv_fn = self._conv32
-        self.rate = torch.exp(w.source(g + "A_log").float().reshape(-1, 1)).to(dev)  # [H, 1]
-        self.dt_bias = w.source(g + "dt_bias").float().view(m.n_heads, m.head_dim).to(dev)
+        self.rate = torch.exp(r.per_head(w.source(g + "A_log").float().reshape(-1, 1))).to(dev)
+        dt_bias = w.source(g + "dt_bias").float().view(m.n_heads, m.head_dim)
+        self.dt_bias = r.per_head(dt_bias).to(dev)  # [H, K]
         self.norm = w.source(p + "o_norm.weight").float().to(dev)
         self.scale = m.d_state**-0.5
-        self.sizes = [m.conv_dim, m.head_dim, m.head_dim, m.n_heads]
+        self.sizes = [self.m.conv_dim, m.head_dim, m.head_dim, self.m.n_heads]
 
     def linears(self) -> list:
         return [self.in_proj, self.f_b, self.g_b, self.out_proj]
@@ -118,6 +124,8 @@ class Glm5NextLayer(KimiLinearLayer, DsaLayer):
             self.weights_proj = linear_layer(ctx, w, [p + "weights_proj.weight"])
             self.ape = w[p + "index_kpool_compress_ape"]  # [P, D]: a position's logit in a pool
             self.compress_gate = linear_layer(ctx, w, [p + "index_kpool_compress_gate"])
+            self.pools = PoolTable(self.ix.kpool, self.ix.head_dim)  # each finished pool's key
+            self.side_tables = [self.pools]
 
     def linears(self):
         if self.mixer is not None or not self.full:
@@ -160,16 +168,19 @@ class Glm5NextLayer(KimiLinearLayer, DsaLayer):
         else:  # a shared layer's row has none: zeros (0 x garbage may be NaN)
             k_full[:, 0, c:] = 0
         k_cache, v_cache = step.kv_caches[self.index]
+        rows = k_cache.view(-1, k_cache.shape[-1])  # one KV head: [slots, W] in any layout
         if meta.max_seq_len <= self.dense_limit:  # every earlier token kept
             out = self.ctx.backend.forward(
                 q_full, k_full, k_full, k_cache, v_cache, meta, window=None,
                 kv_scales=self.kv_scales,
             )  # fmt: skip
+            if self.full:
+                self._close_pools(rows[:, c:], meta)
             return self.values(out)
-        rows = k_cache.view(-1, k_cache.shape[-1])  # one KV head: [slots, W] in any layout
         rows.index_copy_(0, meta.slot_mapping, k_full[:, 0].to(rows.dtype))
         if self.full:
-            meta.aux[KEPT] = self._select_pools(q_index, x, rows[:, c:], meta)
+            self._close_pools(rows[:, c:], meta)
+            meta.aux[KEPT] = self._select_pools(q_index, x, meta)
         slots, kept = meta.aux[KEPT]
         out = sparse_attention(q_full[..., :c], rows, slots, kept, self.ctx.backend.scale, c)
         return self.values(out)
@@ -186,26 +197,36 @@ class Glm5NextLayer(KimiLinearLayer, DsaLayer):
         row[:, ix.head_dim :] = self.compress_gate(x)
         return q
 
+    def _close_pools(self, cached: torch.Tensor, meta: AttentionMetadata) -> None:
+        """The keys of the pools the step's tokens end into the layer's pool table
+        (`side_tables.PoolTable`), from ``cached`` [slots, 2 D]: each cached token's indexer
+        key and gate score. Pool j of a sequence, its positions [j P, (j + 1) P): the sum over
+        its tokens of softmax_over_the_pool(gate + ape[i]) * key (per channel, the softmax in
+        float32, the mix in the cache's dtype, as transformers)."""
+        d = self.ix.head_dim
+
+        def pool_keys(slots: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+            rows = cached[slots]  # [N, P, 2 D]
+            keys, gates = rows[..., :d], rows[..., d:]
+            mix = torch.softmax(gates.float() + self.ape.float(), dim=1).to(keys.dtype)
+            return (mix * keys).sum(dim=1)
+
+        self.pools.bind(cached, cached.shape[0], cached.dtype, meta.block_size)
+        self.pools.close(meta, pool_keys)
+
     def _select_pools(
-        self, q: torch.Tensor, x: torch.Tensor, cached: torch.Tensor, meta: AttentionMetadata
+        self, q: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots [T, k], kept [T, k]): each token's kept cache slots, k = index_topk +
         index_kpool - 1 (its best whole pools' tokens, then its unfinished pool's), and which
-        are real. ``cached`` [slots, 2 D]: each cached token's indexer key and gate score.
-
-        Sequence b's pools are its positions [j P, (j + 1) P); pool j's key is the sum over its
-        tokens of softmax_over_the_pool(gate + ape[i]) * key (per channel, the softmax in
-        float32, the mix in the cache's dtype, as transformers); a query at position p scores
-        the pools that end at or before p: ``sum_h w_h relu(q_h . key_j / sqrt(D))``, keeps
+        are real. A query at position p scores the pools that end at or before p (their keys
+        from the pool table, `_close_pools`): ``sum_h w_h relu(q_h . key_j / sqrt(D))``, keeps
         its ``index_topk / P`` best and the positions [floor((p + 1) / P) P, p]."""
         ix, plan = self.ix, index_plan(meta)
         b, qp = plan.q_rows.shape
         h, d, p = ix.n_heads, ix.head_dim, ix.kpool
         n = plan.slots.shape[1] // p  # whole pools in the longest context
-        rows = cached[plan.slots[:, : n * p]].view(b, n, p, 2 * d)
-        keys, gates = rows[..., :d], rows[..., d:]
-        mix = torch.softmax(gates.float() + self.ape.float(), dim=2).to(keys.dtype)
-        pool_keys = (mix * keys).sum(dim=2).float().transpose(1, 2)  # [B, D, n]
+        pool_keys = self.pools.gather(plan.slots, n).float().transpose(1, 2)  # [B, D, n]
         qb = q[plan.q_rows].float()  # [B, Q, H, D]
         wb = (self.weights_proj(x).float() * h**-0.5)[plan.q_rows].unsqueeze(-2)  # [B, Q, 1, H]
         ends = torch.arange(n, device=q.device) * p + p - 1  # each pool's last position

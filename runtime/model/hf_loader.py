@@ -19,9 +19,11 @@ from pagoda.runtime import family_options
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import (
     bpe_files,
+    checkpoint_names,
     config_keys,
     family_fields,
     moe_families,
+    sliding_windows,
     special_tokens,
     spm_files,
     tiktoken_files,
@@ -29,19 +31,18 @@ from pagoda.runtime.model import (
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
-from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.hf_tables import (
     DEFAULT_ROPE,
     DEFAULTS,
     EPS,
-    FUSED,
     GPT_OSS_ROPE,
     HF_ARCHITECTURES,
     NULLABLE,
     PARTIAL_ROTARY,
     PROPORTIONAL_ROTARY,
     REMOTE_CODE_TYPES,
+    ROPE_KIND,
     TEXT_MODEL_TYPES,
     WRAPPER_TIES,
 )
@@ -99,90 +100,14 @@ def architecture(cfg: Mapping[str, Any]) -> str:
     return arch
 
 
-def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None):
-    if window is None:
-        return ()
-    types = cfg.get("layer_types")
-    if types:
-        if len(types) != n:
-            raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
-        return tuple(t == "sliding_attention" for t in types)
-    if arch in ("gemma2", "vaultgemma", "gpt_oss"):  # transformers': even layers slide
-        return tuple(bool((i + 1) % 2) for i in range(n))
-    if arch == "cohere2":  # the older configs: every `sliding_window_pattern`-th layer global
-        pattern = int(cfg.get("sliding_window_pattern") or 4)
-        return tuple(bool((i + 1) % pattern) for i in range(n))
-    if arch == "exaone4":  # every `sliding_window_pattern`-th layer global
-        pattern = cfg.get("sliding_window_pattern")
-        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
-            raise ValueError(f"EXAONE 4's sliding_window_pattern {pattern!r} without layer_types "
-                             "is not supported (transformers reads an integer)")  # fmt: skip
-        return tuple(bool((i + 1) % pattern) for i in range(n))
-    if arch == "cwm":  # CwmConfig's default: every fourth layer global, from the first
-        return tuple(i % 4 != 0 for i in range(n))
-    if arch == "olmo3":  # transformers' default: every fourth layer is global
-        return tuple(bool((i + 1) % 4) for i in range(n))
-    if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
-        # (transformers reads no other key: the `_sliding_window_pattern` it writes goes with
-        # `layer_types`)
-        pattern = int(cfg.get("sliding_window_pattern") or 6)
-        return tuple(bool((i + 1) % pattern) for i in range(n))
-    if arch in ("qwen2", "qwen3"):  # layers from max_window_layers on slide
-        first = int(cfg.get("max_window_layers", 0))
-        return tuple(i >= first for i in range(n))
-    if arch == "qwen2moe":  # transformers 5: every other layer below max_window_layers
-        last = int(cfg.get("max_window_layers", 28))
-        return tuple(bool((i + 1) % 2) and i < last for i in range(n))
-    return ()  # Mistral, Mixtral, Qwen3-MoE (whatever max_window_layers says): every layer
-
-
-def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
-    window = cfg.get("sliding_window")
-    if arch == "smollm3":
-        return _smollm3_window(cfg)
-    if arch == "qwen2moe":  # as the other Qwens: a window only with use_sliding_window
-        return int(window) if window and cfg.get("use_sliding_window", False) else None
-    if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
-        return None  # Qwen configs carry a window they do not use unless told to
-    if arch in ("phi3", "gemma2", "vaultgemma", "gpt_oss"):  # every layer (Phi-3), or some
-        return int(window) if window else None
-    if arch == "cohere2" and not window:  # its global layers are told apart by having none
-        raise ValueError("Cohere 2 without a sliding_window is not supported")
-    if arch not in ("mistral", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "gemma3n", "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
-                    "lara_mini", "gpt_neo", "gemma4_unified"):  # fmt: skip
-        return None
-    return int(window) if window else None
-
-
-def _smollm3_window(cfg: Mapping[str, Any]) -> int | None:
-    """SmolLM3's window: on the `layer_types` layers that say sliding_attention (by default the
-    NoPE layers, with use_sliding_window and a sliding_window); transformers' masks slide by
-    layer_types, its flash path only with use_sliding_window too, so a config where the two
-    disagree is refused."""
-    types, window = cfg.get("layer_types"), cfg.get("sliding_window")
-    if not cfg.get("use_sliding_window", False):
-        if types and "sliding_attention" in types:
-            raise ValueError("SmolLM3 layer_types names sliding_attention layers but "
-                             "use_sliding_window is false (transformers' attention paths "
-                             "disagree on such a config)")  # fmt: skip
-        return None
-    if not window:
-        if types and "sliding_attention" in types:
-            raise ValueError("SmolLM3 layer_types names sliding_attention layers without a "
-                             "sliding_window")  # fmt: skip
-        return None
-    return int(window)
-
-
 def _family(
     cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None = None
 ) -> FamilyConfig:
-    window = _sliding_window(cfg, arch)
+    window = sliding_windows.sliding_window(cfg, arch)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
         raise ValueError(f"unsupported hidden activation {act!r}")
-    layers = _window_layers(cfg, arch, n, window)
+    layers = sliding_windows.window_layers(cfg, arch, n, window)
     fields: dict[str, Any] = {
         "sliding_window": window,
         "window_layers": layers,
@@ -241,20 +166,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     gen = {} if model_dir is None else _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    # the rotary per layer kind: the full-attention layers'
-    by_kind = (
-        "full_attention"
-        if arch in ("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory", "cohere_compass")
-        else None
-    )
-    if arch in (
-        "gemma4",
-        "gemma4_unified",
-        "gemma3n",
-    ):  # the sliding layers' (full ones': gemma4_config)
-        by_kind = "sliding_attention"
-    if arch == "zaya":  # its "hybrid" layers' (`zaya_config`)
-        by_kind = "hybrid"
+    by_kind = ROPE_KIND.get(arch)  # the rotary of one layer kind (`rope_parameters` by kind)
     if (model_dir is not None and not family_options.tested(arch, "fp8_checkpoint")
             and read_quantization(model_dir) is not None):  # fmt: skip
         family_options.refuse(arch, "fp8_checkpoint")
@@ -412,77 +324,11 @@ def check_weights(
 
 
 def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsWeights) -> None:
-    if config.architecture in FUSED:  # fused qkv_proj / gate_up_proj, listed as Llama's
-        from pagoda.runtime.model.phi3 import split_fused
-
-        split_fused(weights, config)
-    if config.architecture == "codegen":  # its fused q/v/k in 4 groups (phi.py)
-        from pagoda.runtime.model.phi import split_codegen_qkv
-
-        split_codegen_qkv(weights, config)
-    if config.architecture in ("gpt2", "openai_gpt"):  # Conv1D matrices, stored [in, out]
-        from pagoda.runtime.model.positions import transpose_conv1d
-
-        transpose_conv1d(weights)
-    if config.architecture in qwen3_next.DEFAULTS:  # Qwen3.5-MoE's stacked experts
-        for name, new in qwen3_next.stacked_experts(list(weights)).items():
-            weights.rename(name, new)
-    if config.architecture == "olmo_hybrid":  # the published norms' names (OLMo-core's)
-        from pagoda.runtime.model.olmo_hybrid_config import rename_norms
-
-        rename_norms(weights)
-    if config.architecture in moe_families.RENAMES:  # (GraniteMoeSWA's experts, Kolibri's norms)
-        moe_families.RENAMES[config.architecture](weights)
-    if config.architecture == "hy_v4":  # transformers' renames (hy_v4_config.py)
-        from pagoda.runtime.model.hy_v4_config import rename_weights
-
-        rename_weights(weights)
-    if config.architecture == "deepseek_v4":  # the published and saved names (dsv4_config)
-        from pagoda.runtime.model.dsv4_config import canonical
-
-        for name in list(weights):
-            if canonical(name) != name:
-                weights.rename(name, canonical(name))
-    if config.architecture == "kimi_linear":  # the published MLP names (block_sparse_moe)
-        from pagoda.runtime.model.kimi_linear_config import rename_mlps
-
-        rename_mlps(weights)
-    if config.architecture == "inkling2":  # the published names (inkling2_config)
-        from pagoda.runtime.model.inkling2_config import rename as rename_inkling2
-
-        rename_inkling2(weights)
-    if config.architecture == "bailing_hybrid":  # the published names (bailing_hybrid_config)
-        from pagoda.runtime.model.bailing_hybrid_config import rename
-
-        rename(weights)
-    if config.architecture == "glm5_next":  # transformers' renames (glm5_next_config.py)
-        from pagoda.runtime.model.glm5_next_config import rename_weights as rename_glm5_next
-
-        rename_glm5_next(weights)
-    if config.architecture == "longcat_flash":  # its sublayers' tensors under their names
-        from pagoda.runtime.model.longcat_flash_config import rename_sublayers
-
-        rename_sublayers(weights)
+    checkpoint_names.list_as_read(weights, config)  # the family's renames and splits
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
-    if config.architecture == "dory":  # the published two-block layout, g_proj
-        from pagoda.runtime.model.dory_config import read_checkpoint_names as dory_names
-
-        dory_names(weights)
-    if config.architecture == "ergo":  # its training framework's names, fused q/k/v
-        from pagoda.runtime.model.ergo_config import read_checkpoint_names
-
-        read_checkpoint_names(weights, config)
-    if config.architecture == "gemma3n":  # the wrapper's embedders of image / audio token ids
-        from pagoda.runtime.model.gemma3n_config import list_embedders
-
-        list_embedders(weights, config)
-    if config.architecture == "dbrx":  # each layer's experts stacked (dbrx.py)
-        from pagoda.runtime.model.dbrx import split_experts
-
-        split_experts(weights, config)
     scheme = read_quantization(model_dir)
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}

@@ -458,4 +458,11 @@ PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi",
 # the families whose full-attention layers' "proportional" rotary is read here and tested
 # (transformers' other models would run it too; untested: refused, one line)
 PROPORTIONAL_ROTARY = ("lfm3",)
+# the layer kind whose `rope_parameters` (keyed by kind) the model's rotary is read from: the
+# full-attention layers' (Gemma 3's, ...), the sliding layers' (Gemma 4's and 3n's: their full
+# layers' in gemma4_config), Zaya's "hybrid" layers' (`zaya_config`)
+ROPE_KIND = {**dict.fromkeys(("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory", "cohere_compass"),
+                             "full_attention"),
+             **dict.fromkeys(("gemma4", "gemma4_unified", "gemma3n"), "sliding_attention"),
+             "zaya": "hybrid"}  # fmt: skip
 FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)

@@ -89,3 +89,11 @@ def expected_shapes(c) -> dict[str, tuple[int, ...]]:
     out = {f"model.layers.{i}.self_attn.gate_proj.weight": (q, c.hidden_size)
            for i in range(c.num_layers)}  # fmt: skip
     return {**out, "model.z_L_init": (c.hidden_size,)}
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """`checkpoint_check.expected_shapes`' tensors without norm weights (HRM-Text's norms are
+    weightless), with attention's gates and z_L_init (`expected_shapes`)."""
+    for name in [n for n in out if n.endswith("norm.weight")]:
+        del out[name]
+    out.update(expected_shapes(c))

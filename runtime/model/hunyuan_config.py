@@ -72,3 +72,11 @@ def rope(cfg: Mapping[str, Any], theta: float, scaling: Mapping[str, Any] | None
     if scaling and rope_kind(dict(scaling)) == "dynamic" and scaling.get("alpha"):
         return theta * float(scaling["alpha"]) ** (head_dim / (head_dim - 2)), None
     return theta, scaling
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its q/k norms (`query_layernorm`, `key_layernorm`: one weight a head size) in
+    `checkpoint_check.expected_shapes`' tensors."""
+    for i in range(c.num_layers):
+        a = f"model.layers.{i}.self_attn."
+        out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (c.head_dim,)

@@ -24,8 +24,12 @@ within a step (nothing recurrent is cached).
 
 transformers keeps the LM head in float32 (`_keep_in_fp32_modules_strict`): here it runs in the
 model's dtype (the same in float32; in bf16 the logits round once more). Not supported (one
-line each, `family_options`): tensor parallelism, ``--quantization fp8`` and FP8 checkpoints,
-FP8/int8 KV caches.
+line each, `family_options`): ``--quantization fp8`` and FP8 checkpoints, FP8/int8 KV caches.
+
+Tensor parallel (`distributed/layout.py`): the latent attention's heads as GLM-5's (`dsa.py`:
+the indexer whole on every rank), each head's gate rows and sink with it; the stacked experts
+and the shared expert by width (one all-reduce); the hyper-connections and ``hc_head``
+replicated (small: a few [N, N * D] mixes a layer, every rank the same streams).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pagoda.runtime.model.hy_v4_config import HC
 from pagoda.runtime.model.hyper_connection import HyperConnection, HyperHead, expand
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.moe import SharedExpertMoE, make_mlp
+from pagoda.runtime.model.parallel_linear import column_linear
 
 
 def silu_limit_and_mul(x: torch.Tensor, limit: float) -> torch.Tensor:
@@ -56,8 +61,15 @@ class HyV4Layer(DsaLayer):
     ) -> None:
         super().__init__(model, w, prefix, index, ctx)
         a, hc = prefix + "self_attn.", model.config.family.hyper
-        self.gate = linear_layer(ctx, w, [a + "gate_proj.weight"])
-        self.sinks = w.source(a + "sinks").float()
+        gate, sinks = [a + "gate_proj.weight"], w.source(a + "sinks").float()
+        if ctx.tp is None:
+            self.gate = linear_layer(ctx, w, gate)
+        else:  # this rank's heads' gates and sinks (a copy: not the whole's view)
+            h0, h1 = ctx.tp.layout.heads(model.config.num_heads)
+            v = self.mla.v_head_dim
+            self.gate = column_linear(ctx, w, gate, [(h0 * v, h1 * v)])
+            sinks = sinks[h0:h1].clone()
+        self.sinks = sinks
         if self.k_norm is not None:  # float32, as transformers keeps it
             p = a + "indexer.k_norm."
             self.k_norm = (w.source(p + "weight").float(), w.source(p + "bias").float())

@@ -62,12 +62,7 @@ def family_fields(
 
 def rename_weights(weights) -> None:
     """The stored names listed as transformers' modules name them (module docstring)."""
-    for name in list(weights):
-        new = name
-        for pattern, repl in _RENAMES:
-            new = pattern.sub(repl, new)
-        if new != name:
-            weights.rename(name, new)
+    weights.rename_by(_RENAMES)
 
 
 def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:

@@ -241,3 +241,17 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
             out[g + "forget_gate_proj.weight"] = (h, rank)
             out[g + "message_gate_proj.weight"] = (h, rank)
     return out
+
+
+def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
+    """In `checkpoint_check.expected_shapes`' tensors: the embeddings' norm, the final block
+    residual's query, the embedding (and head) stored padded (their rows cut at load), the
+    loop's message queries (`MESSAGE_QUERIES`)."""
+    h, ink = c.hidden_size, c.family.mamba.inkling2
+    out["model.embed_tokens.embed_norm.weight"] = out["model.final_input.query"] = (h,)
+    out["model.embed_tokens.weight"] = (ink.padded_vocab, h)
+    out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    start, end, _, _ = ink.loop
+    if end > start:
+        for name in ("queries", "kv_queries"):
+            out[f"model.middle_cycle_cross_pass_{name}"] = (2 * (end - start), h)

@@ -169,3 +169,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         m + "shared_experts.down_proj": (sh, h, n),
     })  # fmt: skip
     return out
+
+
+def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
+    """The embeddings' norm in `checkpoint_check.expected_shapes`' tensors."""
+    out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)

@@ -20,8 +20,9 @@ attend to the kept keys only (float32 softmax). The pool the best are picked fro
 (`TokenSelection.pool`, transformers' ``select_pool``): every visible key up to
 `index_pool_size` keys; past it the `index_layers` layers pick the best blocks of
 `index_compression` keys by their means of the keys before NVFP4 rounding (kept per KV slot
-in the layer's `raw_keys` table beside its cache), the unfinished block competing with a zero
-score; the indexed layers after one reuse its pool (`meta.aux`)."""
+in the `raw_keys` table beside the cache of the layers they read, each block's NVFP4 mean
+computed once, by the step whose token ends it, into their `pools` table: `side_tables`),
+the unfinished block competing with a zero score; the indexed layers after one reuse its pool (`meta.aux`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from pagoda.runtime.model.glm4 import Glm4Layer
 from pagoda.runtime.model.glm4_moe import Glm4MoeModel
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
 from pagoda.runtime.model.qwen3 import Qwen3Layer
+from pagoda.runtime.model.side_tables import PoolTable, SlotTable
 
 
 def nvfp4_round(x: torch.Tensor) -> torch.Tensor:
@@ -78,17 +80,17 @@ class TokenSelection:
             scores += torch.matmul(routing[..., i, :], keys).relu_()
         return scores.mul_(self.head_weight)
 
-    def pool(self, routing: torch.Tensor, raw: torch.Tensor, plan) -> torch.Tensor:
+    def pool(self, routing: torch.Tensor, pools, plan) -> torch.Tensor:
         """Each query's pool [B, Q, K] (transformers' ``select_pool``): past `pool_size` keys,
         the `pool_size / compression` blocks of `compression` keys whose mean (of the keys
-        before their NVFP4 rounding, ``raw`` [B, K, D]; NVFP4 itself) scores best, the query's
-        unfinished block competing with a zero score (ties to the earlier block); else every
-        visible key."""
+        before their NVFP4 rounding; NVFP4 itself: ``pools``, the `PoolTable` of those means)
+        scores best, the query's unfinished block competing with a zero score (ties to the
+        earlier block); else every visible key."""
         c, size = self.k11, self.k11.compression
-        kp, dev = raw.shape[1], raw.device
+        kp, dev = plan.slots.shape[1], plan.slots.device
         nb = kp // size
-        means = raw[:, : nb * size].float().unflatten(1, (nb, size)).sum(2) / size
-        scores = self.score(routing, nvfp4_round(means).transpose(1, 2))  # [B, Q, NB]
+        means = pools.gather(plan.slots, nb).float()  # [B, NB, D]
+        scores = self.score(routing, means.transpose(1, 2))  # [B, Q, NB]
         scores = torch.nn.functional.pad(scores, (0, 1))
         blocks = torch.arange(nb + 1, device=dev)
         seen = plan.q_pos + 1  # [B, Q, 1]
@@ -100,10 +102,10 @@ class TokenSelection:
         return visible & (chosen[..., :kp] | (seen <= c.pool_size))
 
     def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata, backend,
-               raw_keys: torch.Tensor, source: bool):  # fmt: skip
+               pools, source: bool):  # fmt: skip
         """Each query's heads ``q`` [T, H, D] over its kept keys of the cache → [T, H, D]; its
-        pool a new one (``source``: an `index_layers` layer's, from ``raw_keys`` [slots, D]) or
-        the step's last one."""
+        pool a new one (``source``: an `index_layers` layer's, from ``pools``, the block means'
+        `PoolTable`) or the step's last one."""
         plan, c = index_plan(meta), self.k11
         b, qp = plan.q_rows.shape
         kp = plan.slots.shape[1]
@@ -112,7 +114,7 @@ class TokenSelection:
         routing = nvfp4_round(q[:, : c.index_heads]).float()[plan.q_rows]  # [B, Q, n, D]
         pool = None
         if kp > c.pool_size and source:
-            pool = meta.aux[POOL] = self.pool(routing, raw_keys[plan.slots], plan)
+            pool = meta.aux[POOL] = self.pool(routing, pools, plan)
         elif kp > c.pool_size:
             pool = meta.aux[POOL]
         pos = torch.arange(kp, device=q.device)
@@ -178,9 +180,10 @@ class Kolibri11Layer(Glm4Layer):
     # a source layer's keys and values of this step (NVFP4), what its KV-shared layers read
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     source: Kolibri11Layer | None = None  # a KV-shared layer's source (`Kolibri11Model`)
-    # an indexed layer's key head 0 before NVFP4 rounding per KV slot (its pool's block means)
-    raw_keys: torch.Tensor | None = None
-    raw_owner = 0  # the data pointer of the KV cache `raw_keys` goes with
+    # key head 0 before NVFP4 rounding per KV slot (its pool's block means), on the layers the
+    # pool layers pick from (`side_tables.SlotTable`)
+    raw_keys: SlotTable | None = None
+    pools: PoolTable | None = None  # their finished blocks' NVFP4 means
     raw_step: torch.Tensor | None = None  # this step's [T, D]
 
     def __init__(
@@ -195,6 +198,10 @@ class Kolibri11Layer(Glm4Layer):
         self.indexed = model.config.family.window(index) is None  # (no window: indexed)
         self.selection = TokenSelection(k, ctx.head_dim, ctx.backend.scale)
         self.pool_source = k.pool_layers[index]  # (an `index_layers` layer: a new pool)
+        if not self.shared and index in {k.kv_source[i] for i, p in enumerate(k.pool_layers) if p}:
+            self.raw_keys = SlotTable(ctx.head_dim)
+            self.pools = PoolTable(k.compression, ctx.head_dim)  # each finished block's mean
+            self.side_tables = [self.raw_keys, self.pools]
         # an FP8 cache's scales: those it was written with (the source layer's)
         self.kv_scales = model.kv_scales(w, f"model.layers.{k.kv_source[index]}.self_attn")
 
@@ -220,13 +227,21 @@ class Kolibri11Layer(Glm4Layer):
 
     def store_raw(self, step: Step, cache: torch.Tensor) -> None:
         """This step's raw key head 0 into the table that goes with the layer's KV ``cache``
-        (a new cache gets a new table)."""
-        ctx = self.ctx
-        if self.raw_keys is None or self.raw_owner != cache.data_ptr():
-            slots = cache.numel() // (ctx.num_kv_heads * ctx.head_dim)  # (its slots, at most)
-            self.raw_keys = self.raw_step.new_zeros(slots, ctx.head_dim)
-            self.raw_owner = cache.data_ptr()
-        self.raw_keys.index_copy_(0, step.meta.slot_mapping, self.raw_step)
+        (a new cache gets a new table), where a pool layer reads it."""
+        if self.raw_keys is None:
+            return
+        ctx, meta = self.ctx, step.meta
+        slots = cache.numel() // (ctx.num_kv_heads * ctx.head_dim)
+        self.raw_keys.bind(cache, slots, self.raw_step.dtype)
+        self.raw_keys.write(meta.slot_mapping, self.raw_step)
+        self.pools.bind(cache, slots, self.raw_step.dtype, meta.block_size)
+        self.pools.close(meta, self._block_means)
+
+    def _block_means(self, slots: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """The NVFP4 mean [N, D] of the raw keys of each block of cache ``slots`` [N, size]
+        (float32, as `TokenSelection.pool` scores it)."""
+        size = self.pools.size
+        return nvfp4_round(self.raw_keys.rows[slots].float().sum(1) / size)
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         meta = step.meta
@@ -250,7 +265,7 @@ class Kolibri11Layer(Glm4Layer):
             if not self.shared:
                 ctx.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
                 self.store_raw(step, k_cache)
-            table = (self.source if self.shared else self).raw_keys
+            table = (self.source if self.shared else self).pools
             out = self.selection.attend(q, k_cache, v_cache, meta, ctx.backend, table,
                                         self.pool_source)  # fmt: skip
         else:

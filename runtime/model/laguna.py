@@ -15,7 +15,10 @@
   weighted by the uncorrected scores renormalised, times `moe_routed_scaling_factor`
   (`moe_routing.GroupedRouter`), beside an ungated shared expert (`mlp.shared_expert.`).
 
-Tensor parallelism and FP8 are refused (`distributed/layout.py`, `engine/core.check_dtype`).
+Tensor parallel (`distributed/layout.py`): each layer's query heads split over the ranks (each
+layer's count must divide), with their gates' rows; the KV heads split or replicated as the
+model's; o row-parallel; the experts and the shared expert by width, the router replicated.
+FP8 is refused (`engine/core.check_dtype`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, linear_layer
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import build_cos_sin_cache, check_rope_context
+from pagoda.runtime.model.parallel_linear import column_linear
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 
 
@@ -37,10 +41,26 @@ class LagunaLayer(Qwen3Layer):
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
         g = model.config.family.laguna
-        ctx = dataclasses.replace(ctx, num_heads=g.heads[index])  # this layer's query heads
+        self.heads = (0, g.heads[index]) if ctx.tp is None else ctx.tp.layout.heads(g.heads[index])
+        ctx = dataclasses.replace(ctx, num_heads=self.heads[1] - self.heads[0])  # (this rank's)
         super().__init__(model, w, prefix, index, ctx)
-        self.gate = linear_layer(ctx, w, [prefix + "self_attn.g_proj.weight"])
         self.per_head = g.gate_per_head
+        gate = [prefix + "self_attn.g_proj.weight"]
+        if ctx.tp is None:
+            self.gate = linear_layer(ctx, w, gate)
+        else:  # this rank's heads' gates (one a head, or one per element)
+            width = 1 if self.per_head else ctx.head_dim
+            self.gate = column_linear(
+                ctx, w, gate, [(self.heads[0] * width, self.heads[1] * width)]
+            )
+
+    def split_qkv(self, model: LlamaModel, w: DeviceWeights, names: list[str]):
+        """This rank's share of this layer's query heads, and its KV heads (the model's)."""
+        (q0, q1), d = self.heads, self.ctx.head_dim
+        k0, k1 = self.ctx.tp.layout.kv_heads(model.config.num_kv_heads)
+        return column_linear(
+            self.ctx, w, names, [(q0 * d, q1 * d), (k0 * d, k1 * d), (k0 * d, k1 * d)]
+        )
 
     def linears(self):
         return [*super().linears(), self.gate]

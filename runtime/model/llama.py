@@ -180,7 +180,7 @@ class LlamaLayer:
         if ctx.tp is None:
             self.qkv, self.o_proj = linear_layer(ctx, w, qkv), linear_layer(ctx, w, [o])
         else:  # this rank's heads (model/parallel_linear.py)
-            self.qkv, self.o_proj = qkv_linear(ctx, w, qkv, c), row_linear(ctx, w, o)
+            self.qkv, self.o_proj = self.split_qkv(model, w, qkv), row_linear(ctx, w, o)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))  # an FP8 KV cache's (k, v) scales
         self.window = c.family.window(index)  # this layer's sliding window, or None
         self.chunk = c.family.chunk(index)  # this layer's attention chunk (Llama 4), or None
@@ -192,6 +192,11 @@ class LlamaLayer:
     def projections(self, model: LlamaModel, index: int) -> tuple[str, ...]:
         """The projections `qkv` stacks, in order (Kolibri 1.1's KV-shared layers: q alone)."""
         return ("q_proj", "k_proj", "v_proj")
+
+    def split_qkv(self, model: LlamaModel, w: DeviceWeights, names: list[str]) -> Linear:
+        """q/k/v stacked on a tensor-parallel rank: its query heads and KV heads (a family
+        whose layers have their own shapes takes its rows: MiMo-V2-Flash's)."""
+        return qkv_linear(self.ctx, w, names, model.config)
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.o_proj, *self.mlp.linears()]

@@ -19,7 +19,10 @@ modeling_longcat_flash.py computes it, run as ``2 * num_layers`` sublayers
   (`kernels/fused_moe.py` ``none_ids``) and the CPU path skips: a zero expert costs nothing but
   its routing. transformers sends them to a real expert with weight 0: the same sum.
 
-Tensor parallelism and ``--quantization fp8`` are refused in one line (`family_options`).
+Tensor parallel (`distributed/layout.py`): each sublayer's latent attention by heads
+(`deepseek.py`), its dense MLP and the routed experts by width (one all-reduce each, the zero
+experts' identity added once after the experts' sum), the router replicated. ``--quantization
+fp8`` is refused in one line (`family_options`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class ZeroExpertMoE:
         identity = x * weights.masked_fill(~zero, 0.0).sum(dim=-1, keepdim=True)
         out = self.routed.run_experts(x, weights.masked_fill(zero, 0.0), ids.masked_fill(zero, -1),
                               none_ids=True)  # fmt: skip
+        if self.routed.tp is not None:  # this rank's widths' part, summed before the identity
+            out = self.routed.tp.all_reduce(out)
         return out + identity.to(out.dtype)
 
 

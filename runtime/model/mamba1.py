@@ -27,6 +27,10 @@ inputs dt B x of a block of rows computed at once, `BLOCK_ELEMENTS` float32 each
 per-sequence loop, no host sync; the per-position loop is the cost of a selective scan without
 a kernel of its own (`benchmarks/recurrent_families.py`, docs/runtime.md).
 
+Tensor parallel (Jamba's mixers; `Mamba1Mixer.split`): each rank its channels of d_inner, its
+state slots theirs; x_proj and out_proj row-parallel (each one all-reduce: dt, B and C read
+every channel).
+
 Prefix caching (`core/state_snapshots.py`): the scan passes through every sequence's state at
 every token, so snapshot boundaries fall every block (`MambaConfig.snapshot_chunk` 1): one
 inside a prefill chunk saves the state before its position from the scan's loop (the
@@ -47,6 +51,7 @@ from pagoda.runtime.model.mamba2 import (
     packed_conv,
     save_chunk_ends,
 )
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 from pagoda.runtime.recurrent_configs import MambaConfig
 
 BLOCK_ELEMENTS = 1 << 22  # the prefill scan's decays and inputs [rows, D, N] computed per block
@@ -72,18 +77,42 @@ class Mamba1Mixer:
 
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx) -> None:
         p = prefix + "mamba."
-        self.m, self.index = m, index
-        self.in_proj = linear_layer(ctx, w, [p + "in_proj.weight"])
-        self.x_proj = linear_layer(ctx, w, [p + "x_proj.weight"])
-        self.dt_proj = linear_layer(ctx, w, [p + "dt_proj.weight"])
-        self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
-        self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [D, K]
-        self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
-        self.A = self.read_a(w, p)
-        self.D = w[p + "D"].float().reshape(-1)  # [D]
+        self.index = index
+        if ctx.tp is not None:  # this rank's channels of d_inner (`split`)
+            self.m = m.on_ranks(ctx.tp.layout.size)
+            self.split(m, w, p, ctx)
+        else:
+            self.m = m
+            self.in_proj = linear_layer(ctx, w, [p + "in_proj.weight"])
+            self.x_proj = linear_layer(ctx, w, [p + "x_proj.weight"])
+            self.dt_proj = linear_layer(ctx, w, [p + "dt_proj.weight"])
+            self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
+            self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [D, K]
+            self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
+            self.A = self.read_a(w, p)
+            self.D = w[p + "D"].float().reshape(-1)  # [D]
         self.bcdt_weights = None  # Jamba's norms' weights on dt, B and C
         if m.bcdt_weighted:
             self.bcdt_weights = [w[f"{p}{n}_layernorm.weight"] for n in ("dt", "b", "c")]
+
+    def split(self, m: MambaConfig, w: DeviceWeights, p: str, ctx) -> None:
+        """Tensor parallel (Jamba's mixers): this rank's channels [c0, c1) of d_inner: its rows
+        of in_proj's x and z parts, of the conv, dt_proj (column-parallel), A and D; x_proj
+        reads them as input columns (row-parallel: dt, B and C all-reduced, since each reads
+        every channel), out_proj too (its partial products all-reduced)."""
+        d = m.d_inner
+        c0, c1 = ctx.tp.layout.even(d)
+        self.in_proj = column_linear(
+            ctx, w, [p + "in_proj.weight"] * 2, [(c0, c1), (d + c0, d + c1)]
+        )
+        self.x_proj = row_linear(ctx, w, p + "x_proj.weight")
+        self.dt_proj = column_linear(ctx, w, [p + "dt_proj.weight"])
+        self.out_proj = row_linear(ctx, w, p + "out_proj.weight")
+        self.conv_weight = w.part(p + "conv1d.weight", 0, c0, c1)[:, 0, :].contiguous()
+        self.conv_bias = w.part(p + "conv1d.bias", 0, c0, c1) if m.conv_bias else None
+        a_log = w.part(p + "A_log", 0, c0, c1).float()
+        self.A = -torch.exp(a_log.view(1, c1 - c0, m.d_state))
+        self.D = w.part(p + "D", 0, c0, c1).float().reshape(-1)
 
     def read_a(self, w: DeviceWeights, p: str) -> torch.Tensor:
         """A [H, P, N], float32 as transformers' (A_log [D, N] for Mamba-1: one head)."""
@@ -152,37 +181,58 @@ class Mamba1Mixer:
             t.index_copy_(0, step.slots[:nd], new.to(t.dtype))
 
     def _scan(self, ssm, x, dt, B, C, step: MambaStep) -> torch.Tensor:
-        """The prefill chunks' selective scan, position by position over the position-major
-        layout (module docstring), each sequence from its slot's state; the final states back
-        to their slots. Prefix caching's boundaries inside the chunks: the states before the
-        positions they fall on copied to their snapshot entries (`ScanGroup.snap_runs`)."""
-        m, pre = self.m, step.prefill
-        g = pre.groups[0]  # (chunks of one token: one group, its rows the positions' runs)
-        state = ssm.index_select(0, pre.slots).float()  # [n_seq, H, P, N]
-        runs = g.snap_runs or {}
-        snap = step.snaps[self.index][1] if runs else None
-        rows = g.rows.shape[0]
-        xp, dtp, Bp, Cp = (t.new_empty(rows, *t.shape[1:]).index_copy_(0, g.rows, t.index_select(
-            0, g.tokens)) for t in (x, dt, B, C))  # fmt: skip
-        dBx = dtp * xp
-        yp = torch.empty_like(xp)
+        """The prefill chunks' selective scan (`scan_by_position`), the decays and inputs of a
+        block of rows computed at once (`BLOCK_ELEMENTS`)."""
+        m = self.m
         per_block = max(1, BLOCK_ELEMENTS // (m.d_inner * m.d_state))
-        off = lo = hi = 0  # rows [lo, hi): their decays and inputs computed
-        for n in g.counts:  # the sequences still running at this position: the first n
-            if off in runs:  # boundaries here: the states before this position saved
-                a, b = runs[off]
-                keep = state.index_select(0, g.snap_chunks[a:b] - off)
-                snap.index_copy_(0, g.snap_entries[a:b], keep.to(snap.dtype))
+        lo = hi = 0  # rows [lo, hi): their decays and inputs computed
+        dA = dBxB = None
+
+        def advance(s, off, n, packed):
+            nonlocal lo, hi, dA, dBxB
+            xp, dtp, Bp, Cp = packed
             if off + n > hi:  # the next rows' decays and inputs, a block of rows at once
-                lo, hi = off, min(rows, off + max(n, per_block))
+                lo, hi = off, min(xp.shape[0], off + max(n, per_block))
                 dA = torch.exp(dtp[lo:hi, ..., None] * self.A)
-                dBxB = dBx[lo:hi, ..., None] * Bp[lo:hi, :, None, :]
-            s = state[:n]
+                dBxB = (dtp[lo:hi] * xp[lo:hi])[..., None] * Bp[lo:hi, :, None, :]
             s.mul_(dA[off - lo : off - lo + n]).add_(dBxB[off - lo : off - lo + n])
-            yp[off : off + n] = torch.matmul(s, Cp[off : off + n, ..., None])[..., 0]
-            off += n
-        ssm.index_copy_(0, pre.slots, state.to(ssm.dtype))
-        return yp.new_empty(yp.shape).index_copy_(0, g.tokens, yp.index_select(0, g.rows))
+            return torch.matmul(s, Cp[off : off + n, ..., None])[..., 0]
+
+        return scan_by_position(ssm, (x, dt, B, C), step, self.index, advance)
+
+
+def scan_by_position(
+    ssm: torch.Tensor, inputs, step: MambaStep, index: int, advance, out: int = 0,
+    flat: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """A step's prefill chunks' recurrence position by position over the position-major layout
+    (module docstring; Mamba-1's scan, the RG-LRU's, RWKV's WKV, xLSTM's mLSTM): the `inputs`
+    (token rows) packed into it, each sequence from its slot's state in float32 (`flat`: as
+    [n_seq, D]); at each position `advance(s, off, n, packed)` steps `s`, the states of the
+    first ``n`` sequences (those still running there), in place over the packed inputs' rows
+    [off, off + n) and gives their outputs (shaped as ``inputs[out]``'s rows). The last states
+    go back to layer `index`'s slots, the states before prefix caching's boundaries inside the
+    chunks to their snapshot entries (`ScanGroup.snap_runs`); the outputs in token order."""
+    pre = step.prefill
+    g = pre.groups[0]  # (chunks of one token: one group, its rows the positions' runs)
+    n_seq, rows = pre.slots.shape[0], g.rows.shape[0]
+    state = ssm.index_select(0, pre.slots).float()
+    state = state.view(n_seq, -1) if flat else state
+    runs = g.snap_runs or {}
+    snap = step.snaps[index][1] if runs else None
+    packed = [t.new_empty(rows, *t.shape[1:]).index_copy_(0, g.rows, t.index_select(
+        0, g.tokens)) for t in inputs]  # fmt: skip
+    yp = torch.empty_like(packed[out])
+    off = 0
+    for n in g.counts:  # the sequences still running at this position: the first n
+        if off in runs:  # boundaries here: the states before this position saved
+            a, b = runs[off]
+            keep = state.index_select(0, g.snap_chunks[a:b] - off)
+            snap.index_copy_(0, g.snap_entries[a:b], keep.view(-1, *snap.shape[1:]).to(snap.dtype))
+        yp[off : off + n] = advance(state[:n], off, n, packed)
+        off += n
+    ssm.index_copy_(0, pre.slots, state.view(n_seq, *ssm.shape[1:]).to(ssm.dtype))
+    return yp.new_empty(yp.shape).index_copy_(0, g.tokens, yp.index_select(0, g.rows))
 
 
 def _rms(t: torch.Tensor, eps: float) -> torch.Tensor:

@@ -139,7 +139,7 @@ def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
         "rglru",
         "wkv",
         "mlstm",
-    ):  # `mamba1.Mamba1Mixer._scan` (the RG-LRU's, less):
+    ):  # `mamba1.scan_by_position` (the RG-LRU's, less):
         # eight float32 [T, d_inner] (its inputs packed, ...), the states, a block of decays
         # and inputs (`BLOCK_ELEMENTS` each)
         return (8 * tokens + 3 * seqs * m.d_state) * m.d_inner * 4 + 2 * (1 << 22) * 4

@@ -88,6 +88,9 @@ ARCHITECTURES = {
     **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
     **inkling2_config.ARCHITECTURES,  # Inkling 2: Inkling's, block attention residuals
 }
+# what a hybrid changes in the tensors `checkpoint_check.expected_shapes` lists, (c, out) -> None
+CHECKPOINT_SHAPES = {arch: m.checkpoint_shapes for m in (zaya_config, inkling_config, inkling2_config)
+                     for arch in m.ARCHITECTURES.values()}  # fmt: skip
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
                    "mamba_d_head": "auto", "mamba_d_conv": 4, "mamba_expand": 2,

@@ -26,6 +26,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.glm4_moe import Glm4MoeModel
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer
 from pagoda.runtime.model.ops import build_cos_sin_cache, check_rope_context
+from pagoda.runtime.model.parallel_linear import column_linear
 
 
 class MiMoV2FlashLayer(LlamaLayer):
@@ -36,11 +37,22 @@ class MiMoV2FlashLayer(LlamaLayer):
         m = model.config.family.mimo
         backend = model.layer_backend(index)
         ctx = dataclasses.replace(ctx, backend=backend, num_kv_heads=backend.num_kv_heads)
-        super().__init__(model, w, prefix, index, ctx)
         self.v_dim, self.v_scale = m.v_head_dim, m.v_scale
+        super().__init__(model, w, prefix, index, ctx)
         sinks = prefix + "self_attn.attention_sink_bias"
         if self.window is not None:
-            self.sinks = w[sinks].float().contiguous()
+            sinks = w[sinks].float()
+            if ctx.tp is not None:  # this rank's heads' sinks (a copy: not the whole's view)
+                sinks = sinks[slice(*ctx.tp.layout.heads(sinks.shape[0]))].clone()
+            self.sinks = sinks.contiguous()
+
+    def split_qkv(self, model, w: DeviceWeights, names: list[str]):
+        """This rank's query heads and this layer's KV heads (split or replicated:
+        `MiMoV2FlashModel.local_kv_heads`), values `v_head_dim` wide."""
+        c, d, v = model.config, model.config.head_dim, self.v_dim
+        (q0, q1), (k0, k1) = self.ctx.tp.layout.heads(c.num_heads), model.local_kv_heads(self.index)
+        rows = [(q0 * d, q1 * d), (k0 * d, k1 * d), (k0 * v, k1 * v)]
+        return column_linear(self.ctx, w, names, rows)
 
     def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, heads, D], k [T, KV heads, D], v scaled and padded to D [T, KV heads, D]."""
@@ -64,9 +76,15 @@ class MiMoV2FlashModel(Glm4MoeModel):
         self._backends: dict[tuple[int, int], AttentionBackend] = {}
         super().__init__(config, weights, **kwargs)
 
+    def local_kv_heads(self, index: int) -> tuple[int, int]:
+        """Layer `index`'s KV heads [start, stop) on this rank: all of them on one, else split
+        or replicated by `layout.py` (the sliding layers have twice the full ones')."""
+        kv = self.config.kv_layer_shapes[index][0]
+        return (0, kv) if self.tp is None else self.tp.layout.kv_heads(kv)
+
     def layer_backend(self, index: int) -> AttentionBackend:
-        c = self.config
-        shape = c.kv_layer_shapes[index]
+        k0, k1 = self.local_kv_heads(index)
+        shape = (k1 - k0, self.config.head_dim)
         if shape not in self._backends:
             self._backends[shape] = self.backend.with_geometry(*shape)
         return self._backends[shape]

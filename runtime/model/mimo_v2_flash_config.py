@@ -139,14 +139,16 @@ def attention_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def attention_params(c) -> int:
-    """All layers' attention weights (the sinks too): what `server/weights.from_shapes` counts
-    for them."""
+def attention_bytes(c, item: int, tp: int = 1) -> int:
+    """All layers' attention weights on one of `tp` ranks, in bytes of `item` (the sinks in
+    float32): what `server/weights.from_shapes` counts for them. A rank holds its query heads
+    (and their sinks) and each layer's own KV heads, split or replicated
+    (`model/mimo_v2_flash.py`)."""
+    m, heads, h, d = c.family.mimo, c.num_heads // tp, c.hidden_size, c.head_dim
     total = 0
     for i in range(c.num_layers):
-        for shape in attention_shapes(c, i).values():
-            size = 1
-            for s in shape:
-                size *= s
-            total += size
+        kv = m.swa_kv_heads if c.family.window(i) else c.num_kv_heads
+        kv = kv // tp if kv >= tp else 1  # (fewer than ranks: the one a rank's heads read)
+        total += item * h * (heads * d + kv * (d + m.v_head_dim) + heads * m.v_head_dim)
+        total += 4 * heads if c.family.window(i) else 0
     return total

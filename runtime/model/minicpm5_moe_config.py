@@ -47,3 +47,11 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
                          f"has {n}")  # fmt: skip
     fields = glm4_moe_config.family_fields({**cfg, "use_qk_norm": False}, n)
     return {**fields, "moe_layers": tuple(t == "sparse" for t in mlp)}
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its q_proj in `checkpoint_check.expected_shapes`' tensors: each head's query, then its
+    gate."""
+    for i in range(c.num_layers):
+        out[f"model.layers.{i}.self_attn.q_proj.weight"] = (2 * c.num_heads * c.head_dim,
+                                                           c.hidden_size)  # fmt: skip

@@ -20,7 +20,9 @@ from its own slot, prefix-caching snapshots at chunk boundaries), decode rows th
 one-token step (`mamba2.recurrent_step`, or the CPU's native one). transformers computes the
 block form on a prompt and the token loop with a cache: the same sums.
 
-Tensor parallelism and ``--quantization fp8`` are refused in one line (`family_options`).
+Tensor parallelism splits the lightning layers by heads (`LightningAttention`; N must divide
+them: `distributed/layout.py`), the softmax attention and the experts as Mixtral's;
+``--quantization fp8`` is refused in one line (`family_options`).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.cpu import mamba_step
-from pagoda.runtime.model import ssd
+from pagoda.runtime.model import mamba_shard, ssd
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, recurrent_step, save_chunk_ends
 from pagoda.runtime.model.moe import make_mlp
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
 
@@ -46,19 +49,33 @@ def slopes(heads: int, layer: int, layers: int) -> torch.Tensor:
 
 
 class LightningAttention:
-    """One lightning-attention layer (module docstring)."""
+    """One lightning-attention layer (module docstring). With tensor parallelism a rank holds
+    heads [r H/N, (r+1) H/N) (`mamba_shard.shard`): their rows of qkv_proj (q, k and v
+    interleaved per head) and output_gate, their decays and state slots, their channels of the
+    norm's weight; o_proj row-parallel. The norm over all heads adds the ranks' sums of
+    squares (one all-reduce of a float per token)."""
 
     def __init__(
         self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext,
         layers: int,
     ) -> None:  # fmt: skip
         a = prefix + "self_attn."
-        self.m, self.index, self.rms_norm = m, index, ctx.rms_norm
-        # the q/k/v projection and the output gate read the same x: one matmul
-        self.in_proj = linear_layer(ctx, w, [a + "qkv_proj.weight", a + "output_gate.weight"])
-        self.out_proj = linear_layer(ctx, w, [a + "o_proj.weight"])  # (out_proj, as listed)
-        self.norm = w[a + "norm.weight"]
-        self.A = -slopes(m.n_heads, index, layers).to(w.device)
+        s = mamba_shard.shard(m, None if ctx.tp is None else ctx.tp.layout)
+        self.m, self.index, self.rms_norm, self.tp = s.local, index, ctx.rms_norm, ctx.tp
+        self.width = m.d_inner  # the norm's (all heads')
+        names = [a + "qkv_proj.weight", a + "output_gate.weight"]
+        (h0, h1), d = s.heads, m.head_dim
+        if ctx.tp is None:  # the q/k/v projection and the output gate read the same x: one matmul
+            self.in_proj = linear_layer(ctx, w, names)
+            self.out_proj = linear_layer(ctx, w, [a + "o_proj.weight"])  # (out_proj, as listed)
+            self.norm = w[a + "norm.weight"]
+        else:
+            self.in_proj = column_linear(
+                ctx, w, names, [(3 * h0 * d, 3 * h1 * d), (h0 * d, h1 * d)]
+            )
+            self.out_proj = row_linear(ctx, w, a + "o_proj.weight")
+            self.norm = w.part(a + "norm.weight", 0, h0 * d, h1 * d)
+        self.A = -slopes(m.n_heads, index, layers)[h0:h1].to(w.device)
         self.D = torch.zeros_like(self.A)  # (no skip)
         self.native = mamba_step.load(recurrent_step) if w.device.type == "cpu" else None
 
@@ -83,8 +100,16 @@ class LightningAttention:
             y[nd:] = ssd.scan_step(v[nd:], dt[nd:], self.A, k[nd:], q[nd:], ssm, pre.groups,
                                    m.chunk_size, snaps)  # fmt: skip
         save_chunk_ends(step, self.index)  # prefix caching: boundaries at a chunk's end
-        o = self.rms_norm(x=y.view(t, m.d_inner).to(h.dtype), weight=self.norm, eps=1e-6)
-        return self.out_proj(torch.sigmoid(gate) * o)
+        return self.out_proj(torch.sigmoid(gate) * self._norm(y.view(t, m.d_inner).to(h.dtype)))
+
+    def _norm(self, o: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over all heads (eps 1e-6) as `ops.rms_norm`: this rank's channels of it, the
+        mean square from every rank's sum of squares."""
+        if self.tp is None:
+            return self.rms_norm(x=o, weight=self.norm, eps=1e-6)
+        x = o.float()
+        squares = self.tp.all_reduce(x.pow(2).sum(-1, keepdim=True))
+        return (x * torch.rsqrt(squares / self.width + 1e-6)).to(o.dtype) * self.norm
 
     def _decode(self, ssm, q, k, v, dt, step: MambaStep) -> torch.Tensor:
         """The decode rows' one step (`mamba2.Mamba2Mixer._decode`'s, without the conv)."""

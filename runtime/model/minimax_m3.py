@@ -13,9 +13,11 @@ sigmoid router with a choice-only correction bias, renormalised) with
 - the `minimax_m3_sparse` layers' lightning indexer (`BlockIndexer`, transformers'
   `MiniMaxM3VLIndexer`): ``index_n_heads`` queries (one per KV head) and one key per token,
   ``q_proj`` / ``k_proj`` Gemma-normed and rotated as the layer's, the key cached per KV-cache
-  slot in the layer's key table (prefix hits, chunked prefill and preemption read the keys of
-  the blocks they read); a query's float32 score for key j ``q_h . k_j`` (unscaled), its max
-  over each block of ``index_block_size`` keys at or before the query, the
+  slot in the layer's key table (`side_tables.SlotTable`, counted in the KV budget: prefix
+  hits, chunked prefill and preemption read the keys of the blocks they read); a query's
+  float32 score for key j ``q_h . k_j`` (unscaled), its max over each block of
+  ``index_block_size`` keys at or before the query (every key scored each step: a max does
+  not pool ahead), the
   ``index_local_blocks`` blocks ending at its own forced in, its ``index_topk_blocks`` best
   blocks per KV head kept. While no sequence of the step is longer than ``index_topk_blocks``
   x ``index_block_size`` every earlier key is kept and the backend attends; past it each KV
@@ -41,6 +43,7 @@ from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step,
 from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
 from pagoda.runtime.model.ops import gemma_rms_norm
 from pagoda.runtime.model.qwen3 import Qwen3Layer, Qwen3Model
+from pagoda.runtime.model.side_tables import SlotTable
 
 
 class FusedGateUpMLP(GatedMLP):
@@ -60,8 +63,7 @@ class BlockIndexer:
         self.proj = linear_layer(ctx, w, [p + "q_proj.weight", p + "k_proj.weight"])
         self.q_norm = model.norm_weight(w[p + "q_norm.weight"])
         self.k_norm = model.norm_weight(w[p + "k_norm.weight"])
-        self.keys: torch.Tensor | None = None  # [slots, D]: each cached token's key
-        self.owner = 0  # the data pointer of the KV cache `keys` goes with
+        self.keys = SlotTable(ix.head_dim)  # each cached token's key (`side_tables`)
 
     def query_and_store(self, x: torch.Tensor, step: Step, rope: str, cache: torch.Tensor):
         """The normed, rotated queries [T, H, D]; the keys stored at the step's slots of the
@@ -75,10 +77,9 @@ class BlockIndexer:
         r = rows.shape[-1]  # (a partial rotary's first dims, in place)
         ctx.ops.rotary_embedding(positions=positions, q=q[..., :r], k=k[..., :r],
                                  cos_sin_cache=rows)  # fmt: skip
-        slots = cache.numel() // (ctx.num_kv_heads * ctx.head_dim)  # (its slots, at most)
-        if self.keys is None or self.owner != cache.data_ptr():
-            self.keys, self.owner = x.new_zeros(slots, d), cache.data_ptr()
-        self.keys.index_copy_(0, step.meta.slot_mapping, k[:, 0].to(self.keys.dtype))
+        slots = cache.numel() // (ctx.num_kv_heads * ctx.head_dim)
+        self.keys.bind(cache, slots, x.dtype)
+        self.keys.write(step.meta.slot_mapping, k[:, 0])
         return q
 
     def select(self, q: torch.Tensor, meta: AttentionMetadata):
@@ -89,7 +90,7 @@ class BlockIndexer:
         kp, h, size, dev = plan.slots.shape[1], ix.n_heads, ix.block, q.device
         nb = -(-kp // size)
         k = min(ix.topk, nb)
-        keys = self.keys[plan.slots].float()  # [B, K, D]
+        keys = self.keys.rows[plan.slots].float()  # [B, K, D]
         keys = torch.nn.functional.pad(keys, (0, 0, 0, nb * size - kp)).transpose(1, 2)
         qb = q[plan.q_rows].float()  # [B, Q, H, D]
         pos = torch.arange(nb * size, device=dev)
@@ -148,6 +149,7 @@ class MiniMaxM3Layer(Qwen3Layer):
         self.indexer = None
         if ix is not None and ix.layers[index]:
             self.indexer = BlockIndexer(model, ctx, w, prefix + "self_attn.indexer.", ix)
+            self.side_tables = [self.indexer.keys]
 
     def linears(self):
         return [*super().linears(), *([self.indexer.proj] if self.indexer else [])]

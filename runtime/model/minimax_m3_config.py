@@ -17,11 +17,19 @@ Kept apart from the model so that reading a config imports no layer code.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pagoda.runtime.model_configs import BlockIndexConfig, ExpertRouting
 
-ARCHITECTURES = {"MiniMaxM3VLForCausalLM": "minimax_m3"}
+# MiniMaxM3SparseForConditionalGeneration (MiniMaxAI/MiniMax-M3, the published checkpoint): its
+# text model, read text-only (`vision_tower.`, `multi_modal_projector.`, `patch_merge_mlp.` not
+# read), its tensors in the published layout (`read_published`); its head untied unless the
+# top-level flag says (MiniMaxM3VLConfig's default)
+ARCHITECTURES = {"MiniMaxM3VLForCausalLM": "minimax_m3",
+                 "MiniMaxM3SparseForConditionalGeneration": "minimax_m3"}  # fmt: skip
+TEXT_MODEL_TYPES = {"MiniMaxM3SparseForConditionalGeneration": {"minimax_m3_vl_text": "minimax_m3"}}
+WRAPPER_TIES = {"minimax_m3_vl": False}  # (MiniMaxM3VLConfig's, by its model_type)
 MODEL_CLASSES = {"minimax_m3": ("minimax_m3", "MiniMaxM3Model")}
 PARTIAL_ROTARY = ("minimax_m3",)
 SPARSE = "minimax_m3_sparse"
@@ -120,3 +128,59 @@ def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
     return out | {p + "experts.gate_up_proj": (e, 2 * n, h), p + "experts.down_proj": (e, h, n),
                   p + "shared_experts.gate_up_proj.weight": (2 * s, h),
                   p + "shared_experts.down_proj.weight": (h, s)}  # fmt: skip
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its fused and stacked MLPs and sparse layers' indexers (`expected_shapes`) in
+    `checkpoint_check.expected_shapes`' tensors."""
+    for i in range(c.num_layers):
+        out.update(expected_shapes(c, i))
+
+
+# the published checkpoints' names of the text model's other tensors -> transformers' (its
+# conversion_mapping "minimax_m3_vl"; the `language_model.` prefixes: `safetensors_weights`)
+_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"\.block_sparse_moe\.(experts|gate|shared_experts)\.", r".mlp.\1."),
+    (r"\.block_sparse_moe\.e_score_correction_bias$", ".mlp.gate.e_score_correction_bias"),
+    (r"\.self_attn\.index_([qk])_(proj|norm)\.", r".self_attn.indexer.\1_\2."),
+))  # fmt: skip
+
+
+def read_published(weights, c) -> None:
+    """The published layout (`MiniMaxM3SparseForConditionalGeneration`'s, as transformers saves
+    it too) listed as the model reads it: each expert layer's per-expert
+    `block_sparse_moe.experts.E.w1` / `w3` stacked as `mlp.experts.gate_up_proj` [E, 2I, hidden]
+    (gate rows first) and `w2` as `mlp.experts.down_proj`, the split `gate_proj` / `up_proj` of
+    the dense and shared-expert MLPs as their `gate_up_proj`, the router, correction bias and
+    indexer renamed (`_RENAMES`); a checkpoint already in transformers' layout is left as it
+    is. ValueError, one line, for a missing per-expert tensor."""
+    f = c.family
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        if f.has_experts(i):
+            b, m = p + "block_sparse_moe.", p + "mlp."
+            experts = [f"{b}experts.{e}." for e in range(f.num_experts)]
+            if any(
+                e + x in weights for e in experts for x in ("w1.weight", "w3.weight", "w2.weight")
+            ):
+                weights.join(m + "experts.gate_up_proj",
+                             [[e + "w1.weight", e + "w3.weight"] for e in experts], stacked=True)  # fmt: skip
+                weights.join(m + "experts.down_proj", [[e + "w2.weight"] for e in experts], True)
+            _join_gate_up(weights, b + "shared_experts.", m + "shared_experts.")
+        else:
+            _join_gate_up(weights, p + "mlp.", p + "mlp.")
+    moves = {}
+    for name in weights:
+        new = name
+        for pattern, to in _RENAMES:
+            new = pattern.sub(to, new)
+        if new != name:
+            moves[name] = new
+    weights.rename_all(moves)
+
+
+def _join_gate_up(weights, stored: str, read: str) -> None:
+    """An MLP's split `gate_proj` and `up_proj` (under `stored`) as its `gate_up_proj`."""
+    gate, up = stored + "gate_proj.weight", stored + "up_proj.weight"
+    if gate in weights or up in weights:
+        weights.join(read + "gate_up_proj.weight", [[gate, up]], stacked=False)

@@ -72,3 +72,9 @@ def rename_tensors(weights) -> None:
     for new, old in enumerate(sorted(by_layer)):
         for name in by_layer[old] if new != old else ():
             weights.rename(name, f"model.layers.{new}.{name[len(f'model.layers.{old}.') :]}")
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """Its embedding's rows past the vocabulary (`EXTRA_EMBEDDINGS`) in
+    `checkpoint_check.expected_shapes`' tensors."""
+    out["model.embed_tokens.weight"] = (c.vocab_size + EXTRA_EMBEDDINGS, c.hidden_size)

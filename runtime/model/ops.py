@@ -71,16 +71,7 @@ def rotary_embedding(
     cos, sin = cs.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
     qk = _joint_view(q, k)
     for x in (q, k) if qk is None else (qk,):
-        x1, x2 = x.chunk(2, dim=-1)
-        if widen and x.dtype != torch.float32:
-            _rotate_widened(x1, x2, cos, sin)
-            continue
-        new1 = torch.mul(x1, cos)
-        tmp = torch.mul(x2, sin)
-        new1.sub_(tmp)  # x1 cos - x2 sin
-        torch.mul(x1, sin, out=tmp)
-        x2.mul_(cos).add_(tmp)  # x2 cos + x1 sin
-        x1.copy_(new1)
+        _rotate(*x.chunk(2, dim=-1), cos, sin, widen)
     return q, k
 
 
@@ -102,17 +93,24 @@ def rotary_interleaved(
     cos, sin = cs.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
     for x in (q, k):
         pairs = x.unflatten(-1, (-1, 2))  # a view: [T, H, D/2, 2]
-        x1, x2 = pairs[..., 0], pairs[..., 1]
-        if widen and x.dtype != torch.float32:
-            _rotate_widened(x1, x2, cos, sin)
-            continue
-        new1 = torch.mul(x1, cos)
-        tmp = torch.mul(x2, sin)
-        new1.sub_(tmp)  # x1 cos - x2 sin
-        torch.mul(x1, sin, out=tmp)
-        x2.mul_(cos).add_(tmp)  # x2 cos + x1 sin
-        x1.copy_(new1)
+        _rotate(pairs[..., 0], pairs[..., 1], cos, sin, widen)
     return q, k
+
+
+def _rotate(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            widen: bool) -> None:  # fmt: skip
+    """(x1, x2) <- (x1 cos - x2 sin, x2 cos + x1 sin) in place, each product, sum and
+    difference rounded to x's dtype (Hugging Face's rounding), or with `widen` in float32,
+    rounded once."""
+    if widen and x1.dtype != torch.float32:
+        _rotate_widened(x1, x2, cos, sin)
+        return
+    new1 = torch.mul(x1, cos)
+    tmp = torch.mul(x2, sin)
+    new1.sub_(tmp)  # x1 cos - x2 sin
+    torch.mul(x1, sin, out=tmp)
+    x2.mul_(cos).add_(tmp)  # x2 cos + x1 sin
+    x1.copy_(new1)
 
 
 def _rotate_widened(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -185,6 +185,13 @@ def stacked_experts(names) -> dict[str, str]:
     return {n: n + ".weight" for n in names if n.endswith(STACKED)}
 
 
+def rename_stacked_experts(weights) -> None:
+    """List the checkpoint's stacked experts under the names they are read by
+    (`stacked_experts`)."""
+    for name, new in stacked_experts(list(weights)).items():
+        weights.rename(name, new)
+
+
 def check_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
     """Every expert layer's experts, per expert ([N, hidden] gate and up, [hidden, N] down) or
     stacked (`STACKED`); ValueError, one line, naming the first missing or misshapen."""

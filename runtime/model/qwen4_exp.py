@@ -46,7 +46,7 @@ from pagoda.runtime.model.llama import TOKEN_HISTORY, LayerContext, LlamaModel, 
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, save_chunk_ends
 from pagoda.runtime.model.qwen3_next import GatedDeltaNet, Qwen3NextLayer, Qwen3NextModel
 from pagoda.runtime.model.qwen4_exp_config import Qwen4Exp
-from pagoda.runtime.model.qwen4_qsa import POSITIONS, QsaIndexer, sparse_gqa, write_rows
+from pagoda.runtime.model.qwen4_qsa import POSITIONS, QsaIndexer, sparse_gqa
 
 PLAN = "qwen4_plan"  # `meta.aux`: the step's `_StepPlan`
 
@@ -292,6 +292,7 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         if self.mixer is None and q.indexer_heads:
             rope = model.rope_caches["global"]
             self.indexer = QsaIndexer(w, prefix, q, c.rms_norm_eps, ctx, rope)
+            self.side_tables = [self.indexer.keys, self.indexer.blocks_table]
         self.ple = None
         if index in q.ple_layers:
             self.ple = Ple(model, w, prefix + "ple.", q, q.ple_layers.index(index))
@@ -314,14 +315,14 @@ class Qwen4ExpLayer(Qwen3NextLayer):
         if ix is None:
             return super().attention(x, step)
         k_cache, v_cache = step.kv_caches[self.index]
-        slots = k_cache.numel() // (ctx.num_kv_heads * ctx.head_dim)  # (an upper bound)
+        slots = k_cache.numel() // (ctx.num_kv_heads * ctx.head_dim)
         q_index = ix.query_and_store(x, meta, k_cache, slots)
         if meta.max_seq_len <= ix.dense_limit:
             return super().attention(x, step)
         t, d = x.shape[0], ctx.head_dim
         q, k, v = self.rotated_qkv(x, step)
         backend = ctx.backend
-        write_rows(backend, k, v, k_cache, v_cache, meta.slot_mapping)
+        backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         kept_slots, kept = ix.select(q_index, meta)
         out = sparse_gqa(q, backend, k_cache, v_cache, kept_slots, kept, backend.scale)
         return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))

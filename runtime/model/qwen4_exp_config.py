@@ -193,15 +193,6 @@ def read(cfg: Mapping[str, Any], types: list[str], hidden: int) -> Qwen4Exp:
     )  # fmt: skip
 
 
-def index_key_bytes(mc, dtype: torch.dtype) -> int:
-    """The QSA indexers' raw keys of one token over every attention layer (`qwen4_qsa`: a key
-    table beside each layer's KV cache, in the model's dtype); 0 for another model."""
-    q = getattr(mc.family, "qwen4", None)
-    if q is None or not q.indexer_heads:
-        return 0
-    return len(mc.kv_layer_shapes) * q.indexer_dim * dtype.itemsize
-
-
 def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s hyper-connection, QSA indexer and PLE tensors (the n-gram table by its shards:
     `ple_names`), and the model's final mixer's on layer 0."""

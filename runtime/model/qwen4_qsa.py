@@ -2,13 +2,15 @@
 `Qwen4ExpTextQSAIndexer`), batched over the step:
 
 - a token's raw indexer key (``index_qk_proj``'s last ``indexer_head_dim`` columns, before any
-  norm) is cached per KV-cache slot in the layer's key table [slots, D] (written at the step's
-  ``slot_mapping``, so prefix hits, chunked prefill and preemption read the keys of the blocks
-  they read the KV rows of); its queries are ``q_layernorm`` (1 + w) of the first columns,
+  norm) is cached per KV-cache slot in the layer's key table [slots, D] (`side_tables`,
+  counted in the KV budget; written at the step's ``slot_mapping``, so prefix hits, chunked
+  prefill and preemption read the keys of the blocks they read the KV rows of); its queries are ``q_layernorm`` (1 + w) of the first columns,
   rotated at the token's position;
 - a sequence's positions are cut into blocks of ``indexer_compress_ratio`` from its first
   token; a block's key is the float32 mean of its tokens' raw keys (in the model's dtype),
-  ``k_layernorm``-ed and rotated at the block's first position. A query at position p scores
+  ``k_layernorm``-ed and rotated at the block's first position, computed once, by the step
+  whose token ends the block, into the layer's block table (`side_tables.PoolTable`, by the
+  block's last KV slot: a step pools only the blocks its tokens end). A query at position p scores
   the whole blocks that end at or before p (``sum_h relu(q_h . key) / sqrt(D)``, float32),
   keeps its ``indexer_budget // indexer_compress_ratio`` best and the tail [nb C, p] (nb: its
   whole blocks);
@@ -28,6 +30,7 @@ from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.dsa import MAX_SCORE_ELEMS, index_plan
 from pagoda.runtime.model.qwen4_exp_config import Qwen4Exp
+from pagoda.runtime.model.side_tables import PoolTable, SlotTable
 
 POSITIONS = "qwen4_positions"  # `meta.aux`: the step's token positions (int64 [T])
 
@@ -63,8 +66,8 @@ class QsaIndexer:
         dev = w.device
         self.q_norm = 1 + w.source(p + "q_layernorm.weight").float().to(dev)
         self.k_norm = 1 + w.source(p + "k_layernorm.weight").float().to(dev)
-        self.keys: torch.Tensor | None = None  # [slots, D]: each cached token's raw key
-        self.owner = 0  # the data pointer of the KV cache `keys` goes with
+        self.keys = SlotTable(self.dim)  # each cached token's raw key (`side_tables`)
+        self.blocks_table = PoolTable(self.ratio, self.dim)  # each finished block's key
 
     def linears(self) -> list:
         return [self.proj]
@@ -76,11 +79,19 @@ class QsaIndexer:
         cache, a new engine's, gets a new table)."""
         t, d = x.shape[0], self.dim
         q, k = self.proj(x).split([self.heads * d, d], dim=-1)
-        if self.keys is None or self.owner != cache.data_ptr():
-            self.keys, self.owner = x.new_zeros(slots, d), cache.data_ptr()
-        self.keys.index_copy_(0, meta.slot_mapping, k.to(self.keys.dtype))
+        self.keys.bind(cache, slots, x.dtype)
+        self.keys.write(meta.slot_mapping, k)
+        self.blocks_table.bind(cache, slots, x.dtype, meta.block_size)
+        self.blocks_table.close(meta, self._block_keys)
         q = _rms(q.view(t, self.heads, d), self.q_norm, self.eps)
         return _rotate(q, self.rope, meta.aux[POSITIONS])
+
+    def _block_keys(self, slots: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """The key [N, D] of each block of cache ``slots`` [N, ratio] starting at position
+        ``first`` [N]: its raw keys' float32 mean (in the model's dtype), normed, rotated."""
+        raw = self.keys.rows[slots]
+        pooled = _rms(raw.float().mean(dim=1).to(raw.dtype), self.k_norm, self.eps)
+        return _rotate(pooled, self.rope, first)
 
     def select(self, q: torch.Tensor, meta: AttentionMetadata):
         """(slots [T, k], kept [T, k]) of each token's kept cache slots (module docstring),
@@ -89,10 +100,8 @@ class QsaIndexer:
         b, qp = plan.q_rows.shape
         h, d, c = self.heads, self.dim, self.ratio
         n = plan.slots.shape[1] // c  # whole blocks in the longest context
-        raw = self.keys[plan.slots[:, : n * c]].view(b, n, c, d)
-        pooled = _rms(raw.float().mean(dim=2).to(raw.dtype), self.k_norm, self.eps)
+        keys = self.blocks_table.gather(plan.slots, n).float().transpose(1, 2)  # [B, D, n]
         starts = torch.arange(n, device=q.device) * c
-        keys = _rotate(pooled, self.rope, starts.expand(b, n)).float().transpose(1, 2)  # [B, D, n]
         qb = q[plan.q_rows].float()  # [B, Q, H, D]
         ends = starts + c - 1
         k = min(self.blocks, n)
@@ -117,19 +126,6 @@ class QsaIndexer:
         return slots.index_select(0, plan.src), kept.view(b * qp, -1).index_select(0, plan.src)
 
 
-def cache_rows(backend, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-               hkv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """K and V [N, Hkv, D] of the cache ``slots`` [N], in the backend's layout
-    (`AttentionBackend.read_kv`: the CPU kernel's packed one, the torch path's head-major one,
-    else [NB, BS, Hkv, D])."""
-    return backend.read_kv(k_cache, v_cache, slots)
-
-
-def write_rows(backend, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
-    """Store k and v [T, Hkv, D] at ``slots`` in the backend's layout (`write_kv`)."""
-    backend.write_kv(k, v, k_cache, v_cache, slots)
-
-
 def sparse_gqa(q, backend, k_cache, v_cache, slots, kept, scale: float) -> torch.Tensor:
     """Attention of each token ``q`` [T, H, D] over its kept cache slots only (``slots`` /
     ``kept`` [T, k]) → [T, H, D], in token slices, the softmax in float32."""
@@ -141,7 +137,7 @@ def sparse_gqa(q, backend, k_cache, v_cache, slots, kept, scale: float) -> torch
     n = max(1, MAX_SCORE_ELEMS // (k * h * 4))
     for t0 in range(0, t, n):
         t1 = min(t0 + n, t)
-        keys, values = cache_rows(backend, k_cache, v_cache, slots[t0:t1].reshape(-1), hkv, d)
+        keys, values = backend.read_kv(k_cache, v_cache, slots[t0:t1].reshape(-1))
         keys = keys.view(t1 - t0, k, hkv, d).to(q.dtype)
         values = values.view(t1 - t0, k, hkv, d).to(q.dtype)
         qs = q[t0:t1].view(t1 - t0, hkv, g, d)

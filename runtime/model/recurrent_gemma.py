@@ -36,6 +36,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.gemma2 import GemmaModel
 from pagoda.runtime.model.lfm2 import ShortConv
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.mamba1 import scan_by_position
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, save_chunk_ends
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
@@ -99,31 +100,12 @@ class RgLru(ShortConv):
         return torch.exp(log_a).masked_fill(at_start, 0.0), u.float()
 
     def _scan(self, ssm, a: torch.Tensor, u: torch.Tensor, step: MambaStep) -> torch.Tensor:
-        """The prefill chunks' recurrence position by position over the position-major layout
-        (`mamba1.Mamba1Mixer._scan`'s), each sequence from its slot's state, the last states
-        back to their slots; the states before prefix caching's boundaries inside the chunks
-        to their snapshot entries (`ScanGroup.snap_runs`)."""
-        pre = step.prefill
-        g = pre.groups[0]  # (chunks of one token: one group, its rows the positions' runs)
-        n_seq, rows = pre.slots.shape[0], g.rows.shape[0]
-        state = ssm.index_select(0, pre.slots).view(n_seq, -1)  # [n_seq, D] float32
-        runs = g.snap_runs or {}
-        snap = step.snaps[self.index][1] if runs else None
-        ap, up = (t.new_empty(rows, t.shape[1]).index_copy_(0, g.rows, t.index_select(
-            0, g.tokens)) for t in (a, u))  # fmt: skip
-        yp = torch.empty_like(up)
-        off = 0
-        for n in g.counts:  # the sequences still running at this position: the first n
-            if off in runs:  # boundaries here: the states before this position saved
-                lo, hi = runs[off]
-                keep = state.index_select(0, g.snap_chunks[lo:hi] - off)
-                snap.index_copy_(0, g.snap_entries[lo:hi], keep.view(-1, *snap.shape[1:]))
-            s = state[:n]
-            s.mul_(ap[off : off + n]).add_(up[off : off + n])
-            yp[off : off + n] = s
-            off += n
-        ssm.index_copy_(0, pre.slots, state.view(n_seq, *ssm.shape[1:]))
-        return yp.new_empty(yp.shape).index_copy_(0, g.tokens, yp.index_select(0, g.rows))
+        """The prefill chunks' recurrence h = a h + u (`mamba1.scan_by_position`)."""
+
+        def advance(s, off, n, packed):
+            return s.mul_(packed[0][off : off + n]).add_(packed[1][off : off + n])
+
+        return scan_by_position(ssm, (a, u), step, self.index, advance, out=1, flat=True)
 
 
 class RecurrentGemmaLayer(RecurrentLayer, LlamaLayer):
@@ -136,16 +118,8 @@ class RecurrentGemmaLayer(RecurrentLayer, LlamaLayer):
     ) -> RgLru:
         return RgLru(model.config.family.mamba, w, prefix, index, ctx)
 
-    def __call__(
-        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.mixer is None:
-            return super().__call__(h, residual, step)
-        x, residual = self.attention_input(h, residual)
-        h = self.mixer(x, step.meta.aux[MAMBA_STEP], step.meta.aux[FIRST])
-        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
-                                        residual=residual)  # fmt: skip
-        return self.mlp(x), residual
+    def mix(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        return self.mixer(x, step.meta.aux[MAMBA_STEP], step.meta.aux[FIRST])
 
 
 class RecurrentGemmaModel(GemmaModel):

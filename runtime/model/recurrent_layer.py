@@ -7,7 +7,7 @@ layers are the attention layer class's own.
 Mixed in before that class: LFM2's short convs (`lfm2.py`), Qwen3-Next's and OLMo Hybrid's
 Gated DeltaNet (`qwen3_next.py`, `olmo_hybrid.py`), Kimi Linear's KDA (`kimi_linear.py`),
 Jamba's Mamba-1 mixers (`jamba.py`), RecurrentGemma's RG-LRU blocks
-(`recurrent_gemma.py`, its call passing the step's first-token mask), and Granite 4.0's / Bamba's Mamba2 mixers
+(`recurrent_gemma.py`, its `mix` passing the step's first-token mask), and Granite 4.0's / Bamba's Mamba2 mixers
 (`granite_hybrid.py`, whose own call scales each branch). Falcon-H1 (mixer and attention side
 by side), Nemotron-H, Mamba-1 and Zamba2 (no MLP after the mixer, or a shared block before it)
 have layers of their own.
@@ -45,6 +45,10 @@ class RecurrentLayer:
         as stored: `kimi_linear.py`)."""
         return model.read_norm(w, name)
 
+    def mix(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """The recurrent mixer over the normed input (the RG-LRU's reads more of the step)."""
+        return self.mixer(x, step.meta.aux[MAMBA_STEP])
+
     def linears(self):
         if self.mixer is None:
             return super().linears()
@@ -56,7 +60,7 @@ class RecurrentLayer:
         if self.mixer is None:
             return super().__call__(h, residual, step)
         x, residual = self.attention_input(h, residual)
-        h = self.mixer(x, step.meta.aux[MAMBA_STEP])
+        h = self.mix(x, step)
         x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
                                         residual=residual)  # fmt: skip
         return self.mlp(x), residual

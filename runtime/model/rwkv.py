@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.mamba1 import scan_by_position
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.starcoder2 import Starcoder2Model, layer_norm
 
@@ -121,31 +122,13 @@ class TimeMix:
         return self.output(r * out.to(r.dtype))
 
     def _scan(self, ssm, k: torch.Tensor, v: torch.Tensor, step: MambaStep) -> torch.Tensor:
-        """The prefill chunks' recurrence position by position over the position-major layout
-        (`mamba1.Mamba1Mixer._scan`'s), each sequence from its slot's state, the last states
-        back to their slots; the states before prefix caching's boundaries inside the chunks
-        to their snapshot entries (`ScanGroup.snap_runs`)."""
-        pre = step.prefill
-        g = pre.groups[0]  # (chunks of one token: one group, its rows the positions' runs)
-        rows = g.rows.shape[0]
-        state = ssm.index_select(0, pre.slots)  # [n_seq, 1, A, 3] float32
-        runs = g.snap_runs or {}
-        snap = step.snaps[self.index][1] if runs else None
-        kp, vp = (t.new_empty(rows, t.shape[1]).index_copy_(0, g.rows, t.index_select(
-            0, g.tokens)) for t in (k, v))  # fmt: skip
-        yp = torch.empty_like(vp)
-        off = 0
-        for n in g.counts:  # the sequences still running at this position: the first n
-            if off in runs:  # boundaries here: the states before this position saved
-                lo, hi = runs[off]
-                keep = state.index_select(0, g.snap_chunks[lo:hi] - off)
-                snap.index_copy_(0, g.snap_entries[lo:hi], keep)
-            s = state[:n, 0]
-            yp[off : off + n] = wkv_step(s, kp[off : off + n], vp[off : off + n], self.decay,
-                                         self.bonus)  # fmt: skip
-            off += n
-        ssm.index_copy_(0, pre.slots, state)
-        return yp.new_empty(yp.shape).index_copy_(0, g.tokens, yp.index_select(0, g.rows))
+        """The prefill chunks' WKV recurrence (`mamba1.scan_by_position`)."""
+
+        def advance(s, off, n, packed):
+            return wkv_step(s[:, 0], packed[0][off : off + n], packed[1][off : off + n],
+                            self.decay, self.bonus)  # fmt: skip
+
+        return scan_by_position(ssm, (k, v), step, self.index, advance, out=1)
 
 
 class ChannelMix:

@@ -48,6 +48,7 @@ _SKIP += ("model.mtp_layers.",)  # (HY V4's, as transformers ignores them: not r
 _SKIP += ("model.embed_vision.", "model.audio_tower.", "model.embed_audio.")  # (Gemma 4's)
 _SKIP += ("vqmodel.", "model.vqmodel.")  # (Emu3's VQ-VAE image tokenizer)
 _SKIP += ("model.vision_tokenizer.", "model.audio_tokenizer.")  # (Apertus 1.5's)
+_SKIP += ("patch_merge_mlp.",)  # (MiniMax-M3's, beside its vision tower and projector)
 # EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
 _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
@@ -253,6 +254,9 @@ class SafetensorsWeights(Mapping):
         # `split_rows` parts read transposed after their rows are cut (DBRX's w2: [N, K] rows
         # of each expert, read [K, N])
         self._parts_transposed: set[str] = set()
+        # a `join`ed tensor -> its stored parts' (handle, stored name), by group, and whether
+        # the groups are stacked (MiniMax-M3's published per-expert w1/w3 as gate_up_proj)
+        self._joined: dict[str, tuple[tuple[tuple[tuple[int, str], ...], ...], bool]] = {}
         for i, handle in enumerate(self._handles):
             for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 name = _text_name(stored)
@@ -264,6 +268,18 @@ class SafetensorsWeights(Mapping):
         return cls(checkpoint_files(Path(model_dir)))
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._joined:  # its parts copied into one tensor, one part at a time
+            groups, stacked = self._joined[name]
+            first = self._handles[groups[0][0][0]].get_tensor(groups[0][0][1])
+            shape = self.dtype_and_shape(name)[1]
+            out = torch.empty(shape, dtype=first.dtype)
+            for g, group in enumerate(groups):
+                row, dest = 0, out[g] if stacked else out
+                for i, stored in group:
+                    part = first if (g, row) == (0, 0) else self._handles[i].get_tensor(stored)
+                    dest[row : row + part.shape[0]].copy_(part)
+                    row += part.shape[0]
+            return out
         i, stored = self._where[name]
         if name in self._transposed:
             if name in self._rows:  # these columns of the stored [in, out] matrix
@@ -294,7 +310,7 @@ class SafetensorsWeights(Mapping):
     def rows(self, name: str, n: int) -> torch.Tensor:
         """The first `n` rows of tensor `name`, read alone."""
         i, stored = self._where[name]
-        if name in self._rows or name in self._transposed:
+        if name in self._rows or name in self._transposed or name in self._joined:
             return self[name][:n]
         return self._handles[i].get_slice(stored)[:n]
 
@@ -327,6 +343,26 @@ class SafetensorsWeights(Mapping):
             elif transposed:
                 self._parts_transposed.add(name)
 
+    def join(self, new: str, groups: list[list[str]], stacked: bool) -> None:
+        """List the stored tensors `groups` as one tensor `new`: each group's concatenated
+        along rows, the groups stacked (`stacked`: [len(groups), ...]) or the one group alone
+        (MiniMax-M3's published per-expert `w1` and `w3` as the stacked `experts.gate_up_proj`
+        [E, 2N, K], its split `gate_proj` and `up_proj` as the fused `gate_up_proj`); the parts
+        are no longer listed, read when `new` is. ValueError, one line, where a part is not
+        there or the parts' dtypes or shapes do not join."""
+        for name in (n for g in groups for n in g):
+            if name not in self._where or name in self._rows or name in self._transposed:
+                raise ValueError(f"checkpoint tensor {name} is missing (for {new})")
+        kinds = {self.dtype_and_shape(n)[0] for g in groups for n in g}
+        shapes = [[self.dtype_and_shape(n)[1] for n in g] for g in groups]
+        rows = [sum(s[0] for s in g) for g in shapes]
+        rest = {tuple(s[1:]) for g in shapes for s in g}
+        if len(kinds) > 1 or len(rest) > 1 or len(set(rows)) > 1:
+            raise ValueError(f"checkpoint tensors {groups[0][0]}, ... do not join as {new}: "
+                             f"dtypes {sorted(kinds)}, shapes {shapes[0]}, ...")  # fmt: skip
+        self._joined[new] = (tuple(tuple(self._where.pop(n) for n in g) for g in groups), stacked)
+        self._where[new] = self._joined[new][0][0][0]  # (its first part: `stored_name`)
+
     def __contains__(self, name: object) -> bool:
         return name in self._where
 
@@ -342,11 +378,32 @@ class SafetensorsWeights(Mapping):
         """List tensor `name` as `new` (Qwen3.5-MoE's stacked experts, stored without a
         `.weight`, under the name `moe.SparseMoE` reads stacked experts by)."""
         self._where[new] = self._where.pop(name)
+        if name in self._joined:
+            self._joined[new] = self._joined.pop(name)
         if name in self._rows:
             self._rows[new] = self._rows.pop(name)
         if name in self._transposed:
             self._transposed.discard(name)
             self._transposed.add(new)
+
+    def rename_all(self, moves: dict[str, str]) -> None:
+        """`rename` each tensor of `moves` (name -> new name), in two passes: one tensor's new
+        name may be another's old one (Dory's and Ergo's renames)."""
+        for name, new in moves.items():
+            self.rename(name, "\0" + new)
+        for new in moves.values():
+            self.rename("\0" + new, new)
+
+    def rename_by(self, renames) -> None:
+        """List each tensor under its name with the regex substitutions `renames` ((pattern,
+        replacement) pairs, in turn) applied, where that changes it (HY V4's, GLM-5-Next's and
+        BailingHybrid's transformers renames)."""
+        for name in list(self):
+            new = name
+            for pattern, repl in renames:
+                new = pattern.sub(repl, new)
+            if new != name:
+                self.rename(name, new)
 
     def stored_name(self, name: str) -> str:
         """What the files call tensor `name` (the text model's Llama-style name the engine
@@ -391,6 +448,12 @@ class SafetensorsWeights(Mapping):
 
     def dtype_and_shape(self, name: str) -> tuple[str, list[int]]:
         """The stored dtype ("BF16", "F32", ...) and shape, without reading the tensor."""
+        if name in self._joined:
+            groups, stacked = self._joined[name]
+            shapes = [self._handles[i].get_slice(s).get_shape() for i, s in groups[0]]
+            kind = self._handles[groups[0][0][0]].get_slice(groups[0][0][1]).get_dtype()
+            shape = [sum(s[0] for s in shapes), *shapes[0][1:]]
+            return kind, [len(groups), *shape] if stacked else shape
         i, stored = self._where[name]
         s = self._handles[i].get_slice(stored)
         shape = list(s.get_shape())

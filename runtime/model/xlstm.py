@@ -31,6 +31,7 @@ from pagoda.runtime.model.llama import (
     LlamaModel,
     linear_layer,
 )
+from pagoda.runtime.model.mamba1 import scan_by_position
 from pagoda.runtime.model.mamba2 import MambaStep, save_chunk_ends
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
@@ -102,30 +103,12 @@ class MLstm:
         return self.out_proj(hn * self.norm * torch.sigmoid(o))
 
     def _scan(self, ssm, inputs: tuple, step: MambaStep) -> torch.Tensor:
-        """The prefill chunks' recurrence position by position over the position-major layout
-        (`mamba1.Mamba1Mixer._scan`'s), each sequence from its slot's state, the last states
-        back to their slots; the states before prefix caching's boundaries inside the chunks
-        to their snapshot entries (`ScanGroup.snap_runs`)."""
-        pre = step.prefill
-        g = pre.groups[0]  # (chunks of one token: one group, its rows the positions' runs)
-        rows = g.rows.shape[0]
-        state = ssm.index_select(0, pre.slots)  # [n_seq, H, K, V + 2] float32
-        runs = g.snap_runs or {}
-        snap = step.snaps[self.index][1] if runs else None
-        packed = [t.new_empty(rows, *t.shape[1:]).index_copy_(0, g.rows, t.index_select(
-            0, g.tokens)) for t in inputs]  # fmt: skip
-        yp = torch.empty_like(packed[2])
-        off = 0
-        for n in g.counts:  # the sequences still running at this position: the first n
-            if off in runs:  # boundaries here: the states before this position saved
-                lo, hi = runs[off]
-                keep = state.index_select(0, g.snap_chunks[lo:hi] - off)
-                snap.index_copy_(0, g.snap_entries[lo:hi], keep)
-            at = [t[off : off + n] for t in packed]
-            yp[off : off + n] = mlstm_step(state[:n], *at, self.m.kernel_eps)
-            off += n
-        ssm.index_copy_(0, pre.slots, state)
-        return yp.new_empty(yp.shape).index_copy_(0, g.tokens, yp.index_select(0, g.rows))
+        """The prefill chunks' mLSTM recurrence (`mamba1.scan_by_position`)."""
+
+        def advance(s, off, n, packed):
+            return mlstm_step(s, *(t[off : off + n] for t in packed), self.m.kernel_eps)
+
+        return scan_by_position(ssm, inputs, step, self.index, advance, out=2)
 
 
 class XlstmLayer(RecurrentLayer, LlamaLayer):

@@ -113,3 +113,12 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         for x in ("hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias"):
             out[p + s + x] = (h,)
     return out
+
+
+def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
+    """The embeddings' scale and bias and the head's bias in `checkpoint_check.expected_shapes`'
+    tensors."""
+    for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
+        out[name] = (c.hidden_size,)
+    if c.family.lm_head_bias:
+        out["lm_head.bias"] = (c.vocab_size,)

@@ -77,9 +77,10 @@ class Plan:
 
             return bytes_per_token(mc.family.dsv4, self.dtype, self.block_size)
         item = 1 if self.fp8_kv or self.int8_kv else self.dtype.itemsize
-        from pagoda.runtime.model.qwen4_exp_config import index_key_bytes
+        from pagoda.runtime.model import side_tables
 
-        return index_key_bytes(mc, self.dtype) + sum(  # int8: a float32 scale per row; KV
+        tables = side_tables.bytes_per_token(mc, self.dtype, self.block_size)  # (sparse layers')
+        return tables + sum(  # int8: a float32 scale per row; KV
             mc.kv_tensors * max(1, heads // self.tp) * (dim * item + 4 * self.int8_kv)
             for heads, dim in mc.kv_layer_shapes  # heads split over the ranks
         )

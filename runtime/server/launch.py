@@ -24,7 +24,12 @@ from typing import Any
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
-from pagoda.runtime.engine.core import check_block_size, check_dtype, check_max_model_len
+from pagoda.runtime.engine.core import (
+    check_block_size,
+    check_dtype,
+    check_max_model_len,
+    check_speculative,
+)
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.shape_fingerprint import model_fingerprint
@@ -76,6 +81,7 @@ def preflight(
     engine_cfg = EngineConfig.create(model_path, **kwargs)
     check_dtype(engine_cfg, model_config)
     check_block_size(engine_cfg, model_config)
+    check_speculative(engine_cfg, model_config)
     check_checkpoint_form(engine_cfg.quantization, str(resolve_model_path(model_path)))
     if parallel is not None:
         engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)

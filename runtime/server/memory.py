@@ -95,9 +95,9 @@ def kv_bytes_per_token(
             total += rows * dim
         else:
             total += rows * dim * dtype.itemsize
-    from pagoda.runtime.model.qwen4_exp_config import index_key_bytes
+    from pagoda.runtime.model import side_tables
 
-    return total + index_key_bytes(mc, dtype)  # (Qwen4-Exp's indexer keys)
+    return total + side_tables.bytes_per_token(mc, dtype, block_size)  # (sparse layers' tables)
 
 
 def host_available() -> tuple[int, str]:

@@ -44,6 +44,10 @@ from pagoda.runtime.options import (
     METRIC_QUEUE_TIME,
     METRIC_REQUEST_PARAMS_N,
     METRIC_REQUEST_SUCCESS,
+    METRIC_SPEC_ACCEPTED_PER_POS,
+    METRIC_SPEC_NUM_ACCEPTED_TOKENS,
+    METRIC_SPEC_NUM_DRAFT_TOKENS,
+    METRIC_SPEC_NUM_DRAFTS,
     METRIC_TTFT,
     METRIC_TUNED_PROFILE_INFO,
 )
@@ -92,6 +96,13 @@ class WeightedHistogram:
         return fam
 
 
+SPEC_COUNTERS = {
+    METRIC_SPEC_NUM_DRAFTS: ("Decode steps of a sequence that carried drafts.", "spec_num_drafts"),
+    METRIC_SPEC_NUM_DRAFT_TOKENS: ("Draft tokens proposed.", "spec_num_draft_tokens"),
+    METRIC_SPEC_NUM_ACCEPTED_TOKENS: ("Draft tokens accepted.", "spec_num_accepted_tokens"),
+}
+
+
 class _EngineCollector(Collector):
     """Gauges and cumulative engine counters, read from the latest stats snapshot at scrape."""
 
@@ -126,9 +137,20 @@ class _EngineCollector(Collector):
                 "num_preemptions",
             ),
         }
+        if s is not None and s.spec_accepted_per_pos:  # speculative decoding is on
+            counters.update(SPEC_COUNTERS)
         for key, (doc, attr) in counters.items():
             c = CounterMetricFamily(key, doc, labels=[METRIC_MODEL_LABEL])
             c.add_metric(name, float(getattr(s, attr) if s else 0))
+            yield c
+        if s is not None and s.spec_accepted_per_pos:
+            c = CounterMetricFamily(
+                METRIC_SPEC_ACCEPTED_PER_POS,
+                "Draft tokens accepted, by their position in the step's drafts.",
+                labels=[METRIC_MODEL_LABEL, "position"],
+            )
+            for pos, n in enumerate(s.spec_accepted_per_pos):
+                c.add_metric([*name, str(pos)], float(n))
             yield c
         yield m.itl.family()
 

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from pagoda.runtime.server.rank_share import _local
 
 if TYPE_CHECKING:
-    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.config import EngineConfig, ModelConfig
     from pagoda.runtime.quantization.fp8 import Fp8Scheme
+    from pagoda.runtime.server.stored import Stored
 
 
 @dataclass(frozen=True)
@@ -124,3 +126,27 @@ def _unit_bytes(kind: str) -> int:
     from pagoda.runtime.cpu.quantized import BLOCKS, probe_weight
 
     return int(qgemm.pack(probe_weight(kind, qgemm.NB, BLOCKS[kind][0])).numel())
+
+
+def dense_bytes(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:
+    """One `Linear` over the parts stacked, in the dtype: a CPU's packed copy in oneDNN's
+    blocked layout (rows and columns padded, `_pad`), a CUDA tensor as it is; per expert."""
+    shapes = [_local(t.name, t.shape, mc, lay) for t in parts]
+    rows, cols = sum(r for r, _ in shapes), shapes[0][1]
+    experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
+    if p.packs:
+        rows, cols = packed_shape(rows, cols, p.dtype)
+    return experts * rows * cols * p.dtype.itemsize
+
+
+def float32_router_bytes(t: Stored, p: Placement) -> int:
+    """DeepSeek's router weight, a float32 `Linear` (a CPU's packed copy padded), or its
+    correction bias, a float32 vector."""
+    matrix = len(t.shape) == 2 and not t.name.endswith("bias")  # (ERNIE's bias: [1, E])
+    rows, cols = (t.shape[0], t.shape[1]) if matrix else (t.numel, 1)
+    if matrix and p.device == "cpu":
+        from pagoda.runtime.model import linear
+
+        if linear._can_pack(torch.float32):
+            rows, cols = packed_shape(rows, cols, torch.float32)
+    return rows * cols * 4

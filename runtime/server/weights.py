@@ -40,7 +40,8 @@ and shapes come from the pickle memory-mapped with ``torch.load(weights_only=Tru
 (`model/pickle_weights.py`; no tensor data is read); a directory without weight files (a
 config.json alone) counts from the model's shapes (`weights_from_shapes.from_shapes`, which
 `fit.Plan` also uses for the plans it suggests). The families' stored-to-held rewrites are in
-`held_forms.py`, one rank's share of a tensor in `rank_share.py`.
+`held_forms.py`, the bytes of a family's own tensors in `held_families.py`, one rank's
+share of a tensor in `rank_share.py`.
 """
 
 from __future__ import annotations
@@ -55,8 +56,16 @@ from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.server import held_families
+from pagoda.runtime.server.held_families import NORM as _NORM
 from pagoda.runtime.server.held_forms import _HELD, as_held
-from pagoda.runtime.server.placement import Placement, packed_bytes, packed_shape, placement
+from pagoda.runtime.server.placement import (
+    Placement,
+    dense_bytes,
+    float32_router_bytes,
+    packed_bytes,
+    placement,
+)
 from pagoda.runtime.server.rank_share import (
     _LAYER,
     EMBED,
@@ -102,6 +111,8 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\bmlstm_layer\.[if]gate_preact\b"), "mlstm_layer.gates"),
           # Kimi Linear's KDA: q, k, v, f_a, g_a and b in one matrix (model/kimi_linear.py)
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
+          # MiniMax-Text-01's lightning layers: q/k/v and the output gate in one matrix
+          (re.compile(r"\bself_attn\.output_gate\b"), "self_attn.qkv_proj"),
           # Inkling's relative states: with q, k and v in one matrix (model/inkling.py)
           (re.compile(r"\bself_attn\.r_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -113,24 +124,20 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"),
           # Qwen3-Next's and Qwen3.5's DeltaNet projections: one matrix (model/qwen3_next.py)
           (re.compile(r"\bin_proj_(qkvz|ba|qkv|z|b|a)\b"), "in_proj"))  # fmt: skip
+# BailingHybrid's KDA gates, f_proj and g_proj: in the layer's one in_proj (model/bailing_hybrid.py)
+_BAILING_KDA_GATES = re.compile(r"\bself_attn\.[fg]_proj\b")
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 # kv_b_proj, or llama.cpp's split of it: held as the absorbed W_UK and W_UV (model/deepseek.py)
-_KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
+_KV_B = re.compile(r"self_attn\.(\d+\.)?(kv|k|v)_b_proj\.weight$")  # (LongCat's sublayers')
 # a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
 _MAMBA_TENSORS = re.compile(
     r"(\.(mamba|linear_attn)\.([qkv]_)?(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
 )  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A; OLMo Hybrid's conv in q, k, v parts)
 # a KDA layer's conv (whole or in q, k, v parts), A_log, dt_bias and gated norm: tensors, not
 # `Linear`s, all but the conv in float32 (`model/kimi_linear.py`)
-_KDA_TENSORS = re.compile(
-    r"self_attn\.(([qkv]_)?conv1d\.weight|(forget_gate\.)?(A_log|dt_bias)|o_norm\.weight)$"
-)  # (GLM-5-Next's A_log and dt_bias under forget_gate.)
-_KDA_FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
-# a norm's weight (Gemma 4's `post_feedforward_layernorm_1`, `_2`, `pre_feedforward_layernorm_2`)
-_NORM = re.compile(r"norm(_\d)?\.weight$")
 # Gemma 3n's AltUp projections into and out of its extra streams (Linears outside the layers)
 _ALTUP = re.compile(r"model\.altup_(unembed_)?projections\.\d+\.weight$")
 # and each layer's router and coefficients (tensors: `gemma3n.AltUp`), and the wrapper's tables
@@ -142,7 +149,8 @@ _ALTUP_COEFS = re.compile(
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
-                             r"((gate|moe_statics|experts)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
+                             r"router\.classifier\.weight|"  # (LongCat-Flash's)
+                             r"((gate|moe_statics|experts|router)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # HY V4's tensors held in float32: the hyper-connections, the sinks, the indexer key's norm
 _HY_V4_FLOAT32 = re.compile(
@@ -240,6 +248,7 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
                 tensors[name] = Stored(name, t.tensor_type.name, gguf_loader.held_shape(name, t),
                                        int(t.n_bytes))  # fmt: skip
         return Checkpoint("GGUF", tensors, path.stat().st_size)
+    from pagoda.runtime.model.checkpoint_names import LISTINGS
     from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, checkpoint_files
 
     try:
@@ -248,48 +257,15 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         return Checkpoint("")
     # headers only (a pickle's tensors memory-mapped, none read): tensors are read on access
     weights = SafetensorsWeights(files)
-    if architecture in ("gpt2", "openai_gpt"):  # Conv1D matrices, listed [out, in] as read
-        from pagoda.runtime.model.positions import transpose_conv1d
+    listing = LISTINGS.get(architecture)
+    if listing is not None and listing.estimate:  # the tensors as the loader names them
+        if not listing.config:
+            listing.run(weights, None)
+        else:
+            from pagoda.runtime.model.hf_loader import read_config
 
-        transpose_conv1d(weights)
-    if architecture == "ergo":  # its training framework's names, as the loader reads them
-        from pagoda.runtime.model.ergo_config import read_checkpoint_names
-        from pagoda.runtime.model.hf_loader import read_config
-
-        with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
-            read_checkpoint_names(weights, read_config(path))
-    if architecture == "hy_v4":  # transformers' renames, as the loader lists them
-        from pagoda.runtime.model.hy_v4_config import rename_weights
-
-        rename_weights(weights)
-    if architecture == "glm5_next":  # transformers' renames, as the loader lists them
-        from pagoda.runtime.model.glm5_next_config import rename_weights as rename_glm5_next
-
-        rename_glm5_next(weights)
-    if architecture == "inkling2":  # the published names, as the loader lists them
-        from pagoda.runtime.model.inkling2_config import rename as rename_inkling2
-
-        rename_inkling2(weights)
-    if architecture == "bailing_hybrid":  # the published names, as the loader lists them
-        from pagoda.runtime.model.bailing_hybrid_config import rename
-
-        rename(weights)
-    if architecture == "gemma3n":  # the wrapper's embedders, as the loader lists them
-        from pagoda.runtime.model.gemma3n_config import list_embedders
-        from pagoda.runtime.model.hf_loader import read_config
-
-        with contextlib.suppress(ValueError):  # (refused at load in one line)
-            list_embedders(weights, read_config(path))
-    if architecture == "dbrx":  # its experts' stacks, listed per expert as the loader reads them
-        from pagoda.runtime.model.dbrx import split_experts
-        from pagoda.runtime.model.hf_loader import read_config
-
-        with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
-            split_experts(weights, read_config(path))
-    from pagoda.runtime.model.moe_families import RENAMES
-
-    if architecture in RENAMES:  # a family's tensors as the loader names them
-        RENAMES[architecture](weights)
+            with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
+                listing.run(weights, read_config(path))
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)
@@ -342,6 +318,11 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     from pagoda.runtime.distributed.layout import TPLayout
 
     lay = TPLayout(0, p.tp)
+    if mc.family.dsv4 is not None:  # DeepSeek-V4: its tensors as a rank holds them, whatever
+        # the files store (released FP8 / FP4 dequantized to the dtype: model/dsv4_shard.py)
+        from pagoda.runtime.model.dsv4_shard import held_bytes
+
+        return held_bytes(mc.family.dsv4, p.dtype, lay), {}
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
     tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
@@ -358,7 +339,7 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             continue
         held = _held_apart(name, t, mc, lay, p)
         if held is None:
-            groups.setdefault(_group(name), []).append(t)
+            groups.setdefault(_group(name, mc), []).append(t)
         else:
             total += held
     fp8_layers = blocks = 0
@@ -373,7 +354,7 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
                 total += rows * cols + 4 * whole_rows
             fp8_layers += 1
         else:
-            total += _dense(parts, mc, lay, p)
+            total += dense_bytes(parts, mc, lay, p)
     if blocks:
         notes["blocks"] = str(blocks)
     if fp8_layers:
@@ -404,12 +385,13 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         and mc.architecture != "lara_mini"  # (as stored)
     )
     if float32_router and _FLOAT32_ROUTER.search(name):
-        return _float32_router(t, p)
+        return float32_router_bytes(t, p)
     if name.endswith("indexer.weights_proj.weight") and mc.architecture != "glm5_next":
         # DeepSeek Sparse Attention's, float32 (GLM-5-Next's in the model's dtype)
-        return _float32_router(t, p)
+        return float32_router_bytes(t, p)
     if mc.family.hyper is not None and _HY_V4_FLOAT32.search(name):  # (model/hy_v4.py)
-        return t.numel * 4
+        start, stop = lay.heads(mc.num_heads) if name.endswith(".sinks") else (0, t.numel)
+        return (stop - start) * 4  # (the sinks: this rank's heads')
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
     if mc.family.gemma4 is not None and _ALTUP_COEFS.search(name):  # tensors, not Linears
@@ -417,43 +399,12 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
     if mc.family.gemma4 is not None and name == "model.embed_tokens_per_layer.weight":
         return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
     if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
-        return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
+        return dense_bytes([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if name == "lm_head.logit_scale":  # Dory's per-token logit scale, float32
         return t.numel * 4
-    if mc.architecture == "ergo":  # (model/ergo.py)
-        if name.endswith(("experts.up_proj", "experts.down_proj")):  # a Linear per expert of
-            e, a, b = t.shape  # each [in, out] slice, transposed
-            return _dense([Stored(name, t.kind, (e, b, a), t.nbytes)], mc, lay, p)
-        if name.endswith("residual_gate.weight"):  # float32, as its two factors
-            return t.numel * 8
-        if _NORM.search(name) or name.endswith("experts.norm"):
-            return t.numel * 4  # its norms and expert norms in float32
-    if mc.architecture == "aria_text" and name.endswith(("experts.gate_up_proj", "down_proj")):
-        e, a, b = t.shape  # a Linear per expert of each [in, out] slice, transposed (Aria's),
-        # under a per-expert matrix's name (rows or columns split: `rank_share._local`)
-        return _dense([Stored(name + ".weight", t.kind, (e, b, a), t.nbytes)], mc, lay, p)
-    if mc.architecture == "aria_text" and name.endswith("mlp.router.weight"):  # DeepSeek's kind
-        return _float32_router(t, p)
-    if mc.architecture in ("zaya", "minimax_m3") and name.endswith(
-        ("experts.gate_up_proj", "down_proj")
-    ):
-        return _dense([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
-    if mc.architecture == "zaya" and (".conv_qk_" in name or name.endswith("balancing_biases")):
-        return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)  # (convs: tensors)
-    if mc.architecture == "recurrent_gemma" and (".rg_lru." in name or ".conv_1d." in name):
-        return t.numel * (4 if name.endswith("recurrent_param") else p.dtype.itemsize)  # (tensors:
-        # the RG-LRU's gates and conv, its decay's softplus in float32: model/recurrent_gemma.py)
-    if mc.architecture == "rwkv" and ".time_" in name:  # RWKV's mixes in the dtype, decay
-        return t.numel * (4 if name.endswith(("time_decay", "time_first")) else p.dtype.itemsize)
-    if mc.architecture == "zamba" and name.endswith(("_proj_weight", "dt_proj_bias")):
-        return t.numel * p.dtype.itemsize  # its mixers' per-head x_proj, dt_proj: tensors
-    if mc.architecture in ("inkling", "inkling2"):  # (model/inkling.py, inkling2.py)
-        held = _inkling_held(name, t, mc, lay, p)
-        if held != -1:
-            return held
-    if mc.architecture in _KDA_FAMILIES and _KDA_TENSORS.search(name):
-        conv = name.endswith("conv1d.weight") and mc.architecture == "kimi_linear"
-        return t.numel * (p.dtype.itemsize if conv else 4)  # (the others' conv float32)
+    family = held_families.HELD.get(mc.architecture)  # a family's own tensors
+    if family is not None and (held := family(name, t, mc, lay, p)) != held_families.GENERIC:
+        return held
     if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
         # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
         n = t.numel * _mamba_share(name, mc, lay)
@@ -469,34 +420,12 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         # float32: Gemma's (and MiniMax-M3's) 1 + w (gemma2.norm_weight), Cohere's LayerNorm
         # weights, gpt-oss's w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
         return math.prod(_local(name, t.shape, mc, lay)) * 4
-    if name.endswith("self_attn.sinks"):  # float32, this rank's heads
+    if name.endswith(("self_attn.sinks", "self_attn.attention_sink_bias")):  # float32, this
+        # rank's heads (gpt-oss's, MiMo-V2-Flash's)
         start, stop = lay.heads(mc.num_heads)
         return (stop - start) * 4
     return _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize  # norms and biases (o's and
     # down's whole on every rank)
-
-
-def _inkling_held(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """Inkling's tensors held otherwise than Llama's (-1: as Llama's): a Linear per expert,
-    routed or shared (the shared experts' gate and up one Linear each: None, grouped); the
-    convs, the router and its scale and correction bias in float32; the relative-logit
-    profiles a tensor."""
-    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-        return _dense([t], mc, lay, p)
-    if name.endswith(("shared_experts.gate_proj", "shared_experts.up_proj")):
-        return None
-    # (Inkling 2's static taps, clip scales and block-residual queries too)
-    if name.endswith(("conv1d.weight", "mlp.gate.weight", "gate.global_scale",
-                      "gate.e_score_correction_bias", "static_weight", "norm.scale",
-                      ".query")):  # fmt: skip
-        return t.numel * 4
-    if name.endswith("rel_logits_proj.proj"):
-        return t.numel * p.dtype.itemsize
-    if name.startswith("model.middle_cycle_cross_pass_"):  # (Inkling2Loop's, float32)
-        return t.numel * 4
-    if "_message_gate." in name:  # its message gates: tensors, the two up float32
-        return t.numel * (p.dtype.itemsize if name.endswith("down_proj.weight") else 4)
-    return -1
 
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
@@ -519,19 +448,6 @@ def _runs_in_fp8(name: str, scheme: Fp8Scheme, mc: ModelConfig | None = None) ->
     return bool(dense or hybrid) and scheme.quantizes(name.removesuffix(".weight"))
 
 
-def _float32_router(t: Stored, p: Placement) -> int:
-    """DeepSeek's router weight, a float32 `Linear` (a CPU's packed copy padded), or its
-    correction bias, a float32 vector."""
-    matrix = len(t.shape) == 2 and not t.name.endswith("bias")  # (ERNIE's bias: [1, E])
-    rows, cols = (t.shape[0], t.shape[1]) if matrix else (t.numel, 1)
-    if matrix and p.device == "cpu":
-        from pagoda.runtime.model import linear
-
-        if linear._can_pack(torch.float32):
-            rows, cols = packed_shape(rows, cols, torch.float32)
-    return rows * cols * 4
-
-
 def _absorbed_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:
     """kv_b_proj as `model/deepseek.py` holds it, the absorbed W_UK and W_UV: this rank's
     heads' rows, dense in the dtype (never in place, packed or FP8); llama.cpp's split counted
@@ -540,17 +456,6 @@ def _absorbed_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:
         return 0
     q0, q1 = lay.heads(mc.num_heads)
     return _kv_b_rows(q1 - q0, mc.family.mla) * mc.family.mla.kv_lora_rank * p.dtype.itemsize
-
-
-def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:
-    """One `Linear` over the parts stacked, in the dtype: a CPU's packed copy in oneDNN's
-    blocked layout (rows and columns padded, `_pad`), a CUDA tensor as it is; per expert."""
-    shapes = [_local(t.name, t.shape, mc, lay) for t in parts]
-    rows, cols = sum(r for r, _ in shapes), shapes[0][1]
-    experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
-    if p.packs:
-        rows, cols = packed_shape(rows, cols, p.dtype)
-    return experts * rows * cols * p.dtype.itemsize
 
 
 def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placement, lay,
@@ -566,7 +471,7 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
     rows, cols = _local(EMBED, embed.shape, mc, lay)
     table = rows * cols * p.dtype.itemsize
     head_rows, head_cols = _local(HEAD, head.shape, mc, lay)
-    dense_head = _dense([Stored(HEAD, head.kind, (head_rows * lay.size, head_cols), 0)],
+    dense_head = dense_bytes([Stored(HEAD, head.kind, (head_rows * lay.size, head_cols), 0)],
                         mc, lay, p)  # fmt: skip
     note = "with the tied LM head's packed copy"
     if not p.blocks:  # a CPU Linear packs its own copy; on CUDA the head multiplies the table
@@ -590,7 +495,10 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
     return lookup + held, note if tied and head_blocks is None else ""
 
 
-def _group(name: str) -> str:
+def _group(name: str, mc: ModelConfig | None = None) -> str:
+    m = None if mc is None or mc.architecture != "bailing_hybrid" else _LAYER.match(name)
+    if m and mc.family.mamba.layers[int(m.group(1))]:  # its KDA gates in the one in_proj (its
+        name = _BAILING_KDA_GATES.sub("self_attn.qkv_proj", name)  # attention's g_proj apart)
     for pattern, fused in _FUSED:
         name = pattern.sub(fused, name)
     return name

@@ -25,6 +25,19 @@ EXTRA_LAYER_VECTORS = {
 }  # (Kolibri 1: GLM-4's)
 
 
+def _rank_shapes(shapes: dict[str, tuple[int, ...]], mc: ModelConfig, tp: int) -> dict:
+    """Rank 0's part of each tensor of `shapes` (`rank_share._local`; kv_b_proj, held as the
+    absorbed W_UK and W_UV, by heads)."""
+    if tp == 1:
+        return shapes
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.server.rank_share import _local
+
+    lay = TPLayout(0, tp)
+    return {n: (s[0] // tp, s[1]) if n.endswith("kv_b_proj.weight") else _local(n, s, mc, lay)
+            for n, s in shapes.items()}  # fmt: skip
+
+
 def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
     """One rank's weights from the model's shape alone (no weight files to read; `fit`'s other
     plans): the decoder's projections at one byte plus a float32 scale per output row where
@@ -40,11 +53,16 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         from pagoda.runtime.model.gemma4_config import param_count
 
         return param_count(mc, tp) * item
-    if mc.architecture == "longcat_flash":  # (one rank, 16 or 32 bits: `family_options`)
+    if f.dsv4 is not None:  # DeepSeek-V4: its tensors as a rank holds them (model/dsv4_shard.py)
+        from pagoda.runtime.distributed.layout import TPLayout
+        from pagoda.runtime.model.dsv4_shard import held_bytes
+
+        return held_bytes(f.dsv4, dtype, TPLayout(0, tp))
+    if mc.architecture == "longcat_flash":  # (16 or 32 bits: `family_options`)
         from pagoda.runtime.model.checkpoint_check import expected_shapes
         from pagoda.runtime.model.longcat_flash_config import weight_bytes
 
-        return weight_bytes(expected_shapes(mc), item)
+        return weight_bytes(_rank_shapes(expected_shapes(mc), mc, tp), item)
     moe = sum(f.has_experts(x) for x in range(n))
     kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
     attn, attn_rows = _attention_shape(mc, t, kv)
@@ -76,18 +94,18 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     if mc.architecture == "glm5_next":  # its mHC hyper-connections, in float32 (one rank)
         nh = f.hyper.mult
         projections += 4 * n * 2 * ((2 + nh) * nh * (nh * h + 1) + 3)
-    elif f.hyper is not None:  # HY V4's (one rank, 16 or 32 bits): attention's gates in the
-        # dtype; the hyper-connections, sinks and the indexer key's norm in float32
-        nh, m, ix = f.hyper.mult, mc.num_heads, f.mla.indexer
+    elif f.hyper is not None:  # HY V4's (16 or 32 bits): attention's gates in the dtype (this
+        # rank's heads'); the hyper-connections, sinks and the indexer key's norm in float32
+        nh, m, ix = f.hyper.mult, mc.num_heads / t, f.mla.indexer
         projections += n * m * f.mla.v_head_dim * h * item
         projections += 4 * (n * (2 * (2 * nh * nh * h + 2 * nh + 2) + m) + nh * nh * h + nh + 1)
         projections += sum(ix.full_layers) * 2 * ix.head_dim * (4 - item)
     if f.attention_sinks and mc.architecture != "gpt_oss":  # GraniteSWA's, Flint's sinks (f32)
         projections += n * 4 * mc.num_heads / t
-    if f.mimo is not None:  # its attention by layer kind, the sinks (one rank, 16 or 32 bits)
-        from pagoda.runtime.model.mimo_v2_flash_config import attention_params
+    if f.mimo is not None:  # its attention by layer kind, the sinks (16 or 32 bits)
+        from pagoda.runtime.model.mimo_v2_flash_config import attention_bytes
 
-        projections += attention_params(mc) * item - n * attn * item
+        projections += attention_bytes(mc, item, t) - n * attn * item
     if f.kolibri11 is not None:  # its KV-shared layers: no k/v projections nor k norm
         shared, rows = sum(map(f.kolibri11.shares_kv, range(n))), 2 * kv * mc.head_dim
         projections -= shared * ((rows * h + 4 * rows if fp8 else rows * h * item)
@@ -107,8 +125,8 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
         attn += h * d * mc.num_heads / t
         attn_rows += mc.num_heads / t * d
     if mc.family.laguna is not None:  # query heads by layer (their mean), the softplus gate
-        g = mc.family.laguna  # (one rank, 16 or 32 bits: `family_options` refuses the rest)
-        heads, gates = sum(g.heads) / mc.num_layers, 1 if g.gate_per_head else d
+        g = mc.family.laguna  # (16 or 32 bits: `family_options` refuses FP8)
+        heads, gates = sum(g.heads) / mc.num_layers / t, 1 if g.gate_per_head else d
         attn = h * d * (2 * heads + 2 * kv) + h * heads * gates
         attn_rows = (heads + 2 * kv) * d + h + heads * gates
     if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v, router
@@ -131,6 +149,8 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     norms = (2 * n + 1) * h * item
     if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
         norms = (n + 1) * h * 4
+    if mc.architecture in ("mamba", "falcon_mamba"):  # one norm a layer (no MLP)
+        norms = (n + 1) * h * item
     norms += EXTRA_LAYER_VECTORS.get(mc.architecture, 0) * n * h * item
     if mc.architecture == "axk1":  # a norm on each MoE block's output
         norms += sum(f.has_experts(x) for x in range(n)) * h * item
@@ -195,7 +215,14 @@ def _hybrid_bytes(mc: ModelConfig, item: int, fp8: bool, t: int) -> float:
     from pagoda.runtime.model import mamba_shard
 
     m, h = mc.family.mamba, mc.hidden_size
-    if not fp8 or m is None:
+    if m is None:
+        return mc.hybrid_params(t) * item
+    if m.mixer == "mamba1":  # (16 or 32 bits: `family_options`) A_log and D in float32
+        loc = m.on_ranks(t)  # (`model/mamba1.py`), this rank's channels
+        return mc.hybrid_params(t) * item + m.num_layers * loc.d_inner * (loc.d_state + 1) * (
+            4 - item
+        )
+    if not fp8:
         return mc.hybrid_params(t) * item
 
     def fp8_bytes(rows: float, cols: float, scales: float) -> float:

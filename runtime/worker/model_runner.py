@@ -39,13 +39,14 @@ from pagoda.runtime.sampling.sampler import (
     head_sampling,
     sample,
 )
+from pagoda.runtime.spec import verify
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import cache_budget, prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.mamba_state import MambaState
-from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
+from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput, SpecResult
 from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock
 from pagoda.runtime.worker.step_inputs import StepInputs, token_history
@@ -120,6 +121,9 @@ class ModelRunner:
         # Async scheduling: the last launched step's tokens and the row of each request in
         # them, for the next step's rows whose token is still on the device.
         self.async_scheduling = config.uses_async_scheduling()
+        # speculative decoding: decodes may carry drafts (never with async scheduling, whose
+        # in-flight rows also run past their known tokens)
+        self.speculative = config.speculative_config is not None
         self._inflight: tuple[torch.Tensor, dict[str, int]] | None = None
         # Structured outputs: bitmasks of constrained rows, applied to the logits before sampling
         self.grammar = GrammarBitmask(loaded.tokenizer, mc.vocab_size, self.device)
@@ -204,10 +208,11 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        from pagoda.runtime.model.qwen4_exp_config import index_key_bytes
+        from pagoda.runtime.model import side_tables
 
-        keys = index_key_bytes(self.model_config, self.dtype) * self.block_size  # (Qwen4-Exp's)
-        return keys + sum(
+        # the sparse layers' tables beside the KV rows (MiniMax-M3's, Qwen4-Exp's, Kolibri 1.1's)
+        tables = side_tables.block_bytes(self.model_config, self.dtype, self.block_size)
+        return tables + sum(
             b.block_bytes(self.dtype, self.block_size) for b in self.model.kv_backends
         )
 
@@ -253,6 +258,8 @@ class ModelRunner:
             step.ready.synchronize()  # this step only, not the ones queued after it
         if step.sampler_output is not None:
             result = self._readback(step.requests, step.host or step.sampler_output)
+            if step.spec is not None:
+                result = self._verified(result, *step.spec)
         else:  # only prompt positions this step (a chunk before the last)
             result = ModelRunnerOutput([], [], [])
         if step.prompt is not None:
@@ -269,7 +276,13 @@ class ModelRunner:
         clock = self.clock
         inp = self._prepare_inputs(out)
         reqs = [out.scheduled[i].request for i in inp.sampling]
+        spec = inp.spec
+        if spec is not None:  # a drafted request samples each of its rows (`spec/verify.py`)
+            drafted = reqs
+            reqs = np.repeat(_objects(reqs), spec.counts + 1).tolist()
         batch = self._sampling_batch(reqs, self.model.vocab_size) if reqs else None
+        if spec is not None:  # before the rows draw their uniforms (the LM head's too)
+            spec.generators = verify.save_generators(drafted, spec.counts)
         rows = self._grammar_rows if batch is not None else []
         plain = batch is not None and not rows and inp.prompt is None and self._head_samples(batch)
         head = head_sampling(batch) if plain else None
@@ -280,7 +293,7 @@ class ModelRunner:
             clock.mark("forward")
         prompt = None
         if inp.prompt is not None:  # the rows after the sampling rows' score prompt tokens
-            n, p = len(inp.sampling), inp.prompt
+            n, p = len(reqs), inp.prompt
             prompt = (p, prompt_logprobs.score(logits[n:], self.to_device(p.targets), p.k, p.ranks))
             logits = logits[:n]
         if batch is None:
@@ -295,6 +308,8 @@ class ModelRunner:
             if self.logits_hook is not None:
                 self.logits_hook(reqs, logits)
             step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler), prompt=prompt)
+        if spec is not None:
+            step.spec = (drafted, spec)
         self._launched(step)
         if clock is not None:
             clock.mark("sample")
@@ -362,7 +377,10 @@ class ModelRunner:
             ids = np.empty(int(cu[-1]), dtype=np.int64)
             ids[:nd] = one
             for r, a, b, st in zip(reqs[nd:], cu[nd:-1], cu[nd + 1 :], starts[nd:]):
-                ids[a:b] = r.token_ids[st : st + (b - a)]
+                chunk = r.token_ids[st : st + (b - a)]
+                if len(chunk) < b - a:  # a decode with drafts after its last token
+                    chunk = chunk + r.spec_token_ids[: b - a - len(chunk)]
+                ids[a:b] = chunk
             seq_idx = np.repeat(np.arange(n), qlens)
             positions = np.arange(len(ids)) - cu[:-1][seq_idx] + starts[seq_idx]
         table = self.block_tables.gather(sched)
@@ -370,6 +388,8 @@ class ModelRunner:
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
+        if self.speculative and nd < n and (seq_lens > known).any():  # decodes with drafts
+            inp.sample_rows, inp.spec = _spec_rows(ids, cu, seq_lens - known, sampling)
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
                                            out.snapshots)  # fmt: skip
@@ -487,7 +507,7 @@ class ModelRunner:
             self.to_device(inp.positions),
             self.kv_caches,
             meta,
-            self.to_device(_logit_rows(inp, inp.cu[1:][inp.sampling] - 1)),
+            self.to_device(_logit_rows(inp, _last_rows(inp))),
             head,
         )
 
@@ -512,6 +532,34 @@ class ModelRunner:
         self._last_sampling = (key, batch, reqs)  # holding reqs keeps their ids unique
         return batch
 
+    @staticmethod
+    def _verified(
+        result: ModelRunnerOutput, drafted: list[Request], spec: verify.SpecRows
+    ) -> ModelRunnerOutput:
+        """A drafted step's tokens verified (`spec/verify.py`): each request's entries cut to
+        the tokens it keeps, its seeded generator rewound to their draws."""
+        accepted, kept = verify.accept(np.asarray(result.token_ids, dtype=np.int64), spec)
+        verify.rewind(spec, drafted, accepted)
+        reqs, lps = result.requests, result.logprobs
+        kept_list = kept.tolist()
+        lengths = np.fromiter((len(r.token_ids) for r in drafted), np.int64, len(drafted))
+        # each kept entry's sequence length once appended: its request's, plus its place
+        reps = accepted + 1
+        place = np.arange(len(kept)) - np.repeat(np.cumsum(reps) - reps, reps) + 1
+        drafted_mask = spec.counts > 0
+        return ModelRunnerOutput(
+            [reqs[i] for i in kept_list],
+            np.asarray(result.token_ids, dtype=np.int64)[kept].tolist(),
+            [lps[i] for i in kept_list],
+            result.prompt_logprobs,
+            positions=(np.repeat(lengths, reps) + place).tolist(),
+            spec=SpecResult(
+                [r for r, m in zip(drafted, drafted_mask.tolist()) if m],
+                spec.counts[drafted_mask].tolist(),
+                accepted[drafted_mask].tolist(),
+            ),
+        )
+
     def _readback(self, reqs: list[Request], so: SamplerOutput) -> ModelRunnerOutput:
         token_ids = so.token_ids.tolist()  # the step's one device→host sync
         if so.logprobs is None:
@@ -525,6 +573,35 @@ class ModelRunner:
             k = r.params.logprobs
             lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k])), rank))
         return ModelRunnerOutput(reqs, token_ids, lps)
+
+
+def _last_rows(inp: StepInputs) -> np.ndarray:
+    """The rows sampled: each sampling request's last, or with drafts all of a drafted
+    request's (`StepInputs.sample_rows`)."""
+    if inp.sample_rows is not None:
+        return inp.sample_rows
+    return inp.cu[1:][inp.sampling] - 1
+
+
+def _spec_rows(
+    ids: np.ndarray, cu: np.ndarray, extra: np.ndarray, sampling: list[int]
+) -> tuple[np.ndarray, verify.SpecRows]:
+    """A step with drafts: the rows to sample (every position of a drafted request) and the
+    drafts, read back from the ids (a drafted row's tokens after its first)."""
+    counts = extra[sampling]
+    ends = cu[1:][sampling] - 1
+    k = max(int(counts.max()), 1)
+    cols = np.arange(k)
+    idx = np.minimum((ends - counts + 1)[:, None] + cols, len(ids) - 1)
+    drafts = np.where(cols[None, :] < counts[:, None], ids[idx], -1)
+    return verify.logit_rows(ends, counts), verify.SpecRows(counts, drafts)
+
+
+def _objects(items: list) -> np.ndarray:
+    """A 1-D object array of `items` (NumPy would read sequences as rows)."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
 
 
 def _logit_rows(inp: StepInputs, sampling_rows) -> np.ndarray:

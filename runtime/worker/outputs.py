@@ -23,6 +23,19 @@ class ModelRunnerOutput:
     logprobs: list[TokenLogprob | None]
     # prompt logprobs scored this step: (request, its new entries), in any order
     prompt_logprobs: list[tuple[Request, list[TokenLogprob]]] = field(default_factory=list)
+    # speculative decoding: a drafted request has one entry per token it gained this step (in
+    # order); `positions` then gives each entry's sequence length once its token is appended
+    positions: list[int] | None = None
+    spec: SpecResult | None = None
+
+
+@dataclass
+class SpecResult:
+    """A step's drafts and how many of each were accepted, per drafted request."""
+
+    requests: list[Request]
+    drafted: list[int]
+    accepted: list[int]
 
 
 @dataclass
@@ -39,6 +52,8 @@ class LaunchedStep:
     # Prompt logprobs: the rows scored, their scores (device), pinned copies (CUDA, `ready`)
     prompt: tuple[PromptRows, PromptScores] | None = None
     prompt_host: tuple[torch.Tensor | None, ...] | None = None
+    # speculative decoding: (the sampling requests, one each, `spec.verify.SpecRows`)
+    spec: tuple[list[Request], Any] | None = None
 
     @property
     def empty(self) -> bool:

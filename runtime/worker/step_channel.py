@@ -11,6 +11,8 @@ crosses in three broadcasts:
    the sampling rows, the rows scored for prompt logprobs;
    and a hybrid's state slots (`worker/mamba_state.HostSlots`: each sequence's, those to zero,
    and its prefix cache's snapshot copies: restores, saves at chunk ends and inside chunks);
+   the model's per-sequence state slots (`LlamaModel.sequence_state`'s step as its ``rows()``,
+   DeepSeek-V4's open windows: `model/dsv4_engine.HostStep`);
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it.
 """
@@ -24,7 +26,7 @@ from pagoda.runtime.worker.mamba_state import HostSlots
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
-HEADER = 11
+HEADER = 12
 SNAPSHOT_ROWS = (2, 2, 3)  # rows of `HostSlots.restore`, `save_end`, `save_mid`
 
 
@@ -45,11 +47,13 @@ class StepChannel:
         snaps = [np.empty((n, 0), dtype=np.int64) if a is None else a
                  for n, a in zip(SNAPSHOT_ROWS, snaps)]  # fmt: skip
         counts = [a.shape[1] for a in snaps] if snaps else [0, 0, 0]
-        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh, *counts]))
+        seq = () if inp.seq_state is None else (inp.seq_state.rows(),)  # (the model's slots)
+        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh, *counts,
+                              sum(len(a) for a in seq)]))  # fmt: skip
         self.tp.broadcast_host(h)
         prompt_lens = inp.prompt_lens if inp.prompt_lens is not None else inp.seq_lens
         parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu,
-                 prompt_lens, *state, *(a.reshape(-1) for a in snaps))  # fmt: skip
+                 prompt_lens, *state, *(a.reshape(-1) for a in snaps), *seq)  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
                                   np.asarray(inp.sampling, dtype=np.int64), extra])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
@@ -67,14 +71,14 @@ class StepChannel:
         if h[0] == STOP:
             return None
         t, b, width, s, nd, e, fresh = h[1:8]
-        counts = h[8:11]
+        counts, seq = h[8:11], h[11]
         state = b + fresh - 1 if fresh else 0
         snap = [n * c for n, c in zip(SNAPSHOT_ROWS, counts)]
-        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + s + e
+        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + s + e
         a = self.tp.broadcast_host(torch.empty(size, dtype=torch.int64)).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, s])
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, s])
         (positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, restore, save_end,
-         save_mid, sampling, extra) = np.split(a, cuts)  # fmt: skip
+         save_mid, seq_rows, sampling, extra) = np.split(a, cuts)  # fmt: skip
         ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
         self.tp.broadcast(ids)
         inp = StepInputs(
@@ -82,6 +86,7 @@ class StepChannel:
             positions=positions, slots=slots, table=table.reshape(b, width).astype(np.int32),
             qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
             extra_rows=extra if e else None, prompt_lens=prompt_lens,
+            seq_state=seq_rows if seq else None,
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)

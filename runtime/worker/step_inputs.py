@@ -33,7 +33,13 @@ class StepInputs:
     prompt_lens: np.ndarray | None = None  # int64 [B] each request's prompt (`model/longrope.py`)
     mamba: Any = None  # a hybrid's state slots (`worker.mamba_state.HostSlots`)
     history: np.ndarray | None = None  # int64 [B, n]: `token_history`'s, for `llama.TOKEN_HISTORY`
-    seq_state: Any = None  # the model's per-sequence state (`LlamaModel.sequence_state`)
+    # the model's per-sequence state (`LlamaModel.sequence_state`'s step; on the other ranks
+    # of a tensor-parallel group its ``rows()`` as received)
+    seq_state: Any = None
+    # speculative decoding: the rows whose logits are sampled (a drafted request's every
+    # position; None: each sampling request's last) and the drafts (`spec.verify.SpecRows`)
+    sample_rows: np.ndarray | None = None
+    spec: Any = None
 
 
 def token_history(token_lists, starts: np.ndarray, n: int) -> np.ndarray:

@@ -224,7 +224,33 @@ def check_chunked_cached_batched(loaded, reference, what: str) -> LLM:
         check(cold[i], want, f"{what}: prompt {i}, cold")
         check(warm[i], want, f"{what}: prompt {i}, warm")
     assert llm.engine.kv.prefix_hits > 0
+    check_side_table_bytes(llm)
     return llm
+
+
+def check_side_table_bytes(llm: LLM) -> None:
+    """Where the model keeps tables beside its KV cache (`model/side_tables.py`: sparse
+    layers' keys), the pool's KV rows and tables hold what the runner sizes a block as
+    (`bytes_per_block`; each table one spare row more), and the start-up estimate
+    (`server/memory.kv_bytes_per_token`) and `server/fit.py` count as much."""
+    from pagoda.runtime.model import side_tables
+    from pagoda.runtime.server.fit import Plan
+    from pagoda.runtime.server.memory import kv_bytes_per_token
+
+    runner = llm.engine.runner
+    mc, bs = runner.model_config, runner.block_size
+    specs = side_tables.specs(mc)
+    if not specs:
+        return
+    kv = {t.data_ptr(): t for pair in runner.kv_caches for t in pair}  # (shared caches once)
+    tables = side_tables.tables(runner.model)
+    assert tables and all(t.rows is not None for t in tables)
+    held = sum(t.numel() * t.element_size() for t in kv.values())
+    held += sum(t.nbytes - t.spare_bytes for t in tables)
+    assert held == runner.num_blocks * runner.bytes_per_block
+    assert kv_bytes_per_token(mc, runner.dtype, "auto", bs) * bs == runner.bytes_per_block
+    plan = Plan(runner.dtype, fp8_weights=False, fp8_kv=False, block_size=bs)
+    assert plan.kv_bytes_per_token(mc) * bs == runner.bytes_per_block
 
 
 def check_on_triton(model, loaded, lengths, what: str) -> LLM:

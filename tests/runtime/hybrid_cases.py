@@ -19,7 +19,7 @@ tests/runtime/distributed/test_tp_hybrid.py."""
 from __future__ import annotations
 
 import torch
-from arch_cases import NEW, check, check_preempted, generate, prompts
+from arch_cases import NEW, check, check_preempted, check_side_table_bytes, generate, prompts
 from hf_oracle import TINY, hf_greedy_plain, make_tiny_model, make_tiny_wrapped
 from pagoda.runtime import LLM, SamplingParams
 
@@ -495,6 +495,7 @@ def check_chunked_batched_preempted(case) -> None:
     cached = sum((len(p) - 1) // every * every for p in prompts()) if snapshots else 0
     assert llm.engine.kv.prefix_hits - hits == cached
     assert llm.engine.runner.mamba.num_held == 0
+    check_side_table_bytes(llm)
     one = [7]
     check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
     check_preempted(loaded, reference, name)
@@ -560,11 +561,63 @@ def zero_the_restore(monkeypatch) -> list[int]:
     return restored
 
 
+_WARM: dict[int, list] = {}  # id(model) -> its reference of `warm_prompts`' second prompt
+
+
 def warm_prompts(model):
-    """A 153-token prompt, one sharing its first 140 tokens, transformers' reference of it."""
+    """A 153-token prompt, one sharing its first 140 tokens, transformers' reference of it
+    (once a process for each of `Built`'s models)."""
     shared = [(11 * i + 3) % 290 + 5 for i in range(150)]
     second = [*shared[:140], 21, 22]
-    return [*shared, 7, 8, 9], second, hf_greedy_plain(model, second, NEW)
+    if id(model) not in _WARM:
+        _WARM[id(model)] = hf_greedy_plain(model, second, NEW)
+    return [*shared, 7, 8, 9], second, _WARM[id(model)]
+
+
+def check_two_ranks_linear(built, name: str) -> None:
+    """Tensor parallelism for a linear-attention hybrid (case `name`; each family's one
+    two-rank test) over gloo: two ranks give transformers' tokens and logits (1e-3, float32)
+    on the checkpoint the family's other tests use (the session's `built`). The KDA layers
+    (Kimi Linear, BailingHybrid, GLM-5-Next) and MiniMax's lightning layers split by heads
+    (`model/kimi_linear.py`, `model/minimax.py`), the attention and experts as their parents'.
+
+    KDA's 64-token chunks space its snapshots past the three prompts: a pool of 12 blocks of
+    16 runs a 153-token prompt beside them (32-token steps, preempted and recomputed), then
+    that prompt alone, then one sharing 140 tokens with it, which restores each rank's snapshot
+    of its heads' states at 128. MiniMax's (snapshots every 16 tokens): the small pool, the
+    prompts again in reverse order from the prefix cache."""
+    from arch_cases import SMALL_POOL
+
+    path, model, loaded, reference = built(name)
+    m = loaded.config.family.mamba
+    layer = next(i for i, x in enumerate(m.layers) if x)
+    if m.snapshot_chunk < 64:  # MiniMax's block_size 8: snapshots every 16 tokens
+        with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
+            got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+            core = two.engine
+            assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+            _, state = core.runner.mamba.states[layer]  # this rank's heads
+            assert state.shape[1] == m.n_heads // 2
+            core.check_integrity()
+        for i, g in enumerate(got):
+            check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
+        return
+    first, second, want = warm_prompts(model)
+    pool = SMALL_POOL | dict(num_blocks_override=12, max_num_batched_tokens=32, max_model_len=176)
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
+        got = generate(two, [first, *prompts()])[1:]
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0
+        generate(two, [first])  # (its snapshots again, evicted with its blocks when preempted)
+        hits = core.kv.prefix_hits
+        warm = generate(two, [second])[0]
+        assert core.kv.prefix_hits - hits == 128  # each rank's snapshots of its heads' states
+        conv, state = core.runner.mamba.states[layer]  # this rank's heads
+        assert state.shape[1] == m.n_heads // 2 and conv.shape[1] == m.conv_dim // 2
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i], f"{name}: prompt {i}, two ranks")
+    check(warm, want, f"{name}: two ranks, warm")
 
 
 def check_warm_prefix(name: str, model, loaded, monkeypatch, budgets=(256, 16)) -> None:
@@ -598,6 +651,7 @@ def check_warm_prefix(name: str, model, loaded, monkeypatch, budgets=(256, 16)) 
 # `core.check_dtype`'s for FP8, a pattern)
 _DELTA_TP = "--tensor-parallel-size 4 does not divide the Gated DeltaNet key heads "
 _DELTA_TP += "(linear_num_key_heads 2)"
+_KDA_TP = "--tensor-parallel-size 4 does not divide the KDA heads ({})"
 _NO_TP = "--tensor-parallel-size 2 is not supported for a {} model ({} layers)"
 _NO_FP8 = r"fp8 is not supported for a {} model \({} layers\)"
 REFUSED = {
@@ -608,13 +662,18 @@ REFUSED = {
     "qwen4-exp": (2, "--tensor-parallel-size 2 is not supported for a qwen4_exp model (its "
                   "hyper-connections and Per-Layer Embeddings are not split)",
                   _NO_FP8.format("qwen4_exp", "gated_deltanet")),
-    "kimi-linear": (2, _NO_TP.format("kimi_linear", "kda"), _NO_FP8.format("kimi_linear", "kda")),
-    "bailing-hybrid": (
-        2, _NO_TP.format("bailing_hybrid", "kda"), _NO_FP8.format("bailing_hybrid", "kda")
+    "kimi-linear": (4, _KDA_TP.format(2), _NO_FP8.format("kimi_linear", "kda")),
+    "bailing-hybrid": (  # (its KDA heads are the attention's)
+        3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+        _NO_FP8.format("bailing_hybrid", "kda"),
     ),
-    "glm5-next": (2, _NO_TP.format("glm5_next", "kda"), _NO_FP8.format("glm5_next", "kda")),
-    "minimax": (2, _NO_TP.format("minimax", "lightning"), _NO_FP8.format("minimax", "lightning")),
-    "jamba": (2, _NO_TP.format("jamba", "mamba1"), _NO_FP8.format("jamba", "mamba1")),
+    "glm5-next": (4, _KDA_TP.format(2), _NO_FP8.format("glm5_next", "kda")),
+    "minimax": (  # (its lightning heads are the attention's)
+        3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+        _NO_FP8.format("minimax", "lightning"),
+    ),
+    "jamba": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+              _NO_FP8.format("jamba", "mamba1")),
     "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
     "falcon-mamba": (
         2, _NO_TP.format("falcon_mamba", "mamba1"), _NO_FP8.format("falcon_mamba", "mamba1")

@@ -180,6 +180,10 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--no-enable-chunked-prefill", "--max-num-batched-tokens", "256"),
          "without chunked prefill, max_num_batched_tokens (256) must be >= max_model_len (8192)"),
         (("--max-num-seqs", "0"), "max_num_seqs must be an integer in 1..16384, got 0"),
+        (("--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'),
+         "speculative_config: method 'eagle' is not supported"),
+        (("--speculative-config", '{"num_speculative_tokens": 2}', "--async-scheduling"),
+         "speculative decoding runs with synchronous scheduling only"),
     ],
 )  # fmt: skip
 def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:

@@ -158,6 +158,8 @@ def test_every_documented_series_is_exported_with_its_type_and_labels():
     prometheus_client.enable_created_metrics()  # the library's default: ServerMetrics turns it off
     m = ServerMetrics("m")
     m.set_tuned_profile("cpu", "m", "2026-01-01T00:00:00Z")
+    # an engine with speculative decoding exports its counters too
+    m.last_stats = EngineStats(1, 0, 0.1, 10, 9, 0, 0, 0, 3, 9, 4, [3, 1, 0])
     so = StructuredOutputs("m", m.registry, cache_bytes=1 << 20, timeout_s=1.0)
     so.count(StructuredOutputsParams(regex="a"))
     so.compile_seconds.labels("m", "regex").observe(0.1)

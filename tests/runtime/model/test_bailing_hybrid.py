@@ -21,6 +21,7 @@ from hybrid_cases import (
     check_chunked_batched_preempted,
     check_missing_refused,
     check_refused,
+    check_two_ranks_linear,
     check_warm_prefix,
 )
 
@@ -91,9 +92,11 @@ def test_the_weights_estimate(built):
     path, _, loaded, _ = built("bailing-hybrid")
     mc = loaded.config
     check_estimate(path, rel=0.02)
+    check_estimate(path, tp=2, rel=0.02)  # rank 0's heads of the KDA and attention layers
     table = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", 1, None))
-    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=0.01)
+    for tp in (1, 2):
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=0.01)
 
 
 def test_bfloat16_rounds_where_transformers_does(built):
@@ -108,6 +111,13 @@ def test_bfloat16_rounds_where_transformers_does(built):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     ids = [5, 17, 42, 99, 7, 3, 250, 11]
     want = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, 8:].tolist()
-    llm = LLM(str(path), dtype="bfloat16", device="cpu")
+    llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_memory=4 << 20)
     got = llm.generate([ids], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert got[0].outputs[0].token_ids == want
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (`hybrid_cases.check_two_ranks_linear`): Kimi Linear's split with full-rank KDA gates by rows and the
+    attention's per-head gate by heads."""
+    check_two_ranks_linear(built, "bailing-hybrid")

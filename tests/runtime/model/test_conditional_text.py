@@ -8,7 +8,9 @@ wrapper's prefix (`language_model.model.`, `model.language_model.`), skips the t
 greedy tokens and logits are transformers' conditional model's on text prompts: chunked into
 16-token steps, the three unequal prompts in one batch, again on a warm prefix cache (the
 families' own tests cover preemption). Saved with the word-level tokenizer alone (no
-processor, no multimodal tokenizer)."""
+processor, no multimodal tokenizer). MiniMax-M3's is saved by transformers in its published
+layout (per-expert `block_sparse_moe.experts.E.w1/w3/w2`, split `gate_proj` / `up_proj`,
+`index_{q,k}_{proj,norm}`): read as the text model's fused and stacked tensors."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ transformers = pytest.importorskip("transformers")
 SLIDING, FULL, SPARSE = "sliding_attention", "full_attention", "minimax_m3_sparse"
 TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 KEPT = 260  # Apertus 1.5's head rows of the 300 ids
+PER_EXPERT = "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight"  # (MiniMax-M3's)
 
 
 def _aria():
@@ -97,6 +100,10 @@ CASES = {
                        "model.visual."),
     "apertus1p5": ("Apertus1p5ForConditionalGeneration", _apertus1p5, "apertus1p5",
                    "model.vision_tokenizer."),
+    # (saved by transformers in the published layout: per-expert w1/w3/w2, split gate/up,
+    # block_sparse_moe., index_*_proj: `minimax_m3_config.read_published`)
+    "minimax_m3": ("MiniMaxM3SparseForConditionalGeneration", _minimax_m3, "minimax_m3",
+                   "patch_merge_mlp."),
 }  # fmt: skip
 
 
@@ -113,6 +120,7 @@ def test_the_text_model_matches_transformers_conditional_model(tmp_path, name):
     save_word_tokenizer(tmp_path, 300)  # (the word-level one: no processor)
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         assert any(n.startswith(tower) for n in f.keys()), name  # noqa: SIM118 (the towers saved)
+        assert name != "minimax_m3" or PER_EXPERT in f.keys()  # noqa: SIM118 (published layout)
     reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
     loaded = load_model(str(tmp_path))
     assert loaded.config.architecture == arch
@@ -129,3 +137,26 @@ def test_the_text_model_matches_transformers_conditional_model(tmp_path, name):
                 assert torch.isneginf(ours[theirs.shape[0] :]).all()
                 worst = float((ours[: theirs.shape[0]] - theirs).abs().max())
                 assert worst < 1e-3, f"{name}, {what}: prompt {i}: logits differ by {worst}"
+
+
+def test_minimax_m3s_published_layout_estimated_and_a_missing_expert_refused(tmp_path):
+    """MiniMax-M3's published layout (as transformers saves its conditional model): the
+    weights estimate exact on it (the per-expert tensors counted as the stacks the model
+    holds), and a checkpoint without one expert's `w3` refused in one line naming the stored
+    tensor."""
+    from model_bytes import check_estimate
+    from pagoda.runtime.model.hf_loader import check_weights, read_config
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = transformers.MiniMaxM3SparseForConditionalGeneration(_minimax_m3())
+    model.save_pretrained(tmp_path)
+    save_word_tokenizer(tmp_path, 300)
+    check_estimate(tmp_path, rel=1e-6)
+    gone = "language_model.model.layers.1.block_sparse_moe.experts.3.w3.weight"
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors[gone]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="is missing") as e:
+        check_weights(tmp_path, read_config(tmp_path))
+    assert gone in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -5,9 +5,10 @@ the three prompts of unequal length batched in 16-token steps (chunked prefill),
 reverse order on the warm prefix cache (CSA's window slots restored from the cached blocks'
 Ca tails; with the restores dropped the warm run leaves transformers'), in a KV pool so
 small that requests are preempted (recomputed), and all in one step (a prompt hitting the
-blocks another fills in that step); plus the
-one-line refusals (block size, a missing tensor, tensor parallelism, FP8) and the memory the
-runner allocates against the estimates'."""
+blocks another fills in that step); the same on two tensor-parallel ranks (`dsv4_shard`), a
+rank's weights against the estimates'; plus the one-line refusals (block size, a missing
+tensor, output groups that do not split, FP8) and the memory the runner allocates against the
+estimates'."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from arch_cases import NEW, check, check_chunked_cached_batched, check_preempted, generate, prompts
+from arch_cases import (
+    NEW,
+    SMALL_POOL,
+    check,
+    check_chunked_cached_batched,
+    check_preempted,
+    generate,
+    prompts,
+)
 from hf_oracle import hf_greedy_plain, save_tiny
 from pagoda.runtime import LLM
 from pagoda.runtime.model import dsv4_engine
@@ -107,6 +116,53 @@ def test_engine_matches_transformers_chunked_batched_warm_preempted(case, monkey
             check(warm[i], want, f"prompt {i}, warm, no restore")
 
 
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(case):
+    """Tensor parallelism over gloo, two ranks (`dsv4_shard`): each rank two of the four query
+    heads and their sinks, one of the two output groups, half the experts' width and of the
+    vocabulary; the token rows, entries, Ca tails and window slots whole on both. The small
+    pool (16-token chunks, preempted, then warm: CSA's slots restored from the tails, the
+    step's slots sent to rank 1 with its inputs) gives transformers' tokens and logits."""
+    path, _, loaded, reference = case
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        runner, c = core.runner, loaded.config.family.dsv4
+        assert runner.model.core.layers[0][2].heads == 2  # rank 0's query heads
+        # a rank's cache is the whole cache (MQA: one row a token, its entries, tails, slots)
+        assert runner.bytes_per_block == dsv4_engine.bytes_per_token(c, torch.float32, 16) * 16
+        assert runner.seq_state.nbytes == dsv4_engine.slots_bytes(c, torch.float32, 3)
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"deepseek_v4: prompt {i}, two ranks")
+
+
+def test_a_ranks_weights_are_what_the_estimates_count(case, monkeypatch):
+    """Rank 0 of two (`dsv4_shard`: half the heads' q_b_proj and sinks, one output group,
+    half the experts' width and the vocabulary; the rest whole) holds what the start-up
+    estimate (`server/weights.py`) and `fit`'s (`from_shapes`) count, float32 (unpacked)."""
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.model import linear
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.weights_from_shapes import from_shapes
+
+    monkeypatch.setattr(linear, "_can_pack", lambda dtype: False)  # (oneDNN pads tiny packs)
+    path, mc = case[0], case[2].config
+    held = {}
+    for tp in (1, 2):
+        group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
+        held[tp] = held_bytes(build(path, torch.float32, tp=group))
+        cfg = EngineConfig.create(str(path), device="cpu", dtype="float32",
+                                  tensor_parallel_size=tp)  # fmt: skip
+        assert weights.estimate(mc, cfg, path).bytes == held[tp]
+        assert from_shapes(mc, torch.float32, False, tp) == held[tp]
+    assert 0.5 * held[1] < held[2] < 0.75 * held[1]
+
+
 def test_refusals(case):
     from pagoda.runtime.distributed.layout import check as tp_check
     from pagoda.runtime.engine.core import check_block_size, check_dtype
@@ -118,9 +174,11 @@ def test_refusals(case):
     with pytest.raises(ValueError, match=re.escape("--block-size 8 is not a multiple of "
                                                    "DeepSeek-V4's compress rate 16")):  # fmt: skip
         check_block_size(blocks, mc)
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2 is not supported for a "
-                                         "deepseek_v4 model"):  # fmt: skip
-        tp_check(mc, 2)
+    tp_check(mc, 2)  # 4 heads, 2 output groups, experts 24 wide
+    with pytest.raises(ValueError, match=re.escape("--tensor-parallel-size 4 does not divide "
+                                                   "DeepSeek-V4's output projection groups "
+                                                   "(o_groups 2)")):  # fmt: skip
+        tp_check(mc, 4)
     fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
     with pytest.raises(ValueError, match="fp8 is not supported for a deepseek_v4 model"):
         check_dtype(fp8, mc)
@@ -139,9 +197,11 @@ def test_published_style_config_reads_as_the_engines(tmp_path):
     blocks of 128 tokens (the HCA rate) asked for."""
     import json
 
+    from pagoda.runtime.distributed.layout import check as tp_check
     from pagoda.runtime.engine.core import check_block_size
     from pagoda.runtime.model import dsv4_config
     from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server.weights_from_shapes import from_shapes
 
     cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -155,6 +215,14 @@ def test_published_style_config_reads_as_the_engines(tmp_path):
         check_block_size(SimpleNamespace(cache=SimpleNamespace(block_size=64)), mc)
     # bf16: 512-wide rows in 43 layers, plus the blocks' entries and CSA's tails
     assert dsv4_engine.bytes_per_token(mc.family.dsv4, torch.bfloat16, 128) == 53_816
+    # eight ranks (its 8 output groups: no more): each holds an eighth of the query and output
+    # projections, of the experts and of the vocabulary, the rest whole (2.4% more in all)
+    whole, eighth = (from_shapes(mc, torch.bfloat16, False, n) for n in (1, 8))
+    assert whole / 8 < eighth < 1.03 * whole / 8
+    tp_check(mc, 8)
+    with pytest.raises(ValueError, match=r"does not divide DeepSeek-V4's output projection "
+                                         r"groups \(o_groups 8\)"):  # fmt: skip
+        tp_check(mc, 16)
 
 
 # DeepSeek-V4's released format (model/dsv4_quant.py), written here from its definition: FP8
@@ -229,14 +297,27 @@ def _released(src, quantized, dequantized):
     (quantized / "config.json").write_text(json.dumps(cfg))
 
 
+def _held(model) -> list[torch.Tensor]:
+    """Every weight a `Dsv4EngineModel` holds, in a fixed order (its CPU Linears unpacked)."""
+    experts = [x.weight for moe in model._moes for pair in moe.experts for x in pair]
+    shared = [layer[5].s13 for layer in model.core.layers]
+    return [*model.core.w.values(), *experts, *shared, model.lm_head.inner.weight]
+
+
 def test_released_fp8_fp4_checkpoint_matches_transformers_on_its_dequantized_weights(
-    case, tmp_path
+    case, tmp_path, monkeypatch
 ):
     """The released format read dequantized to the dtype: transformers running the same
     dequantized weights gives the same greedy tokens (batched); its MTP layer is skipped; the
     start-up estimate counts what the engine holds (the 16/32-bit checkpoint's bytes); a
-    missing or misshapen scale is refused in one line."""
+    missing or misshapen scale is refused in one line. Each of two tensor-parallel ranks
+    dequantizes, then takes its share: the same tensors as its share of the dequantized
+    checkpoint (what the two-rank test runs)."""
+    from model_bytes import build
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.model import linear
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.loader import load_model
     from pagoda.runtime.server import weights as weights_of
@@ -252,6 +333,14 @@ def test_released_fp8_fp4_checkpoint_matches_transformers_on_its_dequantized_wei
               max_num_batched_tokens=64, max_num_seqs=3)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference, strict=True)):
         check(got, want, f"released format: prompt {i}")
+    monkeypatch.setattr(linear, "_can_pack", lambda dtype: False)  # (weights readable)
+    for rank in (0, 1):
+        group = TPGroup(TPLayout(rank, 2), torch.device("cpu"), None, None)
+        got, want = (
+            _held(build(p, torch.float32, tp=group)) for p in (tmp_path / "q", tmp_path / "dq")
+        )
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        assert got[-1].shape == (V // 2, 32)  # (its half of the vocabulary)
     mc = loaded.config
     held = {}
     for p in (path, tmp_path / "q"):

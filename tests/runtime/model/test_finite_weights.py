@@ -18,6 +18,8 @@ from safetensors.torch import load_file, save_file
 pytest.importorskip("transformers")
 
 BAD = "model.layers.1.mlp.down_proj.weight"
+# a small KV pool: the CPU default (2 GiB) is 262,144 of the tiny model's blocks to build
+SMALL = dict(device="cpu", dtype="float32", max_model_len=64, kv_cache_memory=1 << 20)
 
 
 def _poison(directory, name: str, value: float) -> None:
@@ -54,39 +56,39 @@ def test_a_safetensors_checkpoint_with_a_non_finite_weight_is_refused(tmp_path, 
     from hf_oracle import make_tiny_llama
 
     make_tiny_llama(tmp_path)
-    LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64)  # clean: loads
+    LLM(str(tmp_path), **SMALL)  # clean: loads
     _poison(tmp_path, BAD, value)
     with pytest.raises(ValueError, match=rf"checkpoint tensor {BAD} holds NaN or Inf"):
-        LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64)
+        LLM(str(tmp_path), **SMALL)
     # --no-check-weights: loaded as it is (the user's call, for the seconds it saves)
-    LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64, check_weights=False)
+    LLM(str(tmp_path), **SMALL, check_weights=False)
 
 
 def test_an_fp8_checkpoint_with_a_nan_scale_or_code_is_refused(tmp_path, monkeypatch):
     from fp8_testlib import write_fp8_pair
 
     _, q, _ = write_fp8_pair(tmp_path)
-    LLM(str(q), device="cpu", dtype="float32", max_model_len=64)  # clean: loads
+    LLM(str(q), **SMALL)  # clean: loads
     scale = "model.layers.0.self_attn.o_proj.weight_scale"
     tensors = load_file(str(q / "model.safetensors"))
     s = tensors[scale].clone()
     s.view(-1)[0] = float("nan")
     save_file({**tensors, scale: s}, str(q / "model.safetensors"))
     with pytest.raises(ValueError, match=rf"{scale} (must be finite|holds NaN)"):  # fp8's own
-        LLM(str(q), device="cpu", dtype="float32", max_model_len=64)
+        LLM(str(q), **SMALL)
     codes = tensors["model.layers.1.mlp.up_proj.weight"].clone()
     codes.view(torch.uint8).view(-1)[3] = 0x7F  # E4M3FN's NaN
     save_file({**tensors, "model.layers.1.mlp.up_proj.weight": codes},
               str(q / "model.safetensors"))  # fmt: skip
     with pytest.raises(ValueError, match=r"tensor model.layers.1.mlp.up_proj.weight holds NaN"):
-        LLM(str(q), device="cpu", dtype="float32", max_model_len=64)
+        LLM(str(q), **SMALL)
     # where the FP8 GEMM does not run, the codes are dequantized at load and checked once, as
     # values (not also as codes: "1 more" tensor, itself)
     from pagoda.runtime.worker import model_runner
 
     monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
     with pytest.raises(ValueError, match=r"up_proj.weight holds NaN or Inf values; the"):
-        LLM(str(q), device="cpu", dtype="float32", max_model_len=64)
+        LLM(str(q), **SMALL)
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from hybrid_cases import (
     check_chunked_batched_preempted,
     check_missing_refused,
     check_refused,
+    check_two_ranks_linear,
     check_warm_prefix,
 )
 
@@ -116,6 +117,15 @@ def test_the_weights_estimate(built):
     path, _, loaded, _ = built(NAME, reference=False)
     mc = loaded.config
     check_estimate(path, rel=0.02)
+    check_estimate(path, tp=2, rel=0.02)  # rank 0's heads of the KDA and attention layers
     table = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", 1, None))
-    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=0.01)
+    for tp in (1, 2):
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=0.01)
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (`hybrid_cases.check_two_ranks_linear`): Kimi Linear's split of the KDA layer beside the k-pool indexer and
+    mHC streams, whole on every rank (the ranks pick the same pools: past 19 tokens sparse)."""
+    check_two_ranks_linear(built, NAME)

@@ -6,7 +6,7 @@ choice changes the tokens, 3 hyper-connected streams with ``hc_magnitude`` 1.5, 
 ``swiglu_limit`` low enough to clamp the routed experts, sinks and gates: prompts of 53, 23 and
 48 tokens chunked into 16-token steps in one batch (decodes beside prefill chunks), then on a
 warm prefix cache (preemption is GLM-5's: the same cache rows, no other state; test_dsa.py).
-Also the refusals (tensor parallelism, FP8, int8 KV cache)
+Two tensor-parallel ranks as transformers; the refusals (FP8, int8 KV cache)
 and a config.json with HY V4's published keys read as transformers reads it."""
 
 from __future__ import annotations
@@ -59,15 +59,12 @@ def test_greedy_matches_transformers_chunked_cached_and_batched(built):
 
 
 def test_what_is_not_supported_is_refused_in_one_line(built):
-    """--tensor-parallel-size 2, --quantization fp8 (where a GPU would take it) and an int8 KV
-    cache: one ValueError each, before anything loads."""
+    """--quantization fp8 (where a GPU would take it) and an int8 KV cache: one ValueError
+    each, before anything loads."""
     from pagoda.runtime.config import CacheConfig, EngineConfig
-    from pagoda.runtime.distributed import layout
     from pagoda.runtime.engine.core import check_dtype
 
     mc = built("hy_v4")[2].config
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2 is not supported for a hy_v4"):
-        layout.check(mc, 2)
     fp8 = EngineConfig(model="m")
     object.__setattr__(fp8, "quantization", "fp8")  # (a CPU config refuses it before)
     for cfg in (fp8, EngineConfig(model="m", cache=CacheConfig(kv_cache_dtype="int8"))):
@@ -120,9 +117,10 @@ def test_the_weights_estimate_is_what_the_model_holds(built):
     check_estimate(built("hy_v4")[0], 1)
 
 
-def test_the_weights_from_shapes_as_from_its_tensors(built):
-    """`fit`'s count from config.json alone (`from_shapes`, one rank, 16 bits) against the
-    headers' (as CUDA holds them): the gates, the float32 hyper-connections and sinks."""
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weights_from_shapes_as_from_its_tensors(built, tp):
+    """`fit`'s count from config.json alone (`from_shapes`, 16 bits, one rank's share) against
+    the headers' (as CUDA holds them): the gates, the float32 hyper-connections and sinks."""
     from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server import weights
     from pagoda.runtime.server.placement import Placement
@@ -130,5 +128,19 @@ def test_the_weights_from_shapes_as_from_its_tensors(built):
     path = built("hy_v4")[0]
     mc = read_model_config(str(path))
     ckpt = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", 1, None))
-    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=1e-6)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp, None))
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
+
+
+@pytest.mark.slow  # a second process (gloo): ~5 s on 2 busy cores
+def test_two_ranks_match_transformers(built):
+    """Two ranks: the latent attention's heads with their gates and sinks, the indexer whole on
+    each, the stacked experts and the shared expert by width, the hyper-connections
+    replicated; transformers' tokens and logits chunked, preempted and on a warm cache, rank
+    0's weights as the estimate counts them."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built("hy_v4")
+    check_two_ranks(path, loaded, reference, "hy_v4")
+    check_estimate(path, 2, rel=0)

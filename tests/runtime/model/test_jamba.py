@@ -1,15 +1,18 @@
 """Jamba (`JambaForCausalLM`) beyond the token-for-token case of test_hybrid_ssm.py (the
 "jamba" entry of tests/runtime/hybrid_cases.py: chunked, batched, preempted against
 transformers' slow torch path): the weights estimate against the built model, the checkpoint
-check naming a missing norm of the mixer, one rank and 16/32 bits only (refused in one line),
-and AI21-Jamba-1.5-Mini's config.json read without weights."""
+check naming a missing norm of the mixer, 16/32 bits only (FP8 refused in one line), two
+tensor-parallel ranks, and AI21-Jamba-1.5-Mini's config.json read without weights."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
+import torch
 from hybrid_cases import check_refused
+from pagoda.runtime.distributed.layout import mamba_problem
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,23 +29,59 @@ MINI = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "attn_laye
 
 
 def test_jamba_estimates_and_refusals(built):
-    """The weights estimate within 2% of the built model; state slots of Mamba-1's conv and
-    SSM states on the two Mamba layers, a KV cache on the two attention layers; tensor
-    parallelism and FP8 refused in one line (Mamba-1's mixers are neither split nor run in
-    FP8)."""
+    """The weights estimate within 2% of the built model, the config-only one (`from_shapes`)
+    the checkpoint's exactly (one rank and two); state slots of Mamba-1's conv and
+    SSM states on the two Mamba layers, a KV cache on the two attention layers; FP8 refused in
+    one line (Mamba-1's mixers do not run in FP8), and a tensor-parallel size that does not
+    divide the mixers' channels."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.server import memory
+    from pagoda.runtime.server import memory, weights
+    from pagoda.runtime.server.placement import Placement
 
     path, _, loaded, _ = built("jamba", reference=False)
     mc = loaded.config
     assert mc.family.mamba.layers == (True, False, True, False) and mc.num_kv_layers == 2
     assert mc.family.moe_layers == (True, False, False, True) and not mc.family.norm_topk_prob
     check_estimate(path, rel=0.02)
+    table = weights.read_checkpoint(path, mc.architecture)
+    for tp in (1, 2):  # the config-only count (A_log and D in float32) as the checkpoint's
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert weights.from_shapes(mc, torch.bfloat16, False, tp) == got
     cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
     parts = memory.check(mc, cfg, path, 256).parts()
     assert parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
     check_refused("jamba", mc)
+    half = dataclasses.replace(mc.family.mamba, head_dim=130)  # (d_inner 130 over 4 ranks)
+    assert "does not divide the Mamba mixers' channels (mamba d_inner 130)" in mamba_problem(
+        half, 4
+    )
+    assert mamba_problem(mc.family.mamba, 2) is None
+
+
+@pytest.mark.slow  # a second process (gloo): ~5 s on 2 busy cores
+def test_jamba_two_ranks_match_transformers(built):
+    """Two ranks: each Mamba-1 mixer by channels of d_inner (in_proj's x and z rows, the conv,
+    dt_proj, A and D; x_proj and out_proj by input columns, dt/B/C all-reduced), each rank's
+    state slots its 64 of the 128 channels; attention by heads, the experts and MLPs by width.
+    The small pool (16-token chunks, preempted and recomputed), then from the prefix cache
+    (each rank's snapshots of its channels): transformers' tokens and logits; rank 0's weights
+    as the estimate counts them."""
+    from arch_cases import SMALL_POOL, check, generate, prompts
+    from model_bytes import check_estimate
+    from pagoda.runtime import LLM
+
+    path, _, loaded, reference = built("jamba")
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        conv, ssm = core.runner.mamba.states[0]  # this rank's channels
+        assert conv.shape[1:] == (64, 3) and ssm.shape[1:] == (1, 64, 8)
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"jamba: prompt {i}, two ranks")
+    check_estimate(path, 2, rel=0)
 
 
 def test_jamba_checkpoint_without_a_mixer_norm_is_refused(built, tmp_path):
@@ -60,8 +99,11 @@ def test_jamba_checkpoint_without_a_mixer_norm_is_refused(built, tmp_path):
 
 def test_jamba_1_5_mini_config(tmp_path):
     """AI21-Jamba-1.5-Mini: attention on 4 of 32 layers (4, 12, 20, 28), experts on the odd
-    ones, d_inner 8192, dt rank 256; 51.6B parameters; a bad period refused in one line."""
+    ones, d_inner 8192, dt rank 256; 51.6B parameters, the config-only weights estimate as
+    a checkpoint of those shapes gives (one rank and two); a bad period refused in one line."""
     from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
 
     (tmp_path / "config.json").write_text(json.dumps(MINI))
     mc = read_model_config(str(tmp_path))
@@ -77,6 +119,29 @@ def test_jamba_1_5_mini_config(tmp_path):
     )
     assert f.rope_layers == (False,) * 32 and mc.family.sliding_window is None
     assert 51.3e9 < mc.num_params < 51.9e9  # "52B total parameters"
+    table = _published_table(mc)  # the config-only count as a checkpoint of its shapes'
+    for tp in (1, 2):
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert weights.from_shapes(mc, torch.bfloat16, False, tp) == got
     (tmp_path / "config.json").write_text(json.dumps({**MINI, "attn_layer_offset": 8}))
     with pytest.raises(ValueError, match=r"attn_layer_offset \(8\) must be in \[0, "):
         read_model_config(str(tmp_path))
+
+
+def _published_table(mc):
+    """A bf16 checkpoint's tensor table of `mc`'s shapes (`checkpoint_check.expected_shapes`,
+    with the MLPs and experts it checks apart)."""
+    from pagoda.runtime.model.checkpoint_check import expected_shapes
+    from pagoda.runtime.server.stored import Checkpoint, Stored
+
+    shapes, h, f = dict(expected_shapes(mc)), mc.hidden_size, mc.family
+    for i in range(mc.num_layers):
+        p, w = f"model.layers.{i}.feed_forward.", mc.intermediate_size
+        mlps = [p]
+        if f.has_experts(i):
+            mlps, w = [f"{p}experts.{e}." for e in range(f.num_experts)], f.moe_intermediate_size
+        for q in mlps:
+            shapes |= {q + "gate_proj.weight": (w, h), q + "up_proj.weight": (w, h),
+                       q + "down_proj.weight": (h, w)}  # fmt: skip
+    table = {n: Stored(n, "BF16", s, 2 * torch.Size(s).numel()) for n, s in shapes.items()}
+    return Checkpoint("safetensors", table, 0)

@@ -22,6 +22,7 @@ from hybrid_cases import (
     check_chunked_batched_preempted,
     check_missing_refused,
     check_refused,
+    check_two_ranks_linear,
     check_warm_prefix,
 )
 
@@ -48,7 +49,7 @@ def test_a_warm_prefix_restores_the_kda_state(built, monkeypatch):
 
 def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     """The weights estimate against the built model; the checkpoint check naming a missing KDA
-    tensor and a KDA conv part; tensor parallelism and FP8 refused in one line; a config.json
+    tensor and a KDA conv part; one rank's share of two; a size the KDA heads do not divide and FP8 refused in one line; a config.json
     with transformers' defaults only (KimiLinearConfig's) read without weights."""
     from model_bytes import check_estimate
     from pagoda.runtime.model.loader import read_model_config
@@ -56,6 +57,7 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     path, _, loaded, _ = built("kimi-linear")
     mc = loaded.config
     check_estimate(path, rel=0.02)
+    check_estimate(path, tp=2, rel=0.02)  # rank 0's heads of the KDA and latent layers
     check_refused("kimi-linear", mc)
     check_missing_refused(loaded, ["model.layers.0.self_attn.f_b_proj.weight",
                                    "model.layers.2.self_attn.k_conv1d.weight",
@@ -98,5 +100,14 @@ def test_weights_from_shapes_as_from_its_tensors(built):
     path, _, loaded, _ = built("kimi-linear")
     mc = loaded.config
     table = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", 1, None))
-    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=0.01)
+    for tp in (1, 2):
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=0.01)
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (`hybrid_cases.check_two_ranks_linear`): the KDA layers by heads (one a rank: q, k, v, b and the gates'
+    second factors by rows, the conv's channels, A, dt_bias and state slots; o_proj by
+    columns), the NoPE latent attention and experts as DeepSeek's."""
+    check_two_ranks_linear(built, "kimi-linear")

@@ -7,7 +7,7 @@ experts by sigmoid scores with a choice-only correction bias large enough to cha
 renormalised and scaled by `moe_routed_scaling_factor`, beside the shared expert; laguna-elem:
 the gate per element, experts in every layer, every layer full attention. Prompts chunked into
 16-token steps, three prompts sharing steps, a warm prefix cache, a pool small enough to
-preempt; the weights estimate; TP and FP8 refused."""
+preempt; the weights estimate; two tensor-parallel ranks; FP8 refused."""
 
 from __future__ import annotations
 
@@ -65,32 +65,47 @@ def test_the_weights_estimate_is_what_the_model_holds(built, name):
     check_estimate(built(name)[0], 1)
 
 
-def test_tensor_parallel_and_fp8_are_refused(built):
+def test_fp8_and_query_heads_that_do_not_divide_are_refused(built):
     from types import SimpleNamespace
 
     from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.core import check_dtype
 
     mc = read_model_config(str(built("laguna")[0]))
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a laguna"):
-        check(mc, 2)
+    check(mc, 2)
+    with pytest.raises(ValueError, match="does not divide layer 2's 2 query heads"):
+        check(mc, 4)
     with pytest.raises(ValueError, match="fp8 is not supported for a laguna"):
         # (an EngineConfig refuses fp8 on this CPU itself: the flag as a GPU's would read)
         check_dtype(SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16), mc)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_weights_from_shapes_as_from_its_tensors(built, name):
-    """`fit`'s count from config.json alone (`from_shapes`, one rank, 16 bits) against the
-    headers': q and o by each layer's heads, the gate per head or per element."""
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weights_from_shapes_as_from_its_tensors(built, name, tp):
+    """`fit`'s count from config.json alone (`from_shapes`, 16 bits, one rank's share) against
+    the headers': q and o by each layer's heads, the gate per head or per element."""
     from pagoda.runtime.server import weights
     from pagoda.runtime.server.placement import Placement
 
     path = built(name)[0]
     mc = read_model_config(str(path))
     ckpt = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", 1, None))
-    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, 1), rel=1e-6)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp, None))
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
+
+
+@pytest.mark.slow  # a second process (gloo): ~5 s on 2 busy cores
+def test_two_ranks_match_transformers(built):
+    """Two ranks: each layer's query heads (4, 8, 2) halved with their gates, the two KV heads
+    one a rank, the shared expert and experts by width; transformers' tokens and logits
+    chunked, preempted and on a warm cache; rank 0's weights as the estimate counts them."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built("laguna")
+    check_two_ranks(path, loaded, reference, "laguna", kv_heads=1)
+    check_estimate(path, 2, rel=0)
 
 
 @pytest.mark.skipif(

@@ -5,7 +5,7 @@ of another base by kind, a dense first layer then DeepSeek-V3-routed experts (co
 drawn so they change the picks). Greedy tokens and logits as transformers', in a batch of
 unequal prompts over 16-token steps (chunked prefill), on a warm prefix cache and preempted;
 the config read as transformers reads it, a missing sink refused, the weights estimate, and
-tensor parallelism and FP8 refused in one line."""
+two ranks (tensor parallelism) as transformers, FP8 refused in one line."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from arch_cases import (
     NEW,
     check_chunked_cached_batched,
     check_preempted,
+    check_two_ranks,
     prompts,
     scramble_correction_biases,
 )
@@ -102,10 +103,22 @@ def test_the_weights_estimate_is_what_the_model_holds(built):
     assert from_shapes(c, torch.float32, False) == held * 4
 
 
-@pytest.mark.parametrize("option", [dict(tensor_parallel_size=2), dict(quantization="fp8")])
-def test_tensor_parallelism_and_fp8_are_refused_in_one_line(built, option):
+@pytest.mark.slow  # a second process (gloo): ~5 s on 2 busy cores
+def test_two_ranks_match_transformers(built):
+    """Two ranks: each its two query heads (and their sinks), the sliding layers' two KV heads
+    split, the full layers' one replicated, values narrower than keys, the experts by width;
+    transformers' tokens and logits chunked, preempted and on a warm cache; rank 0's weights
+    as the estimate counts them."""
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built
+    check_two_ranks(path, loaded, reference, "mimo_v2_flash")
+    check_estimate(path, 2, rel=0)
+
+
+def test_fp8_is_refused_in_one_line(built):
     with pytest.raises(ValueError, match="not supported for a mimo_v2_flash model") as e:
-        LLM(loaded=built[2], dtype="float32", **option)
+        LLM(loaded=built[2], dtype="float32", quantization="fp8")
     assert "\n" not in str(e.value)
 
 
@@ -118,3 +131,18 @@ def test_an_fp8_checkpoint_is_refused_in_one_line(built, tmp_path):
     with pytest.raises(ValueError, match="FP8 mimo_v2_flash checkpoint is not supported") as e:
         read_model_config(str(tmp_path))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weights_from_shapes_as_from_its_tensors(built, tp):
+    """`fit`'s count from config.json alone (`from_shapes`, 16 bits, one rank's share) against
+    the headers' as CUDA holds them: each layer's KV heads by its kind (split or
+    replicated), values narrower than keys, the sinks in float32 by the rank's heads."""
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    path = built[0]
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp, None))
+    assert got == weights.from_shapes(mc, torch.bfloat16, False, tp)

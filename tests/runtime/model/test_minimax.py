@@ -21,6 +21,7 @@ from hybrid_cases import (
     check_decode_slots_out_of_order,
     check_missing_refused,
     check_refused,
+    check_two_ranks_linear,
     check_warm_prefix,
 )
 
@@ -60,6 +61,7 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     assert (m.minimax.full_attn, m.minimax.linear_attn, m.minimax.mlp) == (
         (1.5, 0.9), (1.3, 0.7), (1.2, 0.8))  # fmt: skip
     check_estimate(path, rel=0.001)  # (the decay buffers not counted: 0.4% here)
+    check_estimate(path, tp=2, rel=0.001)  # rank 0's heads of every layer, half the experts
     check_refused("minimax", mc)
     check_missing_refused(loaded, ["model.layers.1.self_attn.output_gate.weight",
                                    "model.layers.2.self_attn.norm.weight",
@@ -71,3 +73,10 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
     assert hub.family.mamba.layers == tuple(t == "linear_attention" for t in want.layer_types)
     assert (hub.family.mamba.n_heads, hub.head_dim, hub.family.num_experts) == (32, 128, 8)
     assert hub.rope_theta == want.rope_parameters["rope_theta"]
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (`hybrid_cases.check_two_ranks_linear`): the lightning layers by heads (q/k/v interleaved per head, the
+    output gate, the decays), the norm over all heads from both ranks' sums of squares."""
+    check_two_ranks_linear(built, "minimax")

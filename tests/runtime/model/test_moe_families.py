@@ -450,7 +450,8 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
-             ("granitemoe-swa", 1), ("kolibri1", 1), ("kolibri1_1", 1), ("axk1", 1),
+             ("granitemoe-swa", 1), ("kolibri1", 1), ("kolibri1", 2), ("kolibri1_1", 1),
+             ("axk1", 1), ("axk1", 2),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
              ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("mellum", 2), ("jetmoe", 1),
@@ -528,8 +529,10 @@ MISSING = [
 # test_tensor_parallel.py's olmo2-kv1, test_olmo_hybrid.py); PhiMoE's LayerNorm biases, q/k/v
 # biases by heads and LM head bias after the gather (Phi's, test_dense_archs.py);
 # GraniteMoeShared's shared MLP (Granite 4.0's, test_tp_hybrid.py). Their weights estimates are
-# checked at tp 2 (ESTIMATES).
-TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe"]
+# checked at tp 2 (ESTIMATES). A.X-K1: DeepSeek-V3's latent attention by heads, each MoE
+# block's output norm after the ranks' sum; Kolibri 1: GLM-4's norms after attention and the
+# MLP, per-head q/k norms and NoPE full layers beside window layers, GLM-4.5's experts.
+TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe", "axk1", "kolibri1"]
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -1128,6 +1131,7 @@ def test_axk1_without_correction_biases_routes_as_transformers(built, tmp_path):
     finally:
         for b, v in zip(biases, saved):
             b.copy_(v)
-    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, max_num_seqs=4)
+    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, max_num_seqs=4,
+              kv_cache_memory=4 << 20)  # fmt: skip
     assert generate(llm, [prompt])[0][0] == want
     check_estimate(tmp_path, 1)

@@ -191,7 +191,7 @@ def test_kolibri_1s_config_reads_with_transformers_defaults(tmp_path):
     """Kolibri1Config's defaults are Kolibri-1's shape (78.1 B parameters by transformers' own
     count on the meta device): a config.json naming the architecture alone reads as
     transformers fills it in (heads, the window and its layers, NoPE full layers, experts), the
-    parameter count transformers' (its correction biases are buffers); TP refused."""
+    parameter count transformers' (its correction biases are buffers); two ranks split it."""
     import torch
     from pagoda.runtime.distributed.layout import check
 
@@ -213,8 +213,7 @@ def test_kolibri_1s_config_reads_with_transformers_defaults(tmp_path):
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 78_103_055_360
-    with pytest.raises(ValueError, match="not supported for a kolibri1 model"):
-        check(o, 2)
+    check(o, 2)  # its shape splits over two ranks (tested on two: test_moe_families.py)
 
 
 def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
@@ -254,8 +253,8 @@ def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
     """AXK1Config's defaults are A.X-K1's shape (519 B parameters by transformers' own count on
     the meta device): a config.json naming the architecture alone reads as transformers fills
     it in (latent attention with the q bottleneck, the first layer dense, V3's router over 8
-    groups), the parameter count transformers' (the experts' output norms included); TP
-    refused."""
+    groups), the parameter count transformers' (the experts' output norms included); two
+    ranks split it."""
     import torch
     from pagoda.runtime.distributed.layout import check
 
@@ -273,8 +272,7 @@ def test_axk1s_config_reads_with_transformers_defaults(tmp_path):
     with torch.device("meta"):
         hf = transformers.AXK1ForCausalLM(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 518_983_052_288
-    with pytest.raises(ValueError, match="not supported for a axk1 model"):
-        check(o, 2)
+    check(o, 2)  # its shape splits over two ranks (tested on two: test_moe_families.py)
 
 
 # published config.json files (their keys and values as on the hub; transformers_version,
@@ -441,3 +439,43 @@ def test_minimax_m3s_text_config_reads_with_transformers_defaults(tmp_path):
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 447_186_441_216
+
+
+def test_minimax_m3s_published_conditional_config_reads_its_text_model(tmp_path):
+    """MiniMaxAI/MiniMax-M3's checkpoint is `MiniMaxM3SparseForConditionalGeneration` with its
+    text model in `text_config`: its first 3 layers dense and full attention, the other 57
+    expert layers attending through the indexer (the released `moe_layer_freq` and
+    `sparse_attention_config` keys, as the model card's ports describe it); read text-only, its
+    head untied (MiniMaxM3VLConfig's default), the count transformers' own for the text model
+    on the meta device (426,174,565,632: the 426.175 B a published port counts for its language model)."""
+    import torch
+
+    dense = [0] * 3 + [1] * 57
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["MiniMaxM3SparseForConditionalGeneration"], "model_type": "minimax_m3_vl",
+        "text_config": {"model_type": "minimax_m3_vl_text", "moe_layer_freq": dense,
+                        "sparse_attention_config": {"sparse_attention_freq": dense}},
+        "vision_config": {"model_type": "minimax_m3_vl_vision"}}))  # fmt: skip
+    t = transformers.AutoConfig.from_pretrained(tmp_path)
+    o = read_model_config(str(tmp_path))
+    f, tt = o.family, t.text_config
+    assert o.architecture == "minimax_m3" and not o.tie_word_embeddings
+    assert (
+        list(f.moe_layers)
+        == [k == "sparse" for k in tt.mlp_layer_types]
+        == [bool(x) for x in dense]
+    )
+    assert f.block_index.layers == tuple(k == "minimax_m3_sparse" for k in tt.layer_types)
+    with torch.device("meta"):
+        hf = transformers.MiniMaxM3SparseForConditionalGeneration(t)
+    text = sum(p.numel() for n, p in hf.named_parameters()
+               if n.startswith(("model.language_model.", "lm_head.")))  # fmt: skip
+    assert o.num_params == text == 426_174_565_632
+    # MiniMaxAI/MiniMax-M3-MXFP8's: FP8 weights, UE8M0 scales of 1x32 blocks
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                  "weight_block_size": [1, 32]}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="an FP8 minimax_m3 checkpoint is not supported") as e:
+        read_model_config(str(tmp_path))
+    assert "MiniMax-M3-MXFP8's per-expert" in str(e.value) and "\n" not in str(e.value)

@@ -146,11 +146,12 @@ def test_refusals(built):
     check_refused(NAME, mc)
     assert check_max_model_len(200, mc) == 200
     assert mc.family.qwen4.indexer_dense_limit == 11  # 2 blocks of 4 kept, a tail of 3
-    # the indexer's key table counts in the KV budget: one attention layer's 16 float32 a token
+    # the indexer's tables count in the KV budget: one attention layer's raw key (16 float32) a
+    # token and a block key (16 float32) a block of 4
     from pagoda.runtime.server.memory import kv_bytes_per_token
 
     kv = kv_bytes_per_token(mc, torch.float32, "auto")
-    assert kv == 2 * mc.num_kv_heads * mc.head_dim * 4 + 16 * 4
+    assert kv == 2 * mc.num_kv_heads * mc.head_dim * 4 + 16 * 4 + 16 * 4 // 4
     check_missing_refused(loaded, ["model.layers.0.ple.key_proj.weight",
                                    "model.layers.1.mlp_hyper_connection.input_mix_weight_up.weight",
                                    "model.hyper_connection_mixer.hc_norm.weight",
@@ -169,11 +170,12 @@ def test_the_weights_count_as_transformers_counts_them(built):
 
 
 def test_the_cache_rows_read_back_in_every_layout(monkeypatch):
-    """`qwen4_qsa.cache_rows` reads back what the backend wrote at random slots: the CPU
-    kernel's packed layout (float32 and bfloat16), the torch path's head-major one and the
-    [NB, BS, Hkv, D] one of the other backends (Triton's, written by `write_rows`)."""
+    """What Qwen4-Exp's sparse path stores and gathers (`AttentionBackend.write_kv` /
+    `read_kv`) reads back at random slots: the CPU kernel's packed layout (float32 and
+    bfloat16), the torch path's head-major one and the [NB, BS, Hkv, D] one of the other
+    backends (Triton's, `AttentionBackend`'s own)."""
     from pagoda.runtime.attention import get_attention_backend
-    from pagoda.runtime.model.qwen4_qsa import cache_rows, write_rows
+    from pagoda.runtime.attention.base import AttentionBackend
 
     cpu = torch.device("cpu")
     slots = torch.randperm(64)[:20]
@@ -185,20 +187,46 @@ def test_the_cache_rows_read_back_in_every_layout(monkeypatch):
         if switch == "kernel" and be.kernel is None:
             continue  # (the kernel did not build here)
         k, v = torch.randn(2, 20, 2, 32).to(dtype)
-        write_rows(be, k, v, k_cache, v_cache, slots)
-        got = cache_rows(be, k_cache, v_cache, slots, 2, 32)
+        be.write_kv(k, v, k_cache, v_cache, slots)
+        got = be.read_kv(k_cache, v_cache, slots)
         assert torch.equal(got[0], k) and torch.equal(got[1], v), (switch, dtype)
-    from types import SimpleNamespace
-
-    from pagoda.runtime.attention.base import AttentionBackend
-
-    base = SimpleNamespace(  # the other backends' [NB, BS, Hkv, D] (`AttentionBackend`'s)
-        read_kv=lambda *a: AttentionBackend.read_kv(None, *a),
-        write_kv=lambda *a: AttentionBackend.write_kv(None, *a),
-    )
     k_cache, v_cache = torch.zeros(2, 4, 16, 2, 32).unbind(0)
     k, v = torch.randn(2, 20, 2, 32)
-    write_rows(base, k, v, k_cache, v_cache, slots)
-    got = cache_rows(base, k_cache, v_cache, slots, 2, 32)
+    AttentionBackend.write_kv(None, k, v, k_cache, v_cache, slots)
+    got = AttentionBackend.read_kv(None, k_cache, v_cache, slots)
     assert torch.equal(got[0], k) and torch.equal(got[1], v)
     assert torch.equal(k_cache.view(64, 2, 32)[slots], k)
+
+
+def test_a_step_pools_only_the_blocks_its_tokens_end(built, monkeypatch):
+    """The indexer pools each block once, when a step's token ends it (`PoolTable.close`: a
+    chunk the blocks it ends, a decode its token's block), and the selection reads the block
+    table only (its raw key rows hidden while it selects): a 53-token prompt in 16-token
+    chunks, then decodes, never pools the context's every block; the tokens and logits still
+    transformers'."""
+    from pagoda.runtime.model.qwen4_qsa import QsaIndexer
+
+    _, model, loaded, _ = built(NAME, reference=False)
+    pooled, selected, block_keys, select = [], [], QsaIndexer._block_keys, QsaIndexer.select
+
+    def counted(self, slots, first):
+        pooled.append(tuple(slots.shape))
+        return block_keys(self, slots, first)
+
+    def blind(self, q, meta):  # the raw keys out of reach: only the block table is read
+        rows, self.keys.rows = self.keys.rows, None
+        selected.append(meta.num_tokens)
+        try:
+            return select(self, q, meta)
+        finally:
+            self.keys.rows = rows
+
+    monkeypatch.setattr(QsaIndexer, "_block_keys", counted)
+    monkeypatch.setattr(QsaIndexer, "select", blind)
+    prompt = [(7 * i + 5) % 290 + 5 for i in range(53)]
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
+    check(generate(llm, [prompt], 6)[0], hf_greedy_plain(model, prompt, 6), "pooled once")
+    assert pooled[:4] == [(4, 4), (4, 4), (4, 4), (1, 4)]  # the blocks the prompt's chunks end
+    assert pooled[4:] == [(1, 4)] * 5  # each decode: its own token's block (ended or not)
+    assert selected == [16, 16, 16, 5, 1, 1, 1, 1, 1]  # every step sparse (past 11 tokens)

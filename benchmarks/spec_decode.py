@@ -1,0 +1,150 @@
+"""Speculative decoding with n-gram drafts on the CPU: output tok/s with and without it, side by
+side in one run, on a workload where drafts help and one where they do not.
+
+- ``copy``: the embedded model asked to repeat (or lightly edit) a piece of code given in its
+  prompt, greedy: the text it writes is in its prompt, so prompt lookup finds it.
+- ``chat``: open questions, greedy: little of the answer is in the prompt.
+
+Each workload runs on two engines over the same weights (plain, and ``--speculative-config``
+ngram), alternating ``--reps`` times (the machine is shared: alternation keeps load changes from
+favouring one side), best run of each. Printed per workload and batch: output tokens, seconds,
+tok/s, the ratio, the acceptance rate (accepted / draft tokens), tokens gained per drafted step,
+the proposer's time per step, and whether both engines wrote the same tokens (they must)::
+
+    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/spec_decode.py --batches 1 8
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP) load
+
+import argparse
+import inspect
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, markdown_table
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model
+
+QUESTIONS = [
+    "Write a short story about a lighthouse keeper.",
+    "What are the benefits of regular exercise?",
+    "Explain how a rainbow forms.",
+    "Give me three ideas for a birthday party.",
+    "Why is the sky blue?",
+    "Describe your ideal weekend.",
+    "What should I pack for a hiking trip?",
+    "How do bees make honey?",
+]
+
+
+def _snippets(n: int) -> list[str]:
+    """`n` short Python functions of the standard library (fixed for a Python version)."""
+    import json.decoder
+    import textwrap
+
+    funcs = [textwrap.dedent, textwrap.indent, textwrap.shorten, json.decoder.py_scanstring,
+             inspect.cleandoc, inspect.getmodulename, inspect.ismethod, inspect.isclass]  # fmt: skip
+    return [inspect.getsource(funcs[i % len(funcs)])[:900] for i in range(n)]
+
+
+def _chat(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(
+        f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+
+
+def workloads(tokenizer, n: int) -> dict[str, list[list[int]]]:
+    copy = [_chat(tokenizer, f"Repeat this code exactly, with no comment:\n\n{s}")
+            for s in _snippets(n)]  # fmt: skip
+    chat = [_chat(tokenizer, QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
+    return {"copy": copy, "chat": chat}
+
+
+def timed_proposer(engine) -> list[float]:
+    """Wrap the engine's `_propose` to collect its seconds per call."""
+    spent: list[float] = []
+    inner = engine._propose
+
+    def propose() -> None:
+        t = time.perf_counter()
+        inner()
+        spent.append(time.perf_counter() - t)
+
+    engine._propose = propose
+    return spent
+
+
+def run(llm: LLM, prompts, params) -> tuple[float, list[list[int]]]:
+    t = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return time.perf_counter() - t, [o.outputs[0].token_ids for o in outs]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--lookup-max", type=int, default=4)
+    ap.add_argument("--lookup-min", type=int, default=2)
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+    print(machine())
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at start, {os.cpu_count()} CPUs")
+    loaded = load_model("smollm2-135m")
+    spec = {"method": "ngram", "num_speculative_tokens": args.k,
+            "prompt_lookup_max": args.lookup_max, "prompt_lookup_min": args.lookup_min}  # fmt: skip
+    common = dict(loaded=loaded, dtype=args.dtype, max_model_len=2048,
+                  max_num_seqs=max(args.batches), kv_cache_memory=256 << 20)  # fmt: skip
+    plain, drafted = LLM(**common), LLM(**common, speculative_config=spec)
+    spent = timed_proposer(drafted.engine)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    loads = workloads(loaded.tokenizer, max(args.batches))
+    rows = []
+    for name, prompts in loads.items():
+        for b in args.batches:
+            batch = prompts[:b]
+            run(plain, batch[:1], SamplingParams(temperature=0, max_tokens=4))  # warm both
+            run(drafted, batch[:1], SamplingParams(temperature=0, max_tokens=4))
+            best = {"plain": float("inf"), "ngram": float("inf")}
+            stats = drafted.engine.spec_stats
+            stats.reset()
+            spent.clear()
+            for _ in range(args.reps):
+                t_plain, want = run(plain, batch, params)
+                t_spec, got = run(drafted, batch, params)
+                best["plain"] = min(best["plain"], t_plain)
+                best["ngram"] = min(best["ngram"], t_spec)
+            tokens = sum(len(t) for t in want)
+            rate = stats.acceptance_rate
+            gained = stats.mean_acceptance_length
+            ms = 1e3 * sum(spent) / max(len(spent), 1)
+            for engine, secs in best.items():
+                speedup = best["plain"] / secs
+                rows.append([
+                    name, b, engine, tokens, f"{secs:.2f}", f"{tokens / secs:.1f}",
+                    f"{speedup:.2f}x",
+                    "" if engine == "plain" else f"{100 * (rate or 0):.0f}%",
+                    "" if engine == "plain" else f"{gained or 1:.2f}",
+                    "" if engine == "plain" else f"{ms:.2f}",
+                    "" if engine == "plain" else str(got == want),
+                ])  # fmt: skip
+            print(rows[-2], rows[-1], flush=True)
+    print()
+    print(markdown_table(
+        ["workload", "batch", "engine", "output tokens", "s (best)", "output tok/s", "vs plain",
+         "acceptance", "tokens / drafted step", "proposer ms / step", "same tokens"],
+        rows,
+    ))  # fmt: skip
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
+
+
+if __name__ == "__main__":
+    main()

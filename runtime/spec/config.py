@@ -1,0 +1,88 @@
+"""`SpeculativeConfig`: vLLM's ``--speculative-config`` JSON (and `LLM(speculative_config=...)`),
+frozen and validated once. Only the n-gram (prompt-lookup) method is built (`spec/ngram.py`).
+
+Standard library only: `options` parses the flag's JSON with it, and the operator imports
+`options` without torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+METHODS = ("ngram",)
+MAX_SPECULATIVE_TOKENS = 32  # drafts a step per sequence, at most
+MAX_PROMPT_LOOKUP = 64  # the longest n-gram matched
+DEFAULT_PROMPT_LOOKUP = 5  # vLLM's, when neither bound is given
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's keys: ``method``, ``num_speculative_tokens`` (drafts per step per sequence),
+    ``prompt_lookup_max`` / ``prompt_lookup_min`` (the longest and shortest n-gram of a
+    sequence's tail searched for earlier in it; one given, the other is the same; neither: 5)."""
+
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(
+                f"speculative_config: method {self.method!r} is not supported; Pagoda drafts "
+                f"with {', '.join(METHODS)} only"
+            )
+        _int("num_speculative_tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
+        hi, lo = self.prompt_lookup_max, self.prompt_lookup_min
+        hi = lo if hi is None else hi
+        lo = hi if lo is None else lo
+        hi = DEFAULT_PROMPT_LOOKUP if hi is None else hi
+        lo = DEFAULT_PROMPT_LOOKUP if lo is None else lo
+        _int("prompt_lookup_max", hi, MAX_PROMPT_LOOKUP)
+        _int("prompt_lookup_min", lo, MAX_PROMPT_LOOKUP)
+        if lo > hi:
+            raise ValueError(
+                f"speculative_config: prompt_lookup_min ({lo}) is more than prompt_lookup_max "
+                f"({hi})"
+            )
+        object.__setattr__(self, "prompt_lookup_max", hi)
+        object.__setattr__(self, "prompt_lookup_min", lo)
+
+    @classmethod
+    def parse(cls, value: Any) -> SpeculativeConfig | None:
+        """A config from the flag's JSON text, a mapping (`LLM(speculative_config={...})`) or
+        itself; None stays None. ValueError, one line, for anything else or unknown keys."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config: not JSON ({e})") from None
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                "speculative_config must be a JSON object, e.g. "
+                '{"method": "ngram", "num_speculative_tokens": 4}'
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(
+                f"speculative_config: unknown key(s) {', '.join(unknown)} (known: "
+                f"{', '.join(sorted(known))})"
+            )
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config: num_speculative_tokens is required")
+        return cls(**value)
+
+    def to_json(self) -> str:
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})
+
+
+def _int(name: str, value: Any, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise ValueError(f"speculative_config: {name} must be an integer in [1, {high}], "
+                         f"got {value!r}")  # fmt: skip

@@ -1,0 +1,60 @@
+"""N-gram drafts: the longest n-gram of the tail found earlier wins, its latest occurrence,
+the tokens after it (fewer where the sequence ends, at most the request's limit); batched over
+sequences of unequal lengths; buffers topped up as sequences grow."""
+
+from __future__ import annotations
+
+import numpy as np
+from pagoda.runtime.spec.ngram import NgramProposer
+
+
+def _propose(p, seqs, limits=None):
+    ids = [str(i) for i in range(len(seqs))]
+    limits = np.full(len(seqs), 99) if limits is None else np.asarray(limits)
+    drafts, counts = p.propose(ids, seqs, limits)
+    return [d[:c].tolist() for d, c in zip(drafts, counts)]
+
+
+def _reference(seq, k, lo, hi):
+    """The rule written plainly: the longest n with an earlier match, its latest one."""
+    for n in range(hi, lo - 1, -1):
+        if len(seq) <= n:
+            continue
+        tail = seq[-n:]
+        for i in range(len(seq) - n - 1, -1, -1):
+            if seq[i : i + n] == tail:
+                return seq[i + n : i + n + k]
+    return []
+
+
+def test_longest_latest_match_and_its_continuation():
+    p = NgramProposer(k=3, lookup_min=2, lookup_max=4)
+    seqs = [
+        [1, 2, 3, 4, 5, 6, 1, 2, 3],  # 3-gram [1 2 3] at 0: 4 5 6
+        [7, 8, 9, 7, 8, 1, 7, 8],  # 2-gram [7 8]: the latest earlier one (at 3) -> 1 7 8
+        [5, 6, 7],  # no repeat
+        [4, 4, 4, 4],  # [4 4 4] at 0 -> one token left after it
+    ]
+    assert _propose(p, seqs) == [[4, 5, 6], [1, 7, 8], [], [4]]
+    assert _propose(p, seqs, limits=[1, 0, 3, 3]) == [[4], [], [], [4]]
+
+
+def test_matches_the_plain_rule_on_random_batches():
+    rng = np.random.default_rng(0)
+    p = NgramProposer(k=4, lookup_min=1, lookup_max=3)
+    for step in range(20):
+        seqs = [rng.integers(0, 4, rng.integers(1, 40)).tolist() for _ in range(7)]
+        p.retain([])  # new sequences under the same ids
+        want = [_reference(s, 4, 1, 3) for s in seqs]
+        assert _propose(p, seqs) == want, step
+
+
+def test_buffers_grow_with_their_sequences():
+    p = NgramProposer(k=2, lookup_min=2, lookup_max=2)
+    seq = [1, 2, 3]
+    for t in [1, 2, 9] * 30:
+        seq.append(t)
+        assert _propose(p, [seq]) == [_reference(seq, 2, 2, 2)]
+    assert p.num_buffers == 1
+    p.retain([])
+    assert p.num_buffers == 0

@@ -1,0 +1,65 @@
+"""`--speculative-config` / `speculative_config=`: vLLM's keys, defaults filled once, bad values
+refused in one line naming the key; what it is refused beside."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from pagoda.runtime import options
+from pagoda.runtime.config import EngineConfig, SpeculativeConfig
+from pagoda.runtime.engine.core import check_speculative
+
+
+def test_keys_and_defaults():
+    c = EngineConfig.create(speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                "prompt_lookup_max": 4})  # fmt: skip
+    s = c.speculative_config
+    assert (s.num_speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max) == (3, 4, 4)
+    assert SpeculativeConfig.parse('{"num_speculative_tokens": 2}').prompt_lookup_min == 5
+    assert not c.uses_async_scheduling()
+    assert EngineConfig.create().speculative_config is None
+
+
+def test_the_flag_reaches_the_engine_config():
+    args = {"speculative_config": '{"method": "ngram", "num_speculative_tokens": 5, '
+                                  '"prompt_lookup_max": 4, "prompt_lookup_min": 2}'}  # fmt: skip
+    spec = EngineConfig.create(**options.engine_kwargs(args)).speculative_config
+    assert spec == SpeculativeConfig(5, "ngram", 4, 2)
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ('{"method": "eagle", "num_speculative_tokens": 2}', "method 'eagle'"),
+        ('{"method": "ngram"}', "num_speculative_tokens is required"),
+        ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be"),
+        (
+            '{"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
+            "prompt_lookup_min (4) is more",
+        ),
+        ('{"num_speculative_tokens": 2, "model": "x"}', "unknown key(s) model"),
+        ("{num_speculative_tokens: 2}", "not JSON"),
+        ("[4]", "must be a JSON object"),
+    ],
+)
+def test_bad_configs_are_refused_in_one_line(value, words):
+    with pytest.raises(ValueError) as e:
+        EngineConfig.create(speculative_config=value)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_refused_beside_async_scheduling_tensor_parallelism_and_stateful_models():
+    spec = {"num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="synchronous scheduling only"):
+        EngineConfig.create(speculative_config=spec, async_scheduling=True)
+    with pytest.raises(ValueError, match="not supported with tensor parallelism") as e:
+        EngineConfig.create(speculative_config=spec, tensor_parallel_size=2)
+    assert "\n" not in str(e.value)
+    mamba = SimpleNamespace(
+        architecture="FalconH1ForCausalLM",
+        family=SimpleNamespace(mamba=SimpleNamespace(num_layers=2), dsv4=None),
+    )
+    cfg = EngineConfig.create(speculative_config=spec)
+    with pytest.raises(ValueError, match="not supported for FalconH1ForCausalLM"):
+        check_speculative(cfg, mamba)
