@@ -50,6 +50,8 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "max_model_len": e.max_model_len,
         "max_queue_len": e.max_queue_len,
         "long_prefill_token_threshold": e.long_prefill_token_threshold,  # None: nothing
+        # vLLM's JSON, bounds filled in (None: off, nothing rendered)
+        "speculative_config": None if e.speculative is None else e.speculative.to_json(),
         # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
         "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
         "revision": spec.model.commit,  # an hf:// branch's pin (None: not pinned, no flag)
@@ -105,6 +107,13 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         out["quantization"] = e.quantization
     if e.long_prefill_token_threshold is not None:  # likewise
         out["longPrefillTokenThreshold"] = e.long_prefill_token_threshold
+    if (sc := e.speculative) is not None:  # likewise; camelCase, bounds filled in
+        out["speculative"] = {
+            "method": sc.method,
+            "numSpeculativeTokens": sc.num_speculative_tokens,
+            "promptLookupMax": sc.prompt_lookup_max,
+            "promptLookupMin": sc.prompt_lookup_min,
+        }
     if spec.tensor_parallel_size > 1:
         out["tensorParallelSize"] = spec.tensor_parallel_size
     if spec.multi_node:

@@ -36,6 +36,7 @@ from pagoda.operator.spec.model_ref import ModelRef
 from pagoda.operator.spec.parallelism import ParallelismSpec
 from pagoda.runtime import options
 from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
+from pagoda.runtime.spec import config as spec_config  # SpeculativeConfig: standard library only
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
 # CRD's enums and defaults equal them (test_operator_crd.py). Aliases such as "half" are the CLI's
@@ -142,6 +143,8 @@ class EngineSpec:
     max_queue_len: int | None = None
     # the largest prefill chunk of one prompt while others run or wait; 0: off (None: by device)
     long_prefill_token_threshold: int | None = None
+    # n-gram speculative decoding (`--speculative-config`); None: off
+    speculative: spec_config.SpeculativeConfig | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -149,6 +152,15 @@ class EngineSpec:
             raise SpecError("InvalidSpec", f"spec.engine.dtype must be one of {', '.join(DTYPES)}")
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
+        if self.speculative is not None and any(
+            pod_fields.flag_dest(a) == "async_scheduling" and not a.startswith("--no-")
+            for a in self.extra_args
+        ):
+            raise SpecError(  # `pagoda serve` refuses the two together at start
+                "InvalidSpec",
+                "spec.engine.speculative runs with synchronous scheduling only: drop "
+                "--async-scheduling from spec.engine.extraArgs",
+            )
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
         for needs in CRD_FLAG_RULES:
             if not needs.holds(values):
@@ -196,6 +208,7 @@ class EngineSpec:
             max_model_len=opt_int(d, "maxModelLen", p, 2, 1 << 20),  # a prompt token + one out
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
             long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
+            speculative=_speculative(d, p),
             extra_args=tuple(extra),
         )
 
@@ -387,6 +400,13 @@ class InferenceServiceSpec:
                 "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
                 f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
             )
+        if self.engine.speculative is not None and self.tensor_parallel_size > 1:
+            raise SpecError(  # `pagoda serve` refuses it at start (a crash loop)
+                "InvalidSpec",
+                "spec.engine.speculative is not supported with tensor parallelism "
+                f"(tensorParallelSize {self.tensor_parallel_size}: resources.gpus × "
+                "parallelism.nodes, or parallelism.tensorParallelSize): drop one of them",
+            )
         self._check_split()
 
     def _check_split(self) -> None:
@@ -507,6 +527,41 @@ class InferenceServiceSpec:
             ),
             pod_ids=pod_ids,
         )
+
+
+SPECULATIVE_KEYS = ("method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin")
+
+
+def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.SpeculativeConfig | None:
+    """`spec.engine.speculative` → the runtime's own frozen `SpeculativeConfig` (vLLM's
+    `--speculative-config` keys), with the runtime's bounds (the CRD's equal them) and camelCase
+    names in every message; None when absent or null."""
+    p, value = f"{path}.speculative", engine.get("speculative")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(value)}")
+    unknown = sorted(str(k) for k in value if k not in SPECULATIVE_KEYS)
+    if unknown:
+        raise SpecError(
+            "InvalidSpec",
+            f"{p}: unknown field(s) {', '.join(unknown)} (known: {', '.join(SPECULATIVE_KEYS)})",
+        )
+    tokens = opt_int(value, "numSpeculativeTokens", p, 1, spec_config.MAX_SPECULATIVE_TOKENS)
+    if tokens is None:
+        raise SpecError("InvalidSpec", f"{p}.numSpeculativeTokens is required")
+    hi = opt_int(value, "promptLookupMax", p, 1, spec_config.MAX_PROMPT_LOOKUP)
+    lo = opt_int(value, "promptLookupMin", p, 1, spec_config.MAX_PROMPT_LOOKUP)
+    if hi is not None and lo is not None and lo > hi:
+        raise SpecError(
+            "InvalidSpec", f"{p}.promptLookupMin ({lo}) must be <= promptLookupMax ({hi})"
+        )
+    return spec_config.SpeculativeConfig(  # fills an unset bound as `pagoda serve` does
+        num_speculative_tokens=tokens,
+        method=choice(value, "method", p, spec_config.METHODS, spec_config.METHODS[0]),
+        prompt_lookup_max=hi,
+        prompt_lookup_min=lo,
+    )
 
 
 def _or_empty(value: Any) -> Any:

@@ -174,6 +174,7 @@ OPERATOR_FLAGS: Mapping[str, str] = {
             "long_prefill_token_threshold",
         )
     },
+    "speculative_config": "spec.engine.speculative",
     "download_dir": "spec.modelCache",
     "revision": "spec.model (hf://ORG/NAME@REVISION; the operator pins a branch or tag to its "
     "commit itself)",

@@ -141,9 +141,9 @@ def read_sinks(model: LlamaModel, w: DeviceWeights, prefix: str, ctx: LayerConte
     """Layer `prefix`'s attention sinks, float32 [heads] (this rank's heads' with tensor
     parallelism): gpt-oss's, and Flint's (`flint.py`)."""
     sinks = w[prefix + "self_attn.sinks"].float()
-    if ctx.tp is not None:  # this rank's heads' sinks
+    if ctx.tp is not None:  # this rank's heads' sinks (a copy: not the whole's view)
         start, stop = ctx.tp.layout.heads(model.config.num_heads)
-        sinks = sinks[start:stop]
+        sinks = sinks[start:stop].clone()
     return sinks.contiguous()
 
 

@@ -149,6 +149,8 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     norms = (2 * n + 1) * h * item
     if mc.architecture == "nemotron_h":  # one norm a block, and the final one, in float32
         norms = (n + 1) * h * 4
+    if mc.architecture in ("mamba", "falcon_mamba"):  # one norm a layer (no MLP)
+        norms = (n + 1) * h * item
     norms += EXTRA_LAYER_VECTORS.get(mc.architecture, 0) * n * h * item
     if mc.architecture == "axk1":  # a norm on each MoE block's output
         norms += sum(f.has_experts(x) for x in range(n)) * h * item
@@ -213,7 +215,14 @@ def _hybrid_bytes(mc: ModelConfig, item: int, fp8: bool, t: int) -> float:
     from pagoda.runtime.model import mamba_shard
 
     m, h = mc.family.mamba, mc.hidden_size
-    if not fp8 or m is None:
+    if m is None:
+        return mc.hybrid_params(t) * item
+    if m.mixer == "mamba1":  # (16 or 32 bits: `family_options`) A_log and D in float32
+        loc = m.on_ranks(t)  # (`model/mamba1.py`), this rank's channels
+        return mc.hybrid_params(t) * item + m.num_layers * loc.d_inner * (loc.d_state + 1) * (
+            4 - item
+        )
+    if not fp8:
         return mc.hybrid_params(t) * item
 
     def fp8_bytes(rows: float, cols: float, scales: float) -> float:

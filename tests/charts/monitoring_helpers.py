@@ -32,6 +32,11 @@ COUNTERS = {
     "pagoda:prompt_tokens_total",
     "pagoda:generation_tokens_total",
     "pagoda:request_success_total",
+    # speculative decoding (`--speculative-config`, spec.engine.speculative) only
+    "pagoda:spec_decode_num_drafts_total",
+    "pagoda:spec_decode_num_draft_tokens_total",
+    "pagoda:spec_decode_num_accepted_tokens_total",
+    "pagoda:spec_decode_num_accepted_tokens_per_pos_total",
 }
 SERIES = GAUGES | COUNTERS | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
 METRIC = re.compile(r"pagoda:[a-z0-9_]+")

@@ -156,8 +156,6 @@ async def test_hf_model_downloaded_by_the_init_container_then_served_offline(
     cached = list((pod.volumes["model-cache"] / "models--org--tiny" / "snapshots").iterdir())
     assert [c.name for c in cached] == [commit] and (cached[0] / "model.safetensors").is_file()
     hub.requests.clear()
-    rc, err, _ = pod.run("model-download")  # a restart, or a replica on a shared cache
-    assert rc == 0 and "downloading" not in err and hub.requests == []  # a pinned commit: cached
 
     argv, env, _ = pod.command("server")
     assert "HF_TOKEN" not in env and env["HF_HUB_OFFLINE"] == "1"  # no credentials, no network
@@ -168,6 +166,10 @@ async def test_hf_model_downloaded_by_the_init_container_then_served_offline(
     log = open(tmp_path / "server.log", "w+")  # noqa: SIM115
     server = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
+        # while the server starts (it never asks the Hub): a restart of the init container, or
+        # a replica's on a shared cache
+        rc, err, _ = await asyncio.to_thread(pod.run, "model-download")
+        assert rc == 0 and "downloading" not in err and hub.requests == []  # pinned: cached
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
 
             async def ready() -> bool:

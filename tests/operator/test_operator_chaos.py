@@ -170,7 +170,7 @@ async def run_script(
     want["broken"] = (None, 1)
     await scale(kube, "svc-4", 2)
     want["svc-4"] = (12, 2)
-    await asyncio.sleep(4.0)  # the faults go on for a while under the last process
+    await asyncio.sleep(2.0)  # the faults go on for a while under the last process
 
 
 def divergences(emulator: FaultyEmulator, want: dict[str, Any]) -> list[str]:

@@ -14,6 +14,7 @@ from operator_harness import ROOT, load_crd
 from pagoda.operator.spec import inference_service as spec_mod
 from pagoda.operator.spec.config import OperatorConfig
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from pagoda.runtime.spec.config import SpeculativeConfig
 
 K8S_VERSIONS = (
     "1.29.0",  # the oldest supported (charts/pagoda/Chart.yaml kubeVersion, README)
@@ -89,7 +90,14 @@ def test_schema_is_structural_and_preserves_unknown_fields_only_for_status_autos
 
 
 @pytest.mark.parametrize(
-    "name", ["smollm2-cpu.yaml", "llama-gpu.yaml", "qwen3-hf.yaml", "llama-70b-s3-multinode.yaml"]
+    "name",
+    [
+        "smollm2-cpu.yaml",
+        "llama-gpu.yaml",
+        "llama-gpu-speculative.yaml",
+        "qwen3-hf.yaml",
+        "llama-70b-s3-multinode.yaml",
+    ],
 )
 def test_examples_validate_against_the_crd(name: str) -> None:
     isvcs = _isvcs(EXAMPLES / name)
@@ -196,6 +204,26 @@ def test_bad_examples_fail_with_a_readable_message(name: str, expected: str) -> 
         ({"model": "m", "parallelism": {"nodes": 65}}, "65 is greater than the maximum of 64"),
         *(
             (
+                {"model": "m", **extra, "engine": {"speculative": {"numSpeculativeTokens": 4}}},
+                "engine.speculative is not supported with tensor parallelism (tensorParallelSize > 1",
+            )
+            for extra in ({"resources": {"gpus": 2}}, {"parallelism": {"tensorParallelSize": 2}})
+        ),
+        (
+            {
+                "model": "m",
+                "engine": {
+                    "speculative": {
+                        "numSpeculativeTokens": 4,
+                        "promptLookupMax": 2,
+                        "promptLookupMin": 3,
+                    }
+                },
+            },
+            "promptLookupMin must be <= promptLookupMax",
+        ),
+        *(
+            (
                 {
                     "model": "m",
                     "autoscaling": {"maxReplicas": 2, "targetQueueDepth": 1, "prometheusURL": url},
@@ -264,6 +292,7 @@ def test_crd_defaults_equal_the_operator_defaults() -> None:
         "engine.enableChunkedPrefill": parsed.engine.enable_chunked_prefill,
         "engine.dtype": parsed.engine.dtype,
         "engine.attentionBackend": parsed.engine.attention_backend,
+        "engine.speculative.method": SpeculativeConfig(num_speculative_tokens=1).method,
         "autoscaling.minReplicas": parsed.autoscaling.min_replicas,
         "autoscaling.scaleUpStabilizationSeconds": parsed.autoscaling.scale_up_stabilization_seconds,
         "autoscaling.scaleDownStabilizationSeconds": parsed.autoscaling.scale_down_stabilization_seconds,
@@ -283,6 +312,24 @@ def test_crd_enums_equal_the_operator_enums() -> None:
     assert tuple(engine["kvCacheDtype"]["enum"]) == spec_mod.KV_CACHE_DTYPES
     assert tuple(engine["quantization"]["enum"]) == spec_mod.QUANTIZATIONS
     assert tuple(props["imagePullPolicy"]["enum"]) == spec_mod.PULL_POLICIES
+
+
+def test_crd_speculative_bounds_are_the_runtimes() -> None:
+    """spec.engine.speculative takes what `pagoda serve --speculative-config` takes."""
+    from pagoda.runtime.spec import config as spec_config
+
+    props = version_schema(load_crd())["properties"]["spec"]["properties"]
+    spec = props["engine"]["properties"]["speculative"]
+    assert tuple(spec["properties"]["method"]["enum"]) == spec_config.METHODS
+    tokens = spec["properties"]["numSpeculativeTokens"]
+    assert tokens["maximum"] == spec_config.MAX_SPECULATIVE_TOKENS
+    for key in ("promptLookupMax", "promptLookupMin"):
+        assert spec["properties"][key]["maximum"] == spec_config.MAX_PROMPT_LOOKUP
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}}  # fmt: skip
+    spec_doc = {"model": "m", "resources": {"gpus": 1},  # one GPU, one rank
+                "engine": {"speculative": {"numSpeculativeTokens": 32, "promptLookupMin": 64}}}  # fmt: skip
+    assert validate(load_crd(), {**doc, "spec": spec_doc}) == []
 
 
 def test_default_image_comes_from_operator_settings() -> None:

@@ -21,6 +21,8 @@ ALLOWED_RUNTIME = {
     "pagoda.runtime.model",  # empty package
     "pagoda.runtime.model.sources",  # empty package
     "pagoda.runtime.model.sources.uri",  # the hf:// and s3:// grammar
+    "pagoda.runtime.spec",  # a package whose __init__ imports nothing
+    "pagoda.runtime.spec.config",  # SpeculativeConfig (spec.engine.speculative), stdlib only
 }
 
 SCRIPT = """

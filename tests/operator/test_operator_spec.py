@@ -263,6 +263,53 @@ def test_defaults() -> None:
             "InvalidSpec",
             "spec.tolerations[0].tolerationSeconds must be an integer",
         ),
+        *(  # spec.engine.speculative: the runtime's bounds (spec/config.py), camelCase names
+            ({"model": "smollm2-135m", "engine": {"speculative": bad}}, "InvalidSpec", words)
+            for bad, words in (
+                ({}, "spec.engine.speculative.numSpeculativeTokens is required"),
+                ({"numSpeculativeTokens": 33}, "numSpeculativeTokens must be between 1 and 32"),
+                ({"numSpeculativeTokens": True}, "numSpeculativeTokens must be an integer"),
+                ({"numSpeculativeTokens": 4, "method": "eagle"}, "method must be one of ngram"),
+                ({"numSpeculativeTokens": 4, "promptLookupMax": 65}, "between 1 and 64"),
+                ({"numSpeculativeTokens": 4, "promptLookupMin": 0}, "between 1 and 64"),
+                (
+                    {"numSpeculativeTokens": 4, "promptLookupMax": 2, "promptLookupMin": 3},
+                    "spec.engine.speculative.promptLookupMin (3) must be <= promptLookupMax (2)",
+                ),
+                ({"num_speculative_tokens": 4}, "unknown field(s) num_speculative_tokens"),
+                ([4], "spec.engine.speculative must be an object"),
+            )
+        ),
+        (  # `pagoda serve` refuses speculation with tensor parallelism (a crash loop)
+            {
+                "model": "pvc://models/llama/hf",
+                "resources": {"gpus": 2},
+                "engine": {"speculative": {"numSpeculativeTokens": 4}},
+            },
+            "InvalidSpec",
+            "spec.engine.speculative is not supported with tensor parallelism (tensorParallelSize 2",
+        ),
+        (
+            {
+                "model": "pvc://models/llama/hf",
+                "resources": {"gpus": 1},
+                "parallelism": {"nodes": 2},
+                "engine": {"speculative": {"numSpeculativeTokens": 4}},
+            },
+            "InvalidSpec",
+            "spec.engine.speculative is not supported with tensor parallelism (tensorParallelSize 2",
+        ),
+        (  # and with async scheduling
+            {
+                "model": "smollm2-135m",
+                "engine": {
+                    "speculative": {"numSpeculativeTokens": 4},
+                    "extraArgs": ["--async-scheduling"],
+                },
+            },
+            "InvalidSpec",
+            "spec.engine.speculative runs with synchronous scheduling only",
+        ),
     ],
 )
 def test_spec_errors(spec: dict[str, Any], reason: str, words: str) -> None:

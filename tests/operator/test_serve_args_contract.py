@@ -23,7 +23,7 @@ from operator_harness import ROOT
 from pagoda.operator.autoscaling import prometheus, rules
 from pagoda.operator.children import serve_args
 from pagoda.operator.children.build import build_children
-from pagoda.operator.children.config_map import build_config_map
+from pagoda.operator.children.config_map import build_config_map, config_hash
 from pagoda.operator.children.owner import Owner
 from pagoda.operator.spec.inference_service import (
     ATTENTION_BACKENDS,
@@ -33,6 +33,7 @@ from pagoda.operator.spec.inference_service import (
 )
 from pagoda.runtime import options
 from pagoda.runtime.server.cli import build_parser, server_config
+from pagoda.runtime.spec.config import SpeculativeConfig
 
 OWNER = Owner(name="chat", namespace="team-a", uid="u-1")
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -112,6 +113,14 @@ def _engine_spread() -> list[dict[str, Any]]:
         elif engine["attentionBackend"] != "torch" and rng.random() < 0.5:  # GPU pods
             engine["kvCacheDtype"] = rng.choice(("auto", "fp8"))
             engine["quantization"] = rng.choice((None, "fp8"))
+        if rng.random() < 0.3:  # vLLM's JSON; bounds at the runtime's (spec/config.py)
+            engine["speculative"] = rng.choice(
+                (
+                    {"numSpeculativeTokens": 1},
+                    {"numSpeculativeTokens": 32, "promptLookupMax": 64, "promptLookupMin": 1},
+                    {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMin": 2},
+                )
+            )
         if rng.random() < 0.3:
             engine["extraArgs"] = rng.choice(
                 (
@@ -157,11 +166,21 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
         seen |= {("dtype", parsed.dtype), ("backend", parsed.attention_backend)}
         seen |= {("prefix", parsed.enable_prefix_caching), ("block", parsed.block_size)}
         seen |= {("kv", parsed.kv_cache_dtype), ("quantization", parsed.quantization)}
+        want = spec["engine"].get("speculative")
+        got = SpeculativeConfig.parse(parsed.speculative_config)  # as `pagoda serve` reads it
+        assert (got is None) == (want is None), (want, parsed.speculative_config)
+        if got is not None:
+            assert (got.num_speculative_tokens, got.prompt_lookup_min) == (
+                want["numSpeculativeTokens"],
+                want.get("promptLookupMin", want.get("promptLookupMax", 5)),
+            )
+        seen.add(("speculative", got is not None))
     assert {v for k, v in seen if k == "dtype"} == set(DTYPES)
     assert {v for k, v in seen if k == "block"} == set(BLOCK_SIZES)
     assert {v for k, v in seen if k == "prefix"} == {True, False}
     assert {v for k, v in seen if k == "kv"} == set(options.KV_CACHE_DTYPES)
     assert {v for k, v in seen if k == "quantization"} == {None, *options.QUANTIZATIONS}
+    assert {v for k, v in seen if k == "speculative"} == {True, False}
 
 
 def test_runtime_defaults_are_the_operators() -> None:
@@ -222,6 +241,37 @@ def test_new_engine_fields_render_only_when_set(field, flag, value, gpus) -> Non
         assert parsed == (want or options.SERVE_FLAGS[dest].default)
 
 
+def test_speculative_renders_vllms_json_only_when_set() -> None:
+    """spec.engine.speculative → `--speculative-config` JSON the runtime reads back into the same
+    config; unset, no flag and no ConfigMap key (existing services' config hashes stay); set, the
+    ConfigMap records it, so a change rolls the pods."""
+    model = {"model": "pvc://models/llama/hf", "resources": {"gpus": 1}}
+    plain = InferenceServiceSpec.from_dict(model, name=OWNER.name, default_image="img:1")
+    assert plain.engine.speculative is None
+    assert "--speculative-config" not in serve_args.server_args(plain)
+    assert "speculative" not in serve_args.engine_config(plain)
+    hashes = set()
+    for k in (4, 8):
+        body = {**model, "engine": {"speculative": {"numSpeculativeTokens": k, "promptLookupMax": 4,
+                                                     "promptLookupMin": 2}}}  # fmt: skip
+        spec = InferenceServiceSpec.from_dict(body, name=OWNER.name, default_image="img:1")
+        parsed = check_rendered(spec)
+        assert SpeculativeConfig.parse(parsed.speculative_config) == SpeculativeConfig(
+            num_speculative_tokens=k, method="ngram", prompt_lookup_max=4, prompt_lookup_min=2
+        )
+        config_map = build_config_map(OWNER, spec)
+        assert json.loads(config_map["data"]["engine.json"])["speculative"] == {
+            "method": "ngram", "numSpeculativeTokens": k, "promptLookupMax": 4, "promptLookupMin": 2
+        }  # fmt: skip
+        hashes.add(config_hash(config_map))  # the pod template's annotation: a change rolls pods
+    assert len(hashes) == 2
+    # one bound given: the other is the same, as the runtime fills it (recorded filled in)
+    one = {**model, "engine": {"speculative": {"numSpeculativeTokens": 3, "promptLookupMax": 7}}}
+    spec = InferenceServiceSpec.from_dict(one, name=OWNER.name, default_image="img:1")
+    got = SpeculativeConfig.parse(check_rendered(spec).speculative_config)
+    assert (got.prompt_lookup_max, got.prompt_lookup_min) == (7, 7)
+
+
 def test_extra_args_cannot_override_what_the_operator_renders() -> None:
     """engine.extraArgs come last, so argparse would let them win over the spec's own fields
     (the ConfigMap then records one value and the pod runs another) or move the port the probes
@@ -242,6 +292,7 @@ def test_extra_args_cannot_override_what_the_operator_renders() -> None:
         "--served-model-name": "spec.servedModelName",
         "--tensor-parallel-size": "spec.parallelism.tensorParallelSize",
         "--api-key": "spec.apiKeySecretRef",
+        "--speculative-config": "spec.engine.speculative",
     }
     for word, field in cases.items():
         spec = {"model": "smollm2-135m", "engine": {"extraArgs": ["--seed", "1", word, "8"]}}

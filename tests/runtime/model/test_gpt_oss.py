@@ -309,6 +309,23 @@ def test_gpt_oss_weights_from_shapes_as_from_its_tensors(packed, tp):
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
 
 
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_a_ranks_sinks_hold_its_heads_share_alone(stored):
+    """Rank 1 of two keeps its heads' sinks in float32, in a storage of its share (a copy,
+    not a view of the whole vector: the per-rank weights estimate counts its share)."""
+    from types import SimpleNamespace
+
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.model.gpt_oss import read_sinks
+
+    model = SimpleNamespace(config=SimpleNamespace(num_heads=8))
+    ctx = SimpleNamespace(tp=SimpleNamespace(layout=TPLayout(1, 2)))
+    whole = torch.arange(8, dtype=stored) / 2
+    sinks = read_sinks(model, {"x.self_attn.sinks": whole}, "x.", ctx)
+    assert sinks.dtype == torch.float32 and sinks.tolist() == [2.0, 2.5, 3.0, 3.5]
+    assert sinks.untyped_storage().nbytes() == 4 * 4
+
+
 def test_gpt_oss_mxfp4_checkpoint_checks_and_fingerprint(packed, tmp_path):
     """MXFP4 blocks of another shape are refused in one line; mxfp4 on another architecture
     too; the fingerprint of the MXFP4 checkpoint is the bf16 one's (its experts run

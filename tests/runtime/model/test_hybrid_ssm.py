@@ -756,11 +756,15 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.model.loader import read_model_config
-    from pagoda.runtime.server import memory
+    from pagoda.runtime.server import memory, weights
+    from pagoda.runtime.server.placement import Placement
 
     path, _, loaded, _ = built("falcon-mamba")
     mc = loaded.config
     check_estimate(path, rel=0.02)
+    table = weights.read_checkpoint(path, mc.architecture)  # the config-only count exactly
+    got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", 1, None))
+    assert weights.from_shapes(mc, torch.bfloat16, False) == got  # (one norm a layer; A, D f32)
     cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8,
                               enable_prefix_caching=False)  # fmt: skip
     parts = memory.check(mc, cfg, path, 256).parts()

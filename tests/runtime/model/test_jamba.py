@@ -10,6 +10,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 from hybrid_cases import check_refused
 from pagoda.runtime.distributed.layout import mamba_problem
 
@@ -28,19 +29,25 @@ MINI = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "attn_laye
 
 
 def test_jamba_estimates_and_refusals(built):
-    """The weights estimate within 2% of the built model; state slots of Mamba-1's conv and
+    """The weights estimate within 2% of the built model, the config-only one (`from_shapes`)
+    the checkpoint's exactly (one rank and two); state slots of Mamba-1's conv and
     SSM states on the two Mamba layers, a KV cache on the two attention layers; FP8 refused in
     one line (Mamba-1's mixers do not run in FP8), and a tensor-parallel size that does not
     divide the mixers' channels."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.server import memory
+    from pagoda.runtime.server import memory, weights
+    from pagoda.runtime.server.placement import Placement
 
     path, _, loaded, _ = built("jamba", reference=False)
     mc = loaded.config
     assert mc.family.mamba.layers == (True, False, True, False) and mc.num_kv_layers == 2
     assert mc.family.moe_layers == (True, False, False, True) and not mc.family.norm_topk_prob
     check_estimate(path, rel=0.02)
+    table = weights.read_checkpoint(path, mc.architecture)
+    for tp in (1, 2):  # the config-only count (A_log and D in float32) as the checkpoint's
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert weights.from_shapes(mc, torch.bfloat16, False, tp) == got
     cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
     parts = memory.check(mc, cfg, path, 256).parts()
     assert parts["Mamba state"] == 8 * 2 * (128 * 3 + 128 * 8) * 4
@@ -92,8 +99,11 @@ def test_jamba_checkpoint_without_a_mixer_norm_is_refused(built, tmp_path):
 
 def test_jamba_1_5_mini_config(tmp_path):
     """AI21-Jamba-1.5-Mini: attention on 4 of 32 layers (4, 12, 20, 28), experts on the odd
-    ones, d_inner 8192, dt rank 256; 51.6B parameters; a bad period refused in one line."""
+    ones, d_inner 8192, dt rank 256; 51.6B parameters, the config-only weights estimate as
+    a checkpoint of those shapes gives (one rank and two); a bad period refused in one line."""
     from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
 
     (tmp_path / "config.json").write_text(json.dumps(MINI))
     mc = read_model_config(str(tmp_path))
@@ -109,6 +119,29 @@ def test_jamba_1_5_mini_config(tmp_path):
     )
     assert f.rope_layers == (False,) * 32 and mc.family.sliding_window is None
     assert 51.3e9 < mc.num_params < 51.9e9  # "52B total parameters"
+    table = _published_table(mc)  # the config-only count as a checkpoint of its shapes'
+    for tp in (1, 2):
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert weights.from_shapes(mc, torch.bfloat16, False, tp) == got
     (tmp_path / "config.json").write_text(json.dumps({**MINI, "attn_layer_offset": 8}))
     with pytest.raises(ValueError, match=r"attn_layer_offset \(8\) must be in \[0, "):
         read_model_config(str(tmp_path))
+
+
+def _published_table(mc):
+    """A bf16 checkpoint's tensor table of `mc`'s shapes (`checkpoint_check.expected_shapes`,
+    with the MLPs and experts it checks apart)."""
+    from pagoda.runtime.model.checkpoint_check import expected_shapes
+    from pagoda.runtime.server.stored import Checkpoint, Stored
+
+    shapes, h, f = dict(expected_shapes(mc)), mc.hidden_size, mc.family
+    for i in range(mc.num_layers):
+        p, w = f"model.layers.{i}.feed_forward.", mc.intermediate_size
+        mlps = [p]
+        if f.has_experts(i):
+            mlps, w = [f"{p}experts.{e}." for e in range(f.num_experts)], f.moe_intermediate_size
+        for q in mlps:
+            shapes |= {q + "gate_proj.weight": (w, h), q + "up_proj.weight": (w, h),
+                       q + "down_proj.weight": (h, w)}  # fmt: skip
+    table = {n: Stored(n, "BF16", s, 2 * torch.Size(s).numel()) for n, s in shapes.items()}
+    return Checkpoint("safetensors", table, 0)
