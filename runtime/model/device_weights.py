@@ -173,11 +173,16 @@ class DeviceWeights:
         device, zero-padded past its end (a vocabulary rounded up for tensor parallelism)."""
         if name not in self._w:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
-        t = self._stored(name)
-        if t.dtype == torch.float8_e4m3fn:  # with its scale, as `self[name]` reads it
-            t = self._dequantized(name, t)
-        have = max(0, min(stop, t.shape[dim]) - start)
-        piece = t.narrow(dim, start, have).to(device=self.device, dtype=self.dtype)
+        have = max(0, min(stop, self.length(name, dim)) - start)
+        read = getattr(self._w, "part", None)  # safetensors: only those elements read
+        if read is not None and name not in self._kept and not self._stored_fp8(name):
+            piece = read(name, dim, start, start + have)
+        else:
+            t = self._stored(name)
+            if t.dtype == torch.float8_e4m3fn:  # with its scale, as `self[name]` reads it
+                t = self._dequantized(name, t)
+            piece = t.narrow(dim, start, have)
+        piece = piece.to(device=self.device, dtype=self.dtype)
         self.finite.add(name, piece)
         if have < stop - start:
             pad = list(piece.shape)

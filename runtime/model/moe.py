@@ -246,14 +246,34 @@ class _ExpertTensors:
         self.transposed = transposed
         self.rows: tuple[int, int] | None = None  # this rank's intermediate rows (tensor parallel)
         self.stacked = f"{prefix}{names[0]}{suffix}" in w
-        self._stack = [w[f"{prefix}{x}{suffix}"] for x in names] if self.stacked else None
+        self._stacks = [f"{prefix}{x}{suffix}" for x in names] if self.stacked else None
+        self._stack: list[torch.Tensor] | None = None  # read at the first `weights`
+        self._cut = False  # whether `_stack` holds this rank's rows alone
 
     def _name(self, e: int, which: int) -> str:
         return f"{self.prefix}{e}.{self.names[which]}.weight"
 
+    def _read_stacks(self) -> None:
+        """The stacked tensors; with `rows`, a stacked gate_up [E, 2N, K] and down [E, K, N]
+        (not transposed) as this rank's rows of gate and up and columns of down alone, the
+        rest never read (`DeviceWeights.part`: a safetensors file's slices)."""
+        names, w = self._stacks, self.w
+        assert names is not None
+        if self.rows is None or self.transposed or len(names) != 2:
+            self._stack = [w[x] for x in names]
+            return
+        (a, b), n = self.rows, w.length(names[0], 1) // 2
+        gate_up = torch.cat([w.part(names[0], 1, a, b), w.part(names[0], 1, n + a, n + b)], 1)
+        self._stack, self._cut = [gate_up, w.part(names[1], 2, a, b)], True
+
     def weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(gate [N, K], up [N, K], down [K, N]) of expert `e`; with `rows`, this rank's
         rows of gate and up and those columns of down."""
+        if self.stacked and self._stack is None:
+            self._read_stacks()
+        if self._cut:  # (this rank's rows already)
+            gate, up = self._stack[0][e].chunk(2)
+            return gate.contiguous(), up.contiguous(), self._stack[1][e].contiguous()
         if self._stack is not None and len(self._stack) == 2:
             gate_up, down = self._stack[0][e], self._stack[1][e]
             if self.transposed:  # (gate and up are cut, then stacked or copied: contiguous)

@@ -314,6 +314,15 @@ class SafetensorsWeights(Mapping):
             return self[name][:n]
         return self._handles[i].get_slice(stored)[:n]
 
+    def part(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """[start, stop) of tensor `name` along `dim`, only those elements read from the file
+        (a rank's share of a stacked expert tensor never reads the rest); a tensor listed
+        through `split_rows`, `transpose` or `join`: read whole, then cut."""
+        if name in self._rows or name in self._transposed or name in self._joined:
+            return self[name].narrow(dim, start, stop - start)
+        i, stored = self._where[name]
+        return self._handles[i].get_slice(stored)[(slice(None),) * dim + (slice(start, stop),)]
+
     def split_rows(
         self, fused: str, parts: list[tuple[str, int, int]], transposed: bool = False
     ) -> None:

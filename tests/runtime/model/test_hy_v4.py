@@ -132,6 +132,33 @@ def test_the_weights_from_shapes_as_from_its_tensors(built, tp):
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
 
 
+def test_a_ranks_stacked_experts_are_read_as_its_rows_alone(built, monkeypatch):
+    """Rank 1 of two reads its rows of gate and up of an expert layer's stacked gate_up_proj,
+    and those columns of down_proj, as slices of the safetensors file (never the whole stack
+    on the host), holding them alone: equal to the whole tensors' slices."""
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.model.device_weights import DeviceWeights
+    from pagoda.runtime.model.moe import _ExpertTensors
+    from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
+
+    stored = built("hy_v4")[2].weights
+    p, width = "model.layers.1.mlp.experts.", TINY_HY["moe_intermediate_size"]
+    gate_up, down = stored[p + "gate_up_proj.weight"], stored[p + "down_proj.weight"]
+    read_whole, get = [], SafetensorsWeights.__getitem__
+    monkeypatch.setattr(SafetensorsWeights, "__getitem__",
+                        lambda self, n: read_whole.append(n) or get(self, n))  # fmt: skip
+    w = DeviceWeights(stored, torch.device("cpu"), gate_up.dtype, {})
+    experts = _ExpertTensors(w, p, ("gate_up_proj", "down_proj"), TINY_HY["n_routed_experts"])
+    experts.rows = a, b = TPLayout(1, 2).even(width)
+    for e in range(TINY_HY["n_routed_experts"]):
+        g, u, d = experts.weights(e)
+        assert torch.equal(g, gate_up[e, a:b]) and torch.equal(u, gate_up[e, width + a : width + b])
+        assert torch.equal(d, down[e, :, a:b])
+    assert read_whole == [] and (a, b) == (16, 32)
+    held = [t.untyped_storage().nbytes() for t in experts._stack]
+    assert held == [gate_up.nbytes // 2, down.nbytes // 2]
+
+
 @pytest.mark.slow  # a second process (gloo): ~5 s on 2 busy cores
 def test_two_ranks_match_transformers(built):
     """Two ranks: the latent attention's heads with their gates and sinks, the indexer whole on
