@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from hf_oracle import hf_greedy_plain, hf_greedy_plain_batch, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 
@@ -102,7 +102,7 @@ def build(name: str, path):
     engine arguments) for case `name`, its checkpoint written to `path`."""
     arch, overrides, engine_args = CASES[name]
     model = make_tiny_model(path, arch, **overrides)
-    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    reference = hf_greedy_plain_batch(model, prompts(), NEW)
     return load_model(str(path)), prompts(), reference, engine_args
 
 
@@ -193,7 +193,7 @@ def built_fixture(write):
             if name not in done:
                 path = tmp_path_factory.mktemp(name)
                 model = write(name, path)
-                reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+                reference = hf_greedy_plain_batch(model, prompts(), NEW)
                 done[name] = (path, model, load_model(str(path)), reference)
             return done[name]
 

@@ -96,6 +96,39 @@ def hf_greedy_plain(model, prompt: list[int], n: int) -> tuple[list[int], list[t
     return tokens, logits
 
 
+def hf_greedy_plain_batch(model, prompts: list[list[int]], n: int) -> list[tuple[list, list]]:
+    """`hf_greedy_plain` of each prompt, the prompts run together: each step one forward of
+    the sequences right-padded to the longest (a causal model's row never sees the positions
+    after it, so the padding changes none of the rows read), not one forward per prompt (a
+    tiny model's forward costs its Python, not its rows). (tokens, logits) per prompt. A rotary
+    scaled by the forward's length (longrope's factors, dynamic NTK) would see the padded length:
+    such a model's prompts run one by one."""
+    if _length_scaled_rotary(model.config.to_dict()):
+        return [hf_greedy_plain(model, p, n) for p in prompts]
+    seqs = [list(p) for p in prompts]
+    out = [([], []) for _ in prompts]
+    with torch.no_grad():
+        for _ in range(n):
+            width = max(map(len, seqs))
+            ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
+            logits = model(ids, use_cache=False).logits.float()
+            for s, (tokens, steps), row in zip(seqs, out, logits):
+                steps.append(row[len(s) - 1].clone())
+                tokens.append(int(steps[-1].argmax()))
+                s.append(tokens[-1])
+    return out
+
+
+def _length_scaled_rotary(config) -> bool:
+    """Whether a config (dict, its sub-configs searched) names a rotary whose scaling depends on
+    the sequence length of the forward."""
+    if isinstance(config, dict):
+        if config.get("rope_type", config.get("type")) in ("longrope", "dynamic"):
+            return True
+        return any(_length_scaled_rotary(v) for v in config.values())
+    return isinstance(config, list) and any(_length_scaled_rotary(v) for v in config)
+
+
 # config class prefix -> the causal LM class transformers builds from it
 # (transformers runs EXAONE 3 and InternLM3 as Llama)
 _LM_CLASSES = {"Gemma3Text": "Gemma3ForCausalLM", "Exaone": "LlamaForCausalLM"}

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import torch
 from arch_cases import NEW, check, check_preempted, check_side_table_bytes, generate, prompts
-from hf_oracle import TINY, hf_greedy_plain, make_tiny_model, make_tiny_wrapped
+from hf_oracle import (
+    TINY,
+    hf_greedy_plain,
+    hf_greedy_plain_batch,
+    make_tiny_model,
+    make_tiny_wrapped,
+)
 from pagoda.runtime import LLM, SamplingParams
 
 MAMBA = dict(mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8)
@@ -461,7 +467,7 @@ class Built:
             self.done[name] = [path, model, load_model(str(path)), None]
         entry = self.done[name]
         if reference and entry[3] is None:
-            entry[3] = [hf_greedy_plain(entry[1], p, NEW) for p in prompts()]
+            entry[3] = hf_greedy_plain_batch(entry[1], prompts(), NEW)
         return tuple(entry)
 
 
