@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--lookup-max", type=int, default=4)
     ap.add_argument("--lookup-min", type=int, default=2)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--workloads", nargs="+", choices=["copy", "chat"], default=["copy", "chat"])
     args = ap.parse_args()
     print(machine())
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at start, {os.cpu_count()} CPUs")
@@ -113,7 +114,8 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     loads = workloads(loaded.tokenizer, max(args.batches))
     rows = []
-    for name, prompts in loads.items():
+    for name in args.workloads:
+        prompts = loads[name]
         for b in args.batches:
             batch = prompts[:b]
             for llm in (plain, *drafted.values()):  # warm all
