@@ -5,11 +5,14 @@ side in one run, on a workload where drafts help and one where they do not.
   prompt, greedy: the text it writes is in its prompt, so prompt lookup finds it.
 - ``chat``: open questions, greedy: little of the answer is in the prompt.
 
-Each workload runs on two engines over the same weights (plain, and ``--speculative-config``
-ngram), alternating ``--reps`` times (the machine is shared: alternation keeps load changes from
-favouring one side), best run of each. Printed per workload and batch: output tokens, seconds,
-tok/s, the ratio, the acceptance rate (accepted / draft tokens), tokens gained per drafted step,
-the proposer's time per step, and whether both engines wrote the same tokens (they must)::
+Each workload runs on three engines over the same weights (plain; ``--speculative-config``
+ngram with ``"adaptive": false``, every match drafting up to k tokens; ngram adaptive, the
+default, where low-acceptance sequences draft fewer or none), alternating ``--reps`` times (the
+machine is shared: alternation keeps load changes from favouring one side), best run of each.
+Printed per workload and batch: output tokens, seconds, tok/s, the ratio to plain, the
+acceptance rate (accepted / draft tokens), tokens gained per drafted step, draft tokens per
+output token, the proposer's time per step, and whether the engines wrote the same tokens as
+plain (they must)::
 
     OMP_WAIT_POLICY=PASSIVE python -P benchmarks/spec_decode.py --batches 1 8
 """
@@ -95,6 +98,7 @@ def main() -> None:
     ap.add_argument("--lookup-max", type=int, default=4)
     ap.add_argument("--lookup-min", type=int, default=2)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--workloads", nargs="+", choices=["copy", "chat"], default=["copy", "chat"])
     args = ap.parse_args()
     print(machine())
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at start, {os.cpu_count()} CPUs")
@@ -103,44 +107,50 @@ def main() -> None:
             "prompt_lookup_max": args.lookup_max, "prompt_lookup_min": args.lookup_min}  # fmt: skip
     common = dict(loaded=loaded, dtype=args.dtype, max_model_len=2048,
                   max_num_seqs=max(args.batches), kv_cache_memory=256 << 20)  # fmt: skip
-    plain, drafted = LLM(**common), LLM(**common, speculative_config=spec)
-    spent = timed_proposer(drafted.engine)
+    plain = LLM(**common)
+    drafted = {"ngram fixed": LLM(**common, speculative_config={**spec, "adaptive": False}),
+               "ngram adaptive": LLM(**common, speculative_config=spec)}  # fmt: skip
+    spent = {name: timed_proposer(llm.engine) for name, llm in drafted.items()}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     loads = workloads(loaded.tokenizer, max(args.batches))
     rows = []
-    for name, prompts in loads.items():
+    for name in args.workloads:
+        prompts = loads[name]
         for b in args.batches:
             batch = prompts[:b]
-            run(plain, batch[:1], SamplingParams(temperature=0, max_tokens=4))  # warm both
-            run(drafted, batch[:1], SamplingParams(temperature=0, max_tokens=4))
-            best = {"plain": float("inf"), "ngram": float("inf")}
-            stats = drafted.engine.spec_stats
-            stats.reset()
-            spent.clear()
+            for llm in (plain, *drafted.values()):  # warm all
+                run(llm, batch[:1], SamplingParams(temperature=0, max_tokens=4))
+            best = {"plain": float("inf")} | {e: float("inf") for e in drafted}
+            same = dict.fromkeys(drafted, True)
+            for e, llm in drafted.items():
+                llm.engine.spec_stats.reset()
+                spent[e].clear()
             for _ in range(args.reps):
                 t_plain, want = run(plain, batch, params)
-                t_spec, got = run(drafted, batch, params)
                 best["plain"] = min(best["plain"], t_plain)
-                best["ngram"] = min(best["ngram"], t_spec)
+                for e, llm in drafted.items():
+                    t_spec, got = run(llm, batch, params)
+                    best[e] = min(best[e], t_spec)
+                    same[e] &= got == want
             tokens = sum(len(t) for t in want)
-            rate = stats.acceptance_rate
-            gained = stats.mean_acceptance_length
-            ms = 1e3 * sum(spent) / max(len(spent), 1)
-            for engine, secs in best.items():
-                speedup = best["plain"] / secs
+            rows.append([name, b, "plain", tokens, f"{best['plain']:.2f}",
+                         f"{tokens / best['plain']:.1f}", "1.00x", "", "", "", "", ""])  # fmt: skip
+            for e, llm in drafted.items():
+                stats, secs = llm.engine.spec_stats, best[e]
+                ms = 1e3 * sum(spent[e]) / max(len(spent[e]), 1)
+                per_token = stats.num_draft_tokens / (tokens * args.reps)
                 rows.append([
-                    name, b, engine, tokens, f"{secs:.2f}", f"{tokens / secs:.1f}",
-                    f"{speedup:.2f}x",
-                    "" if engine == "plain" else f"{100 * (rate or 0):.0f}%",
-                    "" if engine == "plain" else f"{gained or 1:.2f}",
-                    "" if engine == "plain" else f"{ms:.2f}",
-                    "" if engine == "plain" else str(got == want),
+                    name, b, e, tokens, f"{secs:.2f}", f"{tokens / secs:.1f}",
+                    f"{best['plain'] / secs:.2f}x", f"{100 * (stats.acceptance_rate or 0):.0f}%",
+                    f"{stats.mean_acceptance_length or 1:.2f}", f"{per_token:.2f}", f"{ms:.2f}",
+                    str(same[e]),
                 ])  # fmt: skip
-            print(rows[-2], rows[-1], flush=True)
+            print(*rows[-3:], sep="\n", flush=True)
     print()
     print(markdown_table(
         ["workload", "batch", "engine", "output tokens", "s (best)", "output tok/s", "vs plain",
-         "acceptance", "tokens / drafted step", "proposer ms / step", "same tokens"],
+         "acceptance", "tokens / drafted step", "draft tokens / output token",
+         "proposer ms / step", "same tokens"],
         rows,
     ))  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")

@@ -124,9 +124,8 @@ class EngineCore:
         if spec is not None:
             if self.runner.mamba is not None or self.runner.seq_state is not None:
                 raise ValueError(_SPEC_STATE.format(self.model_config.architecture))
-            self.proposer = NgramProposer(
-                spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
-            )
+            self.proposer = NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min,
+                                          spec.prompt_lookup_max, spec.adaptive)  # fmt: skip
             self.spec_stats = SpecDecodeStats.empty(spec.num_speculative_tokens)
         self._spec_logged = time.monotonic()
         # Start-up objects (weights, tokenizer, graphs) never die: keep the collector off them,
@@ -420,6 +419,7 @@ class EngineCore:
         for req, d, a in zip(spec.requests, spec.drafted, spec.accepted):
             if not req.is_finished:
                 req.num_computed_tokens -= d - a
+        self.proposer.observe(spec.requests, spec.drafted, spec.accepted)
         stats = self.spec_stats
         stats.add(spec.drafted, spec.accepted)
         now = time.monotonic()

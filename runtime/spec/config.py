@@ -22,12 +22,16 @@ DEFAULT_PROMPT_LOOKUP = 5  # vLLM's, when neither bound is given
 class SpeculativeConfig:
     """vLLM's keys: ``method``, ``num_speculative_tokens`` (drafts per step per sequence),
     ``prompt_lookup_max`` / ``prompt_lookup_min`` (the longest and shortest n-gram of a
-    sequence's tail searched for earlier in it; one given, the other is the same; neither: 5)."""
+    sequence's tail searched for earlier in it; one given, the other is the same; neither: 5).
+    Pagoda's own ``adaptive`` (default true): each sequence drafts fewer tokens, down to none for
+    a while, when its recent drafts are mostly rejected (`spec/ngram.py`); false: always up to
+    ``num_speculative_tokens``."""
 
     num_speculative_tokens: int
     method: str = "ngram"
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -36,6 +40,9 @@ class SpeculativeConfig:
                 f"with {', '.join(METHODS)} only"
             )
         _int("num_speculative_tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"speculative_config: adaptive must be true or false, got "
+                             f"{self.adaptive!r}")  # fmt: skip
         hi, lo = self.prompt_lookup_max, self.prompt_lookup_min
         hi = lo if hi is None else hi
         lo = hi if lo is None else lo

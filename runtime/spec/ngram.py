@@ -11,6 +11,15 @@ matches a token), and each n compares n shifted views of it with the tails at on
 costs a few vector passes over B x L entries whatever the batch (`benchmarks/spec_decode.py`
 prints its time per step). Each sequence's tokens are kept as a growing NumPy buffer, so a step
 copies only the tokens appended since the last one.
+
+Adaptive drafting (`SpeculativeConfig.adaptive`, on by default): each sequence keeps an
+exponential average of its drafts' acceptance (accepted / drafted, weight `EMA_WEIGHT` per
+verified step, starting at 1), updated from the verifier's counts (`observe`). At or above
+`FULL_AT` it drafts up to k tokens; below, k scaled by the average over `FULL_AT` (at least 1);
+below `FLOOR` it drafts nothing for `BACKOFF_STEPS` of its decode steps, then probes again with
+one draft (an accepted probe lifts the average, a rejected one backs off again). So a sequence
+whose drafts keep being rejected stops paying for their rows; a copying one keeps full length.
+Greedy and seeded outputs do not depend on the draft lengths (`spec/verify.py`).
 """
 
 from __future__ import annotations
@@ -20,20 +29,29 @@ from collections.abc import Sequence
 import numpy as np
 
 PAD = -1
+EMA_WEIGHT = 0.5  # of the latest verified step in the acceptance average
+FULL_AT = 0.5  # acceptance average from which a sequence drafts k tokens
+FLOOR = 0.15  # below it, no drafts for BACKOFF_STEPS decode steps
+BACKOFF_STEPS = 16
 
 
 class NgramProposer:
-    def __init__(self, k: int, lookup_min: int, lookup_max: int) -> None:
+    def __init__(self, k: int, lookup_min: int, lookup_max: int, adaptive: bool = False) -> None:
         self.k, self.lookup_min, self.lookup_max = k, lookup_min, lookup_max
+        self.adaptive = adaptive
         # per sequence (keyed by its `Request`: an id may come back for a new request): its
         # tokens and their count
         self._bufs: dict[object, tuple[np.ndarray, int]] = {}
+        # per sequence, adaptive: [acceptance average, decode steps left without drafts]
+        self._accept: dict[object, list] = {}
 
     def retain(self, keys) -> None:
         """Drop the buffers of sequences not in `keys` (finished, aborted)."""
         live = set(keys)
         for rid in [r for r in self._bufs if r not in live]:
             del self._bufs[rid]
+        for rid in [r for r in self._accept if r not in live]:
+            del self._accept[rid]
 
     @property
     def num_buffers(self) -> int:
@@ -59,6 +77,8 @@ class NgramProposer:
         """Drafts of each sequence (`keys`: what names its buffer, e.g. its `Request`): ([B, k]
         int64 tokens, [B] counts), a count at most its `limits` entry (0: no draft)."""
         b, k = len(keys), self.k
+        if self.adaptive and b:
+            limits = np.minimum(limits, self._lengths(keys))
         arrays = [self._tokens(key, t) for key, t in zip(keys, token_lists)]
         lens = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=b)
         drafts = np.zeros((b, k), dtype=np.int64)
@@ -93,6 +113,37 @@ class NgramProposer:
         drafts[:] = mat[rows[:, None], cols]
         drafts[np.arange(k)[None, :] >= counts[:, None]] = 0
         return drafts, counts
+
+    def _lengths(self, keys: Sequence[object]) -> np.ndarray:
+        """Adaptive: each sequence's draft length this step (0 while it backs off; a backing-off
+        sequence's count of steps left goes down by one)."""
+        states = [self._accept.setdefault(key, [1.0, 0]) for key in keys]
+        ema = np.fromiter((s[0] for s in states), np.float64, len(states))
+        skip = np.fromiter((s[1] for s in states), np.int64, len(states))
+        scaled = np.clip(np.floor(self.k * ema / FULL_AT), 1, self.k).astype(np.int64)
+        lengths = np.where(skip > 0, 0, scaled)
+        if skip.any():
+            for s, left in zip(states, np.maximum(skip - 1, 0).tolist()):
+                s[1] = left
+        return lengths
+
+    def observe(
+        self, keys: Sequence[object], drafted: Sequence[int], accepted: Sequence[int]
+    ) -> None:
+        """The verifier's counts of a step's drafted sequences, folded into their acceptance
+        averages; one that falls below `FLOOR` backs off for `BACKOFF_STEPS` steps."""
+        if not self.adaptive or not keys:
+            return
+        d = np.asarray(drafted, dtype=np.float64)
+        rate = np.asarray(accepted, dtype=np.float64) / np.maximum(d, 1)
+        states = [self._accept.setdefault(key, [1.0, 0]) for key in keys]
+        ema = np.fromiter((s[0] for s in states), np.float64, len(states))
+        ema = np.where(d > 0, (1 - EMA_WEIGHT) * ema + EMA_WEIGHT * rate, ema)
+        back = (ema < FLOOR) & (d > 0)
+        for s, e, off in zip(states, ema.tolist(), back.tolist()):
+            s[0] = e
+            if off:
+                s[1] = BACKOFF_STEPS
 
 
 def takes_drafts(req) -> bool:

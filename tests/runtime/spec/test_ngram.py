@@ -58,3 +58,39 @@ def test_buffers_grow_with_their_sequences():
     assert p.num_buffers == 1
     p.retain([])
     assert p.num_buffers == 0
+
+
+def test_adaptive_backs_off_rejected_drafts_and_keeps_accepted_ones():
+    """A sequence whose drafts are all rejected drafts fewer, then none for BACKOFF_STEPS steps,
+    then probes again with one; one whose drafts are all accepted keeps full length; off, both
+    keep full length."""
+    from pagoda.runtime.spec import ngram
+
+    seq = [1, 2, 3, 4, 5, 6, 7, 8] * 4  # always matches: the proposer drafts k = 4 tokens
+    keys = ["bad", "good"]
+    limits = np.full(2, 99)
+    for adaptive in (True, False):
+        p = NgramProposer(4, 2, 3, adaptive=adaptive)
+        bad = []
+        for _ in range(40):
+            _, counts = p.propose(keys, [seq, seq], limits)
+            assert counts[1] == 4  # the accepted one
+            bad.append(int(counts[0]))
+            p.observe(keys, counts.tolist(), [0, int(counts[1])])
+        if not adaptive:
+            assert bad == [4] * 40
+            continue
+        off = bad.index(0)
+        assert 2 <= off <= 5 and bad[:off] == sorted(bad[:off], reverse=True)
+        assert bad[off : off + ngram.BACKOFF_STEPS] == [0] * ngram.BACKOFF_STEPS
+        assert bad[off + ngram.BACKOFF_STEPS] == 1  # the probe, rejected: off again
+        assert bad[off + ngram.BACKOFF_STEPS + 1] == 0
+    # an accepted probe brings the drafts back
+    p = NgramProposer(4, 2, 3, adaptive=True)
+    for _ in range(6):
+        _, c = p.propose(["r"], [seq], limits[:1])
+        p.observe(["r"], c.tolist(), [0])
+    while (c := p.propose(["r"], [seq], limits[:1])[1])[0] == 0:
+        pass
+    p.observe(["r"], c.tolist(), c.tolist())
+    assert p.propose(["r"], [seq], limits[:1])[1][0] == 4

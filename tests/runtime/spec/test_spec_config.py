@@ -17,6 +17,8 @@ def test_keys_and_defaults():
     s = c.speculative_config
     assert (s.num_speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max) == (3, 4, 4)
     assert SpeculativeConfig.parse('{"num_speculative_tokens": 2}').prompt_lookup_min == 5
+    assert s.adaptive and not SpeculativeConfig.parse(
+        '{"num_speculative_tokens": 2, "adaptive": false}').adaptive  # fmt: skip
     assert not c.uses_async_scheduling()
     assert EngineConfig.create().speculative_config is None
 
@@ -39,6 +41,7 @@ def test_the_flag_reaches_the_engine_config():
             "prompt_lookup_min (4) is more",
         ),
         ('{"num_speculative_tokens": 2, "model": "x"}', "unknown key(s) model"),
+        ('{"num_speculative_tokens": 2, "adaptive": 1}', "adaptive must be true or false"),
         ("{num_speculative_tokens: 2}", "not JSON"),
         ("[4]", "must be a JSON object"),
     ],
