@@ -121,9 +121,7 @@ class EngineCore:
         spec = config.speculative_config
         self.proposer: NgramProposer | None = None
         self.spec_stats: SpecDecodeStats | None = None
-        if spec is not None:
-            if self.runner.mamba is not None or self.runner.seq_state is not None:
-                raise ValueError(_SPEC_STATE.format(self.model_config.architecture))
+        if spec is not None:  # (the families that cannot roll drafts back: `check_speculative`)
             self.proposer = NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min,
                                           spec.prompt_lookup_max, spec.adaptive)  # fmt: skip
             self.spec_stats = SpecDecodeStats.empty(spec.num_speculative_tokens)
