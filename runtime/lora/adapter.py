@@ -144,3 +144,17 @@ def read_adapter(request: LoRARequest, mc: ModelConfig, max_rank: int) -> LoRAAd
     if not weights:
         raise ValueError(f"{path}: {WEIGHTS_FILE} holds no LoRA weights")
     return LoRAAdapter(request, rank, scale, weights)
+
+
+def check_adapters(config, mc: ModelConfig) -> None:
+    """At start (`pagoda serve`'s preflight): the model takes adapters and every
+    ``--lora-modules`` adapter reads and fits it; ValueError, one line, naming the first that
+    does not."""
+    from pagoda.runtime.lora.slots import check_model
+
+    check_model(mc)
+    for module in config.lora_modules:
+        try:
+            read_adapter(module, mc, config.max_lora_rank)
+        except ValueError as e:
+            raise ValueError(f"--lora-modules {module.lora_name}: {e}") from None

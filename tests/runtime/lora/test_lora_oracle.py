@@ -12,6 +12,9 @@ import torch
 from hf_oracle import hf_greedy_plain
 from lora_testlib import ADAPTERS, make_adapter, make_base
 from pagoda.runtime import LLM, LoRARequest, SamplingParams
+from pagoda.runtime.lora.adapter import check_adapters
+from pagoda.runtime.lora.config import LoRAConfig
+from pagoda.runtime.model.loader import read_model_config
 
 STEPS = 6
 PROMPTS = [[5, 17, 42, 9, 88, 3, 61, 27, 14, 200, 7, 33, 71, 150, 12, 19, 45, 8],
@@ -139,3 +142,7 @@ def test_bad_adapters_refused(ckpt, tmp_path):
     assert len(ok.outputs[0].token_ids) == 2
     with pytest.raises(ValueError, match="more than --max-lora-rank"):  # at start: --lora-modules
         _llm(path, max_lora_rank=4, lora_modules=[f"a1={src}"])
+    # `pagoda serve`'s preflight (one line, exit 2): the same check before the engine loads
+    config = LoRAConfig(max_lora_rank=4, lora_modules=(f"a1={src}",))
+    with pytest.raises(ValueError, match=r"^--lora-modules a1: .* more than --max-lora-rank 4$"):
+        check_adapters(config, read_model_config(str(path)))
