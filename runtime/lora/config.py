@@ -121,7 +121,7 @@ class LoRAConfig:
                                     ("--max-lora-rank", max_lora_rank),
                                     ("--max-cpu-loras", max_cpu_loras)) if v]  # fmt: skip
             if given:
-                raise ValueError(f"{', '.join(given)} need(s) --enable-lora")
+                raise ValueError(f"{', '.join(given)} given without --enable-lora")
             return None
         kw = {"max_loras": max_loras, "max_lora_rank": max_lora_rank,
               "max_cpu_loras": max_cpu_loras}  # fmt: skip
