@@ -54,6 +54,27 @@ def write_adapter(path: Path, mc, rank: int, seed: int) -> None:
     (path / "adapter_config.json").write_text(json.dumps(cfg))
 
 
+def _layer_times(wrapped, b: int, dtype: torch.dtype, reps: int) -> dict[str, float]:
+    """ms of the base matmuls and of each product at batch `b` (best of `reps`, alternated)."""
+    index = torch.arange(b) % 4 + 1  # the slots of 4 adapters, interleaved
+    groups = [(s, torch.nonzero(index == s).flatten()) for s in range(1, 5)]
+    xs = [torch.randn(b, w.a.shape[2], dtype=dtype) for w in wrapped]
+    ys = [w.base(x) for w, x in zip(wrapped, xs)]
+    calls = {
+        "base": lambda: [w.base(x) for w, x in zip(wrapped, xs)],
+        "bgmv": lambda: [w._gathered(x, y, index) for w, x, y in zip(wrapped, xs, ys)],
+        "sgmv": lambda: [w._grouped(x, y, groups) for w, x, y in zip(wrapped, xs, ys)],
+    }
+    times = dict.fromkeys(calls, float("inf"))
+    for _ in range(reps):
+        for name, call in calls.items():  # alternated: load changes hit all alike
+            t = time.perf_counter()
+            for _ in range(50):
+                call()
+            times[name] = min(times[name], (time.perf_counter() - t) / 50 * 1e3)
+    return times
+
+
 def product_costs(llm: LLM, batches: list[int], reps: int) -> list[list[object]]:
     """Part 1: ms per decoder layer of the base matmuls and of the adapters' product alone
     (bgmv: `LoRALinear._gathered`, sgmv: `._grouped`, into a copy of the base output)."""
@@ -61,26 +82,11 @@ def product_costs(llm: LLM, batches: list[int], reps: int) -> list[list[object]]
     layer = runner.model.layers[0]
     wrapped = [layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down]
     rows = []
-    for b in batches:
-        index = torch.arange(b) % 4 + 1  # the slots of 4 adapters, interleaved
-        groups = [(s, torch.nonzero(index == s).flatten()) for s in range(1, 5)]
-        xs = [torch.randn(b, w.a.shape[2], dtype=runner.dtype) for w in wrapped]
-        with torch.inference_mode():
-            ys = [w.base(x) for w, x in zip(wrapped, xs)]
-            calls = {
-                "base": lambda: [w.base(x) for w, x in zip(wrapped, xs)],
-                "bgmv": lambda: [w._gathered(x, y, index) for w, x, y in zip(wrapped, xs, ys)],
-                "sgmv": lambda: [w._grouped(x, y, groups) for w, x, y in zip(wrapped, xs, ys)],
-            }
-            times = dict.fromkeys(calls, float("inf"))
-            for _ in range(reps):
-                for name, call in calls.items():  # alternated: load changes hit all alike
-                    t = time.perf_counter()
-                    for _ in range(50):
-                        call()
-                    times[name] = min(times[name], (time.perf_counter() - t) / 50 * 1e3)
-        rows.append([b, f"{times['base']:.3f}", f"{times['bgmv']:.3f}", f"{times['sgmv']:.3f}",
-                     f"{times['sgmv'] / times['bgmv']:.2f}x"])  # fmt: skip
+    with torch.inference_mode():
+        for b in batches:
+            t = _layer_times(wrapped, b, runner.dtype, reps)
+            rows.append([b, f"{t['base']:.3f}", f"{t['bgmv']:.3f}", f"{t['sgmv']:.3f}",
+                         f"{t['sgmv'] / t['bgmv']:.2f}x"])  # fmt: skip
     return rows
 
 
