@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 import torch
 
 MODES = ("bgmv", "sgmv")
-MODE = "bgmv"  # the default: cheaper at batch 8 and 32 on the CPUs measured (docs/benchmarks.md)
+# the default: each token's product is its own small matmul, whatever else the batch holds
+# (greedy output stays batch-invariant), and the engine ran faster with it at batch 8 here;
+# sgmv's product alone was cheaper at decode batch 32 (docs/benchmarks.md, "LoRA adapters")
+MODE = "bgmv"
 
 
 @dataclass
