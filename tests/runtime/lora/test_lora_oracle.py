@@ -22,16 +22,32 @@ PROMPTS = [[5, 17, 42, 9, 88, 3, 61, 27, 14, 200, 7, 33, 71, 150, 12, 19, 45, 8]
            [120, 6, 31, 250, 77, 2 + 40, 18, 64, 9, 3, 101]]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["Llama", "Qwen3"])
-def ckpt(request, tmp_path_factory):
-    """(base dir, {name: (LoRARequest, peft model)}, transformers base) for one family."""
-    root = tmp_path_factory.mktemp(f"lora-{request.param}")
-    base = make_base(root / "base", request.param)
-    adapters = {}
-    for i, (name, r, alpha, targets, rslora) in enumerate(ADAPTERS):
-        peft_model = make_adapter(base, root / name, r, alpha, targets, rslora, seed=i)
-        adapters[name] = (LoRARequest(name, i + 1, str(root / name)), peft_model)
-    return root / "base", adapters, base
+_BUILT: dict[str, tuple] = {}
+
+
+def _build(arch: str, tmp_path_factory) -> tuple:
+    """(base dir, {name: (LoRARequest, peft model)}, transformers base) of `arch`, built once."""
+    if arch not in _BUILT:
+        root = tmp_path_factory.mktemp(f"lora-{arch}")
+        base = make_base(root / "base", arch)
+        adapters = {}
+        for i, (name, r, alpha, targets, rslora) in enumerate(ADAPTERS):
+            peft_model = make_adapter(base, root / name, r, alpha, targets, rslora, seed=i)
+            adapters[name] = (LoRARequest(name, i + 1, str(root / name)), peft_model)
+        _BUILT[arch] = (root / "base", adapters, base)
+    return _BUILT[arch]
+
+
+@pytest.fixture(scope="module", params=["Llama", "Qwen2", "Qwen3"])
+def family(request, tmp_path_factory):
+    """Each family the engine takes adapters for (mistral runs Llama's classes)."""
+    return _build(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """Llama's: what does not depend on the family (cache keys, scheduling, refusals)."""
+    return _build("Llama", tmp_path_factory)
 
 
 def _llm(path, **kw):
@@ -45,8 +61,8 @@ def _reference(model, prompt):
     return hf_greedy_plain(model, prompt, STEPS)
 
 
-def test_mixed_batch_matches_peft(ckpt):
-    path, adapters, base = ckpt
+def test_mixed_batch_matches_peft(family):
+    path, adapters, base = family
     llm = _llm(path)
     logits: dict[str, list[torch.Tensor]] = {}
     llm.engine.runner.logits_hook = lambda reqs, rows: [
