@@ -137,19 +137,34 @@ def _edit(src, dst, **changes):
     return dst
 
 
+def _reshaped(src, dst):
+    """An adapter made for a narrower model: one layer's v_proj A of 32 input features."""
+    from safetensors.torch import load_file, save_file
+
+    _edit(src, dst)
+    tensors = load_file(dst / "adapter_model.safetensors")
+    name = "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight"
+    tensors[name] = tensors[name][:, :32].contiguous()
+    save_file(tensors, dst / "adapter_model.safetensors")
+    return dst
+
+
 def test_bad_adapters_refused(ckpt, tmp_path):
     path, adapters, _ = ckpt
     src = adapters["a1"][0].lora_path
 
     cases = [
         (LoRARequest("none", 9, str(tmp_path / "missing")), "not a LoRA adapter directory"),
-        (LoRARequest("big", 9, str(Path(src))), "more than --max-lora-rank 4"),
+        (LoRARequest("big", 9, str(_edit(Path(src), tmp_path / "b", r=16))),
+         "more than --max-lora-rank 8"),
         (LoRARequest("head", 9, str(_edit(Path(src), tmp_path / "h", target_modules=["lm_head"]))),
          "lm_head cannot take an adapter"),
         (LoRARequest("save", 9, str(_edit(Path(src), tmp_path / "s", modules_to_save=["lm_head"]))),
          "modules_to_save"),
+        (LoRARequest("other", 9, str(_reshaped(Path(src), tmp_path / "o"))),
+         r"v_proj.lora_A.weight is \[8, 32\], the base model needs \[8, 64\]"),
     ]  # fmt: skip
-    llm = _llm(path, max_lora_rank=4)
+    llm = _llm(path, max_lora_rank=8)
     p = SamplingParams(temperature=0, max_tokens=2)
     for lora, words in cases:
         with pytest.raises(ValueError, match=words):
