@@ -8,12 +8,20 @@ scaled (alpha / r). The step's per-token slot index (`LoRAStep.index`, built onc
 
     y = base(x);  y[:, part] += (x @ A[idx]^T)[:, part's ranks] @ B_part[idx]^T
 
-done as a gathered batched matmul (punica's "bgmv": one [R, in] and one [out, R] matrix per
-token, gathered by index), or grouped by slot ("sgmv": the rows of each adapter in the step
-multiplied by its matrices; a loop over the step's adapters, never over sequences). `MODE`
-picks; benchmarks/lora.py measures both (docs/benchmarks.md). A step whose tokens all run the
-base model skips the adapters entirely (`LoRAStep.index` None), so base rows are the base
-model's bits.
+Three ways to compute it (`LoRAStep.mode`; benchmarks/lora.py measures them):
+
+- "dense" (the default): every slot's shrink at once, x @ [A_1; ...; A_S]^T (one matmul of
+  S x parts x R columns), each token's other slots' columns zeroed by its one-hot row, then one
+  matmul by [B_1 ... B_S] per part (K = S x R). Both matmuls are `linear.Linear`s over the slot
+  tensors (repacked when an adapter is loaded), so each row's bits do not depend on the row count,
+  as the base layers' (greedy output stays batch-invariant); no gathers. It multiplies S times
+  the adapters' arithmetic, small while S = --max-loras + 1 is.
+- "bgmv" (punica's gathered matmul): each token's A and B gathered by its slot, a batched matmul.
+- "sgmv" (grouped by slot): the rows of each adapter of the step through its matrices (a loop
+  over the step's adapters, never over sequences).
+
+A step whose tokens all run the base model skips the adapters entirely (`LoRAStep.index` None),
+so base rows are the base model's bits.
 """
 
 from __future__ import annotations
@@ -22,11 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-MODES = ("bgmv", "sgmv")
-# the default: each token's product is its own small matmul, whatever else the batch holds
-# (greedy output stays batch-invariant), and the engine ran faster with it at batch 8 here;
-# sgmv's product alone was cheaper at decode batch 32 (docs/benchmarks.md, "LoRA adapters")
-MODE = "bgmv"
+MODES = ("dense", "bgmv", "sgmv")
+# the default: the cheapest of the three at decode batch 8 and 32 and in the engine on the CPUs
+# measured (docs/benchmarks.md, "LoRA adapters"), and batch-invariant
+MODE = "dense"
 
 
 @dataclass
@@ -34,6 +41,7 @@ class LoRAStep:
     """What every wrapped layer reads in one step, set by the runner before the forward."""
 
     index: torch.Tensor | None = None  # int64 [T]: each token's slot; None: no adapter this step
+    onehot: torch.Tensor | None = None  # dense: [T, slots, 1] in the model's dtype, 1 at the slot
     # sgmv: (slot, int64 rows of the tokens running it) per adapter in the step
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     mode: str = MODE
@@ -43,7 +51,7 @@ class LoRALinear:
     """`base(x)` plus each token's adapter on the output columns of each part (`parts`: the
     module names and widths the base's output is stacked from, in order)."""
 
-    __slots__ = ("a", "b", "base", "bounds", "parts", "rank", "step")
+    __slots__ = ("a", "b", "base", "bounds", "linear", "packed", "parts", "rank", "step")
 
     def __init__(
         self,
@@ -55,8 +63,12 @@ class LoRALinear:
         step: LoRAStep,
         dtype: torch.dtype,
         device: torch.device,
+        linear=None,
     ) -> None:
+        """`linear`: how the model makes its `linear.Linear`s (its --batch-invariant), for the
+        dense mode's matmuls over the slots."""
         self.base, self.parts, self.rank, self.step = base, parts, rank, step
+        self.linear, self.packed = linear, None
         self.a = torch.zeros(num_slots, len(parts) * rank, in_features, dtype=dtype, device=device)
         self.b = [torch.zeros(num_slots, w, rank, dtype=dtype, device=device) for _, w in parts]
         bounds, start = [], 0
@@ -72,6 +84,7 @@ class LoRALinear:
         """Put an adapter's matrices (by module name; a part it does not target: zeros) in
         `slot`, rank r <= R padded with zeros."""
         r_max = self.rank
+        self.packed = None  # the dense mode's matmuls: repacked at the next call
         self.a[slot].zero_()
         for p, (name, _) in enumerate(self.parts):
             self.b[p][slot].zero_()
@@ -88,9 +101,34 @@ class LoRALinear:
         step = self.step
         if step.index is None:
             return y
+        if step.mode == "dense":
+            return self._dense(x, y, step.onehot)
         if step.mode == "sgmv":
             return self._grouped(x, y, step.groups)
         return self._gathered(x, y, step.index)
+
+    def _pack(self) -> list:
+        """The dense mode's matmuls over the slots as they are now: [A_1; ...; A_S] and, per
+        part, [B_1 ... B_S] (out x S*R)."""
+        from pagoda.runtime.model.linear import Linear
+
+        make = self.linear or Linear
+        s, pr, fin = self.a.shape
+        out = [make(self.a.reshape(s * pr, fin).contiguous())]
+        for b in self.b:  # [S, out, R] -> [out, S*R]
+            out.append(make(b.permute(1, 0, 2).reshape(b.shape[1], s * self.rank).contiguous()))
+        self.packed = out
+        return out
+
+    def _dense(self, x: torch.Tensor, y: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
+        """dense: every slot's product, each token's own kept by its one-hot row."""
+        packed = self.packed or self._pack()
+        t, s, r = x.shape[0], self.a.shape[0], self.rank
+        h = packed[0](x.to(self.a.dtype)).view(t, s, len(self.parts), r)
+        for p, (lo, hi) in enumerate(self.bounds):
+            hm = (h[:, :, p, :] * onehot).reshape(t, s * r)  # other slots' ranks: zeros
+            y[:, lo:hi] += packed[1 + p](hm).to(y.dtype)
+        return y
 
     def _gathered(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """bgmv: every token's own A and B, gathered by its slot (slot 0's are zeros)."""

@@ -12,6 +12,7 @@ are refused at start, one line.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 import numpy as np
@@ -51,6 +52,8 @@ class LoRASlots:
 
         mc, shapes = self.model_config, module_shapes(self.model_config)
         slots, rank = self.config.max_loras + 1, self.config.max_lora_rank
+        linear = functools.partial(Linear, invariant=model.batch_invariant)
+        self.dtype, self.num_slots = model.dtype, slots
         for layer in model.layers:
             if type(layer.mlp) is not GatedMLP or not isinstance(layer, LlamaLayer):
                 raise ValueError(f"LoRA adapters: {mc.architecture!r} layers are not Llama's")
@@ -61,7 +64,7 @@ class LoRASlots:
             def wrapper(base, names: list[str]) -> LoRALinear:
                 parts = [(n, shapes[n][1]) for n in names]
                 return LoRALinear(base, parts, shapes[names[0]][0], slots, rank, self.step,
-                                  model.dtype, model.device)  # fmt: skip
+                                  model.dtype, model.device, linear)  # fmt: skip
 
             qkv = wrapper(layer.qkv, ["q_proj", "k_proj", "v_proj"])
             o = wrapper(layer.o_proj, ["o_proj"])
@@ -139,6 +142,10 @@ class LoRASlots:
             step.index, step.groups = None, []
             return
         step.index = to_device(index)
+        if step.mode == "dense":  # [T, slots, 1]: 1 at each token's slot
+            onehot = np.zeros((len(index), self.num_slots, 1), dtype=np.float32)
+            onehot[np.arange(len(index)), index, 0] = 1.0
+            step.onehot = to_device(onehot).to(self.dtype)
         if step.mode == "sgmv":
             step.groups = [(int(s), to_device(np.flatnonzero(index == s)))
                            for s in np.unique(index) if s != 0]  # fmt: skip

@@ -177,3 +177,19 @@ def test_bad_adapters_refused(ckpt, tmp_path):
     config = LoRAConfig(max_lora_rank=4, lora_modules=(f"a1={src}",))
     with pytest.raises(ValueError, match=r"^--lora-modules a1: .* more than --max-lora-rank 4$"):
         check_adapters(config, read_model_config(str(path)))
+
+
+@pytest.mark.parametrize("mode", ["bgmv", "sgmv"])
+def test_gathered_and_grouped_modes_match_peft(ckpt, mode):
+    """The two other ways of computing the adapters' product (`lora/layer.py`) give peft's
+    tokens on the same mixed batch."""
+    path, adapters, base = ckpt
+    llm = _llm(path)
+    llm.engine.runner.lora.step.mode = mode
+    which = [None, "a1", "a2", "a1"]
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True),
+                        use_tqdm=False,
+                        lora_request=[None if w is None else adapters[w][0] for w in which])  # fmt: skip
+    for out, prompt, w in zip(outs, PROMPTS, which):
+        model = base if w is None else adapters[w][1]
+        assert out.outputs[0].token_ids == _reference(model, prompt)[0], (mode, w)
