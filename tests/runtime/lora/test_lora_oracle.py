@@ -193,3 +193,20 @@ def test_gathered_and_grouped_modes_match_peft(ckpt, mode):
     for out, prompt, w in zip(outs, PROMPTS, which):
         model = base if w is None else adapters[w][1]
         assert out.outputs[0].token_ids == _reference(model, prompt)[0], (mode, w)
+
+
+def test_adapter_rows_are_batch_invariant(ckpt):
+    """An adapter's request alone and inside a mixed batch (other adapters, the base, longer
+    prompts chunked beside it) gets the same logits, bit for bit (the default dense mode's
+    matmuls are the base layers' M-invariant ones)."""
+    path, adapters, _ = ckpt
+    llm, seen = _llm(path), {}
+    llm.engine.runner.logits_hook = lambda reqs, rows: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, rows)
+    ]
+    p = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
+    a1, a2 = adapters["a1"][0], adapters["a2"][0]
+    (alone,) = llm.generate([PROMPTS[1]], p, use_tqdm=False, lora_request=a1)
+    mixed = llm.generate(PROMPTS, p, use_tqdm=False, lora_request=[a2, a1, None, a2])
+    assert mixed[1].outputs[0].token_ids == alone.outputs[0].token_ids
+    assert all(map(torch.equal, seen[alone.request_id], seen[mixed[1].request_id]))
