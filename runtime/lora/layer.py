@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 MODES = ("dense", "bgmv", "sgmv")
-# the default: the cheapest of the three at decode batch 8 and 32 and in the engine on the CPUs
+# the default: the cheapest of the three at decode batch 8 and 32 and in the engine on the CPU
 # measured (docs/benchmarks.md, "LoRA adapters"), and batch-invariant
 MODE = "dense"
 
