@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from pagoda.runtime import option_rules, options
-from pagoda.runtime.lora.config import LORA_KWARGS, LoRAConfig
+from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism

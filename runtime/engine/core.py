@@ -79,7 +79,7 @@ class EngineCore:
         check_block_size(config, loaded.config)
         check_speculative(config, loaded.config)
         if config.lora is not None:  # a family whose layers take adapters (`lora/slots.py`)
-            from pagoda.runtime.lora.slots import check_model
+            from pagoda.runtime.lora_config import check_model
 
             check_model(loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)

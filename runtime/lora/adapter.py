@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 import torch
-from pagoda.runtime.lora.config import LoRARequest
+from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model_config import ModelConfig
 
 # the projections an adapter may target, and the block of the layer they are in
@@ -150,7 +150,7 @@ def check_adapters(config, mc: ModelConfig) -> None:
     """At start (`pagoda serve`'s preflight): the model takes adapters and every
     ``--lora-modules`` adapter reads and fits it; ValueError, one line, naming the first that
     does not."""
-    from pagoda.runtime.lora.slots import check_model
+    from pagoda.runtime.lora_config import check_model
 
     check_model(mc)
     for module in config.lora_modules:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from pagoda.runtime.lora.config import LoRARequest
+from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.request import Request
 
 

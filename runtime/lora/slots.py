@@ -5,9 +5,9 @@ of them; the least recently used slot that no request of the step needs is reuse
 scheduler keeps the distinct adapters of the running requests within ``--max-loras``
 (`core/scheduler.py`), so a step's adapters always fit.
 
-Which models take adapters (`check_model`): the dense Llama-family decoders whose every layer
-is `LlamaLayer`'s q/k/v, o, gate/up and down linears (Llama, Mistral, Qwen2, Qwen3). Others
-are refused at start, one line.
+Which models take adapters (`lora_config.check_model`): the dense Llama-family decoders whose
+every layer is `LlamaLayer`'s q/k/v, o, gate/up and down linears (Llama, Mistral, Qwen2,
+Qwen3). Others are refused at start, one line.
 """
 
 from __future__ import annotations
@@ -17,20 +17,9 @@ from collections import OrderedDict
 
 import numpy as np
 from pagoda.runtime.lora.adapter import LoRAAdapter, module_shapes, read_adapter
-from pagoda.runtime.lora.config import LoRAConfig, LoRARequest
 from pagoda.runtime.lora.layer import LoRALinear, LoRAStep
+from pagoda.runtime.lora_config import LoRAConfig, LoRARequest, check_model
 from pagoda.runtime.model_config import ModelConfig
-
-# model_type → what LoRA is tested with there (tests/runtime/lora: peft as the oracle)
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def check_model(mc: ModelConfig) -> None:
-    """ValueError, one line, for a model whose layers do not all run through the wrapped
-    linears (docs/runtime.md, "LoRA adapters")."""
-    if mc.architecture not in FAMILIES or mc.family.num_experts:
-        raise ValueError(f"LoRA adapters are not supported for {mc.architecture!r} models "
-                         f"(dense {', '.join(FAMILIES)} only): drop --enable-lora")  # fmt: skip
 
 
 class LoRASlots:

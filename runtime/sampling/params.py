@@ -85,7 +85,7 @@ class SamplingParams:
     bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
     # pagoda.runtime.structured.params.StructuredOutputsParams: the grammar the output follows
     structured_outputs: Any = None
-    # pagoda.runtime.lora.config.LoRARequest: the adapter the request runs with (None: the base
+    # pagoda.runtime.lora_config.LoRARequest: the adapter the request runs with (None: the base
     # model); set by `LLM.generate(lora_request=...)` and the server's `model` name, as vLLM's
     # separate `lora_request` argument (carried here so that it travels with the request)
     lora_request: Any = None

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pagoda.runtime import options
-from pagoda.runtime.lora.config import LORA_KWARGS, LoRAConfig
+from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.options import ENGINE_FLAGS, PARALLEL_FLAGS, SERVER_FLAGS, Flag
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.config import ServerConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagoda.runtime import options
-from pagoda.runtime.lora.config import LoRAConfig
+from pagoda.runtime.lora_config import LoRAConfig
 from pagoda.runtime.option_rules import check_int, check_seconds
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request  # (at run time: FastAPI reads the routes' annotations)
 from fastapi.responses import PlainTextResponse
-from pagoda.runtime.lora.config import LoRAConfig, LoRARequest
+from pagoda.runtime.lora_config import LoRAConfig, LoRARequest
 from pagoda.runtime.options import LORA_RUNTIME_UPDATING_ENV
 from pagoda.runtime.server.protocol import APIError
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.lora.config import LoRAConfig, LoRARequest
+from pagoda.runtime.lora_config import LoRAConfig, LoRARequest
 from pagoda.runtime.server.cli import build_parser, server_config
 
 
@@ -61,7 +61,7 @@ def test_lora_request_checks_its_fields():
 
 def test_model_families_refused_in_one_line():
     from pagoda.runtime.config import ModelConfig
-    from pagoda.runtime.lora.slots import check_model
+    from pagoda.runtime.lora_config import check_model
 
     mc = ModelConfig(300, 64, 128, 2, 4, 2, 16, architecture="llama")
     check_model(mc)

@@ -13,7 +13,7 @@ from hf_oracle import hf_greedy_plain
 from lora_testlib import ADAPTERS, make_adapter, make_base
 from pagoda.runtime import LLM, LoRARequest, SamplingParams
 from pagoda.runtime.lora.adapter import check_adapters
-from pagoda.runtime.lora.config import LoRAConfig
+from pagoda.runtime.lora_config import LoRAConfig
 from pagoda.runtime.model.loader import read_model_config
 
 STEPS = 6

@@ -1,8 +1,9 @@
 """`LoRARequest` (vLLM's: which adapter a request runs with) and `LoRAConfig` (the engine's
 adapter settings: ``--enable-lora``, ``--lora-modules``, ``--max-loras``, ``--max-lora-rank``,
-``--max-cpu-loras``), frozen and validated once.
+``--max-cpu-loras``), frozen and validated once; which model families take adapters
+(`check_model`). The rest of LoRA is `pagoda.runtime.lora`.
 
-Standard library only: `options` and the server read these without torch.
+Standard library only: the configs and the server read these without torch.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pagoda.runtime.model_config import ModelConfig
 
 DEFAULT_MAX_LORAS = 1  # adapters resident in one batch (vLLM's default)
 DEFAULT_MAX_LORA_RANK = 16  # vLLM's default
@@ -135,3 +139,15 @@ LORA_KWARGS = ("enable_lora", "lora_modules", "max_loras", "max_lora_rank", "max
 def _check_int(name: str, value: Any, high: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
         raise ValueError(f"{name} must be an integer in 1..{high}, got {value!r}")
+
+
+# model_type → what LoRA is tested with there (tests/runtime/lora: peft as the oracle)
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def check_model(mc: ModelConfig) -> None:
+    """ValueError, one line, for a model whose layers do not all run through the wrapped
+    linears (docs/runtime.md, "LoRA adapters")."""
+    if mc.architecture not in FAMILIES or mc.family.num_experts:
+        raise ValueError(f"LoRA adapters are not supported for {mc.architecture!r} models "
+                         f"(dense {', '.join(FAMILIES)} only): drop --enable-lora")  # fmt: skip
