@@ -8,9 +8,9 @@ from pagoda.runtime.distributed.layout import TPLayout, check
 from pagoda.runtime.model_configs import MiMoAttention
 
 
-def model(heads=8, kv=2, inter=64, **family) -> ModelConfig:
+def model(heads=8, kv=2, inter=64, arch="llama", **family) -> ModelConfig:
     return ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=inter, num_layers=2,
-                       num_heads=heads, num_kv_heads=kv, head_dim=8,
+                       num_heads=heads, num_kv_heads=kv, head_dim=8, architecture=arch,
                        family=FamilyConfig(**family))  # fmt: skip
 
 
@@ -45,7 +45,8 @@ def test_the_vocabulary_is_padded_to_a_multiple_of_the_ranks():
         (model(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                shared_expert_intermediate_size=42), 4,
          "shared expert's width (shared_expert_intermediate_size 42)"),
-        (model(heads=6, kv=1, inter=66, mimo=MiMoAttention(swa_kv_heads=2, v_head_dim=8)), 3,
+        (model(heads=6, kv=1, inter=66, arch="mimo_v2_flash",
+               mimo=MiMoAttention(swa_kv_heads=2, v_head_dim=8)), 3,
          "the sliding layers' 2 KV heads can neither be split over 3 ranks"),  # MiMo-V2-Flash's
     ],
 )  # fmt: skip
