@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pagoda.runtime.config import ModelConfig
     from pagoda.runtime.distributed.layout import TPLayout
 
+# (`gemma4_config.GEMMA4_LAYERS`, not imported: `distributed/` sits below `model/`)
 _GEMMA4 = ("gemma4", "gemma4_unified", "gemma3n")  # (Gemma 3n's layers are a `Gemma4Layers`)
 
 # architecture -> the module of its `tp_problem`

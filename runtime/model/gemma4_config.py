@@ -44,6 +44,7 @@ TEXT_MODEL_TYPES = {"Gemma4ForConditionalGeneration": {"gemma4_text": "gemma4"},
                     "Gemma4UnifiedForConditionalGeneration":
                         {"gemma4_unified_text": "gemma4_unified"}}  # fmt: skip
 ARCHS = ("gemma4", "gemma4_unified")  # (the unified one: Gemma 4's without PLE or MoE)
+GEMMA4_LAYERS = (*ARCHS, "gemma3n")  # the families whose layers are a `Gemma4Layers`
 # transformers' Gemma4TextConfig defaults, where config.json leaves one out
 DEFAULTS = {
     "gemma4": {"vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,

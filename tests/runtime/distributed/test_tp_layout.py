@@ -80,7 +80,10 @@ def test_each_family_entry_names_a_registered_architecture_and_its_function():
     import importlib
 
     from pagoda.runtime.distributed import tp_families
+    from pagoda.runtime.model.gemma4_config import GEMMA4_LAYERS
     from pagoda.runtime.model.registry import MODEL_CLASSES
+
+    assert tp_families._GEMMA4 == GEMMA4_LAYERS
 
     for table, name in ((tp_families.TP_PROBLEMS, "tp_problem"),
                         (tp_families.RANK_ROWS, "rank_rows")):  # fmt: skip
