@@ -13,7 +13,9 @@ function:
   weights estimate).
 
 Adding a family is a line in each table its shapes need (a family the shared rules split needs
-none) and the function in its module."""
+none) and the function in its module. A function answers None where the config lacks the
+family's own sub-config (`FamilyConfig.gemma4`, ...: a config of that architecture built by
+hand, as tests/runtime/test_family_options.py builds one for every architecture)."""
 
 from __future__ import annotations
 

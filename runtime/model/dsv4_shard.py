@@ -49,7 +49,7 @@ def tp_problem(config: ModelConfig, size: int) -> str | None:
     ``intermediate_size``, `layout.check`'s), the output projection's groups must divide, a
     group's heads on one rank."""
     c = config.family.dsv4
-    if c.o_groups % size:
+    if c is not None and c.o_groups % size:
         return (f"--tensor-parallel-size {size} does not divide DeepSeek-V4's output projection "
                 f"groups (o_groups {c.o_groups})")  # fmt: skip
     return None

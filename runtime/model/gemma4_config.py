@@ -240,6 +240,8 @@ def tp_problem(c: ModelConfig, size: int) -> str | None:
     width (double wide, Gemma 3n's by layer) and the MoE block's experts' width divide by it
     (`model/gemma4.py`)."""
     g = c.family.gemma4
+    if g is None:  # (a config of Gemma 4's architecture without its layers: none to check)
+        return None
     for i, kv in enumerate(g.kv_heads):
         if kv % size and size % kv:
             return (f"--tensor-parallel-size {size}: layer {i}'s {kv} KV heads can neither be "
@@ -259,6 +261,8 @@ def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
     size, o, the MLP's down and the experts' down by input columns, gate/up and the experts'
     gate_up by rows; the rest whole (norms, the router, per-layer inputs, AltUp, Laurel)."""
     g = c.family.gemma4
+    if g is None:
+        return None
     d = g.head_dims[layer]
     if part == "self_attn.q_proj.weight":
         q0, q1 = lay.heads(c.num_heads)

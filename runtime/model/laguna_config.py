@@ -84,7 +84,7 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 def tp_problem(c: ModelConfig, size: int) -> str | None:
     """Why `size` ranks cannot split Laguna's layers (one line), or None
     (`distributed/tp_families.py`): each layer's query heads must divide by `size`."""
-    for i, heads in enumerate(c.family.laguna.heads):
+    for i, heads in enumerate(() if c.family.laguna is None else c.family.laguna.heads):
         if heads % size:
             return f"--tensor-parallel-size {size} does not divide layer {i}'s {heads} query heads"
     return None
@@ -94,9 +94,9 @@ def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
     """A rank's (rows, columns) of a layer's q and output gate, by the layer's own query heads
     (`model/laguna.py`: a gate row per head, or per head element), or None for the other
     tensors (`distributed/tp_families.py`)."""
-    if part not in ("self_attn.q_proj.weight", "self_attn.g_proj.weight"):
-        return None
     g = c.family.laguna
+    if g is None or part not in ("self_attn.q_proj.weight", "self_attn.g_proj.weight"):
+        return None
     q0, q1 = lay.heads(g.heads[layer])
     per_head = part.startswith("self_attn.g") and g.gate_per_head
     return (q1 - q0) * (1 if per_head else c.head_dim), cols

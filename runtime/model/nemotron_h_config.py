@@ -130,7 +130,7 @@ def tp_problem(c: ModelConfig, size: int) -> str | None:
     """Why `size` ranks cannot split Nemotron-H's MoE blocks (one line), or None
     (`distributed/tp_families.py`; its Mamba2 mixers are `layout.mamba_problem`'s): the
     experts' and the shared expert's widths must divide by `size`."""
-    moe = c.family.mamba.moe
+    moe = None if c.family.mamba is None else c.family.mamba.moe
     widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,
                                      "moe_shared_expert_intermediate_size": moe.shared_intermediate}  # fmt: skip
     for key, width in widths.items():

@@ -36,6 +36,8 @@ def _gemma4(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | N
     """Gemma 4's and Gemma 3n's (model/gemma4.py, gemma3n.py): AltUp's router and coefficients
     and the wrapper's token tables, tensors in the dtype; the per-layer inputs' table (an
     embedding, not a Linear); a Linear per expert of the MoE block's stacked experts."""
+    if mc.family.gemma4 is None:
+        return GENERIC
     if _ALTUP_COEFS.search(name) or name == "model.embed_tokens_per_layer.weight":
         return t.numel * p.dtype.itemsize
     if name.endswith(("experts.gate_up_proj", "down_proj")):

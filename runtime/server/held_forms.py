@@ -31,7 +31,7 @@ def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
 
 def _gemma4_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
     """Gemma 4's (and Gemma 3n's) tensors with its unweighted norms' weights, made at load."""
-    return {**tensors, **_gemma4_ones(mc)}
+    return tensors if mc.family.gemma4 is None else {**tensors, **_gemma4_ones(mc)}
 
 
 def _gemma4_ones(mc: ModelConfig) -> dict[str, Stored]:

@@ -91,6 +91,10 @@ def test_each_family_entry_names_a_registered_architecture_and_its_function():
             assert arch in MODEL_CLASSES, arch
             fn = getattr(importlib.import_module(f"pagoda.runtime.model.{module}"), name, None)
             assert callable(fn), (arch, module, name)
+    for arch in {*tp_families.TP_PROBLEMS, *tp_families.RANK_ROWS}:  # without its sub-config
+        bare = model(arch=arch)  # (as test_family_options.py builds every architecture)
+        assert tp_families.tp_problem(bare, 2) is None, arch
+        tp_families.rank_rows(0, "self_attn.k_proj.weight", 16, 64, bare, TPLayout(0, 2))
 
 
 def test_a_rank_outside_the_group_is_refused():
