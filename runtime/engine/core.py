@@ -43,6 +43,7 @@ from pagoda.runtime.engine import recurrent
 from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.model import longrope
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
@@ -77,6 +78,10 @@ class EngineCore:
         check_dtype(config, loaded.config)
         check_block_size(config, loaded.config)
         check_speculative(config, loaded.config)
+        if config.lora is not None:  # a family whose layers take adapters (`lora/slots.py`)
+            from pagoda.runtime.lora.slots import check_model
+
+            check_model(loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -107,7 +112,10 @@ class EngineCore:
         self.kv = KVCacheManager(
             self.runner.num_blocks, bs, config.cache.enable_prefix_caching, snapshots
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        gate = None if config.lora is None else lora.LoRAGate(config.lora.max_loras)
+        self.scheduler = Scheduler(config.scheduler, self.kv, lora=gate)
+        for module in () if config.lora is None else config.lora.lora_modules:
+            self.add_lora(module)  # --lora-modules: each read and checked at start
         self.runner.capture_cuda_graphs(config.scheduler.max_num_seqs, limit)
         self.outputs = OutputProcessor(self.tokenizer)
         self.clock: StepClock | None = None  # per-phase timing, see `enable_step_clock`
@@ -214,6 +222,8 @@ class EngineCore:
                 raise ValueError(f"bad_words_token_ids must be in [0, {vocab})")
         mc = self.model_config
         check_bans_leave_tokens(params, mc.eos_token_ids, mc.vocab_size, bad_words)
+        if params.lora_request is not None:  # read (or found) now: a bad adapter fails here
+            self.add_lora(params.lora_request)
         reqs = self._samples(request_id, prompt_token_ids, params, bad_words, bulk)
         self.outputs.add(request_id, reqs)
         for req in reqs:
@@ -242,6 +252,8 @@ class EngineCore:
             salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()
         elif self.config.cache.enable_prefix_caching:  # a longrope prompt past its original context
             salt = longrope.cache_salt(self.model_config.rope_scaling, len(prompt_token_ids))
+        if self.config.cache.enable_prefix_caching:  # an adapter's KV is its own
+            salt = lora.lora_salt(salt, params.lora_request)
         reqs = []
         for i in range(params.n):
             child_params = params
@@ -263,6 +275,17 @@ class EngineCore:
             )
             req.takes_drafts = self.proposer is not None and takes_drafts(req)
         return reqs
+
+    def add_lora(self, request) -> None:
+        """Read a LoRA adapter into host memory (or find it there), checked against the model;
+        ValueError for a bad one (or without --enable-lora), the engine unharmed."""
+        if self.runner.lora is None:
+            raise ValueError("LoRA adapters are not enabled on this engine (--enable-lora)")
+        self.runner.lora.adapter(request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (requests already running with it finish with it)."""
+        return self.runner.lora is not None and self.runner.lora.remove(lora_int_id)
 
     def abort_request(self, request_id: str) -> None:
         """Abort every sample of a request; its blocks are freed at once."""
@@ -465,6 +488,10 @@ class EngineCore:
             prefix_hits=self.kv.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
         )
+        if self.config.lora is not None:  # vLLM's lora_requests_info
+            stats.lora_running = lora.adapter_names(self.scheduler.running)
+            stats.lora_waiting = lora.adapter_names(self.scheduler.waiting)
+            stats.max_lora = self.config.lora.max_loras
         spec = self.spec_stats
         if spec is not None:
             stats.spec_num_drafts = spec.num_drafts

@@ -23,6 +23,7 @@ from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.lora.slots import LoRASlots
 from pagoda.runtime.model import alibi
 from pagoda.runtime.model.llama import SEQUENCE_STATE, TOKEN_HISTORY, LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
@@ -78,6 +79,10 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = self._build_model(loaded, max_model_len)
         _log_quantized_layers(self.model)
+        # LoRA adapters: the layers wrapped, the adapters' device slots (`pagoda.runtime.lora`)
+        self.lora = None if config.lora is None else LoRASlots(config.lora, mc)
+        if self.lora is not None:
+            self.lora.wrap(self.model)
         # Where the LM head samples from its outputs (`qgemm`), steps that write logits pick the
         # greedy and unfiltered rows with the same code: a row's token never depends on the path.
         fused = self.model.lm_head.fuses_sampling
@@ -194,6 +199,9 @@ class ModelRunner:
             return
         if self.mamba is not None or self.seq_state is not None:
             log.info("CUDA graphs off: a model with per-sequence state runs its decodes eagerly")
+            return
+        if self.lora is not None:
+            log.info("CUDA graphs off: LoRA adapters run their decodes eagerly")
             return
         mla = self.model_config.family.mla
         if mla is not None and mla.indexer is not None:  # dense or sparse: chosen per step
@@ -390,6 +398,8 @@ class ModelRunner:
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
         if self.speculative and nd < n and (seq_lens > known).any():  # decodes with drafts
             inp.sample_rows, inp.spec = _spec_rows(ids, cu, seq_lens - known, sampling)
+        if self.lora is not None:  # each token's adapter slot (`lora/slots.py`)
+            inp.lora = self.lora.prepare(reqs, qlens)
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
                                            out.snapshots)  # fmt: skip
@@ -467,6 +477,8 @@ class ModelRunner:
         """The forward of a prepared step (`ids` on the device): a captured CUDA graph when
         one fits, else eager. The other ranks of a group run it with rank 0's inputs."""
         graph = self.cuda_graphs
+        if self.lora is not None:
+            self.lora.device_step(inp.lora, self.to_device)
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks, nd = len(inp.qlens), inp.table.shape[1], inp.num_decodes
         if (
