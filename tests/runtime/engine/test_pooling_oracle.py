@@ -75,3 +75,31 @@ def test_refusals(tmp_path):
     gen = LLM(str(tmp_path), runner="generate", **ARGS)
     with pytest.raises(ValueError, match="embed needs the pooling runner"):
         gen.embed([[1, 2]])
+
+
+@pytest.mark.parametrize(
+    ("arch", "kind", "fields", "words"),
+    [
+        ("MambaForCausalLM", "Mamba", {}, "keeps per-sequence state"),
+        ("Gemma3nForCausalLM", "Gemma3nText",
+         dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+              num_kv_shared_layers=0, layer_types=["sliding_attention", "full_attention"],
+              activation_sparsity_pattern=[0.0, 0.0]),
+         "its forward does not hand back final hidden states"),
+    ],
+)  # fmt: skip
+def test_families_the_pooling_runner_refuses(tmp_path, arch, kind, fields, words):
+    """From config.json alone (what `pagoda serve` checks before loading): a recurrent family,
+    and one whose model computes its own forward (the hidden-state seam is Llama's)."""
+    import transformers
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.engine.pooling import check_pooling
+    from pagoda.runtime.model.loader import read_model_config
+
+    cfg = getattr(transformers, f"{kind}Config")(hidden_size=64, num_hidden_layers=2,
+                                                 vocab_size=300, **fields)  # fmt: skip
+    cfg.architectures = [arch]
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=words):
+        check_pooling(EngineConfig.create(str(tmp_path), runner="pooling"),
+                      read_model_config(str(tmp_path)))  # fmt: skip
