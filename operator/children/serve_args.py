@@ -52,6 +52,7 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "long_prefill_token_threshold": e.long_prefill_token_threshold,  # None: nothing
         # vLLM's JSON, bounds filled in (None: off, nothing rendered)
         "speculative_config": None if e.speculative is None else e.speculative.to_json(),
+        "runner": e.runner,  # None (unset) renders nothing
         # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
         "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
         "revision": spec.model.commit,  # an hf:// branch's pin (None: not pinned, no flag)
@@ -107,6 +108,8 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         out["quantization"] = e.quantization
     if e.long_prefill_token_threshold is not None:  # likewise
         out["longPrefillTokenThreshold"] = e.long_prefill_token_threshold
+    if e.runner is not None:  # likewise
+        out["runner"] = e.runner
     if (sc := e.speculative) is not None:  # likewise; camelCase, bounds filled in
         out["speculative"] = {
             "method": sc.method,

@@ -46,6 +46,7 @@ ATTENTION_BACKENDS = options.ATTENTION_BACKENDS
 BLOCK_SIZES = options.BLOCK_SIZES
 KV_CACHE_DTYPES = options.KV_CACHE_DTYPES
 QUANTIZATIONS = options.QUANTIZATIONS
+RUNNERS = options.RUNNERS
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 MAX_NAME_LENGTH = 52  # leaves room for the "-config" suffix and pod-name hashes
 
@@ -145,6 +146,8 @@ class EngineSpec:
     long_prefill_token_threshold: int | None = None
     # n-gram speculative decoding (`--speculative-config`); None: off
     speculative: spec_config.SpeculativeConfig | None = None
+    # `--runner` (generate, pooling: an embedding model, auto); None: the runtime's (auto)
+    runner: str | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -209,6 +212,7 @@ class EngineSpec:
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
             long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
             speculative=_speculative(d, p),
+            runner=choice(d, "runner", p, RUNNERS, None) if d.get("runner") is not None else None,
             extra_args=tuple(extra),
         )
 

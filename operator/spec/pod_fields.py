@@ -172,6 +172,7 @@ OPERATOR_FLAGS: Mapping[str, str] = {
             "max_model_len",
             "max_queue_len",
             "long_prefill_token_threshold",
+            "runner",
         )
     },
     "speculative_config": "spec.engine.speculative",

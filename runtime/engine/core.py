@@ -44,8 +44,10 @@ from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.lora import engine as lora
+from pagoda.runtime.engine.pooling import check_pooling, finish_pooled
 from pagoda.runtime.model import longrope
 from pagoda.runtime.model.loader import LoadedModel, load_model
+from pagoda.runtime.pooler_config import with_runner
 from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.bans import check_bans_leave_tokens
@@ -75,6 +77,8 @@ class EngineCore:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
+        config = with_runner(config, loaded.path, loaded.config.hidden_size)  # --runner auto
+        check_pooling(config, loaded.config)
         check_dtype(config, loaded.config)
         check_block_size(config, loaded.config)
         check_speculative(config, loaded.config)
@@ -401,6 +405,8 @@ class EngineCore:
         anything is scheduled again (stop strings need the text, so those detokenize here).
         A request with drafts gains several tokens, one entry each, folded in order: those
         after one that ends it are dropped, and its computed tokens go back to those accepted."""
+        if result.pooled is not None:  # the pooling runner: those prompts end (engine/pooling.py)
+            finish_pooled(self.scheduler, result.pooled[0])
         now = time.monotonic()
         check_stop_string = self.outputs.check_stop_string
         for req, entries in result.prompt_logprobs:  # before the first token's output

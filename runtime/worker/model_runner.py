@@ -25,7 +25,7 @@ from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.lora.slots import LoRASlots
 from pagoda.runtime.model import alibi
-from pagoda.runtime.model.llama import SEQUENCE_STATE, TOKEN_HISTORY, LlamaModel
+from pagoda.runtime.model.llama import HIDDEN_STATES, SEQUENCE_STATE, TOKEN_HISTORY, LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.ops import select_ops
@@ -48,6 +48,7 @@ from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.mamba_state import MambaState
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput, SpecResult
+from pagoda.runtime.worker.pooler import Pooler, pool_rows
 from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock
 from pagoda.runtime.worker.step_inputs import StepInputs, token_history
@@ -95,6 +96,11 @@ class ModelRunner:
         # Rows for every running request, and as many again before finished ones are reclaimed.
         max_blocks = -(-max_model_len // self.block_size) + 1
         self.block_tables = BlockTables(2 * config.scheduler.max_num_seqs, max_blocks)
+        # the pooling runner: each step hands back hidden states, pooled per prompt that ends
+        pc = config.pooler_config if config.runner == "pooling" else None
+        self.pooling_type = None if pc is None else pc.pooling_type
+        self.pooler = None if pc is None or (tp is not None and tp.rank != 0) else Pooler(
+            pc, mc.hidden_size, 2 * config.scheduler.max_num_seqs, self.device)  # fmt: skip
         # a hybrid's Mamba layers: their state slots (a column per block-table row), before the
         # KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
@@ -195,6 +201,7 @@ class ModelRunner:
             self.config.enable_cuda_graphs
             and self.device.type == "cuda"
             and self.backend.name == "triton"
+            and self.pooling_type is None  # (pooling never decodes)
         ):
             return
         if self.mamba is not None or self.seq_state is not None:
@@ -260,6 +267,8 @@ class ModelRunner:
     def readback(self, step: LaunchedStep) -> ModelRunnerOutput:
         """Wait for a step queued by `execute_model` and read its sampled tokens back (the
         step's only device→host sync)."""
+        if step.pooled is not None:  # the pooling runner's vectors
+            return self._pooled_readback(step)
         if step.sampler_output is None and step.prompt is None:
             return ModelRunnerOutput([], [], [])
         if step.ready is not None:
@@ -283,6 +292,8 @@ class ModelRunner:
         """Inputs → forward → sampling, all queued on the device without waiting for it."""
         clock = self.clock
         inp = self._prepare_inputs(out)
+        if self.pooler is not None:
+            return self._execute_pooling(out, inp)
         reqs = [out.scheduled[i].request for i in inp.sampling]
         spec = inp.spec
         if spec is not None:  # a drafted request samples each of its rows (`spec/verify.py`)
@@ -322,6 +333,31 @@ class ModelRunner:
         if clock is not None:
             clock.mark("sample")
         return step
+
+    def _execute_pooling(self, out: SchedulerOutput, inp: StepInputs) -> LaunchedStep:
+        """The pooling runner's step: hidden states (no LM head) → the vectors of the prompts
+        that end in it (`worker/pooler.py`), queued on the device."""
+        hidden = self._forward(inp, None)
+        reqs = [out.scheduled[i].request for i in inp.sampling]
+        vectors = self.pooler.pool(hidden, inp, self.block_tables.rows, self.to_device)
+        step = LaunchedStep(reqs, None, pooled=vectors)
+        if vectors is not None and self.device.type == "cuda":
+            step.host = _pinned_copies((vectors,))[0]
+            step.ready = torch.cuda.Event()
+            step.ready.record()
+        if self.clock is not None:
+            self.clock.mark("forward")
+        return step
+
+    def _pooled_readback(self, step: LaunchedStep) -> ModelRunnerOutput:
+        """A pooling step's vectors on the host (float32 [requests, D]), with their requests."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        host = step.host if step.host is not None else step.pooled.cpu()
+        result = ModelRunnerOutput([], [], [], pooled=(step.requests, host.numpy()))
+        if self.clock is not None:
+            self.clock.mark("readback")
+        return result
 
     def sample_deferred(self, step: LaunchedStep) -> None:
         """Sample a step launched with constrained rows under async scheduling, once the
@@ -514,13 +550,12 @@ class ModelRunner:
             meta.aux[TOKEN_HISTORY] = self.to_device(inp.history)
         if inp.seq_state is not None:
             meta.aux[SEQUENCE_STATE] = self.seq_state.device_step(inp.seq_state, self.to_device)
+        if self.pooling_type is not None:  # hidden states of the rows pooled, no LM head
+            rows, head = pool_rows(self.pooling_type, inp), HIDDEN_STATES
+        else:
+            rows = _logit_rows(inp, _last_rows(inp))
         return self.model.forward(
-            ids,
-            self.to_device(inp.positions),
-            self.kv_caches,
-            meta,
-            self.to_device(_logit_rows(inp, _last_rows(inp))),
-            head,
+            ids, self.to_device(inp.positions), self.kv_caches, meta, self.to_device(rows), head
         )
 
     def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:

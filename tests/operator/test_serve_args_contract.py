@@ -216,6 +216,7 @@ def test_metric_names_in_queries_and_rules_are_the_runtimes() -> None:
     ("kvCacheDtype", "--kv-cache-dtype", "fp8", 1),
     ("quantization", "--quantization", "fp8", 1),
     ("longPrefillTokenThreshold", "--long-prefill-token-threshold", 512, 0),
+    ("runner", "--runner", "pooling", 0),  # an embedding model (/v1/embeddings)
 ])  # fmt: skip
 def test_new_engine_fields_render_only_when_set(field, flag, value, gpus) -> None:
     """Flags added after the first release: the default leaves every existing service's command
