@@ -43,8 +43,8 @@ from pagoda.runtime.engine import recurrent
 from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
-from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.engine.pooling import check_pooling, finish_pooled
+from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.model import longrope
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.pooler_config import with_runner

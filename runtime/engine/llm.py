@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
-from pagoda.runtime.lora.config import LoRARequest
 from pagoda.runtime.engine.pooling import EmbeddingRequestOutput, PoolingParams, embed
+from pagoda.runtime.lora.config import LoRARequest
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.sampling.params import SamplingParams
