@@ -49,19 +49,25 @@ def download_args(spec: InferenceServiceSpec) -> list[str]:
     return args
 
 
-def download_container(spec: InferenceServiceSpec) -> dict[str, Any]:
-    """The init container that downloads the model (or finds it in a shared cache)."""
+def download_container(
+    spec: InferenceServiceSpec,
+    name: str = INIT_CONTAINER,
+    command: tuple[str, ...] = ("pagoda", "download"),
+    args: list[str] | None = None,
+) -> dict[str, Any]:
+    """The init container that downloads the model (or finds it in a shared cache); with
+    `name`, `command` and `args`, another one alike (children/adapters.py's)."""
     user = [dict(e) for e in spec.env]  # e.g. HF_ENDPOINT, proxies
     names = {e["name"] for e in user}
     env = [e for e in cache_env() if e["name"] not in names] + user
     env.append({"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
     r = spec.resources
     container: dict[str, Any] = {
-        "name": INIT_CONTAINER,
+        "name": name,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["pagoda", "download"],
-        "args": download_args(spec),
+        "command": list(command),
+        "args": download_args(spec) if args is None else args,
         "env": env,
         "resources": {
             "requests": {"cpu": r.cpu, "memory": r.memory},
@@ -90,7 +96,12 @@ def add_model_download(
         return
     pod_spec.setdefault("volumes", []).append(cache_volume(spec))
     pod_spec["initContainers"] = [download_container(spec), *pod_spec.get("initContainers", [])]
-    for container in (*pod_spec["initContainers"], *pod_spec.get("containers", [])):
+    add_cache_readers(pod_spec, readers)
+
+
+def add_cache_readers(pod_spec: dict[str, Any], readers: tuple[str, ...]) -> None:
+    """The containers named in `readers` (init or not) get the cache read-only and offline."""
+    for container in (*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])):
         if container["name"] in readers:
             container.setdefault("volumeMounts", []).append(
                 {"name": VOLUME, "mountPath": MODEL_CACHE_MOUNT, "readOnly": True}

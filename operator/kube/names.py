@@ -40,6 +40,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods (port `http`)
 RUN_AS_ID = 1000  # the image's user (Dockerfile), every pod's
 MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--download-dir` in pods
+# hf:// and s3:// LoRA adapters: a link per adapter to its download (children/adapters.py)
+ADAPTERS_MOUNT = "/var/cache/pagoda/adapters"
 
 
 # Kubernetes label syntax (what the API server accepts): key `[DNS-1123 subdomain/]name`

@@ -18,6 +18,7 @@ from typing import Any
 from pagoda.operator.kube.drift import parse_quantity
 from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH, PodIds
 from pagoda.operator.spec import pod_fields
+from pagoda.operator.spec.adapters import Adapter, LoraSpec, check_served_names, parse_adapters
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
@@ -145,6 +146,8 @@ class EngineSpec:
     long_prefill_token_threshold: int | None = None
     # n-gram speculative decoding (`--speculative-config`); None: off
     speculative: spec_config.SpeculativeConfig | None = None
+    # `--max-loras` and the rest with spec.adapters (spec/adapters.py); None: their defaults
+    lora: LoraSpec | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -174,6 +177,10 @@ class EngineSpec:
                     f"spec.engine.{camel(rule.larger)} ({filled[rule.larger]}) must be >= "
                     f"{camel(rule.smaller)} ({filled[rule.smaller]}{unset})",
                 )
+
+    def lora_values(self, adapters: int) -> tuple[int, int, int]:
+        """(maxLoras, maxLoraRank, maxCpuLoras) with `adapters` declared, defaults filled in."""
+        return (self.lora or LoraSpec()).effective(adapters)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
@@ -209,6 +216,7 @@ class EngineSpec:
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
             long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
             speculative=_speculative(d, p),
+            lora=LoraSpec.from_dict(d),
             extra_args=tuple(extra),
         )
 
@@ -339,6 +347,7 @@ class InferenceServiceSpec:
     api_key_secret: SecretKeyRef | None = None
     model_cache: ModelCacheSpec = field(default_factory=ModelCacheSpec)
     model_secret: str | None = None  # a Secret whose keys the model-download container gets as env
+    adapters: tuple[Adapter, ...] = ()  # LoRA adapters served beside the model (spec/adapters.py)
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
@@ -384,10 +393,11 @@ class InferenceServiceSpec:
                 f"spec.model {show(self.model.uri)} is a GGUF file (its own quantization): leave "
                 "quantization unset",
             )
-        if not self.model.remote and (self.model_secret or self.model_cache != ModelCacheSpec()):
+        if not self.downloads and (self.model_secret or self.model_cache != ModelCacheSpec()):
             raise SpecError(
                 "InvalidSpec",
-                "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only",
+                "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models (and "
+                "adapters) only",
             )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(
@@ -407,7 +417,37 @@ class InferenceServiceSpec:
                 f"(tensorParallelSize {self.tensor_parallel_size}: resources.gpus × "
                 "parallelism.nodes, or parallelism.tensorParallelSize): drop one of them",
             )
+        self._check_adapters()
         self._check_split()
+
+    def _check_adapters(self) -> None:
+        """What `pagoda serve --enable-lora` refuses at start (a crash loop), refused here."""
+        if not self.adapters:
+            if self.engine.lora is not None:
+                raise SpecError(
+                    "InvalidSpec",
+                    "spec.engine.lora configures spec.adapters: add adapters or drop it",
+                )
+            return
+        check_served_names(self.adapters, self.served_model_name, self.model.uri)
+        self.engine.lora_values(len(self.adapters))  # maxCpuLoras >= maxLoras, defaults filled
+        tp = self.tensor_parallel_size
+        for what, on in (
+            (f"tensor parallelism (tensorParallelSize {tp}: resources.gpus × parallelism.nodes, "
+             "or parallelism.tensorParallelSize)", tp > 1),
+            ("spec.engine.speculative", self.engine.speculative is not None),
+            ("spec.engine.quantization fp8", self.engine.quantization == "fp8"),
+        ):  # fmt: skip
+            if on:
+                raise SpecError(
+                    "InvalidSpec",
+                    f"spec.adapters (LoRA) is not supported with {what}: drop one of them",
+                )
+
+    @property
+    def downloads(self) -> bool:
+        """Something is downloaded into the model cache: an hf:// or s3:// model or adapter."""
+        return self.model.remote or any(a.remote for a in self.adapters)
 
     def _check_split(self) -> None:
         """A built-in model's shape is known up front: a tensor-parallel size it cannot be split
@@ -485,6 +525,7 @@ class InferenceServiceSpec:
         served = opt_str(
             spec, "servedModelName", "spec", max_len=MAX_SERVED_NAME, pattern=_SERVED_NAME
         ) or (model.uri if model.source == "builtin" else name)
+        adapters = parse_adapters(spec, model)
         node_selector = pod_fields.node_selector(spec)
         autoscaling = spec.get("autoscaling")
         if autoscaling is not None and not isinstance(autoscaling, Mapping):
@@ -516,6 +557,7 @@ class InferenceServiceSpec:
             api_key_secret=_secret_ref(spec),
             model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
             model_secret=_model_secret(spec),
+            adapters=adapters,
             node_selector=tuple(sorted(node_selector.items())),
             tolerations=tuple(pod_fields.tolerations(spec, MAX_TOLERATIONS)),
             env=tuple(pod_fields.env(spec, MAX_ENV, MAX_ENV_NAME)),
