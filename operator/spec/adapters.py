@@ -196,11 +196,12 @@ def _source(uri: str, model: ModelRef, p: str) -> ModelRef:
     return ref
 
 
-def check_served_names(adapters: Sequence[Adapter], served: str, model_uri: str) -> None:
-    """An adapter named like the base model would shadow it (or it the adapter): refused, as the
-    CRD's rule does (which compares with spec.model too: a built-in's served name)."""
+def check_served_names(adapters: Sequence[Adapter], base_names: Sequence[str]) -> None:
+    """An adapter named like the base model would shadow it (or it the adapter): refused. The
+    CRD's rule compares with what it can see: spec.servedModelName, else metadata.name, and
+    spec.model (a built-in's served name); `base_names` are the same."""
     for i, a in enumerate(adapters):
-        if a.name in (served, model_uri):
+        if a.name in base_names:
             raise SpecError(
                 "InvalidSpec",
                 f"{P}[{i}].name {show(a.name)} is the base model's served name "

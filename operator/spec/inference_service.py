@@ -429,7 +429,6 @@ class InferenceServiceSpec:
                     "spec.engine.lora configures spec.adapters: add adapters or drop it",
                 )
             return
-        check_served_names(self.adapters, self.served_model_name, self.model.uri)
         self.engine.lora_values(len(self.adapters))  # maxCpuLoras >= maxLoras, defaults filled
         tp = self.tensor_parallel_size
         for what, on in (
@@ -526,6 +525,9 @@ class InferenceServiceSpec:
             spec, "servedModelName", "spec", max_len=MAX_SERVED_NAME, pattern=_SERVED_NAME
         ) or (model.uri if model.source == "builtin" else name)
         adapters = parse_adapters(spec, model)
+        check_served_names(  # as the CRD's rule: servedModelName (else metadata.name), spec.model
+            adapters, (served, model.uri, *(() if spec.get("servedModelName") else (name,)))
+        )
         node_selector = pod_fields.node_selector(spec)
         autoscaling = spec.get("autoscaling")
         if autoscaling is not None and not isinstance(autoscaling, Mapping):
