@@ -1,7 +1,7 @@
 """The Deployment: one `server` container running `pagoda serve`, its probes, resources, volumes
 and restricted security context (+ the `model-download` init container of an hf:// or s3://
-model, children/model_cache.py, and the `adapter-download` one of hf:// or s3:// LoRA adapters,
-children/adapters.py). Pure.
+model, and the `adapter-download` one of hf:// or s3:// LoRA adapters: children/model_cache.py).
+Pure.
 
 `replicas` is left out once the autoscaler owns it (see
 `InferenceServiceSpec.desired_replicas`).
@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.children.adapters import add_adapter_download
-from pagoda.operator.children.model_cache import add_model_download
+from pagoda.operator.children.model_cache import add_adapter_download, add_model_download
 from pagoda.operator.children.owner import adopt, child
 from pagoda.operator.children.serve_args import server_args
 from pagoda.operator.kube.names import (

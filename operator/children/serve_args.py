@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.names import (
     ADAPTERS_MOUNT,
+    LORA_FLAGS,
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX_ENV,
     MODEL_CACHE_MOUNT,
     SERVER_PORT,
     WORKER,
 )
-from pagoda.operator.spec.adapters import LORA_FLAGS
 from pagoda.runtime import options
 
 if TYPE_CHECKING:
-    from pagoda.operator.spec.adapters import Adapter
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
+    from pagoda.operator.spec.model_ref import Adapter
 
 BIND_HOST = "0.0.0.0"  # the pod's address, not loopback (the runtime's default)
 
@@ -80,14 +80,14 @@ def parallel_values(spec: InferenceServiceSpec, role: str | None = None) -> dict
 
 def adapter_path(adapter: Adapter) -> str:
     """Where the server reads an adapter's PEFT directory: a downloaded one's link in the
-    `adapters` volume (children/adapters.py), else its path on spec.model's claim or in the image."""
+    `adapters` volume (children/model_cache.py), else its path on spec.model's claim or in the image."""
     if adapter.remote:
         return f"{ADAPTERS_MOUNT}/{adapter.name}"
     return adapter.source.server_arg
 
 
 def lora_values(spec: InferenceServiceSpec) -> dict[str, Any]:
-    """vLLM's LoRA flags by destination name, defaults filled in (spec/adapters.py); empty
+    """vLLM's LoRA flags by destination name, defaults filled in (spec/model_ref.py); empty
     without spec.adapters (no flag rendered, no config hash changed)."""
     if not spec.adapters:
         return {}

@@ -18,7 +18,6 @@ from typing import Any
 from pagoda.operator.kube.drift import parse_quantity
 from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH, PodIds
 from pagoda.operator.spec import pod_fields
-from pagoda.operator.spec.adapters import Adapter, LoraSpec, check_served_names, parse_adapters
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
@@ -33,7 +32,13 @@ from pagoda.operator.spec.fields import (
     quantity,
     show,
 )
-from pagoda.operator.spec.model_ref import ModelRef
+from pagoda.operator.spec.model_ref import (
+    Adapter,
+    LoraSpec,
+    ModelRef,
+    check_served_names,
+    parse_adapters,
+)
 from pagoda.operator.spec.parallelism import ParallelismSpec
 from pagoda.runtime import options
 from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
@@ -146,7 +151,7 @@ class EngineSpec:
     long_prefill_token_threshold: int | None = None
     # n-gram speculative decoding (`--speculative-config`); None: off
     speculative: spec_config.SpeculativeConfig | None = None
-    # `--max-loras` and the rest with spec.adapters (spec/adapters.py); None: their defaults
+    # `--max-loras` and the rest with spec.adapters (spec/model_ref.py); None: their defaults
     lora: LoraSpec | None = None
     extra_args: tuple[str, ...] = ()
 
@@ -347,7 +352,7 @@ class InferenceServiceSpec:
     api_key_secret: SecretKeyRef | None = None
     model_cache: ModelCacheSpec = field(default_factory=ModelCacheSpec)
     model_secret: str | None = None  # a Secret whose keys the model-download container gets as env
-    adapters: tuple[Adapter, ...] = ()  # LoRA adapters served beside the model (spec/adapters.py)
+    adapters: tuple[Adapter, ...] = ()  # LoRA adapters served beside the model (spec/model_ref.py)
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
@@ -396,8 +401,8 @@ class InferenceServiceSpec:
         if not self.downloads and (self.model_secret or self.model_cache != ModelCacheSpec()):
             raise SpecError(
                 "InvalidSpec",
-                "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models (and "
-                "adapters) only",
+                "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only "
+                "(and to hf:// and s3:// spec.adapters)",
             )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(

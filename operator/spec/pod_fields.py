@@ -15,8 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pagoda.operator.kube.names import is_label_key, is_label_value
-from pagoda.operator.spec.adapters import LORA_FLAGS
+from pagoda.operator.kube.names import LORA_FLAGS, is_label_key, is_label_value
 from pagoda.operator.spec.fields import SpecError, mapping, show
 from pagoda.runtime import option_rules, options
 

@@ -17,9 +17,9 @@ from crd_schema import validate
 from operator_harness import DEPLOY, ISVC, load_crd, wait_for
 from operator_helpers import condition, create_isvc
 from pagoda.operator.children import serve_args
-from pagoda.operator.children.adapters import ADAPTER_CONTAINER, LINKS_VOLUME
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.config_map import build_config_map, config_hash
+from pagoda.operator.children.model_cache import ADAPTER_CONTAINER, LINKS_VOLUME
 from pagoda.operator.children.owner import Owner
 from pagoda.operator.kube.names import ADAPTERS_MOUNT, CONFIG_HASH_ANNOTATION, MODEL_CACHE_MOUNT
 from pagoda.operator.spec.fields import SpecError
@@ -186,7 +186,7 @@ def test_crd_and_operator_refuse_the_same_specs(
     [
         ({**BASE, "adapters": [{**CHAT, "source": "pvc://other/x"}]}, "on spec.model's"),
         ({"model": "hf://o/m", "adapters": [CHAT]}, "on spec.model's"),
-        ({**BASE, "adapters": [CHAT], "modelCache": {"sizeLimit": "1Gi"}}, "(and adapters) only"),
+        ({**BASE, "adapters": [CHAT], "modelCache": {"sizeLimit": "1Gi"}}, "models only (and to hf:// and s3:// spec.adapters)"),
         ({**BASE, "adapters": [{**SQL, "name": "smollm2-135m"}], "model": "smollm2-135m",
           "servedModelName": "x"}, "served name"),  # the CRD's rule sees spec.model too
     ],

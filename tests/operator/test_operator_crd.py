@@ -12,9 +12,9 @@ import yaml
 from crd_schema import apply_defaults, defaults, validate, version_schema
 from operator_harness import ROOT, load_crd
 from pagoda.operator.spec import inference_service as spec_mod
-from pagoda.operator.spec.adapters import LoraSpec
 from pagoda.operator.spec.config import OperatorConfig
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from pagoda.operator.spec.model_ref import LoraSpec
 from pagoda.runtime.spec.config import SpeculativeConfig
 
 K8S_VERSIONS = (
