@@ -110,6 +110,8 @@ def test_init_container_volumes_and_mounts() -> None:
     assert mounts.count("model-cache") == 1 and LINKS_VOLUME in mounts
     ps = pod_spec({**BASE, "adapters": [CHAT]})  # nothing to download
     assert "initContainers" not in ps and LINKS_VOLUME not in [v["name"] for v in ps["volumes"]]
+    deadline = lambda f: build_children(OWNER, parse(f)).workload["spec"]["progressDeadlineSeconds"]  # noqa: E731
+    assert deadline({**BASE, "adapters": [SQL]}) == deadline({**BASE, "adapters": [CHAT]}) + 3600
 
 
 def test_adapter_changes_roll_the_pods_and_other_services_keep_their_hash() -> None:
@@ -290,3 +292,8 @@ async def test_reconcile_serves_adapters_and_reports_a_bad_one(
     assert (cond["status"], cond["reason"]) == ("True", "InvalidSpec")
     assert "a pvc:// adapter must be on spec.model's PersistentVolumeClaim" in cond["message"]
     assert emulator.live(DEPLOY, "default", "bad") is None
+
+    cached = {"model": "smollm2-135m", "adapters": [SQL], "modelCache": {"claimName": "nope"}}
+    await create_isvc(kube, "cached", cached)  # the claim is checked for an adapter's download
+    cond = await wait_for(lambda: condition(emulator, "cached", "Degraded"))
+    assert (cond["status"], cond["reason"]) == ("True", "PVCNotFound")
