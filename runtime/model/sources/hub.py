@@ -148,6 +148,13 @@ def check_layout(uri: str, names: list[str], where: str, others: Sequence[str] =
             errors.NOT_FOUND,
             f"{uri}: no config.json in {where} (nor a LoRA adapter's {ADAPTER_CONFIG})",
         )
+    if "config.json" not in names and not any(n.endswith(".safetensors") for n in names):
+        raise DownloadError(  # an adapter: pagoda.runtime.lora reads adapter_model.safetensors
+            errors.NOT_FOUND,
+            f"{uri}: {where} holds a LoRA adapter's {ADAPTER_CONFIG} but no "
+            f"adapter_model.safetensors (adapters are read from safetensors only; found: "
+            f"{', '.join(sorted(others)[:5]) or 'nothing else'})",
+        )
     if not loadable(names):
         pickles = sorted(n for n in others if n.endswith(PICKLES))
         if pickles:

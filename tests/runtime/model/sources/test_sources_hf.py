@@ -111,8 +111,8 @@ def test_a_lora_adapter_repo(hub: FakeHub, tmp_path: pathlib.Path) -> None:
     assert resolve_model("hf://org/lora", tmp_path, offline=True) == str(path)
     hub.add("org/lora-bin", {"adapter_config.json": b"{}", "adapter_model.bin": b"pickle"})
     err = failure("hf://org/lora-bin", tmp_path)
-    assert err.detail == "NotFound" and "(adapter_model.bin)" in str(err), err
-    assert "reads *.safetensors" in str(err)
+    assert err.detail == "NotFound" and "but no adapter_model.safetensors" in str(err), err
+    assert "found: adapter_model.bin" in str(err)
 
     commit = "c" * 40  # a snapshot huggingface_hub downloaded itself (no manifest)
     snapshot = tmp_path / "hf-cli" / "models--org--cli" / "snapshots" / commit
