@@ -150,8 +150,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
         "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
-        "mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
-        "falcon_mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
+        "mamba": Untested(fp8=_MAMBA1),  # (its Mamba-1 mixers split by channels)
+        "falcon_mamba": Untested(fp8=_MAMBA1),  # (as Mamba's)
         "jamba": Untested(fp8=_MAMBA1),  # (its Mamba-1 mixers split by channels)
         "qwen3_next": Untested(fp8=_DELTANET),
         "qwen3_5": Untested(fp8=_DELTANET),

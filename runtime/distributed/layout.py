@@ -61,7 +61,11 @@ class TPLayout:
         return head, head + 1
 
     def local_heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
-        """How many query and KV heads this rank computes (its attention backend's)."""
+        """How many query and KV heads this rank computes (its attention backend's); all of
+        them where there are fewer than ranks (a model without attention, Mamba's: its stand-in
+        heads, which `check` does not split)."""
+        if num_heads < self.size:
+            return num_heads, num_kv_heads
         (q0, q1), (k0, k1) = self.heads(num_heads), self.kv_heads(num_kv_heads)
         return q1 - q0, k1 - k0
 
@@ -75,10 +79,10 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
     Gated DeltaNet layers split by key heads, which must divide, the KDA and lightning layers by
-    heads; Mamba-1's (Jamba's) by channels of d_inner, which must divide. Other mixers (LFM2's
-    short convs, Zamba's Mamba-1 heads) are not split: refused (their families' rows in
-    `family_options.py` refuse them first, naming the architecture; so are Mamba's and
-    Falcon-Mamba's, untested on ranks)."""
+    heads; Mamba-1's (Mamba's, Falcon-Mamba's, Jamba's) by channels of d_inner, which must
+    divide. Other mixers (LFM2's short convs, Zamba's Mamba-1 heads) are not split: refused
+    (their families' rows in `family_options.py` refuse them first, naming the
+    architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
             return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
@@ -143,18 +147,21 @@ def check(config: ModelConfig, size: int) -> None:
     family_options.refuse(config.architecture, "tensor_parallel", size=size)
     f = config.family
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
+    m = f.mamba  # Mamba's, Falcon-Mamba's, Mamba2's: mixers alone, their config's heads and
+    # MLP width stand-ins (`model/mamba1_config.py`), not split: the mixers' shapes checked
+    bare = m is not None and m.mixer in ("mamba1", "mamba2")
+    bare = bare and not any(m.attention(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(
         size,
-        config.num_heads,
-        config.num_kv_heads,
-        mlp_width=config.intermediate_size if dense else None,
+        0 if bare else config.num_heads,
+        0 if bare else config.num_kv_heads,
+        mlp_width=config.intermediate_size if dense and not bare else None,
         expert_width=f.moe_intermediate_size if f.num_experts else None,
     )
     shared = f.shared_expert_intermediate_size  # Qwen2-MoE's shared expert, split by width
     if problem is None and shared % size:
         problem = (f"--tensor-parallel-size {size} does not divide the shared expert's width "
                    f"(shared_expert_intermediate_size {shared})")  # fmt: skip
-    m = f.mamba
     if problem is None and m is not None and m.num_layers:  # the Mamba2 mixers' heads, groups
         problem = mamba_problem(m, size)
     if problem is None and f.gemma4 is not None:  # its layers' own KV heads and widths

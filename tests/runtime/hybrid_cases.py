@@ -378,6 +378,8 @@ TP_CASES = {
              mamba_proj_bias=True),
     ),
     "mamba2": CASES["mamba2"],  # no attention: the mixers alone split (one group a rank)
+    "mamba1": CASES["mamba1"],  # Mamba-1's mixers by channels of d_inner, the vocab tied
+    "falcon-mamba": CASES["falcon-mamba"],  # its weightless dt/B/C norms after the all-reduce
 }  # fmt: skip
 
 
@@ -659,6 +661,8 @@ _DELTA_TP = "--tensor-parallel-size 4 does not divide the Gated DeltaNet key hea
 _DELTA_TP += "(linear_num_key_heads 2)"
 _KDA_TP = "--tensor-parallel-size 4 does not divide the KDA heads ({})"
 _NO_TP = "--tensor-parallel-size 2 is not supported for a {} model ({} layers)"
+_NO_CHANNELS = "--tensor-parallel-size 3 does not divide the Mamba mixers' channels "
+_NO_CHANNELS += "(mamba d_inner 128)"
 _NO_FP8 = r"fp8 is not supported for a {} model \({} layers\)"
 REFUSED = {
     "qwen3-next": (4, _DELTA_TP, _NO_FP8.format("qwen3_next", "gated_deltanet")),
@@ -680,10 +684,8 @@ REFUSED = {
     ),
     "jamba": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
               _NO_FP8.format("jamba", "mamba1")),
-    "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
-    "falcon-mamba": (
-        2, _NO_TP.format("falcon_mamba", "mamba1"), _NO_FP8.format("falcon_mamba", "mamba1")
-    ),
+    "mamba1": (3, _NO_CHANNELS, _NO_FP8.format("mamba", "mamba1")),
+    "falcon-mamba": (3, _NO_CHANNELS, _NO_FP8.format("falcon_mamba", "mamba1")),
     "lfm2": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm3": (2, _NO_TP.format("lfm3", "short_conv"), _NO_FP8.format("lfm3", "short_conv")),

@@ -4,7 +4,9 @@ rank; experts and the shared MLP split by width under one all-reduce), Bamba (on
 replicated, its gated norm over a group both ranks hold half of), Nemotron-H (the MoE block's
 experts and shared expert split by width, with latent projections and without; one group or
 two) and Falcon-H1 (µP multipliers on in_proj's five parts, the norm before the gate over a
-group split across the ranks). Each on the small pool: 16-token chunks, three prompts sharing
+group split across the ranks), Mamba-1 and Falcon-Mamba (no attention: the mixers by channels
+of d_inner, x_proj's dt, B and C all-reduced before Falcon-Mamba's norms). Each on the small
+pool: 16-token chunks, three prompts sharing
 steps, preempted and recomputed, then again from the prefix cache (each rank restoring its
 heads' Mamba state from its snapshots, the copies sent with the step's slots)."""
 
@@ -33,9 +35,9 @@ def test_two_ranks_match_transformers(built, name):
         m = loaded.config.family.mamba
         layer = next(i for i, x in enumerate(m.layers) if x)
         conv, ssm = core.runner.mamba.states[layer]  # this rank's heads (and its groups)
-        groups = max(1, m.n_groups // 2)
-        assert ssm.shape[1] == m.n_heads // 2
-        assert conv.shape[1] == m.d_inner // 2 + 2 * groups * m.d_state
+        local = m.on_ranks(2)  # this rank's heads (Mamba-1's: channels) and groups
+        assert ssm.shape[1:3] == (local.n_heads, local.head_dim) and local.d_inner < m.d_inner
+        assert conv.shape[1] == local.conv_dim
         core.check_integrity()
     for i, g in enumerate(got):
         check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
