@@ -174,14 +174,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             float16="tested in bfloat16 and float32 only",
         ),
         "minimax": Untested(fp8="lightning layers"),
-        "zamba2": Untested(
-            tensor_parallel="its shared blocks and their LoRA adapters are not split",
-            fp8="its shared blocks' adapters",
-        ),
-        "zamba": Untested(
-            tensor_parallel="its shared block and mamba1 layers are not split",
-            fp8="its shared block and mamba1 layers",
-        ),
+        "zamba2": Untested(fp8="its shared blocks' adapters"),  # (split with their blocks)
+        "zamba": Untested(fp8="its shared block and mamba1 layers"),  # (split by heads)
         "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
         "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
         "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),

@@ -80,7 +80,7 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
     Gated DeltaNet layers split by key heads, which must divide, the KDA and lightning layers by
     heads; Mamba-1's (Mamba's, Falcon-Mamba's, Jamba's) by channels of d_inner, which must
-    divide. Other mixers (LFM2's short convs, Zamba's Mamba-1 heads) are not split: refused
+    divide, Zamba's by its heads. Other mixers (LFM2's short convs) are not split: refused
     (their families' rows in `family_options.py` refuse them first, naming the
     architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
@@ -92,6 +92,11 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
         if m.d_inner % size:
             return (f"--tensor-parallel-size {size} does not divide the Mamba mixers' channels "
                     f"(mamba d_inner {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer == "mamba1":  # Zamba's: by heads, each its own x_proj and dt_proj (`zamba.py`)
+        if m.n_heads % size:
+            return (f"--tensor-parallel-size {size} does not divide the Mamba heads "
+                    f"(n_mamba_heads {m.n_heads})")  # fmt: skip
         return None
     if m.mixer in ("kda", "lightning"):  # Kimi Linear's, ..., MiniMax-Text-01's: by heads
         if m.n_heads % size:

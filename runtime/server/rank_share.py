@@ -50,6 +50,11 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return kda
     if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
         return m_rows, cols
+    if re.search(r"gate_up_proj_adapter_list\.\d+\.1\.weight$", part):  # Zamba2's adapters'
+        return rows // lay.size, cols  # B: gate_up's rows (`model/zamba2.py`; A whole)
+    if re.search(r"\blora_qkv\.\d+\.1\.weight$", part):  # its q/k/v adapters' B (`held_forms`)
+        (q0, q1), (k0, k1) = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
+        return (q1 - q0 + 2 * (k1 - k0)) * mc.head_dim, cols
     if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
         (q0, q1), (k0, k1) = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
         return (q1 - q0 + 2 * (k1 - k0)) * mc.head_dim, cols
@@ -75,7 +80,7 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
     if part.startswith(
-        "mamba."
+        ("mamba.", "mamba_decoder.mamba.")  # (Zamba's and Zamba2's hybrid layers' under the latter)
     ):  # this rank's rows of in_proj, columns of out_proj, heads' vectors
         share = _mamba_share(name, mc, lay)
         mamba1 = mc.family.mamba is not None and mc.family.mamba.mixer == "mamba1"

@@ -380,6 +380,8 @@ TP_CASES = {
     "mamba2": CASES["mamba2"],  # no attention: the mixers alone split (one group a rank)
     "mamba1": CASES["mamba1"],  # Mamba-1's mixers by channels of d_inner, the vocab tied
     "falcon-mamba": CASES["falcon-mamba"],  # its weightless dt/B/C norms after the all-reduce
+    "zamba": CASES["zamba"],  # its Mamba-1 mixers by heads, the shared block by heads, width
+    "zamba2": CASES["zamba2"],  # two shared blocks, their uses' adapters' B split with them
 }  # fmt: skip
 
 
@@ -689,8 +691,10 @@ REFUSED = {
     "lfm2": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
     "lfm3": (2, _NO_TP.format("lfm3", "short_conv"), _NO_FP8.format("lfm3", "short_conv")),
-    "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
-    "zamba": (2, "not supported for a zamba model", "fp8 is not supported for a zamba model"),
+    "zamba2": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+               "fp8 is not supported for a zamba2 model"),
+    "zamba": (4, "--tensor-parallel-size 4 does not divide the Mamba heads (n_mamba_heads 2)",
+              "fp8 is not supported for a zamba model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
     "recurrent-gemma": (
         2, _NO_TP.format("recurrent_gemma", "rglru"), _NO_FP8.format("recurrent_gemma", "rglru")

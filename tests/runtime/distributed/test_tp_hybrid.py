@@ -16,6 +16,7 @@ import pytest
 from arch_cases import NEW, SMALL_POOL, built_fixture, check, generate, prompts
 from hf_oracle import make_tiny_model
 from hybrid_cases import TP_CASES as CASES
+from model_bytes import check_estimate
 from pagoda.runtime import LLM
 
 transformers = pytest.importorskip("transformers")
@@ -42,3 +43,4 @@ def test_two_ranks_match_transformers(built, name):
     for i, g in enumerate(got):
         check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
     assert NEW > 0
+    check_estimate(path, 2, rel=0)  # rank 0's weights as `server/weights.py` counts them

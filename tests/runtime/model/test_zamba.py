@@ -2,7 +2,8 @@
 entry of tests/runtime/hybrid_cases.py: Mamba-1 mixers in two heads, one shared block used by
 two hybrid layers; chunked, batched, on a warm prefix cache, preempted, against transformers):
 the shared block held once, the state slots and weights estimates, the checkpoint check naming
-a missing per-head tensor, one rank and 16/32 bits only (refused in one line), and
+a missing per-head tensor, 16/32 bits only and tensor-parallel sizes that split its heads
+(refused in one line; two ranks: tests/runtime/distributed/test_tp_hybrid.py), and
 Zamba-7B-v1's config.json read without weights, its parameters as transformers counts them."""
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ ZAMBA_7B = {"architectures": ["ZambaForCausalLM"], "model_type": "zamba",
 def test_zamba_block_estimates_and_refusals(built):
     """Two hybrid layers share the one block (one object) and keep the KV cache; every layer a
     state slot of two heads; the weights estimate within 2%; a missing per-head tensor named;
-    tensor parallelism and FP8 refused in one line."""
+    FP8 and a tensor-parallel size that does not divide the Mamba heads refused in one line."""
     from model_bytes import build, check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import memory

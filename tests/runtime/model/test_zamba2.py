@@ -2,7 +2,8 @@
 "zamba2" entry of tests/runtime/hybrid_cases.py: two shared blocks used in turn by three
 hybrid layers with LoRA adapters, chunked, batched, on a warm prefix cache, preempted, against
 transformers): the shared blocks held once, the exact GELU, the weights estimate, the checkpoint
-check naming a missing adapter, one rank and 16/32 bits only (refused in one line), and
+check naming a missing adapter, 16/32 bits only and tensor-parallel sizes that split its heads
+(refused in one line; two ranks: tests/runtime/distributed/test_tp_hybrid.py), and
 Zamba2-1.2B's config.json read without weights."""
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ SMALL = {"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "adapte
 def test_zamba2_blocks_estimates_and_refusals(built):
     """Three hybrid layers share two blocks (block 0's weights one object in layers 1 and 4,
     each use with adapters of its own) and keep the KV cache; every layer a state slot; the
-    MLP's GELU exact; the weights estimate within 2%; tensor parallelism and FP8 refused in
-    one line."""
+    MLP's GELU exact; the weights estimate within 2%; FP8 and a tensor-parallel size that does
+    not divide the attention heads refused in one line."""
     from model_bytes import build, check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.model.ops import gelu_and_mul
