@@ -70,8 +70,8 @@ if tuple(f.name for f in fields(Untested)) != OPTIONS:  # (a row's fields are th
 _FLOAT16 = "its activations overflow it: numerical instability"  # (vLLM refuses them too)
 _DSA_FP8 = "DeepSeek Sparse Attention: its indexer is not tested in FP8"
 _DSA_KV = "DeepSeek Sparse Attention writes its own cache rows, in the model's dtype"
-_SHORT_CONV, _MAMBA1 = "short_conv layers", "mamba1 layers"  # (LFM2's, Mamba-1's: not split,
-_DELTANET = "gated_deltanet layers"  # nor run in the FP8 GEMM; Gated DeltaNet's are split)
+_SHORT_CONV, _MAMBA1 = "short_conv layers", "mamba1 layers"  # (LFM2's, Mamba-1's: not run
+_DELTANET = "gated_deltanet layers"  # in the FP8 GEMM; split over ranks, as Gated DeltaNet's)
 
 UNTESTED: Mapping[str, Untested] = MappingProxyType(
     {
@@ -147,9 +147,9 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its gated attention's FP8 GEMM is not tested",
             fp8_checkpoint="not tested",
         ),
-        "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
-        "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
-        "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
+        "lfm2": Untested(fp8=_SHORT_CONV),  # (its short convs split by channels)
+        "lfm2_moe": Untested(fp8=_SHORT_CONV),
+        "lfm3": Untested(fp8=_SHORT_CONV),
         "mamba": Untested(fp8=_MAMBA1),  # (its Mamba-1 mixers split by channels)
         "falcon_mamba": Untested(fp8=_MAMBA1),  # (as Mamba's)
         "jamba": Untested(fp8=_MAMBA1),  # (its Mamba-1 mixers split by channels)

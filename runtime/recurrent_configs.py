@@ -422,8 +422,8 @@ class MambaConfig:
         d_inner) d_inner / tp channels (`model/mamba1.py`)."""
         if tp == 1:
             return self
-        if self.mixer == "mamba1" and self.n_heads == 1:  # Jamba's: by channels of d_inner
-            return replace(self, head_dim=self.head_dim // tp)
+        if self.mixer in ("mamba1", "short_conv") and self.n_heads == 1:  # by channels
+            return replace(self, head_dim=self.head_dim // tp)  # (Jamba's, LFM2's: `lfm2.py`)
         groups = self.n_groups // tp if self.n_groups % tp == 0 else 1
         return replace(self, n_heads=self.n_heads // tp, n_groups=groups)
 

@@ -9,7 +9,8 @@ Megatron-style sharding, as vLLM's: rank r of N holds
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
 - a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says (Qwen3-Next's Gated
-  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads);
+  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads; Mamba-1's
+  mixers and LFM2's short convs by channels, Zamba's Mamba-1 mixers by heads);
 - a family's own shapes as its module says (`tp_families.py`, by architecture: Gemma 4's
   layers' KV heads and MLP widths, Laguna's layers' query heads, DeepSeek-V4's output
   projection groups (`model/dsv4_shard.py`; its one KV row a token replicated), ...);
@@ -78,8 +79,8 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
     Gated DeltaNet layers split by key heads, which must divide, the KDA and lightning layers by
     heads; Mamba-1's (Mamba's, Falcon-Mamba's, Jamba's) by channels of d_inner, which must
-    divide, Zamba's by its heads. Other mixers (LFM2's short convs) are not split: refused
-    (their families' rows in `family_options.py` refuse them first, naming the
+    divide, Zamba's by its heads, LFM2's short convs by channels. Other mixers are not split:
+    refused (their families' rows in `family_options.py` refuse them first, naming the
     architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
@@ -90,6 +91,11 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
         if m.d_inner % size:
             return (f"--tensor-parallel-size {size} does not divide the Mamba mixers' channels "
                     f"(mamba d_inner {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer == "short_conv":  # LFM2's gated short convs: by channels (`model/lfm2.py`)
+        if m.d_inner % size:
+            return (f"--tensor-parallel-size {size} does not divide the short convs' channels "
+                    f"(hidden_size {m.d_inner})")  # fmt: skip
         return None
     if m.mixer == "mamba1":  # Zamba's: by heads, each its own x_proj and dt_proj (`zamba.py`)
         if m.n_heads % size:

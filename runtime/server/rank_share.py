@@ -120,7 +120,8 @@ def _mamba_share(name: str, mc: ModelConfig, lay) -> float:
     if lay.size == 1 or m is None or name.endswith("out_proj.bias"):
         return 1.0
     loc = mamba_shard.shard(m, lay).local
-    if m.mixer == "mamba1":  # Jamba's: by channels (`model/mamba1.py`), its dt/B/C norms whole
+    if m.mixer in ("mamba1", "short_conv"):  # Mamba-1's (`model/mamba1.py`; Jamba's dt/B/C
+        # norms whole) and LFM2's conv (`model/lfm2.py`): by channels
         return 1.0 if "_layernorm." in name else loc.d_inner / m.d_inner
     if "in_proj." in name:
         return _in_proj_rows(loc) / _in_proj_rows(m)
