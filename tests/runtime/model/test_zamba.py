@@ -32,11 +32,13 @@ ZAMBA_7B = {"architectures": ["ZambaForCausalLM"], "model_type": "zamba",
 
 def test_zamba_block_estimates_and_refusals(built):
     """Two hybrid layers share the one block (one object) and keep the KV cache; every layer a
-    state slot of two heads; the weights estimate within 2%; a missing per-head tensor named;
+    state slot of two heads; the weights estimate within 2%, the config-only one (`from_shapes`)
+    the checkpoint's on one rank and two; a missing per-head tensor named;
     FP8 and a tensor-parallel size that does not divide the Mamba heads refused in one line."""
     from model_bytes import build, check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.server import memory
+    from pagoda.runtime.server import memory, weights
+    from pagoda.runtime.server.placement import Placement
 
     path, _, loaded, _ = built("zamba", reference=False)
     mc = loaded.config
@@ -45,6 +47,10 @@ def test_zamba_block_estimates_and_refusals(built):
     layers = build(path, torch.float32).layers
     assert layers[1].block is layers[3].block and layers[0].block is None
     check_estimate(path, rel=0.02)
+    table = weights.read_checkpoint(path, mc.architecture)
+    for tp in (1, 2):  # the config-only count as the checkpoint's (rank 0's: its heads' share)
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert weights.from_shapes(mc, torch.bfloat16, False, tp) == got
     cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
     per_layer = 128 * 3 + 2 * 64 * 8  # conv [d_inner, 3], SSM [H, P, N]
     assert memory.check(mc, cfg, path, 256).parts()["Mamba state"] == 8 * 4 * per_layer * 4
