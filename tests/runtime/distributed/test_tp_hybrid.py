@@ -1,14 +1,17 @@
-"""Tensor parallelism for the hybrids' Mamba2 mixers (`model/mamba_shard.py`) over gloo: two
-ranks give transformers' tokens and logits (1e-3) for Granite 4.0 (two B/C groups, one per
-rank; experts and the shared MLP split by width under one all-reduce), Bamba (one group
-replicated, its gated norm over a group both ranks hold half of), Nemotron-H (the MoE block's
-experts and shared expert split by width, with latent projections and without; one group or
-two) and Falcon-H1 (µP multipliers on in_proj's five parts, the norm before the gate over a
-group split across the ranks), Mamba-1 and Falcon-Mamba (no attention: the mixers by channels
-of d_inner, x_proj's dt, B and C all-reduced before Falcon-Mamba's norms). Each on the small
-pool: 16-token chunks, three prompts sharing
-steps, preempted and recomputed, then again from the prefix cache (each rank restoring its
-heads' Mamba state from its snapshots, the copies sent with the step's slots)."""
+"""Tensor parallelism for the hybrids' mixers (`model/mamba_shard.py`) over gloo: two ranks
+give transformers' tokens and logits (1e-3) for Granite 4.0 (two B/C groups, one per rank;
+experts and the shared MLP split by width under one all-reduce), Bamba (one group replicated,
+its gated norm over a group both ranks hold half of), Nemotron-H (the MoE block's experts and
+shared expert split by width, with latent projections and without; one group or two),
+Falcon-H1 (µP multipliers on in_proj's five parts, the norm before the gate over a group split
+across the ranks), Mamba2 alone, Mamba-1 and Falcon-Mamba (no attention: the mixers by
+channels of d_inner, x_proj's dt, B and C all-reduced before Falcon-Mamba's norms), Zamba (its
+Mamba-1 mixers by heads; the shared block by heads and width), Zamba2 (two shared blocks, each
+use's LoRA adapters' B split with its projection) and LFM2 / LFM2-MoE / LFM3 (the short convs
+by channels; experts by width; LFM3's per-head gates). Each on the small pool: 16-token
+chunks, three prompts sharing steps, preempted and recomputed, then again from the prefix
+cache (each rank restoring its heads' or channels' state from its snapshots, the copies sent
+with the step's slots); rank 0's weights as the estimate counts them."""
 
 from __future__ import annotations
 
