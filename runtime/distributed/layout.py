@@ -9,7 +9,8 @@ Megatron-style sharding, as vLLM's: rank r of N holds
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
 - a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says (Qwen3-Next's Gated
-  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads);
+  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads; Mamba-1's
+  mixers and LFM2's short convs by channels, Zamba's Mamba-1 mixers by heads);
 - a family's own shapes as its module says (`tp_families.py`, by architecture: Gemma 4's
   layers' KV heads and MLP widths, Laguna's layers' query heads, DeepSeek-V4's output
   projection groups (`model/dsv4_shard.py`; its one KV row a token replicated), ...);
@@ -59,7 +60,11 @@ class TPLayout:
         return head, head + 1
 
     def local_heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
-        """How many query and KV heads this rank computes (its attention backend's)."""
+        """How many query and KV heads this rank computes (its attention backend's); all of
+        them where there are fewer than ranks (a model without attention, Mamba's: its stand-in
+        heads, which `check` does not split)."""
+        if num_heads < self.size:
+            return num_heads, num_kv_heads
         (q0, q1), (k0, k1) = self.heads(num_heads), self.kv_heads(num_kv_heads)
         return q1 - q0, k1 - k0
 
@@ -73,10 +78,10 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
     Gated DeltaNet layers split by key heads, which must divide, the KDA and lightning layers by
-    heads; Mamba-1's (Jamba's) by channels of d_inner, which must divide. Other mixers (LFM2's
-    short convs, Zamba's Mamba-1 heads) are not split: refused (their families' rows in
-    `family_options.py` refuse them first, naming the architecture; so are Mamba's and
-    Falcon-Mamba's, untested on ranks)."""
+    heads; Mamba-1's (Mamba's, Falcon-Mamba's, Jamba's) by channels of d_inner, which must
+    divide, Zamba's by its heads, LFM2's short convs by channels. Other mixers are not split:
+    refused (their families' rows in `family_options.py` refuse them first, naming the
+    architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
             return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
@@ -86,6 +91,16 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
         if m.d_inner % size:
             return (f"--tensor-parallel-size {size} does not divide the Mamba mixers' channels "
                     f"(mamba d_inner {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer == "short_conv":  # LFM2's gated short convs: by channels (`model/lfm2.py`)
+        if m.d_inner % size:
+            return (f"--tensor-parallel-size {size} does not divide the short convs' channels "
+                    f"(hidden_size {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer == "mamba1":  # Zamba's: by heads, each its own x_proj and dt_proj (`zamba.py`)
+        if m.n_heads % size:
+            return (f"--tensor-parallel-size {size} does not divide the Mamba heads "
+                    f"(n_mamba_heads {m.n_heads})")  # fmt: skip
         return None
     if m.mixer in ("kda", "lightning"):  # Kimi Linear's, ..., MiniMax-Text-01's: by heads
         if m.n_heads % size:
@@ -115,18 +130,21 @@ def check(config: ModelConfig, size: int) -> None:
     family_options.refuse(config.architecture, "tensor_parallel", size=size)
     f = config.family
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
+    m = f.mamba  # Mamba's, Falcon-Mamba's, Mamba2's: mixers alone, their config's heads and
+    # MLP width stand-ins (`model/mamba1_config.py`), not split: the mixers' shapes checked
+    bare = m is not None and m.mixer in ("mamba1", "mamba2")
+    bare = bare and not any(m.attention(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(
         size,
-        config.num_heads,
-        config.num_kv_heads,
-        mlp_width=config.intermediate_size if dense else None,
+        0 if bare else config.num_heads,
+        0 if bare else config.num_kv_heads,
+        mlp_width=config.intermediate_size if dense and not bare else None,
         expert_width=f.moe_intermediate_size if f.num_experts else None,
     )
     shared = f.shared_expert_intermediate_size  # Qwen2-MoE's shared expert, split by width
     if problem is None and shared % size:
         problem = (f"--tensor-parallel-size {size} does not divide the shared expert's width "
                    f"(shared_expert_intermediate_size {shared})")  # fmt: skip
-    m = f.mamba
     if problem is None and m is not None and m.num_layers:  # the Mamba2 mixers' heads, groups
         problem = mamba_problem(m, size)
     if problem is None:  # the family's own shapes (its `tp_families.TP_PROBLEMS` entry)

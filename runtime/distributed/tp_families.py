@@ -45,6 +45,8 @@ RANK_ROWS: dict[str, str] = {
     "mimo_v2_flash": "mimo_v2_flash_config",  # k and v by each layer's KV heads
     "minicpm5_moe": "minicpm5_moe_config",  # q with its output gate
     "beam": "beam_config",  # the output gate's bias by heads
+    **dict.fromkeys(("lfm2", "lfm2_moe", "lfm3"), "lfm2_config"),  # the short convs, w2
+    "zamba2": "zamba2_config",  # its shared blocks' LoRA adapters' B with their projections
 }
 
 

@@ -103,9 +103,9 @@ def _rwkv(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | Non
 
 
 def _zamba(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """Zamba: its mixers' per-head x_proj and dt_proj, tensors in the dtype."""
+    """Zamba: its mixers' per-head x_proj and dt_proj, tensors in the dtype (a rank's heads')."""
     if name.endswith(("_proj_weight", "dt_proj_bias")):
-        return t.numel * p.dtype.itemsize
+        return t.numel // lay.size * p.dtype.itemsize
     return GENERIC
 
 

@@ -70,7 +70,8 @@ def _shared(name, part, shape, rows, cols, mc: ModelConfig, lay) -> tuple[int, i
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
-    if part.startswith("mamba."):  # this rank's rows of in_proj, columns of out_proj, heads'
+    if part.startswith(("mamba.", "mamba_decoder.mamba.")):  # (the latter Zamba's and
+        # Zamba2's hybrid layers') this rank's rows of in_proj, columns of out_proj, heads'
         share = _mamba_share(name, mc, lay)
         mamba1 = mc.family.mamba is not None and mc.family.mamba.mixer == "mamba1"
         by_cols = "out_proj.weight" in part or (mamba1 and "x_proj.weight" in part)
@@ -119,7 +120,8 @@ def _mamba_share(name: str, mc: ModelConfig, lay) -> float:
     if lay.size == 1 or m is None or name.endswith("out_proj.bias"):
         return 1.0
     loc = mamba_shard.shard(m, lay).local
-    if m.mixer == "mamba1":  # Jamba's: by channels (`model/mamba1.py`), its dt/B/C norms whole
+    if m.mixer in ("mamba1", "short_conv"):  # Mamba-1's (`model/mamba1.py`; Jamba's dt/B/C
+        # norms whole) and LFM2's conv (`model/lfm2.py`): by channels
         return 1.0 if "_layernorm." in name else loc.d_inner / m.d_inner
     if "in_proj." in name:
         return _in_proj_rows(loc) / _in_proj_rows(m)

@@ -375,6 +375,13 @@ TP_CASES = {
              mamba_proj_bias=True),
     ),
     "mamba2": CASES["mamba2"],  # no attention: the mixers alone split (one group a rank)
+    "mamba1": CASES["mamba1"],  # Mamba-1's mixers by channels of d_inner, the vocab tied
+    "falcon-mamba": CASES["falcon-mamba"],  # its weightless dt/B/C norms after the all-reduce
+    "zamba": CASES["zamba"],  # its Mamba-1 mixers by heads, the shared block by heads, width
+    "zamba2": CASES["zamba2"],  # two shared blocks, their uses' adapters' B split with them
+    "lfm2": CASES["lfm2"],  # the short convs by channels, attention by heads (q/k norms)
+    "lfm2-moe": CASES["lfm2-moe"],  # the experts by width, the router whole
+    "lfm3": CASES["lfm3"],  # sliding and full layers, each head's output gate with its heads
 }  # fmt: skip
 
 
@@ -475,6 +482,9 @@ _DELTA_TP = "--tensor-parallel-size 4 does not divide the Gated DeltaNet key hea
 _DELTA_TP += "(linear_num_key_heads 2)"
 _KDA_TP = "--tensor-parallel-size 4 does not divide the KDA heads ({})"
 _NO_TP = "--tensor-parallel-size 2 is not supported for a {} model ({} layers)"
+_NO_CHANNELS = "--tensor-parallel-size 3 does not divide the Mamba mixers' channels "
+_NO_CHANNELS += "(mamba d_inner 128)"
+_NO_HEADS = "--tensor-parallel-size 3 does not divide the model's 4 attention heads"
 _NO_FP8 = r"fp8 is not supported for a {} model \({} layers\)"
 REFUSED = {
     "qwen3-next": (4, _DELTA_TP, _NO_FP8.format("qwen3_next", "gated_deltanet")),
@@ -496,15 +506,15 @@ REFUSED = {
     ),
     "jamba": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
               _NO_FP8.format("jamba", "mamba1")),
-    "mamba1": (2, _NO_TP.format("mamba", "mamba1"), _NO_FP8.format("mamba", "mamba1")),
-    "falcon-mamba": (
-        2, _NO_TP.format("falcon_mamba", "mamba1"), _NO_FP8.format("falcon_mamba", "mamba1")
-    ),
-    "lfm2": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
-    "lfm2-bias": (2, _NO_TP.format("lfm2", "short_conv"), _NO_FP8.format("lfm2", "short_conv")),
-    "lfm3": (2, _NO_TP.format("lfm3", "short_conv"), _NO_FP8.format("lfm3", "short_conv")),
-    "zamba2": (2, "not supported for a zamba2 model", "fp8 is not supported for a zamba2 model"),
-    "zamba": (2, "not supported for a zamba model", "fp8 is not supported for a zamba model"),
+    "mamba1": (3, _NO_CHANNELS, _NO_FP8.format("mamba", "mamba1")),
+    "falcon-mamba": (3, _NO_CHANNELS, _NO_FP8.format("falcon_mamba", "mamba1")),
+    "lfm2": (3, _NO_HEADS, _NO_FP8.format("lfm2", "short_conv")),
+    "lfm2-bias": (3, _NO_HEADS, _NO_FP8.format("lfm2", "short_conv")),
+    "lfm3": (3, _NO_HEADS, _NO_FP8.format("lfm3", "short_conv")),
+    "zamba2": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+               "fp8 is not supported for a zamba2 model"),
+    "zamba": (4, "--tensor-parallel-size 4 does not divide the Mamba heads (n_mamba_heads 2)",
+              "fp8 is not supported for a zamba model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
     "recurrent-gemma": (
         2, _NO_TP.format("recurrent_gemma", "rglru"), _NO_FP8.format("recurrent_gemma", "rglru")
