@@ -70,16 +70,17 @@ def workloads(tokenizer, n: int) -> dict[str, list[list[int]]]:
 
 
 def timed_proposer(engine) -> list[float]:
-    """Wrap the engine's `_propose` to collect its seconds per call."""
+    """Wrap the engine's `drafter.propose` to collect its seconds per call."""
     spent: list[float] = []
-    inner = engine._propose
+    drafter = engine.drafter
+    inner = drafter.propose
 
-    def propose() -> None:
+    def propose(running) -> None:
         t = time.perf_counter()
-        inner()
+        inner(running)
         spent.append(time.perf_counter() - t)
 
-    engine._propose = propose
+    drafter.propose = propose
     return spent
 
 
