@@ -40,12 +40,14 @@ class Drafter:
         """Drafts for the running requests about to decode that take them, left on
         `Request.spec_token_ids` for the scheduler; at most what the request may still generate
         after the step's own token."""
-        reqs = []
+        reqs, decodes = [], 0
         for req in running:
             if req.spec_token_ids:
                 req.spec_token_ids = []
-            if req.takes_drafts and len(req.token_ids) - req.num_computed_tokens == 1:
-                reqs.append(req)
+            if len(req.token_ids) - req.num_computed_tokens == 1:
+                decodes += 1
+                if req.takes_drafts:
+                    reqs.append(req)
         proposer = self.proposer
         if proposer.num_buffers > 2 * len(running) + 16:
             proposer.retain(running)
@@ -53,7 +55,7 @@ class Drafter:
             return
         limits = np.fromiter((r.max_new_tokens - r.num_output_tokens - 1 for r in reqs),
                              np.int64, len(reqs))  # fmt: skip
-        drafts, counts = proposer.propose(reqs, [r.token_ids for r in reqs], limits)
+        drafts, counts = proposer.propose(reqs, [r.token_ids for r in reqs], limits, decodes)
         for req, row, c in zip(reqs, drafts.tolist(), counts.tolist()):
             if c > 0:
                 req.spec_token_ids = row[:c]
