@@ -19,6 +19,7 @@ from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism
+from pagoda.runtime.pooler_config import PoolerConfig
 from pagoda.runtime.spec.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -147,10 +148,22 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     # LoRA adapters (`--enable-lora` and its flags, `pagoda.runtime.lora`); None: off
     lora: LoRAConfig | None = None
+    # generate, pooling (an embedding model: `engine/pooling.py`) or auto (the checkpoint
+    # decides, `pooler_config.resolve`, when the engine or the server reads it)
+    runner: str = "auto"
+    # the pooling runner's pooling: a dict or the flag's JSON text is read into a PoolerConfig
+    pooler_config: PoolerConfig | None = None
 
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
+        if self.runner not in options.RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
+                             f"{self.runner!r}")  # fmt: skip
+        object.__setattr__(self, "pooler_config", PoolerConfig.parse(self.pooler_config))
         spec = SpeculativeConfig.parse(self.speculative_config)
+        if self.runner == "pooling" and spec is not None:
+            raise ValueError("speculative decoding is not supported with the pooling runner "
+                             "(an embedding request generates nothing): drop --speculative-config")  # fmt: skip
         object.__setattr__(self, "speculative_config", spec)
         for problem in lora_problems(self):
             raise ValueError(problem)
@@ -246,8 +259,8 @@ class EngineConfig:
         """The flag, or by default on with CUDA only: on a CPU the forward runs on the host, so
         there is no device time to hide the next step's scheduling behind. Off with
         speculative decoding (its drafts come from the tokens read back)."""
-        if self.speculative_config is not None:
-            return False
+        if self.speculative_config is not None or self.runner == "pooling":
+            return False  # (pooling: no token to read back, nothing to overlap)
         if self.async_scheduling is not None:
             return self.async_scheduling
         return self.torch_device().type == "cuda"

@@ -92,6 +92,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 KV_CACHE_DTYPE_ALIASES: Mapping[str, str] = MappingProxyType({"fp8_e4m3": "fp8"})  # vLLM's name
+RUNNERS = ("auto", "generate", "pooling")  # vLLM's --runner (its "draft" is not served)
 QUANTIZATIONS = ("fp8",)  # engine `quantization` (None: the checkpoint's own, if any)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -319,6 +320,14 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          metavar="R"),
     Flag("--max-cpu-loras", "adapters kept read in host memory, least recently used dropped "
          "(default: --max-loras)", None, int, metavar="N"),
+    Flag("--runner", "generate: a text generator; pooling: an embedding model (/v1/embeddings, "
+         "`LLM.embed`); auto: pooling when the checkpoint says so (a sentence-transformers "
+         "Pooling module, or a bare decoder such as Qwen3Model; docs/runtime.md, Embeddings)",
+         "auto", choices=RUNNERS),
+    Flag("--pooler-config", "the pooling runner's pooling, vLLM's JSON: "
+         '\'{"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true, "dimensions": D}\' '
+         "(default: the checkpoint's sentence-transformers pooling, else LAST, normalized)",
+         None, metavar="JSON"),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(

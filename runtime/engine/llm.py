@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
+from pagoda.runtime.engine.pooling import EmbeddingRequestOutput, PoolingParams, embed
 from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
@@ -123,6 +124,9 @@ class LLM:
         """
         if self._closed:
             raise RuntimeError("this LLM is closed; create a new one")
+        if self.config.runner == "pooling":
+            raise ValueError("this model runs the pooling runner (an embedding model): use "
+                             "embed(), or LLM(..., runner='generate')")  # fmt: skip
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
@@ -171,6 +175,34 @@ class LLM:
         for res in results.values():
             res.shape_logprobs(self._token_text)
         return list(results.values())
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's `LLM.embed` (an engine built with ``runner="pooling"``, or one the checkpoint
+        makes an embedding model): one vector per prompt, in input order
+        (`engine/pooling.py`). ValueError before anything runs for bad input."""
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new one")
+        if truncate_prompt_tokens is not None:
+            dims = None if pooling_params is None else pooling_params.dimensions
+            pooling_params = PoolingParams(dims, truncate_prompt_tokens)
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        bar = _progress(use_tqdm, len(prompts))
+        try:
+            return embed(self, prompts, pooling_params, bar)
+        finally:
+            if bar is not None:
+                bar.close()
 
     def _token_text(self, token_id: int) -> str:
         """A token's own text (special tokens too), as vLLM's `Logprob.decoded_token`."""

@@ -35,6 +35,8 @@ class StepOutput(msgspec.Struct, array_like=True, gc=False):
     first_token_time: float | None = None
     # on a sample's first output, with `prompt_logprobs`: prompt tokens 1.. scored
     prompt_logprobs: list[TokenLogprob] | None = None
+    # the pooling runner: the prompt's vector, float32 little-endian bytes (`engine/pooling.py`)
+    embedding: bytes | None = None
 
 
 @dataclass

@@ -8,7 +8,7 @@ scaled (alpha / r). The step's per-token slot index (`LoRAStep.index`, built onc
 
     y = base(x);  y[:, part] += (x @ A[idx]^T)[:, part's ranks] @ B_part[idx]^T
 
-Three ways to compute it (`LoRAStep.mode`; benchmarks/lora.py measures them):
+Three ways to compute it (`LoRAStep.mode`; benchmarks/lora_adapters.py measures them):
 
 - "dense" (the default): every slot's shrink at once, x @ [A_1; ...; A_S]^T (one matmul of
   S x parts x R columns), each token's other slots' columns zeroed by its one-hot row, then one

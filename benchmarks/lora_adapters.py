@@ -9,7 +9,7 @@
    adapters (rank 16 on all seven projections, random weights), in each of the three modes.
    Engines alternate ``--reps`` times (the machine is shared), best run of each::
 
-    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/lora.py
+    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/lora_adapters.py
 """
 
 from __future__ import annotations
