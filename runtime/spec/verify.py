@@ -24,11 +24,24 @@ output, is the one it gives without speculation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from pagoda.runtime.worker.outputs import ModelRunnerOutput, SpecResult
+
+if TYPE_CHECKING:  # (the runner's output type: `worker/outputs.py` names `SpecResult` below)
+    from pagoda.runtime.request import Request
+    from pagoda.runtime.worker.outputs import ModelRunnerOutput
+
+
+@dataclass
+class SpecResult:
+    """A step's drafts and how many of each were accepted, per drafted request."""
+
+    requests: list[Request]
+    drafted: list[int]
+    accepted: list[int]
 
 
 @dataclass
@@ -130,11 +143,11 @@ def verified(result: ModelRunnerOutput, drafted: list, spec: SpecRows) -> ModelR
     reps = accepted + 1
     place = np.arange(len(kept)) - np.repeat(np.cumsum(reps) - reps, reps) + 1
     mask = spec.counts > 0
-    return ModelRunnerOutput(
-        [reqs[i] for i in kept_list],
-        tokens[kept].tolist(),
-        [lps[i] for i in kept_list],
-        result.prompt_logprobs,
+    return replace(
+        result,
+        requests=[reqs[i] for i in kept_list],
+        token_ids=tokens[kept].tolist(),
+        logprobs=[lps[i] for i in kept_list],
         positions=(np.repeat(lengths, reps) + place).tolist(),
         spec=SpecResult(
             [r for r, m in zip(drafted, mask.tolist()) if m],
