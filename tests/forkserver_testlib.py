@@ -9,7 +9,8 @@ from multiprocessing's forkserver (one per pytest process, started at its first 
 `preload_names()` imported there). A child forked so is still a process of its own, as a
 spawned one is:
 - it gets the starting test's working directory and sys.path (multiprocessing sends both with
-  each process, as for spawn) and none of the test process's state (monkeypatches included);
+  each process, as for spawn: what the server did not import, such as the tests' helpers, is
+  imported from there) and none of the test process's state (monkeypatches included);
 - the server only imported modules (no thread of torch's, no OpenMP pool, no CUDA), so the
   fork copies nothing running;
 - it watches the server as its parent (`WorkerSpec.parent_pid`, the engine process's
@@ -75,10 +76,17 @@ def preload_names() -> list[str]:
     for package in WALKED:
         path = importlib.import_module(package).__path__
         names += [m.name for m in pkgutil.iter_modules(path, package + ".")]
-    return [*names, __name__]
+    return names
 
 
-def _restore(ignored: dict[str, str | None]) -> None:
+def _check(ignored: dict[str, str | None], engine: str) -> None:
+    """The test process's values of `IGNORED`, and its engine: the server imported `pagoda`
+    through its own sys.path (multiprocessing gives the server the interpreter's, without the
+    test process's additions), which must find the same checkout."""
+    import pagoda.runtime
+
+    if pagoda.runtime.__file__ != engine:
+        raise RuntimeError(f"the forkserver imported {pagoda.runtime.__file__}, not {engine}")
     for k, v in ignored.items():
         if v is None:
             os.environ.pop(k, None)
@@ -86,20 +94,20 @@ def _restore(ignored: dict[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def _rank(ignored: dict[str, str | None], spec, rank: int) -> None:
+def _rank(ignored: dict[str, str | None], engine: str, spec, rank: int) -> None:
     """Rank `rank`'s process, watching the forkserver (its parent) instead of the test process,
     whose child it is not; the server leaves when the test process does."""
     from pagoda.runtime.engine.worker_proc import run_worker
 
-    _restore(ignored)
+    _check(ignored, engine)
     run_worker(dataclasses.replace(spec, parent_pid=os.getppid()), rank)
 
 
-def _engine_core(ignored: dict[str, str | None], in_addr, out_addr, parent_pid, *rest) -> None:
+def _engine_core(ignored: dict[str, str | None], engine: str, in_addr, out_addr, parent_pid, *rest):
     """The engine process, watching the forkserver as `_rank` does."""
     from pagoda.runtime.engine.core_proc import run_engine_core
 
-    _restore(ignored)
+    _check(ignored, engine)
     run_engine_core(in_addr, out_addr, os.getppid(), *rest)
 
 
@@ -125,6 +133,7 @@ class ForkedContext:
         return self.forkserver
 
     def Process(self, target, args, **kwargs):  # multiprocessing's name
+        import pagoda.runtime
         from pagoda.runtime.engine.core_proc import run_engine_core
         from pagoda.runtime.engine.worker_proc import run_worker
 
@@ -135,4 +144,5 @@ class ForkedContext:
             return self.spawn.Process(target=target, args=args, **kwargs)
         self.forked += 1
         ignored = {k: os.environ.get(k) for k in IGNORED}
-        return server.Process(target=wrapper, args=(ignored, *args), **kwargs)
+        args = (ignored, pagoda.runtime.__file__, *args)
+        return server.Process(target=wrapper, args=args, **kwargs)
