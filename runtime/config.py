@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 from pagoda.runtime import option_rules, options
+from pagoda.runtime.lora.config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism
+from pagoda.runtime.pooler_config import PoolerConfig
 from pagoda.runtime.spec.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -144,11 +146,27 @@ class EngineConfig:
     # speculative decoding (n-gram drafts, `pagoda.runtime.spec`): a dict or the flag's JSON
     # text is read into a SpeculativeConfig here; None: off
     speculative_config: SpeculativeConfig | None = None
+    # LoRA adapters (`--enable-lora` and its flags, `pagoda.runtime.lora`); None: off
+    lora: LoRAConfig | None = None
+    # generate, pooling (an embedding model: `engine/pooling.py`) or auto (the checkpoint
+    # decides, `pooler_config.resolve`, when the engine or the server reads it)
+    runner: str = "auto"
+    # the pooling runner's pooling: a dict or the flag's JSON text is read into a PoolerConfig
+    pooler_config: PoolerConfig | None = None
 
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
+        if self.runner not in options.RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
+                             f"{self.runner!r}")  # fmt: skip
+        object.__setattr__(self, "pooler_config", PoolerConfig.parse(self.pooler_config))
         spec = SpeculativeConfig.parse(self.speculative_config)
+        if self.runner == "pooling" and spec is not None:
+            raise ValueError("speculative decoding is not supported with the pooling runner "
+                             "(an embedding request generates nothing): drop --speculative-config")  # fmt: skip
         object.__setattr__(self, "speculative_config", spec)
+        for problem in lora_problems(self):
+            raise ValueError(problem)
         if spec is not None and self.async_scheduling:
             raise ValueError(
                 "speculative decoding runs with synchronous scheduling only (as vLLM v1's first "
@@ -193,8 +211,11 @@ class EngineConfig:
         """Flat keyword arguments (as `LLM(...)` and the CLI take them) → nested config."""
         cache_keys = {f for f in CacheConfig.__dataclass_fields__}
         sched_keys = {f for f in SchedulerConfig.__dataclass_fields__} - {"auto_batched_tokens"}
-        top_keys = {f for f in cls.__dataclass_fields__} - {"cache", "scheduler", "model"}
+        top_keys = {f for f in cls.__dataclass_fields__} - {"cache", "scheduler", "model", "lora"}
         par_keys = set(options.PARALLEL_FLAGS)  # tensor_parallel_size, nnodes, ...
+        lora = {k: kwargs.pop(k) for k in LORA_KWARGS if k in kwargs}
+        if "lora" in kwargs:  # a LoRAConfig itself
+            lora = {"config": kwargs.pop("lora")}
         unknown = set(kwargs) - cache_keys - sched_keys - top_keys - par_keys
         if unknown:
             raise ValueError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
@@ -203,6 +224,8 @@ class EngineConfig:
         top = {k: v for k, v in kwargs.items() if k in top_keys}
         if any(k in par_keys for k in kwargs):
             top["parallel"] = Parallelism.from_values(kwargs)
+        if lora:
+            top["lora"] = lora["config"] if "config" in lora else LoRAConfig.from_values(**lora)
         return cls(model=model, cache=cache, scheduler=sched, **top)
 
     def with_device_defaults(self) -> EngineConfig:
@@ -236,14 +259,32 @@ class EngineConfig:
         """The flag, or by default on with CUDA only: on a CPU the forward runs on the host, so
         there is no device time to hide the next step's scheduling behind. Off with
         speculative decoding (its drafts come from the tokens read back)."""
-        if self.speculative_config is not None:
-            return False
+        if self.speculative_config is not None or self.runner == "pooling":
+            return False  # (pooling: no token to read back, nothing to overlap)
         if self.async_scheduling is not None:
             return self.async_scheduling
         return self.torch_device().type == "cuda"
 
     def torch_dtype(self) -> torch.dtype:
         return resolve_dtype(self.dtype, self.torch_device())
+
+
+def lora_problems(cfg: EngineConfig) -> list[str]:
+    """Why `cfg`'s LoRA settings cannot run with its other options: one line each."""
+    if cfg.lora is None:
+        return []
+    if not isinstance(cfg.lora, LoRAConfig):
+        return [f"lora must be a LoRAConfig, got {cfg.lora!r}"]
+    out = []
+    if cfg.parallel.tensor_parallel_size > 1:
+        out.append("LoRA adapters are not supported with tensor parallelism yet "
+                   "(--tensor-parallel-size > 1): drop --enable-lora")  # fmt: skip
+    if cfg.quantization == "fp8":
+        out.append("LoRA adapters are not supported with --quantization fp8 yet: drop one")
+    if cfg.speculative_config is not None:
+        out.append("LoRA adapters are not supported with speculative decoding: drop "
+                   "--speculative-config or --enable-lora")  # fmt: skip
+    return out
 
 
 def fp8_runs_on(device: torch.device) -> bool:

@@ -26,6 +26,10 @@ class EngineInfo:
     sampling_defaults: Mapping[str, float | int] = field(default_factory=dict)
     # an LM head pruned to ids [0, head_rows) (Apertus 1.5): the others are never generated
     head_rows: int = 0
+    # "generate", or "pooling" (an embedding model: /v1/embeddings) with its `PoolerConfig`
+    runner: str = "generate"
+    pooler: Any = None
+    hidden_size: int = 0
 
     @classmethod
     def from_core(cls, core: Any) -> EngineInfo:
@@ -38,6 +42,9 @@ class EngineInfo:
             max_token_bytes=_max_token_bytes(core.tokenizer, core.model_config.vocab_size),
             sampling_defaults=dict(getattr(core, "sampling_defaults", {})),
             head_rows=core.model_config.family.head_rows,
+            runner=getattr(core.config, "runner", "generate"),
+            pooler=getattr(core.config, "pooler_config", None),
+            hidden_size=core.model_config.hidden_size,
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
+from pagoda.runtime.engine.pooling import EmbeddingRequestOutput, PoolingParams, embed
+from pagoda.runtime.lora.config import LoRARequest
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.sampling.params import SamplingParams
@@ -108,8 +110,12 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool | Callable[..., Any] = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run all prompts together (continuous batching); results come back in input order.
+
+        `lora_request` (as vLLM's, with ``LLM(..., enable_lora=True)``): the adapter every
+        prompt runs with, or one (or None: the base model) per prompt.
 
         `use_tqdm` (as vLLM's): True (the default) for a progress bar on stderr, shown only
         where stderr is a terminal (no carriage-return lines in logs); False for none; or a
@@ -118,6 +124,9 @@ class LLM:
         """
         if self._closed:
             raise RuntimeError("this LLM is closed; create a new one")
+        if self.config.runner == "pooling":
+            raise ValueError("this model runs the pooling runner (an embedding model): use "
+                             "embed(), or LLM(..., runner='generate')")  # fmt: skip
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
@@ -131,6 +140,12 @@ class LLM:
         encoded = [self._to_ids(p) for p in prompts]
         # all checked before any runs; the copies as validated now run (params are mutable)
         plist = [self.engine.validate(ids, p) for (_, ids), p in zip(encoded, plist)]
+        for p, lr in zip(plist, _per_prompt(lora_request, len(prompts))):
+            if lr is not None:
+                if not isinstance(lr, LoRARequest):
+                    raise ValueError(f"lora_request must be a LoRARequest, got {lr!r}")
+                self.engine.add_lora(lr)  # read and checked before anything runs
+                p.lora_request = lr
         bar = _progress(use_tqdm, len(prompts))
         results: dict[str, RequestOutput] = {}
         try:
@@ -160,6 +175,34 @@ class LLM:
         for res in results.values():
             res.shape_logprobs(self._token_text)
         return list(results.values())
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's `LLM.embed` (an engine built with ``runner="pooling"``, or one the checkpoint
+        makes an embedding model): one vector per prompt, in input order
+        (`engine/pooling.py`). ValueError before anything runs for bad input."""
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new one")
+        if truncate_prompt_tokens is not None:
+            dims = None if pooling_params is None else pooling_params.dimensions
+            pooling_params = PoolingParams(dims, truncate_prompt_tokens)
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        bar = _progress(use_tqdm, len(prompts))
+        try:
+            return embed(self, prompts, pooling_params, bar)
+        finally:
+            if bar is not None:
+                bar.close()
 
     def _token_text(self, token_id: int) -> str:
         """A token's own text (special tokens too), as vLLM's `Logprob.decoded_token`."""
@@ -223,6 +266,17 @@ class LLM:
                 raise ValueError(f"chat_template_kwargs: this model's chat template does not read "
                                  f"'{key}', so it would change nothing")  # fmt: skip
         return kwargs
+
+
+def _per_prompt(lora_request: Any, n: int) -> list[Any]:
+    """`generate`'s `lora_request`: one for every prompt, or a list of one per prompt."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    out = list(lora_request)
+    if len(out) != n:
+        raise ValueError(f"lora_request must be one LoRARequest or one per prompt: {len(out)} "
+                         f"for {n} prompts")  # fmt: skip
+    return out
 
 
 def _token_ids(ids: Any) -> list[int]:

@@ -15,6 +15,7 @@ from itertools import repeat
 
 from pagoda.runtime.engine.detokenizer import IncrementalDetokenizer
 from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.engine.pooling import vector_bytes
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.request import FINISH_REASONS, FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.worker.outputs import ModelRunnerOutput
@@ -80,6 +81,8 @@ class OutputProcessor:
     def process(self, result: ModelRunnerOutput, clock: StepClock | None) -> list[StepOutput]:
         """Detokenize (requests without stop strings) and build the outputs of one step;
         requests aborted since the step ran are skipped."""
+        if result.pooled is not None:
+            return self._pooled(*result.pooled)
         samples = self.samples
         live = []
         # with drafts a request has several entries: each's sequence length (`positions`)
@@ -180,6 +183,21 @@ class OutputProcessor:
         if finished:
             self._forget(req.request_id, s.parent)
         return out
+
+    def _pooled(self, reqs: list[Request], vectors) -> list[StepOutput]:
+        """The pooling runner's outputs: each finished prompt's vector, no tokens or text."""
+        outputs = []
+        for req, data in zip(reqs, vector_bytes(vectors)):
+            s = self.samples.get(req.request_id)
+            if s is None:
+                continue
+            outputs.append(StepOutput(
+                s.parent, s.index, [], "", [], True, FINISH_REASONS[req.status], None,
+                req.num_prompt_tokens, req.num_cached_tokens, 0, req.arrival_time,
+                req.first_scheduled_time, None, None, data,
+            ))  # fmt: skip
+            self._forget(req.request_id, s.parent)
+        return outputs
 
     def _forget(self, child_id: str, parent: str) -> None:
         del self.samples[child_id]

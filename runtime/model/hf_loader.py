@@ -51,6 +51,7 @@ from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, has_wei
 from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
+from pagoda.runtime.pooler_config import check_not_encoder
 from tokenizers import Tokenizer as HFTokenizer
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ def architecture(cfg: Mapping[str, Any]) -> str:
     archs = cfg.get("architectures") or []
     arch = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
     if arch is None:
+        check_not_encoder(archs)  # (BERT, XLM-R, ModernBERT: one line of their own)
         found = ", ".join(archs) if archs else "none named in config.json"
         raise ValueError(
             f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"

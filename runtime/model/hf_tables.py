@@ -23,6 +23,7 @@ from pagoda.runtime.model import mellum_config as mellum
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model import zaya_config as zaya
+from pagoda.runtime.pooler_config import BARE_DECODERS
 
 # `architectures` in config.json -> `ModelConfig.architecture`
 HF_ARCHITECTURES = {
@@ -115,6 +116,9 @@ HF_ARCHITECTURES = {
     **hybrid.ARCHITECTURES,  # Granite 4.0, Bamba: Mamba2 and attention layers (granite_hybrid.py)
     **moe_families.ARCHITECTURES,  # ERNIE 4.5 MoE, ... (model/moe_families.py)
 }
+# bare decoders (no LM head): embedding checkpoints, served by the pooling runner only
+# (e5-mistral's MistralModel; `pooler_config.py`)
+HF_ARCHITECTURES.update({a: HF_ARCHITECTURES[c] for a, c in BARE_DECODERS.items()})
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
 # first); another model_type is refused
 TEXT_MODEL_TYPES = {

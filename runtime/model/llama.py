@@ -69,6 +69,9 @@ TOKEN_HISTORY = "token_history"
 # `meta.aux`: a model's per-sequence state for the step (`LlamaModel.sequence_state`'s
 # `device_step`: DeepSeek-V4's open-window slots, model/dsv4_engine.py)
 SEQUENCE_STATE = "sequence_state"
+# `LlamaModel.forward`'s `head` for the pooling runner (`engine/pooling.py`): the rows'
+# final-norm hidden states come back, the LM head is not run
+HIDDEN_STATES = "hidden_states"
 
 
 def _lookup_table(
@@ -492,7 +495,8 @@ class LlamaModel:
         head: HeadSampling | None = None,
     ) -> torch.Tensor:
         """The logits [N, vocab] of the rows `logits_indices`; with `head`, their tokens (int64
-        [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`)."""
+        [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`);
+        with `HIDDEN_STATES`, their final-norm hidden states [N, hidden] (the pooling runner)."""
         h = self.input_embeddings(input_ids, positions)
         step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype, meta))
         residual = None
@@ -500,7 +504,8 @@ class LlamaModel:
             h, residual = layer(h, residual, step)
         h = h.index_select(0, logits_indices)
         residual = None if residual is None else residual.index_select(0, logits_indices)
-        return self.logits(self.final_hidden(h, residual), head)
+        h = self.final_hidden(h, residual)
+        return h if head is HIDDEN_STATES else self.logits(h, head)
 
     def input_embeddings(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The first layer's input: the tokens' embeddings (`positions.py`: with their

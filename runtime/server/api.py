@@ -22,8 +22,10 @@ from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
 from pagoda.runtime.server.chat import ChatEndpoint
 from pagoda.runtime.server.completions import CompletionEndpoint
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.embeddings import EmbeddingsRoute, refuse_generation
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.http import ErrorGuard, read_body
+from pagoda.runtime.server.lora_adapters import ServedAdapters, add_lora_routes
 from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.server.serving import Serving
@@ -145,7 +147,13 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             cfg.reasoning_parser,
         ),
     }
+    adapters = ServedAdapters(cfg.lora, cfg.served_model_names)  # LoRA: `model` names them
+    for e in endpoints.values():
+        e.adapters = adapters
     add_openai_routes(app, cfg, serving, endpoints)
+    add_lora_routes(app, adapters, engine, authorizer(cfg))
+    embeddings = EmbeddingsRoute(serving, endpoints["/v1/completions"].resolve_model)
+    add_embeddings_route(app, cfg, embeddings)
     add_unserved_routes(app, authorizer(cfg))
     add_tokenizer_routes(app, serving, endpoints["/v1/chat/completions"], authorizer(cfg),
                          endpoints["/v1/completions"].resolve_model, cfg.max_request_bytes)  # fmt: skip
@@ -191,8 +199,13 @@ def add_openai_routes(
         return Response(body, media_type="application/json")
 
     def route(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        api = API_NAMES[endpoint.request_model.__name__]
+
         async def handle(raw: Request) -> Response:
             authorize(raw)
+            info = serving.engine.info
+            if info is not None and info.runner == "pooling":
+                raise refuse_generation(api)
             body = await read_body(raw, cfg.max_request_bytes)
             return await run(raw, await serving.prepare(endpoint, body))
 
@@ -209,18 +222,49 @@ def add_openai_routes(
     @app.get("/v1/models")
     async def models(raw: Request) -> dict[str, Any]:
         authorize(raw)
-        return {"object": "list", "data": [card(name) for name in cfg.served_model_names]}
+        data = [card(name) for name in cfg.served_model_names]
+        return {"object": "list", "data": data + endpoints["/v1/completions"].adapters.cards(card)}
 
     @app.get("/v1/models/{name:path}")
     async def model(raw: Request, name: str) -> dict[str, Any]:
         """OpenAI's model retrieval (`client.models.retrieve`); 404 naming the model."""
         authorize(raw)
-        return card(endpoints["/v1/chat/completions"].resolve_model(name))
+        found = endpoints["/v1/chat/completions"].resolve_model(name)
+        adapters = endpoints["/v1/completions"].adapters
+        lora = adapters.get(found)
+        if lora is not None:
+            return card(found) | {"root": lora.lora_path, "parent": adapters.base_names[0]}
+        return card(found)
+
+
+# the generation APIs by request model, as a pooling server names them refusing them
+API_NAMES = {"CompletionRequest": "Completions", "ChatCompletionRequest": "Chat Completions"}
+
+
+def add_embeddings_route(app: FastAPI, cfg: ServerConfig, route: EmbeddingsRoute) -> None:
+    """`POST /v1/embeddings` (`embeddings.py`); a generating server's answer is the 400
+    `unsupported_api` of the other unserved APIs."""
+    authorize = authorizer(cfg)
+
+    @app.post("/v1/embeddings", include_in_schema=False)
+    async def embeddings(raw: Request) -> Response:
+        authorize(raw)
+        body = await read_body(raw, cfg.max_request_bytes)
+        info, req, prompts = await route.prepare(body)
+        streams = route.submit(prompts)
+        try:
+            finished, outs = await until_disconnect(raw, route.collect(streams))
+        finally:
+            for s in streams:  # no-op when finished; frees blocks at once otherwise
+                route.serving.engine.abort(s.request_id)
+        if not finished:
+            return Response(status_code=499)  # nobody is listening
+        return Response(route.body(req, info, outs), media_type="application/json")
 
 
 # OpenAI (and vLLM pooling) APIs that a generative server does not serve: the API's name, per path
+# (/v1/embeddings: `add_embeddings_route`, served by a pooling server)
 UNSERVED_APIS = {
-    "/v1/embeddings": "Embeddings",
     "/v1/rerank": "Rerank",
     "/v2/rerank": "Rerank",
     "/rerank": "Rerank",

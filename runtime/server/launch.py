@@ -30,11 +30,13 @@ from pagoda.runtime.engine.core import (
     check_max_model_len,
     check_speculative,
 )
+from pagoda.runtime.engine.pooling import check_pooling
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.shape_fingerprint import model_fingerprint
 from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
 from pagoda.runtime.parallelism import Parallelism
+from pagoda.runtime.pooler_config import with_runner
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form
 from pagoda.runtime.server import api_process, fit, memory
 from pagoda.runtime.server.api_process import ServePlan
@@ -79,9 +81,16 @@ def preflight(
             log.log(logging.INFO if profile.shape_fingerprint else logging.WARNING, "%s", note)
     check_context(kwargs, model_config)
     engine_cfg = EngineConfig.create(model_path, **kwargs)
+    # --runner auto: the checkpoint's files decide (`pooler_config.py`); pooling's refusals
+    engine_cfg = with_runner(engine_cfg, resolve_model_path(model_path), model_config.hidden_size)
+    check_pooling(engine_cfg, model_config)
     check_dtype(engine_cfg, model_config)
     check_block_size(engine_cfg, model_config)
     check_speculative(engine_cfg, model_config)
+    if engine_cfg.lora is not None:  # the family, and every --lora-modules adapter read
+        from pagoda.runtime.lora.adapter import check_adapters
+
+        check_adapters(engine_cfg.lora, model_config)
     check_checkpoint_form(engine_cfg.quantization, str(resolve_model_path(model_path)))
     if parallel is not None:
         engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)

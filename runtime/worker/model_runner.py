@@ -23,8 +23,9 @@ from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.lora.slots import LoRASlots
 from pagoda.runtime.model import alibi
-from pagoda.runtime.model.llama import SEQUENCE_STATE, TOKEN_HISTORY, LlamaModel
+from pagoda.runtime.model.llama import HIDDEN_STATES, SEQUENCE_STATE, TOKEN_HISTORY, LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.ops import select_ops
@@ -46,7 +47,8 @@ from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.mamba_state import MambaState
-from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput, SpecResult
+from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
+from pagoda.runtime.worker.pooler import Pooler, pool_rows
 from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock
 from pagoda.runtime.worker.step_inputs import StepInputs, token_history
@@ -78,6 +80,10 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = self._build_model(loaded, max_model_len)
         _log_quantized_layers(self.model)
+        # LoRA adapters: the layers wrapped, the adapters' device slots (`pagoda.runtime.lora`)
+        self.lora = None if config.lora is None else LoRASlots(config.lora, mc)
+        if self.lora is not None:
+            self.lora.wrap(self.model)
         # Where the LM head samples from its outputs (`qgemm`), steps that write logits pick the
         # greedy and unfiltered rows with the same code: a row's token never depends on the path.
         fused = self.model.lm_head.fuses_sampling
@@ -90,6 +96,11 @@ class ModelRunner:
         # Rows for every running request, and as many again before finished ones are reclaimed.
         max_blocks = -(-max_model_len // self.block_size) + 1
         self.block_tables = BlockTables(2 * config.scheduler.max_num_seqs, max_blocks)
+        # the pooling runner: each step hands back hidden states, pooled per prompt that ends
+        pc = config.pooler_config if config.runner == "pooling" else None
+        self.pooling_type = None if pc is None else pc.pooling_type
+        self.pooler = None if pc is None or (tp is not None and tp.rank != 0) else Pooler(
+            pc, mc.hidden_size, 2 * config.scheduler.max_num_seqs, self.device)  # fmt: skip
         # a hybrid's Mamba layers: their state slots (a column per block-table row), before the
         # KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
@@ -190,10 +201,14 @@ class ModelRunner:
             self.config.enable_cuda_graphs
             and self.device.type == "cuda"
             and self.backend.name == "triton"
+            and self.pooling_type is None  # (pooling never decodes)
         ):
             return
         if self.mamba is not None or self.seq_state is not None:
             log.info("CUDA graphs off: a model with per-sequence state runs its decodes eagerly")
+            return
+        if self.lora is not None:
+            log.info("CUDA graphs off: LoRA adapters run their decodes eagerly")
             return
         mla = self.model_config.family.mla
         if mla is not None and mla.indexer is not None:  # dense or sparse: chosen per step
@@ -252,6 +267,8 @@ class ModelRunner:
     def readback(self, step: LaunchedStep) -> ModelRunnerOutput:
         """Wait for a step queued by `execute_model` and read its sampled tokens back (the
         step's only device→host sync)."""
+        if step.pooled is not None:  # the pooling runner's vectors
+            return self._pooled_readback(step)
         if step.sampler_output is None and step.prompt is None:
             return ModelRunnerOutput([], [], [])
         if step.ready is not None:
@@ -259,7 +276,7 @@ class ModelRunner:
         if step.sampler_output is not None:
             result = self._readback(step.requests, step.host or step.sampler_output)
             if step.spec is not None:
-                result = self._verified(result, *step.spec)
+                result = verify.verified(result, *step.spec)
         else:  # only prompt positions this step (a chunk before the last)
             result = ModelRunnerOutput([], [], [])
         if step.prompt is not None:
@@ -275,6 +292,8 @@ class ModelRunner:
         """Inputs → forward → sampling, all queued on the device without waiting for it."""
         clock = self.clock
         inp = self._prepare_inputs(out)
+        if self.pooler is not None:
+            return self._execute_pooling(out, inp)
         reqs = [out.scheduled[i].request for i in inp.sampling]
         spec = inp.spec
         if spec is not None:  # a drafted request samples each of its rows (`spec/verify.py`)
@@ -314,6 +333,31 @@ class ModelRunner:
         if clock is not None:
             clock.mark("sample")
         return step
+
+    def _execute_pooling(self, out: SchedulerOutput, inp: StepInputs) -> LaunchedStep:
+        """The pooling runner's step: hidden states (no LM head) → the vectors of the prompts
+        that end in it (`worker/pooler.py`), queued on the device."""
+        hidden = self._forward(inp, None)
+        reqs = [out.scheduled[i].request for i in inp.sampling]
+        vectors = self.pooler.pool(hidden, inp, self.block_tables.rows, self.to_device)
+        step = LaunchedStep(reqs, None, pooled=vectors)
+        if vectors is not None and self.device.type == "cuda":
+            step.host = _pinned_copies((vectors,))[0]
+            step.ready = torch.cuda.Event()
+            step.ready.record()
+        if self.clock is not None:
+            self.clock.mark("forward")
+        return step
+
+    def _pooled_readback(self, step: LaunchedStep) -> ModelRunnerOutput:
+        """A pooling step's vectors on the host (float32 [requests, D]), with their requests."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        host = step.host if step.host is not None else step.pooled.cpu()
+        result = ModelRunnerOutput([], [], [], pooled=(step.requests, host.numpy()))
+        if self.clock is not None:
+            self.clock.mark("readback")
+        return result
 
     def sample_deferred(self, step: LaunchedStep) -> None:
         """Sample a step launched with constrained rows under async scheduling, once the
@@ -389,7 +433,9 @@ class ModelRunner:
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
         if self.speculative and nd < n and (seq_lens > known).any():  # decodes with drafts
-            inp.sample_rows, inp.spec = _spec_rows(ids, cu, seq_lens - known, sampling)
+            inp.sample_rows, inp.spec = verify.spec_rows(ids, cu, seq_lens - known, sampling)
+        if self.lora is not None:  # each token's adapter slot (`lora/slots.py`)
+            inp.lora = self.lora.prepare(reqs, qlens)
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
                                            out.snapshots)  # fmt: skip
@@ -467,6 +513,8 @@ class ModelRunner:
         """The forward of a prepared step (`ids` on the device): a captured CUDA graph when
         one fits, else eager. The other ranks of a group run it with rank 0's inputs."""
         graph = self.cuda_graphs
+        if self.lora is not None:
+            self.lora.device_step(inp.lora, self.to_device)
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks, nd = len(inp.qlens), inp.table.shape[1], inp.num_decodes
         if (
@@ -502,13 +550,12 @@ class ModelRunner:
             meta.aux[TOKEN_HISTORY] = self.to_device(inp.history)
         if inp.seq_state is not None:
             meta.aux[SEQUENCE_STATE] = self.seq_state.device_step(inp.seq_state, self.to_device)
+        if self.pooling_type is not None:  # hidden states of the rows pooled, no LM head
+            rows, head = pool_rows(self.pooling_type, inp), HIDDEN_STATES
+        else:
+            rows = _logit_rows(inp, _last_rows(inp))
         return self.model.forward(
-            ids,
-            self.to_device(inp.positions),
-            self.kv_caches,
-            meta,
-            self.to_device(_logit_rows(inp, _last_rows(inp))),
-            head,
+            ids, self.to_device(inp.positions), self.kv_caches, meta, self.to_device(rows), head
         )
 
     def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:
@@ -532,34 +579,6 @@ class ModelRunner:
         self._last_sampling = (key, batch, reqs)  # holding reqs keeps their ids unique
         return batch
 
-    @staticmethod
-    def _verified(
-        result: ModelRunnerOutput, drafted: list[Request], spec: verify.SpecRows
-    ) -> ModelRunnerOutput:
-        """A drafted step's tokens verified (`spec/verify.py`): each request's entries cut to
-        the tokens it keeps, its seeded generator rewound to their draws."""
-        accepted, kept = verify.accept(np.asarray(result.token_ids, dtype=np.int64), spec)
-        verify.rewind(spec, drafted, accepted)
-        reqs, lps = result.requests, result.logprobs
-        kept_list = kept.tolist()
-        lengths = np.fromiter((len(r.token_ids) for r in drafted), np.int64, len(drafted))
-        # each kept entry's sequence length once appended: its request's, plus its place
-        reps = accepted + 1
-        place = np.arange(len(kept)) - np.repeat(np.cumsum(reps) - reps, reps) + 1
-        drafted_mask = spec.counts > 0
-        return ModelRunnerOutput(
-            [reqs[i] for i in kept_list],
-            np.asarray(result.token_ids, dtype=np.int64)[kept].tolist(),
-            [lps[i] for i in kept_list],
-            result.prompt_logprobs,
-            positions=(np.repeat(lengths, reps) + place).tolist(),
-            spec=SpecResult(
-                [r for r, m in zip(drafted, drafted_mask.tolist()) if m],
-                spec.counts[drafted_mask].tolist(),
-                accepted[drafted_mask].tolist(),
-            ),
-        )
-
     def _readback(self, reqs: list[Request], so: SamplerOutput) -> ModelRunnerOutput:
         token_ids = so.token_ids.tolist()  # the step's one device→host sync
         if so.logprobs is None:
@@ -581,20 +600,6 @@ def _last_rows(inp: StepInputs) -> np.ndarray:
     if inp.sample_rows is not None:
         return inp.sample_rows
     return inp.cu[1:][inp.sampling] - 1
-
-
-def _spec_rows(
-    ids: np.ndarray, cu: np.ndarray, extra: np.ndarray, sampling: list[int]
-) -> tuple[np.ndarray, verify.SpecRows]:
-    """A step with drafts: the rows to sample (every position of a drafted request) and the
-    drafts, read back from the ids (a drafted row's tokens after its first)."""
-    counts = extra[sampling]
-    ends = cu[1:][sampling] - 1
-    k = max(int(counts.max()), 1)
-    cols = np.arange(k)
-    idx = np.minimum((ends - counts + 1)[:, None] + cols, len(ids) - 1)
-    drafts = np.where(cols[None, :] < counts[:, None], ids[idx], -1)
-    return verify.logit_rows(ends, counts), verify.SpecRows(counts, drafts)
 
 
 def _objects(items: list) -> np.ndarray:

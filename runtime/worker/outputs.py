@@ -27,6 +27,9 @@ class ModelRunnerOutput:
     # order); `positions` then gives each entry's sequence length once its token is appended
     positions: list[int] | None = None
     spec: SpecResult | None = None
+    # the pooling runner: the requests whose prompt ended this step and their vectors (float32
+    # [len(requests), D] on the host), in the same order
+    pooled: tuple[list[Request], Any] | None = None
 
 
 @dataclass
@@ -54,6 +57,9 @@ class LaunchedStep:
     prompt_host: tuple[torch.Tensor | None, ...] | None = None
     # speculative decoding: (the sampling requests, one each, `spec.verify.SpecRows`)
     spec: tuple[list[Request], Any] | None = None
+    # the pooling runner: float32 [len(requests), D] vectors on the device (`host`: a pinned
+    # copy, valid once `ready` has fired)
+    pooled: torch.Tensor | None = None
 
     @property
     def empty(self) -> bool:

@@ -184,6 +184,12 @@ def engine_config(*argv: str, profile: str | None = None):
          "speculative_config: method 'eagle' is not supported"),
         (("--speculative-config", '{"num_speculative_tokens": 2}', "--async-scheduling"),
          "speculative decoding runs with synchronous scheduling only"),
+        (("--pooler-config", '{"pooling_type": "MEAN"}'),
+         "pooler_config applies to the pooling runner only"),  # (auto: SmolLM2 generates)
+        (("--runner", "pooling", "--pooler-config", '{"pooling_type": "MAX"}'),
+         "pooler_config: pooling_type must be one of LAST, MEAN, CLS, got 'MAX'"),
+        (("--runner", "pooling", "--speculative-config", '{"num_speculative_tokens": 2}'),
+         "speculative decoding is not supported with the pooling runner"),
     ],
 )  # fmt: skip
 def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:

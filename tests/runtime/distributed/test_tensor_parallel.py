@@ -163,3 +163,21 @@ def test_nan_in_one_ranks_shard_is_refused_by_rank_0(tmp_path):
     with pytest.raises(ValueError, match=rf"checkpoint tensor {name} holds NaN or Inf"):
         LLM(str(tmp_path), tensor_parallel_size=2, dtype="float32", max_model_len=64,
             kv_cache_memory=4 << 20)  # fmt: skip
+
+
+def test_pooling_over_two_ranks(tmp_path):
+    """The pooling runner (`--runner pooling`): the final-norm hidden states are whole on every
+    rank after the last all-reduce, so rank 0 pools them as one rank does: transformers'
+    MEAN vectors for prompts chunked into 8-token steps."""
+    import numpy as np
+    from embed_testlib import hf_embeddings, make_embedding_model
+
+    hf = make_embedding_model(tmp_path, "Qwen3", "MEAN")
+    prompts = [p[:20] for p in prompts_()]
+    want = hf_embeddings(hf, prompts, "MEAN").numpy()
+    args = dict(tensor_parallel_size=2, max_num_batched_tokens=8, max_num_seqs=4,
+                long_prefill_token_threshold=0, dtype="float32", kv_cache_memory=4 << 20)  # fmt: skip
+    with LLM(str(tmp_path), **args) as two:
+        assert two.config.runner == "pooling"
+        got = np.stack([o.outputs.embedding for o in two.embed(prompts, use_tqdm=False)])
+    np.testing.assert_allclose(got, want, atol=1e-4)

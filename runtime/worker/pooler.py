@@ -1,0 +1,92 @@
+"""The pooling runner's device side: which rows of a step the model hands back (final-norm
+hidden states, the LM head not run), and one float32 vector per request whose prompt ends in
+the step.
+
+Every request of a pooling engine is a prompt, prefilled (in one chunk or several) and then
+finished. LAST reads the last prompt row (in the step that ends the prompt); CLS the row at
+position 0 (kept from its step until the prompt ends); MEAN sums every prompt row into the
+request's accumulator across chunks and divides by the prompt's length at its end. The
+accumulators are a preallocated [block-table rows, hidden] float32 buffer indexed by each
+request's block-table row (`BlockTables.rows`, stable while the request runs); a request whose
+step starts at position 0 (a first chunk, or a preempted one computed again) starts its row
+afresh. Everything is batched: one index_select / index_copy / index_add per step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.pooler_config import PoolerConfig
+from pagoda.runtime.worker.step_inputs import StepInputs
+
+
+def pool_rows(pooling_type: str, inp: StepInputs) -> np.ndarray:
+    """int64: the rows of the step's token batch whose hidden states the pooler reads (the
+    same on every rank of a tensor-parallel group: it reads what rank 0 sends)."""
+    if pooling_type == "LAST":
+        return inp.cu[1:][inp.sampling] - 1
+    if pooling_type == "CLS":
+        return np.flatnonzero(inp.positions == 0)
+    return np.arange(len(inp.positions), dtype=np.int64)  # MEAN: every row
+
+
+class Pooler:
+    def __init__(self, config: PoolerConfig, hidden_size: int, num_rows: int,
+                 device: torch.device) -> None:  # fmt: skip
+        self.type = config.pooling_type
+        self.normalize = config.normalize
+        self.dimensions = config.dimensions
+        self.device = device
+        self.acc = None
+        if self.type != "LAST":  # a request's sum (MEAN) or first row (CLS) across its chunks
+            self.acc = torch.zeros(num_rows, hidden_size, dtype=torch.float32, device=device)
+
+    def rows(self, inp: StepInputs) -> np.ndarray:
+        return pool_rows(self.type, inp)
+
+    def pool(self, hidden: torch.Tensor, inp: StepInputs, table_rows: np.ndarray,
+             to_device) -> torch.Tensor | None:  # fmt: skip
+        """float32 [len(inp.sampling), D] on the device: the vectors of the requests whose
+        prompt ends this step (in `inp.sampling`'s order); None when none does. `hidden`: the
+        model's rows `rows(inp)`; `table_rows`: each scheduled request's accumulator row."""
+        done = np.asarray(inp.sampling, dtype=np.int64)
+        h = hidden.float()
+        if self.type == "LAST":
+            out = h
+        else:
+            acc = self.acc
+            starts = inp.positions[inp.cu[:-1]] if len(inp.positions) else inp.cu[:-1]
+            seq = np.repeat(np.arange(len(inp.qlens)), inp.qlens)  # each row's request
+            if self.type == "CLS":
+                firsts = np.flatnonzero(inp.positions == 0)
+                acc.index_copy_(0, to_device(table_rows[seq[firsts]]), h)
+            else:
+                fresh = table_rows[starts == 0]
+                if len(fresh):
+                    acc.index_fill_(0, to_device(fresh), 0.0)
+                acc.index_add_(0, to_device(table_rows[seq]), h)
+            if not len(done):
+                return None
+            out = acc.index_select(0, to_device(table_rows[done]))
+            if self.type == "MEAN":
+                lens = to_device(inp.seq_lens[done].astype(np.float32))
+                out = out / lens.unsqueeze(1)
+        if not len(done):
+            return None
+        if self.dimensions is not None:  # Matryoshka: the leading components
+            out = out[:, : self.dimensions]
+        return F.normalize(out, dim=-1) if self.normalize else out
+
+
+def vector(data: bytes, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """A pooled vector (float32, little-endian bytes as the engine hands it back) cut to a
+    request's Matryoshka `dimensions` (then normalized again when the pooler normalizes: the
+    same as pooling to those dimensions, a unit vector's scale not mattering)."""
+    v = np.frombuffer(data, dtype="<f4")
+    if dimensions is None or dimensions >= len(v):
+        return v
+    v = v[:dimensions]
+    if normalize:
+        v = v / max(float(np.linalg.norm(v)), 1e-12)
+    return v.astype(np.float32)

@@ -1,0 +1,65 @@
+"""Tiny embedding checkpoints in the published Qwen3-Embedding layout, and transformers' vectors
+as the oracle (imported by tests; not a conftest)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+_MODES = {"LAST": "pooling_mode_lasttoken", "MEAN": "pooling_mode_mean_tokens",
+          "CLS": "pooling_mode_cls_token"}  # fmt: skip
+
+
+def make_embedding_model(path, arch: str = "Qwen3", pooling: str = "LAST", normalize=True,
+                         **config_json):  # fmt: skip
+    """A tiny random `arch` decoder written by transformers (architectures
+    [`arch`ForCausalLM]) plus sentence-transformers' modules.json, 1_Pooling/config.json and
+    (with `normalize`) the Normalize module, a left padding side as Qwen3-Embedding's;
+    `config_json`: keys added to config.json (Matryoshka's). Returns the transformers model."""
+    from hf_oracle import make_tiny_model
+
+    model = make_tiny_model(path, arch)
+    path = Path(path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}]  # fmt: skip
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})  # fmt: skip
+        (path / "2_Normalize").mkdir()
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir()
+    pool = {m: m == _MODES[pooling] for m in _MODES.values()}
+    (path / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": model.config.hidden_size, **pool})
+    )
+    tok_cfg = path / "tokenizer_config.json"
+    cfg = json.loads(tok_cfg.read_text()) if tok_cfg.exists() else {}
+    tok_cfg.write_text(json.dumps({**cfg, "padding_side": "left"}))
+    if config_json:
+        c = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**c, **config_json}))
+    return model
+
+
+def hf_embeddings(model, prompts: list[list[int]], pooling: str, normalize=True) -> torch.Tensor:
+    """transformers' vectors: one left-padded batch (as Qwen3-Embedding is run), the final-norm
+    hidden states pooled as sentence-transformers pools them, float32 [N, hidden]."""
+    n = max(map(len, prompts))
+    ids = torch.tensor([[0] * (n - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (n - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        h = model.model(input_ids=ids, attention_mask=mask, position_ids=positions)
+    h = h.last_hidden_state.float()
+    if pooling == "LAST":
+        out = h[:, -1]
+    elif pooling == "CLS":
+        out = h[torch.arange(len(prompts)), n - torch.tensor(list(map(len, prompts)))]
+    else:
+        m = mask.unsqueeze(-1).float()
+        out = (h * m).sum(1) / m.sum(1)
+    return F.normalize(out, dim=-1) if normalize else out

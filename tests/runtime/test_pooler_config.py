@@ -1,0 +1,77 @@
+"""`--runner auto`'s rule and `--pooler-config`'s checks, on config files alone (no weights)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.pooler_config import PoolerConfig, check_not_encoder, resolve
+
+
+def _dir(tmp_path, name):
+    (tmp_path / name).mkdir()
+    return tmp_path / name
+
+
+def _checkpoint(path, archs=("Qwen3ForCausalLM",), modes=None, normalize=True, **extra):
+    (path / "config.json").write_text(json.dumps({"architectures": list(archs), **extra}))
+    if modes is not None:
+        mods = [{"path": "", "type": "sentence_transformers.models.Transformer"},
+                {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]  # fmt: skip
+        if normalize:
+            mods.append({"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (path / "modules.json").write_text(json.dumps(mods))
+        (path / "1_Pooling").mkdir()
+        (path / "1_Pooling" / "config.json").write_text(json.dumps(modes))
+    return path
+
+
+def test_auto_reads_the_sentence_transformers_layout_and_bare_decoders(tmp_path):
+    a = _checkpoint(_dir(tmp_path, "a"),
+                    modes={"pooling_mode_mean_tokens": True}, normalize=False)  # fmt: skip
+    assert resolve("auto", None, a, 64) == ("pooling", PoolerConfig("MEAN", False))
+    b = _checkpoint(_dir(tmp_path, "b"), ("LlamaModel",))
+    assert resolve("auto", None, b, 64) == ("pooling", PoolerConfig("LAST", True))
+    c = _checkpoint(_dir(tmp_path, "c"))
+    assert resolve("auto", None, c, 64) == ("generate", None)
+    # the user's keys over the checkpoint's; the checkpoint's Matryoshka widths
+    d = _checkpoint(_dir(tmp_path, "d"),
+                    modes={"pooling_mode_lasttoken": True}, matryoshka_dimensions=[32, 64])  # fmt: skip
+    _, pc = resolve("auto", PoolerConfig.parse('{"dimensions": 32}'), d, 64)
+    assert pc == PoolerConfig("LAST", True, 32, True, (32, 64))
+    assert pc.check_dimensions(48, 64) is not None and pc.check_dimensions(64, 64) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ('{"pooling_type": "MAX"}', "pooling_type must be one of"),
+        ('{"normalize": 1}', "normalize must be true or false"),
+        ('{"dimensions": 0}', "dimensions must be a positive integer"),
+        ('{"softmax": true}', "unknown or unsupported key"),
+        ("[1]", "must be a JSON object"),
+        ("{", "not JSON"),
+    ],
+)
+def test_bad_pooler_config_is_one_line(value, words):
+    with pytest.raises(ValueError, match=words) as e:
+        EngineConfig.create("m", runner="pooling", pooler_config=value)
+    assert "\n" not in str(e.value)
+
+
+def test_refusals(tmp_path):
+    with pytest.raises(ValueError, match="encoder-only model"):
+        check_not_encoder(["XLMRobertaModel"])
+    with pytest.raises(ValueError, match="runner must be one of"):
+        EngineConfig.create("m", runner="draft")
+    _checkpoint(tmp_path, ("Qwen3Model",))
+    with pytest.raises(ValueError, match="bare decoder without an LM head"):
+        resolve("generate", None, tmp_path, 64)
+    (tmp_path / "modules.json").write_text(
+        json.dumps([{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+    )
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_max_tokens": true}')
+    with pytest.raises(ValueError, match="pooling_mode_max_tokens is not supported"):
+        resolve("auto", None, tmp_path, 64)

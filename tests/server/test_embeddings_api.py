@@ -1,0 +1,118 @@
+"""`POST /v1/embeddings` through the `openai` SDK: a tiny random Qwen3 in Qwen3-Embedding's
+published layout (the pooling runner picked by `--runner auto`), the real engine on its thread,
+the real app over httpx's ASGI transport. Vectors equal transformers' (LAST token, normalized)
+for every input form and both encodings; refusals are OpenAI-style 400s."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from embed_testlib import hf_embeddings, make_embedding_model
+from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.engine.async_engine import AsyncEngine
+from pagoda.runtime.engine.core import EngineCore
+from pagoda.runtime.server.api import create_app
+from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.metrics import ServerMetrics
+
+pytest.importorskip("transformers")
+NAME = "tiny-embed"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3-embedding")
+    model = make_embedding_model(path, "Qwen3", "LAST", matryoshka_dimensions=[16, 64])
+    core = EngineCore(EngineConfig.create(str(path), dtype="float32", device="cpu",
+                                          max_model_len=32, num_blocks_override=32,
+                                          max_num_batched_tokens=16, max_num_seqs=8))  # fmt: skip
+    return model, core
+
+
+async def _run(core, calls):
+    m = ServerMetrics(NAME)
+    engine = AsyncEngine(lambda: core, observer=m)
+    engine.start()
+    await asyncio.wait_for(engine.wait_started(), 30)
+    app = create_app(ServerConfig(model="m", served_model_names=(NAME,)), engine, m)
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t/v1") as http:
+            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http,
+                                        max_retries=0)  # fmt: skip
+            return [await call(client, http) for call in calls], m
+    finally:
+        engine.stop()
+
+
+def test_the_sdk_gets_transformers_vectors(served):
+    model, core = served
+    texts = ["w5 w9 w13 w200 w7", "w3 w4"]
+    ids = [[5, 9, 13, 200, 7], [3, 4]]
+    want = hf_embeddings(model, ids, "LAST").numpy()
+
+    async def strings(c, _):  # the SDK asks for base64 and decodes it
+        return await c.embeddings.create(model=NAME, input=texts)
+
+    async def floats(c, _):
+        return await c.embeddings.create(model=NAME, input=ids, encoding_format="float")
+
+    async def one(c, _):
+        return await c.embeddings.create(model=NAME, input=ids[1], dimensions=16)
+
+    async def raw(_, http):
+        return await http.post("/embeddings", json={"input": "w3 w4", "encoding_format": "base64"})
+
+    (a, b, cut, r), metrics = asyncio.run(_run(core, [strings, floats, one, raw]))
+    for res in (a, b):
+        assert res.object == "list" and res.model == NAME
+        assert [d.index for d in res.data] == [0, 1]
+        got = np.array([d.embedding for d in res.data], dtype=np.float32)
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        assert res.usage.prompt_tokens == res.usage.total_tokens == 7
+    short = want[1][:16] / np.linalg.norm(want[1][:16])
+    np.testing.assert_allclose(cut.data[0].embedding, short, atol=1e-4)
+    body = r.json()
+    assert body["data"][0]["object"] == "embedding"
+    v = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(v, want[1], atol=1e-4)
+    prompt_tokens = metrics.registry.get_sample_value(
+        "pagoda:prompt_tokens_total", {"model_name": NAME}
+    )
+    assert prompt_tokens == 7 + 7 + 2 + 2
+    assert not core.has_unfinished_requests() and core.kv.num_free_blocks == core.kv.num_blocks
+
+
+def test_refusals_are_openai_400s(served):
+    _, core = served
+    bodies = {
+        "long": {"input": list(range(1, 33))},
+        "dims": {"input": "w3", "dimensions": 32},
+        "empty": {"input": []},
+        "field": {"input": "w3", "softmax": True},
+        "vocab": {"input": [[1, 10**6]]},
+    }
+
+    def post(body):
+        return lambda _, http: http.post("/embeddings", json=body)
+
+    async def completion(_, http):
+        return await http.post("/completions", json={"prompt": "w3", "max_tokens": 2})
+
+    calls = [post(b) for b in bodies.values()] + [completion]
+    results, _ = asyncio.run(_run(core, calls))
+    errors = dict(zip([*bodies, "completions"], (r.json()["error"] for r in results)))
+    assert all(r.status_code == 400 for r in results), [r.text for r in results]
+    assert errors["long"]["code"] == "context_length_exceeded"
+    assert "not one this model was trained for" in errors["dims"]["message"]
+    assert errors["empty"]["param"] == "input"
+    assert errors["field"]["code"] == "unsupported_parameter"
+    assert errors["vocab"]["param"] == "input"
+    assert errors["completions"]["code"] == "unsupported_api"
+    assert "pooling runner" in errors["completions"]["message"]
+    core.check_integrity()
