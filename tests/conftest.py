@@ -205,3 +205,22 @@ def _kernel_config_dirs_restored():
     kc = sys.modules.get("pagoda.kernels.config")
     if kc is not None and kc.config_dirs() != before:
         kc.set_config_dirs(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _children_forked_from_a_server():
+    """Rank 1 of a two-rank engine and the engine process of `engine_process=True` forked from
+    a server that imported the engine once, not spawned to import it again
+    (tests/forkserver_testlib.py: 2.5-7 s less a two-rank case).
+    PAGODA_TEST_SPAWN_RANKS=1 spawns them as `pagoda serve` does (to rule the server out)."""
+    if os.environ.get("PAGODA_TEST_SPAWN_RANKS") == "1":
+        yield None
+        return
+    from forkserver_testlib import ForkedContext
+    from pagoda.runtime.engine import core_client, executor
+
+    forked = ForkedContext()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(executor, "rank_context", lambda: forked)
+        mp.setattr(core_client, "engine_context", lambda: forked)
+        yield forked

@@ -47,6 +47,12 @@ class EngineDeadError(RuntimeError):
     """The engine process ended without being asked to."""
 
 
+def engine_context() -> multiprocessing.context.BaseContext:
+    """How the engine process starts: spawned (a fork would copy the server's threads). The
+    tests fork it from a server that imported the engine once (tests/forkserver_testlib.py)."""
+    return multiprocessing.get_context("spawn")
+
+
 class EngineProcClient:
     def __init__(self, log_level: str = "info") -> None:
         self.log_level = log_level
@@ -84,8 +90,7 @@ class EngineProcClient:
         self._rx = self._ctx.socket(zmq.PULL)
         self._rx.setsockopt(zmq.RCVHWM, 0)
         self._rx.bind(out_addr)
-        ctx = multiprocessing.get_context("spawn")
-        self.proc = ctx.Process(
+        self.proc = engine_context().Process(
             target=run_engine_core,
             args=(in_addr, out_addr, os.getpid(), self.log_level),
             name="pagoda-engine-core",

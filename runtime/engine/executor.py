@@ -35,6 +35,13 @@ def free_port(address: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def rank_context() -> multiprocessing.context.BaseContext:
+    """How this node's other ranks start: spawned (never a fork of a process that may hold CUDA
+    or an OpenMP pool). The tests fork them from a server that imported the engine once
+    (tests/forkserver_testlib.py)."""
+    return multiprocessing.get_context("spawn")
+
+
 class TensorParallelFailure(RuntimeError):
     """A rank of the group is gone: the engine cannot run another step."""
 
@@ -58,7 +65,7 @@ class Executor:
         spec = WorkerSpec(
             config, address, port, max_model_len, os.getpid(), log.getEffectiveLevel()
         )
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA/OpenMP
+        ctx = rank_context()
         self.procs = {
             rank: ctx.Process(
                 target=run_worker, args=(spec, rank), name=f"pagoda-tp-{rank}", daemon=True
