@@ -20,6 +20,16 @@ pagoda.dev/resolve-model="$(date +%s)" --overwrite`), which rolls the pods onto 
 branch's head. Other spec changes (replicas among them) keep it. A model named by a commit
 needs no pin; `pagoda operator --no-pin-models` turns pinning off.
 
+The hf:// LoRA adapters of `spec.adapters` named by a branch or tag are pinned alike, with the
+same token and endpoint: each once, kept in its item of `status.adapters`
+
+    status.adapters: [{name: NAME, source: hf://ORG/NAME, commit: SHA, resolvedAt: TIME,
+                       resolveRequest: VALUE}, ...]
+
+and fetched by the `adapter-download` init container as `hf://ORG/NAME@SHA`. An adapter's pin
+moves when its own source (or name) changes, or with the annotation; another adapter's change,
+or spec.model's, keeps it. s3:// adapters have no commits (fetched as written), paths need none.
+
 A failed resolution is the condition `Degraded`, reason `ModelResolveFailed`, with the
 download's failure class (`Unauthorized`, `NotFound`, `Unreachable`, `Failed`) in the message;
 the children are left as they are (running replicas keep their pin). A 5xx or an unreachable
