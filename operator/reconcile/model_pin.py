@@ -167,6 +167,17 @@ def recorded_spec(
     return pinned(spec, found, adapters)
 
 
+def recorded_model_spec(
+    body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig
+) -> InferenceServiceSpec | None:
+    """`recorded_spec` for the model alone, adapters as written: the tuning Job's (it measures
+    the base model, never an adapter, so an adapter's pin is no reason to wait)."""
+    if not config.pin_models or not needs_pin(spec):
+        return spec
+    found = recorded(body, spec)
+    return None if found is None else pinned(spec, found)
+
+
 async def pin(
     api: KubeApi,
     body: Mapping[str, Any],

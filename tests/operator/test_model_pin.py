@@ -158,6 +158,7 @@ def test_recorded_adapter_pins_are_read_back_for_the_current_request() -> None:
     asked = {"metadata": {"annotations": {model_pin.RESOLVE_ANNOTATION: "1"}}}
     assert model_pin.recorded_spec({**asked, "status": {"adapters": [item]}}, spec, config) is None
     assert model_pin.recorded_spec({}, spec, OperatorConfig(pin_models=False)) is spec
+    assert model_pin.recorded_model_spec({}, spec, config) is spec  # the tuning Job: no adapters
     other = model_pin.pinned(spec, None, {"sql": {**item, "commit": "b" * 40}})
     owner = Owner(name="a", namespace="default", uid="u")
     hashes = {config_hash(build_config_map(owner, s)) for s in (spec, pinned, other)}
@@ -248,7 +249,7 @@ async def test_no_tuning_job_before_the_pin(emulator: Emulator, kube: KubeApi) -
     await create_isvc(kube, "a", TUNED)  # the same key, never pinned here (looked at first)
     await create_isvc(kube, "t", TUNED)
     tuner = Autotuner(kube, OperatorConfig(pin_models=True), reconcile,
-                      pod_parts=add_model_download, pin=model_pin.recorded_spec)  # fmt: skip
+                      pod_parts=add_model_download, pin=model_pin.recorded_model_spec)  # fmt: skip
     await tuner.tick()
     st = (emulator.live(ISVC, "default", "t") or {})["status"]["autotune"]
     assert (st["state"], st["reason"]) == ("TuningPending", "ModelNotPinned"), st
