@@ -56,7 +56,7 @@ from pagoda.runtime.model.sources.uri import COMMIT, HfURI, parse_uri
 if TYPE_CHECKING:
     from pagoda.operator.spec.config import OperatorConfig
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
-    from pagoda.operator.spec.model_ref import ModelRef
+    from pagoda.operator.spec.model_ref import Adapter, ModelRef
     from pagoda.runtime.model.sources.errors import DownloadError
 
 # not under serving.pagoda.dev/, kopf's storage prefix: kopf leaves the annotations under it out
@@ -104,7 +104,8 @@ def _valid(record: Any, uri: str, key: str, request: str) -> bool:
 def recorded(body: Mapping[str, Any], spec: InferenceServiceSpec) -> Mapping[str, Any] | None:
     """`status.model` if it pins this spec's model for the current resolve request."""
     pin = (body.get("status") or {}).get("model")
-    return pin if _valid(pin, spec.model.uri, "uri", _request(body)) else None  # type: ignore[return-value]
+    valid = _valid(pin, spec.model.uri, "uri", _request(body))
+    return pin if valid else None  # type: ignore[return-value]
 
 
 def recorded_adapters(
@@ -113,7 +114,8 @@ def recorded_adapters(
     """The items of `status.adapters` that pin an adapter of this spec (same name and source)
     for the current resolve request, by name; adapters that need no pin are not among them."""
     items = (body.get("status") or {}).get("adapters")
-    by_name = {i.get("name"): i for i in items if isinstance(i, Mapping)} if isinstance(items, list) else {}  # fmt: skip
+    items = items if isinstance(items, list) else []
+    by_name = {i.get("name"): i for i in items if isinstance(i, Mapping)}
     request = _request(body)
     return {
         a.name: by_name[a.name]
@@ -133,12 +135,18 @@ def pinned(
             spec, model=dataclasses.replace(spec.model, commit=pin["commit"])
         )
     if adapters:
-        spec = dataclasses.replace(spec, adapters=tuple(
-            dataclasses.replace(a, source=dataclasses.replace(a.source, commit=adapters[a.name]["commit"]))
-            if a.name in adapters else a
-            for a in spec.adapters
-        ))  # fmt: skip
+        spec = dataclasses.replace(
+            spec, adapters=tuple(_with_pin(a, adapters.get(a.name)) for a in spec.adapters)
+        )
     return spec
+
+
+def _with_pin(adapter: Adapter, pin: Mapping[str, Any] | None) -> Adapter:
+    if pin is None:
+        return adapter
+    return dataclasses.replace(
+        adapter, source=dataclasses.replace(adapter.source, commit=pin["commit"])
+    )
 
 
 def served_adapters(
