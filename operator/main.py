@@ -406,7 +406,7 @@ async def serve(
             config,
             reconciler.after_autotune,
             pod_parts=add_model_download,
-            pin=model_pin.recorded_spec,
+            pin=model_pin.recorded_model_spec,
         )
         if config.autotune
         else None

@@ -51,7 +51,8 @@ PENDING = "TuningPending"  # the Job is suspended (a queue has not admitted it) 
 JOB_NOT_CREATED = "JobNotCreated"  # the API server refused the Job (or its RBAC)
 Reconcile = Callable[[Mapping[str, Any]], Awaitable[None]]
 # (body, spec, config) → the spec with status.model's pin of an hf:// branch, None while it
-# needs one not recorded yet (reconcile/model_pin.py's `recorded_spec`; autotune/ is below it)
+# needs one not recorded yet (reconcile/model_pin.py's `recorded_model_spec`: adapters' pins do
+# not matter to a Job that measures the base model; autotune/ is below it)
 Pin = Callable[[Mapping[str, Any], "InferenceServiceSpec", "OperatorConfig"],
                "InferenceServiceSpec | None"]  # fmt: skip
 NOT_PINNED = "ModelNotPinned"

@@ -141,7 +141,8 @@ done
 
 def adapter_download_args(spec: InferenceServiceSpec) -> list[str]:
     """The script's arguments: $0, the cache, the links' folder, NAME URI per remote adapter."""
-    pairs = [w for a in spec.adapters if a.remote for w in (a.name, a.source.uri)]
+    # an hf:// branch as pinned (reconcile/model_pin.py): every replica fetches the same commit
+    pairs = [w for a in spec.adapters if a.remote for w in (a.name, a.source.pinned_uri)]
     return [ADAPTER_CONTAINER, MODEL_CACHE_MOUNT, ADAPTERS_MOUNT, *pairs]
 
 

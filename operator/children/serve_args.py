@@ -145,7 +145,11 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
             "promptLookupMin": sc.prompt_lookup_min,
         }
     if spec.adapters:  # likewise; a new source rolls the pods even where the path stays
-        out["adapters"] = [{"name": a.name, "source": a.source.uri} for a in spec.adapters]
+        out["adapters"] = [
+            {"name": a.name, "source": a.source.uri}
+            | ({"commit": a.source.commit} if a.source.commit else {})  # a re-pin rolls the pods
+            for a in spec.adapters
+        ]
         loras, rank, cpu = e.lora_values(len(spec.adapters))
         out["lora"] = {"maxLoras": loras, "maxLoraRank": rank, "maxCpuLoras": cpu}
     if spec.tensor_parallel_size > 1:

@@ -20,6 +20,16 @@ pagoda.dev/resolve-model="$(date +%s)" --overwrite`), which rolls the pods onto 
 branch's head. Other spec changes (replicas among them) keep it. A model named by a commit
 needs no pin; `pagoda operator --no-pin-models` turns pinning off.
 
+The hf:// LoRA adapters of `spec.adapters` named by a branch or tag are pinned alike, with the
+same token and endpoint: each once, kept in its item of `status.adapters`
+
+    status.adapters: [{name: NAME, source: hf://ORG/NAME, commit: SHA, resolvedAt: TIME,
+                       resolveRequest: VALUE}, ...]
+
+and fetched by the `adapter-download` init container as `hf://ORG/NAME@SHA`. An adapter's pin
+moves when its own source (or name) changes, or with the annotation; another adapter's change,
+or spec.model's, keeps it. s3:// adapters have no commits (fetched as written), paths need none.
+
 A failed resolution is the condition `Degraded`, reason `ModelResolveFailed`, with the
 download's failure class (`Unauthorized`, `NotFound`, `Unreachable`, `Failed`) in the message;
 the children are left as they are (running replicas keep their pin). A 5xx or an unreachable
@@ -46,6 +56,7 @@ from pagoda.runtime.model.sources.uri import COMMIT, HfURI, parse_uri
 if TYPE_CHECKING:
     from pagoda.operator.spec.config import OperatorConfig
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
+    from pagoda.operator.spec.model_ref import Adapter, ModelRef
     from pagoda.runtime.model.sources.errors import DownloadError
 
 # not under serving.pagoda.dev/, kopf's storage prefix: kopf leaves the annotations under it out
@@ -65,8 +76,12 @@ class ModelUnresolved(SpecError):
 
 
 def needs_pin(spec: InferenceServiceSpec) -> bool:
-    model = spec.model
-    return model.source == "hf" and not COMMIT.match(_revision(model.uri) or "")
+    return _needs(spec.model)
+
+
+def _needs(ref: ModelRef) -> bool:
+    """An hf:// source named by a branch or tag (no revision: `main`), not by a commit."""
+    return ref.source == "hf" and not COMMIT.match(_revision(ref.uri) or "")
 
 
 def _revision(uri: str) -> str | None:
@@ -77,28 +92,94 @@ def _request(body: Mapping[str, Any]) -> str:
     return ((body.get("metadata") or {}).get("annotations") or {}).get(RESOLVE_ANNOTATION, "")
 
 
+def _valid(record: Any, uri: str, key: str, request: str) -> bool:
+    """Whether `record` (status.model or an item of status.adapters) pins `uri` for `request`."""
+    if not isinstance(record, Mapping):
+        return False
+    commit = record.get("commit")
+    same = record.get(key) == uri and record.get("resolveRequest", "") == request
+    return same and isinstance(commit, str) and bool(COMMIT.match(commit))
+
+
 def recorded(body: Mapping[str, Any], spec: InferenceServiceSpec) -> Mapping[str, Any] | None:
     """`status.model` if it pins this spec's model for the current resolve request."""
     pin = (body.get("status") or {}).get("model")
-    if not isinstance(pin, Mapping):
-        return None
-    commit = pin.get("commit")
-    same = pin.get("uri") == spec.model.uri and pin.get("resolveRequest", "") == _request(body)
-    return pin if same and isinstance(commit, str) and COMMIT.match(commit) else None
+    valid = _valid(pin, spec.model.uri, "uri", _request(body))
+    return pin if valid else None  # type: ignore[return-value]
 
 
-def pinned(spec: InferenceServiceSpec, pin: Mapping[str, Any] | None) -> InferenceServiceSpec:
+def recorded_adapters(
+    body: Mapping[str, Any], spec: InferenceServiceSpec
+) -> dict[str, Mapping[str, Any]]:
+    """The items of `status.adapters` that pin an adapter of this spec (same name and source)
+    for the current resolve request, by name; adapters that need no pin are not among them."""
+    items = (body.get("status") or {}).get("adapters")
+    items = items if isinstance(items, list) else []
+    by_name = {i.get("name"): i for i in items if isinstance(i, Mapping)}
+    request = _request(body)
+    return {
+        a.name: by_name[a.name]
+        for a in spec.adapters
+        if _needs(a.source) and _valid(by_name.get(a.name), a.source.uri, "source", request)
+    }
+
+
+def pinned(
+    spec: InferenceServiceSpec,
+    pin: Mapping[str, Any] | None,
+    adapters: Mapping[str, Mapping[str, Any]] | None = None,
+) -> InferenceServiceSpec:
+    """`spec` with the model's pin and the adapters' (by name) as their sources' commits."""
+    if pin is not None:
+        spec = dataclasses.replace(
+            spec, model=dataclasses.replace(spec.model, commit=pin["commit"])
+        )
+    if adapters:
+        spec = dataclasses.replace(
+            spec, adapters=tuple(_with_pin(a, adapters.get(a.name)) for a in spec.adapters)
+        )
+    return spec
+
+
+def _with_pin(adapter: Adapter, pin: Mapping[str, Any] | None) -> Adapter:
     if pin is None:
-        return spec
-    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, commit=pin["commit"]))
+        return adapter
+    return dataclasses.replace(
+        adapter, source=dataclasses.replace(adapter.source, commit=pin["commit"])
+    )
+
+
+def served_adapters(
+    spec: InferenceServiceSpec, pins: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """`status.adapters`: name and source of each adapter, with its pin (commit, resolvedAt,
+    resolveRequest) where it has one."""
+    return [{**pins.get(a.name, {}), "name": a.name, "source": a.source.uri} for a in spec.adapters]
 
 
 def recorded_spec(
     body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig
 ) -> InferenceServiceSpec | None:
-    """`spec` with the pin `status.model` records (as is when it needs none); None when it needs
-    one not recorded yet (or to be resolved again): whoever builds from it waits for `pin`. Asks
-    nothing: what a child restored outside the full reconcile, or the tuning Job, is built with."""
+    """`spec` with the pins `status.model` and `status.adapters` record (as is when it needs
+    none); None when it needs one not recorded yet (or to be resolved again): whoever builds from
+    it waits for `pin`. Asks nothing: what a child restored outside the full reconcile, or the
+    tuning Job, is built with."""
+    if not config.pin_models:
+        return spec
+    found = recorded(body, spec) if needs_pin(spec) else None
+    if needs_pin(spec) and found is None:
+        return None
+    adapters = recorded_adapters(body, spec)
+    if any(_needs(a.source) and a.name not in adapters for a in spec.adapters):
+        return None
+    return pinned(spec, found, adapters)
+
+
+def recorded_model_spec(
+    body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig
+) -> InferenceServiceSpec | None:
+    """`recorded_spec` for the model alone, adapters as written: the tuning Job's (it measures
+    the base model, never an adapter, so an adapter's pin is no reason to wait)."""
     if not config.pin_models or not needs_pin(spec):
         return spec
     found = recorded(body, spec)
@@ -111,43 +192,75 @@ async def pin(
     spec: InferenceServiceSpec,
     config: OperatorConfig,
     logger: logging.Logger,
-) -> tuple[InferenceServiceSpec, Mapping[str, Any] | None]:
-    """(the spec with its model pinned, the `status.model` to write: None removes it). Asks the
-    Hub only when status.model does not pin this model for the current request already."""
-    if not config.pin_models or not needs_pin(spec):
-        return spec, None
-    found = recorded(body, spec)
-    if found is None:
-        commit = await _resolve(api, body, spec, config)
-        revision = _revision(spec.model.uri) or "main"
-        logger.info("Pinned %s (%s) to commit %s.", spec.model.uri, revision, commit)
-        found = {"uri": spec.model.uri, "commit": commit, "resolvedAt": now_iso()}
-        request = _request(body)
-        if request:
-            found["resolveRequest"] = request
-    return pinned(spec, found), found
+) -> tuple[InferenceServiceSpec, Mapping[str, Any] | None, dict[str, Mapping[str, Any]]]:
+    """(the spec with its model and adapters pinned, the `status.model` to write: None removes
+    it, the adapters' pins by name for `status.adapters`). Asks the Hub only for what status
+    does not pin for the current request already: a new or changed source, or a new request."""
+    if not config.pin_models:
+        return spec, None, {}
+    request = _request(body)
+    found = recorded(body, spec) if needs_pin(spec) else None
+    adapters = recorded_adapters(body, spec)
+    todo = [
+        (f"spec.adapters[{i}] ({a.name})", a)
+        for i, a in enumerate(spec.adapters)
+        if _needs(a.source) and a.name not in adapters
+    ]
+    if (needs_pin(spec) and found is None) or todo:
+        hub = await _hub(api, body, spec)
+        if needs_pin(spec) and found is None:
+            found = await _pin_one(spec.model.uri, "spec.model", hub, config, logger, request)
+            found = {"uri": spec.model.uri, **found}
+        for where, a in todo:
+            got = await _pin_one(a.source.uri, where, hub, config, logger, request)
+            adapters[a.name] = {"name": a.name, "source": a.source.uri, **got}
+    return pinned(spec, found, adapters), found, adapters
 
 
-async def _resolve(
-    api: KubeApi, body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig
-) -> str:
-    from pagoda.runtime.model.sources import errors
+async def _pin_one(
+    uri: str,
+    where: str,
+    hub: tuple[str | None, str | None],
+    config: OperatorConfig,
+    logger: logging.Logger,
+    request: str,
+) -> dict[str, str]:
+    commit = await _resolve(uri, where, hub, config)
+    logger.info("Pinned %s %s (%s) to commit %s.", where, uri, _revision(uri) or "main", commit)
+    found = {"commit": commit, "resolvedAt": now_iso()}
+    if request:
+        found["resolveRequest"] = request
+    return found
 
+
+async def _hub(
+    api: KubeApi, body: Mapping[str, Any], spec: InferenceServiceSpec
+) -> tuple[str | None, str | None]:
+    """(the token, the endpoint) the download containers get."""
     namespace = (body.get("metadata") or {}).get("namespace")
     secret = await _secret(api, namespace, spec.model_secret)
     token = next((secret[k] for k in TOKEN_KEYS if secret.get(k)), None)
-    endpoint = _endpoint(spec, secret)
+    return token, _endpoint(spec, secret)
+
+
+async def _resolve(
+    uri: str, where: str, hub: tuple[str | None, str | None], config: OperatorConfig
+) -> str:
+    from pagoda.runtime.model.sources import errors
+
+    token, endpoint = hub
     try:
         return await asyncio.wait_for(
-            asyncio.to_thread(_model_sha, spec.model.uri, endpoint, token, config.hub_timeout_s),
+            asyncio.to_thread(_model_sha, uri, endpoint, token, config.hub_timeout_s),
             config.hub_timeout_s * 3,
         )
     except Exception as e:
-        failure = _classify(spec.model.uri, e, token, endpoint)
+        failure = _classify(uri, e, token, endpoint)
         transient = failure.detail in (errors.UNREACHABLE, errors.FAILED)
+        what = "" if where == "spec.model" else f"{where} "
         raise ModelUnresolved(
-            f"could not resolve {spec.model.uri} to a commit ({failure.detail}): {failure}; "
-            + ("retrying" if transient else "fix it, then change spec.model or the "
+            f"could not resolve {what}{uri} to a commit ({failure.detail}): {failure}; "
+            + ("retrying" if transient else f"fix it, then change {where.split('[')[0]} or the "
                f"{RESOLVE_ANNOTATION} annotation (or wait for the resync)")
             + "; the pods are left as they are",
             transient=transient,

@@ -76,7 +76,7 @@ async def write_status(
     kind: str = "Deployment",
     pods: PodFailures | None = None,
     model: Mapping[str, Any] | EllipsisType | None = ...,
-    adapters: list[dict[str, str]] | EllipsisType = ...,
+    adapters: list[dict[str, Any]] | EllipsisType = ...,
 ) -> bool:
     """Patch /status with what changed, against a fresh read of the object. True if it wrote.
 
@@ -181,15 +181,15 @@ async def _apply_all(
     current: Mapping[str, Any] | None,
     config: OperatorConfig,
     logger: logging.Logger,
-) -> tuple[dict[str, Any], Mapping[str, Any] | None, list[dict[str, str]]]:
-    """Validate, pin an hf:// branch to a commit (model_pin.py), then create/patch every child
-    and delete the ones that must not exist; returns the live workload, the pin and the LoRA
-    adapters served (spec.adapters). `current`:
+) -> tuple[dict[str, Any], Mapping[str, Any] | None, list[dict[str, Any]]]:
+    """Validate, pin hf:// branches to commits (model_pin.py), then create/patch every child
+    and delete the ones that must not exist; returns the live workload, the model's pin and the
+    LoRA adapters served (spec.adapters, with their pins). `current`:
     the workload of either kind (its replicas carry over a switch between a Deployment and a
     LeaderWorkerSet, so the autoscaler's choice survives it)."""
     spec = validation.parse(body, config)
     one_node = await validation.check_cluster(api, spec, owner.namespace, logger)
-    spec, pin = await model_pin.pin(api, body, spec, config, logger)
+    spec, pin, adapter_pins = await model_pin.pin(api, body, spec, config, logger)
     replicas = ((current or {}).get("spec") or {}).get("replicas")
     children = build_children(
         owner,
@@ -223,8 +223,7 @@ async def _apply_all(
         await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
     workload = live[spec.workload_kind]
     workload.setdefault("kind", spec.workload_kind)
-    served = [{"name": a.name, "source": a.source.uri} for a in spec.adapters]
-    return workload, pin, served
+    return workload, pin, model_pin.served_adapters(spec, adapter_pins)
 
 
 def _pinned(workload: Mapping[str, Any] | None) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.operator.spec.fields import SpecError, opt_int, show
-from pagoda.runtime.model.sources.uri import SCHEMES, is_remote, parse_uri
+from pagoda.runtime.model.sources.uri import SCHEMES, HfURI, is_remote, parse_uri
 from pagoda.runtime.options import BUILTIN_MODELS  # what the runtime image carries itself
 
 _DNS1123_SUBDOMAIN = re.compile(
@@ -50,6 +50,15 @@ class ModelRef:
     def remote(self) -> bool:
         """Downloaded into the model cache (hf://, s3://) rather than carried or mounted."""
         return self.source in ("hf", "s3")
+
+    @property
+    def pinned_uri(self) -> str:
+        """The URI with the pinned commit as its revision (`hf://ORG/NAME@COMMIT`), as is when
+        not pinned: what an adapter's download fetches (the model's takes `--revision`)."""
+        if self.commit is None:
+            return self.uri
+        ref = parse_uri(self.uri)
+        return HfURI(ref.repo, self.commit).uri  # type: ignore[union-attr]
 
     @property
     def gguf(self) -> bool:
@@ -128,7 +137,8 @@ def _clean_path(uri: str, path: str) -> str:
 # --- LoRA adapters: `spec.adapters` and `spec.engine.lora` ------------------------------------
 #
 #     adapters:
-#       - {name: sql, source: hf://org/llama-sql-lora@3f2a...}     # downloaded (hf://, s3://)
+#       - {name: sql, source: hf://org/llama-sql-lora}    # downloaded (hf://, s3://); a branch
+#                                                         # is pinned (reconcile/model_pin.py)
 #       - {name: chat, source: pvc://models/adapters/chat}         # on spec.model's claim
 #     engine:
 #       lora: {maxLoras: 2, maxLoraRank: 64}

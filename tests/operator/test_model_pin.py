@@ -1,7 +1,8 @@
 """An hf:// branch pinned to one commit by the operator (reconcile/model_pin.py), against the
 API-server emulator and a local Hub: every pod gets `--revision COMMIT`, status.model shows it,
 a push to the branch moves nothing until spec.model or the resolve annotation changes, and a
-failed resolution is the Degraded condition."""
+failed resolution is the Degraded condition. A LoRA adapter's hf:// branch (spec.adapters) alike:
+`hf://ORG/NAME@COMMIT` in the `adapter-download` init container, the pin in status.adapters."""
 
 from __future__ import annotations
 
@@ -78,6 +79,92 @@ async def test_a_branch_is_pinned_once_and_moves_only_when_asked(
     assert condition(emulator, "m", "Degraded")["reason"] == "AsExpected"
 
 
+def adapter_uris(emulator: Emulator, name: str) -> list[str]:
+    """NAME URI pairs the `adapter-download` init container fetches (after $0, cache, links)."""
+    spec = (emulator.live(DEPLOY, "default", name) or {}).get("spec") or {}
+    pod = (spec.get("template") or {}).get("spec") or {}
+    init = [c for c in pod.get("initContainers", ()) if c["name"] == "adapter-download"]
+    return init[0]["args"][3:] if init else []
+
+
+def adapter_pins(emulator: Emulator, name: str) -> dict[str, str | None]:
+    items = ((emulator.live(ISVC, "default", name) or {}).get("status") or {}).get("adapters")
+    return {i["name"]: i.get("commit") for i in items or ()}
+
+
+async def test_an_adapters_branch_is_pinned_like_the_model(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, hub: FakeHub
+) -> None:
+    """hf://org/lora (main) is fetched as @COMMIT by every pod; a commit, s3:// are as written.
+    A push moves nothing until the adapter's source changes (which leaves the model's pin) or
+    the resolve annotation does (which moves both)."""
+    await start_operator(pin_models=True)
+    hub.add("org/lora", {"adapter_config.json": b"{}"}, private=True)
+    m1, l1 = hub.repos["org/m"].commit, hub.repos["org/lora"].commit
+    adapters = [{"name": "sql", "source": "hf://org/lora"}, {"name": "s3", "source": "s3://bucket/x"},
+                {"name": "fixed", "source": f"hf://org/lora@{l1}"}]  # fmt: skip
+    await create_isvc(kube, "a", {**BASE, "model": "hf://org/m", "adapters": adapters})
+    want = ["sql", f"hf://org/lora@{l1}", "s3", "s3://bucket/x", "fixed", f"hf://org/lora@{l1}"]
+    await wait_for(lambda: adapter_uris(emulator, "a") == want, what="pinned adapter")
+    await wait_for(lambda: adapter_pins(emulator, "a") == {"sql": l1, "s3": None, "fixed": None})
+    item = (emulator.live(ISVC, "default", "a") or {})["status"]["adapters"][0]
+    assert item["source"] == "hf://org/lora" and item["resolvedAt"]
+
+    hub.add("org/lora", {"adapter_config.json": b'{"v": 2}'}, private=True)  # pushes to main
+    hub.add("org/m", {"config.json": b'{"v": 2}'}, private=True)
+    l2, m2 = hub.repos["org/lora"].commit, hub.repos["org/m"].commit
+    body = await patch_isvc(kube, "a", {"spec": {"replicas": 2}})
+    await wait_for(
+        lambda: (emulator.live(ISVC, "default", "a") or {}).get("status", {}).get(
+            "observedGeneration") == body["metadata"]["generation"],
+        what="replicas reconciled",
+    )  # fmt: skip
+    assert adapter_uris(emulator, "a") == want and revisions(emulator, "a") == (m1, m1)
+
+    moved = [{**adapters[0], "source": "hf://org/lora@main"}, *adapters[1:]]
+    await patch_isvc(kube, "a", {"spec": {"adapters": moved}})  # this adapter's spec changed
+    await wait_for(lambda: adapter_uris(emulator, "a")[1] == f"hf://org/lora@{l2}", what="moved")
+    assert revisions(emulator, "a") == (m1, m1) and adapter_uris(emulator, "a")[5].endswith(l1)
+
+    hub.add("org/lora", {"adapter_config.json": b'{"v": 3}'}, private=True)
+    l3 = hub.repos["org/lora"].commit
+    await patch_isvc(kube, "a", {"metadata": {"annotations": {
+        "pagoda.dev/resolve-model": "2026-12-07"}}})  # fmt: skip
+    await wait_for(lambda: adapter_uris(emulator, "a")[1] == f"hf://org/lora@{l3}", what="re-pin")
+    assert revisions(emulator, "a") == (m2, m2)
+    await wait_for(lambda: adapter_pins(emulator, "a")["sql"] == l3, what="status.adapters")
+
+
+def test_recorded_adapter_pins_are_read_back_for_the_current_request() -> None:
+    """`recorded_spec` (a restored child, the tuning Job) takes status.adapters' pin only for the
+    same name, source and resolve request; otherwise it waits (None) for the full reconcile."""
+    from pagoda.operator.children.config_map import build_config_map, config_hash
+    from pagoda.operator.children.owner import Owner
+    from pagoda.operator.reconcile import model_pin
+    from pagoda.operator.spec.config import OperatorConfig
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+    fields = {"model": "/opt/m", "adapters": [{"name": "sql", "source": "hf://org/lora"}]}
+    spec = InferenceServiceSpec.from_dict(fields, name="a", default_image="img:1")
+    item = {"name": "sql", "source": "hf://org/lora", "commit": "a" * 40}
+    config = OperatorConfig(pin_models=True)
+    pinned = model_pin.recorded_spec({"status": {"adapters": [item]}}, spec, config)
+    assert (
+        pinned is not None and pinned.adapters[0].source.pinned_uri == "hf://org/lora@" + "a" * 40
+    )
+    for status in ({}, {"adapters": [{**item, "source": "hf://org/lora@v1"}]},
+                   {"adapters": [{**item, "name": "other"}]}, {"adapters": [{**item, "commit": "main"}]}):  # fmt: skip
+        assert model_pin.recorded_spec({"status": status}, spec, config) is None, status
+    asked = {"metadata": {"annotations": {model_pin.RESOLVE_ANNOTATION: "1"}}}
+    assert model_pin.recorded_spec({**asked, "status": {"adapters": [item]}}, spec, config) is None
+    assert model_pin.recorded_spec({}, spec, OperatorConfig(pin_models=False)) is spec
+    assert model_pin.recorded_model_spec({}, spec, config) is spec  # the tuning Job: no adapters
+    other = model_pin.pinned(spec, None, {"sql": {**item, "commit": "b" * 40}})
+    owner = Owner(name="a", namespace="default", uid="u")
+    hashes = {config_hash(build_config_map(owner, s)) for s in (spec, pinned, other)}
+    assert len(hashes) == 3  # a new pin rolls the pods
+
+
 CLOSED = [{"name": "HF_ENDPOINT", "value": "http://127.0.0.1:9"}]  # spec.env wins over the Secret
 
 
@@ -87,8 +174,10 @@ CLOSED = [{"name": "HF_ENDPOINT", "value": "http://127.0.0.1:9"}]  # spec.env wi
         ({"model": "hf://org/missing"}, "(NotFound): hf://org/missing: repository org/missing"),
         ({"model": "hf://org/m@no-such-branch"}, "(NotFound): hf://org/m@no-such-branch: revision"),
         ({"model": "hf://org/m", "env": CLOSED}, "(Unreachable): hf://org/m: cannot reach http://127.0.0.1:9"),
+        ({"model": "hf://org/m", "adapters": [{"name": "x", "source": "hf://org/gone"}]},
+         "resolve spec.adapters[0] (x) hf://org/gone to a commit (NotFound): hf://org/gone: repository"),
     ],
-    ids=["no-repo", "no-branch", "unreachable"],
+    ids=["no-repo", "no-branch", "unreachable", "adapter"],
 )  # fmt: skip
 async def test_a_failed_resolution_is_the_condition_and_leaves_no_pods(
     emulator: Emulator, kube: KubeApi, start_operator: Any, hub: FakeHub, fields: dict, words: str
@@ -104,6 +193,8 @@ async def test_a_failed_resolution_is_the_condition_and_leaves_no_pods(
     )
     assert degraded["status"] == "True" and words in degraded["message"], degraded
     assert ("retrying" in degraded["message"]) == ("Unreachable" in words)
+    field = "spec.adapters" if "adapters" in fields else "spec.model"
+    assert ("Unreachable" in words) or f"change {field} or the" in degraded["message"]
     assert TOKEN not in degraded["message"]
     assert emulator.live(DEPLOY, "default", "bad") is None
 
@@ -158,7 +249,7 @@ async def test_no_tuning_job_before_the_pin(emulator: Emulator, kube: KubeApi) -
     await create_isvc(kube, "a", TUNED)  # the same key, never pinned here (looked at first)
     await create_isvc(kube, "t", TUNED)
     tuner = Autotuner(kube, OperatorConfig(pin_models=True), reconcile,
-                      pod_parts=add_model_download, pin=model_pin.recorded_spec)  # fmt: skip
+                      pod_parts=add_model_download, pin=model_pin.recorded_model_spec)  # fmt: skip
     await tuner.tick()
     st = (emulator.live(ISVC, "default", "t") or {})["status"]["autotune"]
     assert (st["state"], st["reason"]) == ("TuningPending", "ModelNotPinned"), st
