@@ -40,6 +40,11 @@ def test_vectors_equal_transformers_with_chunked_prefill(tmp_path, arch, pooling
     alone = _vectors(llm.embed([PROMPTS[0]], use_tqdm=False))
     np.testing.assert_allclose(alone[0], got[0], atol=1e-5)
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks  # no KV kept after
+    # text as transformers' tokenizer reads it: tokenizer.json's post-processor appends w2
+    (text,) = llm.embed("w3 w4", use_tqdm=False)
+    assert text.prompt_token_ids == [3, 4, 2]
+    want = hf_embeddings(model, [[3, 4, 2]], pooling).numpy()[0]
+    np.testing.assert_allclose(text.outputs.embedding, want, atol=1e-4)
 
 
 def test_cls_unnormalized_and_matryoshka_dimensions(tmp_path):
