@@ -108,3 +108,23 @@ def test_families_the_pooling_runner_refuses(tmp_path, arch, kind, fields, words
     with pytest.raises(ValueError, match=words):
         check_pooling(EngineConfig.create(str(tmp_path), runner="pooling"),
                       read_model_config(str(tmp_path)))  # fmt: skip
+
+
+def test_a_bare_decoder_is_a_pooling_model(tmp_path):
+    """A checkpoint of transformers' `Qwen3Model` (architectures ["Qwen3Model"], its tensors
+    without `model.`, no LM head: e5-mistral's layout) is served by the pooling runner (LAST,
+    normalized); --runner generate refuses it."""
+    import transformers
+    from hf_oracle import TINY, randomize, save_word_tokenizer
+
+    torch.manual_seed(0)
+    bare = randomize(transformers.Qwen3Model(transformers.Qwen3Config(**TINY)).eval())
+    bare.save_pretrained(tmp_path)
+    save_word_tokenizer(tmp_path, TINY["vocab_size"])
+    llm = LLM(str(tmp_path), **ARGS)
+    assert llm.config.runner == "pooling"
+    got = _vectors(llm.embed(PROMPTS, use_tqdm=False))
+    want = hf_embeddings(type("Wrapped", (), {"model": bare}), PROMPTS, "LAST").numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    with pytest.raises(ValueError, match="bare decoder without an LM head"):
+        LLM(str(tmp_path), runner="generate", **ARGS)
