@@ -7,8 +7,9 @@ side in one run, on a workload where drafts help and one where they do not.
 
 Each workload runs on three engines over the same weights (plain; ``--speculative-config``
 ngram with ``"adaptive": false``, every match drafting up to k tokens; ngram adaptive, the
-default, where low-acceptance sequences draft fewer or none), alternating ``--reps`` times (the
-machine is shared: alternation keeps load changes from favouring one side), best run of each.
+default, where low-acceptance sequences draft fewer or none), the engines stepping in turn on
+the same requests (`run_together`: each one's time is the sum of its own steps, so the shared
+machine's load changes fall on all alike), ``--reps`` times, best run of each.
 Printed per workload and batch: output tokens, seconds, tok/s, the ratio to plain, the
 acceptance rate (accepted / draft tokens), tokens gained per drafted step, draft tokens per
 output token, the proposer's time per step, and whether the engines wrote the same tokens as
@@ -70,23 +71,70 @@ def workloads(tokenizer, n: int) -> dict[str, list[list[int]]]:
 
 
 def timed_proposer(engine) -> list[float]:
-    """Wrap the engine's `_propose` to collect its seconds per call."""
+    """Wrap the engine's `drafter.propose` to collect its seconds per call."""
     spent: list[float] = []
-    inner = engine._propose
+    drafter = engine.drafter
+    inner = drafter.propose
 
-    def propose() -> None:
+    def propose(running) -> None:
         t = time.perf_counter()
-        inner()
+        inner(running)
         spent.append(time.perf_counter() - t)
 
-    engine._propose = propose
+    drafter.propose = propose
     return spent
+
+
+ENGINES = {"fixed": {"adaptive": False}, "adaptive": {}, "previous": {}}
+
+
+def one_floor(engine) -> None:
+    """The engine's proposer with `ngram.FLOOR` as its floor whatever the batch (the adaptive rule
+    before the floor rose with the batch), for side-by-side runs."""
+    from pagoda.runtime.spec import ngram
+
+    proposer = engine.drafter.proposer
+    inner = proposer.propose
+
+    def propose(*args, **kwargs):
+        rising, ngram.floor = ngram.floor, lambda batch: ngram.FLOOR
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            ngram.floor = rising
+
+    proposer.propose = propose
 
 
 def run(llm: LLM, prompts, params) -> tuple[float, list[list[int]]]:
     t = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return time.perf_counter() - t, [o.outputs[0].token_ids for o in outs]
+
+
+def run_together(llms: dict[str, LLM], prompts, params) -> dict[str, tuple[float, list]]:
+    """The same requests on every engine, the engines stepping in turn (one step each, round
+    and round): each engine's seconds are the sum of its own steps, so load changes on a shared
+    machine fall on all of them alike. Per engine: (seconds, each request's token ids)."""
+    tag = str(time.monotonic_ns())
+    for llm in llms.values():
+        for i, p in enumerate(prompts):
+            llm.engine.add_request(f"{tag}-{i}", p, params)
+    secs = dict.fromkeys(llms, 0.0)
+    tokens = {name: [[] for _ in prompts] for name in llms}
+    live = dict(llms)
+    while live:
+        for name, llm in list(live.items()):
+            core = llm.engine
+            if not core.has_unfinished_requests():
+                del live[name]
+                continue
+            t = time.perf_counter()
+            outs = core.step()
+            secs[name] += time.perf_counter() - t
+            for o in outs:
+                tokens[name][int(o.request_id.rsplit("-", 1)[1])] += o.new_token_ids
+    return {name: (secs[name], tokens[name]) for name in llms}
 
 
 def main() -> None:
@@ -99,6 +147,9 @@ def main() -> None:
     ap.add_argument("--lookup-min", type=int, default=2)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--workloads", nargs="+", choices=["copy", "chat"], default=["copy", "chat"])
+    ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=["fixed", "adaptive"],
+                    help="drafting engines beside plain (previous: adaptive with the floor of "
+                    "1-2 decodes at every batch size, the rule before `ngram.floor`)")  # fmt: skip
     args = ap.parse_args()
     print(machine())
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at start, {os.cpu_count()} CPUs")
@@ -108,8 +159,11 @@ def main() -> None:
     common = dict(loaded=loaded, dtype=args.dtype, max_model_len=2048,
                   max_num_seqs=max(args.batches), kv_cache_memory=256 << 20)  # fmt: skip
     plain = LLM(**common)
-    drafted = {"ngram fixed": LLM(**common, speculative_config={**spec, "adaptive": False}),
-               "ngram adaptive": LLM(**common, speculative_config=spec)}  # fmt: skip
+    drafted = {}
+    for e in args.engines:
+        drafted[f"ngram {e}"] = LLM(**common, speculative_config={**spec, **ENGINES[e]})
+        if e == "previous":
+            one_floor(drafted[f"ngram {e}"].engine)
     spent = {name: timed_proposer(llm.engine) for name, llm in drafted.items()}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     loads = workloads(loaded.tokenizer, max(args.batches))
@@ -121,17 +175,16 @@ def main() -> None:
             for llm in (plain, *drafted.values()):  # warm all
                 run(llm, batch[:1], SamplingParams(temperature=0, max_tokens=4))
             best = {"plain": float("inf")} | {e: float("inf") for e in drafted}
-            same = dict.fromkeys(drafted, True)
+            same = {}
             for e, llm in drafted.items():
                 llm.engine.spec_stats.reset()
                 spent[e].clear()
             for _ in range(args.reps):
-                t_plain, want = run(plain, batch, params)
-                best["plain"] = min(best["plain"], t_plain)
-                for e, llm in drafted.items():
-                    t_spec, got = run(llm, batch, params)
-                    best[e] = min(best[e], t_spec)
-                    same[e] &= got == want
+                got = run_together({"plain": plain, **drafted}, batch, params)
+                want = got["plain"][1]
+                for e, (secs, tokens) in got.items():
+                    best[e] = min(best[e], secs)
+                    same[e] = same.get(e, True) and tokens == want
             tokens = sum(len(t) for t in want)
             rows.append([name, b, "plain", tokens, f"{best['plain']:.2f}",
                          f"{tokens / best['plain']:.1f}", "1.00x", "", "", "", "", ""])  # fmt: skip
@@ -145,7 +198,7 @@ def main() -> None:
                     f"{stats.mean_acceptance_length or 1:.2f}", f"{per_token:.2f}", f"{ms:.2f}",
                     str(same[e]),
                 ])  # fmt: skip
-            print(*rows[-3:], sep="\n", flush=True)
+            print(*rows[-1 - len(drafted) :], sep="\n", flush=True)
     print()
     print(markdown_table(
         ["workload", "batch", "engine", "output tokens", "s (best)", "output tok/s", "vs plain",

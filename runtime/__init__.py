@@ -17,6 +17,7 @@ _EXPORTS = {
     "Logprob": "pagoda.runtime.engine.outputs",
     "TextPrompt": "pagoda.runtime.engine.llm",
     "TokensPrompt": "pagoda.runtime.engine.llm",
+    "LoRARequest": "pagoda.runtime.lora_config",
 }
 __all__ = list(_EXPORTS)
 

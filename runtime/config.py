@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from pagoda.runtime import option_rules, options
+from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism
@@ -145,6 +146,8 @@ class EngineConfig:
     # speculative decoding (n-gram drafts, `pagoda.runtime.spec`): a dict or the flag's JSON
     # text is read into a SpeculativeConfig here; None: off
     speculative_config: SpeculativeConfig | None = None
+    # LoRA adapters (`--enable-lora` and its flags, `pagoda.runtime.lora`); None: off
+    lora: LoRAConfig | None = None
     # generate, pooling (an embedding model: `engine/pooling.py`) or auto (the checkpoint
     # decides, `pooler_config.resolve`, when the engine or the server reads it)
     runner: str = "auto"
@@ -162,6 +165,8 @@ class EngineConfig:
             raise ValueError("speculative decoding is not supported with the pooling runner "
                              "(an embedding request generates nothing): drop --speculative-config")  # fmt: skip
         object.__setattr__(self, "speculative_config", spec)
+        for problem in lora_problems(self):
+            raise ValueError(problem)
         if spec is not None and self.async_scheduling:
             raise ValueError(
                 "speculative decoding runs with synchronous scheduling only (as vLLM v1's first "
@@ -206,8 +211,11 @@ class EngineConfig:
         """Flat keyword arguments (as `LLM(...)` and the CLI take them) → nested config."""
         cache_keys = {f for f in CacheConfig.__dataclass_fields__}
         sched_keys = {f for f in SchedulerConfig.__dataclass_fields__} - {"auto_batched_tokens"}
-        top_keys = {f for f in cls.__dataclass_fields__} - {"cache", "scheduler", "model"}
+        top_keys = {f for f in cls.__dataclass_fields__} - {"cache", "scheduler", "model", "lora"}
         par_keys = set(options.PARALLEL_FLAGS)  # tensor_parallel_size, nnodes, ...
+        lora = {k: kwargs.pop(k) for k in LORA_KWARGS if k in kwargs}
+        if "lora" in kwargs:  # a LoRAConfig itself
+            lora = {"config": kwargs.pop("lora")}
         unknown = set(kwargs) - cache_keys - sched_keys - top_keys - par_keys
         if unknown:
             raise ValueError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
@@ -216,6 +224,8 @@ class EngineConfig:
         top = {k: v for k, v in kwargs.items() if k in top_keys}
         if any(k in par_keys for k in kwargs):
             top["parallel"] = Parallelism.from_values(kwargs)
+        if lora:
+            top["lora"] = lora["config"] if "config" in lora else LoRAConfig.from_values(**lora)
         return cls(model=model, cache=cache, scheduler=sched, **top)
 
     def with_device_defaults(self) -> EngineConfig:
@@ -257,6 +267,24 @@ class EngineConfig:
 
     def torch_dtype(self) -> torch.dtype:
         return resolve_dtype(self.dtype, self.torch_device())
+
+
+def lora_problems(cfg: EngineConfig) -> list[str]:
+    """Why `cfg`'s LoRA settings cannot run with its other options: one line each."""
+    if cfg.lora is None:
+        return []
+    if not isinstance(cfg.lora, LoRAConfig):
+        return [f"lora must be a LoRAConfig, got {cfg.lora!r}"]
+    out = []
+    if cfg.parallel.tensor_parallel_size > 1:
+        out.append("LoRA adapters are not supported with tensor parallelism yet "
+                   "(--tensor-parallel-size > 1): drop --enable-lora")  # fmt: skip
+    if cfg.quantization == "fp8":
+        out.append("LoRA adapters are not supported with --quantization fp8 yet: drop one")
+    if cfg.speculative_config is not None:
+        out.append("LoRA adapters are not supported with speculative decoding: drop "
+                   "--speculative-config or --enable-lora")  # fmt: skip
+    return out
 
 
 def fp8_runs_on(device: torch.device) -> bool:

@@ -70,8 +70,8 @@ if tuple(f.name for f in fields(Untested)) != OPTIONS:  # (a row's fields are th
 _FLOAT16 = "its activations overflow it: numerical instability"  # (vLLM refuses them too)
 _DSA_FP8 = "DeepSeek Sparse Attention: its indexer is not tested in FP8"
 _DSA_KV = "DeepSeek Sparse Attention writes its own cache rows, in the model's dtype"
-_SHORT_CONV, _MAMBA1 = "short_conv layers", "mamba1 layers"  # (LFM2's, Mamba-1's: not split,
-_DELTANET = "gated_deltanet layers"  # nor run in the FP8 GEMM; Gated DeltaNet's are split)
+_SHORT_CONV, _MAMBA1 = "short_conv layers", "mamba1 layers"  # (LFM2's, Mamba-1's: not run
+_DELTANET = "gated_deltanet layers"  # in the FP8 GEMM; split over ranks, as Gated DeltaNet's)
 
 UNTESTED: Mapping[str, Untested] = MappingProxyType(
     {
@@ -147,11 +147,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its gated attention's FP8 GEMM is not tested",
             fp8_checkpoint="not tested",
         ),
-        "lfm2": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
-        "lfm2_moe": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
-        "lfm3": Untested(tensor_parallel=_SHORT_CONV, fp8=_SHORT_CONV),
-        "mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
-        "falcon_mamba": Untested(tensor_parallel=_MAMBA1, fp8=_MAMBA1),
+        "lfm2": Untested(fp8=_SHORT_CONV),  # (its short convs split by channels)
+        "lfm2_moe": Untested(fp8=_SHORT_CONV),
+        "lfm3": Untested(fp8=_SHORT_CONV),
+        "mamba": Untested(fp8=_MAMBA1),  # (its Mamba-1 mixers split by channels)
+        "falcon_mamba": Untested(fp8=_MAMBA1),  # (as Mamba's)
         "jamba": Untested(fp8=_MAMBA1),  # (its Mamba-1 mixers split by channels)
         "qwen3_next": Untested(fp8=_DELTANET),
         "qwen3_5": Untested(fp8=_DELTANET),
@@ -174,14 +174,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             float16="tested in bfloat16 and float32 only",
         ),
         "minimax": Untested(fp8="lightning layers"),
-        "zamba2": Untested(
-            tensor_parallel="its shared blocks and their LoRA adapters are not split",
-            fp8="its shared blocks' adapters",
-        ),
-        "zamba": Untested(
-            tensor_parallel="its shared block and mamba1 layers are not split",
-            fp8="its shared block and mamba1 layers",
-        ),
+        "zamba2": Untested(fp8="its shared blocks' adapters"),  # (split with their blocks)
+        "zamba": Untested(fp8="its shared block and mamba1 layers"),  # (split by heads)
         "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
         "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
         "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),

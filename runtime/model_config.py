@@ -324,11 +324,13 @@ class ModelConfig:
         m, h = self.family.mamba, self.hidden_size
         if m is None:
             return 0
-        if m.zamba2 is not None:  # Zamba2's own count, less Llama's shape (one rank only)
-            attn = h * self.head_dim * (self.num_heads + self.num_kv_heads) * 2
+        if m.zamba2 is not None:  # Zamba2's (Zamba's) own count, less Llama's shape (a rank's)
+            kv = max(1, self.num_kv_heads // tp)
+            attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
             emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-            llama = self.num_layers * (attn + 2 * h + 3 * h * self.intermediate_size) + emb + h
-            return m.zamba2.params(self) - llama
+            mlp = 3 * h * self.intermediate_size // tp
+            llama = self.num_layers * (attn + 2 * h + mlp) + emb + h
+            return m.zamba2.params(self, tp) - llama
         if m.inkling is not None or m.inkling2 is not None:  # its layers' own beyond Llama's
             return (m.inkling or m.inkling2).params(self)  # (one rank)
         if m.zaya is not None:  # its layers' own (one rank), less the first's router state

@@ -201,6 +201,10 @@ METRIC_PREFIX_CACHE_QUERIES = "pagoda:prefix_cache_queries"  # counter
 METRIC_PREFIX_CACHE_HITS = "pagoda:prefix_cache_hits"  # counter
 METRIC_NUM_PREEMPTIONS = "pagoda:num_preemptions"  # counter
 METRIC_TUNED_PROFILE_INFO = "pagoda:tuned_profile_info"  # gauge 1, labels device/model/created
+# with --enable-lora (vLLM's lora_requests_info): gauge, the scrape's time; labels
+# running_lora_adapters / waiting_lora_adapters (comma-separated names) and max_lora
+METRIC_LORA_REQUESTS_INFO = "pagoda:lora_requests_info"
+LORA_RUNTIME_UPDATING_ENV = "PAGODA_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's VLLM_ALLOW_RUNTIME_...
 METRIC_STRUCTURED_REQUESTS = "pagoda:structured_output_requests"  # counter, label type
 METRIC_GRAMMAR_COMPILE = "pagoda:grammar_compile_seconds"  # histogram, label type
 # speculative decoding (only with --speculative-config): counters, as vLLM's spec_decode ones
@@ -304,6 +308,18 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          "each sequence's last n-gram and verifies them in one forward (greedy output is "
          "unchanged; sampled output keeps its distribution); turns async scheduling off "
          "(docs/runtime.md)", None, metavar="JSON"),
+    Flag("--enable-lora", "serve LoRA adapters (PEFT directories) beside the base model: a "
+         "request's `model` names one (dense Llama, Mistral, Qwen2, Qwen3; docs/runtime.md)",
+         False, kind="switch"),
+    Flag("--lora-modules", "adapters served by name: NAME=PATH, or JSON "
+         '\'{"name": ..., "path": ..., "base_model_name": ...}\' (with --enable-lora)', None,
+         kind="multi", metavar="NAME=PATH"),
+    Flag("--max-loras", "distinct adapters in one batch (others wait; default 1)", None, int,
+         metavar="N"),
+    Flag("--max-lora-rank", "the largest adapter rank served (default 16)", None, int,
+         metavar="R"),
+    Flag("--max-cpu-loras", "adapters kept read in host memory, least recently used dropped "
+         "(default: --max-loras)", None, int, metavar="N"),
     Flag("--runner", "generate: a text generator; pooling: an embedding model (/v1/embeddings, "
          "`LLM.embed`); auto: pooling when the checkpoint says so (a sentence-transformers "
          "Pooling module, or a bare decoder such as Qwen3Model; docs/runtime.md, Embeddings)",

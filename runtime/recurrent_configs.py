@@ -92,17 +92,24 @@ class Zamba2Blocks:
         use = sum(self.hybrid[:layer])
         return use % self.blocks, use
 
-    def params(self, c: ModelConfig) -> int:
-        """The model's weights: the embedding (and head), every layer's mixer and norm, each
-        hybrid layer's linear and adapters, the shared blocks, the final norm."""
-        m, h = c.family.mamba, c.hidden_size
-        z, inter, wide, r = m.zamba2, c.intermediate_size, 2 * c.hidden_size, m.zamba2.adapter_rank
-        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    def params(self, c: ModelConfig, tp: int = 1) -> int:
+        """The model's weights (on one of `tp` ranks: the mixers' heads, the blocks' heads and
+        MLP width, the adapters' B by their projections' rows; `model/zamba2.py`): the embedding
+        (and head, whole), every layer's mixer and norm, each hybrid layer's linear and
+        adapters, the shared blocks, the final norm."""
+        m, h, t = c.family.mamba.on_ranks(tp), c.hidden_size, tp
+        z, inter, wide, r = (
+            m.zamba2,
+            c.intermediate_size / t,
+            2 * c.hidden_size,
+            m.zamba2.adapter_rank,
+        )
+        q, kv = c.num_heads * c.head_dim / t, max(1, c.num_kv_heads // t) * c.head_dim
         zamba2 = m.mixer == "mamba2"  # (Zamba's Mamba-1 mixers: their biases in mixer_params)
         biases = zamba2 * m.proj_bias * (2 * inter + h)  # (add_bias_linear: the MLP's; the
         block = wide * (q + 2 * kv) + q * h + 3 * h * inter + wide + h + biases  # mixers' below)
         uses = sum(z.hybrid)
-        adapter = r * (h + 2 * inter) + z.attention_adapters * 3 * r * 2 * wide
+        adapter = r * (h + 2 * inter) + z.attention_adapters * 3 * r * (wide + (q + 2 * kv) / 3)
         mixer_bias = zamba2 * m.proj_bias * (m.d_inner + m.conv_dim + m.n_heads + h)
         mixer = m.mixer_params(h) + mixer_bias + h
         emb = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
@@ -422,8 +429,8 @@ class MambaConfig:
         d_inner) d_inner / tp channels (`model/mamba1.py`)."""
         if tp == 1:
             return self
-        if self.mixer == "mamba1" and self.n_heads == 1:  # Jamba's: by channels of d_inner
-            return replace(self, head_dim=self.head_dim // tp)
+        if self.mixer in ("mamba1", "short_conv") and self.n_heads == 1:  # by channels
+            return replace(self, head_dim=self.head_dim // tp)  # (Jamba's, LFM2's: `lfm2.py`)
         groups = self.n_groups // tp if self.n_groups % tp == 0 else 1
         return replace(self, n_heads=self.n_heads // tp, n_groups=groups)
 

@@ -1,6 +1,7 @@
 """The Deployment: one `server` container running `pagoda serve`, its probes, resources, volumes
 and restricted security context (+ the `model-download` init container of an hf:// or s3://
-model, children/model_cache.py). Pure.
+model, and the `adapter-download` one of hf:// or s3:// LoRA adapters: children/model_cache.py).
+Pure.
 
 `replicas` is left out once the autoscaler owns it (see
 `InferenceServiceSpec.desired_replicas`).
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.children.model_cache import add_model_download
+from pagoda.operator.children.model_cache import add_adapter_download, add_model_download
 from pagoda.operator.children.owner import adopt, child
 from pagoda.operator.children.serve_args import server_args
 from pagoda.operator.kube.names import (
@@ -130,6 +131,7 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
         "volumes": volumes,
     }
     add_model_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # hf://, s3:// only
+    add_adapter_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # hf://, s3:// adapters
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if tolerations:
@@ -149,7 +151,7 @@ def progress_deadline_seconds(spec: InferenceServiceSpec) -> int:
     rollout stalled (ProgressDeadlineExceeded, shown as Degraded=RolloutStalled): the startup
     probe's budget, the model download's (hf://, s3://: the init container runs before it) and a
     margin for scheduling and the image pull."""
-    download = spec.model_cache.download_deadline if spec.model.remote else 0
+    download = spec.model_cache.download_deadline if spec.downloads else 0
     return spec.startup_timeout_seconds + download + 300
 
 

@@ -12,14 +12,26 @@ tuning Job alike) through `add_model_download`.
   a condition (reconcile/pods.py);
 * the readers: the volume mounted read-only at the same path, `HF_HUB_OFFLINE=1` and
   `PAGODA_DOWNLOAD_DIR`, so `pagoda serve --model URI --download-dir ...` (and `pagoda tune
-  --model URI --download-dir ...`) only look into the cache.
+  --model URI --download-dir ...`) only look into the cache;
+* hf:// and s3:// LoRA adapters (spec.adapters, `add_adapter_download`): one `adapter-download`
+  init container fetches them all the same way and links each one's directory to a stable path,
+  `ADAPTERS_MOUNT/NAME`, in the pod's own `adapters` emptyDir. An hf:// download lands in
+  `models--ORG--NAME/snapshots/COMMIT`, whose commit is known only once fetched, so the server's
+  `--lora-modules NAME=ADAPTERS_MOUNT/NAME` (children/serve_args.py) cannot name it up front; the
+  links are per pod, so services sharing a cache claim never see each other's. Adapters on
+  spec.model's claim or in the image need nothing here.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.kube.names import MODEL_CACHE_MOUNT, cache_env, container_security
+from pagoda.operator.kube.names import (
+    ADAPTERS_MOUNT,
+    MODEL_CACHE_MOUNT,
+    cache_env,
+    container_security,
+)
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
@@ -49,19 +61,25 @@ def download_args(spec: InferenceServiceSpec) -> list[str]:
     return args
 
 
-def download_container(spec: InferenceServiceSpec) -> dict[str, Any]:
-    """The init container that downloads the model (or finds it in a shared cache)."""
+def download_container(
+    spec: InferenceServiceSpec,
+    name: str = INIT_CONTAINER,
+    command: tuple[str, ...] = ("pagoda", "download"),
+    args: list[str] | None = None,
+) -> dict[str, Any]:
+    """The init container that downloads the model (or finds it in a shared cache); with
+    `name`, `command` and `args`, another one alike (`adapter_container`)."""
     user = [dict(e) for e in spec.env]  # e.g. HF_ENDPOINT, proxies
     names = {e["name"] for e in user}
     env = [e for e in cache_env() if e["name"] not in names] + user
     env.append({"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
     r = spec.resources
     container: dict[str, Any] = {
-        "name": INIT_CONTAINER,
+        "name": name,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["pagoda", "download"],
-        "args": download_args(spec),
+        "command": list(command),
+        "args": download_args(spec) if args is None else args,
         "env": env,
         "resources": {
             "requests": {"cpu": r.cpu, "memory": r.memory},
@@ -90,7 +108,12 @@ def add_model_download(
         return
     pod_spec.setdefault("volumes", []).append(cache_volume(spec))
     pod_spec["initContainers"] = [download_container(spec), *pod_spec.get("initContainers", [])]
-    for container in (*pod_spec["initContainers"], *pod_spec.get("containers", [])):
+    add_cache_readers(pod_spec, readers)
+
+
+def add_cache_readers(pod_spec: dict[str, Any], readers: tuple[str, ...]) -> None:
+    """The containers named in `readers` (init or not) get the cache read-only and offline."""
+    for container in (*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])):
         if container["name"] in readers:
             container.setdefault("volumeMounts", []).append(
                 {"name": VOLUME, "mountPath": MODEL_CACHE_MOUNT, "readOnly": True}
@@ -99,3 +122,61 @@ def add_model_download(
             names = {e["name"] for e in added}
             env = [e for e in container.get("env", []) if e["name"] not in names]
             container["env"] = [*env, *added]
+
+
+LINKS_VOLUME = "adapters"
+ADAPTER_CONTAINER = "adapter-download"
+# $1: the cache, $2: the links' folder, then NAME URI pairs. `pagoda download` prints the local
+# path on stdout; a failure exits 2 and leaves its termination message (set -e passes it on).
+# Backquotes, not $(...): the kubelet expands $(VAR) in a container's command.
+SCRIPT = """set -eu
+cache=$1; links=$2; shift 2
+while [ $# -gt 1 ]; do
+  path=`pagoda download --model "$2" --download-dir "$cache"{limit}`
+  ln -sfn "$path" "$links/$1"
+  shift 2
+done
+"""
+
+
+def adapter_download_args(spec: InferenceServiceSpec) -> list[str]:
+    """The script's arguments: $0, the cache, the links' folder, NAME URI per remote adapter."""
+    pairs = [w for a in spec.adapters if a.remote for w in (a.name, a.source.uri)]
+    return [ADAPTER_CONTAINER, MODEL_CACHE_MOUNT, ADAPTERS_MOUNT, *pairs]
+
+
+def adapter_container(spec: InferenceServiceSpec) -> dict[str, Any]:
+    limit = spec.model_cache.size_limit_bytes
+    script = SCRIPT.format(limit=f" --download-size-limit {limit}" if limit else "")
+    container = download_container(
+        spec, ADAPTER_CONTAINER, ("sh", "-c", script), adapter_download_args(spec)
+    )
+    container["volumeMounts"].append({"name": LINKS_VOLUME, "mountPath": ADAPTERS_MOUNT})
+    return container
+
+
+def add_adapter_download(
+    pod_spec: dict[str, Any], spec: InferenceServiceSpec, readers: tuple[str, ...]
+) -> None:
+    """For hf:// or s3:// adapters: the cache volume (unless the model's download added it), the
+    links' emptyDir, the `adapter-download` init container (after `model-download`, before any
+    other), and to the containers in `readers` the cache read-only and the links. Nothing
+    otherwise."""
+    if not any(a.remote for a in spec.adapters):
+        return
+    volumes = pod_spec.setdefault("volumes", [])
+    if not any(v["name"] == VOLUME for v in volumes):
+        volumes.append(cache_volume(spec))
+        new_readers = readers  # the model's download has not mounted the cache for them
+    else:
+        new_readers = ()
+    volumes.append({"name": LINKS_VOLUME, "emptyDir": {}})
+    init = pod_spec.get("initContainers", [])
+    first = 1 if init and init[0]["name"] == INIT_CONTAINER else 0
+    pod_spec["initContainers"] = [*init[:first], adapter_container(spec), *init[first:]]
+    add_cache_readers(pod_spec, new_readers)
+    for container in (*pod_spec["initContainers"], *pod_spec.get("containers", [])):
+        if container["name"] in readers:
+            container.setdefault("volumeMounts", []).append(
+                {"name": LINKS_VOLUME, "mountPath": ADAPTERS_MOUNT, "readOnly": True}
+            )

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.names import (
+    ADAPTERS_MOUNT,
+    LORA_FLAGS,
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX_ENV,
     MODEL_CACHE_MOUNT,
@@ -22,6 +24,7 @@ from pagoda.runtime import options
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
+    from pagoda.operator.spec.model_ref import Adapter
 
 BIND_HOST = "0.0.0.0"  # the pod's address, not loopback (the runtime's default)
 
@@ -76,9 +79,33 @@ def parallel_values(spec: InferenceServiceSpec, role: str | None = None) -> dict
     return out
 
 
+def adapter_path(adapter: Adapter) -> str:
+    """Where the server reads an adapter's PEFT directory: a downloaded one's link in the
+    `adapters` volume (children/model_cache.py), else its path on spec.model's claim or in the image."""
+    if adapter.remote:
+        return f"{ADAPTERS_MOUNT}/{adapter.name}"
+    return adapter.source.server_arg
+
+
+def lora_values(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """vLLM's LoRA flags by destination name, defaults filled in (spec/model_ref.py); empty
+    without spec.adapters (no flag rendered, no config hash changed)."""
+    if not spec.adapters:
+        return {}
+    loras, rank, cpu = spec.engine.lora_values(len(spec.adapters))
+    return {
+        "enable_lora": True,
+        "max_loras": loras,
+        "max_lora_rank": rank,
+        "max_cpu_loras": cpu,
+        "lora_modules": [f"{a.name}={adapter_path(a)}" for a in spec.adapters],
+    }
+
+
 def server_args(spec: InferenceServiceSpec, role: str | None = None) -> list[str]:
     """The full `pagoda serve` argument list for this spec (`engine.extraArgs` last, as is)."""
-    return [*options.render_args(serve_values(spec, role)), *spec.engine.extra_args]
+    lora = [w for d, v in lora_values(spec).items() for w in LORA_FLAGS[d].render(v)]
+    return [*options.render_args(serve_values(spec, role)), *lora, *spec.engine.extra_args]
 
 
 def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -117,6 +144,10 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
             "promptLookupMax": sc.prompt_lookup_max,
             "promptLookupMin": sc.prompt_lookup_min,
         }
+    if spec.adapters:  # likewise; a new source rolls the pods even where the path stays
+        out["adapters"] = [{"name": a.name, "source": a.source.uri} for a in spec.adapters]
+        loras, rank, cpu = e.lora_values(len(spec.adapters))
+        out["lora"] = {"maxLoras": loras, "maxLoraRank": rank, "maxCpuLoras": cpu}
     if spec.tensor_parallel_size > 1:
         out["tensorParallelSize"] = spec.tensor_parallel_size
     if spec.multi_node:

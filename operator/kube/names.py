@@ -40,6 +40,22 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods (port `http`)
 RUN_AS_ID = 1000  # the image's user (Dockerfile), every pod's
 MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--download-dir` in pods
+# hf:// and s3:// LoRA adapters: a link per adapter to its download (children/model_cache.py)
+ADAPTERS_MOUNT = "/var/cache/pagoda/adapters"
+
+# vLLM's LoRA flags as `pagoda serve` takes them (the runtime's branch lora adds them to
+# pagoda.runtime.options). The runtime's own definitions win where it has them; these stand in
+# for a runtime that does not have them yet, with vLLM's spelling and kinds.
+_VLLM_LORA_FLAGS = (
+    options.Flag("--enable-lora", "serve LoRA adapters", False, kind="switch"),
+    options.Flag("--max-loras", "adapters in one batch", 1, int),
+    options.Flag("--max-lora-rank", "largest adapter rank", 16, int),
+    options.Flag("--max-cpu-loras", "adapters kept in host memory", None, int),
+    options.Flag("--lora-modules", "NAME=PATH ...", None, kind="multi", metavar="NAME=PATH"),
+)
+LORA_FLAGS: Mapping[str, options.Flag] = {
+    f.dest: options.SERVE_FLAGS.get(f.dest, f) for f in _VLLM_LORA_FLAGS
+}
 
 
 # Kubernetes label syntax (what the API server accepts): key `[DNS-1123 subdomain/]name`

@@ -76,11 +76,13 @@ async def write_status(
     kind: str = "Deployment",
     pods: PodFailures | None = None,
     model: Mapping[str, Any] | EllipsisType | None = ...,
+    adapters: list[dict[str, str]] | EllipsisType = ...,
 ) -> bool:
     """Patch /status with what changed, against a fresh read of the object. True if it wrote.
 
     `workload`: the Deployment or LeaderWorkerSet (`kind`: the one wanted, when it is missing).
-    `model`: the hf:// pin for `status.model` (the full reconcile's; `...` leaves it).
+    `model`: the hf:// pin for `status.model` (the full reconcile's; `...` leaves it), `adapters`
+    the LoRA adapters for `status.adapters` (likewise).
     `fresh` may be passed when the caller read the object under the same per-object lock
     (only code holding that lock writes status, so it cannot be stale). A refused write raises
     `StatusWriteError`.
@@ -95,7 +97,7 @@ async def write_status(
     failure = pods.failure(meta["namespace"], meta["name"]) if pods is not None else None
     new = status.compute_status(
         target, workload, spec_error=spec_error, url=url, kind=kind, pod_failure=failure,
-        model=model,
+        model=model, adapters=adapters,
     )  # fmt: skip
     patch = status.status_patch(fresh.get("status"), new)
     if patch is None:
@@ -160,14 +162,15 @@ async def reconcile(
             pods.forget_departed(owner.namespace, owner.name)
         current = await live_workload(api, owner)
         try:
-            workload, model = await _apply_all(api, fresh, owner, current, config, logger)
+            workload, model, adapters = await _apply_all(api, fresh, owner, current, config, logger)
         except SpecError as e:
             changed = await write_status(api, fresh, current, spec_error=e, url=None, fresh=fresh)
             return Result(spec_error=e, status_changed=changed)
         url = config.service_url(owner.name, owner.namespace)
         changed = await write_status(
-            api, fresh, workload, spec_error=None, url=url, fresh=fresh, pods=pods, model=model
-        )
+            api, fresh, workload, spec_error=None, url=url, fresh=fresh, pods=pods, model=model,
+            adapters=adapters,
+        )  # fmt: skip
         return Result(spec_error=None, status_changed=changed)
 
 
@@ -178,9 +181,10 @@ async def _apply_all(
     current: Mapping[str, Any] | None,
     config: OperatorConfig,
     logger: logging.Logger,
-) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
+) -> tuple[dict[str, Any], Mapping[str, Any] | None, list[dict[str, str]]]:
     """Validate, pin an hf:// branch to a commit (model_pin.py), then create/patch every child
-    and delete the ones that must not exist; returns the live workload and the pin. `current`:
+    and delete the ones that must not exist; returns the live workload, the pin and the LoRA
+    adapters served (spec.adapters). `current`:
     the workload of either kind (its replicas carry over a switch between a Deployment and a
     LeaderWorkerSet, so the autoscaler's choice survives it)."""
     spec = validation.parse(body, config)
@@ -219,7 +223,8 @@ async def _apply_all(
         await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
     workload = live[spec.workload_kind]
     workload.setdefault("kind", spec.workload_kind)
-    return workload, pin
+    served = [{"name": a.name, "source": a.source.uri} for a in spec.adapters]
+    return workload, pin, served
 
 
 def _pinned(workload: Mapping[str, Any] | None) -> bool:

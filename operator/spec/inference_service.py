@@ -32,7 +32,13 @@ from pagoda.operator.spec.fields import (
     quantity,
     show,
 )
-from pagoda.operator.spec.model_ref import ModelRef
+from pagoda.operator.spec.model_ref import (
+    Adapter,
+    LoraSpec,
+    ModelRef,
+    check_served_names,
+    parse_adapters,
+)
 from pagoda.operator.spec.parallelism import ParallelismSpec
 from pagoda.runtime import options
 from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
@@ -148,6 +154,8 @@ class EngineSpec:
     speculative: spec_config.SpeculativeConfig | None = None
     # `--runner` (generate, pooling: an embedding model, auto); None: the runtime's (auto)
     runner: str | None = None
+    # `--max-loras` and the rest with spec.adapters (spec/model_ref.py); None: their defaults
+    lora: LoraSpec | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -177,6 +185,10 @@ class EngineSpec:
                     f"spec.engine.{camel(rule.larger)} ({filled[rule.larger]}) must be >= "
                     f"{camel(rule.smaller)} ({filled[rule.smaller]}{unset})",
                 )
+
+    def lora_values(self, adapters: int) -> tuple[int, int, int]:
+        """(maxLoras, maxLoraRank, maxCpuLoras) with `adapters` declared, defaults filled in."""
+        return (self.lora or LoraSpec()).effective(adapters)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
@@ -213,6 +225,7 @@ class EngineSpec:
             long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
             speculative=_speculative(d, p),
             runner=choice(d, "runner", p, RUNNERS, None) if d.get("runner") is not None else None,
+            lora=LoraSpec.from_dict(d),
             extra_args=tuple(extra),
         )
 
@@ -343,6 +356,7 @@ class InferenceServiceSpec:
     api_key_secret: SecretKeyRef | None = None
     model_cache: ModelCacheSpec = field(default_factory=ModelCacheSpec)
     model_secret: str | None = None  # a Secret whose keys the model-download container gets as env
+    adapters: tuple[Adapter, ...] = ()  # LoRA adapters served beside the model (spec/model_ref.py)
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
@@ -388,10 +402,11 @@ class InferenceServiceSpec:
                 f"spec.model {show(self.model.uri)} is a GGUF file (its own quantization): leave "
                 "quantization unset",
             )
-        if not self.model.remote and (self.model_secret or self.model_cache != ModelCacheSpec()):
+        if not self.downloads and (self.model_secret or self.model_cache != ModelCacheSpec()):
             raise SpecError(
                 "InvalidSpec",
-                "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only",
+                "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only "
+                "(and to hf:// and s3:// spec.adapters)",
             )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(
@@ -411,7 +426,36 @@ class InferenceServiceSpec:
                 f"(tensorParallelSize {self.tensor_parallel_size}: resources.gpus × "
                 "parallelism.nodes, or parallelism.tensorParallelSize): drop one of them",
             )
+        self._check_adapters()
         self._check_split()
+
+    def _check_adapters(self) -> None:
+        """What `pagoda serve --enable-lora` refuses at start (a crash loop), refused here."""
+        if not self.adapters:
+            if self.engine.lora is not None:
+                raise SpecError(
+                    "InvalidSpec",
+                    "spec.engine.lora configures spec.adapters: add adapters or drop it",
+                )
+            return
+        self.engine.lora_values(len(self.adapters))  # maxCpuLoras >= maxLoras, defaults filled
+        tp = self.tensor_parallel_size
+        for what, on in (
+            (f"tensor parallelism (tensorParallelSize {tp}: resources.gpus × parallelism.nodes, "
+             "or parallelism.tensorParallelSize)", tp > 1),
+            ("spec.engine.speculative", self.engine.speculative is not None),
+            ("spec.engine.quantization fp8", self.engine.quantization == "fp8"),
+        ):  # fmt: skip
+            if on:
+                raise SpecError(
+                    "InvalidSpec",
+                    f"spec.adapters (LoRA) is not supported with {what}: drop one of them",
+                )
+
+    @property
+    def downloads(self) -> bool:
+        """Something is downloaded into the model cache: an hf:// or s3:// model or adapter."""
+        return self.model.remote or any(a.remote for a in self.adapters)
 
     def _check_split(self) -> None:
         """A built-in model's shape is known up front: a tensor-parallel size it cannot be split
@@ -489,6 +533,10 @@ class InferenceServiceSpec:
         served = opt_str(
             spec, "servedModelName", "spec", max_len=MAX_SERVED_NAME, pattern=_SERVED_NAME
         ) or (model.uri if model.source == "builtin" else name)
+        adapters = parse_adapters(spec, model)
+        check_served_names(  # as the CRD's rule: servedModelName (else metadata.name), spec.model
+            adapters, (served, model.uri, *(() if spec.get("servedModelName") else (name,)))
+        )
         node_selector = pod_fields.node_selector(spec)
         autoscaling = spec.get("autoscaling")
         if autoscaling is not None and not isinstance(autoscaling, Mapping):
@@ -520,6 +568,7 @@ class InferenceServiceSpec:
             api_key_secret=_secret_ref(spec),
             model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
             model_secret=_model_secret(spec),
+            adapters=adapters,
             node_selector=tuple(sorted(node_selector.items())),
             tolerations=tuple(pod_fields.tolerations(spec, MAX_TOLERATIONS)),
             env=tuple(pod_fields.env(spec, MAX_ENV, MAX_ENV_NAME)),

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pagoda.operator.kube.names import is_label_key, is_label_value
+from pagoda.operator.kube.names import LORA_FLAGS, is_label_key, is_label_value
 from pagoda.operator.spec.fields import SpecError, mapping, show
 from pagoda.runtime import option_rules, options
 
@@ -176,6 +176,11 @@ OPERATOR_FLAGS: Mapping[str, str] = {
         )
     },
     "speculative_config": "spec.engine.speculative",
+    "enable_lora": "spec.adapters",
+    "lora_modules": "spec.adapters",
+    "max_loras": "spec.engine.lora.maxLoras",
+    "max_lora_rank": "spec.engine.lora.maxLoraRank",
+    "max_cpu_loras": "spec.engine.lora.maxCpuLoras",
     "download_dir": "spec.modelCache",
     "revision": "spec.model (hf://ORG/NAME@REVISION; the operator pins a branch or tag to its "
     "commit itself)",
@@ -194,8 +199,9 @@ def flag_dest(word: str) -> str | None:
     if not word.startswith("--"):
         return None
     word = word.split("=", 1)[0]
-    names = {f.name: d for d, f in options.SERVE_FLAGS.items()}
-    names |= {"--no-" + f.name[2:]: d for d, f in options.SERVE_FLAGS.items() if f.kind == "bool"}
+    flags = {**LORA_FLAGS, **options.SERVE_FLAGS}  # vLLM's LoRA flags, in the runtime or not
+    names = {f.name: d for d, f in flags.items()}
+    names |= {"--no-" + f.name[2:]: d for d, f in flags.items() if f.kind == "bool"}
     if word in names:
         return names[word]
     found = {d for name, d in names.items() if name.startswith(word)}

@@ -9,7 +9,7 @@ status on real change only. `status.autoscaling` belongs to the autoscaler and i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
@@ -171,10 +171,12 @@ def compute_status(
     kind: str = "Deployment",
     pod_failure: PodFailure | None = None,
     model: Mapping[str, Any] | EllipsisType | None = ...,
+    adapters: Sequence[Mapping[str, Any]] | EllipsisType = ...,
 ) -> dict[str, Any]:
     """The full status this InferenceService should have now. `model`: the hf:// pin
     (reconcile/model_pin.py) to show as `status.model`, None to remove it, `...` (writers other
-    than the full reconcile) to leave it as it is. `deployment`: the workload, a
+    than the full reconcile) to leave it as it is; `adapters` likewise, the LoRA adapters the
+    children serve (`status.adapters`, removed when empty). `deployment`: the workload, a
     Deployment or a LeaderWorkerSet (`kind`, when there is none yet); for a LeaderWorkerSet the
     replicas count groups and the selector picks their leaders."""
     meta = body.get("metadata") or {}
@@ -218,6 +220,8 @@ def compute_status(
         status["url"] = url
     if model is not ...:
         status["model"] = dict(model) if model is not None else None
+    if adapters is not ...:
+        status["adapters"] = [dict(a) for a in adapters] or None
     return status
 
 

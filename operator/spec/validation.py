@@ -67,7 +67,7 @@ async def check_cluster(
     if spec.model.source == "pvc" and spec.model.claim:
         where = f"spec.model {show(spec.model.uri)}"
         one_node = await _check_claim(api, namespace, spec.model.claim, where, spec, writes=False)
-    if spec.model.remote and spec.model_cache.claim_name:
+    if spec.downloads and spec.model_cache.claim_name:
         claim = spec.model_cache.claim_name
         cache = await _check_claim(api, namespace, claim, "spec.modelCache", spec, writes=True)
         one_node = one_node or cache

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pagoda.runtime.config import SchedulerConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput, SnapshotPlan
+from pagoda.runtime.lora.engine import LoRAGate
 from pagoda.runtime.request import RUNNING, Request, RequestStatus
 
 PROMPT_LOGPROB_ROWS = 1024  # a step's logits rows for prompt logprobs (chunked prefill)
@@ -50,8 +51,11 @@ class Scheduler:
         config: SchedulerConfig,
         kv: KVCacheManager,
         clock: Callable[[], float] = time.monotonic,
+        lora: LoRAGate | None = None,
     ) -> None:
+        """`lora`: the limit on distinct LoRA adapters among running requests (`lora/engine.py`)."""
         self.config = config
+        self.lora = lora
         self.kv = kv
         self.clock = clock  # `Request.arrival_time`'s clock
         self.bulk_max_wait_s = BULK_MAX_WAIT_S
@@ -289,10 +293,19 @@ class Scheduler:
             young = self.clock() - self.bulk_max_wait_s
             if self.waiting[0].arrival_time > young:
                 first = deque(r for r in self.waiting if not r.bulk or r.arrival_time <= young)
+        held: list[Request] = []  # waiting for a LoRA slot: back at the front afterwards
+        if self.lora is not None:
+            self.lora.start_step(self.running)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = first[0] if first else self.waiting[0]
             if req.num_pending:
                 break  # preempted while a step of it was in flight: wait for its token
+            if self.lora is not None and not self.lora.admits(req):
+                held.append(req)  # its adapter would be one too many: the next may go
+                self.waiting.remove(req)
+                if first:
+                    first.popleft()
+                continue
             computed, num_cached = self.kv.get_computed_blocks(req)
             n = min(req.num_tokens - num_cached, cap)
             if n > budget:
@@ -326,6 +339,7 @@ class Scheduler:
                 self._prefills.append(req)
                 if num_cached:  # the Mamba layers' state at the hit, restored into its slot
                     self._restores[req.request_id] = self.kv.snapshot_entry(req, num_cached)
+        self.waiting.extendleft(reversed(held))
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance progress of every scheduled request (tokens are appended by the engine)."""

@@ -9,11 +9,11 @@ Megatron-style sharding, as vLLM's: rank r of N holds
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
 - a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says (Qwen3-Next's Gated
-  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads);
-- Gemma 4's (and Gemma 3n's) layers by their own shapes: each layer's KV heads and MLP width
-  (`gemma4_problem`);
-- DeepSeek-V4's query heads, output projection groups and experts' width
-  (`model/dsv4_shard.py`, `dsv4_problem`; its one KV row a token replicated);
+  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads; Mamba-1's
+  mixers and LFM2's short convs by channels, Zamba's Mamba-1 mixers by heads);
+- a family's own shapes as its module says (`tp_families.py`, by architecture: Gemma 4's
+  layers' KV heads and MLP widths, Laguna's layers' query heads, DeepSeek-V4's output
+  projection groups (`model/dsv4_shard.py`; its one KV row a token replicated), ...);
 - rows ``[r V'/N, (r+1) V'/N)`` of the embedding and LM head, V' the vocabulary rounded up to a
   multiple of N (the padding rows are zeros on the embedding side and cut from the logits).
 
@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pagoda.runtime import family_options, options
+from pagoda.runtime.distributed import tp_families
 
 if TYPE_CHECKING:  # (config reads a rank's Mamba2 shapes from model/mamba_shard.py, which
     # imports this module)
     from pagoda.runtime.config import ModelConfig
-    from pagoda.runtime.model.dsv4_config import Dsv4Config
-    from pagoda.runtime.model_configs import Gemma4Layers
     from pagoda.runtime.recurrent_configs import MambaConfig
 
 
@@ -61,7 +60,11 @@ class TPLayout:
         return head, head + 1
 
     def local_heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
-        """How many query and KV heads this rank computes (its attention backend's)."""
+        """How many query and KV heads this rank computes (its attention backend's); all of
+        them where there are fewer than ranks (a model without attention, Mamba's: its stand-in
+        heads, which `check` does not split)."""
+        if num_heads < self.size:
+            return num_heads, num_kv_heads
         (q0, q1), (k0, k1) = self.heads(num_heads), self.kv_heads(num_kv_heads)
         return q1 - q0, k1 - k0
 
@@ -75,10 +78,10 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
     Gated DeltaNet layers split by key heads, which must divide, the KDA and lightning layers by
-    heads; Mamba-1's (Jamba's) by channels of d_inner, which must divide. Other mixers (LFM2's
-    short convs, Zamba's Mamba-1 heads) are not split: refused (their families' rows in
-    `family_options.py` refuse them first, naming the architecture; so are Mamba's and
-    Falcon-Mamba's, untested on ranks)."""
+    heads; Mamba-1's (Mamba's, Falcon-Mamba's, Jamba's) by channels of d_inner, which must
+    divide, Zamba's by its heads, LFM2's short convs by channels. Other mixers are not split:
+    refused (their families' rows in `family_options.py` refuse them first, naming the
+    architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
         if m.n_groups % size:
             return (f"--tensor-parallel-size {size} does not divide the Gated DeltaNet key heads "
@@ -88,6 +91,16 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
         if m.d_inner % size:
             return (f"--tensor-parallel-size {size} does not divide the Mamba mixers' channels "
                     f"(mamba d_inner {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer == "short_conv":  # LFM2's gated short convs: by channels (`model/lfm2.py`)
+        if m.d_inner % size:
+            return (f"--tensor-parallel-size {size} does not divide the short convs' channels "
+                    f"(hidden_size {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer == "mamba1":  # Zamba's: by heads, each its own x_proj and dt_proj (`zamba.py`)
+        if m.n_heads % size:
+            return (f"--tensor-parallel-size {size} does not divide the Mamba heads "
+                    f"(n_mamba_heads {m.n_heads})")  # fmt: skip
         return None
     if m.mixer in ("kda", "lightning"):  # Kimi Linear's, ..., MiniMax-Text-01's: by heads
         if m.n_heads % size:
@@ -106,77 +119,35 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     return None
 
 
-def gemma4_problem(g: Gemma4Layers, size: int) -> str | None:
-    """Why `size` ranks cannot split Gemma 4's (or Gemma 3n's) layers of their own shapes (one
-    line), or None: each layer's KV heads (the full-attention layers' `num_global_key_value_heads`)
-    must divide by `size` or it by them, each layer's MLP width (double wide, Gemma 3n's by
-    layer) and the MoE block's experts' width divide by it (`model/gemma4.py`)."""
-    for i, kv in enumerate(g.kv_heads):
-        if kv % size and size % kv:
-            return (f"--tensor-parallel-size {size}: layer {i}'s {kv} KV heads can neither be "
-                    f"split over {size} ranks nor replicated evenly")  # fmt: skip
-    for i, width in enumerate(g.mlp_widths):
-        if width % size:
-            return f"--tensor-parallel-size {size} does not divide layer {i}'s MLP width ({width})"
-    if g.num_experts and g.moe_intermediate_size % size:
-        return (f"--tensor-parallel-size {size} does not divide the experts' width "
-                f"(moe_intermediate_size {g.moe_intermediate_size})")  # fmt: skip
-    return None
-
-
-def dsv4_problem(c: Dsv4Config, size: int) -> str | None:
-    """Why `size` ranks cannot split DeepSeek-V4 (one line), or None: beyond the heads and the
-    experts' width (its config's ``intermediate_size``, `check`'s), the output projection's
-    groups must divide, a group's heads on one rank (`model/dsv4_shard.py`)."""
-    if c.o_groups % size:
-        return (f"--tensor-parallel-size {size} does not divide DeepSeek-V4's output projection "
-                f"groups (o_groups {c.o_groups})")  # fmt: skip
-    return None
-
-
 def check(config: ModelConfig, size: int) -> None:
     """ValueError, one line, if `config` cannot be split over `size` ranks: its family is not
-    tested on ranks (`family_options.py`), or its shapes do not divide (the arithmetic is
-    `options.tensor_parallel_problem`'s, which the operator also runs for the built-in models)."""
+    tested on ranks (`family_options.py`), or its shapes do not divide: the shared checks (the
+    arithmetic is `options.tensor_parallel_problem`'s, which the operator also runs for the
+    built-in models; a shared expert's width, a hybrid's mixers), then the family's own
+    (`tp_families.TP_PROBLEMS`)."""
     if size == 1:
         return
     family_options.refuse(config.architecture, "tensor_parallel", size=size)
     f = config.family
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
+    m = f.mamba  # Mamba's, Falcon-Mamba's, Mamba2's: mixers alone, their config's heads and
+    # MLP width stand-ins (`model/mamba1_config.py`), not split: the mixers' shapes checked
+    bare = m is not None and m.mixer in ("mamba1", "mamba2")
+    bare = bare and not any(m.attention(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(
         size,
-        config.num_heads,
-        config.num_kv_heads,
-        mlp_width=config.intermediate_size if dense else None,
+        0 if bare else config.num_heads,
+        0 if bare else config.num_kv_heads,
+        mlp_width=config.intermediate_size if dense and not bare else None,
         expert_width=f.moe_intermediate_size if f.num_experts else None,
     )
     shared = f.shared_expert_intermediate_size  # Qwen2-MoE's shared expert, split by width
     if problem is None and shared % size:
         problem = (f"--tensor-parallel-size {size} does not divide the shared expert's width "
                    f"(shared_expert_intermediate_size {shared})")  # fmt: skip
-    m = f.mamba
     if problem is None and m is not None and m.num_layers:  # the Mamba2 mixers' heads, groups
         problem = mamba_problem(m, size)
-    if problem is None and f.gemma4 is not None:  # its layers' own KV heads and widths
-        problem = gemma4_problem(f.gemma4, size)
-    for i, heads in enumerate(() if f.laguna is None else f.laguna.heads):  # Laguna's by layer
-        if problem is None and heads % size:
-            problem = (
-                f"--tensor-parallel-size {size} does not divide layer {i}'s {heads} query heads"
-            )
-    if problem is None and f.mimo is not None:  # MiMo-V2-Flash's sliding layers' KV heads
-        kv = f.mimo.swa_kv_heads
-        if kv % size and size % kv:
-            problem = (f"--tensor-parallel-size {size}: the sliding layers' {kv} KV heads can "
-                       f"neither be split over {size} ranks nor replicated evenly")  # fmt: skip
-    if problem is None and f.dsv4 is not None:  # its output projection's groups
-        problem = dsv4_problem(f.dsv4, size)
-    moe = None if m is None else m.moe  # Nemotron-H's experts, split by width
-    widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,
-                                     "moe_shared_expert_intermediate_size": moe.shared_intermediate}  # fmt: skip
-    for key, width in widths.items():
-        if problem is None and width % size:
-            problem = (f"--tensor-parallel-size {size} does not divide the experts' width "
-                       f"({key} {width})")  # fmt: skip
+    if problem is None:  # the family's own shapes (its `tp_families.TP_PROBLEMS` entry)
+        problem = tp_families.tp_problem(config, size)
     if problem is not None:
         raise ValueError(problem)

@@ -32,7 +32,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 from pagoda.runtime import family_options
 from pagoda.runtime.config import EngineConfig, ModelConfig
@@ -44,6 +43,7 @@ from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.engine.pooling import check_pooling, finish_pooled
+from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.model import longrope
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.pooler_config import with_runner
@@ -51,8 +51,7 @@ from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.bans import check_bans_leave_tokens
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
-from pagoda.runtime.spec.ngram import NgramProposer, takes_drafts
-from pagoda.runtime.spec.stats import SpecDecodeStats
+from pagoda.runtime.spec.drafter import Drafter
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
@@ -81,6 +80,10 @@ class EngineCore:
         check_dtype(config, loaded.config)
         check_block_size(config, loaded.config)
         check_speculative(config, loaded.config)
+        if config.lora is not None:  # a family whose layers take adapters (`lora/slots.py`)
+            from pagoda.runtime.lora_config import check_model
+
+            check_model(loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -111,7 +114,10 @@ class EngineCore:
         self.kv = KVCacheManager(
             self.runner.num_blocks, bs, config.cache.enable_prefix_caching, snapshots
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        gate = None if config.lora is None else lora.LoRAGate(config.lora.max_loras)
+        self.scheduler = Scheduler(config.scheduler, self.kv, lora=gate)
+        for module in () if config.lora is None else config.lora.lora_modules:
+            self.add_lora(module)  # --lora-modules: each read and checked at start
         self.runner.capture_cuda_graphs(config.scheduler.max_num_seqs, limit)
         self.outputs = OutputProcessor(self.tokenizer)
         self.clock: StepClock | None = None  # per-phase timing, see `enable_step_clock`
@@ -121,15 +127,10 @@ class EngineCore:
         self.async_scheduling = config.uses_async_scheduling()
         self._inflight: LaunchedStep | None = None  # async: launched, not read back yet
         self._penalized: set[str] = set()  # requests whose steps must run synchronously
-        # speculative decoding: the drafts' proposer and the acceptance counters
+        # speculative decoding: drafts and their counters (refused families: `check_speculative`)
         spec = config.speculative_config
-        self.proposer: NgramProposer | None = None
-        self.spec_stats: SpecDecodeStats | None = None
-        if spec is not None:  # (the families that cannot roll drafts back: `check_speculative`)
-            self.proposer = NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min,
-                                          spec.prompt_lookup_max, spec.adaptive)  # fmt: skip
-            self.spec_stats = SpecDecodeStats.empty(spec.num_speculative_tokens)
-        self._spec_logged = time.monotonic()
+        self.drafter = Drafter(spec) if spec is not None else None
+        self.spec_stats = self.drafter.stats if self.drafter is not None else None
         # Start-up objects (weights, tokenizer, graphs) never die: keep the collector off them,
         # or a full collection every few hundred steps stalls a step by milliseconds.
         gc.collect()
@@ -218,6 +219,8 @@ class EngineCore:
                 raise ValueError(f"bad_words_token_ids must be in [0, {vocab})")
         mc = self.model_config
         check_bans_leave_tokens(params, mc.eos_token_ids, mc.vocab_size, bad_words)
+        if params.lora_request is not None:  # read (or found) now: a bad adapter fails here
+            self.add_lora(params.lora_request)
         reqs = self._samples(request_id, prompt_token_ids, params, bad_words, bulk)
         self.outputs.add(request_id, reqs)
         for req in reqs:
@@ -246,6 +249,8 @@ class EngineCore:
             salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()
         elif self.config.cache.enable_prefix_caching:  # a longrope prompt past its original context
             salt = longrope.cache_salt(self.model_config.rope_scaling, len(prompt_token_ids))
+        if self.config.cache.enable_prefix_caching:  # an adapter's KV is its own
+            salt = lora.lora_salt(salt, params.lora_request)
         reqs = []
         for i in range(params.n):
             child_params = params
@@ -265,8 +270,19 @@ class EngineCore:
                     bulk=bulk or params.n > 1,
                 )
             )
-            req.takes_drafts = self.proposer is not None and takes_drafts(req)
+            req.takes_drafts = self.drafter is not None and self.drafter.takes_drafts(req)
         return reqs
+
+    def add_lora(self, request) -> None:
+        """Read a LoRA adapter into host memory (or find it there), checked against the model;
+        ValueError for a bad one (or without --enable-lora), the engine unharmed."""
+        if self.runner.lora is None:
+            raise ValueError("LoRA adapters are not enabled on this engine (--enable-lora)")
+        self.runner.lora.adapter(request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (requests already running with it finish with it)."""
+        return self.runner.lora is not None and self.runner.lora.remove(lora_int_id)
 
     def abort_request(self, request_id: str) -> None:
         """Abort every sample of a request; its blocks are freed at once."""
@@ -291,8 +307,10 @@ class EngineCore:
         clock = self.clock
         if clock is not None:
             clock.start()
-        if self.proposer is not None:
-            self._propose()
+        if self.drafter is not None:
+            self.drafter.propose(self.scheduler.running)
+            if clock is not None:
+                clock.mark("propose")
         out = self.scheduler.schedule()
         if out.is_empty:
             return self._emit_pending()
@@ -353,30 +371,6 @@ class EngineCore:
         self._update(result)
         return self.outputs.process(result, self.clock)
 
-    def _propose(self) -> None:
-        """Drafts for the running requests about to decode that take them (`spec/ngram.py`),
-        left on `Request.spec_token_ids` for the scheduler; at most what the request may still
-        generate after the step's own token."""
-        reqs = []
-        for req in self.scheduler.running:
-            if req.spec_token_ids:
-                req.spec_token_ids = []
-            if req.takes_drafts and len(req.token_ids) - req.num_computed_tokens == 1:
-                reqs.append(req)
-        proposer = self.proposer
-        if proposer.num_buffers > 2 * len(self.scheduler.running) + 16:
-            proposer.retain(self.scheduler.running)
-        if not reqs:
-            return
-        limits = np.fromiter((r.max_new_tokens - r.num_output_tokens - 1 for r in reqs),
-                             np.int64, len(reqs))  # fmt: skip
-        drafts, counts = proposer.propose(reqs, [r.token_ids for r in reqs], limits)
-        for req, row, c in zip(reqs, drafts.tolist(), counts.tolist()):
-            if c > 0:
-                req.spec_token_ids = row[:c]
-        if self.clock is not None:
-            self.clock.mark("propose")
-
     def _update(self, result: ModelRunnerOutput) -> None:
         """Fold the sampled tokens into their requests and settle which ones finished, before
         anything is scheduled again (stop strings need the text, so those detokenize here).
@@ -388,10 +382,10 @@ class EngineCore:
         check_stop_string = self.outputs.check_stop_string
         for req, entries in result.prompt_logprobs:  # before the first token's output
             req.prompt_logprobs.extend(entries)
-        dropped = []
+        drafted, dropped = result.spec is not None, []
         # once per request per step: attribute reads, no calls on the common path
         for i, (req, tok, lp) in enumerate(zip(result.requests, result.token_ids, result.logprobs)):
-            if req.status >= FIRST_FINISHED:  # an earlier token of its drafts ended it
+            if drafted and req.status >= FIRST_FINISHED:  # an earlier token of its drafts ended it
                 dropped.append(i)
                 continue
             if tok < 0:  # no token: the row's logits had no finite maximum (NaN, overflow)
@@ -411,34 +405,10 @@ class EngineCore:
             if req.status >= FIRST_FINISHED:
                 self.scheduler.finish(req)
                 self._penalized.discard(req.request_id)
-        if result.spec is not None:
-            self._settle_drafts(result, dropped)
+        if drafted:
+            self.drafter.settle(result, dropped)
         if self.clock is not None:
             self.clock.mark("update")
-
-    def _settle_drafts(self, result: ModelRunnerOutput, dropped: list[int]) -> None:
-        """After a step with drafts: the rejected drafts' positions computed again later (their
-        cache rows are overwritten then), the counters, the entries of ended requests dropped."""
-        spec = result.spec
-        for req, d, a in zip(spec.requests, spec.drafted, spec.accepted):
-            if not req.is_finished:
-                req.num_computed_tokens -= d - a
-        self.proposer.observe(spec.requests, spec.drafted, spec.accepted)
-        stats = self.spec_stats
-        stats.add(spec.drafted, spec.accepted)
-        now = time.monotonic()
-        if now - self._spec_logged >= SPEC_LOG_INTERVAL_S:
-            self._spec_logged = now
-            log.info("speculative decoding: %d of %d draft tokens accepted (%.1f%%), %.2f tokens "
-                     "per drafted step", stats.num_accepted_tokens, stats.num_draft_tokens,
-                     100 * (stats.acceptance_rate or 0.0), stats.mean_acceptance_length or 1.0)  # fmt: skip
-        if dropped:
-            gone = set(dropped)
-            keep = [i for i in range(len(result.requests)) if i not in gone]
-            result.requests = [result.requests[i] for i in keep]
-            result.token_ids = [result.token_ids[i] for i in keep]
-            result.logprobs = [result.logprobs[i] for i in keep]
-            result.positions = [result.positions[i] for i in keep]
 
     def _fail_request(self, req: Request) -> None:
         """End a request whose step gave no token (finish reason "error"); the others of the
@@ -471,6 +441,10 @@ class EngineCore:
             prefix_hits=self.kv.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
         )
+        if self.config.lora is not None:  # vLLM's lora_requests_info
+            stats.lora_running = lora.adapter_names(self.scheduler.running)
+            stats.lora_waiting = lora.adapter_names(self.scheduler.waiting)
+            stats.max_lora = self.config.lora.max_loras
         spec = self.spec_stats
         if spec is not None:
             stats.spec_num_drafts = spec.num_drafts
@@ -488,7 +462,6 @@ class EngineCore:
             self.executor.close(self.runner.channel if hasattr(self, "runner") else None)
 
 
-SPEC_LOG_INTERVAL_S = 10.0  # the acceptance log line, at most this often
 _SPEC_STATE = (
     "speculative decoding is not supported for {} (a model that keeps per-sequence state "
     "beyond its KV cache cannot roll rejected drafts back): drop --speculative-config"

@@ -13,6 +13,7 @@ from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
 from pagoda.runtime.engine.pooling import EmbeddingRequestOutput, PoolingParams, embed
+from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.sampling.params import SamplingParams
@@ -109,8 +110,12 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool | Callable[..., Any] = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run all prompts together (continuous batching); results come back in input order.
+
+        `lora_request` (as vLLM's, with ``LLM(..., enable_lora=True)``): the adapter every
+        prompt runs with, or one (or None: the base model) per prompt.
 
         `use_tqdm` (as vLLM's): True (the default) for a progress bar on stderr, shown only
         where stderr is a terminal (no carriage-return lines in logs); False for none; or a
@@ -135,6 +140,12 @@ class LLM:
         encoded = [self._to_ids(p) for p in prompts]
         # all checked before any runs; the copies as validated now run (params are mutable)
         plist = [self.engine.validate(ids, p) for (_, ids), p in zip(encoded, plist)]
+        for p, lr in zip(plist, _per_prompt(lora_request, len(prompts))):
+            if lr is not None:
+                if not isinstance(lr, LoRARequest):
+                    raise ValueError(f"lora_request must be a LoRARequest, got {lr!r}")
+                self.engine.add_lora(lr)  # read and checked before anything runs
+                p.lora_request = lr
         bar = _progress(use_tqdm, len(prompts))
         results: dict[str, RequestOutput] = {}
         try:
@@ -255,6 +266,17 @@ class LLM:
                 raise ValueError(f"chat_template_kwargs: this model's chat template does not read "
                                  f"'{key}', so it would change nothing")  # fmt: skip
         return kwargs
+
+
+def _per_prompt(lora_request: Any, n: int) -> list[Any]:
+    """`generate`'s `lora_request`: one for every prompt, or a list of one per prompt."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    out = list(lora_request)
+    if len(out) != n:
+        raise ValueError(f"lora_request must be one LoRARequest or one per prompt: {len(out)} "
+                         f"for {n} prompts")  # fmt: skip
+    return out
 
 
 def _token_ids(ids: Any) -> list[int]:

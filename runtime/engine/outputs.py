@@ -140,3 +140,8 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)
+    # LoRA (with --enable-lora; vLLM's lora_requests_info): the adapters of the running and
+    # waiting requests, and --max-loras (0: LoRA off)
+    lora_running: list[str] = msgspec.field(default_factory=list)
+    lora_waiting: list[str] = msgspec.field(default_factory=list)
+    max_lora: int = 0

@@ -5,10 +5,13 @@ from the model so that reading a config imports no layer code."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.model.ops import rope_kind
 from pagoda.runtime.model_configs import ExpertRouting
+
+if TYPE_CHECKING:
+    from pagoda.runtime.config import ModelConfig
 
 ARCHITECTURES = {"BeamForCausalLM": "beam"}
 MODEL_CLASSES = {"beam": ("beam", "BeamModel")}
@@ -98,3 +101,12 @@ def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
         out.update({p + "pre_feedforward_layernorm.weight": (h,),
                     p + "post_feedforward_layernorm.weight": (h,),
                     a + "gate_proj.weight": (q, h), a + "gate_bias": (c.num_heads,)})  # fmt: skip
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (elements, 1) of the output gate's bias, one per head: its heads'
+    (`model/beam.py`); None for the other tensors (`distributed/tp_families.py`)."""
+    if part != "self_attn.gate_bias":
+        return None
+    q0, q1 = lay.heads(c.num_heads)
+    return q1 - q0, 1

@@ -8,7 +8,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import mamba_config, moe_families, moe_names
+from pagoda.runtime.model import (
+    bailing_hybrid_config,
+    bitnet_config,
+    glm5_next_config,
+    kimi_linear_config,
+    mamba_config,
+    moe_families,
+    moe_names,
+    olmo_hybrid_config,
+    qwen3_next_config,
+)
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 FP8_DTYPES = ("F8_E4M3",)
@@ -405,6 +415,24 @@ def _check_mlp(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> 
                                  f"{gate} {[width, c.hidden_size]} it must be {list(shape)}")  # fmt: skip
 
 
+def _bitnet_dtypes(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
+    if c.family.bitnet == "offline":  # packed: uint8 matrices
+        bitnet_config.check_dtypes(headers)
+
+
+# a family's own checks of the headers, after the shared ones: architecture -> (config,
+# headers) -> None, ValueError in one line
+_HEADER_CHECKS = {
+    **dict.fromkeys(_OWN_EXPERTS, qwen3_next_config.check_experts),  # its stacked experts
+    "olmo_hybrid": olmo_hybrid_config.check_conv,  # its DeltaNet convs, whole or in three parts
+    "kimi_linear": kimi_linear_config.check_conv,  # its KDA convs, whole or in three parts
+    "bailing_hybrid": bailing_hybrid_config.check_conv,  # (the same)
+    "glm5_next": glm5_next_config.check_conv,  # its KDA convs
+    "gpt_oss": _check_gpt_oss_experts,  # its experts' MXFP4 blocks or stacked matrices
+    "bitnet": _bitnet_dtypes,
+}
+
+
 def _describe(c: ModelConfig) -> str:
     return (f"vocab_size {c.vocab_size}, hidden_size {c.hidden_size}, num_attention_heads "
             f"{c.num_heads}, num_key_value_heads {c.num_kv_heads}, head_dim {c.head_dim}")  # fmt: skip
@@ -437,32 +465,9 @@ def check_checkpoint(
         raise ValueError(f"checkpoint tensor {HEAD} is {list(headers[HEAD][1])}, config.json "
                          f"({_describe(config)}) needs {list(head)}")  # fmt: skip
     _check_mlp(config, headers)
-    if config.architecture in _OWN_EXPERTS:
-        from pagoda.runtime.model.qwen3_next_config import check_experts
-
-        check_experts(config, headers)
-    if config.architecture == "olmo_hybrid":  # its DeltaNet convs, whole or in three parts
-        from pagoda.runtime.model.olmo_hybrid_config import check_conv
-
-        check_conv(config, headers)
-    if config.architecture == "kimi_linear":  # its KDA convs, whole or in three parts
-        from pagoda.runtime.model.kimi_linear_config import check_conv as check_kda_conv
-
-        check_kda_conv(config, headers)
-    if config.architecture == "bailing_hybrid":  # its KDA convs, whole or in three parts
-        from pagoda.runtime.model.bailing_hybrid_config import check_conv as check_bh_conv
-
-        check_bh_conv(config, headers)
-    if config.architecture == "glm5_next":  # its KDA convs (glm5_next_config.py)
-        from pagoda.runtime.model.glm5_next_config import check_conv as check_g5n_conv
-
-        check_g5n_conv(config, headers)
-    if config.architecture == "gpt_oss":
-        _check_gpt_oss_experts(config, headers)
-    if config.family.bitnet == "offline":  # packed: uint8 matrices
-        from pagoda.runtime.model.bitnet_config import check_dtypes
-
-        check_dtypes(headers)
+    own = _HEADER_CHECKS.get(config.architecture)  # the family's own
+    if own is not None:
+        own(config, headers)
     for name, (dtype, shape) in headers.items():
         if dtype.startswith("F8_") and dtype not in FP8_DTYPES:
             raise ValueError(f"checkpoint tensor {name} is {dtype}; FP8 weights must be E4M3")

@@ -30,6 +30,7 @@ from pagoda.runtime.model.dsv4_config import expected_shapes
 
 if TYPE_CHECKING:
     import torch
+    from pagoda.runtime.config import ModelConfig
     from pagoda.runtime.distributed.layout import TPLayout
     from pagoda.runtime.model.dsv4_config import Dsv4Config
 
@@ -40,6 +41,18 @@ FLOAT32 = re.compile(r"attn_hc\.|ffn_hc\.|hc_head\.|\.sinks$|position_bias|e_sco
 _EXPERT = re.compile(
     r"\.mlp\.(experts\.\d+|shared_experts)\.(gate_proj|up_proj|down_proj)\.weight$"
 )
+
+
+def tp_problem(config: ModelConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split DeepSeek-V4 (one line), or None
+    (`distributed/tp_families.py`): beyond the heads and the experts' width (its config's
+    ``intermediate_size``, `layout.check`'s), the output projection's groups must divide, a
+    group's heads on one rank."""
+    c = config.family.dsv4
+    if c is not None and c.o_groups % size:
+        return (f"--tensor-parallel-size {size} does not divide DeepSeek-V4's output projection "
+                f"groups (o_groups {c.o_groups})")  # fmt: skip
+    return None
 
 
 def part(c: Dsv4Config, name: str, lay: TPLayout) -> tuple[int, int, int] | None:

@@ -44,6 +44,7 @@ TEXT_MODEL_TYPES = {"Gemma4ForConditionalGeneration": {"gemma4_text": "gemma4"},
                     "Gemma4UnifiedForConditionalGeneration":
                         {"gemma4_unified_text": "gemma4_unified"}}  # fmt: skip
 ARCHS = ("gemma4", "gemma4_unified")  # (the unified one: Gemma 4's without PLE or MoE)
+GEMMA4_LAYERS = (*ARCHS, "gemma3n")  # the families whose layers are a `Gemma4Layers`
 # transformers' Gemma4TextConfig defaults, where config.json leaves one out
 DEFAULTS = {
     "gemma4": {"vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,
@@ -230,6 +231,50 @@ def _rank_share(name: str, shape: tuple[int, ...], c: ModelConfig, tp: int) -> i
         kv = c.family.gemma4.kv_heads[layer]
         return size // kv * max(1, kv // tp)
     return size // tp if name.endswith(_SPLIT_ROWS + _SPLIT_COLUMNS) else size
+
+
+def tp_problem(c: ModelConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split Gemma 4's (or Gemma 3n's) layers of their own shapes (one
+    line), or None (`distributed/tp_families.py`): each layer's KV heads (the full-attention
+    layers' `num_global_key_value_heads`) must divide by `size` or it by them, each layer's MLP
+    width (double wide, Gemma 3n's by layer) and the MoE block's experts' width divide by it
+    (`model/gemma4.py`)."""
+    g = c.family.gemma4
+    if g is None:  # (a config of Gemma 4's architecture without its layers: none to check)
+        return None
+    for i, kv in enumerate(g.kv_heads):
+        if kv % size and size % kv:
+            return (f"--tensor-parallel-size {size}: layer {i}'s {kv} KV heads can neither be "
+                    f"split over {size} ranks nor replicated evenly")  # fmt: skip
+    for i, width in enumerate(g.mlp_widths):
+        if width % size:
+            return f"--tensor-parallel-size {size} does not divide layer {i}'s MLP width ({width})"
+    if g.num_experts and g.moe_intermediate_size % size:
+        return (f"--tensor-parallel-size {size} does not divide the experts' width "
+                f"(moe_intermediate_size {g.moe_intermediate_size})")  # fmt: skip
+    return None
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """(rows, columns) of a Gemma 4 / Gemma 3n layer's tensor on one rank (`model/gemma4.py`,
+    `distributed/tp_families.py`): q by its heads and k/v by its KV heads of the layer's head
+    size, o, the MLP's down and the experts' down by input columns, gate/up and the experts'
+    gate_up by rows; the rest whole (norms, the router, per-layer inputs, AltUp, Laurel)."""
+    g = c.family.gemma4
+    if g is None:
+        return None
+    d = g.head_dims[layer]
+    if part == "self_attn.q_proj.weight":
+        q0, q1 = lay.heads(c.num_heads)
+        return (q1 - q0) * d, cols
+    if part in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+        k0, k1 = lay.kv_heads(g.kv_heads[layer])
+        return (k1 - k0) * d, cols
+    if part in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "experts.down_proj"):
+        return rows, cols // lay.size
+    if part in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "experts.gate_up_proj"):
+        return rows // lay.size, cols
+    return rows, cols
 
 
 def param_count(c: ModelConfig, tp: int = 1) -> int:

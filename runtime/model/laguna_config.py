@@ -4,9 +4,12 @@ Kept apart from the model so that reading a config imports no layer code."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.model_configs import ExpertRouting, LagunaAttention
+
+if TYPE_CHECKING:
+    from pagoda.runtime.config import ModelConfig
 
 ARCHITECTURES = {"LagunaForCausalLM": "laguna"}
 MODEL_CLASSES = {"laguna": ("laguna", "LagunaModel")}
@@ -76,3 +79,24 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         "moe_layers": tuple(t == "sparse" for t in mlp),
         "shared_expert_intermediate_size": int(cfg["shared_expert_intermediate_size"]),
     }  # fmt: skip
+
+
+def tp_problem(c: ModelConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split Laguna's layers (one line), or None
+    (`distributed/tp_families.py`): each layer's query heads must divide by `size`."""
+    for i, heads in enumerate(() if c.family.laguna is None else c.family.laguna.heads):
+        if heads % size:
+            return f"--tensor-parallel-size {size} does not divide layer {i}'s {heads} query heads"
+    return None
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of a layer's q and output gate, by the layer's own query heads
+    (`model/laguna.py`: a gate row per head, or per head element), or None for the other
+    tensors (`distributed/tp_families.py`)."""
+    g = c.family.laguna
+    if g is None or part not in ("self_attn.q_proj.weight", "self_attn.g_proj.weight"):
+        return None
+    q0, q1 = lay.heads(g.heads[layer])
+    per_head = part.startswith("self_attn.g") and g.gate_per_head
+    return (q1 - q0) * (1 if per_head else c.head_dim), cols

@@ -22,8 +22,10 @@ float32 cos and sin: `rotary_float32`), each head's attention output times sigmo
 and RMSNorms on the operator's and the MLP's outputs before their residual adds (GLM-4's
 `glm4_norms`). Prefix caching keeps snapshots of the conv states every block
 (`engine/recurrent.py`: a boundary's state is the inputs before it, saved from the conv
-segments inside a chunk, from the slot at a chunk's end); tensor parallelism is refused
-(`distributed/layout.py`).
+segments inside a chunk, from the slot at a chunk's end). Tensor parallel: the short convs by
+channels (`ShortConv`: a rank's rows of B, C and x, its conv channels and their states;
+out_proj row-parallel), attention by heads (LFM3's head gate with them), the MLPs and experts
+by width; N must divide hidden_size (`distributed/layout.py`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
@@ -46,11 +49,24 @@ class ShortConv:
 
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx) -> None:
         p = prefix + "conv."
-        self.index, self.width = index, m.d_inner
-        self.in_proj = linear_layer(ctx, w, [p + "in_proj.weight"])
-        self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
-        self.weight = w[p + "conv.weight"][:, 0, :].contiguous()  # [C, K]
-        self.bias = w[p + "conv.bias"] if m.conv_bias else None
+        self.index = index
+        if ctx.tp is None:
+            self.width = m.d_inner
+            self.in_proj = linear_layer(ctx, w, [p + "in_proj.weight"])
+            self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
+            self.weight = w[p + "conv.weight"][:, 0, :].contiguous()  # [C, K]
+            self.bias = w[p + "conv.bias"] if m.conv_bias else None
+            return
+        # tensor parallel: this rank's channels [c0, c1): their rows of B, C and x, of the conv
+        # (its state slots theirs); out_proj row-parallel (one all-reduce)
+        d = m.d_inner
+        c0, c1 = ctx.tp.layout.even(d)
+        self.width = c1 - c0
+        rows = [(c0, c1), (d + c0, d + c1), (2 * d + c0, 2 * d + c1)]
+        self.in_proj = column_linear(ctx, w, [p + "in_proj.weight"] * 3, rows)
+        self.out_proj = row_linear(ctx, w, p + "out_proj.weight")
+        self.weight = w.part(p + "conv.weight", 0, c0, c1)[:, 0, :].contiguous()
+        self.bias = w.part(p + "conv.bias", 0, c0, c1) if m.conv_bias else None
 
     def linears(self) -> list:
         return [self.in_proj, self.out_proj]
@@ -144,7 +160,12 @@ class Lfm3Layer(Lfm2Layer):
             self.post_attn_norm = model.norm_weight(w[prefix + "post_self_attn_layernorm.weight"])
             self.post_mlp_norm = model.norm_weight(w[prefix + "post_mlp_layernorm.weight"])
         if self.mixer is None and f.mamba.attn_head_gate:
-            self.gate = linear_layer(ctx, w, [prefix + "self_attn.gate_proj.weight"])
+            gate = [prefix + "self_attn.gate_proj.weight"]
+            if ctx.tp is None:
+                self.gate = linear_layer(ctx, w, gate)
+            else:  # its heads' rows
+                heads = ctx.tp.layout.heads(model.config.num_heads)
+                self.gate = column_linear(ctx, w, gate, [heads])
         if self.mixer is None:
             self.rotary = rotary_float32
 

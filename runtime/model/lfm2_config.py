@@ -199,3 +199,14 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         return out
     out.update({f + "w1.weight": (s, h), f + "w3.weight": (s, h), f + "w2.weight": (h, s)})
     return out
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of a short conv's projections (`model/lfm2.py`: in_proj's rows
+    of B, C and x and their biases by channels, out_proj by input columns) and of the dense
+    MLP's w2 (input columns), or None for the other tensors (`distributed/tp_families.py`)."""
+    if part in ("conv.in_proj.weight", "conv.in_proj.bias"):
+        return rows // lay.size, cols
+    if part in ("conv.out_proj.weight", "feed_forward.w2.weight"):
+        return rows, cols // lay.size
+    return None

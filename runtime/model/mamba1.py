@@ -27,9 +27,10 @@ inputs dt B x of a block of rows computed at once, `BLOCK_ELEMENTS` float32 each
 per-sequence loop, no host sync; the per-position loop is the cost of a selective scan without
 a kernel of its own (`benchmarks/recurrent_families.py`, docs/runtime.md).
 
-Tensor parallel (Jamba's mixers; `Mamba1Mixer.split`): each rank its channels of d_inner, its
-state slots theirs; x_proj and out_proj row-parallel (each one all-reduce: dt, B and C read
-every channel).
+Tensor parallel (Mamba's, Falcon-Mamba's and Jamba's mixers; `Mamba1Mixer.split`): each rank
+its channels of d_inner, its state slots theirs; x_proj and out_proj row-parallel (each one
+all-reduce: dt, B and C read every channel; Falcon-Mamba's and Jamba's norms on them whole on
+every rank after it).
 
 Prefix caching (`core/state_snapshots.py`): the scan passes through every sequence's state at
 every token, so snapshot boundaries fall every block (`MambaConfig.snapshot_chunk` 1): one
@@ -96,8 +97,8 @@ class Mamba1Mixer:
             self.bcdt_weights = [w[f"{p}{n}_layernorm.weight"] for n in ("dt", "b", "c")]
 
     def split(self, m: MambaConfig, w: DeviceWeights, p: str, ctx) -> None:
-        """Tensor parallel (Jamba's mixers): this rank's channels [c0, c1) of d_inner: its rows
-        of in_proj's x and z parts, of the conv, dt_proj (column-parallel), A and D; x_proj
+        """Tensor parallel: this rank's channels [c0, c1) of d_inner: its rows of in_proj's x
+        and z parts, of the conv, dt_proj (column-parallel), A and D; x_proj
         reads them as input columns (row-parallel: dt, B and C all-reduced, since each reads
         every channel), out_proj too (its partial products all-reduced)."""
         d = m.d_inner

@@ -21,9 +21,12 @@ so that reading a config imports no layer code.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.model_configs import ExpertRouting, MiMoAttention
+
+if TYPE_CHECKING:
+    from pagoda.runtime.config import ModelConfig
 
 ARCHITECTURES = {"MiMoV2FlashForCausalLM": "mimo_v2_flash"}
 MODEL_CLASSES = {"mimo_v2_flash": ("mimo_v2_flash", "MiMoV2FlashModel")}
@@ -152,3 +155,26 @@ def attention_bytes(c, item: int, tp: int = 1) -> int:
         total += item * h * (heads * d + kv * (d + m.v_head_dim) + heads * m.v_head_dim)
         total += 4 * heads if c.family.window(i) else 0
     return total
+
+
+def tp_problem(c: ModelConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split MiMo-V2-Flash's sliding layers (one line), or None
+    (`distributed/tp_families.py`): their KV heads must divide by `size` or it by them."""
+    if c.family.mimo is None:
+        return None
+    kv = c.family.mimo.swa_kv_heads
+    if kv % size and size % kv:
+        return (f"--tensor-parallel-size {size}: the sliding layers' {kv} KV heads can neither "
+                f"be split over {size} ranks nor replicated evenly")  # fmt: skip
+    return None
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of MiMo-V2-Flash's k and v (the layer's own KV heads, split or
+    replicated; values `v_head_dim` wide: `model/mimo_v2_flash.py`), or None for the other
+    tensors (`distributed/tp_families.py`)."""
+    if c.family.mimo is None or part not in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+        return None
+    k0, k1 = lay.kv_heads(c.kv_layer_shapes[layer][0])
+    width = c.head_dim if part.startswith("self_attn.k") else c.family.mimo.v_head_dim
+    return (k1 - k0) * width, cols

@@ -11,9 +11,13 @@ n_shared_experts`. Kept apart from the model so that reading a config imports no
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.model import glm4_moe_config
+
+if TYPE_CHECKING:
+    from pagoda.runtime.config import ModelConfig
 
 ARCHITECTURES = {"MiniCPM5MoeForCausalLM": "minicpm5_moe", "MiniCPM5MoEForCausalLM": "minicpm5_moe"}
 MODEL_CLASSES = {"minicpm5_moe": ("glm4_moe", "MiniCPM5MoeModel")}
@@ -55,3 +59,12 @@ def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     for i in range(c.num_layers):
         out[f"model.layers.{i}.self_attn.q_proj.weight"] = (2 * c.num_heads * c.head_dim,
                                                            c.hidden_size)  # fmt: skip
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of q_proj, its heads' queries and then their output gates
+    (`qwen3.GatedQuery`), or None for the other tensors (`distributed/tp_families.py`)."""
+    if not re.search(r"\bq_proj\.(weight|bias)$", part):
+        return None
+    q0, q1 = lay.heads(c.num_heads)
+    return (q1 - q0) * c.head_dim * 2, cols

@@ -126,6 +126,20 @@ _ATTENTION_PARTS = ("q_proj.", "k_proj.", "v_proj.", "o_proj.")
 _MOE_PARTS = ("experts.", "gate.", "shared_experts.", "fc1_latent_proj.", "fc2_latent_proj.")
 
 
+def tp_problem(c: ModelConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split Nemotron-H's MoE blocks (one line), or None
+    (`distributed/tp_families.py`; its Mamba2 mixers are `layout.mamba_problem`'s): the
+    experts' and the shared expert's widths must divide by `size`."""
+    moe = None if c.family.mamba is None else c.family.mamba.moe
+    widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,
+                                     "moe_shared_expert_intermediate_size": moe.shared_intermediate}  # fmt: skip
+    for key, width in widths.items():
+        if width % size:
+            return (f"--tensor-parallel-size {size} does not divide the experts' width "
+                    f"({key} {width})")  # fmt: skip
+    return None
+
+
 def nemotron_name(stored: str) -> str:
     """A Nemotron-H checkpoint's tensor under Llama's name: `backbone.` is `model.`, a layer's
     `norm` its `input_layernorm`, its `mixer.` `self_attn.`, `mlp.` or `mamba.` by what it

@@ -15,7 +15,10 @@ d_inner channels in `n_mamba_heads` heads of P, each head its own x_proj [dt_ran
 P], dt_proj [P, dt_rank] (with its bias) and so its own B and C: the two projections are one
 batched matmul over the heads each, the scan's state [H, P, d_state] per sequence. in_proj's
 rows interleave x and the gate (transformers views its output [D, 2]): split apart at load.
-One rank, 16 or 32 bits (Mamba-1's mixers are not split, nor run in FP8).
+16 or 32 bits (Mamba-1's mixers do not run in FP8). Tensor parallel: the mixers by heads (a
+rank's in_proj rows, x_proj, dt_proj, conv channels, A and D; out_proj row-parallel: one
+all-reduce, no other, since each head reads only its own channels), its state slots its heads';
+the shared block's attention by heads and its MLP by width (`zamba2.SharedBlock`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext
 from pagoda.runtime.model.mamba1 import Mamba1Mixer
+from pagoda.runtime.model.parallel_linear import row_linear
 from pagoda.runtime.model.zamba2 import SharedBlock, Zamba2Layer, Zamba2Model
 from pagoda.runtime.recurrent_configs import MambaConfig
 
@@ -34,21 +38,28 @@ class ZambaMixer(Mamba1Mixer):
 
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx) -> None:
         p = prefix + "mamba."
-        self.m, self.index = m, index
-        d = m.d_inner
-        xz = torch.arange(2 * d).view(d, 2).T.reshape(-1)  # x's rows (even), then z's (odd)
-        rows = xz.to(w.device)
-        bias = w[p + "in_proj.bias"].index_select(0, rows) if m.proj_bias else None
-        self.in_proj = ctx.linear(w[p + "in_proj.weight"].index_select(0, rows), bias)
-        self.out_proj = ctx.linear(w[p + "out_proj.weight"],
-                                   w[p + "out_proj.bias"] if m.proj_bias else None)  # fmt: skip
-        self.x_proj = w[p + "x_proj_weight"].transpose(1, 2).contiguous()  # [H, P, r + 2N]
-        self.dt_proj = w[p + "dt_proj_weight"].transpose(1, 2).contiguous()  # [H, r, P]
-        self.dt_bias = w[p + "dt_proj_bias"][:, None, :]  # [H, 1, P]
-        self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [D, K]
-        self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
-        self.A = self.read_a(w, p)
-        self.D = w[p + "D"].float().reshape(-1)  # [D]
+        tp = ctx.tp
+        self.m, self.index = m if tp is None else m.on_ranks(tp.layout.size), index
+        h0, h1 = (0, m.n_heads) if tp is None else tp.layout.even(m.n_heads)  # this rank's heads
+        c0, c1 = h0 * m.head_dim, h1 * m.head_dim  # their channels of d_inner
+
+        def rows(name: str, start: int, stop: int) -> torch.Tensor:
+            return w[name] if tp is None else w.part(name, 0, start, stop)
+
+        d = c1 - c0  # in_proj's rows interleave x and z: this rank's [2 c0, 2 c1)
+        xz = torch.arange(2 * d, device=w.device).view(d, 2).T.reshape(-1)  # x (even), z (odd)
+        bias = rows(p + "in_proj.bias", 2 * c0, 2 * c1).index_select(0, xz) if m.proj_bias else None
+        self.in_proj = ctx.linear(rows(p + "in_proj.weight", 2 * c0, 2 * c1).index_select(0, xz),
+                                  bias)  # fmt: skip
+        self.out_proj = row_linear(ctx, w, p + "out_proj.weight")  # (its bias once, after)
+        x_proj, dt_proj = rows(p + "x_proj_weight", h0, h1), rows(p + "dt_proj_weight", h0, h1)
+        self.x_proj = x_proj.transpose(1, 2).contiguous()  # [H, P, r + 2N]
+        self.dt_proj = dt_proj.transpose(1, 2).contiguous()  # [H, r, P]
+        self.dt_bias = rows(p + "dt_proj_bias", h0, h1)[:, None, :]  # [H, 1, P]
+        self.conv_weight = rows(p + "conv1d.weight", c0, c1)[:, 0, :].contiguous()  # [D, K]
+        self.conv_bias = rows(p + "conv1d.bias", c0, c1) if m.conv_bias else None
+        self.A = -torch.exp(rows(p + "A_log", h0, h1).float())  # [H, P, N]
+        self.D = rows(p + "D", h0, h1).float().reshape(-1)  # [D]
         self.bcdt_weights = None
 
     def linears(self) -> list:

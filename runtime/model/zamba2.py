@@ -15,8 +15,12 @@ Each use has LoRA adapters of its own (`LoraLinear`: base(x) + B(A(x))) on the M
 and on q, k and v where `use_shared_attention_adapter` (the three stacked: A [3r, 2h], B the
 block-diagonal of theirs), and a KV cache of its own (the hybrid layers are the model's
 attention layers); the Mamba2 state slots as the other hybrids' (`worker/mamba_state.py`).
-One rank, 16 or 32 bits (the shared blocks are not split, nor run in FP8); prefix caching as
-the Mamba2 hybrids' (state snapshots).
+16 or 32 bits (the shared blocks' adapters do not run in FP8); prefix caching as the Mamba2
+hybrids' (state snapshots). Tensor parallel: the mixers as the other Mamba2 hybrids'
+(`mamba_shard.py`); each shared block's attention by heads (q, k, v column-parallel, o
+row-parallel) and MLP by width (gate_up column-parallel, down row-parallel), the norms and the
+layers' `linear` whole on every rank; a use's LoRA adapters' A whole, B's rows those of its
+base projection's (`SharedBlock.adapter`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pagoda.runtime.model import zamba2_config
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 
 FINAL_NORM = "model.final_layernorm.weight"  # Zamba2's name for `model.norm`
 
@@ -64,10 +69,30 @@ class SharedBlock:
         self.prefix = p
         self.attn_norm = model.read_norm(w, p + "input_layernorm.weight")
         self.mlp_norm = model.read_norm(w, p + "pre_ff_layernorm.weight")
-        self.qkv = linear_layer(ctx, w, [f"{a}{n}_proj.weight" for n in "qkv"])
-        self.o_proj = linear_layer(ctx, w, [a + "o_proj.weight"])
-        self.gate_up = linear_layer(ctx, w, [f"{f}{n}.weight" for n in self.gate_up_names])
-        self.down = linear_layer(ctx, w, [f + "down_proj.weight"])
+        qkv = [f"{a}{n}_proj.weight" for n in "qkv"]
+        gate_up = [f"{f}{n}.weight" for n in self.gate_up_names]
+        self.qkv_rows = self.gate_up_rows = None  # (one rank: every row)
+        if ctx.tp is None:
+            self.qkv = linear_layer(ctx, w, qkv)
+            self.o_proj = linear_layer(ctx, w, [a + "o_proj.weight"])
+            self.gate_up = linear_layer(ctx, w, gate_up)
+            self.down = linear_layer(ctx, w, [f + "down_proj.weight"])
+            return
+        # tensor parallel: attention by heads, the MLP by width (o and down row-parallel); the
+        # rows of q, k, v and gate_up a rank holds, its adapters' B too (`adapter`)
+        c, lay = model.config, ctx.tp.layout
+        (q0, q1), (k0, k1), d = lay.heads(c.num_heads), lay.kv_heads(c.num_kv_heads), c.head_dim
+        self.qkv_rows = [[(q0 * d, q1 * d)], [(k0 * d, k1 * d)], [(k0 * d, k1 * d)]]
+        fused = len(gate_up) == 1  # Zamba2's gate_up_proj: gate's rows, then up's
+        width = w.length(gate_up[0], 0) // (2 if fused else 1)
+        g0, g1 = lay.even(width)
+        halves = [(g0, g1), (width + g0, width + g1)]
+        self.gate_up_rows = [halves] if fused else [[(g0, g1)], [(g0, g1)]]
+        self.qkv = column_linear(ctx, w, qkv, [r for rs in self.qkv_rows for r in rs])
+        self.o_proj = row_linear(ctx, w, a + "o_proj.weight")
+        names = [n for n, rs in zip(gate_up, self.gate_up_rows) for _ in rs]
+        self.gate_up = column_linear(ctx, w, names, [r for rs in self.gate_up_rows for r in rs])
+        self.down = row_linear(ctx, w, f + "down_proj.weight")
 
     def linears(self) -> list:
         return [self.qkv, self.o_proj, self.gate_up, self.down]
@@ -78,15 +103,21 @@ class SharedBlock:
         qkv = self.qkv
         if z.attention_adapters:
             names = ["self_attn.linear_q", "self_attn.linear_k", "self_attn.linear_v"]
-            qkv = LoraLinear(self.qkv, *self.adapter(ctx, w, names, use))
+            qkv = LoraLinear(self.qkv, *self.adapter(ctx, w, names, use, self.qkv_rows))
         gate_up = ["feed_forward.gate_up_proj"]
-        return qkv, LoraLinear(self.gate_up, *self.adapter(ctx, w, gate_up, use))
+        adapter = self.adapter(ctx, w, gate_up, use, self.gate_up_rows)
+        return qkv, LoraLinear(self.gate_up, *adapter)
 
-    def adapter(self, ctx: LayerContext, w: DeviceWeights, names: list[str], use: int):
+    def adapter(self, ctx: LayerContext, w: DeviceWeights, names: list[str], use: int, rows):
         """Use `use`'s adapters of the projections `names` (under the block) as one
-        (A stacked, B block-diagonal)."""
+        (A stacked, B block-diagonal). Tensor parallel (`rows`: each projection's rows on this
+        rank): A whole on every rank, B's rows those of its base projection's output."""
         down = [w[f"{self.prefix}{n}_adapter_list.{use}.0.weight"] for n in names]
-        up = [w[f"{self.prefix}{n}_adapter_list.{use}.1.weight"] for n in names]
+        up = [f"{self.prefix}{n}_adapter_list.{use}.1.weight" for n in names]
+        if rows is None:
+            up = [w[n] for n in up]
+        else:
+            up = [torch.cat([w.part(n, 0, *r) for r in rs]) for n, rs in zip(up, rows)]
         return ctx.linear(torch.cat(down)), ctx.linear(torch.block_diag(*up))
 
 

@@ -23,6 +23,7 @@ linear under ``linear.``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -165,3 +166,15 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 def params(c: ModelConfig) -> int:
     """The model's weights (`Zamba2Blocks.params`)."""
     return c.family.mamba.zamba2.params(c)
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of a shared block use's LoRA adapters' B (`model/zamba2.py`,
+    as `server/held_forms.py` stacks them): gate_up's by its rows, q/k/v's by the rank's
+    query and KV heads (A whole); None for the other tensors (`distributed/tp_families.py`)."""
+    if re.search(r"gate_up_proj_adapter_list\.\d+\.1\.weight$", part):
+        return rows // lay.size, cols
+    if re.search(r"\blora_qkv\.\d+\.1\.weight$", part):
+        (q0, q1), (k0, k1) = lay.heads(c.num_heads), lay.kv_heads(c.num_kv_heads)
+        return (q1 - q0 + 2 * (k1 - k0)) * c.head_dim, cols
+    return None

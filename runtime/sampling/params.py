@@ -85,6 +85,10 @@ class SamplingParams:
     bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
     # pagoda.runtime.structured.params.StructuredOutputsParams: the grammar the output follows
     structured_outputs: Any = None
+    # pagoda.runtime.lora_config.LoRARequest: the adapter the request runs with (None: the base
+    # model); set by `LLM.generate(lora_request=...)` and the server's `model` name, as vLLM's
+    # separate `lora_request` argument (carried here so that it travels with the request)
+    lora_request: Any = None
 
     def __post_init__(self) -> None:
         if type(self.seed) is int and self.seed == -1:  # vLLM's "unseeded"
@@ -126,6 +130,9 @@ class SamplingParams:
                 if getattr(self, name):
                     raise ParamError(name, f"{name} cannot be combined with structured outputs: "
                                      "the output ends when the grammar is complete")  # fmt: skip
+
+        if self.lora_request is not None and not hasattr(self.lora_request, "lora_int_id"):
+            raise ParamError("lora_request", "lora_request must be a LoRARequest")
 
     def _check_sampling_knobs(self) -> None:
         """The ranges of the knobs that shape the distribution: temperature, top_p, top_k (0 is

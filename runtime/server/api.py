@@ -25,6 +25,7 @@ from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.embeddings import EmbeddingsRoute, refuse_generation
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.http import ErrorGuard, read_body
+from pagoda.runtime.server.lora_adapters import ServedAdapters, add_lora_routes
 from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.server.serving import Serving
@@ -146,7 +147,11 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             cfg.reasoning_parser,
         ),
     }
+    adapters = ServedAdapters(cfg.lora, cfg.served_model_names)  # LoRA: `model` names them
+    for e in endpoints.values():
+        e.adapters = adapters
     add_openai_routes(app, cfg, serving, endpoints)
+    add_lora_routes(app, adapters, engine, authorizer(cfg))
     embeddings = EmbeddingsRoute(serving, endpoints["/v1/completions"].resolve_model)
     add_embeddings_route(app, cfg, embeddings)
     add_unserved_routes(app, authorizer(cfg))
@@ -217,13 +222,19 @@ def add_openai_routes(
     @app.get("/v1/models")
     async def models(raw: Request) -> dict[str, Any]:
         authorize(raw)
-        return {"object": "list", "data": [card(name) for name in cfg.served_model_names]}
+        data = [card(name) for name in cfg.served_model_names]
+        return {"object": "list", "data": data + endpoints["/v1/completions"].adapters.cards(card)}
 
     @app.get("/v1/models/{name:path}")
     async def model(raw: Request, name: str) -> dict[str, Any]:
         """OpenAI's model retrieval (`client.models.retrieve`); 404 naming the model."""
         authorize(raw)
-        return card(endpoints["/v1/chat/completions"].resolve_model(name))
+        found = endpoints["/v1/chat/completions"].resolve_model(name)
+        adapters = endpoints["/v1/completions"].adapters
+        lora = adapters.get(found)
+        if lora is not None:
+            return card(found) | {"root": lora.lora_path, "parent": adapters.base_names[0]}
+        return card(found)
 
 
 # the generation APIs by request model, as a pooling server names them refusing them

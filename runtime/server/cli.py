@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pagoda.runtime import options
+from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.options import ENGINE_FLAGS, PARALLEL_FLAGS, SERVER_FLAGS, Flag
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.config import ServerConfig
@@ -146,6 +147,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         allow_chat_special_tokens=args.allow_chat_special_tokens,
         grammar_compile_timeout=args.grammar_compile_timeout,
         grammar_cache_bytes=_size("grammar_cache_size", args.grammar_cache_size),
+        lora=LoRAConfig.from_values(**{k: getattr(args, k) for k in LORA_KWARGS}),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagoda.runtime import options
+from pagoda.runtime.lora_config import LoRAConfig
 from pagoda.runtime.option_rules import check_int, check_seconds
 
 
@@ -33,6 +34,8 @@ class ServerConfig:
     allow_chat_special_tokens: bool = False  # content's special-token text: control tokens
     grammar_compile_timeout: float = options.DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
     grammar_cache_bytes: int = options.parse_size(options.DEFAULT_GRAMMAR_CACHE_SIZE)
+    # --enable-lora and its flags (the engine's too): the adapters `model` may name
+    lora: LoRAConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

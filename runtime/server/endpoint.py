@@ -21,6 +21,7 @@ from pagoda.runtime.engine.request_stream import RequestStream
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.logprobs import TokenStrings
+from pagoda.runtime.server.lora_adapters import ServedAdapters
 from pagoda.runtime.server.protocol import APIError, shorten
 from pagoda.runtime.server.reasoning import ReasoningStream
 from pagoda.runtime.server.tool_parsers import ToolStream
@@ -88,6 +89,8 @@ class Endpoint(ABC):
     id_prefix: ClassVar[str]
     renames: ClassVar[dict[str, str]] = {}  # engine field name → this API's name
 
+    adapters: ServedAdapters | None = None  # LoRA adapters `model` may name (set by the app)
+
     def __init__(self, served_model_names: tuple[str, ...]) -> None:
         self.names = served_model_names
 
@@ -99,7 +102,7 @@ class Endpoint(ABC):
     def resolve_model(self, name: str | None) -> str:
         if name is None:
             return self.names[0]
-        if name not in self.names:
+        if name not in self.names and (self.adapters is None or self.adapters.get(name) is None):
             raise APIError(
                 404,
                 f"The model '{shorten(name, 100)}' does not exist; this server serves "
@@ -139,6 +142,9 @@ class Endpoint(ABC):
             "logprob_ranks": req.prompt_logprobs is not None,
         }
         fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
+        lora = None if self.adapters is None else self.adapters.get(req.model)
+        if lora is not None:  # `model` names an adapter: the request runs with it
+            fields["lora_request"] = lora
         try:
             return SamplingParams(**{**fields, **kw})
         except ParamError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from pagoda.runtime.model.gemma4_config import GEMMA4_LAYERS
 from pagoda.runtime.server.placement import Placement, dense_bytes, float32_router_bytes
 from pagoda.runtime.server.stored import Stored
 
@@ -21,6 +22,27 @@ NORM = re.compile(r"norm(_\d)?\.weight$")
 _KDA_TENSORS = re.compile(
     r"self_attn\.(([qkv]_)?conv1d\.weight|(forget_gate\.)?(A_log|dt_bias)|o_norm\.weight)$"
 )  # (GLM-5-Next's A_log and dt_bias under forget_gate.)
+
+
+# Gemma 3n's AltUp router and coefficients a layer (tensors: `gemma3n.AltUp`), and the wrapper's
+# tables of image and audio token ids (`Gemma3nModel.embed_tokens`)
+_ALTUP_COEFS = re.compile(
+    r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$"
+    r"|^model\.embed_(vision|audio)\.embedding\.weight$"
+)
+
+
+def _gemma4(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
+    """Gemma 4's and Gemma 3n's (model/gemma4.py, gemma3n.py): AltUp's router and coefficients
+    and the wrapper's token tables, tensors in the dtype; the per-layer inputs' table (an
+    embedding, not a Linear); a Linear per expert of the MoE block's stacked experts."""
+    if mc.family.gemma4 is None:
+        return GENERIC
+    if _ALTUP_COEFS.search(name) or name == "model.embed_tokens_per_layer.weight":
+        return t.numel * p.dtype.itemsize
+    if name.endswith(("experts.gate_up_proj", "down_proj")):
+        return dense_bytes([t], mc, lay, p) if len(t.shape) == 3 else None
+    return GENERIC
 
 
 def _ergo(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
@@ -81,9 +103,9 @@ def _rwkv(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | Non
 
 
 def _zamba(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """Zamba: its mixers' per-head x_proj and dt_proj, tensors in the dtype."""
+    """Zamba: its mixers' per-head x_proj and dt_proj, tensors in the dtype (a rank's heads')."""
     if name.endswith(("_proj_weight", "dt_proj_bias")):
-        return t.numel * p.dtype.itemsize
+        return t.numel // lay.size * p.dtype.itemsize
     return GENERIC
 
 
@@ -122,6 +144,7 @@ def _kda(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None
 
 # architecture -> its own tensors' bytes
 HELD = {
+    **dict.fromkeys(GEMMA4_LAYERS, _gemma4),
     "ergo": _ergo,
     "aria_text": _aria,
     "minimax_m3": _stacked_experts,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from pagoda.runtime.model.gemma4_config import GEMMA4_LAYERS
 from pagoda.runtime.server.stored import Stored
 
 if TYPE_CHECKING:
@@ -22,27 +23,15 @@ _GGUF_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate|up|gate_
 
 
 def as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
-    """The tensors the model reads, renamed and reshaped as the family holds them."""
+    """The tensors the model reads, renamed and reshaped as the family holds them (its `FORMS`
+    entry; another family's as stored)."""
+    form = FORMS.get(mc.architecture)
+    return tensors if form is None else form(tensors, mc)
 
-    if mc.architecture == "gpt_oss":
-        tensors = _gpt_oss_as_held(tensors, mc)
-    if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
-        tensors = dict(_llama4_experts(t) for t in tensors.values())
-    if mc.architecture == "jetmoe":  # its attention experts, as the one Linear each becomes
-        tensors = dict(_jetmoe_attention(t) for t in tensors.values())
-    if mc.architecture in ("qwen3_next", "qwen3_5_moe", "lara_mini"):  # stacked, as `.weight`
-        from pagoda.runtime.model.qwen3_next_config import stacked_experts
 
-        renamed = stacked_experts(tensors)
-        tensors = {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
-                   for n, t in tensors.items()}  # fmt: skip
-    if mc.architecture in ("zamba2", "zamba"):  # the blocks' tensors it reads, the adapters as held
-        tensors = _zamba2_as_held(tensors, mc)
-    if mc.architecture == "bitnet":  # its BitLinear matrices: unpacked or quantized at load
-        tensors = _bitnet_as_held(tensors, mc)
-    if mc.family.gemma4 is not None:  # its unweighted norms' weights, made at load
-        tensors = {**tensors, **_gemma4_ones(mc)}
-    return tensors
+def _gemma4_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Gemma 4's (and Gemma 3n's) tensors with its unweighted norms' weights, made at load."""
+    return tensors if mc.family.gemma4 is None else {**tensors, **_gemma4_ones(mc)}
 
 
 def _gemma4_ones(mc: ModelConfig) -> dict[str, Stored]:
@@ -124,6 +113,11 @@ def _zamba2_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, St
     return out
 
 
+def _jetmoe_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """JetMoE's attention experts as the one Linear each becomes (`_jetmoe_attention`)."""
+    return dict(_jetmoe_attention(t) for t in tensors.values())
+
+
 def _jetmoe_attention(t: Stored) -> tuple[str, Stored]:
     """JetMoE's attention experts (`model/jetmoe.py`) as the one `Linear` each stack loads
     into: `input_linear` [E, Hkv D, hidden] as [E Hkv D, hidden], `output_linear` [E, hidden,
@@ -133,6 +127,11 @@ def _jetmoe_attention(t: Stored) -> tuple[str, Stored]:
         shape = (e * a, b) if t.name.endswith("input_linear.weight") else (a, e * b)
         return t.name, Stored(t.name, t.kind, shape, t.nbytes)
     return t.name, t
+
+
+def _llama4_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Llama 4's stacked experts as the Linears they become (`_llama4_experts`)."""
+    return dict(_llama4_experts(t) for t in tensors.values())
 
 
 def _llama4_experts(t: Stored) -> tuple[str, Stored]:
@@ -165,3 +164,25 @@ def _bitnet_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, St
                 scale = name.removesuffix("weight") + "bitnet_scale"
                 out[scale] = Stored(scale, _HELD, (rows,), 0)
     return out
+
+
+def _stacked_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Qwen3-Next's and Qwen3.5's (and Lara-4-Mini's) stacked experts under `.weight` names
+    (`qwen3_next_config.stacked_experts`)."""
+    from pagoda.runtime.model.qwen3_next_config import stacked_experts
+
+    renamed = stacked_experts(tensors)
+    return {renamed.get(n, n): Stored(renamed.get(n, n), t.kind, t.shape, t.nbytes)
+            for n, t in tensors.items()}  # fmt: skip
+
+
+# architecture -> its stored tensors rewritten as the model holds them
+FORMS = {
+    "gpt_oss": _gpt_oss_as_held,  # stacked or MXFP4 experts
+    "llama4": _llama4_as_held,  # stacked experts
+    "jetmoe": _jetmoe_as_held,  # attention experts
+    **dict.fromkeys(("qwen3_next", "qwen3_5_moe", "lara_mini"), _stacked_as_held),
+    **dict.fromkeys(("zamba2", "zamba"), _zamba2_as_held),  # shared blocks, adapters
+    "bitnet": _bitnet_as_held,  # BitLinear matrices, unpacked or quantized at load
+    **dict.fromkeys(GEMMA4_LAYERS, _gemma4_as_held),  # unweighted norms' weights
+}

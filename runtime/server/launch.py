@@ -87,6 +87,10 @@ def preflight(
     check_dtype(engine_cfg, model_config)
     check_block_size(engine_cfg, model_config)
     check_speculative(engine_cfg, model_config)
+    if engine_cfg.lora is not None:  # the family, and every --lora-modules adapter read
+        from pagoda.runtime.lora.adapter import check_adapters
+
+        check_adapters(engine_cfg.lora, model_config)
     check_checkpoint_form(engine_cfg.quantization, str(resolve_model_path(model_path)))
     if parallel is not None:
         engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)

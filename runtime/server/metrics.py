@@ -34,6 +34,7 @@ from pagoda.runtime.options import (
     METRIC_GENERATION_TOKENS,
     METRIC_INTER_TOKEN_LATENCY,
     METRIC_KV_CACHE_USAGE,
+    METRIC_LORA_REQUESTS_INFO,
     METRIC_MODEL_LABEL,
     METRIC_NUM_PREEMPTIONS,
     METRIC_NUM_REQUESTS_RUNNING,
@@ -152,6 +153,16 @@ class _EngineCollector(Collector):
             for pos, n in enumerate(s.spec_accepted_per_pos):
                 c.add_metric([*name, str(pos)], float(n))
             yield c
+        if s is not None and s.max_lora:  # --enable-lora: vLLM's lora_requests_info
+            g = GaugeMetricFamily(
+                METRIC_LORA_REQUESTS_INFO,
+                "LoRA adapters of the running and waiting requests (comma-separated names); "
+                "the value is the time of the scrape, as vLLM's.",
+                labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+            )
+            labels = [",".join(s.lora_running), ",".join(s.lora_waiting), str(s.max_lora)]
+            g.add_metric(labels, time.time())
+            yield g
         yield m.itl.family()
 
 

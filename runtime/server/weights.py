@@ -140,12 +140,6 @@ _MAMBA_TENSORS = re.compile(
 # `Linear`s, all but the conv in float32 (`model/kimi_linear.py`)
 # Gemma 3n's AltUp projections into and out of its extra streams (Linears outside the layers)
 _ALTUP = re.compile(r"model\.altup_(unembed_)?projections\.\d+\.weight$")
-# and each layer's router and coefficients (tensors: `gemma3n.AltUp`), and the wrapper's tables
-# of image and audio token ids (`Gemma3nModel.embed_tokens`)
-_ALTUP_COEFS = re.compile(
-    r"\.altup\.(prediction_coefs|correction_coefs|modality_router)\.weight$"
-    r"|^model\.embed_(vision|audio)\.embedding\.weight$"
-)
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
@@ -394,12 +388,6 @@ def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int
         return (stop - start) * 4  # (the sinks: this rank's heads')
     if mc.family.mla is not None and _KV_B.search(name):
         return _absorbed_kv_b(t, mc, lay, p)
-    if mc.family.gemma4 is not None and _ALTUP_COEFS.search(name):  # tensors, not Linears
-        return t.numel * p.dtype.itemsize
-    if mc.family.gemma4 is not None and name == "model.embed_tokens_per_layer.weight":
-        return t.numel * p.dtype.itemsize  # a table (F.embedding), not a Linear
-    if mc.family.gemma4 is not None and name.endswith(("experts.gate_up_proj", "down_proj")):
-        return dense_bytes([t], mc, lay, p) if len(t.shape) == 3 else None  # a Linear per expert
     if name == "lm_head.logit_scale":  # Dory's per-token logit scale, float32
         return t.numel * 4
     family = held_families.HELD.get(mc.architecture)  # a family's own tensors

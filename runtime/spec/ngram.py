@@ -16,9 +16,13 @@ Adaptive drafting (`SpeculativeConfig.adaptive`, on by default): each sequence k
 exponential average of its drafts' acceptance (accepted / drafted, weight `EMA_WEIGHT` per
 verified step, starting at 1), updated from the verifier's counts (`observe`). At or above
 `FULL_AT` it drafts up to k tokens; below, k scaled by the average over `FULL_AT` (at least 1);
-below `FLOOR` it drafts nothing for `BACKOFF_STEPS` of its decode steps, then probes again with
-one draft (an accepted probe lifts the average, a rejected one backs off again). So a sequence
-whose drafts keep being rejected stops paying for their rows; a copying one keeps full length.
+below the step's floor it drafts nothing for `BACKOFF_STEPS` of its decode steps, then probes
+again with one draft (an accepted probe lifts the average, a rejected one backs off again). So a
+sequence whose drafts keep being rejected stops paying for their rows; a copying one keeps full
+length. The floor rises with the step's decodes (`floor`: `FLOOR` beside one other decode,
+`BATCH_FLOOR` from ~7), since a draft row costs more of a larger step; above `FLOOR`, a sequence
+backs off only when its whole record (accepted / drafted so far) is below the floor too, so a
+copying sequence's few rejected steps do not stop it.
 Greedy and seeded outputs do not depend on the draft lengths (`spec/verify.py`).
 """
 
@@ -31,7 +35,8 @@ import numpy as np
 PAD = -1
 EMA_WEIGHT = 0.5  # of the latest verified step in the acceptance average
 FULL_AT = 0.5  # acceptance average from which a sequence drafts k tokens
-FLOOR = 0.15  # below it, no drafts for BACKOFF_STEPS decode steps
+FLOOR = 0.15  # below it, no drafts for BACKOFF_STEPS decode steps (a step of 1-2 decodes)
+BATCH_FLOOR = 0.5  # the floor in a step of 2 * BATCH_FLOOR / FLOOR (~7) decodes or more
 BACKOFF_STEPS = 16
 
 
@@ -42,8 +47,10 @@ class NgramProposer:
         # per sequence (keyed by its `Request`: an id may come back for a new request): its
         # tokens and their count
         self._bufs: dict[object, tuple[np.ndarray, int]] = {}
-        # per sequence, adaptive: [acceptance average, decode steps left without drafts]
+        # per sequence, adaptive: [acceptance average, decode steps left without drafts, draft
+        # tokens and accepted ones so far]
         self._accept: dict[object, list] = {}
+        self._floor = FLOOR  # the last step's (`floor`)
 
     def retain(self, keys) -> None:
         """Drop the buffers of sequences not in `keys` (finished, aborted)."""
@@ -72,12 +79,18 @@ class NgramProposer:
         return buf[:total]
 
     def propose(
-        self, keys: Sequence[object], token_lists: Sequence[Sequence[int]], limits: np.ndarray
+        self,
+        keys: Sequence[object],
+        token_lists: Sequence[Sequence[int]],
+        limits: np.ndarray,
+        batch: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Drafts of each sequence (`keys`: what names its buffer, e.g. its `Request`): ([B, k]
-        int64 tokens, [B] counts), a count at most its `limits` entry (0: no draft)."""
+        int64 tokens, [B] counts), a count at most its `limits` entry (0: no draft). `batch`:
+        the step's decodes, drafting or not (default B; adaptive: it sets `floor`)."""
         b, k = len(keys), self.k
         if self.adaptive and b:
+            self._floor = floor(b if batch is None else batch)
             limits = np.minimum(limits, self._lengths(keys))
         arrays = [self._tokens(key, t) for key, t in zip(keys, token_lists)]
         lens = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=b)
@@ -117,7 +130,7 @@ class NgramProposer:
     def _lengths(self, keys: Sequence[object]) -> np.ndarray:
         """Adaptive: each sequence's draft length this step (0 while it backs off; a backing-off
         sequence's count of steps left goes down by one)."""
-        states = [self._accept.setdefault(key, [1.0, 0]) for key in keys]
+        states = [self._accept.setdefault(key, [1.0, 0, 0, 0]) for key in keys]
         ema = np.fromiter((s[0] for s in states), np.float64, len(states))
         skip = np.fromiter((s[1] for s in states), np.int64, len(states))
         scaled = np.clip(np.floor(self.k * ema / FULL_AT), 1, self.k).astype(np.int64)
@@ -131,19 +144,35 @@ class NgramProposer:
         self, keys: Sequence[object], drafted: Sequence[int], accepted: Sequence[int]
     ) -> None:
         """The verifier's counts of a step's drafted sequences, folded into their acceptance
-        averages; one that falls below `FLOOR` backs off for `BACKOFF_STEPS` steps."""
+        averages; one that falls below the step's `floor` backs off for `BACKOFF_STEPS` steps."""
         if not self.adaptive or not keys:
             return
         d = np.asarray(drafted, dtype=np.float64)
         rate = np.asarray(accepted, dtype=np.float64) / np.maximum(d, 1)
-        states = [self._accept.setdefault(key, [1.0, 0]) for key in keys]
+        states = [self._accept.setdefault(key, [1.0, 0, 0, 0]) for key in keys]
         ema = np.fromiter((s[0] for s in states), np.float64, len(states))
         ema = np.where(d > 0, (1 - EMA_WEIGHT) * ema + EMA_WEIGHT * rate, ema)
-        back = (ema < FLOOR) & (d > 0)
+        for s, n, a in zip(states, drafted, accepted):
+            s[2] += n
+            s[3] += a
+        # the sequence's whole record, as if it began with 2 of 2 accepted
+        overall = np.fromiter(((s[3] + 2) / (s[2] + 2) for s in states), np.float64, len(states))
+        floor = self._floor  # in a larger batch: the recent average and the record both below it
+        back = (d > 0) & ((ema < FLOOR) | ((ema < floor) & (overall < floor)))
         for s, e, off in zip(states, ema.tolist(), back.tolist()):
             s[0] = e
             if off:
                 s[1] = BACKOFF_STEPS
+
+
+def floor(batch: int) -> float:
+    """The acceptance average below which a sequence stops drafting for a while, in a step of
+    `batch` decodes. A draft token pays when accepted with a probability above the ratio of what
+    one more row costs the step to what a row costs on average: on a CPU forward bound by
+    streaming the weights, rows past the first few cost ~0.6 of the average at 8 decodes
+    (docs/benchmarks.md) and little at 1-2. So the floor rises with the batch, from `FLOOR` at
+    1-2 decodes to `BATCH_FLOOR` at ~7 and more."""
+    return min(max(FLOOR * batch / 2, FLOOR), BATCH_FLOOR)
 
 
 def takes_drafts(req) -> bool:

@@ -24,10 +24,24 @@ output, is the one it gives without speculation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:  # (the runner's output type: `worker/outputs.py` names `SpecResult` below)
+    from pagoda.runtime.request import Request
+    from pagoda.runtime.worker.outputs import ModelRunnerOutput
+
+
+@dataclass
+class SpecResult:
+    """A step's drafts and how many of each were accepted, per drafted request."""
+
+    requests: list[Request]
+    drafted: list[int]
+    accepted: list[int]
 
 
 @dataclass
@@ -42,6 +56,21 @@ class SpecRows:
     @property
     def num_rows(self) -> int:
         return int(self.counts.sum()) + len(self.counts)
+
+
+def spec_rows(
+    ids: np.ndarray, cu: np.ndarray, extra: np.ndarray, sampling: list[int]
+) -> tuple[np.ndarray, SpecRows]:
+    """A step with drafts (`extra`: tokens scheduled past each request's known ones): the
+    token-batch rows to sample (every position of a drafted request) and the drafts, read back
+    from the ids (a drafted row's tokens after its first)."""
+    counts = extra[sampling]
+    ends = cu[1:][sampling] - 1
+    k = max(int(counts.max()), 1)
+    cols = np.arange(k)
+    idx = np.minimum((ends - counts + 1)[:, None] + cols, len(ids) - 1)
+    drafts = np.where(cols[None, :] < counts[:, None], ids[idx], -1)
+    return logit_rows(ends, counts), SpecRows(counts, drafts)
 
 
 def logit_rows(ends: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -98,3 +127,31 @@ def rewind(spec: SpecRows, reqs, accepted: np.ndarray) -> None:
         device = gen.device
         for _ in range(a + 1):  # as `sampler._uniforms` draws them: one call per row
             torch.rand(1, generator=gen, device=device)
+
+
+def verified(result: ModelRunnerOutput, drafted: list, spec: SpecRows) -> ModelRunnerOutput:
+    """A drafted step's sampled tokens (one entry per sample row) verified: each request's
+    entries cut to the tokens it keeps, with their sequence lengths (`positions`), its seeded
+    generator rewound to their draws, the counts of its drafts (`SpecResult`)."""
+    tokens = np.asarray(result.token_ids, dtype=np.int64)
+    accepted, kept = accept(tokens, spec)
+    rewind(spec, drafted, accepted)
+    reqs, lps = result.requests, result.logprobs
+    kept_list = kept.tolist()
+    lengths = np.fromiter((len(r.token_ids) for r in drafted), np.int64, len(drafted))
+    # each kept entry's sequence length once appended: its request's, plus its place
+    reps = accepted + 1
+    place = np.arange(len(kept)) - np.repeat(np.cumsum(reps) - reps, reps) + 1
+    mask = spec.counts > 0
+    return replace(
+        result,
+        requests=[reqs[i] for i in kept_list],
+        token_ids=tokens[kept].tolist(),
+        logprobs=[lps[i] for i in kept_list],
+        positions=(np.repeat(lengths, reps) + place).tolist(),
+        spec=SpecResult(
+            [r for r, m in zip(drafted, mask.tolist()) if m],
+            spec.counts[mask].tolist(),
+            accepted[mask].tolist(),
+        ),
+    )

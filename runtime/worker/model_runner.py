@@ -23,6 +23,7 @@ from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.lora.slots import LoRASlots
 from pagoda.runtime.model import alibi
 from pagoda.runtime.model.llama import HIDDEN_STATES, SEQUENCE_STATE, TOKEN_HISTORY, LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
@@ -46,7 +47,7 @@ from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.mamba_state import MambaState
-from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput, SpecResult
+from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.pooler import Pooler, pool_rows
 from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock
@@ -79,6 +80,10 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = self._build_model(loaded, max_model_len)
         _log_quantized_layers(self.model)
+        # LoRA adapters: the layers wrapped, the adapters' device slots (`pagoda.runtime.lora`)
+        self.lora = None if config.lora is None else LoRASlots(config.lora, mc)
+        if self.lora is not None:
+            self.lora.wrap(self.model)
         # Where the LM head samples from its outputs (`qgemm`), steps that write logits pick the
         # greedy and unfiltered rows with the same code: a row's token never depends on the path.
         fused = self.model.lm_head.fuses_sampling
@@ -206,6 +211,9 @@ class ModelRunner:
         if self.mamba is not None or self.seq_state is not None:
             log.info("CUDA graphs off: a model with per-sequence state runs its decodes eagerly")
             return
+        if self.lora is not None:
+            log.info("CUDA graphs off: LoRA adapters run their decodes eagerly")
+            return
         mla = self.model_config.family.mla
         if mla is not None and mla.indexer is not None:  # dense or sparse: chosen per step
             log.info("CUDA graphs off: DeepSeek Sparse Attention runs its decodes eagerly")
@@ -272,7 +280,7 @@ class ModelRunner:
         if step.sampler_output is not None:
             result = self._readback(step.requests, step.host or step.sampler_output)
             if step.spec is not None:
-                result = self._verified(result, *step.spec)
+                result = verify.verified(result, *step.spec)
         else:  # only prompt positions this step (a chunk before the last)
             result = ModelRunnerOutput([], [], [])
         if step.prompt is not None:
@@ -429,7 +437,9 @@ class ModelRunner:
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
         if self.speculative and nd < n and (seq_lens > known).any():  # decodes with drafts
-            inp.sample_rows, inp.spec = _spec_rows(ids, cu, seq_lens - known, sampling)
+            inp.sample_rows, inp.spec = verify.spec_rows(ids, cu, seq_lens - known, sampling)
+        if self.lora is not None:  # each token's adapter slot (`lora/slots.py`)
+            inp.lora = self.lora.prepare(reqs, qlens)
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
                                            out.snapshots)  # fmt: skip
@@ -507,6 +517,8 @@ class ModelRunner:
         """The forward of a prepared step (`ids` on the device): a captured CUDA graph when
         one fits, else eager. The other ranks of a group run it with rank 0's inputs."""
         graph = self.cuda_graphs
+        if self.lora is not None:
+            self.lora.device_step(inp.lora, self.to_device)
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks, nd = len(inp.qlens), inp.table.shape[1], inp.num_decodes
         if (
@@ -576,34 +588,6 @@ class ModelRunner:
         self._last_sampling = (key, batch, reqs)  # holding reqs keeps their ids unique
         return batch
 
-    @staticmethod
-    def _verified(
-        result: ModelRunnerOutput, drafted: list[Request], spec: verify.SpecRows
-    ) -> ModelRunnerOutput:
-        """A drafted step's tokens verified (`spec/verify.py`): each request's entries cut to
-        the tokens it keeps, its seeded generator rewound to their draws."""
-        accepted, kept = verify.accept(np.asarray(result.token_ids, dtype=np.int64), spec)
-        verify.rewind(spec, drafted, accepted)
-        reqs, lps = result.requests, result.logprobs
-        kept_list = kept.tolist()
-        lengths = np.fromiter((len(r.token_ids) for r in drafted), np.int64, len(drafted))
-        # each kept entry's sequence length once appended: its request's, plus its place
-        reps = accepted + 1
-        place = np.arange(len(kept)) - np.repeat(np.cumsum(reps) - reps, reps) + 1
-        drafted_mask = spec.counts > 0
-        return ModelRunnerOutput(
-            [reqs[i] for i in kept_list],
-            np.asarray(result.token_ids, dtype=np.int64)[kept].tolist(),
-            [lps[i] for i in kept_list],
-            result.prompt_logprobs,
-            positions=(np.repeat(lengths, reps) + place).tolist(),
-            spec=SpecResult(
-                [r for r, m in zip(drafted, drafted_mask.tolist()) if m],
-                spec.counts[drafted_mask].tolist(),
-                accepted[drafted_mask].tolist(),
-            ),
-        )
-
     def _readback(self, reqs: list[Request], so: SamplerOutput) -> ModelRunnerOutput:
         token_ids = so.token_ids.tolist()  # the step's one device→host sync
         if so.logprobs is None:
@@ -625,20 +609,6 @@ def _last_rows(inp: StepInputs) -> np.ndarray:
     if inp.sample_rows is not None:
         return inp.sample_rows
     return inp.cu[1:][inp.sampling] - 1
-
-
-def _spec_rows(
-    ids: np.ndarray, cu: np.ndarray, extra: np.ndarray, sampling: list[int]
-) -> tuple[np.ndarray, verify.SpecRows]:
-    """A step with drafts: the rows to sample (every position of a drafted request) and the
-    drafts, read back from the ids (a drafted row's tokens after its first)."""
-    counts = extra[sampling]
-    ends = cu[1:][sampling] - 1
-    k = max(int(counts.max()), 1)
-    cols = np.arange(k)
-    idx = np.minimum((ends - counts + 1)[:, None] + cols, len(ids) - 1)
-    drafts = np.where(cols[None, :] < counts[:, None], ids[idx], -1)
-    return verify.logit_rows(ends, counts), verify.SpecRows(counts, drafts)
 
 
 def _objects(items: list) -> np.ndarray:

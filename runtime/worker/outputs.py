@@ -13,6 +13,7 @@ from pagoda.runtime.request import Request, TokenLogprob
 if TYPE_CHECKING:
     import torch
     from pagoda.runtime.sampling.sampler import SamplerOutput
+    from pagoda.runtime.spec.verify import SpecResult
     from pagoda.runtime.worker.prompt_logprobs import PromptRows, PromptScores
 
 
@@ -30,15 +31,6 @@ class ModelRunnerOutput:
     # the pooling runner: the requests whose prompt ended this step and their vectors (float32
     # [len(requests), D] on the host), in the same order
     pooled: tuple[list[Request], Any] | None = None
-
-
-@dataclass
-class SpecResult:
-    """A step's drafts and how many of each were accepted, per drafted request."""
-
-    requests: list[Request]
-    drafted: list[int]
-    accepted: list[int]
 
 
 @dataclass

@@ -40,6 +40,7 @@ class StepInputs:
     # position; None: each sampling request's last) and the drafts (`spec.verify.SpecRows`)
     sample_rows: np.ndarray | None = None
     spec: Any = None
+    lora: np.ndarray | None = None  # int64 [T]: each token's LoRA slot (None: no adapter)
 
 
 def token_history(token_lists, starts: np.ndarray, n: int) -> np.ndarray:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import pathlib
 import threading
 import time
@@ -20,8 +22,14 @@ DEPLOY = "apps/v1/deployments"
 TEST_AGENT = "pagoda-tests/1"
 
 
+@functools.cache
+def _parsed_crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())  # ~0.1-0.4 s of pure-Python YAML: once
+
+
 def load_crd() -> dict[str, Any]:
-    return yaml.safe_load(CRD_PATH.read_text())
+    """The InferenceService CRD, a copy of its one parse per session (callers may change it)."""
+    return copy.deepcopy(_parsed_crd())
 
 
 def write_kubeconfig(path: pathlib.Path, port: int) -> pathlib.Path:

@@ -14,6 +14,7 @@ from operator_harness import ROOT, load_crd
 from pagoda.operator.spec import inference_service as spec_mod
 from pagoda.operator.spec.config import OperatorConfig
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from pagoda.operator.spec.model_ref import LoraSpec
 from pagoda.runtime.spec.config import SpeculativeConfig
 
 K8S_VERSIONS = (
@@ -95,6 +96,7 @@ def test_schema_is_structural_and_preserves_unknown_fields_only_for_status_autos
         "smollm2-cpu.yaml",
         "llama-gpu.yaml",
         "llama-gpu-speculative.yaml",
+        "llama-gpu-lora.yaml",
         "qwen3-hf.yaml",
         "llama-70b-s3-multinode.yaml",
     ],
@@ -293,6 +295,7 @@ def test_crd_defaults_equal_the_operator_defaults() -> None:
         "engine.dtype": parsed.engine.dtype,
         "engine.attentionBackend": parsed.engine.attention_backend,
         "engine.speculative.method": SpeculativeConfig(num_speculative_tokens=1).method,
+        "engine.lora.maxLoraRank": LoraSpec().max_lora_rank,
         "autoscaling.minReplicas": parsed.autoscaling.min_replicas,
         "autoscaling.scaleUpStabilizationSeconds": parsed.autoscaling.scale_up_stabilization_seconds,
         "autoscaling.scaleDownStabilizationSeconds": parsed.autoscaling.scale_down_stabilization_seconds,

@@ -158,7 +158,8 @@ def _from_manifest(root: Path, manifest: Path, uri: str) -> Path | None:
 
 def hub_snapshot(root: Path, ref: HfURI) -> Path | None:
     """A snapshot huggingface_hub completed under `root` (its cache layout): the revision's
-    commit (from refs/REVISION unless it is a commit) with config.json and every weights file
+    commit (from refs/REVISION unless it is a commit) with config.json (a LoRA adapter's
+    adapter_config.json) and every weights file
     the loader reads there (the shards its index names, else some *.safetensors; without
     safetensors, pytorch_model.bin or the shards its index names)."""
     storage = root / ("models--" + ref.repo.replace("/", "--"))
@@ -168,7 +169,7 @@ def hub_snapshot(root: Path, ref: HfURI) -> Path | None:
     except OSError:
         return None
     snapshot = storage / "snapshots" / commit.strip()
-    if not (snapshot / "config.json").is_file():
+    if not any((snapshot / c).is_file() for c in ("config.json", "adapter_config.json")):
         return None
     index = snapshot / "model.safetensors.index.json"
     if not index.is_file() and not any(p.is_file() for p in snapshot.glob("*.safetensors")):

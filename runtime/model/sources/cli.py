@@ -1,4 +1,5 @@
-"""`pagoda download`: fetch a model into the download directory ahead of serving.
+"""`pagoda download`: fetch a model (or a PEFT LoRA adapter) into the download directory ahead of
+serving.
 
     pagoda download --model hf://Qwen/Qwen3-0.6B --download-dir /models
     pagoda download --model s3://models/llama-3.2-1b --download-dir /models --download-size-limit 20Gi

@@ -29,7 +29,11 @@ from pagoda.runtime.model.sources.uri import HfURI
 if TYPE_CHECKING:
     from huggingface_hub.hf_api import RepoFile
 
-# What runtime/model/hf_loader.py reads from a checkpoint directory.
+# A PEFT LoRA adapter's config, beside its adapter_model.safetensors (pagoda.runtime.lora): a
+# folder with it and no config.json is an adapter (the operator's spec.adapters fetches them).
+ADAPTER_CONFIG = "adapter_config.json"
+# What runtime/model/hf_loader.py reads from a checkpoint directory (and the lora package from an
+# adapter's).
 ALLOW_PATTERNS = (
     "config.json",
     "generation_config.json",
@@ -46,6 +50,7 @@ ALLOW_PATTERNS = (
     "chat_template.jinja",
     "chat_template.json",
     "processor_config.json",  # a multimodal checkpoint's chat template may be there
+    ADAPTER_CONFIG,
     "*.safetensors",
     "*.safetensors.index.json",
     # transformers' PyTorch pickles (model/pickle_weights.py), fetched only without safetensors
@@ -128,8 +133,8 @@ def loadable(names: Sequence[str]) -> bool:
 
 def check_layout(uri: str, names: list[str], where: str, others: Sequence[str] = ()) -> None:
     """NotFound unless the listing holds a loadable checkpoint (config + safetensors or
-    transformers' pickles); `others`: the listing's other top-level files, to say what is there
-    instead."""
+    transformers' pickles), or a PEFT LoRA adapter (adapter_config.json + its safetensors);
+    `others`: the listing's other top-level files, to say what is there instead."""
     ggufs = [n for n in others if n.endswith(".gguf")]
     if ggufs and not loadable(names):
         raise DownloadError(
@@ -138,8 +143,18 @@ def check_layout(uri: str, names: list[str], where: str, others: Sequence[str] =
             f"{', ...' if len(ggufs) > 3 else ''}), not a safetensors checkpoint: download the "
             "GGUF file you want and pass its path (or its s3:// URI)",
         )
-    if "config.json" not in names:
-        raise DownloadError(errors.NOT_FOUND, f"{uri}: no config.json in {where}")
+    if "config.json" not in names and ADAPTER_CONFIG not in names:
+        raise DownloadError(
+            errors.NOT_FOUND,
+            f"{uri}: no config.json in {where} (nor a LoRA adapter's {ADAPTER_CONFIG})",
+        )
+    if "config.json" not in names and not any(n.endswith(".safetensors") for n in names):
+        raise DownloadError(  # an adapter: pagoda.runtime.lora reads adapter_model.safetensors
+            errors.NOT_FOUND,
+            f"{uri}: {where} holds a LoRA adapter's {ADAPTER_CONFIG} but no "
+            f"adapter_model.safetensors (adapters are read from safetensors only; found: "
+            f"{', '.join(sorted(others)[:5]) or 'nothing else'})",
+        )
     if not loadable(names):
         pickles = sorted(n for n in others if n.endswith(PICKLES))
         if pickles:

@@ -5,12 +5,25 @@ from __future__ import annotations
 import pytest
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.distributed.layout import TPLayout, check
-from pagoda.runtime.model_configs import MiMoAttention
+from pagoda.runtime.model_configs import ExpertRouting, MiMoAttention
+from pagoda.runtime.recurrent_configs import MambaConfig, NemotronHExperts
 
 
-def model(heads=8, kv=2, inter=64, **family) -> ModelConfig:
+def nemotron_experts(width=32, shared=32) -> MambaConfig:
+    moe = NemotronHExperts(
+        layers=(False, True),
+        num_experts=4,
+        top_k=2,
+        intermediate=width,
+        shared_intermediate=shared,
+        routing=ExpertRouting(),
+    )
+    return MambaConfig(layers=(True, False), n_heads=8, head_dim=8, d_state=16, moe=moe)
+
+
+def model(heads=8, kv=2, inter=64, arch="llama", **family) -> ModelConfig:
     return ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=inter, num_layers=2,
-                       num_heads=heads, num_kv_heads=kv, head_dim=8,
+                       num_heads=heads, num_kv_heads=kv, head_dim=8, architecture=arch,
                        family=FamilyConfig(**family))  # fmt: skip
 
 
@@ -45,14 +58,43 @@ def test_the_vocabulary_is_padded_to_a_multiple_of_the_ranks():
         (model(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                shared_expert_intermediate_size=42), 4,
          "shared expert's width (shared_expert_intermediate_size 42)"),
-        (model(heads=6, kv=1, inter=66, mimo=MiMoAttention(swa_kv_heads=2, v_head_dim=8)), 3,
+        (model(heads=6, kv=1, inter=66, arch="mimo_v2_flash",
+               mimo=MiMoAttention(swa_kv_heads=2, v_head_dim=8)), 3,
          "the sliding layers' 2 KV heads can neither be split over 3 ranks"),  # MiMo-V2-Flash's
+        (model(arch="nemotron_h", mamba=nemotron_experts(width=30)), 4,
+         "experts' width (moe_intermediate_size 30)"),  # Nemotron-H's MoE blocks
+        (model(arch="nemotron_h", mamba=nemotron_experts(shared=42)), 4,
+         "experts' width (moe_shared_expert_intermediate_size 42)"),
     ],
 )  # fmt: skip
 def test_what_does_not_divide_is_named(config, size, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         check(config, size)
     check(config, 1)
+
+
+def test_each_family_entry_names_a_registered_architecture_and_its_function():
+    """`tp_families`' tables name modules by string (imported when asked): each key is a
+    registered architecture and each module has the function, so a typo cannot leave a
+    family's shapes unchecked."""
+    import importlib
+
+    from pagoda.runtime.distributed import tp_families
+    from pagoda.runtime.model.gemma4_config import GEMMA4_LAYERS
+    from pagoda.runtime.model.registry import MODEL_CLASSES
+
+    assert tp_families._GEMMA4 == GEMMA4_LAYERS
+
+    for table, name in ((tp_families.TP_PROBLEMS, "tp_problem"),
+                        (tp_families.RANK_ROWS, "rank_rows")):  # fmt: skip
+        for arch, module in table.items():
+            assert arch in MODEL_CLASSES, arch
+            fn = getattr(importlib.import_module(f"pagoda.runtime.model.{module}"), name, None)
+            assert callable(fn), (arch, module, name)
+    for arch in {*tp_families.TP_PROBLEMS, *tp_families.RANK_ROWS}:  # without its sub-config
+        bare = model(arch=arch)  # (as test_family_options.py builds every architecture)
+        assert tp_families.tp_problem(bare, 2) is None, arch
+        tp_families.rank_rows(0, "self_attn.k_proj.weight", 16, 64, bare, TPLayout(0, 2))
 
 
 def test_a_rank_outside_the_group_is_refused():

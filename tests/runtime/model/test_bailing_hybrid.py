@@ -17,13 +17,8 @@ import json
 
 import pytest
 from arch_cases import case_fixture
-from hybrid_cases import (
-    check_chunked_batched_preempted,
-    check_missing_refused,
-    check_refused,
-    check_two_ranks_linear,
-    check_warm_prefix,
-)
+from hybrid_cases import check_missing_refused, check_refused
+from hybrid_checks import check_chunked_batched_preempted, check_two_ranks_linear, check_warm_prefix
 
 transformers = pytest.importorskip("transformers")
 
@@ -118,6 +113,6 @@ def test_bfloat16_rounds_where_transformers_does(built):
 
 @pytest.mark.slow  # a second process (gloo)
 def test_two_ranks_match_transformers(built):
-    """Two ranks (`hybrid_cases.check_two_ranks_linear`): Kimi Linear's split with full-rank KDA gates by rows and the
+    """Two ranks (`hybrid_checks.check_two_ranks_linear`): Kimi Linear's split with full-rank KDA gates by rows and the
     attention's per-head gate by heads."""
     check_two_ranks_linear(built, "bailing-hybrid")

@@ -21,13 +21,8 @@ import json
 
 import pytest
 from arch_cases import case_fixture
-from hybrid_cases import (
-    check_chunked_batched_preempted,
-    check_missing_refused,
-    check_refused,
-    check_two_ranks_linear,
-    check_warm_prefix,
-)
+from hybrid_cases import check_missing_refused, check_refused
+from hybrid_checks import check_chunked_batched_preempted, check_two_ranks_linear, check_warm_prefix
 
 transformers = pytest.importorskip("transformers")
 
@@ -126,6 +121,6 @@ def test_the_weights_estimate(built):
 
 @pytest.mark.slow  # a second process (gloo)
 def test_two_ranks_match_transformers(built):
-    """Two ranks (`hybrid_cases.check_two_ranks_linear`): Kimi Linear's split of the KDA layer beside the k-pool indexer and
+    """Two ranks (`hybrid_checks.check_two_ranks_linear`): Kimi Linear's split of the KDA layer beside the k-pool indexer and
     mHC streams, whole on every rank (the ranks pick the same pools: past 19 tokens sparse)."""
     check_two_ranks_linear(built, NAME)

@@ -17,7 +17,7 @@ the whole sequence) at every step.
   (test_zamba2.py).
 
 Each case (`hybrid_cases.SSM`: the rows of tests/runtime/hybrid_cases.py, checkpoints written
-once a session by its `built` fixture) runs `hybrid_cases.check_chunked_batched_preempted`:
+once a session by its `built` fixture) runs `hybrid_checks.check_chunked_batched_preempted`:
 chunked, batched with two state slots, again in reverse order from the prefix cache (KV blocks
 and Mamba state snapshots at every 16-token boundary, saved at the chunks' ends), a one-token
 prompt, preempted. A warm batch after whole-prompt steps (the snapshots saved from inside the
@@ -41,12 +41,10 @@ from arch_cases import (
     prompts,
 )
 from hf_oracle import hf_greedy_plain, make_tiny_model
-from hybrid_cases import (
-    MAMBA,
-    SSM,
+from hybrid_cases import MAMBA, SSM, check_refused
+from hybrid_checks import (
     check_chunked_batched_preempted,
     check_decode_slots_out_of_order,
-    check_refused,
     record_logits,
     zero_the_restore,
 )

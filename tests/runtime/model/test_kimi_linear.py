@@ -6,7 +6,7 @@ keys `linear_attn_config`, `num_experts`, `num_expert_group`, ...): float32, log
 1e-3 of transformers' plain greedy loop (its torch chunked KDA) at every step.
 
 The case is the "kimi-linear" row of tests/runtime/hybrid_cases.py (its checkpoint written
-once a session by its `built` fixture): `hybrid_cases.check_chunked_batched_preempted` (16-token
+once a session by its `built` fixture): `hybrid_checks.check_chunked_batched_preempted` (16-token
 steps carrying the conv and KDA states, three prompts sharing steps with two state slots, again
 in reverse order, a one-token prompt, preempted and recomputed) and `check_warm_prefix`.
 """
@@ -18,13 +18,8 @@ import json
 import pytest
 import torch
 from arch_cases import case_fixture
-from hybrid_cases import (
-    check_chunked_batched_preempted,
-    check_missing_refused,
-    check_refused,
-    check_two_ranks_linear,
-    check_warm_prefix,
-)
+from hybrid_cases import check_missing_refused, check_refused
+from hybrid_checks import check_chunked_batched_preempted, check_two_ranks_linear, check_warm_prefix
 
 transformers = pytest.importorskip("transformers")
 
@@ -107,7 +102,7 @@ def test_weights_from_shapes_as_from_its_tensors(built):
 
 @pytest.mark.slow  # a second process (gloo)
 def test_two_ranks_match_transformers(built):
-    """Two ranks (`hybrid_cases.check_two_ranks_linear`): the KDA layers by heads (one a rank: q, k, v, b and the gates'
+    """Two ranks (`hybrid_checks.check_two_ranks_linear`): the KDA layers by heads (one a rank: q, k, v, b and the gates'
     second factors by rows, the conv's channels, A, dt_bias and state slots; o_proj by
     columns), the NoPE latent attention and experts as DeepSeek's."""
     check_two_ranks_linear(built, "kimi-linear")

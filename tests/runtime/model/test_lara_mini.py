@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hybrid_cases import check_chunked_batched_preempted, check_missing_refused, check_refused
+from hybrid_cases import check_missing_refused, check_refused
+from hybrid_checks import check_chunked_batched_preempted
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,7 +5,7 @@ transformers' plain greedy loop (its block form of lightning attention, blocks o
 every step.
 
 The case is the "minimax" row of tests/runtime/hybrid_cases.py:
-`hybrid_cases.check_chunked_batched_preempted` (16-token steps carrying the lightning states in
+`hybrid_checks.check_chunked_batched_preempted` (16-token steps carrying the lightning states in
 the state slots, three prompts sharing steps with two slots, again in reverse order on the
 warm prefix cache, a one-token prompt, preempted and recomputed), `check_decode_slots_out_of_order`
 (the torch decode step) and `check_warm_prefix`."""
@@ -16,11 +16,10 @@ import json
 
 import pytest
 from arch_cases import case_fixture
-from hybrid_cases import (
+from hybrid_cases import check_missing_refused, check_refused
+from hybrid_checks import (
     check_chunked_batched_preempted,
     check_decode_slots_out_of_order,
-    check_missing_refused,
-    check_refused,
     check_two_ranks_linear,
     check_warm_prefix,
 )
@@ -77,6 +76,6 @@ def test_estimates_checks_and_a_sparse_config(built, tmp_path):
 
 @pytest.mark.slow  # a second process (gloo)
 def test_two_ranks_match_transformers(built):
-    """Two ranks (`hybrid_cases.check_two_ranks_linear`): the lightning layers by heads (q/k/v interleaved per head, the
+    """Two ranks (`hybrid_checks.check_two_ranks_linear`): the lightning layers by heads (q/k/v interleaved per head, the
     output gate, the decays), the norm over all heads from both ranks' sums of squares."""
     check_two_ranks_linear(built, "minimax")

@@ -5,7 +5,7 @@ against transformers, token for token, on tiny random checkpoints transformers w
 
 The cases are the "olmo-hybrid" rows of tests/runtime/hybrid_cases.py (a DeltaNet layer first,
 beta doubled, rotary; attention first, beta in [0, 1], NoPE, a conv of 3), checkpoints written
-once a session by its `built` fixture; each runs `hybrid_cases.check_chunked_batched_preempted`
+once a session by its `built` fixture; each runs `hybrid_checks.check_chunked_batched_preempted`
 (16-token steps carrying the conv and delta states, three prompts sharing steps with two
 state slots, again in reverse order, a one-token prompt, preempted and recomputed).
 """
@@ -17,12 +17,8 @@ import json
 import pytest
 import torch
 from arch_cases import SMALL_POOL, case_fixture, check, generate, prompts
-from hybrid_cases import (
-    check_chunked_batched_preempted,
-    check_missing_refused,
-    check_refused,
-    check_warm_prefix,
-)
+from hybrid_cases import check_missing_refused, check_refused
+from hybrid_checks import check_chunked_batched_preempted, check_warm_prefix
 from pagoda.runtime import LLM
 
 transformers = pytest.importorskip("transformers")

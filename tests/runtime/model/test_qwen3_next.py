@@ -12,7 +12,7 @@ flash-linear-attention here) at every step.
 - Qwen3.5's multimodal checkpoint read text-only (its `text_config`, `model.language_model.`).
 
 The cases are rows of tests/runtime/hybrid_cases.py (checkpoints written once a session by its
-`built` fixture); each runs `hybrid_cases.check_chunked_batched_preempted` (16-token steps,
+`built` fixture); each runs `hybrid_checks.check_chunked_batched_preempted` (16-token steps,
 chunked prefill carrying the conv and delta states across steps, three prompts sharing steps
 with two state slots, again in reverse order, a one-token prompt, a KV pool so small that
 requests are preempted and their states rebuilt by recompute).
@@ -26,14 +26,10 @@ import pytest
 import torch
 from arch_cases import NEW, SMALL_POOL, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, save_word_tokenizer
-from hybrid_cases import (
-    DELTA_HEADS,
-    FULL,
-    LIN,
+from hybrid_cases import DELTA_HEADS, FULL, LIN, check_missing_refused, check_refused
+from hybrid_checks import (
     check_chunked_batched_preempted,
     check_decode_slots_out_of_order,
-    check_missing_refused,
-    check_refused,
     check_warm_prefix,
     warm_prompts,
 )

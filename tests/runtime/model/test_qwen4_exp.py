@@ -5,7 +5,7 @@ row (written once a session by its `built` fixture), float32, logits within 1e-3
 
 - chunked (16-token steps: the PLE conv's inputs and the n-gram history carried across
   chunks), batched with two state slots, again in reverse order, a one-token prompt, and a pool
-  so small that requests are preempted (`hybrid_cases.check_chunked_batched_preempted`);
+  so small that requests are preempted (`hybrid_checks.check_chunked_batched_preempted`);
 - a warm prefix: 64 tokens restored from a snapshot saved inside a whole-prompt step and at a
   chunk's end (the PLE conv's inputs in it); without the restore it does not read so;
 - the multimodal checkpoint (`Qwen4ExpForConditionalGeneration`) read as its text model;
@@ -23,13 +23,8 @@ import pytest
 import torch
 from arch_cases import check, generate
 from hf_oracle import hf_greedy_plain, save_word_tokenizer
-from hybrid_cases import (
-    CASES,
-    check_chunked_batched_preempted,
-    check_missing_refused,
-    check_refused,
-    zero_the_restore,
-)
+from hybrid_cases import CASES, check_missing_refused, check_refused
+from hybrid_checks import check_chunked_batched_preempted, zero_the_restore
 from pagoda.runtime import LLM
 
 transformers = pytest.importorskip("transformers")

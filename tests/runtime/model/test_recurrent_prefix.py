@@ -23,7 +23,8 @@ import pytest
 import torch
 from arch_cases import NEW, built_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
-from hybrid_cases import CASES, zero_the_restore
+from hybrid_cases import CASES
+from hybrid_checks import zero_the_restore
 from pagoda.runtime import LLM, SamplingParams
 
 transformers = pytest.importorskip("transformers")

@@ -2,7 +2,8 @@
 entry of tests/runtime/hybrid_cases.py: Mamba-1 mixers in two heads, one shared block used by
 two hybrid layers; chunked, batched, on a warm prefix cache, preempted, against transformers):
 the shared block held once, the state slots and weights estimates, the checkpoint check naming
-a missing per-head tensor, one rank and 16/32 bits only (refused in one line), and
+a missing per-head tensor, 16/32 bits only and tensor-parallel sizes that split its heads
+(refused in one line; two ranks: tests/runtime/distributed/test_tp_hybrid.py), and
 Zamba-7B-v1's config.json read without weights, its parameters as transformers counts them."""
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ ZAMBA_7B = {"architectures": ["ZambaForCausalLM"], "model_type": "zamba",
 
 def test_zamba_block_estimates_and_refusals(built):
     """Two hybrid layers share the one block (one object) and keep the KV cache; every layer a
-    state slot of two heads; the weights estimate within 2%; a missing per-head tensor named;
-    tensor parallelism and FP8 refused in one line."""
+    state slot of two heads; the weights estimate within 2%, the config-only one (`from_shapes`)
+    the checkpoint's on one rank and two; a missing per-head tensor named;
+    FP8 and a tensor-parallel size that does not divide the Mamba heads refused in one line."""
     from model_bytes import build, check_estimate
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.server import memory
+    from pagoda.runtime.server import memory, weights
+    from pagoda.runtime.server.placement import Placement
 
     path, _, loaded, _ = built("zamba", reference=False)
     mc = loaded.config
@@ -44,6 +47,10 @@ def test_zamba_block_estimates_and_refusals(built):
     layers = build(path, torch.float32).layers
     assert layers[1].block is layers[3].block and layers[0].block is None
     check_estimate(path, rel=0.02)
+    table = weights.read_checkpoint(path, mc.architecture)
+    for tp in (1, 2):  # the config-only count as the checkpoint's (rank 0's: its heads' share)
+        got, _ = weights.resident(table, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert weights.from_shapes(mc, torch.bfloat16, False, tp) == got
     cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
     per_layer = 128 * 3 + 2 * 64 * 8  # conv [d_inner, 3], SSM [H, P, N]
     assert memory.check(mc, cfg, path, 256).parts()["Mamba state"] == 8 * 4 * per_layer * 4

@@ -94,3 +94,34 @@ def test_adaptive_backs_off_rejected_drafts_and_keeps_accepted_ones():
         pass
     p.observe(["r"], c.tolist(), c.tolist())
     assert p.propose(["r"], [seq], limits[:1])[1][0] == 4
+
+
+def test_floor_rises_with_the_batch():
+    """A sequence accepting about a quarter of its drafts keeps drafting beside one other
+    decode, where its rows cost little, and backs off beside seven (`ngram.floor`); a copying
+    sequence's two rejected steps in a row do not stop it there: its record is good."""
+    from pagoda.runtime.spec import ngram
+
+    assert ngram.floor(1) == ngram.floor(2) == ngram.FLOOR
+    assert ngram.floor(8) == ngram.BATCH_FLOOR
+    seq = [1, 2, 3, 4, 5, 6, 7, 8] * 4  # always matches
+    limits = np.full(1, 99)
+
+    def counts(batch, accepted_of):
+        p, out = NgramProposer(4, 2, 3, adaptive=True), []
+        for step in range(12):
+            _, c = p.propose(["r"], [seq], limits, batch)
+            out.append(int(c[0]))
+            p.observe(["r"], c.tolist(), [accepted_of(step, int(c[0]))])
+        return out
+
+    def quarter(step, c):
+        return max(c // 4, 1) if c else 0
+
+    assert 0 not in counts(2, quarter)
+    assert 0 in counts(8, quarter)
+
+    def copying(step, c):
+        return 0 if step in (6, 7) else c
+
+    assert 0 not in counts(8, copying)

@@ -95,6 +95,36 @@ def test_the_loader_takes_the_uri_itself(
     assert loaded.tokenizer.encode("w5 w6") == [5, 6]
 
 
+ADAPTER = {"adapter_config.json": b'{"peft_type": "LORA", "r": 8, "lora_alpha": 16}',
+           "adapter_model.safetensors": b"\0" * 64, "README.md": b"# a LoRA adapter\n"}  # fmt: skip
+
+
+def test_a_lora_adapter_repo(hub: FakeHub, tmp_path: pathlib.Path) -> None:
+    """A PEFT adapter (adapter_config.json + adapter_model.safetensors, no config.json), as the
+    operator's adapter-download init container fetches it: downloaded, then found offline (by
+    its manifest, or in a snapshot huggingface_hub put there); its weights as a pickle only are
+    NotFound (the lora package reads safetensors)."""
+    hub.add("org/lora", ADAPTER)
+    path = pathlib.Path(resolve_model("hf://org/lora", tmp_path))
+    assert path == tmp_path / "models--org--lora" / "snapshots" / hub.repos["org/lora"].commit
+    assert sorted(p.name for p in path.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]  # fmt: skip
+    assert resolve_model("hf://org/lora", tmp_path, offline=True) == str(path)
+    hub.add("org/lora-bin", {"adapter_config.json": b"{}", "adapter_model.bin": b"pickle"})
+    err = failure("hf://org/lora-bin", tmp_path)
+    assert err.detail == "NotFound" and "but no adapter_model.safetensors" in str(err), err
+    assert "found: adapter_model.bin" in str(err)
+
+    commit = "c" * 40  # a snapshot huggingface_hub downloaded itself (no manifest)
+    snapshot = tmp_path / "hf-cli" / "models--org--cli" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (snapshot / name).write_bytes(ADAPTER[name])
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text(commit)
+    found = resolve_model("hf://org/cli", tmp_path / "hf-cli", offline=True)
+    assert found == str(snapshot)
+
+
 @pytest.mark.parametrize(
     ("uri", "detail", "words"),
     [

@@ -185,6 +185,20 @@ def test_a_prefix_one_level_too_high_names_the_model_below(
     assert resolve_model("s3://models/org/llama/3b", tmp_path)
 
 
+def test_a_lora_adapter_prefix(s3: MotoS3, tmp_path: pathlib.Path) -> None:
+    """A PEFT adapter's objects (adapter_config.json + adapter_model.safetensors, no
+    config.json): downloaded (its README left out), then found offline."""
+    files = {"adapter_config.json": b'{"peft_type": "LORA", "r": 8}',
+             "adapter_model.safetensors": b"\0" * 64, "README.md": b"# adapter\n"}  # fmt: skip
+    for name, body in files.items():
+        s3.client().put_object(Bucket="models", Key=f"lora/sql/{name}", Body=body)
+    path = pathlib.Path(resolve_model("s3://models/lora/sql", tmp_path))
+    assert path == tmp_path / "s3" / "models" / "lora" / "sql"
+    names = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    assert names == ["adapter_config.json", "adapter_model.safetensors"]
+    assert resolve_model("s3://models/lora/sql", tmp_path, offline=True) == str(path)
+
+
 def test_the_region_from_aws_region(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
     """AWS_REGION (what EKS, ECS and the other AWS SDKs set; botocore reads only
     AWS_DEFAULT_REGION) is the region the requests are signed for; AWS_DEFAULT_REGION wins."""
