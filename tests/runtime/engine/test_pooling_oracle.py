@@ -70,6 +70,8 @@ def test_refusals(tmp_path):
         LLM(str(tmp_path), pooler_config={"softmax": True}, **ARGS)
     with pytest.raises(ValueError, match="speculative decoding is not supported with the pooling"):
         LLM(str(tmp_path), speculative_config={"num_speculative_tokens": 2}, **ARGS)
+    with pytest.raises(ValueError, match="LoRA adapters are not supported with the pooling"):
+        LLM(str(tmp_path), enable_lora=True, **ARGS)
     with pytest.raises(ValueError, match="pooler_config applies to the pooling runner only"):
         LLM(str(tmp_path), runner="generate", pooler_config={"pooling_type": "MEAN"}, **ARGS)
     llm = LLM(str(tmp_path), **ARGS)
