@@ -212,6 +212,9 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     if runner == "pooling" and config.speculative_config is not None:
         raise ValueError("speculative decoding is not supported with the pooling runner (an "
                          "embedding request generates nothing): drop --speculative-config")  # fmt: skip
+    if runner == "pooling" and getattr(config, "lora", None) is not None:
+        raise ValueError("LoRA adapters are not supported with the pooling runner yet (no "
+                         "embedding request names one): drop --enable-lora")  # fmt: skip
     if runner == config.runner and pooler == config.pooler_config:
         return config
     cache = config.cache

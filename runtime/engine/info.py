@@ -42,9 +42,9 @@ class EngineInfo:
             max_token_bytes=_max_token_bytes(core.tokenizer, core.model_config.vocab_size),
             sampling_defaults=dict(getattr(core, "sampling_defaults", {})),
             head_rows=core.model_config.family.head_rows,
-            runner=getattr(core.config, "runner", "generate"),
-            pooler=getattr(core.config, "pooler_config", None),
-            hidden_size=core.model_config.hidden_size,
+            runner=getattr(getattr(core, "config", None), "runner", "generate"),
+            pooler=getattr(getattr(core, "config", None), "pooler_config", None),
+            hidden_size=getattr(core.model_config, "hidden_size", 0),
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:

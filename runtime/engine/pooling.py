@@ -115,7 +115,13 @@ def embed(llm: Any, prompts: list, params: PoolingParams | None, bar: Any) -> li
             raise ValueError(problem)
     encoded = []
     for p in prompts:
-        ids = truncated(llm._to_ids(p)[1], params.truncate_prompt_tokens, engine.max_model_len)
+        if isinstance(p, dict) and set(p) == {"prompt"} and isinstance(p["prompt"], str):
+            p = p["prompt"]  # (vLLM's TextPrompt)
+        if isinstance(p, str):  # as transformers' `tokenizer(text)` reads it
+            ids = engine.tokenizer.encode_whole(p)
+        else:
+            ids = llm._to_ids(p)[1]
+        ids = truncated(ids, params.truncate_prompt_tokens, engine.max_model_len)
         engine.validate(ids, POOL_PARAMS)
         encoded.append(ids)
     results: dict[str, EmbeddingRequestOutput | list[int]] = {}

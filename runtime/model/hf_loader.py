@@ -51,7 +51,7 @@ from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, has_wei
 from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
-from pagoda.runtime.pooler_config import check_not_encoder
+from pagoda.runtime.pooler_config import BARE_DECODERS, check_not_encoder
 from tokenizers import Tokenizer as HFTokenizer
 
 if TYPE_CHECKING:
@@ -130,6 +130,8 @@ def _tied(top: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
     false: `WRAPPER_TIES`); else the text model's (its family's default when left out)."""
     if "text_config" in top:
         return bool(top.get("tie_word_embeddings", WRAPPER_TIES.get(top.get("model_type"), True)))
+    if any(a in BARE_DECODERS for a in top.get("architectures") or ()):
+        return True  # no LM head stored (an embedding model's; the pooling runner never runs it)
     return bool(cfg.get("tie_word_embeddings", False))
 
 

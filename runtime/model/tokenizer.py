@@ -277,6 +277,14 @@ class Tokenizer:
             ids.append(self._eos_append)
         return ids
 
+    def encode_whole(self, text: str) -> list[int]:
+        """Token ids as transformers' ``tokenizer(text)`` gives them: tokenizer.json's
+        post-processor applied where it has one (Qwen3-Embedding's appends ``<|endoftext|>``, the
+        row its last-token pooling reads), else `encode`'s. What embedding inputs are read with."""
+        if getattr(self._tok, "post_processor", None) is None:
+            return self.encode(text)
+        return self._tok.encode_batch([text], add_special_tokens=True)[0].ids
+
     def encode_as_text(self, text: str) -> list[int]:
         """Token ids of `text` with special-token text (``<|im_start|>``) read as plain text,
         as user content must be; no BOS."""

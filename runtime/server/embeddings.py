@@ -56,7 +56,7 @@ def _prompts(req: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
         raise APIError(400, "'input' must not be empty", param="input", code="empty_array")
     out = []
     for i, item in enumerate(inp):
-        ids = info.tokenizer.encode(item) if isinstance(item, str) else list(item)
+        ids = info.tokenizer.encode_whole(item) if isinstance(item, str) else list(item)
         try:
             ids = truncated(ids, req.truncate_prompt_tokens, info.max_model_len)
         except ValueError as e:

@@ -101,6 +101,10 @@ class ModelRunner:
         self.pooling_type = None if pc is None else pc.pooling_type
         self.pooler = None if pc is None or (tp is not None and tp.rank != 0) else Pooler(
             pc, mc.hidden_size, 2 * config.scheduler.max_num_seqs, self.device)  # fmt: skip
+        if self.pooler is not None:
+            log.info("pooling runner: %s pooling%s%s; no LM head, prefix caching off",
+                     pc.pooling_type, ", normalized" if pc.normalize else "",
+                     f", {pc.dimensions} dimensions" if pc.dimensions else "")  # fmt: skip
         # a hybrid's Mamba layers: their state slots (a column per block-table row), before the
         # KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
@@ -342,7 +346,7 @@ class ModelRunner:
         vectors = self.pooler.pool(hidden, inp, self.block_tables.rows, self.to_device)
         step = LaunchedStep(reqs, None, pooled=vectors)
         if vectors is not None and self.device.type == "cuda":
-            step.host = _pinned_copies((vectors,))[0]
+            step.pooled_host = _pinned_copies((vectors,))[0]
             step.ready = torch.cuda.Event()
             step.ready.record()
         if self.clock is not None:
@@ -353,7 +357,7 @@ class ModelRunner:
         """A pooling step's vectors on the host (float32 [requests, D]), with their requests."""
         if step.ready is not None:
             step.ready.synchronize()
-        host = step.host if step.host is not None else step.pooled.cpu()
+        host = step.pooled_host if step.pooled_host is not None else step.pooled.cpu()
         result = ModelRunnerOutput([], [], [], pooled=(step.requests, host.numpy()))
         if self.clock is not None:
             self.clock.mark("readback")
@@ -555,7 +559,12 @@ class ModelRunner:
         else:
             rows = _logit_rows(inp, _last_rows(inp))
         return self.model.forward(
-            ids, self.to_device(inp.positions), self.kv_caches, meta, self.to_device(rows), head
+            ids,
+            self.to_device(inp.positions),
+            self.kv_caches,
+            meta,
+            self.to_device(rows),
+            head,
         )
 
     def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:

@@ -49,9 +49,10 @@ class LaunchedStep:
     prompt_host: tuple[torch.Tensor | None, ...] | None = None
     # speculative decoding: (the sampling requests, one each, `spec.verify.SpecRows`)
     spec: tuple[list[Request], Any] | None = None
-    # the pooling runner: float32 [len(requests), D] vectors on the device (`host`: a pinned
-    # copy, valid once `ready` has fired)
+    # the pooling runner: float32 [len(requests), D] vectors on the device, and their pinned
+    # copy (CUDA), valid once `ready` has fired
     pooled: torch.Tensor | None = None
+    pooled_host: torch.Tensor | None = None
 
     @property
     def empty(self) -> bool:

@@ -36,6 +36,13 @@ def make_embedding_model(path, arch: str = "Qwen3", pooling: str = "LAST", norma
     (path / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": model.config.hidden_size, **pool})
     )
+    # Qwen3-Embedding's tokenizer.json appends its <|endoftext|> (here w2) to every text, the row
+    # LAST pooling reads
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.post_processor = processors.TemplateProcessing(single="$A w2", special_tokens=[("w2", 2)])
+    tok.save(str(path / "tokenizer.json"))
     tok_cfg = path / "tokenizer_config.json"
     cfg = json.loads(tok_cfg.read_text()) if tok_cfg.exists() else {}
     tok_cfg.write_text(json.dumps({**cfg, "padding_side": "left"}))

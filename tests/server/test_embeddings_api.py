@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import tokenizers
 from embed_testlib import hf_embeddings, make_embedding_model
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
@@ -31,7 +32,7 @@ def served(tmp_path_factory):
     core = EngineCore(EngineConfig.create(str(path), dtype="float32", device="cpu",
                                           max_model_len=32, num_blocks_override=32,
                                           max_num_batched_tokens=16, max_num_seqs=8))  # fmt: skip
-    return model, core
+    return model, core, path
 
 
 async def _run(core, calls):
@@ -51,9 +52,11 @@ async def _run(core, calls):
 
 
 def test_the_sdk_gets_transformers_vectors(served):
-    model, core = served
+    model, core, _ = served
     texts = ["w5 w9 w13 w200 w7", "w3 w4"]
-    ids = [[5, 9, 13, 200, 7], [3, 4]]
+    ids = [[5, 9, 13, 200, 7, 2], [3, 4, 2]]  # the texts as transformers' tokenizer reads them
+    tok = tokenizers.Tokenizer.from_file(str(served[2] / "tokenizer.json"))  # (its post-processor)
+    assert [e.ids for e in tok.encode_batch(texts)] == ids
     want = hf_embeddings(model, ids, "LAST").numpy()
 
     async def strings(c, _):  # the SDK asks for base64 and decodes it
@@ -66,7 +69,7 @@ def test_the_sdk_gets_transformers_vectors(served):
         return await c.embeddings.create(model=NAME, input=ids[1], dimensions=16)
 
     async def raw(_, http):
-        return await http.post("/embeddings", json={"input": "w3 w4", "encoding_format": "base64"})
+        return await http.post("/embeddings", json={"input": ids[1], "encoding_format": "base64"})
 
     (a, b, cut, r), metrics = asyncio.run(_run(core, [strings, floats, one, raw]))
     for res in (a, b):
@@ -74,7 +77,7 @@ def test_the_sdk_gets_transformers_vectors(served):
         assert [d.index for d in res.data] == [0, 1]
         got = np.array([d.embedding for d in res.data], dtype=np.float32)
         np.testing.assert_allclose(got, want, atol=1e-4)
-        assert res.usage.prompt_tokens == res.usage.total_tokens == 7
+        assert res.usage.prompt_tokens == res.usage.total_tokens == 9
     short = want[1][:16] / np.linalg.norm(want[1][:16])
     np.testing.assert_allclose(cut.data[0].embedding, short, atol=1e-4)
     body = r.json()
@@ -84,12 +87,12 @@ def test_the_sdk_gets_transformers_vectors(served):
     prompt_tokens = metrics.registry.get_sample_value(
         "pagoda:prompt_tokens_total", {"model_name": NAME}
     )
-    assert prompt_tokens == 7 + 7 + 2 + 2
+    assert prompt_tokens == 9 + 9 + 3 + 3
     assert not core.has_unfinished_requests() and core.kv.num_free_blocks == core.kv.num_blocks
 
 
 def test_refusals_are_openai_400s(served):
-    _, core = served
+    _, core, _ = served
     bodies = {
         "long": {"input": list(range(1, 33))},
         "dims": {"input": "w3", "dimensions": 32},

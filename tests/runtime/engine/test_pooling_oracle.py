@@ -40,6 +40,11 @@ def test_vectors_equal_transformers_with_chunked_prefill(tmp_path, arch, pooling
     alone = _vectors(llm.embed([PROMPTS[0]], use_tqdm=False))
     np.testing.assert_allclose(alone[0], got[0], atol=1e-5)
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks  # no KV kept after
+    # text as transformers' tokenizer reads it: tokenizer.json's post-processor appends w2
+    (text,) = llm.embed("w3 w4", use_tqdm=False)
+    assert text.prompt_token_ids == [3, 4, 2]
+    want = hf_embeddings(model, [[3, 4, 2]], pooling).numpy()[0]
+    np.testing.assert_allclose(text.outputs.embedding, want, atol=1e-4)
 
 
 def test_cls_unnormalized_and_matryoshka_dimensions(tmp_path):
@@ -65,6 +70,8 @@ def test_refusals(tmp_path):
         LLM(str(tmp_path), pooler_config={"softmax": True}, **ARGS)
     with pytest.raises(ValueError, match="speculative decoding is not supported with the pooling"):
         LLM(str(tmp_path), speculative_config={"num_speculative_tokens": 2}, **ARGS)
+    with pytest.raises(ValueError, match="LoRA adapters are not supported with the pooling"):
+        LLM(str(tmp_path), enable_lora=True, **ARGS)
     with pytest.raises(ValueError, match="pooler_config applies to the pooling runner only"):
         LLM(str(tmp_path), runner="generate", pooler_config={"pooling_type": "MEAN"}, **ARGS)
     llm = LLM(str(tmp_path), **ARGS)
@@ -103,3 +110,23 @@ def test_families_the_pooling_runner_refuses(tmp_path, arch, kind, fields, words
     with pytest.raises(ValueError, match=words):
         check_pooling(EngineConfig.create(str(tmp_path), runner="pooling"),
                       read_model_config(str(tmp_path)))  # fmt: skip
+
+
+def test_a_bare_decoder_is_a_pooling_model(tmp_path):
+    """A checkpoint of transformers' `Qwen3Model` (architectures ["Qwen3Model"], its tensors
+    without `model.`, no LM head: e5-mistral's layout) is served by the pooling runner (LAST,
+    normalized); --runner generate refuses it."""
+    import transformers
+    from hf_oracle import TINY, randomize, save_word_tokenizer
+
+    torch.manual_seed(0)
+    bare = randomize(transformers.Qwen3Model(transformers.Qwen3Config(**TINY)).eval())
+    bare.save_pretrained(tmp_path)
+    save_word_tokenizer(tmp_path, TINY["vocab_size"])
+    llm = LLM(str(tmp_path), **ARGS)
+    assert llm.config.runner == "pooling"
+    got = _vectors(llm.embed(PROMPTS, use_tqdm=False))
+    want = hf_embeddings(type("Wrapped", (), {"model": bare}), PROMPTS, "LAST").numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    with pytest.raises(ValueError, match="bare decoder without an LM head"):
+        LLM(str(tmp_path), runner="generate", **ARGS)
