@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.request import Request, RequestStatus
 from pagoda.runtime.sampling.params import SamplingParams
-from pagoda.runtime.worker.pooler import vector
+
+if TYPE_CHECKING:  # (runtime/config.py imports torch: the API process reads this module)
+    from pagoda.runtime.config import EngineConfig, ModelConfig
 
 _REFUSED = "the pooling runner does not support {} ({}): serve it with --runner generate"
 
@@ -147,3 +148,16 @@ def embed(llm: Any, prompts: list, params: PoolingParams | None, bar: Any) -> li
             if not isinstance(res, EmbeddingRequestOutput):
                 engine.abort_request(rid)
     return list(results.values())
+
+
+def vector(data: bytes, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """A pooled vector (float32, little-endian bytes as the engine hands it back) cut to a
+    request's Matryoshka `dimensions` (then normalized again when the pooler normalizes: the
+    same as pooling to those dimensions, a unit vector's scale not mattering)."""
+    v = np.frombuffer(data, dtype="<f4")
+    if dimensions is None or dimensions >= len(v):
+        return v
+    v = v[:dimensions]
+    if normalize:
+        v = v / max(float(np.linalg.norm(v)), 1e-12)
+    return v.astype(np.float32)

@@ -20,13 +20,12 @@ from typing import Literal
 from pagoda.runtime.engine.admission import EngineUnavailableError
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
-from pagoda.runtime.engine.pooling import POOL_PARAMS, truncated
+from pagoda.runtime.engine.pooling import POOL_PARAMS, truncated, vector
 from pagoda.runtime.engine.request_stream import RequestStream
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.protocol import APIError, _Strict
 from pagoda.runtime.server.request_body import parse_request
 from pagoda.runtime.server.serving import Serving, to_json, unavailable
-from pagoda.runtime.worker.pooler import vector
 from pydantic import Field, StrictInt, StrictStr
 
 

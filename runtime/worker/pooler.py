@@ -77,16 +77,3 @@ class Pooler:
         if self.dimensions is not None:  # Matryoshka: the leading components
             out = out[:, : self.dimensions]
         return F.normalize(out, dim=-1) if self.normalize else out
-
-
-def vector(data: bytes, dimensions: int | None, normalize: bool) -> np.ndarray:
-    """A pooled vector (float32, little-endian bytes as the engine hands it back) cut to a
-    request's Matryoshka `dimensions` (then normalized again when the pooler normalizes: the
-    same as pooling to those dimensions, a unit vector's scale not mattering)."""
-    v = np.frombuffer(data, dtype="<f4")
-    if dimensions is None or dimensions >= len(v):
-        return v
-    v = v[:dimensions]
-    if normalize:
-        v = v / max(float(np.linalg.norm(v)), 1e-12)
-    return v.astype(np.float32)
