@@ -147,3 +147,22 @@ def quantity(d: Mapping[str, Any], key: str, path: str) -> str | None:
             "InvalidSpec", f"{path}.{key} is not a valid non-negative quantity: {show(value)}"
         )
     return text
+
+
+def closed_object(
+    d: Mapping[str, Any], key: str, path: str, known: Sequence[str]
+) -> Mapping[str, Any] | None:
+    """An optional object field whose keys are all in `known`: None when absent or null;
+    InvalidSpec for anything but an object, or for unknown keys (named, beside the known ones)."""
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError("InvalidSpec", f"{path}.{key} must be an object, got {show(value)}")
+    unknown = sorted(str(k) for k in value if k not in known)
+    if unknown:
+        raise SpecError(
+            "InvalidSpec",
+            f"{path}.{key}: unknown field(s) {', '.join(unknown)} (known: {', '.join(known)})",
+        )
+    return value

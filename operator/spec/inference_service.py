@@ -24,6 +24,7 @@ from pagoda.operator.spec.fields import (
     base_url_problem,
     bool_or,
     choice,
+    closed_object,
     int_or,
     mapping,
     opt_int,
@@ -589,17 +590,10 @@ def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.Speculativ
     """`spec.engine.speculative` → the runtime's own frozen `SpeculativeConfig` (vLLM's
     `--speculative-config` keys), with the runtime's bounds (the CRD's equal them) and camelCase
     names in every message; None when absent or null."""
-    p, value = f"{path}.speculative", engine.get("speculative")
+    p = f"{path}.speculative"
+    value = closed_object(engine, "speculative", path, SPECULATIVE_KEYS)
     if value is None:
         return None
-    if not isinstance(value, Mapping):
-        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(value)}")
-    unknown = sorted(str(k) for k in value if k not in SPECULATIVE_KEYS)
-    if unknown:
-        raise SpecError(
-            "InvalidSpec",
-            f"{p}: unknown field(s) {', '.join(unknown)} (known: {', '.join(SPECULATIVE_KEYS)})",
-        )
     tokens = opt_int(value, "numSpeculativeTokens", p, 1, spec_config.MAX_SPECULATIVE_TOKENS)
     if tokens is None:
         raise SpecError("InvalidSpec", f"{p}.numSpeculativeTokens is required")

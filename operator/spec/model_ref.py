@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda.operator.spec.fields import SpecError, opt_int, show
+from pagoda.operator.spec.fields import SpecError, closed_object, opt_int, show
 from pagoda.runtime.model.sources.uri import SCHEMES, HfURI, is_remote, parse_uri
 from pagoda.runtime.options import BUILTIN_MODELS  # what the runtime image carries itself
 
@@ -219,17 +219,9 @@ class LoraSpec:
 
     @classmethod
     def from_dict(cls, engine: Mapping[str, Any]) -> LoraSpec | None:
-        p, value = "spec.engine.lora", engine.get("lora")
+        p, value = "spec.engine.lora", closed_object(engine, "lora", "spec.engine", LORA_KEYS)
         if value is None:
             return None
-        if not isinstance(value, Mapping):
-            raise SpecError("InvalidSpec", f"{p} must be an object, got {show(value)}")
-        unknown = sorted(str(k) for k in value if k not in LORA_KEYS)
-        if unknown:
-            raise SpecError(
-                "InvalidSpec",
-                f"{p}: unknown field(s) {', '.join(unknown)} (known: {', '.join(LORA_KEYS)})",
-            )
         rank = value.get("maxLoraRank")
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
             raise SpecError("InvalidSpec", f"{p}.maxLoraRank must be an integer, got {show(rank)}")
