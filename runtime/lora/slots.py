@@ -16,6 +16,7 @@ import functools
 from collections import OrderedDict
 
 import numpy as np
+import torch
 from pagoda.runtime.lora.adapter import LoRAAdapter, module_shapes, read_adapter
 from pagoda.runtime.lora.layer import LoRALinear, LoRAStep
 from pagoda.runtime.lora_config import LoRAConfig, LoRARequest, check_model
@@ -131,10 +132,9 @@ class LoRASlots:
             step.index, step.groups = None, []
             return
         step.index = to_device(index)
-        if step.mode == "dense":  # [T, slots, 1]: 1 at each token's slot
-            onehot = np.zeros((len(index), self.num_slots, 1), dtype=np.float32)
-            onehot[np.arange(len(index)), index, 0] = 1.0
-            step.onehot = to_device(onehot).to(self.dtype)
+        if step.mode == "dense":  # [T, slots, 1]: 1 at each token's slot, made on the device
+            onehot = torch.nn.functional.one_hot(step.index, self.num_slots)
+            step.onehot = onehot.to(self.dtype).unsqueeze(2)
         if step.mode == "sgmv":
             step.groups = [(int(s), to_device(np.flatnonzero(index == s)))
                            for s in np.unique(index) if s != 0]  # fmt: skip

@@ -42,9 +42,6 @@ class Pooler:
         if self.type != "LAST":  # a request's sum (MEAN) or first row (CLS) across its chunks
             self.acc = torch.zeros(num_rows, hidden_size, dtype=torch.float32, device=device)
 
-    def rows(self, inp: StepInputs) -> np.ndarray:
-        return pool_rows(self.type, inp)
-
     def pool(self, hidden: torch.Tensor, inp: StepInputs, table_rows: np.ndarray,
              to_device) -> torch.Tensor | None:  # fmt: skip
         """float32 [len(inp.sampling), D] on the device: the vectors of the requests whose
