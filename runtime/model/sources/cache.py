@@ -38,6 +38,10 @@ from pathlib import Path
 from pagoda.runtime.model.sources.errors import OUT_OF_SPACE, DownloadError, from_os_error
 from pagoda.runtime.model.sources.uri import COMMIT, HfURI, ModelURI, parse_uri
 
+# A PEFT LoRA adapter's config, beside its adapter_model.safetensors (pagoda.runtime.lora): a
+# folder with it and no config.json is an adapter (the operator's spec.adapters fetches them).
+ADAPTER_CONFIG = "adapter_config.json"
+
 DOWNLOAD_DIR_ENV = "PAGODA_DOWNLOAD_DIR"  # the default of --download-dir
 OFFLINE_ENV = "HF_HUB_OFFLINE"  # 1: never touch the network, use the cache (hf:// and s3://)
 MANIFESTS = Path(".pagoda") / "manifests"
@@ -169,7 +173,7 @@ def hub_snapshot(root: Path, ref: HfURI) -> Path | None:
     except OSError:
         return None
     snapshot = storage / "snapshots" / commit.strip()
-    if not any((snapshot / c).is_file() for c in ("config.json", "adapter_config.json")):
+    if not any((snapshot / c).is_file() for c in ("config.json", ADAPTER_CONFIG)):
         return None
     index = snapshot / "model.safetensors.index.json"
     if not index.is_file() and not any(p.is_file() for p in snapshot.glob("*.safetensors")):

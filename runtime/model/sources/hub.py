@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.model.sources import errors, resume
-from pagoda.runtime.model.sources.cache import check_space
+from pagoda.runtime.model.sources.cache import ADAPTER_CONFIG, check_space
 from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
 from pagoda.runtime.model.sources.progress import Progress
 from pagoda.runtime.model.sources.uri import HfURI
@@ -29,9 +29,6 @@ from pagoda.runtime.model.sources.uri import HfURI
 if TYPE_CHECKING:
     from huggingface_hub.hf_api import RepoFile
 
-# A PEFT LoRA adapter's config, beside its adapter_model.safetensors (pagoda.runtime.lora): a
-# folder with it and no config.json is an adapter (the operator's spec.adapters fetches them).
-ADAPTER_CONFIG = "adapter_config.json"
 # What runtime/model/hf_loader.py reads from a checkpoint directory (and the lora package from an
 # adapter's).
 ALLOW_PATTERNS = (
