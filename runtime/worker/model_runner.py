@@ -97,14 +97,7 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.block_size) + 1
         self.block_tables = BlockTables(2 * config.scheduler.max_num_seqs, max_blocks)
         # the pooling runner: each step hands back hidden states, pooled per prompt that ends
-        pc = config.pooler_config if config.runner == "pooling" else None
-        self.pooling_type = None if pc is None else pc.pooling_type
-        self.pooler = None if pc is None or (tp is not None and tp.rank != 0) else Pooler(
-            pc, mc.hidden_size, 2 * config.scheduler.max_num_seqs, self.device)  # fmt: skip
-        if self.pooler is not None:
-            log.info("pooling runner: %s pooling%s%s; no LM head, prefix caching off",
-                     pc.pooling_type, ", normalized" if pc.normalize else "",
-                     f", {pc.dimensions} dimensions" if pc.dimensions else "")  # fmt: skip
+        self.pooling_type, self.pooler = Pooler.for_runner(config, mc.hidden_size, tp, self.device)
         # a hybrid's Mamba layers: their state slots (a column per block-table row), before the
         # KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,

@@ -14,11 +14,15 @@ afresh. Everything is batched: one index_select / index_copy / index_add per ste
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.pooler_config import PoolerConfig
 from pagoda.runtime.worker.step_inputs import StepInputs
+
+log = logging.getLogger(__name__)
 
 
 def pool_rows(pooling_type: str, inp: StepInputs) -> np.ndarray:
@@ -32,6 +36,21 @@ def pool_rows(pooling_type: str, inp: StepInputs) -> np.ndarray:
 
 
 class Pooler:
+    @classmethod
+    def for_runner(cls, config, hidden_size: int, tp, device: torch.device
+                   ) -> tuple[str | None, Pooler | None]:  # fmt: skip
+        """(the pooling type, the pooler) of an `EngineConfig`'s runner: (None, None) when it
+        generates; the pooler on rank 0 only (the other ranks of a group hand back rows)."""
+        pc = config.pooler_config if config.runner == "pooling" else None
+        if pc is None:
+            return None, None
+        if tp is not None and tp.rank != 0:
+            return pc.pooling_type, None
+        log.info("pooling runner: %s pooling%s%s; no LM head, prefix caching off",
+                 pc.pooling_type, ", normalized" if pc.normalize else "",
+                 f", {pc.dimensions} dimensions" if pc.dimensions else "")  # fmt: skip
+        return pc.pooling_type, cls(pc, hidden_size, 2 * config.scheduler.max_num_seqs, device)
+
     def __init__(self, config: PoolerConfig, hidden_size: int, num_rows: int,
                  device: torch.device) -> None:  # fmt: skip
         self.type = config.pooling_type
