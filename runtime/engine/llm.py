@@ -128,12 +128,8 @@ class LLM:
             raise RuntimeError("this LLM is closed; create a new one")
         if self.config.runner == "pooling":
             raise ValueError("this model runs the pooling runner (an embedding model): use "
-                             "embed(), or LLM(..., runner='generate')")  # fmt: skip
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+                             "embed() or score(), or LLM(..., runner='generate')")  # fmt: skip
+        prompts = _prompt_list(prompts)
         params = sampling_params or self.get_default_sampling_params()
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
