@@ -76,10 +76,10 @@ class _PairRoute(EmbeddingsRoute):
     """A route that embeds two sides' texts and scores their pairs (`EmbeddingsRoute`'s steps,
     its own request and answer)."""
 
-    def scores(self, job: Pairs, info: EngineInfo, outs: list[StepOutput]) -> list[float]:
-        normalize = bool(info.pooler.normalize)
-        vectors = [vector(o.embedding, None, normalize) for o in outs]
-        return pair_scores(vectors, job.pairs, job.n1)
+    @staticmethod
+    def scores(job: Pairs, outs: list[StepOutput]) -> list[float]:
+        """The pairs' scores from the inputs' outputs (their pooled vectors)."""
+        return pair_scores([vector(o.embedding, None, False) for o in outs], job.pairs, job.n1)
 
 
 class ScoreRoute(_PairRoute):
@@ -98,7 +98,7 @@ class ScoreRoute(_PairRoute):
 
     def body(self, job: Pairs, info: EngineInfo, outs: list[StepOutput]) -> bytes:
         data = [{"index": i, "object": "score", "score": s}
-                for i, s in enumerate(self.scores(job, info, outs))]  # fmt: skip
+                for i, s in enumerate(self.scores(job, outs))]  # fmt: skip
         return to_json({"id": f"score-{uuid.uuid4().hex}", "object": "list",
                         "created": int(time.time()), "model": self.resolve_model(job.req.model),
                         "data": data, "usage": usage(outs)})  # fmt: skip
@@ -119,7 +119,7 @@ class RerankRoute(_PairRoute):
     def body(self, job: Pairs, info: EngineInfo, outs: list[StepOutput]) -> bytes:
         req = job.req
         assert isinstance(req, RerankRequest)
-        scores = self.scores(job, info, outs)
+        scores = self.scores(job, outs)
         order = sorted(range(len(scores)), key=lambda i: -scores[i])  # (stable: ties by index)
         results = []
         for i in order[: req.top_n or None]:
