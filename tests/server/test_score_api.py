@@ -70,6 +70,14 @@ def answers(tmp_path_factory):
     """(the vectors of [QUERY, *DOCS] from /v1/embeddings with its usage, each call's answer,
     the engine core after them)."""
     _, core = embedding_core(tmp_path_factory.mktemp("qwen3-embedding"))
+    step, core.steps = core.step, []  # each step's finished requests (the vectors it pooled)
+
+    def counted():
+        outs = step()
+        core.steps.append([o.request_id for o in outs if o.embedding is not None])
+        return outs
+
+    core.step = counted
 
     async def vectors(client, _):
         return await client.embeddings.create(
@@ -115,6 +123,9 @@ def test_scores_are_cosine_similarities_of_the_embeddings(answers):
     cut = _ok(good["1:1 cut"])
     assert len(cut["data"]) == 1 and cut["usage"]["prompt_tokens"] == 4  # two tokens each
     assert not core.has_unfinished_requests() and core.kv.num_free_blocks == core.kv.num_blocks
+    # one batch: the 5 texts' 18 tokens in two 16-token steps, not a step (or more) each
+    pooled = [ids for ids in core.steps if any(i.startswith("score-0-") for i in ids)]
+    assert len(pooled) <= 2 and sum(map(len, pooled)) == 1 + len(DOCS), core.steps
 
 
 def test_rerank_sorts_by_score_and_keeps_top_n(answers):
