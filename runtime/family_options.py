@@ -107,10 +107,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "granitemoe_swa": Untested(
             tensor_parallel="its sinks are not split over ranks", fp8="not tested"
         ),
-        "diffllama": Untested(
-            tensor_parallel="its differential attention pairs the first half of the heads with "
-            "the second, across ranks"
-        ),
         "kolibri1": Untested(fp8="not tested"),
         "kolibri1_1": Untested(
             tensor_parallel="its KV-shared layers are not tested on several ranks",

@@ -36,6 +36,7 @@ TP_PROBLEMS: dict[str, str] = {
     "mimo_v2_flash": "mimo_v2_flash_config",  # the sliding layers' KV heads
     "deepseek_v4": "dsv4_shard",  # the output projection's groups
     "nemotron_h": "nemotron_h_config",  # its experts' widths
+    "diffllama": "diffllama_config",  # each half of the query and KV heads
 }
 
 # architecture -> the module of its `rank_rows`
