@@ -121,10 +121,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",
         ),
-        "jetmoe": Untested(
-            tensor_parallel="its routed attention heads are not split over ranks",
-            fp8="its routed attention projections' FP8 GEMM is not tested",
-        ),
+        "jetmoe": Untested(fp8="its routed attention projections' FP8 GEMM is not tested"),
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
