@@ -169,7 +169,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "minimax": Untested(fp8="lightning layers"),
         "zamba2": Untested(fp8="its shared blocks' adapters"),  # (split with their blocks)
         "zamba": Untested(fp8="its shared block and mamba1 layers"),  # (split by heads)
-        "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
+        "recurrent_gemma": Untested(fp8="rglru layers"),  # (its RG-LRU split by gate blocks)
         "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
         "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),
         "dory": Untested(

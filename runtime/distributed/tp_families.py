@@ -50,6 +50,7 @@ RANK_ROWS: dict[str, str] = {
     **dict.fromkeys(("lfm2", "lfm2_moe", "lfm3"), "lfm2_config"),  # the short convs, w2
     "zamba2": "zamba2_config",  # its shared blocks' LoRA adapters' B with their projections
     "jetmoe": "jetmoe_config",  # kv_proj's keys and values by KV heads
+    "recurrent_gemma": "recurrent_gemma_config",  # the RG-LRU's projections by channels
 }
 
 
