@@ -213,9 +213,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),
-        "ctrl": Untested(
-            tensor_parallel="its LM head's bias is not tested on several ranks",
-        ),
     }
 )
 
