@@ -192,9 +192,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its recurrent stacks are not tested over ranks",
             fp8="its FP8 GEMM is not tested",
         ),
-        "mllama": Untested(
-            tensor_parallel="its embedding's rows past the vocabulary are not split as the head's",
-        ),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",
