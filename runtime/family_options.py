@@ -113,7 +113,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="not tested",
             kv_cache="its indexed layers' keys and values are rounded to NVFP4 in the cache",
         ),
-        "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
         "axk1": Untested(fp8="not tested"),
         "longcat_flash": Untested(fp8="not tested"),
