@@ -101,12 +101,8 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "minicpm5_moe": Untested(
             fp8="its gated q_proj's FP8 GEMM is not tested", fp8_checkpoint="not tested"
         ),
-        "granite_swa": Untested(
-            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
-        ),
-        "granitemoe_swa": Untested(
-            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
-        ),
+        "granite_swa": Untested(fp8="not tested"),
+        "granitemoe_swa": Untested(fp8="not tested"),
         "kolibri1": Untested(fp8="not tested"),
         "kolibri1_1": Untested(
             tensor_parallel="its KV-shared layers are not tested on several ranks",

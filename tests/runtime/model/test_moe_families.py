@@ -452,7 +452,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
-             ("granitemoe-swa", 1), ("kolibri1", 1), ("kolibri1", 2), ("kolibri1_1", 1),
+             ("granitemoe-swa", 1), ("granitemoe-swa", 2), ("kolibri1", 1), ("kolibri1", 2), ("kolibri1_1", 1),
              ("axk1", 1), ("axk1", 2),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
@@ -534,7 +534,7 @@ MISSING = [
 # checked at tp 2 (ESTIMATES). A.X-K1: DeepSeek-V3's latent attention by heads, each MoE
 # block's output norm after the ranks' sum; Kolibri 1: GLM-4's norms after attention and the
 # MLP, per-head q/k norms and NoPE full layers beside window layers, GLM-4.5's experts.
-TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe", "axk1", "kolibri1", "jetmoe"]
+TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe", "axk1", "kolibri1", "jetmoe", "granitemoe-swa"]
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
