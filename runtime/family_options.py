@@ -183,10 +183,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             "w1/w2/w3 with UE8M0 scales of 1x32 blocks, or block-wise FP8",
             kv_cache="its sparse layers' block attention reads 16/32-bit caches only",
         ),
-        "hrm_text": Untested(
-            tensor_parallel="its recurrent stacks are not tested over ranks",
-            fp8="its FP8 GEMM is not tested",
-        ),
+        "hrm_text": Untested(fp8="its FP8 GEMM is not tested"),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",
