@@ -92,7 +92,7 @@ def lora_values(spec: InferenceServiceSpec) -> dict[str, Any]:
     without spec.adapters (no flag rendered, no config hash changed)."""
     if not spec.adapters:
         return {}
-    loras, rank, cpu = spec.engine.lora_values(len(spec.adapters))
+    loras, rank, cpu = spec.lora_values()
     return {
         "enable_lora": True,
         "max_loras": loras,
@@ -150,7 +150,7 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
             | ({"commit": a.source.commit} if a.source.commit else {})  # a re-pin rolls the pods
             for a in spec.adapters
         ]
-        loras, rank, cpu = e.lora_values(len(spec.adapters))
+        loras, rank, cpu = spec.lora_values()
         out["lora"] = {"maxLoras": loras, "maxLoraRank": rank, "maxCpuLoras": cpu}
     if spec.tensor_parallel_size > 1:
         out["tensorParallelSize"] = spec.tensor_parallel_size
