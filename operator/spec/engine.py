@@ -3,7 +3,8 @@ knobs among them per GPU product: parsed, defaulted and checked into frozen data
 
 The engine's choices, defaults and rules are the runtime's (`pagoda.runtime.options`,
 `pagoda.runtime.option_rules`, torch-free); `engine.speculative` is read into the runtime's own
-`SpeculativeConfig` (`pagoda.runtime.spec.config`, standard library only). What the engine
+`SpeculativeConfig` (`pagoda.runtime.spec.config`, standard library only), `engine.poolerConfig`
+into its `PoolerConfig` (`pagoda.runtime.pooler_config`, standard library only). What the engine
 fields cannot check alone (the pod's GPUs, the model, the adapters) is `InferenceServiceSpec`'s
 (spec/inference_service.py).
 """
@@ -25,7 +26,7 @@ from pagoda.operator.spec.fields import (
     opt_number,
     show,
 )
-from pagoda.runtime import options
+from pagoda.runtime import options, pooler_config
 from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
 from pagoda.runtime.spec import config as spec_config  # SpeculativeConfig: standard library only
 
@@ -67,6 +68,8 @@ class EngineSpec:
     speculative: spec_config.SpeculativeConfig | None = None
     # `--runner` (generate, pooling: an embedding model, auto); None: the runtime's (auto)
     runner: str | None = None
+    # `--pooler-config` (the pooling runner's pooling); None: the checkpoint's, else LAST
+    pooler_config: pooler_config.PoolerConfig | None = None
     # `--max-loras` and the rest with spec.adapters (spec/model_ref.py); None: their defaults
     lora: LoraSpec | None = None
     extra_args: tuple[str, ...] = ()
@@ -76,6 +79,12 @@ class EngineSpec:
             raise SpecError("InvalidSpec", f"spec.engine.dtype must be one of {', '.join(DTYPES)}")
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
+        if self.pooler_config is not None and self.runner == "generate":
+            raise SpecError(  # `pagoda serve` refuses the two together at start
+                "InvalidSpec",
+                "spec.engine.poolerConfig applies to the pooling runner only: set "
+                "spec.engine.runner pooling (or auto), or drop poolerConfig",
+            )
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
         for needs in CRD_FLAG_RULES:
             if not needs.holds(values):
@@ -125,12 +134,33 @@ class EngineSpec:
             long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
             speculative=_speculative(d, p),
             runner=choice(d, "runner", p, RUNNERS, None) if d.get("runner") is not None else None,
+            pooler_config=_pooler_config(d, p),
             lora=lora,
             extra_args=extra_args,
         )
 
 
+POOLER_KEYS = tuple(camel(k) for k in pooler_config.USER_KEYS)  # poolingType, normalize, dimensions
+POOLING_TYPES = pooler_config.POOLING_TYPES
+MAX_POOLER_DIMENSIONS = 1 << 20  # the CRD's bound; the server checks the model's width at start
 SPECULATIVE_KEYS = ("method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin")
+
+
+def _pooler_config(engine: Mapping[str, Any], path: str) -> pooler_config.PoolerConfig | None:
+    """`spec.engine.poolerConfig` → the runtime's own frozen `PoolerConfig` (vLLM's
+    `--pooler-config` keys, camelCase here); None when absent or null, `PoolerConfig()` (the
+    checkpoint's pooling, rendered `{}`) for an empty object."""
+    p = f"{path}.poolerConfig"
+    value = closed_object(engine, "poolerConfig", path, POOLER_KEYS)
+    if value is None:
+        return None
+    kind = value.get("poolingType")
+    normalize = value.get("normalize")
+    return pooler_config.PoolerConfig(
+        pooling_type=None if kind is None else choice(value, "poolingType", p, POOLING_TYPES, None),
+        normalize=None if normalize is None else bool_or(value, "normalize", p, True),
+        dimensions=opt_int(value, "dimensions", p, 1, MAX_POOLER_DIMENSIONS),
+    )
 
 
 def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.SpeculativeConfig | None:

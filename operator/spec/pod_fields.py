@@ -181,6 +181,7 @@ OPERATOR_FLAGS: Mapping[str, str] = {
             "max_queue_len",
             "long_prefill_token_threshold",
             "runner",
+            "pooler_config",
         )
     },
     "speculative_config": "spec.engine.speculative",
