@@ -42,6 +42,11 @@ BLOCK_SIZES = options.BLOCK_SIZES
 KV_CACHE_DTYPES = options.KV_CACHE_DTYPES
 QUANTIZATIONS = options.QUANTIZATIONS
 RUNNERS = options.RUNNERS
+# engine.poolerConfig: `--pooler-config`'s keys, camelCase (poolingType, normalize, dimensions)
+POOLER_KEYS = tuple(camel(k) for k in pooler_config.USER_KEYS)
+POOLING_TYPES = pooler_config.POOLING_TYPES
+MAX_POOLER_DIMENSIONS = 1 << 20  # the CRD's bound; the server checks the model's width at start
+SPECULATIVE_KEYS = ("method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin")
 
 DEFAULT_TIME_BUDGET_S = 900  # `pagoda tune --time-budget 15m`
 MIN_TIME_BUDGET_S, MAX_TIME_BUDGET_S = 60, 14400
@@ -140,12 +145,6 @@ class EngineSpec:
         )
 
 
-POOLER_KEYS = tuple(camel(k) for k in pooler_config.USER_KEYS)  # poolingType, normalize, dimensions
-POOLING_TYPES = pooler_config.POOLING_TYPES
-MAX_POOLER_DIMENSIONS = 1 << 20  # the CRD's bound; the server checks the model's width at start
-SPECULATIVE_KEYS = ("method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin")
-
-
 def _pooler_config(engine: Mapping[str, Any], path: str) -> pooler_config.PoolerConfig | None:
     """`spec.engine.poolerConfig` → the runtime's own frozen `PoolerConfig` (vLLM's
     `--pooler-config` keys, camelCase here); None when absent or null, `PoolerConfig()` (the
@@ -190,6 +189,10 @@ def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.Speculativ
 
 @dataclass(frozen=True)
 class AutotuneSpec:
+    """`spec.autotune`: whether and how the operator tunes the nodes this service runs on. The
+    targets default to `pagoda tune`'s own (pagoda.runtime.options), so services that do not set
+    them share one profile per GPU product."""
+
     enabled: bool = False
     time_budget_seconds: int = DEFAULT_TIME_BUDGET_S
     ttft_target_s: float = options.DEFAULT_TTFT_TARGET_S

@@ -29,9 +29,8 @@ from pagoda.operator.spec.fields import (
 )
 from pagoda.runtime import options
 
-# Defaults shared with the CRD schema (test_operator_crd.py checks they agree).
-DEFAULT_TOLERANCE = 0.1
-MAX_URL = 2048
+DEFAULT_TOLERANCE = 0.1  # the CRD's default too (test_operator_crd.py checks they agree)
+MAX_URL = 2048  # spec.autoscaling.prometheusURL, the CRD's maxLength
 MAX_NODES = 64
 MAX_TENSOR_PARALLEL_SIZE = options.MAX_TENSOR_PARALLEL_SIZE
 P = "spec.parallelism"
