@@ -250,14 +250,23 @@ class SecretKeyRef:
     key: str = DEFAULT_API_KEY_KEY
 
 
-def secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
-    secret = spec.get("apiKeySecretRef")
-    if secret is None:
+def _named_secret(spec: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], str | None] | None:
+    """`spec[key]`, an object naming a Secret, and its `name` (None: not given); None when the
+    field is absent or null."""
+    ref = spec.get(key)
+    if ref is None:
         return None
-    p = "spec.apiKeySecretRef"
-    if not isinstance(secret, Mapping):
-        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(secret)}")
-    name = opt_str(secret, "name", p, max_len=MAX_SECRET_FIELD)
+    if not isinstance(ref, Mapping):
+        raise SpecError("InvalidSpec", f"spec.{key} must be an object, got {show(ref)}")
+    return ref, opt_str(ref, "name", f"spec.{key}", max_len=MAX_SECRET_FIELD)
+
+
+def secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
+    """`spec.apiKeySecretRef`: a Secret's name and key (default DEFAULT_API_KEY_KEY)."""
+    found = _named_secret(spec, "apiKeySecretRef")
+    if found is None:
+        return None
+    (secret, name), p = found, "spec.apiKeySecretRef"
     if not name:
         raise SpecError("InvalidSpec", f"{p}.name is required")
     if not DNS1123_SUBDOMAIN.match(name):
@@ -272,13 +281,13 @@ def secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
 
 
 def model_secret(spec: Mapping[str, Any]) -> str | None:
-    ref = spec.get("modelSecretRef")
-    if ref is None:
+    """`spec.modelSecretRef`: the name of the Secret the download containers get as env."""
+    found = _named_secret(spec, "modelSecretRef")
+    if found is None:
         return None
-    p = "spec.modelSecretRef"
-    if not isinstance(ref, Mapping):
-        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(ref)}")
-    name = opt_str(ref, "name", p, max_len=MAX_SECRET_FIELD)
+    name = found[1]
     if not name or not DNS1123_SUBDOMAIN.match(name):
-        raise SpecError("InvalidSpec", f"{p}.name must be a Secret's name, got {show(name)}")
+        raise SpecError(
+            "InvalidSpec", f"spec.modelSecretRef.name must be a Secret's name, got {show(name)}"
+        )
     return name
