@@ -440,10 +440,7 @@ class InferenceServiceSpec:
                 )
             return
         self.engine.lora_values(len(self.adapters))  # maxCpuLoras >= maxLoras, defaults filled
-        tp = self.tensor_parallel_size
         for what, on in (
-            (f"tensor parallelism (tensorParallelSize {tp}: resources.gpus × parallelism.nodes, "
-             "or parallelism.tensorParallelSize)", tp > 1),
             ("spec.engine.speculative", self.engine.speculative is not None),
             ("spec.engine.quantization fp8", self.engine.quantization == "fp8"),
         ):  # fmt: skip
