@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -74,6 +75,9 @@ class LoRASlots:
         self.free = list(range(config.max_loras, 0, -1))  # slots 1..max_loras, popped from end
         self.known: dict[int, LoRARequest] = {}  # every adapter id seen, and its request
         self.loads: list[tuple[int, LoRARequest]] = []  # rank 0 of a group: this step's
+        # adapters being read on the reader thread (`start_read`), by id
+        self.reads: dict[int, tuple[LoRARequest, Future]] = {}
+        self._reader: ThreadPoolExecutor | None = None
         self.sharded = False  # on a tensor-parallel rank (`wrap`)
 
     # -- the model --------------------------------------------------------------------------
@@ -116,18 +120,43 @@ class LoRASlots:
                                 "down_proj": down})  # fmt: skip
 
     # -- adapters in host memory --------------------------------------------------------------
-    def adapter(self, request: LoRARequest) -> LoRAAdapter:
-        """The adapter `request` names, from the host LRU or read now (ValueError if bad)."""
+    def _check_id(self, request: LoRARequest) -> None:
         i = request.lora_int_id
-        seen = self.known.get(i)
+        seen = self.known.get(i) or (self.reads[i][0] if i in self.reads else None)
         if seen is not None and seen.lora_path != request.lora_path:
             raise ValueError(f"lora_int_id {i} is adapter {seen.lora_name!r} ({seen.lora_path}); "
                              f"{request.lora_name!r} at {request.lora_path} needs another id")  # fmt: skip
+
+    def start_read(self, request: LoRARequest) -> Future | None:
+        """Read `request`'s adapter on the reader thread (one read per adapter at a time), so
+        that the engine loop keeps stepping meanwhile; None when it is in host memory already.
+        The engine thread takes the result in `adapter` (its error too: ValueError)."""
+        self._check_id(request)
+        i = request.lora_int_id
+        if i in self.cpu:
+            return None
+        if i not in self.reads:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="pagoda-lora-read")
+            fut = self._reader.submit(read_adapter, request, self.model_config,
+                                      self.config.max_lora_rank)  # fmt: skip
+            self.reads[i] = (request, fut)
+        return self.reads[i][1]
+
+    def adapter(self, request: LoRARequest) -> LoRAAdapter:
+        """The adapter `request` names, from the host LRU, a read `start_read` began (waited
+        for), or read now (ValueError if bad)."""
+        self._check_id(request)
+        i = request.lora_int_id
         found = self.cpu.get(i)
         if found is not None:
             self.cpu.move_to_end(i)
             return found
-        adapter = read_adapter(request, self.model_config, self.config.max_lora_rank)
+        _, fut = self.reads.pop(i, (None, None))
+        if fut is not None:
+            adapter = fut.result()
+        else:
+            adapter = read_adapter(request, self.model_config, self.config.max_lora_rank)
         self.known[i] = request
         self.cpu[i] = adapter
         while len(self.cpu) > self.config.max_cpu_loras:
@@ -138,7 +167,8 @@ class LoRASlots:
         """Forget an adapter (unloaded): its host copy and id; a device slot it holds is
         reused when needed. Whether it was known."""
         self.cpu.pop(lora_int_id, None)
-        return self.known.pop(lora_int_id, None) is not None
+        read = self.reads.pop(lora_int_id, None)  # (a read still running is let finish)
+        return self.known.pop(lora_int_id, None) is not None or read is not None
 
     # -- the step ---------------------------------------------------------------------------
     def _slot(self, request: LoRARequest, busy: set[int]) -> int:
