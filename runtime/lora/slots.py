@@ -74,11 +74,13 @@ class LoRASlots:
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id → slot, LRU
         self.free = list(range(config.max_loras, 0, -1))  # slots 1..max_loras, popped from end
         self.known: dict[int, LoRARequest] = {}  # every adapter id seen, and its request
-        self.loads: list[tuple[int, LoRARequest]] = []  # rank 0 of a group: this step's
+        # rank 0 of a group: the step's loads for the others, (slot, adapter); slot 0: an
+        # adapter being read, which they read ahead too
+        self.loads: list[tuple[int, LoRARequest]] = []
         # adapters being read on the reader thread (`start_read`), by id
         self.reads: dict[int, tuple[LoRARequest, Future]] = {}
         self._reader: ThreadPoolExecutor | None = None
-        self.sharded = False  # on a tensor-parallel rank (`wrap`)
+        self.sends = False  # rank 0 of a tensor-parallel group (`wrap`)
 
     # -- the model --------------------------------------------------------------------------
     def wrap(self, model) -> None:
@@ -93,7 +95,7 @@ class LoRASlots:
         slots, rank = self.config.max_loras + 1, self.config.max_lora_rank
         linear = functools.partial(Linear, invariant=model.batch_invariant)
         self.dtype, self.num_slots = model.dtype, slots
-        self.sharded = tp is not None
+        self.sends = tp is not None and tp.rank == 0
         split = shards(mc, None if tp is None else tp.layout)
         for layer in model.layers:
             if type(layer.mlp) is not GatedMLP or not isinstance(layer, LlamaLayer):
@@ -141,6 +143,8 @@ class LoRASlots:
             fut = self._reader.submit(read_adapter, request, self.model_config,
                                       self.config.max_lora_rank)  # fmt: skip
             self.reads[i] = (request, fut)
+            if self.sends:  # the other ranks read it ahead too, from the next step on
+                self.loads.append((0, request))
         return self.reads[i][1]
 
     def adapter(self, request: LoRARequest) -> LoRAAdapter:
@@ -188,7 +192,7 @@ class LoRASlots:
                                    "one step (the scheduler's limit was broken)")  # fmt: skip
             slot = self.slot_of.pop(victim)
         self._fill(slot, self.adapter(request))
-        if self.sharded:  # the other ranks put it in the same slot (`take_loads`)
+        if self.sends:  # the other ranks put it in the same slot (`take_loads`)
             self.loads.append((slot, request))
         self.slot_of[i] = slot
         return slot
@@ -209,12 +213,18 @@ class LoRASlots:
     def fill(self, loads: list[tuple[int, LoRARequest]]) -> None:
         """Another rank: put rank 0's loads of this step in the same slots, each adapter read
         here (the host LRU as on rank 0; its path is on every node, as vLLM's workers read
-        theirs) and cut to this rank's part (`shards`)."""
+        theirs) and cut to this rank's part (`shards`). Slot 0: an adapter rank 0 is reading
+        for a request that waits for it, read ahead here on the reader thread, so that the
+        step that first runs it seldom waits for this rank's read."""
         for slot, request in loads:
-            seen = self.known.get(request.lora_int_id)
-            if seen is not None and seen.lora_path != request.lora_path:
-                self.remove(request.lora_int_id)  # rank 0 gave its id to another adapter
-            self._fill(slot, self.adapter(request))
+            try:
+                self._check_id(request)
+            except ValueError:  # rank 0 gave the id to another adapter since
+                self.remove(request.lora_int_id)
+            if slot == 0:
+                self.start_read(request)
+            else:
+                self._fill(slot, self.adapter(request))
 
     def prepare(self, reqs, qlens: np.ndarray) -> np.ndarray | None:
         """int64 [T]: each token's slot for the step's requests (`qlens` tokens each), their

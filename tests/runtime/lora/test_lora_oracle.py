@@ -215,7 +215,8 @@ def test_adapter_rows_are_batch_invariant(ckpt):
 def test_two_tensor_parallel_ranks_match_one_rank_and_peft(ckpt, tmp_path):
     """Two ranks (gloo, rank 1 a spawned process; `lora/slots.shards`): the base, a1, a2 and a
     third adapter in one stream of steps give one rank's tokens and peft's. With --max-loras 2
-    the third waits, then takes a slot another left: rank 0's load reaches rank 1 with that step."""
+    the third waits, then takes a slot another left: rank 0's load reaches rank 1 with that step
+    (its read ahead, `LoRASlots.start_read`, with the first)."""
     from lora_testlib import ALL
 
     path, adapters, base = ckpt
@@ -233,9 +234,10 @@ def test_two_tensor_parallel_ranks_match_one_rank_and_peft(ckpt, tmp_path):
             logits.setdefault(r.request_id, []).append(row.float().clone())
             for r, row in zip(reqs, rows)
         ]
+        two.engine.read_lora(a3)  # read ahead (as the server's loop does): on rank 1 too
         outs = two.generate(PROMPTS, p, use_tqdm=False, lora_request=loras)
         slots = two.engine.runner.lora
-        assert slots.sharded and 3 in slots.slot_of and not slots.free  # a3 took a used slot
+        assert slots.sends and 3 in slots.slot_of and not slots.free  # a3 took a used slot
     assert [o.outputs[0].token_ids for o in outs] == want
     for out, prompt, w in zip(outs, PROMPTS, which):
         tokens, ref = _reference(base if w is None else models[w], prompt)
