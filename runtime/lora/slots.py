@@ -17,7 +17,10 @@ Qwen3). Others are refused at start, one line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -31,6 +34,13 @@ from pagoda.runtime.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from pagoda.runtime.distributed.layout import TPLayout
+
+
+def _background() -> None:
+    """The reader thread yields the cores to the step's threads: the lowest priority (Linux
+    sets a thread's nice value by its id; elsewhere, or where refused, it stays as it is)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 # each wrapped linear by its first module: the modules it stacks (q/k/v, gate/up)
@@ -139,7 +149,8 @@ class LoRASlots:
             return None
         if i not in self.reads:
             if self._reader is None:
-                self._reader = ThreadPoolExecutor(1, thread_name_prefix="pagoda-lora-read")
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="pagoda-lora-read",
+                                                  initializer=_background)  # fmt: skip
             fut = self._reader.submit(read_adapter, request, self.model_config,
                                       self.config.max_lora_rank)  # fmt: skip
             self.reads[i] = (request, fut)
