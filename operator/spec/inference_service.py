@@ -299,10 +299,7 @@ class InferenceServiceSpec:
                 )
             return
         self.lora_values()  # maxCpuLoras >= maxLoras, defaults filled
-        tp = self.tensor_parallel_size
         for what, on in (
-            (f"tensor parallelism (tensorParallelSize {tp}: resources.gpus × parallelism.nodes, "
-             "or parallelism.tensorParallelSize)", tp > 1),
             ("spec.engine.speculative", self.engine.speculative is not None),
             ("spec.engine.quantization fp8", self.engine.quantization == "fp8"),
         ):  # fmt: skip

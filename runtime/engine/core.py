@@ -25,7 +25,9 @@ the same order; greedy output relies on batch invariance, the default).
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import copy
+import functools
 import gc
 import hashlib
 import logging
@@ -39,6 +41,7 @@ from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.cpu.host_memory import release_freed_memory
 from pagoda.runtime.engine import recurrent
+from pagoda.runtime.engine.deferred import Deferred
 from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
@@ -279,6 +282,21 @@ class EngineCore:
         if self.runner.lora is None:
             raise ValueError("LoRA adapters are not enabled on this engine (--enable-lora)")
         self.runner.lora.adapter(request)
+
+    def read_lora(self, request) -> concurrent.futures.Future | None:
+        """Start reading `request`'s adapter off the engine thread (`LoRASlots.start_read`);
+        None when there is nothing to wait for (in host memory, or no --enable-lora: then
+        `add_lora` answers at once). Once the future is done, `add_lora` takes it."""
+        return None if self.runner.lora is None else self.runner.lora.start_read(request)
+
+    def load_lora(self, request) -> Deferred | None:
+        """`POST /v1/load_lora_adapter`'s call: the adapter read off the engine thread, then
+        checked in (`add_lora`) by the loop (`engine/deferred.py`); None: done already."""
+        read = self.read_lora(request)
+        if read is None:
+            self.add_lora(request)
+            return None
+        return Deferred(read, functools.partial(EngineCore.add_lora, request=request))
 
     def remove_lora(self, lora_int_id: int) -> bool:
         """Forget an adapter (requests already running with it finish with it)."""

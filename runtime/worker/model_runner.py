@@ -433,6 +433,8 @@ class ModelRunner:
             inp.sample_rows, inp.spec = verify.spec_rows(ids, cu, seq_lens - known, sampling)
         if self.lora is not None:  # each token's adapter slot (`lora/slots.py`)
             inp.lora = self.lora.prepare(reqs, qlens)
+            if self.channel is not None:  # rank 0 of a group: the slots the others fill too
+                inp.lora_loads = self.lora.take_loads()
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
                                            out.snapshots)  # fmt: skip
@@ -511,6 +513,8 @@ class ModelRunner:
         one fits, else eager. The other ranks of a group run it with rank 0's inputs."""
         graph = self.cuda_graphs
         if self.lora is not None:
+            if inp.lora_loads and self.tp is not None and self.tp.rank > 0:
+                self.lora.fill(inp.lora_loads)  # what rank 0 loaded in preparing the step
             self.lora.device_step(inp.lora, self.to_device)
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks, nd = len(inp.qlens), inp.table.shape[1], inp.num_decodes
