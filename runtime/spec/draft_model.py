@@ -71,10 +71,7 @@ def check_loaded(name: str, target: LoadedModel, draft: LoadedModel) -> None:
     if draft.fp8_scheme is not None:
         raise ValueError(f"speculative_config: the draft model {name} is an FP8 checkpoint; "
                          "FP8 draft models are not supported (use a 16-bit one)")  # fmt: skip
-    t, d = target.tokenizer, draft.tokenizer
-    if not (hasattr(t, "get_vocab") and hasattr(d, "get_vocab")):
-        return  # (tokenizers without a vocabulary map: the sizes were compared)
-    if t.get_vocab() != d.get_vocab():
+    if target.tokenizer.backend.get_vocab() != draft.tokenizer.backend.get_vocab():
         raise ValueError(
             f"speculative_config: the draft model {name} has another tokenizer than the target "
             "(token ids differ): a draft model must share the target's tokenizer"
