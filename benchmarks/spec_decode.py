@@ -23,7 +23,8 @@ transformers (no small checkpoint shares the embedded model's vocabulary) and a 
 copy of its first ``--draft-layers`` layers, embeddings, final norm and LM head. The target's
 later layers have their output projections (attention's o_proj, the MLP's down_proj) scaled by
 ``--damp``, so they move the residual stream little and the truncated copy's greedy tokens are
-often the target's: the acceptance is set by construction (printed), not a property of any
+often the target's (its LM head is scaled by `HEAD_SCALE`, so a greedy pick is not a near
+tie that any later layer flips): the acceptance is set by construction (printed), not a property of any
 real pair of models; what the run measures is what a step costs with the draft's k forwards and
 the verification rows at that acceptance. Random prompts, greedy::
 
@@ -119,6 +120,9 @@ def one_floor(engine) -> None:
     proposer.propose = propose
 
 
+HEAD_SCALE = 8.0  # the synthetic target's LM head scaled up: greedy picks well separated
+
+
 def synthetic_pair(root: Path, args) -> tuple[Path, Path]:
     """A random-weight Llama target and its truncated copy as the draft (module docstring),
     written to `root` with a word-level tokenizer; (target, draft) paths."""
@@ -134,6 +138,7 @@ def synthetic_pair(root: Path, args) -> tuple[Path, Path]:
         transformers.LlamaConfig(**cfg, num_hidden_layers=args.target_layers)
     )
     with torch.no_grad():
+        target.lm_head.weight.mul_(HEAD_SCALE)
         for layer in target.model.layers[args.draft_layers :]:
             layer.self_attn.o_proj.weight.mul_(args.damp)
             layer.mlp.down_proj.weight.mul_(args.damp)
@@ -249,7 +254,7 @@ def main() -> None:
     )
     ap.add_argument("--target-layers", type=int, default=12)
     ap.add_argument("--draft-layers", type=int, default=1)
-    ap.add_argument("--damp", type=float, default=0.05,
+    ap.add_argument("--damp", type=float, default=0.02,
                     help="the target's later layers' output projections scaled by this")  # fmt: skip
     args = ap.parse_args()
     print(machine())

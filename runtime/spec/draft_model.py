@@ -23,6 +23,7 @@ later catch-up.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -78,9 +79,16 @@ def check_loaded(name: str, target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-def check_built(name: str, model: LlamaModel) -> None:
+def check_built(name: str, model: LlamaModel, max_model_len: int) -> None:
     """ValueError, one line, for a built draft whose forward needs per-step inputs the draft
-    runner does not make (n-gram token history, longrope tables, per-sequence state)."""
+    runner does not make (n-gram token history, longrope tables, per-sequence state), or whose
+    context is shorter than the sequences served."""
+    context = model.config.context_length
+    if context < max_model_len:
+        raise ValueError(
+            f"speculative_config: the draft model {name} has a context of {context} tokens, "
+            f"less than max_model_len {max_model_len}: lower --max-model-len"
+        )
     if model.token_history or model.long_rope or model.sequence_state(1) is not None:
         raise ValueError(
             f"speculative_config: the draft model {name} ({model.config.architecture}) reads "
@@ -159,9 +167,10 @@ class DraftModel:
         block tables as the step used them ([B, W] int32), `num_blocks` [B] the blocks in each.
         One device→host read, at the end."""
         b, k, bs = len(reqs), self.k, self.block_size
-        seqs = [r.token_ids + list(t) for r, t in zip(reqs, tails)]
-        lens = np.fromiter(map(len, seqs), np.int64, b)
+        lens = np.fromiter((len(r.token_ids) + len(t) for r, t in zip(reqs, tails)), np.int64, b)
         seen = self._seen_of(reqs, lens)
+        # each sequence's unseen tokens only (not its whole list: a step stays O(new tokens))
+        unseen = [r.token_ids[a:] + t for r, t, a in zip(reqs, tails, seen.tolist())]
         width = max(int(-(-(lens.max() + k - 1) // bs)), table.shape[1])
         tbl = np.zeros((b, width), dtype=np.int32)
         tbl[:, : table.shape[1]] = table
@@ -173,8 +182,7 @@ class DraftModel:
         qlens = lens - seen
         cu = np.zeros(b + 1, dtype=np.int64)
         np.cumsum(qlens, out=cu[1:])
-        ids = np.fromiter((t for s, a in zip(seqs, seen.tolist()) for t in s[a:]), np.int64,
-                          int(cu[-1]))  # fmt: skip
+        ids = np.fromiter(chain.from_iterable(unseen), np.int64, int(cu[-1]))
         seq_idx = np.repeat(np.arange(b), qlens)
         positions = np.arange(len(ids)) - cu[:-1][seq_idx] + seen[seq_idx]
         tok = self._greedy(to_device(ids), positions, tbl, seq_idx, qlens, cu, to_device)

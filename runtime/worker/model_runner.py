@@ -209,7 +209,7 @@ class ModelRunner:
     def _build_draft(self, draft: LoadedModel, max_model_len: int) -> LlamaModel:
         """The draft model's weights on this device, with its own attention backend."""
         net = self._build_model(draft, max_model_len, self._attention_backend(draft.config))
-        check_built(draft.name, net)
+        check_built(draft.name, net, max_model_len)
         log.info("speculative decoding: draft model %s (%s, %d layers) drafts %d tokens a step",
                  draft.name, draft.config.architecture, draft.config.num_layers,
                  self.config.speculative_config.num_speculative_tokens)  # fmt: skip

@@ -117,6 +117,10 @@ def test_bad_drafts_are_refused_in_one_line(paths, tmp_path):
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ValueError, match="another tokenizer than the target"):
         LLM(str(target), **ENGINE, speculative_config=spec | {"model": str(other)})
+    # a context shorter than the sequences served
+    make_tiny_llama(other, num_hidden_layers=1, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="has a context of 64 tokens, less than max_model_len"):
+        LLM(str(target), **ENGINE, speculative_config=spec | {"model": str(other)})
 
 
 @pytest.mark.parametrize(
