@@ -478,13 +478,21 @@ def check_speculative(config: EngineConfig, model: ModelConfig) -> None:
     spec = config.speculative_config
     if spec is None:
         return
-    draft = None if spec.draft_model is None else read_model_config(spec.draft_model)
+    draft = None if spec.draft_model is None else read_draft_config(spec.draft_model)
     for mc in (model,) if draft is None else (model, draft):
         if recurrent.keeps_state(mc) or mc.family.dsv4 is not None:
             raise ValueError(_SPEC_STATE.format(mc.architecture))
     if draft is not None:
         check_draft(config, model, draft)
         check_dtype(config, draft)
+
+
+def read_draft_config(path: str) -> ModelConfig:
+    """The draft model's config; its path's or config's error named as the draft's."""
+    try:
+        return read_model_config(path)
+    except ValueError as e:
+        raise ValueError(f"speculative_config: the draft model: {e}") from None
 
 
 def load_draft(config: EngineConfig, target: LoadedModel) -> LoadedModel | None:

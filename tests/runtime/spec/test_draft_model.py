@@ -103,7 +103,8 @@ def _refusal(target, spec: dict, **engine) -> str:
 def test_bad_drafts_are_refused_in_one_line(paths, tmp_path):
     target, short = paths
     spec = {"model": str(short), "num_speculative_tokens": 2}
-    assert "neither a built-in name" in _refusal(target, spec | {"model": str(tmp_path / "x")})
+    missing = _refusal(target, spec | {"model": str(tmp_path / "x")})
+    assert missing.startswith("speculative_config: the draft model: model") and "neither" in missing
     other = tmp_path / "other"
     make_tiny_llama(other, vocab_size=200, num_hidden_layers=1)
     assert "vocabulary of 200 tokens, the target 300" in _refusal(
