@@ -7,8 +7,9 @@ Its KV cache is its own tensors addressed by the target's block tables: block b 
 cache holds the draft's keys and values of the positions that block b of the target cache
 holds, so the scheduler's one allocator serves both (`draft_block_bytes` is counted in the KV
 budget per block). What the draft has seen of a sequence (its KV rows written from the
-sequence's real tokens inside the sequence's own blocks) is kept per request; each drafting
-run first catches it up on the rest (the whole prompt the first time, else the tokens the
+sequence's real tokens inside the sequence's own blocks) is kept per request. A prompt chunk
+before the last is caught up as the target computes it (`catch_up`, queued beside the target's
+forward). Each drafting run first catches a sequence up on the rest (the prompt's last chunk and first token, else the tokens the
 target accepted last step and its own next one), all sequences in one ragged forward, then runs
 k - 1 one-token forwards, each over all the sequences at once, feeding back its own argmax on
 the device; the k drafts of every sequence are read back together at the end.
@@ -32,6 +33,7 @@ from pagoda.runtime.attention import AttentionMetadata
 
 if TYPE_CHECKING:
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.core.sched_output import SchedulerOutput
     from pagoda.runtime.model.llama import LlamaModel
     from pagoda.runtime.model.loader import LoadedModel
     from pagoda.runtime.model_config import ModelConfig
@@ -100,6 +102,18 @@ def check_built(name: str, model: LlamaModel, max_model_len: int) -> None:
 def draft_block_bytes(model: LlamaModel, dtype: torch.dtype, block_size: int) -> int:
     """The draft's bytes of one KV block (added to the target's in the KV budget)."""
     return sum(b.block_bytes(dtype, block_size) for b in model.kv_backends)
+
+
+def prefill_batch(
+    out: SchedulerOutput, sampling: list[int], seq_lens: np.ndarray, rows: np.ndarray
+) -> tuple[list[Request], np.ndarray, np.ndarray]:
+    """The step's prompt chunks the draft catches up on as the target computes them: its
+    scheduled requests that take drafts and do not sample (a chunk before a prompt's last);
+    with the positions computed once the step is done and their block-table rows."""
+    mid = np.ones(len(out.scheduled), dtype=bool)
+    mid[sampling] = False
+    idx = [i for i in np.flatnonzero(mid).tolist() if out.scheduled[i].request.takes_drafts]
+    return [out.scheduled[i].request for i in idx], seq_lens[idx], rows[idx]
 
 
 def draft_batch(
@@ -179,13 +193,7 @@ class DraftModel:
         spare = self.scratch_base + np.arange(b)[:, None] * self.scratch + extra
         tbl[scratch] = spare[scratch]
         # the catch-up: every sequence's unseen tokens, its last one giving the first draft
-        qlens = lens - seen
-        cu = np.zeros(b + 1, dtype=np.int64)
-        np.cumsum(qlens, out=cu[1:])
-        ids = np.fromiter(chain.from_iterable(unseen), np.int64, int(cu[-1]))
-        seq_idx = np.repeat(np.arange(b), qlens)
-        positions = np.arange(len(ids)) - cu[:-1][seq_idx] + seen[seq_idx]
-        tok = self._greedy(to_device(ids), positions, tbl, seq_idx, qlens, cu, to_device)
+        tok = self._ragged(unseen, seen, lens, tbl, to_device)
         drafts = [tok]
         one = np.arange(b)
         for j in range(1, k):  # one position further each, all sequences at once
@@ -198,6 +206,44 @@ class DraftModel:
         for r, n in zip(reqs, real.tolist()):
             self._seen[r] = (r.num_preemptions, n)
         return out
+
+    def catch_up(
+        self,
+        reqs: Sequence[Request],
+        ends: np.ndarray,
+        table: np.ndarray,
+        num_blocks: np.ndarray,
+        to_device: Callable[[np.ndarray], torch.Tensor],
+    ) -> None:
+        """The draft's rows of the prompt chunks the target computes this step (requests that
+        do not sample yet), up to `ends` [B], in one forward queued on the device (nothing read
+        back): a prompt is caught up chunk by chunk, within the step's token budget, as the
+        target computes it. `table` / `num_blocks` as in `propose`."""
+        seen = self._seen_of(reqs, ends)
+        unseen = [r.token_ids[a:e] for r, a, e in zip(reqs, seen.tolist(), ends.tolist())]
+        self._ragged(unseen, seen, ends, table, to_device)
+        real = np.minimum(ends, num_blocks * self.block_size)
+        for r, n in zip(reqs, real.tolist()):
+            self._seen[r] = (r.num_preemptions, n)
+
+    def _ragged(
+        self,
+        unseen: list[list[int]],
+        seen: np.ndarray,
+        lens: np.ndarray,
+        tbl: np.ndarray,
+        to_device: Callable[[np.ndarray], torch.Tensor],
+    ) -> torch.Tensor:
+        """One forward over each sequence's `unseen` tokens (positions `seen` .. `lens` - 1):
+        the argmax after each one's last, int64 [B] on the device."""
+        b = len(unseen)
+        qlens = lens - seen
+        cu = np.zeros(b + 1, dtype=np.int64)
+        np.cumsum(qlens, out=cu[1:])
+        ids = np.fromiter(chain.from_iterable(unseen), np.int64, int(cu[-1]))
+        seq_idx = np.repeat(np.arange(b), qlens)
+        positions = np.arange(len(ids)) - cu[:-1][seq_idx] + seen[seq_idx]
+        return self._greedy(to_device(ids), positions, tbl, seq_idx, qlens, cu, to_device)
 
     def _seen_of(self, reqs: Sequence[Request], lens: np.ndarray) -> np.ndarray:
         """Each sequence's positions whose draft rows are real (0: new, or preempted since);

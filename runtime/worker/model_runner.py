@@ -41,7 +41,13 @@ from pagoda.runtime.sampling.sampler import (
     sample,
 )
 from pagoda.runtime.spec import verify
-from pagoda.runtime.spec.draft_model import DraftModel, check_built, draft_batch, draft_block_bytes
+from pagoda.runtime.spec.draft_model import (
+    DraftModel,
+    check_built,
+    draft_batch,
+    draft_block_bytes,
+    prefill_batch,
+)
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import cache_budget, prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
@@ -333,6 +339,8 @@ class ModelRunner:
         if clock is not None:
             clock.mark("prepare")
         logits = self._forward(inp, head)
+        if self.draft is not None and len(inp.sampling) < len(out.scheduled):
+            self._draft_prefill(out, inp)  # prompt chunks: the draft's rows too
         if clock is not None:
             clock.mark("forward")
         prompt = None
@@ -367,14 +375,23 @@ class ModelRunner:
         reqs, tails, rows = draft_batch(step, result)
         if not reqs:
             return None
-        tables = self.block_tables
-        table = tables.table[rows]
-        nblocks = tables.lens[rows]
-        table = table[:, : max(int(nblocks.max()), 1)]
+        table, nblocks = self._table_rows(rows)
         drafts = self.draft.propose(reqs, tails, table, nblocks, self.to_device)
         if self.clock is not None:
             self.clock.mark("draft")
         return reqs, drafts
+
+    def _draft_prefill(self, out: SchedulerOutput, inp: StepInputs) -> None:
+        """The draft's catch-up on the step's prompt chunks that do not sample (queued)."""
+        reqs, ends, rows = prefill_batch(out, inp.sampling, inp.seq_lens, self.block_tables.rows)
+        if reqs:
+            self.draft.catch_up(reqs, ends, *self._table_rows(rows), self.to_device)
+
+    def _table_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Block-table rows of the last gathered step: [B, their most blocks] and [B] counts."""
+        tables = self.block_tables
+        nblocks = tables.lens[rows]
+        return tables.table[rows, : max(int(nblocks.max()), 1)], nblocks
 
     def _execute_pooling(self, out: SchedulerOutput, inp: StepInputs) -> LaunchedStep:
         """The pooling runner's step: hidden states (no LM head) → the vectors of the prompts
