@@ -83,12 +83,13 @@ class SpeculativeConfig:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f'speculative_config: method "{DRAFT_MODEL}" needs "model", the '
                              "draft checkpoint's path")  # fmt: skip
-        asked = [k for k in ("prompt_lookup_max", "prompt_lookup_min") if getattr(self, k)]
-        if self.adaptive:
+        keys = ("prompt_lookup_max", "prompt_lookup_min")
+        asked = [k for k in keys if getattr(self, k) is not None]
+        if self.adaptive not in (None, False):
             asked.append("adaptive")
         if asked:
-            raise ValueError(f"speculative_config: {', '.join(asked)} apply to the n-gram "
-                             f'method only, not "{DRAFT_MODEL}"')  # fmt: skip
+            raise ValueError(f"speculative_config: {', '.join(asked)}: n-gram drafting's "
+                             f'key(s), not for method "{DRAFT_MODEL}"')  # fmt: skip
         object.__setattr__(self, "adaptive", False)
 
     @property
