@@ -129,7 +129,7 @@ def test_bad_drafts_are_refused_in_one_line(paths, tmp_path):
     [
         ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
         ({"model": "d", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
-         "prompt_lookup_max: n-gram drafting's key(s), not for method"),
+         "prompt_lookup_max: n-gram drafting's key"),
         ({"model": "d", "num_speculative_tokens": 2, "adaptive": True}, "adaptive: n-gram"),
         ({"method": "ngram", "model": "d", "num_speculative_tokens": 2}, "takes no model"),
     ],
