@@ -16,7 +16,7 @@ the device; the k drafts of every sequence are read back together at the end.
 
 Positions past a sequence's blocks (its last token's, when it starts a block the scheduler has
 not handed out yet, and the draft positions) go to scratch blocks past the shared ones, a few
-per batch row: nothing the draft writes there is counted as seen, and neither is a draft
+per batch row (`scratch_blocks`, taken from the KV budget before the shared blocks): nothing the draft writes there is counted as seen, and neither is a draft
 position inside the sequence's blocks, so a rejected draft's rows are simply written again by a
 later catch-up.
 """
@@ -104,6 +104,11 @@ def draft_block_bytes(model: LlamaModel, dtype: torch.dtype, block_size: int) ->
     return sum(b.block_bytes(dtype, block_size) for b in model.kv_backends)
 
 
+def scratch_blocks(k: int, block_size: int) -> int:
+    """A batch row's scratch blocks: k positions past a sequence's blocks, from any offset."""
+    return -(-k // block_size) + 1
+
+
 def prefill_batch(
     out: SchedulerOutput, sampling: list[int], seq_lens: np.ndarray, rows: np.ndarray
 ) -> tuple[list[Request], np.ndarray, np.ndarray]:
@@ -158,7 +163,7 @@ class DraftModel:
         max_positions: int,
     ) -> None:
         self.model, self.k, self.block_size, self.device = model, k, block_size, device
-        self.scratch = -(-k // block_size) + 1  # a row's scratch blocks: k positions, any start
+        self.scratch = scratch_blocks(k, block_size)
         self.scratch_base = num_blocks
         total = num_blocks + max_rows * self.scratch
         caches = [b.allocate_kv_cache(total, block_size, dtype, device) for b in model.kv_backends]

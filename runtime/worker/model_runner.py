@@ -47,6 +47,7 @@ from pagoda.runtime.spec.draft_model import (
     draft_batch,
     draft_block_bytes,
     prefill_batch,
+    scratch_blocks,
 )
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import cache_budget, prompt_logprobs
@@ -277,9 +278,17 @@ class ModelRunner:
             self.mamba.snapshot_bytes if interval else 0,
         )
         ranks = 1 if self.tp is None else self.tp.size
+        scratch = 0  # a draft model's scratch blocks, one row per sequence (`spec/draft_model.py`)
+        if self._draft_net is not None:
+            k, bs = config.speculative_config.num_speculative_tokens, self.block_size
+            row = scratch_blocks(k, bs) * draft_block_bytes(self._draft_net, self.dtype, bs)
+            scratch = config.scheduler.max_num_seqs * row
         return shape.size(
-            lambda: cache_budget.cache_budget(
-                config.cache, self.device, self.model_config, config.scheduler, ranks
+            lambda: (
+                cache_budget.cache_budget(
+                    config.cache, self.device, self.model_config, config.scheduler, ranks
+                )
+                - scratch
             ),
             max_model_len,
             config.scheduler.max_model_len,

@@ -92,6 +92,22 @@ def test_seeded_sampling_gives_the_same_tokens(engines):
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
+def test_the_draft_s_cache_is_in_the_kv_budget(paths):
+    """A block's draft rows are added to the target's bytes per block, and the draft's scratch
+    blocks (ceil(k / block size) + 1 a sequence) come out of the budget first."""
+    target, short = paths
+    common = dict(dtype="float32", block_size=8, kv_cache_memory=1 << 20, max_num_seqs=4,
+                  max_model_len=128)  # fmt: skip
+    spec = {"model": str(short), "num_speculative_tokens": K}
+    plain = LLM(str(target), **common).engine.runner
+    drafted = LLM(str(target), **common, speculative_config=spec).engine.runner
+    per = plain.bytes_per_block
+    draft = drafted.bytes_per_block - per
+    assert draft == per // 2  # one layer of the target's two, the same heads
+    assert plain.num_blocks == (1 << 20) // per
+    assert drafted.num_blocks == ((1 << 20) - 4 * 2 * draft) // (per + draft)
+
+
 def _refusal(target, spec: dict, **engine) -> str:
     config = EngineConfig.create(model=str(target), speculative_config=spec, **engine)
     with pytest.raises(ValueError) as e:
