@@ -12,7 +12,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.children.model_cache import add_adapter_download, add_model_download
+from pagoda.operator.children.model_cache import (
+    add_adapter_download,
+    add_draft_download,
+    add_model_download,
+)
 from pagoda.operator.children.owner import adopt, child
 from pagoda.operator.children.serve_args import server_args
 from pagoda.operator.kube.names import (
@@ -132,6 +136,7 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     }
     add_model_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # hf://, s3:// only
     add_adapter_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # hf://, s3:// adapters
+    add_draft_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # an hf://, s3:// draft model
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if tolerations:

@@ -311,7 +311,7 @@ async def test_the_model_and_adapters_are_asked_at_once_bounded_each_failure_nam
                 default_image="img:1")  # fmt: skip
 
         spec = parse([f"hf://org/l{i}" for i in range(5)])  # 6 asks: two rounds of 3
-        _, found, pins = await model_pin.pin(None, body, spec, config, logging.getLogger())  # type: ignore[arg-type]
+        _, found, pins, _ = await model_pin.pin(None, body, spec, config, logging.getLogger())  # type: ignore[arg-type]
         assert found is not None and found["commit"] == hub.repos["org/m"].commit
         assert {n: p["commit"] for n, p in pins.items()} == {
             f"a{i}": hub.repos[f"org/l{i}"].commit for i in range(5)}  # fmt: skip
