@@ -36,7 +36,8 @@ tag is pinned as spec.model is, kept in
 
 and fetched by the `draft-download` init container as `hf://ORG/NAME@SHA`: a rollout or a
 scale-up never changes the draft silently. It moves when its URI changes, or with the annotation.
-The model, the adapters and the draft to pin are asked at the same time (at most MAX_CONCURRENT_RESOLVES
+The model, the adapters and the draft to pin are asked at the same time (at most
+MAX_CONCURRENT_RESOLVES
 requests at once).
 
 A failed resolution is the condition `Degraded`, reason `ModelResolveFailed`, with the

@@ -272,30 +272,30 @@ class InferenceServiceSpec:
                 "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
                 f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
             )
-        if self.engine.speculative is not None and pod_fields.sets_flag(
-            self.engine.extra_args, "async_scheduling"
-        ):
-            raise SpecError(  # `pagoda serve` refuses the two together at start
-                "InvalidSpec",
-                "spec.engine.speculative runs with synchronous scheduling only: drop "
-                "--async-scheduling from spec.engine.extraArgs",
-            )
-        if self.engine.speculative is not None and self.tensor_parallel_size > 1:
-            raise SpecError(  # `pagoda serve` refuses it at start (a crash loop)
-                "InvalidSpec",
-                "spec.engine.speculative is not supported with tensor parallelism "
-                f"(tensorParallelSize {self.tensor_parallel_size}: resources.gpus × "
-                "parallelism.nodes, or parallelism.tensorParallelSize): drop one of them",
-            )
         self._check_speculative()
         self._check_adapters()
         self._check_split()
 
     def _check_speculative(self) -> None:
-        """What `pagoda serve --speculative-config` refuses at start beside the tensor-parallel
-        and async-scheduling rules above (a crash loop), refused here."""
+        """What `pagoda serve --speculative-config` refuses at start (a crash loop), refused
+        here (with adapters: `_check_adapters`)."""
         e = self.engine
-        if e.speculative is not None and e.runner == "pooling":
+        if e.speculative is None:
+            return
+        if pod_fields.sets_flag(e.extra_args, "async_scheduling"):
+            raise SpecError(
+                "InvalidSpec",
+                "spec.engine.speculative runs with synchronous scheduling only: drop "
+                "--async-scheduling from spec.engine.extraArgs",
+            )
+        if self.tensor_parallel_size > 1:
+            raise SpecError(
+                "InvalidSpec",
+                "spec.engine.speculative is not supported with tensor parallelism "
+                f"(tensorParallelSize {self.tensor_parallel_size}: resources.gpus × "
+                "parallelism.nodes, or parallelism.tensorParallelSize): drop one of them",
+            )
+        if e.runner == "pooling":
             raise SpecError(
                 "InvalidSpec",
                 "spec.engine.speculative is not supported with the pooling runner (an embedding "
