@@ -48,6 +48,13 @@ def pod_spec(spec: InferenceServiceSpec) -> dict[str, Any]:
     return build_children(OWNER, spec).workload["spec"]["template"]["spec"]
 
 
+def crd_errors(fields: dict[str, Any]) -> list[str]:
+    """What the CRD's schema and CEL say of an InferenceService with this spec."""
+    meta = {"name": "llama"}
+    return validate(load_crd(), {"apiVersion": "serving.pagoda.dev/v1alpha1",
+                                 "kind": "InferenceService", "metadata": meta, "spec": fields})  # fmt: skip
+
+
 def served_config(spec: InferenceServiceSpec) -> SpeculativeConfig:
     """The server container's args through the real `pagoda serve` parser and its checks."""
     (server,) = pod_spec(spec)["containers"]
@@ -171,9 +178,7 @@ def test_crd_and_operator_refuse_the_same_specs(
     extra: dict[str, Any], crd_says: str, operator_says: str
 ) -> None:
     fields = {**BASE, **extra}
-    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
-           "metadata": {"name": "llama"}, "spec": fields}  # fmt: skip
-    errors = validate(load_crd(), doc)
+    errors = crd_errors(fields)
     assert any(crd_says in e for e in errors), errors
     with pytest.raises(SpecError) as e:
         parse(fields)
@@ -209,9 +214,7 @@ def test_valid_specs_pass_both() -> None:
         {"model": "hf://org/m", "engine": draft("s3://bucket/d"), "modelSecretRef": {"name": "s"}},
         {**BASE, "engine": {**draft(), "kvCacheDtype": "fp8"}},
     ):
-        doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
-               "metadata": {"name": "llama"}, "spec": fields}  # fmt: skip
-        assert validate(load_crd(), doc) == []
+        assert crd_errors(fields) == []
         spec = parse(fields)
         assert spec.engine.speculative is not None and spec.engine.speculative.adaptive is False
     ngram = parse({**BASE, "engine": {"speculative": {"numSpeculativeTokens": 4}}})
