@@ -1,6 +1,7 @@
 """The Deployment: one `server` container running `pagoda serve`, its probes, resources, volumes
 and restricted security context (+ the `model-download` init container of an hf:// or s3://
-model, and the `adapter-download` one of hf:// or s3:// LoRA adapters: children/model_cache.py).
+model, the `adapter-download` one of hf:// or s3:// LoRA adapters, the `draft-download` one of an
+hf:// or s3:// draft model: children/model_cache.py).
 Pure.
 
 `replicas` is left out once the autoscaler owns it (see
