@@ -106,6 +106,12 @@ def test_the_draft_s_cache_is_in_the_kv_budget(paths):
     assert draft == per // 2  # one layer of the target's two, the same heads
     assert plain.num_blocks == (1 << 20) // per
     assert drafted.num_blocks == ((1 << 20) - 4 * 2 * draft) // (per + draft)
+    # `pagoda serve`'s start-up estimate (`server/memory.py`) counts the same blocks
+    from pagoda.runtime.server import memory
+
+    cfg = EngineConfig.create(str(target), **common, speculative_config=spec)
+    fp = memory.estimate(read_model_config(str(target)), cfg, target, cfg.torch_device())
+    assert fp.kv_blocks == drafted.num_blocks and fp.draft > 0
 
 
 def _refusal(target, spec: dict, **engine) -> str:
