@@ -96,9 +96,9 @@ class Draft:
     name: str
 
     def kv_bytes(self, cfg: EngineConfig) -> tuple[int, int]:
-        """Its KV bytes of one block (added to the target's, `draft_block_bytes`) and of its
-        scratch blocks, `scratch_blocks` a sequence of --max-num-seqs, which the runner takes
-        from the KV budget before the shared blocks."""
+        """Its KV bytes of one block (added to the target's, as `draft_block_bytes` is) and
+        those of its scratch blocks (`scratch_blocks` for each of --max-num-seqs sequences),
+        which the runner takes from the KV budget before the shared blocks."""
         cache, k = cfg.cache, cfg.speculative_config.num_speculative_tokens
         bs = cache.block_size
         per_block = (
