@@ -5,11 +5,15 @@ computed in the model's dtype on the unquantized input and added (`lora/layer.py
 * a zero adapter (B = 0) gives the FP8 base's tokens and logits bit for bit;
 * at a layer, the wrapped FP8 layer's output minus the FP8 GEMM's alone is x A^T B^T (scaled)
   computed by hand from the adapter's files, in each mode, part by part (q/k/v, gate/up);
-* a mixed batch (two adapters and the base) gives each request's logits alone, bit for bit.
+* a mixed batch (two adapters and the base) gives each request's logits alone, bit for bit;
+* an FP8 checkpoint (per-channel scales) takes adapters as online FP8 does, bit for bit.
+Block-wise FP8 checkpoints are dequantized at load (`quantization/fp8.py`): plain layers, as
+`test_lora_oracle.py` tests.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
@@ -17,8 +21,8 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_ava
 import numpy as np
 import pytest
 import torch
-from fp8_testlib import PROMPTS
-from lora_testlib import ADAPTERS, make_adapter, make_base
+from fp8_testlib import PROMPTS, write_fp8_pair
+from lora_testlib import ADAPTERS, make_adapter
 from pagoda.runtime import LLM, LoRARequest, SamplingParams
 from pagoda.runtime.lora.layer import MODES
 from pagoda.runtime.lora.slots import WRAPPED
@@ -28,9 +32,8 @@ pytestmark = pytest.mark.skipif(
     os.environ["TRITON_INTERPRET"] != "1",
     reason="the CPU run of the FP8 GEMM needs TRITON_INTERPRET=1",
 )
-STEPS = 3
-ENGINE = dict(dtype="float32", quantization="fp8", kv_cache_memory=2 << 20,
-              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+STEPS = 2  # the prompt's step and a decode step (the KV cache read back)
+ENGINE = dict(dtype="float32", kv_cache_memory=2 << 20, max_num_batched_tokens=16, max_num_seqs=4)
 
 
 def _run(llm: LLM, prompts, loras) -> list[tuple[list[int], torch.Tensor]]:
@@ -46,10 +49,15 @@ def _run(llm: LLM, prompts, loras) -> list[tuple[list[int], torch.Tensor]]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """The FP8 base with and without --enable-lora, and the runs the tests compare: the base
-    alone; a zero adapter beside the base; a1, the base and a2 in one batch; a1 and a2 alone."""
+    """The tiny Llama with ``quantization="fp8"``, with and without --enable-lora, and its FP8
+    checkpoint (`fp8_testlib.write_fp8_pair`: the same E4M3 codes and scales) with it; the runs
+    the tests compare: the base alone; a1, a2, the base and a zero adapter in one batch; a1 and
+    a2 alone; a1 alone on the checkpoint."""
+    import transformers
+
     root = tmp_path_factory.mktemp("lora-fp8")
-    base = make_base(root / "base")
+    orig, ckpt, _ = write_fp8_pair(root)
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(orig), dtype=torch.float32)
     reqs = {}
     for i, (name, r, alpha, targets, rslora) in enumerate(ADAPTERS):
         make_adapter(base, root / name, r, alpha, targets, rslora, seed=i)
@@ -61,54 +69,64 @@ def served(tmp_path_factory):
     save_file({k: torch.zeros_like(v) if "lora_B" in k else v for k, v in t.items()},
               str(zero / "adapter_model.safetensors"))  # fmt: skip
     reqs["zero"] = LoRARequest("zero", 3, str(zero))
-    plain = LLM(str(root / "base"), **ENGINE)
-    llm = LLM(str(root / "base"), enable_lora=True, max_loras=3, max_lora_rank=8, **ENGINE)
+    lora = dict(enable_lora=True, max_loras=3, max_lora_rank=8, **ENGINE)
+    plain = LLM(str(orig), quantization="fp8", **ENGINE)
+    llm = LLM(str(orig), quantization="fp8", **lora)
+    served = LLM(str(ckpt), **lora)
     a1, a2, z = reqs["a1"], reqs["a2"], reqs["zero"]
-    runs = {"base": _run(plain, PROMPTS, None), "zero": _run(llm, PROMPTS, [z, None, z]),
-            "mixed": _run(llm, PROMPTS, [a1, None, a2]),
-            "a1": _run(llm, PROMPTS[:1], a1), "a2": _run(llm, PROMPTS[2:], a2)}  # fmt: skip
-    return llm, root, reqs, runs
+    p0, p1, p2 = PROMPTS
+    runs = {"base": _run(plain, PROMPTS, None),
+            "mixed": _run(llm, [p0, p1, p2, p1], [a1, a2, None, z]),
+            "a1": _run(llm, [p0], a1), "a2": _run(llm, [p1], a2),
+            "checkpoint a1": _run(served, [p0], a1)}  # fmt: skip
+    return llm, served, root, reqs, runs
 
 
 def test_the_adapters_wrap_fp8_layers(served):
+    """Online FP8 and the FP8 checkpoint alike: every wrapped linear's base is the FP8 GEMM."""
     from pagoda.runtime.model.fp8_linear import Fp8Linear
 
-    llm, *_ = served
-    layer = llm.engine.runner.model.layers[0]
-    for w in (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down):
-        assert type(w).__name__ == "LoRALinear" and isinstance(w.base, Fp8Linear)
+    for llm in served[:2]:
+        layer = llm.engine.runner.model.layers[0]
+        for w in (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down):
+            assert type(w).__name__ == "LoRALinear" and isinstance(w.base, Fp8Linear)
 
 
-def test_zero_adapter_is_the_fp8_base_bit_for_bit(served):
-    """B = 0: the adapter's path runs (its rows and the base row beside them) and adds exact
-    zeros to the FP8 GEMM's output: tokens and every step's logits are the FP8 base's."""
+def test_zero_adapter_and_base_rows_are_the_fp8_base_bit_for_bit(served):
+    """B = 0: the adapter's path runs and adds exact zeros to the FP8 GEMM's output, and a base
+    request beside adapters keeps its rows: tokens and every step's logits are those of the
+    FP8 model without --enable-lora."""
     *_, runs = served
-    for (tokens, logits), (want, want_logits) in zip(runs["zero"], runs["base"]):
-        assert tokens == want and torch.equal(logits, want_logits)
+    for got, want in ((runs["mixed"][3], runs["base"][1]), (runs["mixed"][2], runs["base"][2])):
+        assert got[0] == want[0] and torch.equal(got[1], want[1])
 
 
 def test_mixed_batch_matches_each_alone(served):
-    """a1, the base and a2 in one batch (the longest prompt chunked beside the others): each
-    request's logits are its own alone, bit for bit (the FP8 GEMM and the dense mode's matmuls
-    are row-invariant), and the adapters change them."""
+    """a1, a2, the base and the zero adapter in one batch (the longest prompt chunked beside
+    the others): each adapter's request has its logits alone, bit for bit (the FP8 GEMM and
+    the dense mode's matmuls are row-invariant), and the adapters change them."""
     *_, runs = served
-    (t1, l1), (tb, lb), (t2, l2) = runs["mixed"]
-    assert (t1, tb, t2) == (runs["a1"][0][0], runs["base"][1][0], runs["a2"][0][0])
-    assert torch.equal(l1, runs["a1"][0][1]) and torch.equal(l2, runs["a2"][0][1])
-    assert torch.equal(lb, runs["base"][1][1])
-    for (_, got), (_, base) in ((runs["a1"][0], runs["base"][0]), (runs["a2"][0], runs["base"][2])):
-        assert (got - base).abs().max() > 0.1
+    for got, alone, base in ((runs["mixed"][0], runs["a1"][0], runs["base"][0]),
+                             (runs["mixed"][1], runs["a2"][0], runs["base"][1])):  # fmt: skip
+        assert got[0] == alone[0] and torch.equal(got[1], alone[1])
+        assert (got[1] - base[1]).abs().max() > 0.1
 
 
-def _hand_delta(root, req: LoRARequest, layer: int, module: str, x: torch.Tensor):
-    """x A^T B^T times the adapter's scaling (alpha / r, or alpha / sqrt(r) with rslora), from
-    its safetensors and config as peft writes them; None where it does not target `module`."""
-    import json
+def test_fp8_checkpoint_takes_adapters_as_online_fp8(served):
+    """The FP8 checkpoint (per-channel scales, the codes ``quantization="fp8"`` makes of its
+    original) with a1: the online FP8 model's tokens and logits with a1, bit for bit."""
+    *_, runs = served
+    (got,), (want,) = runs["checkpoint a1"], runs["a1"]
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
 
-    cfg = json.loads((root / req.lora_name / "adapter_config.json").read_text())
-    t = load_file(str(root / req.lora_name / "adapter_model.safetensors"))
+
+def _hand_delta(adapter: dict, module: str, x: torch.Tensor):
+    """x A^T B^T times the adapter's scaling (alpha / r, or alpha / sqrt(r) with rslora), in
+    float64, from layer 1's tensors as peft writes them; None where it does not target
+    `module`."""
+    cfg, t = adapter
     block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-    key = f"base_model.model.model.layers.{layer}.{block}.{module}"
+    key = f"base_model.model.model.layers.1.{block}.{module}"
     if f"{key}.lora_A.weight" not in t:
         return None
     a, b, r = t[f"{key}.lora_A.weight"], t[f"{key}.lora_B.weight"], cfg["r"]
@@ -120,13 +138,17 @@ def _hand_delta(root, req: LoRARequest, layer: int, module: str, x: torch.Tensor
 def test_adapter_delta_at_a_layer_is_x_a_b(served, mode):
     """Layer 1's four wrapped FP8 linears on tokens of a1, the base and a2: the output minus
     the FP8 GEMM's (`base(x)`) is each token's adapter product on its parts' columns, by hand
-    in float64 from x, A and B. Tolerance: the float32 products' rounding (K <= 128 terms of
-    |x| ~ 1) and the add's, y = base + delta rounded once more: ~1e-6 of the base's values;
-    2e-5 of them holds it with room. The base token's rows are the GEMM's bit for bit."""
-    llm, root, reqs, _ = served
+    in float64 from the unquantized x, A and B. Tolerance: the float32 shrink and expand
+    (sums of K <= 128 terms: at most ~K x 6e-8 relative) and the add, y = base + delta rounded
+    once (6e-8 of |y|): 1e-5 of max(|base| + |delta|) bounds both (measured: 3e-7 of it). An
+    adapter fed the GEMM's E4M3-quantized x (off by up to 0.1 here) would miss by ~3e-2 of
+    |delta|. The base token's rows are the GEMM's bit for bit."""
+    llm, _, root, reqs, _ = served
     slots = llm.engine.runner.lora
     slot = {n: slots.slot_of[reqs[n].lora_int_id] for n in ("a1", "a2")}
     index = np.array([slot["a1"], 0, slot["a2"], slot["a1"], slot["a2"]])
+    files = {n: (json.loads((root / n / "adapter_config.json").read_text()),
+                 load_file(str(root / n / "adapter_model.safetensors"))) for n in slot}  # fmt: skip
     slots.step.mode = mode
     slots.device_step(index, torch.as_tensor)
     try:
@@ -140,14 +162,14 @@ def test_adapter_delta_at_a_layer_is_x_a_b(served, mode):
             base = w.base(x)
             got = w(x) - base
             want = torch.zeros_like(got)
-            for lo, name in zip((lo for lo, _ in w.bounds), names):
-                for row, s in enumerate(index):
-                    n = {slot["a1"]: "a1", slot["a2"]: "a2"}.get(int(s))
-                    d = None if n is None else _hand_delta(root, reqs[n], 1, name, x[row : row + 1])
+            for (lo, hi), name in zip(w.bounds, names):
+                for n, adapter in files.items():
+                    rows = torch.from_numpy(index == slot[n])
+                    d = _hand_delta(adapter, name, x[rows])
                     if d is not None:
-                        want[row, lo : lo + d.shape[1]] = d[0]
+                        want[rows, lo:hi] = d
             assert want.abs().max() > 0.1, first
-            tol = 2e-5 * base.abs().max().item()
+            tol = 1e-5 * (base.abs() + want.abs()).max().item()
             torch.testing.assert_close(got, want, atol=tol, rtol=0)
             assert torch.equal(got[1], torch.zeros_like(got[1]))  # the base token
     finally:
