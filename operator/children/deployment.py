@@ -1,6 +1,7 @@
 """The Deployment: one `server` container running `pagoda serve`, its probes, resources, volumes
 and restricted security context (+ the `model-download` init container of an hf:// or s3://
-model, and the `adapter-download` one of hf:// or s3:// LoRA adapters: children/model_cache.py).
+model, the `adapter-download` one of hf:// or s3:// LoRA adapters, the `draft-download` one of an
+hf:// or s3:// draft model: children/model_cache.py).
 Pure.
 
 `replicas` is left out once the autoscaler owns it (see
@@ -12,7 +13,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.children.model_cache import add_adapter_download, add_model_download
+from pagoda.operator.children.model_cache import (
+    add_adapter_download,
+    add_draft_download,
+    add_model_download,
+)
 from pagoda.operator.children.owner import adopt, child
 from pagoda.operator.children.serve_args import server_args
 from pagoda.operator.kube.names import (
@@ -132,6 +137,7 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     }
     add_model_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # hf://, s3:// only
     add_adapter_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # hf://, s3:// adapters
+    add_draft_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # an hf://, s3:// draft model
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if tolerations:

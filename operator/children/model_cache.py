@@ -19,7 +19,10 @@ tuning Job alike) through `add_model_download`.
   `models--ORG--NAME/snapshots/COMMIT`, whose commit is known only once fetched, so the server's
   `--lora-modules NAME=ADAPTERS_MOUNT/NAME` (children/serve_args.py) cannot name it up front; the
   links are per pod, so services sharing a cache claim never see each other's. Adapters on
-  spec.model's claim or in the image need nothing here.
+  spec.model's claim or in the image need nothing here;
+* an hf:// or s3:// draft model (spec.engine.speculative.model, `add_draft_download`): the
+  `draft-download` init container, the adapters' script, one link `DRAFT_MOUNT/model` in the
+  pod's `draft-model` emptyDir, which the server's `--speculative-config` names.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.names import (
     ADAPTERS_MOUNT,
+    DRAFT_LINK,
+    DRAFT_MOUNT,
     MODEL_CACHE_MOUNT,
     cache_env,
     container_security,
@@ -147,12 +152,19 @@ def adapter_download_args(spec: InferenceServiceSpec) -> list[str]:
 
 
 def adapter_container(spec: InferenceServiceSpec) -> dict[str, Any]:
+    return _links_container(
+        spec, ADAPTER_CONTAINER, LINKS_VOLUME, ADAPTERS_MOUNT, adapter_download_args(spec)
+    )
+
+
+def _links_container(
+    spec: InferenceServiceSpec, name: str, volume: str, mount: str, args: list[str]
+) -> dict[str, Any]:
+    """An init container running SCRIPT: downloads into the cache, links in `volume`."""
     limit = spec.model_cache.size_limit_bytes
     script = SCRIPT.format(limit=f" --download-size-limit {limit}" if limit else "")
-    container = download_container(
-        spec, ADAPTER_CONTAINER, ("sh", "-c", script), adapter_download_args(spec)
-    )
-    container["volumeMounts"].append({"name": LINKS_VOLUME, "mountPath": ADAPTERS_MOUNT})
+    container = download_container(spec, name, ("sh", "-c", script), args)
+    container["volumeMounts"].append({"name": volume, "mountPath": mount})
     return container
 
 
@@ -163,21 +175,52 @@ def add_adapter_download(
     links' emptyDir, the `adapter-download` init container (after `model-download`, before any
     other), and to the containers in `readers` the cache read-only and the links. Nothing
     otherwise."""
-    if not any(a.remote for a in spec.adapters):
-        return
+    if any(a.remote for a in spec.adapters):
+        _add_links(pod_spec, spec, readers, adapter_container(spec))
+
+
+def _add_links(
+    pod_spec: dict[str, Any],
+    spec: InferenceServiceSpec,
+    readers: tuple[str, ...],
+    container: dict[str, Any],
+) -> None:
+    """`container` (a `_links_container`) after `model-download`, before any other init
+    container; its links' emptyDir, and the cache (unless the model's download added it)."""
+    links = container["volumeMounts"][-1]
     volumes = pod_spec.setdefault("volumes", [])
     if not any(v["name"] == VOLUME for v in volumes):
         volumes.append(cache_volume(spec))
         new_readers = readers  # the model's download has not mounted the cache for them
     else:
         new_readers = ()
-    volumes.append({"name": LINKS_VOLUME, "emptyDir": {}})
+    volumes.append({"name": links["name"], "emptyDir": {}})
     init = pod_spec.get("initContainers", [])
     first = 1 if init and init[0]["name"] == INIT_CONTAINER else 0
-    pod_spec["initContainers"] = [*init[:first], adapter_container(spec), *init[first:]]
+    pod_spec["initContainers"] = [*init[:first], container, *init[first:]]
     add_cache_readers(pod_spec, new_readers)
-    for container in (*pod_spec["initContainers"], *pod_spec.get("containers", [])):
-        if container["name"] in readers:
-            container.setdefault("volumeMounts", []).append(
-                {"name": LINKS_VOLUME, "mountPath": ADAPTERS_MOUNT, "readOnly": True}
-            )
+    for reader in (*pod_spec["initContainers"], *pod_spec.get("containers", [])):
+        if reader["name"] in readers:
+            reader.setdefault("volumeMounts", []).append({**links, "readOnly": True})
+
+
+# An hf:// or s3:// draft model (spec.engine.speculative.model, method draftModel): fetched by
+# the `draft-download` init container as the adapters are (SCRIPT), its download linked at
+# DRAFT_MOUNT/DRAFT_LINK in the pod's own `draft-model` emptyDir: the path the server's
+# `--speculative-config` names (children/serve_args.py), whatever commit the download landed in.
+DRAFT_CONTAINER = "draft-download"
+DRAFT_VOLUME = "draft-model"
+
+
+def add_draft_download(
+    pod_spec: dict[str, Any], spec: InferenceServiceSpec, readers: tuple[str, ...]
+) -> None:
+    """For an hf:// or s3:// draft model: the `draft-download` init container (after
+    `model-download`), its links' emptyDir, the cache; to `readers` the cache read-only and the
+    link. Nothing otherwise. An hf:// branch is fetched as pinned (reconcile/model_pin.py)."""
+    draft = spec.engine.draft
+    if draft is None or not draft.remote:
+        return
+    args = [DRAFT_CONTAINER, MODEL_CACHE_MOUNT, DRAFT_MOUNT, DRAFT_LINK, draft.pinned_uri]
+    container = _links_container(spec, DRAFT_CONTAINER, DRAFT_VOLUME, DRAFT_MOUNT, args)
+    _add_links(pod_spec, spec, readers, container)

@@ -9,11 +9,14 @@ with the real parser. `engine_config` is the effective configuration recorded in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.names import (
     ADAPTERS_MOUNT,
+    DRAFT_LINK,
+    DRAFT_MOUNT,
     LORA_FLAGS,
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX_ENV,
@@ -26,7 +29,7 @@ from pagoda.runtime.option_rules import camel
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
-    from pagoda.operator.spec.model_ref import Adapter
+    from pagoda.operator.spec.model_ref import Adapter, ModelRef
 
 BIND_HOST = "0.0.0.0"  # the pod's address, not loopback (the runtime's default)
 
@@ -55,8 +58,8 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "max_model_len": e.max_model_len,
         "max_queue_len": e.max_queue_len,
         "long_prefill_token_threshold": e.long_prefill_token_threshold,  # None: nothing
-        # vLLM's JSON, bounds filled in (None: off, nothing rendered)
-        "speculative_config": None if e.speculative is None else e.speculative.to_json(),
+        # vLLM's JSON, bounds filled in, a draft model's path in the pod (None: off, nothing)
+        "speculative_config": speculative_json(spec),
         "runner": e.runner,  # None (unset) renders nothing
         # vLLM's JSON of the keys set (`PoolerConfig.parse` reads it back); None: nothing
         "pooler_config": None if (pc := e.pooler_config) is None else json.dumps(pc.user_keys()),
@@ -81,6 +84,26 @@ def parallel_values(spec: InferenceServiceSpec, role: str | None = None) -> dict
         out["master_addr"] = f"$({LWS_LEADER_ADDRESS_ENV})"
         out["node_rank"] = f"$({LWS_WORKER_INDEX_ENV})" if role == WORKER else None
     return out
+
+
+def speculative_json(spec: InferenceServiceSpec) -> str | None:
+    """`--speculative-config`: vLLM's JSON, with a draft model's `model` where the pod reads it
+    (`draft_path`) rather than its URI; None without spec.engine.speculative."""
+    e = spec.engine
+    if e.speculative is None:
+        return None
+    if e.draft is None:
+        return e.speculative.to_json()
+    return dataclasses.replace(e.speculative, model=draft_path(e.draft)).to_json()
+
+
+def draft_path(draft: ModelRef) -> str:
+    """Where the server reads the draft model: a downloaded one's link in the `draft-model`
+    volume (children/model_cache.py), else its built-in name, its path on spec.model's claim
+    or in the image."""
+    if draft.remote:
+        return f"{DRAFT_MOUNT}/{DRAFT_LINK}"
+    return draft.server_arg
 
 
 def adapter_path(adapter: Adapter) -> str:
@@ -143,13 +166,19 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         out["runner"] = e.runner
     if e.pooler_config is not None:  # likewise; the keys set, camelCase
         out["poolerConfig"] = {camel(k): v for k, v in e.pooler_config.user_keys().items()}
-    if (sc := e.speculative) is not None:  # likewise; camelCase, bounds filled in
+    if (sc := e.speculative) is not None and e.draft is None:  # likewise; camelCase, bounds
         out["speculative"] = {
             "method": sc.method,
             "numSpeculativeTokens": sc.num_speculative_tokens,
             "promptLookupMax": sc.prompt_lookup_max,
             "promptLookupMin": sc.prompt_lookup_min,
         }
+    elif sc is not None and e.draft is not None:  # a new source or re-pin rolls the pods
+        out["speculative"] = {
+            "method": "draftModel",
+            "numSpeculativeTokens": sc.num_speculative_tokens,
+            "model": e.draft.uri,
+        } | ({"modelCommit": e.draft.commit} if e.draft.commit else {})
     if spec.adapters:  # likewise; a new source rolls the pods even where the path stays
         out["adapters"] = [
             {"name": a.name, "source": a.source.uri}

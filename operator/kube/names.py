@@ -42,6 +42,9 @@ RUN_AS_ID = 1000  # the image's user (Dockerfile), every pod's
 MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--download-dir` in pods
 # hf:// and s3:// LoRA adapters: a link per adapter to its download (children/model_cache.py)
 ADAPTERS_MOUNT = "/var/cache/pagoda/adapters"
+# an hf:// or s3:// draft model (spec.engine.speculative.model): a link to its download
+DRAFT_MOUNT = "/var/cache/pagoda/draft"
+DRAFT_LINK = "model"  # the link's name there
 
 # vLLM's LoRA flags as `pagoda serve` takes them (the runtime's branch lora adds them to
 # pagoda.runtime.options). The runtime's own definitions win where it has them; these stand in

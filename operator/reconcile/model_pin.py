@@ -29,7 +29,15 @@ same token and endpoint: each once, kept in its item of `status.adapters`
 and fetched by the `adapter-download` init container as `hf://ORG/NAME@SHA`. An adapter's pin
 moves when its own source (or name) changes, or with the annotation; another adapter's change,
 or spec.model's, keeps it. s3:// adapters have no commits (fetched as written), paths need none.
-The model and the adapters to pin are asked at the same time (at most MAX_CONCURRENT_RESOLVES
+An hf:// draft model (spec.engine.speculative.model, method draftModel) named by a branch or
+tag is pinned as spec.model is, kept in
+
+    status.draftModel: {uri: hf://ORG/NAME, commit: SHA, resolvedAt: TIME, resolveRequest: VALUE}
+
+and fetched by the `draft-download` init container as `hf://ORG/NAME@SHA`: a rollout or a
+scale-up never changes the draft silently. It moves when its URI changes, or with the annotation.
+The model, the adapters and the draft to pin are asked at the same time (at most
+MAX_CONCURRENT_RESOLVES
 requests at once).
 
 A failed resolution is the condition `Degraded`, reason `ModelResolveFailed`, with the
@@ -113,6 +121,19 @@ def recorded(body: Mapping[str, Any], spec: InferenceServiceSpec) -> Mapping[str
     return pin if valid else None  # type: ignore[return-value]
 
 
+def recorded_draft(body: Mapping[str, Any], spec: InferenceServiceSpec) -> Mapping[str, Any] | None:
+    """`status.draftModel` if it pins this spec's draft model for the current resolve request."""
+    draft = spec.engine.draft
+    if draft is None or not _needs(draft):
+        return None
+    pin_ = (body.get("status") or {}).get("draftModel")
+    return pin_ if _valid(pin_, draft.uri, "uri", _request(body)) else None
+
+
+def _draft_needs_pin(spec: InferenceServiceSpec) -> bool:
+    return spec.engine.draft is not None and _needs(spec.engine.draft)
+
+
 def recorded_adapters(
     body: Mapping[str, Any], spec: InferenceServiceSpec
 ) -> dict[str, Mapping[str, Any]]:
@@ -133,8 +154,10 @@ def pinned(
     spec: InferenceServiceSpec,
     pin: Mapping[str, Any] | None,
     adapters: Mapping[str, Mapping[str, Any]] | None = None,
+    draft: Mapping[str, Any] | None = None,
 ) -> InferenceServiceSpec:
-    """`spec` with the model's pin and the adapters' (by name) as their sources' commits."""
+    """`spec` with the model's pin, the adapters' (by name) and the draft model's as their
+    sources' commits."""
     if pin is not None:
         spec = dataclasses.replace(
             spec, model=dataclasses.replace(spec.model, commit=pin["commit"])
@@ -143,6 +166,11 @@ def pinned(
         spec = dataclasses.replace(
             spec, adapters=tuple(_with_pin(a, adapters.get(a.name)) for a in spec.adapters)
         )
+    if draft is not None and spec.engine.draft is not None:
+        engine = dataclasses.replace(
+            spec.engine, draft=dataclasses.replace(spec.engine.draft, commit=draft["commit"])
+        )
+        spec = dataclasses.replace(spec, engine=engine)
     return spec
 
 
@@ -177,14 +205,17 @@ def recorded_spec(
     adapters = recorded_adapters(body, spec)
     if any(_needs(a.source) and a.name not in adapters for a in spec.adapters):
         return None
-    return pinned(spec, found, adapters)
+    draft = recorded_draft(body, spec)
+    if _draft_needs_pin(spec) and draft is None:
+        return None
+    return pinned(spec, found, adapters, draft)
 
 
 def recorded_model_spec(
     body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig
 ) -> InferenceServiceSpec | None:
-    """`recorded_spec` for the model alone, adapters as written: the tuning Job's (it measures
-    the base model, never an adapter, so an adapter's pin is no reason to wait)."""
+    """`recorded_spec` for the model alone, adapters and draft as written: the tuning Job's (it
+    measures the base model, never an adapter, so an adapter's pin is no reason to wait)."""
     if not config.pin_models or not needs_pin(spec):
         return spec
     found = recorded(body, spec)
@@ -197,31 +228,43 @@ async def pin(
     spec: InferenceServiceSpec,
     config: OperatorConfig,
     logger: logging.Logger,
-) -> tuple[InferenceServiceSpec, Mapping[str, Any] | None, dict[str, Mapping[str, Any]]]:
-    """(the spec with its model and adapters pinned, the `status.model` to write: None removes
-    it, the adapters' pins by name for `status.adapters`). Asks the Hub only for what status
-    does not pin for the current request already: a new or changed source, or a new request."""
+) -> tuple[
+    InferenceServiceSpec,
+    Mapping[str, Any] | None,
+    dict[str, Mapping[str, Any]],
+    Mapping[str, Any] | None,
+]:
+    """(the spec with its model, adapters and draft model pinned, the `status.model` to write:
+    None removes it, the adapters' pins by name for `status.adapters`, the `status.draftModel`
+    to write: None removes it). Asks the Hub only for what status does not pin for the current
+    request already: a new or changed source, or a new request."""
     if not config.pin_models:
-        return spec, None, {}
+        return spec, None, {}, None
     request = _request(body)
     found = recorded(body, spec) if needs_pin(spec) else None
     adapters = recorded_adapters(body, spec)
+    draft = recorded_draft(body, spec)
     todo = [
         (f"spec.adapters[{i}] ({a.name})", a)
         for i, a in enumerate(spec.adapters)
         if _needs(a.source) and a.name not in adapters
     ]
     model = needs_pin(spec) and found is None
+    draft_todo = _draft_needs_pin(spec) and draft is None
     asks = [("spec.model", spec.model.uri)] if model else []
     asks += [(where, a.source.uri) for where, a in todo]
+    if draft_todo:
+        asks.append(("spec.engine.speculative.model", spec.engine.draft.uri))  # type: ignore[union-attr]
     if asks:
         hub = await _hub(api, body, spec)
         got = await _pin_all(asks, hub, config, logger, request)
         if model:
             found = {"uri": spec.model.uri, **got.pop(0)}
+        if draft_todo:
+            draft = {"uri": spec.engine.draft.uri, **got.pop()}  # type: ignore[union-attr]
         for (_, a), pin_ in zip(todo, got):
             adapters[a.name] = {"name": a.name, "source": a.source.uri, **pin_}
-    return pinned(spec, found, adapters), found, adapters
+    return pinned(spec, found, adapters, draft), found, adapters, draft
 
 
 async def _pin_all(

@@ -77,12 +77,14 @@ async def write_status(
     pods: PodFailures | None = None,
     model: Mapping[str, Any] | EllipsisType | None = ...,
     adapters: list[dict[str, Any]] | EllipsisType = ...,
+    draft_model: Mapping[str, Any] | EllipsisType | None = ...,
 ) -> bool:
     """Patch /status with what changed, against a fresh read of the object. True if it wrote.
 
     `workload`: the Deployment or LeaderWorkerSet (`kind`: the one wanted, when it is missing).
     `model`: the hf:// pin for `status.model` (the full reconcile's; `...` leaves it), `adapters`
-    the LoRA adapters for `status.adapters` (likewise).
+    the LoRA adapters for `status.adapters`, `draft_model` the draft model's pin for
+    `status.draftModel` (likewise).
     `fresh` may be passed when the caller read the object under the same per-object lock
     (only code holding that lock writes status, so it cannot be stale). A refused write raises
     `StatusWriteError`.
@@ -97,7 +99,7 @@ async def write_status(
     failure = pods.failure(meta["namespace"], meta["name"]) if pods is not None else None
     new = status.compute_status(
         target, workload, spec_error=spec_error, url=url, kind=kind, pod_failure=failure,
-        model=model, adapters=adapters,
+        model=model, adapters=adapters, draft_model=draft_model,
     )  # fmt: skip
     patch = status.status_patch(fresh.get("status"), new)
     if patch is None:
@@ -162,14 +164,16 @@ async def reconcile(
             pods.forget_departed(owner.namespace, owner.name)
         current = await live_workload(api, owner)
         try:
-            workload, model, adapters = await _apply_all(api, fresh, owner, current, config, logger)
+            workload, model, adapters, draft = await _apply_all(
+                api, fresh, owner, current, config, logger
+            )
         except SpecError as e:
             changed = await write_status(api, fresh, current, spec_error=e, url=None, fresh=fresh)
             return Result(spec_error=e, status_changed=changed)
         url = config.service_url(owner.name, owner.namespace)
         changed = await write_status(
             api, fresh, workload, spec_error=None, url=url, fresh=fresh, pods=pods, model=model,
-            adapters=adapters,
+            adapters=adapters, draft_model=draft,
         )  # fmt: skip
         return Result(spec_error=None, status_changed=changed)
 
@@ -181,15 +185,17 @@ async def _apply_all(
     current: Mapping[str, Any] | None,
     config: OperatorConfig,
     logger: logging.Logger,
-) -> tuple[dict[str, Any], Mapping[str, Any] | None, list[dict[str, Any]]]:
+) -> tuple[
+    dict[str, Any], Mapping[str, Any] | None, list[dict[str, Any]], Mapping[str, Any] | None
+]:
     """Validate, pin hf:// branches to commits (model_pin.py), then create/patch every child
     and delete the ones that must not exist; returns the live workload, the model's pin and the
-    LoRA adapters served (spec.adapters, with their pins). `current`:
+    LoRA adapters served (spec.adapters, with their pins) and the draft model's pin. `current`:
     the workload of either kind (its replicas carry over a switch between a Deployment and a
     LeaderWorkerSet, so the autoscaler's choice survives it)."""
     spec = validation.parse(body, config)
     one_node = await validation.check_cluster(api, spec, owner.namespace, logger)
-    spec, pin, adapter_pins = await model_pin.pin(api, body, spec, config, logger)
+    spec, pin, adapter_pins, draft_pin = await model_pin.pin(api, body, spec, config, logger)
     replicas = ((current or {}).get("spec") or {}).get("replicas")
     children = build_children(
         owner,
@@ -223,7 +229,7 @@ async def _apply_all(
         await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
     workload = live[spec.workload_kind]
     workload.setdefault("kind", spec.workload_kind)
-    return workload, pin, model_pin.served_adapters(spec, adapter_pins)
+    return workload, pin, model_pin.served_adapters(spec, adapter_pins), draft_pin
 
 
 def _pinned(workload: Mapping[str, Any] | None) -> bool:

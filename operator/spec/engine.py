@@ -31,7 +31,7 @@ from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
 from pagoda.runtime.spec import config as spec_config  # SpeculativeConfig: standard library only
 
 if TYPE_CHECKING:
-    from pagoda.operator.spec.model_ref import LoraSpec
+    from pagoda.operator.spec.model_ref import LoraSpec, ModelRef
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
 # CRD's enums and defaults equal them (test_operator_crd.py). Aliases such as "half" are the CLI's
@@ -46,7 +46,10 @@ RUNNERS = options.RUNNERS
 POOLER_KEYS = tuple(camel(k) for k in pooler_config.USER_KEYS)
 POOLING_TYPES = pooler_config.POOLING_TYPES
 MAX_POOLER_DIMENSIONS = 1 << 20  # the CRD's bound; the server checks the model's width at start
-SPECULATIVE_KEYS = ("method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin")
+SPECULATIVE_KEYS = ("method", "model", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin")
+# spec.engine.speculative.method → the runtime's (`--speculative-config`'s "method")
+SPECULATIVE_METHODS = {"ngram": "ngram", "draftModel": spec_config.DRAFT_MODEL}
+NGRAM_KEYS = ("promptLookupMax", "promptLookupMin")  # n-gram drafting's only
 
 DEFAULT_TIME_BUDGET_S = 900  # `pagoda tune --time-budget 15m`
 MIN_TIME_BUDGET_S, MAX_TIME_BUDGET_S = 60, 14400
@@ -69,8 +72,11 @@ class EngineSpec:
     max_queue_len: int | None = None
     # the largest prefill chunk of one prompt while others run or wait; 0: off (None: by device)
     long_prefill_token_threshold: int | None = None
-    # n-gram speculative decoding (`--speculative-config`); None: off
+    # speculative decoding (`--speculative-config`): n-gram or a draft model; None: off
     speculative: spec_config.SpeculativeConfig | None = None
+    # method draftModel's checkpoint (`speculative.model` is its URI as written; the pods read
+    # it where children/model_cache.py puts it: serve_args.draft_path)
+    draft: ModelRef | None = None
     # `--runner` (generate, pooling: an embedding model, auto); None: the runtime's (auto)
     runner: str | None = None
     # `--pooler-config` (the pooling runner's pooling); None: the checkpoint's, else LAST
@@ -111,10 +117,12 @@ class EngineSpec:
         *,
         extra_args: tuple[str, ...] = (),
         lora: LoraSpec | None = None,
+        draft: ModelRef | None = None,
     ) -> EngineSpec:
-        """`spec.engine`, with its `extraArgs` and `lora` given parsed (`pod_fields.extra_args`,
-        `LoraSpec.from_dict`; spec/inference_service.py): this module imports no other spec
-        module at run time, which keeps the operator's import chains short (test_layout.py)."""
+        """`spec.engine`, with its `extraArgs`, `lora` and the draft model (`speculative.model`)
+        given parsed (`pod_fields.extra_args`, `LoraSpec.from_dict`, `model_ref.parse_draft`;
+        spec/inference_service.py): this module imports no other spec module at run time, which
+        keeps the operator's import chains short (test_layout.py)."""
         p = "spec.engine"
         return cls(
             dtype=choice(d, "dtype", p, DTYPES, cls.dtype),
@@ -137,7 +145,8 @@ class EngineSpec:
             max_model_len=opt_int(d, "maxModelLen", p, 2, 1 << 20),  # a prompt token + one out
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
             long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
-            speculative=_speculative(d, p),
+            speculative=_speculative(d, p, draft),
+            draft=draft,
             runner=choice(d, "runner", p, RUNNERS, None) if d.get("runner") is not None else None,
             pooler_config=_pooler_config(d, p),
             lora=lora,
@@ -162,10 +171,13 @@ def _pooler_config(engine: Mapping[str, Any], path: str) -> pooler_config.Pooler
     )
 
 
-def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.SpeculativeConfig | None:
+def _speculative(
+    engine: Mapping[str, Any], path: str, draft: ModelRef | None
+) -> spec_config.SpeculativeConfig | None:
     """`spec.engine.speculative` → the runtime's own frozen `SpeculativeConfig` (vLLM's
     `--speculative-config` keys), with the runtime's bounds (the CRD's equal them) and camelCase
-    names in every message; None when absent or null."""
+    names in every message; None when absent or null. Method draftModel takes `model` (parsed
+    as `draft`) and none of n-gram's keys; ngram (the default) takes no `model`."""
     p = f"{path}.speculative"
     value = closed_object(engine, "speculative", path, SPECULATIVE_KEYS)
     if value is None:
@@ -173,6 +185,24 @@ def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.Speculativ
     tokens = opt_int(value, "numSpeculativeTokens", p, 1, spec_config.MAX_SPECULATIVE_TOKENS)
     if tokens is None:
         raise SpecError("InvalidSpec", f"{p}.numSpeculativeTokens is required")
+    method = choice(value, "method", p, tuple(SPECULATIVE_METHODS), "ngram")
+    if method == "draftModel":
+        if draft is None:
+            raise SpecError("InvalidSpec", f"{p}.model is required with method draftModel")
+        if asked := [k for k in NGRAM_KEYS if value.get(k) is not None]:
+            raise SpecError(
+                "InvalidSpec",
+                f"{p}.{' and '.join(asked)}: n-gram drafting's, not for method draftModel",
+            )
+        return spec_config.SpeculativeConfig(
+            num_speculative_tokens=tokens, method=spec_config.DRAFT_MODEL, model=draft.uri
+        )
+    if value.get("model") is not None:
+        raise SpecError(
+            "InvalidSpec",
+            f"{p}.model is the draft checkpoint of method draftModel: set method draftModel, "
+            "or drop model",
+        )
     hi = opt_int(value, "promptLookupMax", p, 1, spec_config.MAX_PROMPT_LOOKUP)
     lo = opt_int(value, "promptLookupMin", p, 1, spec_config.MAX_PROMPT_LOOKUP)
     if hi is not None and lo is not None and lo > hi:
@@ -181,7 +211,7 @@ def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.Speculativ
         )
     return spec_config.SpeculativeConfig(  # fills an unset bound as `pagoda serve` does
         num_speculative_tokens=tokens,
-        method=choice(value, "method", p, spec_config.METHODS, spec_config.METHODS[0]),
+        method=SPECULATIVE_METHODS[method],
         prompt_lookup_max=hi,
         prompt_lookup_min=lo,
     )

@@ -48,6 +48,7 @@ from pagoda.operator.spec.model_ref import (
     ModelRef,
     check_served_names,
     parse_adapters,
+    parse_draft,
 )
 from pagoda.operator.spec.scaling import (
     DEFAULT_TOLERANCE,
@@ -258,7 +259,7 @@ class InferenceServiceSpec:
             raise SpecError(
                 "InvalidSpec",
                 "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only "
-                "(and to hf:// and s3:// spec.adapters)",
+                "(and to hf:// and s3:// spec.adapters), draft models included",
             )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(
@@ -271,23 +272,42 @@ class InferenceServiceSpec:
                 "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
                 f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
             )
-        if self.engine.speculative is not None and pod_fields.sets_flag(
-            self.engine.extra_args, "async_scheduling"
-        ):
-            raise SpecError(  # `pagoda serve` refuses the two together at start
+        self._check_speculative()
+        self._check_adapters()
+        self._check_split()
+
+    def _check_speculative(self) -> None:
+        """What `pagoda serve --speculative-config` refuses at start (a crash loop), refused
+        here (with adapters: `_check_adapters`)."""
+        e = self.engine
+        if e.speculative is None:
+            return
+        if pod_fields.sets_flag(e.extra_args, "async_scheduling"):
+            raise SpecError(
                 "InvalidSpec",
                 "spec.engine.speculative runs with synchronous scheduling only: drop "
                 "--async-scheduling from spec.engine.extraArgs",
             )
-        if self.engine.speculative is not None and self.tensor_parallel_size > 1:
-            raise SpecError(  # `pagoda serve` refuses it at start (a crash loop)
+        if self.tensor_parallel_size > 1:
+            raise SpecError(
                 "InvalidSpec",
                 "spec.engine.speculative is not supported with tensor parallelism "
                 f"(tensorParallelSize {self.tensor_parallel_size}: resources.gpus × "
                 "parallelism.nodes, or parallelism.tensorParallelSize): drop one of them",
             )
-        self._check_adapters()
-        self._check_split()
+        if e.runner == "pooling":
+            raise SpecError(
+                "InvalidSpec",
+                "spec.engine.speculative is not supported with the pooling runner (an embedding "
+                "request generates nothing): drop one of them",
+            )
+        if e.draft is not None and e.quantization is not None:
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.engine.speculative method draftModel is not supported with "
+                f"spec.engine.quantization {e.quantization} (the draft would run unquantized "
+                "beside FP8 weights): drop one of them",
+            )
 
     def _check_adapters(self) -> None:
         """What `pagoda serve --enable-lora` refuses at start (a crash loop), refused here."""
@@ -312,8 +332,10 @@ class InferenceServiceSpec:
 
     @property
     def downloads(self) -> bool:
-        """Something is downloaded into the model cache: an hf:// or s3:// model or adapter."""
-        return self.model.remote or any(a.remote for a in self.adapters)
+        """Something is downloaded into the model cache: an hf:// or s3:// model, adapter or
+        draft model."""
+        draft = self.engine.draft is not None and self.engine.draft.remote
+        return self.model.remote or draft or any(a.remote for a in self.adapters)
 
     def _check_split(self) -> None:
         """A built-in model's shape is known up front: a tensor-parallel size it cannot be split
@@ -419,7 +441,7 @@ class InferenceServiceSpec:
             ),
             replicas=int_or(spec, "replicas", "spec", 0, 100, DEFAULT_REPLICAS),
             resources=ResourcesSpec.from_dict(mapping(spec, "resources", "spec")),
-            engine=_engine(spec),
+            engine=_engine(spec, model),
             autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
             autotune=AutotuneSpec.from_dict(_or_empty(spec.get("autotune"))),
             parallelism=parallelism,
@@ -440,11 +462,14 @@ class InferenceServiceSpec:
         )
 
 
-def _engine(spec: Mapping[str, Any]) -> EngineSpec:
-    """`spec.engine` with its extraArgs (spec/pod_fields.py) and lora (spec/model_ref.py)."""
+def _engine(spec: Mapping[str, Any], model: ModelRef) -> EngineSpec:
+    """`spec.engine` with its extraArgs (spec/pod_fields.py), lora and the draft model
+    (spec/model_ref.py)."""
     engine = mapping(spec, "engine", "spec")
     extra = pod_fields.extra_args(engine, "spec.engine")
-    return EngineSpec.from_dict(engine, extra_args=extra, lora=LoraSpec.from_dict(engine))
+    return EngineSpec.from_dict(
+        engine, extra_args=extra, lora=LoraSpec.from_dict(engine), draft=parse_draft(engine, model)
+    )
 
 
 def _or_empty(value: Any) -> Any:

@@ -288,14 +288,19 @@ def _source(uri: str, model: ModelRef, p: str) -> ModelRef:
             f"{p}.source {show(uri)}: expected hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX, "
             "pvc://CLAIM/PATH (spec.model's claim) or an absolute path inside the image",
         )
+    _check_claim(ref, model, f"{p}.source", "adapter")
+    return ref
+
+
+def _check_claim(ref: ModelRef, model: ModelRef, field: str, what: str) -> None:
+    """A pvc:// source must be on spec.model's claim (the one volume mounted for it)."""
     if ref.source == "pvc" and (model.source != "pvc" or ref.claim != model.claim):
         where = f"spec.model's claim {model.claim}" if model.source == "pvc" else "none here"
         raise SpecError(
             "InvalidSpec",
-            f"{p}.source {show(uri)}: a pvc:// adapter must be on spec.model's "
+            f"{field} {show(ref.uri)}: a pvc:// {what} must be on spec.model's "
             f"PersistentVolumeClaim ({where}); use hf:// or s3:// for others",
         )
-    return ref
 
 
 def check_served_names(adapters: Sequence[Adapter], base_names: Sequence[str]) -> None:
@@ -310,3 +315,25 @@ def check_served_names(adapters: Sequence[Adapter], base_names: Sequence[str]) -
                 f"(spec.servedModelName, else the built-in name or metadata.name): "
                 "requests could not tell them apart",
             )
+
+
+def parse_draft(engine: Mapping[str, Any], model: ModelRef) -> ModelRef | None:
+    """`spec.engine.speculative.model`, the draft model of method draftModel: spec.model's
+    grammar (a built-in name, hf://, s3://, a path in the image), a pvc:// one on spec.model's
+    claim (mounted once, at ModelRef.MOUNT_ROOT). None when absent; whether the method takes it
+    is spec/engine.py's `_speculative`."""
+    speculative = engine.get("speculative")
+    uri = speculative.get("model") if isinstance(speculative, Mapping) else None
+    if uri is None:
+        return None
+    p = "spec.engine.speculative.model"
+    if not isinstance(uri, str) or not uri:
+        raise SpecError("InvalidSpec", f"{p} must be a non-empty string, got {show(uri)}")
+    if len(uri) > MAX_SOURCE:
+        raise SpecError("InvalidSpec", f"{p} must be at most {MAX_SOURCE} characters: {show(uri)}")
+    try:
+        ref = ModelRef.parse(uri)
+    except SpecError as e:
+        raise SpecError(e.reason, f"{p}: {e.message}") from None
+    _check_claim(ref, model, p, "draft model")
+    return ref

@@ -172,11 +172,13 @@ def compute_status(
     pod_failure: PodFailure | None = None,
     model: Mapping[str, Any] | EllipsisType | None = ...,
     adapters: Sequence[Mapping[str, Any]] | EllipsisType = ...,
+    draft_model: Mapping[str, Any] | EllipsisType | None = ...,
 ) -> dict[str, Any]:
     """The full status this InferenceService should have now. `model`: the hf:// pin
     (reconcile/model_pin.py) to show as `status.model`, None to remove it, `...` (writers other
     than the full reconcile) to leave it as it is; `adapters` likewise, the LoRA adapters the
-    children serve (`status.adapters`, removed when empty). `deployment`: the workload, a
+    children serve (`status.adapters`, removed when empty), `draft_model` the draft model's pin
+    (`status.draftModel`, as `model`). `deployment`: the workload, a
     Deployment or a LeaderWorkerSet (`kind`, when there is none yet); for a LeaderWorkerSet the
     replicas count groups and the selector picks their leaders."""
     meta = body.get("metadata") or {}
@@ -222,6 +224,8 @@ def compute_status(
         status["model"] = dict(model) if model is not None else None
     if adapters is not ...:
         status["adapters"] = [dict(a) for a in adapters] or None
+    if draft_model is not ...:
+        status["draftModel"] = dict(draft_model) if draft_model is not None else None
     return status
 
 

@@ -21,6 +21,9 @@ What it counts, per rank of ``tensor_parallel_size``:
   when there are fewer than ranks), the FP8 scales of row-parallel o and down whole on every
   rank (`model.parallel_linear`), norms on every rank), as do the other plans `would_fit`
   suggests.
+* a speculative draft model's weights (``speculative_config`` with ``model``: its checkpoint
+  counted as the target's, `memory.draft_model`) and its KV rows of each position beside the
+  target's; with one, FP8 weights and more GPUs are not offered (refused beside speculation).
 * the KV cache of one sequence of ``max_model_len`` tokens (whole blocks), with each rank's KV
   heads (split over the ranks; one each when there are fewer heads than ranks); where the
   cache's size is fixed up front and smaller (``--kv-cache-memory``, the CPU's default 2 GiB),
@@ -62,16 +65,28 @@ class Plan:
     block_size: int = 16
     max_num_seqs: int = 1  # a hybrid's Mamba state slots: one per sequence
     int8_kv: bool = False
+    # speculative decoding's draft model: its weights and KV rows counted beside the target's,
+    # held as the target's are (`spec/draft_model.py`)
+    draft: ModelConfig | None = None
 
     def weight_bytes(self, mc: ModelConfig) -> int:
-        """The weights of one rank (module docstring)."""
-        return weights_of.from_shapes(mc, self.dtype, self.fp8_weights, self.tp)
+        """The weights of one rank (module docstring), a draft model's too."""
+        draft = 0 if self.draft is None else self._alone().weight_bytes(self.draft)
+        return draft + weights_of.from_shapes(mc, self.dtype, self.fp8_weights, self.tp)
+
+    def _alone(self) -> Plan:
+        """This plan without its draft model (the draft's own bytes are counted with it)."""
+        return dataclasses.replace(self, draft=None)
 
     def kv_heads(self, mc: ModelConfig) -> int:
         """KV heads on one rank: split over the ranks, replicated when there are fewer."""
         return max(1, mc.num_kv_heads // self.tp)
 
     def kv_bytes_per_token(self, mc: ModelConfig) -> int:
+        """One rank's KV bytes of a position, a draft model's rows of it too."""
+        if self.draft is not None:
+            alone = self._alone()
+            return alone.kv_bytes_per_token(mc) + alone.kv_bytes_per_token(self.draft)
         if mc.family.dsv4 is not None:  # rows, entries, Ca tails (model/dsv4_engine.py)
             from pagoda.runtime.model.dsv4_engine import bytes_per_token
 
@@ -145,6 +160,11 @@ def check(
         plan = Plan(**{**plan.__dict__, "max_model_len": mc.context_length})
     held = weights_of.estimate(mc, cfg, model_path, tensor_parallel_size)  # as loaded
     weights, how = held.bytes, held.how
+    draft = memory.draft_model(cfg, tensor_parallel_size)  # counted beside the target's
+    if draft is not None:
+        plan = dataclasses.replace(plan, draft=draft.config)
+        weights += draft.weights.bytes
+        how += f", and {draft.weights} for the draft model {draft.name}"
     if state := plan.state_bytes(mc):  # counted with the weights: both fixed at start
         weights += state
         how += f", and {gib(state)} of Mamba state for {plan.max_num_seqs} sequences"
@@ -162,6 +182,7 @@ def check(
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
     # FP8 weights offered unless a GGUF or a family not tested with them (`family_options`)
     quantizable = model_path.suffix != ".gguf" and family_options.tested(mc.architecture, "fp8")
+    quantizable = quantizable and draft is None  # (refused beside a draft: `check_draft`)
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
                    how, float32_fix(mc, cfg, model_path, plan, have),
                    quantizable=quantizable)  # fmt: skip
@@ -182,6 +203,8 @@ def float32_fix(mc: ModelConfig, cfg: EngineConfig, model_path: Path, plan: Plan
     wide = Plan(**{**plan.__dict__, "dtype": torch.float32})
     budget = kv_budget(f32, wide.kv_bytes_per_token(mc), cfg.torch_device())
     need = held.bytes + min(wide.kv_bytes(mc), budget if budget is not None else 1 << 62)
+    if (draft := memory.draft_model(f32, plan.tp)) is not None:  # its weights in float32 too
+        need += draft.weights.bytes
     if need > have:
         return []
     return [f"--dtype float32 ({gib(need)}: the stored blocks read in place)"]
@@ -264,7 +287,7 @@ def would_fit(
                 out.append(f"{flags} ({gib(fp8.need(mc))})")
                 fp8_alone = True
                 break
-    if cuda:
+    if cuda and plan.draft is None:  # (speculative decoding is refused with more ranks)
         wider_tp = None  # the fewest GPUs that hold the model as it is
         for tp in (t for t in TP_SIZES if t > plan.tp and _splits(mc, t)):
             wider = Plan(**{**plan.__dict__, "tp": tp})

@@ -9,12 +9,16 @@ tables (`worker/block_table.py`: two rows per sequence slot), the RoPE table, th
 inputs, plus the weights as the loader will hold them (`weights.py`: from the checkpoint's
 metadata, in the engine's dtype, dequantized or kept in blocks as the loader does, one rank's
 share per GPU; not the file's size) and the activations of the largest step it can schedule.
+A speculative draft model (`spec/draft_model.py`) counts the same way (`draft_model`): its
+weights beside the target's, its KV rows in every block and its scratch blocks taken from the
+KV budget first, as the runner sizes them.
 It is a floor, not a forecast (allocator slack, the tokenizer and Python objects are left out),
 so it never refuses a configuration that would fit; what it refuses could not run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -24,9 +28,11 @@ import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.model import mamba_shard
+from pagoda.runtime.model.loader import resolve_model_path
 from pagoda.runtime.model.mamba2 import step_scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
+from pagoda.runtime.spec.draft_model import scratch_blocks
 
 GPU_HEADROOM = options.GPU_HEADROOM  # the runner keeps this much free on CUDA
 CUDA_GRAPH_MAX_BATCH = 512  # the largest captured decode batch (worker/cuda_graph.py)
@@ -46,11 +52,12 @@ class Footprint:
     activations: int  # the largest step: hidden states, MLP, logits of every sampling row
     weights_how: str = ""  # how `weights` was counted (`weights.Weights.how`), for messages
     state: int = 0  # a hybrid's Mamba state slots (`worker/mamba_state.py`): one per sequence
+    draft: int = 0  # a speculative draft model's weights (`draft_model`)
 
     @property
     def device_bytes(self) -> int:
         return (self.weights + self.kv_cache + self.rope + self.cuda_graphs + self.activations
-                + self.state)  # fmt: skip
+                + self.state + self.draft)  # fmt: skip
 
     def parts(self) -> dict[str, int]:
         return {
@@ -61,6 +68,7 @@ class Footprint:
             "RoPE table": self.rope,
             "CUDA graphs": self.cuda_graphs,
             "Mamba state": self.state,
+            "draft model": self.draft,
         }
 
 
@@ -73,7 +81,47 @@ _BLAME = {
     "RoPE table": "--max-model-len",
     "CUDA graphs": "--max-model-len",
     "Mamba state": "--max-num-seqs",
+    "draft model": "the draft model (a smaller checkpoint)",
 }
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Speculative decoding's draft model as the start-up checks count it: its config, its
+    weights as the loader will hold them (`weights.estimate`, read from its checkpoint's
+    metadata as the target's are) and the name it was given."""
+
+    config: ModelConfig
+    weights: weights.Weights
+    name: str
+
+    def kv_bytes(self, cfg: EngineConfig) -> tuple[int, int]:
+        """Its KV bytes of one block (added to the target's, as `draft_block_bytes` is) and
+        those of its scratch blocks (`scratch_blocks` for each of --max-num-seqs sequences),
+        which the runner takes from the KV budget before the shared blocks."""
+        cache, k = cfg.cache, cfg.speculative_config.num_speculative_tokens
+        bs = cache.block_size
+        per_block = (
+            kv_bytes_per_token(self.config, cfg.torch_dtype(), cache.kv_cache_dtype, bs) * bs
+        )
+        scratch = cfg.scheduler.max_num_seqs * scratch_blocks(k, bs)
+        return per_block, scratch * per_block
+
+
+def draft_model(
+    cfg: EngineConfig, tp: int | None = None, device: torch.device | None = None
+) -> Draft | None:
+    """The draft model of `cfg` (``speculative_config`` method "draft_model"), its weights
+    counted for one rank of `tp` on `device` (defaults: `cfg`'s); None without one. Its config's
+    errors are named as the draft's (`engine.core.read_draft_config`)."""
+    spec = cfg.speculative_config
+    if spec is None or spec.draft_model is None:
+        return None
+    from pagoda.runtime.engine.core import read_draft_config
+
+    mc = read_draft_config(spec.draft_model)
+    held = weights.estimate(mc, cfg, resolve_model_path(spec.draft_model), tp, device)
+    return Draft(mc, held, spec.draft_model)
 
 
 def kv_bytes_per_token(
@@ -127,12 +175,16 @@ def estimate(
     # one rank's weights as loaded (not the file's size): on CUDA each GPU holds one rank's
     # share (checked on one); a CPU holds those of every rank on this node
     held = weights.estimate(mc, cfg, model_path, device=device)
-    w = held.bytes
+    draft = draft_model(cfg, device=device)
+    w, dw = held.bytes, 0 if draft is None else draft.weights.bytes
     if device.type == "cpu":
-        w *= cfg.parallel.ranks_per_node
+        w, dw = w * cfg.parallel.ranks_per_node, dw * cfg.parallel.ranks_per_node
     per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype, cache.block_size)
+    # a draft's rows in every block, its scratch blocks first (`spec/draft_model.py`)
+    draft_block, scratch = (0, 0) if draft is None else draft.kv_bytes(cfg)
+    per_block = per_token * cache.block_size + draft_block
     if cache.num_blocks_override is not None:
-        kv = cache.num_blocks_override * cache.block_size * per_token
+        kv = cache.num_blocks_override * per_block + scratch
     elif cache.kv_cache_memory is not None:
         kv = cache.kv_cache_memory
     elif device.type == "cpu":
@@ -153,7 +205,7 @@ def estimate(
         kv = int(kv * options.SNAPSHOT_SHARE) if caching else 0
         blocks = sched.max_num_seqs * (width + 1)
     else:
-        blocks = kv // (per_token * cache.block_size)
+        blocks = max(kv - scratch, 0) // per_block
     rows = 2 * sched.max_num_seqs
     tables = rows * ((width + 1) * 4 + 60)  # int32 table, int64 length, list slots per row
     rotary = mc.head_dim if mc.family.mla is None else mc.family.mla.qk_rope_head_dim
@@ -175,7 +227,7 @@ def estimate(
     if device.type == "cpu":
         state *= cfg.parallel.ranks_per_node
     return Footprint(w, kv, blocks, tables, rope, graphs,
-                     step_bytes(mc, cfg, dtype, blocks or None), held.how, state)  # fmt: skip
+                     step_bytes(mc, cfg, dtype, blocks or None), held.how, state, dw)  # fmt: skip
 
 
 def step_bytes(
@@ -211,6 +263,9 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
     fp = estimate(mc, cfg, model_path, device)
     bs = cfg.cache.block_size
     per_block = kv_bytes_per_token(mc, cfg.torch_dtype(), cfg.cache.kv_cache_dtype, bs) * bs
+    draft = draft_model(cfg, device=device)
+    draft_block, scratch = (0, 0) if draft is None else draft.kv_bytes(cfg)
+    per_block += draft_block
     host, source = host_available()
     derived = False
     if device.type == "cpu":
@@ -220,17 +275,18 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
         if fp.kv_cache == 0:  # default budget: what the runner will take after the weights
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
             scan = step_scan_bytes(mc, cfg.scheduler, cfg.parallel.tensor_parallel_size)
-            budget -= fp.weights + fp.state + GPU_HEADROOM + scan
-            fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
+            budget -= fp.weights + fp.draft + fp.state + GPU_HEADROOM + scan
+            fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block, scratch)
             derived = True
         where = f"free on {device} ({gib(total)} in all)"
         _fits(fp, fp.device_bytes, free, where, exclude=("block tables",))
         _fits(fp, fp.block_tables, host, f"on the host ({source})", only=("block tables",))
     if fp.kv_blocks < 2 and derived:
+        drafted = "" if draft is None else f"; the draft model's {gib(fp.draft)}"
         raise ValueError(
             f"{device} has {gib(fp.kv_cache)} left for the KV cache after the weights "
-            f"({gib(fp.weights)} {fp.weights_how}) and headroom, fewer than 2 blocks of {bs} tokens "
-            f"({gib(per_block)} each); use a larger GPU or a smaller model"
+            f"({gib(fp.weights)} {fp.weights_how}{drafted}) and headroom, fewer than 2 blocks of "
+            f"{bs} tokens ({gib(per_block)} each); use a larger GPU or a smaller model"
         )
     if fp.kv_blocks < 2:
         raise ValueError(
@@ -238,19 +294,21 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
             f"({gib(per_block)} each for this model); raise --kv-cache-memory"
         )
     if asked_len is not None and not derived and cfg.cache.num_blocks_override is None:
-        check_context_fits(mc, cfg, asked_len, per_block)
+        check_context_fits(mc, cfg, asked_len, per_block, scratch)
     return fp
 
 
-def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_block: int) -> None:
+def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_block: int,
+                       scratch: int = 0) -> None:  # fmt: skip
     """An explicit context longer than a KV cache of known size holds is refused, as vLLM
-    refuses it (one rank's cache: its share of the KV heads, at least one, in its budget)."""
+    refuses it (one rank's cache: its share of the KV heads, at least one, in its budget; a
+    draft model's rows in `per_block`, its `scratch` blocks out of the budget first)."""
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
     if per_block == 0:  # no attention layer: no KV cache to hold the context
         return
     budget = cfg.cache.kv_cache_memory or options.DEFAULT_CPU_KV_CACHE_MEMORY
     rank_block = per_block * max(1, mc.num_kv_heads // tp) // mc.num_kv_heads
-    blocks = budget // rank_block
+    blocks = max(budget - scratch, 0) // rank_block
     if asked_len > blocks * bs:
         raise ValueError(
             f"--max-model-len {asked_len} does not fit in the KV cache: {gib(budget)} holds "
@@ -260,12 +318,14 @@ def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_b
 
 
 def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int,
-                     per_block: int) -> Footprint:  # fmt: skip
-    blocks = kv // per_block if per_block else fp.kv_blocks  # (0: no attention layer)
+                     per_block: int, scratch: int = 0) -> Footprint:  # fmt: skip
+    """`fp` with a KV budget of `kv` bytes: blocks of `per_block` after `scratch` (a draft
+    model's scratch blocks)."""
+    # (per_block 0: no attention layer)
+    blocks = max(kv - scratch, 0) // per_block if per_block else fp.kv_blocks
     kv = kv if per_block else 0
     act = step_bytes(mc, cfg, cfg.torch_dtype(), blocks)
-    return Footprint(fp.weights, kv, blocks, fp.block_tables, fp.rope, fp.cuda_graphs, act,
-                     fp.weights_how, fp.state)  # fmt: skip
+    return dataclasses.replace(fp, kv_cache=kv, kv_blocks=blocks, activations=act)
 
 
 def _fits(fp: Footprint, need: int, have: int, where: str, *, exclude: tuple[str, ...] = (),

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram",)  # the operator's `spec.engine.speculative` (no draft checkpoint there)
 DRAFT_MODEL = "draft_model"
+METHODS = ("ngram", DRAFT_MODEL)  # vLLM's names (the operator's `ngram` / `draftModel`)
 MAX_SPECULATIVE_TOKENS = 32  # drafts a step per sequence, at most
 MAX_PROMPT_LOOKUP = 64  # the longest n-gram matched
 DEFAULT_PROMPT_LOOKUP = 5  # vLLM's, when neither bound is given
@@ -47,10 +47,10 @@ class SpeculativeConfig:
         if method is None:
             method = "ngram" if self.model is None else DRAFT_MODEL
             object.__setattr__(self, "method", method)
-        if method not in (*METHODS, DRAFT_MODEL):
+        if method not in METHODS:
             raise ValueError(
                 f"speculative_config: method {method!r} is not supported; Pagoda drafts "
-                f"with {', '.join((*METHODS, DRAFT_MODEL))} only"
+                f"with {', '.join(METHODS)} only"
             )
         _int("num_speculative_tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
         if method == DRAFT_MODEL:

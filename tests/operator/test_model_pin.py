@@ -2,7 +2,8 @@
 API-server emulator and a local Hub: every pod gets `--revision COMMIT`, status.model shows it,
 a push to the branch moves nothing until spec.model or the resolve annotation changes, and a
 failed resolution is the Degraded condition. A LoRA adapter's hf:// branch (spec.adapters) alike:
-`hf://ORG/NAME@COMMIT` in the `adapter-download` init container, the pin in status.adapters."""
+`hf://ORG/NAME@COMMIT` in the `adapter-download` init container, the pin in status.adapters; a
+draft model's (spec.engine.speculative.model) in `draft-download`, the pin in status.draftModel."""
 
 from __future__ import annotations
 
@@ -47,22 +48,37 @@ def revisions(emulator: Emulator, name: str) -> tuple[str | None, str | None]:
     return tuple(out)  # type: ignore[return-value]
 
 
-def pin(emulator: Emulator, name: str) -> dict[str, Any]:
-    return ((emulator.live(ISVC, "default", name) or {}).get("status") or {}).get("model") or {}
+def pin(emulator: Emulator, name: str, key: str = "model") -> dict[str, Any]:
+    return ((emulator.live(ISVC, "default", name) or {}).get("status") or {}).get(key) or {}
+
+
+def draft_uri(emulator: Emulator, name: str) -> str | None:
+    """What the `draft-download` init container fetches (its last argument)."""
+    spec = (emulator.live(DEPLOY, "default", name) or {}).get("spec") or {}
+    pod = (spec.get("template") or {}).get("spec") or {}
+    init = [c for c in pod.get("initContainers", ()) if c["name"] == "draft-download"]
+    return init[0]["args"][-1] if init else None
 
 
 async def test_a_branch_is_pinned_once_and_moves_only_when_asked(
     emulator: Emulator, kube: KubeApi, start_operator: Any, hub: FakeHub
 ) -> None:
+    """The model and its draft model (spec.engine.speculative, method draftModel) alike:
+    `--revision` for the model, `hf://org/d@COMMIT` for the draft's `draft-download`."""
     await start_operator(pin_models=True)
-    first = hub.repos["org/m"].commit
-    await create_isvc(kube, "m", {**BASE, "model": "hf://org/m"})
+    hub.add("org/d", {"config.json": b"{}"}, private=True)
+    first, d1 = hub.repos["org/m"].commit, hub.repos["org/d"].commit
+    draft = {"method": "draftModel", "model": "hf://org/d", "numSpeculativeTokens": 2}
+    await create_isvc(kube, "m", {**BASE, "model": "hf://org/m", "engine": {"speculative": draft}})
     await wait_for(lambda: revisions(emulator, "m") == (first, first), what="pinned pods")
     await wait_for(lambda: pin(emulator, "m").get("commit") == first, what="status.model")
     assert pin(emulator, "m")["uri"] == "hf://org/m"
+    assert draft_uri(emulator, "m") == f"hf://org/d@{d1}"
+    await wait_for(lambda: pin(emulator, "m", "draftModel").get("commit") == d1, what="draft pin")
 
     hub.add("org/m", {"config.json": b'{"v": 2}'}, private=True)  # a push to main
-    second = hub.repos["org/m"].commit
+    hub.add("org/d", {"config.json": b'{"v": 2}'}, private=True)
+    second, d2 = hub.repos["org/m"].commit, hub.repos["org/d"].commit
     assert second != first
     body = await patch_isvc(kube, "m", {"spec": {"replicas": 2}})  # another spec change
     await wait_for(
@@ -70,13 +86,15 @@ async def test_a_branch_is_pinned_once_and_moves_only_when_asked(
             "observedGeneration") == body["metadata"]["generation"],
         what="replicas reconciled",
     )  # fmt: skip
-    assert revisions(emulator, "m") == (first, first)  # the pin holds
+    assert revisions(emulator, "m") == (first, first)  # the pins hold
+    assert draft_uri(emulator, "m") == f"hf://org/d@{d1}"
 
     await patch_isvc(kube, "m", {"metadata": {"annotations": {
         "pagoda.dev/resolve-model": "2026-12-06"}}})  # fmt: skip
     await wait_for(lambda: revisions(emulator, "m") == (second, second), what="moved pin")
     await wait_for(lambda: pin(emulator, "m").get("commit") == second, what="status.model")
     assert pin(emulator, "m")["resolveRequest"] == "2026-12-06"
+    assert draft_uri(emulator, "m") == f"hf://org/d@{d2}"
     assert condition(emulator, "m", "Degraded")["reason"] == "AsExpected"
 
 
@@ -311,7 +329,7 @@ async def test_the_model_and_adapters_are_asked_at_once_bounded_each_failure_nam
                 default_image="img:1")  # fmt: skip
 
         spec = parse([f"hf://org/l{i}" for i in range(5)])  # 6 asks: two rounds of 3
-        _, found, pins = await model_pin.pin(None, body, spec, config, logging.getLogger())  # type: ignore[arg-type]
+        _, found, pins, _ = await model_pin.pin(None, body, spec, config, logging.getLogger())  # type: ignore[arg-type]
         assert found is not None and found["commit"] == hub.repos["org/m"].commit
         assert {n: p["commit"] for n, p in pins.items()} == {
             f"a{i}": hub.repos[f"org/l{i}"].commit for i in range(5)}  # fmt: skip

@@ -97,6 +97,7 @@ def test_schema_is_structural_and_preserves_unknown_fields_only_for_status_autos
         "llama-gpu.yaml",
         "llama-gpu-speculative.yaml",
         "llama-gpu-lora.yaml",
+        "llama-gpu-draft.yaml",
         "qwen3-hf.yaml",
         "llama-70b-s3-multinode.yaml",
     ],
@@ -323,7 +324,13 @@ def test_crd_speculative_bounds_are_the_runtimes() -> None:
 
     props = version_schema(load_crd())["properties"]["spec"]["properties"]
     spec = props["engine"]["properties"]["speculative"]
-    assert tuple(spec["properties"]["method"]["enum"]) == spec_config.METHODS
+    from pagoda.operator.spec.engine import SPECULATIVE_METHODS
+    from pagoda.operator.spec.model_ref import MAX_SOURCE
+
+    assert tuple(spec["properties"]["method"]["enum"]) == tuple(SPECULATIVE_METHODS)
+    # each CRD method is one of the runtime's, draftModel its draft_model
+    assert set(SPECULATIVE_METHODS.values()) == {*spec_config.METHODS, spec_config.DRAFT_MODEL}
+    assert spec["properties"]["model"]["maxLength"] == MAX_SOURCE
     tokens = spec["properties"]["numSpeculativeTokens"]
     assert tokens["maximum"] == spec_config.MAX_SPECULATIVE_TOKENS
     for key in ("promptLookupMax", "promptLookupMin"):

@@ -145,6 +145,8 @@ def _engine_spread() -> list[dict[str, Any]]:
                     {"poolingType": "LAST", "normalize": True, "dimensions": 1 << 20},
                 )
             )
+            if "speculative" in engine and engine["runner"] == "pooling":
+                engine["runner"] = "auto"  # speculative decoding with the pooling runner: refused
     return [{k: v for k, v in e.items() if v is not None} for e in combos]
 
 

@@ -242,3 +242,37 @@ def test_only_group_sizes_the_model_splits_into_are_offered():
     eight = dataclasses.replace(nine, num_heads=8, num_kv_heads=8, head_dim=504)
     offers = fit.would_fit(eight, plan, plan.weight_bytes(eight), have, False, cuda=True)
     assert any(o.startswith("--tensor-parallel-size 2 (") for o in offers), offers
+
+
+def test_a_draft_model_is_counted_and_one_that_does_not_fit_is_refused(tmp_path, monkeypatch):
+    """Speculative decoding's draft model (`spec/draft_model.py`): its weights (read from its
+    checkpoint as the target's are) and its KV rows of the sequence count beside the target's;
+    where the target alone would fit and both do not, one line names the draft and offers
+    neither FP8 weights nor more GPUs (both refused beside speculation)."""
+    from hf_oracle import make_tiny_llama
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import weights
+
+    target, draft = tmp_path / "t", tmp_path / "d"
+    make_tiny_llama(target)
+    make_tiny_llama(draft, num_hidden_layers=1)
+    mc, dc = read_model_config(str(target)), read_model_config(str(draft))
+    common = dict(device="cpu", dtype="float32", max_model_len=128)
+    plain = EngineConfig.create(str(target), **common)
+    spec = {"model": str(draft), "num_speculative_tokens": 2}
+    drafted = EngineConfig.create(str(target), speculative_config=spec, **common)
+    monkeypatch.setattr(memory, "host_available", lambda: (64 * GIB, "MemAvailable"))
+    alone, both = fit.check(mc, plain, target), fit.check(mc, drafted, target)
+    assert alone.draft is None and both.draft == dc
+    assert both.kv_bytes(mc) == alone.kv_bytes(mc) + alone.kv_bytes(dc)  # 2 + 1 layers' rows
+    assert both.weight_bytes(mc) == alone.weight_bytes(mc) + alone.weight_bytes(dc)
+    need = weights.estimate(mc, plain, target).bytes + alone.kv_bytes(mc)
+    monkeypatch.setattr(memory, "host_available", lambda: (need, "MemAvailable"))
+    fit.check(mc, plain, target)
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, drafted, target)
+    text = str(err.value)
+    assert "\n" not in text and err.value.reason == fit.REASON
+    held = weights.estimate(dc, EngineConfig.create(str(draft), **common), draft)
+    assert f", and {held} for the draft model {draft}" in text
+    assert "fp8" not in text and "tensor-parallel" not in text

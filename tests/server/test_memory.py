@@ -133,3 +133,50 @@ def test_the_weights_count_as_loaded_not_as_the_file(host):
     assert msg.endswith("lower the model (a smaller or quantized checkpoint)")
     host(fp.device_bytes + fp.block_tables)
     assert memory.check(mc, cfg, path).weights == fp.weights
+
+
+def test_a_draft_model_counts_beside_the_target(tmp_path, host, monkeypatch):
+    """Speculative decoding's draft model (`spec/draft_model.py`): its weights, read from its
+    checkpoint as the target's are, add to the target's; its rows of every block and its
+    scratch blocks come out of the KV budget (on CUDA, what is left after both models); a draft
+    that leaves the cache no room is refused in one line."""
+    import torch
+    from hf_oracle import make_tiny_llama
+    from pagoda.runtime.model.loader import read_model_config
+
+    target, draft = tmp_path / "t", tmp_path / "d"
+    make_tiny_llama(target)
+    make_tiny_llama(draft, num_hidden_layers=1)
+    mc = read_model_config(str(target))
+    spec = {"model": str(draft), "num_speculative_tokens": 3}
+
+    def both(device: str, **kw) -> tuple[memory.Footprint, memory.Footprint]:
+        common = dict(device=device, dtype="float32", block_size=8, max_num_seqs=4,
+                      max_model_len=128, **kw)  # fmt: skip
+        return (memory.check(mc, EngineConfig.create(str(target), **common), target),
+                memory.check(mc, EngineConfig.create(str(target), speculative_config=spec,
+                                                     **common), target))  # fmt: skip
+
+    host(64 * GIB)
+    plain, drafted = both("cpu", kv_cache_memory=1 << 20)
+    alone = EngineConfig.create(str(draft), device="cpu", dtype="float32")
+    held = memory.estimate(read_model_config(str(draft)), alone, draft, torch.device("cpu"))
+    assert drafted.weights == plain.weights and drafted.draft == held.weights > 0
+    assert drafted.device_bytes - plain.device_bytes == held.weights
+    per = 2 * 2 * 2 * 16 * 4 * 8  # layers × K,V × KV heads × head_dim × float32 × block
+    scratch = 4 * 2 * per // 2  # max_num_seqs × (ceil(3 / 8) + 1) blocks of the draft's half
+    assert plain.kv_blocks == (1 << 20) // per
+    assert drafted.kv_blocks == ((1 << 20) - scratch) // (per + per // 2)
+    # CUDA: the budget left after the weights shrinks by the draft's
+    monkeypatch.setattr(memory, "device_available", lambda device: (20 * GIB, 24 * GIB))
+    plain, drafted = both("cuda")
+    assert drafted.kv_cache == plain.kv_cache - drafted.draft
+    assert drafted.kv_blocks == (drafted.kv_cache - scratch) // (per + per // 2)
+    room = plain.weights + memory.GPU_HEADROOM + 32 * per  # the target alone has 32 blocks
+    monkeypatch.setattr(memory, "device_available", lambda device: (room, room))
+    memory.check(  # the target alone fits
+        mc, EngineConfig.create(str(target), device="cuda", dtype="float32",
+                                         gpu_memory_utilization=1.0, block_size=8), target)  # fmt: skip
+    with pytest.raises(ValueError, match=r"after the weights \(.*; the draft model's "
+                                         r"\d+\.\d KiB\) and headroom, fewer than 2 blocks"):  # fmt: skip
+        both("cuda", gpu_memory_utilization=1.0)

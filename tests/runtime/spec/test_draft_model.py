@@ -68,6 +68,13 @@ def test_greedy_output_is_the_engines_without_drafts(engines):
         assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
         core.check_integrity()
         assert core.kv.num_free_blocks == core.kv.num_blocks
+    # the target as its own draft still gets its own attention backends and KV tensors: nothing
+    # a drafting run prepares or writes is the target's (nor its captured CUDA graphs')
+    runner = same.engine.runner
+    target = {id(runner.backend), *map(id, runner.model.kv_backends)}
+    assert target.isdisjoint(map(id, runner.draft.backends))
+    ptrs = {t.data_ptr() for kv in runner.kv_caches for t in kv}
+    assert ptrs.isdisjoint(t.data_ptr() for kv in runner.draft.kv_caches for t in kv)
     full, part = same.engine.spec_stats, short.engine.spec_stats
     # the target as its own draft: every draft is the target's own greedy token
     assert full.num_draft_tokens > 50 and full.num_accepted_tokens == full.num_draft_tokens
@@ -106,6 +113,12 @@ def test_the_draft_s_cache_is_in_the_kv_budget(paths):
     assert draft == per // 2  # one layer of the target's two, the same heads
     assert plain.num_blocks == (1 << 20) // per
     assert drafted.num_blocks == ((1 << 20) - 4 * 2 * draft) // (per + draft)
+    # `pagoda serve`'s start-up estimate (`server/memory.py`) counts the same blocks
+    from pagoda.runtime.server import memory
+
+    cfg = EngineConfig.create(str(target), **common, speculative_config=spec)
+    fp = memory.estimate(read_model_config(str(target)), cfg, target, cfg.torch_device())
+    assert fp.kv_blocks == drafted.num_blocks and fp.draft > 0
 
 
 def _refusal(target, spec: dict, **engine) -> str:
