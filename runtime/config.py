@@ -276,8 +276,6 @@ def lora_problems(cfg: EngineConfig) -> list[str]:
     if not isinstance(cfg.lora, LoRAConfig):
         return [f"lora must be a LoRAConfig, got {cfg.lora!r}"]
     out = []
-    if cfg.quantization == "fp8":
-        out.append("LoRA adapters are not supported with --quantization fp8 yet: drop one")
     if cfg.speculative_config is not None:
         out.append("LoRA adapters are not supported with speculative decoding: drop "
                    "--speculative-config or --enable-lora")  # fmt: skip

@@ -319,15 +319,12 @@ class InferenceServiceSpec:
                 )
             return
         self.lora_values()  # maxCpuLoras >= maxLoras, defaults filled
-        for what, on in (
-            ("spec.engine.speculative", self.engine.speculative is not None),
-            ("spec.engine.quantization fp8", self.engine.quantization == "fp8"),
-        ):  # fmt: skip
-            if on:
-                raise SpecError(
-                    "InvalidSpec",
-                    f"spec.adapters (LoRA) is not supported with {what}: drop one of them",
-                )
+        if self.engine.speculative is not None:
+            raise SpecError(
+                "InvalidSpec",
+                "spec.adapters (LoRA) is not supported with spec.engine.speculative: drop one "
+                "of them",
+            )
 
     def lora_values(self) -> tuple[int, int, int]:
         """(maxLoras, maxLoraRank, maxCpuLoras) for spec.adapters, defaults filled in."""

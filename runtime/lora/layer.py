@@ -20,6 +20,12 @@ Three ways to compute it (`LoRAStep.mode`; benchmarks/lora_adapters.py measures 
 - "sgmv" (grouped by slot): the rows of each adapter of the step through its matrices (a loop
   over the step's adapters, never over sequences).
 
+The base may be an FP8 layer (`model/fp8_linear.Fp8Linear`, ``--quantization fp8`` or an FP8
+checkpoint), as vLLM's punica path serves LoRA on FP8 bases: its output comes from the FP8 GEMM
+(activations quantized inside it, as without adapters) and the adapter's shrink and expand run
+in the model's dtype on the layer's unquantized input x, added to that output; the adapter's
+matrices are never quantized.
+
 A step whose tokens all run the base model skips the adapters entirely (`LoRAStep.index` None),
 so base rows are the base model's bits.
 

@@ -12,7 +12,9 @@ node) and keeps its part (`shards`, `fill`).
 
 Which models take adapters (`lora_config.check_model`): the dense Llama-family decoders whose
 every layer is `LlamaLayer`'s q/k/v, o, gate/up and down linears (Llama, Mistral, Qwen2,
-Qwen3). Others are refused at start, one line.
+Qwen3). Others are refused at start, one line. Their linears may be 16-bit or FP8
+(`model/fp8_linear.py`: ``--quantization fp8`` or an FP8 checkpoint): an adapter adds its
+product to the base layer's output either way (`lora/layer.py`).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class LoRASlots:
         """Wrap every layer's q/k/v, o, gate/up and down of `model` (`LlamaModel`); on a
         tensor-parallel rank (`model.tp`) with this rank's part of each adapter (`shards`): a
         row-parallel layer's wrapper goes inside it, before its all-reduce."""
+        from pagoda.runtime.model.fp8_linear import Fp8Linear
         from pagoda.runtime.model.linear import Linear
         from pagoda.runtime.model.llama import GatedMLP, LlamaLayer
         from pagoda.runtime.model.parallel_linear import RowParallelLinear
@@ -111,9 +114,9 @@ class LoRASlots:
             if type(layer.mlp) is not GatedMLP or not isinstance(layer, LlamaLayer):
                 raise ValueError(f"LoRA adapters: {mc.architecture!r} layers are not Llama's")
             inner = [x.inner if isinstance(x, RowParallelLinear) else x for x in layer.linears()]
-            if not all(isinstance(x, Linear) for x in inner):
-                raise ValueError("LoRA adapters need the model's plain linear layers (not FP8 "
-                                 "ones)")  # fmt: skip
+            if not all(isinstance(x, (Linear, Fp8Linear)) for x in inner):
+                raise ValueError("LoRA adapters need the model's linear layers (16-bit or the "
+                                 "FP8 GEMM's)")  # fmt: skip
 
             def wrapper(base, first: str) -> LoRALinear:
                 parts, fin, shard = split[first]

@@ -149,9 +149,7 @@ REFUSED = [
     ({"adapters": [{"name": f"a{k}", "source": "/x"} for k in range(65)]}, "is too long",
      "at most 64 adapters"),
     ({"engine": {"speculative": {"numSpeculativeTokens": 2}}, "adapters": [SQL]},
-     "engine.speculative or engine.quantization", "spec.engine.speculative"),
-    ({"engine": {"quantization": "fp8"}, "adapters": [SQL]},
-     "engine.speculative or engine.quantization", "quantization fp8"),
+     "is not supported with engine.speculative", "spec.engine.speculative"),
     ({"engine": {"lora": {"maxLoras": 2}}}, "engine.lora configures adapters", "add adapters"),
     ({"engine": {"lora": {"maxLoraRank": 24}}, "adapters": [SQL]}, "is not one of",
      "maxLoraRank must be one of"),
@@ -203,6 +201,8 @@ def test_valid_specs_pass_both() -> None:
         {"model": "smollm2-135m", "servedModelName": "base", "adapters": [{**SQL, "name": "llama"}],
          "engine": {"lora": {"maxLoras": 1, "maxLoraRank": 512, "maxCpuLoras": 1}}},
         {"model": "/opt/m", "adapters": [{"name": "a.b_c-1", "source": "file:///opt/lora/a"}]},
+        # adapters on an FP8 base (the runtime serves them: tests/runtime/lora/test_lora_fp8.py)
+        {**BASE, "adapters": [SQL], "resources": {"gpus": 1}, "engine": {"quantization": "fp8"}},
     ):  # fmt: skip
         doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
                "metadata": {"name": "llama"}, "spec": fields}  # fmt: skip

@@ -165,7 +165,7 @@ REFUSED = [
     ({"engine": {"speculative": {"numSpeculativeTokens": 2}, "runner": "pooling"}},
      "not supported with the pooling runner", "not supported with the pooling runner"),
     ({"engine": draft(), "adapters": [{"name": "sql", "source": "hf://org/sql"}]},
-     "engine.speculative or engine.quantization", "spec.engine.speculative"),
+     "adapters (LoRA) is not supported with engine.speculative", "spec.engine.speculative"),
     ({"engine": draft(), "resources": {"gpus": 2}},
      "engine.speculative is not supported with tensor parallelism", "tensor parallelism"),
     ({"engine": {"speculative": {"method": "eagle", "numSpeculativeTokens": 4}}},

@@ -41,7 +41,6 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2}
         ({"enable_lora": True, "lora_modules": ["a=/p", "a=/q"]}, "given twice: a"),
         ({"enable_lora": True, "max_lora_rank": 0}, "max_lora_rank must be an integer"),
         ({"enable_lora": True, "max_loras": 4, "max_cpu_loras": 2}, "at least max_loras"),
-        ({"enable_lora": True, "quantization": "fp8"}, "not supported with --quantization fp8"),
         ({"enable_lora": True, "speculative_config": NGRAM}, "not supported with speculative"),
     ],
 )
@@ -49,6 +48,15 @@ def test_refused_in_one_line(kwargs, words):
     with pytest.raises(ValueError, match=words) as e:
         EngineConfig.create("m", **kwargs)
     assert "\n" not in str(e.value)
+
+
+def test_fp8_takes_adapters(monkeypatch):
+    """(tests/runtime/lora/test_lora_fp8.py runs it; here as where the FP8 kernels run.)"""
+    from pagoda.runtime import config
+
+    monkeypatch.setattr(config, "fp8_runs_on", lambda device: True)
+    cfg = EngineConfig.create("m", enable_lora=True, quantization="fp8")
+    assert cfg.lora == LoRAConfig() and cfg.quantization == "fp8"
 
 
 def test_tensor_parallelism_takes_adapters():
