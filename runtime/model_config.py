@@ -189,6 +189,9 @@ class FamilyConfig:
     # project_in / project_out around the layers; 0: none)
     post_norm: bool = False
     embed_proj_dim: int = 0
+    # BERT's and RoBERTa's token-type table's rows (token type 0's added to every token's
+    # embedding: model/bert.py); 0: none
+    type_vocab_size: int = 0
     # BitNet b1.58 (model/bitnet.py, bitlinear.py): its projections' ternary weights stored packed
     # ("offline") or as master weights quantized at load ("online"); "": dense (no
     # quantization_config: transformers runs plain Linears)

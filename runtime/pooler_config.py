@@ -7,9 +7,14 @@ says it is one, else as a generator (``generate``):
   ``pooling_mode_mean_tokens`` or ``pooling_mode_cls_token`` (LAST, MEAN, CLS; a ``Normalize``
   module: normalized) - the published Qwen3-Embedding layout;
 - or config.json's ``architectures`` naming a bare decoder (``Qwen3Model``, ``LlamaModel``,
-  ``Qwen2Model``, ``MistralModel``: no LM head) rather than a ``*ForCausalLM``.
+  ``Qwen2Model``, ``MistralModel``: no LM head) rather than a ``*ForCausalLM``;
+- or naming an encoder (``BertModel``, ``RobertaModel``, ``XLMRobertaModel``: `ENCODERS`,
+  bidirectional attention, model/bert.py), served by the pooling runner only.
 Without a sentence-transformers layout a pooling model pools LAST and normalizes (vLLM's
-default for decoder embedding models). ``--pooler-config`` keys override the checkpoint's.
+default for decoder embedding models), an encoder CLS, normalized (vLLM's for BERT-like
+models). ``--pooler-config`` keys override the checkpoint's. An encoder's prompts are each
+computed whole in one step (`with_runner`: chunked prefill off, as prefix caching is for
+every pooling model): its attention reads the whole prompt from every row.
 
 Matryoshka models (config.json ``is_matryoshka`` / ``matryoshka_dimensions``, vLLM's names) may
 be asked for fewer ``dimensions``: the pooler config's (every request) or a request's own.
@@ -36,11 +41,16 @@ BARE_DECODERS = {
     "Qwen2Model": "Qwen2ForCausalLM",
     "Qwen3Model": "Qwen3ForCausalLM",
 }
-# encoder-only checkpoints (bidirectional attention): refused, by their architectures
+# config.json architectures of the encoders served (bidirectional attention, pooling runner
+# only: model/bert.py) -> `ModelConfig.architecture`
+ENCODERS = {"BertModel": "bert", "RobertaModel": "roberta", "XLMRobertaModel": "roberta"}
+# other encoder-only checkpoints: refused, by their architectures (the masked-LM heads'
+# checkpoints, ModernBERT's alternating local attention and rotary, DistilBERT's, MPNet's
+# relative buckets, DeBERTa's disentangled attention, ELECTRA's, Nomic's and Alibaba's GTE code)
 ENCODER_ONLY = frozenset({
-    "BertModel", "BertForMaskedLM", "RobertaModel", "RobertaForMaskedLM", "XLMRobertaModel",
-    "XLMRobertaForMaskedLM", "ModernBertModel", "ModernBertForMaskedLM", "DistilBertModel",
-    "MPNetModel", "DebertaV2Model", "ElectraModel", "NomicBertModel", "NewModel", "GteModel",
+    "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "ModernBertModel",
+    "ModernBertForMaskedLM", "DistilBertModel", "MPNetModel", "DebertaV2Model", "ElectraModel",
+    "NomicBertModel", "NewModel", "GteModel",
 })  # fmt: skip
 # sentence-transformers' 1_Pooling/config.json keys -> our pooling types
 _ST_MODES = {
@@ -121,12 +131,18 @@ class PoolerConfig:
 
 
 def check_not_encoder(architectures: list[str]) -> None:
-    """ValueError, one line, for an encoder-only checkpoint (BERT, XLM-R, ModernBERT)."""
+    """ValueError, one line, for an encoder-only checkpoint not served (ModernBERT, DistilBERT,
+    a masked-LM head's)."""
     enc = [a for a in architectures if a in ENCODER_ONLY]
     if enc:
-        raise ValueError(f"{enc[0]} is an encoder-only model (bidirectional attention): not "
-                         "supported; Pagoda's pooling runner serves decoder models (Qwen3-Embedding, "
-                         "gte-Qwen2, e5-mistral)")  # fmt: skip
+        raise ValueError(f"{enc[0]} is an encoder-only model not supported; the pooling runner "
+                         f"serves the encoders {', '.join(ENCODERS)} and decoder models "
+                         "(Qwen3-Embedding, gte-Qwen2, e5-mistral)")  # fmt: skip
+
+
+def encoder(config_json: Mapping[str, Any]) -> str | None:
+    """The served encoder architecture a config.json names (`ENCODERS`), else None."""
+    return next((a for a in config_json.get("architectures") or () if a in ENCODERS), None)
 
 
 def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any] | None:
@@ -160,7 +176,7 @@ def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any] | None:
 def says_pooling(model_dir: Path, config_json: Mapping[str, Any]) -> bool:
     """Whether a checkpoint is an embedding model (`--runner auto`'s rule, module docstring)."""
     archs = config_json.get("architectures") or []
-    if any(a in BARE_DECODERS for a in archs):
+    if any(a in BARE_DECODERS or a in ENCODERS for a in archs):
         return True
     return sentence_transformers_pooling(model_dir) is not None
 
@@ -172,8 +188,7 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
     ValueError, one line, for a pooler config on a generating runner or bad dimensions."""
     path = Path(model_path)
     model_dir = path if path.is_dir() else None
-    top = _read_json(model_dir / "config.json") if model_dir is not None else None
-    top = top if isinstance(top, dict) else {}
+    top = _config_json(path) or {}
     if runner == "auto":
         runner = "pooling" if model_dir is not None and says_pooling(model_dir, top) else "generate"
     if runner == "generate":
@@ -181,13 +196,16 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
         if bare:
             raise ValueError(f"{bare[0]} is a bare decoder without an LM head (an embedding "
                              "model): serve it with --runner pooling")  # fmt: skip
+        if encoder(top) is not None:
+            raise ValueError(f"{encoder(top)} is an encoder (bidirectional attention, no LM "
+                             "head): it generates nothing; serve it with --runner pooling")  # fmt: skip
         if pooler is not None:
             raise ValueError("pooler_config applies to the pooling runner only: add --runner "
                              "pooling, or drop --pooler-config")  # fmt: skip
         return runner, None
     if pooler is not None and pooler.resolved:
         return runner, pooler
-    fields: dict[str, Any] = {"pooling_type": "LAST", "normalize": True}
+    fields: dict[str, Any] = {"pooling_type": "CLS" if encoder(top) else "LAST", "normalize": True}
     if model_dir is not None:
         fields.update(sentence_transformers_pooling(model_dir) or {})
     if pooler is not None:
@@ -207,20 +225,34 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     """An `EngineConfig` with its runner resolved (`resolve`); itself when it was already.
     Pooling turns prefix caching off: a MEAN or CLS vector reads every prompt row, which a
     cached prefix would skip, and a pooled request's blocks are freed when it ends (LAST
-    could reuse cached prefixes; one rule for every pooling type is kept instead)."""
+    could reuse cached prefixes; one rule for every pooling type is kept instead). An encoder
+    (`ENCODERS`) turns chunked prefill off too: its attention over the whole prompt needs the
+    prompt in one step."""
     runner, pooler = resolve(config.runner, config.pooler_config, model_path, hidden_size)
+    sched = config.scheduler
+    if sched.enable_chunked_prefill and encoder(_config_json(model_path) or {}) is not None:
+        sched = dataclasses.replace(sched, enable_chunked_prefill=False,
+                                    long_prefill_token_threshold=None)  # fmt: skip
     if runner == "pooling" and config.speculative_config is not None:
         raise ValueError("speculative decoding is not supported with the pooling runner (an "
                          "embedding request generates nothing): drop --speculative-config")  # fmt: skip
     if runner == "pooling" and getattr(config, "lora", None) is not None:
         raise ValueError("LoRA adapters are not supported with the pooling runner yet (no "
                          "embedding request names one): drop --enable-lora")  # fmt: skip
-    if runner == config.runner and pooler == config.pooler_config:
+    if runner == config.runner and pooler == config.pooler_config and sched is config.scheduler:
         return config
     cache = config.cache
     if runner == "pooling" and cache.enable_prefix_caching:
         cache = dataclasses.replace(cache, enable_prefix_caching=False)
-    return dataclasses.replace(config, runner=runner, pooler_config=pooler, cache=cache)
+    return dataclasses.replace(config, runner=runner, pooler_config=pooler, cache=cache,
+                               scheduler=sched)  # fmt: skip
+
+
+def _config_json(model_path: str | Path) -> dict[str, Any] | None:
+    """A checkpoint directory's config.json, None for anything else (a GGUF file)."""
+    path = Path(model_path)
+    top = _read_json(path / "config.json") if path.is_dir() else None
+    return top if isinstance(top, dict) else None
 
 
 def _read_json(path: Path) -> Any:

@@ -1,0 +1,91 @@
+"""BERT's and (XLM-)RoBERTa's config fields, tensor names and checkpoint shapes (the encoders
+of `model/bert.py`; `pooler_config.ENCODERS` names their architectures). No layer code.
+
+- Fields (`FIELDS`, `family_fields` takes them): learned positions (RoBERTa's table offset by
+  pad_token_id + 1, as its position ids start there), LayerNorms with biases after each
+  residual add (`post_norm`), an ungated MLP, the token-type table's rows. Refused in one line:
+  `is_decoder` / `add_cross_attention` (a causal or encoder-decoder BERT), a
+  `position_embedding_type` other than "absolute" (relative_key's distance tables).
+- `overrides`: RoBERTa's `max_position_embeddings` counts its offset rows; the context is
+  that less the offset (514 -> 512 tokens).
+- `rename_weights`: the stored names (with or without the `bert.` / `roberta.` prefix)
+  listed as Llama's (`embeddings.word_embeddings` as `model.embed_tokens`,
+  `encoder.layer.N.attention.self.query` as `self_attn.q_proj`, the attention output's
+  LayerNorm as `input_layernorm`, the layer output's as `post_attention_layernorm`, ...);
+  the `pooler.` dense layer is not read (sentence-transformers and vLLM pool the last hidden
+  states).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+TOKEN_TYPES = "model.embed_token_types.weight"
+EMBED_NORM = "model.embed_layernorm.weight"
+
+# transformers' BertConfig / RobertaConfig defaults (config.json leaves some of them out)
+_COMMON = {"hidden_act": "gelu", "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
+           "type_vocab_size": 2, "tie_word_embeddings": True}  # fmt: skip
+DEFAULTS = {
+    "bert": {**_COMMON, "pad_token_id": 0},
+    "roberta": {**_COMMON, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+}
+
+_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^(?:bert|roberta)\.", ""),
+    (r"\.LayerNorm\.gamma$", ".LayerNorm.weight"), (r"\.LayerNorm\.beta$", ".LayerNorm.bias"),
+    (r"^embeddings\.word_embeddings\.", "model.embed_tokens."),
+    (r"^embeddings\.position_embeddings\.", "model.embed_positions."),
+    (r"^embeddings\.token_type_embeddings\.", "model.embed_token_types."),
+    (r"^embeddings\.LayerNorm\.", "model.embed_layernorm."),
+    (r"^encoder\.layer\.(\d+)\.", r"model.layers.\1."),
+    (r"\.attention\.self\.query\.", ".self_attn.q_proj."),
+    (r"\.attention\.self\.key\.", ".self_attn.k_proj."),
+    (r"\.attention\.self\.value\.", ".self_attn.v_proj."),
+    (r"\.attention\.output\.dense\.", ".self_attn.o_proj."),
+    (r"\.attention\.output\.LayerNorm\.", ".input_layernorm."),
+    (r"\.intermediate\.dense\.", ".mlp.up_proj."),
+    (r"\.output\.dense\.", ".mlp.down_proj."),
+    (r"\.output\.LayerNorm\.", ".post_attention_layernorm."),
+))  # fmt: skip
+
+
+def offset(cfg: dict[str, Any], arch: str) -> int:
+    """The row of position 0 in the table: RoBERTa's pad_token_id + 1, BERT's 0."""
+    return int(cfg.get("pad_token_id") or 0) + 1 if arch == "roberta" else 0
+
+
+def fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """The `FamilyConfig` fields of BERT and RoBERTa (module docstring)."""
+    if cfg.get("is_decoder") or cfg.get("add_cross_attention"):
+        raise ValueError(f"a {arch} config with is_decoder / add_cross_attention (a causal or "
+                         "encoder-decoder model) is not supported: encoders only")  # fmt: skip
+    if int(cfg["type_vocab_size"]) < 1:
+        raise ValueError(f"{arch} type_vocab_size must be at least 1 (token type 0's row)")
+    kind = cfg.get("position_embedding_type") or "absolute"
+    if kind != "absolute":
+        raise ValueError(f"{arch} position_embedding_type {kind!r} is not supported (absolute)")
+    return {"positions": "learned", "position_offset": offset(cfg, arch), "gated_mlp": False,
+            "layer_norm_bias": True, "post_norm": True,
+            "type_vocab_size": int(cfg["type_vocab_size"])}  # fmt: skip
+
+
+FIELDS = {"bert": fields, "roberta": fields}
+
+
+def overrides(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The context in tokens: the table's rows less RoBERTa's offset (module docstring)."""
+    return {"max_position_embeddings": int(cfg["max_position_embeddings"]) - offset(cfg, arch)}
+
+
+def rename_weights(weights) -> None:
+    """The stored names listed as the model reads them (module docstring)."""
+    weights.rename_by(_RENAMES)
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """The embeddings' LayerNorm and the token-type table beside the layers' tensors (the
+    LayerNorms' biases are added by the caller)."""
+    out[EMBED_NORM] = (c.hidden_size,)
+    out[TOKEN_TYPES] = (c.family.type_vocab_size, c.hidden_size)
