@@ -138,7 +138,7 @@ def test_refusals_are_one_line(bert):
     path, _ = bert
     model_config = read_model_config(str(path))
     assert model_config.architecture == "bert"
-    with pytest.raises(ValueError, match="BertModel is an encoder .* --runner pooling"):
+    with pytest.raises(ValueError, match=r"BertModel is an encoder .* --runner pooling"):
         LLM(str(path), runner="generate", **ARGS)
     with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a bert"):
         check(model_config, 2)
