@@ -163,3 +163,48 @@ def test_embeddings_api(bert):
     got = np.array([d.embedding for d in res.data], dtype=np.float32)
     np.testing.assert_allclose(got, _hf(model, [[2, 10, 14, 18, 3], [2, 8, 3]], "MEAN"), atol=1e-5)
     assert res.usage.prompt_tokens == 8
+
+
+# BAAI/bge-base-en-v1.5's and intfloat/multilingual-e5-base's config.json as published
+BGE_BASE = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1,
+            "classifier_dropout": None, "gradient_checkpointing": False, "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1, "hidden_size": 768, "id2label": {"0": "LABEL_0"},
+            "initializer_range": 0.02, "intermediate_size": 3072, "label2id": {"LABEL_0": 0},
+            "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
+            "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
+            "position_embedding_type": "absolute", "torch_dtype": "float32",
+            "transformers_version": "4.30.0", "type_vocab_size": 2, "use_cache": True,
+            "vocab_size": 30522}  # fmt: skip
+ME5_BASE = {"architectures": ["XLMRobertaModel"], "attention_probs_dropout_prob": 0.1,
+            "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+            "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+            "layer_norm_eps": 1e-05, "max_position_embeddings": 514, "model_type": "xlm-roberta",
+            "num_attention_heads": 12, "num_hidden_layers": 12, "output_past": True,
+            "pad_token_id": 1, "position_embedding_type": "absolute", "torch_dtype": "float32",
+            "transformers_version": "4.29.0.dev0", "type_vocab_size": 1, "use_cache": True,
+            "vocab_size": 250002}  # fmt: skip
+
+
+@pytest.mark.parametrize(("cfg", "arch", "eps", "offset", "types"),
+                         [(BGE_BASE, "bert", 1e-12, 0, 2), (ME5_BASE, "roberta", 1e-5, 2, 1)])  # fmt: skip
+def test_published_configs_read_as_encoders(tmp_path, cfg, arch, eps, offset, types):
+    """The published configs (no weights: what `pagoda serve` reads first) are 512-token
+    encoders served by the pooling runner, CLS by default; another encoder architecture and a
+    relative position embedding are refused in one line."""
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.pooler_config import resolve
+
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    c = read_model_config(str(tmp_path))
+    f = c.family
+    assert (c.architecture, c.context_length, c.rms_norm_eps) == (arch, 512, eps)
+    assert (f.position_offset, f.type_vocab_size, f.post_norm, f.positions) == (
+        offset, types, True, "learned")  # fmt: skip
+    runner, pooler = resolve("auto", None, tmp_path, c.hidden_size)
+    assert runner == "pooling" and (pooler.pooling_type, pooler.normalize) == ("CLS", True)
+    for change, words in (({"position_embedding_type": "relative_key"}, "relative_key"),
+                          ({"architectures": ["ModernBertModel"]}, "encoder-only model not")):  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(ValueError, match=words) as e:
+            read_model_config(str(tmp_path))
+        assert "\n" not in str(e.value)
