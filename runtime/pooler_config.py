@@ -233,19 +233,19 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     if sched.enable_chunked_prefill and encoder(_config_json(model_path) or {}) is not None:
         sched = dataclasses.replace(sched, enable_chunked_prefill=False,
                                     long_prefill_token_threshold=None)  # fmt: skip
+        config = dataclasses.replace(config, scheduler=sched)
     if runner == "pooling" and config.speculative_config is not None:
         raise ValueError("speculative decoding is not supported with the pooling runner (an "
                          "embedding request generates nothing): drop --speculative-config")  # fmt: skip
     if runner == "pooling" and getattr(config, "lora", None) is not None:
         raise ValueError("LoRA adapters are not supported with the pooling runner yet (no "
                          "embedding request names one): drop --enable-lora")  # fmt: skip
-    if runner == config.runner and pooler == config.pooler_config and sched is config.scheduler:
+    if runner == config.runner and pooler == config.pooler_config:
         return config
     cache = config.cache
     if runner == "pooling" and cache.enable_prefix_caching:
         cache = dataclasses.replace(cache, enable_prefix_caching=False)
-    return dataclasses.replace(config, runner=runner, pooler_config=pooler, cache=cache,
-                               scheduler=sched)  # fmt: skip
+    return dataclasses.replace(config, runner=runner, pooler_config=pooler, cache=cache)
 
 
 def _config_json(model_path: str | Path) -> dict[str, Any] | None:

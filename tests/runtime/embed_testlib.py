@@ -52,33 +52,6 @@ def make_embedding_model(path, arch: str = "Qwen3", pooling: str = "LAST", norma
     return model
 
 
-async def serve_calls(core, name: str, calls):
-    """Each of `calls` (async ``(openai client, httpx client)`` -> result) against the real app
-    over httpx's ASGI transport, `core` on its engine thread; (the results, the metrics)."""
-    import asyncio
-
-    import httpx
-    import openai
-    from pagoda.runtime.engine.async_engine import AsyncEngine
-    from pagoda.runtime.server.api import create_app
-    from pagoda.runtime.server.config import ServerConfig
-    from pagoda.runtime.server.metrics import ServerMetrics
-
-    m = ServerMetrics(name)
-    engine = AsyncEngine(lambda: core, observer=m)
-    engine.start()
-    await asyncio.wait_for(engine.wait_started(), 30)
-    app = create_app(ServerConfig(model="m", served_model_names=(name,)), engine, m)
-    try:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t/v1") as http:
-            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http,
-                                        max_retries=0)  # fmt: skip
-            return [await call(client, http) for call in calls], m
-    finally:
-        engine.stop()
-
-
 def hf_embeddings(model, prompts: list[list[int]], pooling: str, normalize=True) -> torch.Tensor:
     """transformers' vectors: one left-padded batch (as Qwen3-Embedding is run), the final-norm
     hidden states pooled as sentence-transformers pools them, float32 [N, hidden]."""

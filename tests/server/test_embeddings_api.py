@@ -8,12 +8,18 @@ from __future__ import annotations
 import asyncio
 import base64
 
+import httpx
 import numpy as np
+import openai
 import pytest
 import tokenizers
-from embed_testlib import hf_embeddings, make_embedding_model, serve_calls
+from embed_testlib import hf_embeddings, make_embedding_model
 from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.core import EngineCore
+from pagoda.runtime.server.api import create_app
+from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.metrics import ServerMetrics
 
 pytest.importorskip("transformers")
 NAME = "tiny-embed"
@@ -29,8 +35,20 @@ def served(tmp_path_factory):
     return model, core, path
 
 
-def _run(core, calls):
-    return serve_calls(core, NAME, calls)
+async def _run(core, calls):
+    m = ServerMetrics(NAME)
+    engine = AsyncEngine(lambda: core, observer=m)
+    engine.start()
+    await asyncio.wait_for(engine.wait_started(), 30)
+    app = create_app(ServerConfig(model="m", served_model_names=(NAME,)), engine, m)
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t/v1") as http:
+            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http,
+                                        max_retries=0)  # fmt: skip
+            return [await call(client, http) for call in calls], m
+    finally:
+        engine.stop()
 
 
 def test_the_sdk_gets_transformers_vectors(served):
