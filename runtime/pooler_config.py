@@ -145,6 +145,13 @@ def encoder(config_json: Mapping[str, Any]) -> str | None:
     return next((a for a in config_json.get("architectures") or () if a in ENCODERS), None)
 
 
+def _config_json(model_path: str | Path) -> dict[str, Any] | None:
+    """A checkpoint directory's config.json, None for anything else (a GGUF file)."""
+    path = Path(model_path)
+    top = _read_json(path / "config.json") if path.is_dir() else None
+    return top if isinstance(top, dict) else None
+
+
 def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any] | None:
     """The pooling of a sentence-transformers layout (`pooling_type`, `normalize`), None when
     the directory has none. ValueError, one line, for a Pooling module this runtime cannot run
@@ -246,13 +253,6 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     if runner == "pooling" and cache.enable_prefix_caching:
         cache = dataclasses.replace(cache, enable_prefix_caching=False)
     return dataclasses.replace(config, runner=runner, pooler_config=pooler, cache=cache)
-
-
-def _config_json(model_path: str | Path) -> dict[str, Any] | None:
-    """A checkpoint directory's config.json, None for anything else (a GGUF file)."""
-    path = Path(model_path)
-    top = _read_json(path / "config.json") if path.is_dir() else None
-    return top if isinstance(top, dict) else None
 
 
 def _read_json(path: Path) -> Any:
