@@ -192,6 +192,10 @@ class FamilyConfig:
     # BERT's and RoBERTa's token-type table's rows (token type 0's added to every token's
     # embedding: model/bert.py); 0: none
     type_vocab_size: int = 0
+    # an encoder's sentence-transformers `max_seq_length` (sentence_bert_config.json: the
+    # length it was trained to embed, below its position table's), which bounds the context
+    # as vLLM bounds it; 0: none
+    max_seq_length: int = 0
     # BitNet b1.58 (model/bitnet.py, bitlinear.py): its projections' ternary weights stored packed
     # ("offline") or as master weights quantized at load ("online"); "": dense (no
     # quantization_config: transformers runs plain Linears)
@@ -414,6 +418,8 @@ class ModelConfig:
         s, context = self.rope_scaling or {}, self.max_position_embeddings
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
+        if self.family.max_seq_length:  # (an encoder's sentence-transformers length)
+            context = min(context, self.family.max_seq_length)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context

@@ -7,7 +7,8 @@ of `model/bert.py`; `pooler_config.ENCODERS` names their architectures). No laye
   `is_decoder` / `add_cross_attention` (a causal or encoder-decoder BERT), a
   `position_embedding_type` other than "absolute" (relative_key's distance tables).
 - `overrides`: RoBERTa's `max_position_embeddings` counts its offset rows; the context is
-  that less the offset (514 -> 512 tokens).
+  that less the offset (514 -> 512 tokens); `read_max_seq_length`: sentence_bert_config.json's
+  `max_seq_length` bounds it further where it is less (all-MiniLM-L6-v2: 256).
 - `rename_weights`: the stored names (with or without the `bert.` / `roberta.` prefix)
   listed as Llama's (`embeddings.word_embeddings` as `model.embed_tokens`,
   `encoder.layer.N.attention.self.query` as `self_attn.q_proj`, the attention output's
@@ -19,9 +20,14 @@ of `model/bert.py`; `pooler_config.ENCODERS` names their architectures). No laye
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
+from pagoda.runtime.model.template_files import read_json_object
+
 TOKEN_TYPES = "model.embed_token_types.weight"
+# the key `hf_loader` puts sentence_bert_config.json's max_seq_length under (`read_max_seq_length`)
+MAX_SEQ_LENGTH = "_sentence_transformers_max_seq_length"
 EMBED_NORM = "model.embed_layernorm.weight"
 
 # transformers' BertConfig / RobertaConfig defaults (config.json leaves some of them out)
@@ -68,7 +74,8 @@ def fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         raise ValueError(f"{arch} position_embedding_type {kind!r} is not supported (absolute)")
     return {"positions": "learned", "position_offset": offset(cfg, arch), "gated_mlp": False,
             "layer_norm_bias": True, "post_norm": True,
-            "type_vocab_size": int(cfg["type_vocab_size"])}  # fmt: skip
+            "type_vocab_size": int(cfg["type_vocab_size"]),
+            "max_seq_length": int(cfg.get(MAX_SEQ_LENGTH) or 0)}  # fmt: skip
 
 
 FIELDS = {"bert": fields, "roberta": fields}
@@ -77,6 +84,19 @@ FIELDS = {"bert": fields, "roberta": fields}
 def overrides(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """The context in tokens: the table's rows less RoBERTa's offset (module docstring)."""
     return {"max_position_embeddings": int(cfg["max_position_embeddings"]) - offset(cfg, arch)}
+
+
+def read_max_seq_length(model_dir: Path) -> dict[str, Any]:
+    """sentence_bert_config.json's `max_seq_length` (the length sentence-transformers embeds:
+    all-MiniLM-L6-v2's 256 of its 512 positions) under `MAX_SEQ_LENGTH`, {} without one; the
+    context is then at most that (`ModelConfig.context_length`), as vLLM reads it."""
+    value = read_json_object(model_dir / "sentence_bert_config.json").get("max_seq_length")
+    if value is None:
+        return {}
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"sentence_bert_config.json: max_seq_length must be a positive integer, "
+                         f"got {value!r}")  # fmt: skip
+    return {MAX_SEQ_LENGTH: value}
 
 
 def rename_weights(weights) -> None:

@@ -160,6 +160,10 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     cfg = {**DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in NULLABLE.get(arch, ())}}  # fmt: skip
     cfg = config_keys.derived(cfg, arch)
+    if model_dir is not None and arch in ("bert", "roberta"):  # sentence-transformers' length
+        from pagoda.runtime.model.bert_config import read_max_seq_length
+
+        cfg.update(read_max_seq_length(model_dir))
     if arch == "gpt_oss" and not cfg.get("rope_scaling") and not cfg.get("rope_parameters"):
         cfg["rope_scaling"] = dict(GPT_OSS_ROPE)
     if arch in DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):

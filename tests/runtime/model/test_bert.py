@@ -109,9 +109,10 @@ def test_bert_vectors_equal_transformers(bert):
 
 
 def test_xlm_roberta_from_a_pickle_pools_cls(tmp_path):
-    """XLM-RoBERTa saved as pytorch_model.bin, no sentence-transformers files: CLS pooling,
-    normalized (vLLM's default for BERT-like models); its table of 66 rows serves 64 tokens
-    (offset pad_token_id + 1 = 2); a chunked-prefill flag is turned off for it."""
+    """XLM-RoBERTa saved as pytorch_model.bin, no sentence-transformers modules: CLS pooling,
+    normalized (vLLM's default for BERT-like models); its table of 66 rows (offset
+    pad_token_id + 1 = 2) serves 64 positions, sentence_bert_config.json's max_seq_length 48 of
+    them; a chunked-prefill flag is turned off for it."""
     torch.manual_seed(1)
     cfg = transformers.XLMRobertaConfig(**SIZES, max_position_embeddings=66, pad_token_id=1,
                                         type_vocab_size=1)  # fmt: skip
@@ -120,9 +121,10 @@ def test_xlm_roberta_from_a_pickle_pools_cls(tmp_path):
     model.config.save_pretrained(tmp_path)
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # (transformers' older form)
     _tokenizer(tmp_path)
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 48}')
     llm = LLM(str(tmp_path), enable_chunked_prefill=True, **ARGS)
     assert llm.config.pooler_config.pooling_type == "CLS" and llm.config.pooler_config.normalize
-    assert not llm.config.scheduler.enable_chunked_prefill and llm.engine.max_model_len == 64
+    assert not llm.config.scheduler.enable_chunked_prefill and llm.engine.max_model_len == 48
     got = _vectors(llm.embed(PROMPTS, use_tqdm=False))
     np.testing.assert_allclose(got, _hf(model, PROMPTS, "CLS"), atol=1e-5)
 
