@@ -255,6 +255,17 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     return dataclasses.replace(config, runner=runner, pooler_config=pooler, cache=cache)
 
 
+def check_not_classifier(architectures: list[str]) -> None:
+    """ValueError, one line, for a sequence-classification checkpoint (`*ForSequenceClassification`:
+    a cross-encoder reranker such as bge-reranker or a classifier), which has no runner here."""
+    cls = [a for a in architectures if a.endswith("ForSequenceClassification")]
+    if cls:
+        raise ValueError(f"{cls[0]} is a sequence-classification model (a cross-encoder "
+                         "reranker or classifier): not supported; Pagoda's pooling runner serves "
+                         "embedding models, whose /v1/score and /v1/rerank score pairs by the "
+                         "cosine similarity of their vectors")  # fmt: skip
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())

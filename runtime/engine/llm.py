@@ -10,9 +10,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
+from pagoda.runtime.engine import scoring
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
 from pagoda.runtime.engine.pooling import EmbeddingRequestOutput, PoolingParams, embed
+from pagoda.runtime.engine.scoring import ScoringRequestOutput
 from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
@@ -126,12 +128,8 @@ class LLM:
             raise RuntimeError("this LLM is closed; create a new one")
         if self.config.runner == "pooling":
             raise ValueError("this model runs the pooling runner (an embedding model): use "
-                             "embed(), or LLM(..., runner='generate')")  # fmt: skip
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+                             "embed() or score(), or LLM(..., runner='generate')")  # fmt: skip
+        prompts = _prompt_list(prompts)
         params = sampling_params or self.get_default_sampling_params()
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
@@ -189,17 +187,36 @@ class LLM:
         (`engine/pooling.py`). ValueError before anything runs for bad input."""
         if self._closed:
             raise RuntimeError("this LLM is closed; create a new one")
-        if truncate_prompt_tokens is not None:
-            dims = None if pooling_params is None else pooling_params.dimensions
-            pooling_params = PoolingParams(dims, truncate_prompt_tokens)
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        params = _pooling_params(pooling_params, truncate_prompt_tokens)
+        prompts = _prompt_list(prompts)
         bar = _progress(use_tqdm, len(prompts))
         try:
-            return embed(self, prompts, pooling_params, bar)
+            return embed(self, prompts, params, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def score(
+        self,
+        data_1: PromptType | Sequence[PromptType],
+        data_2: PromptType | Sequence[PromptType],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's `LLM.score` with an embedding model (a bi-encoder): each pair's score is the
+        cosine similarity of its two prompts' vectors (`engine/scoring.py`); `data_1` one
+        prompt (1:N) or as many as `data_2` (N:N), each side a prompt or a list of prompts as
+        `embed` takes them. ValueError before anything runs for bad input."""
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new one")
+        params = _pooling_params(pooling_params, truncate_prompt_tokens)
+        data_1, data_2 = _prompt_list(data_1), _prompt_list(data_2)
+        bar = _progress(use_tqdm, len(data_1) + len(data_2))  # (each input embedded once)
+        try:
+            return scoring.score(self, data_1, data_2, params, bar)
         finally:
             if bar is not None:
                 bar.close()
@@ -285,6 +302,23 @@ def _token_ids(ids: Any) -> list[int]:
         return [operator.index(t) for t in ids]
     except TypeError as e:
         raise ValueError(f"prompt_token_ids must be a list of integers ({e})") from None
+
+
+def _prompt_list(prompts: Any) -> list:
+    """One prompt (a string, a prompt dict, a list of token ids) as a list of one; a list as
+    it is."""
+    if isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+    ):
+        return [prompts]
+    return list(prompts)
+
+
+def _pooling_params(params: PoolingParams | None, truncate: int | None) -> PoolingParams | None:
+    """`params` with the call's `truncate_prompt_tokens`, when it gives one."""
+    if truncate is None:
+        return params
+    return PoolingParams(None if params is None else params.dimensions, truncate)
 
 
 def _progress(use_tqdm: bool | Callable[..., Any], total: int) -> Any:

@@ -51,7 +51,7 @@ from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, has_wei
 from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
-from pagoda.runtime.pooler_config import BARE_DECODERS, check_not_encoder
+from pagoda.runtime.pooler_config import BARE_DECODERS, check_not_classifier, check_not_encoder
 from tokenizers import Tokenizer as HFTokenizer
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ def _as_ids(value) -> tuple[int, ...]:
 def architecture(cfg: Mapping[str, Any]) -> str:
     """`ModelConfig.architecture` of a config.json, or ValueError naming what is supported."""
     archs = cfg.get("architectures") or []
+    check_not_classifier(archs)  # (cross-encoder rerankers: one line of their own)
     arch = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
     if arch is None:
         check_not_encoder(archs)  # (BERT, XLM-R, ModernBERT: one line of their own)

@@ -22,12 +22,13 @@ from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
 from pagoda.runtime.server.chat import ChatEndpoint
 from pagoda.runtime.server.completions import CompletionEndpoint
 from pagoda.runtime.server.config import ServerConfig
-from pagoda.runtime.server.embeddings import EmbeddingsRoute, refuse_generation
+from pagoda.runtime.server.embeddings import EmbeddingsRoute, refuse_generation, refuse_pooling
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.http import ErrorGuard, read_body
 from pagoda.runtime.server.lora_adapters import ServedAdapters, add_lora_routes
 from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import APIError
+from pagoda.runtime.server.score import SCORE_PATHS
 from pagoda.runtime.server.serving import Serving
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
 from pagoda.runtime.server.tokenize import add_tokenizer_routes
@@ -152,8 +153,10 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         e.adapters = adapters
     add_openai_routes(app, cfg, serving, endpoints)
     add_lora_routes(app, adapters, engine, authorizer(cfg))
-    embeddings = EmbeddingsRoute(serving, endpoints["/v1/completions"].resolve_model)
-    add_embeddings_route(app, cfg, embeddings)
+    resolve = endpoints["/v1/completions"].resolve_model
+    paths = {"/v1/embeddings": EmbeddingsRoute} | SCORE_PATHS
+    routes = {cls: cls(serving, resolve) for cls in set(paths.values())}  # (one id counter each)
+    add_pooling_routes(app, cfg, {path: routes[cls] for path, cls in paths.items()})
     add_unserved_routes(app, authorizer(cfg))
     add_tokenizer_routes(app, serving, endpoints["/v1/chat/completions"], authorizer(cfg),
                          endpoints["/v1/completions"].resolve_model, cfg.max_request_bytes)  # fmt: skip
@@ -241,35 +244,36 @@ def add_openai_routes(
 API_NAMES = {"CompletionRequest": "Completions", "ChatCompletionRequest": "Chat Completions"}
 
 
-def add_embeddings_route(app: FastAPI, cfg: ServerConfig, route: EmbeddingsRoute) -> None:
-    """`POST /v1/embeddings` (`embeddings.py`); a generating server's answer is the 400
+def add_pooling_routes(app: FastAPI, cfg: ServerConfig, routes: dict[str, EmbeddingsRoute]) -> None:
+    """The pooling server's APIs, a route per path: `POST /v1/embeddings` (`embeddings.py`),
+    the score and rerank paths (`score.py`); a generating server's answer is the 400
     `unsupported_api` of the other unserved APIs."""
     authorize = authorizer(cfg)
 
-    @app.post("/v1/embeddings", include_in_schema=False)
-    async def embeddings(raw: Request) -> Response:
-        authorize(raw)
-        body = await read_body(raw, cfg.max_request_bytes)
-        info, req, prompts = await route.prepare(body)
-        streams = route.submit(prompts)
-        try:
-            finished, outs = await until_disconnect(raw, route.collect(streams))
-        finally:
-            for s in streams:  # no-op when finished; frees blocks at once otherwise
-                route.serving.engine.abort(s.request_id)
-        if not finished:
-            return Response(status_code=499)  # nobody is listening
-        return Response(route.body(req, info, outs), media_type="application/json")
+    def handler(route: EmbeddingsRoute) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(raw: Request) -> Response:
+            authorize(raw)
+            body = await read_body(raw, cfg.max_request_bytes)
+            info, req, prompts = await route.prepare(body)
+            streams = route.submit(prompts)
+            try:
+                finished, outs = await until_disconnect(raw, route.collect(streams))
+            finally:
+                for s in streams:  # no-op when finished; frees blocks at once otherwise
+                    route.serving.engine.abort(s.request_id)
+            if not finished:
+                return Response(status_code=499)  # nobody is listening
+            return Response(route.body(req, info, outs), media_type="application/json")
+
+        return handle
+
+    for path, route in routes.items():
+        app.add_api_route(path, handler(route), methods=["POST"], include_in_schema=False)
 
 
 # OpenAI (and vLLM pooling) APIs that a generative server does not serve: the API's name, per path
-# (/v1/embeddings: `add_embeddings_route`, served by a pooling server)
+# (/v1/embeddings, /v1/score, /v1/rerank, ...: `add_pooling_routes`, served by a pooling server)
 UNSERVED_APIS = {
-    "/v1/rerank": "Rerank",
-    "/v2/rerank": "Rerank",
-    "/rerank": "Rerank",
-    "/v1/score": "Score",
-    "/score": "Score",
     "/pooling": "Pooling",
     "/classify": "Classification",
     "/v1/moderations": "Moderations",
@@ -284,9 +288,7 @@ def add_unserved_routes(app: FastAPI, authorize: Callable[[Request], None]) -> N
     def refuse(api: str) -> Callable[[Request], Awaitable[Response]]:
         async def handle(raw: Request) -> Response:
             authorize(raw)
-            raise APIError(400, f"The model does not support the {api} API: this server runs "
-                           "generative models (/v1/completions, /v1/chat/completions)",
-                           code="unsupported_api")  # fmt: skip
+            raise refuse_pooling(api)
 
         return handle
 

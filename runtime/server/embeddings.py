@@ -15,7 +15,7 @@ import asyncio
 import base64
 import itertools
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from pagoda.runtime.engine.admission import EngineUnavailableError
 from pagoda.runtime.engine.info import EngineInfo
@@ -45,22 +45,27 @@ def refuse_generation(api: str) -> APIError:
                     code="unsupported_api")  # fmt: skip
 
 
-def _prompts(req: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
-    """Each input's token ids (strings tokenized), cut to `truncate_prompt_tokens`; a 400 for
-    an empty input or one longer than the model takes."""
-    inp = req.input
-    if isinstance(inp, str) or (inp and isinstance(inp[0], int)):
-        inp = [inp]
-    if not inp:
-        raise APIError(400, "'input' must not be empty", param="input", code="empty_array")
+def refuse_pooling(api: str) -> APIError:
+    """A generating server's answer to the pooling APIs (and to the other unserved ones)."""
+    return APIError(400, f"The model does not support the {api} API: this server runs "
+                    "generative models (/v1/completions, /v1/chat/completions)",
+                    code="unsupported_api")  # fmt: skip
+
+
+def tokenized(info: EngineInfo, items: list, param: str, truncate: int | None) -> list[list[int]]:
+    """Each input's token ids (strings tokenized), cut to `truncate` (`truncate_prompt_tokens`);
+    a 400 naming `param` (`param[i]` in a list of several) for an empty input or one longer
+    than the model takes."""
+    if not items:
+        raise APIError(400, f"'{param}' must not be empty", param=param, code="empty_array")
     out = []
-    for i, item in enumerate(inp):
+    for i, item in enumerate(items):
         ids = info.tokenizer.encode_whole(item) if isinstance(item, str) else list(item)
         try:
-            ids = truncated(ids, req.truncate_prompt_tokens, info.max_model_len)
+            ids = truncated(ids, truncate, info.max_model_len)
         except ValueError as e:
             raise APIError(400, str(e), param="truncate_prompt_tokens", code="invalid_value") from e
-        where = "input" if len(inp) == 1 else f"input[{i}]"
+        where = param if len(items) == 1 else f"{param}[{i}]"
         if not ids:
             raise APIError(400, f"'{where}' must not be empty", param=where, code="empty_array")
         if len(ids) >= info.max_model_len:
@@ -72,15 +77,29 @@ def _prompts(req: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
     return out
 
 
+def _prompts(req: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
+    """Each input's token ids (`tokenized`)."""
+    inp = req.input
+    if isinstance(inp, str) or (inp and isinstance(inp[0], int)):
+        inp = [inp]
+    return tokenized(info, inp, "input", req.truncate_prompt_tokens)
+
+
 class EmbeddingsRoute:
-    """The endpoint's steps (`api.add_embeddings_route` awaits them, watching the client)."""
+    """The endpoint's steps (`api.add_pooling_routes` awaits them, watching the client):
+    `prepare` (the request parsed and its prompts checked), `submit`, `collect`, `body`.
+    `server/score.py`'s routes are the same steps over their own requests."""
+
+    api = "Embeddings"  # the API's name in the refusals
+    input_param = "input"  # the field a refusal of the inputs as a whole names
+    id_prefix = "embd"  # the engine requests' ids
 
     def __init__(self, serving: Serving, resolve_model: Callable[[str | None], str]) -> None:
         self.serving = serving
         self.resolve_model = resolve_model
         self._ids = itertools.count()
 
-    async def prepare(self, body: bytes) -> tuple[EngineInfo, EmbeddingRequest, list[list[int]]]:
+    async def prepare(self, body: bytes) -> tuple[EngineInfo, Any, list[list[int]]]:
         """Parse, tokenize and check off the event loop; APIError for anything refused."""
         engine = self.serving.engine
         try:
@@ -88,36 +107,38 @@ class EmbeddingsRoute:
         except EngineUnavailableError as e:
             raise unavailable(e) from e
         if info.runner != "pooling":
-            raise APIError(400, "The model does not support the Embeddings API: this server "
-                           "runs generative models (/v1/completions, /v1/chat/completions)",
-                           code="unsupported_api")  # fmt: skip
+            raise refuse_pooling(self.api)
 
-        def work() -> tuple[EmbeddingRequest, list[list[int]]]:
-            req = parse_request(body, EmbeddingRequest)
-            self.resolve_model(req.model)
-            if req.dimensions is not None:
-                problem = info.pooler.check_dimensions(req.dimensions, info.hidden_size)
-                if problem is not None:
-                    raise APIError(400, problem, param="dimensions", code="invalid_value")
-            prompts = _prompts(req, info)
+        def work() -> tuple[Any, list[list[int]]]:
+            req, prompts = self.parse(body, info)
             try:  # ids in the vocabulary, the number of inputs
                 engine.check_prompts(info, prompts, POOL_PARAMS)
             except ParamError as e:
-                raise APIError(400, str(e), param="input", code="invalid_value") from e
+                raise APIError(400, str(e), param=self.input_param, code="invalid_value") from e
             return req, prompts
 
         loop = asyncio.get_running_loop()
         req, prompts = await loop.run_in_executor(self.serving.prep_pool, work)
         return info, req, prompts
 
+    def parse(self, body: bytes, info: EngineInfo) -> tuple[EmbeddingRequest, list[list[int]]]:
+        """The request and its inputs' token ids (on the preparing thread)."""
+        req = parse_request(body, EmbeddingRequest)
+        self.resolve_model(req.model)
+        if req.dimensions is not None:
+            problem = info.pooler.check_dimensions(req.dimensions, info.hidden_size)
+            if problem is not None:
+                raise APIError(400, problem, param="dimensions", code="invalid_value")
+        return req, _prompts(req, info)
+
     def submit(self, prompts: list[list[int]]) -> list[RequestStream]:
         """Add the inputs' engine requests (all or none)."""
         try:
             streams = self.serving.engine.add_requests(
-                prompts, POOL_PARAMS, f"embd-{next(self._ids)}", checked=True
+                prompts, POOL_PARAMS, f"{self.id_prefix}-{next(self._ids)}", checked=True
             )
         except ParamError as e:
-            raise APIError(400, str(e), param="input", code="invalid_value") from e
+            raise APIError(400, str(e), param=self.input_param, code="invalid_value") from e
         except EngineUnavailableError as e:
             raise unavailable(e) from e
         for s in streams:
@@ -135,7 +156,7 @@ class EmbeddingsRoute:
             except EngineUnavailableError as e:
                 raise unavailable(e) from e
             except ValueError as e:  # the core refused the input when adding it
-                raise APIError(400, str(e), param="input", code="invalid_value") from e
+                raise APIError(400, str(e), param=self.input_param, code="invalid_value") from e
             if last is None or last.embedding is None:
                 reason = None if last is None else last.finish_reason
                 raise APIError(503, f"the request ended without its vector ({reason})",
@@ -152,7 +173,11 @@ class EmbeddingsRoute:
             else:
                 emb = v.tolist()
             data.append({"object": "embedding", "index": i, "embedding": emb})
-        n = sum(o.num_prompt_tokens for o in outs)
-        usage = {"prompt_tokens": n, "total_tokens": n}
         name = self.resolve_model(req.model)
-        return to_json({"object": "list", "data": data, "model": name, "usage": usage})
+        return to_json({"object": "list", "data": data, "model": name, "usage": usage(outs)})
+
+
+def usage(outs: list[StepOutput]) -> dict[str, int]:
+    """The prompt tokens the inputs' engine requests pooled (no completion tokens)."""
+    n = sum(o.num_prompt_tokens for o in outs)
+    return {"prompt_tokens": n, "total_tokens": n}

@@ -75,3 +75,15 @@ def test_refusals(tmp_path):
     (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_max_tokens": true}')
     with pytest.raises(ValueError, match="pooling_mode_max_tokens is not supported"):
         resolve("auto", None, tmp_path, 64)
+
+
+def test_a_cross_encoder_is_refused_in_one_line(tmp_path):
+    """A `*ForSequenceClassification` checkpoint (a cross-encoder reranker: bge-reranker-v2-gemma,
+    Qwen2/Llama rerankers) has no runner (score and rerank are an embedding model's cosine): its
+    config.json alone is refused, the line `pagoda serve` prints before exiting 2."""
+    from pagoda.runtime.model.hf_loader import read_config
+
+    _checkpoint(tmp_path, ("Qwen3ForSequenceClassification",), model_type="qwen3")
+    with pytest.raises(ValueError, match="Qwen3ForSequenceClassification is a sequence-") as e:
+        read_config(tmp_path)
+    assert "\n" not in str(e.value) and "cross-encoder" in str(e.value)

@@ -228,12 +228,19 @@ async def test_bad_inputs_do_not_disturb_a_stream(server):
     assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "length"
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/rerank", "/v1/audio/transcriptions"])
-def test_unserved_openai_api_is_named(http, path):
-    """vLLM's answer for a generative model: a 400 naming the API, not a bare 404."""
+@pytest.mark.parametrize(
+    ("path", "api"),
+    [("/v1/embeddings", "Embeddings"), ("/v1/rerank", "Rerank"), ("/v2/rerank", "Rerank"),
+     ("/score", "Score"), ("/v1/audio/transcriptions", "Audio")],
+)  # fmt: skip
+def test_unserved_openai_api_is_named(http, path, api):
+    """vLLM's answer for a generative model: a 400 naming the API, not a bare 404 (the pooling
+    APIs' too, whatever the body)."""
     r = send(http, path, {"model": MODEL, "input": "x"})
     check_error(r, 400, None)
-    assert r.json()["error"]["code"] == "unsupported_api" and "API" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "unsupported_api"
+    assert r.json()["error"]["message"].startswith(f"The model does not support the {api} API: "
+                                                   "this server runs generative models")  # fmt: skip
 
 
 def test_unknown_path_is_an_openai_error(http):

@@ -8,47 +8,20 @@ from __future__ import annotations
 import asyncio
 import base64
 
-import httpx
 import numpy as np
-import openai
 import pytest
 import tokenizers
-from embed_testlib import hf_embeddings, make_embedding_model
-from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.engine.async_engine import AsyncEngine
-from pagoda.runtime.engine.core import EngineCore
-from pagoda.runtime.server.api import create_app
-from pagoda.runtime.server.config import ServerConfig
-from pagoda.runtime.server.metrics import ServerMetrics
+from embed_testlib import hf_embeddings
+from pooling_serve_testlib import NAME, embedding_core, serve
 
 pytest.importorskip("transformers")
-NAME = "tiny-embed"
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3-embedding")
-    model = make_embedding_model(path, "Qwen3", "LAST", matryoshka_dimensions=[16, 64])
-    core = EngineCore(EngineConfig.create(str(path), dtype="float32", device="cpu",
-                                          max_model_len=32, num_blocks_override=32,
-                                          max_num_batched_tokens=16, max_num_seqs=8))  # fmt: skip
+    model, core = embedding_core(path, matryoshka_dimensions=[16, 64])
     return model, core, path
-
-
-async def _run(core, calls):
-    m = ServerMetrics(NAME)
-    engine = AsyncEngine(lambda: core, observer=m)
-    engine.start()
-    await asyncio.wait_for(engine.wait_started(), 30)
-    app = create_app(ServerConfig(model="m", served_model_names=(NAME,)), engine, m)
-    try:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t/v1") as http:
-            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http,
-                                        max_retries=0)  # fmt: skip
-            return [await call(client, http) for call in calls], m
-    finally:
-        engine.stop()
 
 
 def test_the_sdk_gets_transformers_vectors(served):
@@ -71,7 +44,7 @@ def test_the_sdk_gets_transformers_vectors(served):
     async def raw(_, http):
         return await http.post("/embeddings", json={"input": ids[1], "encoding_format": "base64"})
 
-    (a, b, cut, r), metrics = asyncio.run(_run(core, [strings, floats, one, raw]))
+    (a, b, cut, r), metrics = asyncio.run(serve(core, [strings, floats, one, raw]))
     for res in (a, b):
         assert res.object == "list" and res.model == NAME
         assert [d.index for d in res.data] == [0, 1]
@@ -108,7 +81,7 @@ def test_refusals_are_openai_400s(served):
         return await http.post("/completions", json={"prompt": "w3", "max_tokens": 2})
 
     calls = [post(b) for b in bodies.values()] + [completion]
-    results, _ = asyncio.run(_run(core, calls))
+    results, _ = asyncio.run(serve(core, calls))
     errors = dict(zip([*bodies, "completions"], (r.json()["error"] for r in results)))
     assert all(r.status_code == 400 for r in results), [r.text for r in results]
     assert errors["long"]["code"] == "context_length_exceeded"

@@ -1,0 +1,136 @@
+"""vLLM's score and rerank APIs on a pooling server, for an embedding model (a bi-encoder): a
+pair's score is the cosine similarity of its two texts' vectors (`engine/scoring.py`).
+
+`POST /v1/score` (and `/score`): `text_1` a string or a list, `text_2` a string or a list, paired
+1:1, 1:N (one `text_1` with each `text_2`) or N:N (pairwise); answers `{"id", "object": "list",
+"created", "model", "data": [{"index", "object": "score", "score"}], "usage"}`, one score per
+pair in `text_2`'s order. `POST /v1/rerank` (and `/rerank`, `/v2/rerank`; Jina's and Cohere's
+shape, as vLLM's): `query` and `documents` (strings); answers `{"id", "model", "usage",
+"results": [{"index", "document": {"text"}, "relevance_score"}]}` sorted by score, highest
+first, the first `top_n` (0, the default: all), `document` left out with `return_documents`
+false. Both take vLLM's `truncate_prompt_tokens` (each text cut to its last k tokens).
+
+Every text of a call is one engine request, all added together (all-or-nothing) so that they
+batch in the engine's steps; a single `text_1` or the query is pooled once. `usage` counts the
+prompt tokens pooled. A generating server answers these paths with the 400 `unsupported_api` of
+the other unserved APIs; cross-encoder rerankers (`*ForSequenceClassification`) are refused when
+the server starts (`pooler_config.check_not_classifier`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from pagoda.runtime.engine.info import EngineInfo
+from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.engine.pooling import vector
+from pagoda.runtime.engine.scoring import pair_indices, pair_scores
+from pagoda.runtime.server.embeddings import EmbeddingsRoute, tokenized, usage
+from pagoda.runtime.server.protocol import APIError, _Strict
+from pagoda.runtime.server.request_body import parse_request
+from pagoda.runtime.server.serving import to_json
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+
+class ScoreRequest(_Strict):
+    model: str | None = None
+    text_1: StrictStr | list[StrictStr]
+    text_2: StrictStr | list[StrictStr]
+    truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=-1)
+    user: str | None = None
+
+
+class RerankRequest(_Strict):
+    model: str | None = None
+    query: StrictStr
+    documents: list[StrictStr]
+    top_n: StrictInt = Field(default=0, ge=0)  # 0: every document (vLLM's default)
+    return_documents: StrictBool = True
+    truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=-1)
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """A parsed request and its pairs: `pairs[k]` = (index of the first text, index of the
+    second), the first texts' prompts first (`n1` of them), then the second's."""
+
+    req: ScoreRequest | RerankRequest
+    pairs: list[tuple[int, int]]
+    n1: int
+
+
+def _pairs(firsts: list, seconds: list, first: str, second: str) -> list[tuple[int, int]]:
+    """`pair_indices` as a 400 naming the side at fault."""
+    try:
+        return pair_indices(len(firsts), len(seconds), (first, second))
+    except ValueError as e:
+        param = first if not firsts else second
+        code = "empty_array" if not firsts or not seconds else "invalid_value"
+        raise APIError(400, str(e), param=param, code=code) from e
+
+
+class _PairRoute(EmbeddingsRoute):
+    """A route that embeds two sides' texts and scores their pairs (`EmbeddingsRoute`'s steps,
+    its own request and answer)."""
+
+    @staticmethod
+    def scores(job: Pairs, outs: list[StepOutput]) -> list[float]:
+        """The pairs' scores from the inputs' outputs (their pooled vectors)."""
+        return pair_scores([vector(o.embedding, None, False) for o in outs], job.pairs, job.n1)
+
+
+class ScoreRoute(_PairRoute):
+    api, input_param, id_prefix = "Score", "text_2", "score"
+
+    def parse(self, body: bytes, info: EngineInfo) -> tuple[Pairs, list[list[int]]]:
+        req = parse_request(body, ScoreRequest)
+        self.resolve_model(req.model)
+        firsts = [req.text_1] if isinstance(req.text_1, str) else req.text_1
+        seconds = [req.text_2] if isinstance(req.text_2, str) else req.text_2
+        pairs = _pairs(firsts, seconds, "text_1", "text_2")
+        truncate = req.truncate_prompt_tokens
+        prompts = tokenized(info, firsts, "text_1", truncate)
+        prompts += tokenized(info, seconds, "text_2", truncate)
+        return Pairs(req, pairs, len(firsts)), prompts
+
+    def body(self, job: Pairs, info: EngineInfo, outs: list[StepOutput]) -> bytes:
+        data = [{"index": i, "object": "score", "score": s}
+                for i, s in enumerate(self.scores(job, outs))]  # fmt: skip
+        return to_json({"id": f"score-{uuid.uuid4().hex}", "object": "list",
+                        "created": int(time.time()), "model": self.resolve_model(job.req.model),
+                        "data": data, "usage": usage(outs)})  # fmt: skip
+
+
+class RerankRoute(_PairRoute):
+    api, input_param, id_prefix = "Rerank", "documents", "rerank"
+
+    def parse(self, body: bytes, info: EngineInfo) -> tuple[Pairs, list[list[int]]]:
+        req = parse_request(body, RerankRequest)
+        self.resolve_model(req.model)
+        pairs = _pairs([req.query], req.documents, "query", "documents")
+        truncate = req.truncate_prompt_tokens
+        prompts = tokenized(info, [req.query], "query", truncate)
+        prompts += tokenized(info, req.documents, "documents", truncate)
+        return Pairs(req, pairs, 1), prompts
+
+    def body(self, job: Pairs, info: EngineInfo, outs: list[StepOutput]) -> bytes:
+        req = job.req
+        assert isinstance(req, RerankRequest)
+        scores = self.scores(job, outs)
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])  # (stable: ties by index)
+        results = []
+        for i in order[: req.top_n or None]:
+            r = {"index": i, "relevance_score": scores[i]}
+            if req.return_documents:
+                r["document"] = {"text": req.documents[i]}
+            results.append(r)
+        return to_json({"id": f"rerank-{uuid.uuid4().hex}", "model": self.resolve_model(req.model),
+                        "usage": usage(outs), "results": results})  # fmt: skip
+
+
+# the paths served (vLLM's), each with its route's class
+SCORE_PATHS = {"/v1/score": ScoreRoute, "/score": ScoreRoute, "/v1/rerank": RerankRoute,
+               "/rerank": RerankRoute, "/v2/rerank": RerankRoute}  # fmt: skip
