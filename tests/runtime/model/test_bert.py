@@ -10,76 +10,31 @@ line."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from embed_testlib import (
+    ENCODER_SIZES,
+    hf_encoder_embeddings,
+    make_bert_model,
+    save_wordpiece_tokenizer,
+)
 from hf_oracle import randomize
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.engine.llm import LLM
 
 transformers = pytest.importorskip("transformers")
 
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(91)]
-SIZES = dict(vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-             intermediate_size=64)  # fmt: skip
 PROMPTS = [[2, 5, 9, 13, 60, 7, 7, 31, 3], [2, 4, 3], [2, 50, 51, 52, 8, 9, 10, 3], [2, 3]]
 ARGS = dict(dtype="float32", device="cpu", num_blocks_override=32, max_num_seqs=3)
 
 
-def _tokenizer(path: Path) -> None:
-    """BERT's WordPiece tokenizer over `WORDS`: lower-cased, [CLS] text [SEP]."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
-    tok.save(str(path / "tokenizer.json"))
-
-
-def _sentence_transformers(path: Path, mode: str) -> None:
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize"}]  # fmt: skip
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir()
-    (path / "2_Normalize").mkdir()
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({f"pooling_mode_{mode}": True}))
-
-
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
-    """(directory, transformers model): BERT's tensors under `bert.` (as BertForMaskedLM's
-    and older sentence-transformers checkpoints store them), MEAN pooling, normalized."""
-    from safetensors.torch import load_file, save_file
-
+    """(directory, transformers model): `embed_testlib.make_bert_model`'s (MEAN, normalized)."""
     path = tmp_path_factory.mktemp("bert")
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(**SIZES, max_position_embeddings=64)
-    model = randomize(transformers.BertModel(cfg).eval(), scale=1.0)
-    model.save_pretrained(path)
-    stored = load_file(path / "model.safetensors")
-    save_file({f"bert.{k}": v for k, v in stored.items()}, path / "model.safetensors")
-    _tokenizer(path)
-    _sentence_transformers(path, "mean_tokens")
-    return path, model
-
-
-def _hf(model, prompts: list[list[int]], pooling: str) -> np.ndarray:
-    """transformers' vectors: one right-padded batch with its attention mask, pooled as
-    sentence-transformers pools it, normalized."""
-    n = max(map(len, prompts))
-    ids = torch.tensor([p + [0] * (n - len(p)) for p in prompts])
-    mask = torch.tensor([[1] * len(p) + [0] * (n - len(p)) for p in prompts])
-    with torch.no_grad():
-        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    m = mask.unsqueeze(-1).float()
-    out = h[:, 0] if pooling == "CLS" else (h * m).sum(1) / m.sum(1)
-    return F.normalize(out, dim=-1).numpy()
+    return path, make_bert_model(path)
 
 
 def _vectors(outs) -> np.ndarray:
@@ -96,12 +51,14 @@ def test_bert_vectors_equal_transformers(bert):
     assert c.runner == "pooling" and c.pooler_config.pooling_type == "MEAN"
     assert not c.scheduler.enable_chunked_prefill and not c.cache.enable_prefix_caching
     outs = llm.embed(PROMPTS, use_tqdm=False)
-    np.testing.assert_allclose(_vectors(outs), _hf(model, PROMPTS, "MEAN"), atol=1e-5)
+    np.testing.assert_allclose(
+        _vectors(outs), hf_encoder_embeddings(model, PROMPTS, "MEAN"), atol=1e-5
+    )
     alone = _vectors(llm.embed([PROMPTS[2]], use_tqdm=False))
     np.testing.assert_allclose(alone[0], _vectors(outs)[2], atol=1e-5)
     (text,) = llm.embed("W3 w4", use_tqdm=False)  # WordPiece, lower-cased, [CLS] ... [SEP]
     assert text.prompt_token_ids == [2, 8, 9, 3]
-    np.testing.assert_allclose(text.outputs.embedding, _hf(model, [[2, 8, 9, 3]], "MEAN")[0],
+    np.testing.assert_allclose(text.outputs.embedding, hf_encoder_embeddings(model, [[2, 8, 9, 3]], "MEAN")[0],
                                atol=1e-5)  # fmt: skip
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
     with pytest.raises(ValueError, match="more than max_model_len"):  # its 64 positions
@@ -114,19 +71,19 @@ def test_xlm_roberta_from_a_pickle_pools_cls(tmp_path):
     pad_token_id + 1 = 2) serves 64 positions, sentence_bert_config.json's max_seq_length 48 of
     them; a chunked-prefill flag is turned off for it."""
     torch.manual_seed(1)
-    cfg = transformers.XLMRobertaConfig(**SIZES, max_position_embeddings=66, pad_token_id=1,
+    cfg = transformers.XLMRobertaConfig(**ENCODER_SIZES, max_position_embeddings=66, pad_token_id=1,
                                         type_vocab_size=1)  # fmt: skip
     model = randomize(transformers.XLMRobertaModel(cfg).eval(), scale=1.0)
     model.config.architectures = ["XLMRobertaModel"]
     model.config.save_pretrained(tmp_path)
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # (transformers' older form)
-    _tokenizer(tmp_path)
+    save_wordpiece_tokenizer(tmp_path)
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 48}')
     llm = LLM(str(tmp_path), enable_chunked_prefill=True, **ARGS)
     assert llm.config.pooler_config.pooling_type == "CLS" and llm.config.pooler_config.normalize
     assert not llm.config.scheduler.enable_chunked_prefill and llm.engine.max_model_len == 48
     got = _vectors(llm.embed(PROMPTS, use_tqdm=False))
-    np.testing.assert_allclose(got, _hf(model, PROMPTS, "CLS"), atol=1e-5)
+    np.testing.assert_allclose(got, hf_encoder_embeddings(model, PROMPTS, "CLS"), atol=1e-5)
 
 
 def test_refusals_are_one_line(bert):
