@@ -73,6 +73,9 @@ class PoolerConfig:
     dimensions: int | None = None
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
+    # set by `resolve` alone: the checkpoint's fields are in and `dimensions` is checked against
+    # them (a user's config naming every key is not: its dimensions are still to check)
+    checked: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
@@ -106,11 +109,6 @@ class PoolerConfig:
         if isinstance(value.get("pooling_type"), str):
             value["pooling_type"] = value["pooling_type"].upper()
         return cls(**value)
-
-    @property
-    def resolved(self) -> bool:
-        """Whether the checkpoint's fields are in (`resolve`)."""
-        return self.pooling_type is not None and self.normalize is not None
 
     def user_keys(self) -> dict[str, Any]:
         """The keys the user gave (those not None)."""
@@ -192,7 +190,11 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
             hidden_size: int) -> tuple[str, PoolerConfig | None]:  # fmt: skip
     """The concrete runner (``generate`` / ``pooling``) and, for pooling, the pooler config:
     the checkpoint's (sentence-transformers layout, Matryoshka fields) under the user's keys.
-    ValueError, one line, for a pooler config on a generating runner or bad dimensions."""
+    ValueError, one line, for a pooler config on a generating runner or bad dimensions. A config
+    `resolve` made (`checked`: a second call, EngineCore's after `pagoda serve`'s) is its own
+    answer: no file is read again."""
+    if runner == "pooling" and pooler is not None and pooler.checked:
+        return runner, pooler
     path = Path(model_path)
     model_dir = path if path.is_dir() else None
     top = _config_json(path) or {}
@@ -210,8 +212,6 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
             raise ValueError("pooler_config applies to the pooling runner only: add --runner "
                              "pooling, or drop --pooler-config")  # fmt: skip
         return runner, None
-    if pooler is not None and pooler.resolved:
-        return runner, pooler
     fields: dict[str, Any] = {"pooling_type": "CLS" if encoder(top) else "LAST", "normalize": True}
     if model_dir is not None:
         fields.update(sentence_transformers_pooling(model_dir) or {})
@@ -220,7 +220,7 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
     dims = top.get("matryoshka_dimensions") or ()
     fields["matryoshka"] = bool(top.get("is_matryoshka") or dims)
     fields["matryoshka_dimensions"] = tuple(int(d) for d in dims)
-    out = PoolerConfig(**fields)
+    out = PoolerConfig(**fields, checked=True)
     if out.dimensions is not None:
         problem = out.check_dimensions(out.dimensions, hidden_size)
         if problem is not None:
