@@ -1,5 +1,6 @@
 """Speculative decoding with n-gram drafts on the CPU: output tok/s with and without it, side by
-side in one run, on a workload where drafts help and one where they do not.
+side in one run, on a workload where drafts help and one where they do not; with ``--draft``,
+drafts of a draft model instead.
 
 - ``copy``: the embedded model asked to repeat (or lightly edit) a piece of code given in its
   prompt, greedy: the text it writes is in its prompt, so prompt lookup finds it.
@@ -16,6 +17,18 @@ output token, the proposer's time per step, and whether the engines wrote the sa
 plain (they must)::
 
     OMP_WAIT_POLICY=PASSIVE python -P benchmarks/spec_decode.py --batches 1 8
+
+``--draft``: method "draft_model" against plain, on a random-weight target written with
+transformers (no small checkpoint shares the embedded model's vocabulary) and a draft that is a
+copy of its first ``--draft-layers`` layers, embeddings, final norm and LM head. The target's
+later layers have their output projections (attention's o_proj, the MLP's down_proj) scaled by
+``--damp``, so they move the residual stream little and the truncated copy's greedy tokens are
+often the target's (its LM head is scaled by `HEAD_SCALE`, so a greedy pick is not a near
+tie that any later layer flips): the acceptance is set by construction (printed), not a property of any
+real pair of models; what the run measures is what a step costs with the draft's k forwards and
+the verification rows at that acceptance. Random prompts, greedy::
+
+    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/spec_decode.py --draft --batches 1 8
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime"))
 from common import machine, markdown_table
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
@@ -106,6 +120,39 @@ def one_floor(engine) -> None:
     proposer.propose = propose
 
 
+HEAD_SCALE = 8.0  # the synthetic target's LM head scaled up: greedy picks well separated
+
+
+def synthetic_pair(root: Path, args) -> tuple[Path, Path]:
+    """A random-weight Llama target and its truncated copy as the draft (module docstring),
+    written to `root` with a word-level tokenizer; (target, draft) paths."""
+    import torch
+    import transformers
+    from hf_oracle import save_word_tokenizer
+
+    vocab = 4096
+    cfg = dict(vocab_size=vocab, hidden_size=768, intermediate_size=2048, num_attention_heads=12,
+               num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(0)
+    target = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**cfg, num_hidden_layers=args.target_layers)
+    )
+    with torch.no_grad():
+        target.lm_head.weight.mul_(HEAD_SCALE)
+        for layer in target.model.layers[args.draft_layers :]:
+            layer.self_attn.o_proj.weight.mul_(args.damp)
+            layer.mlp.down_proj.weight.mul_(args.damp)
+    draft = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**cfg, num_hidden_layers=args.draft_layers)
+    )
+    draft.load_state_dict(target.state_dict(), strict=False)  # (the later layers' left out)
+    paths = root / "target", root / "draft"
+    for model, path in zip((target, draft), paths):
+        model.save_pretrained(path)
+        save_word_tokenizer(path, vocab)
+    return paths
+
+
 def run(llm: LLM, prompts, params) -> tuple[float, list[list[int]]]:
     t = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -137,6 +184,56 @@ def run_together(llms: dict[str, LLM], prompts, params) -> dict[str, tuple[float
     return {name: (secs[name], tokens[name]) for name in llms}
 
 
+def measure(name, b, plain, drafted, batch, params, reps, spent) -> list[list]:
+    """The table rows of one workload and batch: plain, then each drafting engine, stepping in
+    turn on the same requests (`run_together`), best of `reps`."""
+    for llm in (plain, *drafted.values()):  # warm all
+        run(llm, batch[:1], SamplingParams(temperature=0, max_tokens=4))
+    best = {"plain": float("inf")} | {e: float("inf") for e in drafted}
+    same = {}
+    for e, llm in drafted.items():
+        llm.engine.spec_stats.reset()
+        spent[e].clear()
+    for _ in range(reps):
+        got = run_together({"plain": plain, **drafted}, batch, params)
+        want = got["plain"][1]
+        for e, (secs, tokens) in got.items():
+            best[e] = min(best[e], secs)
+            same[e] = same.get(e, True) and tokens == want
+    tokens = sum(len(t) for t in want)
+    rows = [[name, b, "plain", tokens, f"{best['plain']:.2f}", f"{tokens / best['plain']:.1f}",
+             "1.00x", "", "", "", "", ""]]  # fmt: skip
+    for e, llm in drafted.items():
+        stats, secs = llm.engine.spec_stats, best[e]
+        ms = 1e3 * sum(spent[e]) / max(len(spent[e]), 1)
+        per_token = stats.num_draft_tokens / (tokens * reps)
+        rows.append([
+            name, b, e, tokens, f"{secs:.2f}", f"{tokens / secs:.1f}",
+            f"{best['plain'] / secs:.2f}x", f"{100 * (stats.acceptance_rate or 0):.0f}%",
+            f"{stats.mean_acceptance_length or 1:.2f}", f"{per_token:.2f}", f"{ms:.2f}",
+            str(same[e]),
+        ])  # fmt: skip
+    print(*rows, sep="\n", flush=True)
+    return rows
+
+
+def draft_engines(args, common: dict) -> tuple[LLM, dict[str, LLM], dict[str, list[list[int]]]]:
+    """`--draft`: plain and draft-model engines on the synthetic pair, and random prompts."""
+    import random
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="spec-draft-"))
+    target, draft = synthetic_pair(root, args)
+    common = dict(common, model=str(target))
+    del common["loaded"]
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.k}
+    rng = random.Random(0)
+    prompts = [[rng.randrange(5, 4096) for _ in range(rng.randrange(32, 96))]
+               for _ in range(max(args.batches))]  # fmt: skip
+    name = f"draft model ({args.draft_layers} of {args.target_layers} layers)"
+    return LLM(**common), {name: LLM(**common, speculative_config=spec)}, {"random": prompts}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -150,55 +247,41 @@ def main() -> None:
     ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=["fixed", "adaptive"],
                     help="drafting engines beside plain (previous: adaptive with the floor of "
                     "1-2 decodes at every batch size, the rule before `ngram.floor`)")  # fmt: skip
+    ap.add_argument(
+        "--draft",
+        action="store_true",
+        help="a draft model's drafts on a synthetic target (module docstring)",
+    )
+    ap.add_argument("--target-layers", type=int, default=12)
+    ap.add_argument("--draft-layers", type=int, default=1)
+    ap.add_argument("--damp", type=float, default=0.02,
+                    help="the target's later layers' output projections scaled by this")  # fmt: skip
     args = ap.parse_args()
     print(machine())
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at start, {os.cpu_count()} CPUs")
-    loaded = load_model("smollm2-135m")
-    spec = {"method": "ngram", "num_speculative_tokens": args.k,
-            "prompt_lookup_max": args.lookup_max, "prompt_lookup_min": args.lookup_min}  # fmt: skip
-    common = dict(loaded=loaded, dtype=args.dtype, max_model_len=2048,
+    common = dict(loaded=None, dtype=args.dtype, max_model_len=2048,
                   max_num_seqs=max(args.batches), kv_cache_memory=256 << 20)  # fmt: skip
-    plain = LLM(**common)
-    drafted = {}
-    for e in args.engines:
-        drafted[f"ngram {e}"] = LLM(**common, speculative_config={**spec, **ENGINES[e]})
-        if e == "previous":
-            one_floor(drafted[f"ngram {e}"].engine)
+    if args.draft:
+        plain, drafted, loads = draft_engines(args, common)
+    else:
+        common["loaded"] = loaded = load_model("smollm2-135m")
+        spec = {"method": "ngram", "num_speculative_tokens": args.k,
+                "prompt_lookup_max": args.lookup_max, "prompt_lookup_min": args.lookup_min}  # fmt: skip
+        plain, drafted = LLM(**common), {}
+        for e in args.engines:
+            drafted[f"ngram {e}"] = LLM(**common, speculative_config={**spec, **ENGINES[e]})
+            if e == "previous":
+                one_floor(drafted[f"ngram {e}"].engine)
+        loads = workloads(loaded.tokenizer, max(args.batches))
+        loads = {name: loads[name] for name in args.workloads}
+    # the proposer's time: with a draft model, only handing the held drafts out (its forwards
+    # are in the runner's step)
     spent = {name: timed_proposer(llm.engine) for name, llm in drafted.items()}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    loads = workloads(loaded.tokenizer, max(args.batches))
     rows = []
-    for name in args.workloads:
-        prompts = loads[name]
+    for name, prompts in loads.items():
         for b in args.batches:
-            batch = prompts[:b]
-            for llm in (plain, *drafted.values()):  # warm all
-                run(llm, batch[:1], SamplingParams(temperature=0, max_tokens=4))
-            best = {"plain": float("inf")} | {e: float("inf") for e in drafted}
-            same = {}
-            for e, llm in drafted.items():
-                llm.engine.spec_stats.reset()
-                spent[e].clear()
-            for _ in range(args.reps):
-                got = run_together({"plain": plain, **drafted}, batch, params)
-                want = got["plain"][1]
-                for e, (secs, tokens) in got.items():
-                    best[e] = min(best[e], secs)
-                    same[e] = same.get(e, True) and tokens == want
-            tokens = sum(len(t) for t in want)
-            rows.append([name, b, "plain", tokens, f"{best['plain']:.2f}",
-                         f"{tokens / best['plain']:.1f}", "1.00x", "", "", "", "", ""])  # fmt: skip
-            for e, llm in drafted.items():
-                stats, secs = llm.engine.spec_stats, best[e]
-                ms = 1e3 * sum(spent[e]) / max(len(spent[e]), 1)
-                per_token = stats.num_draft_tokens / (tokens * args.reps)
-                rows.append([
-                    name, b, e, tokens, f"{secs:.2f}", f"{tokens / secs:.1f}",
-                    f"{best['plain'] / secs:.2f}x", f"{100 * (stats.acceptance_rate or 0):.0f}%",
-                    f"{stats.mean_acceptance_length or 1:.2f}", f"{per_token:.2f}", f"{ms:.2f}",
-                    str(same[e]),
-                ])  # fmt: skip
-            print(*rows[-1 - len(drafted) :], sep="\n", flush=True)
+            rows += measure(name, b, plain, drafted, prompts[:b], params, args.reps, spent)
     print()
     print(markdown_table(
         ["workload", "batch", "engine", "output tokens", "s (best)", "output tok/s", "vs plain",

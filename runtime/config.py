@@ -276,9 +276,6 @@ def lora_problems(cfg: EngineConfig) -> list[str]:
     if not isinstance(cfg.lora, LoRAConfig):
         return [f"lora must be a LoRAConfig, got {cfg.lora!r}"]
     out = []
-    if cfg.parallel.tensor_parallel_size > 1:
-        out.append("LoRA adapters are not supported with tensor parallelism yet "
-                   "(--tensor-parallel-size > 1): drop --enable-lora")  # fmt: skip
     if cfg.quantization == "fp8":
         out.append("LoRA adapters are not supported with --quantization fp8 yet: drop one")
     if cfg.speculative_config is not None:

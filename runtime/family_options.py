@@ -109,23 +109,14 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "minicpm5_moe": Untested(
             fp8="its gated q_proj's FP8 GEMM is not tested", fp8_checkpoint="not tested"
         ),
-        "granite_swa": Untested(
-            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
-        ),
-        "granitemoe_swa": Untested(
-            tensor_parallel="its sinks are not split over ranks", fp8="not tested"
-        ),
-        "diffllama": Untested(
-            tensor_parallel="its differential attention pairs the first half of the heads with "
-            "the second, across ranks"
-        ),
+        "granite_swa": Untested(fp8="not tested"),
+        "granitemoe_swa": Untested(fp8="not tested"),
         "kolibri1": Untested(fp8="not tested"),
         "kolibri1_1": Untested(
             tensor_parallel="its KV-shared layers are not tested on several ranks",
             fp8="not tested",
             kv_cache="its indexed layers' keys and values are rounded to NVFP4 in the cache",
         ),
-        "apertus1p5": Untested(tensor_parallel="its pruned LM head is not tested on several ranks"),
         "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
         "axk1": Untested(fp8="not tested"),
         "longcat_flash": Untested(fp8="not tested"),
@@ -134,10 +125,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",
         ),
-        "jetmoe": Untested(
-            tensor_parallel="its routed attention heads are not split over ranks",
-            fp8="its routed attention projections' FP8 GEMM is not tested",
-        ),
+        "jetmoe": Untested(fp8="its routed attention projections' FP8 GEMM is not tested"),
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "axk2": Untested(fp8=_DSA_FP8, fp8_checkpoint="not tested", kv_cache=_DSA_KV),
@@ -185,7 +173,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "minimax": Untested(fp8="lightning layers"),
         "zamba2": Untested(fp8="its shared blocks' adapters"),  # (split with their blocks)
         "zamba": Untested(fp8="its shared block and mamba1 layers"),  # (split by heads)
-        "recurrent_gemma": Untested(tensor_parallel="rglru layers", fp8="rglru layers"),
+        "recurrent_gemma": Untested(fp8="rglru layers"),  # (its RG-LRU split by gate blocks)
         "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
         "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),
         "dory": Untested(
@@ -204,13 +192,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             "w1/w2/w3 with UE8M0 scales of 1x32 blocks, or block-wise FP8",
             kv_cache="its sparse layers' block attention reads 16/32-bit caches only",
         ),
-        "hrm_text": Untested(
-            tensor_parallel="its recurrent stacks are not tested over ranks",
-            fp8="its FP8 GEMM is not tested",
-        ),
-        "mllama": Untested(
-            tensor_parallel="its embedding's rows past the vocabulary are not split as the head's",
-        ),
+        "hrm_text": Untested(fp8="its FP8 GEMM is not tested"),
         "ergo": Untested(
             tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
             fp8="its FP8 GEMM is not tested",
@@ -228,9 +210,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its short convs' states, block residuals and relative logits are not split over ranks",
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
-        ),
-        "ctrl": Untested(
-            tensor_parallel="its LM head's bias is not tested on several ranks",
         ),
     }
 )

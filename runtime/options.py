@@ -306,7 +306,9 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          '\'{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4, '
          '"prompt_lookup_min": 2}\' drafts up to K tokens a step from an earlier occurrence of '
          "each sequence's last n-gram and verifies them in one forward (greedy output is "
-         "unchanged; sampled output keeps its distribution); turns async scheduling off "
+         "unchanged; sampled output keeps its distribution); or "
+         '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": K}\' drafts '
+         "them with a smaller model of the same tokenizer; turns async scheduling off "
          "(docs/runtime.md)", None, metavar="JSON"),
     Flag("--enable-lora", "serve LoRA adapters (PEFT directories) beside the base model: a "
          "request's `model` names one (dense Llama, Mistral, Qwen2, Qwen3; docs/runtime.md)",

@@ -55,7 +55,7 @@ from pagoda.operator.autoscaling.demand import (
     request_work,
 )
 from pagoda.operator.autotune.floor import ceil_replicas, prefill_floor
-from pagoda.operator.spec.inference_service import DEFAULT_TOLERANCE, AutoscalingSpec
+from pagoda.operator.spec.scaling import DEFAULT_TOLERANCE, AutoscalingSpec
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
 KV_CACHE_HIGH = 0.9  # scale down keeps the fullest KV cache below this

@@ -9,6 +9,7 @@ with the real parser. `engine_config` is the effective configuration recorded in
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.names import (
@@ -21,6 +22,7 @@ from pagoda.operator.kube.names import (
     WORKER,
 )
 from pagoda.runtime import options
+from pagoda.runtime.option_rules import camel
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
@@ -56,6 +58,8 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         # vLLM's JSON, bounds filled in (None: off, nothing rendered)
         "speculative_config": None if e.speculative is None else e.speculative.to_json(),
         "runner": e.runner,  # None (unset) renders nothing
+        # vLLM's JSON of the keys set (`PoolerConfig.parse` reads it back); None: nothing
+        "pooler_config": None if (pc := e.pooler_config) is None else json.dumps(pc.user_keys()),
         # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
         "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
         "revision": spec.model.commit,  # an hf:// branch's pin (None: not pinned, no flag)
@@ -92,7 +96,7 @@ def lora_values(spec: InferenceServiceSpec) -> dict[str, Any]:
     without spec.adapters (no flag rendered, no config hash changed)."""
     if not spec.adapters:
         return {}
-    loras, rank, cpu = spec.engine.lora_values(len(spec.adapters))
+    loras, rank, cpu = spec.lora_values()
     return {
         "enable_lora": True,
         "max_loras": loras,
@@ -137,6 +141,8 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         out["longPrefillTokenThreshold"] = e.long_prefill_token_threshold
     if e.runner is not None:  # likewise
         out["runner"] = e.runner
+    if e.pooler_config is not None:  # likewise; the keys set, camelCase
+        out["poolerConfig"] = {camel(k): v for k, v in e.pooler_config.user_keys().items()}
     if (sc := e.speculative) is not None:  # likewise; camelCase, bounds filled in
         out["speculative"] = {
             "method": sc.method,
@@ -150,7 +156,7 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
             | ({"commit": a.source.commit} if a.source.commit else {})  # a re-pin rolls the pods
             for a in spec.adapters
         ]
-        loras, rank, cpu = e.lora_values(len(spec.adapters))
+        loras, rank, cpu = spec.lora_values()
         out["lora"] = {"maxLoras": loras, "maxLoraRank": rank, "maxCpuLoras": cpu}
     if spec.tensor_parallel_size > 1:
         out["tensorParallelSize"] = spec.tensor_parallel_size

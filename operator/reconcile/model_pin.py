@@ -29,9 +29,12 @@ same token and endpoint: each once, kept in its item of `status.adapters`
 and fetched by the `adapter-download` init container as `hf://ORG/NAME@SHA`. An adapter's pin
 moves when its own source (or name) changes, or with the annotation; another adapter's change,
 or spec.model's, keeps it. s3:// adapters have no commits (fetched as written), paths need none.
+The model and the adapters to pin are asked at the same time (at most MAX_CONCURRENT_RESOLVES
+requests at once).
 
 A failed resolution is the condition `Degraded`, reason `ModelResolveFailed`, with the
-download's failure class (`Unauthorized`, `NotFound`, `Unreachable`, `Failed`) in the message;
+download's failure class (`Unauthorized`, `NotFound`, `Unreachable`, `Failed`) in the message
+(each failed source's, naming its field, when several fail);
 the children are left as they are (running replicas keep their pin). A 5xx or an unreachable
 Hub is retried with backoff; a 401/404 waits for a change (the spec, the annotation, or the
 Secret, seen at the next resync).
@@ -64,6 +67,8 @@ if TYPE_CHECKING:
 RESOLVE_ANNOTATION = "pagoda.dev/resolve-model"
 REASON = "ModelResolveFailed"
 TOKEN_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's order
+# Hub requests of one reconcile in flight at once (spec.model and up to 64 spec.adapters)
+MAX_CONCURRENT_RESOLVES = 8
 log = logging.getLogger(__name__)
 
 
@@ -206,15 +211,53 @@ async def pin(
         for i, a in enumerate(spec.adapters)
         if _needs(a.source) and a.name not in adapters
     ]
-    if (needs_pin(spec) and found is None) or todo:
+    model = needs_pin(spec) and found is None
+    asks = [("spec.model", spec.model.uri)] if model else []
+    asks += [(where, a.source.uri) for where, a in todo]
+    if asks:
         hub = await _hub(api, body, spec)
-        if needs_pin(spec) and found is None:
-            found = await _pin_one(spec.model.uri, "spec.model", hub, config, logger, request)
-            found = {"uri": spec.model.uri, **found}
-        for where, a in todo:
-            got = await _pin_one(a.source.uri, where, hub, config, logger, request)
-            adapters[a.name] = {"name": a.name, "source": a.source.uri, **got}
+        got = await _pin_all(asks, hub, config, logger, request)
+        if model:
+            found = {"uri": spec.model.uri, **got.pop(0)}
+        for (_, a), pin_ in zip(todo, got):
+            adapters[a.name] = {"name": a.name, "source": a.source.uri, **pin_}
     return pinned(spec, found, adapters), found, adapters
+
+
+async def _pin_all(
+    asks: list[tuple[str, str]],
+    hub: tuple[str | None, str | None],
+    config: OperatorConfig,
+    logger: logging.Logger,
+    request: str,
+) -> list[dict[str, str]]:
+    """The pins of `asks` ((where, uri) pairs), in their order: asked at the same time, at most
+    MAX_CONCURRENT_RESOLVES at once (each a thread of the default executor: huggingface_hub
+    blocks), so many adapters take about one answer's time rather than one each. Every ask runs
+    to its end; a failed one is a ModelUnresolved naming its field (`spec.adapters[i] (NAME)`),
+    several are one, each named, transient when any is (a retry may settle it)."""
+    bound = asyncio.Semaphore(MAX_CONCURRENT_RESOLVES)
+
+    async def one(where: str, uri: str) -> dict[str, str]:
+        async with bound:
+            return await _pin_one(uri, where, hub, config, logger, request)
+
+    results = await asyncio.gather(*(one(w, u) for w, u in asks), return_exceptions=True)
+    pins = [r for r in results if not isinstance(r, BaseException)]
+    if len(pins) == len(results):
+        return pins
+    failed = []
+    for error in results:
+        if isinstance(error, ModelUnresolved):
+            failed.append(error)
+        elif isinstance(error, BaseException):
+            raise error  # not the Hub's answer (a bug, a cancellation): as it is
+    if len(failed) == 1:
+        raise failed[0]
+    raise ModelUnresolved(
+        f"{len(failed)} sources could not be resolved: " + " | ".join(e.message for e in failed),
+        transient=any(e.transient for e in failed),
+    ) from failed[0]
 
 
 async def _pin_one(

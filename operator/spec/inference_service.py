@@ -1,4 +1,9 @@
-"""The InferenceService spec as frozen dataclasses: parsed, defaulted and checked.
+"""The InferenceService spec as frozen dataclasses: parsed, defaulted and checked. This module is
+the top level (`InferenceServiceSpec`: the model, the image, `resources`, `modelCache` and the
+checks across sections); the sections have their own modules: `spec.engine` and `spec.autotune`
+in spec/engine.py, `spec.parallelism` and `spec.autoscaling` in spec/scaling.py, `spec.model`
+and `spec.adapters` in spec/model_ref.py, the node selector, tolerations, env,
+`engine.extraArgs` and the Secret references in spec/pod_fields.py.
 
 The CRD's OpenAPI schema (crds/inferenceservice.yaml) is the first line of defence; this module
 is the second, so the operator behaves the same on an API server that applies the schema and on
@@ -9,7 +14,6 @@ CamelCase reason that ends up in the `Degraded` condition.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,17 +22,22 @@ from typing import Any
 from pagoda.operator.kube.drift import parse_quantity
 from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH, PodIds
 from pagoda.operator.spec import pod_fields
-from pagoda.operator.spec.autotune import AutotuneSpec
+from pagoda.operator.spec.engine import (
+    ATTENTION_BACKENDS,
+    BLOCK_SIZES,
+    DTYPES,
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    AutotuneSpec,
+    EngineSpec,
+)
 from pagoda.operator.spec.fields import (
     SpecError,
-    base_url_problem,
     bool_or,
     choice,
-    closed_object,
     int_or,
     mapping,
     opt_int,
-    opt_number,
     opt_str,
     quantity,
     show,
@@ -40,20 +49,32 @@ from pagoda.operator.spec.model_ref import (
     check_served_names,
     parse_adapters,
 )
-from pagoda.operator.spec.parallelism import ParallelismSpec
+from pagoda.operator.spec.scaling import (
+    DEFAULT_TOLERANCE,
+    AutoscalingSpec,
+    ParallelismSpec,
+)
 from pagoda.runtime import options
-from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
-from pagoda.runtime.spec import config as spec_config  # SpeculativeConfig: standard library only
 
-# The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
-# CRD's enums and defaults equal them (test_operator_crd.py). Aliases such as "half" are the CLI's
-# only: the CRD takes canonical names.
-DTYPES = options.DTYPES
-ATTENTION_BACKENDS = options.ATTENTION_BACKENDS
-BLOCK_SIZES = options.BLOCK_SIZES
-KV_CACHE_DTYPES = options.KV_CACHE_DTYPES
-QUANTIZATIONS = options.QUANTIZATIONS
-RUNNERS = options.RUNNERS
+# The sections' names other modules and tests import from here (spec/engine.py, spec/scaling.py).
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "BLOCK_SIZES",
+    "DEFAULT_TOLERANCE",
+    "DTYPES",
+    "KV_CACHE_DTYPES",
+    "PULL_POLICIES",
+    "QUANTIZATIONS",
+    "AutoscalingSpec",
+    "AutotuneSpec",
+    "EngineSpec",
+    "InferenceServiceSpec",
+    "ModelCacheSpec",
+    "ParallelismSpec",
+    "ResourcesSpec",
+    "SpecError",
+]
+
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 MAX_NAME_LENGTH = 52  # leaves room for the "-config" suffix and pod-name hashes
 
@@ -64,35 +85,19 @@ DEFAULT_STARTUP_TIMEOUT_S = 1800
 # (spec.modelCache.downloadDeadlineSeconds; added to the Deployment's progressDeadlineSeconds).
 DEFAULT_DOWNLOAD_DEADLINE_S = 3600
 DEFAULT_DRAIN_TIMEOUT_S = int(options.DEFAULT_DRAIN_TIMEOUT_S)  # the CRD's field is an integer
-DEFAULT_API_KEY_KEY = "api-key"
 DEFAULT_CPU = "1"
 DEFAULT_MEMORY = "2Gi"
-DEFAULT_TOLERANCE = 0.1
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 _IMAGE = re.compile(r"^\S+$")  # the API server refuses an image with whitespace
-_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 # The CRD's length and size limits, enforced here too (the schema may not be applied).
 MAX_MODEL = 1024
 MAX_SERVED_NAME = 256
 MAX_IMAGE = 512
-MAX_URL = 2048
-MAX_SECRET_FIELD = 253
 MAX_ENV_NAME = 256
-MAX_EXTRA_ARGS, MAX_EXTRA_ARG = 64, 1024
 MAX_TOLERATIONS = 32
 MAX_ENV = 128
-
-
-def _or(value: float | None, default: float) -> float:
-    return default if value is None else value
-
-
-# --- the spec ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -135,154 +140,6 @@ class ResourcesSpec:
 
 
 @dataclass(frozen=True)
-class EngineSpec:
-    """Flags of `pagoda serve`; None means "the runtime's own default"."""
-
-    dtype: str = options.DEFAULT_DTYPE
-    enable_prefix_caching: bool = options.DEFAULT_ENABLE_PREFIX_CACHING
-    enable_chunked_prefill: bool = options.DEFAULT_ENABLE_CHUNKED_PREFILL
-    attention_backend: str = options.DEFAULT_ATTENTION_BACKEND
-    block_size: int = options.DEFAULT_BLOCK_SIZE
-    kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE
-    quantization: str | None = None  # None: the checkpoint's own (16-bit, or its FP8 format)
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    max_queue_len: int | None = None
-    # the largest prefill chunk of one prompt while others run or wait; 0: off (None: by device)
-    long_prefill_token_threshold: int | None = None
-    # n-gram speculative decoding (`--speculative-config`); None: off
-    speculative: spec_config.SpeculativeConfig | None = None
-    # `--runner` (generate, pooling: an embedding model, auto); None: the runtime's (auto)
-    runner: str | None = None
-    # `--max-loras` and the rest with spec.adapters (spec/model_ref.py); None: their defaults
-    lora: LoraSpec | None = None
-    extra_args: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise SpecError("InvalidSpec", f"spec.engine.dtype must be one of {', '.join(DTYPES)}")
-        if self.block_size not in BLOCK_SIZES:
-            raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
-        if self.speculative is not None and any(
-            pod_fields.flag_dest(a) == "async_scheduling" and not a.startswith("--no-")
-            for a in self.extra_args
-        ):
-            raise SpecError(  # `pagoda serve` refuses the two together at start
-                "InvalidSpec",
-                "spec.engine.speculative runs with synchronous scheduling only: drop "
-                "--async-scheduling from spec.engine.extraArgs",
-            )
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
-        for needs in CRD_FLAG_RULES:
-            if not needs.holds(values):
-                raise SpecError("InvalidSpec", needs.spec_error(values))
-        for rule in CRD_ENGINE_RULES:  # as `pagoda serve` checks them: defaults filled in
-            filled = rule.filled(values)
-            if not rule.holds(filled):
-                unset = " when unset" if values.get(rule.smaller) is None else ""
-                raise SpecError(
-                    "InvalidSpec",
-                    f"spec.engine.{camel(rule.larger)} ({filled[rule.larger]}) must be >= "
-                    f"{camel(rule.smaller)} ({filled[rule.smaller]}{unset})",
-                )
-
-    def lora_values(self, adapters: int) -> tuple[int, int, int]:
-        """(maxLoras, maxLoraRank, maxCpuLoras) with `adapters` declared, defaults filled in."""
-        return (self.lora or LoraSpec()).effective(adapters)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
-        p = "spec.engine"
-        extra = [] if d.get("extraArgs") is None else d["extraArgs"]
-        if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-            raise SpecError("InvalidSpec", f"{p}.extraArgs must be a list of strings")
-        if len(extra) > MAX_EXTRA_ARGS or any(len(a) > MAX_EXTRA_ARG for a in extra):
-            raise SpecError(
-                "InvalidSpec",
-                f"{p}.extraArgs: at most {MAX_EXTRA_ARGS} items of at most {MAX_EXTRA_ARG} characters",
-            )
-        pod_fields.check_extra_args(extra, p)
-        return cls(
-            dtype=choice(d, "dtype", p, DTYPES, cls.dtype),
-            enable_prefix_caching=bool_or(d, "enablePrefixCaching", p, cls.enable_prefix_caching),
-            enable_chunked_prefill=bool_or(
-                d, "enableChunkedPrefill", p, cls.enable_chunked_prefill
-            ),
-            attention_backend=choice(
-                d, "attentionBackend", p, ATTENTION_BACKENDS, cls.attention_backend
-            ),
-            block_size=choice(d, "blockSize", p, BLOCK_SIZES, cls.block_size),
-            kv_cache_dtype=choice(d, "kvCacheDtype", p, KV_CACHE_DTYPES, cls.kv_cache_dtype),
-            quantization=(
-                choice(d, "quantization", p, QUANTIZATIONS, None)
-                if d.get("quantization") is not None
-                else None
-            ),
-            max_num_seqs=opt_int(d, "maxNumSeqs", p, 1, 4096),
-            max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
-            max_model_len=opt_int(d, "maxModelLen", p, 2, 1 << 20),  # a prompt token + one out
-            max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
-            long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
-            speculative=_speculative(d, p),
-            runner=choice(d, "runner", p, RUNNERS, None) if d.get("runner") is not None else None,
-            lora=LoraSpec.from_dict(d),
-            extra_args=tuple(extra),
-        )
-
-
-@dataclass(frozen=True)
-class AutoscalingSpec:
-    max_replicas: int
-    min_replicas: int = 1
-    target_ttft_seconds: float | None = None
-    target_queue_depth: float | None = None
-    scale_up_stabilization_seconds: int = 0
-    scale_down_stabilization_seconds: int = 300
-    tolerance: float = DEFAULT_TOLERANCE  # no change while |metric/target - 1| is within it
-    prometheus_url: str | None = None  # overrides the operator's --prometheus-url
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.tolerance <= 1:
-            raise SpecError("InvalidSpec", "spec.autoscaling.tolerance must be in [0, 1]")
-        url = self.prometheus_url
-        if url is not None and (why := base_url_problem(url, credentials=False)):
-            shown = show(url) if "@" not in url else "(not shown: it holds credentials)"
-            raise SpecError("InvalidSpec", f"spec.autoscaling.prometheusURL {why}, got {shown}")
-        if self.min_replicas > self.max_replicas:
-            raise SpecError(
-                "InvalidSpec",
-                f"spec.autoscaling.minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})",
-            )
-        if self.target_ttft_seconds is None and self.target_queue_depth is None:
-            raise SpecError(
-                "InvalidSpec", "spec.autoscaling needs targetTTFTSeconds or targetQueueDepth"
-            )
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> AutoscalingSpec:
-        p = "spec.autoscaling"
-        max_replicas = opt_int(d, "maxReplicas", p, 1, 100)
-        if max_replicas is None:
-            raise SpecError("InvalidSpec", f"{p}.maxReplicas is required")
-        return cls(
-            max_replicas=max_replicas,
-            min_replicas=int_or(d, "minReplicas", p, 1, 100, 1),
-            target_ttft_seconds=opt_number(d, "targetTTFTSeconds", p, 0.001),
-            target_queue_depth=opt_number(d, "targetQueueDepth", p, 0.0),
-            scale_up_stabilization_seconds=int_or(d, "scaleUpStabilizationSeconds", p, 0, 3600, 0),
-            scale_down_stabilization_seconds=int_or(
-                d, "scaleDownStabilizationSeconds", p, 0, 3600, 300
-            ),
-            tolerance=_or(opt_number(d, "tolerance", p, 0.0), DEFAULT_TOLERANCE),
-            prometheus_url=opt_str(d, "prometheusURL", p, max_len=MAX_URL),
-        )
-
-    def clamp(self, replicas: int) -> int:
-        return max(self.min_replicas, min(self.max_replicas, replicas))
-
-
-@dataclass(frozen=True)
 class ModelCacheSpec:
     """Where hf:// and s3:// models are downloaded: a PersistentVolumeClaim shared by the
     replicas (`claim_name`), else an emptyDir per pod, optionally capped at `size_limit`;
@@ -312,8 +169,8 @@ class ModelCacheSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelCacheSpec:
         p = "spec.modelCache"
-        claim = opt_str(d, "claimName", p, max_len=MAX_SECRET_FIELD)
-        if claim is not None and not _DNS1123_SUBDOMAIN.match(claim):
+        claim = opt_str(d, "claimName", p, max_len=pod_fields.MAX_SECRET_FIELD)
+        if claim is not None and not pod_fields.DNS1123_SUBDOMAIN.match(claim):
             raise SpecError("InvalidSpec", f"{p}.claimName {show(claim)} is not a valid PVC name")
         limit = quantity(d, "sizeLimit", p)
         if limit is not None and not parse_quantity(limit):
@@ -337,12 +194,6 @@ class ModelCacheSpec:
 
 
 @dataclass(frozen=True)
-class SecretKeyRef:
-    name: str
-    key: str = DEFAULT_API_KEY_KEY
-
-
-@dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelRef
     served_model_name: str
@@ -354,7 +205,7 @@ class InferenceServiceSpec:
     autoscaling: AutoscalingSpec | None = None
     autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
-    api_key_secret: SecretKeyRef | None = None
+    api_key_secret: pod_fields.SecretKeyRef | None = None
     model_cache: ModelCacheSpec = field(default_factory=ModelCacheSpec)
     model_secret: str | None = None  # a Secret whose keys the model-download container gets as env
     adapters: tuple[Adapter, ...] = ()  # LoRA adapters served beside the model (spec/model_ref.py)
@@ -420,6 +271,14 @@ class InferenceServiceSpec:
                 "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
                 f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
             )
+        if self.engine.speculative is not None and pod_fields.sets_flag(
+            self.engine.extra_args, "async_scheduling"
+        ):
+            raise SpecError(  # `pagoda serve` refuses the two together at start
+                "InvalidSpec",
+                "spec.engine.speculative runs with synchronous scheduling only: drop "
+                "--async-scheduling from spec.engine.extraArgs",
+            )
         if self.engine.speculative is not None and self.tensor_parallel_size > 1:
             raise SpecError(  # `pagoda serve` refuses it at start (a crash loop)
                 "InvalidSpec",
@@ -439,11 +298,8 @@ class InferenceServiceSpec:
                     "spec.engine.lora configures spec.adapters: add adapters or drop it",
                 )
             return
-        self.engine.lora_values(len(self.adapters))  # maxCpuLoras >= maxLoras, defaults filled
-        tp = self.tensor_parallel_size
+        self.lora_values()  # maxCpuLoras >= maxLoras, defaults filled
         for what, on in (
-            (f"tensor parallelism (tensorParallelSize {tp}: resources.gpus × parallelism.nodes, "
-             "or parallelism.tensorParallelSize)", tp > 1),
             ("spec.engine.speculative", self.engine.speculative is not None),
             ("spec.engine.quantization fp8", self.engine.quantization == "fp8"),
         ):  # fmt: skip
@@ -452,6 +308,10 @@ class InferenceServiceSpec:
                     "InvalidSpec",
                     f"spec.adapters (LoRA) is not supported with {what}: drop one of them",
                 )
+
+    def lora_values(self) -> tuple[int, int, int]:
+        """(maxLoras, maxLoraRank, maxCpuLoras) for spec.adapters, defaults filled in."""
+        return (self.engine.lora or LoraSpec()).effective(len(self.adapters))
 
     @property
     def downloads(self) -> bool:
@@ -562,13 +422,13 @@ class InferenceServiceSpec:
             ),
             replicas=int_or(spec, "replicas", "spec", 0, 100, DEFAULT_REPLICAS),
             resources=ResourcesSpec.from_dict(mapping(spec, "resources", "spec")),
-            engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
+            engine=_engine(spec),
             autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
             autotune=AutotuneSpec.from_dict(_or_empty(spec.get("autotune"))),
             parallelism=parallelism,
-            api_key_secret=_secret_ref(spec),
+            api_key_secret=pod_fields.secret_ref(spec),
             model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
-            model_secret=_model_secret(spec),
+            model_secret=pod_fields.model_secret(spec),
             adapters=adapters,
             node_selector=tuple(sorted(node_selector.items())),
             tolerations=tuple(pod_fields.tolerations(spec, MAX_TOLERATIONS)),
@@ -583,32 +443,11 @@ class InferenceServiceSpec:
         )
 
 
-SPECULATIVE_KEYS = ("method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin")
-
-
-def _speculative(engine: Mapping[str, Any], path: str) -> spec_config.SpeculativeConfig | None:
-    """`spec.engine.speculative` → the runtime's own frozen `SpeculativeConfig` (vLLM's
-    `--speculative-config` keys), with the runtime's bounds (the CRD's equal them) and camelCase
-    names in every message; None when absent or null."""
-    p = f"{path}.speculative"
-    value = closed_object(engine, "speculative", path, SPECULATIVE_KEYS)
-    if value is None:
-        return None
-    tokens = opt_int(value, "numSpeculativeTokens", p, 1, spec_config.MAX_SPECULATIVE_TOKENS)
-    if tokens is None:
-        raise SpecError("InvalidSpec", f"{p}.numSpeculativeTokens is required")
-    hi = opt_int(value, "promptLookupMax", p, 1, spec_config.MAX_PROMPT_LOOKUP)
-    lo = opt_int(value, "promptLookupMin", p, 1, spec_config.MAX_PROMPT_LOOKUP)
-    if hi is not None and lo is not None and lo > hi:
-        raise SpecError(
-            "InvalidSpec", f"{p}.promptLookupMin ({lo}) must be <= promptLookupMax ({hi})"
-        )
-    return spec_config.SpeculativeConfig(  # fills an unset bound as `pagoda serve` does
-        num_speculative_tokens=tokens,
-        method=choice(value, "method", p, spec_config.METHODS, spec_config.METHODS[0]),
-        prompt_lookup_max=hi,
-        prompt_lookup_min=lo,
-    )
+def _engine(spec: Mapping[str, Any]) -> EngineSpec:
+    """`spec.engine` with its extraArgs (spec/pod_fields.py) and lora (spec/model_ref.py)."""
+    engine = mapping(spec, "engine", "spec")
+    extra = pod_fields.extra_args(engine, "spec.engine")
+    return EngineSpec.from_dict(engine, extra_args=extra, lora=LoraSpec.from_dict(engine))
 
 
 def _or_empty(value: Any) -> Any:
@@ -628,37 +467,3 @@ def _model(spec: Mapping[str, Any]) -> ModelRef:
             f"spec.model must be at most {MAX_MODEL} characters, got {len(value)}: {show(value)}",
         )
     return ModelRef.parse(value)
-
-
-def _secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
-    secret = spec.get("apiKeySecretRef")
-    if secret is None:
-        return None
-    p = "spec.apiKeySecretRef"
-    if not isinstance(secret, Mapping):
-        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(secret)}")
-    name = opt_str(secret, "name", p, max_len=MAX_SECRET_FIELD)
-    if not name:
-        raise SpecError("InvalidSpec", f"{p}.name is required")
-    if not _DNS1123_SUBDOMAIN.match(name):
-        raise SpecError("InvalidSpec", f"{p}.name must be a Secret's name, got {show(name)}")
-    key = opt_str(secret, "key", p, max_len=MAX_SECRET_FIELD) or DEFAULT_API_KEY_KEY
-    if not _SECRET_KEY.match(key):
-        raise SpecError(
-            "InvalidSpec",
-            f"{p}.key must be a Secret key (letters, digits, '-', '_', '.'), got {show(key)}",
-        )
-    return SecretKeyRef(name, key)
-
-
-def _model_secret(spec: Mapping[str, Any]) -> str | None:
-    ref = spec.get("modelSecretRef")
-    if ref is None:
-        return None
-    p = "spec.modelSecretRef"
-    if not isinstance(ref, Mapping):
-        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(ref)}")
-    name = opt_str(ref, "name", p, max_len=MAX_SECRET_FIELD)
-    if not name or not _DNS1123_SUBDOMAIN.match(name):
-        raise SpecError("InvalidSpec", f"{p}.name must be a Secret's name, got {show(name)}")
-    return name

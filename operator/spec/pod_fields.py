@@ -6,19 +6,27 @@
 * engine.extraArgs against the `pagoda serve` flags the operator renders from other fields: they
   come last on the command line and argparse lets the last value win, so such a flag would
   silently override its field (the ConfigMap records one value, the pod runs another) or move the
-  port the probes and the Service use.
+  port the probes and the Service use;
+* the Secrets the pods read: `apiKeySecretRef` (a Secret's name and key) and `modelSecretRef`
+  (a Secret's name), named as the API server takes them.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pagoda.operator.kube.names import LORA_FLAGS, is_label_key, is_label_value
-from pagoda.operator.spec.fields import SpecError, mapping, show
+from pagoda.operator.spec.fields import SpecError, mapping, opt_str, show
 from pagoda.runtime import option_rules, options
 
+MAX_EXTRA_ARGS, MAX_EXTRA_ARG = 64, 1024
+MAX_SECRET_FIELD = 253
+DEFAULT_API_KEY_KEY = "api-key"
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
@@ -173,6 +181,7 @@ OPERATOR_FLAGS: Mapping[str, str] = {
             "max_queue_len",
             "long_prefill_token_threshold",
             "runner",
+            "pooler_config",
         )
     },
     "speculative_config": "spec.engine.speculative",
@@ -208,8 +217,17 @@ def flag_dest(word: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def check_extra_args(extra: Sequence[str], path: str) -> None:
-    """SpecError naming the field to set when an extraArgs word sets an operator-owned flag."""
+def extra_args(engine: Mapping[str, Any], path: str) -> tuple[str, ...]:
+    """`engine.extraArgs`: a list of at most MAX_EXTRA_ARGS strings of at most MAX_EXTRA_ARG
+    characters; SpecError naming the field to set when a word sets an operator-owned flag."""
+    extra = [] if engine.get("extraArgs") is None else engine["extraArgs"]
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise SpecError("InvalidSpec", f"{path}.extraArgs must be a list of strings")
+    if len(extra) > MAX_EXTRA_ARGS or any(len(a) > MAX_EXTRA_ARG for a in extra):
+        raise SpecError(
+            "InvalidSpec",
+            f"{path}.extraArgs: at most {MAX_EXTRA_ARGS} items of at most {MAX_EXTRA_ARG} characters",
+        )
     for word in extra:
         dest = flag_dest(word)
         if dest in OPERATOR_FLAGS:
@@ -218,3 +236,58 @@ def check_extra_args(extra: Sequence[str], path: str) -> None:
             raise SpecError(
                 "InvalidSpec", f"{path}.extraArgs: {word.split('=', 1)[0]} is set by {owner}{hint}"
             )
+    return tuple(extra)
+
+
+def sets_flag(extra: Sequence[str], dest: str) -> bool:
+    """Whether an extraArgs word turns the switch `dest` on (its `--no-` form does not)."""
+    return any(flag_dest(a) == dest and not a.startswith("--no-") for a in extra)
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str = DEFAULT_API_KEY_KEY
+
+
+def _named_secret(spec: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], str | None] | None:
+    """`spec[key]`, an object naming a Secret, and its `name` (None: not given); None when the
+    field is absent or null."""
+    ref = spec.get(key)
+    if ref is None:
+        return None
+    if not isinstance(ref, Mapping):
+        raise SpecError("InvalidSpec", f"spec.{key} must be an object, got {show(ref)}")
+    return ref, opt_str(ref, "name", f"spec.{key}", max_len=MAX_SECRET_FIELD)
+
+
+def secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
+    """`spec.apiKeySecretRef`: a Secret's name and key (default DEFAULT_API_KEY_KEY)."""
+    found = _named_secret(spec, "apiKeySecretRef")
+    if found is None:
+        return None
+    (secret, name), p = found, "spec.apiKeySecretRef"
+    if not name:
+        raise SpecError("InvalidSpec", f"{p}.name is required")
+    if not DNS1123_SUBDOMAIN.match(name):
+        raise SpecError("InvalidSpec", f"{p}.name must be a Secret's name, got {show(name)}")
+    key = opt_str(secret, "key", p, max_len=MAX_SECRET_FIELD) or DEFAULT_API_KEY_KEY
+    if not _SECRET_KEY.match(key):
+        raise SpecError(
+            "InvalidSpec",
+            f"{p}.key must be a Secret key (letters, digits, '-', '_', '.'), got {show(key)}",
+        )
+    return SecretKeyRef(name, key)
+
+
+def model_secret(spec: Mapping[str, Any]) -> str | None:
+    """`spec.modelSecretRef`: the name of the Secret the download containers get as env."""
+    found = _named_secret(spec, "modelSecretRef")
+    if found is None:
+        return None
+    name = found[1]
+    if not name or not DNS1123_SUBDOMAIN.match(name):
+        raise SpecError(
+            "InvalidSpec", f"spec.modelSecretRef.name must be a Secret's name, got {show(name)}"
+        )
+    return name

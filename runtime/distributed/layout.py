@@ -9,7 +9,7 @@ Megatron-style sharding, as vLLM's: rank r of N holds
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
 - a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says (Qwen3-Next's Gated
-  DeltaNet layers by key heads, the KDA and lightning-attention layers by heads; Mamba-1's
+  DeltaNet layers by key heads, the KDA, lightning-attention and RG-LRU layers by heads; Mamba-1's
   mixers and LFM2's short convs by channels, Zamba's Mamba-1 mixers by heads);
 - a family's own shapes as its module says (`tp_families.py`, by architecture: Gemma 4's
   layers' KV heads and MLP widths, Laguna's layers' query heads, DeepSeek-V4's output
@@ -77,7 +77,7 @@ class TPLayout:
 def mamba_problem(m: MambaConfig, size: int) -> str | None:
     """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
-    Gated DeltaNet layers split by key heads, which must divide, the KDA and lightning layers by
+    Gated DeltaNet layers split by key heads, which must divide, the KDA, lightning and RG-LRU layers by
     heads; Mamba-1's (Mamba's, Falcon-Mamba's, Jamba's) by channels of d_inner, which must
     divide, Zamba's by its heads, LFM2's short convs by channels. Other mixers are not split:
     refused (their families' rows in `family_options.py` refuse them first, naming the
@@ -102,9 +102,10 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
             return (f"--tensor-parallel-size {size} does not divide the Mamba heads "
                     f"(n_mamba_heads {m.n_heads})")  # fmt: skip
         return None
-    if m.mixer in ("kda", "lightning"):  # Kimi Linear's, ..., MiniMax-Text-01's: by heads
+    if m.mixer in ("kda", "lightning", "rglru"):  # Kimi Linear's, ..., MiniMax-Text-01's,
+        # RecurrentGemma's (its RG-LRU's gate blocks): by heads
         if m.n_heads % size:
-            kind = "KDA" if m.mixer == "kda" else "lightning attention"
+            kind = {"kda": "KDA", "lightning": "lightning attention", "rglru": "RG-LRU"}[m.mixer]
             return (f"--tensor-parallel-size {size} does not divide the {kind} heads "
                     f"({m.n_heads})")  # fmt: skip
         return None

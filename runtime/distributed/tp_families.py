@@ -36,6 +36,8 @@ TP_PROBLEMS: dict[str, str] = {
     "mimo_v2_flash": "mimo_v2_flash_config",  # the sliding layers' KV heads
     "deepseek_v4": "dsv4_shard",  # the output projection's groups
     "nemotron_h": "nemotron_h_config",  # its experts' widths
+    "diffllama": "diffllama_config",  # each half of the query and KV heads
+    "jetmoe": "jetmoe_config",  # the KV heads (not replicated)
 }
 
 # architecture -> the module of its `rank_rows`
@@ -47,6 +49,8 @@ RANK_ROWS: dict[str, str] = {
     "beam": "beam_config",  # the output gate's bias by heads
     **dict.fromkeys(("lfm2", "lfm2_moe", "lfm3"), "lfm2_config"),  # the short convs, w2
     "zamba2": "zamba2_config",  # its shared blocks' LoRA adapters' B with their projections
+    "jetmoe": "jetmoe_config",  # kv_proj's keys and values by KV heads
+    "recurrent_gemma": "recurrent_gemma_config",  # the RG-LRU's projections by channels
 }
 
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pagoda.runtime.engine.admission import Admission, EngineUnavailableError
 from pagoda.runtime.engine.core_proc import first_step
+from pagoda.runtime.engine.deferred import Deferred, Parked
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
@@ -114,6 +115,8 @@ class AsyncEngine:
         self._feed_pending = False
         self._inbox: collections.deque[tuple] = collections.deque()
         self._wake = threading.Event()
+        # the engine thread's adds and calls waiting on an adapter read (`engine/deferred.py`)
+        self._parked = Parked(self._wake.set)
         self._stop = False
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -452,6 +455,7 @@ class AsyncEngine:
         while not self._stop:
             self._wake.clear()
             had_cmds = self._apply_inbox(core)
+            had_cmds = self._apply_parked(core) or had_cmds
             if not core.has_unfinished_requests():
                 if had_cmds:
                     self._stats(core)
@@ -469,21 +473,50 @@ class AsyncEngine:
             n += 1
             kind = cmd[0]
             if kind == "add":
-                _, rid, ids, params, bulk = cmd
-                try:  # validated, and this engine's own copy (`add_requests`)
-                    core.add_request(rid, ids, params, checked=True, bulk=bulk)
-                except Exception as exc:  # this request only
-                    self._call_loop(self._fail, rid, exc)
-            elif kind == "abort":
-                core.abort_request(cmd[1])
-            elif kind == "call":
-                _, fn, fut = cmd
+                lora = cmd[3].lora_request  # an adapter not in host memory: read meanwhile
                 try:
-                    result, exc = fn(core), None
-                except Exception as e:
-                    result, exc = None, e
-                self._call_loop(_settle, fut, result, exc)
+                    read = None if lora is None else core.read_lora(lora)
+                except Exception as exc:  # this request only
+                    self._call_loop(self._fail, cmd[1], exc)
+                    continue
+                if read is None or read.done():
+                    self._add(core, cmd)
+                else:
+                    self._parked.add(cmd[1], (read,), cmd)
+            elif kind == "abort":
+                if not self._parked.drop(cmd[1]):
+                    core.abort_request(cmd[1])
+            elif kind == "call":
+                self._answer(cmd[2], lambda fn=cmd[1]: fn(core))
         return n > 0
+
+    def _add(self, core: EngineCore, cmd: tuple) -> None:
+        _, rid, ids, params, bulk = cmd
+        try:  # validated, and this engine's own copy (`add_requests`)
+            core.add_request(rid, ids, params, checked=True, bulk=bulk)
+        except Exception as exc:  # this request only (a failed adapter read: its error)
+            self._call_loop(self._fail, rid, exc)
+
+    def _answer(self, fut: asyncio.Future[Any], call: Callable[[], Any]) -> None:
+        """Settle a call's future with its result or error; a `Deferred` one is parked."""
+        try:
+            result, exc = call(), None
+        except Exception as e:
+            result, exc = None, e
+        if isinstance(result, Deferred):
+            self._parked.add(fut, (result.wait,), result)
+            return
+        self._call_loop(_settle, fut, result, exc)
+
+    def _apply_parked(self, core: EngineCore) -> bool:
+        """The parked adds and calls whose adapter read is over; True if there was any."""
+        ready = self._parked.ready()
+        for key, item in ready:
+            if isinstance(item, Deferred):
+                self._answer(key, lambda d=item: d.finish(core))
+            else:
+                self._add(core, item)
+        return bool(ready)
 
 
 def _integrity_probe(core: EngineCore) -> dict[str, Any]:

@@ -25,7 +25,9 @@ the same order; greedy output relies on batch invariance, the default).
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import copy
+import functools
 import gc
 import hashlib
 import logging
@@ -39,18 +41,20 @@ from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.cpu.host_memory import release_freed_memory
 from pagoda.runtime.engine import recurrent
+from pagoda.runtime.engine.deferred import Deferred
 from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.engine.pooling import check_pooling, finish_pooled
 from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.model import longrope
-from pagoda.runtime.model.loader import LoadedModel, load_model
+from pagoda.runtime.model.loader import LoadedModel, load_model, read_model_config
 from pagoda.runtime.pooler_config import with_runner
 from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.bans import check_bans_leave_tokens
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
+from pagoda.runtime.spec.draft_model import check_draft, check_loaded
 from pagoda.runtime.spec.drafter import Drafter
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
@@ -85,11 +89,12 @@ class EngineCore:
 
             check_model(loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
+        draft = load_draft(config, loaded)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
         try:  # a failed start stops the other ranks and leaves the group (a new one can start)
-            self.runner = ModelRunner(config, loaded, limit, tp)
-            del loaded  # the checkpoint's tensors (unless the caller holds them) are garbage now
+            self.runner = ModelRunner(config, loaded, limit, tp, draft)
+            del loaded, draft  # the checkpoints' tensors (unless the caller holds them): garbage
             self._start(config, limit)
         except BaseException:
             if self.executor is not None:
@@ -280,6 +285,21 @@ class EngineCore:
             raise ValueError("LoRA adapters are not enabled on this engine (--enable-lora)")
         self.runner.lora.adapter(request)
 
+    def read_lora(self, request) -> concurrent.futures.Future | None:
+        """Start reading `request`'s adapter off the engine thread (`LoRASlots.start_read`);
+        None when there is nothing to wait for (in host memory, or no --enable-lora: then
+        `add_lora` answers at once). Once the future is done, `add_lora` takes it."""
+        return None if self.runner.lora is None else self.runner.lora.start_read(request)
+
+    def load_lora(self, request) -> Deferred | None:
+        """`POST /v1/load_lora_adapter`'s call: the adapter read off the engine thread, then
+        checked in (`add_lora`) by the loop (`engine/deferred.py`); None: done already."""
+        read = self.read_lora(request)
+        if read is None:
+            self.add_lora(request)
+            return None
+        return Deferred(read, functools.partial(EngineCore.add_lora, request=request))
+
     def remove_lora(self, lora_int_id: int) -> bool:
         """Forget an adapter (requests already running with it finish with it)."""
         return self.runner.lora is not None and self.runner.lora.remove(lora_int_id)
@@ -405,7 +425,7 @@ class EngineCore:
             if req.status >= FIRST_FINISHED:
                 self.scheduler.finish(req)
                 self._penalized.discard(req.request_id)
-        if drafted:
+        if self.drafter is not None:  # (a draft model's drafts come after any step)
             self.drafter.settle(result, dropped)
         if self.clock is not None:
             self.clock.mark("update")
@@ -471,11 +491,37 @@ _SPEC_STATE = (
 def check_speculative(config: EngineConfig, model: ModelConfig) -> None:
     """ValueError, one line, where speculative decoding is asked for a model whose layers keep
     a recurrent state (Mamba hybrids, RWKV, xLSTM, RecurrentGemma) or per-sequence windows
-    (DeepSeek-V4): rejected drafts would stay in that state."""
-    if config.speculative_config is None:
+    (DeepSeek-V4): rejected drafts would stay in that state. The same for a draft model, which
+    must also fit the target (`spec.draft_model.check_draft`; its path read here)."""
+    spec = config.speculative_config
+    if spec is None:
         return
-    if recurrent.keeps_state(model) or model.family.dsv4 is not None:
-        raise ValueError(_SPEC_STATE.format(model.architecture))
+    draft = None if spec.draft_model is None else read_draft_config(spec.draft_model)
+    for mc in (model,) if draft is None else (model, draft):
+        if recurrent.keeps_state(mc) or mc.family.dsv4 is not None:
+            raise ValueError(_SPEC_STATE.format(mc.architecture))
+    if draft is not None:
+        check_draft(config, model, draft)
+        check_dtype(config, draft)
+
+
+def read_draft_config(path: str) -> ModelConfig:
+    """The draft model's config; its path's or config's error named as the draft's."""
+    try:
+        return read_model_config(path)
+    except ValueError as e:
+        raise ValueError(f"speculative_config: the draft model: {e}") from None
+
+
+def load_draft(config: EngineConfig, target: LoadedModel) -> LoadedModel | None:
+    """The draft model's checkpoint (speculative decoding's "draft_model" method), checked
+    against the target's once loaded (`check_loaded`); None without one."""
+    spec = config.speculative_config
+    if spec is None or spec.draft_model is None:
+        return None
+    draft = load_model(spec.draft_model)
+    check_loaded(spec.draft_model, target, draft)
+    return draft
 
 
 def check_max_model_len(asked: int | None, model: ModelConfig) -> int:

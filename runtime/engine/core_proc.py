@@ -40,7 +40,6 @@ drains and then stops it) and exits on its own when its parent is gone.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -48,9 +47,11 @@ import pickle
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from pagoda.runtime.engine.deferred import Deferred, Parked, all_done
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.sampling.params import SamplingParams
@@ -96,10 +97,11 @@ class EngineCoreProc:
         self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
         self.encoder = msgspec.msgpack.Encoder()
         self.stopping = False
-        # requests waiting for their grammar: rid → (ids, params, the compile, when it began, bulk)
-        self.compiling: dict[
-            str, tuple[Any, SamplingParams, concurrent.futures.Future, float, bool]
-        ] = {}
+        # requests waiting for their grammar's compile or their LoRA adapter's read: rid →
+        # (ids, params, the compile or None, when it began, bulk, the read or None)
+        self.compiling: dict[str, tuple[Any, SamplingParams, Future | None, float, bool,
+                                        Future | None]] = {}  # fmt: skip
+        self.calls = Parked()  # `run_in_engine` calls whose answer waits (`engine/deferred.py`)
         self.compiler: Any = None  # the tokenizer's GrammarCompiler, once a grammar arrives
 
     def send(self, kind: bytes, payload: bytes) -> None:
@@ -162,8 +164,9 @@ class EngineCoreProc:
         checked = time.monotonic()
         while not self.stopping:
             had_cmds = bool(self.compiling) and self.add_compiled(core)
+            had_cmds = self.finish_calls(core) or had_cmds
             busy = core.has_unfinished_requests()
-            idle_s = GRAMMAR_POLL_S if self.compiling else PARENT_CHECK_S
+            idle_s = GRAMMAR_POLL_S if self.compiling or self.calls else PARENT_CHECK_S
             if zmq_poll(0 if busy else int(idle_s * 1000)):
                 had_cmds = self.apply_all(core) or had_cmds
             if self.stopping:
@@ -204,11 +207,13 @@ class EngineCoreProc:
             bulk = bool(more and more[0])  # `bulk` may be left out (a single request)
             try:
                 compile_ = self.grammar(core, params)
+                lora = params.lora_request  # an adapter not in host memory: read meanwhile
+                read = None if lora is None else core.read_lora(lora)
             except Exception as exc:  # this request only
                 self.send(b"f", pickle.dumps((rid, dump_error(exc))))
                 return
-            if compile_ is not None and not compile_.done():  # added once it is compiled
-                self.compiling[rid] = (ids, params, compile_, time.monotonic(), bulk)
+            if not all_done((compile_, read)):  # added once it is compiled and read
+                self.compiling[rid] = (ids, params, compile_, time.monotonic(), bulk, read)
             else:
                 self.add(core, rid, ids, params, compile_, bulk)
         elif kind == "abort":
@@ -216,15 +221,30 @@ class EngineCoreProc:
                 core.abort_request(cmd[1])
         elif kind == "call":
             _, call_id, fn = cmd
-            try:
-                payload = pickle.dumps((call_id, fn(core), None))
-            except Exception as exc:  # the call's (or its result's pickling) only
-                payload = pickle.dumps((call_id, None, dump_error(exc)))
-            self.send(b"c", payload)
+            self.answer(call_id, lambda: fn(core))
         elif kind == "stop":
             self.stopping = True
 
-    def grammar(self, core: EngineCore, params: SamplingParams) -> concurrent.futures.Future | None:
+    def answer(self, call_id: Any, call: Callable[[], Any]) -> None:
+        """Send a call's result or error; a `Deferred` one waits in `calls` instead."""
+        try:
+            result = call()
+            if isinstance(result, Deferred):
+                self.calls.add(call_id, (result.wait,), result)
+                return
+            payload = pickle.dumps((call_id, result, None))
+        except Exception as exc:  # the call's (or its result's pickling) only
+            payload = pickle.dumps((call_id, None, dump_error(exc)))
+        self.send(b"c", payload)
+
+    def finish_calls(self, core: EngineCore) -> bool:
+        """Answer the deferred calls whose wait is over; True if there was any."""
+        ready = self.calls.ready()
+        for call_id, deferred in ready:
+            self.answer(call_id, lambda d=deferred: d.finish(core))
+        return bool(ready)
+
+    def grammar(self, core: EngineCore, params: SamplingParams) -> Future | None:
         """The compile of the request's grammar, started on the compiler's threads (None: no
         grammar to compile)."""
         spec = params.structured_outputs
@@ -236,7 +256,7 @@ class EngineCoreProc:
         return self.compiler.submit(spec)
 
     def add(self, core: EngineCore, rid: str, ids: Any, params: SamplingParams,
-            compile_: concurrent.futures.Future | None = None, bulk: bool = False) -> None:  # fmt: skip
+            compile_: Future | None = None, bulk: bool = False) -> None:  # fmt: skip
         """Add one request to the core, with its compiled grammar; `f` if it is refused."""
         try:
             if compile_ is not None:
@@ -252,14 +272,14 @@ class EngineCoreProc:
         """Add the requests whose grammar is ready; True if there was any. A compile running
         past the compiler's time bound gives its slot up, as in the server, so that a grammar
         that took long there (or was retried once cached) holds up no other's compile here."""
-        ready, late = [], time.monotonic() - self.compiler.timeout_s
-        for rid, (_, _, fut, began, _) in self.compiling.items():
-            if fut.done():
+        ready, now = [], time.monotonic()
+        for rid, (_, _, fut, began, _, read) in self.compiling.items():
+            if all_done((fut, read)):
                 ready.append(rid)
-            elif began < late:
+            elif fut is not None and not fut.done() and began < now - self.compiler.timeout_s:
                 self.compiler.give_up_slot(fut)
-        for rid in ready:
-            ids, params, fut, _, bulk = self.compiling.pop(rid)
+        for rid in ready:  # (a failed read: `add_request` raises its error, `f` is sent)
+            ids, params, fut, _, bulk, _ = self.compiling.pop(rid)
             self.add(core, rid, ids, params, fut, bulk)
         return bool(ready)
 

@@ -22,6 +22,15 @@ Three ways to compute it (`LoRAStep.mode`; benchmarks/lora_adapters.py measures 
 
 A step whose tokens all run the base model skips the adapters entirely (`LoRAStep.index` None),
 so base rows are the base model's bits.
+
+Tensor parallelism (`Shard`, as vLLM's and punica's sharded LoRA layers): a column-parallel
+layer's rank holds A whole and its rows of each part's B, so its output columns are the whole
+product's; a row-parallel layer's rank holds its input columns of A and B whole, and its
+wrapper sits inside the base layer, before the all-reduce: (sum_i x_i A_i^T) B^T =
+sum_i (x_i A_i^T B^T), so adding each rank's x_i A_i^T B^T to its partial product is the exact
+product with no collective of its own (an all-reduce of the [T, R] shrink would be one more per
+layer, two per decoder layer, for the same sum). Every mode computes the same thing on its
+rank's slices.
 """
 
 from __future__ import annotations
@@ -34,6 +43,18 @@ MODES = ("dense", "bgmv", "sgmv")
 # the default: the cheapest of the three at decode batch 8 and 32 and in the engine on the CPU
 # measured (docs/benchmarks.md, "LoRA adapters"), and batch-invariant
 MODE = "dense"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A tensor-parallel rank's part of an adapter on one layer, as the base layer is split
+    (`model/parallel_linear.py`): a column-parallel layer (q/k/v, gate/up) takes A whole and
+    `rows[p]`, [start, stop) of part p's B (the part's rows of the base matrix); a row-parallel
+    one (o, down) takes `cols`, A's input columns [start, stop), and B whole: its product is a
+    partial sum, added to the base layer's partial product before that layer's all-reduce."""
+
+    rows: tuple[tuple[int, int], ...] | None = None
+    cols: tuple[int, int] | None = None
 
 
 @dataclass
@@ -51,7 +72,8 @@ class LoRALinear:
     """`base(x)` plus each token's adapter on the output columns of each part (`parts`: the
     module names and widths the base's output is stacked from, in order)."""
 
-    __slots__ = ("a", "b", "base", "bounds", "linear", "packed", "parts", "rank", "step")
+    __slots__ = ("a", "b", "base", "bounds", "cols", "linear", "packed", "parts", "rank", "rows",
+                 "step")  # fmt: skip
 
     def __init__(
         self,
@@ -64,11 +86,15 @@ class LoRALinear:
         dtype: torch.dtype,
         device: torch.device,
         linear=None,
+        shard: Shard | None = None,
     ) -> None:
         """`linear`: how the model makes its `linear.Linear`s (its --batch-invariant), for the
-        dense mode's matmuls over the slots."""
+        dense mode's matmuls over the slots. `shard`: a tensor-parallel rank's part of each
+        adapter (`Shard`); `parts`' widths and `in_features` are then this rank's."""
         self.base, self.parts, self.rank, self.step = base, parts, rank, step
         self.linear, self.packed = linear, None
+        self.rows = None if shard is None else shard.rows
+        self.cols = None if shard is None else shard.cols
         self.a = torch.zeros(num_slots, len(parts) * rank, in_features, dtype=dtype, device=device)
         self.b = [torch.zeros(num_slots, w, rank, dtype=dtype, device=device) for _, w in parts]
         bounds, start = [], 0
@@ -92,6 +118,10 @@ class LoRALinear:
             if ab is None:
                 continue
             a, b = ab
+            if self.cols is not None:  # row-parallel: this rank's input columns of A
+                a = a[:, self.cols[0] : self.cols[1]]
+            if self.rows is not None:  # column-parallel: this rank's rows of each part's B
+                b = b[self.rows[p][0] : self.rows[p][1]]
             r = a.shape[0]
             self.a[slot, p * r_max : p * r_max + r].copy_(a)
             self.b[p][slot, :, :r].copy_(b)

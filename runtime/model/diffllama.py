@@ -16,9 +16,11 @@ Both value reads run in one call of the attention backend over the paged cache
 (`DiffLlamaLayer`): 2H query heads (q twice) over 2G KV heads (k twice; values A, A, B, B by
 head), whose group g (< G) holds k_g with A's head g mod G/2 and group G + g k_g with B's, so the
 backend's own head grouping pairs each query head with both (its KV cache is twice Llama's:
-`ModelConfig.kv_layer_shapes`, a backend of that shape, `AttentionBackend.with_geometry`). The
-heads are paired across halves of the whole model: tensor parallelism is refused
-(`family_options`).
+`ModelConfig.kv_layer_shapes`, a backend of that shape, `AttentionBackend.with_geometry`).
+
+Tensor parallelism (`diffllama_config.py`): a rank holds its share of each half of the query
+heads and of the KV heads, so its pairs and both value reads are its own; locally the same
+layer over H/N heads and G/N KV heads, o_proj row-parallel over its pairs' columns.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend
 from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.diffllama_config import halves
+from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
+from pagoda.runtime.model.parallel_linear import column_linear
 
 LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
@@ -58,6 +63,14 @@ class DiffLlamaLayer(LlamaLayer):
         one = torch.exp(torch.sum(q1 * k1, dim=-1, dtype=torch.float32)).to(dtype)
         two = torch.exp(torch.sum(q2 * k2, dim=-1, dtype=torch.float32)).to(dtype)
         self.lam = one - two + self.lambda_init
+
+    def split_qkv(self, model: DiffLlamaModel, w: DeviceWeights, names: list[str]) -> Linear:
+        """q/k/v on a tensor-parallel rank: its share of each half of the query heads, then of
+        the KV heads (k and v alike: `diffllama_config.halves`)."""
+        c, d, lay = model.config, model.config.head_dim, self.ctx.tp.layout
+        q, kv = halves(lay, c.num_heads), halves(lay, c.num_kv_heads)
+        rows = [(a * d, b * d) for a, b in (*q, *kv, *kv)]
+        return column_linear(self.ctx, w, [n for n in names for _ in range(2)], rows)
 
     def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, H, d], k [T, G, d] and the values by KV head of the doubled cache

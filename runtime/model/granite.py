@@ -19,13 +19,15 @@ token goes through, its output added to the experts' before the residual multipl
 GraniteSWA and GraniteMoeSWA (`GraniteSwaModel`, `GraniteMoeSwaModel`; their config in
 `granite_swa_config.py`) are these two with window layers by `layer_types`, a sink logit per
 head in every layer's softmax (`self_attn.sinks`, the backends' ``sinks`` as gpt-oss's) and a
-rotary base per layer (`FamilyConfig.rope_thetas`: one table per base, none on a NoPE layer).
+rotary base per layer (`FamilyConfig.rope_thetas`: one table per base, none on a NoPE layer);
+on tensor-parallel ranks each holds its heads' sinks.
 """
 
 from __future__ import annotations
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.gpt_oss import read_sinks
 from pagoda.runtime.model.llama import (
     GatedMLP,
     LayerContext,
@@ -151,13 +153,14 @@ class GraniteMoeModel(GraniteModel):
 
 
 class GraniteSwaLayer(GraniteLayer):
-    """Granite's layer with its heads' sink logits (float32), read as gpt-oss's."""
+    """Granite's layer with its heads' sink logits (float32), read as gpt-oss's (a rank's
+    heads' with tensor parallelism)."""
 
     def __init__(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
         super().__init__(model, w, prefix, index, ctx)
-        self.sinks = w[prefix + "self_attn.sinks"].float().contiguous()
+        self.sinks = read_sinks(model, w, prefix, ctx)
 
 
 class SwaRope:

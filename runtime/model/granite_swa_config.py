@@ -13,8 +13,9 @@ and GraniteMoeShared's (the four scalars; Mixtral-style stacked experts with an 
   attends without positions, NoPE; left out: `rope_parameters.rope_theta` everywhere), each
   base with the config's rope scaling.
 
-Tensor parallelism and `--quantization fp8` are refused in one line (`family_options`). Kept
-apart from the model so that reading a config imports no layer code.
+Tensor parallel as Granite's and GraniteMoeShared's, each rank its heads' sinks;
+`--quantization fp8` is refused in one line (`family_options`). Kept apart from the model so
+that reading a config imports no layer code.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ before o_proj, each stack ending in a weightless norm. Every token runs
 and the head reads z_H. Each stack pass attends causally over its own pass's keys of the earlier
 tokens, so it is causal and cacheable token by token: the model's layer list is the passes'
 layers in order (`HrmCycles.order`: the stacks' layer objects repeated, weights shared), each
-entry its own KV cache index. Tensor parallelism and FP8 are refused (`family_options`).
+entry its own KV cache index. Tensor parallel as Llama's (the output gate's rows with their
+heads, the passes' KV caches each rank's heads); FP8 is refused (`family_options`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import copy
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.parallel_linear import column_linear
 
 
 class HrmTextLayer(LlamaLayer):
@@ -29,7 +31,12 @@ class HrmTextLayer(LlamaLayer):
     ) -> None:
         super().__init__(model, w, prefix, index, ctx)
         self.attn_norm = self.mlp_norm = model.read_norm(w, "")
-        self.gate = linear_layer(ctx, w, [prefix + "self_attn.gate_proj.weight"])
+        gate = [prefix + "self_attn.gate_proj.weight"]
+        if ctx.tp is None:
+            self.gate = linear_layer(ctx, w, gate)
+        else:  # this rank's heads' rows, as q's
+            (q0, q1), d = ctx.tp.layout.heads(model.config.num_heads), model.config.head_dim
+            self.gate = column_linear(ctx, w, gate, [(q0 * d, q1 * d)])
 
     def linears(self):
         return [*super().linears(), self.gate]

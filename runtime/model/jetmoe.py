@@ -23,8 +23,12 @@ whose attention heads and MLP are both mixtures of experts, as transformers' mod
 - The norms inside the layers use JetMoeRMSNorm's default eps 1e-6; the final norm
   `rms_norm_eps`. The auxiliary load-balancing losses are training-only: not computed.
 
-Tensor parallelism and `--quantization fp8` are refused (`distributed.layout.check`,
-`engine.core.check_dtype`): neither is tested for the routed attention.
+Tensor parallelism splits the KV heads (`jetmoe_config.tp_problem`: N must divide them; a rank
+holds every attention expert's query heads and output columns of its KV heads, whose keys and
+values are its rows of `kv_proj`; the routed output projections summed over ranks, then
+`experts.bias`) and the MLP's experts by width (`moe.SparseMoE`, then `mlp.bias`); both routers
+are replicated, so every rank picks the same experts. `--quantization fp8` is refused
+(`engine.core.check_dtype`): not tested for the routed attention.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pagoda.runtime.model.jetmoe_config import LAYER_NORM_EPS
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, linear_layer
 from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.parallel_linear import RowParallelLinear, column_linear
 
 
 class JetMoeMLP:
@@ -68,18 +73,37 @@ class JetMoeLayer(LlamaLayer):
         self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
         self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
         self.num_experts, self.top_k = f.num_experts, f.num_experts_per_tok
-        self.qkv = linear_layer(ctx, w, [a + "kv_proj.weight"])  # keys, then values
         self.router = ctx.linear(w[x + "router.layer.weight"])
-        q = w[x + "input_linear.weight"]  # [E, Hkv D, hidden]: every expert's queries at once
+        self.qkv, q, o = self.attention_weights(model, w, a)
         self.queries = ctx.linear(q.reshape(-1, q.shape[-1]))
-        o = w[x + "output_linear.weight"]  # [E, hidden, Hkv D] -> [hidden, E Hkv D]
-        self.o_proj = ctx.linear(o.permute(1, 0, 2).reshape(o.shape[1], -1), w[x + "bias"])
+        o = o.permute(1, 0, 2).reshape(o.shape[1], -1)  # [E, hidden, Hkv D] -> [hidden, E Hkv D]
+        if ctx.tp is None:
+            self.o_proj = ctx.linear(o, w[x + "bias"])
+        else:  # every expert's columns of this rank's heads, summed over ranks, then the bias
+            self.o_proj = RowParallelLinear(ctx.linear(o), w[x + "bias"], ctx.tp)
         del q, o
         self.kv_scales = model.kv_scales(w, a.rstrip("."))
         self.window = self.chunk = None
         self.rope = model.rope_table(index)
         self.rotary = ctx.ops.rotary_embedding
         self.mlp = model.make_mlp(w, prefix, index, ctx)
+
+    def attention_weights(
+        self, model: LlamaModel, w: DeviceWeights, a: str
+    ) -> tuple[Linear, torch.Tensor, torch.Tensor]:
+        """(`kv_proj`'s layer: keys, then values; every attention expert's query projection
+        [E, Hkv D, hidden]; their output projection [E, hidden, Hkv D]): all heads', or on a
+        tensor-parallel rank its KV heads' rows and columns (module docstring)."""
+        x = a + "experts."
+        kv, q, o = a + "kv_proj.weight", x + "input_linear.weight", x + "output_linear.weight"
+        if self.ctx.tp is None:
+            return linear_layer(self.ctx, w, [kv]), w[q], w[o]
+        c = model.config
+        d, width = c.head_dim, c.num_kv_heads * c.head_dim
+        h0, h1 = self.ctx.tp.layout.even(c.num_kv_heads)
+        rows = (h0 * d, h1 * d)
+        keys_values = column_linear(self.ctx, w, [kv, kv], [rows, (width + h0 * d, width + h1 * d)])
+        return keys_values, w.part(q, 1, *rows), w.part(o, 2, *rows)
 
     def linears(self) -> list[Linear]:
         return [self.router, self.queries, self.qkv, self.o_proj, *self.mlp.linears()]

@@ -11,11 +11,20 @@ then values), `self_attention.experts.{input_linear [E, Hkv D, hidden], output_l
 Hkv D], bias [hidden], router.layer [E, hidden]}`, `mlp.{input_linear [E, 2 N, hidden] (gate,
 then up), output_linear [E, hidden, N], bias [hidden], router.layer [E, hidden]}`,
 `input_layernorm`, `post_attention_layernorm` (`expected_shapes`).
+
+Tensor parallelism (`distributed/tp_families.py`): the KV heads split over the ranks, never
+replicated (`tp_problem`), each with every expert's query heads of it; `kv_proj`'s rows of a
+rank's KV heads (`rank_rows`); the experts' projections by the shared rules (`input_linear`'s
+rows, `output_linear`'s columns).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.distributed.layout import TPLayout
 
 ARCHITECTURES = {"JetMoeForCausalLM": "jetmoe"}
 MODEL_CLASSES = {"jetmoe": ("jetmoe", "JetMoeModel")}
@@ -58,3 +67,22 @@ def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
             a + "experts.bias": (h,), a + "experts.router.layer.weight": (e, h),
             m + "input_linear.weight": (e, 2 * n, h), m + "output_linear.weight": (e, h, n),
             m + "bias": (h,), m + "router.layer.weight": (e, h)}  # fmt: skip
+
+
+def tp_problem(c: ModelConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split JetMoE's attention (one line), or None: its KV heads must
+    divide by `size` (every expert's query heads of a KV head sit on that head's rank)."""
+    if c.architecture != "jetmoe" or c.num_kv_heads % size == 0:
+        return None
+    return (f"--tensor-parallel-size {size} does not divide JetMoE's KV heads (num_key_value_heads "
+            f"{c.num_kv_heads}: each is split with its attention experts' query heads, not "
+            "replicated)")  # fmt: skip
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay: TPLayout):
+    """A rank's (rows, columns) of `kv_proj` (the keys and values of its KV heads), or None for
+    the other tensors (`distributed/tp_families.py`)."""
+    if part != "self_attention.kv_proj.weight":
+        return None
+    h0, h1 = lay.even(c.num_kv_heads)
+    return 2 * (h1 - h0) * c.head_dim, cols

@@ -22,8 +22,12 @@ the decode rows are one batched step over their slots, the prefill chunks run th
 together (`mamba2.packed_conv`) and the recurrence position by position over `ssd.pack`'s
 position-major layout (chunks of one token, Mamba-1's: one elementwise torch step per position
 of the step's longest chunk, over every sequence still running at it; no per-sequence loop).
-Prefix caching keeps snapshots every block (the state before any token: `engine/recurrent.py`);
-one rank, 16 or 32 bits (`family_options.py`).
+Prefix caching keeps snapshots every block (the state before any token: `engine/recurrent.py`).
+Tensor parallel: a recurrent block by its gate blocks (N must divide `num_attention_heads`,
+`distributed/layout.mamba_problem`): a rank's channels of linear_y, linear_x, the conv, Λ and h
+(its state slots theirs: `MambaConfig.on_ranks`), its blocks of both gates, linear_out
+row-parallel (its bias added once); local attention by heads, the MLP by width. 16 or 32 bits
+(`family_options.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pagoda.runtime.model.lfm2 import ShortConv
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba1 import scan_by_position
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, save_chunk_ends
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
 
@@ -50,16 +55,36 @@ class RgLru(ShortConv):
 
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx) -> None:
         p, r = prefix + "temporal_block.", prefix + "temporal_block.rg_lru."
-        self.m, self.index, self.width = m, index, m.d_inner
-        self.in_proj = linear_layer(ctx, w, [p + "linear_y.weight", p + "linear_x.weight"])
-        self.out_proj = linear_layer(ctx, w, [p + "linear_out.weight"])
-        self.weight = w[p + "conv_1d.weight"][:, 0, :].contiguous()  # [D, K]
-        self.bias = w[p + "conv_1d.bias"]
-        gates = [w[r + "input_gate_weight"], w[r + "recurrent_gate_weight"]]  # [H, P, P] each
+        tp, yx, out = (
+            ctx.tp,
+            [p + "linear_y.weight", p + "linear_x.weight"],
+            p + "linear_out.weight",
+        )
+        self.index = index
+        if tp is None:
+            self.in_proj, self.out_proj = linear_layer(ctx, w, yx), linear_layer(ctx, w, [out])
+            c0, c1 = 0, m.d_inner
+        else:  # this rank's gate blocks: their channels of y and x, out_proj row-parallel
+            self.in_proj, self.out_proj = column_linear(ctx, w, yx), row_linear(ctx, w, out)
+            c0, c1 = tp.layout.even(m.d_inner)
+        self.m = m if tp is None else m.on_ranks(tp.layout.size)  # (this rank's blocks)
+        self.width = c1 - c0
+
+        def rows(name: str, per_head: bool = False) -> torch.Tensor:
+            """This rank's channels (or gate blocks) of tensor `name`."""
+            if tp is None:
+                return w[name]
+            return w.part(
+                name, 0, *((c0 // m.head_dim, c1 // m.head_dim) if per_head else (c0, c1))
+            )
+
+        self.weight = rows(p + "conv_1d.weight")[:, 0, :].contiguous()  # [D, K]
+        self.bias = rows(p + "conv_1d.bias")
+        gates = [rows(r + f"{g}_gate_weight", True) for g in ("input", "recurrent")]  # [H, P, P]
         self.gates = torch.cat(gates, dim=-1)  # [H, P, 2P]: x_h @ both at once
-        bias = torch.cat([w[r + "input_gate_bias"], w[r + "recurrent_gate_bias"]], dim=-1)
+        bias = torch.cat([rows(r + f"{g}_gate_bias", True) for g in ("input", "recurrent")], -1)
         self.gates_bias = bias[:, None, :]  # [H, 1, 2P]
-        self.log_a = -8.0 * F.softplus(w[r + "recurrent_param"].float())  # [D] float32
+        self.log_a = -8.0 * F.softplus(rows(r + "recurrent_param").float())  # [D] float32
 
     def __call__(self, h: torch.Tensor, step: MambaStep, first: torch.Tensor) -> torch.Tensor:
         """h [T, hidden] -> [T, hidden]; `first` [T]: the tokens at their sequence's start."""

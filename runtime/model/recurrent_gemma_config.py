@@ -27,6 +27,7 @@ from pagoda.runtime.recurrent_configs import MambaConfig
 
 if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
     from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.distributed.layout import TPLayout
 
 ARCHITECTURES = {"RecurrentGemmaForCausalLM": "recurrent_gemma"}
 # transformers' RecurrentGemmaConfig defaults, where config.json leaves one out
@@ -109,3 +110,17 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 f + "down_proj.weight": (h, s), f + "gate_proj.bias": (s,),
                 f + "up_proj.bias": (s,), f + "down_proj.bias": (h,)})  # fmt: skip
     return out
+
+
+_BY_ROWS = tuple(f"temporal_block.linear_{n}.{t}" for n in "yx" for t in ("weight", "bias"))
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay: TPLayout):
+    """A rank's (rows, columns) of a recurrent block's projections (`model/recurrent_gemma.py`:
+    its channels of linear_y and linear_x, their biases, linear_out's input columns), or None
+    for the other tensors (`distributed/tp_families.py`)."""
+    if part in _BY_ROWS:
+        return rows // lay.size, cols
+    if part == "temporal_block.linear_out.weight":
+        return rows, cols // lay.size
+    return None

@@ -89,9 +89,9 @@ def _zaya(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | Non
 
 def _recurrent_gemma(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
     """RecurrentGemma (model/recurrent_gemma.py): the RG-LRU's gates and conv, tensors in the
-    dtype, its decay's softplus parameter in float32."""
+    dtype, its decay's softplus parameter in float32; a rank's gate blocks' and channels'."""
     if ".rg_lru." in name or ".conv_1d." in name:
-        return t.numel * (4 if name.endswith("recurrent_param") else p.dtype.itemsize)
+        return t.numel // lay.size * (4 if name.endswith("recurrent_param") else p.dtype.itemsize)
     return GENERIC
 
 

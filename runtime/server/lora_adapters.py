@@ -64,8 +64,10 @@ def runtime_updating() -> bool:
     return os.environ.get(LORA_RUNTIME_UPDATING_ENV, "").strip().lower() in ("true", "1")
 
 
-def _engine_load(request: LoRARequest, core) -> None:
-    core.add_lora(request)  # (module level: it crosses to the engine process)
+def _engine_load(request: LoRARequest, core):
+    # read off the engine loop's thread, answered once read (module level: it crosses to the
+    # engine process)
+    return core.load_lora(request)
 
 
 def _engine_unload(lora_int_id: int, core) -> bool:

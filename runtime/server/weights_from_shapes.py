@@ -129,8 +129,9 @@ def _attention_shape(mc: ModelConfig, t: int, kv: int) -> tuple[float, float]:
         heads, gates = sum(g.heads) / mc.num_layers / t, 1 if g.gate_per_head else d
         attn = h * d * (2 * heads + 2 * kv) + h * heads * gates
         attn_rows = (heads + 2 * kv) * d + h + heads * gates
-    if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v, router
-        e, kv_width = mc.family.num_experts, mc.num_kv_heads * d  # (one rank: `family_options`)
+    if mc.architecture == "jetmoe":  # every attention expert's q and o, the shared k/v (the
+        # rank's KV heads: `jetmoe_config.tp_problem`), the router whole
+        e, kv_width = mc.family.num_experts, kv * d
         attn = h * kv_width * (2 * e + 2) + e * h
         attn_rows = (e + 2) * kv_width + h + e
     if mc.family.mla is not None:

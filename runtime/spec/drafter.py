@@ -2,7 +2,11 @@
 drafts on the running requests about to decode (`propose`); once a result with drafts, it
 settles them (`settle`): the rejected positions to compute again, the proposer's acceptance
 averages, the counters (`stats.SpecDecodeStats`) and their log line. The engine calls these two
-and nothing else of it (docs/runtime.md, "Speculative decoding")."""
+and nothing else of it (docs/runtime.md, "Speculative decoding").
+
+The drafts come from the n-gram proposer (`spec/ngram.py`), or with a draft model from the
+model runner: it drafts after each step (`spec/draft_model.py`) and hands them back in the
+step's output, which `settle` holds per request for its next decode (`HeldDrafts`)."""
 
 from __future__ import annotations
 
@@ -27,8 +31,12 @@ LOG_INTERVAL_S = 10.0  # the acceptance log line, at most this often
 class Drafter:
     def __init__(self, spec: SpeculativeConfig) -> None:
         k = spec.num_speculative_tokens
-        self.proposer = NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max,
-                                      spec.adaptive)  # fmt: skip
+        self.proposer: NgramProposer | HeldDrafts
+        if spec.draft_model is not None:
+            self.proposer = HeldDrafts(k)
+        else:
+            self.proposer = NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max,
+                                          spec.adaptive)  # fmt: skip
         self.stats = SpecDecodeStats.empty(k)
         self._logged = time.monotonic()
 
@@ -63,8 +71,13 @@ class Drafter:
     def settle(self, result: ModelRunnerOutput, dropped: list[int]) -> None:
         """After a step with drafts: the rejected drafts' positions computed again later (their
         cache rows are overwritten then), the counters, the entries of `dropped` (of requests
-        an earlier token of the same step ended) taken out of `result`."""
+        an earlier token of the same step ended) taken out of `result`. A draft model's drafts
+        in `result` are held for the requests' next decodes."""
+        if result.drafts is not None:
+            self.proposer.hold(*result.drafts)
         spec = result.spec
+        if spec is None:
+            return
         for req, d, a in zip(spec.requests, spec.drafted, spec.accepted):
             if not req.is_finished:
                 req.num_computed_tokens -= d - a
@@ -84,3 +97,42 @@ class Drafter:
             result.token_ids = [result.token_ids[i] for i in keep]
             result.logprobs = [result.logprobs[i] for i in keep]
             result.positions = [result.positions[i] for i in keep]
+
+
+class HeldDrafts:
+    """The draft model's drafts (`ModelRunnerOutput.drafts`), held per request until its next
+    decode: used there if the request still has the tokens they were drafted after (the same
+    count), cut to what it may still generate. The proposer interface `Drafter` calls."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self._held: dict[Request, tuple[int, np.ndarray]] = {}
+
+    @property
+    def num_buffers(self) -> int:
+        return len(self._held)
+
+    def retain(self, keys) -> None:
+        live = set(keys)
+        for r in [r for r in self._held if r not in live]:
+            del self._held[r]
+
+    def hold(self, reqs: list[Request], drafts: np.ndarray) -> None:
+        """A step's drafts, after its tokens were folded into `reqs`."""
+        for req, row in zip(reqs, drafts):
+            self._held[req] = (len(req.token_ids), row)
+
+    def propose(self, keys, token_lists, limits: np.ndarray, batch: int | None = None):
+        """([B, k] drafts, [B] counts) as `NgramProposer.propose` gives them."""
+        b = len(keys)
+        drafts = np.zeros((b, self.k), dtype=np.int64)
+        counts = np.zeros(b, dtype=np.int64)
+        for i, (key, tokens) in enumerate(zip(keys, token_lists)):
+            held = self._held.pop(key, None)
+            if held is not None and held[0] == len(tokens):
+                drafts[i] = held[1]
+                counts[i] = self.k
+        return drafts, np.minimum(counts, limits)
+
+    def observe(self, keys, drafted, accepted) -> None:
+        """(The acceptance averages are n-gram's adaptive drafting: none here.)"""

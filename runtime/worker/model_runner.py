@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from pagoda.runtime.attention import AttentionBackend, AttentionMetadata, get_attention_backend
-from pagoda.runtime.config import EngineConfig, fp8_runs_on
+from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
@@ -41,6 +41,14 @@ from pagoda.runtime.sampling.sampler import (
     sample,
 )
 from pagoda.runtime.spec import verify
+from pagoda.runtime.spec.draft_model import (
+    DraftModel,
+    check_built,
+    draft_batch,
+    draft_block_bytes,
+    prefill_batch,
+    scratch_blocks,
+)
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import cache_budget, prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
@@ -66,6 +74,7 @@ class ModelRunner:
         loaded: LoadedModel,
         max_model_len: int,
         tp: TPGroup | None = None,
+        draft: LoadedModel | None = None,
     ) -> None:
         self.config = config
         self.tp = tp
@@ -76,9 +85,13 @@ class ModelRunner:
         mc = loaded.config
         self.model_config = mc
         self.block_size = config.cache.block_size
-        self.backend = self._attention_backend()
+        self.backend = self._attention_backend(mc)
         torch.manual_seed(config.seed)
-        self.model = self._build_model(loaded, max_model_len)
+        self.model = self._build_model(loaded, max_model_len, self.backend)
+        # speculative decoding's draft model (`spec/draft_model.py`): built before the KV
+        # budget is measured (its weights are in use then, its blocks counted in it)
+        self._draft_net = None if draft is None else self._build_draft(draft, max_model_len)
+        self.draft: DraftModel | None = None
         _log_quantized_layers(self.model)
         # LoRA adapters: the layers wrapped, the adapters' device slots (`pagoda.runtime.lora`)
         self.lora = None if config.lora is None else LoRASlots(config.lora, mc)
@@ -121,6 +134,11 @@ class ModelRunner:
         if self.mamba is not None:  # the attention layers' caches at their layers' places
             self.kv_caches = self.mamba.layer_caches(self.kv_caches)
         self.kv_caches = self.model.layer_caches(self.kv_caches)  # (Gemma 4's shared layers)
+        if self._draft_net is not None:
+            k = config.speculative_config.num_speculative_tokens
+            self.draft = DraftModel(self._draft_net, k, self.num_blocks, self.block_size,
+                                    config.scheduler.max_num_seqs, self.dtype, self.device,
+                                    max_model_len)  # fmt: skip
         # each backend of another shape plans a step too (`AttentionBackend.with_geometry`)
         self._backends = list({id(b): b for b in (self.backend, *self.model.kv_backends)}.values())
         self.cuda_graphs: CudaGraphRunner | None = None
@@ -140,10 +158,11 @@ class ModelRunner:
         # engine adds them, `prompt_logprobs.prompt_rows` drops them): empty, steps skip it all
         self.prompt_logprob_requests: dict[str, Request] = {}
 
-    def _attention_backend(self) -> AttentionBackend:
-        """The attention backend for this rank's heads (tensor parallel: its share of them;
-        layout.py replicates KV heads when there are fewer than ranks)."""
-        mc, config = self.model_config, self.config
+    def _attention_backend(self, mc: ModelConfig) -> AttentionBackend:
+        """The attention backend of model `mc` (the target's or the draft's) for this rank's
+        heads (tensor parallel: its share of them; layout.py replicates KV heads when there
+        are fewer than ranks)."""
+        config = self.config
         heads, kv_heads = mc.num_heads, mc.num_kv_heads
         if self.tp is not None:
             heads, kv_heads = self.tp.layout.local_heads(heads, kv_heads)
@@ -166,10 +185,12 @@ class ModelRunner:
             rel_logits=mc.family.relative_logits,
         )
 
-    def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:
+    def _build_model(
+        self, loaded: LoadedModel, max_model_len: int, backend: AttentionBackend
+    ) -> LlamaModel:
         """The model on this device, FP8 where the device has the kernels (an FP8 checkpoint is
         dequantized at load where it has not)."""
-        mc, config = self.model_config, self.config
+        mc, config = loaded.config, self.config
         check_checkpoint_form(config.quantization, loaded.path)
         fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
         if loaded.fp8_scheme is not None and fp8 is None:
@@ -181,8 +202,8 @@ class ModelRunner:
             quantized=loaded.quantized,
             dtype=self.dtype,
             device=self.device,
-            backend=self.backend,
-            ops=select_ops(self.device, self.backend.name),
+            backend=backend,
+            ops=select_ops(self.device, backend.name),
             # the rotary tables cover the positions served, not the whole context: Llama 4
             # Scout's 10M positions would be 5.4 GB of float32 rows at head size 128
             max_positions=max_model_len,
@@ -191,6 +212,15 @@ class ModelRunner:
             fp8=fp8,
             check_weights=config.check_weights,
         )
+
+    def _build_draft(self, draft: LoadedModel, max_model_len: int) -> LlamaModel:
+        """The draft model's weights on this device, with its own attention backend."""
+        net = self._build_model(draft, max_model_len, self._attention_backend(draft.config))
+        check_built(draft.name, net, max_model_len)
+        log.info("speculative decoding: draft model %s (%s, %d layers) drafts %d tokens a step",
+                 draft.name, draft.config.architecture, draft.config.num_layers,
+                 self.config.speculative_config.num_speculative_tokens)  # fmt: skip
+        return net
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """On CUDA with the Triton backend, record decode steps for padded batch sizes."""
@@ -224,6 +254,9 @@ class ModelRunner:
 
         # the sparse layers' tables beside the KV rows (MiniMax-M3's, Qwen4-Exp's, Kolibri 1.1's)
         tables = side_tables.block_bytes(self.model_config, self.dtype, self.block_size)
+        draft = self._draft_net
+        if draft is not None:  # the draft's rows of the same block (`spec/draft_model.py`)
+            tables += draft_block_bytes(draft, self.dtype, self.block_size)
         return tables + sum(
             b.block_bytes(self.dtype, self.block_size) for b in self.model.kv_backends
         )
@@ -245,9 +278,17 @@ class ModelRunner:
             self.mamba.snapshot_bytes if interval else 0,
         )
         ranks = 1 if self.tp is None else self.tp.size
+        scratch = 0  # a draft model's scratch blocks, one row per sequence (`spec/draft_model.py`)
+        if self._draft_net is not None:
+            k, bs = config.speculative_config.num_speculative_tokens, self.block_size
+            row = scratch_blocks(k, bs) * draft_block_bytes(self._draft_net, self.dtype, bs)
+            scratch = config.scheduler.max_num_seqs * row
         return shape.size(
-            lambda: cache_budget.cache_budget(
-                config.cache, self.device, self.model_config, config.scheduler, ranks
+            lambda: (
+                cache_budget.cache_budget(
+                    config.cache, self.device, self.model_config, config.scheduler, ranks
+                )
+                - scratch
             ),
             max_model_len,
             config.scheduler.max_model_len,
@@ -274,6 +315,8 @@ class ModelRunner:
             result = self._readback(step.requests, step.host or step.sampler_output)
             if step.spec is not None:
                 result = verify.verified(result, *step.spec)
+            if self.draft is not None:
+                result.drafts = self._drafts(step, result)
         else:  # only prompt positions this step (a chunk before the last)
             result = ModelRunnerOutput([], [], [])
         if step.prompt is not None:
@@ -305,6 +348,8 @@ class ModelRunner:
         if clock is not None:
             clock.mark("prepare")
         logits = self._forward(inp, head)
+        if self.draft is not None and len(inp.sampling) < len(out.scheduled):
+            self._draft_prefill(out, inp)  # prompt chunks: the draft's rows too
         if clock is not None:
             clock.mark("forward")
         prompt = None
@@ -326,10 +371,36 @@ class ModelRunner:
             step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler), prompt=prompt)
         if spec is not None:
             step.spec = (drafted, spec)
+        if self.draft is not None:  # the sampling requests' block-table rows, one each
+            step.table_rows = self.block_tables.rows[inp.sampling]
         self._launched(step)
         if clock is not None:
             clock.mark("sample")
         return step
+
+    def _drafts(self, step: LaunchedStep, result: ModelRunnerOutput):
+        """The draft model's drafts for the step's sampling requests that take them, after the
+        tokens the step gave them (`ModelRunnerOutput.drafts`); None when none does."""
+        reqs, tails, rows = draft_batch(step, result)
+        if not reqs:
+            return None
+        table, nblocks = self._table_rows(rows)
+        drafts = self.draft.propose(reqs, tails, table, nblocks, self.to_device)
+        if self.clock is not None:
+            self.clock.mark("draft")
+        return reqs, drafts
+
+    def _draft_prefill(self, out: SchedulerOutput, inp: StepInputs) -> None:
+        """The draft's catch-up on the step's prompt chunks that do not sample (queued)."""
+        reqs, ends, rows = prefill_batch(out, inp.sampling, inp.seq_lens, self.block_tables.rows)
+        if reqs:
+            self.draft.catch_up(reqs, ends, *self._table_rows(rows), self.to_device)
+
+    def _table_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Block-table rows of the last gathered step: [B, their most blocks] and [B] counts."""
+        tables = self.block_tables
+        nblocks = tables.lens[rows]
+        return tables.table[rows, : max(int(nblocks.max()), 1)], nblocks
 
     def _execute_pooling(self, out: SchedulerOutput, inp: StepInputs) -> LaunchedStep:
         """The pooling runner's step: hidden states (no LM head) → the vectors of the prompts
@@ -433,6 +504,8 @@ class ModelRunner:
             inp.sample_rows, inp.spec = verify.spec_rows(ids, cu, seq_lens - known, sampling)
         if self.lora is not None:  # each token's adapter slot (`lora/slots.py`)
             inp.lora = self.lora.prepare(reqs, qlens)
+            if self.channel is not None:  # rank 0 of a group: the slots the others fill too
+                inp.lora_loads = self.lora.take_loads()
         if self.mamba is not None:  # the Mamba layers' state slots
             inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
                                            out.snapshots)  # fmt: skip
@@ -511,6 +584,8 @@ class ModelRunner:
         one fits, else eager. The other ranks of a group run it with rank 0's inputs."""
         graph = self.cuda_graphs
         if self.lora is not None:
+            if inp.lora_loads and self.tp is not None and self.tp.rank > 0:
+                self.lora.fill(inp.lora_loads)  # what rank 0 loaded in preparing the step
             self.lora.device_step(inp.lora, self.to_device)
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks, nd = len(inp.qlens), inp.table.shape[1], inp.num_decodes

@@ -28,6 +28,9 @@ class ModelRunnerOutput:
     # order); `positions` then gives each entry's sequence length once its token is appended
     positions: list[int] | None = None
     spec: SpecResult | None = None
+    # the draft model's drafts after this step (`spec/draft_model.py`): the requests that take
+    # them and their drafts, int64 [len(requests), k], for their next decode
+    drafts: tuple[list[Request], Any] | None = None
     # the pooling runner: the requests whose prompt ended this step and their vectors (float32
     # [len(requests), D] on the host), in the same order
     pooled: tuple[list[Request], Any] | None = None
@@ -49,6 +52,8 @@ class LaunchedStep:
     prompt_host: tuple[torch.Tensor | None, ...] | None = None
     # speculative decoding: (the sampling requests, one each, `spec.verify.SpecRows`)
     spec: tuple[list[Request], Any] | None = None
+    # a draft model: the sampling requests' rows of the runner's block tables (one each)
+    table_rows: Any = None
     # the pooling runner: float32 [len(requests), D] vectors on the device, and their pinned
     # copy (CUDA), valid once `ready` has fired
     pooled: torch.Tensor | None = None

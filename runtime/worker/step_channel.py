@@ -12,21 +12,26 @@ crosses in three broadcasts:
    and a hybrid's state slots (`worker/mamba_state.HostSlots`: each sequence's, those to zero,
    and its prefix cache's snapshot copies: restores, saves at chunk ends and inside chunks);
    the model's per-sequence state slots (`LlamaModel.sequence_state`'s step as its ``rows()``,
-   DeepSeek-V4's open windows: `model/dsv4_engine.HostStep`);
+   DeepSeek-V4's open windows: `model/dsv4_engine.HostStep`); each token's LoRA slot;
+   and, in a step that put an adapter in a device slot, its (slot, adapter) as JSON bytes
+   (one more broadcast, only then: `lora/slots.LoRASlots.fill`);
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.worker.mamba_state import HostSlots
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
-HEADER = 12
+HEADER = 14
 SNAPSHOT_ROWS = (2, 2, 3)  # rows of `HostSlots.restore`, `save_end`, `save_mid`
 
 
@@ -48,12 +53,16 @@ class StepChannel:
                  for n, a in zip(SNAPSHOT_ROWS, snaps)]  # fmt: skip
         counts = [a.shape[1] for a in snaps] if snaps else [0, 0, 0]
         seq = () if inp.seq_state is None else (inp.seq_state.rows(),)  # (the model's slots)
+        lora = () if inp.lora is None else (inp.lora,)
+        loads = _encode_loads(inp.lora_loads)
         h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh, *counts,
-                              sum(len(a) for a in seq)]))  # fmt: skip
+                              sum(len(a) for a in seq), len(lora), len(loads)]))  # fmt: skip
         self.tp.broadcast_host(h)
+        if loads:
+            self.tp.broadcast_host(torch.frombuffer(bytearray(loads), dtype=torch.uint8))
         prompt_lens = inp.prompt_lens if inp.prompt_lens is not None else inp.seq_lens
         parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu,
-                 prompt_lens, *state, *(a.reshape(-1) for a in snaps), *seq)  # fmt: skip
+                 prompt_lens, *state, *(a.reshape(-1) for a in snaps), *seq, *lora)  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
                                   np.asarray(inp.sampling, dtype=np.int64), extra])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
@@ -71,14 +80,18 @@ class StepChannel:
         if h[0] == STOP:
             return None
         t, b, width, s, nd, e, fresh = h[1:8]
-        counts, seq = h[8:11], h[11]
+        counts, seq, lora, nloads = h[8:11], h[11], t * h[12], h[13]
+        loads = None
+        if nloads:
+            raw = self.tp.broadcast_host(torch.empty(nloads, dtype=torch.uint8))
+            loads = _decode_loads(raw.numpy().tobytes())
         state = b + fresh - 1 if fresh else 0
         snap = [n * c for n, c in zip(SNAPSHOT_ROWS, counts)]
-        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + s + e
+        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + lora + s + e
         a = self.tp.broadcast_host(torch.empty(size, dtype=torch.int64)).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, s])
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s])
         (positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, restore, save_end,
-         save_mid, seq_rows, sampling, extra) = np.split(a, cuts)  # fmt: skip
+         save_mid, seq_rows, lora_slots, sampling, extra) = np.split(a, cuts)  # fmt: skip
         ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
         self.tp.broadcast(ids)
         inp = StepInputs(
@@ -86,7 +99,8 @@ class StepChannel:
             positions=positions, slots=slots, table=table.reshape(b, width).astype(np.int32),
             qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
             extra_rows=extra if e else None, prompt_lens=prompt_lens,
-            seq_state=seq_rows if seq else None,
+            seq_state=seq_rows if seq else None, lora=lora_slots if lora else None,
+            lora_loads=loads,
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)
@@ -95,3 +109,15 @@ class StepChannel:
                 if c:
                     setattr(inp.mamba, name, arr.reshape(rows, c))
         return inp, ids
+
+
+def _encode_loads(loads) -> bytes:
+    """A step's LoRA loads, (slot, `LoRARequest`) each, as JSON (b"" for none)."""
+    if not loads:
+        return b""
+    return json.dumps([[slot, r.lora_name, r.lora_int_id, r.lora_path, r.base_model_name]
+                       for slot, r in loads]).encode()  # fmt: skip
+
+
+def _decode_loads(data: bytes) -> list[tuple[int, LoRARequest]]:
+    return [(slot, LoRARequest(*fields)) for slot, *fields in json.loads(data)]

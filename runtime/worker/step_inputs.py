@@ -41,6 +41,9 @@ class StepInputs:
     sample_rows: np.ndarray | None = None
     spec: Any = None
     lora: np.ndarray | None = None  # int64 [T]: each token's LoRA slot (None: no adapter)
+    # tensor parallelism: the adapters rank 0 put in device slots for this step, (slot,
+    # `LoRARequest`) each, which the other ranks load too (`lora/slots.LoRASlots.fill`)
+    lora_loads: list[tuple[int, Any]] | None = None
 
 
 def token_history(token_lists, starts: np.ndarray, n: int) -> np.ndarray:

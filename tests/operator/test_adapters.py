@@ -148,10 +148,6 @@ REFUSED = [
     ({"adapters": [{**SQL, "source": "ftp://x/y"}]}, "does not match", "not supported"),
     ({"adapters": [{"name": f"a{k}", "source": "/x"} for k in range(65)]}, "is too long",
      "at most 64 adapters"),
-    ({"resources": {"gpus": 2}, "adapters": [SQL]}, "not supported with tensor parallelism",
-     "with tensor parallelism"),
-    ({"parallelism": {"nodes": 2}, "adapters": [SQL]}, "not supported with tensor parallelism",
-     "with tensor parallelism"),
     ({"engine": {"speculative": {"numSpeculativeTokens": 2}}, "adapters": [SQL]},
      "engine.speculative or engine.quantization", "spec.engine.speculative"),
     ({"engine": {"quantization": "fp8"}, "adapters": [SQL]},
@@ -212,6 +208,26 @@ def test_valid_specs_pass_both() -> None:
                "metadata": {"name": "llama"}, "spec": fields}  # fmt: skip
         assert validate(load_crd(), doc) == []
         parse(fields)
+
+
+def test_tensor_parallel_groups_serve_adapters_on_every_pod() -> None:
+    """Tensor parallelism takes adapters (each rank reads its shard from the adapter's path):
+    the CRD and the operator pass it, and a multi-node group's workers get the LoRA flags and
+    the `adapter-download` init container as the leader does."""
+    fields = {**BASE, "resources": {"gpus": 2}, "parallelism": {"nodes": 2}, "adapters": [SQL]}
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "llama"}, "spec": fields}  # fmt: skip
+    assert validate(load_crd(), doc) == []
+    lws = build_children(OWNER, parse(fields)).workload
+    assert lws["kind"] == "LeaderWorkerSet"
+    group = lws["spec"]["leaderWorkerTemplate"]
+    for role in ("leaderTemplate", "workerTemplate"):
+        pod = group[role]["spec"]
+        args = next(c["args"] for c in pod["containers"] if "--enable-lora" in c["args"])
+        assert args[args.index("--lora-modules") + 1] == f"sql={ADAPTERS_MOUNT}/sql", role
+        assert ADAPTER_CONTAINER in [c["name"] for c in pod["initContainers"]], role
+    assert "--node-rank" in " ".join(str(a) for c in group["workerTemplate"]["spec"]["containers"]
+                                     for a in c.get("args", []))  # fmt: skip
 
 
 def _stub_pagoda(tmp_path: pathlib.Path) -> dict[str, str]:

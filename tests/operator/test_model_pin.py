@@ -7,6 +7,7 @@ failed resolution is the Degraded condition. A LoRA adapter's hf:// branch (spec
 from __future__ import annotations
 
 import base64
+import logging
 from typing import Any
 
 import pytest
@@ -267,3 +268,61 @@ async def test_no_tuning_job_before_the_pin(emulator: Emulator, kube: KubeApi) -
     await tuner.tick()  # the shared key's Job runs: the unpinned service reads it too
     st = (emulator.live(ISVC, "default", "a") or {})["status"]["autotune"]
     assert (st["state"], st["reason"]) == ("Tuning", "JobRunning"), st
+
+
+async def test_the_model_and_adapters_are_asked_at_once_bounded_each_failure_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`pin` asks the Hub for the model and every adapter to pin at the same time, at most
+    MAX_CONCURRENT_RESOLVES at once (asked one after another, the asks would never meet at the
+    barrier); the pins come back in order; several failures are one condition naming each."""
+    import threading
+
+    from pagoda.operator.reconcile import model_pin
+    from pagoda.operator.spec.config import OperatorConfig
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+    real, lock, seen = model_pin._model_sha, threading.Lock(), {"now": 0, "most": 0}
+    meet = threading.Barrier(3, timeout=10)
+
+    def sha(*args: Any) -> str:
+        with lock:
+            seen["now"] += 1
+            seen["most"] = max(seen["most"], seen["now"])
+        try:
+            meet.wait()
+            return real(*args)
+        finally:
+            with lock:
+                seen["now"] -= 1
+
+    monkeypatch.setattr(model_pin, "MAX_CONCURRENT_RESOLVES", 3)
+    monkeypatch.setattr(model_pin, "_model_sha", sha)
+    config, body = OperatorConfig(pin_models=True), {"metadata": {"namespace": "default"}}
+    with FakeHub() as hub:
+        for repo in ("org/m", *(f"org/l{i}" for i in range(5))):
+            hub.add(repo, {"config.json": repo.encode()})
+
+        def parse(sources: list[str]) -> InferenceServiceSpec:
+            adapters = [{"name": f"a{i}", "source": s} for i, s in enumerate(sources)]
+            env = [{"name": "HF_ENDPOINT", "value": hub.endpoint}]
+            return InferenceServiceSpec.from_dict(
+                {"model": "hf://org/m", "adapters": adapters, "env": env}, name="x",
+                default_image="img:1")  # fmt: skip
+
+        spec = parse([f"hf://org/l{i}" for i in range(5)])  # 6 asks: two rounds of 3
+        _, found, pins = await model_pin.pin(None, body, spec, config, logging.getLogger())  # type: ignore[arg-type]
+        assert found is not None and found["commit"] == hub.repos["org/m"].commit
+        assert {n: p["commit"] for n, p in pins.items()} == {
+            f"a{i}": hub.repos[f"org/l{i}"].commit for i in range(5)}  # fmt: skip
+        assert seen["most"] == 3
+
+        monkeypatch.setattr(model_pin, "_model_sha", real)
+        spec = parse(["hf://org/l0", "hf://org/gone", "hf://org/l1", "hf://org/lost"])
+        with pytest.raises(model_pin.ModelUnresolved) as e:
+            await model_pin.pin(None, body, spec, config, logging.getLogger())  # type: ignore[arg-type]
+    message = e.value.message
+    assert message.startswith("2 sources could not be resolved: ") and not e.value.transient
+    assert "spec.adapters[1] (a1) hf://org/gone to a commit (" in message
+    assert "spec.adapters[3] (a3) hf://org/lost to a commit (" in message
+    assert "org/l0" not in message and "org/l1" not in message

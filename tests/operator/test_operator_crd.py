@@ -395,13 +395,19 @@ _M = "smollm2-135m"
 def test_pod_fields_the_api_server_would_refuse_are_refused_up_front(
     spec: dict[str, Any], expected: str
 ) -> None:
+    refused_by_both(spec, expected, expected)
+
+
+def refused_by_both(spec: dict[str, Any], crd_says: str, operator_says: str) -> None:
+    """The CRD's schema and CEL refuse `spec` (`crd_says` in an error), and so does the
+    operator (an API server without the schema): InvalidSpec, `operator_says` in its message."""
     doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
            "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
     errors = validate(load_crd(), doc)
-    assert any(expected in e for e in errors), errors
+    assert any(crd_says in e for e in errors), errors
     with pytest.raises(spec_mod.SpecError) as e:
         InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
-    assert e.value.reason == "InvalidSpec" and expected in e.value.message, e.value
+    assert e.value.reason == "InvalidSpec" and operator_says in e.value.message, e.value
 
 
 def test_valid_tolerations_and_env_sources_pass_both() -> None:
@@ -488,3 +494,50 @@ def test_toleration_keys_and_values_are_labels(toleration: dict[str, Any]) -> No
     assert e.value.message.startswith("spec.tolerations[0].")
     good = {"key": "nvidia.com/gpu.product", "value": "NVIDIA-H100", "effect": "NoSchedule"}
     assert validate(load_crd(), {**doc, "spec": {"model": _M, "tolerations": [good]}}) == []
+
+
+@pytest.mark.parametrize(
+    ("engine", "crd_says", "operator_says"),
+    [
+        ({"runner": "generate", "poolerConfig": {"poolingType": "MEAN"}},
+         "poolerConfig applies to the pooling runner only", "applies to the pooling runner only"),
+        ({"runner": "generate", "poolerConfig": {}},
+         "poolerConfig applies to the pooling runner only", "applies to the pooling runner only"),
+        ({"poolerConfig": {"poolingType": "MAX"}}, "'MAX' is not one of", "poolerConfig.poolingType"),
+        ({"poolerConfig": {"dimensions": 0}}, "0 is less than the minimum of 1",
+         "poolerConfig.dimensions"),
+        ({"poolerConfig": {"normalize": "yes"}}, "'yes' is not of type 'boolean'",
+         "poolerConfig.normalize must be true or false"),
+        ({"poolerConfig": {"pooling_type": "MEAN"}}, "Additional properties are not allowed",
+         "poolerConfig"),
+    ],
+)  # fmt: skip
+def test_pooler_config_is_refused_by_the_crd_and_the_operator_alike(
+    engine: dict[str, Any], crd_says: str, operator_says: str
+) -> None:
+    """spec.engine.poolerConfig: what the schema or its CEL refuses at `kubectl apply`, the
+    operator refuses too (an API server without the schema): InvalidSpec, the field named."""
+    refused_by_both({"model": "/opt/models/embed", "engine": engine}, crd_says, operator_says)
+
+
+def test_pooler_config_keys_and_types_are_the_runtimes() -> None:
+    """The CRD's poolerConfig is `--pooler-config`'s keys (camelCase) and pooling types; every
+    valid one passes both the schema and the operator, with runner pooling, auto or unset."""
+    from pagoda.runtime import pooler_config
+    from pagoda.runtime.option_rules import camel
+
+    props = version_schema(load_crd())["properties"]["spec"]["properties"]
+    pooler = props["engine"]["properties"]["poolerConfig"]["properties"]
+    assert tuple(pooler) == tuple(camel(k) for k in pooler_config.USER_KEYS)
+    assert tuple(pooler["poolingType"]["enum"]) == pooler_config.POOLING_TYPES
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}}  # fmt: skip
+    for runner in ({"runner": "pooling"}, {"runner": "auto"}, {}):
+        for kind in pooler_config.POOLING_TYPES:
+            value = {"poolingType": kind, "normalize": False, "dimensions": 256}
+            spec = {"model": "/opt/models/embed", "engine": {**runner, "poolerConfig": value}}
+            assert validate(load_crd(), {**doc, "spec": spec}) == []
+            parsed = InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
+            assert parsed.engine.pooler_config == pooler_config.PoolerConfig(
+                pooling_type=kind, normalize=False, dimensions=256
+            )

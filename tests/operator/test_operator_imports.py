@@ -23,6 +23,7 @@ ALLOWED_RUNTIME = {
     "pagoda.runtime.model.sources.uri",  # the hf:// and s3:// grammar
     "pagoda.runtime.spec",  # a package whose __init__ imports nothing
     "pagoda.runtime.spec.config",  # SpeculativeConfig (spec.engine.speculative), stdlib only
+    "pagoda.runtime.pooler_config",  # PoolerConfig (spec.engine.poolerConfig), stdlib only
 }
 
 SCRIPT = """

@@ -32,6 +32,8 @@ from pagoda.operator.spec.inference_service import (
     InferenceServiceSpec,
 )
 from pagoda.runtime import options
+from pagoda.runtime.option_rules import camel
+from pagoda.runtime.pooler_config import PoolerConfig
 from pagoda.runtime.server.cli import build_parser, server_config
 from pagoda.runtime.spec.config import SpeculativeConfig
 
@@ -98,6 +100,7 @@ def _engine_spread() -> list[dict[str, Any]]:
         )
     ]  # fmt: skip
     rng = random.Random(11)
+    pooling = random.Random(13)  # its own draws: the other fields' stay as they were
     bounds = {
         "maxNumSeqs": (1, 4096),
         "maxModelLen": (2, 1 << 20),  # the CRD's range (a prompt token and one out)
@@ -130,6 +133,16 @@ def _engine_spread() -> list[dict[str, Any]]:
                     ["--kv-cache-memory", "1G"],
                     ["--log-level", "debug"],
                     ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes"],
+                )
+            )
+        if pooling.random() < 0.3:  # the pooling runner's, vLLM's JSON (camelCase here)
+            engine["runner"] = pooling.choice(("pooling", "auto", None))
+            engine["poolerConfig"] = pooling.choice(
+                (
+                    {},
+                    {"poolingType": "MEAN"},
+                    {"poolingType": "CLS", "normalize": False},
+                    {"poolingType": "LAST", "normalize": True, "dimensions": 1 << 20},
                 )
             )
     return [{k: v for k, v in e.items() if v is not None} for e in combos]
@@ -177,12 +190,19 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
                 want.get("promptLookupMin", want.get("promptLookupMax", 5)),
             )
         seen.add(("speculative", got is not None))
+        want = spec["engine"].get("poolerConfig")
+        pooler = PoolerConfig.parse(parsed.pooler_config)  # as `pagoda serve` reads it
+        assert (pooler is None) == (want is None), (want, parsed.pooler_config)
+        if pooler is not None:
+            assert {camel(k): v for k, v in pooler.user_keys().items()} == want
+        seen.add(("pooler", pooler is not None))
     assert {v for k, v in seen if k == "dtype"} == set(DTYPES)
     assert {v for k, v in seen if k == "block"} == set(BLOCK_SIZES)
     assert {v for k, v in seen if k == "prefix"} == {True, False}
     assert {v for k, v in seen if k == "kv"} == set(options.KV_CACHE_DTYPES)
     assert {v for k, v in seen if k == "quantization"} == {None, *options.QUANTIZATIONS}
     assert {v for k, v in seen if k == "speculative"} == {True, False}
+    assert {v for k, v in seen if k == "pooler"} == {True, False}
 
 
 def test_runtime_defaults_are_the_operators() -> None:
@@ -275,6 +295,31 @@ def test_speculative_renders_vllms_json_only_when_set() -> None:
     assert (got.prompt_lookup_max, got.prompt_lookup_min) == (7, 7)
 
 
+def test_pooler_config_renders_vllms_json_only_when_set() -> None:
+    """spec.engine.poolerConfig → `--pooler-config` JSON (vLLM's snake_case keys) the runtime reads
+    back into the same config; unset, no flag and no ConfigMap key (existing services' config
+    hashes stay); set, the ConfigMap records it (camelCase), so a change rolls the pods."""
+    model = {"model": "/opt/models/embed", "engine": {"runner": "pooling"}}
+    plain = InferenceServiceSpec.from_dict(model, name=OWNER.name, default_image="img:1")
+    assert "--pooler-config" not in serve_args.server_args(plain)
+    assert "poolerConfig" not in serve_args.engine_config(plain)
+    hashes = set()
+    for value in (
+        {"poolingType": "MEAN"},
+        {"poolingType": "CLS", "normalize": False, "dimensions": 64},
+    ):
+        body = {**model, "engine": {"runner": "pooling", "poolerConfig": value}}
+        spec = InferenceServiceSpec.from_dict(body, name=OWNER.name, default_image="img:1")
+        parsed = check_rendered(spec)
+        want = PoolerConfig(pooling_type=value["poolingType"], normalize=value.get("normalize"),
+                            dimensions=value.get("dimensions"))  # fmt: skip
+        assert PoolerConfig.parse(parsed.pooler_config) == want
+        config_map = build_config_map(OWNER, spec)
+        assert json.loads(config_map["data"]["engine.json"])["poolerConfig"] == value
+        hashes.add(config_hash(config_map))
+    assert len(hashes) == 2
+
+
 def test_extra_args_cannot_override_what_the_operator_renders() -> None:
     """engine.extraArgs come last, so argparse would let them win over the spec's own fields
     (the ConfigMap then records one value and the pod runs another) or move the port the probes
@@ -296,6 +341,7 @@ def test_extra_args_cannot_override_what_the_operator_renders() -> None:
         "--tensor-parallel-size": "spec.parallelism.tensorParallelSize",
         "--api-key": "spec.apiKeySecretRef",
         "--speculative-config": "spec.engine.speculative",
+        "--pooler-config": "spec.engine.poolerConfig",
     }
     for word, field in cases.items():
         spec = {"model": "smollm2-135m", "engine": {"extraArgs": ["--seed", "1", word, "8"]}}

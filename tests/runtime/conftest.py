@@ -49,14 +49,27 @@ def corpus_ids(smol) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def hf_model(smol):
+def smol_reader(smol):
+    """gguf-py's reader of the embedded GGUF, parsed once per process (`stock_gguf_reader`): the
+    tiny GGUFs of test_gguf.py take its vocabulary, transformers' reads of the file take it."""
+    pytest.importorskip("gguf")
+    from hf_oracle import stock_gguf_reader
+
+    return stock_gguf_reader(smol.path)
+
+
+@pytest.fixture(scope="session")
+def hf_model(smol, smol_reader):
     """transformers loading the same GGUF in float32: the correctness oracle."""
     transformers = pytest.importorskip("transformers")
     gguf = pytest.importorskip("gguf")
+    from hf_oracle import share_gguf_reader
+
     # transformers parses the GGUF twice (config, then tensors) and rebuilds gguf's tensor-name
-    # map once per module (~400 times); both are pure, so memoized the load takes ~40% less CPU.
+    # map once per module (~400 times); both are pure, so the file is parsed once per process
+    # (`smol_reader`) and the map memoized (the load took ~40% less CPU for the map and cache).
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        share_gguf_reader(mp, smol_reader, smol.path)
         mp.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
         model = transformers.AutoModelForCausalLM.from_pretrained(
             os.path.dirname(smol.path), gguf_file=os.path.basename(smol.path), dtype=torch.float32

@@ -19,6 +19,32 @@ def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.T
     return tokens, logits
 
 
+def stock_gguf_reader(path):
+    """gguf-py's own `GGUFReader` of `path` (the parsing transformers relies on), slicing a plain
+    ndarray view of the file's map where it sliced the memmap (`gguf_reader._FastFields._get`):
+    the same fields and tensors (test_gguf.py compares them with the unchanged class's), parsed
+    ~5x faster (SmolLM2's vocabulary is ~10^6 slices, each a memmap's `__array_finalize__`)."""
+    import gguf
+    from pagoda.runtime.model.gguf_reader import _FastFields
+
+    return type("StockReader", (gguf.GGUFReader,), {"_get": _FastFields._get})(str(path))
+
+
+def share_gguf_reader(monkeypatch, reader, path) -> None:
+    """While `monkeypatch` holds, `gguf.GGUFReader(path)` (transformers' call: one per config,
+    tokenizer and weights read) returns the already parsed `reader`; other paths parse anew."""
+    import os
+
+    import gguf
+
+    real = gguf.GGUFReader
+
+    def read(p, *args, **kwargs):
+        return reader if os.path.samefile(p, path) else real(p, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", read)
+
+
 # the shape every tiny checkpoint starts from (a test's overrides change it)
 TINY = dict(
     vocab_size=300,

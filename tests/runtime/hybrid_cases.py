@@ -382,6 +382,7 @@ TP_CASES = {
     "lfm2": CASES["lfm2"],  # the short convs by channels, attention by heads (q/k norms)
     "lfm2-moe": CASES["lfm2-moe"],  # the experts by width, the router whole
     "lfm3": CASES["lfm3"],  # sliding and full layers, each head's output gate with its heads
+    "recurrent-gemma": CASES["recurrent-gemma"],  # the RG-LRU by gate blocks, its KV head replicated
 }  # fmt: skip
 
 
@@ -516,9 +517,8 @@ REFUSED = {
     "zamba": (4, "--tensor-parallel-size 4 does not divide the Mamba heads (n_mamba_heads 2)",
               "fp8 is not supported for a zamba model"),
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
-    "recurrent-gemma": (
-        2, _NO_TP.format("recurrent_gemma", "rglru"), _NO_FP8.format("recurrent_gemma", "rglru")
-    ),
+    "recurrent-gemma": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+                        _NO_FP8.format("recurrent_gemma", "rglru")),
     "rwkv": (2, _NO_TP.format("rwkv", "wkv"), _NO_FP8.format("rwkv", "wkv")),
     "xlstm": (2, _NO_TP.format("xlstm", "mlstm"), _NO_FP8.format("xlstm", "mlstm")),
     "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),

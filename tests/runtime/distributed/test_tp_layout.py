@@ -65,6 +65,15 @@ def test_the_vocabulary_is_padded_to_a_multiple_of_the_ranks():
          "experts' width (moe_intermediate_size 30)"),  # Nemotron-H's MoE blocks
         (model(arch="nemotron_h", mamba=nemotron_experts(shared=42)), 4,
          "experts' width (moe_shared_expert_intermediate_size 42)"),
+        # DiffLlama's pairs: a share of each half of the query and KV heads on every rank
+        (model(kv=2, arch="diffllama", diff_attention=True), 2,
+         "does not divide half of DiffLlama's heads (num_key_value_heads 2: differential"),
+        (model(heads=4, kv=4, arch="diffllama", diff_attention=True), 4,
+         "half of DiffLlama's heads (num_attention_heads 4: differential attention pairs head "
+         "i with head i"),
+        # JetMoE's KV heads carry their experts' query heads: split, never replicated
+        (model(heads=2, kv=1, arch="jetmoe"), 2,
+         "does not divide JetMoE's KV heads (num_key_value_heads 1: each is split with"),
     ],
 )  # fmt: skip
 def test_what_does_not_divide_is_named(config, size, words):

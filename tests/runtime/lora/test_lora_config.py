@@ -43,13 +43,18 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2}
         ({"enable_lora": True, "max_loras": 4, "max_cpu_loras": 2}, "at least max_loras"),
         ({"enable_lora": True, "quantization": "fp8"}, "not supported with --quantization fp8"),
         ({"enable_lora": True, "speculative_config": NGRAM}, "not supported with speculative"),
-        ({"enable_lora": True, "tensor_parallel_size": 2}, "not supported with tensor parallel"),
     ],
 )
 def test_refused_in_one_line(kwargs, words):
     with pytest.raises(ValueError, match=words) as e:
         EngineConfig.create("m", **kwargs)
     assert "\n" not in str(e.value)
+
+
+def test_tensor_parallelism_takes_adapters():
+    """(tests/runtime/lora/test_lora_tp.py runs it.)"""
+    cfg = EngineConfig.create("m", enable_lora=True, tensor_parallel_size=2)
+    assert cfg.lora == LoRAConfig() and cfg.parallel.tensor_parallel_size == 2
 
 
 def test_lora_request_checks_its_fields():

@@ -210,3 +210,38 @@ def test_adapter_rows_are_batch_invariant(ckpt):
     mixed = llm.generate(PROMPTS, p, use_tqdm=False, lora_request=[a2, a1, None, a2])
     assert mixed[1].outputs[0].token_ids == alone.outputs[0].token_ids
     assert all(map(torch.equal, seen[alone.request_id], seen[mixed[1].request_id]))
+
+
+def test_two_tensor_parallel_ranks_match_one_rank_and_peft(ckpt, tmp_path):
+    """Two ranks (gloo, rank 1 a spawned process; `lora/slots.shards`): the base, a1, a2 and a
+    third adapter in one stream of steps give one rank's tokens and peft's. With --max-loras 2
+    the third waits, then takes a slot another left: rank 0's load reaches rank 1 with that step
+    (its read ahead, `LoRASlots.start_read`, with the first)."""
+    from lora_testlib import ALL
+
+    path, adapters, base = ckpt
+    a3 = LoRARequest("a3", 3, str(tmp_path / "a3"))
+    models = {n: m for n, (_, m) in adapters.items()}
+    models["a3"] = make_adapter(base, tmp_path / "a3", 8, 32, ALL, seed=7)
+    which = [None, "a1", "a2", "a3"]
+    loras = [None if w is None else a3 if w == "a3" else adapters[w][0] for w in which]
+    p = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
+    want = [o.outputs[0].token_ids
+            for o in _llm(path).generate(PROMPTS, p, use_tqdm=False, lora_request=loras)]  # fmt: skip
+    logits: dict[str, list[torch.Tensor]] = {}
+    with _llm(path, tensor_parallel_size=2) as two:
+        two.engine.runner.logits_hook = lambda reqs, rows: [
+            logits.setdefault(r.request_id, []).append(row.float().clone())
+            for r, row in zip(reqs, rows)
+        ]
+        two.engine.read_lora(a3)  # read ahead (as the server's loop does): on rank 1 too
+        outs = two.generate(PROMPTS, p, use_tqdm=False, lora_request=loras)
+        slots = two.engine.runner.lora
+        assert slots.sends and 3 in slots.slot_of and not slots.free  # a3 took a used slot
+    assert [o.outputs[0].token_ids for o in outs] == want
+    for out, prompt, w in zip(outs, PROMPTS, which):
+        tokens, ref = _reference(base if w is None else models[w], prompt)
+        assert out.outputs[0].token_ids == tokens, w
+        torch.testing.assert_close(torch.stack(logits[out.request_id]), torch.stack(ref),
+                                   atol=1e-3, rtol=1e-3)  # fmt: skip
+    assert tokens != _reference(base, PROMPTS[3])[0]  # a3 changes greedy picks

@@ -2,8 +2,8 @@
 visual and audio codes, the LM head pruned to the first `output_vocab_size` ids) against
 transformers, on a tiny random checkpoint it writes: the engine's greedy tokens are
 transformers', its logits transformers' on the kept ids and -inf on the pruned ones, in a
-batch of unequal prompts chunked into 16-token steps, on a warm prefix cache and preempted;
-the weights estimate from config.json alone; a sparse config read with transformers'
+batch of unequal prompts chunked into 16-token steps, on a warm prefix cache and preempted, on
+one rank and on two; the weights estimate from config.json alone; a sparse config read with transformers'
 defaults; what is refused."""
 
 from __future__ import annotations
@@ -54,6 +54,23 @@ def test_apertus1p5_matches_transformers_chunked_cached_batched_and_preempted(bu
     small = LLM(loaded=loaded, **SMALL_POOL)
     _check(generate(small, prompts()), reference, "preempted")
     assert small.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (gloo), the small pool then a warm cache: the embedding's 300 rows and the
+    pruned head's 260 each split over the ranks on their own, the gathered logits -inf past the
+    head's rows; rank 0's weights as the estimate counts them (less xIELU's scalars)."""
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built("pruned")
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
+        _check(generate(two, prompts()), reference, "two ranks, cold")
+        _check(generate(two, prompts()[::-1])[::-1], reference, "two ranks, warm")
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        core.check_integrity()
+    check_estimate(path, 2, rel=1e-3)
 
 
 def test_the_checked_tensors_and_the_estimate_count_the_pruned_head(built):

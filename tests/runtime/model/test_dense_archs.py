@@ -343,6 +343,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
         "minicpm3-longrope",
         "falcon-grouped-two-norms",
         "stablelm-parallel-qk-norms",
+        "diffllama-gqa",
     ],
 )
 def test_two_ranks_match_transformers(built, name):
@@ -350,7 +351,8 @@ def test_two_ranks_match_transformers(built, name):
     cache: EXAONE's renamed tensors cut as Llama's; Nemotron's partial rotary on each rank's
     heads, its LayerNorm1P biases whole, up's rows and bias cut, down's bias added once; Phi's
     parallel layer, per-head q/k LayerNorms and the LM head's bias after the gather;
-    MiniCPM3's latent attention by heads; Falcon's grouped q/k/v rows cut by heads."""
+    MiniCPM3's latent attention by heads; Falcon's grouped q/k/v rows cut by heads; DiffLlama's
+    head pairs by each half of the heads (8 over 4 KV heads: 2 + 2 query, 1 + 1 KV a half)."""
     path, _, loaded, reference = built(name)
     check_two_ranks(path, loaded, reference, name)
 
@@ -362,7 +364,7 @@ def test_two_ranks_match_transformers(built, name):
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
     ("gpt_neox_japanese-tied-last-bias", 2),
     ("stablelm-parallel-qk-norms", 1), ("persimmon-qk-layernorm", 2), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
-    ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("diffllama-gqa", 1), ("emu3-chat-text", 2), ("gptj-rotary-dim", 2),
+    ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("diffllama-gqa", 1), ("diffllama-gqa", 2), ("emu3-chat-text", 2), ("gptj-rotary-dim", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors

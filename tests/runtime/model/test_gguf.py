@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from hf_oracle import hf_greedy
+from hf_oracle import hf_greedy, share_gguf_reader
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model import gguf_loader
 from pagoda.runtime.model.gguf_loader import load_gguf
@@ -71,9 +71,10 @@ def random_blocks(arr: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
     return blocks, gguf.quants.dequantize(blocks, qtype).reshape(arr.shape)
 
 
-def write_tiny_gguf(path, smol, hidden: int, ffn: int, types: dict, head_type):
+def write_tiny_gguf(path, smol_reader, hidden: int, ffn: int, types: dict, head_type):
     """A 2-layer Llama GGUF with the tensor storage types `types` (HF suffix → (GGUF name,
-    type)); returns (HF model holding exactly the dequantized weights, those weights)."""
+    type)) and the embedded model's tokenizer (read from `smol_reader`); returns (HF model
+    holding exactly the dequantized weights, those weights)."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=49152,
@@ -98,8 +99,7 @@ def write_tiny_gguf(path, smol, hidden: int, ffn: int, types: dict, head_type):
     w.add_head_count_kv(KV)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    reader = gguf.GGUFReader(smol.path)
-    f = reader.fields
+    f = smol_reader.fields
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(f["tokenizer.ggml.tokens"].contents())
@@ -148,9 +148,9 @@ def write_tiny_gguf(path, smol, hidden: int, ffn: int, types: dict, head_type):
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory, smol):
+def tiny_gguf(tmp_path_factory, smol_reader):
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    return path, *write_tiny_gguf(path, smol, H, FFN, TYPES, Q.Q8_0)
+    return path, *write_tiny_gguf(path, smol_reader, H, FFN, TYPES, Q.Q8_0)
 
 
 def linear_types(*qtypes) -> dict:
@@ -167,9 +167,9 @@ OTHER_TYPES = linear_types(Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q3_K, Q.IQ4_XS, Q.Q3_K, Q
 
 def _gguf_fixture(name: str, types: dict, head_type):
     @pytest.fixture(scope="module")
-    def written(tmp_path_factory, smol):
+    def written(tmp_path_factory, smol_reader):
         path = tmp_path_factory.mktemp("gguf") / f"{name}.gguf"
-        return path, *write_tiny_gguf(path, smol, 256, 512, types, head_type)
+        return path, *write_tiny_gguf(path, smol_reader, 256, 512, types, head_type)
 
     return written
 
@@ -278,7 +278,8 @@ def test_quantized_gguf_runs_on_its_blocks_and_matches_transformers(
     assert out.outputs[0].token_ids == hf_greedy(model, prompt, 8)[0]
 
 
-def test_tokenizer_and_template_match_transformers(smol):
+def test_tokenizer_and_template_match_transformers(smol, smol_reader, monkeypatch):
+    share_gguf_reader(monkeypatch, smol_reader, smol.path)  # its vocabulary parsed once
     hf_tok = transformers.AutoTokenizer.from_pretrained(
         os.path.dirname(smol.path), gguf_file=os.path.basename(smol.path)
     )
@@ -298,32 +299,37 @@ def test_tokenizer_and_template_match_transformers(smol):
     assert smol.tokenizer.encode("2024") == [34, 32, 34, 36]  # digits split one by one (smollm)
 
 
-def test_fast_reader_reads_what_the_stock_reader_reads(smol):
+def test_fast_reader_reads_what_the_stock_reader_reads(smol, smol_reader):
     """`_reader` gives the stock GGUFReader's fields and tensors on the embedded model: the
     same values (`contents()`, whole and by index) and types for every field, the same parts
     where it does not hold an array whole, the same tensors bit for bit. A gguf release that
-    changed its parsing would show here."""
+    changed its parsing would show here. The tests' shared reader (`stock_gguf_reader`, the
+    stock parsing over plain slices) gives them too, every field's parts included."""
     from pagoda.runtime.model.gguf_loader import _reader
 
     stock, fast = gguf.GGUFReader(smol.path), _reader(smol.path)
-    assert stock.fields.keys() == fast.fields.keys()
-    whole = 0
-    for key, a in stock.fields.items():
-        b = fast.fields[key]
-        assert (a.types, a.offset, a.name) == (b.types, b.offset, b.name), key
-        assert a.contents() == b.contents(), key
-        if a.types[0] == gguf.GGUFValueType.ARRAY:
-            whole += 1
-            assert [a.contents(i) for i in (0, -1)] == [b.contents(i) for i in (0, -1)], key
-            assert a.contents(slice(3, 7)) == b.contents(slice(3, 7)), key
-            continue
-        assert a.data == b.data and len(a.parts) == len(b.parts), key
-        assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a.parts, b.parts))
-    assert whole >= 3  # tokens, merges, token types: the arrays read whole
-    assert [t.name for t in stock.tensors] == [t.name for t in fast.tensors]
-    for a, b in zip(stock.tensors, fast.tensors):
-        assert a.tensor_type == b.tensor_type and np.array_equal(a.data, b.data), a.name
-        assert a.data_offset == b.data_offset and a.shape.tolist() == b.shape.tolist(), a.name
+    for other, whole_arrays in ((fast, True), (smol_reader, False)):
+        assert stock.fields.keys() == other.fields.keys()
+        whole = 0
+        for key, a in stock.fields.items():
+            b = other.fields[key]
+            assert (a.types, a.offset, a.name) == (b.types, b.offset, b.name), key
+            assert a.contents() == b.contents(), key
+            if a.types[0] == gguf.GGUFValueType.ARRAY:
+                whole += 1
+                assert [a.contents(i) for i in (0, -1)] == [b.contents(i) for i in (0, -1)], key
+                assert a.contents(slice(3, 7)) == b.contents(slice(3, 7)), key
+                if whole_arrays:
+                    continue
+            assert a.data == b.data and len(a.parts) == len(b.parts), key
+            assert all(
+                x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a.parts, b.parts)
+            ), key
+        assert whole >= 3  # tokens, merges, token types: the arrays read whole
+        assert [t.name for t in stock.tensors] == [t.name for t in other.tensors]
+        for a, b in zip(stock.tensors, other.tensors):
+            assert a.tensor_type == b.tensor_type and np.array_equal(a.data, b.data), a.name
+            assert a.data_offset == b.data_offset and a.shape.tolist() == b.shape.tolist()
 
 
 def test_a_gguf_cut_inside_its_metadata_is_one_clear_error(tmp_path, smol):

@@ -3,15 +3,15 @@ token for token and logits within 1e-3 (float32), on a tiny random checkpoint tr
 writes itself (in its stored layout: fused `attn.gqkv_proj` and `mlp.gate_up_proj`): two layers
 a stack, 2 high cycles of 2 low cycles (12 passes, a KV cache each), z_L_init drawn; chunked
 into 16-token steps, three prompts sharing steps, a warm prefix cache, a pool small enough to
-preempt. Also the passes, the checkpoint check, the weights estimate, transformers' parameter
-count and what is refused."""
+preempt; on two tensor-parallel ranks too. Also the passes, the checkpoint check, the weights
+estimate, transformers' parameter count and what is refused."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from arch_cases import built_fixture, case_fixture, greedy_test
+from arch_cases import built_fixture, case_fixture, check_two_ranks, greedy_test
 from hf_oracle import make_tiny_model
 from pagoda.runtime.model.loader import read_model_config
 
@@ -33,14 +33,13 @@ test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_t
 
 def test_passes_checkpoint_check_estimate_and_refusals(built):
     """12 passes over the 4 layers (L's 0, 1; H's 2, 3) sharing weights, a KV cache each; the
-    checkpoint check naming a missing gate or z_L_init; the weights estimate; the parameter
-    count transformers'; tensor parallelism and FP8 refused in one line."""
+    checkpoint check naming a missing gate or z_L_init; the weights estimate (rank 0's of two
+    too); the parameter count transformers'; FP8 refused in one line."""
     from types import SimpleNamespace
 
     import torch
     from hybrid_cases import check_missing_refused
     from model_bytes import build, check_estimate
-    from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.core import check_dtype
 
     path, model, loaded, _ = built("hrm_text")
@@ -51,12 +50,19 @@ def test_passes_checkpoint_check_estimate_and_refusals(built):
     assert len(layers) == 12 and layers[0].qkv is layers[2].qkv and layers[4].qkv is layers[10].qkv
     assert mc.num_params == sum(p.numel() for p in model.parameters())
     check_estimate(path, rel=1e-3)  # (less the weightless norms' one vector of ones)
+    check_estimate(path, 2, rel=1e-3)
     check_missing_refused(loaded, ["model.layers.3.self_attn.gate_proj.weight", "model.z_L_init"])
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a hrm_text"):
-        check(mc, 2)
     engine = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
     with pytest.raises(ValueError, match="fp8 is not supported for a hrm_text"):
         check_dtype(engine, mc)
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (gloo), the small pool then a warm cache: each rank its heads of every pass
+    (q/k/v and the output gate's rows, o_proj's columns), its KV caches of the 12 passes."""
+    path, _, loaded, reference = built("hrm_text")
+    check_two_ranks(path, loaded, reference, "hrm_text")
 
 
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path):

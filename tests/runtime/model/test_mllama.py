@@ -4,8 +4,9 @@ token for token and logits within 1e-3 (float32), on tiny random checkpoints tra
 writes itself: its cross-attention layers (gates drawn away from zero) skipped as transformers
 skips them without image states, the self-attention layers renumbered, llama3's rotary;
 chunked into 16-token steps, three prompts sharing steps, a warm prefix cache, a pool small
-enough to preempt. Also the conditional checkpoint's text model, the checkpoint check, the
-weights estimate, the published config's defaults and what is refused."""
+enough to preempt; on two tensor-parallel ranks too. Also the conditional checkpoint's text
+model, the checkpoint check, the weights estimate, the published config's defaults and what is
+refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import json
 
 import pytest
 import torch
-from arch_cases import LLAMA3, built_fixture, case_fixture, generate, greedy_test, prompts
+from arch_cases import (
+    LLAMA3,
+    built_fixture,
+    case_fixture,
+    check_two_ranks,
+    generate,
+    greedy_test,
+    prompts,
+)
 from hf_oracle import hf_greedy_plain, make_tiny_model, make_tiny_wrapped
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
@@ -36,10 +45,10 @@ test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_t
 def test_layers_checkpoint_check_estimate_and_refusals(built):
     """Two self-attention layers read (stored as 0 and 2), the embedding's 8 extra rows, the
     checkpoint check naming a renumbered layer's tensor, the weights estimate (the cross layers
-    not counted: not read), tensor parallelism refused in one line."""
+    not counted: not read; rank 0's of two: the embedding's 308 rows split as 154, the head's
+    300 as 150)."""
     from hybrid_cases import check_missing_refused
     from model_bytes import check_estimate
-    from pagoda.runtime.distributed.layout import check
 
     path, model, loaded, _ = built("mllama")
     mc = loaded.config
@@ -48,9 +57,16 @@ def test_layers_checkpoint_check_estimate_and_refusals(built):
     assert torch.equal(loaded.weights["model.layers.1.self_attn.q_proj.weight"], stored)
     assert tuple(loaded.weights["model.embed_tokens.weight"].shape) == (308, 64)
     check_estimate(path, rel=1e-6)
+    check_estimate(path, 2, rel=1e-6)
     check_missing_refused(loaded, ["model.layers.1.mlp.down_proj.weight"])
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a mllama"):
-        check(mc, 2)
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (gloo), the small pool then a warm cache: the embedding's rows, 8 past the
+    vocabulary, split over the ranks apart from the head's (each padded to a multiple of 2)."""
+    path, _, loaded, reference = built("mllama")
+    check_two_ranks(path, loaded, reference, "mllama", kv_heads=1)
 
 
 def test_the_conditional_checkpoint_reads_its_text_model(tmp_path):

@@ -97,8 +97,9 @@ holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo: a
   query and output projections over a shared kv_proj of two KV heads) and top-2 of 4 stacked
   experts, both with output biases, routers drawn wide enough that the picks vary by token, the
   layers' norms at eps 1e-6 beside a final rms_norm_eps of 0.1 (wide enough to change the
-  tokens were the layers' norms to read it); jetmoe-top3: top-3 of 6, one
-  KV head, three layers, an untied head. One rank, 16 bits: TP and FP8 are refused.
+  tokens were the layers' norms to read it), on two ranks too (a KV head, its experts' query
+  heads and output columns a rank); jetmoe-top3: top-3 of 6, one KV head, three layers, an
+  untied head. 16 bits: FP8 is refused.
 - beam (`BeamForCausalLM`: Reflection AI's Beam): per-head q/k norms, window layers (shorter
   than the prompts) rotating beside NoPE full-attention layers whose q is scaled by position,
   attention's output gated per head element with a per-head bias, four norms a layer and
@@ -451,12 +452,12 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
-             ("granitemoe-swa", 1), ("kolibri1", 1), ("kolibri1", 2), ("kolibri1_1", 1),
+             ("granitemoe-swa", 1), ("granitemoe-swa", 2), ("kolibri1", 1), ("kolibri1", 2), ("kolibri1_1", 1),
              ("axk1", 1), ("axk1", 2),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
              ("hy-v3", 1), ("hy-v3", 2), ("minicpm5-moe", 2), ("mellum", 2), ("jetmoe", 1),
-             ("jetmoe-top3", 1), ("aria-text", 1), ("aria-text", 2)]  # fmt: skip
+             ("jetmoe", 2), ("jetmoe-top3", 1), ("aria-text", 1), ("aria-text", 2)]  # fmt: skip
 # `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
 # attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
 # norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
@@ -533,7 +534,7 @@ MISSING = [
 # checked at tp 2 (ESTIMATES). A.X-K1: DeepSeek-V3's latent attention by heads, each MoE
 # block's output norm after the ranks' sum; Kolibri 1: GLM-4's norms after attention and the
 # MLP, per-head q/k norms and NoPE full layers beside window layers, GLM-4.5's experts.
-TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe", "axk1", "kolibri1"]
+TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe", "axk1", "kolibri1", "jetmoe", "granitemoe-swa"]
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -613,19 +614,19 @@ def test_the_weights_from_shapes_as_from_its_tensors(built, name, tp, fp8):
     assert got == pytest.approx(want, rel=FROM_SHAPES[name])
 
 
-@pytest.mark.parametrize("name", ["jetmoe", "jetmoe-top3"])
-def test_jetmoe_weights_from_shapes_as_from_its_tensors(built, name):
-    """JetMoE's `from_shapes` (one rank, 16 bits: tensor parallelism and FP8 are refused)
-    against the headers' on a GPU: every attention expert's q and o, the shared k/v, both
-    routers and output biases."""
+@pytest.mark.parametrize(("name", "tp"), [("jetmoe", 1), ("jetmoe", 2), ("jetmoe-top3", 1)])
+def test_jetmoe_weights_from_shapes_as_from_its_tensors(built, name, tp):
+    """JetMoE's `from_shapes` (16 bits: FP8 is refused) against the headers' on a GPU: every
+    attention expert's q and o, the shared k/v (rank 0's KV heads of two), both routers and
+    output biases."""
     from pagoda.runtime.server import weights
     from pagoda.runtime.server.placement import Placement
 
     path, _, _, _ = built(name)
     mc = read_model_config(str(path))
     ckpt = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", 1, None))
-    assert got == weights.from_shapes(mc, torch.bfloat16, False, 1)
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp, None))
+    assert got == weights.from_shapes(mc, torch.bfloat16, False, tp)
 
 
 @pytest.mark.parametrize(("name", "tensor"), MISSING)
@@ -844,19 +845,13 @@ def test_cohere2_moe_config_without_layer_kinds_reads_as_transformers(built, tmp
 # JetMoE
 
 
-def test_jetmoe_tensor_parallelism_and_fp8_are_refused_in_one_line(built):
-    """--tensor-parallel-size 2 (`layout.check`, in `pagoda serve`'s checks before it binds and
-    `fit`'s plans) and --quantization fp8 (`core.check_dtype`): refused in one line, not served
-    untested (the routed attention is not split over ranks nor run in the FP8 GEMM)."""
+def test_jetmoe_fp8_is_refused_in_one_line(built):
+    """--quantization fp8 (`core.check_dtype`): refused in one line, not served untested (the
+    routed attention is not run in the FP8 GEMM)."""
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.core import check_dtype
 
     path, _, loaded, _ = built("jetmoe")
-    with pytest.raises(ValueError, match=r"^--tensor-parallel-size 2 is not supported for a "
-                                         r"jetmoe model \([^\n]*\); serve it on one device$"):  # fmt: skip
-        check(loaded.config, 2)
-    check(loaded.config, 1)
     cfg = EngineConfig.create(str(path), device="cpu")
     check_dtype(cfg, loaded.config)
     fp8 = SimpleNamespace(quantization="fp8", torch_dtype=cfg.torch_dtype)  # (a CPU has no FP8)
@@ -881,9 +876,9 @@ def test_jetmoe_config_reads_the_published_keys(built, tmp_path):
         read_model_config(str(tmp_path))
 
 
-def test_jetmoe_that_does_not_fit_is_offered_neither_fp8_weights_nor_more_ranks(built, monkeypatch):
+def test_jetmoe_that_does_not_fit_is_offered_more_ranks_not_fp8_weights(built, monkeypatch):
     """`fit`'s fixes for a JetMoE that does not fit never name what is refused at start
-    (`--quantization fp8`, `--tensor-parallel-size`); an FP8 KV cache is still offered."""
+    (`--quantization fp8`); an FP8 KV cache and two ranks (its KV heads split) are offered."""
     from pagoda.runtime import config
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import fit, memory
@@ -903,7 +898,7 @@ def test_jetmoe_that_does_not_fit_is_offered_neither_fp8_weights_nor_more_ranks(
     text = str(err.value)
     fixes = text.split("; would fit: ")[1]
     assert fixes.startswith("--kv-cache-dtype fp8 (") and "--quantization" not in fixes, text
-    assert "--tensor-parallel-size" not in fixes, text
+    assert "--tensor-parallel-size 2 (" in fixes, text
 
 
 def test_axk1_without_correction_biases_routes_as_transformers(built, tmp_path):

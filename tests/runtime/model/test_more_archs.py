@@ -137,16 +137,17 @@ def test_the_config_reads_as_transformers(case):
 
 
 @pytest.mark.slow  # a second process (gloo): ~5 s on 2 busy cores
-def test_two_ranks_match_transformers(built):
+@pytest.mark.parametrize("name", ["mistral3-ministral3-tied", "granite_swa-sinks-thetas-tied"])
+def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
     cache: Ministral 3 from Mistral 3's wrapper (the text model's tensors under
-    `language_model.`, each rank its heads, its scaled q; tied embeddings). The other families
+    `language_model.`, each rank its heads, its scaled q; tied embeddings); GraniteSWA's sinks,
+    each rank its heads' (gpt-oss's `read_sinks`). The other families
     here split as layouts tested on two ranks elsewhere: EXAONE 4's per-head q/k norms (Qwen3's
     layer: GLM-4.5's, test_glm4_moe.py) with norms after the sublayers (whole on each rank);
     StarCoder2's and Apertus' ungated MLP (`UngatedMLP`: up's rows and bias cut, down's bias
     added once: Nemotron's, test_dense_archs.py), LayerNorm biases (Phi's, Falcon's),
     xIELU's parameters (whole on each rank)."""
-    name = "mistral3-ministral3-tied"
     path, _, loaded, reference = built(name)
     check_two_ranks(path, loaded, reference, name)
 

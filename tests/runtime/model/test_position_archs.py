@@ -144,11 +144,13 @@ def test_alibi_on_both_cpu_paths_matches_transformers(built, name, monkeypatch):
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
 @pytest.mark.parametrize(("name", "kv_heads"), [
     ("gpt2", 2), ("gpt_bigcode-mqa", 1), ("opt-post-norm-proj", 2), ("bloom-6-heads", 3),
+    ("ctrl-sinusoidal", 2),
 ])  # fmt: skip
 def test_two_ranks_match_transformers(built, name, kv_heads):
     """Tensor parallelism over gloo, two ranks, the small pool then a warm cache: GPT-2's
     transposed c_attn cut by heads, StarCoder 1's one KV head on both ranks, OPT's projections
-    and position table whole on each rank, BLOOM's slopes three a rank."""
+    and position table whole on each rank, BLOOM's slopes three a rank, CTRL's LM head bias
+    (whole on every rank) added after the vocabulary gather."""
     path, _, loaded, reference = built(name)
     check_two_ranks(path, loaded, reference, name, kv_heads=kv_heads)
 
@@ -156,7 +158,7 @@ def test_two_ranks_match_transformers(built, name, kv_heads):
 @pytest.mark.parametrize(("name", "tp"), [("gpt2-hub-names", 2), ("gpt_bigcode-mqa", 1),
                                         ("gpt_neo-local", 1), ("xglm-sinusoidal", 2),
                                         ("openai_gpt-post-norm", 2), ("biogpt-scaled", 2),
-                                        ("ctrl-sinusoidal", 1),
+                                        ("ctrl-sinusoidal", 1), ("ctrl-sinusoidal", 2),
                                         ("opt-post-norm-proj", 2), ("bloom-6-heads", 2)])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the position

@@ -2,7 +2,7 @@
 test_hybrid_ssm.py (the "recurrent-gemma" entry of tests/runtime/hybrid_cases.py: RG-LRU blocks
 beside local attention, chunked, batched, on a warm prefix cache, preempted, against
 transformers): the state slots and weights estimates, the checkpoint check naming a missing
-gate, one rank and 16/32 bits only (refused in one line), and recurrentgemma-2b's config.json
+gate, 16/32 bits only (FP8 refused in one line; two ranks: tests/runtime/distributed/test_tp_hybrid.py), and recurrentgemma-2b's config.json
 read without weights, its parameters as transformers counts them."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ RG_2B = {"architectures": ["RecurrentGemmaForCausalLM"], "model_type": "recurren
 def test_recurrent_gemma_estimates_and_refusals(built):
     """The recurrent layers keep a conv state and a float32 h per sequence, the attention
     layer a KV cache (its window); the weights estimate within 2%; a missing gate named;
-    tensor parallelism and FP8 refused in one line."""
+    3 ranks (which do not divide its heads) and FP8 refused in one line."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import memory

@@ -40,7 +40,7 @@ def test_the_flag_reaches_the_engine_config():
             '{"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
             "prompt_lookup_min (4) is more",
         ),
-        ('{"num_speculative_tokens": 2, "model": "x"}', "unknown key(s) model"),
+        ('{"num_speculative_tokens": 2, "drafter": "x"}', "unknown key(s) drafter"),
         ('{"num_speculative_tokens": 2, "adaptive": 1}', "adaptive must be true or false"),
         ("{num_speculative_tokens: 2}", "not JSON"),
         ("[4]", "must be a JSON object"),

@@ -1,0 +1,162 @@
+"""Speculative decoding with a draft model (`spec/draft_model.py`) end to end on tiny
+transformers-written Llamas: greedy output token for token the engine's without it, with the
+target itself as its draft (every draft accepted) and with a one-layer draft (its first layer
+and embeddings the target's: some drafts rejected), through chunked prefill, prefix-cache hits
+and preemption; seeded sampling the same tokens too; bad drafts refused in one line."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from engine_testlib import summary
+from hf_oracle import make_tiny_llama
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.engine.core import check_speculative
+from pagoda.runtime.model.loader import read_model_config
+
+# small enough to chunk prompts (budget 48), share prefixes and preempt (16 blocks of 8)
+ENGINE = dict(dtype="float32", block_size=8, num_blocks_override=16, max_num_seqs=6,
+              max_num_batched_tokens=48, max_model_len=160, long_prefill_token_threshold=24)  # fmt: skip
+K = 3
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    """The target (2 layers) and a draft of its first layer (the same seed: the same embeddings
+    and first layer)."""
+    target, short = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft")
+    make_tiny_llama(target)
+    make_tiny_llama(short, num_hidden_layers=1)
+    return target, short
+
+
+@pytest.fixture(scope="module")
+def engines(paths):
+    target, short = paths
+    same = {"method": "draft_model", "model": str(target), "num_speculative_tokens": K}
+    return (LLM(str(target), **ENGINE),
+            LLM(str(target), **ENGINE, speculative_config=same),
+            LLM(str(target), **ENGINE, speculative_config={"model": str(short),
+                                                           "num_speculative_tokens": K}))  # fmt: skip
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Unequal prompts, two sharing a prefix of three blocks (a prefix-cache hit)."""
+    rng = random.Random(seed)
+    out = [[rng.randrange(5, 300) for _ in range(rng.randrange(2, 40))] for _ in range(n)]
+    out[1] = out[0][:24] + out[1]
+    return out
+
+
+def _run(llm: LLM, prompts, params):
+    return summary(llm.generate([{"prompt_token_ids": p} for p in prompts], params))
+
+
+def test_greedy_output_is_the_engines_without_drafts(engines):
+    plain, same, short = engines
+    prompts = _prompts(6)
+    params = [SamplingParams(temperature=0, max_tokens=20 + 5 * i, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    want = _run(plain, prompts, params)
+    for llm in (same, short):
+        llm.engine.reset_counters()
+        assert _run(llm, prompts, params) == want
+        core = llm.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        core.check_integrity()
+        assert core.kv.num_free_blocks == core.kv.num_blocks
+    full, part = same.engine.spec_stats, short.engine.spec_stats
+    # the target as its own draft: every draft is the target's own greedy token
+    assert full.num_draft_tokens > 50 and full.num_accepted_tokens == full.num_draft_tokens
+    # a one-layer draft: some accepted, some not
+    assert 0 < part.num_accepted_tokens < part.num_draft_tokens
+    assert part.acceptance_rate < full.acceptance_rate
+
+
+def test_seeded_sampling_gives_the_same_tokens(engines):
+    """Greedy drafts verified against sampled rows (a draft kept iff the target's own draw is
+    it): a seeded request's tokens are the plain engine's, drafts accepted and rejected."""
+    plain, same, _ = engines
+    prompts = _prompts(3, seed=1)
+    params = [
+        SamplingParams(temperature=0.5, max_tokens=24, seed=11, ignore_eos=True),
+        SamplingParams(temperature=0.7, top_k=5, max_tokens=24, seed=12, ignore_eos=True),
+        SamplingParams(temperature=0.6, top_p=0.8, max_tokens=24, n=2, seed=13, ignore_eos=True),
+    ]
+    same.engine.reset_counters()
+    assert _run(same, prompts, params) == _run(plain, prompts, params)
+    stats = same.engine.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_the_draft_s_cache_is_in_the_kv_budget(paths):
+    """A block's draft rows are added to the target's bytes per block, and the draft's scratch
+    blocks (ceil(k / block size) + 1 a sequence) come out of the budget first."""
+    target, short = paths
+    common = dict(dtype="float32", block_size=8, kv_cache_memory=1 << 20, max_num_seqs=4,
+                  max_model_len=128)  # fmt: skip
+    spec = {"model": str(short), "num_speculative_tokens": K}
+    plain = LLM(str(target), **common).engine.runner
+    drafted = LLM(str(target), **common, speculative_config=spec).engine.runner
+    per = plain.bytes_per_block
+    draft = drafted.bytes_per_block - per
+    assert draft == per // 2  # one layer of the target's two, the same heads
+    assert plain.num_blocks == (1 << 20) // per
+    assert drafted.num_blocks == ((1 << 20) - 4 * 2 * draft) // (per + draft)
+
+
+def _refusal(target, spec: dict, **engine) -> str:
+    config = EngineConfig.create(model=str(target), speculative_config=spec, **engine)
+    with pytest.raises(ValueError) as e:
+        check_speculative(config, read_model_config(str(target)))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_bad_drafts_are_refused_in_one_line(paths, tmp_path):
+    target, short = paths
+    spec = {"model": str(short), "num_speculative_tokens": 2}
+    missing = _refusal(target, spec | {"model": str(tmp_path / "x")})
+    assert missing.startswith("speculative_config: the draft model: model") and "neither" in missing
+    other = tmp_path / "other"
+    make_tiny_llama(other, vocab_size=200, num_hidden_layers=1)
+    assert "vocabulary of 200 tokens, the target 300" in _refusal(
+        target, spec | {"model": str(other)}
+    )
+    assert "--quantization fp8" in _refusal(target, spec, quantization="fp8")
+    # the same vocabulary size, other token ids: refused once both tokenizers are loaded
+    make_tiny_llama(other, num_hidden_layers=1)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    tok["model"]["vocab"] = {f"w{i}": 299 - i for i in range(300)}
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="another tokenizer than the target"):
+        LLM(str(target), **ENGINE, speculative_config=spec | {"model": str(other)})
+    # a context shorter than the sequences served
+    make_tiny_llama(other, num_hidden_layers=1, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="has a context of 64 tokens, less than max_model_len"):
+        LLM(str(target), **ENGINE, speculative_config=spec | {"model": str(other)})
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
+        ({"model": "d", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+         "prompt_lookup_max: n-gram drafting's key"),
+        ({"model": "d", "num_speculative_tokens": 2, "adaptive": True}, "adaptive: n-gram"),
+        ({"method": "ngram", "model": "d", "num_speculative_tokens": 2}, "takes no model"),
+    ],
+)  # fmt: skip
+def test_bad_keys_are_refused(spec, words):
+    with pytest.raises(ValueError, match=words):
+        EngineConfig.create(speculative_config=spec)
+
+
+def test_a_model_without_a_method_is_a_draft_model():
+    spec = EngineConfig.create(speculative_config='{"model": "d", "num_speculative_tokens": 2}')
+    s = spec.speculative_config
+    assert (s.method, s.draft_model, s.adaptive) == ("draft_model", "d", False)
+    assert EngineConfig.create(speculative_config=s.to_json()).speculative_config == s
