@@ -44,6 +44,12 @@ BARE_DECODERS = {
 # config.json architectures of the encoders served (bidirectional attention, pooling runner
 # only: model/bert.py) -> `ModelConfig.architecture`
 ENCODERS = {"BertModel": "bert", "RobertaModel": "roberta", "XLMRobertaModel": "roberta"}
+# the cross-encoders served (an encoder with a one-label classifier head: a pair's score, the
+# score and rerank APIs only; model/bert.py)
+CROSS_ENCODERS = {"BertForSequenceClassification": "bert",
+                  "RobertaForSequenceClassification": "roberta",
+                  "XLMRobertaForSequenceClassification": "roberta"}  # fmt: skip
+ENCODERS.update(CROSS_ENCODERS)
 # other encoder-only checkpoints: refused, by their architectures (the masked-LM heads'
 # checkpoints, ModernBERT's alternating local attention and rotary, DistilBERT's, MPNet's
 # relative buckets, DeBERTa's disentangled attention, ELECTRA's, Nomic's and Alibaba's GTE code)
@@ -73,6 +79,8 @@ class PoolerConfig:
     dimensions: int | None = None
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
+    # the checkpoint's: a cross-encoder (`CROSS_ENCODERS`), whose one "vector" is a pair's score
+    cross_encoder: bool = False
     # set by `resolve` alone: the checkpoint's fields are in and `dimensions` is checked against
     # them (a user's config naming every key is not: its dimensions are still to check)
     checked: bool = dataclasses.field(default=False, compare=False, repr=False)
@@ -212,8 +220,13 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
             raise ValueError("pooler_config applies to the pooling runner only: add --runner "
                              "pooling, or drop --pooler-config")  # fmt: skip
         return runner, None
-    fields: dict[str, Any] = {"pooling_type": "CLS" if encoder(top) else "LAST", "normalize": True}
-    if model_dir is not None:
+    cross = any(a in CROSS_ENCODERS for a in top.get("architectures") or ())
+    if cross and pooler is not None:
+        raise ValueError("a cross-encoder's pooling is its classifier's (its first row's score): "
+                         "drop --pooler-config")  # fmt: skip
+    fields: dict[str, Any] = {"pooling_type": "CLS" if encoder(top) else "LAST",
+                              "normalize": not cross, "cross_encoder": cross}  # fmt: skip
+    if model_dir is not None and not cross:
         fields.update(sentence_transformers_pooling(model_dir) or {})
     if pooler is not None:
         fields.update(pooler.user_keys())
@@ -257,8 +270,10 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
 
 def check_not_classifier(architectures: list[str]) -> None:
     """ValueError, one line, for a sequence-classification checkpoint (`*ForSequenceClassification`:
-    a cross-encoder reranker such as bge-reranker or a classifier), which has no runner here."""
-    cls = [a for a in architectures if a.endswith("ForSequenceClassification")]
+    a cross-encoder reranker such as bge-reranker-v2-gemma or a classifier) other than the
+    cross-encoders served (`CROSS_ENCODERS`), which has no runner here."""
+    cls = [a for a in architectures
+           if a.endswith("ForSequenceClassification") and a not in CROSS_ENCODERS]  # fmt: skip
     if cls:
         raise ValueError(f"{cls[0]} is a sequence-classification model (a cross-encoder "
                          "reranker or classifier): not supported; Pagoda's pooling runner serves "

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionMetadata
-from pagoda.runtime.model.bert_config import EMBED_NORM, TOKEN_TYPES
+from pagoda.runtime.model.bert_config import EMBED_NORM, HEAD_DENSE, HEAD_OUT, TOKEN_TYPES
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, Step
 from pagoda.runtime.model.positions import LearnedPositionsModel, OptLayer
@@ -78,9 +78,43 @@ class BertModel(LearnedPositionsModel):
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
         super().read_model_tensors(w, ctx)
-        self.positions_table = self.positions_table + w[TOKEN_TYPES][0]  # (segment 0)
+        f = self.config.family
+        self.token_types = None  # a cross-encoder's pairs: type 1 after the first [SEP]
+        if f.sep_token_id >= 0:
+            self.token_types = w[TOKEN_TYPES]
+        else:  # every token segment 0: its row folded into the position table
+            self.positions_table = self.positions_table + w[TOKEN_TYPES][0]
         self.embed_norm = self.read_norm(w, EMBED_NORM)
+        self.head = None
+        if f.classifier:  # dense -> tanh -> one logit (`bert_config`'s HEAD_DENSE, HEAD_OUT)
+            self.head = tuple(ctx.linear(w[n], w[n[: -len("weight")] + "bias"])
+                              for n in (HEAD_DENSE, HEAD_OUT))  # fmt: skip
 
     def input_embeddings(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = super().input_embeddings(input_ids, positions)
+        if self.token_types is not None:
+            h = h + F.embedding(pair_types(input_ids, positions, self.config.family.sep_token_id),
+                                self.token_types)  # fmt: skip
         return layer_norm(x=h, weight=self.embed_norm, eps=self.config.rms_norm_eps)
+
+    def final_hidden(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The rows' last hidden states; a cross-encoder's: its score, sigmoid(out(tanh(dense(x))))
+        [N, 1] (sentence-transformers' CrossEncoder's and vLLM's for one label)."""
+        x = super().final_hidden(h, residual)
+        if self.head is None:
+            return x
+        dense, out = self.head
+        return torch.sigmoid(out(torch.tanh(dense(x))))
+
+    def linears(self):
+        return super().linears() + ([] if self.head is None else list(self.head))
+
+
+def pair_types(input_ids: torch.Tensor, positions: torch.Tensor, sep: int) -> torch.Tensor:
+    """int64 [T]: each token's type in a pair "[CLS] a [SEP] b [SEP]" (BERT's pair encoding): 1
+    after its prompt's first [SEP], else 0. Each prompt is whole in the step (positions from 0),
+    so its first row is ``t - positions[t]``; counted on the device, no host sync."""
+    is_sep = (input_ids == sep).long()
+    before = torch.cumsum(is_sep, 0) - is_sep  # the [SEP]s before each row, in the whole batch
+    start = torch.arange(len(input_ids), device=input_ids.device) - positions
+    return (before - before[start] > 0).long()

@@ -126,3 +126,42 @@ def hf_embeddings(model, prompts: list[list[int]], pooling: str, normalize=True)
         m = mask.unsqueeze(-1).float()
         out = (h * m).sum(1) / m.sum(1)
     return F.normalize(out, dim=-1) if normalize else out
+
+
+def make_cross_encoder(path: Path, kind: str = "Bert"):
+    """A tiny random `<kind>ForSequenceClassification` of one label (a cross-encoder reranker:
+    ms-marco-MiniLM's BERT, bge-reranker's XLM-RoBERTa) with the WordPiece tokenizer, its head
+    scaled so that pairs' scores differ. Returns the model."""
+    import transformers
+    from hf_oracle import randomize
+
+    torch.manual_seed(0)
+    positions = 64 if kind == "Bert" else 66  # (XLM-R's table: 2 offset rows)
+    cfg = getattr(transformers, f"{kind}Config")(**ENCODER_SIZES, num_labels=1,
+                                                 max_position_embeddings=positions)  # fmt: skip
+    model = randomize(getattr(transformers, f"{kind}ForSequenceClassification")(cfg).eval())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "classifier" in name and p.dim() > 1:
+                p.mul_(30)
+    model.save_pretrained(path)
+    save_wordpiece_tokenizer(path)
+    return model
+
+
+def hf_pair_scores(model, path: Path, query: str, docs: list[str], types: bool = True):
+    """transformers' scores of (query, doc) pairs: the tokenizer's pair encoding (its token
+    types where `types`, else zeros), sigmoid of the one logit (CrossEncoder's default), float64
+    numpy [N]."""
+    from tokenizers import Tokenizer
+
+    encs = [Tokenizer.from_file(str(path / "tokenizer.json")).encode(query, d) for d in docs]
+    n = max(len(e.ids) for e in encs)
+    ids = torch.tensor([e.ids + [0] * (n - len(e.ids)) for e in encs])
+    mask = torch.tensor([[1] * len(e.ids) + [0] * (n - len(e.ids)) for e in encs])
+    kw = {}
+    if types:
+        kw["token_type_ids"] = torch.tensor([e.type_ids + [0] * (n - len(e.ids)) for e in encs])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, **kw).logits[:, 0]
+    return torch.sigmoid(logits).double().numpy()

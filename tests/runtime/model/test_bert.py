@@ -149,3 +149,27 @@ def test_published_configs_read_as_encoders(tmp_path, cfg, arch, eps, offset, ty
         with pytest.raises(ValueError, match=words) as e:
             read_model_config(str(tmp_path))
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["Bert", "XLMRoberta"])
+def test_cross_encoders_score_pairs_as_transformers(tmp_path, kind):
+    """A one-label `*ForSequenceClassification` (a cross-encoder reranker): each pair encoded as
+    one prompt (BERT's token types 1 after the first [SEP]; RoBERTa's none), its classifier
+    head on the first row, sigmoid: `LLM.score` equals transformers' (1e-5); it has no
+    vectors (`embed` refused) and takes no --pooler-config."""
+    from embed_testlib import hf_pair_scores, make_cross_encoder
+
+    model = make_cross_encoder(tmp_path, kind)
+    query, docs = "w5 w9 w13", ["w3 w4", "w7 w8 w9 w10 w11", "w40", "w5 w9"]
+    want = hf_pair_scores(model, tmp_path, query, docs, types=kind == "Bert")
+    llm = LLM(str(tmp_path), **ARGS)
+    assert llm.config.pooler_config.cross_encoder
+    got = np.array([o.outputs.score for o in llm.score(query, docs, use_tqdm=False)])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.ptp(want) > 1e-3  # (pairs told apart)
+    if kind == "Bert":  # the token types count
+        assert np.abs(hf_pair_scores(model, tmp_path, query, docs, types=False) - want).max() > 1e-4
+    with pytest.raises(ValueError, match=r"cross-encoder .* use score"):
+        llm.embed(["w3"], use_tqdm=False)
+    with pytest.raises(ValueError, match="cross-encoder's pooling is its classifier's"):
+        LLM(str(tmp_path), pooler_config={"pooling_type": "MEAN"}, **ARGS)
