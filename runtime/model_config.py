@@ -189,6 +189,17 @@ class FamilyConfig:
     # project_in / project_out around the layers; 0: none)
     post_norm: bool = False
     embed_proj_dim: int = 0
+    # BERT's and RoBERTa's token-type table's rows (token type 0's added to every token's
+    # embedding: model/bert.py); 0: none
+    type_vocab_size: int = 0
+    # an encoder's sentence-transformers `max_seq_length` (sentence_bert_config.json: the
+    # length it was trained to embed, below its position table's), which bounds the context
+    # as vLLM bounds it; 0: none
+    max_seq_length: int = 0
+    # a cross-encoder's one-label classifier head (`*ForSequenceClassification`: model/bert.py)
+    # and, where its pairs take token types, the [SEP] id after which a pair's type is 1
+    classifier: bool = False
+    sep_token_id: int = -1
     # BitNet b1.58 (model/bitnet.py, bitlinear.py): its projections' ternary weights stored packed
     # ("offline") or as master weights quantized at load ("online"); "": dense (no
     # quantization_config: transformers runs plain Linears)
@@ -411,6 +422,8 @@ class ModelConfig:
         s, context = self.rope_scaling or {}, self.max_position_embeddings
         if self.family.doge is not None:  # (transformers keeps only some keys past it)
             context = min(context, self.family.doge.keep_window)
+        if self.family.max_seq_length:  # (an encoder's sentence-transformers length)
+            context = min(context, self.family.max_seq_length)
         kind = s.get("rope_type", s.get("type", "default"))
         if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
             return context

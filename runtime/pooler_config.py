@@ -7,9 +7,14 @@ says it is one, else as a generator (``generate``):
   ``pooling_mode_mean_tokens`` or ``pooling_mode_cls_token`` (LAST, MEAN, CLS; a ``Normalize``
   module: normalized) - the published Qwen3-Embedding layout;
 - or config.json's ``architectures`` naming a bare decoder (``Qwen3Model``, ``LlamaModel``,
-  ``Qwen2Model``, ``MistralModel``: no LM head) rather than a ``*ForCausalLM``.
+  ``Qwen2Model``, ``MistralModel``: no LM head) rather than a ``*ForCausalLM``;
+- or naming an encoder (``BertModel``, ``RobertaModel``, ``XLMRobertaModel``: `ENCODERS`,
+  bidirectional attention, model/bert.py), served by the pooling runner only.
 Without a sentence-transformers layout a pooling model pools LAST and normalizes (vLLM's
-default for decoder embedding models). ``--pooler-config`` keys override the checkpoint's.
+default for decoder embedding models), an encoder CLS, normalized (vLLM's for BERT-like
+models). ``--pooler-config`` keys override the checkpoint's. An encoder's prompts are each
+computed whole in one step (`with_runner`: chunked prefill off, as prefix caching is for
+every pooling model): its attention reads the whole prompt from every row.
 
 Matryoshka models (config.json ``is_matryoshka`` / ``matryoshka_dimensions``, vLLM's names) may
 be asked for fewer ``dimensions``: the pooler config's (every request) or a request's own.
@@ -36,11 +41,22 @@ BARE_DECODERS = {
     "Qwen2Model": "Qwen2ForCausalLM",
     "Qwen3Model": "Qwen3ForCausalLM",
 }
-# encoder-only checkpoints (bidirectional attention): refused, by their architectures
+# config.json architectures of the encoders served (bidirectional attention, pooling runner
+# only: model/bert.py) -> `ModelConfig.architecture`
+ENCODERS = {"BertModel": "bert", "RobertaModel": "roberta", "XLMRobertaModel": "roberta"}
+# the cross-encoders served (an encoder with a one-label classifier head: a pair's score, the
+# score and rerank APIs only; model/bert.py)
+CROSS_ENCODERS = {"BertForSequenceClassification": "bert",
+                  "RobertaForSequenceClassification": "roberta",
+                  "XLMRobertaForSequenceClassification": "roberta"}  # fmt: skip
+ENCODERS.update(CROSS_ENCODERS)
+# other encoder-only checkpoints: refused, by their architectures (the masked-LM heads'
+# checkpoints, ModernBERT's alternating local attention and rotary, DistilBERT's, MPNet's
+# relative buckets, DeBERTa's disentangled attention, ELECTRA's, Nomic's and Alibaba's GTE code)
 ENCODER_ONLY = frozenset({
-    "BertModel", "BertForMaskedLM", "RobertaModel", "RobertaForMaskedLM", "XLMRobertaModel",
-    "XLMRobertaForMaskedLM", "ModernBertModel", "ModernBertForMaskedLM", "DistilBertModel",
-    "MPNetModel", "DebertaV2Model", "ElectraModel", "NomicBertModel", "NewModel", "GteModel",
+    "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "ModernBertModel",
+    "ModernBertForMaskedLM", "DistilBertModel", "MPNetModel", "DebertaV2Model", "ElectraModel",
+    "NomicBertModel", "NewModel", "GteModel",
 })  # fmt: skip
 # sentence-transformers' 1_Pooling/config.json keys -> our pooling types
 _ST_MODES = {
@@ -63,6 +79,11 @@ class PoolerConfig:
     dimensions: int | None = None
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
+    # the checkpoint's: a cross-encoder (`CROSS_ENCODERS`), whose one "vector" is a pair's score
+    cross_encoder: bool = False
+    # set by `resolve` alone: the checkpoint's fields are in and `dimensions` is checked against
+    # them (a user's config naming every key is not: its dimensions are still to check)
+    checked: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
@@ -97,11 +118,6 @@ class PoolerConfig:
             value["pooling_type"] = value["pooling_type"].upper()
         return cls(**value)
 
-    @property
-    def resolved(self) -> bool:
-        """Whether the checkpoint's fields are in (`resolve`)."""
-        return self.pooling_type is not None and self.normalize is not None
-
     def user_keys(self) -> dict[str, Any]:
         """The keys the user gave (those not None)."""
         return {k: getattr(self, k) for k in USER_KEYS if getattr(self, k) is not None}
@@ -121,12 +137,25 @@ class PoolerConfig:
 
 
 def check_not_encoder(architectures: list[str]) -> None:
-    """ValueError, one line, for an encoder-only checkpoint (BERT, XLM-R, ModernBERT)."""
+    """ValueError, one line, for an encoder-only checkpoint not served (ModernBERT, DistilBERT,
+    a masked-LM head's)."""
     enc = [a for a in architectures if a in ENCODER_ONLY]
     if enc:
-        raise ValueError(f"{enc[0]} is an encoder-only model (bidirectional attention): not "
-                         "supported; Pagoda's pooling runner serves decoder models (Qwen3-Embedding, "
-                         "gte-Qwen2, e5-mistral)")  # fmt: skip
+        raise ValueError(f"{enc[0]} is an encoder-only model not supported; the pooling runner "
+                         f"serves the encoders {', '.join(ENCODERS)} and decoder models "
+                         "(Qwen3-Embedding, gte-Qwen2, e5-mistral)")  # fmt: skip
+
+
+def encoder(config_json: Mapping[str, Any]) -> str | None:
+    """The served encoder architecture a config.json names (`ENCODERS`), else None."""
+    return next((a for a in config_json.get("architectures") or () if a in ENCODERS), None)
+
+
+def _config_json(model_path: str | Path) -> dict[str, Any] | None:
+    """A checkpoint directory's config.json, None for anything else (a GGUF file)."""
+    path = Path(model_path)
+    top = _read_json(path / "config.json") if path.is_dir() else None
+    return top if isinstance(top, dict) else None
 
 
 def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any] | None:
@@ -160,7 +189,7 @@ def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any] | None:
 def says_pooling(model_dir: Path, config_json: Mapping[str, Any]) -> bool:
     """Whether a checkpoint is an embedding model (`--runner auto`'s rule, module docstring)."""
     archs = config_json.get("architectures") or []
-    if any(a in BARE_DECODERS for a in archs):
+    if any(a in BARE_DECODERS or a in ENCODERS for a in archs):
         return True
     return sentence_transformers_pooling(model_dir) is not None
 
@@ -169,11 +198,14 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
             hidden_size: int) -> tuple[str, PoolerConfig | None]:  # fmt: skip
     """The concrete runner (``generate`` / ``pooling``) and, for pooling, the pooler config:
     the checkpoint's (sentence-transformers layout, Matryoshka fields) under the user's keys.
-    ValueError, one line, for a pooler config on a generating runner or bad dimensions."""
+    ValueError, one line, for a pooler config on a generating runner or bad dimensions. A config
+    `resolve` made (`checked`: a second call, EngineCore's after `pagoda serve`'s) is its own
+    answer: no file is read again."""
+    if runner == "pooling" and pooler is not None and pooler.checked:
+        return runner, pooler
     path = Path(model_path)
     model_dir = path if path.is_dir() else None
-    top = _read_json(model_dir / "config.json") if model_dir is not None else None
-    top = top if isinstance(top, dict) else {}
+    top = _config_json(path) or {}
     if runner == "auto":
         runner = "pooling" if model_dir is not None and says_pooling(model_dir, top) else "generate"
     if runner == "generate":
@@ -181,21 +213,27 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
         if bare:
             raise ValueError(f"{bare[0]} is a bare decoder without an LM head (an embedding "
                              "model): serve it with --runner pooling")  # fmt: skip
+        if encoder(top) is not None:
+            raise ValueError(f"{encoder(top)} is an encoder (bidirectional attention, no LM "
+                             "head): it generates nothing; serve it with --runner pooling")  # fmt: skip
         if pooler is not None:
             raise ValueError("pooler_config applies to the pooling runner only: add --runner "
                              "pooling, or drop --pooler-config")  # fmt: skip
         return runner, None
-    if pooler is not None and pooler.resolved:
-        return runner, pooler
-    fields: dict[str, Any] = {"pooling_type": "LAST", "normalize": True}
-    if model_dir is not None:
+    cross = any(a in CROSS_ENCODERS for a in top.get("architectures") or ())
+    if cross and pooler is not None:
+        raise ValueError("a cross-encoder's pooling is its classifier's (its first row's score): "
+                         "drop --pooler-config")  # fmt: skip
+    fields: dict[str, Any] = {"pooling_type": "CLS" if encoder(top) else "LAST",
+                              "normalize": not cross, "cross_encoder": cross}  # fmt: skip
+    if model_dir is not None and not cross:
         fields.update(sentence_transformers_pooling(model_dir) or {})
     if pooler is not None:
         fields.update(pooler.user_keys())
     dims = top.get("matryoshka_dimensions") or ()
     fields["matryoshka"] = bool(top.get("is_matryoshka") or dims)
     fields["matryoshka_dimensions"] = tuple(int(d) for d in dims)
-    out = PoolerConfig(**fields)
+    out = PoolerConfig(**fields, checked=True)
     if out.dimensions is not None:
         problem = out.check_dimensions(out.dimensions, hidden_size)
         if problem is not None:
@@ -207,8 +245,15 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     """An `EngineConfig` with its runner resolved (`resolve`); itself when it was already.
     Pooling turns prefix caching off: a MEAN or CLS vector reads every prompt row, which a
     cached prefix would skip, and a pooled request's blocks are freed when it ends (LAST
-    could reuse cached prefixes; one rule for every pooling type is kept instead)."""
+    could reuse cached prefixes; one rule for every pooling type is kept instead). An encoder
+    (`ENCODERS`) turns chunked prefill off too: its attention over the whole prompt needs the
+    prompt in one step."""
     runner, pooler = resolve(config.runner, config.pooler_config, model_path, hidden_size)
+    sched = config.scheduler
+    if sched.enable_chunked_prefill and encoder(_config_json(model_path) or {}) is not None:
+        sched = dataclasses.replace(sched, enable_chunked_prefill=False,
+                                    long_prefill_token_threshold=None)  # fmt: skip
+        config = dataclasses.replace(config, scheduler=sched)
     if runner == "pooling" and config.speculative_config is not None:
         raise ValueError("speculative decoding is not supported with the pooling runner (an "
                          "embedding request generates nothing): drop --speculative-config")  # fmt: skip
@@ -225,8 +270,10 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
 
 def check_not_classifier(architectures: list[str]) -> None:
     """ValueError, one line, for a sequence-classification checkpoint (`*ForSequenceClassification`:
-    a cross-encoder reranker such as bge-reranker or a classifier), which has no runner here."""
-    cls = [a for a in architectures if a.endswith("ForSequenceClassification")]
+    a cross-encoder reranker such as bge-reranker-v2-gemma or a classifier) other than the
+    cross-encoders served (`CROSS_ENCODERS`), which has no runner here."""
+    cls = [a for a in architectures
+           if a.endswith("ForSequenceClassification") and a not in CROSS_ENCODERS]  # fmt: skip
     if cls:
         raise ValueError(f"{cls[0]} is a sequence-classification model (a cross-encoder "
                          "reranker or classifier): not supported; Pagoda's pooling runner serves "

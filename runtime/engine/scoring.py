@@ -69,6 +69,8 @@ def score(llm: Any, data_1: list, data_2: list, params: PoolingParams | None,
         raise ValueError("score needs the pooling runner (an embedding model): "
                          "LLM(..., runner='pooling')")  # fmt: skip
     pairs = pair_indices(len(data_1), len(data_2))
+    if llm.engine.config.pooler_config.cross_encoder:
+        return cross_scores(llm, data_1, data_2, pairs, params, bar)
     embedded = embed(llm, [*data_1, *data_2], params, bar)
     vectors = [np.asarray(e.outputs.embedding, dtype=np.float32) for e in embedded]
     scores = pair_scores(vectors, pairs, len(data_1))
@@ -79,3 +81,20 @@ def score(llm: Any, data_1: list, data_2: list, params: PoolingParams | None,
                                         a.prompt_token_ids + b.prompt_token_ids,
                                         ScoringOutput(s)))  # fmt: skip
     return out
+
+
+def cross_scores(llm: Any, data_1: list, data_2: list, pairs: list[tuple[int, int]],
+                 params: PoolingParams | None, bar: Any) -> list[ScoringRequestOutput]:  # fmt: skip
+    """A cross-encoder's scores: each pair's texts encoded together (`Tokenizer.encode_pair`)
+    as one prompt, all pooled together; its one output is the pair's score."""
+    if params is not None and params != PoolingParams():
+        raise ValueError("a cross-encoder takes no pooling params (dimensions, "
+                         "truncate_prompt_tokens): its pairs are scored whole")  # fmt: skip
+    texts = [*data_1, *data_2]
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError("a cross-encoder scores text pairs: data_1 and data_2 must be strings")
+    tok = llm.engine.tokenizer
+    prompts = [tok.encode_pair(data_1[i], data_2[j]) for i, j in pairs]
+    scored = embed(llm, prompts, None, bar, pairs=True)
+    return [ScoringRequestOutput(o.request_id, o.prompt_token_ids,
+                                 ScoringOutput(float(o.outputs.embedding[0]))) for o in scored]  # fmt: skip

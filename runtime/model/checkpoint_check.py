@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model import (
     bailing_hybrid_config,
+    bert_config,
     bitnet_config,
     glm5_next_config,
     kimi_linear_config,
@@ -24,7 +25,8 @@ EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 FP8_DTYPES = ("F8_E4M3",)
 # what a family changes in the tensors `expected_shapes` lists (its *_config.py's
 # `checkpoint_shapes`), (c, out) -> None
-_FAMILY_SHAPES = {**moe_families.CHECKPOINT_SHAPES, **mamba_config.CHECKPOINT_SHAPES}
+_FAMILY_SHAPES = {**moe_families.CHECKPOINT_SHAPES, **mamba_config.CHECKPOINT_SHAPES,
+                  **dict.fromkeys(("bert", "roberta"), bert_config.checkpoint_shapes)}  # fmt: skip
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:

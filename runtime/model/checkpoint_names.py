@@ -51,6 +51,7 @@ LISTINGS: dict[str, Listing] = {
     "olmo_hybrid": Listing("olmo_hybrid_config", "rename_norms", estimate=False),  # OLMo-core's
     **_RENAMED,  # (GraniteMoeSWA's experts, Kolibri's norms, ...)
     "hy_v4": Listing("hy_v4_config", "rename_weights"),  # transformers' renames
+    **dict.fromkeys(("bert", "roberta"), Listing("bert_config", "rename_weights")),
     "deepseek_v4": Listing("dsv4_config", "rename_canonical", estimate=False),  # (`canonical`)
     "kimi_linear": Listing("kimi_linear_config", "rename_mlps", estimate=False),
     "inkling2": Listing("inkling2_config", "rename"),  # the published names

@@ -162,6 +162,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["intermediate_size"] = int((out.get("ffn_config") or {}).get("ffn_hidden_size", 3584))
     if arch == "longcat_flash":  # two attention sublayers a layer (longcat_flash_config.py)
         out["num_hidden_layers"] = 2 * int(out["num_layers"])
+    if arch in ("bert", "roberta"):  # RoBERTa's context: its table less the offset rows
+        from pagoda.runtime.model.bert_config import overrides as bert_overrides
+
+        out.update(bert_overrides(out, arch))
     if arch == "jetmoe":  # JetMoeConfig's: the KV heads once per expert picked
         out["num_attention_heads"] = int(out["num_key_value_heads"]) * int(
             out["num_experts_per_tok"])  # fmt: skip

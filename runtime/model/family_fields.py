@@ -9,12 +9,18 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pagoda.runtime.model import (
+    bert_config,
+    hy_v4_config,
+    moe_families,
+    positions_config,
+    ungated_config,
+)
 from pagoda.runtime.model import bitnet_config as bitnet
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import gemma3n_config as gemma3n
 from pagoda.runtime.model import gemma4_config as gemma4
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
-from pagoda.runtime.model import hy_v4_config, moe_families, positions_config, ungated_config
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model.ops import rope_kind
@@ -334,6 +340,7 @@ def _hybrid(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 FIELDS: dict[str, Fields] = {
     **positions_config.FIELDS,  # learned or sinusoidal position tables, ALiBi
+    **bert_config.FIELDS,  # BERT's, RoBERTa's: post-norm encoders (model/bert.py)
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     **dict.fromkeys(

@@ -84,7 +84,7 @@ def architecture(cfg: Mapping[str, Any]) -> str:
         check_not_encoder(archs)  # (BERT, XLM-R, ModernBERT: one line of their own)
         found = ", ".join(archs) if archs else "none named in config.json"
         raise ValueError(
-            f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"
+            f"unsupported architecture ({found}); supported: {','.join(HF_ARCHITECTURES)}"
         )
     wrapper = next((a for a in archs if a in HF_ARCHITECTURES), "")
     if cfg.get("model_type") in REMOTE_CODE_TYPES:
@@ -161,6 +161,10 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     cfg = {**DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in NULLABLE.get(arch, ())}}  # fmt: skip
     cfg = config_keys.derived(cfg, arch)
+    if model_dir is not None and arch in ("bert", "roberta"):  # sentence-transformers' length
+        from pagoda.runtime.model.bert_config import read_side_files
+
+        cfg.update(read_side_files(model_dir, cfg))
     if arch == "gpt_oss" and not cfg.get("rope_scaling") and not cfg.get("rope_parameters"):
         cfg["rope_scaling"] = dict(GPT_OSS_ROPE)
     if arch in DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagoda.runtime.model import bert_config as bert
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import dory_config as dory
 from pagoda.runtime.model import gemma3n_config as gemma3n
@@ -23,7 +24,7 @@ from pagoda.runtime.model import mellum_config as mellum
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model import zaya_config as zaya
-from pagoda.runtime.pooler_config import BARE_DECODERS
+from pagoda.runtime.pooler_config import BARE_DECODERS, ENCODERS
 
 # `architectures` in config.json -> `ModelConfig.architecture`
 HF_ARCHITECTURES = {
@@ -119,6 +120,9 @@ HF_ARCHITECTURES = {
 # bare decoders (no LM head): embedding checkpoints, served by the pooling runner only
 # (e5-mistral's MistralModel; `pooler_config.py`)
 HF_ARCHITECTURES.update({a: HF_ARCHITECTURES[c] for a, c in BARE_DECODERS.items()})
+# encoders (bidirectional attention: BERT, RoBERTa, XLM-RoBERTa), served by the pooling runner
+# only (model/bert.py)
+HF_ARCHITECTURES.update(ENCODERS)
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
 # first); another model_type is refused
 TEXT_MODEL_TYPES = {
@@ -375,6 +379,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **llama4.DEFAULTS,
     **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
+    **bert.DEFAULTS,  # BertConfig's, RobertaConfig's
     **gemma4.DEFAULTS,
     **gemma3n.DEFAULTS,
 }  # fmt: skip
@@ -415,6 +420,7 @@ EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
 EPS.update(xglm="_layer_norm_eps", openai_gpt="layer_norm_epsilon", biogpt="_layer_norm_eps")
 EPS.update(ctrl="layer_norm_epsilon", gpt_neox_japanese="layer_norm_eps")
+EPS.update(bert="layer_norm_eps", roberta="layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {

@@ -125,6 +125,8 @@ MODEL_CLASSES = {
     "ctrl": ("positions", "CtrlModel"),  # its sinusoidal table, scaled embeddings, head bias
     "bloom": ("bloom", "BloomModel"),  # ALiBi, the embeddings' LayerNorm
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
+    "bert": ("bert", "BertModel"),  # an encoder: bidirectional attention, post-norm layers
+    "roberta": ("bert", "BertModel"),  # BERT's, its position table offset (XLM-RoBERTa's too)
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...
 }
 # what each family is not tested with (tensor parallelism, FP8, ...): one row per family there

@@ -285,6 +285,12 @@ class Tokenizer:
             return self.encode(text)
         return self._tok.encode_batch([text], add_special_tokens=True)[0].ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Token ids of a text pair as transformers' ``tokenizer(first, second)`` gives them
+        (BERT's ``[CLS] first [SEP] second [SEP]``, XLM-R's ``<s> first </s></s> second </s>``:
+        tokenizer.json's post-processor): a cross-encoder's input."""
+        return self._tok.encode(first, second, add_special_tokens=True).ids
+
     def encode_as_text(self, text: str) -> list[int]:
         """Token ids of `text` with special-token text (``<|im_start|>``) read as plain text,
         as user content must be; no BOS."""

@@ -125,6 +125,10 @@ class EmbeddingsRoute:
         """The request and its inputs' token ids (on the preparing thread)."""
         req = parse_request(body, EmbeddingRequest)
         self.resolve_model(req.model)
+        if info.pooler.cross_encoder:
+            raise APIError(400, "The model does not support the Embeddings API: it is a "
+                           "cross-encoder (a text pair's score: /v1/score, /v1/rerank)",
+                           code="unsupported_api")  # fmt: skip
         if req.dimensions is not None:
             problem = info.pooler.check_dimensions(req.dimensions, info.hidden_size)
             if problem is not None:

@@ -13,8 +13,11 @@ false. Both take vLLM's `truncate_prompt_tokens` (each text cut to its last k to
 Every text of a call is one engine request, all added together (all-or-nothing) so that they
 batch in the engine's steps; a single `text_1` or the query is pooled once. `usage` counts the
 prompt tokens pooled. A generating server answers these paths with the 400 `unsupported_api` of
-the other unserved APIs; cross-encoder rerankers (`*ForSequenceClassification`) are refused when
-the server starts (`pooler_config.check_not_classifier`).
+the other unserved APIs. A cross-encoder (`pooler_config.CROSS_ENCODERS`: BERT's, RoBERTa's one-label
+classifiers) scores each pair in one forward: the pair encoded as one prompt
+(`Tokenizer.encode_pair`), its output the pair's score (`cross_prompts`); other
+`*ForSequenceClassification` models are refused when the server starts
+(`pooler_config.check_not_classifier`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,20 @@ class Pairs:
     req: ScoreRequest | RerankRequest
     pairs: list[tuple[int, int]]
     n1: int
+    cross: bool = False  # a cross-encoder's: one prompt per pair, its output the pair's score
+
+
+def cross_prompts(info: EngineInfo, req, firsts: list[str], seconds: list[str],
+                  pairs: list[tuple[int, int]], param: str) -> list[list[int]]:  # fmt: skip
+    """A cross-encoder's prompts: each pair's two texts encoded together
+    (`Tokenizer.encode_pair`), checked as `tokenized` checks an input; truncate_prompt_tokens
+    refused (a pair is scored whole)."""
+    if req.truncate_prompt_tokens is not None:
+        raise APIError(400, "truncate_prompt_tokens is not supported by a cross-encoder (a pair "
+                       "is scored whole)", param="truncate_prompt_tokens",
+                       code="unsupported_parameter")  # fmt: skip
+    enc = info.tokenizer.encode_pair
+    return tokenized(info, [enc(firsts[i], seconds[j]) for i, j in pairs], param, None)
 
 
 def _pairs(firsts: list, seconds: list, first: str, second: str) -> list[tuple[int, int]]:
@@ -78,7 +95,10 @@ class _PairRoute(EmbeddingsRoute):
 
     @staticmethod
     def scores(job: Pairs, outs: list[StepOutput]) -> list[float]:
-        """The pairs' scores from the inputs' outputs (their pooled vectors)."""
+        """The pairs' scores from the inputs' outputs (their pooled vectors; a cross-encoder's
+        outputs are the pairs' scores)."""
+        if job.cross:
+            return [float(vector(o.embedding, None, False)[0]) for o in outs]
         return pair_scores([vector(o.embedding, None, False) for o in outs], job.pairs, job.n1)
 
 
@@ -91,6 +111,9 @@ class ScoreRoute(_PairRoute):
         firsts = [req.text_1] if isinstance(req.text_1, str) else req.text_1
         seconds = [req.text_2] if isinstance(req.text_2, str) else req.text_2
         pairs = _pairs(firsts, seconds, "text_1", "text_2")
+        if info.pooler.cross_encoder:
+            prompts = cross_prompts(info, req, firsts, seconds, pairs, "text_2")
+            return Pairs(req, pairs, len(firsts), cross=True), prompts
         truncate = req.truncate_prompt_tokens
         prompts = tokenized(info, firsts, "text_1", truncate)
         prompts += tokenized(info, seconds, "text_2", truncate)
@@ -111,6 +134,9 @@ class RerankRoute(_PairRoute):
         req = parse_request(body, RerankRequest)
         self.resolve_model(req.model)
         pairs = _pairs([req.query], req.documents, "query", "documents")
+        if info.pooler.cross_encoder:
+            prompts = cross_prompts(info, req, [req.query], req.documents, pairs, "documents")
+            return Pairs(req, pairs, 1, cross=True), prompts
         truncate = req.truncate_prompt_tokens
         prompts = tokenized(info, [req.query], "query", truncate)
         prompts += tokenized(info, req.documents, "documents", truncate)

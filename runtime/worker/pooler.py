@@ -49,7 +49,8 @@ class Pooler:
         log.info("pooling runner: %s pooling%s%s; no LM head, prefix caching off",
                  pc.pooling_type, ", normalized" if pc.normalize else "",
                  f", {pc.dimensions} dimensions" if pc.dimensions else "")  # fmt: skip
-        return pc.pooling_type, cls(pc, hidden_size, 2 * config.scheduler.max_num_seqs, device)
+        width = 1 if pc.cross_encoder else hidden_size  # (a cross-encoder's rows: its scores)
+        return pc.pooling_type, cls(pc, width, 2 * config.scheduler.max_num_seqs, device)
 
     def __init__(self, config: PoolerConfig, hidden_size: int, num_rows: int,
                  device: torch.device) -> None:  # fmt: skip

@@ -62,7 +62,7 @@ def test_bad_pooler_config_is_one_line(value, words):
 
 def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="encoder-only model"):
-        check_not_encoder(["XLMRobertaModel"])
+        check_not_encoder(["ModernBertModel"])
     with pytest.raises(ValueError, match="runner must be one of"):
         EngineConfig.create("m", runner="draft")
     _checkpoint(tmp_path, ("Qwen3Model",))
@@ -87,3 +87,20 @@ def test_a_cross_encoder_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="Qwen3ForSequenceClassification is a sequence-") as e:
         read_config(tmp_path)
     assert "\n" not in str(e.value) and "cross-encoder" in str(e.value)
+
+
+def test_a_user_config_naming_every_key_still_has_its_dimensions_checked(tmp_path):
+    """A user's config giving pooling_type, normalize and dimensions is not taken as resolved:
+    the checkpoint's Matryoshka fields are read and `dimensions` checked against them. What
+    `resolve` answers is final: resolving it again reads no file (EngineCore's second call
+    after `pagoda serve`'s)."""
+    _checkpoint(tmp_path, ("Qwen3Model",))
+    every_key = {"pooling_type": "LAST", "normalize": True, "dimensions": 9999}
+    with pytest.raises(ValueError, match="Matryoshka"):
+        resolve("pooling", PoolerConfig.parse(every_key), tmp_path, 64)
+    _checkpoint(tmp_path, ("Qwen3Model",), matryoshka_dimensions=[16, 64])
+    user = PoolerConfig.parse({**every_key, "dimensions": 16})
+    _, pc = resolve("pooling", user, tmp_path, 64)
+    assert pc.checked and not user.checked and pc.matryoshka_dimensions == (16, 64)
+    (tmp_path / "config.json").unlink()
+    assert resolve("pooling", pc, tmp_path, 64) == ("pooling", pc)

@@ -92,3 +92,29 @@ def test_refusals_are_openai_400s(served):
     assert errors["completions"]["code"] == "unsupported_api"
     assert "pooling runner" in errors["completions"]["message"]
     core.check_integrity()
+
+
+def test_an_encoder_is_served_too(tmp_path):
+    """A tiny BERT (`model/bert.py`, `embed_testlib.make_bert_model`: WordPiece, MEAN,
+    normalized): its texts tokenized with [CLS] / [SEP], transformers' vectors back, and the
+    score API's cosine of them."""
+    from embed_testlib import hf_encoder_embeddings, make_bert_model
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.engine.core import EngineCore
+
+    model = make_bert_model(tmp_path)
+    core = EngineCore(EngineConfig.create(str(tmp_path), dtype="float32", device="cpu",
+                                          num_blocks_override=16, max_num_seqs=4))  # fmt: skip
+
+    async def texts(c, _):
+        return await c.embeddings.create(model=NAME, input=["w5 w9 w13", "W3"])
+
+    async def score(_, http):
+        return await http.post("/score", json={"text_1": "w5 w9 w13", "text_2": "W3"})
+
+    (res, scored), _ = asyncio.run(serve(core, [texts, score]))
+    want = hf_encoder_embeddings(model, [[2, 10, 14, 18, 3], [2, 8, 3]], "MEAN")
+    np.testing.assert_allclose([d.embedding for d in res.data], want, atol=1e-5)
+    assert res.usage.prompt_tokens == 8
+    cos = float(want[0] @ want[1])
+    np.testing.assert_allclose(scored.json()["data"][0]["score"], cos, atol=1e-5)

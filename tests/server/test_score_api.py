@@ -156,3 +156,31 @@ def test_bad_requests_are_openai_400s(answers):
         assert code is None or err["code"] == code, (name, err)
     assert "1:1, 1:N or N:N" in bad["N:M"].json()["error"]["message"]
     core.check_integrity()
+
+
+def test_a_cross_encoder_scores_and_reranks_pairs(tmp_path):
+    """A tiny BERT cross-encoder (`embed_testlib.make_cross_encoder`): /v1/score and /v1/rerank
+    answer transformers' pair scores (each pair one prompt, its head's sigmoid), sorted for
+    rerank; /v1/embeddings and truncate_prompt_tokens are 400s."""
+    from embed_testlib import hf_pair_scores, make_cross_encoder
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.engine.core import EngineCore
+
+    model = make_cross_encoder(tmp_path, "Bert")
+    docs = ["w3 w4", "w7 w8 w9 w10 w11", "w40"]
+    want = hf_pair_scores(model, tmp_path, "w5 w9 w13", docs)
+    core = EngineCore(EngineConfig.create(str(tmp_path), dtype="float32", device="cpu",
+                                          num_blocks_override=16, max_num_seqs=4))  # fmt: skip
+    bodies = [("score", {"text_1": "w5 w9 w13", "text_2": docs}),
+              ("rerank", {"query": "w5 w9 w13", "documents": docs, "top_n": 2}),
+              ("embeddings", {"input": "w3"}),
+              ("rerank", {"query": "w3", "documents": docs, "truncate_prompt_tokens": 2})]  # fmt: skip
+    calls = [lambda _, http, p=p, b=b: http.post(p, json=b) for p, b in bodies]
+    (scored, ranked, embedded, cut), _ = asyncio.run(serve(core, calls))
+    np.testing.assert_allclose([d["score"] for d in scored.json()["data"]], want, atol=1e-5)
+    results = ranked.json()["results"]
+    assert [r["index"] for r in results] == list(np.argsort(-want)[:2])
+    np.testing.assert_allclose([r["relevance_score"] for r in results], np.sort(want)[::-1][:2],
+                               atol=1e-5)  # fmt: skip
+    assert embedded.status_code == 400 and embedded.json()["error"]["code"] == "unsupported_api"
+    assert cut.status_code == 400 and cut.json()["error"]["param"] == "truncate_prompt_tokens"
