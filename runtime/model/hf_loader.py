@@ -11,6 +11,7 @@ lazily; without them, `pytorch_model.bin` or its shards, through `pickle_weights
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +76,17 @@ def _as_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
+def unsupported_architecture(archs: list[str]) -> str:
+    """The one line for architectures none of which is served: the closest served names and
+    where the whole list is (over 300 names no longer fit the 4,000 bytes of a termination
+    message beside a path)."""
+    found = ", ".join(archs) if archs else "none named in config.json"
+    close = {m for a in archs for m in difflib.get_close_matches(a, HF_ARCHITECTURES, 3, 0.6)}
+    hint = f"closest supported: {', '.join(sorted(close))}; " if close else ""
+    return (f"unsupported architecture ({found}); {hint}{len(HF_ARCHITECTURES)} architectures "
+            'are supported (docs/runtime.md, "Supported models")')  # fmt: skip
+
+
 def architecture(cfg: Mapping[str, Any]) -> str:
     """`ModelConfig.architecture` of a config.json, or ValueError naming what is supported."""
     archs = cfg.get("architectures") or []
@@ -82,10 +94,7 @@ def architecture(cfg: Mapping[str, Any]) -> str:
     arch = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
     if arch is None:
         check_not_encoder(archs)  # (BERT, XLM-R, ModernBERT: one line of their own)
-        found = ", ".join(archs) if archs else "none named in config.json"
-        raise ValueError(
-            f"unsupported architecture ({found}); supported: {','.join(HF_ARCHITECTURES)}"
-        )
+        raise ValueError(unsupported_architecture(archs))
     wrapper = next((a for a in archs if a in HF_ARCHITECTURES), "")
     if cfg.get("model_type") in REMOTE_CODE_TYPES:
         kind = cfg["model_type"]
