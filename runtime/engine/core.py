@@ -20,6 +20,9 @@ step N+1, whose row is computed and dropped; the length limit is known ahead and
 Steps run synchronously while a request with penalties is running (they need the host's token
 counts). Tokens are the same as without it (each request's draws come from its own generator in
 the same order; greedy output relies on batch invariance, the default).
+
+A request's checks and its `n` samples are built in `engine/request_intake.py`; what a config
+asks of its model is refused at the start in `engine/start_checks.py`.
 """
 
 from __future__ import annotations
