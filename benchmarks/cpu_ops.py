@@ -85,20 +85,20 @@ def decode_ab(dtype: str, reps: int = 6) -> None:
 
     from pagoda.runtime import LLM, SamplingParams
     from pagoda.runtime.model.loader import load_model
-    from pagoda.runtime.worker import model_runner
+    from pagoda.runtime.worker import model_build
 
     with tempfile.TemporaryDirectory() as tmp:
         write_random_llama(Path(tmp), SMOL)
-        llms, original = {}, model_runner.select_ops
+        llms, original = {}, model_build.select_ops
         try:
             for name, chosen in (
                 ("torch", ops.TORCH_OPS),
                 ("native", cpu_ops.cpu_ops(ops.TORCH_OPS)),
             ):
-                model_runner.select_ops = lambda device, backend, c=chosen: c
+                model_build.select_ops = lambda device, backend, c=chosen: c
                 llms[name] = LLM(loaded=load_model(tmp), dtype=dtype, kv_cache_memory=256 << 20)
         finally:
-            model_runner.select_ops = original
+            model_build.select_ops = original
         prompt = [{"prompt_token_ids": [(7 * i + 3) % SMOL["vocab_size"] for i in range(32)]}]
         params = SamplingParams(temperature=0, max_tokens=65, ignore_eos=True)
         times, tokens = {name: [] for name in llms}, {}

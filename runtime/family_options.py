@@ -10,7 +10,7 @@ still needs sizes its shapes divide, `distributed/layout.py`; FP8 a device that 
 a family that is not tested with an option is one row here, not a new check. (Torch-free, at the
 top of the package beside `model_config.py`: `distributed/` and `model/` both read it.)
 
-Who reads it: `engine/core.check_dtype` (the dtype, FP8 weights and KV-cache flags; `pagoda
+Who reads it: `engine/start_checks.check_dtype` (the dtype, FP8 weights and KV-cache flags; `pagoda
 serve`'s preflight and the engine), `distributed/layout.check` (tensor parallelism), the HF
 loader (an FP8 checkpoint) and `server/fit.py` (which fixes it may suggest). The rows are
 checked against the model registry when it is imported (`check_registered`); docs/runtime.md's

@@ -20,41 +20,45 @@ step N+1, whose row is computed and dropped; the length limit is known ahead and
 Steps run synchronously while a request with penalties is running (they need the host's token
 counts). Tokens are the same as without it (each request's draws come from its own generator in
 the same order; greedy output relies on batch invariance, the default).
+
+A request's checks and its `n` samples are built in `engine/request_intake.py`; what a config
+asks of its model is refused at the start in `engine/start_checks.py`.
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import copy
 import functools
 import gc
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
 
 import torch
-from pagoda.runtime import family_options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.cpu.host_memory import release_freed_memory
-from pagoda.runtime.engine import recurrent
+from pagoda.runtime.engine import recurrent, request_intake
 from pagoda.runtime.engine.deferred import Deferred
-from pagoda.runtime.engine.info import not_generated, token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.engine.pooling import check_pooling, finish_pooled
+from pagoda.runtime.engine.start_checks import (
+    check_block_size,
+    check_dtype,
+    check_max_model_len,
+    check_speculative,
+)
 from pagoda.runtime.lora import engine as lora
-from pagoda.runtime.model import longrope
-from pagoda.runtime.model.loader import LoadedModel, load_model, read_model_config
+from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.pooler_config import with_runner
 from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
-from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
+from pagoda.runtime.sampling.bad_words import needs_history
 from pagoda.runtime.sampling.bans import check_bans_leave_tokens
-from pagoda.runtime.sampling.params import SamplingParams, sample_seed
-from pagoda.runtime.spec.draft_model import check_draft, check_loaded
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.spec.draft_model import check_loaded
 from pagoda.runtime.spec.drafter import Drafter
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
@@ -156,38 +160,9 @@ class EngineCore:
     # -- requests ------------------------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
         """Raise ValueError (naming the field) for input the engine cannot serve; returns the
-        params validated as they are now (a copy: SamplingParams are mutable, as vLLM's)."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError("params must be a SamplingParams")
-        params = params.validated()
-        if len(prompt_token_ids) == 0:
-            raise ValueError("prompt must not be empty")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {len(prompt_token_ids)} tokens, more than max_model_len allows "
-                f"({self.max_model_len} including at least one generated token)"
-            )
-        vocab = self.model_config.vocab_size
-        if not token_ids_in_range(prompt_token_ids, vocab):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by id
-            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
-        if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab:
-            raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
-        if not_generated(params.allowed_token_ids, self.model_config.family.head_rows):
-            raise ValueError("allowed_token_ids holds no id this model generates: its LM head "
-                             f"scores [0, {self.model_config.family.head_rows})")  # fmt: skip
-        if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
-            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
-        if params.structured_outputs is not None:  # offline: compiled here (server: before)
-            self._compile(params.structured_outputs)
-        return params
-
-    def _compile(self, spec: object) -> None:
-        """Compile (or find cached) a structured-output spec's grammar; ParamError if bad."""
-        from pagoda.runtime.structured.compiler import compiler_for
-
-        compiler_for(self.tokenizer, self.model_config.vocab_size).compile(spec)
+        params validated as they are now (a copy: SamplingParams are mutable, as vLLM's;
+        `engine/request_intake.py`)."""
+        return request_intake.validate(self, prompt_token_ids, params)
 
     def add_request(
         self,
@@ -211,22 +186,15 @@ class EngineCore:
         if not checked:
             params = self.validate(prompt_token_ids, params)  # later changes reach no request
         elif params.structured_outputs is not None:  # compiled already: a cache hit
-            self._compile(params.structured_outputs)
+            request_intake.compile_grammar(self, params.structured_outputs)
         if request_id in self.outputs:
             raise ValueError(f"duplicate request id {request_id!r}")
-        bad_words = ()
-        if params.bad_words:
-            vocab = self.model_config.vocab_size
-            bad_words = params.bad_words_token_ids
-            if bad_words is None:
-                bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, vocab)
-            elif any(not 0 <= t < vocab for ids in bad_words for t in ids):
-                raise ValueError(f"bad_words_token_ids must be in [0, {vocab})")
+        bad_words = request_intake.bad_words_of(self, params) if params.bad_words else ()
         mc = self.model_config
         check_bans_leave_tokens(params, mc.eos_token_ids, mc.vocab_size, bad_words)
         if params.lora_request is not None:  # read (or found) now: a bad adapter fails here
             self.add_lora(params.lora_request)
-        reqs = self._samples(request_id, prompt_token_ids, params, bad_words, bulk)
+        reqs = request_intake.samples(self, request_id, prompt_token_ids, params, bad_words, bulk)
         self.outputs.add(request_id, reqs)
         for req in reqs:
             self.scheduler.add_request(req)
@@ -234,49 +202,6 @@ class EngineCore:
                 self.runner.prompt_logprob_requests[req.request_id] = req
             if params.needs_penalties or needs_history(bad_words):  # need the host's tokens
                 self._penalized.add(req.request_id)
-
-    def _samples(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        bad_words: BadWords,
-        bulk: bool,
-    ) -> list[Request]:
-        """One `Request` per sample (`n`): `request_id` itself for one, `request_id#i` for
-        several, each with its own seed drawn from the request's (`bulk` with several)."""
-        salt = None
-        # siblings share their prompt's blocks, except a hybrid's without prefix caching: a
-        # cached block does not hold its Mamba layers' state, only a snapshot does
-        # (`engine/recurrent.py`), so each sibling prefills its own
-        if (params.n > 1 and not self.config.cache.enable_prefix_caching
-                and not recurrent.keeps_state(self.model_config)):  # fmt: skip
-            salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()
-        elif self.config.cache.enable_prefix_caching:  # a longrope prompt past its original context
-            salt = longrope.cache_salt(self.model_config.rope_scaling, len(prompt_token_ids))
-        if self.config.cache.enable_prefix_caching:  # an adapter's KV is its own
-            salt = lora.lora_salt(salt, params.lora_request)
-        reqs = []
-        for i in range(params.n):
-            child_params = params
-            if params.n > 1 and params.seed is not None:
-                child_params = copy.copy(params)  # no second __post_init__: its seed -1
-                child_params.seed = sample_seed(params.seed, i)  # is a seed, not "none"
-            cid = request_id if params.n == 1 else f"{request_id}#{i}"
-            reqs.append(
-                req := Request(
-                    cid,
-                    list(prompt_token_ids),
-                    child_params,
-                    cache_salt=salt,
-                    eos_token_ids=self.model_config.eos_token_ids,
-                    max_model_len=self.max_model_len,
-                    bad_words=bad_words,
-                    bulk=bulk or params.n > 1,
-                )
-            )
-            req.takes_drafts = self.drafter is not None and self.drafter.takes_drafts(req)
-        return reqs
 
     def add_lora(self, request) -> None:
         """Read a LoRA adapter into host memory (or find it there), checked against the model;
@@ -482,37 +407,6 @@ class EngineCore:
             self.executor.close(self.runner.channel if hasattr(self, "runner") else None)
 
 
-_SPEC_STATE = (
-    "speculative decoding is not supported for {} (a model that keeps per-sequence state "
-    "beyond its KV cache cannot roll rejected drafts back): drop --speculative-config"
-)
-
-
-def check_speculative(config: EngineConfig, model: ModelConfig) -> None:
-    """ValueError, one line, where speculative decoding is asked for a model whose layers keep
-    a recurrent state (Mamba hybrids, RWKV, xLSTM, RecurrentGemma) or per-sequence windows
-    (DeepSeek-V4): rejected drafts would stay in that state. The same for a draft model, which
-    must also fit the target (`spec.draft_model.check_draft`; its path read here)."""
-    spec = config.speculative_config
-    if spec is None:
-        return
-    draft = None if spec.draft_model is None else read_draft_config(spec.draft_model)
-    for mc in (model,) if draft is None else (model, draft):
-        if recurrent.keeps_state(mc) or mc.family.dsv4 is not None:
-            raise ValueError(_SPEC_STATE.format(mc.architecture))
-    if draft is not None:
-        check_draft(config, model, draft)
-        check_dtype(config, draft)
-
-
-def read_draft_config(path: str) -> ModelConfig:
-    """The draft model's config; its path's or config's error named as the draft's."""
-    try:
-        return read_model_config(path)
-    except ValueError as e:
-        raise ValueError(f"speculative_config: the draft model: {e}") from None
-
-
 def load_draft(config: EngineConfig, target: LoadedModel) -> LoadedModel | None:
     """The draft model's checkpoint (speculative decoding's "draft_model" method), checked
     against the target's once loaded (`check_loaded`); None without one."""
@@ -522,49 +416,6 @@ def load_draft(config: EngineConfig, target: LoadedModel) -> LoadedModel | None:
     draft = load_model(spec.draft_model)
     check_loaded(spec.draft_model, target, draft)
     return draft
-
-
-def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
-    """The sequence length the engine serves: `asked`, or the model's context length when left
-    out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
-    context = model.context_length
-    if asked is not None and asked > context:
-        raise ValueError(
-            f"max_model_len {asked} is more than the model's context length ({context} tokens, "
-            "from its metadata); lower --max-model-len"
-        )
-    return context if asked is None else asked
-
-
-# what of an EngineConfig asks for each option `family_options` declares (its message's values),
-# None where it is not asked; read only for a family not tested with the option
-ENGINE_OPTIONS = {
-    "float16": lambda c: {} if c.torch_dtype() == torch.float16 else None,
-    "fp8": lambda c: {} if c.quantization == "fp8" else None,
-    "kv_cache": lambda c: (
-        {"kv": c.cache.kv_cache_dtype} if c.cache.kv_cache_dtype != "auto" else None
-    ),
-}
-
-
-def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
-    """ValueError, one line, for a dtype, FP8-weights or KV-cache flag the model's family is not
-    tested with (`family_options.py`: Gemma 2's to 4's activations overflow float16, as
-    vLLM refuses them; FP8 GEMMs and FP8/int8 KV caches untested for some families)."""
-    row = family_options.UNTESTED.get(model.architecture)
-    for option in () if row is None else row.options:
-        asked = ENGINE_OPTIONS[option](config) if option in ENGINE_OPTIONS else None
-        if asked is not None:
-            family_options.refuse(model.architecture, option, **asked)
-
-
-def check_block_size(config: EngineConfig, model: ModelConfig) -> None:
-    """ValueError, one line, where the family needs blocks that end on its windows'
-    boundaries (DeepSeek-V4's compress rates: model/dsv4_engine.py) and `--block-size` does not."""
-    if model.family.dsv4 is not None:
-        from pagoda.runtime.model.dsv4_engine import check_block_size as dsv4_blocks
-
-        dsv4_blocks(model.family.dsv4, config.cache.block_size)
 
 
 def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):

@@ -41,7 +41,7 @@ on every rank (its projections replicated, its keys in each rank's whole latent 
 rank keeps the same tokens.
 
 Not supported (refused in one line): ``--quantization fp8`` and FP8/int8 KV caches
-(`engine/core.check_dtype`); CUDA graphs are off
+(`engine/start_checks.check_dtype`); CUDA graphs are off
 for these models (the step's dense or sparse path is chosen on the host). A step's path is
 chosen by its longest sequence, so a short sequence's bits may differ with the batch it is in
 (the same tokens are kept either way; the dense and sparse paths round differently).

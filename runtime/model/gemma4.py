@@ -26,7 +26,7 @@ embedding, four norms a layer, GeGLU and final soft cap (`gemma2.py`), with what
 Each layer hands back the whole stream (the residual adds are not fused into the norms: the
 layer scalar scales all of it). Experts: grouped on the CPU; on CUDA every expert over every
 token (the fused-MoE kernel runs SwiGLU, these run GeGLU), no host sync. FP8 is refused
-(`engine/core.check_dtype`).
+(`engine/start_checks.check_dtype`).
 
 Tensor parallel (`distributed/layout.py`): each layer's query heads and its own KV heads (by its
 shape: split, or replicated when fewer than ranks) column-parallel, o row-parallel; a KV-shared

@@ -11,7 +11,7 @@ layer x + mixer(norm(x)), then + mlp(pre_ff_layernorm(x)) (configs read in `jamb
   `expert_layer_period`-th layer from `expert_layer_offset`, a dense SwiGLU MLP elsewhere.
 
 The final norm is `model.final_layernorm`. 16 or 32 bits: Mamba-1's mixers do not run in FP8
-(`engine/core.check_dtype`). Tensor parallel: the mixers by channels of d_inner
+(`engine/start_checks.check_dtype`). Tensor parallel: the mixers by channels of d_inner
 (`Mamba1Mixer.split`; N must divide d_inner, `distributed/layout.check`), each rank's state
 slots its channels; attention by heads, the experts and dense MLPs by width. Prefix caching
 keeps the attention layers' blocks and the Mamba-1 mixers' state snapshots (`mamba1.py`,

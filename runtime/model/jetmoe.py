@@ -28,7 +28,7 @@ holds every attention expert's query heads and output columns of its KV heads, w
 values are its rows of `kv_proj`; the routed output projections summed over ranks, then
 `experts.bias`) and the MLP's experts by width (`moe.SparseMoE`, then `mlp.bias`); both routers
 are replicated, so every rank picks the same experts. `--quantization fp8` is refused
-(`engine.core.check_dtype`): not tested for the routed attention.
+(`engine.start_checks.check_dtype`): not tested for the routed attention.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Qwen3-Next's Gated DeltaNet (`qwen3_next.GatedDeltaNet`, whose step this reuses)
 read as DeepSeek's (the published ``block_sparse_moe.`` and experts' w1, w2, w3 listed under
 transformers' names at load: `kimi_linear_config.rename_mlps`). Tensor parallelism splits the
 KDA layers by heads (`KimiDeltaAttention`; N must divide them: `distributed/layout.py`), the
-latent attention and experts as DeepSeek's; FP8 is refused (`engine/core.check_dtype`).
+latent attention and experts as DeepSeek's; FP8 is refused (`engine/start_checks.check_dtype`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@
 Tensor parallel (`distributed/layout.py`): each layer's query heads split over the ranks (each
 layer's count must divide), with their gates' rows; the KV heads split or replicated as the
 model's; o row-parallel; the experts and the shared expert by width, the router replicated.
-FP8 is refused (`engine/core.check_dtype`).
+FP8 is refused (`engine/start_checks.check_dtype`).
 """
 
 from __future__ import annotations

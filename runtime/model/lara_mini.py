@@ -15,7 +15,7 @@ of five: DeltaNet, window, DeltaNet, full, window)
 
 Every RMSNorm scales by its weight as stored in float32 and rounds once (Helium's:
 `ops.gemma_rms_norm`). Prefix caching as Qwen3-Next's; tensor parallelism by key heads
-(`distributed/layout.py`); FP8 refused (`engine/core.check_dtype`).
+(`distributed/layout.py`); FP8 refused (`engine/start_checks.check_dtype`).
 """
 
 from __future__ import annotations

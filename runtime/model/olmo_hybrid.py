@@ -14,7 +14,7 @@ from Qwen3-Next's only in
 
 Every RMSNorm scales in float32 before rounding once (OLMo 2's: `ops.gemma_rms_norm` with the
 weight as stored). Prefix caching and tensor parallelism as Qwen3-Next's (by key heads; the
-attention layers as OLMo 2's); FP8 is refused (`engine/core.check_dtype`).
+attention layers as OLMo 2's); FP8 is refused (`engine/start_checks.check_dtype`).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class RowParallelLinear:
     """x (this rank's input columns) @ W[:, columns].T, summed over ranks, + bias."""
 
     __slots__ = ("bias", "inner", "tp")
-    fast = None  # no stored-block kernel (`model_runner._log_quantized_layers` asks)
+    fast = None  # no stored-block kernel (`model_build.log_quantized_layers` asks)
 
     def __init__(self, inner: Linear | Fp8Linear, bias: torch.Tensor | None, tp: TPGroup) -> None:
         self.inner, self.bias, self.tp = inner, bias, tp

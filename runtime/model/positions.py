@@ -1,7 +1,7 @@
 """Learned absolute positions: a table of one row per position (`model.embed_positions`),
 row ``p + FamilyConfig.position_offset`` added to the embedding of the token at position p
 (the runner's `positions`); no rotary. The table bounds the context: max_model_len is at most
-`max_position_embeddings` (`engine.core.check_max_model_len` refuses more, in one line).
+`max_position_embeddings` (`engine.start_checks.check_max_model_len` refuses more, in one line).
 
 - GPT-2 (`GPT2LMHeadModel`): Llama's sequential layer over StarCoder2's LayerNorms (weight and
   bias, eps `layer_norm_epsilon`), an ungated MLP ``c_proj(gelu_new(c_fc(x)))``, biases

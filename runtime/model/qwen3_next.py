@@ -29,7 +29,7 @@ state [v_heads, key_dim, value_dim] in the hybrids' state slots (`worker/mamba_s
 Mamba2 layers' do (`mamba2.MambaStep`). Prefix caching keeps snapshots of both states every
 lcm(block size, 64) tokens as for the Mamba2 layers (`core/state_snapshots.py`: the chunked
 rule's chunk start states, or the slots' at a step's chunk end); tensor parallelism splits them by key heads (`GatedDeltaNet`; N must
-divide them: `distributed/layout.py`); FP8 is refused (`engine/core.check_dtype`).
+divide them: `distributed/layout.py`); FP8 is refused (`engine/start_checks.check_dtype`).
 """
 
 from __future__ import annotations

@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
-from pagoda.runtime.engine.core import (
+from pagoda.runtime.engine.pooling import check_pooling
+from pagoda.runtime.engine.start_checks import (
     check_block_size,
     check_dtype,
     check_max_model_len,
     check_speculative,
 )
-from pagoda.runtime.engine.pooling import check_pooling
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.shape_fingerprint import model_fingerprint

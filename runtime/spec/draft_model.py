@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 def check_draft(config: EngineConfig, target: ModelConfig, draft: ModelConfig) -> None:
     """ValueError, one line, for a draft checkpoint this runner cannot pair with the target
-    (the target's refusals, recurrent state and the like, are `engine.core.check_speculative`'s;
+    (the target's refusals, recurrent state and the like, are `engine.start_checks.check_speculative`'s;
     the tokenizers are compared once both are loaded: `check_loaded`)."""
     name = config.speculative_config.draft_model
     if draft.vocab_size != target.vocab_size:

@@ -45,7 +45,7 @@ from pagoda.runtime.worker.block_table import BlockTables
 
 @dataclass
 class HostSlots:
-    """A step's slots on the host, built with its inputs (`ModelRunner._prepare_inputs`)."""
+    """A step's slots on the host, built with its inputs (`worker/prepare_inputs.py`)."""
 
     slots: np.ndarray  # int64 [B]
     fresh: np.ndarray  # int64 slots to zero before the step (sequences at their first token)

@@ -1,8 +1,11 @@
 """ModelRunner: SchedulerOutput → input tensors → forward → sampled tokens.
 
-Inputs are assembled on the host with NumPy (one slice of token ids per sequence, everything
-else vectorised) and moved to the device in one copy per tensor. The only device→host transfer
-is the sampled tokens (and their logprobs when asked), read back together at the end.
+The runner holds a step's state (model, KV caches, block tables, the hooks' state) and runs its
+stages, each in its own module: the step's host arrays (`worker/prepare_inputs.py`), the forward
+and sampling queued on the device (here), the results read back (`worker/readback.py`); the
+models are built by `worker/model_build.py`, a pooling step runs in `worker/pooler.py`, a draft
+model's steps in `worker/draft_step.py`. The only device→host transfer is the sampled tokens
+(and their logprobs when asked), read back together at the end.
 
 With async scheduling a step may be prepared before the previous step's tokens are read back:
 a decode row whose token is still on the device gets it by a device-side gather from that step's
@@ -17,21 +20,17 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from pagoda.runtime.attention import AttentionBackend, AttentionMetadata, get_attention_backend
-from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
+from pagoda.runtime.attention import AttentionMetadata
+from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.lora.slots import LoRASlots
-from pagoda.runtime.model import alibi
-from pagoda.runtime.model.llama import HIDDEN_STATES, SEQUENCE_STATE, TOKEN_HISTORY, LlamaModel
+from pagoda.runtime.model.llama import HIDDEN_STATES, SEQUENCE_STATE, TOKEN_HISTORY
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
-from pagoda.runtime.model.ops import select_ops
-from pagoda.runtime.model.registry import build_model
-from pagoda.runtime.quantization.fp8 import check_checkpoint_form, engine_scheme
-from pagoda.runtime.request import Request, TokenLogprob
+from pagoda.runtime.request import Request
 from pagoda.runtime.sampling.sampler import (
     HeadSampling,
     SamplerOutput,
@@ -41,25 +40,20 @@ from pagoda.runtime.sampling.sampler import (
     sample,
 )
 from pagoda.runtime.spec import verify
-from pagoda.runtime.spec.draft_model import (
-    DraftModel,
-    check_built,
-    draft_batch,
-    draft_block_bytes,
-    prefill_batch,
-    scratch_blocks,
-)
+from pagoda.runtime.spec.draft_model import DraftModel, draft_block_bytes, scratch_blocks
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
-from pagoda.runtime.worker import cache_budget, prompt_logprobs
+from pagoda.runtime.worker import cache_budget, draft_step, model_build, prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.mamba_state import MambaState
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
-from pagoda.runtime.worker.pooler import Pooler, pool_rows
+from pagoda.runtime.worker.pooler import Pooler, execute_pooling, pool_rows
+from pagoda.runtime.worker.prepare_inputs import prepare_inputs
+from pagoda.runtime.worker.readback import copy_to_host, read_step
 from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock
-from pagoda.runtime.worker.step_inputs import StepInputs, token_history
+from pagoda.runtime.worker.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +79,16 @@ class ModelRunner:
         mc = loaded.config
         self.model_config = mc
         self.block_size = config.cache.block_size
-        self.backend = self._attention_backend(mc)
+        self.backend = model_build.attention_backend(self, mc)
         torch.manual_seed(config.seed)
-        self.model = self._build_model(loaded, max_model_len, self.backend)
+        self.model = model_build.build_model(self, loaded, max_model_len, self.backend)
         # speculative decoding's draft model (`spec/draft_model.py`): built before the KV
         # budget is measured (its weights are in use then, its blocks counted in it)
-        self._draft_net = None if draft is None else self._build_draft(draft, max_model_len)
+        self._draft_net = (
+            None if draft is None else model_build.build_draft(self, draft, max_model_len)
+        )
         self.draft: DraftModel | None = None
-        _log_quantized_layers(self.model)
+        model_build.log_quantized_layers(self.model)
         # LoRA adapters: the layers wrapped, the adapters' device slots (`pagoda.runtime.lora`)
         self.lora = None if config.lora is None else LoRASlots(config.lora, mc)
         if self.lora is not None:
@@ -150,77 +146,13 @@ class ModelRunner:
         # speculative decoding: decodes may carry drafts (never with async scheduling, whose
         # in-flight rows also run past their known tokens)
         self.speculative = config.speculative_config is not None
-        self._inflight: tuple[torch.Tensor, dict[str, int]] | None = None
+        self.inflight: tuple[torch.Tensor, dict[str, int]] | None = None
         # Structured outputs: bitmasks of constrained rows, applied to the logits before sampling
         self.grammar = GrammarBitmask(loaded.tokenizer, mc.vocab_size, self.device)
         self._grammar_rows: list[int] = []  # constrained rows of the cached sampling batch
         # Requests that asked for prompt logprobs, until their prompt is scored (by id; the
         # engine adds them, `prompt_logprobs.prompt_rows` drops them): empty, steps skip it all
         self.prompt_logprob_requests: dict[str, Request] = {}
-
-    def _attention_backend(self, mc: ModelConfig) -> AttentionBackend:
-        """The attention backend of model `mc` (the target's or the draft's) for this rank's
-        heads (tensor parallel: its share of them; layout.py replicates KV heads when there
-        are fewer than ranks)."""
-        config = self.config
-        heads, kv_heads = mc.num_heads, mc.num_kv_heads
-        if self.tp is not None:
-            heads, kv_heads = self.tp.layout.local_heads(heads, kv_heads)
-        # ALiBi's slopes of this rank's heads (BLOOM, MPT; None for other models)
-        slopes = alibi.slopes(mc, None if self.tp is None else self.tp.layout.heads(mc.num_heads))
-        return get_attention_backend(
-            config.attention_backend,
-            self.device,
-            heads,
-            kv_heads,
-            mc.head_dim,
-            mc.family.attention_scale(mc.head_dim),
-            batch_invariant=config.batch_invariant,
-            kv_cache_dtype=config.cache.kv_cache_dtype,
-            sliding_window=mc.family.sliding_window,
-            softcap=mc.family.attn_logit_softcapping,
-            sinks=mc.family.attention_sinks,
-            latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
-            alibi_slopes=None if slopes is None else slopes.to(self.device),
-            rel_logits=mc.family.relative_logits,
-        )
-
-    def _build_model(
-        self, loaded: LoadedModel, max_model_len: int, backend: AttentionBackend
-    ) -> LlamaModel:
-        """The model on this device, FP8 where the device has the kernels (an FP8 checkpoint is
-        dequantized at load where it has not)."""
-        mc, config = loaded.config, self.config
-        check_checkpoint_form(config.quantization, loaded.path)
-        fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
-        if loaded.fp8_scheme is not None and fp8 is None:
-            log.info("FP8 checkpoint: no FP8 kernels on %s, weights dequantized to %s at load",
-                     self.device, self.dtype)  # fmt: skip
-        return build_model(
-            mc,
-            loaded.weights,
-            quantized=loaded.quantized,
-            dtype=self.dtype,
-            device=self.device,
-            backend=backend,
-            ops=select_ops(self.device, backend.name),
-            # the rotary tables cover the positions served, not the whole context: Llama 4
-            # Scout's 10M positions would be 5.4 GB of float32 rows at head size 128
-            max_positions=max_model_len,
-            batch_invariant=config.batch_invariant,
-            tp=self.tp,
-            fp8=fp8,
-            check_weights=config.check_weights,
-        )
-
-    def _build_draft(self, draft: LoadedModel, max_model_len: int) -> LlamaModel:
-        """The draft model's weights on this device, with its own attention backend."""
-        net = self._build_model(draft, max_model_len, self._attention_backend(draft.config))
-        check_built(draft.name, net, max_model_len)
-        log.info("speculative decoding: draft model %s (%s, %d layers) drafts %d tokens a step",
-                 draft.name, draft.config.architecture, draft.config.num_layers,
-                 self.config.speculative_config.num_speculative_tokens)  # fmt: skip
-        return net
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """On CUDA with the Triton backend, record decode steps for padded batch sizes."""
@@ -304,36 +236,15 @@ class ModelRunner:
 
     def readback(self, step: LaunchedStep) -> ModelRunnerOutput:
         """Wait for a step queued by `execute_model` and read its sampled tokens back (the
-        step's only device→host sync)."""
-        if step.pooled is not None:  # the pooling runner's vectors
-            return self._pooled_readback(step)
-        if step.sampler_output is None and step.prompt is None:
-            return ModelRunnerOutput([], [], [])
-        if step.ready is not None:
-            step.ready.synchronize()  # this step only, not the ones queued after it
-        if step.sampler_output is not None:
-            result = self._readback(step.requests, step.host or step.sampler_output)
-            if step.spec is not None:
-                result = verify.verified(result, *step.spec)
-            if self.draft is not None:
-                result.drafts = self._drafts(step, result)
-        else:  # only prompt positions this step (a chunk before the last)
-            result = ModelRunnerOutput([], [], [])
-        if step.prompt is not None:
-            rows, scores = step.prompt
-            result.prompt_logprobs = prompt_logprobs.entries(
-                rows, step.prompt_host or scores.tensors()
-            )
-        if self.clock is not None:
-            self.clock.mark("readback")
-        return result
+        step's only device→host sync; `worker/readback.py`)."""
+        return read_step(self, step)
 
     def execute_model(self, out: SchedulerOutput) -> LaunchedStep:
         """Inputs → forward → sampling, all queued on the device without waiting for it."""
         clock = self.clock
-        inp = self._prepare_inputs(out)
+        inp = prepare_inputs(self, out)
         if self.pooler is not None:
-            return self._execute_pooling(out, inp)
+            return execute_pooling(self, out, inp)
         reqs = [out.scheduled[i].request for i in inp.sampling]
         spec = inp.spec
         if spec is not None:  # a drafted request samples each of its rows (`spec/verify.py`)
@@ -347,9 +258,9 @@ class ModelRunner:
         head = head_sampling(batch) if plain else None
         if clock is not None:
             clock.mark("prepare")
-        logits = self._forward(inp, head)
+        logits = self.forward(inp, head)
         if self.draft is not None and len(inp.sampling) < len(out.scheduled):
-            self._draft_prefill(out, inp)  # prompt chunks: the draft's rows too
+            draft_step.prefill(self, out, inp)  # prompt chunks: the draft's rows too
         if clock is not None:
             clock.mark("forward")
         prompt = None
@@ -378,55 +289,6 @@ class ModelRunner:
             clock.mark("sample")
         return step
 
-    def _drafts(self, step: LaunchedStep, result: ModelRunnerOutput):
-        """The draft model's drafts for the step's sampling requests that take them, after the
-        tokens the step gave them (`ModelRunnerOutput.drafts`); None when none does."""
-        reqs, tails, rows = draft_batch(step, result)
-        if not reqs:
-            return None
-        table, nblocks = self._table_rows(rows)
-        drafts = self.draft.propose(reqs, tails, table, nblocks, self.to_device)
-        if self.clock is not None:
-            self.clock.mark("draft")
-        return reqs, drafts
-
-    def _draft_prefill(self, out: SchedulerOutput, inp: StepInputs) -> None:
-        """The draft's catch-up on the step's prompt chunks that do not sample (queued)."""
-        reqs, ends, rows = prefill_batch(out, inp.sampling, inp.seq_lens, self.block_tables.rows)
-        if reqs:
-            self.draft.catch_up(reqs, ends, *self._table_rows(rows), self.to_device)
-
-    def _table_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Block-table rows of the last gathered step: [B, their most blocks] and [B] counts."""
-        tables = self.block_tables
-        nblocks = tables.lens[rows]
-        return tables.table[rows, : max(int(nblocks.max()), 1)], nblocks
-
-    def _execute_pooling(self, out: SchedulerOutput, inp: StepInputs) -> LaunchedStep:
-        """The pooling runner's step: hidden states (no LM head) → the vectors of the prompts
-        that end in it (`worker/pooler.py`), queued on the device."""
-        hidden = self._forward(inp, None)
-        reqs = [out.scheduled[i].request for i in inp.sampling]
-        vectors = self.pooler.pool(hidden, inp, self.block_tables.rows, self.to_device)
-        step = LaunchedStep(reqs, None, pooled=vectors)
-        if vectors is not None and self.device.type == "cuda":
-            step.pooled_host = _pinned_copies((vectors,))[0]
-            step.ready = torch.cuda.Event()
-            step.ready.record()
-        if self.clock is not None:
-            self.clock.mark("forward")
-        return step
-
-    def _pooled_readback(self, step: LaunchedStep) -> ModelRunnerOutput:
-        """A pooling step's vectors on the host (float32 [requests, D]), with their requests."""
-        if step.ready is not None:
-            step.ready.synchronize()
-        host = step.pooled_host if step.pooled_host is not None else step.pooled.cpu()
-        result = ModelRunnerOutput([], [], [], pooled=(step.requests, host.numpy()))
-        if self.clock is not None:
-            self.clock.mark("readback")
-        return result
-
     def sample_deferred(self, step: LaunchedStep) -> None:
         """Sample a step launched with constrained rows under async scheduling, once the
         previous step's tokens are folded in: the bitmasks were filled while the forward ran."""
@@ -441,12 +303,12 @@ class ModelRunner:
     def _launched(self, step: LaunchedStep) -> None:
         """Async scheduling: remember the step's token tensor for the next step's gathers."""
         if self.async_scheduling:
-            self._inflight = (
+            self.inflight = (
                 step.sampler_output.token_ids,
                 {r.request_id: i for i, r in enumerate(step.requests)},
             )
             if self.device.type == "cuda":
-                self._copy_to_host(step)
+                copy_to_host(step)
 
     def _head_samples(self, batch: SamplingBatch) -> bool:
         """Whether the LM head can hand back the step's tokens itself: no row filters (top-k,
@@ -455,99 +317,6 @@ class ModelRunner:
         plain = batch.plain and self.logits_hook is None and not batch.filtered
         return plain and self.head_sampling and self._whole_sampler is not None
 
-    @staticmethod
-    def _copy_to_host(step: LaunchedStep) -> None:
-        """Queue the sampled tensors' (and prompt scores') copy into pinned memory and mark it
-        with an event."""
-        so = step.sampler_output
-        step.host = SamplerOutput(*_pinned_copies((so.token_ids, so.logprobs, so.top_ids,
-                                                   so.top_logprobs, so.ranks)))  # fmt: skip
-        if step.prompt is not None:
-            step.prompt_host = _pinned_copies(step.prompt[1].tensors())
-        step.ready = torch.cuda.Event()
-        step.ready.record()
-
-    def _prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
-        """The step's flat token batch as host arrays (ragged: one run of tokens per request).
-        One-token rows (first: decodes, or a one-token prefill chunk) take one element; only
-        longer chunks slice. A row samples when it reaches the end of the known tokens."""
-        sched, bs, nd = out.scheduled, self.block_size, out.num_decodes
-        n = len(sched)
-        reqs = [s.request for s in sched]
-        starts = np.fromiter((r.num_computed_tokens for r in reqs), dtype=np.int64, count=n)
-        known = np.fromiter((len(r.token_ids) for r in reqs), dtype=np.int64, count=n)
-        one, pending = self._decode_ids(reqs[:nd], starts[:nd], known[:nd])
-        if nd == n:
-            qlens = np.ones(n, dtype=np.int64)
-            cu = np.arange(n + 1, dtype=np.int64)
-            ids = one
-            positions, seq_idx = starts, np.arange(n)
-        else:
-            qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n)
-            cu = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(qlens, out=cu[1:])
-            ids = np.empty(int(cu[-1]), dtype=np.int64)
-            ids[:nd] = one
-            for r, a, b, st in zip(reqs[nd:], cu[nd:-1], cu[nd + 1 :], starts[nd:]):
-                chunk = r.token_ids[st : st + (b - a)]
-                if len(chunk) < b - a:  # a decode with drafts after its last token
-                    chunk = chunk + r.spec_token_ids[: b - a - len(chunk)]
-                ids[a:b] = chunk
-            seq_idx = np.repeat(np.arange(n), qlens)
-            positions = np.arange(len(ids)) - cu[:-1][seq_idx] + starts[seq_idx]
-        table = self.block_tables.gather(sched)
-        slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
-        seq_lens = starts + qlens
-        sampling = np.flatnonzero(seq_lens >= known).tolist()
-        inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
-        if self.speculative and nd < n and (seq_lens > known).any():  # decodes with drafts
-            inp.sample_rows, inp.spec = verify.spec_rows(ids, cu, seq_lens - known, sampling)
-        if self.lora is not None:  # each token's adapter slot (`lora/slots.py`)
-            inp.lora = self.lora.prepare(reqs, qlens)
-            if self.channel is not None:  # rank 0 of a group: the slots the others fill too
-                inp.lora_loads = self.lora.take_loads()
-        if self.mamba is not None:  # the Mamba layers' state slots
-            inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd,
-                                           out.snapshots)  # fmt: skip
-        if self.seq_state is not None:  # the model's per-sequence state (its slots)
-            inp.seq_state = self.seq_state.prepare(reqs, starts, qlens)
-        if self.model.token_history:  # the tokens before each sequence's step (n-grams)
-            inp.history = token_history([r.token_ids for r in reqs], starts,
-                                        self.model.token_history)  # fmt: skip
-        if self.model.long_rope:  # which rotary table a longrope prompt's chunks read
-            inp.prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, count=n)
-        if self.prompt_logprob_requests:  # some request asked: are its prompt positions here?
-            row_of = {s.request.request_id: i for i, s in enumerate(sched)}
-            inp.prompt = prompt_logprobs.prompt_rows(
-                self.prompt_logprob_requests, row_of, starts, qlens, cu
-            )
-            inp.extra_rows = inp.prompt.flat if inp.prompt is not None else None
-        return inp
-
-    def _decode_ids(
-        self, reqs: list[Request], starts: np.ndarray, known: np.ndarray
-    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-        """One-token rows' ids; with async scheduling, a row whose token is still on the
-        device (computed == known) gets 0 here and is named in the returned (rows, sources)."""
-        n = len(reqs)
-        if self._inflight is None or not (starts == known).any():
-            ids = (r.token_ids[r.num_computed_tokens] for r in reqs)
-            return np.fromiter(ids, dtype=np.int64, count=n), None
-        rows = np.flatnonzero(starts == known)
-        ids = np.fromiter(
-            (
-                t[c] if c < len(t) else 0
-                for t, c in ((r.token_ids, r.num_computed_tokens) for r in reqs)
-            ),
-            dtype=np.int64,
-            count=n,
-        )
-        where = self._inflight[1]
-        src = np.fromiter(
-            (where[reqs[i].request_id] for i in rows), dtype=np.int64, count=len(rows)
-        )
-        return ids, (rows, src)
-
     def _device_ids(self, inp: StepInputs) -> torch.Tensor:
         """The step's token ids on the device, in-flight tokens gathered there (no sync)."""
         ids = self.to_device(inp.ids)
@@ -555,10 +324,10 @@ class ModelRunner:
             rows, src = (self.to_device(a) for a in inp.pending)
             # a row without a token (-1: non-finite logits) is dropped at its readback; its
             # input here only has to be a valid id
-            ids.index_copy_(0, rows, self._inflight[0].index_select(0, src).clamp_(min=0))
+            ids.index_copy_(0, rows, self.inflight[0].index_select(0, src).clamp_(min=0))
         return ids
 
-    def _forward(self, inp: StepInputs, head: HeadSampling | None) -> torch.Tensor:
+    def forward(self, inp: StepInputs, head: HeadSampling | None) -> torch.Tensor:
         """Logits of the sampling rows (with `head`: their tokens, from the LM head). In a
         tensor-parallel group, rank 0 first sends the step to the other ranks."""
         ids = self._device_ids(inp)
@@ -656,20 +425,6 @@ class ModelRunner:
         self._last_sampling = (key, batch, reqs)  # holding reqs keeps their ids unique
         return batch
 
-    def _readback(self, reqs: list[Request], so: SamplerOutput) -> ModelRunnerOutput:
-        token_ids = so.token_ids.tolist()  # the step's one device→host sync
-        if so.logprobs is None:
-            return ModelRunnerOutput(reqs, token_ids, [None] * len(reqs))
-        chosen = so.logprobs.tolist()
-        top_ids = so.top_ids.tolist() if so.top_ids is not None else [[] for _ in reqs]
-        top_lps = so.top_logprobs.tolist() if so.top_logprobs is not None else [[] for _ in reqs]
-        ranks = so.ranks.tolist() if so.ranks is not None else [None] * len(reqs)
-        lps: list[TokenLogprob | None] = []
-        for r, t, c, ti, tl, rank in zip(reqs, token_ids, chosen, top_ids, top_lps, ranks):
-            k = r.params.logprobs
-            lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k])), rank))
-        return ModelRunnerOutput(reqs, token_ids, lps)
-
 
 def _last_rows(inp: StepInputs) -> np.ndarray:
     """The rows sampled: each sampling request's last, or with drafts all of a drafted
@@ -691,38 +446,3 @@ def _logit_rows(inp: StepInputs, sampling_rows) -> np.ndarray:
     scored for prompt logprobs."""
     rows = np.asarray(sampling_rows, dtype=np.int64)
     return rows if inp.extra_rows is None else np.concatenate([rows, inp.extra_rows])
-
-
-def _pinned_copies(tensors) -> tuple[torch.Tensor | None, ...]:
-    """Pinned host copies of device tensors (None stays None), queued without a sync."""
-    out = []
-    for t in tensors:
-        dst = None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        if dst is not None:
-            dst.copy_(t, non_blocking=True)
-        out.append(dst)
-    return tuple(out)
-
-
-def _log_quantized_layers(model: LlamaModel) -> None:
-    """Say when linear layers run in FP8, or multiply by stored blocks (float32 CPU models):
-    it sets decode speed."""
-    from pagoda.runtime.cpu.qgemm import QGemmWeight
-
-    layers = model.linears()
-    fp8 = [x for x in layers if hasattr(x, "weight_scale")]  # `fp8_linear.Fp8Linear`
-    if fp8:
-        log.info("%d of %d linear layers run in FP8 (%.0f MB of E4M3 weights and scales)",
-                 len(fp8), len(layers), sum(x.nbytes for x in fp8) / 1e6)  # fmt: skip
-    on_blocks = [x.fast for x in layers if isinstance(x.fast, QGemmWeight)]
-    if on_blocks:
-        mb = sum(w.nbytes for w in on_blocks) / 1e6
-        kinds = sorted({k for w in on_blocks for k in w.kinds})
-        log.info(
-            "%d of %d linear layers multiply by their stored %s weights (%.0f MB a step; "
-            "PAGODA_CPU_QGEMM=0 uses float32 copies)",
-            len(on_blocks),
-            len(layers),
-            "/".join(kinds),
-            mb,
-        )

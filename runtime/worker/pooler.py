@@ -15,12 +15,19 @@ afresh. Everything is batched: one index_select / index_copy / index_add per ste
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.pooler_config import PoolerConfig
+from pagoda.runtime.worker.outputs import LaunchedStep
+from pagoda.runtime.worker.readback import pinned_copies
 from pagoda.runtime.worker.step_inputs import StepInputs
+
+if TYPE_CHECKING:
+    from pagoda.runtime.core.sched_output import SchedulerOutput
+    from pagoda.runtime.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +40,22 @@ def pool_rows(pooling_type: str, inp: StepInputs) -> np.ndarray:
     if pooling_type == "CLS":
         return np.flatnonzero(inp.positions == 0)
     return np.arange(len(inp.positions), dtype=np.int64)  # MEAN: every row
+
+
+def execute_pooling(runner: ModelRunner, out: SchedulerOutput, inp: StepInputs) -> LaunchedStep:
+    """The pooling runner's step: hidden states (no LM head) → the vectors of the prompts that
+    end in it, queued on the device (read back by `worker/readback.py`)."""
+    hidden = runner.forward(inp, None)
+    reqs = [out.scheduled[i].request for i in inp.sampling]
+    vectors = runner.pooler.pool(hidden, inp, runner.block_tables.rows, runner.to_device)
+    step = LaunchedStep(reqs, None, pooled=vectors)
+    if vectors is not None and runner.device.type == "cuda":
+        step.pooled_host = pinned_copies((vectors,))[0]
+        step.ready = torch.cuda.Event()
+        step.ready.record()
+    if runner.clock is not None:
+        runner.clock.mark("forward")
+    return step
 
 
 class Pooler:

@@ -38,7 +38,7 @@ def held_bytes(model) -> int:
 
 
 def build(path, dtype: torch.dtype, device: str = "cpu", tp=None, fp8=None):
-    """The model `pagoda serve` builds (`ModelRunner._build_model`'s arguments), torch attention;
+    """The model `pagoda serve` builds (`model_build.build_model`'s arguments), torch attention;
     `fp8`: a scheme to run in FP8 (``ONLINE_SCHEME``: ``--quantization fp8``), else the runner's
     choice for the checkpoint (`engine_scheme`: an FP8 checkpoint dequantized where the FP8
     kernels do not run, and a block-wise one everywhere)."""

@@ -230,7 +230,7 @@ def test_model_logits_unchanged(tmp_path, monkeypatch, native, dtype):
     from hf_oracle import make_tiny_llama
     from pagoda.runtime import LLM, SamplingParams
     from pagoda.runtime.model.loader import load_model
-    from pagoda.runtime.worker import model_runner
+    from pagoda.runtime.worker import model_build
 
     make_tiny_llama(tmp_path)
     prompts = [[(7 * i + 3) % 300 for i in range(n)] for n in (5, 150)]
@@ -240,7 +240,7 @@ def test_model_logits_unchanged(tmp_path, monkeypatch, native, dtype):
         ops.TORCH_OPS,
         cpu_ops.NativeOps(counting, ops.TORCH_OPS, native.lanes, native.silu_block).as_ops(),
     ):
-        monkeypatch.setattr(model_runner, "select_ops", lambda device, name, c=chosen: c)
+        monkeypatch.setattr(model_build, "select_ops", lambda device, name, c=chosen: c)
         llm = LLM(loaded=load_model(str(tmp_path)), dtype=dtype, kv_cache_memory=8 << 20,
                   max_num_batched_tokens=128)  # fmt: skip
         assert llm.engine.runner.model.ops is chosen

@@ -213,10 +213,10 @@ def test_an_fp8_checkpoint_without_fp8_kernels_splits_dequantized(tmp_path, monk
     """Where the FP8 kernels do not run (here: the interpreter off, in both ranks), an FP8
     checkpoint is dequantized at load and split as float32: the tokens one rank serves."""
     from pagoda.runtime import config
-    from pagoda.runtime.worker import model_runner
+    from pagoda.runtime.worker import model_build
 
     monkeypatch.setattr(config, "fp8_runs_on", lambda device: False)
-    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    monkeypatch.setattr(model_build, "fp8_runs_on", lambda device: False)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the spawned rank: no FP8 kernels either
     _, q, deq = write_fp8_pair(tmp_path)
     t1, t2, l1, l2, (_, two) = one_and_two(q)

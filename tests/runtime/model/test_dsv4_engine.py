@@ -165,7 +165,7 @@ def test_a_ranks_weights_are_what_the_estimates_count(case, monkeypatch):
 
 def test_refusals(case):
     from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_block_size, check_dtype
+    from pagoda.runtime.engine.start_checks import check_block_size, check_dtype
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
 
     loaded = case[2]
@@ -198,7 +198,7 @@ def test_published_style_config_reads_as_the_engines(tmp_path):
     import json
 
     from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_block_size
+    from pagoda.runtime.engine.start_checks import check_block_size
     from pagoda.runtime.model import dsv4_config
     from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server.weights_from_shapes import from_shapes

@@ -84,9 +84,9 @@ def test_an_fp8_checkpoint_with_a_nan_scale_or_code_is_refused(tmp_path, monkeyp
         LLM(str(q), **SMALL)
     # where the FP8 GEMM does not run, the codes are dequantized at load and checked once, as
     # values (not also as codes: "1 more" tensor, itself)
-    from pagoda.runtime.worker import model_runner
+    from pagoda.runtime.worker import model_build
 
-    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    monkeypatch.setattr(model_build, "fp8_runs_on", lambda device: False)
     with pytest.raises(ValueError, match=r"up_proj.weight holds NaN or Inf values; the"):
         LLM(str(q), **SMALL)
 

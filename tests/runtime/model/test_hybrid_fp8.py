@@ -90,10 +90,10 @@ def write_fp8_hybrid(root, name: str, block: tuple[int, int] | None = None):
 @pytest.fixture
 def no_fp8_kernels(monkeypatch):
     from pagoda.runtime import config
-    from pagoda.runtime.worker import model_runner
+    from pagoda.runtime.worker import model_build
 
     monkeypatch.setattr(config, "fp8_runs_on", lambda device: False)
-    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    monkeypatch.setattr(model_build, "fp8_runs_on", lambda device: False)
 
 
 @pytest.mark.parametrize("name", CASES)

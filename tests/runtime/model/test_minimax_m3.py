@@ -65,7 +65,7 @@ def test_checkpoint_check_estimate_and_refusals(built):
     from hybrid_cases import check_missing_refused
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype, check_max_model_len
+    from pagoda.runtime.engine.start_checks import check_dtype, check_max_model_len
 
     path, _, loaded, _ = built("minimax_m3")
     mc, f = loaded.config, loaded.config.family

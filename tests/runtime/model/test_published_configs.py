@@ -224,7 +224,7 @@ def test_kolibri_1_1s_config_reads_with_transformers_defaults(tmp_path):
     default index_layers), the whole context, TP refused."""
     import torch
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_max_model_len
+    from pagoda.runtime.engine.start_checks import check_max_model_len
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Kolibri1_1ForCausalLM"],
                                                       "model_type": "kolibri1_1"}))  # fmt: skip

@@ -260,10 +260,10 @@ def test_an_fp8_checkpoint_reads_dequantized(built, tmp_path, monkeypatch):
     from pagoda.kernels import fp8 as math
     from pagoda.runtime import config
     from pagoda.runtime.model.loader import load_model
-    from pagoda.runtime.worker import model_runner
+    from pagoda.runtime.worker import model_build
 
     monkeypatch.setattr(config, "fp8_runs_on", lambda device: False)
-    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    monkeypatch.setattr(model_build, "fp8_runs_on", lambda device: False)
     from safetensors.torch import load_file, save_file
 
     path, _, _, _ = built("qwen3-next")

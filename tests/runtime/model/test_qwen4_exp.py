@@ -134,7 +134,7 @@ def test_refusals(built):
     """Tensor parallelism and FP8 refused in one line; the context not capped by the QSA
     indexer (its sparse selection is built: 512 positions, 200 accepted); a missing
     hyper-connection, PLE or indexer tensor, naming it."""
-    from pagoda.runtime.engine.core import check_max_model_len
+    from pagoda.runtime.engine.start_checks import check_max_model_len
 
     _, _, loaded, _ = built(NAME, reference=False)
     mc = loaded.config

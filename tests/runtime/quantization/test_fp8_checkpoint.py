@@ -245,10 +245,10 @@ def test_an_fbgemm_fp8_checkpoint_serves_its_dequantized_weights(tmp_path, monke
     from pagoda.runtime import LLM
     from pagoda.runtime import config as engine_config
     from pagoda.runtime.model.loader import load_model
-    from pagoda.runtime.worker import model_runner
+    from pagoda.runtime.worker import model_build
 
     monkeypatch.setattr(engine_config, "fp8_runs_on", lambda device: False)
-    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    monkeypatch.setattr(model_build, "fp8_runs_on", lambda device: False)
     _, q, deq = write_fp8_pair(tmp_path)
     tensors = load_file(str(q / "model.safetensors"))
     for name in [n for n in tensors if n.endswith(".weight_scale")]:

@@ -37,10 +37,10 @@ ENGINE = dict(dtype="float32", max_num_batched_tokens=16, max_num_seqs=4)
 def no_fp8_kernels(monkeypatch):
     """This process as a CPU without the interpreter: the FP8 kernels do not run here."""
     from pagoda.runtime import config
-    from pagoda.runtime.worker import model_runner
+    from pagoda.runtime.worker import model_build
 
     monkeypatch.setattr(config, "fp8_runs_on", lambda device: False)
-    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    monkeypatch.setattr(model_build, "fp8_runs_on", lambda device: False)
 
 
 @pytest.mark.parametrize("per_tensor", [False, True], ids=["per-channel", "per-tensor"])

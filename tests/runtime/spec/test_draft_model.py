@@ -14,7 +14,7 @@ from engine_testlib import summary
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.engine.core import check_speculative
+from pagoda.runtime.engine.start_checks import check_speculative
 from pagoda.runtime.model.loader import read_model_config
 
 # small enough to chunk prompts (budget 48), share prefixes and preempt (16 blocks of 8)

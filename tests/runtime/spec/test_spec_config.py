@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, SpeculativeConfig
-from pagoda.runtime.engine.core import check_speculative
+from pagoda.runtime.engine.start_checks import check_speculative
 
 
 def test_keys_and_defaults():
