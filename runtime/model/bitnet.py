@@ -12,7 +12,7 @@ runs them as plain dense matrices, and so does this) and two more RMSNorms (tran
 
 The embeddings and the LM head stay in the model's dtype (transformers leaves lm_head out of
 the conversion). Tensor parallelism and ``--quantization fp8`` are refused (`layout.check`,
-`core.check_dtype`).
+`start_checks.check_dtype`).
 """
 
 from __future__ import annotations

@@ -113,11 +113,11 @@ def draft_model(
 ) -> Draft | None:
     """The draft model of `cfg` (``speculative_config`` method "draft_model"), its weights
     counted for one rank of `tp` on `device` (defaults: `cfg`'s); None without one. Its config's
-    errors are named as the draft's (`engine.core.read_draft_config`)."""
+    errors are named as the draft's (`engine.start_checks.read_draft_config`)."""
     spec = cfg.speculative_config
     if spec is None or spec.draft_model is None:
         return None
-    from pagoda.runtime.engine.core import read_draft_config
+    from pagoda.runtime.engine.start_checks import read_draft_config
 
     mc = read_draft_config(spec.draft_model)
     held = weights.estimate(mc, cfg, resolve_model_path(spec.draft_model), tp, device)

@@ -478,7 +478,7 @@ class Built:
 
 # what `pagoda serve` refuses in one line at start, for the rows whose layers it does not split
 # or run in FP8 (runtime/family_options.py): (a tensor parallel size, its message;
-# `core.check_dtype`'s for FP8, a pattern)
+# `start_checks.check_dtype`'s for FP8, a pattern)
 _DELTA_TP = "--tensor-parallel-size 4 does not divide the Gated DeltaNet key heads "
 _DELTA_TP += "(linear_num_key_heads 2)"
 _KDA_TP = "--tensor-parallel-size 4 does not divide the KDA heads ({})"
@@ -531,14 +531,14 @@ REFUSED = {
 
 def check_refused(name: str, mc) -> None:
     """`REFUSED[name]`: the tensor parallel size refused (`layout.check`, as `pagoda serve`
-    runs it before it binds) and FP8 (`core.check_dtype`, given what it reads of a config: a
+    runs it before it binds) and FP8 (`start_checks.check_dtype`, given what it reads of a config: a
     CPU refuses an FP8 EngineConfig itself outside Triton's interpreter), each in one line."""
     import re
     from types import SimpleNamespace
 
     import pytest
     from pagoda.runtime.distributed.layout import check as tp_check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     size, tp_message, fp8_pattern = REFUSED[name]
     with pytest.raises(ValueError, match=re.escape(tp_message)):

@@ -90,7 +90,7 @@ def test_refusals_are_one_line(bert):
     """An encoder generates nothing; tensor parallelism, FP8 and a quantized KV cache are not
     run for it (from config.json alone, as `pagoda serve` checks before loading)."""
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
     from pagoda.runtime.model.loader import read_model_config
 
     path, _ = bert

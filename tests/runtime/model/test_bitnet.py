@@ -142,7 +142,7 @@ def test_the_layer_is_transformers_bit_for_bit():
 
 def test_tensor_parallelism_and_fp8_are_refused_in_one_line(built):
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     config = built("bitnet-offline")[2].config
     with pytest.raises(ValueError, match=r"^--tensor-parallel-size 2 is not supported for a "

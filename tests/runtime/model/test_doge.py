@@ -89,7 +89,7 @@ def test_checkpoint_check_estimate_and_refusals(built):
     from hybrid_cases import check_missing_refused
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check as check_tp
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     path, _, loaded, _ = built("doge")
     mc = loaded.config

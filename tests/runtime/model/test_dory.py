@@ -57,7 +57,7 @@ def test_loops_checkpoint_check_and_refusals(built):
     from hybrid_cases import check_missing_refused
     from model_bytes import build, check_estimate
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     path, _, loaded, _ = built("dory")
     mc = loaded.config

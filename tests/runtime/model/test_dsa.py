@@ -130,7 +130,7 @@ def test_what_is_not_supported_is_refused_in_one_line(built):
     """--quantization fp8 (where a GPU would take it) and an int8 KV cache: one ValueError
     each."""
     from pagoda.runtime.config import CacheConfig, EngineConfig
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     _, _, loaded, _ = built("v32-top8")
     mc = loaded.config

@@ -60,7 +60,7 @@ def test_config_checkpoint_check_estimate_and_refusals(built):
     from hybrid_cases import check_missing_refused
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     path, _, loaded, _ = built("ergo")
     mc = loaded.config

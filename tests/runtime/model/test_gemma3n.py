@@ -215,7 +215,7 @@ def test_gemma3n_widths_that_do_not_split_and_fp8_are_refused(tmp_path):
     from types import SimpleNamespace
 
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     def config(text):
         (tmp_path / "config.json").write_text(json.dumps({**text,

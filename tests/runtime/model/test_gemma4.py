@@ -301,7 +301,7 @@ def test_gemma4_layers_that_two_ranks_cannot_split_are_refused_in_one_line(
 def test_gemma4_fp8_is_refused(tmp_path):
     from types import SimpleNamespace
 
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     mc = _config(tmp_path, E2B)
     with pytest.raises(ValueError, match="fp8 is not supported for a gemma4"):

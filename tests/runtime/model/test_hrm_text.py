@@ -40,7 +40,7 @@ def test_passes_checkpoint_check_estimate_and_refusals(built):
     import torch
     from hybrid_cases import check_missing_refused
     from model_bytes import build, check_estimate
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     path, model, loaded, _ = built("hrm_text")
     mc = loaded.config

@@ -62,7 +62,7 @@ def test_what_is_not_supported_is_refused_in_one_line(built):
     """--quantization fp8 (where a GPU would take it) and an int8 KV cache: one ValueError
     each, before anything loads."""
     from pagoda.runtime.config import CacheConfig, EngineConfig
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     mc = built("hy_v4")[2].config
     fp8 = EngineConfig(model="m")

@@ -790,6 +790,6 @@ def test_mamba1_estimates_and_the_hub_configs(built, tmp_path):
 @pytest.mark.parametrize("name", ["lfm2", "lfm2-bias", "lfm3", "mamba1", "falcon-mamba"])
 def test_tensor_parallelism_and_fp8_are_refused_for_short_convs_and_mamba1(built, name):
     """`--tensor-parallel-size 2` and `--quantization fp8` on LFM2's (LFM3's) or Mamba-1's layers:
-    refused in one line at start (`layout.check`, `core.check_dtype`, which `pagoda serve`
+    refused in one line at start (`layout.check`, `start_checks.check_dtype`, which `pagoda serve`
     runs before it binds), not served untested (`hybrid_cases.REFUSED`)."""
     check_refused(name, built(name, reference=False)[2].config)

@@ -69,7 +69,7 @@ def test_fp8_and_query_heads_that_do_not_divide_are_refused(built):
     from types import SimpleNamespace
 
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     mc = read_model_config(str(built("laguna")[0]))
     check(mc, 2)

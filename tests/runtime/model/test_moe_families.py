@@ -846,10 +846,10 @@ def test_cohere2_moe_config_without_layer_kinds_reads_as_transformers(built, tmp
 
 
 def test_jetmoe_fp8_is_refused_in_one_line(built):
-    """--quantization fp8 (`core.check_dtype`): refused in one line, not served untested (the
+    """--quantization fp8 (`start_checks.check_dtype`): refused in one line, not served untested (the
     routed attention is not run in the FP8 GEMM)."""
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.engine.core import check_dtype
+    from pagoda.runtime.engine.start_checks import check_dtype
 
     path, _, loaded, _ = built("jetmoe")
     cfg = EngineConfig.create(str(path), device="cpu")
