@@ -213,8 +213,8 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
         if bare:
             raise ValueError(f"{bare[0]} is a bare decoder without an LM head (an embedding "
                              "model): serve it with --runner pooling")  # fmt: skip
-        if encoder(top) is not None:
-            raise ValueError(f"{encoder(top)} is an encoder (bidirectional attention, no LM "
+        if (enc := encoder(top)) is not None:
+            raise ValueError(f"{enc} is an encoder (bidirectional attention, no LM "
                              "head): it generates nothing; serve it with --runner pooling")  # fmt: skip
         if pooler is not None:
             raise ValueError("pooler_config applies to the pooling runner only: add --runner "
@@ -260,8 +260,8 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     if runner == "pooling" and getattr(config, "lora", None) is not None:
         raise ValueError("LoRA adapters are not supported with the pooling runner yet (no "
                          "embedding request names one): drop --enable-lora")  # fmt: skip
-    if runner == config.runner and pooler == config.pooler_config:
-        return config
+    if runner == config.runner and pooler is config.pooler_config:  # (resolved already: a
+        return config  # user's config equal to the checkpoint's still needs the cache rule)
     cache = config.cache
     if runner == "pooling" and cache.enable_prefix_caching:
         cache = dataclasses.replace(cache, enable_prefix_caching=False)

@@ -104,3 +104,20 @@ def test_a_user_config_naming_every_key_still_has_its_dimensions_checked(tmp_pat
     assert pc.checked and not user.checked and pc.matryoshka_dimensions == (16, 64)
     (tmp_path / "config.json").unlink()
     assert resolve("pooling", pc, tmp_path, 64) == ("pooling", pc)
+
+
+def test_a_user_config_equal_to_the_checkpoints_still_turns_prefix_caching_off(tmp_path):
+    """`--runner pooling --pooler-config` naming what the checkpoint would choose anyway (CLS,
+    normalized, for an encoder) is resolved like any other: prefix caching off (a cached
+    prefix would leave its rows out of the vector), the resolved config marked `checked`, and
+    a second `with_runner` returns the config unchanged."""
+    from pagoda.runtime.pooler_config import with_runner
+
+    _checkpoint(tmp_path, ("BertModel",))
+    user = PoolerConfig.parse({"pooling_type": "CLS", "normalize": True})
+    cfg = EngineConfig(model=str(tmp_path), runner="pooling", pooler_config=user)
+    assert cfg.cache.enable_prefix_caching
+    out = with_runner(cfg, tmp_path, 64)
+    assert not out.cache.enable_prefix_caching and out.pooler_config.checked
+    assert not out.scheduler.enable_chunked_prefill
+    assert with_runner(out, tmp_path, 64) is out
