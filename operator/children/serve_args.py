@@ -173,7 +173,7 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
             "promptLookupMax": sc.prompt_lookup_max,
             "promptLookupMin": sc.prompt_lookup_min,
         }
-    elif sc is not None and e.draft is not None:  # a new source or re-pin rolls the pods
+    elif sc is not None:  # a draft model: a new source or re-pin rolls the pods
         out["speculative"] = {
             "method": "draftModel",
             "numSpeculativeTokens": sc.num_speculative_tokens,

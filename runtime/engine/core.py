@@ -212,9 +212,11 @@ class EngineCore:
 
     def read_lora(self, request) -> concurrent.futures.Future | None:
         """Start reading `request`'s adapter off the engine thread (`LoRASlots.start_read`);
-        None when there is nothing to wait for (in host memory, or no --enable-lora: then
-        `add_lora` answers at once). Once the future is done, `add_lora` takes it."""
-        return None if self.runner.lora is None else self.runner.lora.start_read(request)
+        None when there is nothing to wait for (no adapter, in host memory, or no --enable-lora:
+        then `add_lora` answers at once). Once the future is done, `add_lora` takes it."""
+        if request is None or self.runner.lora is None:
+            return None
+        return self.runner.lora.start_read(request)
 
     def load_lora(self, request) -> Deferred | None:
         """`POST /v1/load_lora_adapter`'s call: the adapter read off the engine thread, then

@@ -187,6 +187,9 @@ class LLM:
         (`engine/pooling.py`). ValueError before anything runs for bad input."""
         if self._closed:
             raise RuntimeError("this LLM is closed; create a new one")
+        pc = self.engine.config.pooler_config
+        if pc is not None and pc.cross_encoder:
+            raise ValueError("this model is a cross-encoder (a pair's score, no vector): use score")
         params = _pooling_params(pooling_params, truncate_prompt_tokens)
         prompts = _prompt_list(prompts)
         bar = _progress(use_tqdm, len(prompts))

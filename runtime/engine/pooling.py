@@ -102,15 +102,12 @@ def truncated(ids: list[int], k: int | None, max_model_len: int) -> list[int]:
     return ids[-k:] if len(ids) > k else ids
 
 
-def embed(llm: Any, prompts: list, params: PoolingParams | None, bar: Any,
-          pairs: bool = False) -> list:  # fmt: skip
-    """`LLM.embed`'s work: every prompt pooled together, results in input order; `pairs`: the
-    prompts are a cross-encoder's encoded pairs (`scoring.score`), each "vector" its score."""
+def embed(llm: Any, prompts: list, params: PoolingParams | None, bar: Any) -> list:
+    """`LLM.embed`'s work: every prompt pooled together, results in input order (a
+    cross-encoder's prompts are its encoded pairs, `scoring.score`: each "vector" its score)."""
     engine = llm.engine
     if engine.config.runner != "pooling":
         raise ValueError("embed needs the pooling runner: LLM(..., runner='pooling')")
-    if engine.config.pooler_config.cross_encoder and not pairs:
-        raise ValueError("this model is a cross-encoder (a pair's score, no vector): use score")
     params = params or PoolingParams()
     pc = engine.config.pooler_config
     dims = params.dimensions

@@ -95,6 +95,6 @@ def cross_scores(llm: Any, data_1: list, data_2: list, pairs: list[tuple[int, in
         raise ValueError("a cross-encoder scores text pairs: data_1 and data_2 must be strings")
     tok = llm.engine.tokenizer
     prompts = [tok.encode_pair(data_1[i], data_2[j]) for i, j in pairs]
-    scored = embed(llm, prompts, None, bar, pairs=True)
+    scored = embed(llm, prompts, None, bar)
     return [ScoringRequestOutput(o.request_id, o.prompt_token_ids,
                                  ScoringOutput(float(o.outputs.embedding[0]))) for o in scored]  # fmt: skip

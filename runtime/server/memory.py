@@ -53,6 +53,10 @@ class Footprint:
     weights_how: str = ""  # how `weights` was counted (`weights.Weights.how`), for messages
     state: int = 0  # a hybrid's Mamba state slots (`worker/mamba_state.py`): one per sequence
     draft: int = 0  # a speculative draft model's weights (`draft_model`)
+    # the sizes a KV budget is cut into: a block's bytes (the draft's rows in it too) and the
+    # draft's scratch blocks taken first (`spec/draft_model.py`)
+    kv_block_bytes: int = 0
+    kv_scratch: int = 0
 
     @property
     def device_bytes(self) -> int:
@@ -227,7 +231,8 @@ def estimate(
     if device.type == "cpu":
         state *= cfg.parallel.ranks_per_node
     return Footprint(w, kv, blocks, tables, rope, graphs,
-                     step_bytes(mc, cfg, dtype, blocks or None), held.how, state, dw)  # fmt: skip
+                     step_bytes(mc, cfg, dtype, blocks or None), held.how, state, dw,
+                     per_block, scratch)  # fmt: skip
 
 
 def step_bytes(
@@ -261,11 +266,7 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
     context left to the model's default is shortened to the cache instead)."""
     device = cfg.torch_device()
     fp = estimate(mc, cfg, model_path, device)
-    bs = cfg.cache.block_size
-    per_block = kv_bytes_per_token(mc, cfg.torch_dtype(), cfg.cache.kv_cache_dtype, bs) * bs
-    draft = draft_model(cfg, device=device)
-    draft_block, scratch = (0, 0) if draft is None else draft.kv_bytes(cfg)
-    per_block += draft_block
+    bs, per_block, scratch = cfg.cache.block_size, fp.kv_block_bytes, fp.kv_scratch
     host, source = host_available()
     derived = False
     if device.type == "cpu":
@@ -276,13 +277,13 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
             scan = step_scan_bytes(mc, cfg.scheduler, cfg.parallel.tensor_parallel_size)
             budget -= fp.weights + fp.draft + fp.state + GPU_HEADROOM + scan
-            fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block, scratch)
+            fp = estimate_with_kv(fp, mc, cfg, max(budget, 0))
             derived = True
         where = f"free on {device} ({gib(total)} in all)"
         _fits(fp, fp.device_bytes, free, where, exclude=("block tables",))
         _fits(fp, fp.block_tables, host, f"on the host ({source})", only=("block tables",))
     if fp.kv_blocks < 2 and derived:
-        drafted = "" if draft is None else f"; the draft model's {gib(fp.draft)}"
+        drafted = f"; the draft model's {gib(fp.draft)}" if fp.draft else ""
         raise ValueError(
             f"{device} has {gib(fp.kv_cache)} left for the KV cache after the weights "
             f"({gib(fp.weights)} {fp.weights_how}{drafted}) and headroom, fewer than 2 blocks of "
@@ -317,11 +318,10 @@ def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_b
         )
 
 
-def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int,
-                     per_block: int, scratch: int = 0) -> Footprint:  # fmt: skip
-    """`fp` with a KV budget of `kv` bytes: blocks of `per_block` after `scratch` (a draft
-    model's scratch blocks)."""
-    # (per_block 0: no attention layer)
+def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int) -> Footprint:
+    """`fp` with a KV budget of `kv` bytes: blocks of `fp.kv_block_bytes` after `fp.kv_scratch`
+    (a draft model's scratch blocks)."""
+    per_block, scratch = fp.kv_block_bytes, fp.kv_scratch  # (per_block 0: no attention layer)
     blocks = max(kv - scratch, 0) // per_block if per_block else fp.kv_blocks
     kv = kv if per_block else 0
     act = step_bytes(mc, cfg, cfg.torch_dtype(), blocks)
