@@ -200,16 +200,16 @@ class DraftModel:
         # the catch-up: every sequence's unseen tokens, its last one giving the first draft
         tok = self._ragged(unseen, seen, lens, tbl, to_device)
         drafts = [tok]
-        one = np.arange(b)
+        one, ones, cu = np.arange(b), np.ones(b, np.int64), np.arange(b + 1)
+        # what every one-token forward shares, on the device once: the table, the query
+        # starts, the rows projected (each sequence's one row)
+        fixed = (to_device(tbl), to_device(cu.astype(np.int32)), to_device(one))
         for j in range(1, k):  # one position further each, all sequences at once
             pos = np.minimum(lens - 1 + j, self.max_position)
-            tok = self._greedy(tok, pos, tbl, one, np.ones(b, np.int64), np.arange(b + 1),
-                               to_device)  # fmt: skip
+            tok = self._greedy(tok, pos, tbl, one, ones, cu, to_device, fixed)
             drafts.append(tok)
         out = torch.stack(drafts, dim=1).cpu().numpy()  # the run's one read back
-        real = np.minimum(lens, num_blocks * bs)
-        for r, n in zip(reqs, real.tolist()):
-            self._seen[r] = (r.num_preemptions, n)
+        self._mark_seen(reqs, lens, num_blocks)
         return out
 
     def catch_up(
@@ -227,6 +227,11 @@ class DraftModel:
         seen = self._seen_of(reqs, ends)
         unseen = [r.token_ids[a:e] for r, a, e in zip(reqs, seen.tolist(), ends.tolist())]
         self._ragged(unseen, seen, ends, table, to_device)
+        self._mark_seen(reqs, ends, num_blocks)
+
+    def _mark_seen(self, reqs: Sequence[Request], ends: np.ndarray, num_blocks: np.ndarray):
+        """Each sequence's draft rows real up to `ends`, as far as its own blocks hold them
+        (rows in scratch blocks are drafts' only, computed again later)."""
         real = np.minimum(ends, num_blocks * self.block_size)
         for r, n in zip(reqs, real.tolist()):
             self._seen[r] = (r.num_preemptions, n)
@@ -273,9 +278,11 @@ class DraftModel:
         qlens: np.ndarray,
         cu: np.ndarray,
         to_device: Callable[[np.ndarray], torch.Tensor],
+        fixed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """One draft forward (each sequence's last row projected): its argmax tokens, int64
-        [B] on the device."""
+        [B] on the device. `fixed`: `tbl`, `cu` (int32) and the projected rows already on the
+        device (the one-token forwards of a step share them)."""
         bs, b = self.block_size, len(qlens)
         slots = tbl[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         seq_lens = positions[cu[1:] - 1] + 1
@@ -286,9 +293,9 @@ class DraftModel:
             num_tokens=len(positions),
             max_query_len=int(qlens.max()),
             max_seq_len=int(seq_lens.max()),
-            query_start_loc=to_device(cu.astype(np.int32)),
+            query_start_loc=to_device(cu.astype(np.int32)) if fixed is None else fixed[1],
             seq_lens=to_device(seq_lens.astype(np.int32)),
-            block_tables=to_device(tbl),
+            block_tables=to_device(tbl) if fixed is None else fixed[0],
             slot_mapping=to_device(slots),
             block_size=bs,
             query_lens_host=qlens.tolist(),
@@ -296,6 +303,6 @@ class DraftModel:
         )
         for backend in self.backends:
             backend.prepare(meta)
-        rows = to_device(cu[1:] - 1)
+        rows = to_device(cu[1:] - 1) if fixed is None else fixed[2]
         logits = self.model.forward(ids, to_device(positions), self.kv_caches, meta, rows)
         return logits.argmax(dim=-1)
