@@ -7,7 +7,7 @@ of `model/bert.py`; `pooler_config.ENCODERS` names their architectures). No laye
   `is_decoder` / `add_cross_attention` (a causal or encoder-decoder BERT), a
   `position_embedding_type` other than "absolute" (relative_key's distance tables).
 - `overrides`: RoBERTa's `max_position_embeddings` counts its offset rows; the context is
-  that less the offset (514 -> 512 tokens); `read_max_seq_length`: sentence_bert_config.json's
+  that less the offset (514 -> 512 tokens); `read_side_files`: sentence_bert_config.json's
   `max_seq_length` bounds it further where it is less (all-MiniLM-L6-v2: 256).
 - `rename_weights`: the stored names (with or without the `bert.` / `roberta.` prefix)
   listed as Llama's (`embeddings.word_embeddings` as `model.embed_tokens`,
@@ -31,7 +31,7 @@ TOKEN_TYPES = "model.embed_token_types.weight"
 HEAD_DENSE, HEAD_OUT = "model.head_dense.weight", "model.head_out.weight"
 # the key `hf_loader` puts a BERT cross-encoder's [SEP] id under (`read_side_files`)
 SEP_TOKEN = "_sep_token_id"
-# the key `hf_loader` puts sentence_bert_config.json's max_seq_length under (`read_max_seq_length`)
+# the key `hf_loader` puts sentence_bert_config.json's max_seq_length under (`read_side_files`)
 MAX_SEQ_LENGTH = "_sentence_transformers_max_seq_length"
 EMBED_NORM = "model.embed_layernorm.weight"
 
