@@ -473,8 +473,9 @@ class AsyncEngine:
             n += 1
             kind = cmd[0]
             if kind == "add":
-                try:  # an adapter not in host memory: read meanwhile
-                    read = core.read_lora(cmd[3].lora_request)
+                lora = cmd[3].lora_request  # an adapter not in host memory: read meanwhile
+                try:
+                    read = None if lora is None else core.read_lora(lora)
                 except Exception as exc:  # this request only
                     self._call_loop(self._fail, cmd[1], exc)
                     continue

@@ -207,7 +207,8 @@ class EngineCoreProc:
             bulk = bool(more and more[0])  # `bulk` may be left out (a single request)
             try:
                 compile_ = self.grammar(core, params)
-                read = core.read_lora(params.lora_request)  # not in host memory: read meanwhile
+                lora = params.lora_request  # an adapter not in host memory: read meanwhile
+                read = None if lora is None else core.read_lora(lora)
             except Exception as exc:  # this request only
                 self.send(b"f", pickle.dumps((rid, dump_error(exc))))
                 return
