@@ -121,6 +121,11 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "axk1": Untested(fp8="not tested"),
         "longcat_flash": Untested(fp8="not tested"),
         **dict.fromkeys(("bert", "roberta"), _ENCODER),
+        "llava": Untested(
+            tensor_parallel="its vision tower is not split over ranks",
+            fp8="its vision tower and projector are not quantized",
+            fp8_checkpoint="its vision tower and projector are not quantized",
+        ),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",

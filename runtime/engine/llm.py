@@ -18,6 +18,7 @@ from pagoda.runtime.engine.scoring import ScoringRequestOutput
 from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
+from pagoda.runtime.multimodal import inputs as mm_inputs
 from pagoda.runtime.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -38,8 +39,9 @@ class TokensPrompt(TypedDict, total=False):
 
 
 PromptType = str | Sequence[int] | dict[str, Any]
-# vLLM's TextPrompt / TokensPrompt keys this runtime serves; any other (multi_modal_data,
-# mm_processor_kwargs, ...) is refused rather than ignored
+# vLLM's TextPrompt / TokensPrompt keys this runtime serves besides `multi_modal_data` (which
+# `generate` reads for a vision model); any other (mm_processor_kwargs, ...) is refused rather
+# than ignored
 PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
 
 
@@ -135,7 +137,13 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: "
                              f"{len(plist)} for {len(prompts)} prompts")  # fmt: skip
-        encoded = [self._to_ids(p) for p in prompts]
+        encoded = [self._to_ids(_text_side(p)) for p in prompts]
+        for k, prompt in enumerate(prompts):  # images: placeholders expanded, pixels made
+            if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+                text, ids = encoded[k]
+                vision = self.engine.model_config.vision
+                ids, mm = mm_inputs.from_data(ids, prompt["multi_modal_data"], vision)
+                encoded[k], plist[k] = (text, ids), plist[k].clone(multi_modal=mm)
         # all checked before any runs; the copies as validated now run (params are mutable)
         plist = [self.engine.validate(ids, p) for (_, ids), p in zip(encoded, plist)]
         for p, lr in zip(plist, _per_prompt(lora_request, len(prompts))):
@@ -286,6 +294,13 @@ class LLM:
                 raise ValueError(f"chat_template_kwargs: this model's chat template does not read "
                                  f"'{key}', so it would change nothing")  # fmt: skip
         return kwargs
+
+
+def _text_side(prompt: PromptType) -> PromptType:
+    """A prompt without its `multi_modal_data` (read by `generate` itself)."""
+    if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+        return {k: v for k, v in prompt.items() if k != "multi_modal_data"}
+    return prompt
 
 
 def _per_prompt(lora_request: Any, n: int) -> list[Any]:

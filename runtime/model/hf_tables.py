@@ -96,6 +96,8 @@ HF_ARCHITECTURES = {
     # Emu3's text model (Llama's, its defaults); Emu3-Chat/Gen's text model (the VQ-VAE not read)
     "Emu3ForCausalLM": "emu3",
     "Emu3ForConditionalGeneration": "emu3",
+    # LLaVA 1.5: a CLIP vision tower, its projector and a Llama text model (model/llava.py)
+    "LlavaForConditionalGeneration": "llava",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -137,6 +139,7 @@ TEXT_MODEL_TYPES = {
     **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
     **inkling2.TEXT_MODEL_TYPES,  # Inkling 2's (model/inkling2.py)
     "Apertus1p5ForConditionalGeneration": {"apertus1p5_text": "apertus1p5"},
+    "LlavaForConditionalGeneration": {"llama": "llava"},  # (LLaVA 1.5's; others refused)
     **moe_families.TEXT_MODEL_TYPES,  # Aria's, Cohere Compass'
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
@@ -157,6 +160,7 @@ WRAPPER_TIES = {
     **moe_families.WRAPPER_TIES,
 }
 WRAPPER_TIES["emu3"] = False  # (Emu3Config's)
+WRAPPER_TIES["llava"] = False  # (LlavaConfig's)
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.

@@ -27,7 +27,12 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.lora.slots import LoRASlots
-from pagoda.runtime.model.llama import HIDDEN_STATES, SEQUENCE_STATE, TOKEN_HISTORY
+from pagoda.runtime.model.llama import (
+    HIDDEN_STATES,
+    IMAGE_EMBEDS,
+    SEQUENCE_STATE,
+    TOKEN_HISTORY,
+)
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.request import Request
@@ -42,7 +47,13 @@ from pagoda.runtime.sampling.sampler import (
 from pagoda.runtime.spec import verify
 from pagoda.runtime.spec.draft_model import DraftModel, draft_block_bytes, scratch_blocks
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
-from pagoda.runtime.worker import cache_budget, draft_step, model_build, prompt_logprobs
+from pagoda.runtime.worker import (
+    cache_budget,
+    draft_step,
+    mm_encoder,
+    model_build,
+    prompt_logprobs,
+)
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
@@ -361,6 +372,7 @@ class ModelRunner:
         if (
             graph is not None
             and head is None
+            and inp.images is None
             and graph.can_run(nd, n, max_blocks)
             and not (self.model.long_rope and (inp.prompt_lens > inp.seq_lens).any())
             and (self.graph_seq_limit is None or seq_lens.max() <= self.graph_seq_limit)
@@ -389,6 +401,8 @@ class ModelRunner:
             meta.aux[MAMBA_STEP] = self.mamba.device_step(inp.mamba, self.to_device)
         if inp.history is not None:
             meta.aux[TOKEN_HISTORY] = self.to_device(inp.history)
+        if inp.images is not None:  # image placeholders: the images' features (encoded now)
+            meta.aux[IMAGE_EMBEDS] = mm_encoder.device_step(self.model, inp.images, self.to_device)
         if inp.seq_state is not None:
             meta.aux[SEQUENCE_STATE] = self.seq_state.device_step(inp.seq_state, self.to_device)
         if self.pooling_type is not None:  # hidden states of the rows pooled, no LM head
