@@ -25,7 +25,7 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 class ClipEncoderLayer:
-    __slots__ = ("eps", "heads", "ln1", "ln2", "qkv", "out", "fc1", "fc2", "act")
+    __slots__ = ("act", "eps", "fc1", "fc2", "heads", "ln1", "ln2", "out", "qkv")
 
     def __init__(self, w: Mapping[str, torch.Tensor], prefix: str, cfg: VisionConfig) -> None:
         a = prefix + "self_attn."

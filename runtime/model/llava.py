@@ -48,7 +48,9 @@ class LlavaModel(LlamaModel):
             self.linear_1 = (projector["linear_1.weight"], projector.get("linear_1.bias"))
             self.linear_2 = (projector["linear_2.weight"], projector.get("linear_2.bias"))
         except KeyError as e:
-            raise ValueError(f"the LLaVA checkpoint lacks the vision tensor {e.args[0]!r}") from None
+            raise ValueError(
+                f"the LLaVA checkpoint lacks the vision tensor {e.args[0]!r}"
+            ) from None
         if self.linear_2[0].shape[0] != self.config.hidden_size:
             raise ValueError(f"the projector gives {self.linear_2[0].shape[0]} features, the "
                              f"text model reads {self.config.hidden_size}")  # fmt: skip

@@ -142,6 +142,29 @@ def _triple(value: Any, name: str) -> tuple[float, float, float]:
     return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
+def read_processing(model_dir: Path) -> ImageProcessing:
+    """The image processor saved beside the checkpoint: preprocessor_config.json (transformers
+    4's), else processor_config.json's `image_processor` (transformers 5's)."""
+    for name, key in (
+        ("preprocessor_config.json", None),
+        ("processor_config.json", "image_processor"),
+    ):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        try:
+            cfg = json.loads(path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{name} is not valid JSON ({e})") from None
+        cfg = cfg.get(key) if key is not None and isinstance(cfg, dict) else cfg
+        if isinstance(cfg, dict):
+            return ImageProcessing.from_json(cfg)
+    raise ValueError(
+        "a vision model needs its image processor's config beside the weights "
+        "(preprocessor_config.json, or processor_config.json's image_processor)"
+    )
+
+
 def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     """A LlavaForConditionalGeneration config.json's image side (with the processor beside it);
     ValueError, one line, for what is not LLaVA 1.5's shape."""
@@ -157,11 +180,7 @@ def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     for name, a in (("vision_config.hidden_act", act), ("projector_hidden_act", pact)):
         if a not in _ACTS:
             raise ValueError(f"{name} {a!r} is not supported ({', '.join(_ACTS)})")
-    processing = ImageProcessing()
-    if model_dir is not None and (model_dir / "preprocessor_config.json").is_file():
-        processing = ImageProcessing.from_json(
-            json.loads((model_dir / "preprocessor_config.json").read_text())
-        )
+    processing = ImageProcessing() if model_dir is None else read_processing(model_dir)
     return VisionConfig(
         hidden_size=int(v.get("hidden_size", 768)),
         intermediate_size=int(v.get("intermediate_size", 3072)),

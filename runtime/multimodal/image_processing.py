@@ -73,5 +73,7 @@ def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
         std = np.asarray(p.std, dtype=np.float32)[:, None, None]
         pixels = (pixels - mean) / std
     if pixels.shape[0] != 3:
-        raise ValueError(f"an image must have 3 channels after preprocessing, got {pixels.shape[0]}")
+        raise ValueError(
+            f"an image must have 3 channels after preprocessing, got {pixels.shape[0]}"
+        )
     return np.ascontiguousarray(pixels, dtype=np.float32)

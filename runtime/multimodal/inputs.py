@@ -109,8 +109,10 @@ def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: VisionConfig |
             raise ValueError(f"image {i}: pixels must be float32 {shape}, got "
                              f"{im.pixel_values.dtype} {tuple(im.pixel_values.shape)}")  # fmt: skip
         run = ids[im.offset : im.end]
-        if im.length != vision.tokens_per_image or len(run) != im.length or (
-            run != vision.image_token_index
-        ).any():
+        if (
+            im.length != vision.tokens_per_image
+            or len(run) != im.length
+            or (run != vision.image_token_index).any()
+        ):
             raise ValueError(f"image {i}: its {vision.tokens_per_image} placeholder tokens are "
                              f"not at prompt positions [{im.offset}, {im.end})")  # fmt: skip

@@ -13,7 +13,7 @@ from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError
-from pagoda.runtime.server import harmony, reasoning, tools
+from pagoda.runtime.server import chat_images, harmony, reasoning, tools
 from pagoda.runtime.server.chat_prompt import encode_chat
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
@@ -60,7 +60,11 @@ class ChatEndpoint(Endpoint):
         # tool_choice required / named: on harmony, the grammar holds the whole reply (its
         # analysis too: `tool_markers`)
         whole = setup is not None and spec is setup.grammar and setup.choice != "auto"
+        images = _image_parts(req, info)  # a 400 for a model that reads text only
         raw, text, ids, tail = self._prompt(req, info, setup, self.reasoning_parser is not None)
+        mm = None
+        if images:  # fetched, decoded and preprocessed here; placeholders expanded
+            ids, mm = chat_images.prompt_images(ids, images, info.vision)
         thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
         harmony = self.reasoning_parser == reasoning.HARMONY
         if harmony and spec is not None and not whole:  # its answer follows channels
@@ -86,6 +90,7 @@ class ChatEndpoint(Endpoint):
             req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
             prompt_logprobs=req.prompt_logprobs, structured_outputs=spec, **extra,
         )  # fmt: skip
+        params.multi_modal = mm
         job = self.job(req, model, [ids], [text], params, strings, renames)
         job.tools = setup if setup is not None and setup.parser is not None else None
         job.role = req.reply_role
@@ -118,7 +123,9 @@ class ChatEndpoint(Endpoint):
         """`prompt`'s, and with `tail` the text the template adds for the reply (`_reply_tail`,
         one more rendering; "" without)."""
         template = info.tokenizer.template_for(bool(req.tools))
-        raw = [m.as_template_dict() for m in req.messages]
+        # a vision model's templates read content parts, images among them (as transformers'
+        # processors render them); others a string
+        raw = [m.as_template_dict(parts=info.vision is not None) for m in req.messages]
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
         if self.reasoning_parser == reasoning.HARMONY:
@@ -234,6 +241,22 @@ class ChatEndpoint(Endpoint):
         if job.tools is not None and i not in job.opened:
             delta = _with_role(job, i, delta, final)
         return {"index": i, "delta": delta, "logprobs": logprobs}
+
+
+def _image_parts(req: ChatCompletionRequest, info: EngineInfo) -> list[tuple[str, str]]:
+    """(param, url) of the messages' image parts; a 400 where the model reads text only, or
+    for more images than --limit-mm-per-prompt allows."""
+    found = [(f"messages[{i}].content[{j}]", p.image_url.url)
+             for i, m in enumerate(req.messages) for j, p in m.images]  # fmt: skip
+    if found and info.vision is None:
+        raise APIError(400, f"{found[0][0]}: content parts of type 'image_url' are not "
+                       "supported; this model reads text only (parts of type 'text')",
+                       param=f"{found[0][0]}.type", code="unsupported_content")  # fmt: skip
+    if len(found) > info.image_limit:
+        raise APIError(400, f"at most {info.image_limit} image(s) per request "
+                       f"(--limit-mm-per-prompt), got {len(found)}", param="messages",
+                       code="too_many_images")  # fmt: skip
+    return found
 
 
 def _calls(job: Job) -> bool:

@@ -1,0 +1,144 @@
+"""LLaVA 1.5 (`model/llava.py`, `model/clip_vision.py`, `worker/mm_encoder.py`): a tiny random
+LlavaForConditionalGeneration written by transformers with its processor
+(tests/runtime/llava_testlib.py); the engine's greedy tokens are transformers' `generate` on the
+processor's expanded ids and pixels, for prompts with one and two images batched with a
+text-only one, with chunked prefill splitting an image across steps, with requests preempted and
+recomputed, and on a warm prefix cache (the same image after the same prefix hits; another image
+never shares the blocks of its placeholders)."""
+
+from __future__ import annotations
+
+import pytest
+from llava_testlib import IMAGE_ID, TOKENS_PER_IMAGE, hf_generate, image, make_tiny_llava
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model
+
+transformers = pytest.importorskip("transformers")
+NEW = 6
+GREEDY = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+PREFIX = [1] + [10 + i for i in range(20)]  # 21 text tokens before the image: past a block
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llava")
+    model, processor = make_tiny_llava(path)
+    return path, model, processor, load_model(str(path))
+
+
+def _cases():
+    """(prompt dict, the images, the expanded ids transformers reads) of the three requests:
+    one image, two images, text only."""
+    one = [1, 5, IMAGE_ID, 7, 8]
+    two = [1, IMAGE_ID, 6, 9, IMAGE_ID, 11]
+    text = [1, 12, 13, 14]
+    ims = [image(0), image(1, (64, 30)), image(2, (30, 30))]
+    return [
+        ({"prompt_token_ids": one, "multi_modal_data": {"image": ims[0]}}, ims[:1]),
+        ({"prompt_token_ids": two, "multi_modal_data": {"image": ims[1:]}}, ims[1:]),
+        ({"prompt_token_ids": text}, []),
+    ]
+
+
+def _expanded(ids: list[int]) -> list[int]:
+    return [t for i in ids for t in ([i] * TOKENS_PER_IMAGE if i == IMAGE_ID else [i])]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    _, model, processor, _ = tiny
+    return [hf_generate(model, processor, _expanded(p["prompt_token_ids"]), ims, NEW)
+            for p, ims in _cases()]  # fmt: skip
+
+
+def _run(llm: LLM, prompts) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+def _count_encodes(llm: LLM) -> list[int]:
+    """The images each `encode_images` call of `llm`'s model encodes, appended as it runs."""
+    model, calls = llm.engine.runner.model, []
+    encode = model.encode_images
+    model.encode_images = lambda px: calls.append(px.shape[0]) or encode(px)
+    return calls
+
+
+def test_one_and_two_images_batched_with_text_are_transformers(tiny, reference):
+    llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20)
+    calls = _count_encodes(llm)
+    prompts = [p for p, _ in _cases()]
+    out = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == reference
+    assert calls == [3]  # the step's three new images in one batch, each encoded once
+    assert out[1].prompt_token_ids == _expanded(prompts[1]["prompt_token_ids"])
+
+
+def test_chunked_prefill_splits_an_image_across_steps(tiny, reference):
+    """4-token steps: each image's 9 placeholder rows arrive over three or four steps (one
+    encode per image, its rows read in pieces)."""
+    llm = LLM(loaded=tiny[3], dtype="float32", max_num_batched_tokens=4, block_size=8,
+              kv_cache_memory=8 << 20, max_num_seqs=3)  # fmt: skip
+    calls = _count_encodes(llm)
+    assert _run(llm, [p for p, _ in _cases()]) == reference
+    assert sum(calls) == 3
+
+
+def test_preempted_requests_recompute_their_images(tiny, reference):
+    """A pool of 6 blocks for the three requests' 9: some are preempted and recomputed."""
+    llm = LLM(loaded=tiny[3], dtype="float32", max_num_batched_tokens=16, block_size=8,
+              num_blocks_override=6, max_num_seqs=3, max_model_len=40)  # fmt: skip
+    assert _run(llm, [p for p, _ in _cases()]) == reference
+    assert llm.engine.scheduler.num_preemptions > 0
+    llm.engine.check_integrity()
+
+
+def test_prefix_cache_keys_blocks_by_the_image(tiny):
+    """The same image after the same prefix hits the cache; another image with the same
+    placeholders does not reuse the blocks holding them, and reads as transformers'."""
+    _, model, processor, loaded = tiny
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, block_size=8,
+              enable_prefix_caching=True)  # fmt: skip
+    ids = [*PREFIX, IMAGE_ID, 40, 41, 42, 43, 44, 45]
+    a, b = image(5), image(6)
+
+    def run(im):
+        out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": im}}, GREEDY,
+                           use_tqdm=False)[0]  # fmt: skip
+        return out.outputs[0].token_ids, out.num_cached_tokens
+
+    first, cached0 = run(a)
+    again, cached1 = run(a)
+    other, cached2 = run(b)
+    assert cached0 == 0 and cached1 >= len(PREFIX) + TOKENS_PER_IMAGE
+    assert len(PREFIX) - 8 < cached2 <= len(PREFIX)  # the text blocks only
+    assert first == again == hf_generate(model, processor, _expanded(ids), [a], NEW)
+    assert other == hf_generate(model, processor, _expanded(ids), [b], NEW)
+
+
+def test_full_feature_select_keeps_the_class_token(tmp_path):
+    model, processor = make_tiny_llava(tmp_path, strategy="full")
+    llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory=8 << 20)
+    ids = [1, IMAGE_ID, 7]
+    got = _run(llm, [{"prompt_token_ids": ids, "multi_modal_data": {"image": image(3)}}])
+    full = [1] + [IMAGE_ID] * (TOKENS_PER_IMAGE + 1) + [7]
+    assert got == [hf_generate(model, processor, full, [image(3)], NEW)]
+
+
+def test_bad_image_input_is_refused_before_anything_runs(tiny):
+    llm = LLM(
+        loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20, limit_mm_per_prompt={"image": 1}
+    )
+    two = {
+        "prompt_token_ids": [1, IMAGE_ID, IMAGE_ID],
+        "multi_modal_data": {"image": [image(0)] * 2},
+    }
+    with pytest.raises(ValueError, match="at most 1 image"):
+        llm.generate(two, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="1 image token"):
+        llm.generate({"prompt_token_ids": [1, IMAGE_ID], "multi_modal_data": {"image": []}}, GREEDY)
+    with pytest.raises(ValueError, match="only images"):
+        llm.generate({"prompt_token_ids": [1], "multi_modal_data": {"video": image(0)}}, GREEDY)
+    with pytest.raises(ValueError, match="PIL"):
+        llm.generate({"prompt_token_ids": [1, IMAGE_ID], "multi_modal_data": {"image": "x.png"}},
+                     GREEDY)  # fmt: skip
+    assert not llm.engine.has_unfinished_requests()
