@@ -36,8 +36,10 @@ def test_mismatches_are_refused():
     with pytest.raises(ValueError, match="does not read images"):
         inputs.check(ids, mm, None, limit=1)
     with pytest.raises(ValueError, match="placeholder tokens"):
-        inputs.check(ids[:5] + [3] + ids[6:], mm, VISION, limit=1)
-    small = inputs.MultiModalInputs((inputs.ImageInput(np.zeros((3, 20, 20), np.float32), 1, 9, b""),))
+        inputs.check([*ids[:5], 3, *ids[6:]], mm, VISION, limit=1)
+    small = inputs.MultiModalInputs(
+        (inputs.ImageInput(np.zeros((3, 20, 20), np.float32), 1, 9, b""),)
+    )
     with pytest.raises(ValueError, match="float32"):
         inputs.check(ids, small, VISION, limit=1)
     with pytest.raises(ValueError, match="only images"):
