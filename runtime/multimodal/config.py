@@ -142,13 +142,11 @@ def _triple(value: Any, name: str) -> tuple[float, float, float]:
     return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
-def read_processing(model_dir: Path) -> ImageProcessing:
+def read_processing(model_dir: Path, image_size: int) -> ImageProcessing:
     """The image processor saved beside the checkpoint: preprocessor_config.json (transformers
-    4's), else processor_config.json's `image_processor` (transformers 5's)."""
-    for name, key in (
-        ("preprocessor_config.json", None),
-        ("processor_config.json", "image_processor"),
-    ):
+    4's), else processor_config.json's `image_processor` (transformers 5's), else CLIP's
+    defaults at the tower's size (what every LLaVA 1.5 checkpoint's processor says)."""
+    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
         path = model_dir / name
         if not path.is_file():
             continue
@@ -159,10 +157,7 @@ def read_processing(model_dir: Path) -> ImageProcessing:
         cfg = cfg.get(key) if key is not None and isinstance(cfg, dict) else cfg
         if isinstance(cfg, dict):
             return ImageProcessing.from_json(cfg)
-    raise ValueError(
-        "a vision model needs its image processor's config beside the weights "
-        "(preprocessor_config.json, or processor_config.json's image_processor)"
-    )
+    return ImageProcessing(shortest_edge=image_size, crop=(image_size, image_size))
 
 
 def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
@@ -180,13 +175,16 @@ def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     for name, a in (("vision_config.hidden_act", act), ("projector_hidden_act", pact)):
         if a not in _ACTS:
             raise ValueError(f"{name} {a!r} is not supported ({', '.join(_ACTS)})")
-    processing = ImageProcessing() if model_dir is None else read_processing(model_dir)
+    size = int(v.get("image_size", 224))
+    processing = ImageProcessing(size, (size, size))
+    if model_dir is not None:
+        processing = read_processing(model_dir, size)
     return VisionConfig(
         hidden_size=int(v.get("hidden_size", 768)),
         intermediate_size=int(v.get("intermediate_size", 3072)),
         num_layers=int(v.get("num_hidden_layers", 12)),
         num_heads=int(v.get("num_attention_heads", 12)),
-        image_size=int(v.get("image_size", 224)),
+        image_size=size,
         patch_size=int(v.get("patch_size", 32)),
         image_token_index=int(top.get("image_token_index", top.get("image_token_id", 32000))),
         layer_norm_eps=float(v.get("layer_norm_eps", 1e-5)),

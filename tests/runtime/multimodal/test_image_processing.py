@@ -34,14 +34,16 @@ def test_pixels_are_clip_image_processors(size):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
-def test_a_processor_config_that_is_not_clips_is_refused(tmp_path):
+def test_a_processor_config_that_is_not_clips_or_the_towers_is_refused(tmp_path):
     with pytest.raises(ValueError, match="SiglipImageProcessor"):
         ImageProcessing.from_json({"image_processor_type": "SiglipImageProcessor"})
     with pytest.raises(ValueError, match="size"):
         ImageProcessing.from_json({"size": {"height": 30, "width": 30}})
     top = {"vision_config": {"image_size": 30, "patch_size": 10}}
-    with pytest.raises(ValueError, match="image processor"):
-        read_llava(top, tmp_path)  # no processor config beside the weights
+    assert read_llava(top, tmp_path).processing == ImageProcessing(30, (30, 30))  # none saved
+    (tmp_path / "preprocessor_config.json").write_text('{"crop_size": 20, "size": 20}')
+    with pytest.raises(ValueError, match="crops"):
+        read_llava(top, tmp_path)  # not the tower's size
 
 
 def test_llava_configs_outside_1_5_are_refused():
