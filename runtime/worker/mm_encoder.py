@@ -35,9 +35,10 @@ def prepare(reqs: list[Request], starts: np.ndarray, qlens: np.ndarray,
     encode, rows, parts = [], [], []
     for i, r in enumerate(reqs):
         mm = r.params.multi_modal
-        if mm is None:
+        st = int(starts[i])
+        if mm is None or not mm.images or st >= mm.images[-1].end:  # (decodes: past them all)
             continue
-        st, end = int(starts[i]), int(starts[i] + qlens[i])
+        end = st + int(qlens[i])
         for j, im in enumerate(mm.images):
             a, b = max(im.offset, st), min(im.end, end)
             if a >= b:

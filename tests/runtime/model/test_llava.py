@@ -142,3 +142,5 @@ def test_bad_image_input_is_refused_before_anything_runs(tiny):
         llm.generate({"prompt_token_ids": [1, IMAGE_ID], "multi_modal_data": {"image": "x.png"}},
                      GREEDY)  # fmt: skip
     assert not llm.engine.has_unfinished_requests()
+    empty = {"prompt_token_ids": [1, 12, 13, 14], "multi_modal_data": {"image": []}}
+    assert _run(llm, [empty]) == _run(llm, [{"prompt_token_ids": [1, 12, 13, 14]}])
