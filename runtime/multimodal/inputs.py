@@ -49,25 +49,33 @@ def image_list(data: object) -> list:
     return list(data) if isinstance(data, (list, tuple)) else [data]
 
 
-def build(
-    token_ids: Sequence[int], pixels: Sequence[np.ndarray], vision: VisionConfig
-) -> tuple[list[int], MultiModalInputs]:
-    """The prompt with each image token expanded to the image's placeholder run, and the
-    images placed there; ValueError where the prompt's image tokens and the images disagree."""
+def expand(
+    token_ids: Sequence[int], num_images: int, vision: VisionConfig
+) -> tuple[list[int], list[int]]:
+    """The prompt with each image token repeated as many times as an image has rows, and each
+    run's first position; ValueError where the prompt holds another number of image tokens."""
     token, n = vision.image_token_index, vision.tokens_per_image
     ids = np.asarray(token_ids, dtype=np.int64)
     at = np.flatnonzero(ids == token)
-    if len(at) != len(pixels):
-        raise ValueError(f"the prompt has {len(at)} image token(s) (id {token}) for "
-                         f"{len(pixels)} image(s): put one image token where each image goes")  # fmt: skip
+    if len(at) != num_images:
+        raise ValueError(
+            f"the prompt has {len(at)} image token(s) (id {token}) for "
+            f"{num_images} image(s): put one image token where each image goes"
+        )
     repeats = np.ones(len(ids), dtype=np.int64)
     repeats[at] = n
-    out = np.repeat(ids, repeats)
     offsets = at + np.arange(len(at)) * (n - 1)
-    images = tuple(
-        ImageInput(p, int(o), n, pixels_hash(p)) for p, o in zip(pixels, offsets.tolist())
-    )
-    return out.tolist(), MultiModalInputs(images)
+    return np.repeat(ids, repeats).tolist(), offsets.tolist()
+
+
+def build(
+    token_ids: Sequence[int], pixels: Sequence[np.ndarray], vision: VisionConfig
+) -> tuple[list[int], MultiModalInputs]:
+    """The prompt `expand`ed, and the images placed at their runs."""
+    ids, offsets = expand(token_ids, len(pixels), vision)
+    n = vision.tokens_per_image
+    images = tuple(ImageInput(p, o, n, pixels_hash(p)) for p, o in zip(pixels, offsets))
+    return ids, MultiModalInputs(images)
 
 
 def from_images(

@@ -30,6 +30,19 @@ def prompt_images(ids: list[int], parts: list[tuple[str, str]],
                            code="invalid_image") from None  # fmt: skip
     try:
         return inputs.build(ids, pixels, vision)
-    except ValueError as e:  # the template rendered another number of image tokens
-        raise APIError(400, f"the chat template rendered the images' placeholders wrongly: {e}",
-                       param="messages", code="invalid_value") from None  # fmt: skip
+    except ValueError as e:
+        raise _misrendered(e) from None
+
+
+def placeholders(ids: list[int], num_images: int, vision: Any) -> list[int]:
+    """The prompt's ids with `num_images` images' placeholders, no image read (`/tokenize`)."""
+    try:
+        return inputs.expand(ids, num_images, vision)[0]
+    except ValueError as e:
+        raise _misrendered(e) from None
+
+
+def _misrendered(e: ValueError) -> APIError:
+    """The 400 of a template that rendered another number of image tokens than images."""
+    return APIError(400, f"the chat template rendered the images' placeholders wrongly: {e}",
+                    param="messages", code="invalid_value")  # fmt: skip

@@ -11,6 +11,7 @@ import base64
 import http.server
 import threading
 
+import httpx
 import openai
 import pytest
 from llava_testlib import hf_generate, image, make_tiny_llava, png_bytes
@@ -42,10 +43,10 @@ def _image_part(url: str) -> dict:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _chat(client, messages, **kw):
+def _chat(client, messages, extra: dict | None = None, **kw):
     return client.chat.completions.create(
         model=client.models.list().data[0].id, messages=messages, max_tokens=NEW, temperature=0,
-        extra_body={"ignore_eos": True}, **kw,
+        extra_body={"ignore_eos": True, **(extra or {})}, **kw,
     )  # fmt: skip
 
 
@@ -59,7 +60,9 @@ def _refused(client, messages, param: str, code: str) -> str:
 
 def test_image_chats_answer_transformers_tokens(tmp_path):
     model, processor = make_tiny_llava(tmp_path)
-    hf_messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w7 w8"}]}]
+    hf_messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w7 w8"}]}
+    ]
     text = processor.apply_chat_template(hf_messages, add_generation_prompt=True)
     ids = processor(text=text, images=[IMAGE])["input_ids"][0]
     want = hf_generate(model, processor, list(ids), [IMAGE], NEW)
@@ -77,12 +80,23 @@ def test_image_chats_answer_transformers_tokens(tmp_path):
                 assert tokens == want
             text_only = _chat(client, [{"role": "user", "content": "w7 w8"}])
             assert text_only.usage.prompt_tokens == 4  # w3 w7 w8 w5: no image, no placeholder
+            shown = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize", json={
+                "messages": _user(_image_part(gone := "http://127.0.0.1:9/cat.png"),
+                                  {"type": "text", "text": "w7 w8"})}, timeout=30)  # fmt: skip
+            assert shown.json()["tokens"] == list(ids)  # placeholders, no image read
+            echoed = _chat(
+                client,
+                [*_user(_image_part(DATA_URL)), {"role": "assistant", "content": "w9"}],
+                {"echo": True},
+            )
+            assert echoed.choices[0].message.content.startswith("w9")
             bad = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
             param = "messages[0].content[0].image_url"
             assert "decoded" in _refused(client, _user(_image_part(bad)), param, "invalid_image")
             _refused(client, _user(_image_part("ftp://x/y.png")), param, "invalid_image_url")
-            gone = "http://127.0.0.1:9/cat.png"
-            assert "fetched" in _refused(client, _user(_image_part(gone)), param, "invalid_image_url")
+            assert "fetched" in _refused(
+                client, _user(_image_part(gone)), param, "invalid_image_url"
+            )
             two = _user(_image_part(DATA_URL), _image_part(DATA_URL))
             assert "at most 1" in _refused(client, two, "messages", "too_many_images")
             again = _chat(client, _user(_image_part(DATA_URL), {"type": "text", "text": "w7 w8"}))
