@@ -18,6 +18,7 @@ from pagoda.runtime.engine.scoring import ScoringRequestOutput
 from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
+from pagoda.runtime.multimodal import chat_images
 from pagoda.runtime.multimodal import inputs as mm_inputs
 from pagoda.runtime.sampling.params import SamplingParams
 
@@ -250,8 +251,10 @@ class LLM:
         """Render each conversation with the model's chat template, then generate (vLLM's
         `LLM.chat`): the prompt is what /v1/chat/completions renders for the same messages.
 
-        Text content parts are joined one per line; a `developer` message is a system message
-        for a template without that role. `add_generation_prompt` defaults to true, false with
+        Text content parts are joined one per line; a vision model's templates get content as
+        parts instead, `image_url` parts (data: or http(s) URLs, read here) as
+        `{"type": "image"}`, as the server renders them; a `developer` message is a system
+        message for a template without that role. `add_generation_prompt` defaults to true, false with
         `continue_final_message`; `tools` (OpenAI tool objects) go to the template, which must
         render them (the reply's tool calls are not parsed: `text` is the model's raw output);
         `chat_template_kwargs` must name variables the template reads.
@@ -264,22 +267,22 @@ class LLM:
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be "
                              "true: the reply continues the last message")  # fmt: skip
-        prompts = [
-            {
-                "prompt": text,
-                "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False),
-            }
-            for text in (
-                self.tokenizer.apply_chat_template(
-                    template_messages(conv, self.tokenizer.template_for(bool(tools))),
-                    add_generation_prompt=add_generation_prompt is not False,
-                    continue_final_message=continue_final_message,
-                    tools=tools,
-                    variables=self._template_kwargs(chat_template_kwargs, bool(tools)),
-                )
-                for conv in messages
+        vision = self.engine.model_config.vision is not None
+        prompts = []
+        for conv in messages:
+            text = self.tokenizer.apply_chat_template(
+                template_messages(conv, self.tokenizer.template_for(bool(tools)), parts=vision),
+                add_generation_prompt=add_generation_prompt is not False,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                variables=self._template_kwargs(chat_template_kwargs, bool(tools)),
             )
-        ]
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": ids}
+            urls = [p["image_url"]["url"] for m in conv for p in _image_parts(m)]
+            if urls:  # a vision model's: read now (data: or http(s) URLs), placed by generate
+                prompt["multi_modal_data"] = {"image": [chat_images.load(u) for u in urls]}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _template_kwargs(
@@ -351,18 +354,24 @@ def _progress(use_tqdm: bool | Callable[..., Any], total: int) -> Any:
     return tqdm(total=total, desc="Processed prompts", unit="req", file=sys.stderr, disable=None)
 
 
-def template_messages(conversation: Sequence[dict[str, Any]], template: str | None) -> list:
+def template_messages(
+    conversation: Sequence[dict[str, Any]], template: str | None, parts: bool = False
+) -> list:
     """The messages as the chat template reads them (as the server's `as_template_dict`): text
-    parts joined one per line, `developer` as `system` where the template lacks the role."""
+    parts joined one per line, or with `parts` (a vision model's) content as text and image
+    parts (`{"type": "image"}`); `developer` as `system` where the template lacks the role."""
     out = []
     for i, m in enumerate(conversation):
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(f"messages[{i}] must be a dict with a 'role'")
         m = dict(m)
         content = m.get("content")
-        if isinstance(content, list):
+        if parts:
+            m["content"] = _as_parts(content, i)
+        elif isinstance(content, list):
             if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                raise ValueError(f"messages[{i}].content: only text parts are supported")
+                raise ValueError(f"messages[{i}].content: only text parts are supported (image "
+                                 "parts: a model that reads images)")  # fmt: skip
             m["content"] = "\n".join(str(p.get("text", "")) for p in content)
         elif content is None:
             m["content"] = ""
@@ -371,6 +380,34 @@ def template_messages(conversation: Sequence[dict[str, Any]], template: str | No
         if m["role"] == "developer" and template is not None and "developer" not in template:
             m["role"] = "system"
         out.append(m)
+    return out
+
+
+def _image_parts(message: Any) -> list[dict[str, Any]]:
+    """A message's `image_url` parts (each with its URL; ValueError for one without)."""
+    content = message.get("content") if isinstance(message, dict) else None
+    found = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"] if \
+        isinstance(content, list) else []  # fmt: skip
+    for p in found:
+        if not isinstance(p.get("image_url"), dict) or not isinstance(
+            p["image_url"].get("url"), str
+        ):
+            raise ValueError("an image_url part needs {'image_url': {'url': ...}}")
+    return found
+
+
+def _as_parts(content: Any, i: int) -> list[dict[str, Any]]:
+    """A message's content as a vision model's template reads it: text and image parts."""
+    if not isinstance(content, list):
+        return [{"type": "text", "text": "" if content is None else str(content)}]
+    out = []
+    for p in content:
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind not in ("text", "image_url"):
+            raise ValueError(f"messages[{i}].content: parts of type {kind!r} are not supported "
+                             "(text, image_url)")  # fmt: skip
+        out.append({"type": "text", "text": str(p.get("text", ""))} if kind == "text" else
+                   {"type": "image"})  # fmt: skip
     return out
 
 

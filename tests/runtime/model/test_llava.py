@@ -8,8 +8,17 @@ never shares the blocks of its placeholders)."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
-from llava_testlib import IMAGE_ID, TOKENS_PER_IMAGE, hf_generate, image, make_tiny_llava
+from llava_testlib import (
+    IMAGE_ID,
+    TOKENS_PER_IMAGE,
+    hf_generate,
+    image,
+    make_tiny_llava,
+    png_bytes,
+)
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 
@@ -144,3 +153,17 @@ def test_bad_image_input_is_refused_before_anything_runs(tiny):
     assert not llm.engine.has_unfinished_requests()
     empty = {"prompt_token_ids": [1, 12, 13, 14], "multi_modal_data": {"image": []}}
     assert _run(llm, [empty]) == _run(llm, [{"prompt_token_ids": [1, 12, 13, 14]}])
+
+
+def test_chat_renders_image_parts_as_the_processor_does(tiny):
+    _, model, processor, loaded = tiny
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
+    url = "data:image/png;base64," + base64.b64encode(png_bytes(image(4))).decode()
+    ours = [{"role": "user", "content": [{"type": "text", "text": "w7"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]  # fmt: skip
+    theirs = [{"role": "user", "content": [{"type": "text", "text": "w7"}, {"type": "image"}]}]
+    text = processor.apply_chat_template(theirs, add_generation_prompt=True)
+    ids = processor(text=text, images=[image(4)])["input_ids"][0]
+    (out,) = llm.chat(ours, GREEDY, use_tqdm=False)
+    assert out.prompt == text and out.prompt_token_ids == list(ids)
+    assert out.outputs[0].token_ids == hf_generate(model, processor, list(ids), [image(4)], NEW)
