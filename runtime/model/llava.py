@@ -10,6 +10,8 @@ per image and scatters the rows into the step's input embeddings (`worker/mm_enc
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.model.clip_vision import ClipVisionTower, activation
@@ -20,10 +22,20 @@ from pagoda.runtime.model.llama import LayerContext, LlamaModel
 _TOWER = ("model.vision_tower.vision_model.", "vision_tower.vision_model.",
           "model.vision_tower.", "vision_tower.")  # fmt: skip
 _PROJECTOR = ("model.multi_modal_projector.", "multi_modal_projector.")
+_LAYER = re.compile(r"^encoder\.layers\.(\d+)\.")
 
 
 def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:
     return next((name[len(p) :] for p in prefixes if name.startswith(p)), None)
+
+
+def _read(name: str, layers_run: int) -> bool:
+    """Whether the tower's tensor `name` is held: not the post-norm nor a layer after the one
+    whose output is read (`VisionConfig.layers_run`)."""
+    if name.startswith("post_layernorm."):
+        return False
+    m = _LAYER.match(name)
+    return m is None or int(m.group(1)) < layers_run
 
 
 class LlavaModel(LlamaModel):
@@ -37,12 +49,11 @@ class LlavaModel(LlamaModel):
         raw = stored.tensors_under(_TOWER + _PROJECTOR)
         tower, projector = {}, {}
         for name, t in raw.items():
-            t = t.to(device=self.device, dtype=self.dtype)
             p = _strip(name, _PROJECTOR)
             if p is not None:
-                projector[p] = t
-            else:
-                tower[_strip(name, _TOWER)] = t
+                projector[p] = t.to(device=self.device, dtype=self.dtype)
+            elif _read(p := _strip(name, _TOWER), vision.layers_run):
+                tower[p] = t.to(device=self.device, dtype=self.dtype)
         try:
             self.tower = ClipVisionTower(tower, vision)
             self.linear_1 = (projector["linear_1.weight"], projector.get("linear_1.bias"))

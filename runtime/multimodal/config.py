@@ -108,6 +108,16 @@ class VisionConfig:
         """The placeholder tokens one image takes in the prompt (its features' rows)."""
         return self.num_patches + (self.select_strategy == "full")
 
+    def num_params(self, text_hidden: int) -> int:
+        """The parameters the engine holds of the tower (the layers run, not its post-norm)
+        and the projector into a text model `text_hidden` wide."""
+        d, i = self.hidden_size, self.intermediate_size
+        layer = 4 * d * d + 4 * d + 2 * d * i + i + d + 4 * d  # attention, MLP, two LayerNorms
+        embeddings = d * 3 * self.patch_size**2 + (self.num_patches + 1) * d + d + 2 * d
+        bias = 2 * text_hidden if self.projector_bias else 0
+        projector = d * text_hidden + text_hidden * text_hidden + bias
+        return self.layers_run * layer + embeddings + projector
+
     @property
     def layers_run(self) -> int:
         """The tower layers whose output is read (`hidden_states[feature_layer]`)."""
@@ -146,7 +156,10 @@ def read_processing(model_dir: Path, image_size: int) -> ImageProcessing:
     """The image processor saved beside the checkpoint: preprocessor_config.json (transformers
     4's), else processor_config.json's `image_processor` (transformers 5's), else CLIP's
     defaults at the tower's size (what every LLaVA 1.5 checkpoint's processor says)."""
-    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+    for name, key in (
+        ("preprocessor_config.json", None),
+        ("processor_config.json", "image_processor"),
+    ):
         path = model_dir / name
         if not path.is_file():
             continue

@@ -167,3 +167,15 @@ def test_chat_renders_image_parts_as_the_processor_does(tiny):
     (out,) = llm.chat(ours, GREEDY, use_tqdm=False)
     assert out.prompt == text and out.prompt_token_ids == list(ids)
     assert out.outputs[0].token_ids == hf_generate(model, processor, list(ids), [image(4)], NEW)
+
+
+def test_the_weights_estimate_counts_what_the_tower_holds(tiny):
+    """`VisionConfig.num_params` (what `server/weights.py` adds for the tower): transformers'
+    tower less the layers after the feature layer and the post-norm, and the projector."""
+    _, model, _, loaded = tiny
+    vision = loaded.config.vision
+    unread = ("post_layernorm", f"layers.{vision.layers_run}.")
+    tower = sum(p.numel() for n, p in model.model.vision_tower.named_parameters()
+                if not any(u in n for u in unread))  # fmt: skip
+    projector = sum(p.numel() for p in model.model.multi_modal_projector.parameters())
+    assert vision.layers_run == 1 and vision.num_params(64) == tower + projector
