@@ -199,6 +199,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                   "eos_token_id": 2},
     "ministral3": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
                    "max_position_embeddings": 262_144, "bos_token_id": 1, "eos_token_id": 2},
+    # LlamaConfig's: llava-hf's LLaVA 1.5 configs give a sparse text_config (vocab, context)
+    "llava": {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "rms_norm_eps": 1e-6,
+              "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2},
     "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6,
                  "num_key_value_heads": 8, "max_position_embeddings": 524_288,
                  "bos_token_id": 0, "eos_token_id": 2},

@@ -9,6 +9,7 @@ never shares the blocks of its placeholders)."""
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 from llava_testlib import (
@@ -179,3 +180,40 @@ def test_the_weights_estimate_counts_what_the_tower_holds(tiny):
                 if not any(u in n for u in unread))  # fmt: skip
     projector = sum(p.numel() for p in model.model.multi_modal_projector.parameters())
     assert vision.layers_run == 1 and vision.num_params(64) == tower + projector
+
+
+def test_llava_hf_1_5_configs_read_with_transformers_defaults(tmp_path):
+    """llava-hf/llava-1.5-7b-hf's config.json (its text_config sparse: LlamaConfig's defaults
+    fill it) and preprocessor_config.json: a 7B Llama over 576 placeholders an image."""
+    from pagoda.runtime.model.loader import read_model_config
+
+    text = {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096,
+            "model_type": "llama", "rms_norm_eps": 1e-05, "vocab_size": 32064}  # fmt: skip
+    vision = {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+              "model_type": "clip_vision_model", "num_attention_heads": 16,
+              "num_hidden_layers": 24, "patch_size": 14, "projection_dim": 768}  # fmt: skip
+    top = {"architectures": ["LlavaForConditionalGeneration"], "image_token_index": 32000,
+           "model_type": "llava", "pad_token_id": 32001, "projector_hidden_act": "gelu",
+           "text_config": text, "tie_word_embeddings": False, "vision_config": vision,
+           "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
+           "vocab_size": 32064}  # fmt: skip
+    processor = {"crop_size": {"height": 336, "width": 336}, "do_center_crop": True,
+                 "image_processor_type": "CLIPImageProcessor", "resample": 3,
+                 "size": {"shortest_edge": 336}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
+    mc = read_model_config(str(tmp_path))
+    assert (mc.architecture, mc.num_layers, mc.hidden_size, mc.vocab_size) == (
+        "llava",
+        32,
+        4096,
+        32064,
+    )
+    assert (mc.num_kv_heads, mc.intermediate_size, mc.tie_word_embeddings) == (32, 11008, False)
+    v = mc.vision
+    assert (v.tokens_per_image, v.layers_run, v.image_token_index) == (576, 23, 32000)
+    assert v.processing.crop == (336, 336) and v.processing.shortest_edge == 336
+    text["model_type"] = "mistral"
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    with pytest.raises(ValueError, match="model_type 'mistral' is not supported"):
+        read_model_config(str(tmp_path))
