@@ -31,15 +31,14 @@ class ImagePlan:
 
 def prepare(reqs: list[Request], starts: np.ndarray, qlens: np.ndarray,
             cu: np.ndarray) -> ImagePlan | None:  # fmt: skip
-    """The step's image placeholder rows (None: its tokens hold none)."""
+    """The step's image placeholder rows (None: its tokens hold none). Only the rows before
+    their request's last image are looked at (decodes never are)."""
+    ends = np.fromiter((r.images_end for r in reqs), dtype=np.int64, count=len(reqs))
     encode, rows, parts = [], [], []
-    for i, r in enumerate(reqs):
-        mm = r.params.multi_modal
-        st = int(starts[i])
-        if mm is None or not mm.images or st >= mm.images[-1].end:  # (decodes: past them all)
-            continue
+    for i in np.flatnonzero(starts < ends).tolist():
+        r, st = reqs[i], int(starts[i])
         end = st + int(qlens[i])
-        for j, im in enumerate(mm.images):
+        for j, im in enumerate(r.params.multi_modal.images):
             a, b = max(im.offset, st), min(im.end, end)
             if a >= b:
                 continue
