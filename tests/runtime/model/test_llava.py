@@ -103,26 +103,29 @@ def test_preempted_requests_recompute_their_images(tiny, reference):
 
 
 def test_prefix_cache_keys_blocks_by_the_image(tiny):
-    """The same image after the same prefix hits the cache; another image with the same
-    placeholders does not reuse the blocks holding them, and reads as transformers'."""
+    """The same image after the same prefix hits the cache (not encoded again); another image
+    with the same placeholders does not reuse the blocks holding them; a hit that ends inside
+    the image (the text after it differs) encodes it and reads its last rows. Each reads as
+    transformers'. The image sits at positions [21, 30), blocks of 8."""
     _, model, processor, loaded = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, block_size=8,
               enable_prefix_caching=True)  # fmt: skip
+    calls = _count_encodes(llm)
     ids = [*PREFIX, IMAGE_ID, 40, 41, 42, 43, 44, 45]
+    after = [*PREFIX, IMAGE_ID, 50, 41, 42, 43, 44, 45]  # differs at position 30
     a, b = image(5), image(6)
 
-    def run(im):
-        out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": im}}, GREEDY,
-                           use_tqdm=False)[0]  # fmt: skip
-        return out.outputs[0].token_ids, out.num_cached_tokens
+    def run(prompt, im):
+        out = llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"image": im}},
+                           GREEDY, use_tqdm=False)[0]  # fmt: skip
+        want = hf_generate(model, processor, _expanded(prompt), [im], NEW)
+        assert out.outputs[0].token_ids == want
+        return out.num_cached_tokens, len(calls)
 
-    first, cached0 = run(a)
-    again, cached1 = run(a)
-    other, cached2 = run(b)
-    assert cached0 == 0 and cached1 >= len(PREFIX) + TOKENS_PER_IMAGE
-    assert len(PREFIX) - 8 < cached2 <= len(PREFIX)  # the text blocks only
-    assert first == again == hf_generate(model, processor, _expanded(ids), [a], NEW)
-    assert other == hf_generate(model, processor, _expanded(ids), [b], NEW)
+    assert run(ids, a) == (0, 1)
+    assert run(ids, a) == (32, 1)  # the image's blocks hit: no encode
+    assert run(ids, b) == (16, 2)  # the text blocks only
+    assert run(after, a) == (24, 3)  # up to the block inside the image
 
 
 def test_full_feature_select_keeps_the_class_token(tmp_path):
