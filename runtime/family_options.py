@@ -122,7 +122,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "longcat_flash": Untested(fp8="not tested"),
         **dict.fromkeys(("bert", "roberta"), _ENCODER),
         "llava": Untested(
-            tensor_parallel="its vision tower is not split over ranks",
             fp8="its vision tower and projector are not quantized",
             fp8_checkpoint="its vision tower and projector are not quantized",
         ),

@@ -43,6 +43,9 @@ class LlavaModel(LlamaModel):
         vision = self.config.vision
         if vision is None:
             raise ValueError("a LLaVA model needs its vision_config (config.json)")
+        self.tower = None
+        if self.tp is not None and self.tp.rank > 0:  # rank 0 encodes; features broadcast
+            return
         stored = w.stored
         if not hasattr(stored, "tensors_under"):
             raise ValueError("a LLaVA model's vision tower is read from safetensors files")

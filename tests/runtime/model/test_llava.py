@@ -220,3 +220,17 @@ def test_llava_hf_1_5_configs_read_with_transformers_defaults(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(top))
     with pytest.raises(ValueError, match="model_type 'mistral' is not supported"):
         read_model_config(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_two_ranks_read_the_images_rank_0_encodes(tiny, reference):
+    """Tensor parallelism over gloo, two ranks, 4-token chunks (images split across steps): rank
+    0 alone holds the tower; each step's image rows and features are broadcast; transformers'
+    tokens."""
+    path, _, _, loaded = tiny
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
+             max_num_batched_tokens=4, max_num_seqs=3, block_size=8,
+             kv_cache_memory=8 << 20) as two:  # fmt: skip
+        assert _run(two, [p for p, _ in _cases()]) == reference
+        assert two.engine.runner.model.tower is not None
+        two.engine.check_integrity()
