@@ -36,6 +36,7 @@ FIELD_NAMES = (
     ("max_tokens", "max_output_tokens"),
     ("tool_choice.function.name", "tool_choice.name"),
     ("reasoning_effort", "reasoning.effort"),
+    ("tool_call_id", "call_id"),
 )
 _CHAT_NAMES = re.compile(r"messages\[(\d+)\]|tools\[(\d+)\]\.function|"
                          + "|".join(re.escape(a) for a, _ in FIELD_NAMES) + r"|\bmessages\b")  # fmt: skip
