@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pagoda.runtime.server.protocol import APIError, _Strict, shorten
+from pagoda.runtime.server.protocol import APIError, _scalar, _Strict, shorten
 from pagoda.runtime.server.request_body import validation_error
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -155,11 +155,34 @@ class TextConfig(_Strict):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = None  # what the model does; others are refused
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_verbosity(cls, data: Any) -> Any:
+        _refuse(data, "text", {"verbosity": ("medium", "the model's verbosity is its own")})
+        return data
+
 
 class ReasoningConfig(_Strict):
     effort: Literal["low", "medium", "high"] | None = None
-    summary: None = None  # reasoning summaries are not made here
-    generate_summary: None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_summaries(cls, data: Any) -> Any:
+        why = (None, "reasoning summaries are not made here (the thinking itself is the "
+                     "reasoning item's content)")  # fmt: skip
+        return _refuse(data, "reasoning", {"summary": why, "generate_summary": why})
+
+
+def _refuse(data: Any, field: str, refused: dict[str, tuple[Any, str]]) -> Any:
+    """`data` without the keys of `refused` that hold their one allowed value (or null); any
+    other value is a 400 naming `field.key`."""
+    if not isinstance(data, dict):
+        return data
+    for key, (allowed, why) in refused.items():
+        if data.get(key) not in (None, allowed):
+            raise APIError(400, f"{field}.{key}={_scalar(data[key])} is not supported: {why}",
+                           param=f"{field}.{key}", code="unsupported_value")  # fmt: skip
+    return {k: v for k, v in data.items() if k not in refused or refused[k][0] is not None}
 
 
 class ResponsesRequest(_Strict):
