@@ -131,6 +131,8 @@ class ResponsesEndpoint(ChatEndpoint):
             err = stream_error(job, e)
             yield frame({"type": "error", "code": err.code, "message": err.message,
                          "param": err.param})  # fmt: skip
+            if out.items:  # the item cut short, in the failed response's output
+                out.close("incomplete")
             failed = state.response("failed", out.items, None,
                                     {"code": err.code or "server_error", "message": err.message})  # fmt: skip
             yield frame({"type": "response.failed", "response": failed})

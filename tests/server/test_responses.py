@@ -9,12 +9,16 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.server.endpoint import Job
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.server.request_body import parse_request
+from pagoda.runtime.server.responses import ResponsesEndpoint, ResponseState
 from pagoda.runtime.server.responses_input import chat_request, responses_error
 from pagoda.runtime.server.responses_output import ResponseOutput, as_messages
 from pagoda.runtime.server.responses_protocol import ResponsesRequest
 from pagoda.runtime.server.responses_store import ResponseStore
+from pagoda.runtime.server.serving import RequestFailed
 
 
 def parse(**body):
@@ -160,3 +164,32 @@ def test_hostile_bodies_are_400s(body, kinds):
         chat_request(req, [])
     except APIError as e:
         assert e.status == 400 and e.message
+
+
+class FailingServing:
+    """A stream's engine side that sends one delta, then fails as a refused request does."""
+
+    async def choice_deltas(self, job, totals):
+        yield {"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}
+        raise RequestFailed(ValueError("the core refused it"))
+
+
+async def test_a_stream_that_fails_ends_with_an_error_and_response_failed():
+    endpoint = ResponsesEndpoint(("m",))
+    job = Job(endpoint, "resp_1", "m", [[1, 2]], [None], SamplingParams(), True, False, None, {})
+    job.api_state = ResponseState(parse(), job, [])
+    frames = [f async for f in endpoint.stream(FailingServing(), job)]
+    events = [json.loads(f.split(b"data: ", 1)[1]) for f in frames]
+    assert [f.split(b"\n", 1)[0] for f in frames] == [
+        b"event: " + e["type"].encode() for e in events
+    ]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-2:] == [
+        "error", "response.failed"]  # fmt: skip
+    assert (events[-2]["code"], events[-2]["message"]) == ("invalid_request", "the core refused it")
+    failed = events[-1]["response"]
+    assert (failed["status"], failed["error"]["code"]) == ("failed", "invalid_request")
+    (item,) = failed["output"]
+    assert (item["status"], item["content"][0]["text"]) == ("incomplete", "Hel")
+    assert len(endpoint.store) == 0  # a failed response is not stored

@@ -120,6 +120,11 @@ def test_a_function_call_round_trip(client):
     got_calls = [(o.name, o.arguments) for o in back.output if o.type == "function_call"]
     want_calls = [(t.function.name, t.function.arguments) for t in want.tool_calls or ()]
     assert (back.output_text or None, got_calls) == (want.content or None, want_calls)
+    # OpenAI's documented way: the output alone, continuing the response that made the call
+    by_id = client.responses.create(previous_response_id=r.id, input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "5"}],
+        **{**kw, "max_output_tokens": 16})  # fmt: skip
+    assert by_id.output_text == back.output_text and by_id.usage == back.usage
 
 
 class City(BaseModel):
