@@ -124,7 +124,8 @@ def test_a_function_call_round_trip(client):
     by_id = client.responses.create(previous_response_id=r.id, input=[
         {"type": "function_call_output", "call_id": call.call_id, "output": "5"}],
         **{**kw, "max_output_tokens": 16})  # fmt: skip
-    assert by_id.output_text == back.output_text and by_id.usage == back.usage
+    assert by_id.output_text == back.output_text
+    assert by_id.usage.input_tokens == back.usage.input_tokens  # (more of it cached now)
 
 
 class City(BaseModel):
