@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,7 +31,7 @@ from pagoda.runtime.server.responses_input import (
     RENAMES,
     chat_function,
     chat_request,
-    responses_error,  # fmt: skip
+    responses_error,
 )
 from pagoda.runtime.server.responses_output import ResponseOutput, as_messages, usage
 from pagoda.runtime.server.responses_protocol import ResponsesRequest
@@ -119,13 +120,14 @@ class ResponsesEndpoint(ChatEndpoint):
                      "response": state.response("in_progress", [], None)})  # fmt: skip
         status = "completed"
         try:
-            async for c in serving.choice_deltas(job, totals):
-                events = out.feed(c["delta"])
-                if c["finish_reason"] is not None:
-                    status = _status(c["finish_reason"])
-                    events += out.close(status)
-                for event in events:
-                    yield frame(event)
+            async with aclosing(serving.choice_deltas(job, totals)) as deltas:
+                async for c in deltas:
+                    events = out.feed(c["delta"])
+                    if c["finish_reason"] is not None:
+                        status = _status(c["finish_reason"])
+                        events += out.close(status)
+                    for event in events:
+                        yield frame(event)
             body = self._finish(state, status, out, usage(serving.usage(job, totals)))
         except Exception as e:  # headers are sent: the error ends the stream
             err = stream_error(job, e)

@@ -41,8 +41,7 @@ FIELD_NAMES = (
 _CHAT_NAMES = re.compile(r"messages\[(\d+)\]|tools\[(\d+)\]\.function|"
                          + "|".join(re.escape(a) for a, _ in FIELD_NAMES) + r"|\bmessages\b")  # fmt: skip
 # the engine's field names (`SamplingParams`' ParamErrors) as this API's
-RENAMES = {"prompt": "input", "max_tokens": "max_output_tokens", "logprobs": "top_logprobs",
-           "response_format": "text.format",
+RENAMES = {"prompt": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
            "response_format.json_schema.schema": "text.format.schema"}  # fmt: skip
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -329,8 +330,9 @@ class Serving:
         try:
             for c in ep.opening(job):
                 yield chunk({**c, "finish_reason": None})
-            async for c in self.choice_deltas(job, totals):
-                yield chunk(c)
+            async with aclosing(self.choice_deltas(job, totals)) as deltas:  # closed with us
+                async for c in deltas:
+                    yield chunk(c)
             if job.include_usage:
                 yield sse({**head, "choices": [], "usage": self.usage(job, totals)})
         except Exception as e:  # headers are sent: the error becomes the stream's last event
