@@ -54,6 +54,24 @@ def test_items_become_chat_messages():
                        "input[5]", "input[6]"]  # fmt: skip
 
 
+def test_settings_become_chat_fields():
+    tool = {"type": "function", "name": "add", "parameters": {"type": "object"}}
+    fmt = {"type": "json_schema", "name": "city", "schema": {"type": "object"}, "strict": True}
+    req = parse(tools=[tool, {**tool, "name": "sub", "strict": False}], parallel_tool_calls=False,
+                tool_choice={"type": "function", "name": "sub"}, text={"format": fmt},
+                reasoning={"effort": "low"}, max_output_tokens=7, seed=3, top_p=0.5)  # fmt: skip
+    chat, _, _ = chat_request(req, [])
+    assert [(t.function.name, t.function.strict) for t in chat.tools] == [("add", True),
+                                                                          ("sub", False)]  # fmt: skip
+    assert chat.tool_choice.function.name == "sub" and chat.parallel_tool_calls is False
+    rf = chat.response_format
+    assert (rf.type, rf.json_schema.name, rf.json_schema.schema_, rf.json_schema.strict) == (
+        "json_schema", "city", {"type": "object"}, True)  # fmt: skip
+    assert (chat.reasoning_effort, chat.max_tokens, chat.seed, chat.top_p) == ("low", 7, 3, 0.5)
+    chat, _, _ = chat_request(parse(text={"format": {"type": "json_object"}}), [])
+    assert chat.response_format.type == "json_object" and chat.tools is None
+
+
 def test_chat_errors_name_the_responses_fields():
     e = APIError(400, "messages[2].tool_call_id: no call; messages is bad",
                  param="messages[2].tool_call_id", code="invalid_value")  # fmt: skip
