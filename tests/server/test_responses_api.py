@@ -102,11 +102,13 @@ def test_a_function_call_round_trip(client):
     (call,) = r.output
     assert (call.type, call.name, call.status) == ("function_call", "add", "completed")
     assert set(json.loads(call.arguments)) == {"a", "b"}
-    events = list(client.responses.create(input=ask, tool_choice="required", stream=True, **kw))
+    with client.responses.stream(input=ask, tool_choice="required", **kw) as stream:
+        events = list(stream)  # the SDK's helper checks each delta's item is a call
+        final = stream.get_final_response()
     args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     done = next(e for e in events if e.type == "response.function_call_arguments.done")
     assert args == done.arguments == call.arguments and done.name == "add"
-    assert events[-1].response.output[0].arguments == call.arguments
+    assert (final.output[0].name, final.output[0].arguments) == ("add", call.arguments)
     # the call's output goes back as items; the reply is chat's to the same messages
     back = client.responses.create(input=[*ask, call.model_dump(exclude_none=True),
                                           {"type": "function_call_output",
