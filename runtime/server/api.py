@@ -28,6 +28,7 @@ from pagoda.runtime.server.http import ErrorGuard, read_body
 from pagoda.runtime.server.lora_adapters import ServedAdapters, add_lora_routes
 from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import APIError
+from pagoda.runtime.server.responses import ResponsesEndpoint, add_response_routes
 from pagoda.runtime.server.score import SCORE_PATHS
 from pagoda.runtime.server.serving import Serving
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
@@ -147,11 +148,18 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             cfg.allow_chat_special_tokens,
             cfg.reasoning_parser,
         ),
+        "/v1/responses": ResponsesEndpoint(
+            cfg.served_model_names,
+            cfg.tool_call_parser,
+            cfg.allow_chat_special_tokens,
+            cfg.reasoning_parser,
+        ),
     }
     adapters = ServedAdapters(cfg.lora, cfg.served_model_names)  # LoRA: `model` names them
     for e in endpoints.values():
         e.adapters = adapters
     add_openai_routes(app, cfg, serving, endpoints)
+    add_response_routes(app, endpoints["/v1/responses"], authorizer(cfg))
     add_lora_routes(app, adapters, engine, authorizer(cfg))
     resolve = endpoints["/v1/completions"].resolve_model
     paths = {"/v1/embeddings": EmbeddingsRoute} | SCORE_PATHS
@@ -192,7 +200,8 @@ def add_openai_routes(
     async def run(raw: Request, job: Job) -> Response:
         serving.submit(job)
         if job.stream:
-            return EventStream(serving.stream_response(job), on_close=lambda: serving.abort(job))
+            events = job.endpoint.stream(serving, job)
+            return EventStream(events, on_close=lambda: serving.abort(job))
         try:
             finished, body = await until_disconnect(raw, serving.full_response(job))
         finally:
@@ -241,7 +250,8 @@ def add_openai_routes(
 
 
 # the generation APIs by request model, as a pooling server names them refusing them
-API_NAMES = {"CompletionRequest": "Completions", "ChatCompletionRequest": "Chat Completions"}
+API_NAMES = {"CompletionRequest": "Completions", "ChatCompletionRequest": "Chat Completions",
+             "ResponsesRequest": "Responses"}  # fmt: skip
 
 
 def add_pooling_routes(app: FastAPI, cfg: ServerConfig, routes: dict[str, EmbeddingsRoute]) -> None:
