@@ -366,7 +366,7 @@ def test_a_preloaded_engine_builds_before_any_loop_and_steps_on_the_same_thread(
     unused = AsyncEngine(broken)
     unused.preload()
     unused.stop(timeout=5)  # the load failed with no loop to tell: the thread still ends
-    assert not unused._thread.is_alive()
+    assert not unused._thread.thread.is_alive()
 
 
 def test_metrics_weighted_itl():
