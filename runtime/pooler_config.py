@@ -195,17 +195,19 @@ def says_pooling(model_dir: Path, config_json: Mapping[str, Any]) -> bool:
 
 
 def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
-            hidden_size: int) -> tuple[str, PoolerConfig | None]:  # fmt: skip
+            hidden_size: int, config_json: Mapping[str, Any] | None = None,
+            ) -> tuple[str, PoolerConfig | None]:  # fmt: skip
     """The concrete runner (``generate`` / ``pooling``) and, for pooling, the pooler config:
     the checkpoint's (sentence-transformers layout, Matryoshka fields) under the user's keys.
     ValueError, one line, for a pooler config on a generating runner or bad dimensions. A config
     `resolve` made (`checked`: a second call, EngineCore's after `pagoda serve`'s) is its own
-    answer: no file is read again."""
+    answer: no file is read again. `config_json`: the checkpoint's config.json where the caller
+    read it already (`with_runner`); else it is read here."""
     if runner == "pooling" and pooler is not None and pooler.checked:
         return runner, pooler
     path = Path(model_path)
     model_dir = path if path.is_dir() else None
-    top = _config_json(path) or {}
+    top = (_config_json(path) or {}) if config_json is None else config_json
     if runner == "auto":
         runner = "pooling" if model_dir is not None and says_pooling(model_dir, top) else "generate"
     if runner == "generate":
@@ -247,10 +249,11 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     cached prefix would skip, and a pooled request's blocks are freed when it ends (LAST
     could reuse cached prefixes; one rule for every pooling type is kept instead). An encoder
     (`ENCODERS`) turns chunked prefill off too: its attention over the whole prompt needs the
-    prompt in one step."""
-    runner, pooler = resolve(config.runner, config.pooler_config, model_path, hidden_size)
+    prompt in one step. The checkpoint's config.json is read once, here, for both."""
+    top = _config_json(model_path) or {}
+    runner, pooler = resolve(config.runner, config.pooler_config, model_path, hidden_size, top)
     sched = config.scheduler
-    if sched.enable_chunked_prefill and encoder(_config_json(model_path) or {}) is not None:
+    if sched.enable_chunked_prefill and encoder(top) is not None:
         sched = dataclasses.replace(sched, enable_chunked_prefill=False,
                                     long_prefill_token_threshold=None)  # fmt: skip
         config = dataclasses.replace(config, scheduler=sched)

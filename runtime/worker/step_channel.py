@@ -21,6 +21,7 @@ crosses in three broadcasts:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -112,12 +113,13 @@ class StepChannel:
 
 
 def _encode_loads(loads) -> bytes:
-    """A step's LoRA loads, (slot, `LoRARequest`) each, as JSON (b"" for none)."""
+    """A step's LoRA loads, (slot, `LoRARequest`) each, as JSON (b"" for none): every field of
+    the request by name (`dataclasses.fields`), so a field added to it crosses too."""
     if not loads:
         return b""
-    return json.dumps([[slot, r.lora_name, r.lora_int_id, r.lora_path, r.base_model_name]
-                       for slot, r in loads]).encode()  # fmt: skip
+    names = [f.name for f in dataclasses.fields(LoRARequest)]
+    return json.dumps([[slot, {n: getattr(r, n) for n in names}] for slot, r in loads]).encode()
 
 
 def _decode_loads(data: bytes) -> list[tuple[int, LoRARequest]]:
-    return [(slot, LoRARequest(*fields)) for slot, *fields in json.loads(data)]
+    return [(slot, LoRARequest(**fields)) for slot, fields in json.loads(data)]

@@ -121,3 +121,22 @@ def test_a_user_config_equal_to_the_checkpoints_still_turns_prefix_caching_off(t
     assert not out.cache.enable_prefix_caching and out.pooler_config.checked
     assert not out.scheduler.enable_chunked_prefill
     assert with_runner(out, tmp_path, 64) is out
+
+
+def test_with_runner_reads_the_checkpoints_config_json_once(tmp_path, monkeypatch):
+    """`--runner auto` on an encoder: the runner, its pooler and the chunked-prefill rule all
+    come from one read of config.json (`resolve` is handed what `with_runner` read)."""
+    from pagoda.runtime import pooler_config
+
+    _checkpoint(tmp_path, ("BertModel",))
+    reads = []
+    read_json = pooler_config._read_json
+
+    def counted(path):
+        reads.append(path)
+        return read_json(path)
+
+    monkeypatch.setattr(pooler_config, "_read_json", counted)
+    out = pooler_config.with_runner(EngineConfig(model=str(tmp_path), runner="auto"), tmp_path, 64)
+    assert out.runner == "pooling" and not out.scheduler.enable_chunked_prefill
+    assert reads.count(tmp_path / "config.json") == 1
