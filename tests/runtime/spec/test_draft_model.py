@@ -2,7 +2,8 @@
 transformers-written Llamas: greedy output token for token the engine's without it, with the
 target itself as its draft (every draft accepted) and with a one-layer draft (its first layer
 and embeddings the target's: some drafts rejected), through chunked prefill, prefix-cache hits
-and preemption; seeded sampling the same tokens too; bad drafts refused in one line."""
+and preemption; sampled drafts verified by their probabilities (the law itself:
+test_rejection.py); bad drafts refused in one line."""
 
 from __future__ import annotations
 
@@ -83,20 +84,28 @@ def test_greedy_output_is_the_engines_without_drafts(engines):
     assert part.acceptance_rate < full.acceptance_rate
 
 
-def test_seeded_sampling_gives_the_same_tokens(engines):
-    """Greedy drafts verified against sampled rows (a draft kept iff the target's own draw is
-    it): a seeded request's tokens are the plain engine's, drafts accepted and rejected."""
-    plain, same, _ = engines
+def test_sampled_drafts_are_verified_by_their_probabilities(engines):
+    """Sampled requests draft from the draft's own distribution q and keep draft x with
+    probability min(1, p(x) / q(x)) (`spec/rejection.py`): with the target as its own draft
+    q = p, so every draft is kept (keeping a draft iff the target's own draw is it would keep
+    about sum p^2 of them); a seeded request's tokens are the same run after run (for the same schedule)."""
+    _, same, short = engines
     prompts = _prompts(3, seed=1)
     params = [
-        SamplingParams(temperature=0.5, max_tokens=24, seed=11, ignore_eos=True),
-        SamplingParams(temperature=0.7, top_k=5, max_tokens=24, seed=12, ignore_eos=True),
-        SamplingParams(temperature=0.6, top_p=0.8, max_tokens=24, n=2, seed=13, ignore_eos=True),
+        SamplingParams(temperature=0.7, max_tokens=24, seed=11, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_k=20, max_tokens=24, seed=12, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, n=2, seed=13, ignore_eos=True),
     ]
-    same.engine.reset_counters()
-    assert _run(same, prompts, params) == _run(plain, prompts, params)
-    stats = same.engine.spec_stats
-    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    for llm in (same, short):
+        llm.engine.reset_counters()
+        _run(llm, prompts, params)
+    stats, part = same.engine.spec_stats, short.engine.spec_stats
+    assert stats.num_draft_tokens > 40 and stats.acceptance_rate > 0.97
+    assert 0 < part.num_accepted_tokens < part.num_draft_tokens
+    assert short.engine.runner.draft.held is not None  # (the last run's sampled rows' q)
+    # the same schedule (preemption changes which tokens are drafts): the same tokens
+    for llm in (same, short):
+        assert _run(llm, prompts[:2], params[:2]) == _run(llm, prompts[:2], params[:2])
 
 
 def test_the_draft_s_cache_is_in_the_kv_budget(paths):
