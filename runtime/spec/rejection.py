@@ -194,20 +194,26 @@ def resample(
     its draft when accepted, else a draw from the residual (module docstring). Queued on the
     device; a row without a token (non-finite logits) keeps none."""
     rows = to_device(plan.rows)
-    x = to_device(plan.drafts).unsqueeze(1)
+    x = to_device(plan.drafts)
     p = target_probs(logits, batch, rows)
     q = held.probs.flatten(0, 1).index_select(0, to_device(plan.qrows))
     keys = (plan.reqs, plan.index)
-    accepted = uniforms(*keys, ACCEPT, p.device, to_device) * q.gather(1, x).squeeze(1) < p.gather(
-        1, x
-    ).squeeze(1)
-    resid = (p - q).clamp_(min=0)
-    some = resid.sum(-1, keepdim=True) > 0  # (none: p == q, where nothing is rejected)
-    drawn = sample_weights(torch.where(some, resid, p), uniforms(*keys, RESIDUAL, p.device,
-                                                                 to_device))  # fmt: skip
-    new = torch.where(accepted, x.squeeze(1), drawn)
+    u_accept = uniforms(*keys, ACCEPT, p.device, to_device)
+    new = decide(p, q, x, u_accept, uniforms(*keys, RESIDUAL, p.device, to_device))
     old = tokens.index_select(0, rows)
     tokens.index_copy_(0, rows, torch.where(old >= 0, new, old))
+
+
+def decide(
+    p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u_accept: torch.Tensor, u_resid: torch.Tensor
+) -> torch.Tensor:
+    """Each row's token [D]: draft `x` [D] (drawn from `q` [D, V]) kept when
+    u_accept < p(x) / q(x), else a draw (with `u_resid`) from normalize(max(0, p - q))."""
+    xs = x.unsqueeze(1)
+    accepted = u_accept * q.gather(1, xs).squeeze(1) < p.gather(1, xs).squeeze(1)
+    resid = (p - q).clamp_(min=0)
+    some = resid.sum(-1, keepdim=True) > 0  # (none: p == q, where nothing is rejected)
+    return torch.where(accepted, x, sample_weights(torch.where(some, resid, p), u_resid))
 
 
 def target_probs(logits: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor) -> torch.Tensor:

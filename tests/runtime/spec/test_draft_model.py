@@ -11,6 +11,7 @@ import json
 import random
 
 import pytest
+import torch
 from engine_testlib import summary
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
@@ -182,3 +183,52 @@ def test_a_model_without_a_method_is_a_draft_model():
     s = spec.speculative_config
     assert (s.method, s.draft_model, s.adaptive) == ("draft_model", "d", False)
     assert EngineConfig.create(speculative_config=s.to_json()).speculative_config == s
+
+
+@pytest.mark.slow  # (800 sequences; nothing timed)
+def test_sampled_output_has_the_target_s_law(tmp_path):
+    """End to end on a vocabulary of 8: the second token of 800 seeded samples (drafted after
+    the first, verified by `spec/rejection.py`) is distributed as the target's marginal
+    sum_a p(a) p(b | a), chi-square with fixed seeds (it cannot flake), and not as the law
+    the draft proposes, sum_a p(a) q(b | a)."""
+    target, draft = tmp_path / "t", tmp_path / "d"
+    tiny = dict(vocab_size=8, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                num_key_value_heads=1)  # fmt: skip
+    hf_p = make_tiny_llama(target, **tiny)
+    hf_q = make_tiny_llama(draft, num_hidden_layers=1, **tiny)
+    prompt, t, m = [3, 5, 1, 6], 1.6, 800
+
+    def marginal(second):
+        with torch.no_grad():
+            first = (hf_p(torch.tensor([prompt])).logits[0, -1] / t).softmax(-1)
+            ids = torch.tensor([[*prompt, a] for a in range(8)])
+            nxt = (second(ids).logits[:, -1] / t).softmax(-1)
+        return (first[:, None] * nxt).sum(0).double()
+
+    want, proposed = marginal(hf_p), marginal(hf_q)
+    spec = {"model": str(draft), "num_speculative_tokens": 2}
+    llm = LLM(str(target), dtype="float32", max_num_seqs=256, max_model_len=16, block_size=8,
+              num_blocks_override=1024, speculative_config=spec)  # fmt: skip
+    params = [SamplingParams(temperature=t, max_tokens=3, seed=i, ignore_eos=True)
+              for i in range(m)]  # fmt: skip
+    outs = llm.generate([{"prompt_token_ids": prompt}] * m, params)
+    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=8)
+    counts = counts.double()
+    stats = llm.engine.spec_stats
+    assert stats.num_draft_tokens >= m and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+    def chi2(law):  # (statistic, degrees of freedom)
+        big = law * m >= 5  # cells expecting fewer than 5 pooled into one
+        exp, got = law[big] * m, counts[big]
+        if not big.all():
+            exp = torch.cat([exp, law[~big].sum(0, keepdim=True) * m])
+            got = torch.cat([got, counts[~big].sum(0, keepdim=True)])
+        return float(((got - exp) ** 2 / exp).sum()), len(exp) - 1
+
+    stat, df = chi2(want)
+    assert stat < CHI2_P001[df]
+    assert chi2(proposed)[0] > 3 * CHI2_P001[7]  # (the test tells the two laws apart)
+
+
+# chi-square quantiles exceeded with probability 0.001, by degrees of freedom
+CHI2_P001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12}
