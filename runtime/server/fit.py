@@ -150,17 +150,24 @@ def usable(cfg: EngineConfig, device: torch.device) -> tuple[int, str]:
 
 
 def check(
-    mc: ModelConfig, cfg: EngineConfig, model_path: Path, tensor_parallel_size: int = 1
+    mc: ModelConfig,
+    cfg: EngineConfig,
+    model_path: Path,
+    tensor_parallel_size: int = 1,
+    draft_config: ModelConfig | None = None,
 ) -> Plan:
     """The plan when weights + one ``max_model_len`` sequence fit one rank; else a
-    `ReasonedError` (reason ``ModelDoesNotFit``) with the numbers and what would fit."""
+    `ReasonedError` (reason ``ModelDoesNotFit``) with the numbers and what would fit.
+    `draft_config`: the draft model's config as the start-up read it (`memory.draft_model`)."""
     device = cfg.torch_device()
     plan = plan_of(cfg, model_path, tensor_parallel_size)
     if not plan.max_model_len:
         plan = Plan(**{**plan.__dict__, "max_model_len": mc.context_length})
     held = weights_of.estimate(mc, cfg, model_path, tensor_parallel_size)  # as loaded
     weights, how = held.bytes, held.how
-    draft = memory.draft_model(cfg, tensor_parallel_size)  # counted beside the target's
+    draft = memory.draft_model(
+        cfg, tensor_parallel_size, config=draft_config
+    )  # beside the target's
     if draft is not None:
         plan = dataclasses.replace(plan, draft=draft.config)
         weights += draft.weights.bytes
@@ -203,7 +210,7 @@ def float32_fix(mc: ModelConfig, cfg: EngineConfig, model_path: Path, plan: Plan
     wide = Plan(**{**plan.__dict__, "dtype": torch.float32})
     budget = kv_budget(f32, wide.kv_bytes_per_token(mc), cfg.torch_device())
     need = held.bytes + min(wide.kv_bytes(mc), budget if budget is not None else 1 << 62)
-    if (draft := memory.draft_model(f32, plan.tp)) is not None:  # its weights in float32 too
+    if (draft := memory.draft_model(f32, plan.tp, config=plan.draft)) is not None:  # float32 too
         need += draft.weights.bytes
     if need > have:
         return []

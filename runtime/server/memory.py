@@ -113,17 +113,21 @@ class Draft:
 
 
 def draft_model(
-    cfg: EngineConfig, tp: int | None = None, device: torch.device | None = None
+    cfg: EngineConfig,
+    tp: int | None = None,
+    device: torch.device | None = None,
+    config: ModelConfig | None = None,
 ) -> Draft | None:
     """The draft model of `cfg` (``speculative_config`` method "draft_model"), its weights
-    counted for one rank of `tp` on `device` (defaults: `cfg`'s); None without one. Its config's
-    errors are named as the draft's (`engine.start_checks.read_draft_config`)."""
+    counted for one rank of `tp` on `device` (defaults: `cfg`'s); None without one. `config`:
+    its config as the start-up read it once (`engine.start_checks.check_speculative`); read
+    here when not given, its errors named as the draft's (`read_draft_config`)."""
     spec = cfg.speculative_config
     if spec is None or spec.draft_model is None:
         return None
     from pagoda.runtime.engine.start_checks import read_draft_config
 
-    mc = read_draft_config(spec.draft_model)
+    mc = config if config is not None else read_draft_config(spec.draft_model)
     held = weights.estimate(mc, cfg, resolve_model_path(spec.draft_model), tp, device)
     return Draft(mc, held, spec.draft_model)
 
@@ -169,17 +173,22 @@ def device_available(device: torch.device) -> tuple[int, int]:
 
 
 def estimate(
-    mc: ModelConfig, cfg: EngineConfig, model_path: Path, device: torch.device
+    mc: ModelConfig,
+    cfg: EngineConfig,
+    model_path: Path,
+    device: torch.device,
+    draft: ModelConfig | None = None,
 ) -> Footprint:
     """The engine's footprint for this config; `kv_blocks` 0 when the KV budget on CUDA is left
-    to free memory (worked out by `check`)."""
+    to free memory (worked out by `check`). `draft`: the draft model's config, as read once
+    (`draft_model`)."""
     dtype = cfg.torch_dtype()
     sched, cache = cfg.scheduler, cfg.cache
     max_len = sched.max_model_len or mc.context_length
     # one rank's weights as loaded (not the file's size): on CUDA each GPU holds one rank's
     # share (checked on one); a CPU holds those of every rank on this node
     held = weights.estimate(mc, cfg, model_path, device=device)
-    draft = draft_model(cfg, device=device)
+    draft = draft_model(cfg, device=device, config=draft)
     w, dw = held.bytes, 0 if draft is None else draft.weights.bytes
     if device.type == "cpu":
         w, dw = w * cfg.parallel.ranks_per_node, dw * cfg.parallel.ranks_per_node
@@ -259,13 +268,14 @@ def step_bytes(
     return tokens * per_token + scan + rows * mc.vocab_size * 8  # float32 logits, probabilities
 
 
-def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
-          asked_len: int | None = None) -> Footprint:  # fmt: skip
+def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path, asked_len: int | None = None,
+          draft: ModelConfig | None = None) -> Footprint:  # fmt: skip
     """The footprint, or ValueError (one line: what does not fit, what to lower). `asked_len`:
     an explicit --max-model-len, which a KV cache of known size must hold one sequence of (a
-    context left to the model's default is shortened to the cache instead)."""
+    context left to the model's default is shortened to the cache instead). `draft`: the draft
+    model's config as the start-up read it (`draft_model`)."""
     device = cfg.torch_device()
-    fp = estimate(mc, cfg, model_path, device)
+    fp = estimate(mc, cfg, model_path, device, draft)
     bs, per_block, scratch = cfg.cache.block_size, fp.kv_block_bytes, fp.kv_scratch
     host, source = host_available()
     derived = False

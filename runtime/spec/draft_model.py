@@ -43,9 +43,11 @@ if TYPE_CHECKING:
 
 
 def check_draft(config: EngineConfig, target: ModelConfig, draft: ModelConfig) -> None:
-    """ValueError, one line, for a draft checkpoint this runner cannot pair with the target
-    (the target's refusals, recurrent state and the like, are `engine.start_checks.check_speculative`'s;
-    the tokenizers are compared once both are loaded: `check_loaded`)."""
+    """ValueError, one line, for a draft checkpoint this runner cannot pair with the target,
+    read from its config before any weights load: another vocabulary, a context shorter than
+    the sequences served, FP8 weights, a latent or indexed cache (the target's refusals,
+    recurrent state and the like, are `engine.start_checks.check_speculative`'s; the tokenizers
+    are compared once both are loaded: `check_loaded`)."""
     name = config.speculative_config.draft_model
     if draft.vocab_size != target.vocab_size:
         raise ValueError(
@@ -58,6 +60,13 @@ def check_draft(config: EngineConfig, target: ModelConfig, draft: ModelConfig) -
             f"speculative decoding with a draft model is not supported with --quantization "
             f"{config.quantization} (the draft would run unquantized beside FP8 weights; "
             "untested): drop --quantization or the draft model"
+        )
+    served = config.scheduler.max_model_len or target.context_length
+    if draft.context_length < served:
+        raise ValueError(
+            f"speculative_config: the draft model {name} has a context of "
+            f"{draft.context_length} tokens, less than max_model_len {served}: lower "
+            "--max-model-len"
         )
     f = draft.family
     if f.mla is not None or f.block_index is not None or f.kolibri11 is not None:
@@ -82,16 +91,9 @@ def check_loaded(name: str, target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-def check_built(name: str, model: LlamaModel, max_model_len: int) -> None:
+def check_built(name: str, model: LlamaModel) -> None:
     """ValueError, one line, for a built draft whose forward needs per-step inputs the draft
-    runner does not make (n-gram token history, longrope tables, per-sequence state), or whose
-    context is shorter than the sequences served."""
-    context = model.config.context_length
-    if context < max_model_len:
-        raise ValueError(
-            f"speculative_config: the draft model {name} has a context of {context} tokens, "
-            f"less than max_model_len {max_model_len}: lower --max-model-len"
-        )
+    runner does not make (n-gram token history, longrope tables, per-sequence state)."""
     if model.token_history or model.long_rope or model.sequence_state(1) is not None:
         raise ValueError(
             f"speculative_config: the draft model {name} ({model.config.architecture}) reads "

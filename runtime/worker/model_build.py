@@ -84,7 +84,7 @@ def build_model(
 def build_draft(runner: ModelRunner, draft: LoadedModel, max_model_len: int) -> LlamaModel:
     """The draft model's weights on the runner's device, with its own attention backend."""
     net = build_model(runner, draft, max_model_len, attention_backend(runner, draft.config))
-    check_built(draft.name, net, max_model_len)
+    check_built(draft.name, net)
     log.info("speculative decoding: draft model %s (%s, %d layers) drafts %d tokens a step",
              draft.name, draft.config.architecture, draft.config.num_layers,
              runner.config.speculative_config.num_speculative_tokens)  # fmt: skip

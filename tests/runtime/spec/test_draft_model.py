@@ -129,6 +129,19 @@ def test_the_draft_s_cache_is_in_the_kv_budget(paths):
     cfg = EngineConfig.create(str(target), **common, speculative_config=spec)
     fp = memory.estimate(read_model_config(str(target)), cfg, target, cfg.torch_device())
     assert fp.kv_blocks == drafted.num_blocks and fp.draft > 0
+    # the start-up reads the draft's config once (`check_speculative`) and passes it on
+    draft = check_speculative(cfg, read_model_config(str(target)))
+    assert draft == read_model_config(str(short))
+    from pagoda.runtime.engine import start_checks
+
+    def unread(path):
+        raise AssertionError(f"{path} read again")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(start_checks, "read_draft_config", unread)
+        again = memory.estimate(read_model_config(str(target)), cfg, target, cfg.torch_device(),
+                                draft)  # fmt: skip
+    assert again == fp
 
 
 def _refusal(target, spec: dict, **engine) -> str:
