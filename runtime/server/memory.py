@@ -10,7 +10,7 @@ inputs, plus the weights as the loader will hold them (`weights.py`: from the ch
 metadata, in the engine's dtype, dequantized or kept in blocks as the loader does, one rank's
 share per GPU; not the file's size) and the activations of the largest step it can schedule.
 A speculative draft model (`spec/draft_model.py`) counts the same way (`draft_model`): its
-weights beside the target's, its KV rows in every block and its scratch blocks taken from the
+weights beside the target's (all of them, once: rank 0 holds it whole), its KV rows in every block and its scratch blocks taken from the
 KV budget first, as the runner sizes them.
 It is a floor, not a forecast (allocator slack, the tokenizer and Python objects are left out),
 so it never refuses a configuration that would fit; what it refuses could not run.
@@ -188,10 +188,11 @@ def estimate(
     # one rank's weights as loaded (not the file's size): on CUDA each GPU holds one rank's
     # share (checked on one); a CPU holds those of every rank on this node
     held = weights.estimate(mc, cfg, model_path, device=device)
-    draft = draft_model(cfg, device=device, config=draft)
+    # a draft model whole, on rank 0 only (`worker/model_build.build_draft`)
+    draft = draft_model(cfg, 1, device=device, config=draft)
     w, dw = held.bytes, 0 if draft is None else draft.weights.bytes
     if device.type == "cpu":
-        w, dw = w * cfg.parallel.ranks_per_node, dw * cfg.parallel.ranks_per_node
+        w *= cfg.parallel.ranks_per_node
     per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype, cache.block_size)
     # a draft's rows in every block, its scratch blocks first (`spec/draft_model.py`)
     draft_block, scratch = (0, 0) if draft is None else draft.kv_bytes(cfg)

@@ -109,6 +109,32 @@ def test_sampled_drafts_are_verified_by_their_probabilities(engines):
         assert _run(llm, prompts[:2], params[:2]) == _run(llm, prompts[:2], params[:2])
 
 
+@pytest.mark.slow  # (a second rank spawned; nothing timed)
+def test_two_ranks_with_a_draft_give_one_rank_s_tokens(paths, engines):
+    """Tensor parallelism: the draft model whole on rank 0 (its forwards take no collective),
+    the target split over two ranks (gloo), each step's drafted rows sent to rank 1; greedy
+    tokens equal one rank's, through chunking, preemption and prefix-cache hits; n-gram drafts
+    the same."""
+    target, short = paths
+    plain = engines[0]
+    prompts = _prompts(6)
+    params = [SamplingParams(temperature=0, max_tokens=16 + 4 * i, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    want = _run(plain, prompts, params)
+    specs = ({"model": str(short), "num_speculative_tokens": K},
+             {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1})  # fmt: skip
+    for spec in specs:
+        with LLM(str(target), **ENGINE, tensor_parallel_size=2, speculative_config=spec) as two:
+            assert _run(two, prompts, params) == want
+            core = two.engine
+            assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+            assert core.spec_stats.num_accepted_tokens > 0
+            core.check_integrity()
+            if "model" in spec:  # rank 0's share of the target's heads, all of the draft's
+                runner = core.runner
+                assert runner.backend.num_heads * 2 == runner.draft.model.backend.num_heads
+
+
 def test_the_draft_s_cache_is_in_the_kv_budget(paths):
     """A block's draft rows are added to the target's bytes per block, and the draft's scratch
     blocks (ceil(k / block size) + 1 a sequence) come out of the budget first."""
@@ -142,6 +168,16 @@ def test_the_draft_s_cache_is_in_the_kv_budget(paths):
         again = memory.estimate(read_model_config(str(target)), cfg, target, cfg.torch_device(),
                                 draft)  # fmt: skip
     assert again == fp
+    # rank 0 holds the draft whole: with two ranks its weights and KV rows are all counted
+    from pagoda.runtime.server.fit import Plan
+
+    mc, f32 = read_model_config(str(target)), torch.float32
+    one, two = (Plan(f32, False, False, tp=t, draft=draft) for t in (1, 2))
+    whole = Plan(f32, False, False).weight_bytes(draft)
+    assert two.weight_bytes(mc) - Plan(f32, False, False, tp=2).weight_bytes(mc) == whole
+    assert one.weight_bytes(mc) - Plan(f32, False, False).weight_bytes(mc) == whole
+    kv = Plan(f32, False, False).kv_bytes_per_token(draft)
+    assert two.kv_bytes_per_token(mc) - Plan(f32, False, False, tp=2).kv_bytes_per_token(mc) == kv
 
 
 def _refusal(target, spec: dict, **engine) -> str:
