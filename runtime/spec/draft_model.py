@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from pagoda.runtime.attention import AttentionMetadata
-from pagoda.runtime.spec.rejection import DRAFT, DraftProbs, draft_pick, filters_of, uniforms
+from pagoda.runtime.sampling.sampler import SamplingBatch
+from pagoda.runtime.spec.rejection import DRAFT, DraftProbs, draft_pick, uniforms
 
 if TYPE_CHECKING:
     from pagoda.runtime.config import EngineConfig
@@ -230,7 +231,7 @@ class DraftModel:
             return lambda j, logits: logits.argmax(dim=-1)
         k, device, vocab = self.k, self.device, self.model.vocab_size
         sreqs = [reqs[i] for i in sampled.tolist()]
-        f = filters_of(sreqs, vocab, device)
+        f = SamplingBatch.build(sreqs, vocab, device)  # (their temperature and filters)
         index = (lens[sampled][:, None] + np.arange(k)).ravel()
         u = uniforms([r for r in sreqs for _ in range(k)], index, DRAFT, device, to_device)
         u = u.view(-1, k)

@@ -48,35 +48,18 @@ class Filters:
     top_p: torch.Tensor | None = None
     min_p: torch.Tensor | None = None
 
-    def rows(self, idx: torch.Tensor) -> Filters:
+    @classmethod
+    def rows_of(cls, batch: SamplingBatch, idx: torch.Tensor) -> Filters:
+        """The filters of a sampling batch's rows `idx`."""
+
         def sel(t):
             return None if t is None else t.index_select(0, idx)
 
-        return Filters(sel(self.temperature), sel(self.greedy), sel(self.top_k),
-                       sel(self.top_p), sel(self.min_p))  # fmt: skip
+        return cls(sel(batch.temperature), sel(batch.greedy), sel(batch.top_k),
+                   sel(batch.top_p), sel(batch.min_p))  # fmt: skip
 
 
-def filters_of(reqs: list[Request], vocab_size: int, device: torch.device) -> Filters:
-    """The rows' temperature / top-k / top-p / min-p as the target's sampler reads them."""
-    ps = [r.params for r in reqs]
-    f32 = torch.float32
-    greedy = [p.greedy for p in ps]
-    temp = torch.tensor([1.0 if g else p.temperature for p, g in zip(ps, greedy)], dtype=f32)
-    top_k = top_p = min_p = None
-    if any(p.top_k > 0 for p in ps):
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in ps])
-    if any(p.top_p < 1.0 for p in ps):
-        top_p = torch.tensor([p.top_p for p in ps], dtype=f32)
-    if any(p.min_p > 0 for p in ps):
-        min_p = torch.tensor([p.min_p for p in ps], dtype=f32)
-
-    def dev(t):
-        return None if t is None else t.to(device)
-
-    return Filters(dev(temp), dev(torch.tensor(greedy)), dev(top_k), dev(top_p), dev(min_p))
-
-
-def processed_probs(logits: torch.Tensor, f: Filters) -> torch.Tensor:
+def processed_probs(logits: torch.Tensor, f: Filters | SamplingBatch) -> torch.Tensor:
     """float32 [N, V] softmax(filters(logits / T)): the distribution a sampled row draws from
     (`sampling.sampler.sample`; greedy rows' entries are unused)."""
     scaled = logits.float() / f.temperature.unsqueeze(1)
@@ -120,7 +103,7 @@ def uniforms(reqs: list[Request], index: np.ndarray, stream: int, device, to_dev
 
 
 def draft_pick(
-    logits: torch.Tensor, f: Filters, u: torch.Tensor, sampled: torch.Tensor
+    logits: torch.Tensor, f: Filters | SamplingBatch, u: torch.Tensor, sampled: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A draft position's tokens [B]: the argmax, except on the `sampled` rows [S] (whose
     filters are `f`), a draw from q with `u` [S]; and q [S, V] float32."""
@@ -227,5 +210,4 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor)
     finally:
         for restore in reversed(restores):
             restore()
-    f = Filters(batch.temperature, batch.greedy, batch.top_k, batch.top_p, batch.min_p)
-    return processed_probs(sel, f.rows(rows))
+    return processed_probs(sel, Filters.rows_of(batch, rows))
