@@ -32,7 +32,7 @@ from pagoda.runtime.model.loader import resolve_model_path
 from pagoda.runtime.model.mamba2 import step_scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
-from pagoda.runtime.spec.draft_model import scratch_blocks
+from pagoda.runtime.spec.draft_model import sampled_bytes, scratch_blocks
 
 GPU_HEADROOM = options.GPU_HEADROOM  # the runner keeps this much free on CUDA
 CUDA_GRAPH_MAX_BATCH = 512  # the largest captured decode batch (worker/cuda_graph.py)
@@ -102,14 +102,18 @@ class Draft:
     def kv_bytes(self, cfg: EngineConfig) -> tuple[int, int]:
         """Its KV bytes of one block (added to the target's, as `draft_block_bytes` is) and
         those of its scratch blocks (`scratch_blocks` for each of --max-num-seqs sequences),
-        which the runner takes from the KV budget before the shared blocks."""
+        which the runner takes from the KV budget before the shared blocks; on CUDA with
+        those the bytes of sampled drafts' q and their verification (`sampled_bytes`)."""
         cache, k = cfg.cache, cfg.speculative_config.num_speculative_tokens
         bs = cache.block_size
         per_block = (
             kv_bytes_per_token(self.config, cfg.torch_dtype(), cache.kv_cache_dtype, bs) * bs
         )
-        scratch = cfg.scheduler.max_num_seqs * scratch_blocks(k, bs)
-        return per_block, scratch * per_block
+        rows = cfg.scheduler.max_num_seqs
+        scratch = rows * scratch_blocks(k, bs) * per_block
+        if cfg.torch_device().type == "cuda":  # sampled drafts' q and verification, as the
+            scratch += sampled_bytes(k, rows, self.config.vocab_size)  # runner takes them
+        return per_block, scratch
 
 
 def draft_model(

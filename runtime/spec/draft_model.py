@@ -113,6 +113,14 @@ def scratch_blocks(k: int, block_size: int) -> int:
     return -(-k // block_size) + 1
 
 
+def sampled_bytes(k: int, max_rows: int, vocab_size: int) -> int:
+    """Device bytes that sampled drafts take beside the KV cache at most: q of k positions a
+    sequence held between steps (float32 [max_rows, k, V], `spec/rejection.DraftProbs`) and the
+    verification's float32 [max_rows * k, V] temporaries (p, q's rows, the residual and its
+    float64 running sum: about five of them)."""
+    return max_rows * k * vocab_size * 4 * 6
+
+
 def prefill_batch(
     out: SchedulerOutput, sampling: list[int], seq_lens: np.ndarray, rows: np.ndarray
 ) -> tuple[list[Request], np.ndarray, np.ndarray]:

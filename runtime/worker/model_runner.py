@@ -40,7 +40,12 @@ from pagoda.runtime.sampling.sampler import (
     sample,
 )
 from pagoda.runtime.spec import rejection, verify
-from pagoda.runtime.spec.draft_model import DraftModel, draft_block_bytes, scratch_blocks
+from pagoda.runtime.spec.draft_model import (
+    DraftModel,
+    draft_block_bytes,
+    sampled_bytes,
+    scratch_blocks,
+)
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import cache_budget, draft_step, model_build, prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
@@ -213,6 +218,9 @@ class ModelRunner:
             k, bs = config.speculative_config.num_speculative_tokens, self.block_size
             row = scratch_blocks(k, bs) * draft_block_bytes(self._draft_net, self.dtype, bs)
             scratch = config.scheduler.max_num_seqs * row
+            if self.device.type == "cuda":  # sampled drafts' q and verification, beside it
+                vocab = self._draft_net.vocab_size
+                scratch += sampled_bytes(k, config.scheduler.max_num_seqs, vocab)
         return shape.size(
             lambda: (
                 cache_budget.cache_budget(

@@ -168,6 +168,12 @@ def test_the_draft_s_cache_is_in_the_kv_budget(paths):
         again = memory.estimate(read_model_config(str(target)), cfg, target, cfg.torch_device(),
                                 draft)  # fmt: skip
     assert again == fp
+    # on CUDA the sampled drafts' q (held between steps) and verification come out of the budget
+    from pagoda.runtime.spec.draft_model import sampled_bytes
+
+    gpu = EngineConfig.create(str(target), **common, speculative_config=spec, device="cuda")
+    scratch = [memory.draft_model(c, 1, config=draft).kv_bytes(c)[1] for c in (cfg, gpu)]
+    assert scratch[1] - scratch[0] == sampled_bytes(K, 4, 300) == 4 * K * 300 * 24
     # rank 0 holds the draft whole: with two ranks its weights and KV rows are all counted
     from pagoda.runtime.server.fit import Plan
 
