@@ -140,6 +140,8 @@ class ModelRunner:
             self.draft = DraftModel(self._draft_net, k, self.num_blocks, self.block_size,
                                     config.scheduler.max_num_seqs, self.dtype, self.device,
                                     max_model_len)  # fmt: skip
+        # each backend of another shape plans a step too (`AttentionBackend.with_geometry`)
+        self._backends = self.model.attention_backends
         self.cuda_graphs: CudaGraphRunner | None = None
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
@@ -386,7 +388,7 @@ class ModelRunner:
         )  # fmt: skip
         if inp.prompt_lens is not None:
             meta.prompt_lens = self.to_device(inp.prompt_lens.astype(np.int32))
-        for backend in self.model.attention_backends:
+        for backend in self._backends:
             backend.prepare(meta)
         if inp.mamba is not None:
             meta.aux[MAMBA_STEP] = self.mamba.device_step(inp.mamba, self.to_device)
