@@ -107,6 +107,10 @@ def test_sampled_drafts_are_verified_by_their_probabilities(engines):
     # the same schedule (preemption changes which tokens are drafts): the same tokens
     for llm in (same, short):
         assert _run(llm, prompts[:2], params[:2]) == _run(llm, prompts[:2], params[:2])
+    # greedy requests beside sampled ones: still the plain engine's tokens
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    mixed = _run(short, prompts, [greedy, params[1], greedy])
+    assert [mixed[0], mixed[2]] == _run(engines[0], [prompts[0], prompts[2]], greedy)
 
 
 @pytest.mark.slow  # (a second rank spawned; nothing timed)
