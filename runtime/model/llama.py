@@ -454,6 +454,12 @@ class LlamaModel:
         (Gemma 4's full-attention layers)."""
         return [self.backend] * self.config.num_kv_layers
 
+    @property
+    def attention_backends(self) -> list[AttentionBackend]:
+        """Each distinct backend among the model's and `kv_backends` (each plans a step:
+        `AttentionBackend.prepare`), once."""
+        return list({id(b): b for b in (self.backend, *self.kv_backends)}.values())
+
     def sequence_state(self, num_slots: int):
         """The per-sequence state the model keeps beyond its KV blocks, ``num_slots`` of it (the
         runner's `prepare` / `device_step` each step, `SEQUENCE_STATE`): none here (DeepSeek-V4's

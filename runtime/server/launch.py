@@ -86,7 +86,7 @@ def preflight(
     check_pooling(engine_cfg, model_config)
     check_dtype(engine_cfg, model_config)
     check_block_size(engine_cfg, model_config)
-    check_speculative(engine_cfg, model_config)
+    draft = check_speculative(engine_cfg, model_config)  # (the draft's config, read once)
     if engine_cfg.lora is not None:  # the family, and every --lora-modules adapter read
         from pagoda.runtime.lora.adapter import check_adapters
 
@@ -99,10 +99,10 @@ def preflight(
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
     fit.check(model_config, engine_cfg, resolve_model_path(model_path),
-              engine_cfg.parallel.tensor_parallel_size)  # fmt: skip
+              engine_cfg.parallel.tensor_parallel_size, draft)  # fmt: skip
     try:
         memory.check(model_config, engine_cfg, resolve_model_path(model_path),
-                     engine_kwargs.get("max_model_len"))  # fmt: skip
+                     engine_kwargs.get("max_model_len"), draft)  # fmt: skip
     except ValueError as e:
         if profile is None:
             raise

@@ -8,7 +8,8 @@ crosses in three broadcasts:
 1. a fixed header (int64 [8], control group): what follows and its sizes, or "stop";
 2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
    lengths, their prefix sums, the prompts' lengths (longrope's table: `model/longrope.py`),
-   the sampling rows, the rows scored for prompt logprobs;
+   the sampling rows, the rows scored for prompt logprobs, a step with drafts' rows projected
+   (`StepInputs.sample_rows`: every row of a drafted request, `spec/verify.py`);
    and a hybrid's state slots (`worker/mamba_state.HostSlots`: each sequence's, those to zero,
    and its prefix cache's snapshot copies: restores, saves at chunk ends and inside chunks);
    the model's per-sequence state slots (`LlamaModel.sequence_state`'s step as its ``rows()``,
@@ -32,7 +33,7 @@ from pagoda.runtime.worker.mamba_state import HostSlots
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
-HEADER = 14
+HEADER = 15
 SNAPSHOT_ROWS = (2, 2, 3)  # rows of `HostSlots.restore`, `save_end`, `save_mid`
 
 
@@ -45,6 +46,7 @@ class StepChannel:
         """Rank 0: broadcast the step (`ids` on the device) to the other ranks."""
         t, (b, width), s = ids.shape[0], inp.table.shape, len(inp.sampling)
         extra = inp.extra_rows if inp.extra_rows is not None else np.empty(0, dtype=np.int64)
+        drafted = inp.sample_rows if inp.sample_rows is not None else np.empty(0, dtype=np.int64)
         h = self._header
         mamba = inp.mamba  # a hybrid's state slots: [B] slots, then those to zero
         state = () if mamba is None else (mamba.slots, mamba.fresh)
@@ -57,7 +59,8 @@ class StepChannel:
         lora = () if inp.lora is None else (inp.lora,)
         loads = _encode_loads(inp.lora_loads)
         h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh, *counts,
-                              sum(len(a) for a in seq), len(lora), len(loads)]))  # fmt: skip
+                              sum(len(a) for a in seq), len(lora), len(loads),
+                              len(drafted)]))  # fmt: skip
         self.tp.broadcast_host(h)
         if loads:
             self.tp.broadcast_host(torch.frombuffer(bytearray(loads), dtype=torch.uint8))
@@ -65,7 +68,8 @@ class StepChannel:
         parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu,
                  prompt_lens, *state, *(a.reshape(-1) for a in snaps), *seq, *lora)  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
-                                  np.asarray(inp.sampling, dtype=np.int64), extra])  # fmt: skip
+                                  np.asarray(inp.sampling, dtype=np.int64), extra,
+                                  np.asarray(drafted, dtype=np.int64)])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
         self.tp.broadcast(ids)
 
@@ -81,18 +85,18 @@ class StepChannel:
         if h[0] == STOP:
             return None
         t, b, width, s, nd, e, fresh = h[1:8]
-        counts, seq, lora, nloads = h[8:11], h[11], t * h[12], h[13]
+        counts, seq, lora, nloads, nd_rows = h[8:11], h[11], t * h[12], h[13], h[14]
         loads = None
         if nloads:
             raw = self.tp.broadcast_host(torch.empty(nloads, dtype=torch.uint8))
             loads = _decode_loads(raw.numpy().tobytes())
         state = b + fresh - 1 if fresh else 0
         snap = [n * c for n, c in zip(SNAPSHOT_ROWS, counts)]
-        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + lora + s + e
+        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + lora + s + e + nd_rows
         a = self.tp.broadcast_host(torch.empty(size, dtype=torch.int64)).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s])
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s, e])
         (positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, restore, save_end,
-         save_mid, seq_rows, lora_slots, sampling, extra) = np.split(a, cuts)  # fmt: skip
+         save_mid, seq_rows, lora_slots, sampling, extra, drafted) = np.split(a, cuts)  # fmt: skip
         ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
         self.tp.broadcast(ids)
         inp = StepInputs(
@@ -101,7 +105,7 @@ class StepChannel:
             qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
             extra_rows=extra if e else None, prompt_lens=prompt_lens,
             seq_state=seq_rows if seq else None, lora=lora_slots if lora else None,
-            lora_loads=loads,
+            lora_loads=loads, sample_rows=drafted if nd_rows else None,
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)
