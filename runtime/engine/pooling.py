@@ -68,7 +68,8 @@ POOL_PARAMS = SamplingParams(max_tokens=1)
 class PoolingParams:
     """vLLM's `PoolingParams` fields served: `dimensions` (Matryoshka models: the vector's
     first that many components, normalized again when the pooler normalizes) and
-    `truncate_prompt_tokens` (keep the prompt's last k tokens; -1: the last max_model_len - 1)."""
+    `truncate_prompt_tokens` (keep the prompt's last k tokens; -1: the last max_model_len: a
+    pooled prompt may fill the context, `info.longest_prompt`)."""
 
     dimensions: int | None = None
     truncate_prompt_tokens: int | None = None
@@ -93,12 +94,12 @@ class EmbeddingRequestOutput:
 
 def truncated(ids: list[int], k: int | None, max_model_len: int) -> list[int]:
     """A prompt cut to its last `k` tokens (vLLM's `truncate_prompt_tokens`; -1: as many as the
-    model takes, max_model_len - 1); ValueError for k < -1 or 0."""
+    model takes, max_model_len: nothing is generated); ValueError for k < -1 or 0."""
     if k is None:
         return ids
     if isinstance(k, bool) or not isinstance(k, int) or k == 0 or k < -1:
         raise ValueError(f"truncate_prompt_tokens must be -1 or a positive integer, got {k!r}")
-    k = max_model_len - 1 if k == -1 else k
+    k = max_model_len if k == -1 else k
     return ids[-k:] if len(ids) > k else ids
 
 

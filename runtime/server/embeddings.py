@@ -68,11 +68,10 @@ def tokenized(info: EngineInfo, items: list, param: str, truncate: int | None) -
         where = param if len(items) == 1 else f"{param}[{i}]"
         if not ids:
             raise APIError(400, f"'{where}' must not be empty", param=where, code="empty_array")
-        if len(ids) >= info.max_model_len:
+        if len(ids) > info.max_model_len:  # (a pooled prompt may fill the context)
             raise APIError(400, f"'{where}' is {len(ids)} tokens; this model's maximum context "
-                           f"length is {info.max_model_len} tokens (at most "
-                           f"{info.max_model_len - 1} for an input; truncate_prompt_tokens "
-                           "cuts it)", param=where, code="context_length_exceeded")  # fmt: skip
+                           f"length is {info.max_model_len} tokens (truncate_prompt_tokens "
+                           "cuts an input)", param=where, code="context_length_exceeded")  # fmt: skip
         out.append(ids)
     return out
 

@@ -67,7 +67,7 @@ def test_the_sdk_gets_transformers_vectors(served):
 def test_refusals_are_openai_400s(served):
     _, core, _ = served
     bodies = {
-        "long": {"input": list(range(1, 33))},
+        "long": {"input": list(range(1, 34))},  # (32, the context, is served)
         "dims": {"input": "w3", "dimensions": 32},
         "empty": {"input": []},
         "field": {"input": "w3", "softmax": True},

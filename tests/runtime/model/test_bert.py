@@ -23,6 +23,7 @@ from embed_testlib import (
 from hf_oracle import randomize
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.engine.llm import LLM
+from pagoda.runtime.engine.pooling import PoolingParams
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,7 +45,9 @@ def _vectors(outs) -> np.ndarray:
 def test_bert_vectors_equal_transformers(bert):
     """`--runner auto` serves it as an embedding model with its sentence-transformers pooling,
     each prompt whole in one step (chunked prefill and prefix caching off); 3 sequences a step
-    put the 4 prompts in two steps of unequal lengths; each prompt alone gives its vector."""
+    put the 4 prompts in two steps of unequal lengths; each prompt alone gives its vector; a
+    prompt may fill the context (64 of 64 positions: nothing is generated), one more is
+    refused, truncate_prompt_tokens -1 keeps the last 64."""
     path, model = bert
     llm = LLM(str(path), **ARGS)
     c = llm.config
@@ -61,8 +64,13 @@ def test_bert_vectors_equal_transformers(bert):
     np.testing.assert_allclose(text.outputs.embedding, hf_encoder_embeddings(model, [[2, 8, 9, 3]], "MEAN")[0],
                                atol=1e-5)  # fmt: skip
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
-    with pytest.raises(ValueError, match="more than max_model_len"):  # its 64 positions
-        llm.embed([[2] * 64], use_tqdm=False)
+    full = [[2] + [(7 * i) % 90 + 5 for i in range(62)] + [3], [2, 9, 3]]  # its 64 positions
+    np.testing.assert_allclose(_vectors(llm.embed(full, use_tqdm=False)),
+                               hf_encoder_embeddings(model, full, "MEAN"), atol=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match="65 tokens; .* maximum context length is 64 tokens"):
+        llm.embed([[2] * 65], use_tqdm=False)
+    (cut,) = llm.embed([[4] + full[0]], PoolingParams(truncate_prompt_tokens=-1), use_tqdm=False)
+    assert cut.prompt_token_ids == full[0]  # (-1: the last max_model_len tokens)
 
 
 def test_xlm_roberta_from_a_pickle_pools_cls(tmp_path):
