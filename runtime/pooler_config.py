@@ -79,8 +79,13 @@ class PoolerConfig:
     dimensions: int | None = None
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
-    # the checkpoint's: a cross-encoder (`CROSS_ENCODERS`), whose one "vector" is a pair's score
+    # the checkpoint's: a sequence classifier (`CROSS_ENCODERS`), whose "vector" is its labels'
+    # probabilities (`model/classifier_head.py`): one label, a cross-encoder's pair score
     cross_encoder: bool = False
+    # a classifier's label names (config.json's id2label, in index order) and whether its labels
+    # are independent (problem_type multi_label_classification: sigmoid, else softmax)
+    labels: tuple[str, ...] = ()
+    multi_label: bool = False
     # set by `resolve` alone: the checkpoint's fields are in and `dimensions` is checked against
     # them (a user's config naming every key is not: its dimensions are still to check)
     checked: bool = dataclasses.field(default=False, compare=False, repr=False)
@@ -226,6 +231,8 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
                          "drop --pooler-config")  # fmt: skip
     fields: dict[str, Any] = {"pooling_type": "CLS" if encoder(top) else "LAST",
                               "normalize": not cross, "cross_encoder": cross}  # fmt: skip
+    if cross:
+        fields.update(classifier_fields(top))
     if model_dir is not None and not cross:
         fields.update(sentence_transformers_pooling(model_dir) or {})
     if pooler is not None:
@@ -239,6 +246,23 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
         if problem is not None:
             raise ValueError(f"pooler_config: {problem}")
     return runner, out
+
+
+def num_labels(top: Mapping[str, Any]) -> int:
+    """A sequence classifier's labels: config.json's `num_labels`, else its `id2label`'s
+    (transformers' default: 2)."""
+    return int(top.get("num_labels") or len(top.get("id2label") or ()) or 2)
+
+
+def classifier_fields(top: Mapping[str, Any]) -> dict[str, Any]:
+    """A sequence classifier's `labels` (id2label's names; LABEL_i where it names none) and
+    `multi_label` from its config.json."""
+    id2label = {int(k): str(v) for k, v in (top.get("id2label") or {}).items()}
+    labels = tuple(id2label.get(i, f"LABEL_{i}") for i in range(num_labels(top)))
+    return {
+        "labels": labels,
+        "multi_label": top.get("problem_type") == "multi_label_classification",
+    }
 
 
 def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:

@@ -79,7 +79,11 @@ class EngineInfo:
         if bans_may_empty(params):  # the bans the params decide alone (bad words: the server's)
             check_bans_leave_tokens(params, self.tokenizer.eos_token_ids, vocab, ())
         pooled = self.runner == "pooling"  # (its one "token" is never generated)
-        if not pooled and params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+        if (
+            not pooled
+            and params.max_tokens is not None
+            and n + params.max_tokens > self.max_model_len
+        ):
             raise ParamError(
                 "max_tokens",
                 f"max_tokens is too large: this model's maximum context length is "

@@ -14,7 +14,7 @@ from pagoda.runtime.engine import scoring
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
 from pagoda.runtime.engine.pooling import EmbeddingRequestOutput, PoolingParams, embed
-from pagoda.runtime.engine.scoring import ScoringRequestOutput
+from pagoda.runtime.engine.scoring import ClassificationRequestOutput, ScoringRequestOutput
 from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
@@ -220,6 +220,27 @@ class LLM:
         bar = _progress(use_tqdm, len(data_1) + len(data_2))  # (each input embedded once)
         try:
             return scoring.score(self, data_1, data_2, params, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ClassificationRequestOutput]:
+        """vLLM's `LLM.classify` with a sequence classifier (`*ForSequenceClassification`):
+        each prompt's labels' probabilities, `.outputs.probs` (`engine/scoring.py`)."""
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new one")
+        params = _pooling_params(pooling_params, truncate_prompt_tokens)
+        prompts = _prompt_list(prompts)
+        bar = _progress(use_tqdm, len(prompts))
+        try:
+            return scoring.classify(self, prompts, params, bar)
         finally:
             if bar is not None:
                 bar.close()

@@ -76,7 +76,7 @@ def tokenized(info: EngineInfo, items: list, param: str, truncate: int | None) -
     return out
 
 
-def _prompts(req: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
+def input_prompts(req: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
     """Each input's token ids (`tokenized`)."""
     inp = req.input
     if isinstance(inp, str) or (inp and isinstance(inp[0], int)):
@@ -132,7 +132,7 @@ class EmbeddingsRoute:
             problem = info.pooler.check_dimensions(req.dimensions, info.hidden_size)
             if problem is not None:
                 raise APIError(400, problem, param="dimensions", code="invalid_value")
-        return req, _prompts(req, info)
+        return req, input_prompts(req, info)
 
     def submit(self, prompts: list[list[int]]) -> list[RequestStream]:
         """Add the inputs' engine requests (all or none)."""

@@ -128,17 +128,18 @@ def hf_embeddings(model, prompts: list[list[int]], pooling: str, normalize=True)
     return F.normalize(out, dim=-1) if normalize else out
 
 
-def make_cross_encoder(path: Path, kind: str = "Bert"):
+def make_cross_encoder(path: Path, kind: str = "Bert", **labels):
     """A tiny random `<kind>ForSequenceClassification` of one label (a cross-encoder reranker:
-    ms-marco-MiniLM's BERT, bge-reranker's XLM-RoBERTa) with the WordPiece tokenizer, its head
-    scaled so that pairs' scores differ. Returns the model."""
+    ms-marco-MiniLM's BERT, bge-reranker's XLM-RoBERTa; `labels`: config keys for a classifier
+    of several, id2label, problem_type) with the WordPiece tokenizer, its head scaled so that
+    pairs' scores differ. Returns the model."""
     import transformers
     from hf_oracle import randomize
 
     torch.manual_seed(0)
     positions = 64 if kind == "Bert" else 66  # (XLM-R's table: 2 offset rows)
-    cfg = getattr(transformers, f"{kind}Config")(**ENCODER_SIZES, num_labels=1,
-                                                 max_position_embeddings=positions)  # fmt: skip
+    cfg = getattr(transformers, f"{kind}Config")(**ENCODER_SIZES, max_position_embeddings=positions,
+                                                 **(labels or {"num_labels": 1}))  # fmt: skip
     model = randomize(getattr(transformers, f"{kind}ForSequenceClassification")(cfg).eval())
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -181,3 +181,28 @@ def test_cross_encoders_score_pairs_as_transformers(tmp_path, kind):
         llm.embed(["w3"], use_tqdm=False)
     with pytest.raises(ValueError, match="cross-encoder's pooling is its classifier's"):
         LLM(str(tmp_path), pooler_config={"pooling_type": "MEAN"}, **ARGS)
+
+
+@pytest.mark.parametrize("problem", [None, "multi_label_classification"])
+def test_a_classifier_of_three_labels_classifies_as_transformers(tmp_path, problem):
+    """A `BertForSequenceClassification` of 3 labels: `LLM.classify`'s probabilities are
+    transformers' logits through softmax (sigmoid for multi_label_classification), 1e-5; score
+    is refused (a pair's score needs one label), as embed is."""
+    from embed_testlib import make_cross_encoder
+
+    labels = {0: "neg", 1: "neutral", 2: "pos"}
+    model = make_cross_encoder(tmp_path, "Bert", id2label=labels, problem_type=problem)
+    llm = LLM(str(tmp_path), **ARGS)
+    pc = llm.config.pooler_config
+    assert (pc.labels, pc.multi_label) == (("neg", "neutral", "pos"), problem is not None)
+    outs = llm.classify(PROMPTS, use_tqdm=False)
+    with torch.no_grad():
+        logits = torch.cat([model(input_ids=torch.tensor([p])).logits for p in PROMPTS])
+    want = torch.sigmoid(logits) if problem else torch.softmax(logits, -1)
+    got = np.array([o.outputs.probs for o in outs])
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+    assert outs[0].outputs.num_classes == 3 and np.ptp(got[:, 0]) > 1e-3
+    with pytest.raises(ValueError, match="classifier of 3 labels: a pair's score needs one"):
+        llm.score("w3", ["w4"], use_tqdm=False)
+    with pytest.raises(ValueError, match="use score"):
+        llm.embed(["w3"], use_tqdm=False)
