@@ -67,7 +67,7 @@ def test_bert_vectors_equal_transformers(bert):
     full = [[2] + [(7 * i) % 90 + 5 for i in range(62)] + [3], [2, 9, 3]]  # its 64 positions
     np.testing.assert_allclose(_vectors(llm.embed(full, use_tqdm=False)),
                                hf_encoder_embeddings(model, full, "MEAN"), atol=1e-5)  # fmt: skip
-    with pytest.raises(ValueError, match="65 tokens; .* maximum context length is 64 tokens"):
+    with pytest.raises(ValueError, match=r"65 tokens; .* maximum context length is 64 tokens"):
         llm.embed([[2] * 65], use_tqdm=False)
     (cut,) = llm.embed([[4] + full[0]], PoolingParams(truncate_prompt_tokens=-1), use_tqdm=False)
     assert cut.prompt_token_ids == full[0]  # (-1: the last max_model_len tokens)
