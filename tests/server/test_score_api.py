@@ -56,6 +56,7 @@ BAD = {  # name: (path, body, param, code)
         "documents[0]",
         "invalid_type",
     ),
+    "classify": ("http://t/classify", {"input": "w3"}, None, "unsupported_api"),
     "rerank field": (
         "http://t/v2/rerank",
         {"query": "w3", "documents": DOCS, "rank_fields": []},
