@@ -200,6 +200,10 @@ class FamilyConfig:
     # one: a cross-encoder's score); 0: none; and, where a cross-encoder's pairs take token
     # types, the [SEP] id after which a pair's type is 1
     num_labels: int = 0
+    # ModernBERT (model/modernbert.py): its local layers' keys either side of a query
+    # (`window_layers`; 0: none, every layer global), its classifier head's activation
+    encoder_window: int = 0
+    classifier_act: str = ""
     sep_token_id: int = -1
     # BitNet b1.58 (model/bitnet.py, bitlinear.py): its projections' ternary weights stored packed
     # ("offline") or as master weights quantized at load ("online"); "": dense (no

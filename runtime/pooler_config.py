@@ -43,19 +43,20 @@ BARE_DECODERS = {
 }
 # config.json architectures of the encoders served (bidirectional attention, pooling runner
 # only: model/bert.py) -> `ModelConfig.architecture`
-ENCODERS = {"BertModel": "bert", "RobertaModel": "roberta", "XLMRobertaModel": "roberta"}
+ENCODERS = {"BertModel": "bert", "RobertaModel": "roberta", "XLMRobertaModel": "roberta",
+            "ModernBertModel": "modernbert"}  # fmt: skip
 # the cross-encoders served (an encoder with a one-label classifier head: a pair's score, the
 # score and rerank APIs only; model/bert.py)
 CROSS_ENCODERS = {"BertForSequenceClassification": "bert",
                   "RobertaForSequenceClassification": "roberta",
-                  "XLMRobertaForSequenceClassification": "roberta"}  # fmt: skip
+                  "XLMRobertaForSequenceClassification": "roberta",
+                  "ModernBertForSequenceClassification": "modernbert"}  # fmt: skip
 ENCODERS.update(CROSS_ENCODERS)
 # other encoder-only checkpoints: refused, by their architectures (the masked-LM heads'
-# checkpoints, ModernBERT's alternating local attention and rotary, DistilBERT's, MPNet's
+# checkpoints, DistilBERT's, MPNet's
 # relative buckets, DeBERTa's disentangled attention, ELECTRA's, Nomic's and Alibaba's GTE code)
 ENCODER_ONLY = frozenset({
-    "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "ModernBertModel",
-    "ModernBertForMaskedLM", "DistilBertModel", "MPNetModel", "DebertaV2Model", "ElectraModel",
+    "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "ModernBertForMaskedLM", "DistilBertModel", "MPNetModel", "DebertaV2Model", "ElectraModel",
     "NomicBertModel", "NewModel", "GteModel",
 })  # fmt: skip
 # sentence-transformers' 1_Pooling/config.json keys -> our pooling types
@@ -233,6 +234,8 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
                               "normalize": not cross, "cross_encoder": cross}  # fmt: skip
     if cross:
         fields.update(classifier_fields(top))
+        if top.get("classifier_pooling") == "mean":  # (ModernBERT's head reads the mean)
+            fields["pooling_type"] = "MEAN"
     if model_dir is not None and not cross:
         fields.update(sentence_transformers_pooling(model_dir) or {})
     if pooler is not None:

@@ -30,6 +30,8 @@ from pagoda.runtime.model.starcoder2 import layer_norm
 
 # `meta.aux`: the step's padded layout (`padded_rows`), built by the first layer, read by all
 PADDED = "encoder_padded_rows"
+# `meta.aux`: (BAND, window) -> a local layer's key mask (`_band`), read by every such layer
+BAND = "encoder_band"
 
 
 def padded_rows(meta: AttentionMetadata, device: torch.device):
@@ -48,10 +50,12 @@ def padded_rows(meta: AttentionMetadata, device: torch.device):
             torch.from_numpy(keys).to(device, non_blocking=True)[:, None, None, :])  # fmt: skip
 
 
-def bidirectional(qkv: torch.Tensor, ctx: LayerContext, meta: AttentionMetadata) -> torch.Tensor:
+def bidirectional(qkv: torch.Tensor, ctx: LayerContext, meta: AttentionMetadata,
+                  window: int | None = None) -> torch.Tensor:  # fmt: skip
     """Attention [T, heads * D] of the packed q/k/v rows `qkv` [T, 3 * heads * D], each
     sequence's rows over all of its own rows (no causal mask), in one SDPA call over the
-    sequences padded to the longest (`padded_rows`; padded keys masked out)."""
+    sequences padded to the longest (`padded_rows`; padded keys masked out); with `window`
+    (ModernBERT's local layers), over those within `window` positions either side."""
     h, d = ctx.num_heads, ctx.head_dim
     if PADDED not in meta.aux:
         meta.aux[PADDED] = padded_rows(meta, qkv.device)
@@ -62,9 +66,21 @@ def bidirectional(qkv: torch.Tensor, ctx: LayerContext, meta: AttentionMetadata)
         rows, mask = layout
         x = qkv.new_zeros(b * mask.shape[-1], qkv.shape[1]).index_copy_(0, rows, qkv)
     q, k, v = x.view(b, -1, 3, h, d).permute(2, 0, 3, 1, 4)  # each [B, heads, L, D]
+    if window is not None:
+        band = _band(meta, q.shape[2], window, qkv.device)
+        mask = band if mask is None else mask & band
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     out = out.transpose(1, 2).reshape(-1, h * d)
     return out if layout is None else out.index_select(0, layout[0])
+
+
+def _band(meta: AttentionMetadata, length: int, window: int, device: torch.device) -> torch.Tensor:
+    """bool [L, L]: the keys within `window` positions of each query (made once a step)."""
+    key = (BAND, window)
+    if key not in meta.aux:
+        pos = torch.arange(length, device=device)
+        meta.aux[key] = (pos[None, :] - pos[:, None]).abs() <= window
+    return meta.aux[key]
 
 
 class EncoderLayer(OptLayer):

@@ -15,6 +15,7 @@ from pagoda.runtime.model import (
     glm5_next_config,
     kimi_linear_config,
     mamba_config,
+    modernbert_config,
     moe_families,
     moe_names,
     olmo_hybrid_config,
@@ -26,7 +27,8 @@ FP8_DTYPES = ("F8_E4M3",)
 # what a family changes in the tensors `expected_shapes` lists (its *_config.py's
 # `checkpoint_shapes`), (c, out) -> None
 _FAMILY_SHAPES = {**moe_families.CHECKPOINT_SHAPES, **mamba_config.CHECKPOINT_SHAPES,
-                  **dict.fromkeys(("bert", "roberta"), bert_config.checkpoint_shapes)}  # fmt: skip
+                  **dict.fromkeys(("bert", "roberta"), bert_config.checkpoint_shapes),
+                  "modernbert": modernbert_config.checkpoint_shapes}  # fmt: skip
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:

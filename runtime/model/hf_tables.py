@@ -21,6 +21,7 @@ from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model import mellum_config as mellum
+from pagoda.runtime.model import modernbert_config as modernbert
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model import zaya_config as zaya
@@ -380,6 +381,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
     **bert.DEFAULTS,  # BertConfig's, RobertaConfig's
+    **modernbert.DEFAULTS,  # ModernBertConfig's
     **gemma4.DEFAULTS,
     **gemma3n.DEFAULTS,
 }  # fmt: skip
@@ -420,7 +422,7 @@ EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
 EPS.update(xglm="_layer_norm_eps", openai_gpt="layer_norm_epsilon", biogpt="_layer_norm_eps")
 EPS.update(ctrl="layer_norm_epsilon", gpt_neox_japanese="layer_norm_eps")
-EPS.update(bert="layer_norm_eps", roberta="layer_norm_eps")
+EPS.update(bert="layer_norm_eps", roberta="layer_norm_eps", modernbert="norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
@@ -471,7 +473,8 @@ PROPORTIONAL_ROTARY = ("lfm3",)
 # the layer kind whose `rope_parameters` (keyed by kind) the model's rotary is read from: the
 # full-attention layers' (Gemma 3's, ...), the sliding layers' (Gemma 4's and 3n's: their full
 # layers' in gemma4_config), Zaya's "hybrid" layers' (`zaya_config`)
-ROPE_KIND = {**dict.fromkeys(("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory", "cohere_compass"),
+ROPE_KIND = {**dict.fromkeys(("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory", "cohere_compass",
+                              "modernbert"),
                              "full_attention"),
              **dict.fromkeys(("gemma4", "gemma4_unified", "gemma3n"), "sliding_attention"),
              "zaya": "hybrid"}  # fmt: skip

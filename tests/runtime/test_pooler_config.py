@@ -62,7 +62,7 @@ def test_bad_pooler_config_is_one_line(value, words):
 
 def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="encoder-only model"):
-        check_not_encoder(["ModernBertModel"])
+        check_not_encoder(["ModernBertForMaskedLM"])
     with pytest.raises(ValueError, match="runner must be one of"):
         EngineConfig.create("m", runner="draft")
     _checkpoint(tmp_path, ("Qwen3Model",))

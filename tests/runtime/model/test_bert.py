@@ -152,7 +152,7 @@ def test_published_configs_read_as_encoders(tmp_path, cfg, arch, eps, offset, ty
     runner, pooler = resolve("auto", None, tmp_path, c.hidden_size)
     assert runner == "pooling" and (pooler.pooling_type, pooler.normalize) == ("CLS", True)
     for change, words in (({"position_embedding_type": "relative_key"}, "relative_key"),
-                          ({"architectures": ["ModernBertModel"]}, "encoder-only model not")):  # fmt: skip
+                          ({"architectures": ["DistilBertModel"]}, "encoder-only model not")):  # fmt: skip
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
         with pytest.raises(ValueError, match=words) as e:
             read_model_config(str(tmp_path))
