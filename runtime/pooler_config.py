@@ -52,6 +52,17 @@ CROSS_ENCODERS = {"BertForSequenceClassification": "bert",
                   "XLMRobertaForSequenceClassification": "roberta",
                   "ModernBertForSequenceClassification": "modernbert"}  # fmt: skip
 ENCODERS.update(CROSS_ENCODERS)
+# decoders served as sequence classifiers (a `score` head on the last token's row, or
+# Qwen3-Reranker's yes/no rows of its LM head: model/classifier_config.py) -> the generator's
+# architecture, whose family reads them
+DECODER_CLASSIFIERS = {
+    "Qwen3ForSequenceClassification": "Qwen3ForCausalLM",
+    "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
+    "LlamaForSequenceClassification": "LlamaForCausalLM",
+    "MistralForSequenceClassification": "MistralForCausalLM",
+}
+# every sequence classifier served (the pooling runner; the head after pooling)
+CLASSIFIERS = {**CROSS_ENCODERS, **DECODER_CLASSIFIERS}
 # other encoder-only checkpoints: refused, by their architectures (the masked-LM heads'
 # checkpoints, DistilBERT's, MPNet's
 # relative buckets, DeBERTa's disentangled attention, ELECTRA's, Nomic's and Alibaba's GTE code)
@@ -195,7 +206,7 @@ def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any] | None:
 def says_pooling(model_dir: Path, config_json: Mapping[str, Any]) -> bool:
     """Whether a checkpoint is an embedding model (`--runner auto`'s rule, module docstring)."""
     archs = config_json.get("architectures") or []
-    if any(a in BARE_DECODERS or a in ENCODERS for a in archs):
+    if any(a in BARE_DECODERS or a in ENCODERS or a in CLASSIFIERS for a in archs):
         return True
     return sentence_transformers_pooling(model_dir) is not None
 
@@ -219,6 +230,10 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
         if bare:
             raise ValueError(f"{bare[0]} is a bare decoder without an LM head (an embedding "
                              "model): serve it with --runner pooling")  # fmt: skip
+        classifier = [a for a in top.get("architectures") or [] if a in DECODER_CLASSIFIERS]
+        if classifier:
+            raise ValueError(f"{classifier[0]} is a sequence classifier (a score head, no LM "
+                             "head): serve it with --runner pooling")  # fmt: skip
         if (enc := encoder(top)) is not None:
             raise ValueError(f"{enc} is an encoder (bidirectional attention, no LM "
                              "head): it generates nothing; serve it with --runner pooling")  # fmt: skip
@@ -226,9 +241,9 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
             raise ValueError("pooler_config applies to the pooling runner only: add --runner "
                              "pooling, or drop --pooler-config")  # fmt: skip
         return runner, None
-    cross = any(a in CROSS_ENCODERS for a in top.get("architectures") or ())
+    cross = any(a in CLASSIFIERS for a in top.get("architectures") or ())
     if cross and pooler is not None:
-        raise ValueError("a cross-encoder's pooling is its classifier's (its first row's score): "
+        raise ValueError("a cross-encoder's pooling is its classifier's (its pooled row's score): "
                          "drop --pooler-config")  # fmt: skip
     fields: dict[str, Any] = {"pooling_type": "CLS" if encoder(top) else "LAST",
                               "normalize": not cross, "cross_encoder": cross}  # fmt: skip
@@ -253,7 +268,9 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
 
 def num_labels(top: Mapping[str, Any]) -> int:
     """A sequence classifier's labels: config.json's `num_labels`, else its `id2label`'s
-    (transformers' default: 2)."""
+    (transformers' default: 2); Qwen3-Reranker's one (`classifier_from_token`)."""
+    if top.get("is_original_qwen3_reranker") and top.get("classifier_from_token"):
+        return 1
     return int(top.get("num_labels") or len(top.get("id2label") or ()) or 2)
 
 
@@ -300,7 +317,7 @@ def check_not_classifier(architectures: list[str]) -> None:
     a cross-encoder reranker such as bge-reranker-v2-gemma or a classifier) other than the
     cross-encoders served (`CROSS_ENCODERS`), which has no runner here."""
     cls = [a for a in architectures
-           if a.endswith("ForSequenceClassification") and a not in CROSS_ENCODERS]  # fmt: skip
+           if a.endswith("ForSequenceClassification") and a not in CLASSIFIERS]  # fmt: skip
     if cls:
         raise ValueError(f"{cls[0]} is a sequence-classification model (a cross-encoder "
                          "reranker or classifier): not supported; Pagoda's pooling runner serves "

@@ -16,7 +16,8 @@ from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, promp
 from pagoda.runtime.engine.pooling import EmbeddingRequestOutput, PoolingParams, embed
 from pagoda.runtime.engine.scoring import ClassificationRequestOutput, ScoringRequestOutput
 from pagoda.runtime.lora_config import LoRARequest
-from pagoda.runtime.model.loader import LoadedModel
+from pagoda.runtime.model.hf_overrides import overlay
+from pagoda.runtime.model.loader import LoadedModel, resolve_model_path
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.sampling.params import SamplingParams
 
@@ -61,6 +62,8 @@ class LLM:
             if "enable_cuda_graphs" in engine_args:
                 raise ValueError("give enforce_eager or enable_cuda_graphs, not both")
             engine_args["enable_cuda_graphs"] = not engine_args.pop("enforce_eager")
+        if "hf_overrides" in engine_args:  # config.json's keys replaced (an overlay directory)
+            model = str(overlay(resolve_model_path(model), engine_args.pop("hf_overrides")))
         self.engine = EngineCore(EngineConfig.create(model, **engine_args), loaded)
         self.config = self.engine.config  # with the context length resolved
         self.tokenizer = self.engine.tokenizer

@@ -28,7 +28,8 @@ def check_pooling(config: EngineConfig, model: ModelConfig) -> None:
     """ValueError, one line, for a pooling engine the runtime cannot build: a family that keeps
     a recurrent or per-sequence state (Mamba hybrids, RWKV, xLSTM, DeepSeek-V4's windows: their
     state slots are not prefill-only), or one whose model computes its own forward (the seam
-    that hands back final hidden states is `LlamaModel.forward`'s)."""
+    that hands back final hidden states is `LlamaModel.forward`'s), or a sequence classifier
+    over several ranks."""
     if config.runner != "pooling":
         return
     from pagoda.runtime.engine import recurrent
@@ -36,6 +37,9 @@ def check_pooling(config: EngineConfig, model: ModelConfig) -> None:
     from pagoda.runtime.model.registry import model_class
 
     arch = model.architecture
+    if model.family.num_labels and config.parallel.tensor_parallel_size > 1:
+        raise ValueError("tensor parallelism is not supported for a sequence classifier (its "
+                         "head reads whole rows on one rank): drop --tensor-parallel-size")  # fmt: skip
     if recurrent.keeps_state(model) or model.family.dsv4 is not None:
         raise ValueError(_REFUSED.format(arch, "a model that keeps per-sequence state beyond "
                                          "its KV cache"))  # fmt: skip

@@ -56,6 +56,20 @@ class ClassifierHead:
         return x
 
 
+def decoder_head(w, family, lm_head: str) -> ClassifierHead | None:
+    """A decoder classifier's head (`model/classifier_config.py`), None for any other model:
+    its `score` matrix, or Qwen3-Reranker's one row, the LM head's "yes" row less its "no"."""
+    from pagoda.runtime.model.classifier_config import SCORE
+
+    if not family.num_labels:
+        return None
+    if family.classifier_tokens:
+        no, yes = family.classifier_tokens
+        rows = w[lm_head]
+        return ClassifierHead([("linear", (rows[yes] - rows[no]).unsqueeze(0), None)])
+    return ClassifierHead([("linear", w[SCORE], None)])
+
+
 def activate(logits: torch.Tensor, multi_label: bool) -> torch.Tensor:
     """A classifier's probabilities (vLLM's): sigmoid for one label (a cross-encoder's score)
     or a multi-label classifier (`problem_type: multi_label_classification`), else softmax."""

@@ -25,7 +25,7 @@ from pagoda.runtime.model import modernbert_config as modernbert
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model import zaya_config as zaya
-from pagoda.runtime.pooler_config import BARE_DECODERS, ENCODERS
+from pagoda.runtime.pooler_config import BARE_DECODERS, DECODER_CLASSIFIERS, ENCODERS
 
 # `architectures` in config.json -> `ModelConfig.architecture`
 HF_ARCHITECTURES = {
@@ -121,6 +121,8 @@ HF_ARCHITECTURES = {
 # bare decoders (no LM head): embedding checkpoints, served by the pooling runner only
 # (e5-mistral's MistralModel; `pooler_config.py`)
 HF_ARCHITECTURES.update({a: HF_ARCHITECTURES[c] for a, c in BARE_DECODERS.items()})
+# decoders served as sequence classifiers (pooling runner only: `model/classifier_config.py`)
+HF_ARCHITECTURES.update({a: HF_ARCHITECTURES[c] for a, c in DECODER_CLASSIFIERS.items()})
 # encoders (bidirectional attention: BERT, RoBERTa, XLM-RoBERTa), served by the pooling runner
 # only (model/bert.py)
 HF_ARCHITECTURES.update(ENCODERS)

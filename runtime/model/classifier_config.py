@@ -1,0 +1,68 @@
+"""A decoder served as a sequence classifier (`pooler_config.DECODER_CLASSIFIERS`:
+`Qwen3ForSequenceClassification`, `LlamaForSequenceClassification`, Qwen2's, Mistral's): its
+config fields and the tensor its head reads. No torch (the config readers import it).
+
+- A `*ForSequenceClassification` checkpoint: the decoder and a `score` matrix [num_labels,
+  hidden] without a bias on the last prompt token's final-norm row (transformers' pooling of
+  the last token), `classifier_tokens` empty.
+- Qwen3-Reranker as vLLM serves it (a `Qwen3ForCausalLM` checkpoint under
+  ``--hf-overrides '{"architectures": ["Qwen3ForSequenceClassification"],
+  "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}'``): one label
+  whose row is the LM head's "yes" row less its "no" row, so that its sigmoid is
+  sigmoid(logit_yes - logit_no), the reranker's probability of "yes" (`classifier_tokens`: the
+  two tokens' ids, read from tokenizer.json). `classifier_from_token` without
+  `is_original_qwen3_reranker`, or naming other than two tokens, is refused in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pagoda.runtime.model.template_files import read_json_object
+from pagoda.runtime.pooler_config import DECODER_CLASSIFIERS, ENCODERS, num_labels
+
+SCORE = "score.weight"
+# the key `hf_loader` puts the classifier tokens' ids under (`read_side_files`)
+TOKEN_IDS = "_classifier_token_ids"
+
+
+def is_decoder_classifier(cfg: dict[str, Any]) -> bool:
+    return any(a in DECODER_CLASSIFIERS for a in cfg.get("architectures") or ())
+
+
+def read_side_files(model_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The ids of `classifier_from_token` (tokenizer.json's vocabulary, or its added tokens)
+    under `TOKEN_IDS`; ValueError, one line, for a form not served or a token not found."""
+    names = cfg.get("classifier_from_token")
+    if not names or not is_decoder_classifier(cfg):
+        return {}
+    if not cfg.get("is_original_qwen3_reranker") or len(names) != 2:
+        raise ValueError("classifier_from_token is supported for Qwen3-Reranker only: two "
+                         'tokens (["no", "yes"]) with "is_original_qwen3_reranker": true')  # fmt: skip
+    tok = read_json_object(model_dir / "tokenizer.json")
+    vocab = dict((tok.get("model") or {}).get("vocab") or {})
+    vocab.update({t["content"]: t["id"] for t in tok.get("added_tokens") or ()
+                  if isinstance(t, dict) and "content" in t})  # fmt: skip
+    missing = [n for n in names if not isinstance(vocab.get(n), int)]
+    if missing:
+        raise ValueError(f"classifier_from_token {missing[0]!r} is not a token of tokenizer.json")
+    return {TOKEN_IDS: [vocab[n] for n in names]}
+
+
+def family_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`num_labels` and `classifier_tokens` of a decoder classifier (module docstring); {} for
+    any other checkpoint."""
+    if not is_decoder_classifier(cfg):
+        return {}
+    tokens = tuple(int(t) for t in cfg.get(TOKEN_IDS) or ())
+    return {"num_labels": 1 if tokens else num_labels(cfg), "classifier_tokens": tokens}
+
+
+def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
+    """A `*ForSequenceClassification` checkpoint's `score` matrix; no LM head (the reranker's
+    LM head is the checkpoint's own, listed as a generator's)."""
+    encoder = c.architecture in ENCODERS.values()  # (an encoder's head: its own names)
+    if c.family.num_labels and not c.family.classifier_tokens and not encoder:
+        out[SCORE] = (c.family.num_labels, c.hidden_size)
+        out.pop("lm_head.weight", None)
