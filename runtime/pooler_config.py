@@ -19,7 +19,8 @@ every pooling model): its attention reads the whole prompt from every row.
 Matryoshka models (config.json ``is_matryoshka`` / ``matryoshka_dimensions``, vLLM's names) may
 be asked for fewer ``dimensions``: the pooler config's (every request) or a request's own.
 
-Standard library only: `options` parses the flag's JSON with it.
+Standard library only (and `option_rules`, which is too: the flag's JSON is read by its
+`json_object`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pagoda.runtime.option_rules import json_object
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # the user's keys (vLLM's names); the rest of the fields come from the checkpoint
@@ -119,13 +122,7 @@ class PoolerConfig:
         None stays None. ValueError, one line, for anything else or unknown keys."""
         if value is None or isinstance(value, PoolerConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"pooler_config: not JSON ({e})") from None
-        if not isinstance(value, Mapping):
-            raise ValueError('pooler_config must be a JSON object, e.g. {"pooling_type": "MEAN"}')
+        value = json_object("pooler_config", value, '{"pooling_type": "MEAN"}')
         unknown = sorted(set(value) - set(USER_KEYS))
         if unknown:
             raise ValueError(f"pooler_config: unknown or unsupported key(s) {', '.join(unknown)} "

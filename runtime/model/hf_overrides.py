@@ -18,9 +18,10 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pagoda.runtime.option_rules import json_object
 
 
 def parse(value: Any) -> dict[str, Any] | None:
@@ -28,15 +29,9 @@ def parse(value: Any) -> dict[str, Any] | None:
     line, for anything else."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"hf_overrides: not JSON ({e})") from None
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise ValueError('hf_overrides must be a JSON object of config.json keys, e.g. '
-                         '{"architectures": ["Qwen3ForSequenceClassification"]}')  # fmt: skip
-    return dict(value)
+    return dict(
+        json_object("hf_overrides", value, '{"architectures": ["Qwen3ForSequenceClassification"]}')
+    )
 
 
 def overlay(model_dir: str | Path, overrides: Any) -> Path:
