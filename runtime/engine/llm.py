@@ -192,7 +192,8 @@ class LLM:
             raise RuntimeError("this LLM is closed; create a new one")
         pc = self.engine.config.pooler_config
         if pc is not None and pc.cross_encoder:
-            raise ValueError("this model is a cross-encoder (a pair's score, no vector): use score")
+            raise ValueError("this model is a sequence classifier (no vector): use classify, or "
+                             "score for a cross-encoder of one label")  # fmt: skip
         params = _pooling_params(pooling_params, truncate_prompt_tokens)
         prompts = _prompt_list(prompts)
         bar = _progress(use_tqdm, len(prompts))

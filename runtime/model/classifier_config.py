@@ -27,6 +27,18 @@ SCORE = "score.weight"
 TOKEN_IDS = "_classifier_token_ids"
 
 
+# the activations a classifier head runs (`classifier_head.ACTIVATIONS`' names)
+HEAD_ACTIVATIONS = ("tanh", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu")
+
+
+def supported_activation(name: str, arch: str) -> str:
+    """`name` when a head runs it, else ValueError (one line)."""
+    if name not in HEAD_ACTIVATIONS:
+        raise ValueError(f"{arch}: classifier activation {name!r} is not supported "
+                         f"({', '.join(HEAD_ACTIVATIONS)})")  # fmt: skip
+    return name
+
+
 def is_decoder_classifier(cfg: dict[str, Any]) -> bool:
     return any(a in DECODER_CLASSIFIERS for a in cfg.get("architectures") or ())
 

@@ -78,13 +78,5 @@ def activate(logits: torch.Tensor, multi_label: bool) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def supported_activation(name: str, arch: str) -> str:
-    """`name` when a head runs it, else ValueError (one line)."""
-    if name not in ACTIVATIONS:
-        raise ValueError(f"{arch}: classifier activation {name!r} is not supported "
-                         f"({', '.join(ACTIVATIONS)})")  # fmt: skip
-    return name
-
-
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.float()

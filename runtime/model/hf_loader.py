@@ -172,7 +172,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     cfg = {**DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in NULLABLE.get(arch, ())}}  # fmt: skip
     cfg = config_keys.derived(cfg, arch)
-    if model_dir is not None and arch in ("bert", "roberta"):  # sentence-transformers' length
+    if model_dir is not None and arch in ("bert", "roberta", "modernbert"):  # (s-t's length)
         from pagoda.runtime.model.bert_config import read_side_files
 
         cfg.update(read_side_files(model_dir, cfg))

@@ -9,7 +9,8 @@ gte-reranker-modernbert-base), the encoder of `model/modernbert.py`; no layer co
   within `local_attention // 2` positions either side (`encoder_window`, as transformers'
   bidirectional sliding mask); a gated MLP (GeGLU: `Wi` is [act input; gate]); LayerNorms
   with or without biases (`norm_bias`); a sequence classifier's labels and its head's
-  activation (`classifier_activation`). Refused in one line: a rope type other than
+  activation (`classifier_activation`); sentence_bert_config.json's `max_seq_length` bounds the
+  context as BERT's (`bert_config.read_side_files`). Refused in one line: a rope type other than
   "default", an activation no head runs.
 - `read_checkpoint_names`: the stored names (with or without the `model.` prefix) listed as
   Llama's: `embeddings.tok_embeddings` as `model.embed_tokens`, `embeddings.norm` as the
@@ -27,7 +28,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pagoda.runtime.model.classifier_head import supported_activation
+from pagoda.runtime.model.bert_config import MAX_SEQ_LENGTH
+from pagoda.runtime.model.classifier_config import supported_activation
 from pagoda.runtime.pooler_config import num_labels
 
 EMBED_NORM = "model.embed_layernorm.weight"
@@ -95,7 +97,8 @@ def fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
             "local_rope_theta": _theta(cfg, "sliding_attention", "local_rope_theta"),
             "window_layers": local_layers(cfg, n),
             "encoder_window": int(cfg["local_attention"]) // 2,
-            "num_labels": num_labels(cfg) if classifier else 0, "classifier_act": act}  # fmt: skip
+            "num_labels": num_labels(cfg) if classifier else 0, "classifier_act": act,
+            "max_seq_length": int(cfg.get(MAX_SEQ_LENGTH) or 0)}  # fmt: skip
 
 
 FIELDS = {"modernbert": fields}

@@ -126,7 +126,7 @@ class EmbeddingsRoute:
         self.resolve_model(req.model)
         if info.pooler.cross_encoder:
             raise APIError(400, "The model does not support the Embeddings API: it is a "
-                           "cross-encoder (a text pair's score: /v1/score, /v1/rerank)",
+                           "sequence classifier (/classify; one label: /v1/score, /v1/rerank)",
                            code="unsupported_api")  # fmt: skip
         if req.dimensions is not None:
             problem = info.pooler.check_dimensions(req.dimensions, info.hidden_size)

@@ -13,10 +13,11 @@ false. Both take vLLM's `truncate_prompt_tokens` (each text cut to its last k to
 Every text of a call is one engine request, all added together (all-or-nothing) so that they
 batch in the engine's steps; a single `text_1` or the query is pooled once. `usage` counts the
 prompt tokens pooled. A generating server answers these paths with the 400 `unsupported_api` of
-the other unserved APIs. A cross-encoder (`pooler_config.CROSS_ENCODERS`: BERT's, RoBERTa's one-label
-classifiers) scores each pair in one forward: the pair encoded as one prompt
-(`Tokenizer.encode_pair`), its output the pair's score (`cross_prompts`); other
-`*ForSequenceClassification` models are refused when the server starts
+the other unserved APIs. A sequence classifier of one label (`pooler_config.CLASSIFIERS`: BERT's,
+RoBERTa's, ModernBERT's cross-encoders, the decoders' `score` heads, Qwen3-Reranker) scores each
+pair in one forward: the pair encoded as one prompt (`Tokenizer.encode_pair`), its output the
+pair's score (`cross_prompts`); one of several labels is refused here (a 400: `/classify`
+serves it), and other `*ForSequenceClassification` models when the server starts
 (`pooler_config.check_not_classifier`).
 """
 

@@ -177,7 +177,7 @@ def test_cross_encoders_score_pairs_as_transformers(tmp_path, kind):
     assert np.ptp(want) > 1e-3  # (pairs told apart)
     if kind == "Bert":  # the token types count
         assert np.abs(hf_pair_scores(model, tmp_path, query, docs, types=False) - want).max() > 1e-4
-    with pytest.raises(ValueError, match=r"cross-encoder .* use score"):
+    with pytest.raises(ValueError, match=r"sequence classifier .* use classify"):
         llm.embed(["w3"], use_tqdm=False)
     with pytest.raises(ValueError, match="cross-encoder's pooling is its classifier's"):
         LLM(str(tmp_path), pooler_config={"pooling_type": "MEAN"}, **ARGS)
@@ -204,5 +204,5 @@ def test_a_classifier_of_three_labels_classifies_as_transformers(tmp_path, probl
     assert outs[0].outputs.num_classes == 3 and np.ptp(got[:, 0]) > 1e-3
     with pytest.raises(ValueError, match="classifier of 3 labels: a pair's score needs one"):
         llm.score("w3", ["w4"], use_tqdm=False)
-    with pytest.raises(ValueError, match="use score"):
+    with pytest.raises(ValueError, match="use classify"):
         llm.embed(["w3"], use_tqdm=False)

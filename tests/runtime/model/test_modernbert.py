@@ -123,3 +123,11 @@ def test_older_config_reads_and_refusals_are_one_line(tmp_path):
         with pytest.raises(ValueError, match=words) as e:
             read_model_config(str(tmp_path))
         assert "\n" not in str(e.value)
+
+
+def test_head_activations_named_in_config_are_the_heads():
+    """The config's list (torch-free, read when config.json is) is what the head runs."""
+    from pagoda.runtime.model.classifier_config import HEAD_ACTIVATIONS
+    from pagoda.runtime.model.classifier_head import ACTIVATIONS
+
+    assert set(HEAD_ACTIVATIONS) == set(ACTIVATIONS)
