@@ -136,3 +136,14 @@ def test_serve_flag_hf_overrides_reaches_every_reader(reranker):
     overlay = json.loads((Path(cfg.model) / "config.json").read_text())
     assert overlay["architectures"] == RERANKER["architectures"] and Path(cfg.model) != path
     assert (Path(cfg.model) / "model.safetensors").resolve() == (path / "model.safetensors")
+
+
+def test_hf_overrides_merge_nested_configs_as_vllm():
+    """A nested model config (it has a model_type) is updated key by key; any other value,
+    a dict too, replaced whole."""
+    from pagoda.runtime.model.hf_overrides import merge
+
+    cfg = {"text_config": {"model_type": "qwen3", "a": 1, "b": 2}, "rope_scaling": {"x": 1, "y": 2}}
+    got = merge(cfg, {"text_config": {"b": 3}, "rope_scaling": {"x": 5}, "c": [1]})
+    assert got == {"text_config": {"model_type": "qwen3", "a": 1, "b": 3}, "rope_scaling": {"x": 5},
+                   "c": [1]}  # fmt: skip
