@@ -1,7 +1,8 @@
 """`POST /v1/embeddings` through the `openai` SDK: a tiny random Qwen3 in Qwen3-Embedding's
 published layout (the pooling runner picked by `--runner auto`), the real engine on its thread,
 the real app over httpx's ASGI transport. Vectors equal transformers' (LAST token, normalized)
-for every input form and both encodings; refusals are OpenAI-style 400s."""
+for every input form and both encodings; refusals are OpenAI-style 400s; a tiny ModernBERT's
+CLS vectors are transformers'."""
 
 from __future__ import annotations
 
