@@ -204,9 +204,11 @@ class FamilyConfig:
     # (`window_layers`; 0: none, every layer global), its classifier head's activation
     encoder_window: int = 0
     classifier_act: str = ""
-    # a decoder classifier's head made of its LM head's rows (Qwen3-Reranker's "no", "yes":
-    # model/classifier_config.py); (): its `score` matrix
+    # a decoder classifier's head made of its LM head's rows (model/classifier_config.py):
+    # their ids, and how ("from_2_way_softmax": the second less the first, Qwen3-Reranker's;
+    # "no_post_processing": the rows themselves); (): its `score` matrix
     classifier_tokens: tuple[int, ...] = ()
+    classifier_method: str = ""
     sep_token_id: int = -1
     # BitNet b1.58 (model/bitnet.py, bitlinear.py): its projections' ternary weights stored packed
     # ("offline") or as master weights quantized at load ("online"); "": dense (no

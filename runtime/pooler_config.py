@@ -63,6 +63,7 @@ DECODER_CLASSIFIERS = {
     "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
     "LlamaForSequenceClassification": "LlamaForCausalLM",
     "MistralForSequenceClassification": "MistralForCausalLM",
+    "GemmaForSequenceClassification": "GemmaForCausalLM",  # (bge-reranker-v2-gemma's)
 }
 # every sequence classifier served (the pooling runner; the head after pooling)
 CLASSIFIERS = {**CROSS_ENCODERS, **DECODER_CLASSIFIERS}
@@ -265,9 +266,11 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
 
 def num_labels(top: Mapping[str, Any]) -> int:
     """A sequence classifier's labels: config.json's `num_labels`, else its `id2label`'s
-    (transformers' default: 2); Qwen3-Reranker's one (`classifier_from_token`)."""
-    if top.get("is_original_qwen3_reranker") and top.get("classifier_from_token"):
-        return 1
+    (transformers' default: 2); a head made of LM head rows (`classifier_from_token`): one
+    (Qwen3-Reranker's yes less no), or one per token (`method` no_post_processing)."""
+    tokens = top.get("classifier_from_token")
+    if tokens:
+        return len(tokens) if top.get("method") == "no_post_processing" else 1
     return int(top.get("num_labels") or len(top.get("id2label") or ()) or 2)
 
 
@@ -311,8 +314,8 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
 
 def check_not_classifier(architectures: list[str]) -> None:
     """ValueError, one line, for a sequence-classification checkpoint (`*ForSequenceClassification`:
-    a cross-encoder reranker such as bge-reranker-v2-gemma or a classifier) other than the
-    cross-encoders served (`CROSS_ENCODERS`), which has no runner here."""
+    a cross-encoder reranker or a classifier) other than those served (`CLASSIFIERS`), which
+    has no runner here."""
     cls = [a for a in architectures
            if a.endswith("ForSequenceClassification") and a not in CLASSIFIERS]  # fmt: skip
     if cls:

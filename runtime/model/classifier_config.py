@@ -5,13 +5,18 @@ config fields and the tensor its head reads. No torch (the config readers import
 - A `*ForSequenceClassification` checkpoint: the decoder and a `score` matrix [num_labels,
   hidden] without a bias on the last prompt token's final-norm row (transformers' pooling of
   the last token), `classifier_tokens` empty.
-- Qwen3-Reranker as vLLM serves it (a `Qwen3ForCausalLM` checkpoint under
+- A head made of LM head rows, as vLLM builds it from `classifier_from_token` (the tokens' ids
+  read from tokenizer.json: `classifier_tokens`) and `method` (`classifier_method`):
+  "from_2_way_softmax" (two tokens; what `is_original_qwen3_reranker` means): one label whose
+  row is the second token's row less the first's - Qwen3-Reranker (a `Qwen3ForCausalLM` under
   ``--hf-overrides '{"architectures": ["Qwen3ForSequenceClassification"],
-  "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}'``): one label
-  whose row is the LM head's "yes" row less its "no" row, so that its sigmoid is
-  sigmoid(logit_yes - logit_no), the reranker's probability of "yes" (`classifier_tokens`: the
-  two tokens' ids, read from tokenizer.json). `classifier_from_token` without
-  `is_original_qwen3_reranker`, or naming other than two tokens, is refused in one line.
+  "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}'``), whose
+  sigmoid is sigmoid(logit_yes - logit_no), the reranker's probability of "yes";
+  "no_post_processing": the tokens' rows themselves, a label each - bge-reranker-v2-gemma
+  (`GemmaForCausalLM` under ``{"architectures": ["GemmaForSequenceClassification"],
+  "classifier_from_token": ["Yes"], "method": "no_post_processing"}``: sigmoid(logit_Yes)).
+  Another method, two-way without two tokens, or a token tokenizer.json lacks is refused in
+  one line.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from pagoda.runtime.model.template_files import read_json_object
 from pagoda.runtime.pooler_config import DECODER_CLASSIFIERS, ENCODERS, num_labels
 
 SCORE = "score.weight"
+# how a head is made of LM head rows (vLLM's `method`s of `classifier_from_token`)
+METHODS = ("from_2_way_softmax", "no_post_processing")
 # the key `hf_loader` puts the classifier tokens' ids under (`read_side_files`)
 TOKEN_IDS = "_classifier_token_ids"
 
@@ -49,9 +56,11 @@ def read_side_files(model_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     names = cfg.get("classifier_from_token")
     if not names or not is_decoder_classifier(cfg):
         return {}
-    if not cfg.get("is_original_qwen3_reranker") or len(names) != 2:
-        raise ValueError("classifier_from_token is supported for Qwen3-Reranker only: two "
-                         'tokens (["no", "yes"]) with "is_original_qwen3_reranker": true')  # fmt: skip
+    method = head_method(cfg)
+    if method not in METHODS or (method == "from_2_way_softmax" and len(names) != 2):
+        raise ValueError(f"classifier_from_token with method {method!r} is not supported: "
+                         '"from_2_way_softmax" of two tokens (Qwen3-Reranker\'s, '
+                         '"is_original_qwen3_reranker": true) or "no_post_processing"')  # fmt: skip
     tok = read_json_object(model_dir / "tokenizer.json")
     vocab = dict((tok.get("model") or {}).get("vocab") or {})
     vocab.update({t["content"]: t["id"] for t in tok.get("added_tokens") or ()
@@ -62,13 +71,21 @@ def read_side_files(model_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     return {TOKEN_IDS: [vocab[n] for n in names]}
 
 
+def head_method(cfg: dict[str, Any]) -> str | None:
+    """How a head is made of LM head rows (module docstring): config.json's `method`, else
+    Qwen3-Reranker's."""
+    return cfg.get("method") or ("from_2_way_softmax" if cfg.get("is_original_qwen3_reranker")
+                                 else None)  # fmt: skip
+
+
 def family_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """`num_labels` and `classifier_tokens` of a decoder classifier (module docstring); {} for
     any other checkpoint."""
     if not is_decoder_classifier(cfg):
         return {}
     tokens = tuple(int(t) for t in cfg.get(TOKEN_IDS) or ())
-    return {"num_labels": 1 if tokens else num_labels(cfg), "classifier_tokens": tokens}
+    return {"num_labels": num_labels(cfg), "classifier_tokens": tokens,
+            "classifier_method": (head_method(cfg) or "") if tokens else ""}  # fmt: skip
 
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:

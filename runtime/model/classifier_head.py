@@ -58,15 +58,16 @@ class ClassifierHead:
 
 def decoder_head(w, family, lm_head: str) -> ClassifierHead | None:
     """A decoder classifier's head (`model/classifier_config.py`), None for any other model:
-    its `score` matrix, or Qwen3-Reranker's one row, the LM head's "yes" row less its "no"."""
+    its `score` matrix, or LM head rows (Qwen3-Reranker's one row: "yes" less "no")."""
     from pagoda.runtime.model.classifier_config import SCORE
 
     if not family.num_labels:
         return None
-    if family.classifier_tokens:
-        no, yes = family.classifier_tokens
-        rows = w[lm_head]
-        return ClassifierHead([("linear", (rows[yes] - rows[no]).unsqueeze(0), None)])
+    if family.classifier_tokens:  # (LM head rows: `classifier_config.METHODS`)
+        rows = w[lm_head][list(family.classifier_tokens)]
+        if family.classifier_method == "from_2_way_softmax":
+            rows = (rows[1] - rows[0]).unsqueeze(0)
+        return ClassifierHead([("linear", rows, None)])
     return ClassifierHead([("linear", w[SCORE], None)])
 
 

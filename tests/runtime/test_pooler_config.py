@@ -78,13 +78,13 @@ def test_refusals(tmp_path):
 
 
 def test_a_cross_encoder_is_refused_in_one_line(tmp_path):
-    """A `*ForSequenceClassification` checkpoint not served (bge-reranker-v2-gemma's Gemma: the
-    served ones are BERT's, RoBERTa's, ModernBERT's and Qwen2/3's, Llama's, Mistral's) has no
+    """A `*ForSequenceClassification` checkpoint not served (Phi-3's: the served ones are BERT's,
+    RoBERTa's, ModernBERT's and Qwen2/3's, Llama's, Mistral's, Gemma's) has no
     runner: its config.json alone is refused, the line `pagoda serve` prints before exiting 2."""
     from pagoda.runtime.model.hf_loader import read_config
 
-    _checkpoint(tmp_path, ("GemmaForSequenceClassification",), model_type="gemma")
-    with pytest.raises(ValueError, match="GemmaForSequenceClassification is a sequence-") as e:
+    _checkpoint(tmp_path, ("Phi3ForSequenceClassification",), model_type="phi3")
+    with pytest.raises(ValueError, match="Phi3ForSequenceClassification is a sequence-") as e:
         read_config(tmp_path)
     assert "\n" not in str(e.value) and "cross-encoder" in str(e.value)
 

@@ -4,8 +4,9 @@ the last prompt token, softmax) with prompts prefilled in chunks; a `LlamaForSeq
 of one label scores pairs (the two texts' tokens one after the other, sigmoid); Qwen3-Reranker
 as vLLM serves it (a `Qwen3ForCausalLM` checkpoint whose config names
 Qwen3ForSequenceClassification, `classifier_from_token`, `is_original_qwen3_reranker`) scores
-sigmoid(logit_yes - logit_no) of the last token, by config.json and by `hf_overrides`; the
-refusals are one line."""
+sigmoid(logit_yes - logit_no) of the last token, by config.json and by `hf_overrides`, and
+bge-reranker-v2-gemma's form (the "Yes" row alone) sigmoid(logit_Yes); the refusals are one
+line."""
 
 from __future__ import annotations
 
@@ -107,7 +108,9 @@ def test_refusals_are_one_line(reranker, tmp_path):
     from pagoda.runtime.model.loader import read_model_config
 
     path, _ = reranker
-    for edit, words in (({**RERANKER, "is_original_qwen3_reranker": False}, "Qwen3-Reranker only"),
+    for edit, words in (({**RERANKER, "is_original_qwen3_reranker": False}, "method None is not"),
+                        ({**RERANKER, "method": "from_2_way_softmax", "classifier_from_token": ["w7"]},
+                         "of two tokens"),
                         ({**RERANKER, "classifier_from_token": ["no", "yes"]}, "'no' is not a token")):  # fmt: skip
         with pytest.raises(ValueError, match=words) as e:
             LLM(str(path), hf_overrides=edit, **ARGS)
@@ -147,3 +150,18 @@ def test_hf_overrides_merge_nested_configs_as_vllm():
     got = merge(cfg, {"text_config": {"b": 3}, "rope_scaling": {"x": 5}, "c": [1]})
     assert got == {"text_config": {"model_type": "qwen3", "a": 1, "b": 3}, "rope_scaling": {"x": 5},
                    "c": [1]}  # fmt: skip
+
+
+def test_bge_reranker_gemma_form_scores_the_yes_logit(tmp_path):
+    """bge-reranker-v2-gemma as vLLM serves it (`GemmaForCausalLM` under
+    GemmaForSequenceClassification, `classifier_from_token` ["Yes"], `method`
+    no_post_processing; its "Yes" here w9): sigmoid of the last token's "Yes" logit."""
+    model = make_tiny_model(tmp_path, "Gemma", scale=2.0)
+    override = {"architectures": ["GemmaForSequenceClassification"],
+                "classifier_from_token": ["w9"], "method": "no_post_processing"}  # fmt: skip
+    llm = LLM(str(tmp_path), hf_overrides=override, **ARGS)
+    got = np.array([o.outputs.score for o in llm.score(QUERY, DOCS, use_tqdm=False)])
+    with torch.no_grad():
+        last = [model(input_ids=torch.tensor([p])).logits[0, -1, 9]
+                for p in _pair_ids(llm, QUERY, DOCS)]  # fmt: skip
+    np.testing.assert_allclose(got, torch.sigmoid(torch.stack(last)).numpy(), atol=1e-5)
