@@ -112,6 +112,8 @@ def test_older_config_reads_and_refusals_are_one_line(tmp_path):
     assert (c.architecture, c.rope_theta, f.local_rope_theta, f.encoder_window) == (
         "modernbert", 160000.0, 10000.0, 64)  # fmt: skip
     assert f.window_layers == tuple(i % 3 != 0 for i in range(22)) and c.context_length == 8192
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 512}')
+    assert read_model_config(str(tmp_path)).context_length == 512  # (as BERT's: vLLM's bound)
     with pytest.raises(
         ValueError, match="tensor-parallel-size 2 is not supported for a modernbert"
     ):
