@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
 from pagoda.runtime.server.chat import ChatEndpoint
+from pagoda.runtime.server.classify import ClassifyRoute
 from pagoda.runtime.server.completions import CompletionEndpoint
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.embeddings import EmbeddingsRoute, refuse_generation, refuse_pooling
@@ -162,7 +163,7 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
     add_response_routes(app, endpoints["/v1/responses"], authorizer(cfg))
     add_lora_routes(app, adapters, engine, authorizer(cfg))
     resolve = endpoints["/v1/completions"].resolve_model
-    paths = {"/v1/embeddings": EmbeddingsRoute} | SCORE_PATHS
+    paths = {"/v1/embeddings": EmbeddingsRoute, "/classify": ClassifyRoute} | SCORE_PATHS
     routes = {cls: cls(serving, resolve) for cls in set(paths.values())}  # (one id counter each)
     add_pooling_routes(app, cfg, {path: routes[cls] for path, cls in paths.items()})
     add_unserved_routes(app, authorizer(cfg))
@@ -285,7 +286,6 @@ def add_pooling_routes(app: FastAPI, cfg: ServerConfig, routes: dict[str, Embedd
 # (/v1/embeddings, /v1/score, /v1/rerank, ...: `add_pooling_routes`, served by a pooling server)
 UNSERVED_APIS = {
     "/pooling": "Pooling",
-    "/classify": "Classification",
     "/v1/moderations": "Moderations",
     "/v1/audio/{rest:path}": "Audio",
     "/v1/images/{rest:path}": "Images",

@@ -31,6 +31,7 @@ from pagoda.runtime.engine.start_checks import (
     check_max_model_len,
     check_speculative,
 )
+from pagoda.runtime.model.hf_overrides import overlay
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.shape_fingerprint import model_fingerprint
@@ -66,6 +67,9 @@ def preflight(
     """
     # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
     model_path = resolve_model(cfg.model, download_dir, revision=revision)
+    if "hf_overrides" in engine_kwargs:  # config.json's keys replaced: an overlay directory
+        model_path = str(overlay(resolve_model_path(model_path), engine_kwargs["hf_overrides"]))
+        engine_kwargs = {k: v for k, v in engine_kwargs.items() if k != "hf_overrides"}
     model_config = read_model_config(model_path)  # an unknown --model fails here
     quantization = engine_kwargs.get("quantization")
     profile, kwargs = apply_tuned_profile(

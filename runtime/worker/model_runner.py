@@ -111,7 +111,9 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.block_size) + 1
         self.block_tables = BlockTables(2 * config.scheduler.max_num_seqs, max_blocks)
         # the pooling runner: each step hands back hidden states, pooled per prompt that ends
-        self.pooling_type, self.pooler = Pooler.for_runner(config, mc.hidden_size, tp, self.device)
+        self.pooling_type, self.pooler = Pooler.for_runner(
+            config, mc.hidden_size, tp, self.device, getattr(self.model, "classifier_head", None)
+        )
         # a hybrid's Mamba layers: their state slots (a column per block-table row), before the
         # KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
