@@ -29,6 +29,15 @@ real pair of models; what the run measures is what a step costs with the draft's
 the verification rows at that acceptance. Random prompts, greedy::
 
     OMP_WAIT_POLICY=PASSIVE python -P benchmarks/spec_decode.py --draft --batches 1 8
+
+``--temperature T`` (> 0) samples instead (``ignore_eos``, so every engine writes as many
+tokens): the draft model's engine then drafts from its own distribution and verifies by
+rejection sampling (`spec/rejection.py`); beside it a third engine keeps the earlier rule,
+greedy drafts kept iff the target's own draw is them (its draft model patched to draft
+greedily), so the two acceptances compare on the same pair. Sampled engines write other tokens
+than plain ("same tokens": n/a)::
+
+    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/spec_decode.py --draft --temperature 0.7
 """
 
 from __future__ import annotations
@@ -201,6 +210,7 @@ def measure(name, b, plain, drafted, batch, params, reps, spent) -> list[list]:
             best[e] = min(best[e], secs)
             same[e] = same.get(e, True) and tokens == want
     tokens = sum(len(t) for t in want)
+    sampled = params.temperature > 0  # (the engines' tokens differ; ignore_eos: as many)
     rows = [[name, b, "plain", tokens, f"{best['plain']:.2f}", f"{tokens / best['plain']:.1f}",
              "1.00x", "", "", "", "", ""]]  # fmt: skip
     for e, llm in drafted.items():
@@ -211,7 +221,7 @@ def measure(name, b, plain, drafted, batch, params, reps, spent) -> list[list]:
             name, b, e, tokens, f"{secs:.2f}", f"{tokens / secs:.1f}",
             f"{best['plain'] / secs:.2f}x", f"{100 * (stats.acceptance_rate or 0):.0f}%",
             f"{stats.mean_acceptance_length or 1:.2f}", f"{per_token:.2f}", f"{ms:.2f}",
-            str(same[e]),
+            "n/a" if sampled else str(same[e]),
         ])  # fmt: skip
     print(*rows, sep="\n", flush=True)
     return rows
@@ -231,7 +241,11 @@ def draft_engines(args, common: dict) -> tuple[LLM, dict[str, LLM], dict[str, li
     prompts = [[rng.randrange(5, 4096) for _ in range(rng.randrange(32, 96))]
                for _ in range(max(args.batches))]  # fmt: skip
     name = f"draft model ({args.draft_layers} of {args.target_layers} layers)"
-    return LLM(**common), {name: LLM(**common, speculative_config=spec)}, {"random": prompts}
+    engines = {name: LLM(**common, speculative_config=spec)}
+    if args.temperature > 0:  # the earlier rule beside it (module docstring)
+        engines["greedy drafts, kept iff drawn"] = greedy = LLM(**common, speculative_config=spec)
+        greedy.engine.runner.draft._sampler = lambda *_: lambda j, logits: logits.argmax(dim=-1)
+    return LLM(**common), engines, {"random": prompts}
 
 
 def main() -> None:
@@ -243,6 +257,8 @@ def main() -> None:
     ap.add_argument("--lookup-max", type=int, default=4)
     ap.add_argument("--lookup-min", type=int, default=2)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature (0: greedy; module docstring)")  # fmt: skip
     ap.add_argument("--workloads", nargs="+", choices=["copy", "chat"], default=["copy", "chat"])
     ap.add_argument("--engines", nargs="+", choices=list(ENGINES), default=["fixed", "adaptive"],
                     help="drafting engines beside plain (previous: adaptive with the floor of "
@@ -277,7 +293,8 @@ def main() -> None:
     # the proposer's time: with a draft model, only handing the held drafts out (its forwards
     # are in the runner's step)
     spent = {name: timed_proposer(llm.engine) for name, llm in drafted.items()}
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                            ignore_eos=args.temperature > 0)  # fmt: skip
     rows = []
     for name, prompts in loads.items():
         for b in args.batches:

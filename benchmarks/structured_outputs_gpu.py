@@ -39,16 +39,10 @@ CONFIG = dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hi
 
 def byte_level_tokenizer(path: Path, vocab_size: int) -> None:
     """tokenizer.json: GPT-2's 256 byte tokens, JSON-ish pieces, then filler up to the vocab."""
+    from pagoda.runtime.model.byte_stream import _char_bytes
     from pagoda.runtime.model.tokenizer import build_bpe_tokenizer
 
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    byte_tokens = [chr(c) for c in cs]
+    byte_tokens = list(_char_bytes())  # GPT-2's byte alphabet, in its bytes_to_unicode order
     pieces = ['{"', '":', 'Ġ"', '",', "name", "city", "true", "false", "null", "Ġ{", "}]", "ĠParis"]
     tokens = ["<unk>", "<s>", "</s>", *byte_tokens, *pieces]
     tokens += [f"w{i}" for i in range(vocab_size - len(tokens))]

@@ -106,10 +106,7 @@ async def child_event(
     isvc_index: kopf.Index,
     **_: Any,
 ) -> None:
-    meta = body.get("metadata") or {}
-    owner_name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
-    store = isvc_index.get((meta.get("namespace"), owner_name)) if owner_name else None
-    owner = next(iter(store), None) if store else None
+    owner = _indexed_owner(body, isvc_index)
     if owner is not None:
         await memo.reconciler.child_event(type, copy.deepcopy(dict(body)), owner, logger)
 
@@ -125,11 +122,17 @@ async def pod_event(
 ) -> None:
     """A serving pod changed: a container that failed with a named reason (its termination
     message) becomes the owner's condition (reconcile/pods.py)."""
+    owner = _indexed_owner(body, isvc_index)
+    await memo.reconciler.pod_event(type, copy.deepcopy(dict(body)), owner, logger)
+
+
+def _indexed_owner(body: kopf.Body, isvc_index: kopf.Index) -> dict[str, Any] | None:
+    """The InferenceService a child or pod names in its instance label, from `isvc_index`;
+    None when it names none or that one is not indexed."""
     meta = body.get("metadata") or {}
     owner_name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
     store = isvc_index.get((meta.get("namespace"), owner_name)) if owner_name else None
-    owner = next(iter(store), None) if store else None
-    await memo.reconciler.pod_event(type, copy.deepcopy(dict(body)), owner, logger)
+    return next(iter(store), None) if store else None
 
 
 for _kind in WATCHED_CHILD_KINDS:

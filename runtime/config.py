@@ -177,11 +177,6 @@ class EngineConfig:
                 "speculative decoding runs with synchronous scheduling only (as vLLM v1's first "
                 "did): drop --async-scheduling, or --speculative-config"
             )
-        if spec is not None and self.parallel.tensor_parallel_size > 1:
-            raise ValueError(
-                "speculative decoding is not supported with tensor parallelism yet "
-                "(--tensor-parallel-size > 1): drop --speculative-config"
-            )
         option_rules.check_booleans(
             self, ("enable_cuda_graphs", "batch_invariant", "async_scheduling", "check_weights"),
             optional=("async_scheduling",),

@@ -73,7 +73,8 @@ _DSA_KV = "DeepSeek Sparse Attention writes its own cache rows, in the model's d
 _SHORT_CONV, _MAMBA1 = "short_conv layers", "mamba1 layers"  # (LFM2's, Mamba-1's: not run
 _DELTANET = "gated_deltanet layers"  # in the FP8 GEMM; split over ranks, as Gated DeltaNet's)
 
-# BERT's and RoBERTa's (model/bert.py): an encoder's attention runs outside the paged backend
+# BERT's, RoBERTa's (model/bert.py) and ModernBERT's (model/modernbert.py): an encoder's
+# attention runs outside the paged backend
 _ENCODER = Untested(
     tensor_parallel="its bidirectional attention is not split over ranks",
     fp8="not tested",
@@ -120,7 +121,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "aria_text": Untested(fp8_checkpoint="its stacked experts are not read in FP8"),
         "axk1": Untested(fp8="not tested"),
         "longcat_flash": Untested(fp8="not tested"),
-        **dict.fromkeys(("bert", "roberta"), _ENCODER),
+        **dict.fromkeys(("bert", "roberta", "modernbert"), _ENCODER),
         "llava": Untested(
             fp8="its vision tower and projector are not quantized",
             fp8_checkpoint="its vision tower and projector are not quantized",

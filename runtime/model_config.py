@@ -196,9 +196,19 @@ class FamilyConfig:
     # length it was trained to embed, below its position table's), which bounds the context
     # as vLLM bounds it; 0: none
     max_seq_length: int = 0
-    # a cross-encoder's one-label classifier head (`*ForSequenceClassification`: model/bert.py)
-    # and, where its pairs take token types, the [SEP] id after which a pair's type is 1
-    classifier: bool = False
+    # a sequence classifier's labels (`*ForSequenceClassification`: model/classifier_head.py;
+    # one: a cross-encoder's score); 0: none; and, where a cross-encoder's pairs take token
+    # types, the [SEP] id after which a pair's type is 1
+    num_labels: int = 0
+    # ModernBERT (model/modernbert.py): its local layers' keys either side of a query
+    # (`window_layers`; 0: none, every layer global), its classifier head's activation
+    encoder_window: int = 0
+    classifier_act: str = ""
+    # a decoder classifier's head made of its LM head's rows (model/classifier_config.py):
+    # their ids, and how ("from_2_way_softmax": the second less the first, Qwen3-Reranker's;
+    # "no_post_processing": the rows themselves); (): its `score` matrix
+    classifier_tokens: tuple[int, ...] = ()
+    classifier_method: str = ""
     sep_token_id: int = -1
     # BitNet b1.58 (model/bitnet.py, bitlinear.py): its projections' ternary weights stored packed
     # ("offline") or as master weights quantized at load ("online"); "": dense (no

@@ -10,6 +10,7 @@ the operator image has no torch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -84,6 +85,20 @@ def check_seconds(name: str, value: Any, low: float = 0.0, high: float = MAX_TIM
         raise ValueError(f"{name} must be a number of seconds in {low:g}..{high:g}, got "
                          f"{short_repr(value)}")  # fmt: skip
     return float(value)
+
+
+def json_object(name: str, value: Any, example: str) -> Mapping[str, Any]:
+    """A JSON-object flag's value (`--pooler-config`, `--hf-overrides`): its JSON text parsed,
+    or the mapping itself (`LLM(name={...})`); ValueError, one line naming `name` and showing
+    `example`, for text that is not JSON or a value that is not an object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name}: not JSON ({e})") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a JSON object, e.g. {example}")
+    return value
 
 
 def short_repr(value: Any) -> str:

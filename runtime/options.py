@@ -326,6 +326,10 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          "`LLM.embed`); auto: pooling when the checkpoint says so (a sentence-transformers "
          "Pooling module, or a bare decoder such as Qwen3Model; docs/runtime.md, Embeddings)",
          "auto", choices=RUNNERS),
+    Flag("--hf-overrides", "config.json keys replaced before the checkpoint is read, vLLM's "
+         'JSON, e.g. \'{"architectures": ["Qwen3ForSequenceClassification"], '
+         '"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}\' '
+         "(Qwen3-Reranker; docs/runtime.md, Score and rerank)", None, metavar="JSON"),
     Flag("--pooler-config", "the pooling runner's pooling, vLLM's JSON: "
          '\'{"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true, "dimensions": D}\' '
          "(default: the checkpoint's sentence-transformers pooling, else LAST, normalized)",

@@ -19,7 +19,8 @@ every pooling model): its attention reads the whole prompt from every row.
 Matryoshka models (config.json ``is_matryoshka`` / ``matryoshka_dimensions``, vLLM's names) may
 be asked for fewer ``dimensions``: the pooler config's (every request) or a request's own.
 
-Standard library only: `options` parses the flag's JSON with it.
+Standard library only (and `option_rules`, which is too: the flag's JSON is read by its
+`json_object`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pagoda.runtime.option_rules import json_object
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # the user's keys (vLLM's names); the rest of the fields come from the checkpoint
@@ -43,19 +46,32 @@ BARE_DECODERS = {
 }
 # config.json architectures of the encoders served (bidirectional attention, pooling runner
 # only: model/bert.py) -> `ModelConfig.architecture`
-ENCODERS = {"BertModel": "bert", "RobertaModel": "roberta", "XLMRobertaModel": "roberta"}
+ENCODERS = {"BertModel": "bert", "RobertaModel": "roberta", "XLMRobertaModel": "roberta",
+            "ModernBertModel": "modernbert"}  # fmt: skip
 # the cross-encoders served (an encoder with a one-label classifier head: a pair's score, the
 # score and rerank APIs only; model/bert.py)
 CROSS_ENCODERS = {"BertForSequenceClassification": "bert",
                   "RobertaForSequenceClassification": "roberta",
-                  "XLMRobertaForSequenceClassification": "roberta"}  # fmt: skip
+                  "XLMRobertaForSequenceClassification": "roberta",
+                  "ModernBertForSequenceClassification": "modernbert"}  # fmt: skip
 ENCODERS.update(CROSS_ENCODERS)
+# decoders served as sequence classifiers (a `score` head on the last token's row, or
+# Qwen3-Reranker's yes/no rows of its LM head: model/classifier_config.py) -> the generator's
+# architecture, whose family reads them
+DECODER_CLASSIFIERS = {
+    "Qwen3ForSequenceClassification": "Qwen3ForCausalLM",
+    "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
+    "LlamaForSequenceClassification": "LlamaForCausalLM",
+    "MistralForSequenceClassification": "MistralForCausalLM",
+    "GemmaForSequenceClassification": "GemmaForCausalLM",  # (bge-reranker-v2-gemma's)
+}
+# every sequence classifier served (the pooling runner; the head after pooling)
+CLASSIFIERS = {**CROSS_ENCODERS, **DECODER_CLASSIFIERS}
 # other encoder-only checkpoints: refused, by their architectures (the masked-LM heads'
-# checkpoints, ModernBERT's alternating local attention and rotary, DistilBERT's, MPNet's
+# checkpoints, DistilBERT's, MPNet's
 # relative buckets, DeBERTa's disentangled attention, ELECTRA's, Nomic's and Alibaba's GTE code)
 ENCODER_ONLY = frozenset({
-    "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "ModernBertModel",
-    "ModernBertForMaskedLM", "DistilBertModel", "MPNetModel", "DebertaV2Model", "ElectraModel",
+    "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "ModernBertForMaskedLM", "DistilBertModel", "MPNetModel", "DebertaV2Model", "ElectraModel",
     "NomicBertModel", "NewModel", "GteModel",
 })  # fmt: skip
 # sentence-transformers' 1_Pooling/config.json keys -> our pooling types
@@ -79,8 +95,13 @@ class PoolerConfig:
     dimensions: int | None = None
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
-    # the checkpoint's: a cross-encoder (`CROSS_ENCODERS`), whose one "vector" is a pair's score
+    # the checkpoint's: a sequence classifier (`CROSS_ENCODERS`), whose "vector" is its labels'
+    # probabilities (`model/classifier_head.py`): one label, a cross-encoder's pair score
     cross_encoder: bool = False
+    # a classifier's label names (config.json's id2label, in index order) and whether its labels
+    # are independent (problem_type multi_label_classification: sigmoid, else softmax)
+    labels: tuple[str, ...] = ()
+    multi_label: bool = False
     # set by `resolve` alone: the checkpoint's fields are in and `dimensions` is checked against
     # them (a user's config naming every key is not: its dimensions are still to check)
     checked: bool = dataclasses.field(default=False, compare=False, repr=False)
@@ -102,13 +123,7 @@ class PoolerConfig:
         None stays None. ValueError, one line, for anything else or unknown keys."""
         if value is None or isinstance(value, PoolerConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"pooler_config: not JSON ({e})") from None
-        if not isinstance(value, Mapping):
-            raise ValueError('pooler_config must be a JSON object, e.g. {"pooling_type": "MEAN"}')
+        value = json_object("pooler_config", value, '{"pooling_type": "MEAN"}')
         unknown = sorted(set(value) - set(USER_KEYS))
         if unknown:
             raise ValueError(f"pooler_config: unknown or unsupported key(s) {', '.join(unknown)} "
@@ -189,23 +204,25 @@ def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any] | None:
 def says_pooling(model_dir: Path, config_json: Mapping[str, Any]) -> bool:
     """Whether a checkpoint is an embedding model (`--runner auto`'s rule, module docstring)."""
     archs = config_json.get("architectures") or []
-    if any(a in BARE_DECODERS or a in ENCODERS for a in archs):
+    if any(a in BARE_DECODERS or a in ENCODERS or a in CLASSIFIERS for a in archs):
         return True
     return sentence_transformers_pooling(model_dir) is not None
 
 
 def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
-            hidden_size: int) -> tuple[str, PoolerConfig | None]:  # fmt: skip
+            hidden_size: int, config_json: Mapping[str, Any] | None = None,
+            ) -> tuple[str, PoolerConfig | None]:  # fmt: skip
     """The concrete runner (``generate`` / ``pooling``) and, for pooling, the pooler config:
     the checkpoint's (sentence-transformers layout, Matryoshka fields) under the user's keys.
     ValueError, one line, for a pooler config on a generating runner or bad dimensions. A config
     `resolve` made (`checked`: a second call, EngineCore's after `pagoda serve`'s) is its own
-    answer: no file is read again."""
+    answer: no file is read again. `config_json`: the checkpoint's config.json where the caller
+    read it already (`with_runner`); else it is read here."""
     if runner == "pooling" and pooler is not None and pooler.checked:
         return runner, pooler
     path = Path(model_path)
     model_dir = path if path.is_dir() else None
-    top = _config_json(path) or {}
+    top = (_config_json(path) or {}) if config_json is None else config_json
     if runner == "auto":
         runner = "pooling" if model_dir is not None and says_pooling(model_dir, top) else "generate"
     if runner == "generate":
@@ -213,6 +230,10 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
         if bare:
             raise ValueError(f"{bare[0]} is a bare decoder without an LM head (an embedding "
                              "model): serve it with --runner pooling")  # fmt: skip
+        classifier = [a for a in top.get("architectures") or [] if a in DECODER_CLASSIFIERS]
+        if classifier:
+            raise ValueError(f"{classifier[0]} is a sequence classifier (a score head, no LM "
+                             "head): serve it with --runner pooling")  # fmt: skip
         if (enc := encoder(top)) is not None:
             raise ValueError(f"{enc} is an encoder (bidirectional attention, no LM "
                              "head): it generates nothing; serve it with --runner pooling")  # fmt: skip
@@ -220,12 +241,16 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
             raise ValueError("pooler_config applies to the pooling runner only: add --runner "
                              "pooling, or drop --pooler-config")  # fmt: skip
         return runner, None
-    cross = any(a in CROSS_ENCODERS for a in top.get("architectures") or ())
+    cross = any(a in CLASSIFIERS for a in top.get("architectures") or ())
     if cross and pooler is not None:
-        raise ValueError("a cross-encoder's pooling is its classifier's (its first row's score): "
+        raise ValueError("a cross-encoder's pooling is its classifier's (its pooled row's score): "
                          "drop --pooler-config")  # fmt: skip
     fields: dict[str, Any] = {"pooling_type": "CLS" if encoder(top) else "LAST",
                               "normalize": not cross, "cross_encoder": cross}  # fmt: skip
+    if cross:
+        fields.update(classifier_fields(top))
+        if top.get("classifier_pooling") == "mean":  # (ModernBERT's head reads the mean)
+            fields["pooling_type"] = "MEAN"
     if model_dir is not None and not cross:
         fields.update(sentence_transformers_pooling(model_dir) or {})
     if pooler is not None:
@@ -241,16 +266,38 @@ def resolve(runner: str, pooler: PoolerConfig | None, model_path: str | Path,
     return runner, out
 
 
+def num_labels(top: Mapping[str, Any]) -> int:
+    """A sequence classifier's labels: config.json's `num_labels`, else its `id2label`'s
+    (transformers' default: 2); a head made of LM head rows (`classifier_from_token`): one
+    (Qwen3-Reranker's yes less no), or one per token (`method` no_post_processing)."""
+    tokens = top.get("classifier_from_token")
+    if tokens:
+        return len(tokens) if top.get("method") == "no_post_processing" else 1
+    return int(top.get("num_labels") or len(top.get("id2label") or ()) or 2)
+
+
+def classifier_fields(top: Mapping[str, Any]) -> dict[str, Any]:
+    """A sequence classifier's `labels` (id2label's names; LABEL_i where it names none) and
+    `multi_label` from its config.json."""
+    id2label = {int(k): str(v) for k, v in (top.get("id2label") or {}).items()}
+    labels = tuple(id2label.get(i, f"LABEL_{i}") for i in range(num_labels(top)))
+    return {
+        "labels": labels,
+        "multi_label": top.get("problem_type") == "multi_label_classification",
+    }
+
+
 def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
     """An `EngineConfig` with its runner resolved (`resolve`); itself when it was already.
     Pooling turns prefix caching off: a MEAN or CLS vector reads every prompt row, which a
     cached prefix would skip, and a pooled request's blocks are freed when it ends (LAST
     could reuse cached prefixes; one rule for every pooling type is kept instead). An encoder
     (`ENCODERS`) turns chunked prefill off too: its attention over the whole prompt needs the
-    prompt in one step."""
-    runner, pooler = resolve(config.runner, config.pooler_config, model_path, hidden_size)
+    prompt in one step. The checkpoint's config.json is read once, here, for both."""
+    top = _config_json(model_path) or {}
+    runner, pooler = resolve(config.runner, config.pooler_config, model_path, hidden_size, top)
     sched = config.scheduler
-    if sched.enable_chunked_prefill and encoder(_config_json(model_path) or {}) is not None:
+    if sched.enable_chunked_prefill and encoder(top) is not None:
         sched = dataclasses.replace(sched, enable_chunked_prefill=False,
                                     long_prefill_token_threshold=None)  # fmt: skip
         config = dataclasses.replace(config, scheduler=sched)
@@ -270,10 +317,10 @@ def with_runner(config: Any, model_path: str | Path, hidden_size: int) -> Any:
 
 def check_not_classifier(architectures: list[str]) -> None:
     """ValueError, one line, for a sequence-classification checkpoint (`*ForSequenceClassification`:
-    a cross-encoder reranker such as bge-reranker-v2-gemma or a classifier) other than the
-    cross-encoders served (`CROSS_ENCODERS`), which has no runner here."""
+    a cross-encoder reranker or a classifier) other than those served (`CLASSIFIERS`), which
+    has no runner here."""
     cls = [a for a in architectures
-           if a.endswith("ForSequenceClassification") and a not in CROSS_ENCODERS]  # fmt: skip
+           if a.endswith("ForSequenceClassification") and a not in CLASSIFIERS]  # fmt: skip
     if cls:
         raise ValueError(f"{cls[0]} is a sequence-classification model (a cross-encoder "
                          "reranker or classifier): not supported; Pagoda's pooling runner serves "

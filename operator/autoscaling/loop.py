@@ -4,7 +4,7 @@ Per InferenceService with `spec.autoscaling`: read the metrics (outside any lock
 slow), then under the per-object lock the reconciler also takes, read the Deployment, decide,
 patch `spec.replicas` (with a resourceVersion precondition, so a concurrent writer wins and we
 retry next interval), post an Event per scale, and write `status.autoscaling` and the
-`MetricsUnavailable` condition only when they changed. Alert-driven steps (alerts.py) go through
+`MetricsUnavailable` condition only when they changed (the writes: writes.py). Alert-driven steps (alerts.py) go through
 the same lock and history. The history, the learned correction, the burst floor's samples and the
 last scale up live in memory and go with each status write into `status.autoscaling.state`
 (memory.py), which the replica that takes over (or a restarted operator) reads back at its first
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import logging
 import math
 import time
@@ -41,10 +40,17 @@ from pagoda.operator.autoscaling.prometheus import (
     PrometheusSource,
     url_allowed,
 )
+from pagoda.operator.autoscaling.writes import (
+    CONDITION,
+    Writes,
+    autoscaling_status,
+    traffic_since,
+    wall_iso,
+)
 from pagoda.operator.autotune.mount import tuned_rates
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.locks import object_lock
-from pagoda.operator.kube.names import API_VERSION, KIND, now_iso, owned_by, workload_name
+from pagoda.operator.kube.names import API_VERSION, KIND, owned_by, workload_name
 from pagoda.operator.spec import status as status_mod
 from pagoda.operator.spec import validation
 from pagoda.operator.spec.fields import SpecError
@@ -55,7 +61,6 @@ if TYPE_CHECKING:
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
     from pagoda.operator.web.metrics import OperatorMetrics
 
-CONDITION = "MetricsUnavailable"
 log = logging.getLogger(__name__)
 
 
@@ -89,66 +94,6 @@ def next_tick(wall_s: float, interval_s: float, after: float | None = None) -> f
     return tick
 
 
-def _r(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # Kubernetes' timestamps (names.now_iso)
-
-
-def wall_iso(wall_s: float) -> str:
-    return datetime.datetime.fromtimestamp(wall_s, datetime.timezone.utc).strftime(TIME_FORMAT)
-
-
-def traffic_since(auto: Mapping[str, Any] | None, now: float, wall: float) -> float | None:
-    """`status.autoscaling.trafficSince` on the loop's clock (`now`, when the wall clock reads
-    `wall`); None when absent or unreadable (the service is then young from its next traffic)."""
-    raw = (auto or {}).get("trafficSince")
-    try:
-        then = datetime.datetime.strptime(str(raw), TIME_FORMAT)
-    except ValueError:
-        return None
-    age = wall - then.replace(tzinfo=datetime.timezone.utc).timestamp()
-    return now - max(0.0, age)
-
-
-def autoscaling_status(
-    old: Mapping[str, Any] | None,
-    decision: Decision,
-    metrics: Metrics | None,
-    ready: int,
-    scaled: tuple[str, str] | None = None,
-    since_iso: str | None = None,
-    state: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The whole `status.autoscaling` after a decision (pure). `scaled`: (reason, source);
-    `since_iso`: the first traffic, written once (a restart reads it back); `state`: the
-    autoscaler's memory (memory.dump)."""
-    new = dict(old or {})
-    if state is not None:
-        new["state"] = state
-    if since_iso is not None and not new.get("trafficSince"):
-        new["trafficSince"] = since_iso
-    new["desiredReplicas"] = decision.replicas
-    new["reason"] = decision.reason
-    if decision.recommendation is not None:
-        new["recommendation"] = decision.recommendation
-    if metrics is not None:  # metrics seen last; kept while unavailable (the condition says so)
-        seen = {
-            "ttftP95Seconds": _r(metrics.ttft_p95_s, 3),
-            "queuePerReplica": _r(decision.queue_per_replica, 2),
-            "kvCacheUsage": _r(metrics.kv_cache_usage, 3),
-            "ratio": _r(decision.ratio, 2),
-            "readyReplicas": ready,
-        }
-        new["metrics"] = {k: v for k, v in seen.items() if v is not None}
-    if scaled is not None:
-        new["lastScaleTime"] = now_iso()
-        new["lastScaleReason"] = scaled[0][:1024]
-        new["lastScaleSource"] = scaled[1]
-    return new
-
-
 class Autoscaler:
     def __init__(
         self,
@@ -170,6 +115,7 @@ class Autoscaler:
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self._offset = wall() - clock()  # monotonic → wall seconds (_wall_offset)
         self._states: dict[str, _State] = {}
+        self.writes = Writes(api, config, metrics)
 
     async def close(self) -> None:
         await self.source.close()
@@ -300,7 +246,7 @@ class Autoscaler:
         st = body.get("status") or {}
         if st.get("autoscaling") is not None or status_mod.condition(body, CONDITION):
             async with object_lock(meta["uid"]):
-                await self._clear_status(meta["namespace"], meta["name"], meta["uid"])
+                await self.writes.clear_status(meta["namespace"], meta["name"], meta["uid"])
 
     async def _read_metrics(
         self,
@@ -365,7 +311,9 @@ class Autoscaler:
         scaled = None
         if decision.replicas != current:
             text = f"{decision.reason}: {decision.message}"
-            if not await self._scale(fresh, deploy, current, decision.replicas, text, "metrics"):
+            if not await self.writes.scale(
+                fresh, deploy, current, decision.replicas, text, "metrics"
+            ):
                 return decision
             scaled = (text, "metrics")
             if decision.replicas > current:
@@ -448,46 +396,13 @@ class Autoscaler:
             if decision.replicas <= current:
                 return "AtMaxReplicas"
             text = f"AlertFiring: {req.alertname or 'alert'} fired; {decision.message}"
-            if not await self._scale(body, deploy, current, decision.replicas, text, "alert"):
+            if not await self.writes.scale(body, deploy, current, decision.replicas, text, "alert"):
                 return "Conflict"
             state.last_scale_up = now
             self.metrics.desired_replicas.labels(req.namespace, req.name).set(decision.replicas)
             logger.info("Autoscale %s/%s: %s", req.namespace, req.name, text)
             await self._write_status(body, decision, None, ready, (text, "alert"), None, state)
             return "ScaledUp"
-
-    # --- writes -----------------------------------------------------------------------------
-
-    async def _scale(
-        self,
-        body: Mapping[str, Any],
-        deploy: Mapping[str, Any],
-        current: int,
-        replicas: int,
-        reason: str,
-        source: str,
-    ) -> bool:
-        """Patch the Deployment's replicas; False if it changed under us (409)."""
-        meta = deploy["metadata"]
-        patch: dict[str, Any] = {"spec": {"replicas": replicas}}
-        if meta.get("resourceVersion"):
-            patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
-        try:
-            await self.api.patch(
-                deploy.get("kind") or "Deployment", meta["namespace"], meta["name"], patch
-            )
-        except ApiError as e:
-            if e.status == 409:
-                return False
-            raise
-        direction = "up" if replicas > current else "down"
-        self.metrics.scale_events.labels(meta["namespace"], meta["name"], direction, source).inc()
-        message = f"Scaled {direction} from {current} to {replicas} replicas ({source}): {reason}"
-        await self.api.try_post_event(
-            body, type_="Normal", reason=f"Scaled{direction.capitalize()}", message=message,
-            component=self.config.component_name,
-        )  # fmt: skip
-        return True
 
     async def _write_status(
         self,
@@ -499,48 +414,11 @@ class Autoscaler:
         unavailable: tuple[str, str] | None,
         state: _State,
     ) -> None:
-        """Patch status.autoscaling (the state with it) and MetricsUnavailable when they changed
-        (lock held)."""
-        meta = fresh["metadata"]
-        old = fresh.get("status") or {}
+        """status.autoscaling with the state (memory.dump) and the first traffic in wall-clock
+        time, and MetricsUnavailable, written where they changed (lock held)."""
         since = state.bursts.since
         since_iso = None if since is None else wall_iso(self.wall() - (self.clock() - since))
         saved = memory.dump(state.saved(), self._wall_offset())
-        new_auto = autoscaling_status(
-            old.get("autoscaling"), decision, metrics, ready, scaled, since_iso, saved
-        )
-        patch: dict[str, Any] = {}
-        if new_auto != old.get("autoscaling"):  # what changed, and null what went
-            patch["autoscaling"] = status_mod.merge_diff(old.get("autoscaling"), new_auto)
-        if scaled is None or scaled[1] == "metrics":  # alerts say nothing about availability
-            was = status_mod.condition(fresh, CONDITION)
-            conditions = status_mod.with_condition(
-                old.get("conditions"), CONDITION, unavailable is not None,
-                *(unavailable or ("MetricsAvailable", "")), meta.get("generation"),
-            )  # fmt: skip
-            if conditions != old.get("conditions"):
-                patch["conditions"] = conditions
-            if unavailable is not None and was.get("status") != "True":
-                await self.api.try_post_event(
-                    fresh, type_="Warning", reason=CONDITION,
-                    message=f"{unavailable[0]}: {unavailable[1]}; holding the replicas",
-                    component=self.config.component_name,
-                )  # fmt: skip
-        if patch:
-            await self.api.patch(
-                KIND, meta["namespace"], meta["name"], {"status": patch}, subresource="status"
-            )
-
-    async def _clear_status(self, ns: str, name: str, uid: str) -> None:
-        """Autoscaling was switched off: drop what the autoscaler wrote (lock held)."""
-        fresh = await self.api.get(KIND, ns, name)
-        if fresh is None or fresh["metadata"].get("uid") != uid:
-            return
-        st = fresh.get("status") or {}
-        patch: dict[str, Any] = {}
-        if st.get("autoscaling") is not None:
-            patch["autoscaling"] = None
-        if status_mod.condition(fresh, CONDITION):
-            patch["conditions"] = status_mod.without_condition(st.get("conditions"), CONDITION)
-        if patch:
-            await self.api.patch(KIND, ns, name, {"status": patch}, subresource="status")
+        old = (fresh.get("status") or {}).get("autoscaling")
+        new_auto = autoscaling_status(old, decision, metrics, ready, scaled, since_iso, saved)
+        await self.writes.status(fresh, new_auto, scaled, unavailable)

@@ -27,6 +27,7 @@ tuning Job alike) through `add_model_download`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.names import (
@@ -73,7 +74,7 @@ def download_container(
     args: list[str] | None = None,
 ) -> dict[str, Any]:
     """The init container that downloads the model (or finds it in a shared cache); with
-    `name`, `command` and `args`, another one alike (`adapter_container`)."""
+    `name`, `command` and `args`, another one alike (`links_container`)."""
     user = [dict(e) for e in spec.env]  # e.g. HF_ENDPOINT, proxies
     names = {e["name"] for e in user}
     env = [e for e in cache_env() if e["name"] not in names] + user
@@ -129,8 +130,16 @@ def add_cache_readers(pod_spec: dict[str, Any], readers: tuple[str, ...]) -> Non
             container["env"] = [*env, *added]
 
 
-LINKS_VOLUME = "adapters"
-ADAPTER_CONTAINER = "adapter-download"
+@dataclass(frozen=True)
+class Links:
+    """An init container running SCRIPT: each download into the cache, linked by name in the
+    pod's own emptyDir `volume`, mounted at `mount` (the container's too)."""
+
+    container: str
+    volume: str
+    mount: str
+
+
 # $1: the cache, $2: the links' folder, then NAME URI pairs. `pagoda download` prints the local
 # path on stdout; a failure exits 2 and leaves its termination message (set -e passes it on).
 # Backquotes, not $(...): the kubelet expands $(VAR) in a container's command.
@@ -142,30 +151,29 @@ while [ $# -gt 1 ]; do
   shift 2
 done
 """
+ADAPTER_LINKS = Links("adapter-download", "adapters", ADAPTERS_MOUNT)
+# An hf:// or s3:// draft model (spec.engine.speculative.model, method draftModel): fetched by
+# the `draft-download` init container as the adapters are (SCRIPT), its download linked at
+# DRAFT_MOUNT/DRAFT_LINK in the pod's own `draft-model` emptyDir: the path the server's
+# `--speculative-config` names (children/serve_args.py), whatever commit the download landed in.
+DRAFT_LINKS = Links("draft-download", "draft-model", DRAFT_MOUNT)
 
 
-def adapter_download_args(spec: InferenceServiceSpec) -> list[str]:
-    """The script's arguments: $0, the cache, the links' folder, NAME URI per remote adapter."""
-    # an hf:// branch as pinned (reconcile/model_pin.py): every replica fetches the same commit
-    pairs = [w for a in spec.adapters if a.remote for w in (a.name, a.source.pinned_uri)]
-    return [ADAPTER_CONTAINER, MODEL_CACHE_MOUNT, ADAPTERS_MOUNT, *pairs]
-
-
-def adapter_container(spec: InferenceServiceSpec) -> dict[str, Any]:
-    return _links_container(
-        spec, ADAPTER_CONTAINER, LINKS_VOLUME, ADAPTERS_MOUNT, adapter_download_args(spec)
-    )
-
-
-def _links_container(
-    spec: InferenceServiceSpec, name: str, volume: str, mount: str, args: list[str]
-) -> dict[str, Any]:
-    """An init container running SCRIPT: downloads into the cache, links in `volume`."""
+def links_container(spec: InferenceServiceSpec, links: Links, pairs: list[str]) -> dict[str, Any]:
+    """`links`' init container: SCRIPT's arguments ($0, the cache, the links' folder, then
+    `pairs`, NAME URI each) and the links' volume mounted."""
     limit = spec.model_cache.size_limit_bytes
     script = SCRIPT.format(limit=f" --download-size-limit {limit}" if limit else "")
-    container = download_container(spec, name, ("sh", "-c", script), args)
-    container["volumeMounts"].append({"name": volume, "mountPath": mount})
+    args = [links.container, MODEL_CACHE_MOUNT, links.mount, *pairs]
+    container = download_container(spec, links.container, ("sh", "-c", script), args)
+    container["volumeMounts"].append({"name": links.volume, "mountPath": links.mount})
     return container
+
+
+def adapter_pairs(spec: InferenceServiceSpec) -> list[str]:
+    """NAME URI per remote adapter; an hf:// branch as pinned (reconcile/model_pin.py): every
+    replica fetches the same commit."""
+    return [w for a in spec.adapters if a.remote for w in (a.name, a.source.pinned_uri)]
 
 
 def add_adapter_download(
@@ -176,40 +184,7 @@ def add_adapter_download(
     other), and to the containers in `readers` the cache read-only and the links. Nothing
     otherwise."""
     if any(a.remote for a in spec.adapters):
-        _add_links(pod_spec, spec, readers, adapter_container(spec))
-
-
-def _add_links(
-    pod_spec: dict[str, Any],
-    spec: InferenceServiceSpec,
-    readers: tuple[str, ...],
-    container: dict[str, Any],
-) -> None:
-    """`container` (a `_links_container`) after `model-download`, before any other init
-    container; its links' emptyDir, and the cache (unless the model's download added it)."""
-    links = container["volumeMounts"][-1]
-    volumes = pod_spec.setdefault("volumes", [])
-    if not any(v["name"] == VOLUME for v in volumes):
-        volumes.append(cache_volume(spec))
-        new_readers = readers  # the model's download has not mounted the cache for them
-    else:
-        new_readers = ()
-    volumes.append({"name": links["name"], "emptyDir": {}})
-    init = pod_spec.get("initContainers", [])
-    first = 1 if init and init[0]["name"] == INIT_CONTAINER else 0
-    pod_spec["initContainers"] = [*init[:first], container, *init[first:]]
-    add_cache_readers(pod_spec, new_readers)
-    for reader in (*pod_spec["initContainers"], *pod_spec.get("containers", [])):
-        if reader["name"] in readers:
-            reader.setdefault("volumeMounts", []).append({**links, "readOnly": True})
-
-
-# An hf:// or s3:// draft model (spec.engine.speculative.model, method draftModel): fetched by
-# the `draft-download` init container as the adapters are (SCRIPT), its download linked at
-# DRAFT_MOUNT/DRAFT_LINK in the pod's own `draft-model` emptyDir: the path the server's
-# `--speculative-config` names (children/serve_args.py), whatever commit the download landed in.
-DRAFT_CONTAINER = "draft-download"
-DRAFT_VOLUME = "draft-model"
+        _add_links(pod_spec, spec, readers, ADAPTER_LINKS, adapter_pairs(spec))
 
 
 def add_draft_download(
@@ -219,8 +194,33 @@ def add_draft_download(
     `model-download`), its links' emptyDir, the cache; to `readers` the cache read-only and the
     link. Nothing otherwise. An hf:// branch is fetched as pinned (reconcile/model_pin.py)."""
     draft = spec.engine.draft
-    if draft is None or not draft.remote:
-        return
-    args = [DRAFT_CONTAINER, MODEL_CACHE_MOUNT, DRAFT_MOUNT, DRAFT_LINK, draft.pinned_uri]
-    container = _links_container(spec, DRAFT_CONTAINER, DRAFT_VOLUME, DRAFT_MOUNT, args)
-    _add_links(pod_spec, spec, readers, container)
+    if draft is not None and draft.remote:
+        _add_links(pod_spec, spec, readers, DRAFT_LINKS, [DRAFT_LINK, draft.pinned_uri])
+
+
+def _add_links(
+    pod_spec: dict[str, Any],
+    spec: InferenceServiceSpec,
+    readers: tuple[str, ...],
+    links: Links,
+    pairs: list[str],
+) -> None:
+    """`links`' init container after `model-download`, before any other init container; its
+    emptyDir, and the cache (unless the model's download added it); to `readers` the cache
+    read-only and the links."""
+    volumes = pod_spec.setdefault("volumes", [])
+    if not any(v["name"] == VOLUME for v in volumes):
+        volumes.append(cache_volume(spec))
+        new_readers = readers  # the model's download has not mounted the cache for them
+    else:
+        new_readers = ()
+    volumes.append({"name": links.volume, "emptyDir": {}})
+    init = pod_spec.get("initContainers", [])
+    first = 1 if init and init[0]["name"] == INIT_CONTAINER else 0
+    container = links_container(spec, links, pairs)
+    pod_spec["initContainers"] = [*init[:first], container, *init[first:]]
+    add_cache_readers(pod_spec, new_readers)
+    mount = {"name": links.volume, "mountPath": links.mount, "readOnly": True}
+    for reader in (*pod_spec["initContainers"], *pod_spec.get("containers", [])):
+        if reader["name"] in readers:
+            reader.setdefault("volumeMounts", []).append(dict(mount))

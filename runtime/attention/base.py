@@ -69,6 +69,36 @@ class AttentionMetadata:
     # Backend-private, per-step tensors (masks, gather indices, split plans) built by `prepare`.
     aux: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_host(
+        cls,
+        qlens,
+        seq_lens,
+        num_decodes: int,
+        slots,
+        block_size: int,
+        to_device,
+        cu: torch.Tensor,
+        table: torch.Tensor,
+    ) -> AttentionMetadata:
+        """An eager step's metadata from its host arrays (NumPy: `qlens`, `seq_lens` [B],
+        `slots` [T] int64), `to_device` moving them, and the query starts (int32 [B + 1]) and
+        block tables already on the device (the model runner's steps and a draft model's)."""
+        return cls(
+            num_seqs=len(qlens),
+            num_decodes=num_decodes,
+            num_tokens=len(slots),
+            max_query_len=int(qlens.max()),
+            max_seq_len=int(seq_lens.max()),
+            query_start_loc=cu,
+            seq_lens=to_device(seq_lens.astype("int32")),
+            block_tables=table,
+            slot_mapping=to_device(slots),
+            block_size=block_size,
+            query_lens_host=qlens.tolist(),
+            seq_lens_host=seq_lens.tolist(),
+        )
+
 
 class AttentionBackend(ABC):
     """Writes the step's new K/V into the paged cache, then attends over it."""

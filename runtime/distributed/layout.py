@@ -59,6 +59,13 @@ class TPLayout:
         head = self.rank * num_kv_heads // self.size
         return head, head + 1
 
+    def qkv_rows(self, num_heads: int, num_kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
+        """This rank's [start, stop) rows of q, k and v (its query heads', its KV heads'), as
+        the stacked q/k/v layer and a LoRA adapter of it are cut."""
+        (q0, q1), (k0, k1) = self.heads(num_heads), self.kv_heads(num_kv_heads)
+        kv = (k0 * head_dim, k1 * head_dim)
+        return [(q0 * head_dim, q1 * head_dim), kv, kv]
+
     def local_heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
         """How many query and KV heads this rank computes (its attention backend's); all of
         them where there are fewer than ranks (a model without attention, Mamba's: its stand-in

@@ -8,9 +8,9 @@ loop that accepts requests and streams tokens. Two ways to run it:
   process; the step loop's host work and the API's per-token work no longer share a GIL.
   Commands go out as one message per loop iteration, each step's outputs come back as one.
 - `engine_process=False` (`--no-engine-process`; tests with fake cores): the core runs on a
-  thread of this process (PyTorch releases the GIL inside its kernels, so HTTP work overlaps
-  the model's). The thread owns the core exclusively; the event loop talks to it through an
-  inbox of commands (add, abort, call) and receives each step's outputs in one
+  thread of this process (`engine_thread.py`: PyTorch releases the GIL inside its kernels, so
+  HTTP work overlaps the model's). The thread owns the core exclusively; the event loop talks
+  to it through an inbox of commands (add, abort, call) and receives each step's outputs in one
   `loop.call_soon_threadsafe` batch.
 
 Either way each step's outputs are fanned out to per-request streams by the event loop, once
@@ -32,17 +32,14 @@ says.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pagoda.runtime.engine.admission import Admission, EngineUnavailableError
-from pagoda.runtime.engine.core_proc import first_step
-from pagoda.runtime.engine.deferred import Deferred, Parked
+from pagoda.runtime.engine.engine_thread import EngineThread
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
@@ -103,25 +100,19 @@ class AsyncEngine:
         self._log_level = log_level
         self._client: EngineProcClient | None = None  # engine_process: the child's end here
         self._spawned = engine_client
+        # else the engine thread (`engine_thread.py`), started by `preload` or `start`
+        self._thread = None if engine_process else EngineThread(core_factory, self)
         self.admission = Admission(max_queue_len, max_seqs_per_request, max_num_seqs, retry_after)
         self.observer = observer
         self.retry_after = retry_after
-        self._core: EngineCore | None = None  # the engine thread's; never touched elsewhere
         self.info: EngineInfo | None = None  # published once the model is loaded
         self.ready = False  # model loaded and one warm-up step done
         self.draining = False
         self.error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
         self._feed_pending = False
-        self._inbox: collections.deque[tuple] = collections.deque()
-        self._wake = threading.Event()
-        # the engine thread's adds and calls waiting on an adapter read (`engine/deferred.py`)
-        self._parked = Parked(self._wake.set)
-        self._stop = False
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._has_loop = threading.Event()  # set by `start` (or `stop`): the thread may call it
-        self._thread: threading.Thread | None = None
         self._started: asyncio.Future[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -130,10 +121,8 @@ class AsyncEngine:
         while the server imports and builds its app (`pagoda serve`); `start` then hands it
         the loop, and nothing reaches the loop before that. The core is built and stepped on
         this one thread, as without `preload`."""
-        if self.engine_process or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
-        self._thread.start()
+        if self._thread is not None:
+            self._thread.preload()
 
     def start(self) -> None:
         """Start the engine process or thread (it loads the model, warms up, then serves)."""
@@ -145,10 +134,8 @@ class AsyncEngine:
             self._client = self._spawned or EngineProcClient(self._log_level)
             self._client.start(self._loop, self._factory, self)
             return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
-            self._thread.start()
-        self._has_loop.set()
+        assert self._thread is not None
+        self._thread.start(self._loop)
 
     async def wait_started(self) -> None:
         """Return once ready; raise the load/warm-up error if the thread died first."""
@@ -159,15 +146,14 @@ class AsyncEngine:
     def alive(self) -> bool:
         if self._client is not None:
             return self.error is None and self._client.alive
-        return self.error is None and self._thread is not None and self._thread.is_alive()
+        return self.error is None and self._thread is not None and self._thread.alive
 
     @property
     def dead(self) -> bool:
         """The loop failed, or its thread or process ended without being asked to stop."""
         if self._client is not None:
             return self.error is not None or self._client.died
-        thread_gone = self._thread is not None and not self._thread.is_alive() and not self._stop
-        return self.error is not None or thread_gone
+        return self.error is not None or (self._thread is not None and self._thread.died)
 
     @property
     def num_in_flight(self) -> int:
@@ -183,19 +169,16 @@ class AsyncEngine:
         503, every stream fails, the server exits (`DrainingServer`)."""
         if self.error is None:
             self.error = exc
-        self._wake.set()  # the engine thread's next step raises it too
-        if self._loop is not None:
-            self._call_loop(self._fail_all, exc)
+        if self._thread is not None:
+            self._thread.wake()  # the engine thread's next step raises it too
+            if self._loop is not None:
+                self._thread.call_loop(self._fail_all, exc)
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop = True
         if self._client is not None:
             self._client.stop(timeout)
-            return
-        self._has_loop.set()  # a preloaded thread waiting for a loop that never came
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        elif self._thread is not None:
+            self._thread.stop(timeout)
 
     async def drain(self, timeout: float) -> int:
         """Refuse new requests, let in-flight ones finish for `timeout` s, abort the rest.
@@ -357,11 +340,10 @@ class AsyncEngine:
     def _post(self, cmd: tuple) -> None:
         if self._client is not None:
             self._client.post(cmd)
-            return
-        self._inbox.append(cmd)
-        self._wake.set()
+        elif self._thread is not None:
+            self._thread.post(cmd)
 
-    # -- event-loop callbacks (scheduled from the engine thread, or the process's messages) ---
+    # -- event-loop callbacks (scheduled by the engine thread, or the process's messages) -----
     def _record_stats(self, stats: EngineStats) -> None:
         """A step's stats (engine process: on the event loop; else on the engine thread)."""
         if self.observer is None:
@@ -416,108 +398,6 @@ class AsyncEngine:
         if self._started is not None and not self._started.done():
             self._started.set_result(None)
 
-    # -- the engine thread -------------------------------------------------------------------
-    def _call_loop(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._has_loop.wait()  # preloaded: the loop comes with `start`
-        if self._loop is None:  # stopped before it started
-            self._stop = True
-            return
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the event loop is closed: the server is going away
-            self._stop = True
-
-    def _run(self) -> None:
-        try:
-            self._core = core = self._factory()
-            self.info = EngineInfo.from_core(core)
-            self._warm_up(core)
-            self._call_loop(self._set_ready)
-            self._serve(core)
-        except BaseException as exc:
-            log.exception("engine loop died")
-            self.error = self.error or exc
-            self._call_loop(self._fail_all, exc)
-        finally:
-            if self._core is not None:  # stops a tensor-parallel group's other ranks
-                self._core.close()
-
-    def _warm_up(self, core: EngineCore) -> None:
-        """One real step, so the first client does not pay for lazy initialisation."""
-        first_step(core)
-        self._stats(core)
-
-    def _stats(self, core: EngineCore) -> None:
-        if self.observer is not None:
-            self._record_stats(core.stats())
-
-    def _serve(self, core: EngineCore) -> None:
-        while not self._stop:
-            self._wake.clear()
-            had_cmds = self._apply_inbox(core)
-            had_cmds = self._apply_parked(core) or had_cmds
-            if not core.has_unfinished_requests():
-                if had_cmds:
-                    self._stats(core)
-                self._wake.wait()
-                continue
-            outputs = core.step()
-            self._stats(core)
-            if outputs:
-                self._call_loop(self._dispatch, outputs)
-
-    def _apply_inbox(self, core: EngineCore) -> bool:
-        n = 0
-        while self._inbox:
-            cmd = self._inbox.popleft()
-            n += 1
-            kind = cmd[0]
-            if kind == "add":
-                lora = cmd[3].lora_request  # an adapter not in host memory: read meanwhile
-                try:
-                    read = None if lora is None else core.read_lora(lora)
-                except Exception as exc:  # this request only
-                    self._call_loop(self._fail, cmd[1], exc)
-                    continue
-                if read is None or read.done():
-                    self._add(core, cmd)
-                else:
-                    self._parked.add(cmd[1], (read,), cmd)
-            elif kind == "abort":
-                if not self._parked.drop(cmd[1]):
-                    core.abort_request(cmd[1])
-            elif kind == "call":
-                self._answer(cmd[2], lambda fn=cmd[1]: fn(core))
-        return n > 0
-
-    def _add(self, core: EngineCore, cmd: tuple) -> None:
-        _, rid, ids, params, bulk = cmd
-        try:  # validated, and this engine's own copy (`add_requests`)
-            core.add_request(rid, ids, params, checked=True, bulk=bulk)
-        except Exception as exc:  # this request only (a failed adapter read: its error)
-            self._call_loop(self._fail, rid, exc)
-
-    def _answer(self, fut: asyncio.Future[Any], call: Callable[[], Any]) -> None:
-        """Settle a call's future with its result or error; a `Deferred` one is parked."""
-        try:
-            result, exc = call(), None
-        except Exception as e:
-            result, exc = None, e
-        if isinstance(result, Deferred):
-            self._parked.add(fut, (result.wait,), result)
-            return
-        self._call_loop(_settle, fut, result, exc)
-
-    def _apply_parked(self, core: EngineCore) -> bool:
-        """The parked adds and calls whose adapter read is over; True if there was any."""
-        ready = self._parked.ready()
-        for key, item in ready:
-            if isinstance(item, Deferred):
-                self._answer(key, lambda d=item: d.finish(core))
-            else:
-                self._add(core, item)
-        return bool(ready)
-
 
 def _integrity_probe(core: EngineCore) -> dict[str, Any]:
     """`check_integrity`'s call (module level: it crosses to the engine process)."""
@@ -525,12 +405,3 @@ def _integrity_probe(core: EngineCore) -> dict[str, Any]:
 
     core.check_integrity()
     return msgspec.structs.asdict(core.stats())
-
-
-def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)

@@ -8,7 +8,7 @@
   read, a `Deferred`), in arrival order; the engine thread's loop is woken when one finishes.
 
 The engine process's loop (`core_proc.py`) keeps requests waiting on a read with those waiting
-on their grammar's compile (one wait for both); the engine thread's (`async_engine.py`) parks
+on their grammar's compile (one wait for both); the engine thread's (`engine_thread.py`) parks
 both kinds here.
 """
 

@@ -56,18 +56,15 @@ class EngineInfo:
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ParamError (field `prompt` or `max_tokens`) for a request that cannot run.
 
-        Like vLLM: a prompt must leave room for one token, and an explicit `max_tokens` must fit
-        in the context with the prompt (no silent capping); None means "whatever fits".
+        Like vLLM: a prompt must leave room for one token (a pooling runner's may fill the
+        context: `longest_prompt`), and an explicit `max_tokens` must fit in the context with
+        the prompt (no silent capping); None means "whatever fits".
         """
         n = len(prompt_token_ids)
         if n == 0:
             raise ParamError("prompt", "prompt must not be empty")
-        if n >= self.max_model_len:
-            raise ParamError(
-                "prompt",
-                f"prompt is {n} tokens; this model's maximum context length is "
-                f"{self.max_model_len} tokens, including at least one generated token",
-            )
+        if n > longest_prompt(self.max_model_len, self.runner):
+            raise ParamError("prompt", too_long(n, self.max_model_len, self.runner))
         vocab = self.vocab_size
         if not token_ids_in_range(prompt_token_ids, vocab):
             raise ParamError("prompt", f"prompt token ids must be integers in [0, {vocab})")
@@ -87,13 +84,32 @@ class EngineInfo:
                              f"[0, {vocab})")  # fmt: skip
         if bans_may_empty(params):  # the bans the params decide alone (bad words: the server's)
             check_bans_leave_tokens(params, self.tokenizer.eos_token_ids, vocab, ())
-        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+        pooled = self.runner == "pooling"  # (its one "token" is never generated)
+        if (
+            not pooled
+            and params.max_tokens is not None
+            and n + params.max_tokens > self.max_model_len
+        ):
             raise ParamError(
                 "max_tokens",
                 f"max_tokens is too large: this model's maximum context length is "
                 f"{self.max_model_len} tokens and the prompt has {n}, so at most "
                 f"{self.max_model_len - n} tokens can be generated, not {params.max_tokens}",
             )
+
+
+def longest_prompt(max_model_len: int, runner: str) -> int:
+    """The most prompt tokens a request may have: a generating runner's leave room for one
+    generated token (vLLM's rule); a pooling runner's generate nothing, so an encoder's prompt
+    may be its whole context (BERT's 512 of its 512 positions), as vLLM's are."""
+    return max_model_len if runner == "pooling" else max_model_len - 1
+
+
+def too_long(n: int, max_model_len: int, runner: str) -> str:
+    """The refusal of a prompt of `n` tokens past `longest_prompt` (one line)."""
+    room = "" if runner == "pooling" else ", including at least one generated token"
+    return (f"prompt is {n} tokens; this model's maximum context length is {max_model_len} "
+            f"tokens (max_model_len){room}")  # fmt: skip
 
 
 def not_generated(allowed: Sequence[int] | None, head_rows: int) -> bool:

@@ -14,9 +14,10 @@ from pagoda.runtime.engine import scoring
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
 from pagoda.runtime.engine.pooling import EmbeddingRequestOutput, PoolingParams, embed
-from pagoda.runtime.engine.scoring import ScoringRequestOutput
+from pagoda.runtime.engine.scoring import ClassificationRequestOutput, ScoringRequestOutput
 from pagoda.runtime.lora_config import LoRARequest
-from pagoda.runtime.model.loader import LoadedModel
+from pagoda.runtime.model.hf_overrides import overlay
+from pagoda.runtime.model.loader import LoadedModel, resolve_model_path
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.multimodal import chat_images
 from pagoda.runtime.multimodal import inputs as mm_inputs
@@ -64,6 +65,8 @@ class LLM:
             if "enable_cuda_graphs" in engine_args:
                 raise ValueError("give enforce_eager or enable_cuda_graphs, not both")
             engine_args["enable_cuda_graphs"] = not engine_args.pop("enforce_eager")
+        if "hf_overrides" in engine_args:  # config.json's keys replaced (an overlay directory)
+            model = str(overlay(resolve_model_path(model), engine_args.pop("hf_overrides")))
         self.engine = EngineCore(EngineConfig.create(model, **engine_args), loaded)
         self.config = self.engine.config  # with the context length resolved
         self.tokenizer = self.engine.tokenizer
@@ -198,7 +201,8 @@ class LLM:
             raise RuntimeError("this LLM is closed; create a new one")
         pc = self.engine.config.pooler_config
         if pc is not None and pc.cross_encoder:
-            raise ValueError("this model is a cross-encoder (a pair's score, no vector): use score")
+            raise ValueError("this model is a sequence classifier (no vector): use classify, or "
+                             "score for a cross-encoder of one label")  # fmt: skip
         params = _pooling_params(pooling_params, truncate_prompt_tokens)
         prompts = _prompt_list(prompts)
         bar = _progress(use_tqdm, len(prompts))
@@ -229,6 +233,27 @@ class LLM:
         bar = _progress(use_tqdm, len(data_1) + len(data_2))  # (each input embedded once)
         try:
             return scoring.score(self, data_1, data_2, params, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ClassificationRequestOutput]:
+        """vLLM's `LLM.classify` with a sequence classifier (`*ForSequenceClassification`):
+        each prompt's labels' probabilities, `.outputs.probs` (`engine/scoring.py`)."""
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new one")
+        params = _pooling_params(pooling_params, truncate_prompt_tokens)
+        prompts = _prompt_list(prompts)
+        bar = _progress(use_tqdm, len(prompts))
+        try:
+            return scoring.classify(self, prompts, params, bar)
         finally:
             if bar is not None:
                 bar.close()

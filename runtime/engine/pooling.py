@@ -28,7 +28,8 @@ def check_pooling(config: EngineConfig, model: ModelConfig) -> None:
     """ValueError, one line, for a pooling engine the runtime cannot build: a family that keeps
     a recurrent or per-sequence state (Mamba hybrids, RWKV, xLSTM, DeepSeek-V4's windows: their
     state slots are not prefill-only), or one whose model computes its own forward (the seam
-    that hands back final hidden states is `LlamaModel.forward`'s)."""
+    that hands back final hidden states is `LlamaModel.forward`'s), or a sequence classifier
+    over several ranks."""
     if config.runner != "pooling":
         return
     from pagoda.runtime.engine import recurrent
@@ -36,6 +37,9 @@ def check_pooling(config: EngineConfig, model: ModelConfig) -> None:
     from pagoda.runtime.model.registry import model_class
 
     arch = model.architecture
+    if model.family.num_labels and config.parallel.tensor_parallel_size > 1:
+        raise ValueError("tensor parallelism is not supported for a sequence classifier (its "
+                         "head reads whole rows on one rank): drop --tensor-parallel-size")  # fmt: skip
     if recurrent.keeps_state(model) or model.family.dsv4 is not None:
         raise ValueError(_REFUSED.format(arch, "a model that keeps per-sequence state beyond "
                                          "its KV cache"))  # fmt: skip
@@ -68,7 +72,8 @@ POOL_PARAMS = SamplingParams(max_tokens=1)
 class PoolingParams:
     """vLLM's `PoolingParams` fields served: `dimensions` (Matryoshka models: the vector's
     first that many components, normalized again when the pooler normalizes) and
-    `truncate_prompt_tokens` (keep the prompt's last k tokens; -1: the last max_model_len - 1)."""
+    `truncate_prompt_tokens` (keep the prompt's last k tokens; -1: the last max_model_len: a
+    pooled prompt may fill the context, `info.longest_prompt`)."""
 
     dimensions: int | None = None
     truncate_prompt_tokens: int | None = None
@@ -93,12 +98,12 @@ class EmbeddingRequestOutput:
 
 def truncated(ids: list[int], k: int | None, max_model_len: int) -> list[int]:
     """A prompt cut to its last `k` tokens (vLLM's `truncate_prompt_tokens`; -1: as many as the
-    model takes, max_model_len - 1); ValueError for k < -1 or 0."""
+    model takes, max_model_len: nothing is generated); ValueError for k < -1 or 0."""
     if k is None:
         return ids
     if isinstance(k, bool) or not isinstance(k, int) or k == 0 or k < -1:
         raise ValueError(f"truncate_prompt_tokens must be -1 or a positive integer, got {k!r}")
-    k = max_model_len - 1 if k == -1 else k
+    k = max_model_len if k == -1 else k
     return ids[-k:] if len(ids) > k else ids
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pagoda.runtime.engine import recurrent
-from pagoda.runtime.engine.info import not_generated, token_ids_in_range
+from pagoda.runtime.engine.info import longest_prompt, not_generated, token_ids_in_range, too_long
 from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.model import longrope
 from pagoda.runtime.multimodal import inputs as mm_inputs
@@ -33,11 +33,9 @@ def validate(
     params = params.validated()
     if len(prompt_token_ids) == 0:
         raise ValueError("prompt must not be empty")
-    if len(prompt_token_ids) >= core.max_model_len:
-        raise ValueError(
-            f"prompt is {len(prompt_token_ids)} tokens, more than max_model_len allows "
-            f"({core.max_model_len} including at least one generated token)"
-        )
+    runner = getattr(getattr(core, "config", None), "runner", "generate")
+    if len(prompt_token_ids) > longest_prompt(core.max_model_len, runner):
+        raise ValueError(too_long(len(prompt_token_ids), core.max_model_len, runner))
     mc = core.model_config
     vocab = mc.vocab_size
     if not token_ids_in_range(prompt_token_ids, vocab):

@@ -5,7 +5,8 @@ outputs have vLLM's `.outputs.score` (`ScoringRequestOutput`).
 
 Every input is embedded once, all of one call together (`pooling.embed`; the server's
 `server/score.py` adds them as one batch too): a single first text (1:N) is pooled once, not
-once per pair. numpy only (the API server's process reads this module).
+once per pair. numpy only (the API server's process reads this module). A sequence classifier's
+`LLM.classify` (`classify`: its labels' probabilities, vLLM's `ClassificationRequestOutput`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ def cross_scores(llm: Any, data_1: list, data_2: list, pairs: list[tuple[int, in
                  params: PoolingParams | None, bar: Any) -> list[ScoringRequestOutput]:  # fmt: skip
     """A cross-encoder's scores: each pair's texts encoded together (`Tokenizer.encode_pair`)
     as one prompt, all pooled together; its one output is the pair's score."""
+    if len(llm.engine.config.pooler_config.labels) != 1:
+        raise ValueError(f"this model is a classifier of "
+                         f"{len(llm.engine.config.pooler_config.labels)} labels: a pair's score "
+                         "needs one label (use classify)")  # fmt: skip
     if params is not None and params != PoolingParams():
         raise ValueError("a cross-encoder takes no pooling params (dimensions, "
                          "truncate_prompt_tokens): its pairs are scored whole")  # fmt: skip
@@ -98,3 +103,37 @@ def cross_scores(llm: Any, data_1: list, data_2: list, pairs: list[tuple[int, in
     scored = embed(llm, prompts, None, bar)
     return [ScoringRequestOutput(o.request_id, o.prompt_token_ids,
                                  ScoringOutput(float(o.outputs.embedding[0]))) for o in scored]  # fmt: skip
+
+
+@dataclass
+class ClassificationOutput:
+    """vLLM's: the labels' probabilities (softmax, or sigmoid for one label or a multi-label
+    classifier: `model/classifier_head.activate`)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ClassificationOutput
+    finished: bool = True
+
+
+def classify(llm: Any, prompts: list, params: PoolingParams | None,
+             bar: Any) -> list[ClassificationRequestOutput]:  # fmt: skip
+    """`LLM.classify`'s work: every prompt pooled together through the classifier's head."""
+    pc = llm.engine.config.pooler_config
+    if pc is None or not pc.cross_encoder:
+        raise ValueError("classify needs a sequence-classification model "
+                         "(*ForSequenceClassification); this one embeds: use embed")  # fmt: skip
+    if params is not None and params.dimensions is not None:
+        raise ValueError("dimensions applies to Matryoshka embedding models, not a classifier")
+    return [ClassificationRequestOutput(o.request_id, o.prompt_token_ids,
+                                        ClassificationOutput(o.outputs.embedding))
+            for o in embed(llm, prompts, params, bar)]  # fmt: skip

@@ -21,14 +21,15 @@ _SPEC_STATE = (
 )
 
 
-def check_speculative(config: EngineConfig, model: ModelConfig) -> None:
+def check_speculative(config: EngineConfig, model: ModelConfig) -> ModelConfig | None:
     """ValueError, one line, where speculative decoding is asked for a model whose layers keep
     a recurrent state (Mamba hybrids, RWKV, xLSTM, RecurrentGemma) or per-sequence windows
     (DeepSeek-V4): rejected drafts would stay in that state. The same for a draft model, which
-    must also fit the target (`spec.draft_model.check_draft`; its path read here)."""
+    must also fit the target (`spec.draft_model.check_draft`; its path read here, its config
+    returned for the start-up's fit and memory checks; None without a draft model)."""
     spec = config.speculative_config
     if spec is None:
-        return
+        return None
     draft = None if spec.draft_model is None else read_draft_config(spec.draft_model)
     for mc in (model,) if draft is None else (model, draft):
         if recurrent.keeps_state(mc) or mc.family.dsv4 is not None:
@@ -36,6 +37,7 @@ def check_speculative(config: EngineConfig, model: ModelConfig) -> None:
     if draft is not None:
         check_draft(config, model, draft)
         check_dtype(config, draft)
+    return draft
 
 
 def read_draft_config(path: str) -> ModelConfig:

@@ -66,9 +66,7 @@ def shards(mc: ModelConfig, lay: TPLayout | None) -> dict[str, tuple[list, int, 
             out[first] = ([(first, shapes[first][1])], hi - lo, Shard(cols=(lo, hi)))
         else:  # column-parallel: A whole, each part's rows of B
             if first == "q_proj":
-                d = mc.head_dim
-                q, kv = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
-                rows = [(q[0] * d, q[1] * d), (kv[0] * d, kv[1] * d), (kv[0] * d, kv[1] * d)]
+                rows = lay.qkv_rows(mc.num_heads, mc.num_kv_heads, mc.head_dim)
             else:
                 rows = [lay.even(shapes[n][1]) for n in names]
             parts = [(n, hi - lo) for n, (lo, hi) in zip(names, rows)]

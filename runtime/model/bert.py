@@ -11,6 +11,8 @@ every row of the same prompt (`bidirectional`). It reads the step's own q/k/v, n
 KV cache, and writes nothing to it: the engine schedules each encoder prompt whole in one step
 (`pooler_config.with_runner`: no chunked prefill, no prefix caching), so the step's rows of a
 request are its whole prompt. There is no final norm; the pooler reads the last layer's rows.
+A sequence classifier's head (`*ForSequenceClassification`, any number of labels) is a
+`ClassifierHead` the pooler runs on the pooled CLS row: dense, tanh, out.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.model.bert_config import EMBED_NORM, HEAD_DENSE, HEAD_OUT, TOKEN_TYPES
+from pagoda.runtime.model.classifier_head import ClassifierHead
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, Step
 from pagoda.runtime.model.positions import LearnedPositionsModel, OptLayer
@@ -27,6 +30,8 @@ from pagoda.runtime.model.starcoder2 import layer_norm
 
 # `meta.aux`: the step's padded layout (`padded_rows`), built by the first layer, read by all
 PADDED = "encoder_padded_rows"
+# `meta.aux`: (BAND, window) -> a local layer's key mask (`_band`), read by every such layer
+BAND = "encoder_band"
 
 
 def padded_rows(meta: AttentionMetadata, device: torch.device):
@@ -45,10 +50,12 @@ def padded_rows(meta: AttentionMetadata, device: torch.device):
             torch.from_numpy(keys).to(device, non_blocking=True)[:, None, None, :])  # fmt: skip
 
 
-def bidirectional(qkv: torch.Tensor, ctx: LayerContext, meta: AttentionMetadata) -> torch.Tensor:
+def bidirectional(qkv: torch.Tensor, ctx: LayerContext, meta: AttentionMetadata,
+                  window: int | None = None) -> torch.Tensor:  # fmt: skip
     """Attention [T, heads * D] of the packed q/k/v rows `qkv` [T, 3 * heads * D], each
     sequence's rows over all of its own rows (no causal mask), in one SDPA call over the
-    sequences padded to the longest (`padded_rows`; padded keys masked out)."""
+    sequences padded to the longest (`padded_rows`; padded keys masked out); with `window`
+    (ModernBERT's local layers), over those within `window` positions either side."""
     h, d = ctx.num_heads, ctx.head_dim
     if PADDED not in meta.aux:
         meta.aux[PADDED] = padded_rows(meta, qkv.device)
@@ -59,9 +66,21 @@ def bidirectional(qkv: torch.Tensor, ctx: LayerContext, meta: AttentionMetadata)
         rows, mask = layout
         x = qkv.new_zeros(b * mask.shape[-1], qkv.shape[1]).index_copy_(0, rows, qkv)
     q, k, v = x.view(b, -1, 3, h, d).permute(2, 0, 3, 1, 4)  # each [B, heads, L, D]
+    if window is not None:
+        band = _band(meta, q.shape[2], window, qkv.device)
+        mask = band if mask is None else mask & band
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     out = out.transpose(1, 2).reshape(-1, h * d)
     return out if layout is None else out.index_select(0, layout[0])
+
+
+def _band(meta: AttentionMetadata, length: int, window: int, device: torch.device) -> torch.Tensor:
+    """bool [L, L]: the keys within `window` positions of each query (made once a step)."""
+    key = (BAND, window)
+    if key not in meta.aux:
+        pos = torch.arange(length, device=device)
+        meta.aux[key] = (pos[None, :] - pos[:, None]).abs() <= window
+    return meta.aux[key]
 
 
 class EncoderLayer(OptLayer):
@@ -85,10 +104,11 @@ class BertModel(LearnedPositionsModel):
         else:  # every token segment 0: its row folded into the position table
             self.positions_table = self.positions_table + w[TOKEN_TYPES][0]
         self.embed_norm = self.read_norm(w, EMBED_NORM)
-        self.head = None
-        if f.classifier:  # dense -> tanh -> one logit (`bert_config`'s HEAD_DENSE, HEAD_OUT)
-            self.head = tuple(ctx.linear(w[n], w[n[: -len("weight")] + "bias"])
-                              for n in (HEAD_DENSE, HEAD_OUT))  # fmt: skip
+        self.classifier_head = None
+        if f.num_labels:  # dense -> tanh -> out (`bert_config`'s HEAD_DENSE, HEAD_OUT)
+            self.classifier_head = ClassifierHead([
+                ("linear", w[HEAD_DENSE], w[_bias(HEAD_DENSE)]), ("act", "tanh"),
+                ("linear", w[HEAD_OUT], w[_bias(HEAD_OUT)])])  # fmt: skip
 
     def input_embeddings(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = super().input_embeddings(input_ids, positions)
@@ -97,17 +117,9 @@ class BertModel(LearnedPositionsModel):
                                 self.token_types)  # fmt: skip
         return layer_norm(x=h, weight=self.embed_norm, eps=self.config.rms_norm_eps)
 
-    def final_hidden(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        """The rows' last hidden states; a cross-encoder's: its score, sigmoid(out(tanh(dense(x))))
-        [N, 1] (sentence-transformers' CrossEncoder's and vLLM's for one label)."""
-        x = super().final_hidden(h, residual)
-        if self.head is None:
-            return x
-        dense, out = self.head
-        return torch.sigmoid(out(torch.tanh(dense(x))))
 
-    def linears(self):
-        return super().linears() + ([] if self.head is None else list(self.head))
+def _bias(weight: str) -> str:
+    return weight[: -len("weight")] + "bias"
 
 
 def pair_types(input_ids: torch.Tensor, positions: torch.Tensor, sep: int) -> torch.Tensor:

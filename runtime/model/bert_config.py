@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from pagoda.runtime.model.template_files import read_json_object
+from pagoda.runtime.pooler_config import num_labels
 
 TOKEN_TYPES = "model.embed_token_types.weight"
-# a cross-encoder's head (`*ForSequenceClassification`, one label): BERT's pooler dense and
+# a sequence classifier's head (`*ForSequenceClassification`): BERT's pooler dense and
 # classifier, RoBERTa's classifier.dense and out_proj, both dense -> tanh -> out
 HEAD_DENSE, HEAD_OUT = "model.head_dense.weight", "model.head_out.weight"
 # the key `hf_loader` puts a BERT cross-encoder's [SEP] id under (`read_side_files`)
@@ -82,16 +83,13 @@ def fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     classifier = any(
         a.endswith("ForSequenceClassification") for a in cfg.get("architectures") or ()
     )
-    labels = int(cfg.get("num_labels") or len(cfg.get("id2label") or {0: 0}))
-    if classifier and labels != 1:
-        raise ValueError(f"a {arch} sequence classifier with {labels} labels is not supported: "
-                         "cross-encoders of one label (a pair's score) only")  # fmt: skip
+    labels = num_labels(cfg) if classifier else 0
     typed = _typed_classifier(cfg)  # (a pair's second text: type 1)
     if typed and cfg.get(SEP_TOKEN) is None:
         raise ValueError(f"a {arch} cross-encoder with token types needs tokenizer.json's [SEP] "
                          "token (its pairs' second text starts after it)")  # fmt: skip
     return {"positions": "learned", "position_offset": offset(cfg, arch), "gated_mlp": False,
-            "classifier": classifier, "sep_token_id": int(cfg[SEP_TOKEN]) if typed else -1,
+            "num_labels": labels, "sep_token_id": int(cfg[SEP_TOKEN]) if typed else -1,
             "layer_norm_bias": True, "post_norm": True,
             "type_vocab_size": int(cfg["type_vocab_size"]),
             "max_seq_length": int(cfg.get(MAX_SEQ_LENGTH) or 0)}  # fmt: skip
@@ -156,7 +154,7 @@ def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     LayerNorms' biases are added by the caller)."""
     out[EMBED_NORM] = (c.hidden_size,)
     out[TOKEN_TYPES] = (c.family.type_vocab_size, c.hidden_size)
-    if c.family.classifier:
-        h = c.hidden_size
-        out.update({HEAD_DENSE: (h, h), HEAD_DENSE[:-6] + "bias": (h,), HEAD_OUT: (1, h),
-                    HEAD_OUT[:-6] + "bias": (1,)})  # fmt: skip
+    if c.family.num_labels:
+        h, n = c.hidden_size, c.family.num_labels
+        out.update({HEAD_DENSE: (h, h), HEAD_DENSE[:-6] + "bias": (h,), HEAD_OUT: (n, h),
+                    HEAD_OUT[:-6] + "bias": (n,)})  # fmt: skip

@@ -12,9 +12,11 @@ from pagoda.runtime.model import (
     bailing_hybrid_config,
     bert_config,
     bitnet_config,
+    classifier_config,
     glm5_next_config,
     kimi_linear_config,
     mamba_config,
+    modernbert_config,
     moe_families,
     moe_names,
     olmo_hybrid_config,
@@ -26,7 +28,8 @@ FP8_DTYPES = ("F8_E4M3",)
 # what a family changes in the tensors `expected_shapes` lists (its *_config.py's
 # `checkpoint_shapes`), (c, out) -> None
 _FAMILY_SHAPES = {**moe_families.CHECKPOINT_SHAPES, **mamba_config.CHECKPOINT_SHAPES,
-                  **dict.fromkeys(("bert", "roberta"), bert_config.checkpoint_shapes)}  # fmt: skip
+                  **dict.fromkeys(("bert", "roberta"), bert_config.checkpoint_shapes),
+                  "modernbert": modernbert_config.checkpoint_shapes}  # fmt: skip
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -217,7 +220,10 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
     if (family := _FAMILY_SHAPES.get(c.architecture)) is not None:
-        family(c, out)  # (Dory's, Aria's, Zaya's, Inkling's, ...: their *_config.py)
+        family(c, out)
+    classifier_config.checkpoint_shapes(
+        c, out
+    )  # (a decoder classifier's `score`)  # (Dory's, Aria's, Zaya's, Inkling's, ...: their *_config.py)
     if c.architecture == "ctrl":  # its head's bias (model/positions.py)
         out["lm_head.bias"] = (c.vocab_size,)
     if c.family.kolibri11 is not None:  # Kolibri 1.1's KV-shared layers: q alone (kolibri1.py)

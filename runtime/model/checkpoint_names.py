@@ -52,6 +52,10 @@ LISTINGS: dict[str, Listing] = {
     **_RENAMED,  # (GraniteMoeSWA's experts, Kolibri's norms, ...)
     "hy_v4": Listing("hy_v4_config", "rename_weights"),  # transformers' renames
     **dict.fromkeys(("bert", "roberta"), Listing("bert_config", "rename_weights")),
+    # its names renamed, Wqkv and Wi split (model/modernbert_config.py)
+    "modernbert": Listing(
+        "modernbert_config", "read_checkpoint_names", config=True, estimate=False
+    ),
     "deepseek_v4": Listing("dsv4_config", "rename_canonical", estimate=False),  # (`canonical`)
     "kimi_linear": Listing("kimi_linear_config", "rename_mlps", estimate=False),
     "inkling2": Listing("inkling2_config", "rename"),  # the published names

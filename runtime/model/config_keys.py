@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.model import inkling2_config, inkling_config, longcat_flash_config
+from pagoda.runtime.model import (
+    inkling2_config,
+    inkling_config,
+    longcat_flash_config,
+    modernbert_config,
+)
 
 # older config.json keys a family's config class reads as another (its `attribute_map`, or an
 # init argument it renames)
@@ -55,6 +60,7 @@ ALIASES["kolibri1_1"] = {"mlp_only_intermediate_size": "intermediate_size"}  # (
 ALIASES["longcat_flash"] = longcat_flash_config.ALIASES  # LongcatFlashConfig's attribute_map
 ALIASES["inkling"] = inkling_config.ALIASES  # InklingTextConfig's attribute_map
 ALIASES["inkling2"] = inkling2_config.ALIASES  # Inkling2TextConfig's
+ALIASES["modernbert"] = modernbert_config.ALIASES  # (older configs' global_rope_theta)
 # families whose config classes read only the older keys (the newer are their attribute_map's
 # names, or unknown extras config.json may carry): the older key wins where both are set
 OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "dbrx", "gpt_neo", "xglm", "kolibri1_1",

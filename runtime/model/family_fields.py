@@ -12,6 +12,7 @@ from typing import Any
 from pagoda.runtime.model import (
     bert_config,
     hy_v4_config,
+    modernbert_config,
     moe_families,
     positions_config,
     ungated_config,
@@ -341,6 +342,7 @@ def _hybrid(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 FIELDS: dict[str, Fields] = {
     **positions_config.FIELDS,  # learned or sinusoidal position tables, ALiBi
     **bert_config.FIELDS,  # BERT's, RoBERTa's: post-norm encoders (model/bert.py)
+    **modernbert_config.FIELDS,  # ModernBERT's: local and global layers (model/modernbert.py)
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     **dict.fromkeys(

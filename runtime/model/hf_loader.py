@@ -21,6 +21,7 @@ from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import (
     bpe_files,
     checkpoint_names,
+    classifier_config,
     config_keys,
     family_fields,
     moe_families,
@@ -127,6 +128,7 @@ def _family(
     }
     if arch in family_fields.FIELDS:  # what the family sets (model/family_fields.py)
         fields.update(family_fields.FIELDS[arch](cfg, arch, n, window, layers, scaling))
+    fields.update(classifier_config.family_fields(cfg))  # (a decoder's `score` head)
     gated = fields.get("gated_mlp", True)  # (ungated experts: the family's own, Ergo's)
     if fields.get("num_experts") and gated and fields["hidden_act"] != "silu":  # fused MoE's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
@@ -170,10 +172,12 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     cfg = {**DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in NULLABLE.get(arch, ())}}  # fmt: skip
     cfg = config_keys.derived(cfg, arch)
-    if model_dir is not None and arch in ("bert", "roberta"):  # sentence-transformers' length
+    if model_dir is not None and arch in ("bert", "roberta", "modernbert"):  # (s-t's length)
         from pagoda.runtime.model.bert_config import read_side_files
 
         cfg.update(read_side_files(model_dir, cfg))
+    if model_dir is not None:  # a decoder classifier's tokens (Qwen3-Reranker's "no", "yes")
+        cfg.update(classifier_config.read_side_files(model_dir, cfg))
     if arch == "gpt_oss" and not cfg.get("rope_scaling") and not cfg.get("rope_parameters"):
         cfg["rope_scaling"] = dict(GPT_OSS_ROPE)
     if arch in DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):

@@ -21,10 +21,11 @@ from pagoda.runtime.model import lfm2_config as lfm2
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model import mellum_config as mellum
+from pagoda.runtime.model import modernbert_config as modernbert
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model import qwen3_next_config as qwen3_next
 from pagoda.runtime.model import zaya_config as zaya
-from pagoda.runtime.pooler_config import BARE_DECODERS, ENCODERS
+from pagoda.runtime.pooler_config import BARE_DECODERS, DECODER_CLASSIFIERS, ENCODERS
 
 # `architectures` in config.json -> `ModelConfig.architecture`
 HF_ARCHITECTURES = {
@@ -122,6 +123,8 @@ HF_ARCHITECTURES = {
 # bare decoders (no LM head): embedding checkpoints, served by the pooling runner only
 # (e5-mistral's MistralModel; `pooler_config.py`)
 HF_ARCHITECTURES.update({a: HF_ARCHITECTURES[c] for a, c in BARE_DECODERS.items()})
+# decoders served as sequence classifiers (pooling runner only: `model/classifier_config.py`)
+HF_ARCHITECTURES.update({a: HF_ARCHITECTURES[c] for a, c in DECODER_CLASSIFIERS.items()})
 # encoders (bidirectional attention: BERT, RoBERTa, XLM-RoBERTa), served by the pooling runner
 # only (model/bert.py)
 HF_ARCHITECTURES.update(ENCODERS)
@@ -388,6 +391,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
     **bert.DEFAULTS,  # BertConfig's, RobertaConfig's
+    **modernbert.DEFAULTS,  # ModernBertConfig's
     **gemma4.DEFAULTS,
     **gemma3n.DEFAULTS,
 }  # fmt: skip
@@ -428,7 +432,7 @@ EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer
 EPS.update(mpt="layer_norm_epsilon", gpt_neo="layer_norm_epsilon", **moe_families.EPS)
 EPS.update(xglm="_layer_norm_eps", openai_gpt="layer_norm_epsilon", biogpt="_layer_norm_eps")
 EPS.update(ctrl="layer_norm_epsilon", gpt_neox_japanese="layer_norm_eps")
-EPS.update(bert="layer_norm_eps", roberta="layer_norm_eps")
+EPS.update(bert="layer_norm_eps", roberta="layer_norm_eps", modernbert="norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {
@@ -479,7 +483,8 @@ PROPORTIONAL_ROTARY = ("lfm3",)
 # the layer kind whose `rope_parameters` (keyed by kind) the model's rotary is read from: the
 # full-attention layers' (Gemma 3's, ...), the sliding layers' (Gemma 4's and 3n's: their full
 # layers' in gemma4_config), Zaya's "hybrid" layers' (`zaya_config`)
-ROPE_KIND = {**dict.fromkeys(("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory", "cohere_compass"),
+ROPE_KIND = {**dict.fromkeys(("gemma3", "olmo3", "laguna", "lfm3", "mellum", "dory", "cohere_compass",
+                              "modernbert"),
                              "full_attention"),
              **dict.fromkeys(("gemma4", "gemma4_unified", "gemma3n"), "sliding_attention"),
              "zaya": "hybrid"}  # fmt: skip

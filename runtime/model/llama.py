@@ -37,6 +37,7 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model import longrope
+from pagoda.runtime.model.classifier_head import decoder_head
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import (
@@ -344,6 +345,8 @@ class LlamaModel:
             self.embed = _lookup_table(embed, w.quantized([EMBED]), self.lm_head, head == EMBED)
         self.rope_caches = self.build_rope_caches(max_positions)
         self.read_model_tensors(w, ctx)
+        if getattr(self, "classifier_head", None) is None:  # (an encoder's reads its own)
+            self.classifier_head = decoder_head(w, config.family, head)
         # longrope: the tables of two halves (short, long), and the context that picks one
         original = longrope.original_context(config.rope_scaling)  # (Gemma 3's local: never)
         self.long_rope = {} if original is None else {"global": (original, max_positions)}
@@ -456,6 +459,12 @@ class LlamaModel:
         runner allocates each one's cache with it): the model's, or one of another shape
         (Gemma 4's full-attention layers)."""
         return [self.backend] * self.config.num_kv_layers
+
+    @property
+    def attention_backends(self) -> list[AttentionBackend]:
+        """Each distinct backend among the model's and `kv_backends` (each plans a step:
+        `AttentionBackend.prepare`), once."""
+        return list({id(b): b for b in (self.backend, *self.kv_backends)}.values())
 
     def sequence_state(self, num_slots: int):
         """The per-sequence state the model keeps beyond its KV blocks, ``num_slots`` of it (the

@@ -129,10 +129,7 @@ def qkv_linear(
     """q, k and v stacked: this rank's query heads and its KV heads (shared or replicated)."""
     if ctx.tp is None:
         return column_linear(ctx, w, names)
-    lay, d = ctx.tp.layout, c.head_dim
-    q = lay.heads(c.num_heads)
-    kv = lay.kv_heads(c.num_kv_heads)
-    rows = [(q[0] * d, q[1] * d), (kv[0] * d, kv[1] * d), (kv[0] * d, kv[1] * d)]
+    rows = ctx.tp.layout.qkv_rows(c.num_heads, c.num_kv_heads, c.head_dim)
     return column_linear(ctx, w, names, rows)
 
 

@@ -128,6 +128,7 @@ MODEL_CLASSES = {
     "mpt": ("bloom", "MptModel"),  # ALiBi, LayerNorms without biases, clip_qkv
     "bert": ("bert", "BertModel"),  # an encoder: bidirectional attention, post-norm layers
     "roberta": ("bert", "BertModel"),  # BERT's, its position table offset (XLM-RoBERTa's too)
+    "modernbert": ("modernbert", "ModernBertModel"),  # an encoder: local and global layers
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...
 }
 # what each family is not tested with (tensor parallelism, FP8, ...): one row per family there

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
 from pagoda.runtime.server.chat import ChatEndpoint
+from pagoda.runtime.server.classify import ClassifyRoute
 from pagoda.runtime.server.completions import CompletionEndpoint
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.embeddings import EmbeddingsRoute, refuse_generation, refuse_pooling
@@ -28,6 +29,7 @@ from pagoda.runtime.server.http import ErrorGuard, read_body
 from pagoda.runtime.server.lora_adapters import ServedAdapters, add_lora_routes
 from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import APIError
+from pagoda.runtime.server.responses import ResponsesEndpoint, add_response_routes
 from pagoda.runtime.server.score import SCORE_PATHS
 from pagoda.runtime.server.serving import Serving
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
@@ -147,14 +149,21 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             cfg.allow_chat_special_tokens,
             cfg.reasoning_parser,
         ),
+        "/v1/responses": ResponsesEndpoint(
+            cfg.served_model_names,
+            cfg.tool_call_parser,
+            cfg.allow_chat_special_tokens,
+            cfg.reasoning_parser,
+        ),
     }
     adapters = ServedAdapters(cfg.lora, cfg.served_model_names)  # LoRA: `model` names them
     for e in endpoints.values():
         e.adapters = adapters
     add_openai_routes(app, cfg, serving, endpoints)
+    add_response_routes(app, endpoints["/v1/responses"], authorizer(cfg))
     add_lora_routes(app, adapters, engine, authorizer(cfg))
     resolve = endpoints["/v1/completions"].resolve_model
-    paths = {"/v1/embeddings": EmbeddingsRoute} | SCORE_PATHS
+    paths = {"/v1/embeddings": EmbeddingsRoute, "/classify": ClassifyRoute} | SCORE_PATHS
     routes = {cls: cls(serving, resolve) for cls in set(paths.values())}  # (one id counter each)
     add_pooling_routes(app, cfg, {path: routes[cls] for path, cls in paths.items()})
     add_unserved_routes(app, authorizer(cfg))
@@ -192,7 +201,8 @@ def add_openai_routes(
     async def run(raw: Request, job: Job) -> Response:
         serving.submit(job)
         if job.stream:
-            return EventStream(serving.stream_response(job), on_close=lambda: serving.abort(job))
+            events = job.endpoint.stream(serving, job)
+            return EventStream(events, on_close=lambda: serving.abort(job))
         try:
             finished, body = await until_disconnect(raw, serving.full_response(job))
         finally:
@@ -241,7 +251,8 @@ def add_openai_routes(
 
 
 # the generation APIs by request model, as a pooling server names them refusing them
-API_NAMES = {"CompletionRequest": "Completions", "ChatCompletionRequest": "Chat Completions"}
+API_NAMES = {"CompletionRequest": "Completions", "ChatCompletionRequest": "Chat Completions",
+             "ResponsesRequest": "Responses"}  # fmt: skip
 
 
 def add_pooling_routes(app: FastAPI, cfg: ServerConfig, routes: dict[str, EmbeddingsRoute]) -> None:
@@ -275,7 +286,6 @@ def add_pooling_routes(app: FastAPI, cfg: ServerConfig, routes: dict[str, Embedd
 # (/v1/embeddings, /v1/score, /v1/rerank, ...: `add_pooling_routes`, served by a pooling server)
 UNSERVED_APIS = {
     "/pooling": "Pooling",
-    "/classify": "Classification",
     "/v1/moderations": "Moderations",
     "/v1/audio/{rest:path}": "Audio",
     "/v1/images/{rest:path}": "Images",

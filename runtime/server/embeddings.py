@@ -68,16 +68,15 @@ def tokenized(info: EngineInfo, items: list, param: str, truncate: int | None) -
         where = param if len(items) == 1 else f"{param}[{i}]"
         if not ids:
             raise APIError(400, f"'{where}' must not be empty", param=where, code="empty_array")
-        if len(ids) >= info.max_model_len:
+        if len(ids) > info.max_model_len:  # (a pooled prompt may fill the context)
             raise APIError(400, f"'{where}' is {len(ids)} tokens; this model's maximum context "
-                           f"length is {info.max_model_len} tokens (at most "
-                           f"{info.max_model_len - 1} for an input; truncate_prompt_tokens "
-                           "cuts it)", param=where, code="context_length_exceeded")  # fmt: skip
+                           f"length is {info.max_model_len} tokens (truncate_prompt_tokens "
+                           "cuts an input)", param=where, code="context_length_exceeded")  # fmt: skip
         out.append(ids)
     return out
 
 
-def _prompts(req: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
+def input_prompts(req: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
     """Each input's token ids (`tokenized`)."""
     inp = req.input
     if isinstance(inp, str) or (inp and isinstance(inp[0], int)):
@@ -127,13 +126,13 @@ class EmbeddingsRoute:
         self.resolve_model(req.model)
         if info.pooler.cross_encoder:
             raise APIError(400, "The model does not support the Embeddings API: it is a "
-                           "cross-encoder (a text pair's score: /v1/score, /v1/rerank)",
+                           "sequence classifier (/classify; one label: /v1/score, /v1/rerank)",
                            code="unsupported_api")  # fmt: skip
         if req.dimensions is not None:
             problem = info.pooler.check_dimensions(req.dimensions, info.hidden_size)
             if problem is not None:
                 raise APIError(400, problem, param="dimensions", code="invalid_value")
-        return req, _prompts(req, info)
+        return req, input_prompts(req, info)
 
     def submit(self, prompts: list[list[int]]) -> list[RequestStream]:
         """Add the inputs' engine requests (all or none)."""

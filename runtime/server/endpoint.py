@@ -14,7 +14,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.request_stream import RequestStream
@@ -27,6 +27,11 @@ from pagoda.runtime.server.reasoning import ReasoningStream
 from pagoda.runtime.server.tool_parsers import ToolStream
 from pagoda.runtime.server.tools import ToolSetup
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from pagoda.runtime.server.serving import Serving
 
 # A token's text is at most this many times longer (in bytes) than the token's own vocabulary
 # string; text longer than max_model_len * max_token_bytes * this cannot fit and is refused
@@ -70,6 +75,7 @@ class Job:
     prompt_logprobs_k: int | None = None
     echo_logprobs: bool = False  # completions: echo with logprobs (the prompt's come first)
     echo_only: bool = False  # completions: echo with max_tokens 0 (the one token is dropped)
+    api_state: Any = None  # an endpoint's own per-request state (the Responses API's)
 
     @property
     def num_choices(self) -> int:
@@ -189,6 +195,16 @@ class Endpoint(ABC):
     def response_fields(self, job: Job) -> dict[str, Any]:
         """Fields of a full response beside its choices (chat: `prompt_logprobs`)."""
         return {}
+
+    def response_body(self, job: Job, choices: list[dict[str, Any]],
+                      usage: dict[str, Any]) -> bytes | None:  # fmt: skip
+        """A full response's JSON where this API's shape is not `{head, choices, usage}` (the
+        Responses API's: `responses.py`); None: that shape."""
+        return None
+
+    def stream(self, serving: Serving, job: Job) -> AsyncIterator[bytes]:
+        """The SSE bytes of a streamed response (chat's and completions' chunks)."""
+        return serving.stream_response(job)
 
     @abstractmethod
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:

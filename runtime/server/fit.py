@@ -22,8 +22,9 @@ What it counts, per rank of ``tensor_parallel_size``:
   rank (`model.parallel_linear`), norms on every rank), as do the other plans `would_fit`
   suggests.
 * a speculative draft model's weights (``speculative_config`` with ``model``: its checkpoint
-  counted as the target's, `memory.draft_model`) and its KV rows of each position beside the
-  target's; with one, FP8 weights and more GPUs are not offered (refused beside speculation).
+  counted as the target's, `memory.draft_model`, all of it: rank 0 holds it whole) and its KV
+  rows of each position beside the target's; with one, FP8 weights are not offered (refused
+  beside a draft model).
 * the KV cache of one sequence of ``max_model_len`` tokens (whole blocks), with each rank's KV
   heads (split over the ranks; one each when there are fewer heads than ranks); where the
   cache's size is fixed up front and smaller (``--kv-cache-memory``, the CPU's default 2 GiB),
@@ -70,13 +71,18 @@ class Plan:
     draft: ModelConfig | None = None
 
     def weight_bytes(self, mc: ModelConfig) -> int:
-        """The weights of one rank (module docstring), a draft model's too."""
-        draft = 0 if self.draft is None else self._alone().weight_bytes(self.draft)
+        """The weights of one rank (module docstring), a draft model's too (all of it on rank
+        0, which holds it whole: `worker/model_build.build_draft`)."""
+        draft = 0 if self.draft is None else self._whole().weight_bytes(self.draft)
         return draft + weights_of.from_shapes(mc, self.dtype, self.fp8_weights, self.tp)
 
     def _alone(self) -> Plan:
         """This plan without its draft model (the draft's own bytes are counted with it)."""
         return dataclasses.replace(self, draft=None)
+
+    def _whole(self) -> Plan:
+        """The draft model's plan: alone, on one rank (rank 0 holds all of it)."""
+        return dataclasses.replace(self, draft=None, tp=1)
 
     def kv_heads(self, mc: ModelConfig) -> int:
         """KV heads on one rank: split over the ranks, replicated when there are fewer."""
@@ -85,8 +91,8 @@ class Plan:
     def kv_bytes_per_token(self, mc: ModelConfig) -> int:
         """One rank's KV bytes of a position, a draft model's rows of it too."""
         if self.draft is not None:
-            alone = self._alone()
-            return alone.kv_bytes_per_token(mc) + alone.kv_bytes_per_token(self.draft)
+            draft = self._whole().kv_bytes_per_token(self.draft)
+            return self._alone().kv_bytes_per_token(mc) + draft
         if mc.family.dsv4 is not None:  # rows, entries, Ca tails (model/dsv4_engine.py)
             from pagoda.runtime.model.dsv4_engine import bytes_per_token
 
@@ -150,17 +156,22 @@ def usable(cfg: EngineConfig, device: torch.device) -> tuple[int, str]:
 
 
 def check(
-    mc: ModelConfig, cfg: EngineConfig, model_path: Path, tensor_parallel_size: int = 1
+    mc: ModelConfig,
+    cfg: EngineConfig,
+    model_path: Path,
+    tensor_parallel_size: int = 1,
+    draft_config: ModelConfig | None = None,
 ) -> Plan:
     """The plan when weights + one ``max_model_len`` sequence fit one rank; else a
-    `ReasonedError` (reason ``ModelDoesNotFit``) with the numbers and what would fit."""
+    `ReasonedError` (reason ``ModelDoesNotFit``) with the numbers and what would fit.
+    `draft_config`: the draft model's config as the start-up read it (`memory.draft_model`)."""
     device = cfg.torch_device()
     plan = plan_of(cfg, model_path, tensor_parallel_size)
     if not plan.max_model_len:
         plan = Plan(**{**plan.__dict__, "max_model_len": mc.context_length})
     held = weights_of.estimate(mc, cfg, model_path, tensor_parallel_size)  # as loaded
     weights, how = held.bytes, held.how
-    draft = memory.draft_model(cfg, tensor_parallel_size)  # counted beside the target's
+    draft = memory.draft_model(cfg, 1, config=draft_config)  # whole, beside the target's
     if draft is not None:
         plan = dataclasses.replace(plan, draft=draft.config)
         weights += draft.weights.bytes
@@ -203,7 +214,7 @@ def float32_fix(mc: ModelConfig, cfg: EngineConfig, model_path: Path, plan: Plan
     wide = Plan(**{**plan.__dict__, "dtype": torch.float32})
     budget = kv_budget(f32, wide.kv_bytes_per_token(mc), cfg.torch_device())
     need = held.bytes + min(wide.kv_bytes(mc), budget if budget is not None else 1 << 62)
-    if (draft := memory.draft_model(f32, plan.tp)) is not None:  # its weights in float32 too
+    if (draft := memory.draft_model(f32, 1, config=plan.draft)) is not None:  # float32 too
         need += draft.weights.bytes
     if need > have:
         return []
@@ -287,7 +298,7 @@ def would_fit(
                 out.append(f"{flags} ({gib(fp8.need(mc))})")
                 fp8_alone = True
                 break
-    if cuda and plan.draft is None:  # (speculative decoding is refused with more ranks)
+    if cuda:  # (a draft model stays whole on rank 0: `Plan._whole`)
         wider_tp = None  # the fewest GPUs that hold the model as it is
         for tp in (t for t in TP_SIZES if t > plan.tp and _splits(mc, t)):
             wider = Plan(**{**plan.__dict__, "tp": tp})

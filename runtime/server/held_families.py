@@ -1,5 +1,5 @@
 """The bytes one rank holds of a family's own tensors, those no other family's rule counts
-(`weights._held_apart` asks `HELD[architecture]` before its generic rules): a Linear per
+(`held_apart.held_apart` asks `HELD[architecture]` before its generic rules): a Linear per
 expert of stacked experts, a family's tensors kept in float32 or used as tensors rather than
 Linears. Each function returns the bytes, None for a `Linear`'s matrix (counted with its
 layer), or `GENERIC` for a tensor the generic rules count."""

@@ -31,6 +31,7 @@ from pagoda.runtime.engine.start_checks import (
     check_max_model_len,
     check_speculative,
 )
+from pagoda.runtime.model.hf_overrides import overlay
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.shape_fingerprint import model_fingerprint
@@ -66,6 +67,9 @@ def preflight(
     """
     # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
     model_path = resolve_model(cfg.model, download_dir, revision=revision)
+    if "hf_overrides" in engine_kwargs:  # config.json's keys replaced: an overlay directory
+        model_path = str(overlay(resolve_model_path(model_path), engine_kwargs["hf_overrides"]))
+        engine_kwargs = {k: v for k, v in engine_kwargs.items() if k != "hf_overrides"}
     model_config = read_model_config(model_path)  # an unknown --model fails here
     quantization = engine_kwargs.get("quantization")
     profile, kwargs = apply_tuned_profile(
@@ -86,7 +90,7 @@ def preflight(
     check_pooling(engine_cfg, model_config)
     check_dtype(engine_cfg, model_config)
     check_block_size(engine_cfg, model_config)
-    check_speculative(engine_cfg, model_config)
+    draft = check_speculative(engine_cfg, model_config)  # (the draft's config, read once)
     if engine_cfg.lora is not None:  # the family, and every --lora-modules adapter read
         from pagoda.runtime.lora.adapter import check_adapters
 
@@ -99,10 +103,10 @@ def preflight(
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
     fit.check(model_config, engine_cfg, resolve_model_path(model_path),
-              engine_cfg.parallel.tensor_parallel_size)  # fmt: skip
+              engine_cfg.parallel.tensor_parallel_size, draft)  # fmt: skip
     try:
         memory.check(model_config, engine_cfg, resolve_model_path(model_path),
-                     engine_kwargs.get("max_model_len"))  # fmt: skip
+                     engine_kwargs.get("max_model_len"), draft)  # fmt: skip
     except ValueError as e:
         if profile is None:
             raise

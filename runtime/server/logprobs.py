@@ -13,25 +13,12 @@ fragment is named by its bytes, as OpenAI does (`bytes:\\xf0\\x9f`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
-from pagoda.runtime.model.byte_stream import is_plain_byte_level
+from pagoda.runtime.model.byte_stream import _char_bytes, is_plain_byte_level
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.request import TokenLogprob
-
-
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: printable stand-in character → byte."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 def _finite(logprob: float) -> float:
@@ -80,7 +67,7 @@ class TokenStrings:
         b = self._bytes.get(token_id)
         if b is None:
             raw = self.tokenizer.token_to_str(token_id) or ""
-            table = _byte_decoder()
+            table = _char_bytes()  # GPT-2's printable stand-in character → byte
             if self._byte_level and raw and all(ch in table for ch in raw):
                 b = [table[ch] for ch in raw]
             elif (byte := self.tokenizer.fallback_byte(token_id)) is not None:

@@ -10,7 +10,7 @@ inputs, plus the weights as the loader will hold them (`weights.py`: from the ch
 metadata, in the engine's dtype, dequantized or kept in blocks as the loader does, one rank's
 share per GPU; not the file's size) and the activations of the largest step it can schedule.
 A speculative draft model (`spec/draft_model.py`) counts the same way (`draft_model`): its
-weights beside the target's, its KV rows in every block and its scratch blocks taken from the
+weights beside the target's (all of them, once: rank 0 holds it whole), its KV rows in every block and its scratch blocks taken from the
 KV budget first, as the runner sizes them.
 It is a floor, not a forecast (allocator slack, the tokenizer and Python objects are left out),
 so it never refuses a configuration that would fit; what it refuses could not run.
@@ -32,7 +32,7 @@ from pagoda.runtime.model.loader import resolve_model_path
 from pagoda.runtime.model.mamba2 import step_scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
-from pagoda.runtime.spec.draft_model import scratch_blocks
+from pagoda.runtime.spec.draft_model import sampled_bytes, scratch_blocks
 
 GPU_HEADROOM = options.GPU_HEADROOM  # the runner keeps this much free on CUDA
 CUDA_GRAPH_MAX_BATCH = 512  # the largest captured decode batch (worker/cuda_graph.py)
@@ -102,28 +102,36 @@ class Draft:
     def kv_bytes(self, cfg: EngineConfig) -> tuple[int, int]:
         """Its KV bytes of one block (added to the target's, as `draft_block_bytes` is) and
         those of its scratch blocks (`scratch_blocks` for each of --max-num-seqs sequences),
-        which the runner takes from the KV budget before the shared blocks."""
+        which the runner takes from the KV budget before the shared blocks; on CUDA with
+        those the bytes of sampled drafts' q and their verification (`sampled_bytes`)."""
         cache, k = cfg.cache, cfg.speculative_config.num_speculative_tokens
         bs = cache.block_size
         per_block = (
             kv_bytes_per_token(self.config, cfg.torch_dtype(), cache.kv_cache_dtype, bs) * bs
         )
-        scratch = cfg.scheduler.max_num_seqs * scratch_blocks(k, bs)
-        return per_block, scratch * per_block
+        rows = cfg.scheduler.max_num_seqs
+        scratch = rows * scratch_blocks(k, bs) * per_block
+        if cfg.torch_device().type == "cuda":  # sampled drafts' q and verification, as the
+            scratch += sampled_bytes(k, rows, self.config.vocab_size)  # runner takes them
+        return per_block, scratch
 
 
 def draft_model(
-    cfg: EngineConfig, tp: int | None = None, device: torch.device | None = None
+    cfg: EngineConfig,
+    tp: int | None = None,
+    device: torch.device | None = None,
+    config: ModelConfig | None = None,
 ) -> Draft | None:
     """The draft model of `cfg` (``speculative_config`` method "draft_model"), its weights
-    counted for one rank of `tp` on `device` (defaults: `cfg`'s); None without one. Its config's
-    errors are named as the draft's (`engine.start_checks.read_draft_config`)."""
+    counted for one rank of `tp` on `device` (defaults: `cfg`'s); None without one. `config`:
+    its config as the start-up read it once (`engine.start_checks.check_speculative`); read
+    here when not given, its errors named as the draft's (`read_draft_config`)."""
     spec = cfg.speculative_config
     if spec is None or spec.draft_model is None:
         return None
     from pagoda.runtime.engine.start_checks import read_draft_config
 
-    mc = read_draft_config(spec.draft_model)
+    mc = config if config is not None else read_draft_config(spec.draft_model)
     held = weights.estimate(mc, cfg, resolve_model_path(spec.draft_model), tp, device)
     return Draft(mc, held, spec.draft_model)
 
@@ -169,20 +177,26 @@ def device_available(device: torch.device) -> tuple[int, int]:
 
 
 def estimate(
-    mc: ModelConfig, cfg: EngineConfig, model_path: Path, device: torch.device
+    mc: ModelConfig,
+    cfg: EngineConfig,
+    model_path: Path,
+    device: torch.device,
+    draft: ModelConfig | None = None,
 ) -> Footprint:
     """The engine's footprint for this config; `kv_blocks` 0 when the KV budget on CUDA is left
-    to free memory (worked out by `check`)."""
+    to free memory (worked out by `check`). `draft`: the draft model's config, as read once
+    (`draft_model`)."""
     dtype = cfg.torch_dtype()
     sched, cache = cfg.scheduler, cfg.cache
     max_len = sched.max_model_len or mc.context_length
     # one rank's weights as loaded (not the file's size): on CUDA each GPU holds one rank's
     # share (checked on one); a CPU holds those of every rank on this node
     held = weights.estimate(mc, cfg, model_path, device=device)
-    draft = draft_model(cfg, device=device)
+    # a draft model whole, on rank 0 only (`worker/model_build.build_draft`)
+    draft = draft_model(cfg, 1, device=device, config=draft)
     w, dw = held.bytes, 0 if draft is None else draft.weights.bytes
     if device.type == "cpu":
-        w, dw = w * cfg.parallel.ranks_per_node, dw * cfg.parallel.ranks_per_node
+        w *= cfg.parallel.ranks_per_node
     per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype, cache.block_size)
     # a draft's rows in every block, its scratch blocks first (`spec/draft_model.py`)
     draft_block, scratch = (0, 0) if draft is None else draft.kv_bytes(cfg)
@@ -259,13 +273,14 @@ def step_bytes(
     return tokens * per_token + scan + rows * mc.vocab_size * 8  # float32 logits, probabilities
 
 
-def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
-          asked_len: int | None = None) -> Footprint:  # fmt: skip
+def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path, asked_len: int | None = None,
+          draft: ModelConfig | None = None) -> Footprint:  # fmt: skip
     """The footprint, or ValueError (one line: what does not fit, what to lower). `asked_len`:
     an explicit --max-model-len, which a KV cache of known size must hold one sequence of (a
-    context left to the model's default is shortened to the cache instead)."""
+    context left to the model's default is shortened to the cache instead). `draft`: the draft
+    model's config as the start-up read it (`draft_model`)."""
     device = cfg.torch_device()
-    fp = estimate(mc, cfg, model_path, device)
+    fp = estimate(mc, cfg, model_path, device, draft)
     bs, per_block, scratch = cfg.cache.block_size, fp.kv_block_bytes, fp.kv_scratch
     host, source = host_available()
     derived = False

@@ -113,25 +113,33 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
     except RecursionError as e:
         raise APIError(400, "request body is nested too deeply", code="invalid_json") from e
     except ValidationError as e:
-        errors = e.errors(include_url=False, include_input=False)
-        err = errors[0]
-        if err["type"] == "literal_error":  # "auto" | {...}: the object branch says more
-            err = max(errors, key=lambda x: len(x["loc"]))
-        loc = tuple(err["loc"])
-        if err["type"] == "extra_forbidden" and loc:  # the last part is the client's own key,
-            head = _param_of(loc[:-1])  # whatever it looks like ('Max_tokens', 'str')
-            param = f"{head}.{loc[-1]}" if head else str(loc[-1])
-        else:
-            param = _param_of(loc)
-        param = shorten(param, 100) if param else None
-        hint = getattr(model, "error_hints", {}).get(str(err["loc"][0]) if err["loc"] else "")
-        if err["type"] == "missing":
-            msg, code = f"'{param}' is a required property", "missing_required_parameter"
-        elif err["type"] == "extra_forbidden":
-            msg, code = f"unrecognized request argument '{param}': this server does not " \
-                "support it", "unsupported_parameter"  # fmt: skip
-        elif hint is not None:
-            msg, code = f"invalid value for '{param}': {hint}", "invalid_type"
-        else:
-            msg, code = f"invalid value for '{param}': {shorten(err['msg'])}", "invalid_type"
-        raise APIError(400, msg, param=param, code=code) from e
+        raise validation_error(e, model) from e
+
+
+def validation_error(e: ValidationError, model: type[BaseModel], prefix: str = "") -> APIError:
+    """pydantic's error as OpenAI's 400, naming the field (`prefix`: the path of the value
+    `model` validated within the body, as `input[2]`)."""
+    errors = e.errors(include_url=False, include_input=False)
+    err = errors[0]
+    if err["type"] == "literal_error":  # "auto" | {...}: the object branch says more
+        err = max(errors, key=lambda x: len(x["loc"]))
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden" and loc:  # the last part is the client's own key,
+        head = _param_of(loc[:-1])  # whatever it looks like ('Max_tokens', 'str')
+        param = f"{head}.{loc[-1]}" if head else str(loc[-1])
+    else:
+        param = _param_of(loc)
+    if prefix:
+        param = f"{prefix}.{param}" if param else prefix
+    param = shorten(param, 100) if param else None
+    hint = getattr(model, "error_hints", {}).get(str(err["loc"][0]) if err["loc"] else "")
+    if err["type"] == "missing":
+        msg, code = f"'{param}' is a required property", "missing_required_parameter"
+    elif err["type"] == "extra_forbidden":
+        msg, code = f"unrecognized request argument '{param}': this server does not " \
+            "support it", "unsupported_parameter"  # fmt: skip
+    elif hint is not None:
+        msg, code = f"invalid value for '{param}': {hint}", "invalid_type"
+    else:
+        msg, code = f"invalid value for '{param}': {shorten(err['msg'])}", "invalid_type"
+    return APIError(400, msg, param=param, code=code)

@@ -13,10 +13,11 @@ false. Both take vLLM's `truncate_prompt_tokens` (each text cut to its last k to
 Every text of a call is one engine request, all added together (all-or-nothing) so that they
 batch in the engine's steps; a single `text_1` or the query is pooled once. `usage` counts the
 prompt tokens pooled. A generating server answers these paths with the 400 `unsupported_api` of
-the other unserved APIs. A cross-encoder (`pooler_config.CROSS_ENCODERS`: BERT's, RoBERTa's one-label
-classifiers) scores each pair in one forward: the pair encoded as one prompt
-(`Tokenizer.encode_pair`), its output the pair's score (`cross_prompts`); other
-`*ForSequenceClassification` models are refused when the server starts
+the other unserved APIs. A sequence classifier of one label (`pooler_config.CLASSIFIERS`: BERT's,
+RoBERTa's, ModernBERT's cross-encoders, the decoders' `score` heads, Qwen3-Reranker) scores each
+pair in one forward: the pair encoded as one prompt (`Tokenizer.encode_pair`), its output the
+pair's score (`cross_prompts`); one of several labels is refused here (a 400: `/classify`
+serves it), and other `*ForSequenceClassification` models when the server starts
 (`pooler_config.check_not_classifier`).
 """
 
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
@@ -91,7 +94,30 @@ def _pairs(firsts: list, seconds: list, first: str, second: str) -> list[tuple[i
 
 class _PairRoute(EmbeddingsRoute):
     """A route that embeds two sides' texts and scores their pairs (`EmbeddingsRoute`'s steps,
-    its own request and answer)."""
+    its own request and answer): one parse for both, each route naming its request's sides
+    (`sides`)."""
+
+    request_class: type[ScoreRequest | RerankRequest]
+    # each route's: its request's first texts, second texts and the two fields' names
+    sides: Callable[[Any], tuple[list[str], list[str], tuple[str, str]]]
+
+    def parse(self, body: bytes, info: EngineInfo) -> tuple[Pairs, list[list[int]]]:
+        req = parse_request(body, self.request_class)
+        self.resolve_model(req.model)
+        firsts, seconds, (first, second) = self.sides(req)
+        pairs = _pairs(firsts, seconds, first, second)
+        if info.pooler.cross_encoder:
+            if len(info.pooler.labels) != 1:  # (vLLM's rule: a pair's score is one label's)
+                raise APIError(400, f"The model does not support the {self.api} API: it is a "
+                               f"classifier of {len(info.pooler.labels)} labels (a pair's score "
+                               "needs one label; /classify serves it)",
+                               code="unsupported_api")  # fmt: skip
+            prompts = cross_prompts(info, req, firsts, seconds, pairs, second)
+            return Pairs(req, pairs, len(firsts), cross=True), prompts
+        truncate = req.truncate_prompt_tokens
+        prompts = tokenized(info, firsts, first, truncate)
+        prompts += tokenized(info, seconds, second, truncate)
+        return Pairs(req, pairs, len(firsts)), prompts
 
     @staticmethod
     def scores(job: Pairs, outs: list[StepOutput]) -> list[float]:
@@ -104,20 +130,13 @@ class _PairRoute(EmbeddingsRoute):
 
 class ScoreRoute(_PairRoute):
     api, input_param, id_prefix = "Score", "text_2", "score"
+    request_class = ScoreRequest
 
-    def parse(self, body: bytes, info: EngineInfo) -> tuple[Pairs, list[list[int]]]:
-        req = parse_request(body, ScoreRequest)
-        self.resolve_model(req.model)
+    @staticmethod
+    def sides(req) -> tuple[list[str], list[str], tuple[str, str]]:
         firsts = [req.text_1] if isinstance(req.text_1, str) else req.text_1
         seconds = [req.text_2] if isinstance(req.text_2, str) else req.text_2
-        pairs = _pairs(firsts, seconds, "text_1", "text_2")
-        if info.pooler.cross_encoder:
-            prompts = cross_prompts(info, req, firsts, seconds, pairs, "text_2")
-            return Pairs(req, pairs, len(firsts), cross=True), prompts
-        truncate = req.truncate_prompt_tokens
-        prompts = tokenized(info, firsts, "text_1", truncate)
-        prompts += tokenized(info, seconds, "text_2", truncate)
-        return Pairs(req, pairs, len(firsts)), prompts
+        return firsts, seconds, ("text_1", "text_2")
 
     def body(self, job: Pairs, info: EngineInfo, outs: list[StepOutput]) -> bytes:
         data = [{"index": i, "object": "score", "score": s}
@@ -129,18 +148,11 @@ class ScoreRoute(_PairRoute):
 
 class RerankRoute(_PairRoute):
     api, input_param, id_prefix = "Rerank", "documents", "rerank"
+    request_class = RerankRequest
 
-    def parse(self, body: bytes, info: EngineInfo) -> tuple[Pairs, list[list[int]]]:
-        req = parse_request(body, RerankRequest)
-        self.resolve_model(req.model)
-        pairs = _pairs([req.query], req.documents, "query", "documents")
-        if info.pooler.cross_encoder:
-            prompts = cross_prompts(info, req, [req.query], req.documents, pairs, "documents")
-            return Pairs(req, pairs, 1, cross=True), prompts
-        truncate = req.truncate_prompt_tokens
-        prompts = tokenized(info, [req.query], "query", truncate)
-        prompts += tokenized(info, req.documents, "documents", truncate)
-        return Pairs(req, pairs, 1), prompts
+    @staticmethod
+    def sides(req) -> tuple[list[str], list[str], tuple[str, str]]:
+        return [req.query], req.documents, ("query", "documents")
 
     def body(self, job: Pairs, info: EngineInfo, outs: list[StepOutput]) -> bytes:
         req = job.req

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -293,6 +294,9 @@ class Serving:
             for i, c in enumerate(choices):
                 c.update(finish_reason=ep.finish_reason(job, i, finish[i]), stop_reason=stop[i])
             usage = self._usage(job, tokens, cached, ids)
+            body = ep.response_body(job, choices, usage)  # the Responses API's own shape
+            if body is not None:
+                return body
             head = {**ep.head(job, chunk=False), **ep.response_fields(job)}
             return response_json(head, choices, usage)
 
@@ -308,19 +312,15 @@ class Serving:
 
     async def stream_response(self, job: Job) -> AsyncIterator[bytes]:
         """SSE chunks; the last is `data: [DONE]`. Errors after the start become an error event."""
-        k, ep = job.num_choices, job.endpoint
+        ep = job.endpoint
         head = ep.head(job, chunk=True)
-        want_lp = job.params.logprobs is not None
-        tokens, offsets, started = [0] * k, [0] * k, [False] * k
-        cached = [0] * len(job.prompts)
-        ids: list[list[int]] = [[] for _ in range(k)]
-        keep_ids = bool(job.reasoning)  # reasoning_tokens: 0 where the reply does not think
+        totals = StreamTotals(job)
 
         def chunk(choice: dict[str, Any]) -> bytes:
             data = {**head, "choices": [choice]}
             if job.continuous_usage:  # vLLM's: this choice's prompt and its tokens so far
                 i = choice["index"]
-                prompt, out = len(job.prompts[i // job.params.n]), tokens[i]
+                prompt, out = len(job.prompts[i // job.params.n]), totals.tokens[i]
                 data["usage"] = {"prompt_tokens": prompt, "completion_tokens": out,
                                  "total_tokens": prompt + out}  # fmt: skip
             elif job.include_usage:
@@ -330,42 +330,71 @@ class Serving:
         try:
             for c in ep.opening(job):
                 yield chunk({**c, "finish_reason": None})
-            async for idx, o in self._outputs(job):
-                tokens[idx] = 0 if job.echo_only else o.num_output_tokens
-                first, started[idx] = not started[idx], True
-                if keep_ids:
-                    ids[idx].extend(o.new_token_ids)
-                if o.prompt_logprobs is not None:
-                    job.prompt_logprobs.setdefault(idx // job.params.n, o.prompt_logprobs)
-                if not (o.new_text or o.finished or (want_lp and o.new_logprobs) or
-                        (first and job.echo)):  # fmt: skip
-                    continue
-                c = ep.delta(job, idx, o.new_text, o.new_logprobs, offsets[idx], first,
-                             o.finished)  # fmt: skip
-                if c is None:  # held back (a tool-call parser waits for more text)
-                    continue
-                # text_offset counts the logprob tokens' own text, as the full response does:
-                # the text sent so far lags it while a possible stop string is held back
-                if o.new_logprobs:
-                    offsets[idx] += sum(len(job.strings.text(lp.token_id)) for lp in o.new_logprobs)
-                if first:
-                    offsets[idx] += ep.echoed_text_length(job, idx)
-                c["finish_reason"] = (
-                    ep.finish_reason(job, idx, o.finish_reason) if o.finished else None
-                )
-                if o.finished:
-                    c["stop_reason"] = o.stop_reason
-                    j = idx // job.params.n
-                    cached[j] = max(cached[j], o.num_cached_tokens)
-                yield chunk(c)
+            async with aclosing(self.choice_deltas(job, totals)) as deltas:  # closed with us
+                async for c in deltas:
+                    yield chunk(c)
             if job.include_usage:
-                usage = self._usage(job, tokens, cached, ids)
-                yield sse({**head, "choices": [], "usage": usage})
+                yield sse({**head, "choices": [], "usage": self.usage(job, totals)})
         except Exception as e:  # headers are sent: the error becomes the stream's last event
-            err = failure(job, e)
-            if err is None:
-                log.exception("stream %s failed", job.id)
-                bug = e.error if isinstance(e, RequestFailed) else e
-                err = APIError(500, f"internal error ({type(bug).__name__})", code="internal_error")
-            yield sse(err.body())
+            yield sse(stream_error(job, e).body())
         yield b"data: [DONE]\n\n"
+
+    async def choice_deltas(self, job: Job, totals: StreamTotals) -> AsyncIterator[dict[str, Any]]:
+        """Each choice delta a stream sends (`Endpoint.delta`'s, with `finish_reason`, and
+        `stop_reason` on a choice's last), as the engine's outputs come (a reader that falls
+        behind gets them merged: `RequestStream`); `totals` counts what usage reports."""
+        ep = job.endpoint
+        want_lp = job.params.logprobs is not None
+        offsets, started = [0] * job.num_choices, [False] * job.num_choices
+        keep_ids = bool(job.reasoning)  # reasoning_tokens: 0 where the reply does not think
+        async for idx, o in self._outputs(job):
+            totals.tokens[idx] = 0 if job.echo_only else o.num_output_tokens
+            first, started[idx] = not started[idx], True
+            if keep_ids:
+                totals.ids[idx].extend(o.new_token_ids)
+            if o.prompt_logprobs is not None:
+                job.prompt_logprobs.setdefault(idx // job.params.n, o.prompt_logprobs)
+            if not (o.new_text or o.finished or (want_lp and o.new_logprobs) or
+                    (first and job.echo)):  # fmt: skip
+                continue
+            c = ep.delta(job, idx, o.new_text, o.new_logprobs, offsets[idx], first,
+                         o.finished)  # fmt: skip
+            if c is None:  # held back (a tool-call parser waits for more text)
+                continue
+            # text_offset counts the logprob tokens' own text, as the full response does:
+            # the text sent so far lags it while a possible stop string is held back
+            if o.new_logprobs:
+                offsets[idx] += sum(len(job.strings.text(lp.token_id)) for lp in o.new_logprobs)
+            if first:
+                offsets[idx] += ep.echoed_text_length(job, idx)
+            c["finish_reason"] = ep.finish_reason(job, idx, o.finish_reason) if o.finished else None
+            if o.finished:
+                c["stop_reason"] = o.stop_reason
+                j = idx // job.params.n
+                totals.cached[j] = max(totals.cached[j], o.num_cached_tokens)
+            yield c
+
+    def usage(self, job: Job, totals: StreamTotals) -> dict[str, Any]:
+        """A streamed response's usage, from what `choice_deltas` counted."""
+        return self._usage(job, totals.tokens, totals.cached, totals.ids)
+
+
+class StreamTotals:
+    """What a stream counts for its usage: each choice's output tokens (and, for a reasoning
+    parser, their ids), each prompt's cached tokens."""
+
+    def __init__(self, job: Job) -> None:
+        self.tokens = [0] * job.num_choices
+        self.ids: list[list[int]] = [[] for _ in range(job.num_choices)]
+        self.cached = [0] * len(job.prompts)
+
+
+def stream_error(job: Job, e: Exception) -> APIError:
+    """The API error a stream ends with once its headers are sent (a server bug: a 500,
+    logged)."""
+    err = failure(job, e)
+    if err is None:
+        log.exception("stream %s failed", job.id)
+        bug = e.error if isinstance(e, RequestFailed) else e
+        err = APIError(500, f"internal error ({type(bug).__name__})", code="internal_error")
+    return err

@@ -1,5 +1,6 @@
 """A parsed tool call (OpenAI's shape) and the helpers every tool-call parser shares
-(`tool_parsers.py`, `tool_parser_glm45.py`, `tool_parser_deepseek.py`, `harmony_tools.py`).
+(`tool_parsers.py`, `tool_parser_glm45.py`, `tool_parser_deepseek.py`, `harmony_tools.py`): among
+them the streams' common part (`CallStream`).
 
 Two rules every parser keeps, so that a streamed response and a whole one agree:
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -149,18 +151,21 @@ class StartTag:
         return prefix_overlap(text, self.TAG)
 
 
-class ScannedCallStream:
-    """Incremental output of a parser that reads its calls by scanning the text after its marker
-    (GLM-4.5's, DeepSeek's), as OpenAI chat deltas (`tool_parsers.ToolStream`'s interface): the
-    content up to the marker, then each call's id and name once and its arguments as they grow.
-    The parser gives `_start`, `_held`, `marker_text`, `known`, `new_id` and `scan(region)`: per
-    call read so far (name, arguments text so far, closed); `slot` drops those not sent."""
+class CallStream(ABC):
+    """One choice's text → OpenAI chat deltas, the part every parser's stream shares
+    (`tool_parsers.ToolStream`, `ScannedCallStream`): the content up to the call marker, then
+    the calls (`_call_deltas`, the parser's own: each call's id and name once, its arguments as
+    they grow; `slot` drops those not sent). The parser gives `_start`, `_held` and
+    `marker_text`; `hold_space`: whitespace before a call is not content (held until more
+    content follows), as the parser's `parse` strips it."""
+
+    hold_space = False
 
     def __init__(self, parser: Any, parallel: bool = True) -> None:
         self.parser, self.parallel = parser, parallel
         self.text = ""
-        self.content_sent = 0
-        self.region: int | None = None
+        self.content_sent = 0  # characters of content sent
+        self.region: int | None = None  # where the call region starts, once known
         self.calls: list[dict[str, Any]] = []  # per call sent: its id, argument characters sent
         self.slots: list[int | None] = []  # per call read: its index among those sent, or None
 
@@ -178,14 +183,18 @@ class ScannedCallStream:
         before the marker once seen."""
         p = self.parser
         if self.region is None:
-            return len(text) - p._held(text)
-        return self.region - len(p.marker_text(text, self.region))
-
-    def arguments(self, region: str) -> list[tuple[str, str]]:
-        """(name, arguments text so far) of each call in `region`."""
-        return [(name, args) for name, args, _ in self.parser.scan(region)]
+            end = len(text) - p._held(text)
+        else:
+            end = self.region - len(p.marker_text(text, self.region))
+        if self.hold_space:
+            end = max(end, self.content_sent)
+            while end > self.content_sent and text[end - 1].isspace():
+                end -= 1
+        return end
 
     def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
+        """The OpenAI `delta` for this much more text ({} when nothing can be sent yet); with
+        `final`, everything left (text that never became a call is content after all)."""
         self.text += delta
         p, text, out = self.parser, self.text, {}
         if self.region is None:
@@ -198,6 +207,21 @@ class ScannedCallStream:
         if deltas:
             out["tool_calls"] = deltas
         return out
+
+    @abstractmethod
+    def _call_deltas(self, region: str) -> list[dict[str, Any]]:
+        """The deltas of the calls read in `region` (the text from the marker on) since the
+        last feed; each stream reads its parser's calls."""
+
+
+class ScannedCallStream(CallStream):
+    """A parser that reads its calls by scanning the text after its marker (GLM-4.5's,
+    DeepSeek's): its `scan(region)` gives, per call read so far, (name, arguments text so far,
+    closed); its `known` and `new_id` name and number them."""
+
+    def arguments(self, region: str) -> list[tuple[str, str]]:
+        """(name, arguments text so far) of each call in `region`."""
+        return [(name, args) for name, args, _ in self.parser.scan(region)]
 
     def _call_deltas(self, region: str) -> list[dict[str, Any]]:
         deltas: list[dict[str, Any]] = []

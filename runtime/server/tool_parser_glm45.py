@@ -156,11 +156,7 @@ class Glm45Stream(ScannedCallStream):
     """Incremental `Glm45Parser` output as OpenAI chat deltas: content up to `<tool_call>`,
     then each call's key/value pairs as JSON arguments as they arrive."""
 
-    def content_end(self, text: str) -> int:
-        end = max(super().content_end(text), self.content_sent)
-        while end > self.content_sent and text[end - 1].isspace():
-            end -= 1  # whitespace before a call is not content (as `parse` strips it)
-        return end
+    hold_space = True  # whitespace before a call is not content (as `parse` strips it)
 
     def arguments(self, region: str) -> list[tuple[str, str]]:
         return [(name, arguments(pieces, done))

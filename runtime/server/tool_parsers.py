@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony_tools import HarmonyToolParser
-from pagoda.runtime.server.tool_call import KnownNames, StartTag, ToolCall, call_id, parsed, slot
+from pagoda.runtime.server.tool_call import (
+    CallStream,
+    KnownNames,
+    StartTag,
+    ToolCall,
+    call_id,
+    parsed,
+    slot,
+)
 from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
@@ -257,51 +265,11 @@ def detect(template: str | None) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-class ToolStream:
-    """Incremental parsing of one choice's text into OpenAI chat deltas."""
+class ToolStream(CallStream):
+    """Incremental parsing of one choice's text into OpenAI chat deltas: the calls are JSON
+    objects (`_objects`, `_read_call`) at the parser's `call_depth`."""
 
-    def __init__(self, parser: ToolParser, parallel: bool = True) -> None:
-        self.parser = parser
-        self.parallel = parallel
-        self.text = ""
-        self.content_sent = 0  # characters of content sent
-        self.region: int | None = None  # where the call region starts, once known
-        self.calls: list[dict[str, Any]] = []  # per call sent: its id, argument characters sent
-        self.slots: list[int | None] = []  # per call read: its index among those sent, or None
-
-    @property
-    def called(self) -> bool:
-        return bool(self.calls)
-
-    @property
-    def read(self) -> bool:
-        """Whether a call has been read (sent, or dropped: `tool_call.py`'s rules)."""
-        return bool(self.slots)
-
-    def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
-        """The OpenAI `delta` for this much more text ({} when nothing can be sent yet); with
-        `final`, everything left (text that never became a call is content after all)."""
-        self.text += delta
-        p, text, out = self.parser, self.text, {}
-        if self.region is None:
-            self.region = p._start(text, final)
-        calls = [] if self.region is None else self._call_deltas(text[self.region :])
-        if final and not self.read:
-            end = len(text)
-        else:
-            if self.region is None:
-                end = len(text) - p._held(text)
-            else:
-                end = max(self.region - len(p.marker_text(text, self.region)), self.content_sent)
-            # whitespace before a call is not content: held until more content follows
-            while end > self.content_sent and text[end - 1].isspace():
-                end -= 1
-        if end > self.content_sent:
-            out["content"] = text[self.content_sent : end]
-            self.content_sent = end
-        if calls:
-            out["tool_calls"] = calls
-        return out
+    hold_space = True  # whitespace before a call is not content
 
     def _call_deltas(self, region: str) -> list[dict[str, Any]]:
         deltas = []

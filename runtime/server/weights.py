@@ -41,14 +41,13 @@ and shapes come from the pickle memory-mapped with ``torch.load(weights_only=Tru
 config.json alone) counts from the model's shapes (`weights_from_shapes.from_shapes`, which
 `fit.Plan` also uses for the plans it suggests). The families' stored-to-held rewrites are in
 `held_forms.py`, the bytes of a family's own tensors in `held_families.py`, one rank's
-share of a tensor in `rank_share.py`.
+share of a tensor in `rank_share.py`; the checkpoint's tensor table and which of its tensors the
+model reads in `checkpoint_table.py`, the bytes of the tensors that are no `Linear`'s matrix in
+`held_apart.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,13 +55,12 @@ from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
-from pagoda.runtime.server import held_families
-from pagoda.runtime.server.held_families import NORM as _NORM
+from pagoda.runtime.server.checkpoint_table import read_by_model, read_checkpoint
+from pagoda.runtime.server.held_apart import held_apart
 from pagoda.runtime.server.held_forms import _HELD, as_held
 from pagoda.runtime.server.placement import (
     Placement,
     dense_bytes,
-    float32_router_bytes,
     packed_bytes,
     placement,
 )
@@ -70,39 +68,15 @@ from pagoda.runtime.server.rank_share import (
     _LAYER,
     EMBED,
     HEAD,
-    NORM,
     _local,
-    _mamba_share,
     _row_parallel,
 )
-from pagoda.runtime.server.stored import ITEM_BYTES, Checkpoint, Stored
-from pagoda.runtime.server.weights_from_shapes import _kv_b_rows, from_shapes
+from pagoda.runtime.server.stored import Checkpoint, Stored
+from pagoda.runtime.server.weights_from_shapes import from_shapes
 
 if TYPE_CHECKING:
     from pagoda.runtime.quantization.fp8 import Fp8Scheme
 
-# the families' tensors outside the layers (`model/positions.py`, `model/bloom.py`): learned
-# positions (a table, whole on every rank), OPT's projections (Linears), BLOOM's embedding norm
-POSITIONS = "model.embed_positions.weight"
-_OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weight",
-                   "model.embed_layernorm.weight", "model.embed_layernorm.bias",
-                   # Gemma 4's per-layer inputs (model/gemma4.py)
-                   "model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
-                   "model.per_layer_projection_norm.weight",
-                   # Zaya's embedding scale (model/zaya.py)
-                   "model.input_hidden_states_scale", "model.input_hidden_states_bias",
-                   # HY V4's hyper-connections' fold (model/hy_v4.py)
-                   "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale",
-                   # Inkling's embedding norm (model/inkling.py)
-                   "model.embed_tokens.embed_norm.weight", "model.final_input.query",
-                   # Inkling2Loop's message queries (model/inkling2_config.py)
-                   "model.middle_cycle_cross_pass_queries",
-                   "model.middle_cycle_cross_pass_kv_queries")  # fmt: skip
-_NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
-             "output_scale", "inv_freq",
-             # MiniMax's lightning decays, computed from the config (model/minimax.py)
-             *(f"self_attn.{b}" for b in ("slope_rate", "query_decay", "key_decay",
-                                          "diagonal_decay")))  # fmt: skip
 _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj"),  # OLMo Hybrid's
           # Zaya's q, k and delayed values: the conv's inputs in one matrix (model/zaya.py)
           (re.compile(r"\bqkv_proj\.([qk]_proj|v_proj_delayed)\b"), "qkv_proj.cca"),
@@ -129,28 +103,7 @@ _BAILING_KDA_GATES = re.compile(r"\bself_attn\.[fg]_proj\b")
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
-# llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
-# kv_b_proj, or llama.cpp's split of it: held as the absorbed W_UK and W_UV (model/deepseek.py)
-_KV_B = re.compile(r"self_attn\.(\d+\.)?(kv|k|v)_b_proj\.weight$")  # (LongCat's sublayers')
-# a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
-_MAMBA_TENSORS = re.compile(
-    r"(\.(mamba|linear_attn)\.([qkv]_)?(conv1d\.weight|A_log|D)|\.conv\.conv\.weight)$"
-)  # (LFM2's conv; Qwen3-Next's DeltaNet conv and A; OLMo Hybrid's conv in q, k, v parts)
-# a KDA layer's conv (whole or in q, k, v parts), A_log, dt_bias and gated norm: tensors, not
-# `Linear`s, all but the conv in float32 (`model/kimi_linear.py`)
-# Gemma 3n's AltUp projections into and out of its extra streams (Linears outside the layers)
-_ALTUP = re.compile(r"model\.altup_(unembed_)?projections\.\d+\.weight$")
-# DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
-# their names in the families of `model/moe_names.py` too)
-_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe|feed_forward)\.((router\.)?gate\.(wg\.)?weight|"
-                             r"router\.classifier\.weight|"  # (LongCat-Flash's)
-                             r"((gate|moe_statics|experts|router)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-# HY V4's tensors held in float32: the hyper-connections, the sinks, the indexer key's norm
-_HY_V4_FLOAT32 = re.compile(
-    r"(_hc\.(fn|base|scale)|hc_head\.hc_\w+|self_attn\.sinks|"
-    r"indexer\.k_norm\.(weight|bias))$"
-)
 
 
 @dataclass(frozen=True)
@@ -215,98 +168,6 @@ def _ranks(tp: int) -> str:
     return f"; one rank's share of {tp}" if tp > 1 else ""
 
 
-def read_checkpoint(path: Path, architecture: str) -> Checkpoint:
-    """The checkpoint's tensors as the loader names them (metadata only; cached per file)."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return Checkpoint("")
-    return _read(str(path), architecture, stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=8)
-def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoint:
-    path = Path(path_str)
-    if path.is_file():
-        from pagoda.runtime.model import gguf_loader
-        from pagoda.runtime.model.gguf_reader import open_reader
-
-        try:
-            reader = open_reader(path)  # the one `read_model_config` parsed
-        except Exception:  # not a GGUF the reader parses: its size, as a floor
-            return Checkpoint("file", {}, path.stat().st_size)
-        tensors = {}
-        for t in reader.tensors:
-            name = gguf_loader._hf_name(t.name, architecture)  # None: not read (rope_freqs)
-            if name is not None:
-                tensors[name] = Stored(name, t.tensor_type.name, gguf_loader.held_shape(name, t),
-                                       int(t.n_bytes))  # fmt: skip
-        return Checkpoint("GGUF", tensors, path.stat().st_size)
-    from pagoda.runtime.model.checkpoint_names import LISTINGS
-    from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, checkpoint_files
-
-    try:
-        files = checkpoint_files(path)
-    except ValueError:  # no weight files the loader reads
-        return Checkpoint("")
-    # headers only (a pickle's tensors memory-mapped, none read): tensors are read on access
-    weights = SafetensorsWeights(files)
-    listing = LISTINGS.get(architecture)
-    if listing is not None and listing.estimate:  # the tensors as the loader names them
-        if not listing.config:
-            listing.run(weights, None)
-        else:
-            from pagoda.runtime.model.hf_loader import read_config
-
-            with contextlib.suppress(ValueError):  # (refused at load in one line: read as stored)
-                listing.run(weights, read_config(path))
-    tensors = {}
-    for name in weights:
-        kind, shape = weights.dtype_and_shape(name)
-        numel = math.prod(shape)
-        tensors[name] = Stored(name, kind, tuple(shape), numel * ITEM_BYTES.get(kind, 4))
-    if architecture == "deepseek_v4":  # its released FP8 / FP4 matrices as held, dequantized
-        from pagoda.runtime.model.dsv4_quant import held_tensors
-
-        tensors = held_tensors(tensors)
-    form = ".bin" if files[0].suffix == ".bin" else "safetensors"
-    return Checkpoint(form, tensors, sum(f.stat().st_size for f in files))
-
-
-def read_by_model(name: str, mc: ModelConfig) -> bool:
-    """Whether the model reads tensor `name` as a weight of its own (FP8 scales go with theirs)."""
-    if name.endswith(_NOT_READ) and not name.endswith(".altup.correct_output_scale"):
-        return False  # (Gemma 3n's AltUp scale: a weight, not an FP8 scale)
-    if name == HEAD:
-        return not mc.tie_word_embeddings
-    if name in (
-        EMBED,
-        NORM,
-        "model.norm.bias",
-        "lm_head.bias",
-        "lm_head.logit_scale",  # (Dory's, float32)
-        "model.z_L_init",  # (HRM-Text's)
-        "model.final_layernorm.weight",
-        "model.final_layernorm.bias",
-        *_OUTSIDE_LAYERS,
-    ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
-        # PhiMoE's head a bias)
-        return True
-    g3n = None if mc.family.gemma4 is None else mc.family.gemma4.gemma3n  # (model/gemma3n.py)
-    if g3n is not None and _ALTUP.match(name):
-        return int(name.rsplit(".", 2)[1]) < g3n.altup_inputs - 1
-    if g3n is not None and name.startswith(("model.embed_vision.", "model.embed_audio.")):
-        return name in g3n.model_shapes(mc.hidden_size)  # (its soft-token norms: not read)
-    m = _LAYER.match(name)
-    if m is not None and mc.architecture == "axk1" and name.endswith(".post_mlp_layernorm.weight"):
-        return int(m.group(1)) < mc.num_layers and mc.family.has_experts(int(m.group(1)))
-    g = mc.family.gemma4  # its KV-shared layers' K/V projections and norms: not read
-    if m is not None and g is not None and int(m.group(1)) < mc.num_layers:
-        shared = g.shares_kv(int(m.group(1)))
-        return not (shared and re.search(r"self_attn\.[kv]_(proj|norm)\.", name))
-    return m is not None and int(m.group(1)) < mc.num_layers
-
-
 def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict[str, str]]:
     """Bytes one rank holds (module docstring), and notes on how: "blocks", "fp8", extras."""
     from pagoda.runtime.distributed.layout import TPLayout
@@ -331,7 +192,7 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
             continue
-        held = _held_apart(name, t, mc, lay, p)
+        held = held_apart(name, t, mc, lay, p)
         if held is None:
             groups.setdefault(_group(name, mc), []).append(t)
         else:
@@ -358,66 +219,6 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     return total, notes
 
 
-def _held_apart(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """The bytes one rank holds of a tensor that is no `Linear`'s matrix: a position table,
-    a float32 router, latent attention's absorbed kv_b, a Mamba2 mixer's conv, A and D, norms,
-    sinks and biases; None for a `Linear`'s matrix (`resident` counts them by layer)."""
-    if name == POSITIONS:  # a table (not a Linear), whole on every rank
-        return t.numel * p.dtype.itemsize
-    m = mc.family.mamba  # DeepSeek's router, and Nemotron-H's (the same one), held in float32
-    float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
-    # (Cohere's q/k norms: [heads, head_dim]; Gemma 4's MoE block's `_1`, `_2`)
-    norm = _NORM.search(name) is not None
-    # Nemotron-H's block and final norms in float32 (`NemotronHModel.norm_weight`); its
-    # Mamba2 mixers' gated norm (`mamba.norm`) in the dtype
-    float32_norm = norm and ".mamba." not in name and mc.architecture == "nemotron_h"
-    # Qwen3-Next's and Qwen3.5's (1 + w) norms (`qwen3_next.Qwen3NextModel`), not the gated one
-    float32_norm |= (
-        norm
-        and ".linear_attn." not in name
-        and mc.family.mamba is not None
-        and (mc.family.mamba.mixer == "gated_deltanet")
-        and not mc.family.olmo2_norms  # (OLMo Hybrid's: as stored)
-        and mc.architecture != "lara_mini"  # (as stored)
-    )
-    if float32_router and _FLOAT32_ROUTER.search(name):
-        return float32_router_bytes(t, p)
-    if name.endswith("indexer.weights_proj.weight") and mc.architecture != "glm5_next":
-        # DeepSeek Sparse Attention's, float32 (GLM-5-Next's in the model's dtype)
-        return float32_router_bytes(t, p)
-    if mc.family.hyper is not None and _HY_V4_FLOAT32.search(name):  # (model/hy_v4.py)
-        start, stop = lay.heads(mc.num_heads) if name.endswith(".sinks") else (0, t.numel)
-        return (stop - start) * 4  # (the sinks: this rank's heads')
-    if mc.family.mla is not None and _KV_B.search(name):
-        return _absorbed_kv_b(t, mc, lay, p)
-    if name == "lm_head.logit_scale":  # Dory's per-token logit scale, float32
-        return t.numel * 4
-    family = held_families.HELD.get(mc.architecture)  # a family's own tensors
-    if family is not None and (held := family(name, t, mc, lay, p)) != held_families.GENERIC:
-        return held
-    if _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
-        # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
-        n = t.numel * _mamba_share(name, mc, lay)
-        return int(n) * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
-    if name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
-        return None
-    if norm and (
-        mc.family.gemma_norms or (mc.family.cohere_layer and not mc.family.cohere_rms_norm)
-        or mc.architecture in ("gpt_oss", "minimax_m3") or float32_norm
-        or mc.family.gemma4 is not None
-        or name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
-    ):  # fmt: skip
-        # float32: Gemma's (and MiniMax-M3's) 1 + w (gemma2.norm_weight), Cohere's LayerNorm
-        # weights, gpt-oss's w, Nemotron-H's, StableLM's per-head q/k norms stacked (a GGUF's)
-        return math.prod(_local(name, t.shape, mc, lay)) * 4
-    if name.endswith(("self_attn.sinks", "self_attn.attention_sink_bias")):  # float32, this
-        # rank's heads (gpt-oss's, MiMo-V2-Flash's)
-        start, stop = lay.heads(mc.num_heads)
-        return (stop - start) * 4
-    return _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize  # norms and biases (o's and
-    # down's whole on every rank)
-
-
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
 _HYBRID_FP8 = re.compile(r"(mamba\.(in|out)_proj|shared_mlp\.(input|output)_linear|"
                          r"feed_forward\.(gate|up|down)_proj|mlp\.experts\.\d+\.(up|down)_proj|"
@@ -436,16 +237,6 @@ def _runs_in_fp8(name: str, scheme: Fp8Scheme, mc: ModelConfig | None = None) ->
     dense = _PROJECTIONS.search(name) or _SHARED_EXPERT.search(name)
     hybrid = mc is not None and mc.family.mamba is not None and _HYBRID_FP8.search(name)
     return bool(dense or hybrid) and scheme.quantizes(name.removesuffix(".weight"))
-
-
-def _absorbed_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:
-    """kv_b_proj as `model/deepseek.py` holds it, the absorbed W_UK and W_UV: this rank's
-    heads' rows, dense in the dtype (never in place, packed or FP8); llama.cpp's split counted
-    with its k_b part (its v_b part: 0)."""
-    if ".v_b_proj." in t.name:
-        return 0
-    q0, q1 = lay.heads(mc.num_heads)
-    return _kv_b_rows(q1 - q0, mc.family.mla) * mc.family.mla.kv_lora_rank * p.dtype.itemsize
 
 
 def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placement, lay,

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from pagoda.runtime.attention import AttentionMetadata
+from pagoda.runtime.sampling.sampler import SamplingBatch
+from pagoda.runtime.spec.rejection import DRAFT, DraftProbs, draft_pick, uniforms
 
 if TYPE_CHECKING:
     from pagoda.runtime.config import EngineConfig
@@ -42,9 +44,11 @@ if TYPE_CHECKING:
 
 
 def check_draft(config: EngineConfig, target: ModelConfig, draft: ModelConfig) -> None:
-    """ValueError, one line, for a draft checkpoint this runner cannot pair with the target
-    (the target's refusals, recurrent state and the like, are `engine.start_checks.check_speculative`'s;
-    the tokenizers are compared once both are loaded: `check_loaded`)."""
+    """ValueError, one line, for a draft checkpoint this runner cannot pair with the target,
+    read from its config before any weights load: another vocabulary, a context shorter than
+    the sequences served, FP8 weights, a latent or indexed cache (the target's refusals,
+    recurrent state and the like, are `engine.start_checks.check_speculative`'s; the tokenizers
+    are compared once both are loaded: `check_loaded`)."""
     name = config.speculative_config.draft_model
     if draft.vocab_size != target.vocab_size:
         raise ValueError(
@@ -57,6 +61,13 @@ def check_draft(config: EngineConfig, target: ModelConfig, draft: ModelConfig) -
             f"speculative decoding with a draft model is not supported with --quantization "
             f"{config.quantization} (the draft would run unquantized beside FP8 weights; "
             "untested): drop --quantization or the draft model"
+        )
+    served = config.scheduler.max_model_len or target.context_length
+    if draft.context_length < served:
+        raise ValueError(
+            f"speculative_config: the draft model {name} has a context of "
+            f"{draft.context_length} tokens, less than max_model_len {served}: lower "
+            "--max-model-len"
         )
     f = draft.family
     if f.mla is not None or f.block_index is not None or f.kolibri11 is not None:
@@ -81,16 +92,9 @@ def check_loaded(name: str, target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-def check_built(name: str, model: LlamaModel, max_model_len: int) -> None:
+def check_built(name: str, model: LlamaModel) -> None:
     """ValueError, one line, for a built draft whose forward needs per-step inputs the draft
-    runner does not make (n-gram token history, longrope tables, per-sequence state), or whose
-    context is shorter than the sequences served."""
-    context = model.config.context_length
-    if context < max_model_len:
-        raise ValueError(
-            f"speculative_config: the draft model {name} has a context of {context} tokens, "
-            f"less than max_model_len {max_model_len}: lower --max-model-len"
-        )
+    runner does not make (n-gram token history, longrope tables, per-sequence state)."""
     if model.token_history or model.long_rope or model.sequence_state(1) is not None:
         raise ValueError(
             f"speculative_config: the draft model {name} ({model.config.architecture}) reads "
@@ -107,6 +111,14 @@ def draft_block_bytes(model: LlamaModel, dtype: torch.dtype, block_size: int) ->
 def scratch_blocks(k: int, block_size: int) -> int:
     """A batch row's scratch blocks: k positions past a sequence's blocks, from any offset."""
     return -(-k // block_size) + 1
+
+
+def sampled_bytes(k: int, max_rows: int, vocab_size: int) -> int:
+    """Device bytes that sampled drafts take beside the KV cache at most: q of k positions a
+    sequence held between steps (float32 [max_rows, k, V], `spec/rejection.DraftProbs`) and the
+    verification's float32 [max_rows * k, V] temporaries (p, q's rows, the residual and its
+    float64 running sum: about five of them)."""
+    return max_rows * k * vocab_size * 4 * 6
 
 
 def prefill_batch(
@@ -168,10 +180,12 @@ class DraftModel:
         total = num_blocks + max_rows * self.scratch
         caches = [b.allocate_kv_cache(total, block_size, dtype, device) for b in model.kv_backends]
         self.kv_caches = model.layer_caches(caches)
-        self.backends = list({id(b): b for b in (model.backend, *model.kv_backends)}.values())
+        self.backends = model.attention_backends
         self.max_position = max_positions - 1
         # per request: (its num_preemptions then, the positions whose draft rows are real)
         self._seen: dict[Request, tuple[int, int]] = {}
+        # the last run's q of its sampling requests, until the next step verifies their drafts
+        self.held: DraftProbs | None = None
 
     def propose(
         self,
@@ -181,10 +195,12 @@ class DraftModel:
         num_blocks: np.ndarray,
         to_device: Callable[[np.ndarray], torch.Tensor],
     ) -> np.ndarray:
-        """int64 [B, k] greedy drafts of `reqs`, each a sequence of its `token_ids` and then
-        its `tails` entry (the tokens this step gave it, not folded in yet); `table`: their
-        block tables as the step used them ([B, W] int32), `num_blocks` [B] the blocks in each.
-        One device→host read, at the end."""
+        """int64 [B, k] drafts of `reqs`, each a sequence of its `token_ids` and then its
+        `tails` entry (the tokens this step gave it, not folded in yet): greedy for a greedy
+        request, drawn from the draft's processed distribution q for one that samples (q kept
+        in `held` for the verification, `spec/rejection.py`). `table`: their block tables as
+        the step used them ([B, W] int32), `num_blocks` [B] the blocks in each. One
+        device→host read, at the end."""
         b, k, bs = len(reqs), self.k, self.block_size
         lens = np.fromiter((len(r.token_ids) + len(t) for r, t in zip(reqs, tails)), np.int64, b)
         seen = self._seen_of(reqs, lens)
@@ -197,8 +213,9 @@ class DraftModel:
         scratch = (extra >= 0) & (extra < self.scratch)
         spare = self.scratch_base + np.arange(b)[:, None] * self.scratch + extra
         tbl[scratch] = spare[scratch]
+        pick = self._sampler(reqs, lens, to_device)
         # the catch-up: every sequence's unseen tokens, its last one giving the first draft
-        tok = self._ragged(unseen, seen, lens, tbl, to_device)
+        tok = pick(0, self._ragged(unseen, seen, lens, tbl, to_device))
         drafts = [tok]
         one, ones, cu = np.arange(b), np.ones(b, np.int64), np.arange(b + 1)
         # what every one-token forward shares, on the device once: the table, the query
@@ -206,11 +223,37 @@ class DraftModel:
         fixed = (to_device(tbl), to_device(cu.astype(np.int32)), to_device(one))
         for j in range(1, k):  # one position further each, all sequences at once
             pos = np.minimum(lens - 1 + j, self.max_position)
-            tok = self._greedy(tok, pos, tbl, one, ones, cu, to_device, fixed)
+            tok = pick(j, self._forward(tok, pos, tbl, one, ones, cu, to_device, fixed))
             drafts.append(tok)
         out = torch.stack(drafts, dim=1).cpu().numpy()  # the run's one read back
         self._mark_seen(reqs, lens, num_blocks)
         return out
+
+    def _sampler(self, reqs: Sequence[Request], lens: np.ndarray, to_device):
+        """`pick(j, logits)`: draft position j's tokens [B] from the draft's logits; the
+        sampling rows' q of every position kept in `held` (their drafts' uniforms drawn now:
+        `rejection.uniforms`, a seeded request's keyed by its seed and token index)."""
+        sampled = np.flatnonzero([not r.params.greedy for r in reqs])
+        self.held = None
+        if not len(sampled):
+            return lambda j, logits: logits.argmax(dim=-1)
+        k, device, vocab = self.k, self.device, self.model.vocab_size
+        sreqs = [reqs[i] for i in sampled.tolist()]
+        f = SamplingBatch.build(sreqs, vocab, device)  # (their temperature and filters)
+        index = (lens[sampled][:, None] + np.arange(k)).ravel()
+        u = uniforms([r for r in sreqs for _ in range(k)], index, DRAFT, device, to_device)
+        u = u.view(-1, k)
+        rows = to_device(sampled.astype(np.int64))
+        probs = torch.empty((len(sreqs), k, vocab), dtype=torch.float32, device=device)
+        self.held = DraftProbs(probs, {r: (n, i) for i, (r, n) in
+                                       enumerate(zip(sreqs, lens[sampled].tolist()))})  # fmt: skip
+
+        def pick(j: int, logits: torch.Tensor) -> torch.Tensor:
+            tokens, q = draft_pick(logits, f, u[:, j], rows)
+            probs[:, j] = q
+            return tokens
+
+        return pick
 
     def catch_up(
         self,
@@ -245,7 +288,7 @@ class DraftModel:
         to_device: Callable[[np.ndarray], torch.Tensor],
     ) -> torch.Tensor:
         """One forward over each sequence's `unseen` tokens (positions `seen` .. `lens` - 1):
-        the argmax after each one's last, int64 [B] on the device."""
+        the logits after each one's last, [B, V] on the device."""
         b = len(unseen)
         qlens = lens - seen
         cu = np.zeros(b + 1, dtype=np.int64)
@@ -253,7 +296,7 @@ class DraftModel:
         ids = np.fromiter(chain.from_iterable(unseen), np.int64, int(cu[-1]))
         seq_idx = np.repeat(np.arange(b), qlens)
         positions = np.arange(len(ids)) - cu[:-1][seq_idx] + seen[seq_idx]
-        return self._greedy(to_device(ids), positions, tbl, seq_idx, qlens, cu, to_device)
+        return self._forward(to_device(ids), positions, tbl, seq_idx, qlens, cu, to_device)
 
     def _seen_of(self, reqs: Sequence[Request], lens: np.ndarray) -> np.ndarray:
         """Each sequence's positions whose draft rows are real (0: new, or preempted since);
@@ -269,7 +312,7 @@ class DraftModel:
         )  # fmt: skip
         return np.minimum(seen, lens - 1)
 
-    def _greedy(
+    def _forward(
         self,
         ids: torch.Tensor,
         positions: np.ndarray,
@@ -280,29 +323,17 @@ class DraftModel:
         to_device: Callable[[np.ndarray], torch.Tensor],
         fixed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """One draft forward (each sequence's last row projected): its argmax tokens, int64
-        [B] on the device. `fixed`: `tbl`, `cu` (int32) and the projected rows already on the
-        device (the one-token forwards of a step share them)."""
-        bs, b = self.block_size, len(qlens)
+        """One draft forward, each sequence's last row projected: its logits [B, V] on the
+        device. `fixed`: `tbl`, `cu` (int32) and the projected rows already on the device (the
+        one-token forwards of a step share them)."""
+        bs = self.block_size
         slots = tbl[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         seq_lens = positions[cu[1:] - 1] + 1
-        decodes = b if int(qlens.max()) == 1 else 0
-        meta = AttentionMetadata(
-            num_seqs=b,
-            num_decodes=decodes,
-            num_tokens=len(positions),
-            max_query_len=int(qlens.max()),
-            max_seq_len=int(seq_lens.max()),
-            query_start_loc=to_device(cu.astype(np.int32)) if fixed is None else fixed[1],
-            seq_lens=to_device(seq_lens.astype(np.int32)),
-            block_tables=to_device(tbl) if fixed is None else fixed[0],
-            slot_mapping=to_device(slots),
-            block_size=bs,
-            query_lens_host=qlens.tolist(),
-            seq_lens_host=seq_lens.tolist(),
-        )
+        if fixed is None:
+            fixed = (to_device(tbl), to_device(cu.astype(np.int32)), to_device(cu[1:] - 1))
+        decodes = len(qlens) if int(qlens.max()) == 1 else 0
+        meta = AttentionMetadata.from_host(qlens, seq_lens, decodes, slots, bs, to_device,
+                                           fixed[1], fixed[0])  # fmt: skip
         for backend in self.backends:
             backend.prepare(meta)
-        rows = to_device(cu[1:] - 1) if fixed is None else fixed[2]
-        logits = self.model.forward(ids, to_device(positions), self.kv_caches, meta, rows)
-        return logits.argmax(dim=-1)
+        return self.model.forward(ids, to_device(positions), self.kv_caches, meta, fixed[2])

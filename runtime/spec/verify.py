@@ -19,7 +19,10 @@ renormalised. Drawing t ~ p and accepting x iff t == x accepts with probability 
 a rejection t is distributed as p(. | t != x): the same joint law of (accepted, token), so every
 emitted token is distributed as the processed target distribution p. A seeded request's
 generator is moved back to the draws of the tokens it kept (`rewind`), so its stream, and its
-output, is the one it gives without speculation.
+output, is the one it gives without speculation. This is the rule for drafts that are not draws
+(n-gram drafts, a draft model's greedy ones); a draft model's sampled drafts, whose law q it
+keeps, are verified by min(1, p / q) with the residual max(0, p - q) instead, which keeps more
+of them: `spec/rejection.py` rewrites their rows' tokens before this module reads them.
 """
 
 from __future__ import annotations

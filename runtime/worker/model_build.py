@@ -24,11 +24,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def attention_backend(runner: ModelRunner, mc: ModelConfig) -> AttentionBackend:
+def attention_backend(
+    runner: ModelRunner, mc: ModelConfig, whole: bool = False
+) -> AttentionBackend:
     """The attention backend of model `mc` (the target's or the draft's) for this rank's
     heads (tensor parallel: its share of them; layout.py replicates KV heads when there
-    are fewer than ranks)."""
-    config, tp = runner.config, runner.tp
+    are fewer than ranks); `whole`: all of its heads (a draft model, whole on rank 0)."""
+    config, tp = runner.config, None if whole else runner.tp
     heads, kv_heads = mc.num_heads, mc.num_kv_heads
     if tp is not None:
         heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
@@ -53,10 +55,15 @@ def attention_backend(runner: ModelRunner, mc: ModelConfig) -> AttentionBackend:
 
 
 def build_model(
-    runner: ModelRunner, loaded: LoadedModel, max_model_len: int, backend: AttentionBackend
+    runner: ModelRunner,
+    loaded: LoadedModel,
+    max_model_len: int,
+    backend: AttentionBackend,
+    whole: bool = False,
 ) -> LlamaModel:
     """The model on the runner's device, FP8 where the device has the kernels (an FP8
-    checkpoint is dequantized at load where it has not)."""
+    checkpoint is dequantized at load where it has not); this rank's share of it in a
+    tensor-parallel group, or with `whole` all of it (a draft model)."""
     mc, config, device = loaded.config, runner.config, runner.device
     check_checkpoint_form(config.quantization, loaded.path)
     fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(device))
@@ -75,16 +82,20 @@ def build_model(
         # Scout's 10M positions would be 5.4 GB of float32 rows at head size 128
         max_positions=max_model_len,
         batch_invariant=config.batch_invariant,
-        tp=runner.tp,
+        tp=None if whole else runner.tp,
         fp8=fp8,
         check_weights=config.check_weights,
     )
 
 
 def build_draft(runner: ModelRunner, draft: LoadedModel, max_model_len: int) -> LlamaModel:
-    """The draft model's weights on the runner's device, with its own attention backend."""
-    net = build_model(runner, draft, max_model_len, attention_backend(runner, draft.config))
-    check_built(draft.name, net, max_model_len)
+    """The draft model's weights on the runner's device, with its own attention backend: all
+    of it, in a tensor-parallel group too, where only rank 0 holds it (the other ranks neither
+    schedule nor sample: they run the target's forward of each step only, `worker_proc.py`),
+    so its forwards take no collective."""
+    backend = attention_backend(runner, draft.config, whole=True)
+    net = build_model(runner, draft, max_model_len, backend, whole=True)
+    check_built(draft.name, net)
     log.info("speculative decoding: draft model %s (%s, %d layers) drafts %d tokens a step",
              draft.name, draft.config.architecture, draft.config.num_layers,
              runner.config.speculative_config.num_speculative_tokens)  # fmt: skip

@@ -44,8 +44,13 @@ from pagoda.runtime.sampling.sampler import (
     head_sampling,
     sample,
 )
-from pagoda.runtime.spec import verify
-from pagoda.runtime.spec.draft_model import DraftModel, draft_block_bytes, scratch_blocks
+from pagoda.runtime.spec import rejection, verify
+from pagoda.runtime.spec.draft_model import (
+    DraftModel,
+    draft_block_bytes,
+    sampled_bytes,
+    scratch_blocks,
+)
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import (
     cache_budget,
@@ -117,7 +122,9 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.block_size) + 1
         self.block_tables = BlockTables(2 * config.scheduler.max_num_seqs, max_blocks)
         # the pooling runner: each step hands back hidden states, pooled per prompt that ends
-        self.pooling_type, self.pooler = Pooler.for_runner(config, mc.hidden_size, tp, self.device)
+        self.pooling_type, self.pooler = Pooler.for_runner(
+            config, mc.hidden_size, tp, self.device, getattr(self.model, "classifier_head", None)
+        )
         # a hybrid's Mamba layers: their state slots (a column per block-table row), before the
         # KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
@@ -147,7 +154,7 @@ class ModelRunner:
                                     config.scheduler.max_num_seqs, self.dtype, self.device,
                                     max_model_len)  # fmt: skip
         # each backend of another shape plans a step too (`AttentionBackend.with_geometry`)
-        self._backends = list({id(b): b for b in (self.backend, *self.model.kv_backends)}.values())
+        self._backends = self.model.attention_backends
         self.cuda_graphs: CudaGraphRunner | None = None
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
@@ -226,6 +233,9 @@ class ModelRunner:
             k, bs = config.speculative_config.num_speculative_tokens, self.block_size
             row = scratch_blocks(k, bs) * draft_block_bytes(self._draft_net, self.dtype, bs)
             scratch = config.scheduler.max_num_seqs * row
+            if self.device.type == "cuda":  # sampled drafts' q and verification, beside it
+                vocab = self._draft_net.vocab_size
+                scratch += sampled_bytes(k, config.scheduler.max_num_seqs, vocab)
         return shape.size(
             lambda: (
                 cache_budget.cache_budget(
@@ -262,10 +272,14 @@ class ModelRunner:
             drafted = reqs
             reqs = np.repeat(_objects(reqs), spec.counts + 1).tolist()
         batch = self._sampling_batch(reqs, self.model.vocab_size) if reqs else None
+        ratio = None  # a draft model's sampled drafts: verified by their q (`spec/rejection.py`)
         if spec is not None:  # before the rows draw their uniforms (the LM head's too)
+            held = None if self.draft is None else self.draft.held
+            ratio = rejection.ratio_rows(drafted, spec.counts, spec.drafts, held)
             spec.generators = verify.save_generators(drafted, spec.counts)
         rows = self._grammar_rows if batch is not None else []
-        plain = batch is not None and not rows and inp.prompt is None and self._head_samples(batch)
+        plain = batch is not None and not rows and inp.prompt is None and ratio is None
+        plain = plain and self._head_samples(batch)
         head = head_sampling(batch) if plain else None
         if clock is not None:
             clock.mark("prepare")
@@ -291,6 +305,9 @@ class ModelRunner:
             if self.logits_hook is not None:
                 self.logits_hook(reqs, logits)
             step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler), prompt=prompt)
+            if ratio is not None:  # the drafted rows' tokens by the ratio rule (on the device)
+                rejection.resample(step.sampler_output.token_ids, logits, batch, ratio,
+                                   self.draft.held, self.to_device)  # fmt: skip
         if spec is not None:
             step.spec = (drafted, spec)
         if self.draft is not None:  # the sampling requests' block-table rows, one each
@@ -381,20 +398,10 @@ class ModelRunner:
         ):  # graphs read longrope's table by seq_lens: not for a one-token chunk mid-prompt
             logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
             return logits.index_select(0, self.to_device(_logit_rows(inp, inp.sampling)))
-        meta = AttentionMetadata(
-            num_seqs=n,
-            num_decodes=nd,
-            num_tokens=ids.shape[0],
-            max_query_len=int(inp.qlens.max()),
-            max_seq_len=int(inp.seq_lens.max()),
-            query_start_loc=self.to_device(inp.cu.astype(np.int32)),
-            seq_lens=self.to_device(seq_lens),
-            block_tables=self.to_device(inp.table),
-            slot_mapping=self.to_device(inp.slots),
-            block_size=self.block_size,
-            query_lens_host=inp.qlens.tolist(),
-            seq_lens_host=inp.seq_lens.tolist(),
-        )
+        meta = AttentionMetadata.from_host(
+            inp.qlens, inp.seq_lens, nd, inp.slots, self.block_size, self.to_device,
+            self.to_device(inp.cu.astype(np.int32)), self.to_device(inp.table),
+        )  # fmt: skip
         if inp.prompt_lens is not None:
             meta.prompt_lens = self.to_device(inp.prompt_lens.astype(np.int32))
         for backend in self._backends:

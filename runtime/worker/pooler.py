@@ -9,7 +9,9 @@ request's accumulator across chunks and divides by the prompt's length at its en
 accumulators are a preallocated [block-table rows, hidden] float32 buffer indexed by each
 request's block-table row (`BlockTables.rows`, stable while the request runs); a request whose
 step starts at position 0 (a first chunk, or a preempted one computed again) starts its row
-afresh. Everything is batched: one index_select / index_copy / index_add per step.
+afresh. Everything is batched: one index_select / index_copy / index_add per step. A sequence
+classifier's pooled rows then go through its head (`model/classifier_head.py`) to its labels'
+probabilities.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pagoda.runtime.model.classifier_head import activate
 from pagoda.runtime.pooler_config import PoolerConfig
 from pagoda.runtime.worker.outputs import LaunchedStep
 from pagoda.runtime.worker.readback import pinned_copies
@@ -60,10 +63,11 @@ def execute_pooling(runner: ModelRunner, out: SchedulerOutput, inp: StepInputs) 
 
 class Pooler:
     @classmethod
-    def for_runner(cls, config, hidden_size: int, tp, device: torch.device
+    def for_runner(cls, config, hidden_size: int, tp, device: torch.device, head=None
                    ) -> tuple[str | None, Pooler | None]:  # fmt: skip
         """(the pooling type, the pooler) of an `EngineConfig`'s runner: (None, None) when it
-        generates; the pooler on rank 0 only (the other ranks of a group hand back rows)."""
+        generates; the pooler on rank 0 only (the other ranks of a group hand back rows).
+        `head`: a sequence classifier's (`model/classifier_head.py`), run on the pooled rows."""
         pc = config.pooler_config if config.runner == "pooling" else None
         if pc is None:
             return None, None
@@ -72,14 +76,19 @@ class Pooler:
         log.info("pooling runner: %s pooling%s%s; no LM head, prefix caching off",
                  pc.pooling_type, ", normalized" if pc.normalize else "",
                  f", {pc.dimensions} dimensions" if pc.dimensions else "")  # fmt: skip
-        width = 1 if pc.cross_encoder else hidden_size  # (a cross-encoder's rows: its scores)
-        return pc.pooling_type, cls(pc, width, 2 * config.scheduler.max_num_seqs, device)
+        if pc.cross_encoder and head is None:
+            raise ValueError("a sequence classifier's model read no classifier head")
+        pooler = cls(pc, hidden_size, 2 * config.scheduler.max_num_seqs, device)
+        pooler.head = head if pc.cross_encoder else None
+        return pc.pooling_type, pooler
 
     def __init__(self, config: PoolerConfig, hidden_size: int, num_rows: int,
                  device: torch.device) -> None:  # fmt: skip
         self.type = config.pooling_type
         self.normalize = config.normalize
         self.dimensions = config.dimensions
+        self.multi_label = config.multi_label
+        self.head = None  # a classifier's: its pooled rows' logits, then probabilities
         self.device = device
         self.acc = None
         if self.type != "LAST":  # a request's sum (MEAN) or first row (CLS) across its chunks
@@ -114,6 +123,8 @@ class Pooler:
                 out = out / lens.unsqueeze(1)
         if not len(done):
             return None
+        if self.head is not None:
+            return activate(self.head(out), self.multi_label)
         if self.dimensions is not None:  # Matryoshka: the leading components
             out = out[:, : self.dimensions]
         return F.normalize(out, dim=-1) if self.normalize else out

@@ -8,7 +8,8 @@ crosses in three broadcasts:
 1. a fixed header (int64 [8], control group): what follows and its sizes, or "stop";
 2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
    lengths, their prefix sums, the prompts' lengths (longrope's table: `model/longrope.py`),
-   the sampling rows, the rows scored for prompt logprobs;
+   the sampling rows, the rows scored for prompt logprobs, a step with drafts' rows projected
+   (`StepInputs.sample_rows`: every row of a drafted request, `spec/verify.py`);
    and a hybrid's state slots (`worker/mamba_state.HostSlots`: each sequence's, those to zero,
    and its prefix cache's snapshot copies: restores, saves at chunk ends and inside chunks);
    the model's per-sequence state slots (`LlamaModel.sequence_state`'s step as its ``rows()``,
@@ -23,6 +24,7 @@ crosses in three broadcasts:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -33,7 +35,7 @@ from pagoda.runtime.worker.mamba_state import HostSlots
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
-HEADER = 15
+HEADER = 16
 SNAPSHOT_ROWS = (2, 2, 3)  # rows of `HostSlots.restore`, `save_end`, `save_mid`
 
 
@@ -53,6 +55,7 @@ class StepChannel:
         """Rank 0: broadcast the step (`ids` on the device) to the other ranks."""
         t, (b, width), s = ids.shape[0], inp.table.shape, len(inp.sampling)
         extra = inp.extra_rows if inp.extra_rows is not None else np.empty(0, dtype=np.int64)
+        drafted = inp.sample_rows if inp.sample_rows is not None else np.empty(0, dtype=np.int64)
         h = self._header
         mamba = inp.mamba  # a hybrid's state slots: [B] slots, then those to zero
         state = () if mamba is None else (mamba.slots, mamba.fresh)
@@ -68,7 +71,7 @@ class StepChannel:
         rows = () if images is None else (inp.images.rows,)  # (on the host: no sync)
         h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh, *counts,
                               sum(len(a) for a in seq), len(lora), len(loads),
-                              sum(len(r) for r in rows)]))  # fmt: skip
+                              len(drafted), sum(len(r) for r in rows)]))  # fmt: skip
         self.tp.broadcast_host(h)
         if loads:
             self.tp.broadcast_host(torch.frombuffer(bytearray(loads), dtype=torch.uint8))
@@ -76,7 +79,8 @@ class StepChannel:
         parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu,
                  prompt_lens, *state, *(a.reshape(-1) for a in snaps), *seq, *lora)  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
-                                  np.asarray(inp.sampling, dtype=np.int64), extra, *rows])  # fmt: skip
+                                  np.asarray(inp.sampling, dtype=np.int64), extra,
+                                  np.asarray(drafted, dtype=np.int64), *rows])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
         self.tp.broadcast(ids)
         if images is not None:
@@ -94,18 +98,21 @@ class StepChannel:
         if h[0] == STOP:
             return None
         t, b, width, s, nd, e, fresh = h[1:8]
-        counts, seq, lora, nloads, nimage = h[8:11], h[11], t * h[12], h[13], h[14]
+        counts, seq, lora, nloads = h[8:11], h[11], t * h[12], h[13]
+        nd_rows, nimage = h[14], h[15]
         loads = None
         if nloads:
             raw = self.tp.broadcast_host(torch.empty(nloads, dtype=torch.uint8))
             loads = _decode_loads(raw.numpy().tobytes())
         state = b + fresh - 1 if fresh else 0
         snap = [n * c for n, c in zip(SNAPSHOT_ROWS, counts)]
-        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + lora + s + e + nimage
+        size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + lora + s + e + nd_rows
+        size += nimage
         a = self.tp.broadcast_host(torch.empty(size, dtype=torch.int64)).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s, e])
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s, e, nd_rows])
         (positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, restore, save_end,
-         save_mid, seq_rows, lora_slots, sampling, extra, image_rows) = np.split(a, cuts)  # fmt: skip
+         save_mid, seq_rows, lora_slots, sampling, extra, drafted,
+         image_rows) = np.split(a, cuts)  # fmt: skip
         device = self.tp.device
         ids = torch.empty(t, dtype=torch.int64, device=device)
         self.tp.broadcast(ids)
@@ -120,7 +127,7 @@ class StepChannel:
             qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
             extra_rows=extra if e else None, prompt_lens=prompt_lens,
             seq_state=seq_rows if seq else None, lora=lora_slots if lora else None,
-            lora_loads=loads, image_embeds=images,
+            lora_loads=loads, sample_rows=drafted if nd_rows else None, image_embeds=images,
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)
@@ -132,12 +139,13 @@ class StepChannel:
 
 
 def _encode_loads(loads) -> bytes:
-    """A step's LoRA loads, (slot, `LoRARequest`) each, as JSON (b"" for none)."""
+    """A step's LoRA loads, (slot, `LoRARequest`) each, as JSON (b"" for none): every field of
+    the request by name (`dataclasses.fields`), so a field added to it crosses too."""
     if not loads:
         return b""
-    return json.dumps([[slot, r.lora_name, r.lora_int_id, r.lora_path, r.base_model_name]
-                       for slot, r in loads]).encode()  # fmt: skip
+    names = [f.name for f in dataclasses.fields(LoRARequest)]
+    return json.dumps([[slot, {n: getattr(r, n) for n in names}] for slot, r in loads]).encode()
 
 
 def _decode_loads(data: bytes) -> list[tuple[int, LoRARequest]]:
-    return [(slot, LoRARequest(*fields)) for slot, *fields in json.loads(data)]
+    return [(slot, LoRARequest(**fields)) for slot, fields in json.loads(data)]

@@ -19,13 +19,15 @@ from operator_helpers import condition, create_isvc
 from pagoda.operator.children import serve_args
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.config_map import build_config_map, config_hash
-from pagoda.operator.children.model_cache import ADAPTER_CONTAINER, LINKS_VOLUME
+from pagoda.operator.children.model_cache import ADAPTER_LINKS
 from pagoda.operator.children.owner import Owner
 from pagoda.operator.kube.names import ADAPTERS_MOUNT, CONFIG_HASH_ANNOTATION, MODEL_CACHE_MOUNT
 from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
 from pagoda.operator.spec.pod_fields import OPERATOR_FLAGS
 from pagoda.runtime import options
+
+ADAPTER_CONTAINER, LINKS_VOLUME = ADAPTER_LINKS.container, ADAPTER_LINKS.volume
 
 OWNER = Owner(name="llama", namespace="default", uid="uid-1")
 SQL = {"name": "sql", "source": "hf://org/sql-lora@v1"}

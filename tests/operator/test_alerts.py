@@ -15,7 +15,7 @@ from autoscale_helpers import autoscaling, deployment_controller, events, replic
 from kube_emulator import Emulator
 from operator_harness import wait_for
 from operator_helpers import EXAMPLE_SPEC, create_isvc, operator_requests, sample
-from pagoda.operator import main
+from pagoda.operator import flags
 from pagoda.operator.autoscaling.alerts import ScaleUpRequest, authorized, parse_payload
 from pagoda.operator.kube.client import KubeApi
 from pagoda.operator.spec.config import OperatorConfig
@@ -108,8 +108,8 @@ def test_bearer_token(header: str | None, token: str | None, ok: bool) -> None:
 
 def parse_args(*argv: str) -> OperatorConfig:
     parser = argparse.ArgumentParser()
-    main.add_arguments(parser)
-    return main.config_from_args(parser.parse_args(list(argv)))
+    flags.add_arguments(parser)
+    return flags.config_from_args(parser.parse_args(list(argv)))
 
 
 def test_settings_from_env_and_flags(

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from kube_api import merge_patch
-from pagoda.operator.autoscaling import loop
+from pagoda.operator.autoscaling import writes
 from pagoda.operator.autoscaling.loop import Autoscaler
 from pagoda.operator.autoscaling.policy import Metrics, Policy
 from pagoda.operator.spec.config import OperatorConfig
@@ -156,7 +156,7 @@ def test_an_operator_restart_keeps_a_services_age() -> None:
     )  # type: ignore[arg-type]  # fmt: skip
     assert any("young service" in m for m in _replay(first, api, clock, None))
     since = api.status["autoscaling"]["trafficSince"]
-    assert since == loop.wall_iso(wall0 + 105.0)  # the first evaluation with traffic
+    assert since == writes.wall_iso(wall0 + 105.0)  # the first evaluation with traffic
 
     restarted_at = 2 * POLICY.burst_window_s  # two windows later, on a fresh monotonic clock
     for status, young in ((dict(api.status), False), (None, True)):
@@ -170,16 +170,16 @@ def test_an_operator_restart_keeps_a_services_age() -> None:
         msgs = _replay(scaler, api2, clock2, status)
         assert any("young service" in m for m in msgs) is young, msgs
         assert api2.status["autoscaling"]["trafficSince"] == (since if status else
-            loop.wall_iso(wall0 + restarted_at + 10.0))  # fmt: skip
+            writes.wall_iso(wall0 + restarted_at + 10.0))  # fmt: skip
 
 
 def test_traffic_since_reads_the_status_on_the_loops_clock() -> None:
     wall = 1_800_000_000.0
-    auto = {"trafficSince": loop.wall_iso(wall - 60.0)}
-    assert loop.traffic_since(auto, now=500.0, wall=wall) == 440.0
-    assert loop.traffic_since({"trafficSince": loop.wall_iso(wall + 30)}, 500.0, wall) == 500.0
+    auto = {"trafficSince": writes.wall_iso(wall - 60.0)}
+    assert writes.traffic_since(auto, now=500.0, wall=wall) == 440.0
+    assert writes.traffic_since({"trafficSince": writes.wall_iso(wall + 30)}, 500.0, wall) == 500.0
     for bad in (None, {}, {"trafficSince": "yesterday"}, {"trafficSince": 12}):
-        assert loop.traffic_since(bad, 500.0, wall) is None
+        assert writes.traffic_since(bad, 500.0, wall) is None
 
 
 class ListApi:

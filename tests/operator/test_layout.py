@@ -27,6 +27,7 @@ LAYERS = (
     "children",  # pure builders of the manifests
     "reconcile",  # apply children, write status, retries, resync
     "handlers",  # thin kopf handlers
+    "flags",  # `pagoda operator`'s flags -> OperatorConfig
     "main",  # CLI, kopf settings, serve()
 )
 MAX_CHAIN = 7

@@ -16,13 +16,13 @@ import pytest
 from kube_emulator import Emulator
 from operator_harness import DEPLOY, wait_for
 from operator_helpers import create_isvc
-from pagoda.operator import main
+from pagoda.operator import flags, main
 from pagoda.operator.kube.client import KubeApi
 
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    main.add_arguments(parser)
+    flags.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
@@ -47,9 +47,9 @@ def test_cli_dispatch_shows_operator_help(capsys: pytest.CaptureFixture[str]) ->
 def test_arguments_to_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGODA_DEFAULT_IMAGE", raising=False)
     monkeypatch.delenv("PAGODA_OPERATOR_NAMESPACES", raising=False)
-    config = main.config_from_args(parse())
+    config = flags.config_from_args(parse())
     assert config.clusterwide and config.http_port == 8080 and config.log_format == "plain"
-    config = main.config_from_args(
+    config = flags.config_from_args(
         parse("-n", "team-a", "-n", "team-b", "--no-http", "--log-format", "json", "--default-image", "img:2",
               "--watch-timeout", "60", "--request-timeout", "7", "--resync-interval", "30", "--cluster-domain", "corp.local")
     )  # fmt: skip
@@ -73,12 +73,12 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_monitoring_labels(capsys: pytest.CaptureFixture[str]) -> None:
-    config = main.config_from_args(
+    config = flags.config_from_args(
         parse("--monitoring-label", "release=kube-prometheus-stack", "--monitoring-label", "a/b=")
     )
     assert config.monitoring_labels == (("release", "kube-prometheus-stack"), ("a/b", ""))
     longest = "p" * 253 + "/" + "n" * 63  # the longest key Kubernetes takes
-    assert main.config_from_args(parse("--monitoring-label", longest + "=v")).monitoring_labels
+    assert flags.config_from_args(parse("--monitoring-label", longest + "=v")).monitoring_labels
     for bad, why in [
         ("release", "expected KEY=VALUE"),
         ("Bad_/x=1", "not a Kubernetes label key"),
@@ -97,7 +97,7 @@ def test_monitoring_labels(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_kopf_settings() -> None:
     settings = main.kopf_settings(
-        main.config_from_args(parse("--watch-timeout", "120", "--request-timeout", "9"))
+        flags.config_from_args(parse("--watch-timeout", "120", "--request-timeout", "9"))
     )
     assert settings.watching.server_timeout == 120 and settings.watching.client_timeout > 120
     assert settings.networking.request_timeout == 9

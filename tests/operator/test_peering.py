@@ -23,7 +23,7 @@ from fake_prometheus import FakePrometheus
 from kube_emulator import Emulator
 from operator_harness import wait_for
 from operator_helpers import EXAMPLE_SPEC, assert_permitted, create_isvc, sample
-from pagoda.operator import main
+from pagoda.operator import flags, main
 from pagoda.operator.kube.client import KubeApi
 from pagoda.operator.kube.peering import (
     PEERING_LABEL,
@@ -68,10 +68,10 @@ def test_an_earlier_start_is_a_higher_priority() -> None:
 
 def test_peering_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = argparse.ArgumentParser()
-    main.add_arguments(parser)
+    flags.add_arguments(parser)
     monkeypatch.setenv("POD_NAME", "pagoda-operator-7d9f-abcde")
     args = ["--peering", "pagoda-operator", "--peering-priority", "7", "--peering-lifetime", "15"]
-    config = main.config_from_args(parser.parse_args(args))
+    config = flags.config_from_args(parser.parse_args(args))
     assert (config.peering, config.peering_priority, config.pod_name) == (
         "pagoda-operator",
         7,
@@ -79,10 +79,10 @@ def test_peering_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     settings = main.kopf_settings(config)
     assert settings.peering.lifetime == 15 and not settings.peering.standalone
-    assert main.config_from_args(parser.parse_args([])).peering is None
+    assert flags.config_from_args(parser.parse_args([])).peering is None
     for bad in (["--peering", "Not_A_Name"], ["--peering", "x", "--peering-lifetime", "1"]):
         with pytest.raises(ValueError):
-            main.config_from_args(parser.parse_args(bad))
+            flags.config_from_args(parser.parse_args(bad))
 
 
 def peering_crds() -> list[dict[str, Any]]:
@@ -210,7 +210,7 @@ def test_a_replica_that_stands_by_drops_its_desired_replicas() -> None:
     """Every replica is scraped (the chart's headless metrics Service): a standby must not go on
     exporting the desired replicas of its last term beside the active replica's."""
     metrics = OperatorMetrics()
-    config = main.config_from_args(_parser().parse_args(["--peering", PEERING]))
+    config = flags.config_from_args(_parser().parse_args(["--peering", PEERING]))
     gate = main._peering_gate(config, None, metrics)  # type: ignore[arg-type]  (no reads here)
     gate._set_active(True)
     metrics.desired_replicas.labels("default", "chat").set(3)
@@ -223,7 +223,7 @@ def test_a_replica_that_stands_by_drops_its_desired_replicas() -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    main.add_arguments(parser)
+    flags.add_arguments(parser)
     return parser
 
 
@@ -351,7 +351,7 @@ async def test_a_crashed_active_replica_is_replaced_within_a_lifetime(
     it active and starts the loops, within the lifetime plus one poll (plus 3 s for a busy
     machine) of the hang. A 4 s lifetime here; `PAGODA_FAILOVER_DEFAULTS=1` (with `-s`: it
     prints the times) measures the defaults, 15 s and 2 s (docs/operator.md)."""
-    config = main.config_from_args(_parser().parse_args(["--peering", PEERING]))
+    config = flags.config_from_args(_parser().parse_args(["--peering", PEERING]))
     lifetime, poll = config.peering_lifetime_s, config.peering_interval_s
     if not os.environ.get("PAGODA_FAILOVER_DEFAULTS"):
         lifetime, poll = 4, 0.5
@@ -402,7 +402,7 @@ async def test_a_standby_drops_its_follow_up_retries(
     body = await create_isvc(kube, "chat", EXAMPLE_SPEC)
     active = [True]
     api = KubeApi(request_timeout_s=5)
-    config = main.config_from_args(_parser().parse_args(["--peering", PEERING, "--no-pin-models"]))
+    config = flags.config_from_args(_parser().parse_args(["--peering", PEERING, "--no-pin-models"]))
     reconciler = retry.Reconciler(api, config, active=lambda: active[0])
     emulator.fail("GET", "inferenceservices", 503)  # its fresh read fails: a follow-up
     with pytest.raises(kopf.TemporaryError):

@@ -15,7 +15,7 @@ from crd_schema import validate
 from operator_harness import load_crd
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.config_map import build_config_map, config_hash
-from pagoda.operator.children.model_cache import DRAFT_CONTAINER, DRAFT_VOLUME, INIT_CONTAINER
+from pagoda.operator.children.model_cache import DRAFT_LINKS, INIT_CONTAINER
 from pagoda.operator.children.owner import Owner
 from pagoda.operator.kube.names import DRAFT_MOUNT, MODEL_CACHE_MOUNT
 from pagoda.operator.reconcile import model_pin
@@ -24,6 +24,8 @@ from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
 from pagoda.runtime.server.cli import build_parser, server_config
 from pagoda.runtime.spec.config import SpeculativeConfig
+
+DRAFT_CONTAINER, DRAFT_VOLUME = DRAFT_LINKS.container, DRAFT_LINKS.volume
 
 OWNER = Owner(name="llama", namespace="default", uid="uid-1")
 BASE = {"model": "pvc://models/llama", "resources": {"gpus": 1}}

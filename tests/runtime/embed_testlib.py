@@ -128,17 +128,18 @@ def hf_embeddings(model, prompts: list[list[int]], pooling: str, normalize=True)
     return F.normalize(out, dim=-1) if normalize else out
 
 
-def make_cross_encoder(path: Path, kind: str = "Bert"):
+def make_cross_encoder(path: Path, kind: str = "Bert", **labels):
     """A tiny random `<kind>ForSequenceClassification` of one label (a cross-encoder reranker:
-    ms-marco-MiniLM's BERT, bge-reranker's XLM-RoBERTa) with the WordPiece tokenizer, its head
-    scaled so that pairs' scores differ. Returns the model."""
+    ms-marco-MiniLM's BERT, bge-reranker's XLM-RoBERTa; `labels`: config keys for a classifier
+    of several, id2label, problem_type) with the WordPiece tokenizer, its head scaled so that
+    pairs' scores differ. Returns the model."""
     import transformers
     from hf_oracle import randomize
 
     torch.manual_seed(0)
     positions = 64 if kind == "Bert" else 66  # (XLM-R's table: 2 offset rows)
-    cfg = getattr(transformers, f"{kind}Config")(**ENCODER_SIZES, num_labels=1,
-                                                 max_position_embeddings=positions)  # fmt: skip
+    cfg = getattr(transformers, f"{kind}Config")(**ENCODER_SIZES, max_position_embeddings=positions,
+                                                 **(labels or {"num_labels": 1}))  # fmt: skip
     model = randomize(getattr(transformers, f"{kind}ForSequenceClassification")(cfg).eval())
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -165,3 +166,27 @@ def hf_pair_scores(model, path: Path, query: str, docs: list[str], types: bool =
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, **kw).logits[:, 0]
     return torch.sigmoid(logits).double().numpy()
+
+
+def make_modernbert(path: Path, head: str | None = None, **config):
+    """A tiny random ModernBERT written by transformers (4 layers, global every 3rd, local ones
+    seeing 4 positions either side, 64 positions, rotary bases 1000 and 10000) with the
+    WordPiece tokenizer: `ModernBertModel`, or with `head` "ForSequenceClassification" that
+    (`config`: its labels, classifier_pooling). Weights N(0, 0.3) (norms' N(1, 0.3)) so that
+    the layers change the rows. Returns the model."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.ModernBertConfig(
+        vocab_size=len(WORDS), hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+        num_attention_heads=2, max_position_embeddings=64, local_attention=8,
+        global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+        cls_token_id=2, sep_token_id=3, global_rope_theta=1000.0, **config,
+    )  # fmt: skip
+    model = getattr(transformers, f"ModernBert{head or 'Model'}")(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.3)
+    model.save_pretrained(path)
+    save_wordpiece_tokenizer(path)
+    return model

@@ -62,7 +62,7 @@ def test_bad_pooler_config_is_one_line(value, words):
 
 def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="encoder-only model"):
-        check_not_encoder(["ModernBertModel"])
+        check_not_encoder(["ModernBertForMaskedLM"])
     with pytest.raises(ValueError, match="runner must be one of"):
         EngineConfig.create("m", runner="draft")
     _checkpoint(tmp_path, ("Qwen3Model",))
@@ -78,13 +78,13 @@ def test_refusals(tmp_path):
 
 
 def test_a_cross_encoder_is_refused_in_one_line(tmp_path):
-    """A `*ForSequenceClassification` checkpoint (a cross-encoder reranker: bge-reranker-v2-gemma,
-    Qwen2/Llama rerankers) has no runner (score and rerank are an embedding model's cosine): its
-    config.json alone is refused, the line `pagoda serve` prints before exiting 2."""
+    """A `*ForSequenceClassification` checkpoint not served (Phi-3's: the served ones are BERT's,
+    RoBERTa's, ModernBERT's and Qwen2/3's, Llama's, Mistral's, Gemma's) has no
+    runner: its config.json alone is refused, the line `pagoda serve` prints before exiting 2."""
     from pagoda.runtime.model.hf_loader import read_config
 
-    _checkpoint(tmp_path, ("Qwen3ForSequenceClassification",), model_type="qwen3")
-    with pytest.raises(ValueError, match="Qwen3ForSequenceClassification is a sequence-") as e:
+    _checkpoint(tmp_path, ("Phi3ForSequenceClassification",), model_type="phi3")
+    with pytest.raises(ValueError, match="Phi3ForSequenceClassification is a sequence-") as e:
         read_config(tmp_path)
     assert "\n" not in str(e.value) and "cross-encoder" in str(e.value)
 
@@ -121,3 +121,22 @@ def test_a_user_config_equal_to_the_checkpoints_still_turns_prefix_caching_off(t
     assert not out.cache.enable_prefix_caching and out.pooler_config.checked
     assert not out.scheduler.enable_chunked_prefill
     assert with_runner(out, tmp_path, 64) is out
+
+
+def test_with_runner_reads_the_checkpoints_config_json_once(tmp_path, monkeypatch):
+    """`--runner auto` on an encoder: the runner, its pooler and the chunked-prefill rule all
+    come from one read of config.json (`resolve` is handed what `with_runner` read)."""
+    from pagoda.runtime import pooler_config
+
+    _checkpoint(tmp_path, ("BertModel",))
+    reads = []
+    read_json = pooler_config._read_json
+
+    def counted(path):
+        reads.append(path)
+        return read_json(path)
+
+    monkeypatch.setattr(pooler_config, "_read_json", counted)
+    out = pooler_config.with_runner(EngineConfig(model=str(tmp_path), runner="auto"), tmp_path, 64)
+    assert out.runner == "pooling" and not out.scheduler.enable_chunked_prefill
+    assert reads.count(tmp_path / "config.json") == 1

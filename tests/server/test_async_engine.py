@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from types import SimpleNamespace
 
+import fake_core
 import httpx
 import pytest
 from pagoda.runtime.engine.admission import EngineUnavailableError, QueueFullError
 from pagoda.runtime.engine.async_engine import AsyncEngine, RequestEvent
-from pagoda.runtime.engine.outputs import EngineStats, StepOutput
-from pagoda.runtime.model_config import FamilyConfig
+from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.options import parse_size
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.api import create_app
@@ -25,31 +24,21 @@ from pagoda.runtime.server.metrics import ServerMetrics
 from prometheus_client import generate_latest
 
 
-class FakeTokenizer:
+class FakeTokenizer(fake_core.FakeTokenizer):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) % 100 for c in text] or [1]
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(chr(97 + i % 26) for i in ids)
-
-    def token_to_str(self, i: int) -> str:
-        return chr(97 + i % 26)
+        return [ord(c) % 100 for c in text] or [1]  # (ids 98 and 99 mean nothing to this core)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         return "".join(m["content"] for m in messages)
 
 
-class FakeCore:
-    """EngineCore's interface; `gate` (when set) must be open for a step to run."""
-
-    max_model_len = 20_000
-    model_config = SimpleNamespace(vocab_size=100, family=FamilyConfig())
+class FakeCore(fake_core.FakeCore):
+    """`fake_core.FakeCore` on the engine thread, its prompts plain ids; `gate` (when set) must
+    be open for a step to run, `crash_on_step` makes it raise, `fail_add` an add."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.tokenizer = FakeTokenizer()
-        self.model_name = "fake"
-        self.reqs: dict[str, dict] = {}
-        self.aborted: list[str] = []
         self.gate: threading.Event | None = None
         self.crash_on_step = False
         self.fail_add = False
@@ -68,58 +57,14 @@ class FakeCore:
         self.added.append((params, checked))
         if self.fail_add:
             raise ValueError("add failed")
-        for i in range(params.n):
-            self.reqs[f"{rid}#{i}"] = {"rid": rid, "i": i, "left": params.max_tokens, "out": 0}
-
-    def abort_request(self, rid) -> None:
-        self.aborted.append(rid)
-        for key in [k for k, r in self.reqs.items() if r["rid"] == rid]:
-            del self.reqs[key]
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.reqs)
+        self._add(rid, params)
 
     def step(self) -> list[StepOutput]:
         if self.gate is not None:
             self.gate.wait(5)
         if self.crash_on_step:
             raise RuntimeError("boom")
-        now, outs = time.monotonic(), []
-        for key, r in list(self.reqs.items()):
-            r["left"] -= 1
-            r["out"] += 1
-            done = r["left"] == 0
-            outs.append(self._output(r, done, now))
-            if done:
-                del self.reqs[key]
-        time.sleep(0.002)
-        return outs
-
-    @staticmethod
-    def _output(r: dict, done: bool, now: float) -> StepOutput:
-        return StepOutput(
-            r["rid"],
-            r["i"],
-            [r["out"]],
-            "x",
-            [],
-            done,
-            "length" if done else None,
-            num_prompt_tokens=3,
-            num_output_tokens=r["out"],
-            arrival_time=now,
-            first_scheduled_time=now,
-            first_token_time=now,
-        )
-
-    def stats(self) -> EngineStats:
-        return EngineStats(len(self.reqs), 0, 0.0, 10, 10, 0, 0, 0)
-
-    def reset_counters(self) -> None:  # EngineCore's (after the warm-up); this one counts none
-        pass
-
-    def check_integrity(self) -> None:
-        pass
+        return super().step()
 
 
 async def started(core: FakeCore, **kw) -> AsyncEngine:
@@ -366,7 +311,7 @@ def test_a_preloaded_engine_builds_before_any_loop_and_steps_on_the_same_thread(
     unused = AsyncEngine(broken)
     unused.preload()
     unused.stop(timeout=5)  # the load failed with no loop to tell: the thread still ends
-    assert not unused._thread.is_alive()
+    assert not unused._thread.thread.is_alive()
 
 
 def test_metrics_weighted_itl():

@@ -231,7 +231,7 @@ async def test_bad_inputs_do_not_disturb_a_stream(server):
 @pytest.mark.parametrize(
     ("path", "api"),
     [("/v1/embeddings", "Embeddings"), ("/v1/rerank", "Rerank"), ("/v2/rerank", "Rerank"),
-     ("/score", "Score"), ("/v1/audio/transcriptions", "Audio")],
+     ("/score", "Score"), ("/classify", "Classification"), ("/v1/audio/transcriptions", "Audio")],
 )  # fmt: skip
 def test_unserved_openai_api_is_named(http, path, api):
     """vLLM's answer for a generative model: a 400 naming the API, not a bare 404 (the pooling

@@ -1,7 +1,8 @@
 """`POST /v1/embeddings` through the `openai` SDK: a tiny random Qwen3 in Qwen3-Embedding's
 published layout (the pooling runner picked by `--runner auto`), the real engine on its thread,
 the real app over httpx's ASGI transport. Vectors equal transformers' (LAST token, normalized)
-for every input form and both encodings; refusals are OpenAI-style 400s."""
+for every input form and both encodings; refusals are OpenAI-style 400s; a tiny ModernBERT's
+CLS vectors are transformers'."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_the_sdk_gets_transformers_vectors(served):
 def test_refusals_are_openai_400s(served):
     _, core, _ = served
     bodies = {
-        "long": {"input": list(range(1, 33))},
+        "long": {"input": list(range(1, 34))},  # (32, the context, is served)
         "dims": {"input": "w3", "dimensions": 32},
         "empty": {"input": []},
         "field": {"input": "w3", "softmax": True},
@@ -118,3 +119,31 @@ def test_an_encoder_is_served_too(tmp_path):
     assert res.usage.prompt_tokens == 8
     cos = float(want[0] @ want[1])
     np.testing.assert_allclose(scored.json()["data"][0]["score"], cos, atol=1e-5)
+
+
+def test_a_modernbert_encoder_serves_transformers_vectors(tmp_path):
+    """A tiny ModernBERT (`embed_testlib.make_modernbert`: local layers of 4 positions either
+    side): the SDK's vectors are transformers' CLS rows, normalized, for texts of up to 22
+    tokens (the window counts)."""
+    import torch
+    import torch.nn.functional as F
+    from embed_testlib import make_modernbert
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.engine.core import EngineCore
+
+    model = make_modernbert(tmp_path)
+    core = EngineCore(EngineConfig.create(str(tmp_path), dtype="float32", device="cpu",
+                                          num_blocks_override=16, max_num_seqs=4))  # fmt: skip
+    texts = [" ".join(f"w{(7 * i) % 90}" for i in range(20)), "w3 w4"]
+
+    async def call(client, _):
+        return await client.embeddings.create(model=NAME, input=texts, encoding_format="float")
+
+    (emb,), _ = asyncio.run(serve(core, [call]))
+    got = np.array([d.embedding for d in emb.data])
+    for text, row in zip(texts, got, strict=True):
+        ids = torch.tensor([core.tokenizer.encode_whole(text)])
+        with torch.no_grad():
+            want = F.normalize(model(input_ids=ids).last_hidden_state[:, 0], dim=-1)[0]
+        np.testing.assert_allclose(row, want.numpy(), atol=1e-5)
+    assert emb.usage.prompt_tokens == 22 + 4

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.server import memory
+from pagoda.runtime.spec.draft_model import sampled_bytes
 
 MODEL = ModelConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_layers=16,
                     num_heads=32, num_kv_heads=8, head_dim=64, max_position_embeddings=8192)  # fmt: skip
@@ -171,6 +172,8 @@ def test_a_draft_model_counts_beside_the_target(tmp_path, host, monkeypatch):
     monkeypatch.setattr(memory, "device_available", lambda device: (20 * GIB, 24 * GIB))
     plain, drafted = both("cuda")
     assert drafted.kv_cache == plain.kv_cache - drafted.draft
+    # (and its sampled drafts' q and verification: `sampled_bytes`)
+    scratch += sampled_bytes(3, 4, mc.vocab_size)
     assert drafted.kv_blocks == (drafted.kv_cache - scratch) // (per + per // 2)
     room = plain.weights + memory.GPU_HEADROOM + 32 * per  # the target alone has 32 blocks
     monkeypatch.setattr(memory, "device_available", lambda device: (room, room))

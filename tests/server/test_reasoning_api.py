@@ -87,6 +87,36 @@ def test_the_thinking_is_split_off_whole_and_streamed(client):
     assert r.choices[0].message.reasoning_content
 
 
+def test_a_response_writes_the_thinking_as_a_reasoning_item(client):
+    """`/v1/responses`: the thinking is a `reasoning` item before the message, whole and
+    streamed (`response.reasoning_text.delta`); sent back as an input item before the assistant
+    message, it is that message's `reasoning_content` (the prompt is chat's)."""
+    c = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=30, temperature=0)
+    m = c.choices[0].message
+    r = client.responses.create(model=MODEL, input=ASK, max_output_tokens=30, temperature=0)
+    thought, answer = r.output
+    assert (thought.type, thought.content[0].text, answer.type) == (
+        "reasoning", m.reasoning_content, "message")  # fmt: skip
+    assert r.output_text == m.content
+    assert r.usage.output_tokens_details.reasoning_tokens == \
+        c.usage.completion_tokens_details.reasoning_tokens  # fmt: skip
+    with client.responses.stream(model=MODEL, input=ASK, max_output_tokens=30,
+                                 temperature=0) as stream:  # fmt: skip
+        events = list(stream)
+        final = stream.get_final_response()
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == \
+        m.reasoning_content  # fmt: skip
+    assert [o.type for o in final.output] == ["reasoning", "message"]
+    assert final.output_text == r.output_text
+    again = [*ASK, thought.model_dump(exclude_none=True), answer.model_dump(exclude_none=True),
+             {"role": "user", "content": "And 6+6?"}]  # fmt: skip
+    back = client.responses.create(model=MODEL, input=again, max_output_tokens=4, temperature=0)
+    chat = [*ASK, {"role": "assistant", "content": m.content, "reasoning_content": thought.content[0].text},
+            {"role": "user", "content": "And 6+6?"}]  # fmt: skip
+    want = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=4, temperature=0)
+    assert back.usage.input_tokens == want.usage.prompt_tokens
+
+
 def test_cut_off_while_thinking_all_of_it_is_reasoning(client):
     text = raw(client, ASK, 4)
     r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0)

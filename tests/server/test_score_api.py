@@ -56,6 +56,7 @@ BAD = {  # name: (path, body, param, code)
         "documents[0]",
         "invalid_type",
     ),
+    "classify": ("http://t/classify", {"input": "w3"}, None, "unsupported_api"),
     "rerank field": (
         "http://t/v2/rerank",
         {"query": "w3", "documents": DOCS, "rank_fields": []},
@@ -158,18 +159,47 @@ def test_bad_requests_are_openai_400s(answers):
     core.check_integrity()
 
 
-def test_a_cross_encoder_scores_and_reranks_pairs(tmp_path):
-    """A tiny BERT cross-encoder (`embed_testlib.make_cross_encoder`): /v1/score and /v1/rerank
-    answer transformers' pair scores (each pair one prompt, its head's sigmoid), sorted for
-    rerank; /v1/embeddings and truncate_prompt_tokens are 400s."""
-    from embed_testlib import hf_pair_scores, make_cross_encoder
+def _qwen3_reranker(path, query: str, docs: list[str]):
+    """(the overlay of a tiny Qwen3ForCausalLM under Qwen3-Reranker's vLLM override, its "no" /
+    "yes" w7 / w9; transformers' sigmoid(logit_yes - logit_no) of each pair's last token)."""
+    import torch
+    from hf_oracle import make_tiny_model
+    from pagoda.runtime.model.hf_overrides import overlay
+    from tokenizers import Tokenizer
+
+    model = make_tiny_model(path, "Qwen3", scale=2.0)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    want = []
+    for d in docs:
+        ids = tok.encode(query).ids + tok.encode(d).ids
+        with torch.no_grad():
+            x = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        want.append(torch.sigmoid(x[9] - x[7]).item())
+    override = {"architectures": ["Qwen3ForSequenceClassification"],
+                "classifier_from_token": ["w7", "w9"], "is_original_qwen3_reranker": True}  # fmt: skip
+    return overlay(path, override), np.array(want)
+
+
+@pytest.mark.parametrize("kind", ["Bert", "ModernBert", "Qwen3-Reranker"])
+def test_a_cross_encoder_scores_and_reranks_pairs(tmp_path, kind):
+    """A tiny BERT or ModernBERT cross-encoder (`embed_testlib`), or Qwen3-Reranker served with
+    vLLM's hf_overrides: /v1/score and /v1/rerank answer transformers' pair scores (each pair
+    one prompt, its head's sigmoid), sorted for rerank; /v1/embeddings and
+    truncate_prompt_tokens are 400s."""
+    from embed_testlib import hf_pair_scores, make_cross_encoder, make_modernbert
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.engine.core import EngineCore
 
-    model = make_cross_encoder(tmp_path, "Bert")
     docs = ["w3 w4", "w7 w8 w9 w10 w11", "w40"]
-    want = hf_pair_scores(model, tmp_path, "w5 w9 w13", docs)
-    core = EngineCore(EngineConfig.create(str(tmp_path), dtype="float32", device="cpu",
+    if kind == "Qwen3-Reranker":
+        path, want = _qwen3_reranker(tmp_path, "w5 w9 w13", docs)
+    else:
+        path = tmp_path
+        model = (make_cross_encoder(tmp_path, "Bert") if kind == "Bert" else
+                 make_modernbert(tmp_path, "ForSequenceClassification", num_labels=1))  # fmt: skip
+        want = hf_pair_scores(model, tmp_path, "w5 w9 w13", docs, types=kind == "Bert")
+    assert np.ptp(want) > 1e-3
+    core = EngineCore(EngineConfig.create(str(path), dtype="float32", device="cpu",
                                           num_blocks_override=16, max_num_seqs=4))  # fmt: skip
     bodies = [("score", {"text_1": "w5 w9 w13", "text_2": docs}),
               ("rerank", {"query": "w5 w9 w13", "documents": docs, "top_n": 2}),

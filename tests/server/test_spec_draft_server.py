@@ -2,8 +2,9 @@
 through the CLI's parser and its checks before loading (`launch.preflight`), then the engine
 serves behind the real app in this process (`pooling_serve_testlib.serve`, no server process):
 a tiny transformers-written Llama drafting for itself answers with transformers' greedy tokens,
-every draft accepted (the counters on /metrics); a draft of another vocabulary is refused
-before anything loads."""
+every draft accepted (the counters on /metrics), and a seeded sampled request's drafts, drawn
+from the same distribution, kept (its text the same twice); a draft of another vocabulary is
+refused before anything loads."""
 
 from __future__ import annotations
 
@@ -45,8 +46,19 @@ def test_serve_with_a_draft_model_answers_the_target_s_greedy_tokens(tmp_path):
     async def metrics(client, http):
         return (await http.get("http://t/metrics")).text
 
-    (got, text), _ = asyncio.run(serve(core, [complete, metrics]))
+    async def sampled(client, http):  # drafts drawn from q = p: all kept, the same run twice
+        texts = []
+        for _ in range(2):
+            r = await client.completions.create(model=NAME, prompt=PROMPT, max_tokens=12,
+                                                temperature=0.8, seed=3,
+                                                extra_body={"ignore_eos": True})  # fmt: skip
+            texts.append(r.choices[0].text)
+        return texts
+
+    (got, text, again), _ = asyncio.run(serve(core, [complete, metrics, sampled]))
     assert got.choices[0].text.split() == [f"w{i}" for i in want]
+    assert again[0] == again[1] and len(again[0].split()) == 12
+    assert core.spec_stats.acceptance_rate > 0.95
     counts = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line.startswith("pagoda:spec_decode_num_")}  # fmt: skip
     drafted = counts["pagoda:spec_decode_num_draft_tokens_total"]

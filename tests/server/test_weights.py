@@ -15,7 +15,7 @@ from hf_oracle import make_tiny_model
 from model_bytes import build, held_bytes
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.model.loader import builtin_model_path, read_model_config
-from pagoda.runtime.server import weights
+from pagoda.runtime.server import rank_share, weights
 from pagoda.runtime.server.placement import Placement, packed_shape
 from pagoda.runtime.server.stored import Checkpoint, Stored
 
@@ -204,9 +204,9 @@ def _llama_checkpoint(mc, kind: str = "BF16") -> Checkpoint:
     """The tensor table of a Llama-shaped safetensors checkpoint (no files: metadata only)."""
     h, d, i = mc.hidden_size, mc.head_dim, mc.intermediate_size
     shapes = {
-        weights.EMBED: (mc.vocab_size, h),
-        weights.NORM: (h,),
-        weights.HEAD: (mc.vocab_size, h),
+        rank_share.EMBED: (mc.vocab_size, h),
+        rank_share.NORM: (h,),
+        rank_share.HEAD: (mc.vocab_size, h),
     }
     for n in range(mc.num_layers):
         p = f"model.layers.{n}."

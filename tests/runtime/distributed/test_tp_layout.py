@@ -38,6 +38,12 @@ def test_heads_split_and_kv_heads_split_or_replicated():
         assert {h // 4 for h in range(q0, q1)} == {k0}
 
 
+def test_qkv_rows_are_the_ranks_query_and_kv_heads_rows():
+    """The rows of a stacked q/k/v layer (and of a LoRA adapter of it) one rank holds."""
+    assert TPLayout(1, 4).qkv_rows(8, 8, 16) == [(32, 64), (32, 64), (32, 64)]
+    assert TPLayout(3, 4).qkv_rows(8, 2, 16) == [(96, 128), (16, 32), (16, 32)]  # replicated
+
+
 def test_local_head_counts():
     assert TPLayout(1, 4).local_heads(8, 8) == (2, 2)
     assert TPLayout(3, 4).local_heads(8, 2) == (2, 1)  # a replicated KV head

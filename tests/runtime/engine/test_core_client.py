@@ -1,8 +1,8 @@
 """The engine core in its own process (`core_proc.py`, `core_client.py`) behind AsyncEngine:
 streaming, abort, a refused request, calls, a loop that dies and a process that is killed.
 
-The core is `fake_core.FakeCore` (no model): each test spawns one engine process (about a
-second, most of it the child's imports).
+The core is `fake_core.FakeCore` (tests/runtime/fake_core.py; no model): each test spawns one
+engine process (about a second, most of it the child's imports).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ def _vectors(outs) -> np.ndarray:
 @pytest.mark.parametrize(("arch", "pooling"), [("Qwen3", "LAST"), ("Llama", "MEAN")])
 def test_vectors_equal_transformers_with_chunked_prefill(tmp_path, arch, pooling):
     """`--runner auto` reads the sentence-transformers layout; 8-token steps split the longest
-    prompts across steps beside the others; each prompt alone gives the same vector."""
+    prompts across steps beside the others; each prompt alone gives the same vector; a prompt
+    of the whole context (64 tokens: a pooled prompt generates nothing) is pooled too."""
     model = make_embedding_model(tmp_path, arch, pooling)
     want = hf_embeddings(model, PROMPTS, pooling).numpy()
     llm = LLM(str(tmp_path), **ARGS)
@@ -39,6 +40,9 @@ def test_vectors_equal_transformers_with_chunked_prefill(tmp_path, arch, pooling
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     alone = _vectors(llm.embed([PROMPTS[0]], use_tqdm=False))
     np.testing.assert_allclose(alone[0], got[0], atol=1e-5)
+    full = [(7 * i) % 290 + 3 for i in range(64)]  # the whole context, in 8 chunks
+    np.testing.assert_allclose(_vectors(llm.embed([full], use_tqdm=False)),
+                               hf_embeddings(model, [full], pooling).numpy(), atol=1e-4)  # fmt: skip
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks  # no KV kept after
     # text as transformers' tokenizer reads it: tokenizer.json's post-processor appends w2
     (text,) = llm.embed("w3 w4", use_tqdm=False)

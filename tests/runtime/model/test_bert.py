@@ -23,6 +23,7 @@ from embed_testlib import (
 from hf_oracle import randomize
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.engine.llm import LLM
+from pagoda.runtime.engine.pooling import PoolingParams
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,7 +45,9 @@ def _vectors(outs) -> np.ndarray:
 def test_bert_vectors_equal_transformers(bert):
     """`--runner auto` serves it as an embedding model with its sentence-transformers pooling,
     each prompt whole in one step (chunked prefill and prefix caching off); 3 sequences a step
-    put the 4 prompts in two steps of unequal lengths; each prompt alone gives its vector."""
+    put the 4 prompts in two steps of unequal lengths; each prompt alone gives its vector; a
+    prompt may fill the context (64 of 64 positions: nothing is generated), one more is
+    refused, truncate_prompt_tokens -1 keeps the last 64."""
     path, model = bert
     llm = LLM(str(path), **ARGS)
     c = llm.config
@@ -61,8 +64,13 @@ def test_bert_vectors_equal_transformers(bert):
     np.testing.assert_allclose(text.outputs.embedding, hf_encoder_embeddings(model, [[2, 8, 9, 3]], "MEAN")[0],
                                atol=1e-5)  # fmt: skip
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
-    with pytest.raises(ValueError, match="more than max_model_len"):  # its 64 positions
-        llm.embed([[2] * 64], use_tqdm=False)
+    full = [[2] + [(7 * i) % 90 + 5 for i in range(62)] + [3], [2, 9, 3]]  # its 64 positions
+    np.testing.assert_allclose(_vectors(llm.embed(full, use_tqdm=False)),
+                               hf_encoder_embeddings(model, full, "MEAN"), atol=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match=r"65 tokens; .* maximum context length is 64 tokens"):
+        llm.embed([[2] * 65], use_tqdm=False)
+    (cut,) = llm.embed([[4] + full[0]], PoolingParams(truncate_prompt_tokens=-1), use_tqdm=False)
+    assert cut.prompt_token_ids == full[0]  # (-1: the last max_model_len tokens)
 
 
 def test_xlm_roberta_from_a_pickle_pools_cls(tmp_path):
@@ -144,7 +152,7 @@ def test_published_configs_read_as_encoders(tmp_path, cfg, arch, eps, offset, ty
     runner, pooler = resolve("auto", None, tmp_path, c.hidden_size)
     assert runner == "pooling" and (pooler.pooling_type, pooler.normalize) == ("CLS", True)
     for change, words in (({"position_embedding_type": "relative_key"}, "relative_key"),
-                          ({"architectures": ["ModernBertModel"]}, "encoder-only model not")):  # fmt: skip
+                          ({"architectures": ["DistilBertModel"]}, "encoder-only model not")):  # fmt: skip
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
         with pytest.raises(ValueError, match=words) as e:
             read_model_config(str(tmp_path))
@@ -169,7 +177,32 @@ def test_cross_encoders_score_pairs_as_transformers(tmp_path, kind):
     assert np.ptp(want) > 1e-3  # (pairs told apart)
     if kind == "Bert":  # the token types count
         assert np.abs(hf_pair_scores(model, tmp_path, query, docs, types=False) - want).max() > 1e-4
-    with pytest.raises(ValueError, match=r"cross-encoder .* use score"):
+    with pytest.raises(ValueError, match=r"sequence classifier .* use classify"):
         llm.embed(["w3"], use_tqdm=False)
     with pytest.raises(ValueError, match="cross-encoder's pooling is its classifier's"):
         LLM(str(tmp_path), pooler_config={"pooling_type": "MEAN"}, **ARGS)
+
+
+@pytest.mark.parametrize("problem", [None, "multi_label_classification"])
+def test_a_classifier_of_three_labels_classifies_as_transformers(tmp_path, problem):
+    """A `BertForSequenceClassification` of 3 labels: `LLM.classify`'s probabilities are
+    transformers' logits through softmax (sigmoid for multi_label_classification), 1e-5; score
+    is refused (a pair's score needs one label), as embed is."""
+    from embed_testlib import make_cross_encoder
+
+    labels = {0: "neg", 1: "neutral", 2: "pos"}
+    model = make_cross_encoder(tmp_path, "Bert", id2label=labels, problem_type=problem)
+    llm = LLM(str(tmp_path), **ARGS)
+    pc = llm.config.pooler_config
+    assert (pc.labels, pc.multi_label) == (("neg", "neutral", "pos"), problem is not None)
+    outs = llm.classify(PROMPTS, use_tqdm=False)
+    with torch.no_grad():
+        logits = torch.cat([model(input_ids=torch.tensor([p])).logits for p in PROMPTS])
+    want = torch.sigmoid(logits) if problem else torch.softmax(logits, -1)
+    got = np.array([o.outputs.probs for o in outs])
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+    assert outs[0].outputs.num_classes == 3 and np.ptp(got[:, 0]) > 1e-3
+    with pytest.raises(ValueError, match="classifier of 3 labels: a pair's score needs one"):
+        llm.score("w3", ["w4"], use_tqdm=False)
+    with pytest.raises(ValueError, match="use classify"):
+        llm.embed(["w3"], use_tqdm=False)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def parses(monkeypatch) -> list[str]:
     """The paths `gguf_reader.parse` is called with, from a state with nothing shared and no
     weights count cached."""
-    from pagoda.runtime.server import weights
+    from pagoda.runtime.server import checkpoint_table
 
     calls: list[str] = []
     real = gguf_reader.parse
@@ -35,10 +35,10 @@ def parses(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(gguf_reader, "parse", counted)
     gguf_reader.forget_all()
-    weights._read.cache_clear()
+    checkpoint_table._read.cache_clear()
     yield calls
     gguf_reader.forget_all()
-    weights._read.cache_clear()
+    checkpoint_table._read.cache_clear()
 
 
 def write_gguf(path: Path, text: str) -> None:
@@ -56,7 +56,7 @@ def test_a_start_up_parses_the_gguf_once(parses):
     """`pagoda serve`'s checks (config, the weights count of `fit` and `memory`), then its last
     read: the API process's tokenizer (engine in its own process) or the load (engine on a
     thread). One parse each way, and no reader (no memory map) kept after."""
-    from pagoda.runtime.server import weights
+    from pagoda.runtime.server import checkpoint_table
     from pagoda.runtime.server.cli import build_parser, server_config
     from pagoda.runtime.server.launch import preflight
 
@@ -69,7 +69,7 @@ def test_a_start_up_parses_the_gguf_once(parses):
         assert parses == [path], last_read
         assert not gguf_reader._shared, last_read
         parses.clear()
-        weights._read.cache_clear()
+        checkpoint_table._read.cache_clear()
 
 
 def test_a_changed_or_replaced_file_is_parsed_anew(tmp_path, parses):

@@ -2,7 +2,8 @@
 transformers-written Llamas: greedy output token for token the engine's without it, with the
 target itself as its draft (every draft accepted) and with a one-layer draft (its first layer
 and embeddings the target's: some drafts rejected), through chunked prefill, prefix-cache hits
-and preemption; seeded sampling the same tokens too; bad drafts refused in one line."""
+and preemption; sampled drafts verified by their probabilities (the law itself:
+test_rejection.py); bad drafts refused in one line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import random
 
 import pytest
+import torch
 from engine_testlib import summary
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
@@ -83,20 +85,58 @@ def test_greedy_output_is_the_engines_without_drafts(engines):
     assert part.acceptance_rate < full.acceptance_rate
 
 
-def test_seeded_sampling_gives_the_same_tokens(engines):
-    """Greedy drafts verified against sampled rows (a draft kept iff the target's own draw is
-    it): a seeded request's tokens are the plain engine's, drafts accepted and rejected."""
-    plain, same, _ = engines
+def test_sampled_drafts_are_verified_by_their_probabilities(engines):
+    """Sampled requests draft from the draft's own distribution q and keep draft x with
+    probability min(1, p(x) / q(x)) (`spec/rejection.py`): with the target as its own draft
+    q = p, so every draft is kept (keeping a draft iff the target's own draw is it would keep
+    about sum p^2 of them); a seeded request's tokens are the same run after run (for the same schedule)."""
+    _, same, short = engines
     prompts = _prompts(3, seed=1)
     params = [
-        SamplingParams(temperature=0.5, max_tokens=24, seed=11, ignore_eos=True),
-        SamplingParams(temperature=0.7, top_k=5, max_tokens=24, seed=12, ignore_eos=True),
-        SamplingParams(temperature=0.6, top_p=0.8, max_tokens=24, n=2, seed=13, ignore_eos=True),
+        SamplingParams(temperature=0.7, max_tokens=24, seed=11, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_k=20, max_tokens=24, seed=12, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, n=2, seed=13, ignore_eos=True),
     ]
-    same.engine.reset_counters()
-    assert _run(same, prompts, params) == _run(plain, prompts, params)
-    stats = same.engine.spec_stats
-    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    for llm in (same, short):
+        llm.engine.reset_counters()
+        _run(llm, prompts, params)
+    stats, part = same.engine.spec_stats, short.engine.spec_stats
+    assert stats.num_draft_tokens > 40 and stats.acceptance_rate > 0.97
+    assert 0 < part.num_accepted_tokens < part.num_draft_tokens
+    assert short.engine.runner.draft.held is not None  # (the last run's sampled rows' q)
+    # the same schedule (preemption changes which tokens are drafts): the same tokens
+    for llm in (same, short):
+        assert _run(llm, prompts[:2], params[:2]) == _run(llm, prompts[:2], params[:2])
+    # greedy requests beside sampled ones: still the plain engine's tokens
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    mixed = _run(short, prompts, [greedy, params[1], greedy])
+    assert [mixed[0], mixed[2]] == _run(engines[0], [prompts[0], prompts[2]], greedy)
+
+
+@pytest.mark.slow  # (a second rank spawned; nothing timed)
+def test_two_ranks_with_a_draft_give_one_rank_s_tokens(paths, engines):
+    """Tensor parallelism: the draft model whole on rank 0 (its forwards take no collective),
+    the target split over two ranks (gloo), each step's drafted rows sent to rank 1; greedy
+    tokens equal one rank's, through chunking, preemption and prefix-cache hits; n-gram drafts
+    the same."""
+    target, short = paths
+    plain = engines[0]
+    prompts = _prompts(6)
+    params = [SamplingParams(temperature=0, max_tokens=16 + 4 * i, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    want = _run(plain, prompts, params)
+    specs = ({"model": str(short), "num_speculative_tokens": K},
+             {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1})  # fmt: skip
+    for spec in specs:
+        with LLM(str(target), **ENGINE, tensor_parallel_size=2, speculative_config=spec) as two:
+            assert _run(two, prompts, params) == want
+            core = two.engine
+            assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+            assert core.spec_stats.num_accepted_tokens > 0
+            core.check_integrity()
+            if "model" in spec:  # rank 0's share of the target's heads, all of the draft's
+                runner = core.runner
+                assert runner.backend.num_heads * 2 == runner.draft.model.backend.num_heads
 
 
 def test_the_draft_s_cache_is_in_the_kv_budget(paths):
@@ -119,6 +159,35 @@ def test_the_draft_s_cache_is_in_the_kv_budget(paths):
     cfg = EngineConfig.create(str(target), **common, speculative_config=spec)
     fp = memory.estimate(read_model_config(str(target)), cfg, target, cfg.torch_device())
     assert fp.kv_blocks == drafted.num_blocks and fp.draft > 0
+    # the start-up reads the draft's config once (`check_speculative`) and passes it on
+    draft = check_speculative(cfg, read_model_config(str(target)))
+    assert draft == read_model_config(str(short))
+    from pagoda.runtime.engine import start_checks
+
+    def unread(path):
+        raise AssertionError(f"{path} read again")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(start_checks, "read_draft_config", unread)
+        again = memory.estimate(read_model_config(str(target)), cfg, target, cfg.torch_device(),
+                                draft)  # fmt: skip
+    assert again == fp
+    # on CUDA the sampled drafts' q (held between steps) and verification come out of the budget
+    from pagoda.runtime.spec.draft_model import sampled_bytes
+
+    gpu = EngineConfig.create(str(target), **common, speculative_config=spec, device="cuda")
+    scratch = [memory.draft_model(c, 1, config=draft).kv_bytes(c)[1] for c in (cfg, gpu)]
+    assert scratch[1] - scratch[0] == sampled_bytes(K, 4, 300) == 4 * K * 300 * 24
+    # rank 0 holds the draft whole: with two ranks its weights and KV rows are all counted
+    from pagoda.runtime.server.fit import Plan
+
+    mc, f32 = read_model_config(str(target)), torch.float32
+    one, two = (Plan(f32, False, False, tp=t, draft=draft) for t in (1, 2))
+    whole = Plan(f32, False, False).weight_bytes(draft)
+    assert two.weight_bytes(mc) - Plan(f32, False, False, tp=2).weight_bytes(mc) == whole
+    assert one.weight_bytes(mc) - Plan(f32, False, False).weight_bytes(mc) == whole
+    kv = Plan(f32, False, False).kv_bytes_per_token(draft)
+    assert two.kv_bytes_per_token(mc) - Plan(f32, False, False, tp=2).kv_bytes_per_token(mc) == kv
 
 
 def _refusal(target, spec: dict, **engine) -> str:
@@ -173,3 +242,52 @@ def test_a_model_without_a_method_is_a_draft_model():
     s = spec.speculative_config
     assert (s.method, s.draft_model, s.adaptive) == ("draft_model", "d", False)
     assert EngineConfig.create(speculative_config=s.to_json()).speculative_config == s
+
+
+@pytest.mark.slow  # (800 sequences; nothing timed)
+def test_sampled_output_has_the_target_s_law(tmp_path):
+    """End to end on a vocabulary of 8: the second token of 800 seeded samples (drafted after
+    the first, verified by `spec/rejection.py`) is distributed as the target's marginal
+    sum_a p(a) p(b | a), chi-square with fixed seeds (it cannot flake), and not as the law
+    the draft proposes, sum_a p(a) q(b | a)."""
+    target, draft = tmp_path / "t", tmp_path / "d"
+    tiny = dict(vocab_size=8, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                num_key_value_heads=1)  # fmt: skip
+    hf_p = make_tiny_llama(target, **tiny)
+    hf_q = make_tiny_llama(draft, num_hidden_layers=1, **tiny)
+    prompt, t, m = [3, 5, 1, 6], 1.6, 800
+
+    def marginal(second):
+        with torch.no_grad():
+            first = (hf_p(torch.tensor([prompt])).logits[0, -1] / t).softmax(-1)
+            ids = torch.tensor([[*prompt, a] for a in range(8)])
+            nxt = (second(ids).logits[:, -1] / t).softmax(-1)
+        return (first[:, None] * nxt).sum(0).double()
+
+    want, proposed = marginal(hf_p), marginal(hf_q)
+    spec = {"model": str(draft), "num_speculative_tokens": 2}
+    llm = LLM(str(target), dtype="float32", max_num_seqs=256, max_model_len=16, block_size=8,
+              num_blocks_override=1024, speculative_config=spec)  # fmt: skip
+    params = [SamplingParams(temperature=t, max_tokens=3, seed=i, ignore_eos=True)
+              for i in range(m)]  # fmt: skip
+    outs = llm.generate([{"prompt_token_ids": prompt}] * m, params)
+    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=8)
+    counts = counts.double()
+    stats = llm.engine.spec_stats
+    assert stats.num_draft_tokens >= m and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+    def chi2(law):  # (statistic, degrees of freedom)
+        big = law * m >= 5  # cells expecting fewer than 5 pooled into one
+        exp, got = law[big] * m, counts[big]
+        if not big.all():
+            exp = torch.cat([exp, law[~big].sum(0, keepdim=True) * m])
+            got = torch.cat([got, counts[~big].sum(0, keepdim=True)])
+        return float(((got - exp) ** 2 / exp).sum()), len(exp) - 1
+
+    stat, df = chi2(want)
+    assert stat < CHI2_P001[df]
+    assert chi2(proposed)[0] > 3 * CHI2_P001[7]  # (the test tells the two laws apart)
+
+
+# chi-square quantiles exceeded with probability 0.001, by degrees of freedom
+CHI2_P001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12}

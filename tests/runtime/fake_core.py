@@ -1,4 +1,6 @@
-"""A fake engine core for the engine-process tests: EngineCore's interface without a model.
+"""A fake engine core: EngineCore's interface without a model, for the engine-process tests
+(tests/runtime/engine/test_core_client.py) and, subclassed, the engine-thread and HTTP tests
+(tests/server/test_async_engine.py's `FakeCore`).
 
 Module level so that a spawned engine process can import it (its factory crosses by pickle).
 One token per running sample per step; a prompt starting with 99 is refused when added, one
@@ -57,6 +59,9 @@ class FakeCore:
         if ids[0] == 99:
             raise ValueError("prompt refused by the core")
         self.crash = self.crash or ids[0] == 98
+        self._add(rid, params)
+
+    def _add(self, rid, params) -> None:
         for i in range(params.n):
             self.reqs[f"{rid}#{i}"] = {"rid": rid, "i": i, "left": params.max_tokens, "out": 0}
 
@@ -76,26 +81,28 @@ class FakeCore:
             r["left"] -= 1
             r["out"] += 1
             done = r["left"] == 0
-            reason = "length" if done else None
-            outs.append(
-                StepOutput(
-                    r["rid"],
-                    r["i"],
-                    [r["out"]],
-                    "x",
-                    [],
-                    done,
-                    reason,
-                    num_prompt_tokens=3,
-                    num_output_tokens=r["out"],
-                    arrival_time=now,
-                    first_token_time=now,
-                )
-            )
+            outs.append(self._output(r, done, now))
             if done:
                 del self.reqs[key]
         time.sleep(self.step_s)
         return outs
+
+    @staticmethod
+    def _output(r: dict, done: bool, now: float) -> StepOutput:
+        return StepOutput(
+            r["rid"],
+            r["i"],
+            [r["out"]],
+            "x",
+            [],
+            done,
+            "length" if done else None,
+            num_prompt_tokens=3,
+            num_output_tokens=r["out"],
+            arrival_time=now,
+            first_scheduled_time=now,
+            first_token_time=now,
+        )
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self.reqs), 0, 0.0, 10, 10, 0, 0, 0)
