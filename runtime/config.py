@@ -17,6 +17,7 @@ import torch
 from pagoda.runtime import option_rules, options
 from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
+from pagoda.runtime.multimodal.config import parse_limits
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.pooler_config import PoolerConfig
@@ -153,9 +154,13 @@ class EngineConfig:
     runner: str = "auto"
     # the pooling runner's pooling: a dict or the flag's JSON text is read into a PoolerConfig
     pooler_config: PoolerConfig | None = None
+    # images per prompt a vision model takes (vLLM's --limit-mm-per-prompt: a dict or its
+    # JSON text, read into {"image": N}; None: vLLM's default, `multimodal.config`)
+    limit_mm_per_prompt: Any = None
 
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
+        object.__setattr__(self, "limit_mm_per_prompt", parse_limits(self.limit_mm_per_prompt))
         if self.runner not in options.RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
                              f"{self.runner!r}")  # fmt: skip

@@ -122,6 +122,10 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "axk1": Untested(fp8="not tested"),
         "longcat_flash": Untested(fp8="not tested"),
         **dict.fromkeys(("bert", "roberta", "modernbert"), _ENCODER),
+        "llava": Untested(
+            fp8="its vision tower and projector are not quantized",
+            fp8_checkpoint="its vision tower and projector are not quantized",
+        ),
         "bitnet": Untested(
             tensor_parallel="its BitLinear layers are not split over ranks",
             fp8="its layers are ternary already: BitLinear",

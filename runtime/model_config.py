@@ -315,6 +315,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
     family: FamilyConfig = field(default_factory=FamilyConfig)
+    # a vision-language model's image side (`multimodal.config.VisionConfig`); None: text only
+    vision: Any = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers"):

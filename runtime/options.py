@@ -334,6 +334,8 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          '\'{"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true, "dimensions": D}\' '
          "(default: the checkpoint's sentence-transformers pooling, else LAST, normalized)",
          None, metavar="JSON"),
+    Flag("--limit-mm-per-prompt", "images a prompt of a vision model (LLaVA) may hold, vLLM's "
+         "JSON: '{\"image\": N}' (default 999); more is a 400", None, metavar="JSON"),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(

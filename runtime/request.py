@@ -90,6 +90,12 @@ class Request:
         self.generator = None  # torch.Generator for seeded sampling, made by the model runner
         self.seen_tokens = None  # penalties.SeenTokens, made by the sampler for penalties
         self.grammar = None  # structured.matcher.GrammarState, made when a constrained row samples
+        # a vision model's image features by image index, from the step that first reaches an
+        # image's placeholders until one consumes them (`worker/mm_encoder.py`), and the end of
+        # the last image's placeholders (0: no image)
+        self.image_features: dict | None = None
+        mm = self.params.multi_modal
+        self.images_end = mm.images[-1].end if mm is not None and mm.images else 0
         stops = set(self.params.stop_token_ids)
         if not self.params.ignore_eos:
             stops.update(self.eos_token_ids)

@@ -18,15 +18,19 @@ from dataclasses import dataclass
 
 from pagoda.runtime.core.block_pool import BlockPool, KVCacheBlock
 from pagoda.runtime.core.state_snapshots import StateSnapshots
+from pagoda.runtime.multimodal.hashing import block_extra
 from pagoda.runtime.request import Request
 
 _ROOT = b"pagoda-prefix-root"
 
 
-def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
-    """128-bit chained hash of one full block."""
+def hash_block(parent: bytes | None, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
+    """128-bit chained hash of one full block; `extra`: what else names its contents (the
+    images whose placeholders it holds: `multimodal.hashing.block_extra`)."""
     h = hashlib.blake2b(parent or _ROOT, digest_size=16)
     h.update(array("q", token_ids).tobytes())
+    if extra:
+        h.update(extra)
     return h.digest()
 
 
@@ -86,8 +90,10 @@ class KVCacheManager:
     def _update_hashes(self, req: Request) -> None:
         bs, hashes = self.block_size, req.block_hashes
         parent = hashes[-1] if hashes else req.cache_salt
+        mm = req.params.multi_modal
         for i in range(len(hashes), req.num_tokens // bs):
-            parent = hash_block(parent, req.token_ids[i * bs : (i + 1) * bs])
+            extra = b"" if mm is None else block_extra(mm, i * bs, (i + 1) * bs)
+            parent = hash_block(parent, req.token_ids[i * bs : (i + 1) * bs], extra)
             hashes.append(parent)
 
     def get_computed_blocks(self, req: Request) -> tuple[list[KVCacheBlock], int]:

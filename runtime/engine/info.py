@@ -30,6 +30,10 @@ class EngineInfo:
     runner: str = "generate"
     pooler: Any = None
     hidden_size: int = 0
+    # a vision model's image side (`multimodal.config.VisionConfig`; None: text only) and the
+    # images a prompt may hold (--limit-mm-per-prompt)
+    vision: Any = None
+    image_limit: int = 0
 
     @classmethod
     def from_core(cls, core: Any) -> EngineInfo:
@@ -45,6 +49,8 @@ class EngineInfo:
             runner=getattr(getattr(core, "config", None), "runner", "generate"),
             pooler=getattr(getattr(core, "config", None), "pooler_config", None),
             hidden_size=getattr(core.model_config, "hidden_size", 0),
+            vision=getattr(core.model_config, "vision", None),
+            image_limit=_image_limit(core),
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -139,3 +145,9 @@ def _max_token_bytes(tokenizer: Any, vocab_size: int) -> int:
         if s:
             longest = max(longest, len(s.encode("utf-8", "surrogatepass")))
     return longest
+
+
+def _image_limit(core: Any) -> int:
+    """--limit-mm-per-prompt's image count of a vision model's engine (0: text only)."""
+    limits = getattr(getattr(core, "config", None), "limit_mm_per_prompt", None)
+    return limits["image"] if limits is not None else 0

@@ -19,6 +19,8 @@ from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.hf_overrides import overlay
 from pagoda.runtime.model.loader import LoadedModel, resolve_model_path
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
+from pagoda.runtime.multimodal import chat_images
+from pagoda.runtime.multimodal import inputs as mm_inputs
 from pagoda.runtime.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -39,8 +41,9 @@ class TokensPrompt(TypedDict, total=False):
 
 
 PromptType = str | Sequence[int] | dict[str, Any]
-# vLLM's TextPrompt / TokensPrompt keys this runtime serves; any other (multi_modal_data,
-# mm_processor_kwargs, ...) is refused rather than ignored
+# vLLM's TextPrompt / TokensPrompt keys this runtime serves besides `multi_modal_data` (which
+# `generate` reads for a vision model); any other (mm_processor_kwargs, ...) is refused rather
+# than ignored
 PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
 
 
@@ -138,7 +141,13 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: "
                              f"{len(plist)} for {len(prompts)} prompts")  # fmt: skip
-        encoded = [self._to_ids(p) for p in prompts]
+        encoded = [self._to_ids(_text_side(p)) for p in prompts]
+        for k, prompt in enumerate(prompts):  # images: placeholders expanded, pixels made
+            if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+                text, ids = encoded[k]
+                vision = self.engine.model_config.vision
+                ids, mm = mm_inputs.from_data(ids, prompt["multi_modal_data"], vision)
+                encoded[k], plist[k] = (text, ids), plist[k].clone(multi_modal=mm)
         # all checked before any runs; the copies as validated now run (params are mutable)
         plist = [self.engine.validate(ids, p) for (_, ids), p in zip(encoded, plist)]
         for p, lr in zip(plist, _per_prompt(lora_request, len(prompts))):
@@ -267,8 +276,10 @@ class LLM:
         """Render each conversation with the model's chat template, then generate (vLLM's
         `LLM.chat`): the prompt is what /v1/chat/completions renders for the same messages.
 
-        Text content parts are joined one per line; a `developer` message is a system message
-        for a template without that role. `add_generation_prompt` defaults to true, false with
+        Text content parts are joined one per line; a vision model's templates get content as
+        parts instead, `image_url` parts (data: or http(s) URLs, read here) as
+        `{"type": "image"}`, as the server renders them; a `developer` message is a system
+        message for a template without that role. `add_generation_prompt` defaults to true, false with
         `continue_final_message`; `tools` (OpenAI tool objects) go to the template, which must
         render them (the reply's tool calls are not parsed: `text` is the model's raw output);
         `chat_template_kwargs` must name variables the template reads.
@@ -281,22 +292,22 @@ class LLM:
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be "
                              "true: the reply continues the last message")  # fmt: skip
-        prompts = [
-            {
-                "prompt": text,
-                "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False),
-            }
-            for text in (
-                self.tokenizer.apply_chat_template(
-                    template_messages(conv, self.tokenizer.template_for(bool(tools))),
-                    add_generation_prompt=add_generation_prompt is not False,
-                    continue_final_message=continue_final_message,
-                    tools=tools,
-                    variables=self._template_kwargs(chat_template_kwargs, bool(tools)),
-                )
-                for conv in messages
+        vision = self.engine.model_config.vision is not None
+        prompts = []
+        for conv in messages:
+            text = self.tokenizer.apply_chat_template(
+                template_messages(conv, self.tokenizer.template_for(bool(tools)), parts=vision),
+                add_generation_prompt=add_generation_prompt is not False,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                variables=self._template_kwargs(chat_template_kwargs, bool(tools)),
             )
-        ]
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": ids}
+            urls = [p["image_url"]["url"] for m in conv for p in _image_parts(m)]
+            if urls:  # a vision model's: read now (data: or http(s) URLs), placed by generate
+                prompt["multi_modal_data"] = {"image": [chat_images.load(u) for u in urls]}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _template_kwargs(
@@ -311,6 +322,13 @@ class LLM:
                 raise ValueError(f"chat_template_kwargs: this model's chat template does not read "
                                  f"'{key}', so it would change nothing")  # fmt: skip
         return kwargs
+
+
+def _text_side(prompt: PromptType) -> PromptType:
+    """A prompt without its `multi_modal_data` (read by `generate` itself)."""
+    if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+        return {k: v for k, v in prompt.items() if k != "multi_modal_data"}
+    return prompt
 
 
 def _per_prompt(lora_request: Any, n: int) -> list[Any]:
@@ -361,18 +379,24 @@ def _progress(use_tqdm: bool | Callable[..., Any], total: int) -> Any:
     return tqdm(total=total, desc="Processed prompts", unit="req", file=sys.stderr, disable=None)
 
 
-def template_messages(conversation: Sequence[dict[str, Any]], template: str | None) -> list:
+def template_messages(
+    conversation: Sequence[dict[str, Any]], template: str | None, parts: bool = False
+) -> list:
     """The messages as the chat template reads them (as the server's `as_template_dict`): text
-    parts joined one per line, `developer` as `system` where the template lacks the role."""
+    parts joined one per line, or with `parts` (a vision model's) content as text and image
+    parts (`{"type": "image"}`); `developer` as `system` where the template lacks the role."""
     out = []
     for i, m in enumerate(conversation):
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(f"messages[{i}] must be a dict with a 'role'")
         m = dict(m)
         content = m.get("content")
-        if isinstance(content, list):
+        if parts:
+            m["content"] = _as_parts(content, i)
+        elif isinstance(content, list):
             if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                raise ValueError(f"messages[{i}].content: only text parts are supported")
+                raise ValueError(f"messages[{i}].content: only text parts are supported (image "
+                                 "parts: a model that reads images)")  # fmt: skip
             m["content"] = "\n".join(str(p.get("text", "")) for p in content)
         elif content is None:
             m["content"] = ""
@@ -381,6 +405,34 @@ def template_messages(conversation: Sequence[dict[str, Any]], template: str | No
         if m["role"] == "developer" and template is not None and "developer" not in template:
             m["role"] = "system"
         out.append(m)
+    return out
+
+
+def _image_parts(message: Any) -> list[dict[str, Any]]:
+    """A message's `image_url` parts (each with its URL; ValueError for one without)."""
+    content = message.get("content") if isinstance(message, dict) else None
+    found = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"] if \
+        isinstance(content, list) else []  # fmt: skip
+    for p in found:
+        if not isinstance(p.get("image_url"), dict) or not isinstance(
+            p["image_url"].get("url"), str
+        ):
+            raise ValueError("an image_url part needs {'image_url': {'url': ...}}")
+    return found
+
+
+def _as_parts(content: Any, i: int) -> list[dict[str, Any]]:
+    """A message's content as a vision model's template reads it: text and image parts."""
+    if not isinstance(content, list):
+        return [{"type": "text", "text": "" if content is None else str(content)}]
+    out = []
+    for p in content:
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind not in ("text", "image_url"):
+            raise ValueError(f"messages[{i}].content: parts of type {kind!r} are not supported "
+                             "(text, image_url)")  # fmt: skip
+        out.append({"type": "text", "text": str(p.get("text", ""))} if kind == "text" else
+                   {"type": "image"})  # fmt: skip
     return out
 
 

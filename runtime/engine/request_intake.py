@@ -14,6 +14,7 @@ from pagoda.runtime.engine import recurrent
 from pagoda.runtime.engine.info import longest_prompt, not_generated, token_ids_in_range, too_long
 from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.model import longrope
+from pagoda.runtime.multimodal import inputs as mm_inputs
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
@@ -50,6 +51,9 @@ def validate(
         raise ValueError(f"stop_token_ids must be in [0, {vocab})")
     if params.structured_outputs is not None:  # offline: compiled here (server: before)
         compile_grammar(core, params.structured_outputs)
+    if params.multi_modal is not None:  # images: a vision model's, each over its placeholders
+        limit = core.config.limit_mm_per_prompt["image"]
+        mm_inputs.check(prompt_token_ids, params.multi_modal, mc.vision, limit)
     return params
 
 

@@ -97,7 +97,7 @@ def serve_steps(spec: WorkerSpec, rank: int) -> None:
     sched = config.scheduler
     warm_kernels(runner, max_num_seqs=sched.max_num_seqs, max_model_len=limit,
                  max_num_batched_tokens=sched.max_num_batched_tokens)  # fmt: skip
-    channel = StepChannel(tp)
+    channel = StepChannel.of(runner)
     steps = 0
     while (step := channel.receive()) is not None:
         runner.forward_step(*step)

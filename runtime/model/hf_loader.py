@@ -231,6 +231,11 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     # default; the tokenizer's `eos_token` joins them in `read_tokenizer`
     ids = (gen.get("eos_token_id"), top.get("eos_token_id"), cfg.get("eos_token_id"))
     eos = tuple(dict.fromkeys(i for v in ids for i in _as_ids(v)))
+    vision = None
+    if arch == "llava":  # the image side: the tower, projector, processor (multimodal/config.py)
+        from pagoda.runtime.multimodal.config import read_llava
+
+        vision = read_llava(top, model_dir)
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
@@ -250,6 +255,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         eos_token_ids=eos,
         architecture=arch,
         family=_family(cfg, arch, layers, scaling),
+        vision=vision,
     )
 
 

@@ -97,6 +97,8 @@ HF_ARCHITECTURES = {
     # Emu3's text model (Llama's, its defaults); Emu3-Chat/Gen's text model (the VQ-VAE not read)
     "Emu3ForCausalLM": "emu3",
     "Emu3ForConditionalGeneration": "emu3",
+    # LLaVA 1.5: a CLIP vision tower, its projector and a Llama text model (model/llava.py)
+    "LlavaForConditionalGeneration": "llava",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -140,6 +142,7 @@ TEXT_MODEL_TYPES = {
     **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
     **inkling2.TEXT_MODEL_TYPES,  # Inkling 2's (model/inkling2.py)
     "Apertus1p5ForConditionalGeneration": {"apertus1p5_text": "apertus1p5"},
+    "LlavaForConditionalGeneration": {"llama": "llava"},  # (LLaVA 1.5's; others refused)
     **moe_families.TEXT_MODEL_TYPES,  # Aria's, Cohere Compass'
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
@@ -160,6 +163,7 @@ WRAPPER_TIES = {
     **moe_families.WRAPPER_TIES,
 }
 WRAPPER_TIES["emu3"] = False  # (Emu3Config's)
+WRAPPER_TIES["llava"] = False  # (LlavaConfig's)
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -198,6 +202,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                   "eos_token_id": 2},
     "ministral3": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
                    "max_position_embeddings": 262_144, "bos_token_id": 1, "eos_token_id": 2},
+    # LlamaConfig's: llava-hf's LLaVA 1.5 configs give a sparse text_config (vocab, context)
+    "llava": {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "rms_norm_eps": 1e-6,
+              "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2},
     "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6,
                  "num_key_value_heads": 8, "max_position_embeddings": 524_288,
                  "bos_token_id": 0, "eos_token_id": 2},

@@ -73,6 +73,9 @@ SEQUENCE_STATE = "sequence_state"
 # `LlamaModel.forward`'s `head` for the pooling runner (`engine/pooling.py`): the rows'
 # final-norm hidden states come back, the LM head is not run
 HIDDEN_STATES = "hidden_states"
+# `meta.aux`: (rows int64 [R], features [R, hidden]) the step's image placeholder rows and
+# the images' features that replace their token embeddings (`worker/mm_encoder.py`)
+IMAGE_EMBEDS = "image_embeds"
 
 
 def _lookup_table(
@@ -507,6 +510,9 @@ class LlamaModel:
         [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`);
         with `HIDDEN_STATES`, their final-norm hidden states [N, hidden] (the pooling runner)."""
         h = self.input_embeddings(input_ids, positions)
+        images = meta.aux.get(IMAGE_EMBEDS)
+        if images is not None:  # a vision model's image placeholders: the images' features
+            h.index_copy_(0, images[0], images[1])
         step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype, meta))
         residual = None
         for layer in self.layers:

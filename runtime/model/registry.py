@@ -82,6 +82,7 @@ MODEL_CLASSES = {
     "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "emu3": ("llama", "LlamaModel"),  # Emu3's text model: Llama's
+    "llava": ("llava", "LlavaModel"),  # LLaVA 1.5: CLIP tower + projector, Llama's text model
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved

@@ -267,6 +267,16 @@ class SafetensorsWeights(Mapping):
     def open(cls, model_dir: Path) -> SafetensorsWeights:
         return cls(checkpoint_files(Path(model_dir)))
 
+    def tensors_under(self, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The stored tensors whose names start with one of `prefixes`, by stored name, read
+        now: those the text model's names leave out (a vision tower's, its projector's)."""
+        return {
+            stored: handle.get_tensor(stored)
+            for handle in self._handles
+            for stored in handle.keys()  # noqa: SIM118 - safe_open is not iterable
+            if stored.startswith(prefixes)
+        }
+
     def __getitem__(self, name: str) -> torch.Tensor:
         if name in self._joined:  # its parts copied into one tensor, one part at a time
             groups, stacked = self._joined[name]

@@ -89,6 +89,10 @@ class SamplingParams:
     # model); set by `LLM.generate(lora_request=...)` and the server's `model` name, as vLLM's
     # separate `lora_request` argument (carried here so that it travels with the request)
     lora_request: Any = None
+    # pagoda.runtime.multimodal.inputs.MultiModalInputs: the prompt's images (pixels, where
+    # their placeholder tokens sit, content hashes); set by `LLM.generate`'s
+    # `multi_modal_data` and the server's image parts, carried here as `lora_request` is
+    multi_modal: Any = None
 
     def __post_init__(self) -> None:
         if type(self.seed) is int and self.seed == -1:  # vLLM's "unseeded"
@@ -133,6 +137,8 @@ class SamplingParams:
 
         if self.lora_request is not None and not hasattr(self.lora_request, "lora_int_id"):
             raise ParamError("lora_request", "lora_request must be a LoRARequest")
+        if self.multi_modal is not None and not hasattr(self.multi_modal, "images"):
+            raise ParamError("multi_modal", "multi_modal must be a MultiModalInputs")
 
     def _check_sampling_knobs(self) -> None:
         """The ranges of the knobs that shape the distribution: temperature, top_p, top_k (0 is

@@ -13,7 +13,7 @@ from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError
-from pagoda.runtime.server import harmony, reasoning, tools
+from pagoda.runtime.server import chat_images, harmony, reasoning, tools
 from pagoda.runtime.server.chat_prompt import encode_chat
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
@@ -60,7 +60,11 @@ class ChatEndpoint(Endpoint):
         # tool_choice required / named: on harmony, the grammar holds the whole reply (its
         # analysis too: `tool_markers`)
         whole = setup is not None and spec is setup.grammar and setup.choice != "auto"
-        raw, text, ids, tail = self._prompt(req, info, setup, self.reasoning_parser is not None)
+        raw, text, ids, tail, images = self._prompt(req, info, setup,
+                                                    self.reasoning_parser is not None)  # fmt: skip
+        mm = None
+        if images:  # fetched, decoded and preprocessed here; placeholders expanded
+            ids, mm = chat_images.prompt_images(ids, images, info.vision)
         thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
         harmony = self.reasoning_parser == reasoning.HARMONY
         if harmony and spec is not None and not whole:  # its answer follows channels
@@ -86,6 +90,7 @@ class ChatEndpoint(Endpoint):
             req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
             prompt_logprobs=req.prompt_logprobs, structured_outputs=spec, **extra,
         )  # fmt: skip
+        params.multi_modal = mm
         job = self.job(req, model, [ids], [text], params, strings, renames)
         job.tools = setup if setup is not None and setup.parser is not None else None
         job.role = req.reply_role
@@ -97,7 +102,7 @@ class ChatEndpoint(Endpoint):
                 raise APIError(400, "echo cannot be combined with tools", param="echo",
                                code="invalid_value")  # fmt: skip
             last = raw[-1]
-            job.echo_text = str(last.get("content") or "") if last["role"] == job.role else ""
+            job.echo_text = _text_of(last.get("content")) if last["role"] == job.role else ""
         return job
 
     def _reasoning_end_id(self, tokenizer: Any) -> int | None:
@@ -110,15 +115,23 @@ class ChatEndpoint(Endpoint):
     def prompt(self, req: ChatCompletionRequest, info: EngineInfo,
                setup: tools.ToolSetup | None) -> tuple[list[dict[str, Any]], str, list[int]]:  # fmt: skip
         """(the messages as the template gets them, the rendered text, its token ids): what the
-        engine is fed (`/tokenize` with `messages` answers this too)."""
-        return self._prompt(req, info, setup, tail=False)[:3]
+        engine is fed (`/tokenize` with `messages` answers this too: images' placeholders
+        expanded, no image read)."""
+        raw, text, ids, _, images = self._prompt(req, info, setup, tail=False)
+        if images:
+            ids = chat_images.placeholders(ids, len(images), info.vision)
+        return raw, text, ids
 
     def _prompt(self, req: ChatCompletionRequest, info: EngineInfo, setup: tools.ToolSetup | None,
-                tail: bool) -> tuple[list[dict[str, Any]], str, list[int], str]:  # fmt: skip
-        """`prompt`'s, and with `tail` the text the template adds for the reply (`_reply_tail`,
-        one more rendering; "" without)."""
+                tail: bool) -> tuple[list[dict[str, Any]], str, list[int], str, list]:  # fmt: skip
+        """`prompt`'s (its ids with one token per image), with `tail` the text the template
+        adds for the reply (`_reply_tail`, one more rendering; "" without), and the image
+        parts ((param, url) each; a 400 for a model that reads text only)."""
+        images = _image_parts(req, info)
         template = info.tokenizer.template_for(bool(req.tools))
-        raw = [m.as_template_dict() for m in req.messages]
+        # a vision model's templates read content parts, images among them (as transformers'
+        # processors render them); others a string
+        raw = [m.as_template_dict(parts=info.vision is not None) for m in req.messages]
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
         if self.reasoning_parser == reasoning.HARMONY:
@@ -144,7 +157,7 @@ class ChatEndpoint(Endpoint):
         # `render` runs again there when the client's text holds special-token text
         ids = encode_chat(info.tokenizer, messages, listed, text, self.content_as_text, render)
         added = _reply_tail(req, messages, listed, text, render) if tail else ""
-        return raw, text, ids, added
+        return raw, text, ids, added, images
 
     def opening(self, job: Job) -> list[dict[str, Any]]:
         """The role, with `content: ""`, before any token (OpenAI's and vLLM's first chunk).
@@ -234,6 +247,29 @@ class ChatEndpoint(Endpoint):
         if job.tools is not None and i not in job.opened:
             delta = _with_role(job, i, delta, final)
         return {"index": i, "delta": delta, "logprobs": logprobs}
+
+
+def _text_of(content: Any) -> str:
+    """A template message's content as text: a vision model's parts' texts, one per line."""
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return str(content or "")
+
+
+def _image_parts(req: ChatCompletionRequest, info: EngineInfo) -> list[tuple[str, str]]:
+    """(param, url) of the messages' image parts; a 400 where the model reads text only, or
+    for more images than --limit-mm-per-prompt allows."""
+    found = [(f"messages[{i}].content[{j}]", p.image_url.url)
+             for i, m in enumerate(req.messages) for j, p in m.images]  # fmt: skip
+    if found and info.vision is None:
+        raise APIError(400, f"{found[0][0]}: content parts of type 'image_url' are not "
+                       "supported; this model reads text only (parts of type 'text')",
+                       param=f"{found[0][0]}.type", code="unsupported_content")  # fmt: skip
+    if len(found) > info.image_limit:
+        raise APIError(400, f"at most {info.image_limit} image(s) per request "
+                       f"(--limit-mm-per-prompt), got {len(found)}", param="messages",
+                       code="too_many_images")  # fmt: skip
+    return found
 
 
 def _calls(job: Job) -> bool:

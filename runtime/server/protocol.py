@@ -266,6 +266,18 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageURL(_Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None  # (one resolution: every one reads alike)
+
+
+class ImagePart(_Strict):
+    """An image (`multimodal.chat_images`): a vision model's only; others answer a 400."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class CalledFunction(_Strict):
     name: str
     arguments: str | dict[str, Any]  # OpenAI sends JSON text; an object is taken as is
@@ -300,7 +312,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImagePart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -308,11 +320,27 @@ class ChatMessage(BaseModel):
     # vLLM's newer name of reasoning_content (a reply carries both); templates read the other
     reasoning: str | None = None
 
-    def as_template_dict(self) -> dict[str, Any]:
+    @property
+    def images(self) -> list[tuple[int, ImagePart]]:
+        """(index, part) of the content's image parts."""
+        content = self.content if isinstance(self.content, list) else ()
+        return [(j, p) for j, p in enumerate(content) if isinstance(p, ImagePart)]
+
+    def as_template_dict(self, parts: bool = False) -> dict[str, Any]:
+        """The message as chat templates read it: content a string (text parts one per line),
+        or with `parts` (a vision model's templates) a list of {"type": "text", "text": ...}
+        and {"type": "image"} parts, as transformers' processors hand them over."""
         data = self.model_dump(exclude_none=True)
         if "reasoning" in data:
             data.setdefault("reasoning_content", data.pop("reasoning"))
-        if isinstance(self.content, list):
+        if parts:
+            content = self.content if isinstance(self.content, list) else [self.content or ""]
+            data["content"] = [
+                {"type": "text", "text": p} if isinstance(p, str) else
+                {"type": "image"} if isinstance(p, ImagePart) else {"type": "text", "text": p.text}
+                for p in content
+            ]  # fmt: skip
+        elif isinstance(self.content, list):
             # one part per line, as vLLM (and TensorRT-LLM) join text parts
             data["content"] = "\n".join(p.text for p in self.content)
         data.setdefault("content", "")
@@ -395,8 +423,9 @@ class ChatCompletionRequest(_StructuredFields):
 
     @model_validator(mode="before")
     @classmethod
-    def _text_parts_only(cls, data: Any) -> Any:
-        """A content part other than text is named in the 400 (not "Input should be ..."), as
+    def _known_parts(cls, data: Any) -> Any:
+        """A content part other than text or an image is named in the 400 (not "Input should
+        be ..."), as
         are a message other than an assistant's without content, a tool message without
         `tool_call_id`, tool calls outside an assistant message, and
         a response's own fields sent back non-empty (empty ones are dropped)."""
@@ -429,11 +458,11 @@ class ChatCompletionRequest(_StructuredFields):
             parts = m.get("content") if isinstance(m, dict) else None
             for j, part in enumerate(parts if isinstance(parts, list) else ()):
                 kind = part.get("type") if isinstance(part, dict) else None
-                if isinstance(kind, str) and kind != "text":
+                if isinstance(kind, str) and kind not in ("text", "image_url"):
                     raise APIError(
                         400, f"messages[{i}].content[{j}]: content parts of type "
-                        f"{shorten(kind, 40)!r} are not supported; this model reads text only "
-                        "(parts of type 'text')",
+                        f"{shorten(kind, 40)!r} are not supported (parts of type 'text', and "
+                        "'image_url' for a model that reads images)",
                         param=f"messages[{i}].content[{j}].type", code="unsupported_content",
                     )  # fmt: skip
         return data

@@ -210,6 +210,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             fp8_layers += 1
         else:
             total += dense_bytes(parts, mc, lay, p)
+    if mc.vision is not None:  # a vision tower and projector (LLaVA's), held in the dtype
+        total += mc.vision.num_params(mc.hidden_size) * p.dtype.itemsize
     if blocks:
         notes["blocks"] = str(blocks)
     if fp8_layers:

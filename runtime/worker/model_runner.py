@@ -27,7 +27,12 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.lora.slots import LoRASlots
-from pagoda.runtime.model.llama import HIDDEN_STATES, SEQUENCE_STATE, TOKEN_HISTORY
+from pagoda.runtime.model.llama import (
+    HIDDEN_STATES,
+    IMAGE_EMBEDS,
+    SEQUENCE_STATE,
+    TOKEN_HISTORY,
+)
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.request import Request
@@ -47,7 +52,13 @@ from pagoda.runtime.spec.draft_model import (
     scratch_blocks,
 )
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
-from pagoda.runtime.worker import cache_budget, draft_step, model_build, prompt_logprobs
+from pagoda.runtime.worker import (
+    cache_budget,
+    draft_step,
+    mm_encoder,
+    model_build,
+    prompt_logprobs,
+)
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
@@ -129,7 +140,7 @@ class ModelRunner:
                 self.num_snapshots = tp.agree_min(self.num_snapshots)
         if self.num_snapshots:  # a hybrid's prefix caching: its Mamba state snapshots
             self.mamba.allocate_snapshots(self.num_snapshots)
-        self.channel = StepChannel(tp) if tp is not None and tp.rank == 0 else None
+        self.channel = StepChannel.of(self) if tp is not None and tp.rank == 0 else None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
             backend.allocate_kv_cache(self.num_blocks, self.block_size, self.dtype, self.device)
             for backend in self.model.kv_backends
@@ -348,6 +359,8 @@ class ModelRunner:
         """Logits of the sampling rows (with `head`: their tokens, from the LM head). In a
         tensor-parallel group, rank 0 first sends the step to the other ranks."""
         ids = self._device_ids(inp)
+        if inp.images is not None:  # image placeholders: the images' features (encoded now)
+            inp.image_embeds = mm_encoder.device_step(self.model, inp.images, self.to_device)
         if self.channel is not None:
             self.channel.send(inp, ids)
         return self.forward_step(inp, ids, head)
@@ -378,6 +391,7 @@ class ModelRunner:
         if (
             graph is not None
             and head is None
+            and inp.image_embeds is None
             and graph.can_run(nd, n, max_blocks)
             and not (self.model.long_rope and (inp.prompt_lens > inp.seq_lens).any())
             and (self.graph_seq_limit is None or seq_lens.max() <= self.graph_seq_limit)
@@ -396,6 +410,8 @@ class ModelRunner:
             meta.aux[MAMBA_STEP] = self.mamba.device_step(inp.mamba, self.to_device)
         if inp.history is not None:
             meta.aux[TOKEN_HISTORY] = self.to_device(inp.history)
+        if inp.image_embeds is not None:  # image placeholders' rows and the images' features
+            meta.aux[IMAGE_EMBEDS] = inp.image_embeds
         if inp.seq_state is not None:
             meta.aux[SEQUENCE_STATE] = self.seq_state.device_step(inp.seq_state, self.to_device)
         if self.pooling_type is not None:  # hidden states of the rows pooled, no LM head

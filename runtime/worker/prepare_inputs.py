@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from pagoda.runtime.spec import verify
-from pagoda.runtime.worker import prompt_logprobs
+from pagoda.runtime.worker import mm_encoder, prompt_logprobs
 from pagoda.runtime.worker.step_inputs import StepInputs, token_history
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ def _add_state(
     qlens: np.ndarray,
 ) -> None:
     """The parts of `inp` only some models or engines have: LoRA slots, a hybrid's state slots,
-    the model's per-sequence state, its token history, longrope's prompt lengths."""
+    a vision model's image rows, the model's per-sequence state, its token history, longrope's
+    prompt lengths."""
     if runner.lora is not None:  # each token's adapter slot (`lora/slots.py`)
         inp.lora = runner.lora.prepare(reqs, qlens)
         if runner.channel is not None:  # rank 0 of a group: the slots the others fill too
@@ -85,6 +86,8 @@ def _add_state(
         inp.mamba = runner.mamba.prepare(runner.block_tables.rows, starts, qlens,
                                          inp.num_decodes, out.snapshots)  # fmt: skip
     model = runner.model
+    if model.config.vision is not None:  # the image placeholders the step's tokens hold
+        inp.images = mm_encoder.prepare(reqs, starts, qlens, inp.cu)
     if runner.seq_state is not None:  # the model's per-sequence state (its slots)
         inp.seq_state = runner.seq_state.prepare(reqs, starts, qlens)
     if model.token_history:  # the tokens before each sequence's step (n-grams)

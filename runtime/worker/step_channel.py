@@ -17,7 +17,9 @@ crosses in three broadcasts:
    and, in a step that put an adapter in a device slot, its (slot, adapter) as JSON bytes
    (one more broadcast, only then: `lora/slots.LoRASlots.fill`);
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
-   flight (async scheduling) is broadcast without the host reading it.
+   flight (async scheduling) is broadcast without the host reading it; in a step that reaches
+   a vision model's image placeholders, their rows (with the host arrays) and the features
+   rank 0's tower encoded for them (device group: the other ranks hold no tower).
 """
 
 from __future__ import annotations
@@ -33,14 +35,21 @@ from pagoda.runtime.worker.mamba_state import HostSlots
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
-HEADER = 15
+HEADER = 16
 SNAPSHOT_ROWS = (2, 2, 3)  # rows of `HostSlots.restore`, `save_end`, `save_mid`
 
 
 class StepChannel:
-    def __init__(self, tp: TPGroup) -> None:
+    def __init__(self, tp: TPGroup, hidden: int = 0, dtype: torch.dtype = torch.float32) -> None:
+        """`hidden`, `dtype`: the width and dtype of a vision model's image features."""
         self.tp = tp
+        self.hidden, self.dtype = hidden, dtype
         self._header = torch.zeros(HEADER, dtype=torch.int64)
+
+    @classmethod
+    def of(cls, runner) -> StepChannel:
+        """The channel of a `ModelRunner`'s group, for its model's image features."""
+        return cls(runner.tp, runner.model_config.hidden_size, runner.dtype)
 
     def send(self, inp: StepInputs, ids: torch.Tensor) -> None:
         """Rank 0: broadcast the step (`ids` on the device) to the other ranks."""
@@ -58,9 +67,11 @@ class StepChannel:
         seq = () if inp.seq_state is None else (inp.seq_state.rows(),)  # (the model's slots)
         lora = () if inp.lora is None else (inp.lora,)
         loads = _encode_loads(inp.lora_loads)
+        images = inp.image_embeds  # (rows, features) on the device, or None
+        rows = () if images is None else (inp.images.rows,)  # (on the host: no sync)
         h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh, *counts,
                               sum(len(a) for a in seq), len(lora), len(loads),
-                              len(drafted)]))  # fmt: skip
+                              len(drafted), sum(len(r) for r in rows)]))  # fmt: skip
         self.tp.broadcast_host(h)
         if loads:
             self.tp.broadcast_host(torch.frombuffer(bytearray(loads), dtype=torch.uint8))
@@ -69,9 +80,11 @@ class StepChannel:
                  prompt_lens, *state, *(a.reshape(-1) for a in snaps), *seq, *lora)  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
                                   np.asarray(inp.sampling, dtype=np.int64), extra,
-                                  np.asarray(drafted, dtype=np.int64)])  # fmt: skip
+                                  np.asarray(drafted, dtype=np.int64), *rows])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
         self.tp.broadcast(ids)
+        if images is not None:
+            self.tp.broadcast(images[1].contiguous())
 
     def stop(self) -> None:
         """Rank 0: tell the other ranks to leave their loop."""
@@ -85,7 +98,8 @@ class StepChannel:
         if h[0] == STOP:
             return None
         t, b, width, s, nd, e, fresh = h[1:8]
-        counts, seq, lora, nloads, nd_rows = h[8:11], h[11], t * h[12], h[13], h[14]
+        counts, seq, lora, nloads = h[8:11], h[11], t * h[12], h[13]
+        nd_rows, nimage = h[14], h[15]
         loads = None
         if nloads:
             raw = self.tp.broadcast_host(torch.empty(nloads, dtype=torch.uint8))
@@ -93,19 +107,27 @@ class StepChannel:
         state = b + fresh - 1 if fresh else 0
         snap = [n * c for n, c in zip(SNAPSHOT_ROWS, counts)]
         size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + lora + s + e + nd_rows
+        size += nimage
         a = self.tp.broadcast_host(torch.empty(size, dtype=torch.int64)).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s, e])
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s, e, nd_rows])
         (positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, restore, save_end,
-         save_mid, seq_rows, lora_slots, sampling, extra, drafted) = np.split(a, cuts)  # fmt: skip
-        ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
+         save_mid, seq_rows, lora_slots, sampling, extra, drafted,
+         image_rows) = np.split(a, cuts)  # fmt: skip
+        device = self.tp.device
+        ids = torch.empty(t, dtype=torch.int64, device=device)
         self.tp.broadcast(ids)
+        images = None
+        if nimage:
+            features = torch.empty(nimage, self.hidden, dtype=self.dtype, device=device)
+            self.tp.broadcast(features)
+            images = (torch.from_numpy(image_rows).to(device), features)
         inp = StepInputs(
             ids=np.empty(0, dtype=np.int64),  # on the device: `ids`
             positions=positions, slots=slots, table=table.reshape(b, width).astype(np.int32),
             qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
             extra_rows=extra if e else None, prompt_lens=prompt_lens,
             seq_state=seq_rows if seq else None, lora=lora_slots if lora else None,
-            lora_loads=loads, sample_rows=drafted if nd_rows else None,
+            lora_loads=loads, sample_rows=drafted if nd_rows else None, image_embeds=images,
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)

@@ -44,6 +44,12 @@ class StepInputs:
     # tensor parallelism: the adapters rank 0 put in device slots for this step, (slot,
     # `LoRARequest`) each, which the other ranks load too (`lora/slots.LoRASlots.fill`)
     lora_loads: list[tuple[int, Any]] | None = None
+    # a vision model's image placeholder rows and the images to encode
+    # (`worker/mm_encoder.ImagePlan`; rank 0 only: the tower runs there)
+    images: Any = None
+    # their (rows int64 [R], features [R, hidden]) on the device, for `llama.IMAGE_EMBEDS`:
+    # encoded by rank 0, broadcast to the other ranks of a group (`worker/step_channel.py`)
+    image_embeds: Any = None
 
 
 def token_history(token_lists, starts: np.ndarray, n: int) -> np.ndarray:

@@ -153,6 +153,8 @@ BERT = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 300,
         "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2}  # fmt: skip
 XLMR = {**BERT, "architectures": ["XLMRobertaModel"], "model_type": "xlm-roberta"}
 MODERNBERT = {**BERT, "architectures": ["ModernBertModel"], "model_type": "modernbert"}
+LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+         "text_config": {**LLAMA, "architectures": None}}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -161,7 +163,8 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
     configs = {"gemma4": GEMMA4, "gemma4_unified": GEMMA4_UNIFIED, "gemma3n": GEMMA3N, "mimo_v2_flash": MIMO, "aria_text": ARIA, "axk2": AXK2, "minicpm5_moe": MINICPM5,
                "hy_v4": HY_V4, "qwen4_exp": QWEN4, "beam": BEAM,
                "dots3_note_text": DOTS3, "glm5_next": GLM5_NEXT, "minimax_m3": MINIMAX_M3,
-               "bert": BERT, "roberta": XLMR, "modernbert": MODERNBERT}  # fmt: skip
+               "bert": BERT, "roberta": XLMR, "modernbert": MODERNBERT,
+               "llava": LLAVA}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch

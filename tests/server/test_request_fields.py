@@ -100,7 +100,7 @@ def test_duplicate_keys_are_refused(server):
     _error(server.post_json("/v1/chat/completions", nested), 400, "role")
 
 
-def test_content_parts_other_than_text_are_named(client):
+def test_content_parts_other_than_text_are_named(client, server):
     parts = [{"type": "text", "text": "What is this?"},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]  # fmt: skip
     with pytest.raises(openai.BadRequestError) as e:
@@ -108,6 +108,8 @@ def test_content_parts_other_than_text_are_named(client):
                                        messages=[{"role": "user", "content": parts}])  # fmt: skip
     assert e.value.body["param"] == "messages[0].content[1].type"
     assert "image_url" in e.value.body["message"]
+    tokenized = server.post_json("/tokenize", {"messages": [{"role": "user", "content": parts}]})
+    assert "image_url" in _error(tokenized, 400, "messages[0].content[1].type")
     text_only = [{"type": "text", "text": "Hi"}]
     r = client.chat.completions.create(model=MODEL, max_tokens=1,
                                        messages=[{"role": "user", "content": text_only}])  # fmt: skip

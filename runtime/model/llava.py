@@ -1,0 +1,80 @@
+"""LLaVA 1.5 (`LlavaForConditionalGeneration`): a CLIP vision tower (`clip_vision.py`), a
+2-layer MLP projector, and a Llama text model (this family's `LlamaModel` as it stands).
+
+`encode_images` turns preprocessed pixels into the rows that replace the prompt's image
+placeholder tokens: the tower's `hidden_states[vision_feature_layer]`, without the class token
+("default") or with it ("full"), projected to the text model's width. The runner runs it once
+per image and scatters the rows into the step's input embeddings (`worker/mm_encoder.py`,
+`llama.IMAGE_EMBEDS`); the text model never sees pixels.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.model.clip_vision import ClipVisionTower, activation
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaModel
+
+# stored prefix -> this module's (transformers 4's and 5's names, with or without `model.`)
+_TOWER = ("model.vision_tower.vision_model.", "vision_tower.vision_model.",
+          "model.vision_tower.", "vision_tower.")  # fmt: skip
+_PROJECTOR = ("model.multi_modal_projector.", "multi_modal_projector.")
+_LAYER = re.compile(r"^encoder\.layers\.(\d+)\.")
+
+
+def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:
+    return next((name[len(p) :] for p in prefixes if name.startswith(p)), None)
+
+
+def _read(name: str, layers_run: int) -> bool:
+    """Whether the tower's tensor `name` is held: not the post-norm nor a layer after the one
+    whose output is read (`VisionConfig.layers_run`)."""
+    if name.startswith("post_layernorm."):
+        return False
+    m = _LAYER.match(name)
+    return m is None or int(m.group(1)) < layers_run
+
+
+class LlavaModel(LlamaModel):
+    def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
+        vision = self.config.vision
+        if vision is None:
+            raise ValueError("a LLaVA model needs its vision_config (config.json)")
+        self.tower = None
+        if self.tp is not None and self.tp.rank > 0:  # rank 0 encodes; features broadcast
+            return
+        stored = w.stored
+        if not hasattr(stored, "tensors_under"):
+            raise ValueError("a LLaVA model's vision tower is read from safetensors files")
+        raw = stored.tensors_under(_TOWER + _PROJECTOR)
+        tower, projector = {}, {}
+        for name, t in raw.items():
+            p = _strip(name, _PROJECTOR)
+            if p is not None:
+                projector[p] = t.to(device=self.device, dtype=self.dtype)
+            elif _read(p := _strip(name, _TOWER), vision.layers_run):
+                tower[p] = t.to(device=self.device, dtype=self.dtype)
+        try:
+            self.tower = ClipVisionTower(tower, vision)
+            self.linear_1 = (projector["linear_1.weight"], projector.get("linear_1.bias"))
+            self.linear_2 = (projector["linear_2.weight"], projector.get("linear_2.bias"))
+        except KeyError as e:
+            raise ValueError(
+                f"the LLaVA checkpoint lacks the vision tensor {e.args[0]!r}"
+            ) from None
+        if self.linear_2[0].shape[0] != self.config.hidden_size:
+            raise ValueError(f"the projector gives {self.linear_2[0].shape[0]} features, the "
+                             f"text model reads {self.config.hidden_size}")  # fmt: skip
+
+    @torch.inference_mode()
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[N, 3, H, W] preprocessed pixels → [N, tokens_per_image, hidden] image features."""
+        vision = self.config.vision
+        h = self.tower(pixel_values)
+        if vision.select_strategy == "default":
+            h = h[:, 1:]
+        h = activation(vision.projector_act, F.linear(h, *self.linear_1))
+        return F.linear(h, *self.linear_2)

@@ -1,0 +1,210 @@
+"""A vision-language checkpoint's image side, read once from its files: the vision tower's
+shape (config.json's `vision_config`), how its features reach the text model (LLaVA's
+`vision_feature_layer`, `vision_feature_select_strategy`, projector), its image token, and the
+image processor (`preprocessor_config.json`, CLIPImageProcessor's fields). Frozen and plain
+data: the API process reads it too (preprocessing there), so nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# vLLM's default cap on images per prompt (`--limit-mm-per-prompt '{"image": N}'`)
+DEFAULT_IMAGE_LIMIT = 999
+# CLIPImageProcessor's defaults (OpenAI CLIP's mean and std, 224 px, bicubic)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_ACTS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
+_PROCESSORS = ("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil")
+
+
+@dataclass(frozen=True)
+class ImageProcessing:
+    """CLIPImageProcessor's steps: convert to RGB (transparency over white), resize the shortest
+    edge (`resample`: PIL's filter number), center-crop, rescale, normalize."""
+
+    shortest_edge: int = 224
+    crop: tuple[int, int] = (224, 224)  # (height, width)
+    resample: int = 3  # PIL.Image.BICUBIC
+    rescale_factor: float = 1 / 255
+    mean: tuple[float, float, float] = CLIP_MEAN
+    std: tuple[float, float, float] = CLIP_STD
+    do_resize: bool = True
+    do_center_crop: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+    do_convert_rgb: bool = True
+
+    @classmethod
+    def from_json(cls, cfg: dict[str, Any]) -> ImageProcessing:
+        kind = cfg.get("image_processor_type", "CLIPImageProcessor")
+        if kind not in _PROCESSORS:
+            raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
+                             f"supported (supported: {', '.join(_PROCESSORS)})")  # fmt: skip
+        size = cfg.get("size", {"shortest_edge": 224})
+        if isinstance(size, int):
+            size = {"shortest_edge": size}
+        if set(size) != {"shortest_edge"}:
+            raise ValueError(f"preprocessor_config.json: size {size} is not supported (a "
+                             "CLIP processor's is {'shortest_edge': N})")  # fmt: skip
+        crop = cfg.get("crop_size", {"height": 224, "width": 224})
+        if isinstance(crop, int):
+            crop = {"height": crop, "width": crop}
+        return cls(
+            shortest_edge=int(size["shortest_edge"]),
+            crop=(int(crop["height"]), int(crop["width"])),
+            resample=int(cfg.get("resample", 3)),
+            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
+            mean=_triple(cfg.get("image_mean", CLIP_MEAN), "image_mean"),
+            std=_triple(cfg.get("image_std", CLIP_STD), "image_std"),
+            **{k: bool(cfg.get(k, True)) for k in ("do_resize", "do_center_crop", "do_rescale",
+                                                   "do_normalize", "do_convert_rgb")},
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """LLaVA 1.5's image side: a CLIP vision tower, the layer its features are taken from,
+    whether the class token is dropped ("default") or kept ("full"), a 2-layer MLP projector."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int
+    patch_size: int
+    image_token_index: int
+    layer_norm_eps: float = 1e-5
+    hidden_act: str = "quick_gelu"  # the tower's MLP
+    feature_layer: int = -2  # `hidden_states[feature_layer]` (0: the embeddings)
+    select_strategy: str = "default"  # "default": without the class token; "full": with it
+    projector_act: str = "gelu"
+    projector_bias: bool = True
+    processing: ImageProcessing = ImageProcessing()
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ValueError(f"vision_config: image_size {self.image_size} is not a multiple of "
+                             f"patch_size {self.patch_size}")  # fmt: skip
+        if self.select_strategy not in ("default", "full"):
+            raise ValueError(f"vision_feature_select_strategy {self.select_strategy!r} is not "
+                             "supported (default, full)")  # fmt: skip
+        if not -self.num_layers - 1 <= self.feature_layer <= self.num_layers:
+            raise ValueError(f"vision_feature_layer {self.feature_layer} is outside the tower's "
+                             f"{self.num_layers} layers")  # fmt: skip
+        if self.processing.crop != (self.image_size, self.image_size):
+            raise ValueError(f"preprocessor_config.json crops {self.processing.crop}, the vision "
+                             f"tower reads {self.image_size}x{self.image_size} images")  # fmt: skip
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def tokens_per_image(self) -> int:
+        """The placeholder tokens one image takes in the prompt (its features' rows)."""
+        return self.num_patches + (self.select_strategy == "full")
+
+    def num_params(self, text_hidden: int) -> int:
+        """The parameters the engine holds of the tower (the layers run, not its post-norm)
+        and the projector into a text model `text_hidden` wide."""
+        d, i = self.hidden_size, self.intermediate_size
+        layer = 4 * d * d + 4 * d + 2 * d * i + i + d + 4 * d  # attention, MLP, two LayerNorms
+        embeddings = d * 3 * self.patch_size**2 + (self.num_patches + 1) * d + d + 2 * d
+        bias = 2 * text_hidden if self.projector_bias else 0
+        projector = d * text_hidden + text_hidden * text_hidden + bias
+        return self.layers_run * layer + embeddings + projector
+
+    @property
+    def layers_run(self) -> int:
+        """The tower layers whose output is read (`hidden_states[feature_layer]`)."""
+        f = self.feature_layer
+        return f if f >= 0 else self.num_layers + 1 + f
+
+
+def parse_limits(value: Any) -> dict[str, int]:
+    """vLLM's `--limit-mm-per-prompt` (a dict or its JSON text, e.g. {"image": 2}) → the cap
+    per modality; None: vLLM's default. ValueError, one line, for another modality or count."""
+    if value is None:
+        return {"image": DEFAULT_IMAGE_LIMIT}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"limit_mm_per_prompt must be JSON such as '{{\"image\": 2}}', got "
+                             f"{value!r}") from None  # fmt: skip
+    if not isinstance(value, dict) or set(value) - {"image"}:
+        raise ValueError(f"limit_mm_per_prompt takes {{'image': N}} (images are the only "
+                         f"modality served), got {value!r}")  # fmt: skip
+    n = value.get("image", DEFAULT_IMAGE_LIMIT)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"limit_mm_per_prompt's image count must be an integer >= 0, got {n!r}")
+    return {"image": n}
+
+
+def _triple(value: Any, name: str) -> tuple[float, float, float]:
+    values = [value] * 3 if isinstance(value, (int, float)) else list(value)
+    if len(values) != 3:
+        raise ValueError(f"preprocessor_config.json: {name} must have 3 values, got {value}")
+    return tuple(float(v) for v in values)  # type: ignore[return-value]
+
+
+def read_processing(model_dir: Path, image_size: int) -> ImageProcessing:
+    """The image processor saved beside the checkpoint: preprocessor_config.json (transformers
+    4's), else processor_config.json's `image_processor` (transformers 5's), else CLIP's
+    defaults at the tower's size (what every LLaVA 1.5 checkpoint's processor says)."""
+    for name, key in (
+        ("preprocessor_config.json", None),
+        ("processor_config.json", "image_processor"),
+    ):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        try:
+            cfg = json.loads(path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{name} is not valid JSON ({e})") from None
+        cfg = cfg.get(key) if key is not None and isinstance(cfg, dict) else cfg
+        if isinstance(cfg, dict):
+            return ImageProcessing.from_json(cfg)
+    return ImageProcessing(shortest_edge=image_size, crop=(image_size, image_size))
+
+
+def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
+    """A LlavaForConditionalGeneration config.json's image side (with the processor beside it);
+    ValueError, one line, for what is not LLaVA 1.5's shape."""
+    v = top.get("vision_config") or {}
+    if v.get("model_type", "clip_vision_model") != "clip_vision_model":
+        raise ValueError(f"LlavaForConditionalGeneration with a vision_config of model_type "
+                         f"{v.get('model_type')!r} is not supported (clip_vision_model)")  # fmt: skip
+    layer = top.get("vision_feature_layer", -2)
+    if not isinstance(layer, int):
+        raise ValueError(f"vision_feature_layer {layer!r}: only one layer is supported")
+    act = v.get("hidden_act", "quick_gelu")
+    pact = top.get("projector_hidden_act", "gelu")
+    for name, a in (("vision_config.hidden_act", act), ("projector_hidden_act", pact)):
+        if a not in _ACTS:
+            raise ValueError(f"{name} {a!r} is not supported ({', '.join(_ACTS)})")
+    size = int(v.get("image_size", 224))
+    processing = ImageProcessing(size, (size, size))
+    if model_dir is not None:
+        processing = read_processing(model_dir, size)
+    return VisionConfig(
+        hidden_size=int(v.get("hidden_size", 768)),
+        intermediate_size=int(v.get("intermediate_size", 3072)),
+        num_layers=int(v.get("num_hidden_layers", 12)),
+        num_heads=int(v.get("num_attention_heads", 12)),
+        image_size=size,
+        patch_size=int(v.get("patch_size", 32)),
+        image_token_index=int(top.get("image_token_index", top.get("image_token_id", 32000))),
+        layer_norm_eps=float(v.get("layer_norm_eps", 1e-5)),
+        hidden_act=_ACTS[act],
+        feature_layer=layer,
+        select_strategy=top.get("vision_feature_select_strategy", "default"),
+        projector_act=_ACTS[pact],
+        projector_bias=bool(top.get("multimodal_projector_bias", True)),
+        processing=processing,
+    )

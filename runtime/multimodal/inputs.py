@@ -1,0 +1,126 @@
+"""A prompt's images as the engine receives them (plain data, pickled to the engine process):
+each image's pixels, where its placeholder tokens sit in the prompt, and a content hash.
+
+`build` turns a prompt's token ids with one image token per image into the ids the model
+reads (each image token repeated as many times as the image has feature rows, as transformers'
+`LlavaProcessor` expands `<image>`), preprocessing the images on the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pagoda.runtime.multimodal.config import VisionConfig
+from pagoda.runtime.multimodal.image_processing import preprocess
+
+
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    pixel_values: np.ndarray  # float32 [3, H, W], preprocessed
+    offset: int  # the prompt position of its first placeholder token
+    length: int  # its placeholder tokens (the rows of its features)
+    content_hash: bytes  # 16 bytes of the pixels (the prefix cache keys blocks by it)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True, eq=False)
+class MultiModalInputs:
+    """The images of one prompt, in prompt order (`SamplingParams.multi_modal`)."""
+
+    images: tuple[ImageInput, ...]
+
+
+def pixels_hash(pixels: np.ndarray) -> bytes:
+    """128-bit hash of preprocessed pixels (their shape and bytes)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(pixels.shape).encode())
+    h.update(np.ascontiguousarray(pixels).tobytes())
+    return h.digest()
+
+
+def image_list(data: object) -> list:
+    """`multi_modal_data["image"]`: one image or a list of them."""
+    return list(data) if isinstance(data, (list, tuple)) else [data]
+
+
+def expand(
+    token_ids: Sequence[int], num_images: int, vision: VisionConfig
+) -> tuple[list[int], list[int]]:
+    """The prompt with each image token repeated as many times as an image has rows, and each
+    run's first position; ValueError where the prompt holds another number of image tokens."""
+    token, n = vision.image_token_index, vision.tokens_per_image
+    ids = np.asarray(token_ids, dtype=np.int64)
+    at = np.flatnonzero(ids == token)
+    if len(at) != num_images:
+        raise ValueError(
+            f"the prompt has {len(at)} image token(s) (id {token}) for "
+            f"{num_images} image(s): put one image token where each image goes"
+        )
+    repeats = np.ones(len(ids), dtype=np.int64)
+    repeats[at] = n
+    offsets = at + np.arange(len(at)) * (n - 1)
+    return np.repeat(ids, repeats).tolist(), offsets.tolist()
+
+
+def build(
+    token_ids: Sequence[int], pixels: Sequence[np.ndarray], vision: VisionConfig
+) -> tuple[list[int], MultiModalInputs]:
+    """The prompt `expand`ed, and the images placed at their runs."""
+    ids, offsets = expand(token_ids, len(pixels), vision)
+    n = vision.tokens_per_image
+    images = tuple(ImageInput(p, o, n, pixels_hash(p)) for p, o in zip(pixels, offsets))
+    return ids, MultiModalInputs(images)
+
+
+def from_images(
+    token_ids: Sequence[int], images: Sequence[object], vision: VisionConfig
+) -> tuple[list[int], MultiModalInputs]:
+    """`build` over PIL images, each preprocessed as the checkpoint's processor does."""
+    return build(token_ids, [preprocess(im, vision.processing) for im in images], vision)
+
+
+def from_data(
+    token_ids: Sequence[int], data: object, vision: VisionConfig | None
+) -> tuple[list[int], MultiModalInputs]:
+    """vLLM's `multi_modal_data` ({"image": a PIL image or a list of them}) over a prompt's
+    token ids; ValueError for a model without images, another modality, or a bad image."""
+    if vision is None:
+        raise ValueError("this model does not read images: multi_modal_data is not supported")
+    if not isinstance(data, dict) or set(data) - {"image"}:
+        keys = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"multi_modal_data must be {{'image': image or list of images}}; got "
+                         f"{keys} (only images are supported)")  # fmt: skip
+    return from_images(token_ids, image_list(data.get("image", [])), vision)
+
+
+def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: VisionConfig | None,
+          limit: int) -> None:  # fmt: skip
+    """ValueError unless `mm` fits the model and the prompt: a model that reads images, at most
+    `limit` of them, each of the tower's shape over a run of image tokens in the prompt."""
+    if vision is None:
+        raise ValueError("this model does not read images (multi_modal_data / image parts)")
+    if not isinstance(mm, MultiModalInputs):
+        raise ValueError("multi_modal must be a MultiModalInputs")
+    if len(mm.images) > limit:
+        raise ValueError(f"at most {limit} image(s) per prompt (--limit-mm-per-prompt), got "
+                         f"{len(mm.images)}")  # fmt: skip
+    ids = np.asarray(token_ids, dtype=np.int64)
+    shape = (3, vision.image_size, vision.image_size)
+    for i, im in enumerate(mm.images):
+        if tuple(im.pixel_values.shape) != shape or im.pixel_values.dtype != np.float32:
+            raise ValueError(f"image {i}: pixels must be float32 {shape}, got "
+                             f"{im.pixel_values.dtype} {tuple(im.pixel_values.shape)}")  # fmt: skip
+        run = ids[im.offset : im.end]
+        if (
+            im.length != vision.tokens_per_image
+            or len(run) != im.length
+            or (run != vision.image_token_index).any()
+        ):
+            raise ValueError(f"image {i}: its {vision.tokens_per_image} placeholder tokens are "
+                             f"not at prompt positions [{im.offset}, {im.end})")  # fmt: skip
