@@ -21,6 +21,7 @@ from pagoda.runtime.server.responses_protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
+    InputImage,
     InputItem,
     InputMessage,
     ReasoningItem,
@@ -37,6 +38,7 @@ FIELD_NAMES = (
     ("tool_choice.function.name", "tool_choice.name"),
     ("reasoning_effort", "reasoning.effort"),
     ("tool_call_id", "call_id"),
+    ("type 'image_url'", "type 'input_image'"),
 )
 _CHAT_NAMES = re.compile(r"messages\[(\d+)\]|tools\[(\d+)\]\.function|"
                          + "|".join(re.escape(a) for a, _ in FIELD_NAMES) + r"|\bmessages\b")  # fmt: skip
@@ -140,11 +142,14 @@ def _misplaced(i: int) -> None:
                    code="invalid_value")  # fmt: skip
 
 
-def _text(content: Any) -> str | list[dict[str, str]]:
-    """A string, or the parts' texts as chat's text parts (chat joins them, one a line)."""
+def _text(content: Any) -> str | list[dict[str, Any]]:
+    """A string, or the parts as chat's parts: texts (chat joins them, one a line) and images
+    (`image_url`)."""
     if isinstance(content, str):
         return content
-    return [{"type": "text", "text": p.text} for p in content]
+    return [{"type": "image_url", "image_url": {"url": p.image_url, "detail": p.detail}}
+            if isinstance(p, InputImage) else {"type": "text", "text": p.text}
+            for p in content]  # fmt: skip
 
 
 def responses_error(e: APIError, origins: list[str]) -> APIError:

@@ -3,7 +3,8 @@
 Types are checked strictly, as chat's are (`protocol.py`). A field this server does not honour
 is a 400 naming it, never silently ignored: `background`, `conversation`, `prompt`, `include`,
 `truncation: "auto"`, built-in tools (web search, file search, code interpreter, ...), input
-parts other than text (images, files, audio), input items other than messages, function calls,
+parts other than text and images (files, audio; an image by `file_id`; images for a model that
+reads text only are chat's 400), input items other than messages, function calls,
 their outputs and reasoning, `reasoning.summary` and `text.verbosity`. A null for one of
 OpenAI's nullable fields asks for nothing and is dropped.
 
@@ -13,7 +14,7 @@ item (`input[2].call_id`), not a branch of a union.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pagoda.runtime.server.protocol import APIError, _scalar, _Strict, shorten
 from pagoda.runtime.server.request_body import validation_error
@@ -56,10 +57,25 @@ class InputText(_Strict):
         return self
 
 
+class InputImage(_Strict):
+    """An image part (`input_image`): its URL (`data:` or http(s)) runs as chat's `image_url`
+    part (a vision model's only: chat answers a 400 for a model that reads text only); one by
+    `file_id` is refused (`_check_parts`)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None  # (one resolution: every one reads alike)
+
+
+InputPart = Annotated[InputText | InputImage, Field(discriminator="type")]
+PART_TYPES = ("input_text", "output_text", "input_image")
+
+
 class InputMessage(_Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputText]
+    content: str | list[InputPart]
     id: str | None = None  # an output message sent back
     status: str | None = None
 
@@ -286,15 +302,27 @@ def _items_by_type(items: list[Any], field: str, models: dict[str, type[BaseMode
 
 
 def _check_parts(item: dict[str, Any], where: str) -> None:
-    """A content part other than text is named in the 400 (this model reads text only)."""
+    """A content part other than text or an image is named in the 400."""
     parts = item.get("content")
     for j, part in enumerate(parts if isinstance(parts, list) else ()):
         kind = part.get("type") if isinstance(part, dict) else None
-        if isinstance(kind, str) and kind not in ("input_text", "output_text"):
+        if kind == "input_image":
+            _check_image(part, f"{where}.content[{j}]")
+        if isinstance(kind, str) and kind not in PART_TYPES:
             raise APIError(400, f"{where}.content[{j}]: content parts of type "
-                           f"{shorten(kind, 40)!r} are not supported; this model reads text only "
-                           "(parts of type 'input_text')", param=f"{where}.content[{j}].type",
+                           f"{shorten(kind, 40)!r} are not supported here (parts of type "
+                           "'input_text' or 'input_image')", param=f"{where}.content[{j}].type",
                            code="unsupported_content")  # fmt: skip
+
+
+def _check_image(part: dict[str, Any], where: str) -> None:
+    if part.get("file_id") is not None:
+        raise APIError(400, f"{where}.file_id is not supported: files are not stored here (send "
+                       "the image as image_url)", param=f"{where}.file_id",
+                       code="unsupported_parameter")  # fmt: skip
+    if part.get("image_url") is None:
+        raise APIError(400, f"{where}: an input_image needs 'image_url'",
+                       param=f"{where}.image_url", code="missing_required_parameter")  # fmt: skip
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:

@@ -54,6 +54,30 @@ def test_items_become_chat_messages():
                        "input[5]", "input[6]"]  # fmt: skip
 
 
+def test_image_parts_become_chat_image_parts():
+    url = "data:image/png;base64,AAAA"
+    req = parse(input=[{"role": "user", "content": [
+        {"type": "input_image", "image_url": url, "detail": "low"},
+        {"type": "input_text", "text": "what is it?"}]}])  # fmt: skip
+    chat, _, _ = chat_request(req, [])
+    parts = chat.messages[0].content
+    assert (parts[0].type, parts[0].image_url.url, parts[0].image_url.detail) == (
+        "image_url", url, "low")  # fmt: skip
+    assert parts[1].text == "what is it?"
+    for part, param, code in [({"file_id": "file-1"}, "file_id", "unsupported_parameter"),
+                              ({}, "image_url", "missing_required_parameter")]:  # fmt: skip
+        with pytest.raises(APIError) as e:
+            parse(input=[{"role": "user", "content": [{"type": "input_image", **part}]}])
+        assert (e.value.param, e.value.code) == (f"input[0].content[0].{param}", code)
+    with pytest.raises(APIError) as e:
+        parse(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}])
+    assert e.value.param == "input[0].content[0].type" and "input_image" in e.value.message
+    chat_says = APIError(400, "messages[0].content[0]: content parts of type 'image_url' are "
+                         "not supported", param="messages[0].content[0].type")  # fmt: skip
+    got = responses_error(chat_says, ["input[0]"])
+    assert got.message.startswith("input[0].content[0]: content parts of type 'input_image'")
+
+
 def test_settings_become_chat_fields():
     tool = {"type": "function", "name": "add", "parameters": {"type": "object"}}
     fmt = {"type": "json_schema", "name": "city", "schema": {"type": "object"}, "strict": True}

@@ -90,6 +90,20 @@ def test_image_chats_answer_transformers_tokens(tmp_path):
                 {"echo": True},
             )
             assert echoed.choices[0].message.content.startswith("w9")
+            # the Responses API's input_image runs as chat's image_url part
+            parts = [{"type": "input_text", "text": "w7 w8"}]
+            said = client.responses.create(model=client.models.list().data[0].id, input=[
+                {"role": "user", "content": [{"type": "input_image", "image_url": DATA_URL},
+                                             *parts]}],
+                max_output_tokens=NEW, temperature=0)  # fmt: skip
+            plain = client.chat.completions.create(
+                model=client.models.list().data[0].id,
+                max_tokens=NEW,
+                temperature=0,
+                messages=_user(_image_part(DATA_URL), {"type": "text", "text": "w7 w8"}),
+            )
+            assert said.usage.input_tokens == len(ids)
+            assert said.output_text == plain.choices[0].message.content
             bad = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
             param = "messages[0].content[0].image_url"
             assert "decoded" in _refused(client, _user(_image_part(bad)), param, "invalid_image")
