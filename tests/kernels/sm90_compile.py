@@ -441,6 +441,8 @@ SLOW = {
     "mqa48-d128-split-decode",
     "mqa48-d128-invariant",
 }
+# (The figures below were read with plain `ptxas -v` before 2026-12-07; PTXAS_FLAGS' differ
+# by a few registers and bytes, the same cases spilling.)
 # Cases with a kernel that spills registers (ptxas 13.4 for sm_90a, Triton 3.9; bytes stored
 # and loaded): a config file's extremes (float32 at head 256: 19.6 kB; the deep MoE config in
 # float32: 77 kB; the deep GEMM configs: 3.7 kB), the batch-invariant decode launch at head 64
