@@ -62,7 +62,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_serving_load import bodies, chat_requests, corpus_text, drive, nano_requests, word_text
 from gpu_serving_report import HEADERS, fmt_row, ratios, summarize
 from gpu_serving_servers import Server, start_servers, startup_lines
-from long_context import _old_tree
 
 # A chat template for the random models (their tokenizer has none): ChatML, as SmolLM2's.
 CHATML = (
@@ -110,9 +109,6 @@ def offline_run(loaded, reqs, args) -> dict:
 
 # -- main ------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    import torch
-
-    cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a model the server can load (default on CPU: smollm2-135m)")
     ap.add_argument(
@@ -144,6 +140,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.model and args.shape:
         ap.error("--model or --shape, not both")
+    import torch  # once parsed: gpu_check.sh's dry run stops at the parse (no torch, ~2 s)
+
+    cuda = torch.cuda.is_available()
     big = cuda and not args.tiny
     if args.tiny:
         args.model, args.shape = None, "tiny"
@@ -233,6 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
                   "--log-level", "info", *args.server_args.split()]  # fmt: skip
         trees = {"": None}
         if args.old_ref:  # before, then after, for every workload and round
+            from long_context import _old_tree  # (torch: not for gpu_check.sh's dry run)
+
             trees = {f" ({args.old_ref})": str(_old_tree(args.old_ref, Path(tmp))), "": None}
         servers = start_servers(args.servers, common, args.ready_timeout, trees)
         pool = None

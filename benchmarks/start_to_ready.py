@@ -32,8 +32,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table
-from long_context import _old_tree
+# common and long_context (torch: ~2 s of CPU) are imported once the arguments are parsed:
+# gpu_check.sh's dry run stops there (tests/benchmarks/test_gpu_check.py runs it on a CPU)
 
 MODES = {"process": [], "thread": ["--no-engine-process"]}
 POLL_S = 0.02  # /ready is asked this often: the resolution of the figures
@@ -130,6 +130,8 @@ def checks_once(extra: list[str], tree: str | None = None) -> tuple[float, float
 
 
 def report_checks(times: dict[str, list[tuple[float, float]]]) -> None:
+    from common import markdown_table
+
     rows = []
     for tag, ts in times.items():
         checks = statistics.median(c for c, _ in ts)
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="first time the API process's start-up reads alone, N times")  # fmt: skip
     ap.add_argument("extra", nargs="*", help="more `pagoda serve` flags (after --)")
     args = ap.parse_args(argv)
+    from common import machine, markdown_table
+    from long_context import _old_tree
+
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f} at start", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"": None}
