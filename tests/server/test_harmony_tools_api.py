@@ -59,7 +59,10 @@ def test_a_call_streamed_through_the_sdk_helper(client):
         events = list(stream)
         final = stream.get_final_completion()
     pieces = [e.arguments_delta for e in events if e.type == "tool_calls.function.arguments.delta"]
-    assert pieces == ["", '{"city": ', '"Paris"}']  # the name's chunk, then as the tokens arrive
+    # the name's chunk (empty arguments), then the arguments as the tokens arrive; a reader that
+    # falls behind (a loaded machine) gets neighbouring chunks merged, never lost or reordered
+    assert "".join(pieces) == '{"city": "Paris"}' and pieces[-1].endswith('"Paris"}')
+    assert all(p in ("", '{"city": ', '"Paris"}', '{"city": "Paris"}') for p in pieces), pieces
     _check_call(final.choices[0])
 
 
