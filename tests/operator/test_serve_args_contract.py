@@ -344,6 +344,7 @@ def test_extra_args_cannot_override_what_the_operator_renders() -> None:
         "--api-key": "spec.apiKeySecretRef",
         "--speculative-config": "spec.engine.speculative",
         "--pooler-config": "spec.engine.poolerConfig",
+        "--limit-mm-per-prompt": "spec.engine.limitMMPerPrompt",
     }
     for word, field in cases.items():
         spec = {"model": "smollm2-135m", "engine": {"extraArgs": ["--seed", "1", word, "8"]}}
