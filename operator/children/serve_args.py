@@ -63,11 +63,17 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "runner": e.runner,  # None (unset) renders nothing
         # vLLM's JSON of the keys set (`PoolerConfig.parse` reads it back); None: nothing
         "pooler_config": None if (pc := e.pooler_config) is None else json.dumps(pc.user_keys()),
+        # vLLM's JSON of the images a prompt may hold (None: the runtime's default, nothing)
+        "limit_mm_per_prompt": _limit_mm_json(e.limit_mm_per_prompt),
         # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
         "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
         "revision": spec.model.commit,  # an hf:// branch's pin (None: not pinned, no flag)
         **parallel_values(spec, role),
     }
+
+
+def _limit_mm_json(images: int | None) -> str | None:
+    return None if images is None else json.dumps({"image": images})
 
 
 def parallel_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[str, Any]:
@@ -166,6 +172,8 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         out["runner"] = e.runner
     if e.pooler_config is not None:  # likewise; the keys set, camelCase
         out["poolerConfig"] = {camel(k): v for k, v in e.pooler_config.user_keys().items()}
+    if e.limit_mm_per_prompt is not None:  # likewise
+        out["limitMMPerPrompt"] = {"image": e.limit_mm_per_prompt}
     if (sc := e.speculative) is not None and e.draft is None:  # likewise; camelCase, bounds
         out["speculative"] = {
             "method": sc.method,

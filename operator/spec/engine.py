@@ -50,6 +50,9 @@ SPECULATIVE_KEYS = ("method", "model", "numSpeculativeTokens", "promptLookupMax"
 # spec.engine.speculative.method → the runtime's (`--speculative-config`'s "method")
 SPECULATIVE_METHODS = {"ngram": "ngram", "draftModel": spec_config.DRAFT_MODEL}
 NGRAM_KEYS = ("promptLookupMax", "promptLookupMin")  # n-gram drafting's only
+# engine.limitMMPerPrompt: `--limit-mm-per-prompt`'s modalities the runtime serves (images)
+MM_MODALITIES = ("image",)
+MAX_MM_PER_PROMPT = 1 << 20  # the CRD's bound; unset: the runtime's default (999, vLLM's)
 
 DEFAULT_TIME_BUDGET_S = 900  # `pagoda tune --time-budget 15m`
 MIN_TIME_BUDGET_S, MAX_TIME_BUDGET_S = 60, 14400
@@ -81,6 +84,9 @@ class EngineSpec:
     runner: str | None = None
     # `--pooler-config` (the pooling runner's pooling); None: the checkpoint's, else LAST
     pooler_config: pooler_config.PoolerConfig | None = None
+    # `--limit-mm-per-prompt`'s images a prompt of a vision model (LLaVA) may hold; 0: none;
+    # None: the runtime's default
+    limit_mm_per_prompt: int | None = None
     # `--max-loras` and the rest with spec.adapters (spec/model_ref.py); None: their defaults
     lora: LoraSpec | None = None
     extra_args: tuple[str, ...] = ()
@@ -149,6 +155,7 @@ class EngineSpec:
             draft=draft,
             runner=choice(d, "runner", p, RUNNERS, None) if d.get("runner") is not None else None,
             pooler_config=_pooler_config(d, p),
+            limit_mm_per_prompt=_images_per_prompt(d, p),
             lora=lora,
             extra_args=extra_args,
         )
@@ -169,6 +176,16 @@ def _pooler_config(engine: Mapping[str, Any], path: str) -> pooler_config.Pooler
         normalize=None if normalize is None else bool_or(value, "normalize", p, True),
         dimensions=opt_int(value, "dimensions", p, 1, MAX_POOLER_DIMENSIONS),
     )
+
+
+def _images_per_prompt(engine: Mapping[str, Any], path: str) -> int | None:
+    """`spec.engine.limitMMPerPrompt` (vLLM's `--limit-mm-per-prompt` as an object, e.g.
+    `{image: 4}`) → the images a prompt may hold; None when absent, null or without `image`.
+    Another modality (video, audio: not served) or a count out of range is InvalidSpec."""
+    value = closed_object(engine, "limitMMPerPrompt", path, MM_MODALITIES)
+    if value is None:
+        return None
+    return opt_int(value, "image", f"{path}.limitMMPerPrompt", 0, MAX_MM_PER_PROMPT)
 
 
 def _speculative(

@@ -278,7 +278,8 @@ class InferenceServiceSpec:
 
     def _check_speculative(self) -> None:
         """What `pagoda serve --speculative-config` refuses at start (a crash loop), refused
-        here (with adapters: `_check_adapters`)."""
+        here (with adapters: `_check_adapters`). Tensor parallelism, multi-node too, is served
+        with either method (rank 0 drafts: a draft model whole on it)."""
         e = self.engine
         if e.speculative is None:
             return
@@ -287,13 +288,6 @@ class InferenceServiceSpec:
                 "InvalidSpec",
                 "spec.engine.speculative runs with synchronous scheduling only: drop "
                 "--async-scheduling from spec.engine.extraArgs",
-            )
-        if self.tensor_parallel_size > 1:
-            raise SpecError(
-                "InvalidSpec",
-                "spec.engine.speculative is not supported with tensor parallelism "
-                f"(tensorParallelSize {self.tensor_parallel_size}: resources.gpus × "
-                "parallelism.nodes, or parallelism.tensorParallelSize): drop one of them",
             )
         if e.runner == "pooling":
             raise SpecError(

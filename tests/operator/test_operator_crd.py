@@ -205,13 +205,6 @@ def test_bad_examples_fail_with_a_readable_message(name: str, expected: str) -> 
             "cannot tune a tensor-parallel one",
         ),
         ({"model": "m", "parallelism": {"nodes": 65}}, "65 is greater than the maximum of 64"),
-        *(
-            (
-                {"model": "m", **extra, "engine": {"speculative": {"numSpeculativeTokens": 4}}},
-                "engine.speculative is not supported with tensor parallelism (tensorParallelSize > 1",
-            )
-            for extra in ({"resources": {"gpus": 2}}, {"parallelism": {"tensorParallelSize": 2}})
-        ),
         (
             {
                 "model": "m",

@@ -238,3 +238,31 @@ async def test_a_rank_that_cannot_fit_the_model_is_a_condition(
     (event,) = await wait_for(lambda: events(lws, "fit", "ModelDoesNotFit"), what="the Event")
     assert event["type"] == "Warning" and "44.2 GiB" in event["message"]
     assert_permitted(lws)
+
+
+async def test_a_group_with_a_draft_model_downloads_it_where_rank_0_runs(
+    lws: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """Speculative decoding with a draft over a multi-node group (rank 0 drafts): the operator
+    creates the group (no longer refused), stored valid against the upstream schema, its leader
+    (rank 0) and its workers (whose start-up checks read the draft's config) fetching the s3://
+    draft with the `draft-download` init container, and the same `--speculative-config`."""
+    await start_operator()
+    spec = {**GROUP_SPEC,
+            "engine": {"speculative": {"method": "draftModel", "model": "s3://bucket/draft",
+                                       "numSpeculativeTokens": 4}}}  # fmt: skip
+    await create_isvc(kube, "spg", spec)
+    stored = await wait_for(lambda: group(lws, "spg"), what="the LeaderWorkerSet")
+    assert lws_errors({k: v for k, v in stored.items() if k != "status"}) == []
+    t = stored["spec"]["leaderWorkerTemplate"]
+    configs = set()
+    for template in (t["leaderTemplate"], t["workerTemplate"]):
+        (init,) = template["spec"]["initContainers"]
+        assert init["name"] == "draft-download" and init["args"][-1] == "s3://bucket/draft"
+        (server,) = template["spec"]["containers"]
+        configs.add(server["args"][server["args"].index("--speculative-config") + 1])
+    assert len(configs) == 1 and '"model": "/var/cache/pagoda/draft/model"' in configs.pop()
+    await wait_for(lambda: condition(lws, "spg", "Ready"), what="status")  # reconciled
+    degraded = condition(lws, "spg", "Degraded")
+    assert degraded.get("status") != "True", degraded
+    assert_permitted(lws)

@@ -280,26 +280,7 @@ def test_defaults() -> None:
                 ([4], "spec.engine.speculative must be an object"),
             )
         ),
-        (  # `pagoda serve` refuses speculation with tensor parallelism (a crash loop)
-            {
-                "model": "pvc://models/llama/hf",
-                "resources": {"gpus": 2},
-                "engine": {"speculative": {"numSpeculativeTokens": 4}},
-            },
-            "InvalidSpec",
-            "spec.engine.speculative is not supported with tensor parallelism (tensorParallelSize 2",
-        ),
-        (
-            {
-                "model": "pvc://models/llama/hf",
-                "resources": {"gpus": 1},
-                "parallelism": {"nodes": 2},
-                "engine": {"speculative": {"numSpeculativeTokens": 4}},
-            },
-            "InvalidSpec",
-            "spec.engine.speculative is not supported with tensor parallelism (tensorParallelSize 2",
-        ),
-        (  # and with async scheduling
+        (  # `pagoda serve` refuses speculation with async scheduling (a crash loop)
             {
                 "model": "smollm2-135m",
                 "engine": {

@@ -32,6 +32,7 @@ from pagoda.operator.spec.inference_service import (
     InferenceServiceSpec,
 )
 from pagoda.runtime import options
+from pagoda.runtime.multimodal.config import DEFAULT_IMAGE_LIMIT, parse_limits
 from pagoda.runtime.option_rules import camel
 from pagoda.runtime.pooler_config import PoolerConfig
 from pagoda.runtime.server.cli import build_parser, server_config
@@ -101,6 +102,7 @@ def _engine_spread() -> list[dict[str, Any]]:
     ]  # fmt: skip
     rng = random.Random(11)
     pooling = random.Random(13)  # its own draws: the other fields' stay as they were
+    images = random.Random(17)  # likewise
     bounds = {
         "maxNumSeqs": (1, 4096),
         "maxModelLen": (2, 1 << 20),  # the CRD's range (a prompt token and one out)
@@ -147,6 +149,8 @@ def _engine_spread() -> list[dict[str, Any]]:
             )
             if "speculative" in engine and engine["runner"] == "pooling":
                 engine["runner"] = "auto"  # speculative decoding with the pooling runner: refused
+        if images.random() < 0.3:  # a vision model's cap, vLLM's JSON ({}: the runtime's default)
+            engine["limitMMPerPrompt"] = images.choice(({}, {"image": 0}, {"image": 1 << 20}))
     return [{k: v for k, v in e.items() if v is not None} for e in combos]
 
 
@@ -198,6 +202,9 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
         if pooler is not None:
             assert {camel(k): v for k, v in pooler.user_keys().items()} == want
         seen.add(("pooler", pooler is not None))
+        want = spec["engine"].get("limitMMPerPrompt", {}).get("image", DEFAULT_IMAGE_LIMIT)
+        assert parse_limits(parsed.limit_mm_per_prompt) == {"image": want}  # the runtime's reader
+        seen.add(("images", want))
     assert {v for k, v in seen if k == "dtype"} == set(DTYPES)
     assert {v for k, v in seen if k == "block"} == set(BLOCK_SIZES)
     assert {v for k, v in seen if k == "prefix"} == {True, False}
@@ -205,6 +212,7 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
     assert {v for k, v in seen if k == "quantization"} == {None, *options.QUANTIZATIONS}
     assert {v for k, v in seen if k == "speculative"} == {True, False}
     assert {v for k, v in seen if k == "pooler"} == {True, False}
+    assert {v for k, v in seen if k == "images"} == {0, DEFAULT_IMAGE_LIMIT, 1 << 20}
 
 
 def test_runtime_defaults_are_the_operators() -> None:
@@ -344,6 +352,7 @@ def test_extra_args_cannot_override_what_the_operator_renders() -> None:
         "--api-key": "spec.apiKeySecretRef",
         "--speculative-config": "spec.engine.speculative",
         "--pooler-config": "spec.engine.poolerConfig",
+        "--limit-mm-per-prompt": "spec.engine.limitMMPerPrompt",
     }
     for word, field in cases.items():
         spec = {"model": "smollm2-135m", "engine": {"extraArgs": ["--seed", "1", word, "8"]}}

@@ -12,16 +12,23 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from crd_schema import validate
+from lws_crd import lws_errors
 from operator_harness import load_crd
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.config_map import build_config_map, config_hash
 from pagoda.operator.children.model_cache import DRAFT_LINKS, INIT_CONTAINER
 from pagoda.operator.children.owner import Owner
-from pagoda.operator.kube.names import DRAFT_MOUNT, MODEL_CACHE_MOUNT
+from pagoda.operator.kube.names import (
+    DRAFT_MOUNT,
+    LWS_LEADER_ADDRESS_ENV,
+    LWS_WORKER_INDEX_ENV,
+    MODEL_CACHE_MOUNT,
+)
 from pagoda.operator.reconcile import model_pin
 from pagoda.operator.spec.config import OperatorConfig
 from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.cli import build_parser, server_config
 from pagoda.runtime.spec.config import SpeculativeConfig
 
@@ -168,8 +175,6 @@ REFUSED = [
      "not supported with the pooling runner", "not supported with the pooling runner"),
     ({"engine": draft(), "adapters": [{"name": "sql", "source": "hf://org/sql"}]},
      "adapters (LoRA) is not supported with engine.speculative", "spec.engine.speculative"),
-    ({"engine": draft(), "resources": {"gpus": 2}},
-     "engine.speculative is not supported with tensor parallelism", "tensor parallelism"),
     ({"engine": {"speculative": {"method": "eagle", "numSpeculativeTokens": 4}}},
      "is not one of", "must be one of ngram, draftModel"),
 ]  # fmt: skip
@@ -223,3 +228,59 @@ def test_valid_specs_pass_both() -> None:
     assert (
         ngram.engine.draft is None and dataclasses.asdict(ngram.engine.speculative)["model"] is None
     )  # type: ignore[arg-type]
+
+
+def test_tensor_parallelism_with_either_method_passes_both() -> None:
+    """`pagoda serve` drafts on rank 0 with tensor parallelism (a draft model whole on it), in
+    one pod or a multi-node group: the CRD and the operator accept it, the flags rendered."""
+    for engine in (draft(), {"speculative": {"numSpeculativeTokens": 4}}):
+        for layout in ({"resources": {"gpus": 2}}, {"resources": {"gpus": 0}, "parallelism": {"tensorParallelSize": 2}},
+                       {"resources": {"gpus": 4}, "parallelism": {"nodes": 2}}):  # fmt: skip
+            fields = {**BASE, **layout, "engine": engine}
+            assert crd_errors(fields) == []
+            assert parse(fields).engine.speculative is not None
+    (server,) = pod_spec(parse({**BASE, "resources": {"gpus": 2}, "engine": draft()}))["containers"]
+    assert server["args"][server["args"].index("--tensor-parallel-size") + 1] == "2"
+    assert served_config(parse({**BASE, "resources": {"gpus": 2}, "engine": draft()})).model
+
+
+def test_a_multi_node_group_downloads_the_draft_where_rank_0_runs() -> None:
+    """A LeaderWorkerSet with an hf:// draft: the leader (node 0, rank 0: it drafts) has the
+    `draft-download` init container and the server reads its link; a worker has it too (its
+    start-up checks read the draft's config.json, as node 0's). Valid against the upstream LWS
+    CRD and kubernetes-validate (strict); every rank's command line parses with the real
+    parser into the same group and the same `--speculative-config`."""
+    spec = pinned(parse({"model": "hf://org/llama-70b", "resources": {"gpus": 8},
+                         "parallelism": {"nodes": 2}, "engine": draft(),
+                         "modelSecretRef": {"name": "hf"}}))  # fmt: skip
+    lws = build_children(OWNER, spec).get("LeaderWorkerSet")
+    assert lws_errors(lws) == []
+    t = lws["spec"]["leaderWorkerTemplate"]
+    layouts = []
+    for index, template in enumerate((t["leaderTemplate"], t["workerTemplate"])):
+        ps = template["spec"]
+        assert [c["name"] for c in ps["initContainers"]] == [INIT_CONTAINER, DRAFT_CONTAINER]
+        assert ps["initContainers"][1]["args"][-1] == f"{HF}@{COMMIT}"
+        (server,) = ps["containers"]
+        assert {"name": DRAFT_VOLUME, "mountPath": DRAFT_MOUNT, "readOnly": True} in server[
+            "volumeMounts"
+        ]
+        env = {LWS_LEADER_ADDRESS_ENV: "llama-lws-0.llama-lws", LWS_WORKER_INDEX_ENV: str(index)}
+        args = [_expand(a, env) for a in server["args"]]
+        parsed = build_parser().parse_args(args)
+        assert SpeculativeConfig.parse(parsed.speculative_config) == SpeculativeConfig(
+            num_speculative_tokens=4, method="draft_model", model=f"{DRAFT_MOUNT}/model"
+        )
+        layouts.append(Parallelism.from_values(vars(parsed)))
+    assert [(p.tensor_parallel_size, p.nnodes, p.node_rank) for p in layouts] == [
+        (16, 2, 0),
+        (16, 2, 1),
+    ]
+    assert t["leaderTemplate"]["metadata"]["labels"]["serving.pagoda.dev/role"] == "leader"
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    """`$(VAR)` in a container's args as the kubelet expands it."""
+    for key, value in env.items():
+        arg = arg.replace(f"$({key})", value)
+    return arg
