@@ -174,7 +174,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zamba2": Untested(fp8="its shared blocks' adapters"),  # (split with their blocks)
         "zamba": Untested(fp8="its shared block and mamba1 layers"),  # (split by heads)
         "recurrent_gemma": Untested(fp8="rglru layers"),  # (its RG-LRU split by gate blocks)
-        "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
+        "rwkv": Untested(fp8="wkv layers"),  # (its time-mix split by channels)
         "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",

@@ -96,9 +96,12 @@ def _recurrent_gemma(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -
 
 
 def _rwkv(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """RWKV: its mixes in the dtype, the decay and bonus in float32."""
+    """RWKV: its mixes in the dtype (whole on every rank), the decay and bonus in float32 (a
+    rank's channels')."""
+    if name.endswith(("time_decay", "time_first")):
+        return t.numel // lay.size * 4
     if ".time_" in name:
-        return t.numel * (4 if name.endswith(("time_decay", "time_first")) else p.dtype.itemsize)
+        return t.numel * p.dtype.itemsize
     return GENERIC
 
 
