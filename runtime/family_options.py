@@ -175,7 +175,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zamba": Untested(fp8="its shared block and mamba1 layers"),  # (split by heads)
         "recurrent_gemma": Untested(fp8="rglru layers"),  # (its RG-LRU split by gate blocks)
         "rwkv": Untested(fp8="wkv layers"),  # (its time-mix split by channels)
-        "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),
+        "xlstm": Untested(fp8="mlstm layers"),  # (its mLSTM split by heads)
         "dory": Untested(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",

@@ -521,7 +521,8 @@ REFUSED = {
                         _NO_FP8.format("recurrent_gemma", "rglru")),
     "rwkv": (3, "--tensor-parallel-size 3 does not divide the model's MLP width (128)",
              _NO_FP8.format("rwkv", "wkv")),
-    "xlstm": (2, _NO_TP.format("xlstm", "mlstm"), _NO_FP8.format("xlstm", "mlstm")),
+    "xlstm": (4, "--tensor-parallel-size 4 does not divide the mLSTM heads (num_heads 2)",
+              _NO_FP8.format("xlstm", "mlstm")),
     "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
     "inkling2": (2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"),
     "inkling2-loop": (
