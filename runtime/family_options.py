@@ -121,10 +121,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "axk1": Untested(fp8="not tested"),
         "longcat_flash": Untested(fp8="not tested"),
         **dict.fromkeys(("bert", "roberta"), _ENCODER),
-        "bitnet": Untested(
-            tensor_parallel="its BitLinear layers are not split over ranks",
-            fp8="its layers are ternary already: BitLinear",
-        ),
+        "bitnet": Untested(fp8="its layers are ternary already: BitLinear"),  # (split as Llama's)
         "jetmoe": Untested(fp8="its routed attention projections' FP8 GEMM is not tested"),
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
