@@ -177,8 +177,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
             fp8="its FP8 GEMM is not tested",
         ),
-        "doge": Untested(
-            tensor_parallel="its dynamic mask reads every KV head's values (dt_proj)",
+        "doge": Untested(  # (its dynamic mask's dt_proj summed over the ranks' KV heads)
             fp8="its FP8 GEMM is not tested",
             kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
         ),
