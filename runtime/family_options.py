@@ -173,10 +173,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "recurrent_gemma": Untested(fp8="rglru layers"),  # (its RG-LRU split by gate blocks)
         "rwkv": Untested(fp8="wkv layers"),  # (its time-mix split by channels)
         "xlstm": Untested(fp8="mlstm layers"),  # (its mLSTM split by heads)
-        "dory": Untested(
-            tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
-            fp8="its FP8 GEMM is not tested",
-        ),
+        "dory": Untested(fp8="its FP8 GEMM is not tested"),  # (its L2 norms' sums all-reduced)
         "doge": Untested(  # (its dynamic mask's dt_proj summed over the ranks' KV heads)
             fp8="its FP8 GEMM is not tested",
             kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
