@@ -178,8 +178,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
         ),
-        "minimax_m3": Untested(
-            tensor_parallel="its fused gate_up MLPs are not split over ranks",
+        "minimax_m3": Untested(  # (its fused gate_up split by each half's rows)
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="its FP8 weights' scales are not read: MiniMax-M3-MXFP8's per-expert "
             "w1/w2/w3 with UE8M0 scales of 1x32 blocks, or block-wise FP8",

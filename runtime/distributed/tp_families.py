@@ -51,6 +51,7 @@ RANK_ROWS: dict[str, str] = {
     "zamba2": "zamba2_config",  # its shared blocks' LoRA adapters' B with their projections
     "jetmoe": "jetmoe_config",  # kv_proj's keys and values by KV heads
     "recurrent_gemma": "recurrent_gemma_config",  # the RG-LRU's projections by channels
+    "minimax_m3": "minimax_m3_config",  # the indexer's queries by KV heads, stacked experts
     "dory": "dory_config",  # nGPT's per-channel scales with their heads' and MLP rows
     "doge": "doge_config",  # the dynamic mask's dt_proj columns and A by KV heads
     "bitnet": "bitnet_config",  # its sub-norms by channels, its packed matrices' row scales

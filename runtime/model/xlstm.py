@@ -36,7 +36,7 @@ from pagoda.runtime.model.llama import (
 )
 from pagoda.runtime.model.mamba1 import scan_by_position
 from pagoda.runtime.model.mamba2 import MambaStep, save_chunk_ends
-from pagoda.runtime.model.parallel_linear import column_linear, row_linear
+from pagoda.runtime.model.parallel_linear import column_linear, fused_gate_up, row_linear
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
 
@@ -149,16 +149,9 @@ class XlstmModel(LlamaModel):
         if not self.config.family.mamba.fused_projections:
             return super().make_mlp(w, prefix, index, ctx)
         mlp = GatedMLP.__new__(GatedMLP)  # weight_mode "fused": gate and up stored as one
-        gate_up, down = prefix + "mlp.gate_up_proj.weight", prefix + "mlp.down_proj.weight"
-        if ctx.tp is None:
-            mlp.gate_up, mlp.down = linear_layer(ctx, w, [gate_up]), linear_layer(ctx, w, [down])
-        else:  # this rank's rows of the gate and of the up half, down row-parallel
-            s, (r0, r1) = (
-                self.config.intermediate_size,
-                ctx.tp.layout.even(self.config.intermediate_size),
-            )
-            mlp.gate_up = column_linear(ctx, w, [gate_up] * 2, [(r0, r1), (s + r0, s + r1)])
-            mlp.down = row_linear(ctx, w, down)
+        mlp.gate_up = fused_gate_up(ctx, w, prefix + "mlp.gate_up_proj.weight")  # (a rank's
+        down = prefix + "mlp.down_proj.weight"  # rows of each half; down row-parallel)
+        mlp.down = linear_layer(ctx, w, [down]) if ctx.tp is None else row_linear(ctx, w, down)
         mlp.act_and_mul = ctx.act_and_mul
         return mlp
 
