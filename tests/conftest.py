@@ -76,6 +76,7 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/test_minimax.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_bitnet.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_doge.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_ergo.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_dory.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_minimax_m3.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_rwkv.py",  # two ranks over gloo; nothing timed

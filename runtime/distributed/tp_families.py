@@ -38,6 +38,7 @@ TP_PROBLEMS: dict[str, str] = {
     "nemotron_h": "nemotron_h_config",  # its experts' widths
     "diffllama": "diffllama_config",  # each half of the query and KV heads
     "jetmoe": "jetmoe_config",  # the KV heads (not replicated)
+    "ergo": "ergo_config",  # its experts, split by expert
 }
 
 # architecture -> the module of its `rank_rows`

@@ -321,8 +321,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
-    if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py)
-        total += tensors[EMBED].numel * (4 - p.dtype.itemsize)
+    if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py;
+        rows, cols = _local(EMBED, tensors[EMBED].shape, mc, lay)  # a rank's vocabulary rows)
+        total += rows * cols * (4 - p.dtype.itemsize)
     if mc.family.positions == "sinusoidal":  # XGLM's table, computed (model/positions.py)
         rows = mc.max_position_embeddings + mc.family.position_offset
         total += rows * mc.hidden_size * p.dtype.itemsize
