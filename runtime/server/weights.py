@@ -113,6 +113,9 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
           # MiniMax-Text-01's lightning layers: q/k/v and the output gate in one matrix
           (re.compile(r"\bself_attn\.output_gate\b"), "self_attn.qkv_proj"),
+          # RecurrentGemma's RG-LRU: linear_y and linear_x in one matrix (model/recurrent_gemma.py;
+          # apart, a rank's halves were each padded to oneDNN's row block: 8 KiB a layer more)
+          (re.compile(r"\btemporal_block\.linear_[yx]\b"), "temporal_block.linear_yx"),
           # Inkling's relative states: with q, k and v in one matrix (model/inkling.py)
           (re.compile(r"\bself_attn\.r_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
