@@ -126,10 +126,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its vision tower and projector are not quantized",
             fp8_checkpoint="its vision tower and projector are not quantized",
         ),
-        "bitnet": Untested(
-            tensor_parallel="its BitLinear layers are not split over ranks",
-            fp8="its layers are ternary already: BitLinear",
-        ),
+        "bitnet": Untested(fp8="its layers are ternary already: BitLinear"),  # (split as Llama's)
         "jetmoe": Untested(fp8="its routed attention projections' FP8 GEMM is not tested"),
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
         "glm_moe_dsa": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),
@@ -179,29 +176,21 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zamba2": Untested(fp8="its shared blocks' adapters"),  # (split with their blocks)
         "zamba": Untested(fp8="its shared block and mamba1 layers"),  # (split by heads)
         "recurrent_gemma": Untested(fp8="rglru layers"),  # (its RG-LRU split by gate blocks)
-        "rwkv": Untested(tensor_parallel="wkv layers", fp8="wkv layers"),
-        "xlstm": Untested(tensor_parallel="mlstm layers", fp8="mlstm layers"),
-        "dory": Untested(
-            tensor_parallel="its unit-norm layers' whole-vector norms are not split over ranks",
-            fp8="its FP8 GEMM is not tested",
-        ),
-        "doge": Untested(
-            tensor_parallel="its dynamic mask reads every KV head's values (dt_proj)",
+        "rwkv": Untested(fp8="wkv layers"),  # (its time-mix split by channels)
+        "xlstm": Untested(fp8="mlstm layers"),  # (its mLSTM split by heads)
+        "dory": Untested(fp8="its FP8 GEMM is not tested"),  # (its L2 norms' sums all-reduced)
+        "doge": Untested(  # (its dynamic mask's dt_proj summed over the ranks' KV heads)
             fp8="its FP8 GEMM is not tested",
             kv_cache="the dynamic mask's key biases ride in the keys' cache columns",
         ),
-        "minimax_m3": Untested(
-            tensor_parallel="its fused gate_up MLPs are not split over ranks",
+        "minimax_m3": Untested(  # (its fused gate_up split by each half's rows)
             fp8="its FP8 GEMM is not tested",
             fp8_checkpoint="its FP8 weights' scales are not read: MiniMax-M3-MXFP8's per-expert "
             "w1/w2/w3 with UE8M0 scales of 1x32 blocks, or block-wise FP8",
             kv_cache="its sparse layers' block attention reads 16/32-bit caches only",
         ),
         "hrm_text": Untested(fp8="its FP8 GEMM is not tested"),
-        "ergo": Untested(
-            tensor_parallel="its normed experts and float32 residual gates are not split over ranks",
-            fp8="its FP8 GEMM is not tested",
-        ),
+        "ergo": Untested(fp8="its FP8 GEMM is not tested"),  # (its experts split by expert)
         "zaya": Untested(
             tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",

@@ -426,11 +426,14 @@ class MambaConfig:
         """The mixers' shapes on one of `tp` ranks (`model/mamba_shard.py`, which says which
         heads and groups): n_heads / tp heads, and n_groups / tp groups where tp divides them,
         else the one group a rank's heads read (replicated); a Mamba-1 mixer's (one head of
-        d_inner) d_inner / tp channels (`model/mamba1.py`)."""
+        d_inner) d_inner / tp channels (`model/mamba1.py`), RWKV's wkv channels likewise."""
         if tp == 1:
             return self
         if self.mixer in ("mamba1", "short_conv") and self.n_heads == 1:  # by channels
             return replace(self, head_dim=self.head_dim // tp)  # (Jamba's, LFM2's: `lfm2.py`)
+        if self.mixer == "wkv":  # RWKV's: its wkv channels; every rank both token shifts whole
+            local = self.head_dim // tp  # (`model/rwkv.py`: the conv rows stay 2 x hidden)
+            return replace(self, head_dim=local, extra_conv_rows=self.conv_state_rows - local)
         groups = self.n_groups // tp if self.n_groups % tp == 0 else 1
         return replace(self, n_heads=self.n_heads // tp, n_groups=groups)
 

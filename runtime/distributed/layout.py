@@ -10,7 +10,8 @@ Megatron-style sharding, as vLLM's: rank r of N holds
   for a mixture of experts (I must divide by N);
 - a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says (Qwen3-Next's Gated
   DeltaNet layers by key heads, the KDA, lightning-attention and RG-LRU layers by heads; Mamba-1's
-  mixers and LFM2's short convs by channels, Zamba's Mamba-1 mixers by heads);
+  mixers, LFM2's short convs and RWKV's wkv by channels, Zamba's Mamba-1 mixers and xLSTM's
+  mLSTM by heads);
 - a family's own shapes as its module says (`tp_families.py`, by architecture: Gemma 4's
   layers' KV heads and MLP widths, Laguna's layers' query heads, DeepSeek-V4's output
   projection groups (`model/dsv4_shard.py`; its one KV row a token replicated), ...);
@@ -86,7 +87,8 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`); Qwen3-Next's
     Gated DeltaNet layers split by key heads, which must divide, the KDA, lightning and RG-LRU layers by
     heads; Mamba-1's (Mamba's, Falcon-Mamba's, Jamba's) by channels of d_inner, which must
-    divide, Zamba's by its heads, LFM2's short convs by channels. Other mixers are not split:
+    divide, Zamba's by its heads, LFM2's short convs and RWKV's wkv by channels, xLSTM's mLSTM
+    by heads. Other mixers are not split:
     refused (their families' rows in `family_options.py` refuse them first, naming the
     architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
@@ -108,6 +110,16 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
         if m.n_heads % size:
             return (f"--tensor-parallel-size {size} does not divide the Mamba heads "
                     f"(n_mamba_heads {m.n_heads})")  # fmt: skip
+        return None
+    if m.mixer == "wkv":  # RWKV's time-mix: by channels (`model/rwkv.py`)
+        if m.d_inner % size:
+            return (f"--tensor-parallel-size {size} does not divide the wkv channels "
+                    f"(attention_hidden_size {m.d_inner})")  # fmt: skip
+        return None
+    if m.mixer == "mlstm":  # xLSTM's: by heads (`model/xlstm.py`)
+        if m.n_heads % size:
+            return (f"--tensor-parallel-size {size} does not divide the mLSTM heads "
+                    f"(num_heads {m.n_heads})")  # fmt: skip
         return None
     if m.mixer in ("kda", "lightning", "rglru"):  # Kimi Linear's, ..., MiniMax-Text-01's,
         # RecurrentGemma's (its RG-LRU's gate blocks): by heads
@@ -140,12 +152,14 @@ def check(config: ModelConfig, size: int) -> None:
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
     m = f.mamba  # Mamba's, Falcon-Mamba's, Mamba2's: mixers alone, their config's heads and
     # MLP width stand-ins (`model/mamba1_config.py`), not split: the mixers' shapes checked
-    bare = m is not None and m.mixer in ("mamba1", "mamba2")
-    bare = bare and not any(m.attention(i) for i in range(config.num_layers))
+    alone = m is not None and not any(m.attention(i) for i in range(config.num_layers))
+    bare = alone and m.mixer in ("mamba1", "mamba2")
+    no_heads = bare or (alone and m.mixer in ("wkv", "mlstm"))  # (RWKV's, xLSTM's stand-ins;
+    # their channel-mix / FFN split by width)
     problem = options.tensor_parallel_problem(
         size,
-        0 if bare else config.num_heads,
-        0 if bare else config.num_kv_heads,
+        0 if no_heads else config.num_heads,
+        0 if no_heads else config.num_kv_heads,
         mlp_width=config.intermediate_size if dense and not bare else None,
         expert_width=f.moe_intermediate_size if f.num_experts else None,
     )

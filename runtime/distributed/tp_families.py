@@ -38,6 +38,7 @@ TP_PROBLEMS: dict[str, str] = {
     "nemotron_h": "nemotron_h_config",  # its experts' widths
     "diffllama": "diffllama_config",  # each half of the query and KV heads
     "jetmoe": "jetmoe_config",  # the KV heads (not replicated)
+    "ergo": "ergo_config",  # its experts, split by expert
 }
 
 # architecture -> the module of its `rank_rows`
@@ -51,6 +52,12 @@ RANK_ROWS: dict[str, str] = {
     "zamba2": "zamba2_config",  # its shared blocks' LoRA adapters' B with their projections
     "jetmoe": "jetmoe_config",  # kv_proj's keys and values by KV heads
     "recurrent_gemma": "recurrent_gemma_config",  # the RG-LRU's projections by channels
+    "minimax_m3": "minimax_m3_config",  # the indexer's queries by KV heads, stacked experts
+    "dory": "dory_config",  # nGPT's per-channel scales with their heads' and MLP rows
+    "doge": "doge_config",  # the dynamic mask's dt_proj columns and A by KV heads
+    "bitnet": "bitnet_config",  # its sub-norms by channels, its packed matrices' row scales
+    "xlstm": "xlstm_config",  # the mLSTM's projections, gates and norm by heads
+    "rwkv": "rwkv_config",  # the mixes' matrices by channels, the channel-mix's receptance whole
 }
 
 

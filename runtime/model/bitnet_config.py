@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.distributed.layout import TPLayout
 
 # the decoder's BitLinear matrices (their packed form: uint8 [rows / 4, cols], a weight_scale)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -87,3 +88,19 @@ def check_dtypes(headers: Mapping[str, tuple[str, list[int]]]) -> None:
         if MATRIX.match(name) and dtype != "U8":
             raise ValueError(f"checkpoint tensor {name} is {dtype}; a packed BitNet matrix "
                              "(quantization_mode offline) is U8")  # fmt: skip
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay: TPLayout):
+    """A rank's (elements, 1) of a layer's vectors (`model/bitnet.py`): the sub-norms' channels
+    and the column-parallel matrices' scales (one per output row: q's by its heads, k's and v's
+    by its KV heads, gate's and up's by rows; o's and down's whole), or None for the others
+    (`distributed/tp_families.py`; the matrices by the shared rules)."""
+    if part.endswith("_sub_norm.weight"):
+        return rows // lay.size, cols
+    if not part.endswith(".bitnet_scale") or part.startswith(("self_attn.o_", "mlp.down_")):
+        return None
+    if part.startswith("self_attn."):
+        q, kv = lay.heads(c.num_heads), lay.kv_heads(c.num_kv_heads)
+        start, stop = q if part.startswith("self_attn.q_") else kv
+        return (stop - start) * c.head_dim, cols
+    return rows // lay.size, cols

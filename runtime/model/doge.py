@@ -19,7 +19,13 @@
   router's logits across tokens (its own note: not causal); its one-token forward, which this
   runs for every token (prefill included), splits each token's logits in halves.
 
-Tensor parallelism, FP8 and quantized KV caches are refused (`family_options`).
+Tensor parallel as Qwen3's, each rank its query and KV heads: the dynamic mask's dt_proj reads
+every KV head's values, so a rank multiplies its heads' values by those input columns of it
+and the partial [T, KV heads] are summed over the ranks (one all-reduce a layer; a replicated
+KV head counted once: its other holders' columns are zeros), then each rank takes its heads'
+biases (and A). The cross-domain MoE's dense MLP by width; its router and product-key tables
+replicated (each rank computes every expert's sum). FP8 and quantized KV caches are refused
+(`family_options`).
 """
 
 from __future__ import annotations
@@ -66,14 +72,28 @@ class CrossDomainMoE:
         return [*self.dense.linears(), self.router]
 
 
+def _dynamic_mask(ctx: LayerContext, w: DeviceWeights, a: str, kv_heads: int):
+    """(A, dt_proj, this rank's KV heads [start, stop)): A of those heads; dt_proj whole, or on
+    a tensor-parallel rank its heads' input columns (zeros where another rank holds the same
+    replicated head first: its partial sum is counted once)."""
+    name = a + "dt_proj.weight"
+    if ctx.tp is None:
+        return w[a + "A"], linear_layer(ctx, w, [name]), (0, kv_heads)
+    lay, d = ctx.tp.layout, w.length(name, 1) // kv_heads
+    k0, k1 = lay.kv_heads(kv_heads)
+    cols = w.part(name, 1, k0 * d, k1 * d)
+    if kv_heads < lay.size and lay.rank != k0 * lay.size // kv_heads:  # (not its first holder)
+        cols = torch.zeros_like(cols)
+    return w.part(a + "A", 0, k0, k1), ctx.linear(cols), (k0, k1)
+
+
 class DogeLayer(Qwen3Layer):
     def __init__(
         self, model: DogeModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
         super().__init__(model, w, prefix, index, ctx)
         a = prefix + "self_attn."
-        self.A = w[a + "A"]  # [KV heads]
-        self.dt_proj = linear_layer(ctx, w, [a + "dt_proj.weight"])
+        self.A, self.dt_proj, self.kv_range = _dynamic_mask(ctx, w, a, model.config.num_kv_heads)
         self.input_residual = w[prefix + "input_residual"]
         self.post_residual = w[prefix + "post_attention_residual"]
         self.backend: AttentionBackend = model.padded_backend
@@ -98,7 +118,10 @@ class DogeLayer(Qwen3Layer):
         q, k = self.before_rotary(q, k)
         positions, rows = step.rope[self.rope]
         q, k = self.rotary(positions=positions, q=q, k=k, cos_sin_cache=rows)
-        bias = torch.exp(self.A * F.softplus(self.dt_proj(v.reshape(t, -1))))  # [T, KV heads]
+        dt = self.dt_proj(v.reshape(t, -1))  # [T, KV heads]: every head's (module docstring)
+        if ctx.tp is not None:
+            dt = ctx.tp.all_reduce(dt)[:, self.kv_range[0] : self.kv_range[1]]
+        bias = torch.exp(self.A * F.softplus(dt))  # [T, this rank's KV heads]
         pad = (0, backend.head_dim - d)
         q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
         q[..., d] = 1.0

@@ -58,3 +58,14 @@ def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
             out.update({p + "mlp.router_gate.weight": (2 * g.num_keys, h),
                         p + "mlp.down_embed.weight": (g.num_experts, h),
                         p + "mlp.up_embed.weight": (g.num_experts, h)})  # fmt: skip
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c, lay):
+    """A rank's (rows, columns) of the dynamic mask's tensors (`model/doge.py`: dt_proj's input
+    columns of its KV heads, their A), or None for the others (`distributed/tp_families.py`)."""
+    if part not in ("self_attn.dt_proj.weight", "self_attn.A"):
+        return None
+    k0, k1 = lay.kv_heads(c.num_kv_heads)
+    if part == "self_attn.A":
+        return k1 - k0, cols
+    return rows, cols // c.num_kv_heads * (k1 - k0)

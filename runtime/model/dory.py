@@ -15,8 +15,14 @@ The layers run in `DoryLoops.order`: the input layers, the recurrent ones `loops
 pass starting from ``l2(h) + l2(h_in)``, h_in the input layers' output), the output layers. The
 model's layer list is that order, the recurrent layers' objects repeated with their weights
 shared, each entry its own KV cache index (a cache per loop, `ModelConfig.num_kv_layers`); the
-input layers' normalised output rides beside the stream (Llama's residual slot). Tensor
-parallelism and FP8 are refused (`family_options`).
+input layers' normalised output rides beside the stream (Llama's residual slot). FP8 is
+refused (`family_options`).
+
+Tensor parallel as Llama's, each rank its heads (their rows of q/k/v and of the output gate,
+their `sqk` and `s_gate`) and its rows of the MLP's gate and up (their `suv_*`); the two
+whole-vector norms inside a layer (attention's gated output, the MLP's product) are L2 norms
+over every rank's channels: each rank's sums of squares all-reduced (one [T, 1] each), then
+o_proj and down row-parallel. The stream's norms are whole on every rank.
 """
 
 from __future__ import annotations
@@ -24,31 +30,46 @@ from __future__ import annotations
 import copy
 
 import torch
+from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.llama import (
+    GatedMLP,
+    LayerContext,
+    LlamaLayer,
+    LlamaModel,
+    Step,
+    linear_layer,
+)
+from pagoda.runtime.model.parallel_linear import column_linear
 
 
-def l2(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x²) + eps) over the last dim, in float32, rounded to x's dtype."""
+def l2(x: torch.Tensor, eps: float = 1e-6, tp: TPGroup | None = None) -> torch.Tensor:
+    """x / sqrt(sum(x²) + eps) over the last dim, in float32, rounded to x's dtype; with `tp`,
+    `x` is this rank's columns of the rows and the sum every rank's."""
     f = x.float()
-    return (f * torch.rsqrt(f.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+    squares = f.pow(2).sum(-1, keepdim=True)
+    return (f * torch.rsqrt((squares if tp is None else tp.all_reduce(squares)) + eps)).to(x.dtype)
 
 
-class DoryMLP:
+def _rows(w: DeviceWeights, name: str, part: tuple[int, int] | None) -> torch.Tensor:
+    """Vector `name`, whole or its elements [start, stop)."""
+    return w[name] if part is None else w.part(name, 0, *part)
+
+
+class DoryMLP(GatedMLP):
     """down(l2(silu(gate) · up)), gate and up scaled per channel (module docstring)."""
+
+    __slots__ = ("scale", "tp")
 
     def __init__(self, ctx: LayerContext, w: DeviceWeights, prefix: str, hidden: int) -> None:
         p = prefix + "mlp."
-        self.gate_up = linear_layer(ctx, w, [p + "gate_proj.weight", p + "up_proj.weight"])
-        self.down = linear_layer(ctx, w, [p + "down_proj.weight"])
-        self.scale = torch.cat([w[p + "suv_gate"], w[p + "suv_up"]]) * hidden**0.5
-        self.act_and_mul = ctx.act_and_mul
-
-    def linears(self):
-        return [self.gate_up, self.down]
+        super().__init__(ctx, w, p)  # (gate/up and down split as Llama's on ranks)
+        part = None if ctx.tp is None else ctx.tp.layout.even(w.length(p + "suv_gate", 0))
+        scales = [_rows(w, p + "suv_gate", part), _rows(w, p + "suv_up", part)]
+        self.scale, self.tp = torch.cat(scales) * hidden**0.5, ctx.tp
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(l2(self.act_and_mul(x=self.gate_up(x) * self.scale)))
+        return self.down(l2(self.act_and_mul(x=self.gate_up(x) * self.scale), tp=self.tp))
 
 
 class DoryLayer(LlamaLayer):
@@ -62,11 +83,14 @@ class DoryLayer(LlamaLayer):
     ) -> None:
         super().__init__(model, w, prefix, index, ctx)
         c, a = model.config, prefix + "self_attn."
-        loops, d = c.family.dory, c.head_dim
-        self.gate = linear_layer(ctx, w, [a + "gate_proj.weight"])
-        sqk = (w[a + "sqk"] * (d**0.5 / loops.init_range)).square()
-        self.q_scale = sqk.view(c.num_heads, d)
-        self.s_gate = (w[a + "s_gate"] * (c.hidden_size**0.25 / loops.init_range)).square()
+        loops, d, gate = c.family.dory, c.head_dim, [a + "gate_proj.weight"]
+        heads = None if ctx.tp is None else ctx.tp.layout.heads(c.num_heads)
+        part = None if heads is None else (heads[0] * d, heads[1] * d)  # (this rank's heads')
+        self.gate = linear_layer(ctx, w, gate) if part is None else column_linear(ctx, w, gate)
+        sqk = (_rows(w, a + "sqk", part) * (d**0.5 / loops.init_range)).square()
+        self.q_scale = sqk.view(ctx.num_heads, d)
+        s_gate = _rows(w, a + "s_gate", part)
+        self.s_gate = (s_gate * (c.hidden_size**0.25 / loops.init_range)).square()
         rate = loops.alpha / loops.init_range
         self.rates = ((w[prefix + "lambda_1"] * rate).abs(), (w[prefix + "lambda_2"] * rate).abs())
 
@@ -80,7 +104,7 @@ class DoryLayer(LlamaLayer):
         return q * self.q_scale, k
 
     def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        return l2(out * torch.sigmoid(self.gate(x) * self.s_gate))
+        return l2(out * torch.sigmoid(self.gate(x) * self.s_gate), tp=self.ctx.tp)
 
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step

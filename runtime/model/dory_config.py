@@ -123,3 +123,13 @@ def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
                     p + "self_attn.sqk": (q,), p + "self_attn.s_gate": (q,),
                     p + "lambda_1": (h,), p + "lambda_2": (h,),
                     p + "mlp.suv_gate": (n,), p + "mlp.suv_up": (n,)})  # fmt: skip
+
+
+_BY_ROWS = ("self_attn.sqk", "self_attn.s_gate", "mlp.suv_gate", "mlp.suv_up")
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c, lay):
+    """A rank's elements of nGPT's per-channel scales (`model/dory.py`: its heads' `sqk` and
+    `s_gate`, its MLP rows' `suv_*`), or None for the other tensors (the output gate's rows
+    by the shared rules' gate_proj; `distributed/tp_families.py`)."""
+    return (rows // lay.size, cols) if part in _BY_ROWS else None

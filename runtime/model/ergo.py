@@ -14,8 +14,16 @@ DeepSeek-V3's sigmoid router with a choice-only bias (`moe_routing.GroupedRouter
 renormalised, × `moe_routed_scaling_factor`, the weights rounded to the model's dtype; plus the
 shared expert's output, RMS-normalised. On the CPU the experts run grouped by expert
 (`moe.grouped_experts`); elsewhere every expert over every token, masked by its weights (no
-host sync; as Nemotron-H's: the fused-MoE kernel has no per-expert norm). Tensor parallelism
-and FP8 are refused (`family_options`).
+host sync; as Nemotron-H's: the fused-MoE kernel has no per-expert norm). FP8 is refused
+(`family_options`).
+
+Tensor parallel as Llama's attention (a rank's heads; o_proj all-reduced before its norm), the
+dense and shared experts' MLPs by width (down all-reduced before the shared expert's norm),
+and the routed experts **by expert** (each expert's output is normalised over the whole hidden
+width, so an expert stays on one rank: rank r holds experts [r E/N, (r+1) E/N), N must divide
+`num_experts`, `ergo_config.tp_problem`): each rank adds its experts' weighted, normed outputs
+(its picks of other ranks' experts add nothing), one all-reduce of the sum; the router, the
+norms and residual gates replicated, the float32 embedding table split by vocabulary rows.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import EMBED, LayerContext, LlamaLayer, LlamaModel, Step
 from pagoda.runtime.model.moe import grouped_experts, masked_experts
 from pagoda.runtime.model.moe_routing import GroupedRouter
+from pagoda.runtime.model.parallel_linear import VocabParallelEmbedding
 from pagoda.runtime.model.ungated_mlp import UngatedMLP, relu2
 
 
@@ -48,10 +57,16 @@ class ErgoMoE:
         gate = w.source(p + "gate.weight").to(model.dtype).float()  # (rounded as transformers')
         self.route = GroupedRouter(ctx.linear(gate), w.source(p + "gate.e_score_correction_bias"),
                                    f.routing, f.num_experts_per_tok, f.norm_topk_prob)  # fmt: skip
-        up, down = w[p + "experts.up_proj"], w[p + "experts.down_proj"]  # [E, h, I], [E, I, h]
-        self.experts = [(ctx.linear(up[e].t().contiguous()), ctx.linear(down[e].t().contiguous()))
-                        for e in range(f.num_experts)]  # fmt: skip
+        self.first, stop, self.tp = 0, f.num_experts, ctx.tp  # (this rank's experts)
+        if ctx.tp is not None:
+            self.first, stop = ctx.tp.layout.even(f.num_experts)
+        up = w.part(p + "experts.up_proj", 0, self.first, stop)  # [E, h, I]
+        down = w.part(p + "experts.down_proj", 0, self.first, stop)  # [E, I, h]
+        self.experts = [(ctx.linear(u.t().contiguous()), ctx.linear(d.t().contiguous()))
+                        for u, d in zip(up, down)]  # fmt: skip
         self.norms = w.source(p + "experts.norm").float()  # [E, h]
+        if ctx.tp is not None:  # (its experts' rows alone, not a view of all)
+            self.norms = self.norms[self.first : stop].clone()
         self.shared = UngatedMLP(ctx, w, p + "shared_experts.", "relu2")
         self.shared_norm = w.source(p + "shared_experts.norm.weight").float()
         self.eps, self.grouped = ctx.eps, w.device.type == "cpu"
@@ -67,10 +82,15 @@ class ErgoMoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         weights = weights.to(x.dtype).float()
+        if self.tp is not None:  # this rank's experts by their local index, the others' none
+            ids = ids - self.first
+            ids = ids.masked_fill((ids < 0) | (ids >= len(self.experts)), -1)
         if self.grouped:
             out = grouped_experts(x, weights, ids, self._expert)
         else:
             out = masked_experts(x, weights, ids, self._expert, len(self.experts))
+        if self.tp is not None:
+            out = self.tp.all_reduce(out)
         return out + norm32(self.shared(x), self.shared_norm, self.eps)
 
 
@@ -127,8 +147,16 @@ class ErgoModel(LlamaModel):
         return UngatedMLP(ctx, w, prefix + "mlp.", "relu2")
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
-        self.embed = w.source(EMBED).float()  # (a float32 table, as transformers keeps it)
         self.norm = w.source("model.norm.weight").float()
+        if ctx.tp is None:
+            self.embed = w.source(EMBED).float()  # (a float32 table, as transformers keeps it)
+            return
+        split = self.embed  # (`vocab_parallel`'s: this rank's rows, zeros past the vocabulary)
+        start, n = split.start, split.table.shape[0]
+        rows = w.source(EMBED)[start : start + n].float()
+        table = torch.zeros(n, rows.shape[1], dtype=torch.float32, device=split.table.device)
+        table[: rows.shape[0]] = rows
+        self.embed = VocabParallelEmbedding(table, start, ctx.tp)
 
     def final_hidden(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The stream normalised in float32, rounded to the head's dtype."""

@@ -157,3 +157,14 @@ def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its norms, gates, q/k norms and experts (`expected_shapes`) in
     `checkpoint_check.expected_shapes`' tensors."""
     out.update(expected_shapes(c))
+
+
+def tp_problem(c, size: int) -> str | None:
+    """Why `size` ranks cannot split Ergo's experts (one line), or None: each expert's output is
+    normalised over the whole hidden width, so the routed experts split by expert
+    (`model/ergo.py`): `size` must divide num_experts."""
+    if not c.family.num_experts or c.family.num_experts % size == 0:
+        return None
+    return (f"--tensor-parallel-size {size} does not divide Ergo's experts (num_experts "
+            f"{c.family.num_experts}: each expert, its output normalised whole, stays on one "
+            "rank)")  # fmt: skip

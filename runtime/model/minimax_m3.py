@@ -24,8 +24,11 @@ sigmoid router with a choice-only correction bias, renormalised) with
   head's queries attend to their kept keys only, batched over the step in torch
   (`dsa.index_plan`; the K/V rows read through `AttentionBackend.read_kv`).
 
-Tensor parallelism, FP8, an FP8 checkpoint and FP8/int8 KV caches are refused
-(`family_options`); CUDA graphs capture decodes within the indexer's dense reach and replay
+Tensor parallel as Qwen3's heads and MiniMax-M2's experts: each fused `gate_up_proj` by
+rows of each half (`parallel_linear.fused_gate_up`), the shared expert's partial sum joining
+the experts' before their one all-reduce; a sparse layer's indexer by KV heads (a rank's
+queries of its KV heads, the one key per token whole, its key table beside its cache).
+FP8, an FP8 checkpoint and FP8/int8 KV caches are refused (`family_options`); CUDA graphs capture decodes within the indexer's dense reach and replay
 there only (`ModelRunner.graph_seq_limit`).
 """
 
@@ -42,16 +45,24 @@ from pagoda.runtime.model.gpt_oss import swiglu_oai
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
 from pagoda.runtime.model.ops import gemma_rms_norm
+from pagoda.runtime.model.parallel_linear import column_linear, fused_gate_up, row_linear
 from pagoda.runtime.model.qwen3 import Qwen3Layer, Qwen3Model
 from pagoda.runtime.model.side_tables import SlotTable
 
 
 class FusedGateUpMLP(GatedMLP):
-    """down(act(gate_up(x))), gate and up stored as one `gate_up_proj` (gate rows first)."""
+    """down(act(gate_up(x))), gate and up stored as one `gate_up_proj` (gate rows first); on a
+    tensor-parallel rank its rows of each half, down row-parallel (`partial`: its columns
+    alone, the sum left to the caller: a shared expert's joins the experts')."""
 
-    def __init__(self, ctx: LayerContext, w: DeviceWeights, prefix: str) -> None:
-        self.gate_up = linear_layer(ctx, w, [prefix + "gate_up_proj.weight"])
-        self.down = linear_layer(ctx, w, [prefix + "down_proj.weight"])
+    def __init__(
+        self, ctx: LayerContext, w: DeviceWeights, prefix: str, partial: bool = False
+    ) -> None:
+        self.gate_up = fused_gate_up(ctx, w, prefix + "gate_up_proj.weight")
+        down = prefix + "down_proj.weight"
+        self.down = linear_layer(ctx, w, [down]) if ctx.tp is None else row_linear(ctx, w, down)
+        if partial and ctx.tp is not None:
+            self.down = self.down.inner  # (no bias)
         self.act_and_mul = ctx.act_and_mul
 
 
@@ -59,8 +70,14 @@ class BlockIndexer:
     """One sparse layer's lightning indexer (module docstring)."""
 
     def __init__(self, model: LlamaModel, ctx: LayerContext, w: DeviceWeights, p: str, ix):
-        self.ix, self.ctx = ix, ctx
-        self.proj = linear_layer(ctx, w, [p + "q_proj.weight", p + "k_proj.weight"])
+        self.ix, self.ctx, self.heads = ix, ctx, ctx.num_kv_heads  # (one query per KV head)
+        names = [p + "q_proj.weight", p + "k_proj.weight"]
+        if ctx.tp is None:
+            self.proj = linear_layer(ctx, w, names)
+        else:  # its KV heads' queries, the one key whole
+            k0, k1 = ctx.tp.layout.kv_heads(ix.n_heads)
+            rows = [(k0 * ix.head_dim, k1 * ix.head_dim), (0, ix.head_dim)]
+            self.proj = column_linear(ctx, w, names, rows)
         self.q_norm = model.norm_weight(w[p + "q_norm.weight"])
         self.k_norm = model.norm_weight(w[p + "k_norm.weight"])
         self.keys = SlotTable(ix.head_dim)  # each cached token's key (`side_tables`)
@@ -70,8 +87,8 @@ class BlockIndexer:
         key table that goes with the layer's KV ``cache`` (a new cache gets a new table)."""
         ix, ctx, t = self.ix, self.ctx, x.shape[0]
         d, norm = ix.head_dim, ctx.rms_norm
-        q, k = self.proj(x).split([ix.n_heads * d, d], dim=-1)
-        q = norm(x=q.reshape(-1, d), weight=self.q_norm, eps=ctx.eps).view(t, ix.n_heads, d)
+        q, k = self.proj(x).split([self.heads * d, d], dim=-1)
+        q = norm(x=q.reshape(-1, d), weight=self.q_norm, eps=ctx.eps).view(t, self.heads, d)
         k = norm(x=k.contiguous(), weight=self.k_norm, eps=ctx.eps).view(t, 1, d)
         positions, rows = step.rope[rope]
         r = rows.shape[-1]  # (a partial rotary's first dims, in place)
@@ -87,7 +104,7 @@ class BlockIndexer:
         cache slots of each token and which are real (module docstring)."""
         ix, plan = self.ix, index_plan(meta)
         b, qp = plan.q_rows.shape
-        kp, h, size, dev = plan.slots.shape[1], ix.n_heads, ix.block, q.device
+        kp, h, size, dev = plan.slots.shape[1], self.heads, ix.block, q.device
         nb = -(-kp // size)
         k = min(ix.topk, nb)
         keys = self.keys.rows[plan.slots].float()  # [B, K, D]
@@ -194,7 +211,8 @@ class MiniMaxM3Model(Qwen3Model):
         routed.fused_activation = dict(
             activation="swiglu_oai", alpha=f.swiglu_alpha, limit=f.swiglu_limit
         )
-        return SharedExpertMoE(routed, FusedGateUpMLP(ctx, w, prefix + "mlp.shared_experts."), None)
+        shared = FusedGateUpMLP(ctx, w, prefix + "mlp.shared_experts.", partial=True)
+        return SharedExpertMoE(routed, shared, None)  # (one all-reduce for both)
 
 
 def _swiglu_oai(*, x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:

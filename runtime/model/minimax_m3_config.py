@@ -18,9 +18,13 @@ Kept apart from the model so that reading a config imports no layer code.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.model_configs import BlockIndexConfig, ExpertRouting
+
+if TYPE_CHECKING:
+    from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.distributed.layout import TPLayout
 
 # MiniMaxM3SparseForConditionalGeneration (MiniMaxAI/MiniMax-M3, the published checkpoint): its
 # text model, read text-only (`vision_tower.`, `multi_modal_projector.`, `patch_merge_mlp.` not
@@ -184,3 +188,19 @@ def _join_gate_up(weights, stored: str, read: str) -> None:
     gate, up = stored + "gate_proj.weight", stored + "up_proj.weight"
     if gate in weights or up in weights:
         weights.join(read + "gate_up_proj.weight", [[gate, up]], stacked=False)
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay: TPLayout):
+    """A rank's (rows, columns) of the indexer's projections (`model/minimax_m3.py`: q_proj's
+    queries of its KV heads, the one key whole) and of the stacked experts (per expert: gate_up
+    by rows, down by columns), or None for the others (`distributed/tp_families.py`)."""
+    if part == "self_attn.indexer.q_proj.weight":
+        k0, k1 = lay.kv_heads(c.num_kv_heads)
+        return rows // c.num_kv_heads * (k1 - k0), cols
+    if part == "self_attn.indexer.k_proj.weight":
+        return rows, cols
+    if part == "mlp.experts.gate_up_proj":
+        return rows // lay.size, cols
+    if part == "mlp.experts.down_proj":
+        return rows, cols // lay.size
+    return None

@@ -133,6 +133,16 @@ def qkv_linear(
     return column_linear(ctx, w, names, rows)
 
 
+def fused_gate_up(ctx: LayerContext, w: DeviceWeights, name: str) -> Linear | Fp8Linear:
+    """One stored gate_up matrix [2 I, in] (gate rows first: xLSTM's, MiniMax-M3's, families
+    not run in FP8): whole, or this rank's rows of each half (`even` of I)."""
+    if ctx.tp is None:
+        return column_linear(ctx, w, [name])
+    half = w.length(name, 0) // 2
+    r0, r1 = ctx.tp.layout.even(half)
+    return column_linear(ctx, w, [name, name], [(r0, r1), (half + r0, half + r1)])
+
+
 class RowParallelLinear:
     """x (this rank's input columns) @ W[:, columns].T, summed over ranks, + bias."""
 

@@ -22,8 +22,12 @@ slot [1, attention_hidden_size, 3], float32; a zeroed slot reads as transformers
 prefill chunks shift through `mamba2.packed_conv` (a conv that picks the input before) and run
 the recurrence position by position over `ssd.pack`'s position-major layout (Mamba-1's: one
 torch step per position of the step's longest chunk, over every sequence still running at it;
-no per-sequence loop). Prefix caching keeps snapshots every block (`engine/recurrent.py`); one
-rank, 16 or 32 bits (`family_options.py`).
+no per-sequence loop). Prefix caching keeps snapshots every block (`engine/recurrent.py`).
+Tensor parallel by channels of the time-mix (N must divide attention_hidden_size,
+`distributed/layout.mamba_problem`): a rank's rows of key, value and receptance, its decay,
+bonus and wkv state (`MambaConfig.on_ranks`), output row-parallel; the token shifts whole on
+every rank (their inputs are); the channel-mix's key by rows, value row-parallel, receptance
+whole. 16 or 32 bits (`family_options.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba1 import scan_by_position
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 from pagoda.runtime.model.starcoder2 import Starcoder2Model, layer_norm
 
 
@@ -84,20 +89,32 @@ def wkv_step(
     return out
 
 
+def _in_out(ctx, w: DeviceWeights, into: list[str], out: str) -> tuple[list, object]:
+    """The layers of the matrices `into` (one each; column-parallel over ranks: this rank's
+    channels) and of `out` (row-parallel: its input columns, summed over the ranks)."""
+    if ctx.tp is None:
+        return [linear_layer(ctx, w, [n]) for n in into], linear_layer(ctx, w, [out])
+    return [column_linear(ctx, w, [n]) for n in into], row_linear(ctx, w, out)
+
+
 class TimeMix:
-    """One layer's time-mix (module docstring)."""
+    """One layer's time-mix (module docstring); on a tensor-parallel rank its channels of k, v,
+    r, the decay, the bonus and the wkv state, output's input columns."""
 
     def __init__(self, w: DeviceWeights, p: str, index: int, hidden: int, ctx) -> None:
         a = p + "attention."
         self.index, self.hidden = index, hidden
-        self.key, self.value, self.receptance, self.output = (
-            linear_layer(ctx, w, [f"{a}{n}.weight"])
-            for n in ("key", "value", "receptance", "output")
+        names = [f"{a}{n}.weight" for n in ("key", "value", "receptance")]
+        (self.key, self.value, self.receptance), self.output = _in_out(
+            ctx, w, names, a + "output.weight"
         )
         mix = [w[f"{a}time_mix_{n}"].reshape(hidden) for n in ("key", "value", "receptance")]
-        self.mix = torch.stack(mix)  # [3, hidden]
-        self.decay = -torch.exp(w[a + "time_decay"].float())
-        self.bonus = w[a + "time_first"].float()
+        self.mix = torch.stack(mix)  # [3, hidden]: the inputs are whole on every rank
+        channels = (0, w.length(a + "time_decay", 0))
+        if ctx.tp is not None:
+            channels = ctx.tp.layout.even(channels[1])
+        self.decay = -torch.exp(w.part(a + "time_decay", 0, *channels).float())
+        self.bonus = w.part(a + "time_first", 0, *channels).float()
 
     def linears(self) -> list:
         return [self.key, self.value, self.receptance, self.output]
@@ -132,14 +149,15 @@ class TimeMix:
 
 
 class ChannelMix:
-    """One layer's channel-mix (module docstring)."""
+    """One layer's channel-mix (module docstring); on a tensor-parallel rank its rows of key,
+    value's input columns (summed before the gate), receptance whole (its gate multiplies the
+    sum)."""
 
     def __init__(self, w: DeviceWeights, p: str, index: int, hidden: int, ctx) -> None:
         f = p + "feed_forward."
         self.index, self.hidden = index, hidden
-        self.key, self.receptance, self.value = (
-            linear_layer(ctx, w, [f"{f}{n}.weight"]) for n in ("key", "receptance", "value")
-        )
+        (self.key,), self.value = _in_out(ctx, w, [f + "key.weight"], f + "value.weight")
+        self.receptance = linear_layer(ctx, w, [f + "receptance.weight"])
         mix = [w[f"{f}time_mix_{n}"].reshape(hidden) for n in ("key", "receptance")]
         self.mix = torch.stack(mix)  # [2, hidden]
 

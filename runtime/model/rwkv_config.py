@@ -26,6 +26,7 @@ from pagoda.runtime.recurrent_configs import MambaConfig
 
 if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
     from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.distributed.layout import TPLayout
 
 ARCHITECTURES = {"RwkvForCausalLM": "rwkv"}
 # transformers' RwkvConfig defaults, where config.json leaves one out
@@ -104,3 +105,21 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     if i == 0:
         out.update({p + "pre_ln.weight": (h,), p + "pre_ln.bias": (h,)})
     return out
+
+
+_BY_ROWS = ("attention.key.weight", "attention.value.weight", "attention.receptance.weight",
+            "feed_forward.key.weight")  # fmt: skip
+_BY_COLUMNS = ("attention.output.weight", "feed_forward.value.weight")
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay: TPLayout):
+    """A rank's (rows, columns) of a layer's matrices (`model/rwkv.py`: the time-mix's k, v, r
+    and the channel-mix's key by rows, the outputs by input columns; the channel-mix's
+    receptance whole), or None for the other tensors (`distributed/tp_families.py`)."""
+    if part in _BY_ROWS:
+        return rows // lay.size, cols
+    if part in _BY_COLUMNS:
+        return rows, cols // lay.size
+    if part == "feed_forward.receptance.weight":
+        return rows, cols
+    return None

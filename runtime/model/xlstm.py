@@ -15,7 +15,10 @@ no conv state). The decode rows are one batched step over their slots; the prefi
 the recurrence position by position over `ssd.pack`'s position-major layout (Mamba-1's: one
 torch step per position of the step's longest chunk over every sequence still running at it;
 transformers runs prompts chunkwise, the same recurrence in another order: equal within float32
-rounding). Prefix caching keeps snapshots every block; one rank, 16 or 32 bits
+rounding). Prefix caching keeps snapshots every block. Tensor parallel by heads (N must divide
+num_heads, `distributed/layout.mamba_problem`): a rank's heads' rows of q, k, v, the output gate
+and both gates (of the fused matrices' parts too), their norm channels and C, n, m state slots
+(`MambaConfig.on_ranks`), out_proj row-parallel; the FFN by width. 16 or 32 bits
 (`family_options.py`).
 """
 
@@ -33,6 +36,7 @@ from pagoda.runtime.model.llama import (
 )
 from pagoda.runtime.model.mamba1 import scan_by_position
 from pagoda.runtime.model.mamba2 import MambaStep, save_chunk_ends
+from pagoda.runtime.model.parallel_linear import column_linear, fused_gate_up, row_linear
 from pagoda.runtime.model.recurrent_layer import RecurrentLayer
 from pagoda.runtime.recurrent_configs import MambaConfig
 
@@ -66,14 +70,30 @@ class MLstm:
 
     def __init__(self, m: MambaConfig, w: DeviceWeights, prefix: str, index: int, ctx) -> None:
         p = prefix + "mlstm_layer."
-        self.m, self.index, self.eps = m, index, ctx.eps
+        self.index, self.eps, tp = index, ctx.eps, ctx.tp
         qkvo, gates = ["qkv_opreact"], ["ifgate_preact"]  # weight_mode "fused"'s, else apart
         if not m.fused_projections:
             qkvo, gates = ["q", "k", "v", "ogate_preact"], ["igate_preact", "fgate_preact"]
-        self.qkvo = linear_layer(ctx, w, [f"{p}{n}.weight" for n in qkvo])
-        self.gates = linear_layer(ctx, w, [f"{p}{n}.weight" for n in gates])
-        self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
-        self.norm = w[p + "multihead_norm.weight"]
+        qkvo, gates = [f"{p}{n}.weight" for n in qkvo], [f"{p}{n}.weight" for n in gates]
+        norm = p + "multihead_norm.weight"
+        if tp is None:
+            self.m = m
+            self.qkvo, self.gates = linear_layer(ctx, w, qkvo), linear_layer(ctx, w, gates)
+            self.out_proj = linear_layer(ctx, w, [p + "out_proj.weight"])
+            self.norm = w[norm]
+            return
+        self.m, (h0, h1) = m.on_ranks(tp.layout.size), tp.layout.heads(m.n_heads)
+        qk, v = m.n_heads * m.d_state, m.d_inner  # (this rank's heads of each part, below)
+        heads = [(h0 * m.d_state, h1 * m.d_state)] * 2 + [(h0 * m.head_dim, h1 * m.head_dim)] * 2
+        per_head = [(h0, h1)] * 2
+        if m.fused_projections:  # one matrix each: its parts' offsets
+            heads = [(a + o, b + o) for (a, b), o in zip(heads, (0, qk, 2 * qk, 2 * qk + v))]
+            per_head = [(h0, h1), (m.n_heads + h0, m.n_heads + h1)]
+            qkvo, gates = qkvo * 4, gates * 2
+        self.qkvo = column_linear(ctx, w, qkvo, heads)
+        self.gates = column_linear(ctx, w, gates, per_head)
+        self.out_proj = row_linear(ctx, w, p + "out_proj.weight")
+        self.norm = w.part(norm, 0, h0 * m.head_dim, h1 * m.head_dim)
 
     def linears(self) -> list:
         return [self.qkvo, self.gates, self.out_proj]
@@ -129,8 +149,9 @@ class XlstmModel(LlamaModel):
         if not self.config.family.mamba.fused_projections:
             return super().make_mlp(w, prefix, index, ctx)
         mlp = GatedMLP.__new__(GatedMLP)  # weight_mode "fused": gate and up stored as one
-        mlp.gate_up = linear_layer(ctx, w, [prefix + "mlp.gate_up_proj.weight"])
-        mlp.down = linear_layer(ctx, w, [prefix + "mlp.down_proj.weight"])
+        mlp.gate_up = fused_gate_up(ctx, w, prefix + "mlp.gate_up_proj.weight")  # (a rank's
+        down = prefix + "mlp.down_proj.weight"  # rows of each half; down row-parallel)
+        mlp.down = linear_layer(ctx, w, [down]) if ctx.tp is None else row_linear(ctx, w, down)
         mlp.act_and_mul = ctx.act_and_mul
         return mlp
 

@@ -29,6 +29,7 @@ from pagoda.runtime.recurrent_configs import MambaConfig
 
 if TYPE_CHECKING:  # (model_config.py calls in here: no module-level cycle)
     from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.distributed.layout import TPLayout
 
 ARCHITECTURES = {"xLSTMForCausalLM": "xlstm"}
 # transformers' xLSTMConfig defaults, where config.json leaves one out
@@ -127,3 +128,14 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 p + "fgate_preact.bias": (heads,), f + "gate_proj.weight": (s, h),
                 f + "up_proj.weight": (s, h)})  # fmt: skip
     return out
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay: TPLayout):
+    """A rank's (rows, columns) of an mLSTM's tensors (`model/xlstm.py`: its heads' rows of q,
+    k, v, the output gate, both gates and their biases, the fused matrices' alike, the norm's
+    channels; out_proj's input columns), or None for the others (`distributed/tp_families.py`)."""
+    if not part.startswith("mlstm_layer."):
+        return None
+    if part == "mlstm_layer.out_proj.weight":
+        return rows, cols // lay.size
+    return rows // lay.size, cols

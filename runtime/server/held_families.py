@@ -46,14 +46,19 @@ def _gemma4(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | N
 
 
 def _ergo(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """Ergo (model/ergo.py): a Linear per expert of each [in, out] slice, transposed; its
-    residual gates float32 as their two factors; its norms and expert norms in float32."""
+    """Ergo (model/ergo.py): a Linear per expert of each [in, out] slice, transposed, a rank's
+    experts whole (split by expert); its residual gates float32 as their two factors; its norms
+    and expert norms (a rank's experts') in float32; its embedding table float32 (a rank's
+    vocabulary rows, counted with the vocabulary's)."""
     if name.endswith(("experts.up_proj", "experts.down_proj")):
         e, a, b = t.shape
-        return dense_bytes([Stored(name, t.kind, (e, b, a), t.nbytes)], mc, lay, p)
+        whole = type(lay)(0, 1)  # (an expert's matrices are not split)
+        return dense_bytes([Stored(name, t.kind, (e // lay.size, b, a), t.nbytes)], mc, whole, p)
     if name.endswith("residual_gate.weight"):
         return t.numel * 8
-    if NORM.search(name) or name.endswith("experts.norm"):
+    if name.endswith("experts.norm"):
+        return t.numel // lay.size * 4
+    if NORM.search(name):
         return t.numel * 4
     return GENERIC
 
@@ -96,9 +101,12 @@ def _recurrent_gemma(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -
 
 
 def _rwkv(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """RWKV: its mixes in the dtype, the decay and bonus in float32."""
+    """RWKV: its mixes in the dtype (whole on every rank), the decay and bonus in float32 (a
+    rank's channels')."""
+    if name.endswith(("time_decay", "time_first")):
+        return t.numel // lay.size * 4
     if ".time_" in name:
-        return t.numel * (4 if name.endswith(("time_decay", "time_first")) else p.dtype.itemsize)
+        return t.numel * p.dtype.itemsize
     return GENERIC
 
 

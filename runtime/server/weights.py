@@ -87,6 +87,9 @@ _FUSED = ((re.compile(r"\blinear_attn\.[qkvgba]_proj\b"), "linear_attn.in_proj")
           (re.compile(r"\bself_attn\.(f_a|g_a|b)_proj\b"), "self_attn.qkv_proj"),
           # MiniMax-Text-01's lightning layers: q/k/v and the output gate in one matrix
           (re.compile(r"\bself_attn\.output_gate\b"), "self_attn.qkv_proj"),
+          # RecurrentGemma's RG-LRU: linear_y and linear_x in one matrix (model/recurrent_gemma.py;
+          # apart, a rank's halves were each padded to oneDNN's row block: 8 KiB a layer more)
+          (re.compile(r"\btemporal_block\.linear_[yx]\b"), "temporal_block.linear_yx"),
           # Inkling's relative states: with q, k and v in one matrix (model/inkling.py)
           (re.compile(r"\bself_attn\.r_proj\b"), "self_attn.qkv_proj"),
           (re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -182,8 +185,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     tensors = as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
-    if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py)
-        total += tensors[EMBED].numel * (4 - p.dtype.itemsize)
+    if mc.architecture == "ergo" and EMBED in tensors:  # its table in float32 (model/ergo.py;
+        rows, cols = _local(EMBED, tensors[EMBED].shape, mc, lay)  # a rank's vocabulary rows)
+        total += rows * cols * (4 - p.dtype.itemsize)
     if mc.family.positions == "sinusoidal":  # XGLM's table, computed (model/positions.py)
         rows = mc.max_position_embeddings + mc.family.position_offset
         total += rows * mc.hidden_size * p.dtype.itemsize

@@ -156,10 +156,10 @@ def _norms_and_biases(mc: ModelConfig, item: int, t: int, kv: int) -> float:
     if mc.architecture == "axk1":  # a norm on each MoE block's output
         norms += sum(f.has_experts(x) for x in range(n)) * h * item
     if mc.architecture == "bitnet":  # its sub-norms: attention's output, the MLP's product
-        norms += n * (h + mc.intermediate_size) * item
+        norms += n * (h + mc.intermediate_size) / t * item  # (a rank's channels)
         if mc.family.bitnet == "offline":  # the packed layers' scales, one per output column
-            qkv = (mc.num_heads + 2 * mc.num_kv_heads) * d
-            norms += n * (qkv + 2 * h + 2 * mc.intermediate_size) * item
+            qkv = (mc.num_heads / t + 2 * kv) * d  # (a rank's rows; o's and down's whole)
+            norms += n * (qkv + 2 * h + 2 * mc.intermediate_size / t) * item
     if f.cohere_layer:  # one norm a layer; Cohere's LayerNorm weights in float32
         norms = (n + 1) * h * (item if f.cohere_rms_norm else 4)
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)

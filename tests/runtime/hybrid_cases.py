@@ -519,8 +519,10 @@ REFUSED = {
     "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
     "recurrent-gemma": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
                         _NO_FP8.format("recurrent_gemma", "rglru")),
-    "rwkv": (2, _NO_TP.format("rwkv", "wkv"), _NO_FP8.format("rwkv", "wkv")),
-    "xlstm": (2, _NO_TP.format("xlstm", "mlstm"), _NO_FP8.format("xlstm", "mlstm")),
+    "rwkv": (3, "--tensor-parallel-size 3 does not divide the model's MLP width (128)",
+             _NO_FP8.format("rwkv", "wkv")),
+    "xlstm": (4, "--tensor-parallel-size 4 does not divide the mLSTM heads (num_heads 2)",
+              _NO_FP8.format("xlstm", "mlstm")),
     "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
     "inkling2": (2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"),
     "inkling2-loop": (

@@ -80,6 +80,17 @@ def test_the_vocabulary_is_padded_to_a_multiple_of_the_ranks():
         # JetMoE's KV heads carry their experts' query heads: split, never replicated
         (model(heads=2, kv=1, arch="jetmoe"), 2,
          "does not divide JetMoE's KV heads (num_key_value_heads 1: each is split with"),
+        # RWKV's time-mix by channels, xLSTM's mLSTM by heads (no attention: the stand-in
+        # heads not checked, the channel-mix's or FFN's width is)
+        (model(heads=5, kv=5, arch="rwkv", mamba=MambaConfig(
+            layers=(True, True), n_heads=1, head_dim=66, d_state=3, d_conv=2, mixer="wkv")), 4,
+         "does not divide the wkv channels (attention_hidden_size 66)"),
+        (model(heads=5, kv=5, inter=66, arch="rwkv", mamba=MambaConfig(
+            layers=(True, True), n_heads=1, head_dim=64, d_state=3, d_conv=2, mixer="wkv")), 4,
+         "does not divide the model's MLP width (66)"),
+        (model(heads=5, kv=5, arch="xlstm", mamba=MambaConfig(
+            layers=(True, True), n_heads=6, head_dim=8, d_state=4, mixer="mlstm")), 4,
+         "does not divide the mLSTM heads (num_heads 6)"),
     ],
 )  # fmt: skip
 def test_what_does_not_divide_is_named(config, size, words):

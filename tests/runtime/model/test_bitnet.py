@@ -9,8 +9,8 @@ transformers writes and loads itself (`AutoBitLinear`):
 Token for token and logits within 1e-3 in float32 (prompts chunked into 16-token steps, three
 prompts in one batch, again on a warm prefix cache), tokens in bfloat16; the layer's pieces bit
 for bit against transformers' (`unpack_weights`, `ActQuant`, `WeightQuant`); the refusals
-(tensor parallelism, --quantization fp8, the layer kinds not served, a matrix not packed);
-the weights estimate. transformers' BitLinear code is decorated with torch.compile: it runs
+(a tensor-parallel size that does not divide the heads, --quantization fp8, the layer kinds
+not served, a matrix not packed); the weights estimate; two tensor-parallel ranks. transformers' BitLinear code is decorated with torch.compile: it runs
 eagerly here (dynamo off), its own semantics without minutes of CPU compilation.
 """
 
@@ -140,14 +140,14 @@ def test_the_layer_is_transformers_bit_for_bit():
         assert torch.equal(quantize_weight(w), bitnet_hf.WeightQuant.apply(w))
 
 
-def test_tensor_parallelism_and_fp8_are_refused_in_one_line(built):
+def test_a_size_that_does_not_divide_and_fp8_are_refused_in_one_line(built):
     from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.start_checks import check_dtype
 
     config = built("bitnet-offline")[2].config
-    with pytest.raises(ValueError, match=r"^--tensor-parallel-size 2 is not supported for a "
-                                         r"bitnet model"):  # fmt: skip
-        check(config, 2)
+    with pytest.raises(ValueError, match=r"^--tensor-parallel-size 3 does not divide the "
+                                         r"model's 4 attention heads$"):  # fmt: skip
+        check(config, 3)
     fp8 = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16,
                           cache=SimpleNamespace(kv_cache_dtype="auto"))  # fmt: skip
     with pytest.raises(ValueError, match=r"^--quantization fp8 is not supported for a bitnet "):
@@ -235,6 +235,28 @@ def test_the_weights_estimate_is_what_the_model_holds(built, name):
     engine = EngineConfig.create(str(path), device="cpu", dtype="bfloat16")
     cuda = weights.estimate(loaded.config, engine, path, device=torch.device("cuda"))
     got = weights.from_shapes(loaded.config, torch.bfloat16, False)
+    assert got == pytest.approx(cuda.bytes, rel=0.001), (got, cuda.bytes)
+
+
+@pytest.mark.slow  # a second process (gloo)
+@pytest.mark.parametrize("name", CASES)
+def test_two_ranks_match_transformers(built, name):
+    """Two ranks (gloo), the small pool (preempted) then a warm cache: each rank its heads' rows
+    of q/k/v and its rows of gate/up (each matrix unpacked or quantized whole, then cut), o_proj
+    and down_proj by input columns with the activations rounded by the whole row's absmax, the
+    sub-norms over their whole width; transformers' tokens and logits; rank 0's weights
+    estimate."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import weights
+
+    path, _, loaded, reference = built(name)
+    check_two_ranks(path, loaded, reference, name, kv_heads=1)
+    check_estimate(path, 2, rel=0)
+    engine = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", tensor_parallel_size=2)
+    cuda = weights.estimate(loaded.config, engine, path, device=torch.device("cuda"))
+    got = weights.from_shapes(loaded.config, torch.bfloat16, False, 2)  # (fit's plans)
     assert got == pytest.approx(cuda.bytes, rel=0.001), (got, cuda.bytes)
 
 

@@ -5,7 +5,7 @@ greedy loop (chunked into 16-token steps, three prompts sharing steps, a warm pr
 pool small enough to preempt); the cross-domain MoE against transformers' one-token forward
 fed the prompt token by token (its full forward mixes the router's logits across tokens,
 transformers' own note), chunked and batched; the checkpoint check, the weights estimate and
-what is refused."""
+what is refused; two tensor-parallel ranks (KV heads split, and replicated)."""
 
 from __future__ import annotations
 
@@ -30,13 +30,16 @@ from pagoda.runtime.model.loader import load_model, read_model_config
 transformers = pytest.importorskip("transformers")
 CASES = {"doge": {}}
 MOE = dict(is_moe=True, num_experts=64, num_experts_per_tok=4, num_hidden_layers=1)
+VARIANTS = {"doge-mqa": dict(num_key_value_heads=1)}  # (two ranks: its one KV head replicated)
 
 
 def write(name: str, path, **overrides):
     """A tiny Doge with A drawn in [0.5, 1] (transformers initialises it to zeros, where the
     biases are all 1 and the softmax does not see them; measured: with these, 10 of the dense
     case's 18 greedy tokens differ from A = 0's, 2 of its 3 prompts)."""
-    model = make_tiny_model(path, "Doge", **CASES.get(name, {}), **overrides)
+    model = make_tiny_model(
+        path, "Doge", **{**CASES.get(name, {}), **VARIANTS.get(name, {})}, **overrides
+    )
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -84,8 +87,8 @@ def test_cross_domain_moe_matches_transformers_token_by_token(tmp_path):
 
 def test_checkpoint_check_estimate_and_refusals(built):
     """The checkpoint check naming a missing A, dt_proj or residual scale; the weights estimate;
-    the cache's key/value width; tensor parallelism, FP8, a quantized KV cache and a context
-    past keep_window_size refused in one line."""
+    the cache's key/value width; a tensor-parallel size that does not divide the heads, FP8, a
+    quantized KV cache and a context past keep_window_size refused in one line."""
     from hybrid_cases import check_missing_refused
     from model_bytes import check_estimate
     from pagoda.runtime.distributed.layout import check as check_tp
@@ -98,8 +101,8 @@ def test_checkpoint_check_estimate_and_refusals(built):
     check_estimate(path, rel=1e-6)
     check_missing_refused(loaded, ["model.layers.1.self_attn.A", "model.layers.0.input_residual",
                                    "model.layers.0.self_attn.dt_proj.weight"])  # fmt: skip
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a doge"):
-        check_tp(mc, 2)
+    with pytest.raises(ValueError, match="tensor-parallel-size 3 does not divide the model's 4"):
+        check_tp(mc, 3)
     for option, words in (("quantization", "fp8 is not supported for a doge"),
                           ("kv", "kv-cache-dtype int8 is not supported for a doge")):  # fmt: skip
         engine = SimpleNamespace(quantization="fp8" if option == "quantization" else None,
@@ -117,6 +120,21 @@ def test_checkpoint_check_estimate_and_refusals(built):
             LLM(loaded=load_model(str(path)), dtype="float32", max_model_len=64)
     finally:
         (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.slow  # second processes (gloo)
+@pytest.mark.parametrize(("name", "kv_heads"), [("doge", 1), ("doge-mqa", 1)])
+def test_two_ranks_match_transformers(built, name, kv_heads):
+    """Two ranks (gloo), the small pool (preempted) then a warm cache: each rank its query heads
+    and KV heads (two split; one replicated), dt_proj's input columns of its KV heads summed
+    over the ranks (a replicated head's once) before its heads' biases; transformers' tokens
+    and logits; rank 0's weights estimate."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built(name)
+    check_two_ranks(path, loaded, reference, name, kv_heads=kv_heads)
+    check_estimate(path, 2, rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -48,10 +48,24 @@ case = case_fixture(CASES)
 test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (gloo), the small pool (preempted) then a warm cache: each rank its heads (q/k/v,
+    the output gate's rows, sqk, s_gate) and MLP rows (suv_*), the L2 norms of attention's gated
+    output and of the MLP's product over every rank's channels; transformers' tokens and
+    logits; rank 0's weights estimate."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built("dory")
+    check_two_ranks(path, loaded, reference, "dory", kv_heads=1)
+    check_estimate(path, 2, rel=1e-6)
+
+
 def test_loops_checkpoint_check_and_refusals(built):
     """The layers in loop order (the recurrent ones' weights shared, a KV cache each pass), the
-    checkpoint check naming a missing scaled parameter, the weights estimate, tensor
-    parallelism and FP8 refused."""
+    checkpoint check naming a missing scaled parameter, the weights estimate, a
+    tensor-parallel size that does not divide the heads and FP8 refused."""
     from types import SimpleNamespace
 
     from hybrid_cases import check_missing_refused
@@ -71,8 +85,8 @@ def test_loops_checkpoint_check_and_refusals(built):
     check_estimate(path, rel=1e-6)
     check_missing_refused(loaded, ["model.layers.2.lambda_1", "model.layers.1.self_attn.sqk",
                                    "lm_head.logit_scale"])  # fmt: skip
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a dory"):
-        check(mc, 2)
+    with pytest.raises(ValueError, match="tensor-parallel-size 3 does not divide the model's 4"):
+        check(mc, 3)
     with pytest.raises(ValueError, match="fp8 is not supported for a dory"):
         check_dtype(SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16), mc)
     cfg = json.loads((path / "config.json").read_text())

@@ -7,7 +7,7 @@ with their own output norms, a correction bias large enough to change the picks,
 scale, the normalised shared expert; learned residual gates and four norms a layer drawn away
 from their initial values. Prompts chunked into 16-token steps, three prompts sharing steps, a
 warm prefix cache, a pool small enough to preempt; the checkpoint check, the weights estimate,
-what is refused, a published-style config.json."""
+what is refused, a published-style config.json; two tensor-parallel ranks."""
 
 from __future__ import annotations
 
@@ -50,11 +50,26 @@ case = case_fixture(CASES)
 test_greedy_matches_transformers_chunked_cached_batched_and_preempted = greedy_test()
 
 
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (gloo), the small pool (preempted) then a warm cache: each rank its heads, its
+    rows of the dense and shared MLPs, two of the four experts whole (their normed outputs
+    summed over the ranks), the float32 embedding's vocabulary rows; transformers' tokens and
+    logits; rank 0's weights estimate."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built("ergo")
+    check_two_ranks(path, loaded, reference, "ergo", kv_heads=1)
+    check_estimate(path, 2, rel=1e-6)
+
+
 def test_config_checkpoint_check_estimate_and_refusals(built):
     """Window and rotary on the sliding layers only, the full layer's scale; the published
     names read (the fused q/k/v split, the [in, out] matrices transposed); the checkpoint
-    check names a missing expert norm; the weights estimate; tensor parallelism and FP8
-    refused in one line."""
+    check names a missing expert norm; the weights estimate; a tensor-parallel size that does
+    not divide the experts and FP8 refused in one line."""
+    import dataclasses
     from types import SimpleNamespace
 
     from hybrid_cases import check_missing_refused
@@ -73,8 +88,11 @@ def test_config_checkpoint_check_estimate_and_refusals(built):
                                    "model.layers.0.feedforward_residual_gate.weight",
                                    "model.layers.2.self_attn.k_proj.weight"])  # fmt: skip
     check_estimate(path, rel=1e-6)
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a ergo"):
-        check(mc, 2)
+    six = dataclasses.replace(mc, family=dataclasses.replace(f, num_experts=6))
+    with pytest.raises(ValueError, match=r"tensor-parallel-size 4 does not divide Ergo's "
+                                         r"experts \(num_experts 6: each expert"):  # fmt: skip
+        check(six, 4)
+    check(mc, 4)
     with pytest.raises(ValueError, match="fp8 is not supported for a ergo"):
         check_dtype(SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16), mc)
 

@@ -7,7 +7,7 @@ clamp low enough to bite (1.0); chunked into 16-token steps, three prompts shari
 prefix cache, a pool small enough to preempt (measured on transformers: without the drawn
 correction biases 12 of the 18 greedy tokens change, without the clamp 9, with the routed
 scale 1 10). Also the checkpoint check, the weights estimate,
-the context bound and what is refused."""
+the context bound, what is refused, and two tensor-parallel ranks."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ test_gpu_matches_transformers_with_graphs = gpu_test(fused_moe_at(1))
 def test_checkpoint_check_estimate_and_refusals(built):
     """The fields read (the indexer's: sparse past 3 blocks of 4 keys), the whole context, the
     checkpoint check naming a missing fused or stacked MLP tensor or indexer tensor, the
-    weights estimate (the indexer's tensors too), tensor parallelism and FP8 refused in one
-    line."""
+    weights estimate (the indexer's tensors too), a tensor-parallel size that does not divide
+    the heads and FP8 refused in one line."""
     from types import SimpleNamespace
 
     from hybrid_cases import check_missing_refused
@@ -82,11 +82,26 @@ def test_checkpoint_check_estimate_and_refusals(built):
                                    "model.layers.2.mlp.shared_experts.down_proj.weight",
                                    "model.layers.1.mlp.gate.e_score_correction_bias",
                                    "model.layers.1.self_attn.indexer.k_proj.weight"])  # fmt: skip
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a minimax"):
-        check(mc, 2)
+    with pytest.raises(ValueError, match="tensor-parallel-size 3 does not divide the model's 4"):
+        check(mc, 3)
     engine = SimpleNamespace(quantization="fp8", torch_dtype=lambda: torch.bfloat16)
     with pytest.raises(ValueError, match="fp8 is not supported for a minimax_m3"):
         check_dtype(engine, mc)
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (gloo), the small pool (preempted) then a warm cache: each rank its heads, its
+    rows of each fused gate_up (dense, shared expert, stacked experts), the shared expert's
+    partial sum joining the experts' before their all-reduce, the sparse layer's indexer its KV
+    head's queries over its own key table; transformers' tokens and logits; rank 0's weights
+    estimate."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built("minimax_m3")
+    check_two_ranks(path, loaded, reference, "minimax_m3", kv_heads=1)
+    check_estimate(path, 2, rel=1e-6)
 
 
 def test_the_released_keys_read_as_transformers_reads_them(tmp_path):

@@ -147,8 +147,11 @@ def test_bitnet_b1_58_2b_4t_reads_as_transformers_reads_it(tmp_path, mode):
     with torch.device("meta"):  # transformers' own count (the weight_scale buffers aside)
         hf = transformers.BitNetForCausalLM(t)
     assert o.num_params == sum(p.numel() for p in hf.parameters()) == 2_412_820_480
-    with pytest.raises(ValueError, match="not supported for a bitnet model"):
+    # (split as Llama's, but its 5 KV heads and 6,912-wide MLP divide by no size up to 10)
+    with pytest.raises(ValueError, match="5 KV heads can neither be split over 2 ranks"):
         check(o, 2)
+    with pytest.raises(ValueError, match=r"does not divide the model's MLP width \(6912\)"):
+        check(o, 10)
 
 
 @pytest.mark.parametrize(("arch", "model_type", "params"), [

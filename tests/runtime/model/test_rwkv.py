@@ -1,8 +1,9 @@
 """RWKV-4 (`RwkvForCausalLM`) beyond the token-for-token case of test_hybrid_ssm.py (the "rwkv"
 entry of tests/runtime/hybrid_cases.py: time-mix and channel-mix in every layer, chunked,
 batched, on a warm prefix cache, preempted, against transformers): the state slots and weights
-estimates, the checkpoint check naming a missing decay, one rank and 16/32 bits only (refused in
-one line), and rwkv-4-169m-pile's config.json read without weights, its parameters as
+estimates, the checkpoint check naming a missing decay, 16/32 bits only and a tensor-parallel
+size that does not divide its widths (refused in one line), two tensor-parallel ranks against
+transformers, and rwkv-4-169m-pile's config.json read without weights, its parameters as
 transformers counts them."""
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ RWKV_169M = {"architectures": ["RwkvForCausalLM"], "model_type": "rwkv",
 
 def test_rwkv_estimates_and_refusals(built):
     """No KV cache; per layer and sequence the two token shifts (bf16) and num, den, max
-    (float32); the weights estimate within 2%; a missing decay named; tensor parallelism and
-    FP8 refused in one line."""
+    (float32); the weights estimate within 2%; a missing decay named; a tensor-parallel size
+    that does not divide the channel-mix and FP8 refused in one line."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import memory
@@ -43,6 +44,22 @@ def test_rwkv_estimates_and_refusals(built):
         loaded, ["model.layers.1.attention.time_decay", "model.layers.0.pre_ln.bias"]
     )
     check_refused("rwkv", mc)
+
+
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (gloo), the small pool (preempted) then a warm cache: each rank its channels of
+    the time-mix (k, v, r, the decay, the bonus, its wkv state slots), both token shifts whole,
+    the channel-mix's key rows; transformers' tokens and logits; rank 0's weights estimate."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built("rwkv")
+    m = loaded.config.family.mamba
+    local = m.on_ranks(2)
+    assert local.d_inner == m.d_inner // 2 and local.conv_state_rows == m.conv_state_rows
+    check_two_ranks(path, loaded, reference, "rwkv")
+    check_estimate(path, 2, rel=0)
 
 
 def test_rwkv_169m_config(tmp_path):

@@ -1,8 +1,9 @@
 """xLSTM (`xLSTMForCausalLM`) beyond the token-for-token case of test_hybrid_ssm.py (the "xlstm"
 entry of tests/runtime/hybrid_cases.py: mLSTM layers and SwiGLU FFNs, chunked, batched, on a
 warm prefix cache, preempted, against transformers): the state slots and weights estimates, the
-checkpoint check naming a missing gate, one rank and 16/32 bits only (refused in one line), the
-same weights stored as `weight_mode` "fused" (xLSTM-7b's form) reading alike, and xLSTM-7b's
+checkpoint check naming a missing gate, 16/32 bits only and a tensor-parallel size that does not
+divide the heads (refused in one line), the same weights stored as `weight_mode` "fused"
+(xLSTM-7b's form) reading alike, both forms on two tensor-parallel ranks, and xLSTM-7b's
 config.json read without weights, its parameters as transformers counts them."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ XLSTM_7B = {"architectures": ["xLSTMForCausalLM"], "model_type": "xlstm", "vocab
 
 def test_xlstm_estimates_and_refusals(built):
     """No KV cache; per layer and sequence C, n and m (float32) and no conv state; the weights
-    estimate within 2%; a missing gate named; tensor parallelism and FP8 refused in one line."""
+    estimate within 2%; a missing gate named; 4 ranks (2 heads) and FP8 refused in one line."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import memory
@@ -52,10 +53,20 @@ def test_xlstm_fused_weights_read_alike(built, tmp_path):
     transformers cannot build that form at random: its init mixes the halves' shapes): the
     engine reads it as transformers' tokens and logits of the unfused model."""
     from pagoda.runtime import LLM
+
+    path, _, _, reference = built("xlstm")
+    loaded = _fused(path, tmp_path)
+    assert loaded.config.family.mamba.fused_projections
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"xlstm fused: prompt {i}")
+
+
+def _fused(path, out):
+    """The checkpoint at `path` written to `out` in `weight_mode` "fused", loaded."""
     from pagoda.runtime.model.loader import load_model
     from safetensors.torch import load_file, save_file
 
-    path, _, _, reference = built("xlstm")
     t = load_file(str(path / "model.safetensors"))
     for i in range(2):
         p, f = f"backbone.blocks.{i}.mlstm_layer.", f"backbone.blocks.{i}.ffn."
@@ -66,17 +77,31 @@ def test_xlstm_fused_weights_read_alike(built, tmp_path):
             t[f"{p}ifgate_preact.{kind}"] = torch.cat(gates)
         up = [t.pop(f + n + ".weight") for n in ("proj_up_gate", "proj_up")]
         t[f + "proj_up_gate_z.weight"] = torch.cat(up)
-    save_file(t, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
     for f in path.iterdir():
         if f.name not in ("model.safetensors", "config.json"):
-            (tmp_path / f.name).write_bytes(f.read_bytes())
+            (out / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "weight_mode": "fused"}))
-    loaded = load_model(str(tmp_path))
-    assert loaded.config.family.mamba.fused_projections
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
-    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
-        check(got, want, f"xlstm fused: prompt {i}")
+    (out / "config.json").write_text(json.dumps({**cfg, "weight_mode": "fused"}))
+    return load_model(str(out))
+
+
+@pytest.mark.slow  # second processes (gloo)
+def test_two_ranks_match_transformers(built, tmp_path):
+    """Two ranks (gloo), the small pool (preempted) then a warm cache: each rank one head's
+    rows of q, k, v, the output gate and both gates, its norm channels and C, n, m slots,
+    out_proj's columns, the FFN's rows; transformers' tokens and logits; rank 0's weights
+    estimate; the fused form (its matrices' parts each split) too."""
+    from arch_cases import check_two_ranks
+    from model_bytes import check_estimate
+
+    path, _, loaded, reference = built("xlstm")
+    m = loaded.config.family.mamba
+    assert m.on_ranks(2).ssm_shape == (1, m.d_state, m.head_dim + 2)
+    check_two_ranks(path, loaded, reference, "xlstm")
+    check_estimate(path, 2, rel=0)
+    fused = _fused(path, tmp_path)
+    check_two_ranks(tmp_path, fused, reference, "xlstm fused")
 
 
 def test_xlstm_7b_config(tmp_path):
