@@ -1,0 +1,90 @@
+"""Gemma 3's image side (`Gemma3ForConditionalGeneration`), read once from config.json, the
+tokenizer and the processor beside it: a SigLIP tower (`vision_config`, every layer and its
+post-norm run), its patch grid average-pooled to `mm_tokens_per_image` rows, and the prompt
+as transformers' `Gemma3Processor` writes it: each `<start_of_image>` (the marker a chat
+template renders per image) becomes "\\n\\n<start_of_image>" + `<image_soft_token>` x
+`mm_tokens_per_image` + "<end_of_image>\\n\\n", the newlines merged with the prompt's own where
+the tokenizer has one token for the longer run (as tokenizing the processor's text does). The
+image's tokens attend to each other both ways (transformers' `token_type_ids` mask).
+Torch-free: the API process reads it too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pagoda.runtime.multimodal.config import ImageProcessing, VisionConfig, read_processing
+
+MAX_NEWLINES = 31  # "\n" * k tokens looked up (Gemma's vocabulary has k = 1 .. 31)
+
+
+def newline_ids(model_dir: Path | None) -> tuple[int, ...]:
+    """The ids of "\\n" * k, k = 1, 2, ... while the tokenizer has one token for it."""
+    path = None if model_dir is None else model_dir / "tokenizer.json"
+    if path is None or not path.is_file():
+        raise ValueError("a Gemma 3 vision checkpoint needs its tokenizer.json (the image "
+                         "marker's newline tokens)")  # fmt: skip
+    vocab = json.loads(path.read_text()).get("model", {}).get("vocab", {})
+    if isinstance(vocab, list):  # (Unigram's [piece, score] rows)
+        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
+    added = json.loads(path.read_text()).get("added_tokens", [])
+    vocab = {**vocab, **{t["content"]: t["id"] for t in added}}
+    ids = []
+    for k in range(1, MAX_NEWLINES + 1):
+        if "\n" * k not in vocab:
+            break
+        ids.append(int(vocab["\n" * k]))
+    if len(ids) < 2:
+        raise ValueError("tokenizer.json has no '\\n\\n' token (Gemma 3's image marker)")
+    return tuple(ids)
+
+
+def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
+    """A Gemma3ForConditionalGeneration config.json's image side; ValueError, one line, for
+    what is not Gemma 3's shape."""
+    v = top.get("vision_config") or {}
+    if v.get("model_type", "siglip_vision_model") != "siglip_vision_model":
+        raise ValueError(f"Gemma3ForConditionalGeneration with a vision_config of model_type "
+                         f"{v.get('model_type')!r} is not supported (siglip_vision_model)")  # fmt: skip
+    if v.get("vision_use_head"):
+        raise ValueError("vision_config.vision_use_head true is not supported (Gemma 3's "
+                         "tower has no pooling head)")  # fmt: skip
+    act = v.get("hidden_act", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"vision_config.hidden_act {act!r} is not supported "
+                         "(gelu_pytorch_tanh)")  # fmt: skip
+    size, patch = int(v.get("image_size", 224)), int(v.get("patch_size", 16))
+    tokens = int(top.get("mm_tokens_per_image", 256))
+    side = round(tokens**0.5)
+    grid = size // patch
+    if side * side != tokens or grid % side:
+        raise ValueError(f"mm_tokens_per_image {tokens}: a {grid}x{grid} patch grid does not "
+                         "pool to a square of that many tokens")  # fmt: skip
+    processing = ImageProcessing(size, (size, size), resample=2, mean=(0.5,) * 3,
+                                 std=(0.5,) * 3, do_center_crop=False, exact_resize=True)  # fmt: skip
+    if model_dir is not None:
+        processing = read_processing(model_dir, size, processing)
+    nl = newline_ids(model_dir)
+    boi = int(top.get("boi_token_index", top.get("boi_token_id", 255_999)))
+    eoi = int(top.get("eoi_token_index", top.get("eoi_token_id", 256_000)))
+    return VisionConfig(
+        hidden_size=int(v.get("hidden_size", 768)),
+        intermediate_size=int(v.get("intermediate_size", 3072)),
+        num_layers=int(v.get("num_hidden_layers", 12)),
+        num_heads=int(v.get("num_attention_heads", 12)),
+        image_size=size,
+        patch_size=patch,
+        image_token_index=int(top.get("image_token_index", top.get("image_token_id", 262_144))),
+        layer_norm_eps=float(v.get("layer_norm_eps", 1e-6)),
+        hidden_act="gelu_tanh",
+        feature_layer=int(v.get("num_hidden_layers", 12)),
+        processing=processing,
+        pooled_tokens=tokens,
+        marker=boi,
+        prefix=(nl[1], boi),
+        suffix=(eoi, nl[1]),
+        newlines=nl,
+        bidirectional=True,
+    )
