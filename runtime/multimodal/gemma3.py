@@ -62,6 +62,11 @@ def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     if side * side != tokens or grid % side:
         raise ValueError(f"mm_tokens_per_image {tokens}: a {grid}x{grid} patch grid does not "
                          "pool to a square of that many tokens")  # fmt: skip
+    text = top.get("text_config") or {}
+    window = text.get("sliding_window")
+    if window is not None and int(window) < tokens:
+        raise ValueError(f"text_config.sliding_window {window} is shorter than an image's "
+                         f"{tokens} tokens (mm_tokens_per_image): not supported")  # fmt: skip
     processing = ImageProcessing(size, (size, size), resample=2, mean=(0.5,) * 3,
                                  std=(0.5,) * 3, do_center_crop=False, exact_resize=True)  # fmt: skip
     if model_dir is not None:

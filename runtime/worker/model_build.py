@@ -51,6 +51,7 @@ def attention_backend(
         latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
         alibi_slopes=None if slopes is None else slopes.to(runner.device),
         rel_logits=mc.family.relative_logits,
+        image_spans=mc.vision is not None and mc.vision.bidirectional,
     )
 
 
