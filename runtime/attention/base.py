@@ -51,7 +51,6 @@ from typing import Any
 import torch
 from pagoda.runtime.cpu.host_memory import zeros
 
-
 # `meta.aux`: host NumPy int64 (rows [R], first [R], last [R]): the step's rows that are an
 # image's tokens, and the first and last prompt position of that image
 IMAGE_SPANS = "image_spans"

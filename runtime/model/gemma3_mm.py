@@ -36,9 +36,7 @@ class Gemma3VisionModel(Gemma3Model):
             target = projector if p is not None else tower
             target[p if p is not None else _strip(name, _TOWER)] = t.to(self.device)
         try:
-            self.tower = SiglipVisionTower(
-                {k: t.to(self.dtype) for k, t in tower.items()}, vision
-            )
+            self.tower = SiglipVisionTower({k: t.to(self.dtype) for k, t in tower.items()}, vision)
             self.soft_norm = projector["mm_soft_emb_norm.weight"].float()
             self.projection = projector["mm_input_projection_weight"].to(self.dtype)
         except KeyError as e:
