@@ -163,3 +163,46 @@ def test_refusals(tiny):
     with pytest.raises(ValueError, match="bidirectional image spans"):
         get_attention_backend("triton", torch.device("cpu"), 4, 2, 16, 0.25, image_spans=True)
     assert TOKENS_PER_IMAGE == 9 and IMAGE_ID == 297
+
+
+def test_gemma_3_4b_its_published_config(tmp_path):
+    """google/gemma-3-4b-it's config.json and processor shape: 256 rows an image (a 64x64
+    grid pooled by 4), 896 px bilinear, "\\n\\n" from tokenizer.json; pan-and-scan refused."""
+    import json
+
+    from pagoda.runtime.model.loader import read_model_config
+
+    vision = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+              "model_type": "siglip_vision_model", "num_attention_heads": 16,
+              "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}  # fmt: skip
+    text = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+            "num_hidden_layers": 34, "sliding_window": 1024, "rope_scaling":
+            {"factor": 8.0, "rope_type": "linear"}}  # fmt: skip
+    top = {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+           "eoi_token_index": 256000, "image_token_index": 262144, "mm_tokens_per_image": 256,
+           "model_type": "gemma3", "text_config": text, "vision_config": vision}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    vocab = {"\n": 107, "\n\n": 108, "\n\n\n": 109}
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}}))
+    pre = {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 896, "width": 896},
+           "do_pan_and_scan": None, "resample": 2, "image_mean": [0.5] * 3}  # fmt: skip
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(pre))
+    v = read_model_config(str(tmp_path)).vision
+    assert (v.tokens_per_image, v.image_size // v.patch_size, v.layers_run) == (256, 64, 27)
+    assert (v.prefix, v.suffix, v.marker) == ((108, 255999), (256000, 108), 255999)
+    assert v.processing.crop == (896, 896) and v.processing.exact_resize and v.bidirectional
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({**pre, "do_pan_and_scan": True}))
+    with pytest.raises(ValueError, match="do_pan_and_scan true is not supported"):
+        read_model_config(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_two_ranks_read_the_images_rank_0_encodes(tiny, reference):
+    """Tensor parallelism over gloo, two ranks, 10-token chunks: rank 0 alone holds the tower;
+    every rank masks the images' spans from the step's image rows; transformers' tokens."""
+    path, _, _, loaded = tiny
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
+             max_num_batched_tokens=10, max_num_seqs=3, block_size=8,
+             kv_cache_memory=8 << 20) as two:  # fmt: skip
+        assert _run(two, [p for p, _ in _cases()]) == reference
+        assert two.engine.runner.model.tower is not None
