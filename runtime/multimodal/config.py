@@ -69,7 +69,6 @@ class ImageProcessing:
                                                    "do_normalize", "do_convert_rgb")},
         )  # fmt: skip
 
-
     @classmethod
     def exact_from_json(cls, cfg: dict[str, Any]) -> ImageProcessing:
         """Gemma3ImageProcessor's: resize to `size` (bilinear), rescale, normalize (0.5, 0.5);

@@ -165,6 +165,17 @@ def test_refusals(tiny):
     assert TOKENS_PER_IMAGE == 9 and IMAGE_ID == 297
 
 
+def test_text_only_serving_keeps_the_fast_attention_path(tiny, reference):
+    """`limit_mm_per_prompt={"image": 0}`: no image spans, so the backend auto picks (the CPU
+    kernel here, Triton on a GPU) runs; text answers as before, images are refused."""
+    llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20,
+              limit_mm_per_prompt={"image": 0})  # fmt: skip
+    assert not any(b.image_spans for b in llm.engine.runner.model.attention_backends)
+    assert _run(llm, [_cases()[2][0]]) == reference[2:]
+    with pytest.raises(ValueError, match="at most 0 image"):
+        llm.generate(_cases()[0][0], GREEDY, use_tqdm=False)
+
+
 def test_gemma_3_4b_its_published_config(tmp_path):
     """google/gemma-3-4b-it's config.json and processor shape: 256 rows an image (a 64x64
     grid pooled by 4), 896 px bilinear, "\\n\\n" from tokenizer.json; pan-and-scan refused."""
