@@ -194,6 +194,16 @@ def parse_limits(value: Any) -> dict[str, int]:
     return {"image": n}
 
 
+def tower_shape(v: dict[str, Any]) -> dict[str, int]:
+    """A `vision_config`'s encoder shape (CLIP's and SigLIP's keys and defaults)."""
+    return {
+        "hidden_size": int(v.get("hidden_size", 768)),
+        "intermediate_size": int(v.get("intermediate_size", 3072)),
+        "num_layers": int(v.get("num_hidden_layers", 12)),
+        "num_heads": int(v.get("num_attention_heads", 12)),
+    }
+
+
 def _triple(value: Any, name: str) -> tuple[float, float, float]:
     values = [value] * 3 if isinstance(value, (int, float)) else list(value)
     if len(values) != 3:
@@ -245,10 +255,7 @@ def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     if model_dir is not None:
         processing = read_processing(model_dir, size)
     return VisionConfig(
-        hidden_size=int(v.get("hidden_size", 768)),
-        intermediate_size=int(v.get("intermediate_size", 3072)),
-        num_layers=int(v.get("num_hidden_layers", 12)),
-        num_heads=int(v.get("num_attention_heads", 12)),
+        **tower_shape(v),
         image_size=size,
         patch_size=int(v.get("patch_size", 32)),
         image_token_index=int(top.get("image_token_index", top.get("image_token_id", 32000))),

@@ -15,7 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pagoda.runtime.multimodal.config import ImageProcessing, VisionConfig, read_processing
+from pagoda.runtime.multimodal.config import (
+    ImageProcessing,
+    VisionConfig,
+    read_processing,
+    tower_shape,
+)
 
 MAX_NEWLINES = 31  # "\n" * k tokens looked up (Gemma's vocabulary has k = 1 .. 31)
 
@@ -75,10 +80,7 @@ def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     boi = int(top.get("boi_token_index", top.get("boi_token_id", 255_999)))
     eoi = int(top.get("eoi_token_index", top.get("eoi_token_id", 256_000)))
     return VisionConfig(
-        hidden_size=int(v.get("hidden_size", 768)),
-        intermediate_size=int(v.get("intermediate_size", 3072)),
-        num_layers=int(v.get("num_hidden_layers", 12)),
-        num_heads=int(v.get("num_attention_heads", 12)),
+        **tower_shape(v),
         image_size=size,
         patch_size=patch,
         image_token_index=int(top.get("image_token_index", top.get("image_token_id", 262_144))),
