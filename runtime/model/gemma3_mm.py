@@ -33,8 +33,10 @@ class Gemma3VisionModel(Gemma3Model):
         tower, projector = {}, {}
         for name, t in stored.tensors_under(_TOWER + _PROJECTOR).items():
             p = _strip(name, _PROJECTOR)
-            target = projector if p is not None else tower
-            target[p if p is not None else _strip(name, _TOWER)] = t.to(self.device)
+            if p is not None:
+                projector[p] = t.to(self.device)
+            elif not (p := _strip(name, _TOWER)).startswith("head."):  # (its unused pooling head)
+                tower[p] = t.to(self.device)
         try:
             self.tower = SiglipVisionTower({k: t.to(self.dtype) for k, t in tower.items()}, vision)
             self.soft_norm = projector["mm_soft_emb_norm.weight"].float()

@@ -12,6 +12,7 @@ Torch-free: the API process reads it too.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,40 +23,42 @@ from pagoda.runtime.multimodal.config import (
     tower_shape,
 )
 
+log = logging.getLogger(__name__)
 MAX_NEWLINES = 31  # "\n" * k tokens looked up (Gemma's vocabulary has k = 1 .. 31)
 
 
-def newline_ids(model_dir: Path | None) -> tuple[int, ...]:
-    """The ids of "\\n" * k, k = 1, 2, ... while the tokenizer has one token for it."""
+def newline_ids(model_dir: Path | None) -> tuple[int, ...] | None:
+    """The ids of "\n" * k, k = 1, 2, ... while the tokenizer has one token for it; None
+    without a tokenizer.json that has "\n\n" (the checkpoint is then read text-only)."""
     path = None if model_dir is None else model_dir / "tokenizer.json"
     if path is None or not path.is_file():
-        raise ValueError("a Gemma 3 vision checkpoint needs its tokenizer.json (the image "
-                         "marker's newline tokens)")  # fmt: skip
-    vocab = json.loads(path.read_text()).get("model", {}).get("vocab", {})
+        return None
+    tok = json.loads(path.read_text())
+    vocab = tok.get("model", {}).get("vocab", {})
     if isinstance(vocab, list):  # (Unigram's [piece, score] rows)
         vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
-    added = json.loads(path.read_text()).get("added_tokens", [])
-    vocab = {**vocab, **{t["content"]: t["id"] for t in added}}
+    vocab = {**vocab, **{t["content"]: t["id"] for t in tok.get("added_tokens", [])}}
     ids = []
     for k in range(1, MAX_NEWLINES + 1):
         if "\n" * k not in vocab:
             break
         ids.append(int(vocab["\n" * k]))
-    if len(ids) < 2:
-        raise ValueError("tokenizer.json has no '\\n\\n' token (Gemma 3's image marker)")
-    return tuple(ids)
+    return tuple(ids) if len(ids) >= 2 else None
 
 
-def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
+def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig | None:
     """A Gemma3ForConditionalGeneration config.json's image side; ValueError, one line, for
-    what is not Gemma 3's shape."""
+    what is not Gemma 3's shape; None (text only, logged) without the tokenizer.json whose
+    newline tokens the image marker's text needs."""
+    nl = newline_ids(model_dir)
+    if nl is None:
+        log.warning("no tokenizer.json with a '\\n\\n' token beside the checkpoint: Gemma 3 "
+                    "is read text-only (images refused)")  # fmt: skip
+        return None
     v = top.get("vision_config") or {}
     if v.get("model_type", "siglip_vision_model") != "siglip_vision_model":
         raise ValueError(f"Gemma3ForConditionalGeneration with a vision_config of model_type "
                          f"{v.get('model_type')!r} is not supported (siglip_vision_model)")  # fmt: skip
-    if v.get("vision_use_head"):
-        raise ValueError("vision_config.vision_use_head true is not supported (Gemma 3's "
-                         "tower has no pooling head)")  # fmt: skip
     act = v.get("hidden_act", "gelu_pytorch_tanh")
     if act != "gelu_pytorch_tanh":
         raise ValueError(f"vision_config.hidden_act {act!r} is not supported "
@@ -76,7 +79,6 @@ def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
                                  std=(0.5,) * 3, do_center_crop=False, exact_resize=True)  # fmt: skip
     if model_dir is not None:
         processing = read_processing(model_dir, size, processing)
-    nl = newline_ids(model_dir)
     boi = int(top.get("boi_token_index", top.get("boi_token_id", 255_999)))
     eoi = int(top.get("eoi_token_index", top.get("eoi_token_id", 256_000)))
     return VisionConfig(
