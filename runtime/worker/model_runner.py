@@ -407,7 +407,7 @@ class ModelRunner:
             meta.prompt_lens = self.to_device(inp.prompt_lens.astype(np.int32))
         if inp.images is not None and self.model.config.vision.bidirectional:
             # (the backends' masks read them; every rank has the image rows: StepChannel)
-            meta.aux[IMAGE_SPANS] = mm_encoder.spans(inp.images.rows, inp.positions)
+            meta.aux[IMAGE_SPANS] = mm_encoder.spans(inp.images.rows, inp.positions, inp.cu)
         for backend in self._backends:
             backend.prepare(meta)
         if inp.mamba is not None:

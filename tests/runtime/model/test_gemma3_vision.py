@@ -217,3 +217,14 @@ def test_two_ranks_read_the_images_rank_0_encodes(tiny, reference):
              kv_cache_memory=8 << 20) as two:  # fmt: skip
         assert _run(two, [p for p, _ in _cases()]) == reference
         assert two.engine.runner.model.tower is not None
+
+
+def test_image_spans_split_at_a_sequence_start():
+    """Two sequences' image rows that touch in the step (one chunk ends with an image, the next
+    sequence's starts with one) are two spans, each bounded by its own positions."""
+    import numpy as np
+    from pagoda.runtime.worker.mm_encoder import spans
+
+    positions = np.array([0, 1, 2, 10, 11, 12, 20, 21])
+    _, lo, hi = spans(np.arange(3, 8), positions, np.array([0, 6, 8]))
+    assert lo.tolist() == [10, 10, 10, 20, 20] and hi.tolist() == [12, 12, 12, 21, 21]
