@@ -228,3 +228,15 @@ def test_image_spans_split_at_a_sequence_start():
     positions = np.array([0, 1, 2, 10, 11, 12, 20, 21])
     _, lo, hi = spans(np.arange(3, 8), positions, np.array([0, 6, 8]))
     assert lo.tolist() == [10, 10, 10, 20, 20] and hi.tolist() == [12, 12, 12, 21, 21]
+
+
+def test_preprocessing_equals_gemma3_image_processor(tiny):
+    """Resize to 48x48 (bilinear), rescale, normalize 0.5 / 0.5: transformers' pixels."""
+    import numpy as np
+    from pagoda.runtime.multimodal.image_processing import preprocess
+
+    _, _, processor, loaded = tiny
+    for im in (image(7, (64, 30)), image(8, (20, 90))):
+        want = processor.image_processor([im], return_tensors="np")["pixel_values"][0]
+        np.testing.assert_allclose(preprocess(im, loaded.config.vision.processing), want,
+                                   atol=1e-6)  # fmt: skip
