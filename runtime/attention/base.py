@@ -16,6 +16,12 @@ layer's ``rel_bias`` [T, num_heads, E]: query token i's score for a key at backw
 ``d = query_pos - key_pos`` gets ``rel_bias[i, h, d]`` added where ``d < E`` (nothing beyond),
 after the scale, before the mask (the torch backend only: Triton's kernels take no such bias).
 
+A model whose image tokens attend to each other both ways (Gemma 3) puts the step's image rows
+in ``meta.aux[IMAGE_SPANS]`` before ``prepare``: a query row of an image also sees the keys of
+its image's later positions (each image whole in its prefill chunk: the scheduler's rule), in
+every layer, window layers too (transformers' ``token_type_ids`` mask); the torch backend's
+masked path alone takes them (``get_attention_backend(image_spans=True)``).
+
 KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a backend may choose another layout and
 element type through ``allocate_kv_cache``, as the CPU backend does); token ``t`` of a sequence lives in block
@@ -44,6 +50,10 @@ from typing import Any
 
 import torch
 from pagoda.runtime.cpu.host_memory import zeros
+
+# `meta.aux`: host NumPy int64 (rows [R], first [R], last [R]): the step's rows that are an
+# image's tokens, and the first and last prompt position of that image
+IMAGE_SPANS = "image_spans"
 
 
 @dataclass

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
+from pagoda.runtime.attention.base import IMAGE_SPANS, AttentionBackend, AttentionMetadata
 from pagoda.runtime.cpu import attention as cpu_kernel
 from pagoda.runtime.cpu.host_memory import zeros
 
@@ -101,6 +101,11 @@ def plan_buckets(
     return best
 
 
+def _row_spans(meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The step's bidirectional image rows (`IMAGE_SPANS`: rows, first and last position)."""
+    return meta.aux.get(IMAGE_SPANS)
+
+
 @dataclass
 class _Bucket:
     """One padded batch of sequences, attended in row slices of at most `rows_per_call` rows."""
@@ -120,6 +125,9 @@ class _Bucket:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     kernel: cpu_kernel.CpuKernel | None = None  # chosen by allocate_kv_cache
+    # the model's prefills may hold bidirectional image spans (`IMAGE_SPANS`): the masked
+    # path, not the kernel's (set by `get_attention_backend`)
+    image_spans = False
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Plan the step: host index tensors for the kernel, or buckets, indices and masks (the
@@ -161,10 +169,14 @@ class TorchAttentionBackend(AttentionBackend):
             first = np.maximum(p0 - window + 1, 0)
         if chunk is not None:
             first = np.maximum(first, p0 - p0 % chunk)
+        spans = _row_spans(meta)
+        if spans is not None:  # an image's first key, wherever its rows' windows start
+            seq = np.searchsorted(qstart, spans[0], side="right") - 1
+            np.minimum.at(first, seq, spans[1])
         first = first // WINDOW_ALIGN * WINDOW_ALIGN
         nd = meta.num_decodes
         buckets: list[_Bucket] = []
-        plan = (qlens, slens, qstart, first, window, chunk)
+        plan = (qlens, slens, qstart, first, window, chunk, spans)
         if nd:
             order = np.argsort(slens[:nd] - first[:nd], kind="stable")
             padded = -(-(slens - first)[order] // KEY_ALIGN) * KEY_ALIGN
@@ -183,7 +195,7 @@ class TorchAttentionBackend(AttentionBackend):
             start = end
         return out
 
-    def _bucket(self, meta, seqs, qlens, slens, qstart, first, window, chunk) -> _Bucket:
+    def _bucket(self, meta, seqs, qlens, slens, qstart, first, window, chunk, spans) -> _Bucket:
         bs, dev = meta.block_size, meta.block_tables.device
         ql, sl, f = qlens[seqs], slens[seqs], first[seqs]
         align = bs * KEY_ALIGN // math.gcd(bs, KEY_ALIGN)
@@ -207,6 +219,14 @@ class TorchAttentionBackend(AttentionBackend):
             allowed &= k_pos > q_pos[:, :, None] - window
         if chunk is not None:  # the query's own chunk only (Llama 4's chunked attention)
             allowed &= k_pos >= (q_pos - q_pos % chunk)[:, :, None]
+        reach = q_pos
+        if spans is not None:  # an image's rows also see its later rows (bidirectional)
+            lo = np.full(meta.num_tokens, np.iinfo(np.int64).max)
+            hi = np.full(meta.num_tokens, -1)
+            lo[spans[0]], hi[spans[0]] = spans[1], spans[2]
+            lo_q, hi_q = lo[q_rows][:, :, None], hi[q_rows][:, :, None]
+            allowed |= (k_pos >= lo_q) & (k_pos <= hi_q)
+            reach = np.maximum(q_pos, hi[q_rows])
         mask = np.where(allowed, np.float32(0), np.float32(-np.inf))[:, :, None, :]
         rel = None
         if self.alibi_slopes is not None:  # ALiBi's distances (0 where masked: no NaN)
@@ -222,7 +242,7 @@ class TorchAttentionBackend(AttentionBackend):
         rows_t = torch.from_numpy(seqs).to(dev)[:, None]
         blocks = meta.block_tables[rows_t, torch.from_numpy(cols).to(dev)]
         slice_end = np.arange(rows - 1, qp, rows)  # each slice needs keys up to its last row
-        need = (q_pos[:, slice_end] - f[:, None]).max(axis=0) + 1
+        need = (np.maximum.accumulate(reach, axis=1)[:, slice_end] - f[:, None]).max(axis=0) + 1
         key_len = np.minimum(-(-need // KEY_ALIGN) * KEY_ALIGN, kp)
         return _Bucket(
             q_rows=torch.from_numpy(q_rows).to(dev),
@@ -250,6 +270,7 @@ class TorchAttentionBackend(AttentionBackend):
         # latent cache
         usable = usable and self.softcap is None and not self.sinks and self.latent is None
         usable = usable and not self.rel_logits  # (relative logits: the torch path's alone)
+        usable = usable and not self.image_spans  # (bidirectional image spans: the mask's)
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)

@@ -25,6 +25,11 @@ A hybrid model's prefix caching (`core/state_snapshots.py`): a prefill chunk cut
 prompt's end (by the budget or the cap) ends on a multiple of the SSD chunk where one lies in
 it, so the next chunk starts on one; each step plans the state copies (`SnapshotPlan`): a
 hit's snapshot restored into its slot, the boundaries its prefill chunks reach saved.
+
+A model whose image tokens attend to each other both ways (Gemma 3) never has an image split
+across prefill chunks (`multimodal.inputs.whole_images`, vLLM's rule): a chunk that would end
+inside an image ends before it; one starting at (or, after a prefix-cache hit, inside) an image
+takes the rest of it past the long-prefill cap, or waits for a step whose budget holds it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pagoda.runtime.config import SchedulerConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput, SnapshotPlan
 from pagoda.runtime.lora.engine import LoRAGate
+from pagoda.runtime.multimodal.inputs import whole_images
 from pagoda.runtime.request import RUNNING, Request, RequestStatus
 
 PROMPT_LOGPROB_ROWS = 1024  # a step's logits rows for prompt logprobs (chunked prefill)
@@ -231,6 +237,9 @@ class Scheduler:
             if snapshots is not None:
                 left = len(req.token_ids) + req.num_pending - req.num_computed_tokens
                 n = self._aligned(req.num_computed_tokens, n, left)
+            n = whole_images(req.params.multi_modal, req.num_computed_tokens, n, budget)
+            if n <= 0:
+                continue
             if not allocate(req, n):
                 fits, back = self._make_room(req, n, plan, preempted)
                 budget += back
@@ -317,7 +326,8 @@ class Scheduler:
                 if n <= 0:
                     break
             n = self._aligned(num_cached, n, req.num_tokens - num_cached)
-            if not self.kv.allocate_slots(req, n, computed):
+            n = whole_images(req.params.multi_modal, num_cached, n, budget)
+            if n <= 0 or not self.kv.allocate_slots(req, n, computed):
                 break
             if req is self.waiting[0]:
                 self.waiting.popleft()

@@ -53,7 +53,8 @@ def validate(
         compile_grammar(core, params.structured_outputs)
     if params.multi_modal is not None:  # images: a vision model's, each over its placeholders
         limit = core.config.limit_mm_per_prompt["image"]
-        mm_inputs.check(prompt_token_ids, params.multi_modal, mc.vision, limit)
+        mm_inputs.check(prompt_token_ids, params.multi_modal, mc.vision, limit,
+                        core.config.scheduler.max_num_batched_tokens)  # fmt: skip
     return params
 
 

@@ -236,6 +236,11 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.config import read_llava
 
         vision = read_llava(top, model_dir)
+    gemma3_images = "vision_config" in top and model_dir is not None
+    if gemma3_images and top.get("architectures", [None])[0] == "Gemma3ForConditionalGeneration":
+        from pagoda.runtime.multimodal.gemma3 import read_gemma3
+
+        vision = read_gemma3(top, model_dir)  # its SigLIP tower (model/gemma3_mm.py)
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),

@@ -36,7 +36,7 @@ HF_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
-    "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not read
+    "Gemma3ForConditionalGeneration": "gemma3",  # its SigLIP tower too (model/gemma3_mm.py)
     # Gemma 4: per-layer inputs, KV-shared layers, head sizes by layer (model/gemma4.py); the
     # multimodal checkpoints' text model (its vision and audio towers are not read)
     **gemma4.ARCHITECTURES,

@@ -142,6 +142,8 @@ def model_class(config: ModelConfig) -> type[LlamaModel]:
             f"supported: {', '.join(MODEL_CLASSES)}"
         )
     module, name = MODEL_CLASSES[config.architecture]
+    if config.architecture == "gemma3" and config.vision is not None:  # its images read too
+        module, name = "gemma3_mm", "Gemma3VisionModel"
     return getattr(importlib.import_module(f"pagoda.runtime.model.{module}"), name)
 
 

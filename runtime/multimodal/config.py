@@ -19,6 +19,8 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _ACTS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
 _PROCESSORS = ("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil")
+# Gemma 3's: a resize to exactly `size` ({"height", "width"}), no crop (`multimodal/gemma3.py`)
+EXACT_PROCESSORS = ("Gemma3ImageProcessor", "Gemma3ImageProcessorFast", "Gemma3ImageProcessorPil")
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,13 @@ class ImageProcessing:
     do_rescale: bool = True
     do_normalize: bool = True
     do_convert_rgb: bool = True
+    exact_resize: bool = False  # resize to `crop` (height, width) itself (Gemma 3's), no crop
 
     @classmethod
     def from_json(cls, cfg: dict[str, Any]) -> ImageProcessing:
         kind = cfg.get("image_processor_type", "CLIPImageProcessor")
+        if kind in EXACT_PROCESSORS:
+            return cls.exact_from_json(cfg)
         if kind not in _PROCESSORS:
             raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
                              f"supported (supported: {', '.join(_PROCESSORS)})")  # fmt: skip
@@ -64,6 +69,33 @@ class ImageProcessing:
                                                    "do_normalize", "do_convert_rgb")},
         )  # fmt: skip
 
+    @classmethod
+    def exact_from_json(cls, cfg: dict[str, Any]) -> ImageProcessing:
+        """Gemma3ImageProcessor's: resize to `size` (bilinear), rescale, normalize (0.5, 0.5);
+        pan-and-scan is refused (one line)."""
+        if cfg.get("do_pan_and_scan"):
+            raise ValueError("preprocessor_config.json: do_pan_and_scan true is not supported "
+                             "(Gemma 3's pan-and-scan crops): set it false")  # fmt: skip
+        size = cfg.get("size", {"height": 896, "width": 896})
+        if isinstance(size, int):
+            size = {"height": size, "width": size}
+        if set(size) != {"height", "width"}:
+            raise ValueError(f"preprocessor_config.json: size {size} is not supported (a "
+                             "Gemma 3 processor's is {'height': H, 'width': W})")  # fmt: skip
+        half = (0.5, 0.5, 0.5)
+        return cls(
+            shortest_edge=int(size["height"]),
+            crop=(int(size["height"]), int(size["width"])),
+            resample=int(cfg.get("resample", 2)),  # PIL.Image.BILINEAR
+            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
+            mean=_triple(cfg.get("image_mean", half), "image_mean"),
+            std=_triple(cfg.get("image_std", half), "image_std"),
+            do_center_crop=False,
+            exact_resize=True,
+            **{k: bool(cfg.get(k, True)) for k in ("do_resize", "do_rescale", "do_normalize",
+                                                   "do_convert_rgb")},
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class VisionConfig:
@@ -84,6 +116,17 @@ class VisionConfig:
     projector_act: str = "gelu"
     projector_bias: bool = True
     processing: ImageProcessing = ImageProcessing()
+    # Gemma 3's (`multimodal/gemma3.py`): the tower's patch grid average-pooled to this many
+    # rows (0: LLaVA's, every patch a row); the prompt's image marker (None: the image token
+    # itself) replaced by `prefix`, the run of image tokens, `suffix`; `newlines`: the ids of
+    # "\n" * k (k = 1, 2, ...), merged where the marker's text meets the prompt's newlines;
+    # the image's tokens attend to each other both ways (`bidirectional`)
+    pooled_tokens: int = 0
+    marker: int | None = None
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+    newlines: tuple[int, ...] = ()
+    bidirectional: bool = False
 
     def __post_init__(self) -> None:
         if self.image_size % self.patch_size:
@@ -106,12 +149,18 @@ class VisionConfig:
     @property
     def tokens_per_image(self) -> int:
         """The placeholder tokens one image takes in the prompt (its features' rows)."""
+        if self.pooled_tokens:
+            return self.pooled_tokens
         return self.num_patches + (self.select_strategy == "full")
 
     def num_params(self, text_hidden: int) -> int:
         """The parameters the engine holds of the tower (the layers run, not its post-norm)
         and the projector into a text model `text_hidden` wide."""
         d, i = self.hidden_size, self.intermediate_size
+        if self.pooled_tokens:  # SigLIP (every layer, its post-norm, no class token) + projector
+            layer = 4 * d * d + 4 * d + 2 * d * i + i + d + 4 * d
+            embeddings = d * 3 * self.patch_size**2 + d + self.num_patches * d + 2 * d
+            return self.num_layers * layer + embeddings + d + d * text_hidden
         layer = 4 * d * d + 4 * d + 2 * d * i + i + d + 4 * d  # attention, MLP, two LayerNorms
         embeddings = d * 3 * self.patch_size**2 + (self.num_patches + 1) * d + d + 2 * d
         bias = 2 * text_hidden if self.projector_bias else 0
@@ -145,6 +194,16 @@ def parse_limits(value: Any) -> dict[str, int]:
     return {"image": n}
 
 
+def tower_shape(v: dict[str, Any]) -> dict[str, int]:
+    """A `vision_config`'s encoder shape (CLIP's and SigLIP's keys and defaults)."""
+    return {
+        "hidden_size": int(v.get("hidden_size", 768)),
+        "intermediate_size": int(v.get("intermediate_size", 3072)),
+        "num_layers": int(v.get("num_hidden_layers", 12)),
+        "num_heads": int(v.get("num_attention_heads", 12)),
+    }
+
+
 def _triple(value: Any, name: str) -> tuple[float, float, float]:
     values = [value] * 3 if isinstance(value, (int, float)) else list(value)
     if len(values) != 3:
@@ -152,7 +211,8 @@ def _triple(value: Any, name: str) -> tuple[float, float, float]:
     return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
-def read_processing(model_dir: Path, image_size: int) -> ImageProcessing:
+def read_processing(model_dir: Path, image_size: int,
+                    default: ImageProcessing | None = None) -> ImageProcessing:  # fmt: skip
     """The image processor saved beside the checkpoint: preprocessor_config.json (transformers
     4's), else processor_config.json's `image_processor` (transformers 5's), else CLIP's
     defaults at the tower's size (what every LLaVA 1.5 checkpoint's processor says)."""
@@ -170,6 +230,8 @@ def read_processing(model_dir: Path, image_size: int) -> ImageProcessing:
         cfg = cfg.get(key) if key is not None and isinstance(cfg, dict) else cfg
         if isinstance(cfg, dict):
             return ImageProcessing.from_json(cfg)
+    if default is not None:
+        return default
     return ImageProcessing(shortest_edge=image_size, crop=(image_size, image_size))
 
 
@@ -193,10 +255,7 @@ def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     if model_dir is not None:
         processing = read_processing(model_dir, size)
     return VisionConfig(
-        hidden_size=int(v.get("hidden_size", 768)),
-        intermediate_size=int(v.get("intermediate_size", 3072)),
-        num_layers=int(v.get("num_hidden_layers", 12)),
-        num_heads=int(v.get("num_attention_heads", 12)),
+        **tower_shape(v),
         image_size=size,
         patch_size=int(v.get("patch_size", 32)),
         image_token_index=int(top.get("image_token_index", top.get("image_token_id", 32000))),

@@ -56,13 +56,14 @@ def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
     if p.do_convert_rgb:
         image = as_rgb(image)
     if p.do_resize:
-        h, w = resized_shape(image.height, image.width, p.shortest_edge)
+        h, w = p.crop if p.exact_resize else resized_shape(image.height, image.width,
+                                                             p.shortest_edge)  # fmt: skip
         image = image.resize((w, h), resample=p.resample)
     pixels = np.asarray(image)
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     pixels = np.moveaxis(pixels, -1, 0)  # [C, H, W]
-    if p.do_center_crop:
+    if p.do_center_crop and not p.exact_resize:
         pixels = center_crop(pixels, *p.crop)
     if p.do_rescale:
         pixels = (pixels.astype(np.float64) * p.rescale_factor).astype(np.float32)

@@ -34,6 +34,24 @@ class MultiModalInputs:
     """The images of one prompt, in prompt order (`SamplingParams.multi_modal`)."""
 
     images: tuple[ImageInput, ...]
+    # each image's tokens attend to each other both ways (Gemma 3's): a prefill chunk never
+    # ends inside an image (`whole_images`)
+    bidirectional: bool = False
+
+
+def whole_images(mm: MultiModalInputs | None, start: int, n: int, budget: int) -> int:
+    """The tokens of a prefill chunk of `n` from prompt position `start` that split no
+    bidirectional image: a chunk that would end inside an image ends before it, or, starting
+    at or inside it, takes the rest of it where `budget` holds that (else 0: not this step)."""
+    if mm is None or not mm.bidirectional:
+        return n
+    end = start + n
+    for im in mm.images:
+        if im.offset < end < im.end:
+            if im.offset > start:
+                return im.offset - start
+            return im.end - start if im.end - start <= budget else 0
+    return n
 
 
 def pixels_hash(pixels: np.ndarray) -> bytes:
@@ -52,20 +70,53 @@ def image_list(data: object) -> list:
 def expand(
     token_ids: Sequence[int], num_images: int, vision: VisionConfig
 ) -> tuple[list[int], list[int]]:
-    """The prompt with each image token repeated as many times as an image has rows, and each
-    run's first position; ValueError where the prompt holds another number of image tokens."""
+    """The prompt with each image's marker (LLaVA's: the image token) replaced by its run of
+    image tokens (with Gemma 3's text around it: `marked`), and each run's first position;
+    ValueError where the prompt holds another number of markers."""
     token, n = vision.image_token_index, vision.tokens_per_image
+    marker = token if vision.marker is None else vision.marker
     ids = np.asarray(token_ids, dtype=np.int64)
-    at = np.flatnonzero(ids == token)
+    at = np.flatnonzero(ids == marker)
     if len(at) != num_images:
         raise ValueError(
-            f"the prompt has {len(at)} image token(s) (id {token}) for "
+            f"the prompt has {len(at)} image token(s) (id {marker}) for "
             f"{num_images} image(s): put one image token where each image goes"
         )
+    if vision.marker is not None:
+        return marked(ids.tolist(), at.tolist(), vision)
     repeats = np.ones(len(ids), dtype=np.int64)
     repeats[at] = n
     offsets = at + np.arange(len(at)) * (n - 1)
     return np.repeat(ids, repeats).tolist(), offsets.tolist()
+
+
+def marked(ids: list[int], at: list[int], vision: VisionConfig) -> tuple[list[int], list[int]]:
+    """Gemma 3's: each marker at `at` → prefix + image tokens + suffix, a newline token at
+    either end merged with the prompt's newline token beside it into the one token of the
+    longer run where the tokenizer has it (what tokenizing the processor's text gives)."""
+    nl = {t: k + 1 for k, t in enumerate(vision.newlines)}
+    run = [vision.image_token_index] * vision.tokens_per_image
+    out: list[int] = []
+    offsets, prev = [], 0
+    for a in at:
+        out += ids[prev:a]
+        head = list(vision.prefix)
+        if out and head and out[-1] in nl and head[0] in nl:
+            k = nl[out[-1]] + nl[head[0]]
+            if k <= len(vision.newlines):
+                out.pop()
+                head[0] = vision.newlines[k - 1]
+        out += head
+        offsets.append(len(out))
+        out += run + list(vision.suffix)
+        prev = a + 1
+        if vision.suffix and out[-1] in nl and prev < len(ids) and ids[prev] in nl:
+            k = nl[out[-1]] + nl[ids[prev]]
+            if k <= len(vision.newlines):
+                out[-1] = vision.newlines[k - 1]
+                prev += 1
+    out += ids[prev:]
+    return out, offsets
 
 
 def build(
@@ -75,7 +126,7 @@ def build(
     ids, offsets = expand(token_ids, len(pixels), vision)
     n = vision.tokens_per_image
     images = tuple(ImageInput(p, o, n, pixels_hash(p)) for p, o in zip(pixels, offsets))
-    return ids, MultiModalInputs(images)
+    return ids, MultiModalInputs(images, vision.bidirectional)
 
 
 def from_images(
@@ -100,7 +151,7 @@ def from_data(
 
 
 def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: VisionConfig | None,
-          limit: int) -> None:  # fmt: skip
+          limit: int, step_tokens: int | None = None) -> None:  # fmt: skip
     """ValueError unless `mm` fits the model and the prompt: a model that reads images, at most
     `limit` of them, each of the tower's shape over a run of image tokens in the prompt."""
     if vision is None:
@@ -110,6 +161,12 @@ def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: VisionConfig |
     if len(mm.images) > limit:
         raise ValueError(f"at most {limit} image(s) per prompt (--limit-mm-per-prompt), got "
                          f"{len(mm.images)}")  # fmt: skip
+    if mm.bidirectional != vision.bidirectional:
+        raise ValueError("multi_modal was built for another model's images (bidirectional "
+                         f"{mm.bidirectional}, this model's {vision.bidirectional})")  # fmt: skip
+    if vision.bidirectional and step_tokens is not None and vision.tokens_per_image > step_tokens:
+        raise ValueError(f"an image's {vision.tokens_per_image} tokens are one prefill chunk, "
+                         f"more than max_num_batched_tokens {step_tokens}")  # fmt: skip
     ids = np.asarray(token_ids, dtype=np.int64)
     shape = (3, vision.image_size, vision.image_size)
     for i, im in enumerate(mm.images):

@@ -55,6 +55,21 @@ def prepare(reqs: list[Request], starts: np.ndarray, qlens: np.ndarray,
     return ImagePlan(encode, np.concatenate(rows), parts)
 
 
+def spans(rows: np.ndarray, positions: np.ndarray,
+          cu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """`attention.base.IMAGE_SPANS` of a step whose image rows are `rows` (any rank reads them
+    from the step): each run of consecutive rows is one image's (Gemma 3's images are apart:
+    text tokens frame each), whole in its chunk (the scheduler's rule), so its first and last
+    rows' positions bound it; a sequence's first row (`cu`: the step's query starts) starts a
+    run. (After a prefix-cache hit inside an image the run starts there:
+    the image's earlier keys precede every query of the run and are seen causally.)"""
+    start = np.flatnonzero((np.diff(rows, prepend=-2) != 1) | np.isin(rows, cu))
+    end = np.append(start[1:], len(rows))
+    n = end - start
+    lo, hi = positions[rows[start]], positions[rows[end - 1]]
+    return rows, np.repeat(lo, n), np.repeat(hi, n)
+
+
 def device_step(model, plan: ImagePlan, to_device) -> tuple[torch.Tensor, torch.Tensor]:
     """Encode the plan's new images (one batch), then (rows, features) for the model; an image
     whose last placeholder this step reaches is dropped from its request's features."""

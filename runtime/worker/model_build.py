@@ -36,6 +36,7 @@ def attention_backend(
         heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
     # ALiBi's slopes of this rank's heads (BLOOM, MPT; None for other models)
     slopes = alibi.slopes(mc, None if tp is None else tp.layout.heads(mc.num_heads))
+    images = config.limit_mm_per_prompt["image"]
     return get_attention_backend(
         config.attention_backend,
         runner.device,
@@ -51,6 +52,9 @@ def attention_backend(
         latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
         alibi_slopes=None if slopes is None else slopes.to(runner.device),
         rel_logits=mc.family.relative_logits,
+        # (Gemma 3's images: the torch backend's mask; `--limit-mm-per-prompt '{"image": 0}'`
+        # serves text only, on Triton where auto picks it)
+        image_spans=mc.vision is not None and mc.vision.bidirectional and images > 0,
     )
 
 

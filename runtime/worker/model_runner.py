@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from pagoda.runtime.attention import AttentionMetadata
+from pagoda.runtime.attention.base import IMAGE_SPANS
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
@@ -404,6 +405,9 @@ class ModelRunner:
         )  # fmt: skip
         if inp.prompt_lens is not None:
             meta.prompt_lens = self.to_device(inp.prompt_lens.astype(np.int32))
+        if inp.images is not None and self.model.config.vision.bidirectional:
+            # (the backends' masks read them; every rank has the image rows: StepChannel)
+            meta.aux[IMAGE_SPANS] = mm_encoder.spans(inp.images.rows, inp.positions, inp.cu)
         for backend in self._backends:
             backend.prepare(meta)
         if inp.mamba is not None:

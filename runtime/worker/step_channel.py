@@ -32,6 +32,7 @@ import torch
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.worker.mamba_state import HostSlots
+from pagoda.runtime.worker.mm_encoder import ImagePlan
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
@@ -128,6 +129,7 @@ class StepChannel:
             extra_rows=extra if e else None, prompt_lens=prompt_lens,
             seq_state=seq_rows if seq else None, lora=lora_slots if lora else None,
             lora_loads=loads, sample_rows=drafted if nd_rows else None, image_embeds=images,
+            images=ImagePlan([], image_rows, []) if nimage else None,  # (rows: the masks')
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)
