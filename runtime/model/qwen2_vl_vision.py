@@ -32,14 +32,18 @@ def grid_positions(grids: np.ndarray, merge: int) -> np.ndarray:
     return np.concatenate(out).astype(np.int64)
 
 
-def window_order(grid: tuple[int, int, int], merge: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+def window_order(
+    grid: tuple[int, int, int], merge: int, window: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Qwen2.5-VL's window attention over one image: the merged units in window order, and each
     unit's window id (`window`: the merged units per window side)."""
     t, h, w = grid[0], grid[1] // merge, grid[2] // merge
     idx = np.arange(t * h * w).reshape(t, h, w)
     wy, wx = np.arange(h) // window, np.arange(w) // window
     nwx = -(-w // window)
-    win = (np.arange(t)[:, None, None] * (-(-h // window)) + wy[None, :, None]) * nwx + wx[None, None, :]
+    win = (np.arange(t)[:, None, None] * (-(-h // window)) + wy[None, :, None]) * nwx + wx[
+        None, None, :
+    ]
     order = np.lexsort((idx.ravel(), win.ravel()))  # stable: row order inside a window
     return idx.ravel()[order], win.ravel()[order]
 
@@ -54,10 +58,18 @@ class QwenVisionTower:
         for i in range(c.depth):
             p = f"blocks.{i}."
             names = ("norm1", "norm2", "attn.qkv", "attn.proj")
-            mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj") if c.kind == "qwen2_5_vl" else ("mlp.fc1", "mlp.fc2")
-            self.blocks.append({n: (t[p + n + ".weight"], t.get(p + n + ".bias")) for n in names + mlp})
+            mlp = (
+                ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+                if c.kind == "qwen2_5_vl"
+                else ("mlp.fc1", "mlp.fc2")
+            )
+            self.blocks.append(
+                {n: (t[p + n + ".weight"], t.get(p + n + ".bias")) for n in names + mlp}
+            )
         m = "merger."
-        self.merger = {n: (t[m + n + ".weight"], t.get(m + n + ".bias")) for n in ("ln_q", "mlp.0", "mlp.2")}
+        self.merger = {
+            n: (t[m + n + ".weight"], t.get(m + n + ".bias")) for n in ("ln_q", "mlp.0", "mlp.2")
+        }
         hd = c.head_dim // 2
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
 

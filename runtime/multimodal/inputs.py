@@ -23,6 +23,7 @@ class ImageInput:
     offset: int  # the prompt position of its first placeholder token
     length: int  # its placeholder tokens (the rows of its features)
     content_hash: bytes  # 16 bytes of the pixels (the prefix cache keys blocks by it)
+    grid: tuple[int, int, int] | None = None  # Qwen2-VL's patch grid (t, h, w); pixels: patches
 
     @property
     def end(self) -> int:
@@ -34,6 +35,10 @@ class MultiModalInputs:
     """The images of one prompt, in prompt order (`SamplingParams.multi_modal`)."""
 
     images: tuple[ImageInput, ...]
+    # Qwen2-VL's M-RoPE: the prompt's int64 [3, L] positions and its decode delta
+    # (`qwen2_vl_inputs.build`); None and 0 elsewhere
+    mrope: np.ndarray | None = None
+    mrope_delta: int = 0
 
 
 def pixels_hash(pixels: np.ndarray) -> bytes:
@@ -54,6 +59,9 @@ def expand(
 ) -> tuple[list[int], list[int]]:
     """The prompt with each image token repeated as many times as an image has rows, and each
     run's first position; ValueError where the prompt holds another number of image tokens."""
+    if _qwen(vision) is not None:
+        raise ValueError("Qwen2-VL's placeholder runs depend on each image's size: "
+                         "they are counted where the images are read")  # fmt: skip
     token, n = vision.image_token_index, vision.tokens_per_image
     ids = np.asarray(token_ids, dtype=np.int64)
     at = np.flatnonzero(ids == token)
@@ -68,10 +76,27 @@ def expand(
     return np.repeat(ids, repeats).tolist(), offsets.tolist()
 
 
+def _qwen(vision: object):
+    """Qwen2-VL's inputs module where `vision` is its config (else None)."""
+    if getattr(vision, "kind", None) in ("qwen2_vl", "qwen2_5_vl"):
+        from pagoda.runtime.multimodal import qwen2_vl_inputs
+
+        return qwen2_vl_inputs
+    return None
+
+
+def prepare_image(image: object, vision: VisionConfig) -> object:
+    """One image as the checkpoint's processor prepares it (what `build` takes)."""
+    q = _qwen(vision)
+    return preprocess(image, vision.processing) if q is None else q.prepare_image(image, vision)
+
+
 def build(
     token_ids: Sequence[int], pixels: Sequence[np.ndarray], vision: VisionConfig
 ) -> tuple[list[int], MultiModalInputs]:
     """The prompt `expand`ed, and the images placed at their runs."""
+    if (q := _qwen(vision)) is not None:
+        return q.build(token_ids, pixels, vision)
     ids, offsets = expand(token_ids, len(pixels), vision)
     n = vision.tokens_per_image
     images = tuple(ImageInput(p, o, n, pixels_hash(p)) for p, o in zip(pixels, offsets))
@@ -82,7 +107,7 @@ def from_images(
     token_ids: Sequence[int], images: Sequence[object], vision: VisionConfig
 ) -> tuple[list[int], MultiModalInputs]:
     """`build` over PIL images, each preprocessed as the checkpoint's processor does."""
-    return build(token_ids, [preprocess(im, vision.processing) for im in images], vision)
+    return build(token_ids, [prepare_image(im, vision) for im in images], vision)
 
 
 def from_data(
@@ -110,6 +135,8 @@ def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: VisionConfig |
     if len(mm.images) > limit:
         raise ValueError(f"at most {limit} image(s) per prompt (--limit-mm-per-prompt), got "
                          f"{len(mm.images)}")  # fmt: skip
+    if (q := _qwen(vision)) is not None:
+        return q.check(token_ids, mm, vision)
     ids = np.asarray(token_ids, dtype=np.int64)
     shape = (3, vision.image_size, vision.image_size)
     for i, im in enumerate(mm.images):

@@ -18,8 +18,7 @@ from typing import Any
 
 from pagoda.runtime.multimodal.qwen2_vl_processing import QwenImageProcessing
 
-ARCHS = {"Qwen2VLForConditionalGeneration": "qwen2_vl",
-         "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}  # fmt: skip
+KINDS = ("qwen2_vl", "qwen2_5_vl")
 
 
 @dataclass(frozen=True)
@@ -38,6 +37,7 @@ class QwenVisionConfig:
     hidden_act: str = "quick_gelu"
     window_size: int = 0  # Qwen2.5-VL's window attention (pixels); 0: full everywhere
     fullatt_blocks: tuple[int, ...] = ()
+    mrope_section: tuple[int, ...] = (16, 24, 24)  # the text rotary's (t, h, w) frequencies
     processing: QwenImageProcessing = QwenImageProcessing()
 
     def __post_init__(self) -> None:
@@ -67,13 +67,24 @@ class QwenVisionConfig:
         d, i, m = self.width, self.intermediate_size, self.width * self.merge_size**2
         mlp = 3 * d * i + 2 * i + d if self.kind == "qwen2_5_vl" else 2 * d * i + i + d
         block = 4 * d * d + 4 * d + mlp + 4 * d
-        return self.depth * block + self.patch_dim * d + 2 * d + m * m + m + m * self.out_size + self.out_size
+        return (
+            self.depth * block
+            + self.patch_dim * d
+            + 2 * d
+            + m * m
+            + m
+            + m * self.out_size
+            + self.out_size
+        )
 
 
 def read_processing(model_dir: Path | None) -> QwenImageProcessing:
     """preprocessor_config.json (transformers 4's) or processor_config.json's image_processor
     (transformers 5's); Qwen2VLImageProcessor's defaults where neither is saved."""
-    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+    for name, key in (
+        ("preprocessor_config.json", None),
+        ("processor_config.json", "image_processor"),
+    ):
         path = None if model_dir is None else model_dir / name
         if path is None or not path.is_file():
             continue
@@ -88,8 +99,9 @@ def read_processing(model_dir: Path | None) -> QwenImageProcessing:
 
 
 def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> QwenVisionConfig:
-    """A Qwen2-VL / Qwen2.5-VL config.json's image side; ValueError, one line, on a bad one."""
-    kind = ARCHS[arch]
+    """A Qwen2-VL / Qwen2.5-VL (`arch`: qwen2_vl, qwen2_5_vl) config.json's image side;
+    ValueError, one line, on a bad one."""
+    kind = arch
     v = top.get("vision_config") or {}
     token = top.get("image_token_id", top.get("image_token_index", 151655))
     common = dict(
@@ -102,6 +114,7 @@ def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> Qwe
         image_token_index=int(token),
         rope_theta=float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         processing=read_processing(model_dir),
+        mrope_section=_mrope_section(top),
     )
     act = v.get("hidden_act", "quick_gelu" if kind == "qwen2_vl" else "silu")
     if act not in ("quick_gelu", "silu", "gelu"):
@@ -120,3 +133,15 @@ def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> Qwe
         fullatt_blocks=tuple(int(i) for i in v.get("fullatt_block_indexes", (7, 15, 23, 31))),
         **common,
     )
+
+
+def _mrope_section(top: dict[str, Any]) -> tuple[int, ...]:
+    text = top.get("text_config") or top
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = text.get(key) or top.get(key) or {}
+        if isinstance(rope, dict) and "mrope_section" in rope:
+            section = tuple(int(s) for s in rope["mrope_section"])
+            if len(section) != 3:
+                raise ValueError(f"{key}.mrope_section must have 3 values, got {section}")
+            return section
+    return (16, 24, 24)

@@ -115,7 +115,9 @@ def patchify(pixels: np.ndarray, p: QwenImageProcessing) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(gh * gw, c * t * ps * ps), dtype=np.float32)
 
 
-def preprocess(image: Image.Image, p: QwenImageProcessing) -> tuple[np.ndarray, tuple[int, int, int]]:
+def preprocess(
+    image: Image.Image, p: QwenImageProcessing
+) -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image → (patches float32 [h * w, 3 * T * P * P], grid (1, h, w)), as
     `Qwen2VLImageProcessor` computes them."""
     if not isinstance(image, Image.Image):
