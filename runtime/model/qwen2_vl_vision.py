@@ -14,6 +14,8 @@ in one batch → each image's merged features, the rows its `<|image_pad|>` toke
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -113,7 +115,7 @@ class QwenVisionTower:
         pos = torch.from_numpy(grid_positions(grids, c.merge_size)).to(dev)
         sizes = (grids[:, 0] * grids[:, 1] * grids[:, 2]).tolist()
         cu = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        spans = list(zip(cu[:-1], cu[1:]))
+        spans = list(itertools.pairwise(cu))
         full = [None] * len(spans)
         windowed, order = full, None
         if c.kind == "qwen2_5_vl":

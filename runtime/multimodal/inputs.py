@@ -8,45 +8,15 @@ reads (each image token repeated as many times as the image has feature rows, as
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
+from pagoda.runtime.multimodal import qwen2_vl_inputs
 from pagoda.runtime.multimodal.config import VisionConfig
+from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
 from pagoda.runtime.multimodal.image_processing import preprocess
 
-
-@dataclass(frozen=True, eq=False)
-class ImageInput:
-    pixel_values: np.ndarray  # float32 [3, H, W], preprocessed
-    offset: int  # the prompt position of its first placeholder token
-    length: int  # its placeholder tokens (the rows of its features)
-    content_hash: bytes  # 16 bytes of the pixels (the prefix cache keys blocks by it)
-    grid: tuple[int, int, int] | None = None  # Qwen2-VL's patch grid (t, h, w); pixels: patches
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-
-@dataclass(frozen=True, eq=False)
-class MultiModalInputs:
-    """The images of one prompt, in prompt order (`SamplingParams.multi_modal`)."""
-
-    images: tuple[ImageInput, ...]
-    # Qwen2-VL's M-RoPE: the prompt's int64 [3, L] positions and its decode delta
-    # (`qwen2_vl_inputs.build`); None and 0 elsewhere
-    mrope: np.ndarray | None = None
-    mrope_delta: int = 0
-
-
-def pixels_hash(pixels: np.ndarray) -> bytes:
-    """128-bit hash of preprocessed pixels (their shape and bytes)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr(pixels.shape).encode())
-    h.update(np.ascontiguousarray(pixels).tobytes())
-    return h.digest()
+__all__ = ["ImageInput", "MultiModalInputs", "pixels_hash"]
 
 
 def image_list(data: object) -> list:
@@ -78,11 +48,7 @@ def expand(
 
 def _qwen(vision: object):
     """Qwen2-VL's inputs module where `vision` is its config (else None)."""
-    if getattr(vision, "kind", None) in ("qwen2_vl", "qwen2_5_vl"):
-        from pagoda.runtime.multimodal import qwen2_vl_inputs
-
-        return qwen2_vl_inputs
-    return None
+    return qwen2_vl_inputs if getattr(vision, "kind", None) in ("qwen2_vl", "qwen2_5_vl") else None
 
 
 def prepare_image(image: object, vision: VisionConfig) -> object:

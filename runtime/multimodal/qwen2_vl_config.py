@@ -38,7 +38,7 @@ class QwenVisionConfig:
     window_size: int = 0  # Qwen2.5-VL's window attention (pixels); 0: full everywhere
     fullatt_blocks: tuple[int, ...] = ()
     mrope_section: tuple[int, ...] = (16, 24, 24)  # the text rotary's (t, h, w) frequencies
-    processing: QwenImageProcessing = QwenImageProcessing()
+    processing: QwenImageProcessing = QwenImageProcessing()  # noqa: RUF009 (frozen)
 
     def __post_init__(self) -> None:
         if self.width % self.num_heads or (self.width // self.num_heads) % 4:
