@@ -52,6 +52,7 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/engine/test_warmup.py",  # which kernel variants a run launches
     "tests/runtime/model/test_gguf.py",
     "tests/server/test_vision_chat.py",  # a LLaVA server's answers; nothing timed
+    "tests/server/test_qwen2_vl_chat.py",  # a Qwen2-VL server's answers; nothing timed
     "tests/runtime/model/test_llava.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_glm_cohere.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_hybrid_ssm.py",  # two ranks over gloo; nothing timed

@@ -12,6 +12,15 @@ from hf_oracle import TINY, randomize
 IMAGE_ID = 290
 START, END = 291, 292  # <|vision_start|>, <|vision_end|>
 PROCESSOR = {"min_pixels": 256, "max_pixels": 16384, "patch_size": 8}
+# Qwen2-VL's template's shape in the vocabulary's words: an image part renders
+# <|vision_start|><|image_pad|><|vision_end|>
+TEMPLATE = (
+    "{% for message in messages %}{{ 'w3 ' }}{% if message['content'] is string %}"
+    "{{ message['content'] + ' ' }}{% else %}{% for c in message['content'] %}"
+    "{% if c['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|> ' }}"
+    "{% else %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'w5' }}{% endif %}"
+)
 
 
 def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
@@ -43,13 +52,17 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
     randomize(model.model.visual, scale=1.0, seed=2)
     model.save_pretrained(path)
     Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(path)
-    vocab = {f"w{i}": i for i in range(TINY["vocab_size"])}
+    vocab = {f"w{i}": i for i in range(TINY["vocab_size"]) if i not in (IMAGE_ID, START, END)}
     vocab |= {"<|image_pad|>": IMAGE_ID, "<|vision_start|>": START, "<|vision_end|>": END}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"])
     transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="w1", eos_token="w2", unk_token="w0"
+        tokenizer_object=tok,
+        bos_token="w1",
+        eos_token="w2",
+        unk_token="w0",
+        chat_template=TEMPLATE,
     ).save_pretrained(path)
     return model
 
