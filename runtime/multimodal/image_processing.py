@@ -46,6 +46,21 @@ def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return center_crop(out, height, width)
 
 
+def rescale_normalize(pixels: np.ndarray, p) -> np.ndarray:
+    """uint8 [C, H, W] → float32: x * rescale_factor in float64 cast to float32, then
+    (x - mean) / std in float32, as `p`'s do_rescale / do_normalize say (CLIP's and Qwen2-VL's
+    processors alike)."""
+    if p.do_rescale:
+        pixels = (pixels.astype(np.float64) * p.rescale_factor).astype(np.float32)
+    else:
+        pixels = pixels.astype(np.float32)
+    if p.do_normalize:
+        mean = np.asarray(p.mean, dtype=np.float32)[:, None, None]
+        std = np.asarray(p.std, dtype=np.float32)[:, None, None]
+        pixels = (pixels - mean) / std
+    return pixels
+
+
 def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
     """One image → float32 [3, H, W] (C-contiguous), as `CLIPImageProcessor` computes it."""
     if not isinstance(image, Image.Image):
@@ -64,14 +79,7 @@ def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
     pixels = np.moveaxis(pixels, -1, 0)  # [C, H, W]
     if p.do_center_crop:
         pixels = center_crop(pixels, *p.crop)
-    if p.do_rescale:
-        pixels = (pixels.astype(np.float64) * p.rescale_factor).astype(np.float32)
-    else:
-        pixels = pixels.astype(np.float32)
-    if p.do_normalize:
-        mean = np.asarray(p.mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(p.std, dtype=np.float32)[:, None, None]
-        pixels = (pixels - mean) / std
+    pixels = rescale_normalize(pixels, p)
     if pixels.shape[0] != 3:
         raise ValueError(
             f"an image must have 3 channels after preprocessing, got {pixels.shape[0]}"

@@ -11,11 +11,11 @@ on the heads, `spatial_merge_size`^2 patches merged into one text token.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagoda.runtime.multimodal.config import processor_json
 from pagoda.runtime.multimodal.qwen2_vl_processing import QwenImageProcessing
 
 KINDS = ("qwen2_vl", "qwen2_5_vl")
@@ -79,23 +79,10 @@ class QwenVisionConfig:
 
 
 def read_processing(model_dir: Path | None) -> QwenImageProcessing:
-    """preprocessor_config.json (transformers 4's) or processor_config.json's image_processor
-    (transformers 5's); Qwen2VLImageProcessor's defaults where neither is saved."""
-    for name, key in (
-        ("preprocessor_config.json", None),
-        ("processor_config.json", "image_processor"),
-    ):
-        path = None if model_dir is None else model_dir / name
-        if path is None or not path.is_file():
-            continue
-        try:
-            cfg = json.loads(path.read_text())
-        except ValueError as e:
-            raise ValueError(f"{name} is not valid JSON ({e})") from None
-        cfg = cfg.get(key) if key is not None and isinstance(cfg, dict) else cfg
-        if isinstance(cfg, dict):
-            return QwenImageProcessing.from_json(cfg)
-    return QwenImageProcessing()
+    """The processor saved beside the checkpoint (`config.processor_json`);
+    Qwen2VLImageProcessor's defaults where none is saved."""
+    cfg = None if model_dir is None else processor_json(model_dir)
+    return QwenImageProcessing() if cfg is None else QwenImageProcessing.from_json(cfg)
 
 
 def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> QwenVisionConfig:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.config import CLIP_MEAN, CLIP_STD, _triple
-from pagoda.runtime.multimodal.image_processing import MAX_IMAGE_PIXELS, as_rgb
+from pagoda.runtime.multimodal.image_processing import MAX_IMAGE_PIXELS, as_rgb, rescale_normalize
 from PIL import Image
 
 _PROCESSORS = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
@@ -139,14 +139,7 @@ def preprocess(
     if pixels.shape[1] % p.factor or pixels.shape[2] % p.factor:
         raise ValueError(f"an image of {pixels.shape[2]}x{pixels.shape[1]} pixels is not a "
                          f"multiple of {p.factor} (do_resize is off)")  # fmt: skip
-    if p.do_rescale:
-        pixels = (pixels.astype(np.float64) * p.rescale_factor).astype(np.float32)
-    else:
-        pixels = pixels.astype(np.float32)
-    if p.do_normalize:
-        mean = np.asarray(p.mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(p.std, dtype=np.float32)[:, None, None]
-        pixels = (pixels - mean) / std
+    pixels = rescale_normalize(pixels, p)
     grid = (1, pixels.shape[1] // p.patch_size, pixels.shape[2] // p.patch_size)
     return patchify(pixels, p), grid
 
