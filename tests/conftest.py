@@ -53,6 +53,7 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/test_gguf.py",
     "tests/server/test_vision_chat.py",  # a LLaVA server's answers; nothing timed
     "tests/server/test_qwen2_vl_chat.py",  # a Qwen2-VL server's answers; nothing timed
+    "tests/runtime/model/test_qwen2_vl.py",  # Qwen2-VL's oracle runs; nothing timed
     "tests/runtime/model/test_llava.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_glm_cohere.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_hybrid_ssm.py",  # two ranks over gloo; nothing timed

@@ -17,6 +17,7 @@ from pagoda.runtime.multimodal.qwen2_vl_processing import (
 from qwen2_vl_testlib import END, IMAGE_ID, PROCESSOR, START, hf_generate, make_tiny_qwen2_vl
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # two checkpoints written and run by transformers; nothing timed
 NEW = 6
 GREEDY = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
 
