@@ -46,6 +46,17 @@ def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return center_crop(out, height, width)
 
 
+def checked(image: object, convert_rgb: bool) -> Image.Image:
+    """`image` if it is a PIL image within MAX_IMAGE_PIXELS (in RGB where `convert_rgb`);
+    ValueError, one line, otherwise."""
+    if not isinstance(image, Image.Image):
+        raise ValueError(f"an image must be a PIL.Image.Image, got {type(image).__name__}")
+    if image.width * image.height > MAX_IMAGE_PIXELS:
+        raise ValueError(f"image of {image.width}x{image.height} pixels is larger than "
+                         f"{MAX_IMAGE_PIXELS} pixels")  # fmt: skip
+    return as_rgb(image) if convert_rgb else image
+
+
 def rescale_normalize(pixels: np.ndarray, p) -> np.ndarray:
     """uint8 [C, H, W] → float32: x * rescale_factor in float64 cast to float32, then
     (x - mean) / std in float32, as `p`'s do_rescale / do_normalize say (CLIP's and Qwen2-VL's
@@ -63,13 +74,7 @@ def rescale_normalize(pixels: np.ndarray, p) -> np.ndarray:
 
 def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
     """One image → float32 [3, H, W] (C-contiguous), as `CLIPImageProcessor` computes it."""
-    if not isinstance(image, Image.Image):
-        raise ValueError(f"an image must be a PIL.Image.Image, got {type(image).__name__}")
-    if image.width * image.height > MAX_IMAGE_PIXELS:
-        raise ValueError(f"image of {image.width}x{image.height} pixels is larger than "
-                         f"{MAX_IMAGE_PIXELS} pixels")  # fmt: skip
-    if p.do_convert_rgb:
-        image = as_rgb(image)
+    image = checked(image, p.do_convert_rgb)
     if p.do_resize:
         h, w = resized_shape(image.height, image.width, p.shortest_edge)
         image = image.resize((w, h), resample=p.resample)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.config import CLIP_MEAN, CLIP_STD, _triple
-from pagoda.runtime.multimodal.image_processing import MAX_IMAGE_PIXELS, as_rgb, rescale_normalize
+from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
 from PIL import Image
 
 _PROCESSORS = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
@@ -120,13 +120,7 @@ def preprocess(
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image → (patches float32 [h * w, 3 * T * P * P], grid (1, h, w)), as
     `Qwen2VLImageProcessor` computes them."""
-    if not isinstance(image, Image.Image):
-        raise ValueError(f"an image must be a PIL.Image.Image, got {type(image).__name__}")
-    if image.width * image.height > MAX_IMAGE_PIXELS:
-        raise ValueError(f"image of {image.width}x{image.height} pixels is larger than "
-                         f"{MAX_IMAGE_PIXELS} pixels")  # fmt: skip
-    if p.do_convert_rgb:
-        image = as_rgb(image)
+    image = checked(image, p.do_convert_rgb)
     if p.do_resize:
         h, w = smart_resize(image.height, image.width, p.factor, p.min_pixels, p.max_pixels)
         image = image.resize((w, h), resample=p.resample)
