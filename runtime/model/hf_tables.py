@@ -99,6 +99,9 @@ HF_ARCHITECTURES = {
     "Emu3ForConditionalGeneration": "emu3",
     # LLaVA 1.5: a CLIP vision tower, its projector and a Llama text model (model/llava.py)
     "LlavaForConditionalGeneration": "llava",
+    # Qwen2-VL, Qwen2.5-VL: their vision towers beside Qwen2's text model, M-RoPE (qwen2_vl.py)
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -143,6 +146,9 @@ TEXT_MODEL_TYPES = {
     **inkling2.TEXT_MODEL_TYPES,  # Inkling 2's (model/inkling2.py)
     "Apertus1p5ForConditionalGeneration": {"apertus1p5_text": "apertus1p5"},
     "LlavaForConditionalGeneration": {"llama": "llava"},  # (LLaVA 1.5's; others refused)
+    "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "qwen2_vl", "qwen2_vl": "qwen2_vl"},
+    "Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "qwen2_5_vl",
+                                           "qwen2_5_vl": "qwen2_5_vl"},
     **moe_families.TEXT_MODEL_TYPES,  # Aria's, Cohere Compass'
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format

@@ -82,6 +82,8 @@ MODEL_CLASSES = {
     "diffllama": ("diffllama", "DiffLlamaModel"),  # Llama's, differential attention
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "emu3": ("llama", "LlamaModel"),  # Emu3's text model: Llama's
+    "qwen2_vl": ("qwen2_vl", "Qwen2VLModel"),  # Qwen2-VL: its tower, Qwen2's text model, M-RoPE
+    "qwen2_5_vl": ("qwen2_vl", "Qwen2VLModel"),  # Qwen2.5-VL: its windowed tower, the same
     "llava": ("llava", "LlavaModel"),  # LLaVA 1.5: CLIP tower + projector, Llama's text model
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP

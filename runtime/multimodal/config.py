@@ -211,11 +211,9 @@ def _triple(value: Any, name: str) -> tuple[float, float, float]:
     return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
-def read_processing(model_dir: Path, image_size: int,
-                    default: ImageProcessing | None = None) -> ImageProcessing:  # fmt: skip
-    """The image processor saved beside the checkpoint: preprocessor_config.json (transformers
-    4's), else processor_config.json's `image_processor` (transformers 5's), else CLIP's
-    defaults at the tower's size (what every LLaVA 1.5 checkpoint's processor says)."""
+def processor_json(model_dir: Path) -> dict[str, Any] | None:
+    """The image processor's fields saved beside the checkpoint: preprocessor_config.json
+    (transformers 4's), else processor_config.json's `image_processor` (transformers 5's)."""
     for name, key in (
         ("preprocessor_config.json", None),
         ("processor_config.json", "image_processor"),
@@ -229,7 +227,18 @@ def read_processing(model_dir: Path, image_size: int,
             raise ValueError(f"{name} is not valid JSON ({e})") from None
         cfg = cfg.get(key) if key is not None and isinstance(cfg, dict) else cfg
         if isinstance(cfg, dict):
-            return ImageProcessing.from_json(cfg)
+            return cfg
+    return None
+
+
+def read_processing(model_dir: Path, image_size: int,
+                    default: ImageProcessing | None = None) -> ImageProcessing:  # fmt: skip
+    """The image processor saved beside the checkpoint (`processor_json`), else `default`,
+    else CLIP's defaults at the tower's size (what every LLaVA 1.5 checkpoint's processor
+    says)."""
+    cfg = processor_json(model_dir)
+    if cfg is not None:
+        return ImageProcessing.from_json(cfg)
     if default is not None:
         return default
     return ImageProcessing(shortest_edge=image_size, crop=(image_size, image_size))

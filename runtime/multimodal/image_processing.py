@@ -46,15 +46,35 @@ def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return center_crop(out, height, width)
 
 
-def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
-    """One image → float32 [3, H, W] (C-contiguous), as `CLIPImageProcessor` computes it."""
+def checked(image: object, convert_rgb: bool) -> Image.Image:
+    """`image` if it is a PIL image within MAX_IMAGE_PIXELS (in RGB where `convert_rgb`);
+    ValueError, one line, otherwise."""
     if not isinstance(image, Image.Image):
         raise ValueError(f"an image must be a PIL.Image.Image, got {type(image).__name__}")
     if image.width * image.height > MAX_IMAGE_PIXELS:
         raise ValueError(f"image of {image.width}x{image.height} pixels is larger than "
                          f"{MAX_IMAGE_PIXELS} pixels")  # fmt: skip
-    if p.do_convert_rgb:
-        image = as_rgb(image)
+    return as_rgb(image) if convert_rgb else image
+
+
+def rescale_normalize(pixels: np.ndarray, p) -> np.ndarray:
+    """uint8 [C, H, W] → float32: x * rescale_factor in float64 cast to float32, then
+    (x - mean) / std in float32, as `p`'s do_rescale / do_normalize say (CLIP's and Qwen2-VL's
+    processors alike)."""
+    if p.do_rescale:
+        pixels = (pixels.astype(np.float64) * p.rescale_factor).astype(np.float32)
+    else:
+        pixels = pixels.astype(np.float32)
+    if p.do_normalize:
+        mean = np.asarray(p.mean, dtype=np.float32)[:, None, None]
+        std = np.asarray(p.std, dtype=np.float32)[:, None, None]
+        pixels = (pixels - mean) / std
+    return pixels
+
+
+def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
+    """One image → float32 [3, H, W] (C-contiguous), as `CLIPImageProcessor` computes it."""
+    image = checked(image, p.do_convert_rgb)
     if p.do_resize:
         h, w = p.crop if p.exact_resize else resized_shape(image.height, image.width,
                                                              p.shortest_edge)  # fmt: skip
@@ -65,14 +85,7 @@ def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
     pixels = np.moveaxis(pixels, -1, 0)  # [C, H, W]
     if p.do_center_crop and not p.exact_resize:
         pixels = center_crop(pixels, *p.crop)
-    if p.do_rescale:
-        pixels = (pixels.astype(np.float64) * p.rescale_factor).astype(np.float32)
-    else:
-        pixels = pixels.astype(np.float32)
-    if p.do_normalize:
-        mean = np.asarray(p.mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(p.std, dtype=np.float32)[:, None, None]
-        pixels = (pixels - mean) / std
+    pixels = rescale_normalize(pixels, p)
     if pixels.shape[0] != 3:
         raise ValueError(
             f"an image must have 3 channels after preprocessing, got {pixels.shape[0]}"

@@ -8,35 +8,15 @@ reads (each image token repeated as many times as the image has feature rows, as
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
+from pagoda.runtime.multimodal import qwen2_vl_inputs
 from pagoda.runtime.multimodal.config import VisionConfig
+from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
 from pagoda.runtime.multimodal.image_processing import preprocess
 
-
-@dataclass(frozen=True, eq=False)
-class ImageInput:
-    pixel_values: np.ndarray  # float32 [3, H, W], preprocessed
-    offset: int  # the prompt position of its first placeholder token
-    length: int  # its placeholder tokens (the rows of its features)
-    content_hash: bytes  # 16 bytes of the pixels (the prefix cache keys blocks by it)
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-
-@dataclass(frozen=True, eq=False)
-class MultiModalInputs:
-    """The images of one prompt, in prompt order (`SamplingParams.multi_modal`)."""
-
-    images: tuple[ImageInput, ...]
-    # each image's tokens attend to each other both ways (Gemma 3's): a prefill chunk never
-    # ends inside an image (`whole_images`)
-    bidirectional: bool = False
+__all__ = ["ImageInput", "MultiModalInputs", "pixels_hash"]
 
 
 def whole_images(mm: MultiModalInputs | None, start: int, n: int, budget: int) -> int:
@@ -54,14 +34,6 @@ def whole_images(mm: MultiModalInputs | None, start: int, n: int, budget: int) -
     return n
 
 
-def pixels_hash(pixels: np.ndarray) -> bytes:
-    """128-bit hash of preprocessed pixels (their shape and bytes)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr(pixels.shape).encode())
-    h.update(np.ascontiguousarray(pixels).tobytes())
-    return h.digest()
-
-
 def image_list(data: object) -> list:
     """`multi_modal_data["image"]`: one image or a list of them."""
     return list(data) if isinstance(data, (list, tuple)) else [data]
@@ -73,6 +45,9 @@ def expand(
     """The prompt with each image's marker (LLaVA's: the image token) replaced by its run of
     image tokens (with Gemma 3's text around it: `marked`), and each run's first position;
     ValueError where the prompt holds another number of markers."""
+    if _qwen(vision) is not None:
+        raise ValueError("Qwen2-VL's placeholder runs depend on each image's size: "
+                         "they are counted where the images are read")  # fmt: skip
     token, n = vision.image_token_index, vision.tokens_per_image
     marker = token if vision.marker is None else vision.marker
     ids = np.asarray(token_ids, dtype=np.int64)
@@ -119,10 +94,23 @@ def marked(ids: list[int], at: list[int], vision: VisionConfig) -> tuple[list[in
     return out, offsets
 
 
+def _qwen(vision: object):
+    """Qwen2-VL's inputs module where `vision` is its config (else None)."""
+    return qwen2_vl_inputs if getattr(vision, "kind", None) in ("qwen2_vl", "qwen2_5_vl") else None
+
+
+def prepare_image(image: object, vision: VisionConfig) -> object:
+    """One image as the checkpoint's processor prepares it (what `build` takes)."""
+    q = _qwen(vision)
+    return preprocess(image, vision.processing) if q is None else q.prepare_image(image, vision)
+
+
 def build(
     token_ids: Sequence[int], pixels: Sequence[np.ndarray], vision: VisionConfig
 ) -> tuple[list[int], MultiModalInputs]:
     """The prompt `expand`ed, and the images placed at their runs."""
+    if (q := _qwen(vision)) is not None:
+        return q.build(token_ids, pixels, vision)
     ids, offsets = expand(token_ids, len(pixels), vision)
     n = vision.tokens_per_image
     images = tuple(ImageInput(p, o, n, pixels_hash(p)) for p, o in zip(pixels, offsets))
@@ -133,7 +121,7 @@ def from_images(
     token_ids: Sequence[int], images: Sequence[object], vision: VisionConfig
 ) -> tuple[list[int], MultiModalInputs]:
     """`build` over PIL images, each preprocessed as the checkpoint's processor does."""
-    return build(token_ids, [preprocess(im, vision.processing) for im in images], vision)
+    return build(token_ids, [prepare_image(im, vision) for im in images], vision)
 
 
 def from_data(
@@ -161,6 +149,8 @@ def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: VisionConfig |
     if len(mm.images) > limit:
         raise ValueError(f"at most {limit} image(s) per prompt (--limit-mm-per-prompt), got "
                          f"{len(mm.images)}")  # fmt: skip
+    if (q := _qwen(vision)) is not None:
+        return q.check(token_ids, mm, vision)
     if mm.bidirectional != vision.bidirectional:
         raise ValueError("multi_modal was built for another model's images (bidirectional "
                          f"{mm.bidirectional}, this model's {vision.bidirectional})")  # fmt: skip

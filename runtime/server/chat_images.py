@@ -10,7 +10,6 @@ from typing import Any
 
 from pagoda.runtime.multimodal import inputs
 from pagoda.runtime.multimodal.chat_images import ImageError, load
-from pagoda.runtime.multimodal.image_processing import preprocess
 from pagoda.runtime.server.protocol import APIError
 
 
@@ -21,7 +20,7 @@ def prompt_images(ids: list[int], parts: list[tuple[str, str]],
     pixels = []
     for param, url in parts:
         try:
-            pixels.append(preprocess(load(url), vision.processing))
+            pixels.append(inputs.prepare_image(load(url), vision))
         except ImageError as e:
             raise APIError(400, f"{param}: {e}", param=f"{param}.image_url",
                            code=e.code) from None  # fmt: skip

@@ -73,7 +73,13 @@ def spans(rows: np.ndarray, positions: np.ndarray,
 def device_step(model, plan: ImagePlan, to_device) -> tuple[torch.Tensor, torch.Tensor]:
     """Encode the plan's new images (one batch), then (rows, features) for the model; an image
     whose last placeholder this step reaches is dropped from its request's features."""
-    if plan.encode:
+    if plan.encode and getattr(model, "ragged_images", False):  # Qwen2-VL's: sizes differ
+        ims = [r.params.multi_modal.images[j] for r, j in plan.encode]
+        features = model.encode_image_list([to_device(im.pixel_values) for im in ims],
+                                           [im.grid for im in ims])  # fmt: skip
+        for k, (r, j) in enumerate(plan.encode):
+            r.image_features[j] = features[k]
+    elif plan.encode:
         pixels = np.stack([r.params.multi_modal.images[j].pixel_values for r, j in plan.encode])
         features = model.encode_images(to_device(pixels))
         for k, (r, j) in enumerate(plan.encode):

@@ -36,6 +36,7 @@ from pagoda.runtime.model.llama import (
 )
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
+from pagoda.runtime.model.qwen2_vl import MROPE_POSITIONS
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampling.sampler import (
     HeadSampling,
@@ -393,6 +394,7 @@ class ModelRunner:
             graph is not None
             and head is None
             and inp.image_embeds is None
+            and inp.mrope is None
             and graph.can_run(nd, n, max_blocks)
             and not (self.model.long_rope and (inp.prompt_lens > inp.seq_lens).any())
             and (self.graph_seq_limit is None or seq_lens.max() <= self.graph_seq_limit)
@@ -416,6 +418,8 @@ class ModelRunner:
             meta.aux[TOKEN_HISTORY] = self.to_device(inp.history)
         if inp.image_embeds is not None:  # image placeholders' rows and the images' features
             meta.aux[IMAGE_EMBEDS] = inp.image_embeds
+        if inp.mrope is not None:  # Qwen2-VL's [3, T] positions (model/qwen2_vl.py)
+            meta.aux[MROPE_POSITIONS] = self.to_device(inp.mrope)
         if inp.seq_state is not None:
             meta.aux[SEQUENCE_STATE] = self.seq_state.device_step(inp.seq_state, self.to_device)
         if self.pooling_type is not None:  # hidden states of the rows pooled, no LM head

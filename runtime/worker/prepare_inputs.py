@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from pagoda.runtime.spec import verify
-from pagoda.runtime.worker import mm_encoder, prompt_logprobs
+from pagoda.runtime.worker import mm_encoder, mrope_rows, prompt_logprobs
 from pagoda.runtime.worker.step_inputs import StepInputs, token_history
 
 if TYPE_CHECKING:
@@ -88,6 +88,10 @@ def _add_state(
     model = runner.model
     if model.config.vision is not None:  # the image placeholders the step's tokens hold
         inp.images = mm_encoder.prepare(reqs, starts, qlens, inp.cu)
+        if getattr(model, "mrope_sel", None) is not None:  # Qwen2-VL's M-RoPE (model/qwen2_vl.py)
+            inp.positions, inp.mrope = mrope_rows.prepare(
+                reqs, starts, qlens, inp.cu, inp.positions
+            )
     if runner.seq_state is not None:  # the model's per-sequence state (its slots)
         inp.seq_state = runner.seq_state.prepare(reqs, starts, qlens)
     if model.token_history:  # the tokens before each sequence's step (n-grams)

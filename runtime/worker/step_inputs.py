@@ -50,6 +50,9 @@ class StepInputs:
     # their (rows int64 [R], features [R, hidden]) on the device, for `llama.IMAGE_EMBEDS`:
     # encoded by rank 0, broadcast to the other ranks of a group (`worker/step_channel.py`)
     image_embeds: Any = None
+    # Qwen2-VL's M-RoPE: int64 [3, T] positions of a step with prompt image rows
+    # (`worker/mrope_rows.py`; `positions` then holds the rotary's, slots the cache's)
+    mrope: np.ndarray | None = None
 
 
 def token_history(token_lists, starts: np.ndarray, n: int) -> np.ndarray:

@@ -155,6 +155,10 @@ XLMR = {**BERT, "architectures": ["XLMRobertaModel"], "model_type": "xlm-roberta
 MODERNBERT = {**BERT, "architectures": ["ModernBertModel"], "model_type": "modernbert"}
 LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
          "text_config": {**LLAMA, "architectures": None}}  # fmt: skip
+QWEN2_VL = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",
+            "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2_vl_text"}}  # fmt: skip
+QWEN2_5_VL = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+              "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2_5_vl_text"}}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -164,7 +168,7 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "hy_v4": HY_V4, "qwen4_exp": QWEN4, "beam": BEAM,
                "dots3_note_text": DOTS3, "glm5_next": GLM5_NEXT, "minimax_m3": MINIMAX_M3,
                "bert": BERT, "roberta": XLMR, "modernbert": MODERNBERT,
-               "llava": LLAVA}  # fmt: skip
+               "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch

@@ -1,0 +1,71 @@
+"""Qwen2-VL and Qwen2.5-VL (`Qwen2VLForConditionalGeneration`,
+`Qwen2_5_VLForConditionalGeneration`): the vision tower (`qwen2_vl_vision.py`) beside Qwen2's
+text model (Llama's layers with q/k/v biases) whose rotary is M-RoPE.
+
+M-RoPE: a token's rotary reads three positions (temporal, height, width), the head's frequencies
+split in `mrope_section` parts, part i turned by position i. Text and generated tokens have the
+three equal, so a step with no prompt image rows runs the ordinary rotary at position + the
+request's delta (`worker/mrope_rows.py` sets the positions); a step with image rows carries
+their [3, T] positions (`MROPE_POSITIONS`) and the cos/sin rows are gathered per section here,
+then handed to the rotary as a table of one row per token (positions 0..T-1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaModel
+from pagoda.runtime.model.ops import gather_cos_sin
+from pagoda.runtime.model.qwen2_vl_vision import QwenVisionTower
+
+MROPE_POSITIONS = "mrope_positions"
+_TOWER = ("model.visual.", "visual.")
+
+
+class Qwen2VLModel(LlamaModel):
+    ragged_images = True  # `mm_encoder.device_step`: images of their own sizes, as a list
+
+    def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
+        vision = self.config.vision
+        if self.tp is not None:
+            raise ValueError("Qwen2-VL with tensor parallelism is not supported (one GPU)")
+        stored = w.stored
+        if not hasattr(stored, "tensors_under"):
+            raise ValueError("a Qwen2-VL model's vision tower is read from safetensors files")
+        raw = stored.tensors_under(_TOWER)
+        tower = {}
+        for name, t in raw.items():
+            p = next(name[len(x) :] for x in _TOWER if name.startswith(x))
+            tower[p] = t.to(device=self.device, dtype=self.dtype)
+        try:
+            self.tower = QwenVisionTower(tower, vision)
+        except KeyError as e:
+            raise ValueError(f"the Qwen2-VL checkpoint lacks the vision tensor "
+                             f"'visual.{e.args[0]}'") from None  # fmt: skip
+        half = self.config.head_dim // 2
+        if sum(vision.mrope_section) != half:
+            raise ValueError(f"mrope_section {list(vision.mrope_section)} does not sum to half "
+                             f"the head ({half})")  # fmt: skip
+        sel = np.repeat(np.arange(3), vision.mrope_section)
+        self.mrope_sel = torch.from_numpy(np.concatenate([sel, sel])).to(self.device)
+
+    @torch.inference_mode()
+    def encode_image_list(self, patches: list[torch.Tensor], grids: list) -> list[torch.Tensor]:
+        """Each image's patches → its merged features, in one pass through the tower."""
+        feats = self.tower.encode(torch.cat(patches), np.asarray(grids, dtype=np.int64))
+        sizes = [len(p) // self.config.vision.merge_size**2 for p in patches]
+        return list(feats.split(sizes))
+
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype, meta) -> dict:
+        mrope = meta.aux.get(MROPE_POSITIONS)
+        if mrope is None:  # no prompt image rows: the ordinary rotary at position + delta
+            return super()._rope_rows(positions, dtype, meta)
+        cache = self.rope_caches["global"]
+        rows = cache[mrope]  # [3, T, D]
+        sel = self.mrope_sel[None, None, :].expand(1, rows.shape[1], -1)
+        rows = rows.gather(0, sel)[0]
+        t = torch.arange(rows.shape[0], device=rows.device)
+        if self.ops.pregather_rotary:
+            return {"global": (None, gather_cos_sin(t, rows, dtype))}
+        return {"global": (t, rows)}

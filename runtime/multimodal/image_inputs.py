@@ -1,0 +1,47 @@
+"""The engine's image inputs as plain data (pickled to the engine process): each image's
+pixels (a Qwen2-VL image's: patches and grid), where its placeholder tokens sit in the prompt,
+and a content hash; a prompt's images and, for Qwen2-VL, its M-RoPE positions. Apart from
+`inputs.py` so each family's input builder (`qwen2_vl_inputs.py`) imports them without a cycle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    pixel_values: np.ndarray  # float32 [3, H, W], preprocessed
+    offset: int  # the prompt position of its first placeholder token
+    length: int  # its placeholder tokens (the rows of its features)
+    content_hash: bytes  # 16 bytes of the pixels (the prefix cache keys blocks by it)
+    grid: tuple[int, int, int] | None = None  # Qwen2-VL's patch grid (t, h, w); pixels: patches
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True, eq=False)
+class MultiModalInputs:
+    """The images of one prompt, in prompt order (`SamplingParams.multi_modal`)."""
+
+    images: tuple[ImageInput, ...]
+    # Qwen2-VL's M-RoPE: the prompt's int64 [3, L] positions and its decode delta
+    # (`qwen2_vl_inputs.build`); None and 0 elsewhere
+    mrope: np.ndarray | None = None
+    mrope_delta: int = 0
+    # each image's tokens attend to each other both ways (Gemma 3's): a prefill chunk never
+    # ends inside an image (`inputs.whole_images`)
+    bidirectional: bool = False
+
+
+def pixels_hash(pixels: np.ndarray) -> bytes:
+    """128-bit hash of preprocessed pixels (their shape and bytes)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(pixels.shape).encode())
+    h.update(np.ascontiguousarray(pixels).tobytes())
+    return h.digest()

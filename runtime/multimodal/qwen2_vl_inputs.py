@@ -1,0 +1,64 @@
+"""A Qwen2-VL / Qwen2.5-VL prompt's images as the engine receives them: each image's patches
+and grid (`qwen2_vl_processing.preprocess`), its `<|image_pad|>` token expanded to the run of
+(h / merge) * (w / merge) placeholders the processor writes, and the prompt's M-RoPE positions
+and delta computed once here, for the whole prompt (chunks and prefix-cache hits read them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
+from pagoda.runtime.multimodal.qwen2_vl_config import QwenVisionConfig
+from pagoda.runtime.multimodal.qwen2_vl_processing import mrope_positions, placeholders, preprocess
+
+
+def prepare_image(image: object, vision: QwenVisionConfig) -> tuple[np.ndarray, tuple]:
+    """One PIL image → (patches, grid); ValueError for one that cannot be read."""
+    return preprocess(image, vision.processing)  # type: ignore[arg-type]
+
+
+def build(token_ids: Sequence[int], prepared: Sequence[tuple[np.ndarray, tuple]],
+          vision: QwenVisionConfig) -> tuple[list[int], MultiModalInputs]:  # fmt: skip
+    """The prompt with each image token repeated to its image's run, the images at their runs,
+    and the prompt's M-RoPE positions; ValueError for another number of image tokens."""
+    token, m = vision.image_token_index, vision.merge_size
+    ids = np.asarray(token_ids, dtype=np.int64)
+    at = np.flatnonzero(ids == token)
+    if len(at) != len(prepared):
+        raise ValueError(f"the prompt has {len(at)} image token(s) (id {token}) for "
+                         f"{len(prepared)} image(s): put one image token where each image goes")  # fmt: skip
+    n = np.asarray([placeholders(g, m) for _, g in prepared], dtype=np.int64)
+    repeats = np.ones(len(ids), dtype=np.int64)
+    repeats[at] = n
+    offsets = at + np.concatenate([[0], np.cumsum(n - 1)[:-1]]).astype(np.int64)
+    out = np.repeat(ids, repeats)
+    grids = [g for _, g in prepared]
+    pos, delta = mrope_positions(len(out), offsets.tolist(), grids, m)
+    images = tuple(ImageInput(p, int(o), int(k), pixels_hash(p), grid=tuple(g))
+                   for (p, g), o, k in zip(prepared, offsets, n))  # fmt: skip
+    return out.tolist(), MultiModalInputs(images, mrope=pos, mrope_delta=delta)
+
+
+def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: QwenVisionConfig) -> None:
+    """ValueError unless each image's patches fit its grid and the tower and sit over a run of
+    image tokens, and the M-RoPE positions cover the prompt."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    for i, im in enumerate(mm.images):
+        g = im.grid
+        ok = g is not None and len(g) == 3 and min(g) > 0 and g[1] % vision.merge_size == 0
+        ok = ok and g[2] % vision.merge_size == 0 and im.pixel_values.dtype == np.float32
+        if not ok or im.pixel_values.shape != (g[0] * g[1] * g[2], vision.patch_dim):
+            raise ValueError(f"image {i}: patches {tuple(im.pixel_values.shape)} do not fit "
+                             f"grid {g} of {vision.patch_dim}-wide patches")  # fmt: skip
+        run = ids[im.offset : im.end]
+        if (
+            im.length != placeholders(g, vision.merge_size)
+            or len(run) != im.length
+            or (run != vision.image_token_index).any()
+        ):
+            raise ValueError(f"image {i}: its placeholder tokens are not at prompt positions "
+                             f"[{im.offset}, {im.end})")  # fmt: skip
+    if mm.mrope is None or mm.mrope.shape != (3, len(ids)):
+        raise ValueError("multi_modal: the M-RoPE positions do not cover the prompt")

@@ -1,0 +1,85 @@
+"""Tiny random-weight Qwen2-VL and Qwen2.5-VL written by transformers (towers 32 wide, 8 px
+patches merged 2x2; Qwen2.5-VL's windows 32 px with block 1 full; a 2-layer Qwen2 text model
+of 300 tokens with M-RoPE sections (2, 3, 3)), saved with a Qwen2VLImageProcessor of 8 px
+patches and 256 to 16384 pixels and a word-level tokenizer whose id 290 is `<|image_pad|>`.
+Imported by tests (not a conftest)."""
+
+from __future__ import annotations
+
+import torch
+from hf_oracle import TINY, randomize
+
+IMAGE_ID = 290
+START, END = 291, 292  # <|vision_start|>, <|vision_end|>
+PROCESSOR = {"min_pixels": 256, "max_pixels": 16384, "patch_size": 8}
+# Qwen2-VL's template's shape in the vocabulary's words: an image part renders
+# <|vision_start|><|image_pad|><|vision_end|>
+TEMPLATE = (
+    "{% for message in messages %}{{ 'w3 ' }}{% if message['content'] is string %}"
+    "{{ message['content'] + ' ' }}{% else %}{% for c in message['content'] %}"
+    "{% if c['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|> ' }}"
+    "{% else %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'w5' }}{% endif %}"
+)
+
+
+def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
+    """The model (float32, eval) saved to `path` with its image processor and a tokenizer;
+    returns the model."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    text = {**TINY, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                        "mrope_section": [2, 3, 3]}}  # fmt: skip
+    ids = dict(image_token_id=IMAGE_ID, vision_start_token_id=START, vision_end_token_id=END,
+               video_token_id=293, tie_word_embeddings=False)  # fmt: skip
+    if kind == "qwen2_vl":
+        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=8)
+        config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+        cls = transformers.Qwen2VLForConditionalGeneration
+    else:
+        vision = dict(depth=3, hidden_size=32, intermediate_size=48, out_hidden_size=64,
+                      num_heads=2, patch_size=8, window_size=32, fullatt_block_indexes=[1])  # fmt: skip
+        config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
+        cls = transformers.Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    randomize(model.model.language_model, scale=4.0, seed=1)
+    randomize(model.lm_head, scale=4.0, seed=1)
+    randomize(model.model.visual, scale=1.0, seed=2)
+    model.save_pretrained(path)
+    Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(path)
+    vocab = {f"w{i}": i for i in range(TINY["vocab_size"]) if i not in (IMAGE_ID, START, END)}
+    vocab |= {"<|image_pad|>": IMAGE_ID, "<|vision_start|>": START, "<|vision_end|>": END}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"])
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="w1",
+        eos_token="w2",
+        unk_token="w0",
+        chat_template=TEMPLATE,
+    ).save_pretrained(path)
+    return model
+
+
+def hf_generate(model, ids: list[int], images: list, n: int) -> list[int]:
+    """transformers' greedy tokens after the expanded prompt `ids` with `images`."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    t = torch.tensor([ids])
+    kwargs = {}
+    if images:
+        out = Qwen2VLImageProcessorPil(**PROCESSOR)(images, return_tensors="pt")
+        kwargs = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
+                  "mm_token_type_ids": (t == IMAGE_ID).int()}  # fmt: skip
+    with torch.no_grad():
+        out = model.generate(input_ids=t, attention_mask=torch.ones_like(t), max_new_tokens=n,
+                             do_sample=False, **kwargs)  # fmt: skip
+    return out[0, len(ids) :].tolist()
