@@ -122,11 +122,14 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "axk1": Untested(fp8="not tested"),
         "longcat_flash": Untested(fp8="not tested"),
         **dict.fromkeys(("bert", "roberta", "modernbert"), _ENCODER),
-        **dict.fromkeys(("qwen2_vl", "qwen2_5_vl"), Untested(
-            tensor_parallel="its M-RoPE positions are not sent to the other ranks",
-            fp8="its vision tower is not quantized",
-            fp8_checkpoint="its vision tower is not quantized",
-        )),
+        **dict.fromkeys(
+            ("qwen2_vl", "qwen2_5_vl"),
+            Untested(
+                tensor_parallel="its M-RoPE positions are not sent to the other ranks",
+                fp8="its vision tower is not quantized",
+                fp8_checkpoint="its vision tower is not quantized",
+            ),
+        ),
         "llava": Untested(
             fp8="its vision tower and projector are not quantized",
             fp8_checkpoint="its vision tower and projector are not quantized",
