@@ -123,19 +123,16 @@ def test_version() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--model", "nosuch"], "nosuch"),
         (["nosuch"], "model 'nosuch' is neither"),  # positional, as `vllm serve MODEL`
-        (["/a", "--model", "/b"], "the model is given twice: '/a' and --model '/b'"),
-        (["--kv-cache-memory", "lots"], "kv_cache_memory"),
-        (["--port", "70000"], "port"),
         (["--max-num-seqs", "1e9"], "invalid int value: '1e9'"),  # argparse's, on one line
         (["--kv-cache-memory", "100T"], "--kv-cache-memory 100.0 TiB is more than the"),
-        (["--reasoning-parser", "granite"], "--reasoning-parser: invalid choice: 'granite'"),
     ],
 )
 def test_bad_flags_exit_with_one_line_before_binding(args: list[str], needle: str) -> None:
-    """Each way out before binding, as a process: argparse's errors, a model that is not there,
-    a size that preflight refuses (the test below checks each of preflight's messages)."""
+    """Each way out before binding, as a process (one case of each: the parser's errors and
+    preflight's messages are checked in this process below): argparse's errors, a model that
+    is not there, a size that preflight refuses. A process costs ~2 s of CPU, ~5 s where
+    preflight runs (the engine process imports torch)."""
     result = pagoda("serve", "--port", "0", *args)
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
@@ -143,6 +140,34 @@ def test_bad_flags_exit_with_one_line_before_binding(args: list[str], needle: st
     assert needle in lines[0]
     assert "Traceback" not in result.stderr and "Uvicorn" not in result.stderr + result.stdout
     assert "listening on" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["/a", "--model", "/b"], "the model is given twice: '/a' and --model '/b'"),
+        (["--kv-cache-memory", "lots"], "kv_cache_memory"),
+        (["--port", "70000"], "port"),
+        (["--max-num-seqs", "1e9"], "invalid int value: '1e9'"),
+        (["--reasoning-parser", "granite"], "--reasoning-parser: invalid choice: 'granite'"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2_before_preflight(args, needle, capsys, monkeypatch):
+    """The parser's ways out and the flags' own checks, as `run` meets them before preflight
+    (the process test above runs argparse's; each flag's line is checked here)."""
+    from pagoda.runtime.server.cli import fail, server_config
+
+    monkeypatch.setenv("PAGODA_TERMINATION_LOG", "")
+    with pytest.raises(SystemExit) as exit_:
+        parsed = build_parser().parse_args(["--port", "0", *args])
+        try:  # `run`'s first checks and its handler
+            server_config(parsed), options.engine_kwargs(vars(parsed))
+        except ValueError as e:
+            fail(e)
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pagoda serve: error:"), lines
+    assert needle in lines[0]
 
 
 def engine_config(*argv: str, profile: str | None = None):
@@ -177,6 +202,7 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--no-enable-chunked-prefill", "--long-prefill-token-threshold", "256"),
          "long_prefill_token_threshold (256) needs chunked prefill"),
         (("--kv-cache-memory", "100T"), "lower --kv-cache-memory"),
+        (("--model", "nosuch"), "model 'nosuch' is neither"),  # the process test: positional
         (("--no-enable-chunked-prefill", "--max-num-batched-tokens", "256"),
          "without chunked prefill, max_num_batched_tokens (256) must be >= max_model_len (8192)"),
         (("--max-num-seqs", "0"), "max_num_seqs must be an integer in 1..16384, got 0"),

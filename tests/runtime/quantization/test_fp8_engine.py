@@ -154,7 +154,7 @@ def test_fp8_kv_cache_reads_the_checkpoints_kv_scales(tmp_path):
     k_scale, v_scale = llm.engine.runner.model.layers[1].kv_scales
     assert k_scale.tolist() == pytest.approx([0.1, 0.1])  # per tensor, with per-head V's
     assert v_scale.tolist() == pytest.approx([0.02, 0.03])
-    assert len(greedy(llm, 3)[0]) == 3
+    assert len(greedy(llm, 2)[0]) == 2  # a prefill, then a decode reading the scaled cache
 
 
 @pytest.mark.gpu
@@ -207,19 +207,25 @@ def test_warm_up_launches_the_fp8_cache_variants(monkeypatch):
     assert set(seen) == {(torch.float8_e4m3fn, (2,))}
 
 
-def test_pagoda_serve_refuses_fp8_on_a_cpu_in_one_line(tmp_path):
-    """Without the interpreter a CPU runs no FP8 kernel: exit 2, one line, before loading."""
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_pagoda_serve_refuses_fp8_on_a_cpu_in_one_line(
+    tmp_path, monkeypatch, capsys, no_fp8_kernels
+):
+    """Without the interpreter a CPU runs no FP8 kernel: `pagoda serve`'s preflight refuses it
+    before loading, one line and the termination message, through `run`'s handler (a process
+    exiting 2 on a preflight refusal: test_cli.py's `--kv-cache-memory 100T`, test_fit.py)."""
+    from pagoda.runtime.server.cli import build_parser, fail, server_config
+    from pagoda.runtime.server.launch import preflight
 
-    root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PAGODA_TERMINATION_LOG": str(tmp_path / "t")}
-    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--device", "cpu",
-           "--port", "0", "--quantization", "fp8", "--kv-cache-dtype", "fp8"]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=root, env=env)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    monkeypatch.setenv("PAGODA_TERMINATION_LOG", str(tmp_path / "t"))
+    args = build_parser().parse_args(["--device", "cpu", "--port", "0", "--quantization", "fp8",
+                                      "--kv-cache-dtype", "fp8"])  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        try:
+            preflight(server_config(args), options.engine_kwargs(vars(args)))
+        except ValueError as e:
+            fail(e)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("pagoda serve: error: quantization 'fp8' and kv_cache_dtype 'fp8' "
                                "need a GPU with FP8 tensor cores")  # fmt: skip
     assert "this is a CPU" in lines[0]
