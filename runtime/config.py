@@ -167,11 +167,6 @@ class EngineConfig:
         object.__setattr__(self, "speculative_config", spec)
         for problem in lora_problems(self):
             raise ValueError(problem)
-        if spec is not None and self.async_scheduling:
-            raise ValueError(
-                "speculative decoding runs with synchronous scheduling only (as vLLM v1's first "
-                "did): drop --async-scheduling, or --speculative-config"
-            )
         option_rules.check_booleans(
             self, ("enable_cuda_graphs", "batch_invariant", "async_scheduling", "check_weights"),
             optional=("async_scheduling",),
@@ -252,9 +247,9 @@ class EngineConfig:
 
     def uses_async_scheduling(self) -> bool:
         """The flag, or by default on with CUDA only: on a CPU the forward runs on the host, so
-        there is no device time to hide the next step's scheduling behind. Off with
-        speculative decoding (its drafts come from the tokens read back)."""
-        if self.speculative_config is not None or self.runner == "pooling":
+        there is no device time to hide the next step's scheduling behind. With speculative
+        decoding a request that takes drafts waits for its tokens' readback (docs/runtime.md)."""
+        if self.runner == "pooling":
             return False  # (pooling: no token to read back, nothing to overlap)
         if self.async_scheduling is not None:
             return self.async_scheduling

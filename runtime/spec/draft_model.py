@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from pagoda.runtime.attention import AttentionMetadata
+from pagoda.runtime.request import RUNNING
 from pagoda.runtime.sampling.sampler import SamplingBatch
 from pagoda.runtime.spec.rejection import DRAFT, DraftProbs, draft_pick, uniforms
 
@@ -148,7 +149,9 @@ def draft_batch(
     bad = np.minimum.reduceat(tokens, ends - gained) < 0 if len(tokens) else gained > 0
     room = np.fromiter((r.max_new_tokens - r.num_output_tokens for r in sampled), np.int64,
                        len(sampled)) - gained  # fmt: skip
-    takes = np.fromiter((r.takes_drafts for r in sampled), bool, len(sampled))
+    # (async scheduling: one preempted while the step was in flight has no blocks now)
+    takes = np.fromiter((r.takes_drafts and r.status == RUNNING for r in sampled), bool,
+                        len(sampled))  # fmt: skip
     keep = np.flatnonzero(takes & ~bad & (room > 1))
     if not len(keep):
         return [], [], keep

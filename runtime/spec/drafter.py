@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
+from pagoda.runtime.request import RUNNING
 from pagoda.runtime.spec.config import SpeculativeConfig
 from pagoda.runtime.spec.ngram import NgramProposer, takes_drafts
 from pagoda.runtime.spec.stats import SpecDecodeStats
@@ -79,7 +80,7 @@ class Drafter:
         if spec is None:
             return
         for req, d, a in zip(spec.requests, spec.drafted, spec.accepted):
-            if not req.is_finished:
+            if req.status == RUNNING:  # (finished, or preempted with the step in flight: none)
                 req.num_computed_tokens -= d - a
         self.proposer.observe(spec.requests, spec.drafted, spec.accepted)
         stats = self.stats

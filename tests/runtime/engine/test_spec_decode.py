@@ -24,7 +24,8 @@ ENGINE = dict(dtype="float32", block_size=8, num_blocks_override=16, max_num_seq
 def engines(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     make_tiny_llama(path)
-    return LLM(str(path), **ENGINE), LLM(str(path), **ENGINE, speculative_config=SPEC)
+    return (LLM(str(path), **ENGINE), LLM(str(path), **ENGINE, speculative_config=SPEC),
+            LLM(str(path), **ENGINE, speculative_config=SPEC, async_scheduling=True))  # fmt: skip
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -44,7 +45,7 @@ def _run(llm: LLM, prompts, params):
 
 
 def test_greedy_output_is_the_engines_without_drafts(engines):
-    plain, spec = engines
+    plain, spec, _ = engines
     prompts = _prompts(6)
     params = [SamplingParams(temperature=0, max_tokens=24 + 5 * i, ignore_eos=True)
               for i in range(len(prompts))]  # fmt: skip
@@ -71,7 +72,7 @@ def test_greedy_output_is_the_engines_without_drafts(engines):
 def test_seeded_sampling_gives_the_same_tokens(engines):
     """A sampled draft is kept iff the target's own draw equals it (rejection sampling with a
     one-hot draft), with the draws a plain step makes: a seeded request's output is unchanged."""
-    plain, spec = engines
+    plain, spec, _ = engines
     prompts = _prompts(4, seed=1)
     params = [
         SamplingParams(temperature=0.7, max_tokens=30, seed=11, ignore_eos=True),
@@ -85,7 +86,7 @@ def test_seeded_sampling_gives_the_same_tokens(engines):
 
 
 def test_requests_the_verifier_does_not_handle_get_no_drafts(engines):
-    plain, spec = engines
+    plain, spec, _ = engines
     prompts = _prompts(3, seed=2)
     params = [
         SamplingParams(temperature=0, max_tokens=20, logprobs=2, ignore_eos=True),
@@ -98,7 +99,7 @@ def test_requests_the_verifier_does_not_handle_get_no_drafts(engines):
 
 
 def test_stats_carry_the_counters(engines):
-    _, spec = engines
+    _, spec, _ = engines
     spec.engine.reset_counters()
     _run(spec, _prompts(2, seed=3), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     s = spec.engine.stats()
@@ -123,3 +124,33 @@ def test_seeded_sampling_with_drafts_rejected_gives_the_same_tokens(smol):
     assert got == summary(plain.generate(prompt, params, use_tqdm=False))
     stats = spec.engine.spec_stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_async_scheduling_gives_the_same_tokens(engines):
+    """With async scheduling a request that takes drafts is scheduled once its tokens are read
+    back (its drafts come from them) while the others' steps overlap: greedy tokens the plain
+    engine's (chunked prefill, preemption, prefix hits, a stop string, lengths ending inside a
+    drafted step), seeded samples the synchronous drafting engine's."""
+    plain, spec, async_ = engines
+    core = async_.engine
+    assert core.async_scheduling and core.runner.async_scheduling
+    prompts = _prompts(6)
+    params = [SamplingParams(temperature=0, max_tokens=23 + 5 * i, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    probe = plain.generate({"prompt_token_ids": prompts[2]}, params[2])[0].outputs[0].token_ids
+    params[2] = SamplingParams(temperature=0, max_tokens=40, stop=[f"w{probe[-6]}"])
+    params[4] = SamplingParams(temperature=0, max_tokens=30, logprobs=1)  # no drafts: overlaps
+    core.reset_counters()
+    want = _run(plain, prompts, params)
+    assert _run(async_, prompts, params) == want
+    assert _run(async_, prompts, params) == want  # prefix hits
+    stats = core.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+    core.check_integrity()
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+    assert all(r.num_pending == 0 for r in core.scheduler.waiting)
+    seeded = [SamplingParams(temperature=0.8, max_tokens=30, seed=5 + i, n=1 + i % 2,
+                             ignore_eos=True) for i in range(4)]  # fmt: skip
+    prompts = _prompts(4, seed=1)
+    assert _run(async_, prompts, seeded) == _run(spec, prompts, seeded)

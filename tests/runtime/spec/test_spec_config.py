@@ -19,7 +19,8 @@ def test_keys_and_defaults():
     assert SpeculativeConfig.parse('{"num_speculative_tokens": 2}').prompt_lookup_min == 5
     assert s.adaptive and not SpeculativeConfig.parse(
         '{"num_speculative_tokens": 2, "adaptive": false}').adaptive  # fmt: skip
-    assert not c.uses_async_scheduling()
+    assert not c.uses_async_scheduling()  # (on the CPU, by default)
+    assert EngineConfig.create(speculative_config=s, async_scheduling=True).uses_async_scheduling()
     assert EngineConfig.create().speculative_config is None
 
 
@@ -52,10 +53,8 @@ def test_bad_configs_are_refused_in_one_line(value, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_refused_beside_async_scheduling_and_stateful_models():
+def test_refused_beside_stateful_models():
     spec = {"num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="synchronous scheduling only"):
-        EngineConfig.create(speculative_config=spec, async_scheduling=True)
     # (tensor parallelism is served: tests/runtime/spec/test_draft_model.py, two ranks)
     EngineConfig.create(speculative_config=spec, tensor_parallel_size=2)
     mamba = SimpleNamespace(
