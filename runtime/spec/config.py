@@ -3,16 +3,17 @@ frozen and validated once. Two methods: n-gram (prompt-lookup) drafts (`spec/ngr
 smaller draft model's greedy drafts (`spec/draft_model.py`; vLLM's "draft_model", also chosen by
 a ``model`` given without a ``method``, as vLLM does).
 
-Standard library only: `options` parses the flag's JSON with it, and the operator imports
-`options` without torch.
+Torch-free (the standard library and `option_rules`): `options` parses the flag's JSON with it,
+and the operator imports `options` without torch.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from pagoda.runtime.option_rules import json_object
 
 DRAFT_MODEL = "draft_model"
 METHODS = ("ngram", DRAFT_MODEL)  # vLLM's names (the operator's `ngram` / `draftModel`)
@@ -103,16 +104,8 @@ class SpeculativeConfig:
         itself; None stays None. ValueError, one line, for anything else or unknown keys."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config: not JSON ({e})") from None
-        if not isinstance(value, Mapping):
-            raise ValueError(
-                "speculative_config must be a JSON object, e.g. "
-                '{"method": "ngram", "num_speculative_tokens": 4}'
-            )
+        value = json_object("speculative_config", value,
+                            '{"method": "ngram", "num_speculative_tokens": 4}')  # fmt: skip
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:

@@ -299,17 +299,6 @@ def test_defaults() -> None:
             "InvalidSpec",
             "spec.engine.speculative is not supported with tensor parallelism (tensorParallelSize 2",
         ),
-        (  # and with async scheduling
-            {
-                "model": "smollm2-135m",
-                "engine": {
-                    "speculative": {"numSpeculativeTokens": 4},
-                    "extraArgs": ["--async-scheduling"],
-                },
-            },
-            "InvalidSpec",
-            "spec.engine.speculative runs with synchronous scheduling only",
-        ),
     ],
 )
 def test_spec_errors(spec: dict[str, Any], reason: str, words: str) -> None:

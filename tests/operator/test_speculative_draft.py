@@ -194,15 +194,13 @@ def test_crd_and_operator_refuse_the_same_specs(
         ({"model": "hf://o/m", "engine": draft("pvc://models/d")}, "(none here)"),
         ({**BASE, "engine": draft("ftp://x/y")}, "spec.engine.speculative.model: 'ftp://x/y'"),
         ({**BASE, "engine": draft("no-such-model")}, "unknown built-in model"),
-        ({**BASE, "engine": {**draft(), "extraArgs": ["--async-scheduling"]}},
-         "synchronous scheduling only"),
         ({**BASE, "engine": draft("pvc://models/d"), "modelCache": {"sizeLimit": "1Gi"}},
          "draft models included"),
     ],
 )  # fmt: skip
 def test_what_only_the_operator_refuses(fields: dict[str, Any], words: str) -> None:
     """The rules the CRD leaves to the operator (a Degraded condition with the reason): the
-    draft's URI grammar, a pvc:// draft off the model's claim, async scheduling in extraArgs,
+    draft's URI grammar, a pvc:// draft off the model's claim,
     modelCache with nothing to download."""
     with pytest.raises(SpecError) as e:
         parse(fields)
@@ -215,6 +213,7 @@ def test_valid_specs_pass_both() -> None:
         {"model": "smollm2-135m", "engine": draft("smollm2-135m", 32)},
         {"model": "hf://org/m", "engine": draft("s3://bucket/d"), "modelSecretRef": {"name": "s"}},
         {**BASE, "engine": {**draft(), "kvCacheDtype": "fp8"}},
+        {**BASE, "engine": {**draft(), "extraArgs": ["--async-scheduling"]}},  # (served)
     ):
         assert crd_errors(fields) == []
         spec = parse(fields)
