@@ -12,6 +12,7 @@ import pytest
 from engine_testlib import summary
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
+from sync_watch import SyncWatch
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
         "prompt_lookup_min": 2}  # fmt: skip
@@ -154,3 +155,26 @@ def test_async_scheduling_gives_the_same_tokens(engines):
                              ignore_eos=True) for i in range(4)]  # fmt: skip
     prompts = _prompts(4, seed=1)
     assert _run(async_, prompts, seeded) == _run(spec, prompts, seeded)
+
+
+def test_async_drafted_steps_launch_without_a_sync(engines, monkeypatch):
+    """A drafted step launched while another is in flight, beside a row whose token is gathered
+    on the device, queues no device-to-host sync (recorded on the CPU: `sync_watch.py`)."""
+    *_, async_ = engines
+    core = async_.engine
+    launch, seen, ahead = core.runner.execute_model, [], []
+
+    def watched(out):
+        with SyncWatch() as watch:
+            step = launch(out)
+        seen.extend(watch.seen)
+        if step.spec is not None:  # its rows whose token is in flight
+            ahead.append(sum(s.request.num_pending > 0 for s in out.scheduled))
+        return step
+
+    monkeypatch.setattr(core.runner, "execute_model", watched)
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=30, logit_bias={9: 1.0})]  # fmt: skip
+    _run(async_, _prompts(2, seed=4), params)
+    assert ahead and max(ahead) > 0  # drafted steps beside in-flight rows, launched early
+    assert not seen, sorted(set(seen))
