@@ -160,7 +160,7 @@ class EngineConfig:
             raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
                              f"{self.runner!r}")  # fmt: skip
         object.__setattr__(self, "pooler_config", PoolerConfig.parse(self.pooler_config))
-        spec = SpeculativeConfig.parse(self.speculative_config)
+        spec = option_rules.parse_speculative(self.speculative_config)
         if self.runner == "pooling" and spec is not None:
             raise ValueError("speculative decoding is not supported with the pooling runner "
                              "(an embedding request generates nothing): drop --speculative-config")  # fmt: skip

@@ -3,23 +3,24 @@ frozen and validated once. Two methods: n-gram (prompt-lookup) drafts (`spec/ngr
 smaller draft model's greedy drafts (`spec/draft_model.py`; vLLM's "draft_model", also chosen by
 a ``model`` given without a ``method``, as vLLM does).
 
-Torch-free (the standard library and `option_rules`): `options` parses the flag's JSON with it,
-and the operator imports `options` without torch.
+Standard library only: `options` parses the flag's JSON with it, and the operator imports
+`options` without torch. The flag's text is read by `option_rules.json_object` first, as the
+other JSON flags' (`option_rules.parse_speculative`: `spec` imports nothing of the folder above).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
-
-from pagoda.runtime.option_rules import json_object
 
 DRAFT_MODEL = "draft_model"
 METHODS = ("ngram", DRAFT_MODEL)  # vLLM's names (the operator's `ngram` / `draftModel`)
 MAX_SPECULATIVE_TOKENS = 32  # drafts a step per sequence, at most
 MAX_PROMPT_LOOKUP = 64  # the longest n-gram matched
 DEFAULT_PROMPT_LOOKUP = 5  # vLLM's, when neither bound is given
+EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'  # (in the errors)
 
 
 @dataclass(frozen=True)
@@ -100,12 +101,13 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(cls, value: Any) -> SpeculativeConfig | None:
-        """A config from the flag's JSON text, a mapping (`LLM(speculative_config={...})`) or
-        itself; None stays None. ValueError, one line, for anything else or unknown keys."""
+        """A config from a mapping (the flag's JSON object, read by `option_rules.parse_speculative`;
+        `LLM(speculative_config={...})`) or itself; None stays None. ValueError, one line, for
+        anything else or unknown keys."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        value = json_object("speculative_config", value,
-                            '{"method": "ngram", "num_speculative_tokens": 4}')  # fmt: skip
+        if not isinstance(value, Mapping):
+            raise ValueError(f"speculative_config must be a JSON object, e.g. {EXAMPLE}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from pagoda.runtime.attention import AttentionMetadata
-from pagoda.runtime.request import RUNNING
 from pagoda.runtime.sampling.sampler import SamplingBatch
 from pagoda.runtime.spec.rejection import DRAFT, DraftProbs, draft_pick, uniforms
 
@@ -150,7 +149,7 @@ def draft_batch(
     room = np.fromiter((r.max_new_tokens - r.num_output_tokens for r in sampled), np.int64,
                        len(sampled)) - gained  # fmt: skip
     # (async scheduling: one preempted while the step was in flight has no blocks now)
-    takes = np.fromiter((r.takes_drafts and r.status == RUNNING for r in sampled), bool,
+    takes = np.fromiter((r.takes_drafts and r.is_running for r in sampled), bool,
                         len(sampled))  # fmt: skip
     keep = np.flatnonzero(takes & ~bad & (room > 1))
     if not len(keep):

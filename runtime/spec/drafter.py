@@ -15,7 +15,6 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
-from pagoda.runtime.request import RUNNING
 from pagoda.runtime.spec.config import SpeculativeConfig
 from pagoda.runtime.spec.ngram import NgramProposer, takes_drafts
 from pagoda.runtime.spec.stats import SpecDecodeStats
@@ -80,7 +79,7 @@ class Drafter:
         if spec is None:
             return
         for req, d, a in zip(spec.requests, spec.drafted, spec.accepted):
-            if req.status == RUNNING:  # (finished, or preempted with the step in flight: none)
+            if req.is_running:  # (finished, or preempted with the step in flight: none)
                 req.num_computed_tokens -= d - a
         self.proposer.observe(spec.requests, spec.drafted, spec.accepted)
         stats = self.stats

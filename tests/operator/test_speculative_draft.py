@@ -22,6 +22,7 @@ from pagoda.operator.reconcile import model_pin
 from pagoda.operator.spec.config import OperatorConfig
 from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from pagoda.runtime.option_rules import parse_speculative
 from pagoda.runtime.server.cli import build_parser, server_config
 from pagoda.runtime.spec.config import SpeculativeConfig
 
@@ -62,7 +63,7 @@ def served_config(spec: InferenceServiceSpec) -> SpeculativeConfig:
     (server,) = pod_spec(spec)["containers"]
     parsed = build_parser().parse_args(server["args"])
     server_config(parsed)
-    got = SpeculativeConfig.parse(parsed.speculative_config)
+    got = parse_speculative(parsed.speculative_config)
     assert got is not None
     return got
 

@@ -9,6 +9,7 @@ import pytest
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, SpeculativeConfig
 from pagoda.runtime.engine.start_checks import check_speculative
+from pagoda.runtime.option_rules import parse_speculative
 
 
 def test_keys_and_defaults():
@@ -16,8 +17,8 @@ def test_keys_and_defaults():
                                                 "prompt_lookup_max": 4})  # fmt: skip
     s = c.speculative_config
     assert (s.num_speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max) == (3, 4, 4)
-    assert SpeculativeConfig.parse('{"num_speculative_tokens": 2}').prompt_lookup_min == 5
-    assert s.adaptive and not SpeculativeConfig.parse(
+    assert parse_speculative('{"num_speculative_tokens": 2}').prompt_lookup_min == 5
+    assert s.adaptive and not parse_speculative(
         '{"num_speculative_tokens": 2, "adaptive": false}').adaptive  # fmt: skip
     assert not c.uses_async_scheduling()  # (on the CPU, by default)
     assert EngineConfig.create(speculative_config=s, async_scheduling=True).uses_async_scheduling()
