@@ -12,6 +12,7 @@ import pytest
 from engine_testlib import summary
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.structured.params import StructuredOutputsParams
 from sync_watch import SyncWatch
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
@@ -178,3 +179,26 @@ def test_async_drafted_steps_launch_without_a_sync(engines, monkeypatch):
     _run(async_, _prompts(2, seed=4), params)
     assert ahead and max(ahead) > 0  # drafted steps beside in-flight rows, launched early
     assert not seen, sorted(set(seen))
+
+
+def test_async_drafts_beside_a_constrained_request(engines, monkeypatch):
+    """A structured-output row samples after the in-flight step is read back (its mask needs
+    that token): the drafted rows of its step are verified then, with the plain tokens."""
+    plain, _, async_ = engines
+    runner, late = async_.engine.runner, []
+    inner = runner.sample_deferred
+
+    def deferred(step):
+        late.append(step.spec is not None)
+        inner(step)
+
+    monkeypatch.setattr(runner, "sample_deferred", deferred)
+    prompts = _prompts(3, seed=5)
+    choice = StructuredOutputsParams(regex=r"(w[0-9]+){20,40}")
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=24, structured_outputs=choice),
+              SamplingParams(temperature=0, max_tokens=26, ignore_eos=True)]  # fmt: skip
+    async_.engine.reset_counters()
+    assert _run(async_, prompts, params) == _run(plain, prompts, params)
+    assert async_.engine.spec_stats.num_accepted_tokens > 0
+    assert any(late)  # a deferred step with drafted rows
