@@ -248,12 +248,12 @@ class EngineConfig:
     def uses_async_scheduling(self) -> bool:
         """The flag, or by default on with CUDA only: on a CPU the forward runs on the host, so
         there is no device time to hide the next step's scheduling behind. With speculative
-        decoding a request that takes drafts waits for its tokens' readback (docs/runtime.md)."""
+        decoding only when asked (not measured on a GPU yet: docs/runtime.md)."""
         if self.runner == "pooling":
             return False  # (pooling: no token to read back, nothing to overlap)
         if self.async_scheduling is not None:
             return self.async_scheduling
-        return self.torch_device().type == "cuda"
+        return self.speculative_config is None and self.torch_device().type == "cuda"
 
     def torch_dtype(self) -> torch.dtype:
         return resolve_dtype(self.dtype, self.torch_device())

@@ -22,6 +22,8 @@ def test_keys_and_defaults():
         '{"num_speculative_tokens": 2, "adaptive": false}').adaptive  # fmt: skip
     assert not c.uses_async_scheduling()  # (on the CPU, by default)
     assert EngineConfig.create(speculative_config=s, async_scheduling=True).uses_async_scheduling()
+    # left to its default: off with drafts on CUDA too (not run on a GPU with them yet)
+    assert not EngineConfig.create(device="cuda", speculative_config=s).uses_async_scheduling()
     assert EngineConfig.create().speculative_config is None
 
 
