@@ -38,6 +38,11 @@ greedily), so the two acceptances compare on the same pair. Sampled engines writ
 than plain ("same tokens": n/a)::
 
     OMP_WAIT_POLICY=PASSIVE python -P benchmarks/spec_decode.py --draft --temperature 0.7
+
+``--async-scheduling``: beside each drafting engine its twin with ``--async-scheduling`` (a
+request that takes drafts is scheduled once its step is read back; docs/runtime.md), on the
+same requests in the same rounds. On the CPU the forward runs on the host, so there is nothing
+to overlap: the twin measures what async scheduling costs there, not what it hides on a GPU.
 """
 
 from __future__ import annotations
@@ -227,6 +232,17 @@ def measure(name, b, plain, drafted, batch, params, reps, spent) -> list[list]:
     return rows
 
 
+GREEDY_RULE = "greedy drafts, kept iff drawn"  # (its draft model patched: no async twin)
+
+
+def twin_kwargs(args, common: dict, llm: LLM) -> dict:
+    """`common` as the drafting engine `llm` was built with (`--draft`: its synthetic target)."""
+    if not args.draft:
+        return common
+    kw = {k: v for k, v in common.items() if k != "loaded"}
+    return dict(kw, model=llm.engine.config.model)
+
+
 def draft_engines(args, common: dict) -> tuple[LLM, dict[str, LLM], dict[str, list[list[int]]]]:
     """`--draft`: plain and draft-model engines on the synthetic pair, and random prompts."""
     import random
@@ -243,7 +259,7 @@ def draft_engines(args, common: dict) -> tuple[LLM, dict[str, LLM], dict[str, li
     name = f"draft model ({args.draft_layers} of {args.target_layers} layers)"
     engines = {name: LLM(**common, speculative_config=spec)}
     if args.temperature > 0:  # the earlier rule beside it (module docstring)
-        engines["greedy drafts, kept iff drawn"] = greedy = LLM(**common, speculative_config=spec)
+        engines[GREEDY_RULE] = greedy = LLM(**common, speculative_config=spec)
         greedy.engine.runner.draft._sampler = lambda *_: lambda j, logits: logits.argmax(dim=-1)
     return LLM(**common), engines, {"random": prompts}
 
@@ -272,6 +288,8 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=1)
     ap.add_argument("--damp", type=float, default=0.02,
                     help="the target's later layers' output projections scaled by this")  # fmt: skip
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="beside each drafting engine, the same with --async-scheduling")  # fmt: skip
     args = ap.parse_args()
     print(machine())
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at start, {os.cpu_count()} CPUs")
@@ -290,6 +308,11 @@ def main() -> None:
                 one_floor(drafted[f"ngram {e}"].engine)
         loads = workloads(loaded.tokenizer, max(args.batches))
         loads = {name: loads[name] for name in args.workloads}
+    if args.async_scheduling:  # each drafting engine's twin, the next step launched early
+        for e in [e for e in drafted if e != GREEDY_RULE]:
+            spec = drafted[e].engine.config.speculative_config
+            drafted[f"{e}, async"] = LLM(**twin_kwargs(args, common, drafted[e]),
+                                         speculative_config=spec, async_scheduling=True)  # fmt: skip
     # the proposer's time: with a draft model, only handing the held drafts out (its forwards
     # are in the runner's step)
     spent = {name: timed_proposer(llm.engine) for name, llm in drafted.items()}

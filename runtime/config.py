@@ -165,18 +165,13 @@ class EngineConfig:
             raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
                              f"{self.runner!r}")  # fmt: skip
         object.__setattr__(self, "pooler_config", PoolerConfig.parse(self.pooler_config))
-        spec = SpeculativeConfig.parse(self.speculative_config)
+        spec = option_rules.parse_speculative(self.speculative_config)
         if self.runner == "pooling" and spec is not None:
             raise ValueError("speculative decoding is not supported with the pooling runner "
                              "(an embedding request generates nothing): drop --speculative-config")  # fmt: skip
         object.__setattr__(self, "speculative_config", spec)
         for problem in lora_problems(self):
             raise ValueError(problem)
-        if spec is not None and self.async_scheduling:
-            raise ValueError(
-                "speculative decoding runs with synchronous scheduling only (as vLLM v1's first "
-                "did): drop --async-scheduling, or --speculative-config"
-            )
         option_rules.check_booleans(
             self, ("enable_cuda_graphs", "batch_invariant", "async_scheduling", "check_weights"),
             optional=("async_scheduling",),
@@ -257,13 +252,13 @@ class EngineConfig:
 
     def uses_async_scheduling(self) -> bool:
         """The flag, or by default on with CUDA only: on a CPU the forward runs on the host, so
-        there is no device time to hide the next step's scheduling behind. Off with
-        speculative decoding (its drafts come from the tokens read back)."""
-        if self.speculative_config is not None or self.runner == "pooling":
+        there is no device time to hide the next step's scheduling behind. With speculative
+        decoding only when asked (not measured on a GPU yet: docs/runtime.md)."""
+        if self.runner == "pooling":
             return False  # (pooling: no token to read back, nothing to overlap)
         if self.async_scheduling is not None:
             return self.async_scheduling
-        return self.torch_device().type == "cuda"
+        return self.speculative_config is None and self.torch_device().type == "cuda"
 
     def torch_dtype(self) -> torch.dtype:
         return resolve_dtype(self.dtype, self.torch_device())

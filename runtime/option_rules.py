@@ -4,8 +4,8 @@ between engine flags, each stated once (`ENGINE_RULES`): the runtime's `Schedule
 their error, the operator checks an InferenceService's `spec.engine` with them and the CRD carries
 them as CEL (`cel`).
 
-Like `options` (whose defaults and limits it reads), it imports nothing but the standard library:
-the operator image has no torch.
+Like `options` (whose defaults and limits it reads), it imports nothing but the standard library
+(and `spec/config.py`, standard library only too): the operator image has no torch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pagoda.runtime.options import (
     MAX_NUM_SEQS_LIMIT,
     MAX_TIMEOUT_S,
 )
+from pagoda.runtime.spec import config as spec_config
 
 # --- the range of each size (stated once; the runtime's configs and the profile loader use it) -
 
@@ -99,6 +100,14 @@ def json_object(name: str, value: Any, example: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"{name} must be a JSON object, e.g. {example}")
     return value
+
+
+def parse_speculative(value: Any) -> spec_config.SpeculativeConfig | None:
+    """`--speculative-config`'s JSON text (`json_object`), a mapping or a config → a checked
+    `SpeculativeConfig`; None stays None."""
+    if isinstance(value, str):
+        value = json_object("speculative_config", value, spec_config.EXAMPLE)
+    return spec_config.SpeculativeConfig.parse(value)
 
 
 def short_repr(value: Any) -> str:

@@ -132,6 +132,11 @@ class Request:
     def is_finished(self) -> bool:
         return self.status >= FIRST_FINISHED
 
+    @property
+    def is_running(self) -> bool:
+        """Scheduled (not waiting, preempted or finished): it holds its blocks."""
+        return self.status == RUNNING
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 

@@ -283,12 +283,6 @@ class InferenceServiceSpec:
         e = self.engine
         if e.speculative is None:
             return
-        if pod_fields.sets_flag(e.extra_args, "async_scheduling"):
-            raise SpecError(
-                "InvalidSpec",
-                "spec.engine.speculative runs with synchronous scheduling only: drop "
-                "--async-scheduling from spec.engine.extraArgs",
-            )
         if e.runner == "pooling":
             raise SpecError(
                 "InvalidSpec",

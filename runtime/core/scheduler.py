@@ -129,6 +129,8 @@ class Scheduler:
         for req in list(self.running):
             # tokens in flight (async scheduling) count as known
             computed = req.num_computed_tokens
+            if req.num_pending and req.takes_drafts:
+                continue  # its drafts come from its tokens: scheduled once they are read back
             if len(req.token_ids) + req.num_pending - computed != 1:
                 partial.append(req)
                 continue

@@ -283,6 +283,8 @@ class EngineCore:
         prev, self._inflight, outputs = self._inflight, None, []
         if prev is not None and self._penalized:
             outputs, prev = self._finish(prev), None  # penalties need every token on the host
+        if self.drafter is not None:  # drafts for the requests read back (none in flight)
+            self.drafter.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if not out.is_empty:
             self.kv.record_peak(out.scheduled)
@@ -295,7 +297,7 @@ class EngineCore:
                     outputs += self._finish(prev)
                     prev = None
                 self.runner.sample_deferred(launched)
-            for req in launched.requests:
+            for req in launched.samplers:
                 req.num_pending += 1
             self._inflight = None if launched.empty else launched
         if prev is not None:
@@ -305,9 +307,10 @@ class EngineCore:
     def _finish(self, launched: LaunchedStep) -> list[StepOutput]:
         """Read an async step back, fold its tokens in and build its outputs."""
         result = self.runner.readback(launched)
-        for req in launched.requests:
+        for req in launched.samplers:
             req.num_pending -= 1
-        if any(r.is_finished for r in result.requests):  # stopped or aborted meanwhile: drop
+        # stopped or aborted meanwhile: dropped (a drafted step's by `_update`)
+        if result.spec is None and any(r.is_finished for r in result.requests):
             keep = [i for i, r in enumerate(result.requests) if not r.is_finished]
             result = ModelRunnerOutput(
                 [result.requests[i] for i in keep],

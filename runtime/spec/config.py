@@ -4,7 +4,8 @@ smaller draft model's greedy drafts (`spec/draft_model.py`; vLLM's "draft_model"
 a ``model`` given without a ``method``, as vLLM does).
 
 Standard library only: `options` parses the flag's JSON with it, and the operator imports
-`options` without torch.
+`options` without torch. The flag's text is read by `option_rules.json_object` first, as the
+other JSON flags' (`option_rules.parse_speculative`: `spec` imports nothing of the folder above).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ METHODS = ("ngram", DRAFT_MODEL)  # vLLM's names (the operator's `ngram` / `draf
 MAX_SPECULATIVE_TOKENS = 32  # drafts a step per sequence, at most
 MAX_PROMPT_LOOKUP = 64  # the longest n-gram matched
 DEFAULT_PROMPT_LOOKUP = 5  # vLLM's, when neither bound is given
+EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'  # (in the errors)
 
 
 @dataclass(frozen=True)
@@ -99,20 +101,13 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(cls, value: Any) -> SpeculativeConfig | None:
-        """A config from the flag's JSON text, a mapping (`LLM(speculative_config={...})`) or
-        itself; None stays None. ValueError, one line, for anything else or unknown keys."""
+        """A config from a mapping (the flag's JSON object, read by `option_rules.parse_speculative`;
+        `LLM(speculative_config={...})`) or itself; None stays None. ValueError, one line, for
+        anything else or unknown keys."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config: not JSON ({e})") from None
         if not isinstance(value, Mapping):
-            raise ValueError(
-                "speculative_config must be a JSON object, e.g. "
-                '{"method": "ngram", "num_speculative_tokens": 4}'
-            )
+            raise ValueError(f"speculative_config must be a JSON object, e.g. {EXAMPLE}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:

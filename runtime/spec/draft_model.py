@@ -148,7 +148,9 @@ def draft_batch(
     bad = np.minimum.reduceat(tokens, ends - gained) < 0 if len(tokens) else gained > 0
     room = np.fromiter((r.max_new_tokens - r.num_output_tokens for r in sampled), np.int64,
                        len(sampled)) - gained  # fmt: skip
-    takes = np.fromiter((r.takes_drafts for r in sampled), bool, len(sampled))
+    # (async scheduling: one preempted while the step was in flight has no blocks now)
+    takes = np.fromiter((r.takes_drafts and r.is_running for r in sampled), bool,
+                        len(sampled))  # fmt: skip
     keep = np.flatnonzero(takes & ~bad & (room > 1))
     if not len(keep):
         return [], [], keep

@@ -79,7 +79,7 @@ class Drafter:
         if spec is None:
             return
         for req, d, a in zip(spec.requests, spec.drafted, spec.accepted):
-            if not req.is_finished:
+            if req.is_running:  # (finished, or preempted with the step in flight: none)
                 req.num_computed_tokens -= d - a
         self.proposer.observe(spec.requests, spec.drafted, spec.accepted)
         stats = self.stats

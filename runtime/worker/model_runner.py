@@ -163,8 +163,8 @@ class ModelRunner:
         # Async scheduling: the last launched step's tokens and the row of each request in
         # them, for the next step's rows whose token is still on the device.
         self.async_scheduling = config.uses_async_scheduling()
-        # speculative decoding: decodes may carry drafts (never with async scheduling, whose
-        # in-flight rows also run past their known tokens)
+        # speculative decoding: decodes may carry drafts (with async scheduling, rows whose
+        # token is in flight run one past their known tokens: `prepare_inputs` tells them apart)
         self.speculative = config.speculative_config is not None
         self.inflight: tuple[torch.Tensor, dict[str, int]] | None = None
         # Structured outputs: bitmasks of constrained rows, applied to the logits before sampling
@@ -274,7 +274,7 @@ class ModelRunner:
             drafted = reqs
             reqs = np.repeat(_objects(reqs), spec.counts + 1).tolist()
         batch = self._sampling_batch(reqs, self.model.vocab_size) if reqs else None
-        ratio = None  # a draft model's sampled drafts: verified by their q (`spec/rejection.py`)
+        ratio = held = None  # a draft model's sampled drafts: verified by their q (`rejection`)
         if spec is not None:  # before the rows draw their uniforms (the LM head's too)
             held = None if self.draft is None else self.draft.held
             ratio = rejection.ratio_rows(drafted, spec.counts, spec.drafts, held)
@@ -300,21 +300,17 @@ class ModelRunner:
         if head is not None:  # the LM head gave the tokens: no logits were written
             step = LaunchedStep(reqs, SamplerOutput(logits, None, None, None))
         elif rows and self.async_scheduling:  # masks need the in-flight step's tokens first
-            return LaunchedStep(reqs, None, deferred=(logits, batch, rows), prompt=prompt)
+            step = LaunchedStep(reqs, None, deferred=(logits, batch, rows, ratio, held))
+            step.prompt = prompt
         else:
-            if rows:
-                self.grammar.apply(logits, reqs, rows)
-            if self.logits_hook is not None:
-                self.logits_hook(reqs, logits)
-            step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler), prompt=prompt)
-            if ratio is not None:  # the drafted rows' tokens by the ratio rule (on the device)
-                rejection.resample(step.sampler_output.token_ids, logits, batch, ratio,
-                                   self.draft.held, self.to_device)  # fmt: skip
+            step = LaunchedStep(reqs, self._sample(logits, batch, reqs, rows, ratio, held))
+            step.prompt = prompt
         if spec is not None:
             step.spec = (drafted, spec)
         if self.draft is not None:  # the sampling requests' block-table rows, one each
             step.table_rows = self.block_tables.rows[inp.sampling]
-        self._launched(step)
+        if step.deferred is None:
+            self._launched(step)
         if clock is not None:
             clock.mark("sample")
         return step
@@ -322,13 +318,23 @@ class ModelRunner:
     def sample_deferred(self, step: LaunchedStep) -> None:
         """Sample a step launched with constrained rows under async scheduling, once the
         previous step's tokens are folded in: the bitmasks were filled while the forward ran."""
-        logits, batch, rows = step.deferred
+        logits, batch, rows, ratio, held = step.deferred
         step.deferred = None
-        self.grammar.apply(logits, step.requests, rows)
-        if self.logits_hook is not None:
-            self.logits_hook(step.requests, logits)
-        step.sampler_output = sample(logits, batch, self._whole_sampler)
+        step.sampler_output = self._sample(logits, batch, step.requests, rows, ratio, held)
         self._launched(step)
+
+    def _sample(self, logits, batch, reqs, rows, ratio, held) -> SamplerOutput:
+        """The step's tokens: grammar masks and the hook applied, sampled; a draft model's
+        sampled drafts' rows then by the ratio rule with `held`, the q they were drafted by
+        (`spec/rejection.py`, on the device)."""
+        if rows:
+            self.grammar.apply(logits, reqs, rows)
+        if self.logits_hook is not None:
+            self.logits_hook(reqs, logits)
+        so = sample(logits, batch, self._whole_sampler)
+        if ratio is not None:
+            rejection.resample(so.token_ids, logits, batch, ratio, held, self.to_device)
+        return so
 
     def _launched(self, step: LaunchedStep) -> None:
         """Async scheduling: remember the step's token tensor for the next step's gathers."""

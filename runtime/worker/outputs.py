@@ -44,9 +44,10 @@ class LaunchedStep:
     sampler_output: SamplerOutput | None  # device tensors
     host: SamplerOutput | None = None  # pinned copies, valid once `ready` has fired (CUDA)
     ready: torch.cuda.Event | None = None
-    # Async scheduling with constrained rows: (logits, sampling batch, grammar rows) waiting for
-    # the previous step's tokens before their bitmasks are filled (`ModelRunner.sample_deferred`)
-    deferred: tuple[torch.Tensor, Any, list[int]] | None = None
+    # Async scheduling with constrained rows: (logits, sampling batch, grammar rows, a draft
+    # model's sampled drafts' ratio rows and q or None) waiting for the previous step's tokens
+    # before their bitmasks are filled (`ModelRunner.sample_deferred`)
+    deferred: tuple[torch.Tensor, Any, list[int], Any, Any] | None = None
     # Prompt logprobs: the rows scored, their scores (device), pinned copies (CUDA, `ready`)
     prompt: tuple[PromptRows, PromptScores] | None = None
     prompt_host: tuple[torch.Tensor | None, ...] | None = None
@@ -58,6 +59,11 @@ class LaunchedStep:
     # copy (CUDA), valid once `ready` has fired
     pooled: torch.Tensor | None = None
     pooled_host: torch.Tensor | None = None
+
+    @property
+    def samplers(self) -> list[Request]:
+        """The requests that sample, one each (a drafted request has a row per token)."""
+        return self.requests if self.spec is None else self.spec[0]
 
     @property
     def empty(self) -> bool:

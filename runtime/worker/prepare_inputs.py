@@ -55,8 +55,12 @@ def prepare_inputs(runner: ModelRunner, out: SchedulerOutput) -> StepInputs:
     seq_lens = starts + qlens
     sampling = np.flatnonzero(seq_lens >= known).tolist()
     inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
-    if runner.speculative and nd < n and (seq_lens > known).any():  # decodes with drafts
-        inp.sample_rows, inp.spec = verify.spec_rows(ids, cu, seq_lens - known, sampling)
+    if runner.speculative and nd < n:  # decodes with drafts: rows past the known tokens
+        extra = seq_lens - known
+        if pending is not None:  # (async scheduling: a token in flight is known)
+            extra[pending[0]] -= 1
+        if (extra > 0).any():
+            inp.sample_rows, inp.spec = verify.spec_rows(ids, cu, extra, sampling)
     _add_state(runner, out, inp, reqs, starts, qlens)
     if runner.prompt_logprob_requests:  # some request asked: are its prompt positions here?
         row_of = {s.request.request_id: i for i, s in enumerate(sched)}

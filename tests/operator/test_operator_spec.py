@@ -280,17 +280,6 @@ def test_defaults() -> None:
                 ([4], "spec.engine.speculative must be an object"),
             )
         ),
-        (  # `pagoda serve` refuses speculation with async scheduling (a crash loop)
-            {
-                "model": "smollm2-135m",
-                "engine": {
-                    "speculative": {"numSpeculativeTokens": 4},
-                    "extraArgs": ["--async-scheduling"],
-                },
-            },
-            "InvalidSpec",
-            "spec.engine.speculative runs with synchronous scheduling only",
-        ),
     ],
 )
 def test_spec_errors(spec: dict[str, Any], reason: str, words: str) -> None:

@@ -208,8 +208,6 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--max-num-seqs", "0"), "max_num_seqs must be an integer in 1..16384, got 0"),
         (("--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'),
          "speculative_config: method 'eagle' is not supported"),
-        (("--speculative-config", '{"num_speculative_tokens": 2}', "--async-scheduling"),
-         "speculative decoding runs with synchronous scheduling only"),
         (("--pooler-config", '{"pooling_type": "MEAN"}'),
          "pooler_config applies to the pooling runner only"),  # (auto: SmolLM2 generates)
         (("--runner", "pooling", "--pooler-config", '{"pooling_type": "MAX"}'),
@@ -222,6 +220,12 @@ def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
     with pytest.raises(ValueError) as err:
         engine_config(*argv)
     assert needle in str(err.value), err.value
+
+
+def test_speculative_decoding_is_served_with_async_scheduling() -> None:
+    cfg = engine_config("--speculative-config", '{"num_speculative_tokens": 2}',
+                        "--async-scheduling")  # fmt: skip
+    assert cfg.speculative_config is not None and cfg.uses_async_scheduling()
 
 
 def test_a_checkpoint_directory_without_weights_or_tokenizer_is_refused_before_loading(

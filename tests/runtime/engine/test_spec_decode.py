@@ -12,6 +12,8 @@ import pytest
 from engine_testlib import summary
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.structured.params import StructuredOutputsParams
+from sync_watch import SyncWatch
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
         "prompt_lookup_min": 2}  # fmt: skip
@@ -24,7 +26,8 @@ ENGINE = dict(dtype="float32", block_size=8, num_blocks_override=16, max_num_seq
 def engines(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     make_tiny_llama(path)
-    return LLM(str(path), **ENGINE), LLM(str(path), **ENGINE, speculative_config=SPEC)
+    return (LLM(str(path), **ENGINE), LLM(str(path), **ENGINE, speculative_config=SPEC),
+            LLM(str(path), **ENGINE, speculative_config=SPEC, async_scheduling=True))  # fmt: skip
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -44,7 +47,7 @@ def _run(llm: LLM, prompts, params):
 
 
 def test_greedy_output_is_the_engines_without_drafts(engines):
-    plain, spec = engines
+    plain, spec, _ = engines
     prompts = _prompts(6)
     params = [SamplingParams(temperature=0, max_tokens=24 + 5 * i, ignore_eos=True)
               for i in range(len(prompts))]  # fmt: skip
@@ -71,7 +74,7 @@ def test_greedy_output_is_the_engines_without_drafts(engines):
 def test_seeded_sampling_gives_the_same_tokens(engines):
     """A sampled draft is kept iff the target's own draw equals it (rejection sampling with a
     one-hot draft), with the draws a plain step makes: a seeded request's output is unchanged."""
-    plain, spec = engines
+    plain, spec, _ = engines
     prompts = _prompts(4, seed=1)
     params = [
         SamplingParams(temperature=0.7, max_tokens=30, seed=11, ignore_eos=True),
@@ -85,7 +88,7 @@ def test_seeded_sampling_gives_the_same_tokens(engines):
 
 
 def test_requests_the_verifier_does_not_handle_get_no_drafts(engines):
-    plain, spec = engines
+    plain, spec, _ = engines
     prompts = _prompts(3, seed=2)
     params = [
         SamplingParams(temperature=0, max_tokens=20, logprobs=2, ignore_eos=True),
@@ -98,7 +101,7 @@ def test_requests_the_verifier_does_not_handle_get_no_drafts(engines):
 
 
 def test_stats_carry_the_counters(engines):
-    _, spec = engines
+    _, spec, _ = engines
     spec.engine.reset_counters()
     _run(spec, _prompts(2, seed=3), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     s = spec.engine.stats()
@@ -123,3 +126,79 @@ def test_seeded_sampling_with_drafts_rejected_gives_the_same_tokens(smol):
     assert got == summary(plain.generate(prompt, params, use_tqdm=False))
     stats = spec.engine.spec_stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_async_scheduling_gives_the_same_tokens(engines):
+    """With async scheduling a request that takes drafts is scheduled once its tokens are read
+    back (its drafts come from them) while the others' steps overlap: greedy tokens the plain
+    engine's (chunked prefill, preemption, prefix hits, a stop string, lengths ending inside a
+    drafted step), seeded samples the synchronous drafting engine's."""
+    plain, spec, async_ = engines
+    core = async_.engine
+    assert core.async_scheduling and core.runner.async_scheduling
+    prompts = _prompts(6)
+    params = [SamplingParams(temperature=0, max_tokens=23 + 5 * i, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    probe = plain.generate({"prompt_token_ids": prompts[2]}, params[2])[0].outputs[0].token_ids
+    params[2] = SamplingParams(temperature=0, max_tokens=40, stop=[f"w{probe[-6]}"])
+    params[4] = SamplingParams(temperature=0, max_tokens=30, logprobs=1)  # no drafts: overlaps
+    core.reset_counters()
+    want = _run(plain, prompts, params)
+    assert _run(async_, prompts, params) == want
+    assert _run(async_, prompts, params) == want  # prefix hits
+    stats = core.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+    core.check_integrity()
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+    assert all(r.num_pending == 0 for r in core.scheduler.waiting)
+    seeded = [SamplingParams(temperature=0.8, max_tokens=30, seed=5 + i, n=1 + i % 2,
+                             ignore_eos=True) for i in range(4)]  # fmt: skip
+    prompts = _prompts(4, seed=1)
+    assert _run(async_, prompts, seeded) == _run(spec, prompts, seeded)
+
+
+def test_async_drafted_steps_launch_without_a_sync(engines, monkeypatch):
+    """A drafted step launched while another is in flight, beside a row whose token is gathered
+    on the device, queues no device-to-host sync (recorded on the CPU: `sync_watch.py`)."""
+    *_, async_ = engines
+    core = async_.engine
+    launch, seen, ahead = core.runner.execute_model, [], []
+
+    def watched(out):
+        with SyncWatch() as watch:
+            step = launch(out)
+        seen.extend(watch.seen)
+        if step.spec is not None:  # its rows whose token is in flight
+            ahead.append(sum(s.request.num_pending > 0 for s in out.scheduled))
+        return step
+
+    monkeypatch.setattr(core.runner, "execute_model", watched)
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=30, logit_bias={9: 1.0})]  # fmt: skip
+    _run(async_, _prompts(2, seed=4), params)
+    assert ahead and max(ahead) > 0  # drafted steps beside in-flight rows, launched early
+    assert not seen, sorted(set(seen))
+
+
+def test_async_drafts_beside_a_constrained_request(engines, monkeypatch):
+    """A structured-output row samples after the in-flight step is read back (its mask needs
+    that token): the drafted rows of its step are verified then, with the plain tokens."""
+    plain, _, async_ = engines
+    runner, late = async_.engine.runner, []
+    inner = runner.sample_deferred
+
+    def deferred(step):
+        late.append(step.spec is not None)
+        inner(step)
+
+    monkeypatch.setattr(runner, "sample_deferred", deferred)
+    prompts = _prompts(3, seed=5)
+    choice = StructuredOutputsParams(regex=r"(w[0-9]+){20,40}")
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=24, structured_outputs=choice),
+              SamplingParams(temperature=0, max_tokens=26, ignore_eos=True)]  # fmt: skip
+    async_.engine.reset_counters()
+    assert _run(async_, prompts, params) == _run(plain, prompts, params)
+    assert async_.engine.spec_stats.num_accepted_tokens > 0
+    assert any(late)  # a deferred step with drafted rows

@@ -18,13 +18,12 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 from arch_cases import prompts
 from hf_oracle import _LM_CLASSES, make_tiny_model
 from hybrid_cases import CASES as HYBRID_CASES
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
-from torch.utils._python_dispatch import TorchDispatchMode
+from sync_watch import SyncWatch
 
 pytestmark = [
     pytest.mark.slow,  # the Triton interpreter: ~3-6 s a family
@@ -35,12 +34,6 @@ pytestmark = [
 
 _LM_CLASSES.setdefault("Llama4Text", "Llama4ForCausalLM")  # as test_llama4.py
 _LM_CLASSES.setdefault("Gemma4Text", "Gemma4ForCausalLM")
-# aten ops that wait for the device on CUDA (the value, or the output's size, is read back)
-SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
-           "aten::unique_consecutive", "aten::unique_dim", "aten::bincount"}  # fmt: skip
-# Tensor methods that read a CUDA tensor to the host without an aten op on a CPU one
-READBACKS = ("tolist", "numpy", "cpu", "item", "__array__")
-
 MLA = dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, num_key_value_heads=4)
 FAMILIES = {
     "deepseek-v3": ("DeepseekV3", dict(MLA, q_lora_rank=24, v_head_dim=64, n_routed_experts=8,
@@ -88,37 +81,6 @@ FAMILIES = {
                num_kv_shared_layers=1, attention_k_eq_v=True, num_global_key_value_heads=1,
                enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)),
 }  # fmt: skip
-
-
-class SyncWatch(TorchDispatchMode):
-    """Records the aten ops of `SYNCING` dispatched, and the `READBACKS` called, while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-        self.saved = {name: getattr(torch.Tensor, name) for name in READBACKS}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._schema.name in SYNCING:
-            self.seen.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self):
-        for name, method in self.saved.items():
-            setattr(torch.Tensor, name, self._recording(name, method))
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        for name, method in self.saved.items():
-            setattr(torch.Tensor, name, method)
-        return super().__exit__(*exc)
-
-    def _recording(self, name, method):
-        def call(tensor, *args, **kwargs):
-            self.seen.append(f"Tensor.{name}")
-            return method(tensor, *args, **kwargs)
-
-        return call
 
 
 def dense_experts(x, topk_weights, topk_ids, expert):

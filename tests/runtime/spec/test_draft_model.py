@@ -113,6 +113,31 @@ def test_sampled_drafts_are_verified_by_their_probabilities(engines):
     assert [mixed[0], mixed[2]] == _run(engines[0], [prompts[0], prompts[2]], greedy)
 
 
+def test_async_scheduling_gives_the_same_tokens(paths, engines):
+    """With async scheduling (a drafting request scheduled once its step is read back, the
+    draft's next run and q held across the step launched meanwhile): greedy tokens the plain
+    engine's, beside a request without drafts whose steps overlap; seeded samples the same
+    run to run."""
+    target, short = paths
+    spec = {"model": str(short), "num_speculative_tokens": K}
+    llm = LLM(str(target), **ENGINE, speculative_config=spec, async_scheduling=True)
+    assert llm.engine.async_scheduling
+    prompts = _prompts(6)
+    params = [SamplingParams(temperature=0, max_tokens=19 + 5 * i, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    params[3] = SamplingParams(temperature=0, max_tokens=30, logprobs=1)  # no drafts
+    assert _run(llm, prompts, params) == _run(engines[0], prompts, params)
+    core = llm.engine
+    assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+    assert 0 < core.spec_stats.num_accepted_tokens < core.spec_stats.num_draft_tokens
+    core.check_integrity()
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+    sampled = [SamplingParams(temperature=0.8, max_tokens=24, seed=3 + i, ignore_eos=True)
+               for i in range(3)]  # fmt: skip
+    first = _run(llm, prompts[:3], sampled)
+    assert _run(llm, prompts[:3], sampled) == first
+
+
 @pytest.mark.slow  # (a second rank spawned; nothing timed)
 def test_two_ranks_with_a_draft_give_one_rank_s_tokens(paths, engines):
     """Tensor parallelism: the draft model whole on rank 0 (its forwards take no collective),

@@ -9,6 +9,7 @@ import pytest
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, SpeculativeConfig
 from pagoda.runtime.engine.start_checks import check_speculative
+from pagoda.runtime.option_rules import parse_speculative
 
 
 def test_keys_and_defaults():
@@ -16,10 +17,13 @@ def test_keys_and_defaults():
                                                 "prompt_lookup_max": 4})  # fmt: skip
     s = c.speculative_config
     assert (s.num_speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max) == (3, 4, 4)
-    assert SpeculativeConfig.parse('{"num_speculative_tokens": 2}').prompt_lookup_min == 5
-    assert s.adaptive and not SpeculativeConfig.parse(
+    assert parse_speculative('{"num_speculative_tokens": 2}').prompt_lookup_min == 5
+    assert s.adaptive and not parse_speculative(
         '{"num_speculative_tokens": 2, "adaptive": false}').adaptive  # fmt: skip
-    assert not c.uses_async_scheduling()
+    assert not c.uses_async_scheduling()  # (on the CPU, by default)
+    assert EngineConfig.create(speculative_config=s, async_scheduling=True).uses_async_scheduling()
+    # left to its default: off with drafts on CUDA too (not run on a GPU with them yet)
+    assert not EngineConfig.create(device="cuda", speculative_config=s).uses_async_scheduling()
     assert EngineConfig.create().speculative_config is None
 
 
@@ -52,10 +56,8 @@ def test_bad_configs_are_refused_in_one_line(value, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_refused_beside_async_scheduling_and_stateful_models():
+def test_refused_beside_stateful_models():
     spec = {"num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="synchronous scheduling only"):
-        EngineConfig.create(speculative_config=spec, async_scheduling=True)
     # (tensor parallelism is served: tests/runtime/spec/test_draft_model.py, two ranks)
     EngineConfig.create(speculative_config=spec, tensor_parallel_size=2)
     mamba = SimpleNamespace(
