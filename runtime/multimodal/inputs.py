@@ -114,7 +114,7 @@ def build(
     ids, offsets = expand(token_ids, len(pixels), vision)
     n = vision.tokens_per_image
     images = tuple(ImageInput(p, o, n, pixels_hash(p)) for p, o in zip(pixels, offsets))
-    return ids, MultiModalInputs(images, vision.bidirectional)
+    return ids, MultiModalInputs(images, bidirectional=vision.bidirectional)
 
 
 def from_images(

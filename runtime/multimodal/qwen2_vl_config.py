@@ -39,6 +39,7 @@ class QwenVisionConfig:
     fullatt_blocks: tuple[int, ...] = ()
     mrope_section: tuple[int, ...] = (16, 24, 24)  # the text rotary's (t, h, w) frequencies
     processing: QwenImageProcessing = QwenImageProcessing()  # noqa: RUF009 (frozen)
+    bidirectional: bool = False  # (causal image tokens: prefill chunks may split an image)
 
     def __post_init__(self) -> None:
         if self.width % self.num_heads or (self.width // self.num_heads) % 4:

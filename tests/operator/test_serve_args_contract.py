@@ -33,7 +33,7 @@ from pagoda.operator.spec.inference_service import (
 )
 from pagoda.runtime import options
 from pagoda.runtime.multimodal.config import DEFAULT_IMAGE_LIMIT, parse_limits
-from pagoda.runtime.option_rules import camel
+from pagoda.runtime.option_rules import camel, parse_speculative
 from pagoda.runtime.pooler_config import PoolerConfig
 from pagoda.runtime.server.cli import build_parser, server_config
 from pagoda.runtime.spec.config import SpeculativeConfig
@@ -188,7 +188,7 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
         seen |= {("prefix", parsed.enable_prefix_caching), ("block", parsed.block_size)}
         seen |= {("kv", parsed.kv_cache_dtype), ("quantization", parsed.quantization)}
         want = spec["engine"].get("speculative")
-        got = SpeculativeConfig.parse(parsed.speculative_config)  # as `pagoda serve` reads it
+        got = parse_speculative(parsed.speculative_config)  # as `pagoda serve` reads it
         assert (got is None) == (want is None), (want, parsed.speculative_config)
         if got is not None:
             assert (got.num_speculative_tokens, got.prompt_lookup_min) == (
@@ -289,7 +289,7 @@ def test_speculative_renders_vllms_json_only_when_set() -> None:
                                                      "promptLookupMin": 2}}}  # fmt: skip
         spec = InferenceServiceSpec.from_dict(body, name=OWNER.name, default_image="img:1")
         parsed = check_rendered(spec)
-        assert SpeculativeConfig.parse(parsed.speculative_config) == SpeculativeConfig(
+        assert parse_speculative(parsed.speculative_config) == SpeculativeConfig(
             num_speculative_tokens=k, method="ngram", prompt_lookup_max=4, prompt_lookup_min=2
         )
         config_map = build_config_map(OWNER, spec)
@@ -301,7 +301,7 @@ def test_speculative_renders_vllms_json_only_when_set() -> None:
     # one bound given: the other is the same, as the runtime fills it (recorded filled in)
     one = {**model, "engine": {"speculative": {"numSpeculativeTokens": 3, "promptLookupMax": 7}}}
     spec = InferenceServiceSpec.from_dict(one, name=OWNER.name, default_image="img:1")
-    got = SpeculativeConfig.parse(check_rendered(spec).speculative_config)
+    got = parse_speculative(check_rendered(spec).speculative_config)
     assert (got.prompt_lookup_max, got.prompt_lookup_min) == (7, 7)
 
 

@@ -268,7 +268,7 @@ def test_a_multi_node_group_downloads_the_draft_where_rank_0_runs() -> None:
         env = {LWS_LEADER_ADDRESS_ENV: "llama-lws-0.llama-lws", LWS_WORKER_INDEX_ENV: str(index)}
         args = [_expand(a, env) for a in server["args"]]
         parsed = build_parser().parse_args(args)
-        assert SpeculativeConfig.parse(parsed.speculative_config) == SpeculativeConfig(
+        assert parse_speculative(parsed.speculative_config) == SpeculativeConfig(
             num_speculative_tokens=4, method="draft_model", model=f"{DRAFT_MOUNT}/model"
         )
         layouts.append(Parallelism.from_values(vars(parsed)))
