@@ -248,10 +248,11 @@ class Dsv4EngineModel(LlamaModel):
     """The engine's DeepSeek-V4 (module docstring); `LlamaModel`'s interface to the runner."""
 
     def __init__(self, config, weights, *, dtype, device, batch_invariant=False, tp=None,
-                 fp8=None, check_weights=True, **_ignored) -> None:  # fmt: skip
+                 fp8=None, check_weights=True, backend=None, **_ignored) -> None:  # fmt: skip
         if fp8 is not None:  # (refused at start: family_options)
             raise ValueError("DeepSeek-V4 runs in 16 or 32 bits")
         self.config, self.c = config, config.family.dsv4
+        self.backend = backend  # the runner's: it plans each step beside `kv_backends`
         self._moes: list[SparseMoE] = []
         self.dtype, self.device, self.tp = dtype, device, tp
         self.long_rope = {}

@@ -156,8 +156,7 @@ class ModelRunner:
                                     config.scheduler.max_num_seqs, self.dtype, self.device,
                                     max_model_len)  # fmt: skip
         # each backend of another shape plans a step too (`AttentionBackend.with_geometry`)
-        # (the runner's own backend too: a model that keeps none, DeepSeek-V4's, plans with it)
-        self._backends = list({id(b): b for b in (self.backend, *self.model.kv_backends)}.values())
+        self._backends = self.model.attention_backends
         self.cuda_graphs: CudaGraphRunner | None = None
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
