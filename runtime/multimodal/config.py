@@ -109,6 +109,7 @@ class VisionConfig:
     image_size: int
     patch_size: int
     image_token_index: int
+    kind: str = "llava"  # its family's image inputs (`inputs.FAMILIES`): llava, gemma3
     layer_norm_eps: float = 1e-5
     hidden_act: str = "quick_gelu"  # the tower's MLP
     feature_layer: int = -2  # `hidden_states[feature_layer]` (0: the embeddings)

@@ -86,6 +86,7 @@ def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig | N
         image_size=size,
         patch_size=patch,
         image_token_index=int(top.get("image_token_index", top.get("image_token_id", 262_144))),
+        kind="gemma3",
         layer_norm_eps=float(v.get("layer_norm_eps", 1e-6)),
         hidden_act="gelu_tanh",
         feature_layer=int(v.get("num_hidden_layers", 12)),

@@ -41,7 +41,14 @@ def build(token_ids: Sequence[int], prepared: Sequence[tuple[np.ndarray, tuple]]
     return out.tolist(), MultiModalInputs(images, mrope=pos, mrope_delta=delta)
 
 
-def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: QwenVisionConfig) -> None:
+def expand(token_ids: Sequence[int], num_images: int, vision: QwenVisionConfig) -> tuple:
+    """ValueError: a run's length is its image's grid, known only where the image is read."""
+    raise ValueError("Qwen2-VL's placeholder runs depend on each image's size: "
+                     "they are counted where the images are read")  # fmt: skip
+
+
+def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: QwenVisionConfig,
+          step_tokens: int | None = None) -> None:  # fmt: skip
     """ValueError unless each image's patches fit its grid and the tower and sit over a run of
     image tokens, and the M-RoPE positions cover the prompt."""
     ids = np.asarray(token_ids, dtype=np.int64)
