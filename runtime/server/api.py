@@ -29,7 +29,8 @@ from pagoda.runtime.server.http import ErrorGuard, read_body
 from pagoda.runtime.server.lora_adapters import ServedAdapters, add_lora_routes
 from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import APIError
-from pagoda.runtime.server.responses import ResponsesEndpoint, add_response_routes
+from pagoda.runtime.server.responses import ResponsesEndpoint
+from pagoda.runtime.server.responses_routes import add_response_routes
 from pagoda.runtime.server.score import SCORE_PATHS
 from pagoda.runtime.server.serving import Serving
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
@@ -120,6 +121,7 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             yield
         finally:
             warm.cancel()
+            await endpoints["/v1/responses"].runs.close()  # background responses: cancelled
             engine.stop()
             serving.close()
 
@@ -200,6 +202,11 @@ def add_openai_routes(
 
     async def run(raw: Request, job: Job) -> Response:
         serving.submit(job)
+        detached = job.endpoint.detach(serving, job)  # a background response runs on its own
+        if isinstance(detached, bytes):
+            return Response(detached, media_type="application/json")
+        if detached is not None:  # its events, followed: the client leaving ends only this
+            return EventStream(detached, on_close=lambda: None)
         if job.stream:
             events = job.endpoint.stream(serving, job)
             return EventStream(events, on_close=lambda: serving.abort(job))

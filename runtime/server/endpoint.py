@@ -202,6 +202,12 @@ class Endpoint(ABC):
         Responses API's: `responses.py`); None: that shape."""
         return None
 
+    def detach(self, serving: Serving, job: Job) -> bytes | AsyncIterator[bytes] | None:
+        """A submitted job that runs on without its client (the Responses API's background
+        responses): the answer sent at once (JSON, or SSE events to follow); None for a job
+        answered as it runs."""
+        return None
+
     def stream(self, serving: Serving, job: Job) -> AsyncIterator[bytes]:
         """The SSE bytes of a streamed response (chat's and completions' chunks)."""
         return serving.stream_response(job)

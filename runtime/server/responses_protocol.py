@@ -1,7 +1,7 @@
 """The Responses API's request (`POST /v1/responses`): its schema, and what is refused.
 
 Types are checked strictly, as chat's are (`protocol.py`). A field this server does not honour
-is a 400 naming it, never silently ignored: `background`, `conversation`, `prompt`, `include`,
+is a 400 naming it, never silently ignored: `conversation`, `prompt`, `include`,
 `truncation: "auto"`, built-in tools (web search, file search, code interpreter, ...), input
 parts other than text and images (files, audio; an image by `file_id`; images for a model that
 reads text only are chat's 400), input items other than messages, function calls,
@@ -23,7 +23,6 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 # Fields of OpenAI's Responses API this server does not honour → (the values that ask for
 # nothing, why others are refused)
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "background": ((False,), "responses are not run in the background here"),
     "conversation": ((), "conversations are not stored here (use previous_response_id)"),
     "prompt": ((), "prompt templates are not stored here"),
     "include": (([],), "no extra output data is available here"),
@@ -204,7 +203,7 @@ def _refuse(data: Any, field: str, refused: dict[str, tuple[Any, str]]) -> Any:
 class ResponsesRequest(_Strict):
     null_means_default: ClassVar[frozenset[str]] = frozenset({
         "model", "instructions", "max_output_tokens", "temperature", "top_p", "seed", "tools",
-        "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "store",
+        "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "store", "background",
         "previous_response_id", "metadata", "user", "service_tier", "safety_identifier",
         "prompt_cache_key", *REFUSED})  # fmt: skip
     error_hints: ClassVar[dict[str, str]] = {
@@ -226,6 +225,7 @@ class ResponsesRequest(_Strict):
     reasoning: ReasoningConfig | None = None
     stream: bool = False
     store: bool = True
+    background: bool = False  # run without the client (`responses_background.py`); stored
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -261,6 +261,9 @@ class ResponsesRequest(_Strict):
         if self.parallel_tool_calls is not None and not self.tools:
             raise APIError(400, "parallel_tool_calls is only allowed when tools are given",
                            param="parallel_tool_calls", code="invalid_value")  # fmt: skip
+        if self.background and not self.store:
+            raise APIError(400, "background responses must be stored: store=false is refused "
+                           "with background=true", param="store", code="invalid_value")  # fmt: skip
         if self.previous_response_id is not None and not self.previous_response_id:
             raise APIError(400, "previous_response_id is empty", param="previous_response_id",
                            code="invalid_value")  # fmt: skip
