@@ -3,7 +3,8 @@ SmolLM2): a response is the chat completion of the same messages (greedy text an
 counts), whole and streamed (OpenAI's event sequence, numbered; the SDK's stream helper), with
 instructions, conversations continued by `previous_response_id` or sent as input items, function
 calls and their outputs, json_schema output, stored responses (GET, DELETE), and a 400 naming
-each field this server does not honour."""
+each field this server does not honour (background responses:
+`test_responses_background_api.py`)."""
 
 from __future__ import annotations
 
@@ -176,7 +177,7 @@ FUNCTION_CALL = {"type": "function_call", "call_id": "call_1", "name": "add", "a
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"background": True}, "background"),
+    ({"background": True, "store": False}, "store"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
@@ -221,8 +222,8 @@ def test_what_is_not_honoured_is_a_400_naming_it(server, extra, param):
     assert param.split(".")[0].split("[")[0] in error["message"], error
 
 
-def test_stored_response_routes_refuse_background_queries(server):
-    r = httpx.get(f"{server.base}/v1/responses/resp_1?stream=true", timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
-    r = httpx.get(f"{server.base}/v1/responses/resp_missing", timeout=30)
+def test_stored_response_routes_refuse_unknown_queries(server):
+    r = httpx.get(f"{server.base}/v1/responses/resp_1?verbose=true", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "verbose"
+    r = httpx.get(f"{server.base}/v1/responses/resp_missing?stream=true", timeout=30)
     assert r.status_code == 404 and "resp_missing" in r.json()["error"]["message"]
