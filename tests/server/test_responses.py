@@ -4,6 +4,7 @@ the bounded store, and hostile bodies (a 400, never anything else)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -13,7 +14,9 @@ from pagoda.runtime.sampling.params import SamplingParams
 from pagoda.runtime.server.endpoint import Job
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.server.request_body import parse_request
+from pagoda.runtime.server import responses_background
 from pagoda.runtime.server.responses import ResponsesEndpoint, ResponseState
+from pagoda.runtime.server.responses_items import input_items, page, query_lists
 from pagoda.runtime.server.responses_input import chat_request, responses_error
 from pagoda.runtime.server.responses_output import ResponseOutput, as_messages
 from pagoda.runtime.server.responses_protocol import ResponsesRequest
@@ -183,6 +186,51 @@ def test_the_store_drops_the_least_recently_used():
         store.delete("d")
 
 
+class Run:
+    done = False
+
+
+def test_the_store_keeps_running_responses_and_counts_their_events():
+    store, run = ResponseStore(max_responses=2, max_bytes=100), Run()
+    store.put("bg", b"q" * 10, [], 0, run=run)
+    store.put("a", b"1" * 10, [], 0)
+    store.update("bg", grow=85)  # its events: past the bound, the finished one goes
+    assert (len(store), store.bytes) == (1, 95)
+    store.put("b", b"2" * 3, [], 0)
+    store.put("c", b"3" * 3, [], 0)  # past the count: the oldest finished one goes
+    assert [store.get(k).size for k in ("bg", "c")] == [95, 3] and store.bytes == 98
+    store.update("bg", body=b"d" * 20, messages=[{"role": "user"}], grow=5)
+    assert (store.get("bg").size, store.get("bg").messages) == (110, [{"role": "user"}])
+    assert (len(store), store.bytes) == (1, 110)  # only the running one, past the bound
+    run.done = True  # ended: larger than the whole bound, it is not kept
+    store.update("bg")
+    assert (len(store), store.bytes) == (0, 0)
+    store.put("x", b"q", [], 0, run=run)
+    assert store.delete("x").run is run
+    store.update("x", body=b"late")  # a run ending after its delete stores nothing
+    assert len(store) == 0
+
+
+def test_input_items_have_ids_and_page_as_openai_lists():
+    req = parse(input=[{"role": "user", "content": "a"},
+                       {"type": "message", "role": "assistant", "id": "msg_1", "content": "b"},
+                       {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                       {"type": "function_call_output", "call_id": "c", "output": "5"}])  # fmt: skip
+    items = input_items(req)
+    assert [i["type"] for i in items] == ["message", "message", "function_call",
+                                          "function_call_output"]  # fmt: skip
+    assert items[1]["id"] == "msg_1" and items[1]["content"] == [
+        {"type": "output_text", "text": "b", "annotations": []}]  # fmt: skip
+    assert len({i["id"] for i in items}) == 4 and {i["status"] for i in items} == {"completed"}
+    q = query_lists([("limit", "2"), ("after", items[3]["id"]), ("include[]", "")])
+    got = page(items, q)  # newest first, after the newest
+    assert [i["id"] for i in got["data"]] == [items[2]["id"], "msg_1"] and got["has_more"]
+    assert input_items(parse(input="x"))[0]["content"] == [{"type": "input_text", "text": "x"}]
+    with pytest.raises(APIError) as e:
+        page(items, query_lists([("include[]", "message.input_image.image_url")]))
+    assert e.value.param == "include"
+
+
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
                     lambda inner: st.lists(inner, max_size=3) |
                     st.dictionaries(st.sampled_from(["type", "role", "content", "text", "call_id",
@@ -235,3 +283,47 @@ async def test_a_stream_that_fails_ends_with_an_error_and_response_failed():
     (item,) = failed["output"]
     assert (item["status"], item["content"][0]["text"]) == ("incomplete", "Hel")
     assert len(endpoint.store) == 0  # a failed response is not stored
+
+
+class HangingServing:
+    """A background stream's engine side: one delta, then nothing until it is aborted (or,
+    `deaf`, not even then)."""
+
+    def __init__(self, deaf: bool = False) -> None:
+        self.aborted, self.deaf = asyncio.Event(), deaf
+
+    async def choice_deltas(self, job, totals):
+        yield {"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}
+        await (asyncio.Event() if self.deaf else self.aborted).wait()
+        yield {"index": 0, "delta": {}, "finish_reason": "abort"}
+
+    def abort(self, job):
+        self.aborted.set()
+
+    def usage(self, job, totals):
+        return {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3,
+                "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+
+
+@pytest.mark.parametrize("deaf", [False, True])
+async def test_shutdown_cancels_running_background_responses(monkeypatch, deaf):
+    monkeypatch.setattr(responses_background, "CLOSE_WAIT_S", 0.05)
+    endpoint, serving = ResponsesEndpoint(("m",)), HangingServing(deaf)
+    job = Job(endpoint, "resp_1", "m", [[1, 2]], [None], SamplingParams(), True, False, None, {})
+    job.api_state = ResponseState(parse(background=True, stream=True), job, [])
+    follow = endpoint.detach(serving, job)
+    frames = []
+    async for f in follow:
+        frames.append(json.loads(f.split(b"data: ", 1)[1]))
+        if frames[-1]["type"] == "response.output_text.delta":
+            break
+    assert json.loads(endpoint.store.get("resp_1").body)["status"] == "in_progress"
+    await endpoint.runs.close()  # what the server's shutdown does
+    frames += [json.loads(f.split(b"data: ", 1)[1]) async for f in follow]  # it ends
+    assert "response.completed" not in [e["type"] for e in frames] and not endpoint.runs.running
+    stored = endpoint.store.get("resp_1")
+    body = json.loads(stored.body)
+    assert (body["status"], body["background"]) == ("cancelled", True)
+    (item,) = body["output"]
+    assert (item["status"], item["content"][0]["text"]) == ("incomplete", "Hel")
+    assert stored.size > sum(len(f) for f in stored.run.frames)  # its events are counted
