@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.server import responses_background
 from pagoda.runtime.server.endpoint import Job
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.server.request_body import parse_request
-from pagoda.runtime.server import responses_background
 from pagoda.runtime.server.responses import ResponsesEndpoint, ResponseState
-from pagoda.runtime.server.responses_items import input_items, page, query_lists
 from pagoda.runtime.server.responses_input import chat_request, responses_error
+from pagoda.runtime.server.responses_items import input_items, page, query_lists
 from pagoda.runtime.server.responses_output import ResponseOutput, as_messages
 from pagoda.runtime.server.responses_protocol import ResponsesRequest
 from pagoda.runtime.server.responses_store import ResponseStore
