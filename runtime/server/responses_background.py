@@ -33,7 +33,7 @@ class BackgroundRun:
         self.keep_events = keep_events
         self.frames: list[bytes] = []  # SSE events, by sequence number
         self.done = False
-        self._abort = abort
+        self.abort = abort  # its engine request's (no-op once it has finished)
         self._more = asyncio.Event()  # set (and replaced) at each new event and at the end
         self.task: asyncio.Task[None] | None = None
 
@@ -66,7 +66,7 @@ class BackgroundRun:
         """Abort the engine request and wait for the run to record its end (`cancelled`, or
         what it reached first); the caller going away does not stop that."""
         if not self.done:
-            self._abort()
+            self.abort()
         if self.task is not None and not self.task.done():
             await asyncio.shield(self.task)
 
@@ -112,7 +112,7 @@ class BackgroundRuns:
             return
         log.info("shutdown: cancelling %d background response(s)", len(runs))
         for run in runs:
-            run._abort()
+            run.abort()
         tasks = [r.task for r in runs if r.task is not None]
         _, late = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
         for task in late:
