@@ -7,7 +7,8 @@ response sends OpenAI's events, each with its `sequence_number`: response.create
 response.in_progress, then for each item output_item.added, its part and text deltas (or a
 call's argument deltas) and their done events, output_item.done, and last response.completed
 (response.incomplete where max_output_tokens cut it short; an error event and response.failed
-where it failed). A client that goes away aborts the request, as chat's.
+where it failed; nothing more for one cancelled, whose status is `cancelled`). A client that
+goes away aborts the request, as chat's (not a background one's).
 
 Stored responses (`store`, by default): `GET /v1/responses/{id}` and `DELETE` them, list
 their input items, and `previous_response_id` continues one's conversation
