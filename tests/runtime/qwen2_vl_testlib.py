@@ -27,7 +27,6 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
     """The model (float32, eval) saved to `path` with its image processor and a tokenizer;
     returns the model."""
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -52,6 +51,15 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
     randomize(model.model.visual, scale=1.0, seed=2)
     model.save_pretrained(path)
     Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(path)
+    save_tokenizer(path)
+    return model
+
+
+def save_tokenizer(path) -> None:
+    """A word-level tokenizer (w0..w299, the vision specials) with `TEMPLATE`, to `path`."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     vocab = {f"w{i}": i for i in range(TINY["vocab_size"]) if i not in (IMAGE_ID, START, END)}
     vocab |= {"<|image_pad|>": IMAGE_ID, "<|vision_start|>": START, "<|vision_end|>": END}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
@@ -64,10 +72,9 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
         unk_token="w0",
         chat_template=TEMPLATE,
     ).save_pretrained(path)
-    return model
 
 
-def hf_generate(model, ids: list[int], images: list, n: int) -> list[int]:
+def hf_generate(model, ids: list[int], images: list, n: int, processor=PROCESSOR) -> list[int]:
     """transformers' greedy tokens after the expanded prompt `ids` with `images`."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
@@ -76,7 +83,7 @@ def hf_generate(model, ids: list[int], images: list, n: int) -> list[int]:
     t = torch.tensor([ids])
     kwargs = {}
     if images:
-        out = Qwen2VLImageProcessorPil(**PROCESSOR)(images, return_tensors="pt")
+        out = Qwen2VLImageProcessorPil(**processor)(images, return_tensors="pt")
         kwargs = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
                   "mm_token_type_ids": (t == IMAGE_ID).int()}  # fmt: skip
     with torch.no_grad():
