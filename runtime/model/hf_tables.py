@@ -370,8 +370,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},
     "qwen3_vl": {"max_position_embeddings": 128_000, "head_dim": 128,  # (Qwen3VLTextConfig's)
                  "rope_theta": 500_000.0},
-    "qwen3_vl_moe": {"max_position_embeddings": 128_000, "num_experts": 60,  # (its text config's)
-                     "rope_theta": 500_000.0,
+    "qwen3_vl_moe": {"max_position_embeddings": 128_000, "num_local_experts": 60,  # (its text
+                     "rope_theta": 500_000.0,  # config's; the hub's configs say num_experts)
                      "num_experts_per_tok": 4, "moe_intermediate_size": 1408},
     "qwen3moe": {"num_experts_per_tok": 8, "norm_topk_prob": False,  # 128 experts (below)
                  "num_key_value_heads": 4, "max_position_embeddings": 32_768},

@@ -59,7 +59,16 @@ class Qwen3VLMoeModel(Qwen3VLModel):
     """Qwen3-VL-MoE: Qwen3-MoE's experts (`moe.make_mlp`) in Qwen3-VL's text layers."""
 
     name = "Qwen3-VL-MoE"
-    # every expert's matrices stacked, stored [E, in, out] (read transposed), the router `gate`
+    # every expert's matrices stacked (`moe_transposed`: as the hub stores them, [E, in, out];
+    # else transformers 5's [E, out, in]), the router `gate`
     moe_names = ("mlp.", ("gate_up_proj", "down_proj"))
     moe_suffix, moe_transposed = "", True
     make_mlp = moe.make_mlp
+
+    def read_model_tensors(self, w, ctx) -> None:
+        super().read_model_tensors(w, ctx)
+        f = self.config.family
+        first = next(filter(f.has_experts, range(self.config.num_layers)), None)
+        if first is not None:  # (transformers reads a down_proj of [E, h, N] as it is)
+            down = f"model.layers.{first}.mlp.experts.down_proj"
+            self.moe_transposed = w.length(down, 1) != self.config.hidden_size

@@ -44,6 +44,8 @@ def make_tiny_qwen3_vl(path, kind: str = "qwen3_vl"):
     randomize(model.model.language_model, scale=4.0, seed=1)
     randomize(model.lm_head, scale=4.0, seed=1)
     randomize(model.model.visual, scale=1.0, seed=2)
+    with torch.no_grad():  # (positions as large as the patches: a misplaced row changes tokens)
+        model.model.visual.pos_embed.weight.mul_(50.0)
     model.save_pretrained(path)
     Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(path)
     save_tokenizer(path)
