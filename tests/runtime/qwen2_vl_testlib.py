@@ -74,6 +74,45 @@ def save_tokenizer(path) -> None:
     ).save_pretrained(path)
 
 
+def image(seed: int, size: tuple[int, int]):
+    """A random RGB PIL image of `size` (height, width)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+
+
+def cases(images: list) -> list[tuple[dict, list]]:
+    """(engine prompt, its images): one image, two of `images[1:]`, and a text-only prompt."""
+    one = [1, 5, START, IMAGE_ID, END, 7, 8]
+    two = [1, START, IMAGE_ID, END, 6, 9, START, IMAGE_ID, END, 11]
+    text = [1, 12, 13, 14]
+    return [
+        ({"prompt_token_ids": one, "multi_modal_data": {"image": images[0]}}, images[:1]),
+        ({"prompt_token_ids": two, "multi_modal_data": {"image": images[1:]}}, images[1:]),
+        ({"prompt_token_ids": text}, []),
+    ]
+
+
+def expanded(ids: list[int], images: list, processor=PROCESSOR) -> list[int]:
+    """`ids` with each image token repeated to its image's run (transformers' prompt)."""
+    from pagoda.runtime.multimodal.qwen2_vl_processing import (
+        QwenImageProcessing,
+        placeholders,
+        smart_resize,
+    )
+
+    p = QwenImageProcessing.from_json(processor)
+    it = iter(images)
+
+    def runs(im) -> int:
+        h, w = smart_resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
+        return placeholders((1, h // p.patch_size, w // p.patch_size), p.merge_size)
+
+    return [t for i in ids for t in ([i] * runs(next(it)) if i == IMAGE_ID else [i])]
+
+
 def hf_generate(model, ids: list[int], images: list, n: int, processor=PROCESSOR) -> list[int]:
     """transformers' greedy tokens after the expanded prompt `ids` with `images`."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
