@@ -8,6 +8,7 @@ prefix cache, and (MoE) with its experts stored in the hub's transposed layout."
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
@@ -75,3 +76,21 @@ def test_moe_experts_in_the_hubs_transposed_layout_are_read(tmp_path_factory):
     save_file(tensors, hub / "model.safetensors", metadata={"format": "pt"})
     llm = LLM(loaded=load_model(str(hub)), dtype="float32", kv_cache_memory=8 << 20)
     assert _run(llm, [p for p, _ in CASES[:2]]) == reference[:2]
+
+
+@pytest.mark.parametrize("section", [(24, 20, 20), (2, 3, 3), (16, 24, 24)])
+def test_interleaved_sections_are_transformers_recomposition(section):
+    """Each rotary frequency's axis (t 0, h 1, w 2) as `Qwen3VLTextRotaryEmbedding` composes
+    them (every axis's frequencies tagged with its index)."""
+    import types
+
+    import torch
+    from pagoda.runtime.model.qwen2_vl import mrope_selector
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+    half = sum(section)
+    tagged = torch.arange(3.0)[:, None, None, None].expand(3, 1, 1, half).clone()
+    me = types.SimpleNamespace(mrope_section=list(section))
+    want = Qwen3VLTextRotaryEmbedding.recomposition_frequencies(me, tagged)[0, 0]
+    sel = mrope_selector(section, interleaved=True)
+    assert want.tolist() == np.concatenate([sel, sel]).astype(float).tolist()
