@@ -72,8 +72,8 @@ class QwenVisionTower:
     def __init__(self, t: dict[str, torch.Tensor], c: QwenVisionConfig):
         self.c = c
         self.patch = t["patch_embed.proj.weight"].reshape(c.width, -1)
-        self.blocks = [_read(t, f"blocks.{i}.", ("norm1", "norm2", "attn.qkv", "attn.proj") +
-                             _MLP.get(c.kind, _MLP[None])) for i in range(c.depth)]  # fmt: skip
+        names = ("norm1", "norm2", "attn.qkv", "attn.proj", *_MLP.get(c.kind, _MLP[None]))
+        self.blocks = [_read(t, f"blocks.{i}.", names) for i in range(c.depth)]
         self.merger = merger(t, "merger.", _MERGER[c.kind])
         hd = c.head_dim // 2
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))

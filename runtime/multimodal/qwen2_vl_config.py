@@ -11,6 +11,7 @@ on the heads, `spatial_merge_size`^2 patches merged into one text token.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ class QwenVisionConfig:
                              f"{p.temporal_patch_size}, merge {p.merge_size}) are not the tower's "
                              f"({self.patch_size}, {self.temporal_patch_size}, merge "
                              f"{self.merge_size})")  # fmt: skip
-        side = int(round(self.pos_embeddings**0.5))
+        side = math.isqrt(self.pos_embeddings)
         if self.kind == "qwen3_vl" and (side < 2 or side * side != self.pos_embeddings):
             raise ValueError(f"vision_config: num_position_embeddings {self.pos_embeddings} is "
                              "not the square of a side of 2 or more")  # fmt: skip

@@ -29,7 +29,13 @@ def make_tiny_qwen3_vl(path, kind: str = "qwen3_vl"):
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
             "mrope_interleaved": True}  # fmt: skip
     # (eos 299: transformers generate stops at its eos; the engine runs ignore_eos)
-    text = {**TINY, "num_hidden_layers": 3, "head_dim": 16, "rope_parameters": rope, "eos_token_id": 299}
+    text = {
+        **TINY,
+        "num_hidden_layers": 3,
+        "head_dim": 16,
+        "rope_parameters": rope,
+        "eos_token_id": 299,
+    }
     ids = dict(image_token_id=IMAGE_ID, vision_start_token_id=START, vision_end_token_id=END,
                video_token_id=293, tie_word_embeddings=False)  # fmt: skip
     if kind == "qwen3_vl":
