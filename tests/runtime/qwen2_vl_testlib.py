@@ -27,9 +27,6 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
     """The model (float32, eval) saved to `path` with its image processor and a tokenizer;
     returns the model."""
     import transformers
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
 
     text = {**TINY, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                         "mrope_section": [2, 3, 3]}}  # fmt: skip
@@ -44,15 +41,30 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
                       num_heads=2, patch_size=8, window_size=32, fullatt_block_indexes=[1])  # fmt: skip
         config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
         cls = transformers.Qwen2_5_VLForConditionalGeneration
+    model = random_model(cls, config)
+    save_all(model, path, PROCESSOR)
+    return model
+
+
+def random_model(cls, config):
+    """`cls(config)` (eval) with its text side's matrices scaled 4x, its tower's noised."""
     torch.manual_seed(0)
     model = cls(config).eval()
     randomize(model.model.language_model, scale=4.0, seed=1)
     randomize(model.lm_head, scale=4.0, seed=1)
     randomize(model.model.visual, scale=1.0, seed=2)
-    model.save_pretrained(path)
-    Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(path)
-    save_tokenizer(path)
     return model
+
+
+def save_all(model, path, processor: dict) -> None:
+    """The model, a Qwen2VLImageProcessor of `processor`'s fields and the tokenizer."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    model.save_pretrained(path)
+    Qwen2VLImageProcessorPil(**processor).save_pretrained(path)
+    save_tokenizer(path)
 
 
 def save_tokenizer(path) -> None:

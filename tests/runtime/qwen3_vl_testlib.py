@@ -8,8 +8,8 @@ Imported by tests (not a conftest)."""
 from __future__ import annotations
 
 import torch
-from hf_oracle import TINY, randomize
-from qwen2_vl_testlib import END, IMAGE_ID, START, save_tokenizer
+from hf_oracle import TINY
+from qwen2_vl_testlib import END, IMAGE_ID, START, random_model, save_all
 
 PROCESSOR = {"min_pixels": 256, "max_pixels": 16384, "patch_size": 8,
              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
@@ -22,9 +22,6 @@ def make_tiny_qwen3_vl(path, kind: str = "qwen3_vl"):
     """The model (float32, eval) saved to `path` with its image processor and a tokenizer
     (`kind`: "qwen3_vl" or "qwen3_vl_moe"); returns the model."""
     import transformers
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
 
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
             "mrope_interleaved": True}  # fmt: skip
@@ -45,14 +42,8 @@ def make_tiny_qwen3_vl(path, kind: str = "qwen3_vl"):
         config = transformers.Qwen3VLMoeConfig(text_config={**text, **MOE},
                                                vision_config=VISION, **ids)  # fmt: skip
         cls = transformers.Qwen3VLMoeForConditionalGeneration
-    torch.manual_seed(0)
-    model = cls(config).eval()
-    randomize(model.model.language_model, scale=4.0, seed=1)
-    randomize(model.lm_head, scale=4.0, seed=1)
-    randomize(model.model.visual, scale=1.0, seed=2)
+    model = random_model(cls, config)
     with torch.no_grad():  # (positions as large as the patches: a misplaced row changes tokens)
         model.model.visual.pos_embed.weight.mul_(50.0)
-    model.save_pretrained(path)
-    Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(path)
-    save_tokenizer(path)
+    save_all(model, path, PROCESSOR)
     return model
