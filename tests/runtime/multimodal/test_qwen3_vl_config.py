@@ -59,3 +59,44 @@ def test_a_bad_vision_config_is_refused_in_one_line(vision, match):
     with pytest.raises(ValueError, match=match) as e:
         read_qwen3_vl(top, None)
     assert "\n" not in str(e.value)
+
+
+# the text side of Qwen/Qwen3-VL-8B-Instruct's config.json (transformers 4's keys: rope_theta
+# and rope_scaling at the top of text_config), and Qwen3-VL-30B-A3B-Instruct's experts
+HUB_TEXT = {"attention_bias": False, "bos_token_id": 151643, "eos_token_id": 151645,
+            "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+            "intermediate_size": 12288, "max_position_embeddings": 262144,
+            "model_type": "qwen3_vl_text", "num_attention_heads": 32, "num_hidden_layers": 36,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_theta": 5000000,
+            "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20],
+                             "rope_type": "default"},
+            "tie_word_embeddings": False, "vocab_size": 151936}  # fmt: skip
+HUB_MOE = {"model_type": "qwen3_vl_moe_text", "hidden_size": 2048, "num_key_value_heads": 4,
+           "num_hidden_layers": 48, "intermediate_size": 6144, "num_experts": 128,
+           "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+           "mlp_only_layers": [], "norm_topk_prob": True}  # fmt: skip
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_hub_configs_read_as_transformers_reads_them(tmp_path, moe):
+    from pagoda.runtime.model.loader import read_model_config
+
+    text = {**HUB_TEXT, **(HUB_MOE if moe else {})}
+    arch = "Qwen3VLMoeForConditionalGeneration" if moe else "Qwen3VLForConditionalGeneration"
+    vision = {**TOP["vision_config"], "out_hidden_size": text["hidden_size"]}
+    cfg = {**TOP, "architectures": [arch], "model_type": "qwen3_vl_moe" if moe else "qwen3_vl",
+           "text_config": text, "vision_config": vision, "tie_word_embeddings": False}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    c = read_model_config(str(tmp_path))
+    hf = transformers.AutoConfig.from_pretrained(tmp_path).text_config
+    assert c.architecture == ("qwen3_vl_moe" if moe else "qwen3_vl")
+    assert c.rope_theta == hf.rope_parameters["rope_theta"] == 5e6
+    assert (c.head_dim, c.num_kv_heads, c.max_position_embeddings) == (
+        hf.head_dim, hf.num_key_value_heads, hf.max_position_embeddings)  # fmt: skip
+    assert c.family.qk_norm and not c.tie_word_embeddings
+    assert c.vision.mrope_section == tuple(hf.rope_parameters["mrope_section"])
+    if moe:
+        f = c.family
+        assert (f.num_experts, f.num_experts_per_tok, f.moe_intermediate_size) == (
+            hf.num_experts, hf.num_experts_per_tok, hf.moe_intermediate_size)  # fmt: skip
+        assert f.norm_topk_prob and all(f.moe_layers)
