@@ -58,9 +58,8 @@ def test_chunked_prefill_splitting_an_image_and_a_prefix_hit_are_transformers(ti
     assert _run(llm, prompts[:2]) == reference[:2]  # the same images again: cache hits
 
 
-def test_moe_experts_in_the_hubs_transposed_layout_are_read(tmp_path_factory):
-    """transformers 5 saves the stacked experts [E, out, in]; the published checkpoints hold
-    them [E, in, out] (transformers transposes where the shape says so): the same tokens."""
+def _hub_layout(tmp_path_factory):
+    """The tiny Qwen3-VL-MoE with its stacked experts transposed, as the hub stores them."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -74,8 +73,25 @@ def test_moe_experts_in_the_hubs_transposed_layout_are_read(tmp_path_factory):
     for n in stacked:
         tensors[n] = tensors[n].transpose(1, 2).contiguous()
     save_file(tensors, hub / "model.safetensors", metadata={"format": "pt"})
+    return hub, reference
+
+
+def test_moe_experts_in_the_hubs_transposed_layout_are_read(tmp_path_factory):
+    """transformers 5 saves the stacked experts [E, out, in]; the published checkpoints hold
+    them [E, in, out] (transformers transposes where the shape says so): the same tokens."""
+    hub, reference = _hub_layout(tmp_path_factory)
     llm = LLM(loaded=load_model(str(hub)), dtype="float32", kv_cache_memory=8 << 20)
     assert _run(llm, [p for p, _ in CASES[:2]]) == reference[:2]
+
+
+def test_the_weights_estimate_is_what_the_model_holds(tiny, tmp_path_factory):
+    """`server/weights.py`'s count (the tower's parameters, the stacked experts in either
+    layout) within 2% of what the built bf16 model holds."""
+    from model_bytes import check_estimate
+
+    check_estimate(tiny[0])
+    if tiny[1].config.architecture == "qwen3_vl_moe":
+        check_estimate(_hub_layout(tmp_path_factory)[0])
 
 
 @pytest.mark.parametrize("section", [(24, 20, 20), (2, 3, 3), (16, 24, 24)])
