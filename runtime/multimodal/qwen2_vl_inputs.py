@@ -1,7 +1,8 @@
 """A Qwen2-VL / Qwen2.5-VL / Qwen3-VL prompt's images as the engine receives them: each
-image's patches and grid (`qwen2_vl_processing.preprocess`), its `<|image_pad|>` token expanded to the run of
-(h / merge) * (w / merge) placeholders the processor writes, and the prompt's M-RoPE positions
-and delta computed once here, for the whole prompt (chunks and prefix-cache hits read them).
+image's patches and grid (`qwen2_vl_processing.preprocess`), its `<|image_pad|>` token expanded
+to the run of (h / merge) * (w / merge) placeholders the processor writes, and the prompt's
+M-RoPE positions and delta computed once here, for the whole prompt (chunks and prefix-cache
+hits read them).
 """
 
 from __future__ import annotations
