@@ -3,7 +3,8 @@
 text model (Llama's layers with q/k/v biases) whose rotary is M-RoPE.
 
 M-RoPE: a token's rotary reads three positions (temporal, height, width), the head's frequencies
-split in `mrope_section` parts, part i turned by position i. Text and generated tokens have the
+split in `mrope_section` parts, part i turned by position i (Qwen3-VL's, `qwen3_vl.py`: the
+parts interleaved, `mrope_selector`). Text and generated tokens have the
 three equal, so a step with no prompt image rows runs the ordinary rotary at position + the
 request's delta (`worker/mrope_rows.py` sets the positions); a step with image rows carries
 their [3, T] positions (`MROPE_POSITIONS`) and the cos/sin rows are gathered per section here,
