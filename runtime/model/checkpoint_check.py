@@ -32,6 +32,20 @@ _FAMILY_SHAPES = {**moe_families.CHECKPOINT_SHAPES, **mamba_config.CHECKPOINT_SH
                   "modernbert": modernbert_config.checkpoint_shapes}  # fmt: skip
 
 
+def _check_stacked_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
+    """Qwen3-VL-MoE's stacked experts: transformers 5's gate_up [E, 2N, h] and down [E, h, N],
+    or the hub's, transposed (`model/qwen3_vl.py` reads either, as transformers does)."""
+    e, n, h = c.family.num_experts, c.family.moe_intermediate_size, c.hidden_size
+    for i in filter(c.family.has_experts, range(c.num_layers)):
+        p = f"model.layers.{i}.mlp.experts."
+        got = tuple(tuple(headers[p + x][1]) if p + x in headers else None
+                    for x in ("gate_up_proj", "down_proj"))  # fmt: skip
+        if got not in (((e, 2 * n, h), (e, h, n)), ((e, h, 2 * n), (e, n, h))):
+            raise ValueError(f"checkpoint tensors {p}gate_up_proj and down_proj are {got}; "
+                             f"the config needs {[e, 2 * n, h]} and {[e, h, n]}, or both "
+                             "transposed")  # fmt: skip
+
+
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The tensors every layer of `c` needs, with their shapes (the MLPs' and experts' widths
     come from the weights: `mlp_triples` names them, `_check_mlp` checks they agree)."""
@@ -336,7 +350,7 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
 _OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe", "lara_mini")
-_STACKED = ("hy_v4", "aria_text")  # experts stacked, in `expected_shapes` (hy_v4_config.py)
+_STACKED = ("hy_v4", "aria_text", "qwen3_vl_moe")  # experts stacked, in `expected_shapes`
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
 
@@ -438,6 +452,7 @@ _HEADER_CHECKS = {
     "glm5_next": glm5_next_config.check_conv,  # its KDA convs
     "gpt_oss": _check_gpt_oss_experts,  # its experts' MXFP4 blocks or stacked matrices
     "bitnet": _bitnet_dtypes,
+    "qwen3_vl_moe": _check_stacked_experts,
 }
 
 

@@ -247,8 +247,10 @@ def _qwen_moe(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         round_topk_to_model_dtype=True,
         moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)),
     )
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen3_vl_moe"):
         fields["qk_norm"] = True
+    if arch == "qwen3_vl_moe":  # (its router renormalises the top k always)
+        fields["norm_topk_prob"] = True
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
     return fields
@@ -344,6 +346,7 @@ FIELDS: dict[str, Fields] = {
     **bert_config.FIELDS,  # BERT's, RoBERTa's: post-norm encoders (model/bert.py)
     **modernbert_config.FIELDS,  # ModernBERT's: local and global layers (model/modernbert.py)
     "qwen3": _qwen3,
+    "qwen3_vl": _qwen3,
     "gemma3": _gemma3,
     **dict.fromkeys(
         gemma4.ARCHS,
@@ -370,6 +373,7 @@ FIELDS: dict[str, Fields] = {
     "smollm3": _smollm3,
     "mixtral": _mixtral,
     "qwen3moe": _qwen_moe,
+    "qwen3_vl_moe": _qwen_moe,
     "qwen2moe": _qwen_moe,
     "olmo2": _olmo2,
     "olmo3": _olmo2,

@@ -102,6 +102,9 @@ HF_ARCHITECTURES = {
     # Qwen2-VL, Qwen2.5-VL: their vision towers beside Qwen2's text model, M-RoPE (qwen2_vl.py)
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    # Qwen3-VL (-MoE): its tower with DeepStack beside Qwen3's (-MoE's) text model (qwen3_vl.py)
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -149,6 +152,9 @@ TEXT_MODEL_TYPES = {
     "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "qwen2_vl", "qwen2_vl": "qwen2_vl"},
     "Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "qwen2_5_vl",
                                            "qwen2_5_vl": "qwen2_5_vl"},
+    "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": "qwen3_vl", "qwen3_vl": "qwen3_vl"},
+    "Qwen3VLMoeForConditionalGeneration": {"qwen3_vl_moe_text": "qwen3_vl_moe",
+                                           "qwen3_vl_moe": "qwen3_vl_moe"},
     **moe_families.TEXT_MODEL_TYPES,  # Aria's, Cohere Compass'
 }  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
@@ -362,6 +368,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                 "rms_norm_eps": 1e-5},
     "qwen2": {"max_position_embeddings": 32_768},
     "qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},
+    "qwen3_vl": {"max_position_embeddings": 128_000, "head_dim": 128,  # (Qwen3VLTextConfig's)
+                 "rope_theta": 500_000.0},
+    "qwen3_vl_moe": {"max_position_embeddings": 128_000, "num_local_experts": 60,  # (its text
+                     "rope_theta": 500_000.0,  # config's; the hub's configs say num_experts)
+                     "num_experts_per_tok": 4, "moe_intermediate_size": 1408},
     "qwen3moe": {"num_experts_per_tok": 8, "norm_topk_prob": False,  # 128 experts (below)
                  "num_key_value_heads": 4, "max_position_embeddings": 32_768},
     "qwen2moe": {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,

@@ -3,7 +3,8 @@
 text model (Llama's layers with q/k/v biases) whose rotary is M-RoPE.
 
 M-RoPE: a token's rotary reads three positions (temporal, height, width), the head's frequencies
-split in `mrope_section` parts, part i turned by position i. Text and generated tokens have the
+split in `mrope_section` parts, part i turned by position i (Qwen3-VL's, `qwen3_vl.py`: the
+parts interleaved, `mrope_selector`). Text and generated tokens have the
 three equal, so a step with no prompt image rows runs the ordinary rotary at position + the
 request's delta (`worker/mrope_rows.py` sets the positions); a step with image rows carries
 their [3, T] positions (`MROPE_POSITIONS`) and the cos/sin rows are gathered per section here,
@@ -23,31 +24,46 @@ MROPE_POSITIONS = "mrope_positions"
 _TOWER = ("model.visual.", "visual.")
 
 
+def mrope_selector(section: tuple[int, ...], interleaved: bool) -> np.ndarray:
+    """int64 [half]: the axis (0 t, 1 h, 2 w) that turns each rotary frequency: three runs of
+    `section`, or (Qwen3-VL's) interleaved t, h, w, t, h, w, ... while h's and w's last."""
+    half = sum(section)
+    if not interleaved:
+        return np.repeat(np.arange(3), section)
+    j = np.arange(half)
+    sel = np.zeros(half, dtype=np.int64)
+    sel[(j % 3 == 1) & (j < 3 * section[1])] = 1
+    sel[(j % 3 == 2) & (j < 3 * section[2])] = 2
+    return sel
+
+
 class Qwen2VLModel(LlamaModel):
     ragged_images = True  # `mm_encoder.device_step`: images of their own sizes, as a list
+    tower_class = QwenVisionTower
+    name = "Qwen2-VL"
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
         vision = self.config.vision
         if self.tp is not None:
-            raise ValueError("Qwen2-VL with tensor parallelism is not supported (one GPU)")
+            raise ValueError(f"{self.name} with tensor parallelism is not supported (one GPU)")
         stored = w.stored
         if not hasattr(stored, "tensors_under"):
-            raise ValueError("a Qwen2-VL model's vision tower is read from safetensors files")
+            raise ValueError(f"a {self.name} model's vision tower is read from safetensors files")
         raw = stored.tensors_under(_TOWER)
         tower = {}
         for name, t in raw.items():
             p = next(name[len(x) :] for x in _TOWER if name.startswith(x))
             tower[p] = t.to(device=self.device, dtype=self.dtype)
         try:
-            self.tower = QwenVisionTower(tower, vision)
+            self.tower = self.tower_class(tower, vision)
         except KeyError as e:
-            raise ValueError(f"the Qwen2-VL checkpoint lacks the vision tensor "
+            raise ValueError(f"the {self.name} checkpoint lacks the vision tensor "
                              f"'visual.{e.args[0]}'") from None  # fmt: skip
         half = self.config.head_dim // 2
         if sum(vision.mrope_section) != half:
             raise ValueError(f"mrope_section {list(vision.mrope_section)} does not sum to half "
                              f"the head ({half})")  # fmt: skip
-        sel = np.repeat(np.arange(3), vision.mrope_section)
+        sel = mrope_selector(vision.mrope_section, vision.mrope_interleaved)
         self.mrope_sel = torch.from_numpy(np.concatenate([sel, sel])).to(self.device)
 
     @torch.inference_mode()

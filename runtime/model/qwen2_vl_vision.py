@@ -21,7 +21,23 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.multimodal.qwen2_vl_config import QwenVisionConfig
 
-_ACT = {"quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "silu": F.silu, "gelu": F.gelu}
+_ACT = {"quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "silu": F.silu, "gelu": F.gelu,
+        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}  # fmt: skip
+# each kind's block MLP (None: Qwen2-VL's) and merger tensor names
+_MLP = {None: ("mlp.fc1", "mlp.fc2"), "qwen3_vl": ("mlp.linear_fc1", "mlp.linear_fc2"),
+        "qwen2_5_vl": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}  # fmt: skip
+_MERGER = {"qwen2_vl": ("ln_q", "mlp.0", "mlp.2"), "qwen2_5_vl": ("ln_q", "mlp.0", "mlp.2"),
+           "qwen3_vl": ("norm", "linear_fc1", "linear_fc2")}  # fmt: skip
+
+
+def _read(t: dict[str, torch.Tensor], prefix: str, names: tuple[str, ...]) -> dict:
+    """{name: (weight, bias or None)} of the tensors `prefix` + name (KeyError: one missing)."""
+    return {n: (t[prefix + n + ".weight"], t.get(prefix + n + ".bias")) for n in names}
+
+
+def merger(t: dict[str, torch.Tensor], prefix: str, names: tuple[str, ...]) -> dict:
+    """A patch merger's (norm, fc1, fc2) under `prefix`, stored as `names`."""
+    return dict(zip(("norm", "fc1", "fc2"), _read(t, prefix, names).values()))
 
 
 def grid_positions(grids: np.ndarray, merge: int) -> np.ndarray:
@@ -56,22 +72,9 @@ class QwenVisionTower:
     def __init__(self, t: dict[str, torch.Tensor], c: QwenVisionConfig):
         self.c = c
         self.patch = t["patch_embed.proj.weight"].reshape(c.width, -1)
-        self.blocks = []
-        for i in range(c.depth):
-            p = f"blocks.{i}."
-            names = ("norm1", "norm2", "attn.qkv", "attn.proj")
-            mlp = (
-                ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-                if c.kind == "qwen2_5_vl"
-                else ("mlp.fc1", "mlp.fc2")
-            )
-            self.blocks.append(
-                {n: (t[p + n + ".weight"], t.get(p + n + ".bias")) for n in names + mlp}
-            )
-        m = "merger."
-        self.merger = {
-            n: (t[m + n + ".weight"], t.get(m + n + ".bias")) for n in ("ln_q", "mlp.0", "mlp.2")
-        }
+        names = ("norm1", "norm2", "attn.qkv", "attn.proj", *_MLP.get(c.kind, _MLP[None]))
+        self.blocks = [_read(t, f"blocks.{i}.", names) for i in range(c.depth)]
+        self.merger = merger(t, "merger.", _MERGER[c.kind])
         hd = c.head_dim // 2
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
 
@@ -103,7 +106,8 @@ class QwenVisionTower:
         if self.c.kind == "qwen2_5_vl":
             h = act(F.linear(x, *blk["mlp.gate_proj"])) * F.linear(x, *blk["mlp.up_proj"])
             return F.linear(h, *blk["mlp.down_proj"])
-        return F.linear(act(F.linear(x, *blk["mlp.fc1"])), *blk["mlp.fc2"])
+        fc1, fc2 = _MLP.get(self.c.kind, _MLP[None])
+        return F.linear(act(F.linear(x, *blk[fc1])), *blk[fc2])
 
     @torch.inference_mode()
     def encode(self, patches: torch.Tensor, grids: np.ndarray) -> torch.Tensor:
@@ -135,12 +139,15 @@ class QwenVisionTower:
             masks = full if (order is None or i in c.fullatt_blocks) else windowed
             x = x + self._attention(self._norm(x, blk["norm1"]), blk, cos, sin, spans, masks)
             x = x + self._mlp(self._norm(x, blk["norm2"]), blk)
-        m = self.merger
-        h = self._norm(x, m["ln_q"]).reshape(-1, c.width * unit)
-        h = F.linear(F.gelu(F.linear(h, *m["mlp.0"])), *m["mlp.2"])
+        h = self.merge(self._norm(x, self.merger["norm"]), self.merger)
         if order is not None:
             h = h[torch.argsort(order)]
         return h
+
+    def merge(self, x: torch.Tensor, m: dict) -> torch.Tensor:
+        """Each merge window's patches [N, width] (normalised) → one row: fc2(gelu(fc1))."""
+        h = x.reshape(-1, self.c.width * self.c.merge_size**2)
+        return F.linear(F.gelu(F.linear(h, *m["fc1"])), *m["fc2"])
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

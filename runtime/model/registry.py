@@ -84,6 +84,8 @@ MODEL_CLASSES = {
     "emu3": ("llama", "LlamaModel"),  # Emu3's text model: Llama's
     "qwen2_vl": ("qwen2_vl", "Qwen2VLModel"),  # Qwen2-VL: its tower, Qwen2's text model, M-RoPE
     "qwen2_5_vl": ("qwen2_vl", "Qwen2VLModel"),  # Qwen2.5-VL: its windowed tower, the same
+    "qwen3_vl": ("qwen3_vl", "Qwen3VLModel"),  # Qwen3-VL: its tower, DeepStack, Qwen3's text
+    "qwen3_vl_moe": ("qwen3_vl", "Qwen3VLMoeModel"),  # Qwen3-VL-MoE: Qwen3-MoE's experts
     "llava": ("llava", "LlavaModel"),  # LLaVA 1.5: CLIP tower + projector, Llama's text model
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP

@@ -26,6 +26,7 @@ FAMILIES: Mapping[str, ModuleType] = MappingProxyType(
         "gemma3": fixed_inputs,  # Gemma 3: its marker's text around a fixed run
         "qwen2_vl": qwen2_vl_inputs,  # Qwen2-VL / 2.5-VL: a run per image's size, M-RoPE
         "qwen2_5_vl": qwen2_vl_inputs,
+        "qwen3_vl": qwen2_vl_inputs,  # Qwen3-VL (-MoE): Qwen2-VL's runs and M-RoPE positions
     }
 )
 

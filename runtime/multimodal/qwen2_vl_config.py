@@ -11,6 +11,7 @@ on the heads, `spatial_merge_size`^2 patches merged into one text token.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,12 @@ from typing import Any
 from pagoda.runtime.multimodal.config import processor_json
 from pagoda.runtime.multimodal.qwen2_vl_processing import QwenImageProcessing
 
-KINDS = ("qwen2_vl", "qwen2_5_vl")
+KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # (Qwen3-VL's: `qwen3_vl_config.py`)
 
 
 @dataclass(frozen=True)
 class QwenVisionConfig:
-    kind: str  # "qwen2_vl" or "qwen2_5_vl"
+    kind: str  # "qwen2_vl", "qwen2_5_vl" or "qwen3_vl"
     width: int  # the tower's hidden size
     intermediate_size: int
     depth: int
@@ -40,6 +41,12 @@ class QwenVisionConfig:
     mrope_section: tuple[int, ...] = (16, 24, 24)  # the text rotary's (t, h, w) frequencies
     processing: QwenImageProcessing = QwenImageProcessing()  # noqa: RUF009 (frozen)
     bidirectional: bool = False  # (causal image tokens: prefill chunks may split an image)
+    # Qwen3-VL's: its learned position table's rows (a square grid, resampled to each image's),
+    # the blocks whose features DeepStack adds to the first text layers' image rows, and its
+    # text rotary's sections interleaved (t, h, w, t, h, w, ...) rather than in three runs
+    pos_embeddings: int = 0
+    deepstack: tuple[int, ...] = ()
+    mrope_interleaved: bool = False
 
     def __post_init__(self) -> None:
         if self.width % self.num_heads or (self.width // self.num_heads) % 4:
@@ -52,6 +59,13 @@ class QwenVisionConfig:
                              f"{p.temporal_patch_size}, merge {p.merge_size}) are not the tower's "
                              f"({self.patch_size}, {self.temporal_patch_size}, merge "
                              f"{self.merge_size})")  # fmt: skip
+        side = math.isqrt(self.pos_embeddings)
+        if self.kind == "qwen3_vl" and (side < 2 or side * side != self.pos_embeddings):
+            raise ValueError(f"vision_config: num_position_embeddings {self.pos_embeddings} is "
+                             "not the square of a side of 2 or more")  # fmt: skip
+        if any(not 0 <= i < self.depth for i in self.deepstack):
+            raise ValueError(f"vision_config: deepstack_visual_indexes {list(self.deepstack)} "
+                             f"are not blocks of a {self.depth}-block tower")  # fmt: skip
         if self.kind == "qwen2_5_vl" and self.window_size % (self.patch_size * self.merge_size):
             raise ValueError(f"vision_config: window_size {self.window_size} is not a multiple "
                              f"of patch_size x spatial_merge_size")  # fmt: skip
@@ -68,15 +82,11 @@ class QwenVisionConfig:
         d, i, m = self.width, self.intermediate_size, self.width * self.merge_size**2
         mlp = 3 * d * i + 2 * i + d if self.kind == "qwen2_5_vl" else 2 * d * i + i + d
         block = 4 * d * d + 4 * d + mlp + 4 * d
-        return (
-            self.depth * block
-            + self.patch_dim * d
-            + 2 * d
-            + m * m
-            + m
-            + m * self.out_size
-            + self.out_size
-        )
+        merger = m * m + m + m * self.out_size + self.out_size
+        if self.kind == "qwen3_vl":  # patch bias, position table, DeepStack's mergers (m norms)
+            extra = d + self.pos_embeddings * d + len(self.deepstack) * (merger + 2 * m)
+            return self.depth * block + self.patch_dim * d + 2 * d + merger + extra
+        return self.depth * block + self.patch_dim * d + 2 * d + merger
 
 
 def read_processing(model_dir: Path | None) -> QwenImageProcessing:
@@ -102,7 +112,7 @@ def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> Qwe
         image_token_index=int(token),
         rope_theta=float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         processing=read_processing(model_dir),
-        mrope_section=_mrope_section(top),
+        mrope_section=mrope_section(top),
     )
     act = v.get("hidden_act", "quick_gelu" if kind == "qwen2_vl" else "silu")
     if act not in ("quick_gelu", "silu", "gelu"):
@@ -123,7 +133,8 @@ def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> Qwe
     )
 
 
-def _mrope_section(top: dict[str, Any]) -> tuple[int, ...]:
+def mrope_section(top: dict[str, Any], default: tuple[int, ...] = (16, 24, 24)) -> tuple[int, ...]:
+    """The text rotary's (t, h, w) frequencies (`default`: the family's where none is set)."""
     text = top.get("text_config") or top
     for key in ("rope_parameters", "rope_scaling"):
         rope = text.get(key) or top.get(key) or {}
@@ -132,4 +143,4 @@ def _mrope_section(top: dict[str, Any]) -> tuple[int, ...]:
             if len(section) != 3:
                 raise ValueError(f"{key}.mrope_section must have 3 values, got {section}")
             return section
-    return (16, 24, 24)
+    return default

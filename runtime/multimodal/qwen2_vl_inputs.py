@@ -1,7 +1,8 @@
-"""A Qwen2-VL / Qwen2.5-VL prompt's images as the engine receives them: each image's patches
-and grid (`qwen2_vl_processing.preprocess`), its `<|image_pad|>` token expanded to the run of
-(h / merge) * (w / merge) placeholders the processor writes, and the prompt's M-RoPE positions
-and delta computed once here, for the whole prompt (chunks and prefix-cache hits read them).
+"""A Qwen2-VL / Qwen2.5-VL / Qwen3-VL prompt's images as the engine receives them: each
+image's patches and grid (`qwen2_vl_processing.preprocess`), its `<|image_pad|>` token expanded
+to the run of (h / merge) * (w / merge) placeholders the processor writes, and the prompt's
+M-RoPE positions and delta computed once here, for the whole prompt (chunks and prefix-cache
+hits read them).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def build(token_ids: Sequence[int], prepared: Sequence[tuple[np.ndarray, tuple]]
 
 def expand(token_ids: Sequence[int], num_images: int, vision: QwenVisionConfig) -> tuple:
     """ValueError: a run's length is its image's grid, known only where the image is read."""
-    raise ValueError("Qwen2-VL's placeholder runs depend on each image's size: "
+    raise ValueError("Qwen2-VL's and Qwen3-VL's placeholder runs depend on each image's size: "
                      "they are counted where the images are read")  # fmt: skip
 
 

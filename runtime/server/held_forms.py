@@ -147,6 +147,27 @@ def _llama4_experts(t: Stored) -> tuple[str, Stored]:
     return t.name, t
 
 
+def _qwen3_vl_moe_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """Qwen3-VL-MoE's stacked experts (`model/qwen3_vl.py`): the hub's [E, in, out] as Llama
+    4's (`_llama4_experts`), transformers 5's [E, out, in] renamed alone (a layer's down_proj
+    of [E, hidden, N] says which, as the model reads it)."""
+    out = {}
+    for name, t in tensors.items():
+        stack = name.rsplit(".", 1)[-1]
+        if len(t.shape) != 3 or stack not in ("gate_up_proj", "down_proj"):
+            out[name] = t
+            continue
+        down = tensors[name.removesuffix(stack) + "down_proj"]
+        if down.shape[1] != mc.hidden_size:  # the hub's layout
+            name, t = _llama4_experts(t)
+        else:
+            linear = "input_linear.weight" if stack == "gate_up_proj" else "output_linear.weight"
+            name = name.removesuffix("experts." + stack) + linear
+            t = Stored(name, t.kind, t.shape, t.nbytes)
+        out[name] = t
+    return out
+
+
 def _bitnet_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
     """The BitLinear matrices as the engine holds them: made at load (never read in place),
     a packed one four times its stored rows, with a vector of its scale (one per row)."""
@@ -180,6 +201,7 @@ def _stacked_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 FORMS = {
     "gpt_oss": _gpt_oss_as_held,  # stacked or MXFP4 experts
     "llama4": _llama4_as_held,  # stacked experts
+    "qwen3_vl_moe": _qwen3_vl_moe_as_held,  # stacked experts, in either layout
     "jetmoe": _jetmoe_as_held,  # attention experts
     **dict.fromkeys(("qwen3_next", "qwen3_5_moe", "lara_mini"), _stacked_as_held),
     **dict.fromkeys(("zamba2", "zamba"), _zamba2_as_held),  # shared blocks, adapters

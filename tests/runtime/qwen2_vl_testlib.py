@@ -27,10 +27,6 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
     """The model (float32, eval) saved to `path` with its image processor and a tokenizer;
     returns the model."""
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
 
     text = {**TINY, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                         "mrope_section": [2, 3, 3]}}  # fmt: skip
@@ -45,13 +41,37 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
                       num_heads=2, patch_size=8, window_size=32, fullatt_block_indexes=[1])  # fmt: skip
         config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
         cls = transformers.Qwen2_5_VLForConditionalGeneration
+    model = random_model(cls, config)
+    save_all(model, path, PROCESSOR)
+    return model
+
+
+def random_model(cls, config):
+    """`cls(config)` (eval) with its text side's matrices scaled 4x, its tower's noised."""
     torch.manual_seed(0)
     model = cls(config).eval()
     randomize(model.model.language_model, scale=4.0, seed=1)
     randomize(model.lm_head, scale=4.0, seed=1)
     randomize(model.model.visual, scale=1.0, seed=2)
+    return model
+
+
+def save_all(model, path, processor: dict) -> None:
+    """The model, a Qwen2VLImageProcessor of `processor`'s fields and the tokenizer."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
     model.save_pretrained(path)
-    Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(path)
+    Qwen2VLImageProcessorPil(**processor).save_pretrained(path)
+    save_tokenizer(path)
+
+
+def save_tokenizer(path) -> None:
+    """A word-level tokenizer (w0..w299, the vision specials) with `TEMPLATE`, to `path`."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     vocab = {f"w{i}": i for i in range(TINY["vocab_size"]) if i not in (IMAGE_ID, START, END)}
     vocab |= {"<|image_pad|>": IMAGE_ID, "<|vision_start|>": START, "<|vision_end|>": END}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
@@ -64,10 +84,48 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
         unk_token="w0",
         chat_template=TEMPLATE,
     ).save_pretrained(path)
-    return model
 
 
-def hf_generate(model, ids: list[int], images: list, n: int) -> list[int]:
+def image(seed: int, size: tuple[int, int]):
+    """A random RGB PIL image of `size` (height, width)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+
+
+def cases(images: list) -> list[tuple[dict, list]]:
+    """(engine prompt, its images): one image, two of `images[1:]`, and a text-only prompt."""
+    one = [1, 5, START, IMAGE_ID, END, 7, 8]
+    two = [1, START, IMAGE_ID, END, 6, 9, START, IMAGE_ID, END, 11]
+    text = [1, 12, 13, 14]
+    return [
+        ({"prompt_token_ids": one, "multi_modal_data": {"image": images[0]}}, images[:1]),
+        ({"prompt_token_ids": two, "multi_modal_data": {"image": images[1:]}}, images[1:]),
+        ({"prompt_token_ids": text}, []),
+    ]
+
+
+def expanded(ids: list[int], images: list, processor=PROCESSOR) -> list[int]:
+    """`ids` with each image token repeated to its image's run (transformers' prompt)."""
+    from pagoda.runtime.multimodal.qwen2_vl_processing import (
+        QwenImageProcessing,
+        placeholders,
+        smart_resize,
+    )
+
+    p = QwenImageProcessing.from_json(processor)
+    it = iter(images)
+
+    def runs(im) -> int:
+        h, w = smart_resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
+        return placeholders((1, h // p.patch_size, w // p.patch_size), p.merge_size)
+
+    return [t for i in ids for t in ([i] * runs(next(it)) if i == IMAGE_ID else [i])]
+
+
+def hf_generate(model, ids: list[int], images: list, n: int, processor=PROCESSOR) -> list[int]:
     """transformers' greedy tokens after the expanded prompt `ids` with `images`."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
@@ -76,7 +134,7 @@ def hf_generate(model, ids: list[int], images: list, n: int) -> list[int]:
     t = torch.tensor([ids])
     kwargs = {}
     if images:
-        out = Qwen2VLImageProcessorPil(**PROCESSOR)(images, return_tensors="pt")
+        out = Qwen2VLImageProcessorPil(**processor)(images, return_tensors="pt")
         kwargs = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
                   "mm_token_type_ids": (t == IMAGE_ID).int()}  # fmt: skip
     with torch.no_grad():

@@ -1,5 +1,5 @@
-"""`pagoda serve` on a tiny Qwen2-VL (tests/runtime/qwen2_vl_testlib.py) through the `openai`
-SDK: a chat with a base64 image renders `<|vision_start|><|image_pad|><|vision_end|>`, the pad
+"""`pagoda serve` on a tiny Qwen2-VL and a tiny Qwen3-VL (tests/runtime/qwen2_vl_testlib.py,
+qwen3_vl_testlib.py) through the `openai` SDK: a chat with a base64 image renders `<|vision_start|><|image_pad|><|vision_end|>`, the pad
 expanded to the image's own run, and answers transformers' greedy tokens; a text-only chat
 after it too; `/tokenize` of messages with an image is a 400 (the run depends on the image)."""
 
@@ -9,7 +9,9 @@ import base64
 
 import httpx
 import pytest
-from qwen2_vl_testlib import END, IMAGE_ID, START, hf_generate, make_tiny_qwen2_vl
+import qwen2_vl_testlib
+import qwen3_vl_testlib
+from qwen2_vl_testlib import END, IMAGE_ID, START, hf_generate
 from server_testlib import TINY_SERVE, openai_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -33,12 +35,21 @@ def _image():
     return im, "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
-def test_an_image_chat_answers_transformers_tokens(tmp_path):
-    model = make_tiny_qwen2_vl(tmp_path)
+# each family's tiny checkpoint and its processor (both: 8 px patches, 256 to 16384 pixels)
+FAMILIES = {
+    "qwen2_vl": (qwen2_vl_testlib.make_tiny_qwen2_vl, qwen2_vl_testlib.PROCESSOR),
+    "qwen3_vl": (qwen3_vl_testlib.make_tiny_qwen3_vl, qwen3_vl_testlib.PROCESSOR),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_image_chat_answers_transformers_tokens(tmp_path, family):
+    make, processor = FAMILIES[family]
+    model = make(tmp_path)
     im, url = _image()
     # w3 <|vision_start|> <|image_pad|> x 24 (64 x 96 px: 4 x 6 merged) <|vision_end|> w7 w8 w5
     ids = [3, START] + [IMAGE_ID] * 24 + [END, 7, 8, 5]
-    want = hf_generate(model, ids, [im], NEW)
+    want = hf_generate(model, ids, [im], NEW, processor)
     parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "w7 w8"}]
     with openai_client("--model", str(tmp_path), *TINY_SERVE) as client:
         name = client.models.list().data[0].id

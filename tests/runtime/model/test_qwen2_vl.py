@@ -9,57 +9,24 @@ from __future__ import annotations
 import pytest
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
-from pagoda.runtime.multimodal.qwen2_vl_processing import (
-    QwenImageProcessing,
-    placeholders,
-    smart_resize,
-)
-from qwen2_vl_testlib import END, IMAGE_ID, PROCESSOR, START, hf_generate, make_tiny_qwen2_vl
+from qwen2_vl_testlib import cases, expanded, hf_generate, image, make_tiny_qwen2_vl
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # two checkpoints written and run by transformers; nothing timed
 NEW = 6
 GREEDY = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
-
-
-def _image(seed, size):
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
-
-
-IMAGES = [_image(0, (70, 90)), _image(1, (130, 40)), _image(2, (40, 40))]
+IMAGES = [image(0, (70, 90)), image(1, (130, 40)), image(2, (40, 40))]
 
 
 def _cases():
-    one = [1, 5, START, IMAGE_ID, END, 7, 8]
-    two = [1, START, IMAGE_ID, END, 6, 9, START, IMAGE_ID, END, 11]
-    text = [1, 12, 13, 14]
-    return [
-        ({"prompt_token_ids": one, "multi_modal_data": {"image": IMAGES[0]}}, IMAGES[:1]),
-        ({"prompt_token_ids": two, "multi_modal_data": {"image": IMAGES[1:]}}, IMAGES[1:]),
-        ({"prompt_token_ids": text}, []),
-    ]
-
-
-def _runs(im) -> int:
-    p = QwenImageProcessing(**PROCESSOR)
-    h, w = smart_resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
-    return placeholders((1, h // 8, w // 8), 2)
-
-
-def _expanded(ids, ims) -> list[int]:
-    it = iter(ims)
-    return [t for i in ids for t in ([i] * _runs(next(it)) if i == IMAGE_ID else [i])]
+    return cases(IMAGES)
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
 def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model = make_tiny_qwen2_vl(path, request.param)
-    reference = [hf_generate(model, _expanded(p["prompt_token_ids"], ims), ims, NEW)
+    reference = [hf_generate(model, expanded(p["prompt_token_ids"], ims), ims, NEW)
                  for p, ims in _cases()]  # fmt: skip
     return path, load_model(str(path)), reference
 
