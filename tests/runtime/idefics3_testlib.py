@@ -77,7 +77,7 @@ def make_tiny(path, kind: str = "idefics3", splitting: bool = True):
     randomize(model.model.text_model, scale=4.0, seed=1)
     randomize(model.lm_head, scale=4.0, seed=1)
     randomize(model.model.vision_model, scale=1.0, seed=2)
-    randomize(model.model.connector, scale=2.0, seed=3)
+    randomize(model.model.connector, scale=4.0, seed=3)
     model.save_pretrained(path)
     processor = make_processor(kind, splitting)
     processor.save_pretrained(path)
@@ -109,12 +109,17 @@ def image_processor(kind: str, splitting: bool = True, **kw):
 
 
 def image(seed: int, size: tuple[int, int] = (40, 52), mode: str = "RGB"):
-    """A random PIL image of (height, width) `size`."""
+    """A random PIL image of (height, width) `size`: a 3x4 grid of random colours blown up
+    smoothly, plus noise (patches that differ from image to image: the tokens tell them)."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
-    data = rng.integers(0, 256, (*size, channels), dtype=np.uint8)
+    coarse = Image.fromarray(rng.integers(0, 256, (3, 4, 3), dtype=np.uint8))
+    smooth = np.asarray(coarse.resize(size[::-1], Image.BILINEAR), dtype=np.int64)
+    data = np.clip(smooth + rng.integers(-20, 21, smooth.shape), 0, 255).astype(np.uint8)
+    if channels == 4:
+        data = np.concatenate([data, rng.integers(0, 256, (*size, 1), dtype=np.uint8)], -1)
     return Image.fromarray(data[..., 0] if channels == 1 else data, mode)
 
 
