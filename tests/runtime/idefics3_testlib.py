@@ -31,13 +31,19 @@ TEMPLATE = (
 KINDS = {"idefics3": (4, 2), "smolvlm": (2, 4)}
 
 
+def byte_chars() -> list[str]:
+    """GPT-2's ByteLevel alphabet: the character standing for each byte (`bytes_to_unicode`)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    chars = dict(zip(printable + others, printable + [256 + k for k in range(len(others))]))
+    return [chr(chars[b]) for b in range(256)]
+
+
 def _tokenizer():
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    byte_chars = sorted(alphabet, key=lambda ch: _byte_of(ch))
-    vocab = {ch: i for i, ch in enumerate(byte_chars)} | {"ĊĊ": 256}
+    vocab = {ch: i for i, ch in enumerate(byte_chars())} | {"ĊĊ": 256}
     tok = Tokenizer(models.BPE(vocab, [("Ċ", "Ċ")]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -45,15 +51,6 @@ def _tokenizer():
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<end_of_utterance>", chat_template=TEMPLATE
     )
-
-
-def _byte_of(ch: str) -> int:
-    """The byte a ByteLevel alphabet character stands for (GPT-2's bytes_to_unicode)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    others = [b for b in range(256) if b not in printable]
-    order = printable + others
-    codes = printable + [256 + k for k in range(len(others))]
-    return order[codes.index(ord(ch))]
 
 
 def make_tiny(path, kind: str = "idefics3", splitting: bool = True):
