@@ -135,7 +135,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="its vision tower and projector are not quantized",
         ),
         "idefics3": Untested(
-            tensor_parallel="its vision tower is not tested on several ranks",
             fp8="its vision tower and connector are not quantized",
             fp8_checkpoint="its vision tower and connector are not quantized",
         ),

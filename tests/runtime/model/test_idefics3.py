@@ -175,3 +175,18 @@ def test_the_weights_estimate_counts_the_tower_and_connector(tiny):
     held = sum(p.numel() for p in model.model.vision_model.parameters())
     held += sum(p.numel() for p in model.model.connector.parameters())
     assert vision.num_params(64) == held and vision.tokens_per_image == TOKENS_PER_TILE
+
+
+@pytest.mark.slow
+def test_two_ranks_read_the_tiles_rank_0_encodes(tiny, reference):
+    """Tensor parallelism over gloo, two ranks, 6-token chunks (tiles split across steps):
+    rank 0 alone holds the tower; each step's image rows and features are broadcast;
+    transformers' tokens."""
+    path, _, _, loaded = tiny
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
+             max_num_batched_tokens=6, max_num_seqs=3, block_size=8,
+             kv_cache_memory=8 << 20) as two:  # fmt: skip
+        out = _run(two, [_prompt(t, ims) for t, ims in _cases()])
+        assert [o.outputs[0].token_ids for o in out] == reference[1]
+        assert two.engine.runner.model.tower is not None
+        two.engine.check_integrity()
