@@ -106,7 +106,8 @@ def read_idefics3(top: dict[str, Any], model_dir: Path | None) -> Idefics3Vision
     """An Idefics3 / SmolVLM config.json's image side; ValueError, one line, for what is not
     their shape; None (text only, logged) without a tokenizer.json holding the image tokens."""
     v = top.get("vision_config") or {}
-    kinds = ("idefics3_vision", "smolvlm_vision")
+    # (older configs name the vision config by the top's model_type)
+    kinds = ("idefics3_vision", "smolvlm_vision", "idefics3", "smolvlm")
     if v.get("model_type", kinds[0]) not in kinds:
         raise ValueError(f"a vision_config of model_type {v.get('model_type')!r} is not "
                          f"supported ({', '.join(kinds)})")  # fmt: skip

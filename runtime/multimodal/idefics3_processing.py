@@ -134,5 +134,7 @@ def preprocess(image: object, p: TileProcessing) -> tuple[np.ndarray, int, int]:
     pixels = np.stack([f if f.ndim == 3 else f[:, :, None] for f in frames])
     pixels = np.moveaxis(pixels, -1, 1)  # [T, C, S, S]
     if pixels.shape[1] != 3:
-        raise ValueError(f"an image must have 3 channels after preprocessing, got {pixels.shape[1]}")
+        raise ValueError(
+            f"an image must have 3 channels after preprocessing, got {pixels.shape[1]}"
+        )
     return np.ascontiguousarray(rescale_normalize(pixels, p), dtype=np.float32), rows, cols

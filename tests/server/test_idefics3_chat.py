@@ -60,4 +60,3 @@ def test_image_chats_read_as_the_processor_writes_them(tmp_path):
         shown = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize",
                            json={"messages": ours}, timeout=30)  # fmt: skip
         assert shown.status_code == 400 and "depend on its size" in shown.text
-
