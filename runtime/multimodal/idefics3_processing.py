@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pagoda.runtime.multimodal.config import _triple
 from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
 from PIL import Image
 
@@ -64,17 +65,10 @@ class TileProcessing:
             splitting=bool(cfg.get("do_image_splitting", True)),
             resample=int(cfg.get("resample", 1)),
             rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
-            mean=_triple(cfg.get("image_mean", HALF)),
-            std=_triple(cfg.get("image_std", HALF)),
+            mean=_triple(cfg.get("image_mean", HALF), "image_mean"),
+            std=_triple(cfg.get("image_std", HALF), "image_std"),
             **{k: bool(cfg.get(k, True)) for k in flags},
         )
-
-
-def _triple(value: Any) -> tuple[float, float, float]:
-    values = [value] * 3 if isinstance(value, (int, float)) else list(value)
-    if len(values) != 3:
-        raise ValueError(f"preprocessor_config.json: a mean / std of {value} is not 3 values")
-    return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
 def longest_edge_size(height: int, width: int, longest: int) -> tuple[int, int]:

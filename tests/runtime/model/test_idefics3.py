@@ -190,3 +190,23 @@ def test_two_ranks_read_the_tiles_rank_0_encodes(tiny, reference):
         assert [o.outputs[0].token_ids for o in out] == reference[1]
         assert two.engine.runner.model.tower is not None
         two.engine.check_integrity()
+
+
+@pytest.mark.parametrize("side", [8, 19, 25, 27, 32])
+def test_tile_positions_are_idefics3_vision_embeddings(side):
+    """A full tile's patch positions as `Idefics3VisionEmbeddings` buckets them (float32
+    fractions: 19 and 25 are not the identity), read off its output with a zero patch
+    embedding and a position table holding each row's index."""
+    import torch
+    from pagoda.runtime.model.idefics3 import _position_ids
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionEmbeddings
+
+    config = transformers.Idefics3VisionConfig(hidden_size=1, image_size=side * 2, patch_size=2)
+    emb = Idefics3VisionEmbeddings(config)
+    with torch.no_grad():
+        emb.patch_embedding.weight.zero_()
+        emb.patch_embedding.bias.zero_()
+        emb.position_embedding.weight.copy_(torch.arange(side * side, dtype=torch.float32)[:, None])
+        mask = torch.ones(1, side, side, dtype=torch.bool)
+        want = emb(torch.zeros(1, 3, side * 2, side * 2), mask)[0, :, 0].long()
+    assert _position_ids(side).tolist() == want.tolist()
