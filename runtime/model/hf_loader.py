@@ -244,6 +244,10 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.qwen3_vl_config import read_qwen3_vl
 
         vision = read_qwen3_vl(top, model_dir)
+    elif arch == "idefics3":  # Idefics3's, SmolVLM's (multimodal/idefics3_config.py)
+        from pagoda.runtime.multimodal.idefics3_config import read_idefics3
+
+        vision = read_idefics3(top, model_dir)
     gemma3_images = "vision_config" in top and model_dir is not None
     if gemma3_images and top.get("architectures", [None])[0] == "Gemma3ForConditionalGeneration":
         from pagoda.runtime.multimodal.gemma3 import read_gemma3

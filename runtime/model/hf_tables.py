@@ -105,6 +105,10 @@ HF_ARCHITECTURES = {
     # Qwen3-VL (-MoE): its tower with DeepStack beside Qwen3's (-MoE's) text model (qwen3_vl.py)
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
     "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
+    # Idefics3, SmolVLM: a SigLIP tower over tiles, a pixel-shuffle connector, a Llama text
+    # model (model/idefics3.py)
+    "Idefics3ForConditionalGeneration": "idefics3",
+    "SmolVLMForConditionalGeneration": "idefics3",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -149,6 +153,8 @@ TEXT_MODEL_TYPES = {
     **inkling2.TEXT_MODEL_TYPES,  # Inkling 2's (model/inkling2.py)
     "Apertus1p5ForConditionalGeneration": {"apertus1p5_text": "apertus1p5"},
     "LlavaForConditionalGeneration": {"llama": "llava"},  # (LLaVA 1.5's; others refused)
+    "Idefics3ForConditionalGeneration": {"llama": "idefics3"},
+    "SmolVLMForConditionalGeneration": {"llama": "idefics3"},
     "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "qwen2_vl", "qwen2_vl": "qwen2_vl"},
     "Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "qwen2_5_vl",
                                            "qwen2_5_vl": "qwen2_5_vl"},
@@ -176,6 +182,7 @@ WRAPPER_TIES = {
 }
 WRAPPER_TIES["emu3"] = False  # (Emu3Config's)
 WRAPPER_TIES["llava"] = False  # (LlavaConfig's)
+WRAPPER_TIES["idefics3"] = WRAPPER_TIES["smolvlm"] = False  # (Idefics3Config's, SmolVLMConfig's)
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -218,6 +225,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "llava": {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008,
               "num_hidden_layers": 32, "num_attention_heads": 32, "rms_norm_eps": 1e-6,
               "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2},
+    # LlamaConfig's, rms_norm_eps 1e-5 (Idefics3Config's and SmolVLMConfig's text_config)
+    "idefics3": {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008,
+                 "num_hidden_layers": 32, "num_attention_heads": 32, "rms_norm_eps": 1e-5,
+                 "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2},
     "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6,
                  "num_key_value_heads": 8, "max_position_embeddings": 524_288,
                  "bos_token_id": 0, "eos_token_id": 2},

@@ -1,5 +1,5 @@
 """The engine's image inputs as plain data (pickled to the engine process): each image's
-pixels (a Qwen2-VL image's: patches and grid), where its placeholder tokens sit in the prompt,
+pixels (a Qwen2-VL image's: patches and grid; an Idefics3 image's: one per tile), where its placeholder tokens sit in the prompt,
 and a content hash; a prompt's images and, for Qwen2-VL, its M-RoPE positions. Apart from
 `inputs.py` so each family's input builder (`qwen2_vl_inputs.py`) imports them without a cycle.
 """
@@ -37,6 +37,14 @@ class MultiModalInputs:
     # each image's tokens attend to each other both ways (Gemma 3's): a prefill chunk never
     # ends inside an image (`inputs.whole_images`)
     bidirectional: bool = False
+    # an image of several tiles (Idefics3's: `idefics3_inputs.py`), each tile an `ImageInput`:
+    # each image's count of them, in order; () where each image is one
+    tiles: tuple[int, ...] = ()
+
+    @property
+    def num_images(self) -> int:
+        """The prompt's images (what `--limit-mm-per-prompt` counts), not their tiles."""
+        return len(self.tiles) if self.tiles else len(self.images)
 
 
 def pixels_hash(pixels: np.ndarray) -> bytes:

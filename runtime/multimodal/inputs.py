@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType, ModuleType
 
-from pagoda.runtime.multimodal import fixed_inputs, qwen2_vl_inputs
+from pagoda.runtime.multimodal import fixed_inputs, idefics3_inputs, qwen2_vl_inputs
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
 
 __all__ = ["FAMILIES", "ImageInput", "MultiModalInputs", "pixels_hash"]
@@ -27,6 +27,7 @@ FAMILIES: Mapping[str, ModuleType] = MappingProxyType(
         "qwen2_vl": qwen2_vl_inputs,  # Qwen2-VL / 2.5-VL: a run per image's size, M-RoPE
         "qwen2_5_vl": qwen2_vl_inputs,
         "qwen3_vl": qwen2_vl_inputs,  # Qwen3-VL (-MoE): Qwen2-VL's runs and M-RoPE positions
+        "idefics3": idefics3_inputs,  # Idefics3 / SmolVLM: tiles and a global image, each a run
     }
 )
 
@@ -100,7 +101,7 @@ def check(token_ids: Sequence[int], mm: MultiModalInputs, vision,
         raise ValueError("this model does not read images (multi_modal_data / image parts)")
     if not isinstance(mm, MultiModalInputs):
         raise ValueError("multi_modal must be a MultiModalInputs")
-    if len(mm.images) > limit:
+    if mm.num_images > limit:
         raise ValueError(f"at most {limit} image(s) per prompt (--limit-mm-per-prompt), got "
-                         f"{len(mm.images)}")  # fmt: skip
+                         f"{mm.num_images}")  # fmt: skip
     family(vision).check(token_ids, mm, vision, step_tokens)

@@ -164,6 +164,8 @@ QWEN3_VL = {"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": 
 QWEN3_VL_MOE = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
                 "text_config": {**LLAMA, "architectures": None, "model_type": "qwen3_vl_moe_text",
                                 "num_experts": 4}}  # fmt: skip
+IDEFICS3 = {"architectures": ["SmolVLMForConditionalGeneration"], "model_type": "smolvlm",
+            "text_config": {**LLAMA, "architectures": None}}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -174,7 +176,8 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "dots3_note_text": DOTS3, "glm5_next": GLM5_NEXT, "minimax_m3": MINIMAX_M3,
                "bert": BERT, "roberta": XLMR, "modernbert": MODERNBERT,
                "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
-               "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE}  # fmt: skip
+               "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
+               "idefics3": IDEFICS3}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch

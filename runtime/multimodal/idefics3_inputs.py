@@ -1,0 +1,117 @@
+"""An Idefics3 / SmolVLM prompt's images as the engine receives them: each image is its tiles
+(`idefics3_processing.preprocess`: a grid of rows x cols and the global image, or the global
+image alone), and its `<image>` token becomes the text `Idefics3Processor` writes for them:
+
+    <fake_token_around_image><row_1_col_1><image>*N ... <row_1_col_C><image>*N "\\n"
+    ... (a row a line) ... "\\n\\n"
+    <fake_token_around_image><global-img><image>*N<fake_token_around_image>
+
+(without a grid: <fake_token_around_image><global-img><image>*N<fake_token_around_image>),
+"\\n" and "\\n\\n" as the tokenizer writes them. Each tile is one `ImageInput` over its run of N
+placeholders (`MultiModalInputs.tiles`: an image's count), so the engine encodes a step's new
+tiles in one batch and a prefill chunk may end inside any run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from pagoda.runtime.multimodal.idefics3_config import Idefics3VisionConfig
+from pagoda.runtime.multimodal.idefics3_processing import preprocess
+from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
+
+Prepared = tuple[np.ndarray, int, int]  # (tiles [T, 3, S, S], rows, cols)
+
+
+def prepare_image(image: object, vision: Idefics3VisionConfig) -> Prepared:
+    """One PIL image → (tiles, rows, cols); ValueError for one that cannot be read."""
+    return preprocess(image, vision.processing)
+
+
+def image_text(rows: int, cols: int, vision: Idefics3VisionConfig) -> tuple[list[int], list[int]]:
+    """The ids of one image's text and the first position of each tile's run in it (its grid
+    in row order, then the global image)."""
+    v, n = vision, vision.tokens_per_image
+    if rows > len(v.row_col) or (rows and cols > len(v.row_col[0])):
+        raise ValueError(f"an image of {rows}x{cols} tiles needs <row_{rows}_col_{cols}>, which "
+                         "the tokenizer lacks")  # fmt: skip
+    out: list[int] = []
+    starts = []
+    for r in range(rows):
+        for c in range(cols):
+            out += [v.fake_token, v.row_col[r][c]]
+            starts.append(len(out))
+            out += [v.image_token_index] * n
+        out += v.newline if r < rows - 1 else v.newlines2
+    out += [v.fake_token, v.global_token]
+    starts.append(len(out))
+    out += [v.image_token_index] * n + [v.fake_token]
+    return out, starts
+
+
+def _image_tokens(token_ids: Sequence[int], num_images: int, vision) -> np.ndarray:
+    ids = np.asarray(token_ids, dtype=np.int64)
+    at = np.flatnonzero(ids == vision.image_token_index)
+    if len(at) != num_images:
+        raise ValueError(f"the prompt has {len(at)} image token(s) (id "
+                         f"{vision.image_token_index}) for {num_images} image(s): put one image "
+                         "token where each image goes")  # fmt: skip
+    return at
+
+
+def _expanded(token_ids: Sequence[int], grids: Sequence[tuple[int, int]],
+              vision: Idefics3VisionConfig) -> tuple[list[int], list[int]]:  # fmt: skip
+    """The prompt with each image token replaced by its image's text (`grids`: each image's
+    (rows, cols)), and the first position of every tile's run."""
+    at = _image_tokens(token_ids, len(grids), vision).tolist()
+    out: list[int] = []
+    offsets, prev = [], 0
+    for a, (rows, cols) in zip(at, grids):
+        out += token_ids[prev:a]
+        text, starts = image_text(rows, cols, vision)
+        offsets += [len(out) + s for s in starts]
+        out += text
+        prev = a + 1
+    out += token_ids[prev:]
+    return out, offsets
+
+
+def build(token_ids: Sequence[int], prepared: Sequence[Prepared],
+          vision: Idefics3VisionConfig) -> tuple[list[int], MultiModalInputs]:  # fmt: skip
+    """The prompt with each image token replaced by its image's text, each tile at its run;
+    ValueError for another number of image tokens."""
+    ids, offsets = _expanded(list(token_ids), [(r, c) for _, r, c in prepared], vision)
+    tiles = [t for pixels, _, _ in prepared for t in pixels]
+    n = vision.tokens_per_image
+    images = tuple(ImageInput(t, o, n, pixels_hash(t)) for t, o in zip(tiles, offsets))
+    return ids, MultiModalInputs(images, tiles=tuple(len(p) for p, _, _ in prepared))
+
+
+def expand(token_ids: Sequence[int], num_images: int,
+           vision: Idefics3VisionConfig) -> tuple[list[int], list[int]]:  # fmt: skip
+    """Without image splitting, each image's text (the global image alone) and its run's first
+    position; ValueError with it: the grid depends on each image's size."""
+    if vision.processing.splitting:
+        raise ValueError("with do_image_splitting an image's tiles depend on its size: they are "
+                         "counted where the images are read")  # fmt: skip
+    return _expanded(list(token_ids), [(0, 0)] * num_images, vision)
+
+
+def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: Idefics3VisionConfig,
+          step_tokens: int | None = None) -> None:  # fmt: skip
+    """ValueError unless each tile is of the tower's shape over a run of image tokens and the
+    tiles add up to the images'."""
+    if sum(mm.tiles) != len(mm.images) or min(mm.tiles, default=1) < 1:
+        raise ValueError(f"multi_modal: tiles per image {mm.tiles} do not add up to its "
+                         f"{len(mm.images)} tiles")  # fmt: skip
+    ids = np.asarray(token_ids, dtype=np.int64)
+    shape, n = (3, vision.image_size, vision.image_size), vision.tokens_per_image
+    for i, im in enumerate(mm.images):
+        if tuple(im.pixel_values.shape) != shape or im.pixel_values.dtype != np.float32:
+            raise ValueError(f"tile {i}: pixels must be float32 {shape}, got "
+                             f"{im.pixel_values.dtype} {tuple(im.pixel_values.shape)}")  # fmt: skip
+        run = ids[im.offset : im.end]
+        if im.length != n or len(run) != n or (run != vision.image_token_index).any():
+            raise ValueError(f"tile {i}: its {n} placeholder tokens are not at prompt positions "
+                             f"[{im.offset}, {im.end})")  # fmt: skip
