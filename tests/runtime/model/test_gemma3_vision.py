@@ -190,8 +190,9 @@ def test_auto_keeps_triton_for_image_spans():
 
 
 def test_text_only_serving_keeps_the_fast_attention_path(tiny, reference):
-    """`limit_mm_per_prompt={"image": 0}`: no image spans, so the backend auto picks (the CPU
-    kernel here, Triton on a GPU) runs; text answers as before, images are refused."""
+    """`limit_mm_per_prompt={"image": 0}`: no image spans, so the torch backend keeps its CPU
+    kernel (a GPU's Triton kernels run without spans either way); text answers as before,
+    images are refused."""
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20,
               limit_mm_per_prompt={"image": 0})  # fmt: skip
     assert not any(b.image_spans for b in llm.engine.runner.model.attention_backends)
