@@ -19,6 +19,10 @@
 * Prefill rows (sequences after the decodes) run in the FlashAttention-2-style prefill kernel
   (``prefill_attention.py``; ``flash_prefill=False`` keeps them in the unified kernel). The
   decodes then always take the split-KV kernel (one segment when the rule asks for no split).
+* ``image_spans`` (Gemma 3's images, int32 ``[T, 2]``): a query row inside an image also sees
+  the keys up to its image's last position (`image_spans`); only the prefill kernel takes them
+  (its ``HAS_SPANS`` variant): an image is whole in its prefill chunk, so a decode row's span
+  is at most itself, and the decodes' kernels never read them.
 * ``batch_invariant``: every row goes through the prefill kernel, the decodes in a launch with
   the ``max_query_len`` 1 config and the other sequences in one with the
   ``INVARIANT_PREFILL_LEN`` config, both with the decode config's ``TILE_SIZE``. Its K/V tiles
@@ -124,6 +128,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    image_spans: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch against a paged KV cache (module docstring).
 
@@ -141,12 +146,16 @@ def paged_attention(
     prefill rows in the unified kernel instead of the prefill kernel (comparisons). ``sinks``:
     float32 ``[H]`` attention sinks; ``attention_chunk``: chunked attention's chunk (module
     docstring); ``alibi_slopes``: float32 ``[H]``, each score plus slope * (key - query)
-    (ALiBi: BLOOM, MPT; the kernels' ``HAS_ALIBI`` path). Returns ``out``.
+    (ALiBi: BLOOM, MPT; the kernels' ``HAS_ALIBI`` path); ``image_spans``: int32 ``[T, 2]``,
+    each row's bidirectional image span (module docstring; the prefill kernel's, so
+    ``flash_prefill=False`` refuses them). Returns ``out``.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _validate(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
-    scales = [t for t in (k_scale, v_scale, sinks, alibi_slopes) if t is not None]
+    if image_spans is not None and not flash_prefill:
+        raise ValueError("image_spans run in the prefill kernel: flash_prefill=False takes none")
+    scales = [t for t in (k_scale, v_scale, sinks, alibi_slopes, image_spans) if t is not None]
     check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, *scales)
     kv_scale_args(k_cache, k_scale, v_scale, seq_lens)  # validated once, before any launch
     num_seqs = seq_lens.shape[0]
@@ -159,7 +168,7 @@ def paged_attention(
     call = _Call(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
         max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
-        softcap, k_scale, v_scale, sinks, attention_chunk, alibi_slopes,
+        softcap, k_scale, v_scale, sinks, attention_chunk, alibi_slopes, image_spans,
     )  # fmt: skip
     if q.shape[1] // k_cache.shape[2] > max_query_heads(q):
         _in_head_groups(call, flash_prefill)
@@ -194,10 +203,12 @@ class _Call(NamedTuple):
     sinks: torch.Tensor | None
     attention_chunk: int | None
     alibi_slopes: torch.Tensor | None
+    image_spans: torch.Tensor | None
 
     def kernel_args(self, *, query_start_loc: bool = True) -> dict:
         """The arguments every kernel launcher takes alike (the decode kernel no
-        ``query_start_loc``: `query_start_loc` False)."""
+        ``query_start_loc``: `query_start_loc` False); not ``image_spans``, the prefill
+        launch's alone."""
         args = dict(
             q=self.q, k_cache=self.k_cache, v_cache=self.v_cache, block_tables=self.block_tables,
             seq_lens=self.seq_lens, scale=self.scale, out=self.out,
@@ -313,5 +324,5 @@ def _flash_launches(c: _Call) -> None:
     if num_decodes < num_seqs:
         launch_prefill_attention(
             **c.kernel_args(), first_seq=num_decodes, last_seq=num_seqs, first_token=num_decodes,
-            last_token=num_tokens, config=prefill_cfg,
+            last_token=num_tokens, config=prefill_cfg, image_spans=c.image_spans,
         )  # fmt: skip

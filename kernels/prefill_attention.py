@@ -60,6 +60,7 @@ from pagoda.kernels.attn_common import (
     tile_size,
     window_arg,
 )
+from pagoda.kernels.image_spans import image_span_rows, span_visible, spans_arg
 
 
 @triton.jit
@@ -141,6 +142,8 @@ def _attend_tiles(
     q_chunk,  # [BLOCK_M] where each row's attention chunk starts (read when CHUNKED)
     window,
     slope,  # [BLOCK_M] each row's ALiBi slope, log2 units (read when HAS_ALIBI)
+    span_lo,  # [BLOCK_M] first and last key of each row's image span (read when HAS_SPANS)
+    span_hi,
     k_cache_ptr,
     v_cache_ptr,
     bt_row,
@@ -163,9 +166,11 @@ def _attend_tiles(
     DIM_PADDED: tl.constexpr,
     CHUNKED: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
+    HAS_SPANS: tl.constexpr,
 ):
     """Online softmax over the K/V tiles ``[kv_lo, kv_hi)``; ``MASKED`` tiles mask causality,
-    the window or chunk and the range, the others are seen in full by every row."""
+    the window or chunk and the range (with ``HAS_SPANS`` each row's image span seen too:
+    `image_spans`), the others are seen in full by every row."""
     offs_t = tl.arange(0, TILE_SIZE)
     for kv_start in range(kv_lo, kv_hi, TILE_SIZE):
         kv_pos = kv_start + offs_t
@@ -182,6 +187,7 @@ def _attend_tiles(
             visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
             if CHUNKED:
                 visible = visible & (kv_pos[None, :] >= q_chunk[:, None])
+            visible = span_visible(visible, kv_pos, kv_mask, span_lo, span_hi, HAS_SPANS)
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -213,6 +219,7 @@ def _prefill_attention_kernel(
     stride_kv_scale,
     sinks_ptr,  # [NUM_HEADS] float32 attention sinks, read when HAS_SINKS
     alibi_ptr,  # [NUM_HEADS] float32 ALiBi slopes, read when HAS_ALIBI
+    spans_ptr,  # [num_tokens, 2] int32 each row's image span (`image_spans`), read when HAS_SPANS
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -239,6 +246,7 @@ def _prefill_attention_kernel(
     HAS_SINKS: tl.constexpr,  # attention sinks join each row's denominator (`add_sink`)
     CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
     HAS_ALIBI: tl.constexpr,  # ALiBi: slope * (key - query) on each score (`add_alibi`)
+    HAS_SPANS: tl.constexpr,  # bidirectional image spans (`image_spans`: Gemma 3's images)
 ):
     kv_head = tl.program_id(1)
     if ONE_TOKEN_PER_SEQ:
@@ -289,6 +297,10 @@ def _prefill_attention_kernel(
     kv_end = q_last + 1  # no row of the tile sees a key from here on
     q_chunk = q_abs - q_abs % chunk  # [BLOCK_M] each row's chunk start (used when CHUNKED)
     kv_need = first_key(q_first, window, chunk, CHUNKED)  # no row sees a key before this
+    # (image rows: their spans' keys too, from the earliest image start to the latest end)
+    span_lo, span_hi, kv_need, kv_end = image_span_rows(
+        spans_ptr, tok, row_mask, kv_need, kv_end, HAS_SPANS
+    )
     kv_lo = kv_need // TILE_SIZE * TILE_SIZE
     # Tiles in [full_lo, full_hi) are seen whole by every row: past the last row's window (or
     # chunk) start and not past the first row's own position.
@@ -300,24 +312,24 @@ def _prefill_attention_kernel(
     slope = alibi_slopes(alibi_ptr, head, row_mask, HAS_ALIBI)  # [BLOCK_M] (log2 units)
     acc, acc_l, m_i = _attend_tiles(
         acc, acc_l, m_i, q, ones, kv_lo, full_lo, kv_need, kv_end, q_abs, q_chunk, window, slope,
-        k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
+        span_lo, span_hi, k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
         compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED, CHUNKED,
-        HAS_ALIBI,
+        HAS_ALIBI, HAS_SPANS,
     )  # fmt: skip
     acc, acc_l, m_i = _attend_tiles(
         acc, acc_l, m_i, q, ones, full_lo, full_hi, kv_need, kv_end, q_abs, q_chunk, window, slope,
-        k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
+        span_lo, span_hi, k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
         compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, False, DIM_PADDED, CHUNKED,
-        HAS_ALIBI,
+        HAS_ALIBI, HAS_SPANS,
     )  # fmt: skip
     acc, acc_l, m_i = _attend_tiles(
         acc, acc_l, m_i, q, ones, full_hi, kv_end, kv_need, kv_end, q_abs, q_chunk, window, slope,
-        k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
+        span_lo, span_hi, k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
         compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED, CHUNKED,
-        HAS_ALIBI,
+        HAS_ALIBI, HAS_SPANS,
     )  # fmt: skip
 
     # Every column of acc_l holds the row's sum: the max picks it exactly, whatever the layout.
@@ -369,6 +381,7 @@ def launch_prefill_attention(
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    image_spans: torch.Tensor | None = None,
 ) -> None:
     """Attend for sequences ``[first_seq, last_seq)``, whose query rows are the tokens
     ``[first_token, last_token)``, in one launch (module docstring). ``one_token_per_seq``: each
@@ -376,7 +389,9 @@ def launch_prefill_attention(
     ``k_scale``/``v_scale``: an E4M3 cache's scales (`attn_common.kv_scale_args`); ``sinks``:
     attention sinks (`attn_common.add_sink`); ``attention_chunk`` C: a query at position p
     sees the keys p - p % C .. p only (chunked attention), and its tiles start at its chunk's;
-    ``alibi_slopes``: ALiBi (`attn_common.add_alibi`, on every tile, the full ones too).
+    ``alibi_slopes``: ALiBi (`attn_common.add_alibi`, on every tile, the full ones too);
+    ``image_spans``: int32 ``[num_tokens, 2]``, each row's bidirectional image span
+    (`image_spans`; None: causal rows only, the kernel compiled without them).
 
     Grid: ``(last_token - first_token) // BLOCK_Q + (last_seq - first_seq)`` query tiles × KV
     heads, an upper bound from host ints only (CUDA-graph capturable); spare programs exit.
@@ -401,6 +416,7 @@ def launch_prefill_attention(
         return
     sinks, has_sinks = sinks_arg(sinks, num_heads, seq_lens)
     alibi, has_alibi = alibi_arg(alibi_slopes, num_heads, seq_lens)
+    spans, has_spans = spans_arg(image_spans, q.shape[0], seq_lens)
     _prefill_attention_kernel[grid](
         out,
         q,
@@ -417,6 +433,7 @@ def launch_prefill_attention(
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         sinks,
         alibi,
+        spans,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         HEAD_DIM=head_dim,
@@ -433,6 +450,7 @@ def launch_prefill_attention(
         HAS_SINKS=has_sinks,
         CHUNKED=attention_chunk is not None,
         HAS_ALIBI=has_alibi,
+        HAS_SPANS=has_spans,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
     )

@@ -28,6 +28,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    image_spans: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention by absolute position, gathered through the block tables (float32 maths).
 
@@ -36,8 +37,11 @@ def paged_attention(
     mask (Gemma); with ``sinks`` [H], each head's sink joins its softmax's denominator (a logit
     no value is read for, as Hugging Face's gpt-oss attention); with ``attention_chunk`` C,
     the query at p sees the keys p - p % C .. p (Hugging Face's chunked mask, Llama 4); with
-    ``alibi_slopes`` [H], each head's scores plus slope * (key - query) (ALiBi). Only
-    the blocks of the first query's window or chunk on are read.
+    ``alibi_slopes`` [H], each head's scores plus slope * (key - query) (ALiBi); with
+    ``image_spans`` int32 [T, 2], query row t also sees the keys ``image_spans[t, 0] ..
+    image_spans[t, 1]`` (its image's, both ways: transformers' ``token_type_ids`` mask; an
+    empty span where the first is past the last). Only the blocks of the first query's window
+    or chunk (or its sequence's first image) on are read.
     """
     del max_query_len, max_seq_len, num_decodes, num_kv_splits  # planning hints only
     if out is None:
@@ -56,6 +60,9 @@ def paged_attention(
         first = 0 if sliding_window is None else max(0, p0 - sliding_window + 1)
         if attention_chunk is not None:
             first = max(first, p0 - p0 % attention_chunk)
+        span = None if image_spans is None else image_spans[lo:hi].long()
+        if span is not None and bool((span[:, 0] <= span[:, 1]).any()):
+            first = min(first, int(span[:, 0].min()))
         b0, n_blocks = first // block_size, -(-seq_len // block_size)
         blocks = block_tables[seq, b0:n_blocks].long()  # the window's (chunk's) blocks only
         start, d = b0 * block_size, k_cache.shape[3]
@@ -75,6 +82,9 @@ def paged_attention(
         if attention_chunk is not None:  # another chunk's key (transformers' chunked_overlay)
             c = attention_chunk
             hidden |= k_pos[None, None, :] // c != q_pos[None, :, None] // c
+        if span is not None:  # an image's rows see its whole span (transformers' mm mask)
+            seen = (k_pos[None, :] >= span[:, :1]) & (k_pos[None, :] <= span[:, 1:])
+            hidden &= ~seen[None]
         if alibi_slopes is not None:
             rel = (k_pos[None, None, :] - q_pos[None, :, None]).float()
             scores = scores + alibi_slopes.float()[:, None, None] * rel

@@ -35,13 +35,13 @@ def get_attention_backend(
     one-row cache) and ``alibi_slopes`` (ALiBi: BLOOM, MPT; the kernels' ``HAS_ALIBI`` path,
     the CPU kernel's and the torch path's bias) as ``AttentionBackend`` takes them.
     ``rel_logits`` (Inkling's relative-position logits) only the torch backend adds: auto
-    picks it on CUDA too, and triton is refused in one line; so are ``image_spans`` (a
-    model's bidirectional image tokens: `base.IMAGE_SPANS`)."""
+    picks it on CUDA too, and triton is refused in one line. ``image_spans`` (a model's
+    bidirectional image tokens: `base.IMAGE_SPANS`) both take: Triton's prefill kernel
+    (its ``HAS_SPANS`` variant), and the torch backend's masked path (not its CPU kernel)."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
-        torch_only = rel_logits or image_spans
-        name = "triton" if device.type == "cuda" and not torch_only else "torch"
+        name = "triton" if device.type == "cuda" and not rel_logits else "torch"
     if kv_cache_dtype == "int8" and (name == "triton" or device.type != "cpu"):
         raise ValueError(
             "kv_cache_dtype 'int8' is a CPU feature (the torch attention backend on a CPU "
@@ -55,24 +55,22 @@ def get_attention_backend(
     if rel_logits and name == "triton":
         raise ValueError("the Triton attention backend cannot add relative-position logits "
                          "(Inkling's): use attention backend auto or torch")  # fmt: skip
-    if image_spans and name == "triton":
-        raise ValueError("the Triton attention backend has no bidirectional image spans "
-                         "(Gemma 3's images): use attention backend auto or torch")  # fmt: skip
     if name == "triton":
         from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend(
+        backend = TritonAttentionBackend(
             num_heads, num_kv_heads, head_dim, scale, batch_invariant,
             sliding_window=sliding_window, softcap=softcap, kv_cache_dtype=kv_cache_dtype,
             sinks=sinks, latent=latent, alibi_slopes=alibi_slopes,
         )  # fmt: skip
-    from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
+    else:
+        from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 
-    backend = TorchAttentionBackend(
-        num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
-        sliding_window=sliding_window, softcap=softcap, sinks=sinks, latent=latent,
-        alibi_slopes=alibi_slopes, rel_logits=rel_logits,
-    )  # fmt: skip
+        backend = TorchAttentionBackend(
+            num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
+            sliding_window=sliding_window, softcap=softcap, sinks=sinks, latent=latent,
+            alibi_slopes=alibi_slopes, rel_logits=rel_logits,
+        )  # fmt: skip
     backend.image_spans = image_spans
     return backend
 

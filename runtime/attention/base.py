@@ -19,8 +19,9 @@ after the scale, before the mask (the torch backend only: Triton's kernels take 
 A model whose image tokens attend to each other both ways (Gemma 3) puts the step's image rows
 in ``meta.aux[IMAGE_SPANS]`` before ``prepare``: a query row of an image also sees the keys of
 its image's later positions (each image whole in its prefill chunk: the scheduler's rule), in
-every layer, window layers too (transformers' ``token_type_ids`` mask); the torch backend's
-masked path alone takes them (``get_attention_backend(image_spans=True)``).
+every layer, window layers too (transformers' ``token_type_ids`` mask); a backend built with
+``get_attention_backend(image_spans=True)`` takes them: the torch backend's masked path, the
+Triton backend's prefill kernel (`kernels.image_spans`).
 
 KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a backend may choose another layout and
@@ -114,6 +115,9 @@ class AttentionBackend(ABC):
     """Writes the step's new K/V into the paged cache, then attends over it."""
 
     name: str = "base"
+    # the model's prefills may hold bidirectional image spans (`IMAGE_SPANS`; set by
+    # `get_attention_backend`: the torch backend then takes its masked path, not its kernel)
+    image_spans: bool = False
 
     def __init__(
         self,

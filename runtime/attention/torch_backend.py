@@ -125,9 +125,6 @@ class _Bucket:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     kernel: cpu_kernel.CpuKernel | None = None  # chosen by allocate_kv_cache
-    # the model's prefills may hold bidirectional image spans (`IMAGE_SPANS`): the masked
-    # path, not the kernel's (set by `get_attention_backend`)
-    image_spans = False
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Plan the step: host index tensors for the kernel, or buckets, indices and masks (the

@@ -2,8 +2,13 @@
 
 Two launches per layer and step (more with SDPA prompt rows, below): the KV-cache scatter and
 ``paged_attention``. Both decide everything from shapes and the metadata's host ints, so a decode
-step can be captured in a CUDA graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
-read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel runs which rows:
+step can be captured in a CUDA graph and replayed with new tensor contents. The kernels read
+``query_start_loc``/``seq_lens``/``block_tables`` directly; ``prepare`` builds one tensor only,
+for a step with bidirectional image spans (`base.IMAGE_SPANS`, Gemma 3's images): the prefill
+kernel's int32 ``[T, 2]`` spans (`kernels.image_spans`), copied to the device once a step,
+asynchronously. Such a step's prompt rows run in the prefill kernel's ``HAS_SPANS`` variant
+(never SDPA), in every layer, window layers too; a step without images runs the kernels as
+before. Which kernel runs which rows:
 
 * ``batch_invariant`` (the default): every row, decodes included, in our FlashAttention-2-style
   Triton prefill kernel with fixed configs (see ``paged_attention``), so a row's bits never
@@ -27,7 +32,9 @@ from __future__ import annotations
 
 import torch
 from pagoda.runtime.attention import sdpa_prefill
-from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
+from pagoda.runtime.attention.base import IMAGE_SPANS, AttentionBackend, AttentionMetadata
+
+SPANS = "triton_image_spans"  # `meta.aux`: the step's spans as the prefill kernel reads them
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -63,6 +70,20 @@ class TritonAttentionBackend(AttentionBackend):
 
         self._paged_attention = paged_attention
         self._write_kv_cache = write_kv_cache
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        """The step's image spans on the device (`kernels.image_spans.span_table`), once for
+        every layer and geometry; nothing for a step without images."""
+        spans = meta.aux.get(IMAGE_SPANS)
+        if spans is None or SPANS in meta.aux:
+            return
+        from pagoda.kernels.image_spans import span_table
+
+        table = torch.from_numpy(span_table(*spans, meta.num_tokens))
+        device = meta.query_start_loc.device
+        if device.type == "cuda":  # through pinned memory, asynchronously (no sync)
+            table = table.pin_memory().to(device, non_blocking=True)
+        meta.aux[SPANS] = table
 
     def forward(
         self,
@@ -109,7 +130,8 @@ class TritonAttentionBackend(AttentionBackend):
                 k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        extra = sinks is not None or self.alibi_slopes is not None  # (no SDPA equivalent)
+        spans = meta.aux.get(SPANS)  # (bidirectional image rows: the prefill kernel's)
+        extra = sinks is not None or self.alibi_slopes is not None or spans is not None
         supported = sdpa_prefill.supports(meta, window, self.softcap, extra, chunk)
         if not self.batch_invariant and supported:
             nd = meta.num_decodes
@@ -145,4 +167,5 @@ class TritonAttentionBackend(AttentionBackend):
             sinks=sinks,
             attention_chunk=chunk,
             alibi_slopes=self.alibi_slopes,
+            image_spans=spans,
         )

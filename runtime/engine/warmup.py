@@ -6,9 +6,10 @@ the H200 the first steps after start took 0.4–0.7 s each while that happened, 
 first users. Serving decides every variant from host ints (``paged_attention``'s rules), so the
 set is enumerable: each decode (batch, context) bucket's config and split count, and each
 prefill ``max_query_len`` bucket's config of the prefill kernel (batch-invariant: its decode and
-its prefill config), with block-table widths in each specialisation class, and with and
+its prefill config), with block-table widths in each specialisation class, with and
 without an attention chunk where the model has chunked layers (Llama 4: the kernels' ``CHUNKED``
-variants).
+variants), and with and without image spans where the model's images attend both ways (Gemma 3:
+the prefill kernel's ``HAS_SPANS`` variants).
 Everything runs on a scratch cache of a few blocks, never on the engine's KV cache.
 
 Then a few small engine steps (prefills of 16k and odd lengths, decodes) cover the other
@@ -43,6 +44,7 @@ class Geometry:
     cache_dtype: torch.dtype | None = None  # an FP8 cache's (None: `dtype`)
     kv_scale_size: int = 1  # an FP8 cache's scales: 1 (per tensor) or Hkv (their stride differs)
     chunk: int | None = None  # the chunked layers' attention chunk (Llama 4), None: no such layer
+    image_spans: bool = False  # prefills may hold bidirectional image spans (Gemma 3's images)
 
 
 def _grid(limit: int, start: int = 1) -> list[int]:
@@ -107,9 +109,10 @@ def _widths(need: int) -> list[int]:
 def run_kernel_case(
     geo: Geometry, num_decodes: int, max_seq_len: int, prefill: int, batch_invariant: bool = False
 ) -> int:
-    """Launch one case at every table width (and with the model's attention chunk, if any);
-    returns the number of launches."""
+    """Launch one case at every table width (and with the model's attention chunk, if any,
+    and a prefill with image spans, if the model has them); returns the number of launches."""
     from pagoda.kernels import paged_attention
+    from pagoda.kernels.image_spans import span_table
 
     bs, dev = geo.block_size, geo.device
     seqs = [(1, min(max_seq_len, bs))] * num_decodes + ([(prefill, prefill)] if prefill else [])
@@ -128,7 +131,11 @@ def run_kernel_case(
     )
     seq_lens = torch.tensor([s for _, s in seqs], dtype=torch.int32)
     chunks = (None, geo.chunk) if geo.chunk is not None else (None,)
-    for width, chunk in ((w, c) for w in _widths(need) for c in chunks):
+    spans = (None,)
+    if geo.image_spans and prefill:  # (no row in an image: the variant is what compiles)
+        spans = (None, torch.from_numpy(span_table([], [], [], tokens)).to(dev))
+    variants = [(w, c, sp) for w in _widths(need) for c in chunks for sp in spans]
+    for width, chunk, image_spans in variants:
         table = (torch.arange(len(seqs) * width, dtype=torch.int32) % SCRATCH_BLOCKS).view(
             len(seqs), width
         )
@@ -145,9 +152,10 @@ def run_kernel_case(
             num_decodes=num_decodes,
             batch_invariant=batch_invariant,
             attention_chunk=chunk,
+            image_spans=image_spans,
             **scales,
         )
-    return len(_widths(need)) * len(chunks)
+    return len(variants)
 
 
 def _kv_scale_size(runner) -> int:
@@ -194,6 +202,7 @@ def warm_kernels(runner, *, max_num_seqs: int, max_model_len: int, max_num_batch
         next((c[0].dtype for c in runner.kv_caches if c), None),  # (a Mamba layer's: empty)
         _kv_scale_size(runner),
         _chunk(runner),
+        backend.image_spans,
     )
     invariant = bool(getattr(backend, "batch_invariant", False))
     cases = kernel_cases(

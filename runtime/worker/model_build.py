@@ -52,8 +52,8 @@ def attention_backend(
         latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
         alibi_slopes=None if slopes is None else slopes.to(runner.device),
         rel_logits=mc.family.relative_logits,
-        # (Gemma 3's images: the torch backend's mask; `--limit-mm-per-prompt '{"image": 0}'`
-        # serves text only, on Triton where auto picks it)
+        # (Gemma 3's images: Triton's prefill kernel, the torch backend's mask, not the CPU
+        # kernel; `--limit-mm-per-prompt '{"image": 0}'` serves text only, on that kernel)
         image_spans=mc.vision is not None and mc.vision.bidirectional and images > 0,
     )
 

@@ -155,10 +155,11 @@ def install(results: list[dict], case: str, with_registers: bool = False) -> Non
 
 
 def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, sinks=False,
-               latent=False, alibi=False, **kwargs) -> None:  # fmt: skip
+               latent=False, alibi=False, spans=False, **kwargs) -> None:  # fmt: skip
     """One `paged_attention` call; ``tuned``: {kernel: config} saved as the device's tuned file
     (one bucket each, at head size 64), searched first for this call; ``latent``: one tensor
-    as both caches (DeepSeek's latent cache, `test_kernel_latent.py`)."""
+    as both caches (DeepSeek's latent cache, `test_kernel_latent.py`); ``spans``: image
+    spans (Gemma 3's images: the prefill kernel's HAS_SPANS variant)."""
     if tuned:
         from pagoda.kernels import config
 
@@ -172,7 +173,7 @@ def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, 
             try:
                 _attention(head_dim=head_dim, heads=heads, kv_heads=kv_heads, dtype=dtype,
                            kv_dtype=kv_dtype, seqs=seqs, sinks=sinks, latent=latent,
-                           alibi=alibi, **kwargs)  # fmt: skip
+                           alibi=alibi, spans=spans, **kwargs)  # fmt: skip
             finally:
                 config.set_config_dirs(previous)
         return
@@ -189,6 +190,8 @@ def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, 
         scales["sinks"] = torch.zeros(heads)
     if alibi:  # BLOOM's and MPT's per-head slopes (`attn_common.add_alibi`)
         scales["alibi_slopes"] = torch.full((heads,), 0.5)
+    if spans:  # Gemma 3's image spans (`image_spans`): [T, 2] int32
+        scales["image_spans"] = torch.zeros((tokens, 2), dtype=torch.int32)
     paged_attention(
         q=torch.empty((tokens, heads, head_dim), dtype=dtype), k_cache=k_cache,
         v_cache=k_cache if latent else torch.empty_like(k_cache), block_tables=torch.zeros((len(seqs), 4), dtype=torch.int32),
@@ -408,6 +411,16 @@ CASES: dict[str, dict] = {
                                           kv_dtype=BF16, seqs=[(1, 5)] * 3 + [(70, 90)],
                                           max_seq_len=32768, num_decodes=3, num_kv_splits=4,
                                           latent=True),
+    # Gemma 3's bidirectional image spans (4B/12B: 8 or 16 query heads over 4 or 8 KV heads at
+    # 256, a 1024-key window): the prefill kernel's HAS_SPANS variant beside split-KV decodes;
+    # every row's prefill kernel (batch-invariant) at 128 in fp16
+    "spans-gemma3-d256-split-decode": dict(head_dim=256, heads=8, kv_heads=4, dtype=BF16,
+                                           kv_dtype=BF16, seqs=[(1, 5)] * 3 + [(70, 90)],
+                                           max_seq_len=32768, num_decodes=3, num_kv_splits=4,
+                                           sliding_window=1024, spans=True),
+    "spans-invariant-d128-fp16": dict(head_dim=128, heads=16, kv_heads=8, dtype=FP16,
+                                      kv_dtype=FP16, seqs=[(1, 5), (70, 90)], max_seq_len=90,
+                                      num_decodes=1, batch_invariant=True, spans=True),
 }  # fmt: skip
 
 # Cases of the slow test (test_kernel_compile.py): more dtypes and shapes of variants the fast
@@ -440,6 +453,7 @@ SLOW = {
     "alibi-d64-split-decode",
     "mqa48-d128-split-decode",
     "mqa48-d128-invariant",
+    "spans-invariant-d128-fp16",
 }
 # (The figures below were read with plain `ptxas -v` before 2026-12-07; PTXAS_FLAGS' differ
 # by a few registers and bytes, the same cases spilling.)
@@ -463,7 +477,13 @@ SLOW = {
 # ALiBi's batch-invariant case (bf16, head 128, one query head per KV head): the one-token
 # launch spills 16 B at 255 registers with or without HAS_ALIBI (the same case without it
 # measured alike, 2026-12-06); the prefill launch goes from 198 to 221 registers, no spill.
-KNOWN_SPILLS = {"fp32-d256-decode", "deep-moe", "deep-matmul", "deep-fp8-w8a16", "alibi-invariant",
+# Gemma 3's image spans (HAS_SPANS), 2026-12-07 (PTXAS_FLAGS): at 256 with a window the prefill
+# kernel spills 488 B at 255 registers (528 B for the same launch without spans); at 128, GQA 2,
+# fp16, batch-invariant: the prefill launch 197 -> 212 registers, no spill, and the one-token
+# launch (no spans: decodes take none) 348 B with or without them. Without spans the prefill
+# kernel's PTX is the same instructions as before HAS_SPANS (one more, unused, parameter).
+KNOWN_SPILLS = {"spans-gemma3-d256-split-decode", "spans-invariant-d128-fp16",
+                "fp32-d256-decode", "deep-moe", "deep-matmul", "deep-fp8-w8a16", "alibi-invariant",
                 "sinks-invariant", "mla-d192-split-decode", "mla-d192-split-decode-fp16",
                 "mla-d192-invariant-fp16", "chunked-gqa5-invariant-fp16",
                 "d96-gqa4-invariant", "d256-bf16-split-decode",

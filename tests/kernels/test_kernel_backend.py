@@ -80,3 +80,33 @@ def test_triton_backend_matches_torch_backend(device, dtype):
 def test_auto_picks_torch_on_cpu():
     be = get_attention_backend("auto", torch.device("cpu"), 4, 2, 64, 0.125)
     assert be.name == "torch"
+
+
+def test_image_spans_match_the_torch_backend(device):
+    """`IMAGE_SPANS` in the step (Gemma 3's images): the Triton backend's prefill kernel (not
+    SDPA, not batch-invariant) and the torch backend's masked path, a window layer of 4 keys
+    (shorter than the images), a decode beside a fresh prompt and a chunk on cached context,
+    each with an image."""
+    import numpy as np
+    from pagoda.runtime.attention.base import IMAGE_SPANS
+
+    heads, kv_heads, d, bs = 4, 2, 32, 16
+    batch = make_batch([(1, 7), (24, 24), (12, 40)], num_heads=heads, num_kv_heads=kv_heads,
+                       head_dim=d, block_size=bs, dtype=torch.float32, device=device,
+                       fill_new=False)  # fmt: skip
+    rows = np.array([*range(4, 13), *range(28, 34)])  # positions 3..11 and 31..36
+    spans = (rows, np.repeat([3, 31], [9, 6]), np.repeat([11, 36], [9, 6]))
+    out = {}
+    for name in ("triton", "torch"):
+        be = get_attention_backend(name, device, heads, kv_heads, d, d**-0.5, False,
+                                   sliding_window=4, image_spans=True)  # fmt: skip
+        nb = batch.k_cache.shape[0]
+        k_cache, v_cache = be.allocate_kv_cache(nb, bs, torch.float32, device)
+        slots = torch.arange(nb * bs, device=device)
+        flat = (c.reshape(nb * bs, kv_heads, d) for c in (batch.k_cache, batch.v_cache))
+        be.write_kv(*flat, k_cache, v_cache, slots)
+        meta = _meta(batch, bs)
+        meta.aux[IMAGE_SPANS] = spans
+        be.prepare(meta)
+        out[name] = be.forward(batch.q, batch.k_new, batch.v_new, k_cache, v_cache, meta, window=4)
+    torch.testing.assert_close(out["triton"], out["torch"], **TOL[torch.float32])

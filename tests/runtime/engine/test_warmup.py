@@ -52,7 +52,8 @@ def launches(monkeypatch):
             cls = "one" if width == 1 else "div16" if width % 16 == 0 else "other"
             split = kw.get("num_splits", kw.get("one_token_per_seq", False))
             chunked = kw.get("attention_chunk") is not None  # the CHUNKED variants
-            seen.append((kind, tuple(sorted(kw["config"].items())), split, cls, chunked))
+            spans = kw.get("image_spans") is not None  # the HAS_SPANS variants
+            seen.append((kind, tuple(sorted(kw["config"].items())), split, cls, chunked, spans))
             real(**kw)
 
         monkeypatch.setattr(module, name, recorded)
@@ -125,3 +126,17 @@ def test_kernel_cases_are_one_per_variant(split_friendly_configs):
         and warmup._widths(16) == [16, 17]
         and warmup._widths(5) == [5, 16]
     )
+
+
+def test_a_model_with_image_spans_warms_the_spans_variants(launches):
+    """Gemma 3's images (`Geometry.image_spans`): each prefill case also launches the prefill
+    kernel with spans (its HAS_SPANS variant), at every width; decode cases never do."""
+    import torch
+
+    geo = warmup.Geometry(4, 2, 16, 16, torch.float32, torch.device("cpu"), image_spans=True)
+    widths = len(warmup._widths(1))  # (one block a sequence: 3 width classes)
+    assert warmup.run_kernel_case(geo, 0, 5, 5) == 2 * widths
+    assert warmup.run_kernel_case(geo, 2, 16, 0) == widths
+    prefill = [k for k in launches if k[0] == "prefill" and k[2] is False]
+    assert sorted(k[5] for k in prefill) == [False] * widths + [True] * widths
+    assert not any(k[5] for k in launches if k not in prefill)

@@ -3,12 +3,14 @@
 with its processor (tests/runtime/gemma3_vision_testlib.py); the engine's greedy tokens are
 transformers' `generate` (its token_type_ids mask: an image's tokens attend both ways) for one
 and two images batched with a text-only prompt, with prefill chunks that end before an image
-rather than inside it, on a prefix-cache hit over the image, and for a chat whose ids are the
-processor's (its newlines merged around <start_of_image>)."""
+rather than inside it, on a prefix-cache hit over the image, for a chat whose ids are the
+processor's (its newlines merged around <start_of_image>), and on the Triton backend (its
+prefill kernel's image spans, under TRITON_INTERPRET=1 here)."""
 
 from __future__ import annotations
 
 import base64
+import os
 
 import pytest
 import torch
@@ -160,14 +162,37 @@ def test_refusals(tiny):
     p = {"prompt_token_ids": [1, BOI, 7], "multi_modal_data": {"image": image(0)}}
     with pytest.raises(ValueError, match="one prefill chunk"):
         llm.generate(p, GREEDY, use_tqdm=False)
-    with pytest.raises(ValueError, match="bidirectional image spans"):
-        get_attention_backend("triton", torch.device("cpu"), 4, 2, 16, 0.25, image_spans=True)
     assert TOKENS_PER_IMAGE == 9 and IMAGE_ID == 297
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="CPU runs of Triton kernels need TRITON_INTERPRET=1")  # fmt: skip
+@pytest.mark.parametrize("invariant", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["fast", "invariant"])  # fmt: skip
+def test_triton_backend_is_transformers(tiny, reference, invariant):
+    """`--attention-backend triton`: the image rows' spans in the prefill kernel (the window
+    layer's too), 10-token chunks on cached context beside the other requests' decodes,
+    batch-invariant or not (SDPA then gives way to the prefill kernel): transformers' tokens."""
+    pytest.importorskip("triton")
+    llm = LLM(loaded=tiny[3], attention_backend="triton", dtype="float32", block_size=8,
+              max_num_batched_tokens=10, max_num_seqs=3, kv_cache_memory=8 << 20,
+              batch_invariant=invariant)  # fmt: skip
+    backends = llm.engine.runner.model.attention_backends
+    assert {b.name for b in backends} == {"triton"} and all(b.image_spans for b in backends)
+    assert _run(llm, [p for p, _ in _cases()]) == reference
+
+
+def test_auto_keeps_triton_for_image_spans():
+    """On a GPU `auto` picks Triton for a model with image spans, as for any other."""
+    pytest.importorskip("triton")
+    be = get_attention_backend("auto", torch.device("cuda"), 4, 2, 16, 0.25, image_spans=True)
+    assert be.name == "triton" and be.image_spans
+
+
 def test_text_only_serving_keeps_the_fast_attention_path(tiny, reference):
-    """`limit_mm_per_prompt={"image": 0}`: no image spans, so the backend auto picks (the CPU
-    kernel here, Triton on a GPU) runs; text answers as before, images are refused."""
+    """`limit_mm_per_prompt={"image": 0}`: no image spans, so the torch backend keeps its CPU
+    kernel (a GPU's Triton kernels run without spans either way); text answers as before,
+    images are refused."""
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20,
               limit_mm_per_prompt={"image": 0})  # fmt: skip
     assert not any(b.image_spans for b in llm.engine.runner.model.attention_backends)
