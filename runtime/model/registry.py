@@ -85,6 +85,10 @@ MODEL_CLASSES = {
     "qwen2_vl": ("qwen2_vl", "Qwen2VLModel"),  # Qwen2-VL: its tower, Qwen2's text model, M-RoPE
     "qwen2_5_vl": ("qwen2_vl", "Qwen2VLModel"),  # Qwen2.5-VL: its windowed tower, the same
     "llava": ("llava", "LlavaModel"),  # LLaVA 1.5: CLIP tower + projector, Llama's text model
+    # LLaVA-NeXT (a Llama or Mistral text model), OneVision (SigLIP, Qwen2): anyres crops
+    "llava_next": ("llava_next", "LlavaNextModel"),
+    "llava_next_mistral": ("llava_next", "LlavaNextModel"),
+    "llava_onevision": ("llava_next", "LlavaNextModel"),
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
