@@ -31,11 +31,13 @@ def _tokenizer():
 
 
 def _finish(model, tower, path):
-    """`model` with its text model's matrices x4 and the tower's norms and biases noised
-    (greedy picks apart; a bias read wrongly changes the tokens), saved to `path`."""
+    """`model` with its text model's and projector's matrices x4 and the tower's norms and
+    biases noised (greedy picks apart, the images steer them; a bias read wrongly changes the
+    tokens), saved to `path`."""
     randomize(model.model.language_model, scale=4.0, seed=1)
     randomize(model.lm_head, scale=4.0, seed=1)
     randomize(tower, scale=1.0, seed=2)
+    randomize(model.model.multi_modal_projector, scale=4.0, seed=3)
     model.save_pretrained(path)
     return model
 
@@ -109,6 +111,19 @@ def make_tiny_llava_onevision(path):
                               vision_feature_select_strategy="full",
                               vision_aspect_ratio="anyres_max_2")  # fmt: skip
     return model, processor
+
+
+def picture(seed: int, size: tuple[int, int] = (40, 52)):
+    """An RGB PIL image of (height, width) `size`: smooth colour ramps drawn from `seed` (the
+    tiny towers tell such images apart where uniform noise reads alike)."""
+    import numpy as np
+    from PIL import Image
+
+    a, b, c = np.random.default_rng(seed).uniform(0, 255, (3, 3))
+    y = np.linspace(0, 1, size[0])[:, None, None]
+    x = np.linspace(0, 1, size[1])[None, :, None]
+    ramp = a * y + b * x + c * (1 - x) * (1 - y)
+    return Image.fromarray(ramp.clip(0, 255).astype(np.uint8))
 
 
 def hf_generate(model, processor, ids: list[int], images: list, n: int) -> list[int]:
