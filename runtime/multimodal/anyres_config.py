@@ -56,7 +56,7 @@ class AnyresVisionConfig:
     siglip: bool  # SigLIP's tower (no class token, no pre-norm), else CLIP's
     pinpoints: tuple[tuple[int, int], ...]
     max_crops: int = 0
-    processing: ImageProcessing = ImageProcessing()
+    processing: ImageProcessing = ImageProcessing()  # noqa: RUF009 (frozen)
     bidirectional: bool = False  # (causal image tokens: prefill chunks may split an image)
 
     def __post_init__(self) -> None:

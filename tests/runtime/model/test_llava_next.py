@@ -64,8 +64,8 @@ def _count_encodes(llm: LLM) -> list[int]:
     """The crops each `encode_image_list` call of `llm`'s model encodes, as it runs."""
     model, calls = llm.engine.runner.model, []
     encode = model.encode_image_list
-    model.encode_image_list = lambda px, sizes: calls.append(sum(len(p) for p in px)) or encode(
-        px, sizes
+    model.encode_image_list = lambda px, sizes: (
+        calls.append(sum(len(p) for p in px)) or encode(px, sizes)
     )
     return calls
 
@@ -282,7 +282,7 @@ def test_configs_outside_the_anyres_shapes_are_refused(tmp_path):
         _read(tmp_path, {**_NEXT, "text_config": text, "image_grid_pinpoints": [[300, 600]]}, bare)
     with pytest.raises(ValueError, match="not the tower's 336x336 crops"):
         _read(tmp_path, {**_NEXT, "text_config": text}, {**bare, "size": {"shortest_edge": 224}})
-    with pytest.raises(ValueError, match="not config.json's"):
+    with pytest.raises(ValueError, match=r"not config\.json.s"):
         _read(tmp_path, {**_NEXT, "text_config": text},
               {**_NEXT_PROCESSOR, "image_grid_pinpoints": [[336, 336]]})  # fmt: skip
     ov = {**_NEXT, "architectures": ["LlavaOnevisionForConditionalGeneration"],
