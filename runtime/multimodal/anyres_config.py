@@ -143,11 +143,10 @@ def read_anyres(kind: str, top: dict[str, Any], model_dir: Path | None) -> Anyre
             raise ValueError(f"vision_aspect_ratio {aspect!r} is not supported (anyres_max_N)")
         max_crops = int(m.group(1))
     cfg = processor_json(model_dir) if model_dir is not None else None
-    processing = ImageProcessing(size, (size, size)) if cfg is None else None
     if cfg is not None:
         processing = _processing(kind, cfg, size, pinpoints)
-    elif kind == "llava_onevision":  # (the processor class's defaults)
-        processing = ImageProcessing(size, (size, size), do_center_crop=False)
+    else:  # the processor classes' defaults at the tower's size (OneVision's crops none)
+        processing = ImageProcessing(size, (size, size), do_center_crop=kind == "llava_next")
     return AnyresVisionConfig(kind, tower, siglip, pinpoints, max_crops, processing)
 
 
