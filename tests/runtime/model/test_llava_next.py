@@ -109,25 +109,40 @@ def test_chunked_prefill_splits_an_image_across_steps(tiny, reference):
 
 def test_prefix_cache_keys_blocks_by_the_image(tiny):
     """The same image after the same prefix hits the cache (not encoded again); another image
-    of the same size does not reuse the blocks holding its placeholders."""
+    of the same size does not reuse the blocks holding its placeholders; a hit that ends
+    inside the image (the text after it differs) encodes it and reads its last rows."""
     _, model, processor, loaded = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, block_size=8,
               enable_prefix_caching=True)  # fmt: skip
     calls = _count_encodes(llm)
     ids = [*PREFIX, IMAGE_ID, *range(40, 52)]  # 12 tokens after: the image in full blocks
+    after = [*PREFIX, IMAGE_ID, 60, *range(41, 52)]  # differs right after the image
     a, b = picture(5), picture(6)
     run_len = len(expanded(processor, ids, [a]))
+    image_end = run_len - 12
 
-    def run(im):
-        out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": im}},
+    def run(prompt, im):
+        out = llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"image": im}},
                            GREEDY, use_tqdm=False)[0]  # fmt: skip
-        want = hf_generate(model, processor, expanded(processor, ids, [im]), [im], NEW)
+        want = hf_generate(model, processor, expanded(processor, prompt, [im]), [im], NEW)
         assert out.outputs[0].token_ids == want
         return out.num_cached_tokens, len(calls)
 
-    assert run(a) == (0, 1)
-    assert run(a) == ((run_len - 1) // 8 * 8, 1)  # every full block hits: no encode
-    assert run(b) == (16, 2)  # the text blocks only
+    assert run(ids, a) == (0, 1)
+    assert run(ids, a) == ((run_len - 1) // 8 * 8, 1)  # every full block hits: no encode
+    assert run(ids, b) == (16, 2)  # the text blocks only
+    assert image_end % 8  # (the image ends inside a block)
+    assert run(after, a) == (image_end // 8 * 8, 3)  # up to the block inside the image
+
+
+def test_preempted_requests_recompute_their_images(tiny, reference):
+    """A pool of 14 blocks of 8 for the three requests' 17 (LLaVA-NeXT) or 23 (OneVision):
+    some are preempted and recomputed."""
+    llm = LLM(loaded=tiny[3], dtype="float32", max_num_batched_tokens=32, block_size=8,
+              num_blocks_override=14, max_num_seqs=3, max_model_len=128)  # fmt: skip
+    assert _run(llm, [p for p, _ in _cases()]) == reference
+    assert llm.engine.scheduler.num_preemptions > 0
+    llm.engine.check_integrity()
 
 
 def test_a_mistral_text_model_reads_as_transformers(tmp_path):
