@@ -130,9 +130,12 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
                 fp8_checkpoint="its vision tower is not quantized",
             ),
         ),
-        "llava": Untested(
-            fp8="its vision tower and projector are not quantized",
-            fp8_checkpoint="its vision tower and projector are not quantized",
+        **dict.fromkeys(
+            ("llava", "llava_next", "llava_next_mistral", "llava_onevision"),
+            Untested(
+                fp8="its vision tower and projector are not quantized",
+                fp8_checkpoint="its vision tower and projector are not quantized",
+            ),
         ),
         "idefics3": Untested(
             fp8="its vision tower and connector are not quantized",

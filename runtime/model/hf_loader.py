@@ -35,6 +35,7 @@ from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.hf_tables import (
+    ANYRES_ARCHS,
     DEFAULT_ROPE,
     DEFAULTS,
     EPS,
@@ -248,6 +249,10 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.idefics3_config import read_idefics3
 
         vision = read_idefics3(top, model_dir)
+    elif arch in ANYRES_ARCHS:  # (multimodal/anyres_config.py)
+        from pagoda.runtime.multimodal.anyres_config import read_anyres
+
+        vision = read_anyres(ANYRES_ARCHS[arch], top, model_dir)
     gemma3_images = "vision_config" in top and model_dir is not None
     if gemma3_images and top.get("architectures", [None])[0] == "Gemma3ForConditionalGeneration":
         from pagoda.runtime.multimodal.gemma3 import read_gemma3
@@ -266,7 +271,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=_tied(top, cfg),
-        attention_bias=arch in ("qwen2", "qwen2_vl", "qwen2_5_vl")
+        attention_bias=arch in ("qwen2", "qwen2_vl", "qwen2_5_vl", "llava_onevision")
         or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,

@@ -109,6 +109,10 @@ HF_ARCHITECTURES = {
     # model (model/idefics3.py)
     "Idefics3ForConditionalGeneration": "idefics3",
     "SmolVLMForConditionalGeneration": "idefics3",
+    # LLaVA-NeXT, LLaVA-OneVision: anyres crops through LLaVA's tower, projector and image
+    # newline, beside a Llama, Mistral or Qwen2 text model (model/llava_next.py)
+    "LlavaNextForConditionalGeneration": "llava_next",
+    "LlavaOnevisionForConditionalGeneration": "llava_onevision",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -156,6 +160,8 @@ TEXT_MODEL_TYPES = {
     "Idefics3ForConditionalGeneration": {"llama": "idefics3"},
     "SmolVLMForConditionalGeneration": {"llama": "idefics3"},
     "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "qwen2_vl", "qwen2_vl": "qwen2_vl"},
+    "LlavaNextForConditionalGeneration": {"llama": "llava_next", "mistral": "llava_next_mistral"},
+    "LlavaOnevisionForConditionalGeneration": {"qwen2": "llava_onevision"},
     "Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "qwen2_5_vl",
                                            "qwen2_5_vl": "qwen2_5_vl"},
     "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": "qwen3_vl", "qwen3_vl": "qwen3_vl"},
@@ -163,6 +169,9 @@ TEXT_MODEL_TYPES = {
                                            "qwen3_vl_moe": "qwen3_vl_moe"},
     **moe_families.TEXT_MODEL_TYPES,  # Aria's, Cohere Compass'
 }  # fmt: skip
+# the anyres architectures -> their image inputs' kind (`multimodal/anyres_config.py`)
+ANYRES_ARCHS = {"llava_next": "llava_next", "llava_next_mistral": "llava_next",
+                "llava_onevision": "llava_onevision"}  # fmt: skip
 # a model_type of a remote-code format published under a class name transformers' own format
 # uses: other keys and tensor names, refused (not read as the family with its defaults)
 REMOTE_CODE_TYPES = {
@@ -183,6 +192,8 @@ WRAPPER_TIES = {
 WRAPPER_TIES["emu3"] = False  # (Emu3Config's)
 WRAPPER_TIES["llava"] = False  # (LlavaConfig's)
 WRAPPER_TIES["idefics3"] = WRAPPER_TIES["smolvlm"] = False  # (Idefics3Config's, SmolVLMConfig's)
+WRAPPER_TIES["llava_next"] = False  # (LlavaNextConfig's)
+WRAPPER_TIES["llava_onevision"] = False  # (LlavaOnevisionConfig's)
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
 # rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
@@ -424,12 +435,26 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **gemma3n.DEFAULTS,
 }  # fmt: skip
 DEFAULTS["vaultgemma"] = DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
+# LLaVA-NeXT's text models: LlamaConfig's (as LLaVA 1.5's), MistralConfig's; OneVision's Qwen2's
+DEFAULTS["llava_next"] = DEFAULTS["llava"]
+DEFAULTS["llava_next_mistral"] = {
+    "vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 14_336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "sliding_window": 4096,
+    "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+DEFAULTS["llava_onevision"] = {
+    "vocab_size": 151_936, "hidden_size": 4096, "intermediate_size": 22_016,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "max_position_embeddings": 32_768, "rms_norm_eps": 1e-6,
+}  # fmt: skip
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                  "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 NULLABLE = {
     "mistral": ("sliding_window",),
+    "llava_next_mistral": ("sliding_window",),
     "exaone4": ("sliding_window",),
     "ministral": ("sliding_window",),
     "cwm": ("sliding_window",),

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from pagoda.runtime.model.clip_vision import ClipVisionTower, activation
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaModel
+from pagoda.runtime.multimodal.config import VisionConfig
 
 # stored prefix -> this module's (transformers 4's and 5's names, with or without `model.`)
 _TOWER = ("model.vision_tower.vision_model.", "vision_tower.vision_model.",
@@ -39,10 +40,17 @@ def _read(name: str, layers_run: int) -> bool:
 
 
 class LlavaModel(LlamaModel):
+    def tower_config(self) -> VisionConfig:
+        """The tower's and projector's config (LLaVA-NeXT's sits inside its image config)."""
+        return self.config.vision
+
+    def build_tower(self, tensors: dict[str, torch.Tensor], vision: VisionConfig):
+        return ClipVisionTower(tensors, vision)
+
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
-        vision = self.config.vision
-        if vision is None:
+        if self.config.vision is None:
             raise ValueError("a LLaVA model needs its vision_config (config.json)")
+        vision = self.tower_config()
         self.tower = None
         if self.tp is not None and self.tp.rank > 0:  # rank 0 encodes; features broadcast
             return
@@ -58,7 +66,7 @@ class LlavaModel(LlamaModel):
             elif _read(p := _strip(name, _TOWER), vision.layers_run):
                 tower[p] = t.to(device=self.device, dtype=self.dtype)
         try:
-            self.tower = ClipVisionTower(tower, vision)
+            self.tower = self.build_tower(tower, vision)
             self.linear_1 = (projector["linear_1.weight"], projector.get("linear_1.bias"))
             self.linear_2 = (projector["linear_2.weight"], projector.get("linear_2.bias"))
         except KeyError as e:
@@ -69,12 +77,16 @@ class LlavaModel(LlamaModel):
             raise ValueError(f"the projector gives {self.linear_2[0].shape[0]} features, the "
                              f"text model reads {self.config.hidden_size}")  # fmt: skip
 
-    @torch.inference_mode()
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """[N, 3, H, W] preprocessed pixels → [N, tokens_per_image, hidden] image features."""
-        vision = self.config.vision
-        h = self.tower(pixel_values)
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """The tower's rows [N, T, D] → the text model's features (the class token dropped
+        with the "default" strategy), through the 2-layer projector."""
+        vision = self.tower_config()
         if vision.select_strategy == "default":
             h = h[:, 1:]
         h = activation(vision.projector_act, F.linear(h, *self.linear_1))
         return F.linear(h, *self.linear_2)
+
+    @torch.inference_mode()
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[N, 3, H, W] preprocessed pixels → [N, tokens_per_image, hidden] image features."""
+        return self.project(self.tower(pixel_values))

@@ -88,6 +88,10 @@ MODEL_CLASSES = {
     "qwen3_vl_moe": ("qwen3_vl", "Qwen3VLMoeModel"),  # Qwen3-VL-MoE: Qwen3-MoE's experts
     "llava": ("llava", "LlavaModel"),  # LLaVA 1.5: CLIP tower + projector, Llama's text model
     "idefics3": ("idefics3", "Idefics3Model"),  # Idefics3, SmolVLM: SigLIP tiles, Llama's text
+    # LLaVA-NeXT (a Llama or Mistral text model), OneVision (SigLIP, Qwen2): anyres crops
+    "llava_next": ("llava_next", "LlavaNextModel"),
+    "llava_next_mistral": ("llava_next", "LlavaNextModel"),
+    "llava_onevision": ("llava_next", "LlavaNextModel"),
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved

@@ -49,6 +49,7 @@ _SKIP += ("model.mtp_layers.",)  # (HY V4's, as transformers ignores them: not r
 _SKIP += ("model.embed_vision.", "model.audio_tower.", "model.embed_audio.")  # (Gemma 4's)
 _SKIP += ("vqmodel.", "model.vqmodel.")  # (Emu3's VQ-VAE image tokenizer)
 _SKIP += ("model.vision_tokenizer.", "model.audio_tokenizer.")  # (Apertus 1.5's)
+_SKIP += ("image_newline", "model.image_newline")  # (LLaVA-NeXT's, OneVision's)
 _SKIP += ("patch_merge_mlp.",)  # (MiniMax-M3's, beside its vision tower and projector)
 # EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
 _RENAMES = tuple((re.compile(a), b) for a, b in (

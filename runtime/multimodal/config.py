@@ -130,8 +130,8 @@ class VisionConfig:
     bidirectional: bool = False
 
     def __post_init__(self) -> None:
-        if self.image_size % self.patch_size:
-            raise ValueError(f"vision_config: image_size {self.image_size} is not a multiple of "
+        if self.image_size < self.patch_size:  # (else the patch convolution floors: 384 / 14)
+            raise ValueError(f"vision_config: image_size {self.image_size} is smaller than "
                              f"patch_size {self.patch_size}")  # fmt: skip
         if self.select_strategy not in ("default", "full"):
             raise ValueError(f"vision_feature_select_strategy {self.select_strategy!r} is not "

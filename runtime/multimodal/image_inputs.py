@@ -1,8 +1,9 @@
 """The engine's image inputs as plain data (pickled to the engine process): each image's
-pixels (a Qwen2-VL image's: patches and grid; an Idefics3 image's: one per tile), where its placeholder tokens sit in the prompt,
-and a content hash; a prompt's images and, for Qwen2-VL, its M-RoPE positions. Apart from
-`inputs.py` so each family's input builder (`qwen2_vl_inputs.py`) imports them without a cycle.
-"""
+pixels (a Qwen2-VL image's: patches and grid; a LLaVA-NeXT image's: crops and size; an Idefics3 image's: one per tile), where its
+placeholder tokens sit in the prompt, and a content hash; a prompt's images and, for Qwen2-VL,
+its M-RoPE positions. Apart from `inputs.py` so each family's input builder
+(`qwen2_vl_inputs.py`) imports them without a cycle; `repeat_runs` expands a prompt's image
+tokens to runs of their own lengths (the families whose runs vary per image)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ class ImageInput:
     offset: int  # the prompt position of its first placeholder token
     length: int  # its placeholder tokens (the rows of its features)
     content_hash: bytes  # 16 bytes of the pixels (the prefix cache keys blocks by it)
-    grid: tuple[int, int, int] | None = None  # Qwen2-VL's patch grid (t, h, w); pixels: patches
+    # Qwen2-VL's patch grid (t, h, w), pixels its patches; LLaVA-NeXT's / OneVision's image
+    # (height, width), pixels its crops [1 + crops, 3, S, S]; None: one [3, H, W] image
+    grid: tuple[int, ...] | None = None
 
     @property
     def end(self) -> int:
@@ -53,3 +56,18 @@ def pixels_hash(pixels: np.ndarray) -> bytes:
     h.update(repr(pixels.shape).encode())
     h.update(np.ascontiguousarray(pixels).tobytes())
     return h.digest()
+
+
+def repeat_runs(token_ids, token: int, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The prompt with its k-th `token` repeated `lengths[k]` times, and each run's first
+    position; ValueError where the prompt holds another number of `token`s."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    at = np.flatnonzero(ids == token)
+    if len(at) != len(lengths):
+        raise ValueError(f"the prompt has {len(at)} image token(s) (id {token}) for "
+                         f"{len(lengths)} image(s): put one image token where each image goes")  # fmt: skip
+    n = np.asarray(lengths, dtype=np.int64)
+    repeats = np.ones(len(ids), dtype=np.int64)
+    repeats[at] = n
+    offsets = at + np.concatenate([[0], np.cumsum(n - 1)[:-1]]).astype(np.int64)
+    return np.repeat(ids, repeats), offsets

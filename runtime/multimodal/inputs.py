@@ -14,7 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType, ModuleType
 
-from pagoda.runtime.multimodal import fixed_inputs, idefics3_inputs, qwen2_vl_inputs
+from pagoda.runtime.multimodal import (
+    fixed_inputs,
+    idefics3_inputs,
+    llava_next_inputs,
+    qwen2_vl_inputs,
+)
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
 
 __all__ = ["FAMILIES", "ImageInput", "MultiModalInputs", "pixels_hash"]
@@ -28,6 +33,8 @@ FAMILIES: Mapping[str, ModuleType] = MappingProxyType(
         "qwen2_5_vl": qwen2_vl_inputs,
         "qwen3_vl": qwen2_vl_inputs,  # Qwen3-VL (-MoE): Qwen2-VL's runs and M-RoPE positions
         "idefics3": idefics3_inputs,  # Idefics3 / SmolVLM: tiles and a global image, each a run
+        "llava_next": llava_next_inputs,  # LLaVA-NeXT: anyres crops, a run per image's size
+        "llava_onevision": llava_next_inputs,  # LLaVA-OneVision: the same, its grid capped
     }
 )
 

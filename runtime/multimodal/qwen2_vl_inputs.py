@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
+from pagoda.runtime.multimodal.image_inputs import (
+    ImageInput,
+    MultiModalInputs,
+    pixels_hash,
+    repeat_runs,
+)
 from pagoda.runtime.multimodal.qwen2_vl_config import QwenVisionConfig
 from pagoda.runtime.multimodal.qwen2_vl_processing import mrope_positions, placeholders, preprocess
 
@@ -24,17 +29,9 @@ def build(token_ids: Sequence[int], prepared: Sequence[tuple[np.ndarray, tuple]]
           vision: QwenVisionConfig) -> tuple[list[int], MultiModalInputs]:  # fmt: skip
     """The prompt with each image token repeated to its image's run, the images at their runs,
     and the prompt's M-RoPE positions; ValueError for another number of image tokens."""
-    token, m = vision.image_token_index, vision.merge_size
-    ids = np.asarray(token_ids, dtype=np.int64)
-    at = np.flatnonzero(ids == token)
-    if len(at) != len(prepared):
-        raise ValueError(f"the prompt has {len(at)} image token(s) (id {token}) for "
-                         f"{len(prepared)} image(s): put one image token where each image goes")  # fmt: skip
+    m = vision.merge_size
     n = np.asarray([placeholders(g, m) for _, g in prepared], dtype=np.int64)
-    repeats = np.ones(len(ids), dtype=np.int64)
-    repeats[at] = n
-    offsets = at + np.concatenate([[0], np.cumsum(n - 1)[:-1]]).astype(np.int64)
-    out = np.repeat(ids, repeats)
+    out, offsets = repeat_runs(token_ids, vision.image_token_index, n)
     grids = [g for _, g in prepared]
     pos, delta = mrope_positions(len(out), offsets.tolist(), grids, m)
     images = tuple(ImageInput(p, int(o), int(k), pixels_hash(p), grid=tuple(g))
