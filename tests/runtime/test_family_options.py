@@ -166,6 +166,14 @@ QWEN3_VL_MOE = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_
                                 "num_experts": 4}}  # fmt: skip
 IDEFICS3 = {"architectures": ["SmolVLMForConditionalGeneration"], "model_type": "smolvlm",
             "text_config": {**LLAMA, "architectures": None}}  # fmt: skip
+LLAVA_NEXT = {"architectures": ["LlavaNextForConditionalGeneration"], "model_type": "llava_next",
+              "image_grid_pinpoints": [[224, 448], [448, 224]],
+              "text_config": {**LLAMA, "architectures": None}}  # fmt: skip
+LLAVA_NEXT_MISTRAL = {**LLAVA_NEXT, "text_config": {**LLAMA, "architectures": None,
+                                                    "model_type": "mistral"}}  # fmt: skip
+LLAVA_ONEVISION = {"architectures": ["LlavaOnevisionForConditionalGeneration"],
+                   "model_type": "llava_onevision",
+                   "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2"}}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -177,7 +185,8 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "bert": BERT, "roberta": XLMR, "modernbert": MODERNBERT,
                "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
                "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
-               "idefics3": IDEFICS3}  # fmt: skip
+               "idefics3": IDEFICS3, "llava_next": LLAVA_NEXT,
+               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch
