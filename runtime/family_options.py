@@ -125,7 +125,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         **dict.fromkeys(
             ("qwen2_vl", "qwen2_5_vl"),
             Untested(
-                tensor_parallel="its M-RoPE positions are not sent to the other ranks",
                 fp8="its vision tower is not quantized",
                 fp8_checkpoint="its vision tower is not quantized",
             ),

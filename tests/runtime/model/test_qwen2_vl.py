@@ -81,3 +81,16 @@ def test_chunked_prefill_splitting_an_image_and_a_prefix_hit_are_transformers(ti
     prompts = [p for p, _ in _cases()]
     assert _run(llm, prompts) == reference
     assert _run(llm, prompts[:2]) == reference[:2]  # the same images again: cache hits
+
+
+def test_two_ranks_read_the_images_and_m_rope_positions_rank_0_sends(tiny):
+    """Tensor parallelism over gloo, two ranks, 8-token chunks (an image split across steps):
+    rank 0 alone holds the tower; each step's image features and [3, T] M-RoPE positions are
+    broadcast; transformers' tokens."""
+    path, loaded, reference = tiny
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
+             max_num_batched_tokens=8, max_num_seqs=3, block_size=8,
+             kv_cache_memory=8 << 20) as two:  # fmt: skip
+        assert _run(two, [p for p, _ in _cases()]) == reference
+        assert two.engine.runner.model.tower is not None
+        two.engine.check_integrity()
