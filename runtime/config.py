@@ -18,6 +18,7 @@ from pagoda.runtime import option_rules, options
 from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
 from pagoda.runtime.multimodal.config import parse_limits
+from pagoda.runtime.multimodal.processor_kwargs import parse as parse_kwargs
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.pooler_config import PoolerConfig
@@ -157,10 +158,15 @@ class EngineConfig:
     # images per prompt a vision model takes (vLLM's --limit-mm-per-prompt: a dict or its
     # JSON text, read into {"image": N}; None: vLLM's default, `multimodal.config`)
     limit_mm_per_prompt: Any = None
+    # the image processor's settings (vLLM's --mm-processor-kwargs: a dict or its JSON text,
+    # read into a dict; None: the checkpoint's); its keys are checked against the family's
+    # processor where the model is read (`multimodal.processor_kwargs.apply`)
+    mm_processor_kwargs: Any = None
 
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
         object.__setattr__(self, "limit_mm_per_prompt", parse_limits(self.limit_mm_per_prompt))
+        object.__setattr__(self, "mm_processor_kwargs", parse_kwargs(self.mm_processor_kwargs))
         if self.runner not in options.RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
                              f"{self.runner!r}")  # fmt: skip

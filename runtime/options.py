@@ -336,6 +336,9 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          None, metavar="JSON"),
     Flag("--limit-mm-per-prompt", "images a prompt of a vision model (LLaVA) may hold, vLLM's "
          "JSON: '{\"image\": N}' (default 999); more is a 400", None, metavar="JSON"),
+    Flag("--mm-processor-kwargs", "the image processor's settings over the checkpoint's, "
+         "vLLM's JSON, e.g. Qwen2-VL's '{\"min_pixels\": 200704, \"max_pixels\": 1003520}'; "
+         "a key the model's processor does not read is refused", None, metavar="JSON"),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(

@@ -53,6 +53,7 @@ from pagoda.runtime.engine.start_checks import (
 )
 from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.model.loader import LoadedModel, load_model
+from pagoda.runtime.multimodal import processor_kwargs
 from pagoda.runtime.pooler_config import with_runner
 from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.sampling.bad_words import needs_history
@@ -80,7 +81,8 @@ class EngineCore:
     ) -> None:
         loaded = loaded or load_model(config.model)
         self.model_name = loaded.name
-        self.model_config = loaded.config
+        # (the image processor as --mm-processor-kwargs sets it: the images' preprocessing)
+        self.model_config = processor_kwargs.served(loaded.config, config.mm_processor_kwargs)
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         config = with_runner(config, loaded.path, loaded.config.hidden_size)  # --runner auto

@@ -13,6 +13,10 @@ from pagoda.runtime.multimodal.config import VisionConfig
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
 from pagoda.runtime.multimodal.image_processing import preprocess
 
+# the image processor's settings `--mm-processor-kwargs` may set (`processor_kwargs.py`):
+# none, a run is the tower's fixed size (so no `with_processor_kwargs` either)
+PROCESSOR_KWARGS: tuple[str, ...] = ()
+
 
 def prepare_image(image: object, vision: VisionConfig) -> np.ndarray:
     """One image as the checkpoint's processor prepares it: float32 [3, H, W]."""

@@ -6,12 +6,28 @@ and delta computed once here, for the whole prompt (chunks and prefix-cache hits
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
 from pagoda.runtime.multimodal.qwen2_vl_config import QwenVisionConfig
 from pagoda.runtime.multimodal.qwen2_vl_processing import mrope_positions, placeholders, preprocess
+
+# the image processor's settings `--mm-processor-kwargs` may set (`processor_kwargs.py`):
+# the resized area's bounds, as vLLM's Qwen2-VL takes them
+PROCESSOR_KWARGS = ("min_pixels", "max_pixels")
+
+
+def with_processor_kwargs(vision: QwenVisionConfig, kwargs: dict[str, Any]) -> QwenVisionConfig:
+    """`vision` whose processor has `kwargs` (keys of `PROCESSOR_KWARGS`); ValueError for a
+    value that is not a positive integer, or min_pixels over max_pixels."""
+    for key, value in kwargs.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    processing = dataclasses.replace(vision.processing, **kwargs)
+    return dataclasses.replace(vision, processing=processing)
 
 
 def prepare_image(image: object, vision: QwenVisionConfig) -> tuple[np.ndarray, tuple]:

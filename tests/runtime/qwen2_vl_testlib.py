@@ -67,8 +67,9 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
     return model
 
 
-def hf_generate(model, ids: list[int], images: list, n: int) -> list[int]:
-    """transformers' greedy tokens after the expanded prompt `ids` with `images`."""
+def hf_generate(model, ids: list[int], images: list, n: int, **processor) -> list[int]:
+    """transformers' greedy tokens after the expanded prompt `ids` with `images` (the image
+    processor's settings: `PROCESSOR`, `processor` over them)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -76,7 +77,8 @@ def hf_generate(model, ids: list[int], images: list, n: int) -> list[int]:
     t = torch.tensor([ids])
     kwargs = {}
     if images:
-        out = Qwen2VLImageProcessorPil(**PROCESSOR)(images, return_tensors="pt")
+        kw = {**PROCESSOR, **processor}
+        out = Qwen2VLImageProcessorPil(**kw)(images, return_tensors="pt")
         kwargs = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
                   "mm_token_type_ids": (t == IMAGE_ID).int()}  # fmt: skip
     with torch.no_grad():

@@ -1,7 +1,9 @@
 """`pagoda serve` on a tiny Qwen2-VL (tests/runtime/qwen2_vl_testlib.py) through the `openai`
 SDK: a chat with a base64 image renders `<|vision_start|><|image_pad|><|vision_end|>`, the pad
 expanded to the image's own run, and answers transformers' greedy tokens; a text-only chat
-after it too; `/tokenize` of messages with an image is a 400 (the run depends on the image)."""
+after it too; a request's `mm_processor_kwargs` (max_pixels) gives the image another run and
+transformers' tokens with the same kwargs, an unknown key a 400; `/tokenize` of messages with
+an image is a 400 (the run depends on the image)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,23 @@ def test_an_image_chat_answers_transformers_tokens(tmp_path):
             temperature=0, extra_body={"ignore_eos": True},
         )  # fmt: skip
         assert text.usage.prompt_tokens == 4
+        # a request's own processor settings: 32 x 48 px, 2 x 3 merged; transformers' tokens
+        small = {"max_pixels": 2048}
+        ids = [3, START] + [IMAGE_ID] * 6 + [END, 7, 8, 5]
+        got = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": parts}], max_tokens=NEW,
+            temperature=0, logprobs=True,
+            extra_body={"ignore_eos": True, "mm_processor_kwargs": small},
+        )  # fmt: skip
+        assert got.usage.prompt_tokens == len(ids)
+        want = hf_generate(model, ids, [im], NEW, **small)
+        assert [_id(t.token) for t in got.choices[0].logprobs.content] == want
+        bad = httpx.post(str(client.base_url) + "chat/completions", timeout=30, json={
+            "model": name, "messages": [{"role": "user", "content": parts}], "max_tokens": 1,
+            "mm_processor_kwargs": {"do_resize": False}})  # fmt: skip
+        assert bad.status_code == 400, bad.text
+        error = bad.json()["error"]
+        assert error["param"] == "mm_processor_kwargs" and "'do_resize'" in error["message"]
         shown = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize",
                            json={"messages": [{"role": "user", "content": parts}]}, timeout=30)  # fmt: skip
         assert shown.status_code == 400, shown.text

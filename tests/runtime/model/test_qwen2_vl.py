@@ -44,15 +44,16 @@ def _cases():
     ]
 
 
-def _runs(im) -> int:
-    p = QwenImageProcessing(**PROCESSOR)
+def _runs(im, **processor) -> int:
+    p = QwenImageProcessing(**{**PROCESSOR, **processor})
     h, w = smart_resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
     return placeholders((1, h // 8, w // 8), 2)
 
 
-def _expanded(ids, ims) -> list[int]:
+def _expanded(ids, ims, **processor) -> list[int]:
     it = iter(ims)
-    return [t for i in ids for t in ([i] * _runs(next(it)) if i == IMAGE_ID else [i])]
+    return [t for i in ids
+            for t in ([i] * _runs(next(it), **processor) if i == IMAGE_ID else [i])]  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
@@ -94,3 +95,27 @@ def test_two_ranks_read_the_images_and_m_rope_positions_rank_0_sends(tiny):
         assert _run(two, [p for p, _ in _cases()]) == reference
         assert two.engine.runner.model.tower is not None
         two.engine.check_integrity()
+
+
+def test_mm_processor_kwargs_change_the_runs_and_give_transformers_tokens(tiny):
+    """`mm_processor_kwargs` (the engine's, vLLM's --mm-processor-kwargs; a prompt's own over
+    it): other min/max_pixels give each image another run, and the tokens are transformers'
+    with the same kwargs given to its processor."""
+    path, loaded, _ = tiny
+    model = transformers.AutoModelForImageTextToText.from_pretrained(path).eval()
+    small, large = {"max_pixels": 2048}, {"min_pixels": 8192, "max_pixels": 16384}
+    (prompt, ims), (two, two_ims) = _cases()[:2]
+    want = [hf_generate(model, _expanded(prompt["prompt_token_ids"], ims, **small), ims, NEW,
+                        **small),
+            hf_generate(model, _expanded(two["prompt_token_ids"], two_ims, **large), two_ims,
+                        NEW, **large)]  # fmt: skip
+    assert _runs(ims[0], **small) < _runs(ims[0]) < _runs(ims[0], **large)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, mm_processor_kwargs=small)
+    out = llm.generate([prompt, {**two, "mm_processor_kwargs": large}], GREEDY, use_tqdm=False)
+    assert [len(o.prompt_token_ids) for o in out] == [
+        len(_expanded(prompt["prompt_token_ids"], ims, **small)),
+        len(_expanded(two["prompt_token_ids"], two_ims, **large)),
+    ]
+    assert [o.outputs[0].token_ids for o in out] == want
+    with pytest.raises(ValueError, match="mm_processor_kwargs: 'size' is not a setting"):
+        llm.generate({**prompt, "mm_processor_kwargs": {"size": 1}}, GREEDY, use_tqdm=False)
