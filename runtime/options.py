@@ -200,6 +200,10 @@ METRIC_KV_CACHE_USAGE = "pagoda:kv_cache_usage_perc"  # gauge, 1 = full
 METRIC_PREFIX_CACHE_QUERIES = "pagoda:prefix_cache_queries"  # counter
 METRIC_PREFIX_CACHE_HITS = "pagoda:prefix_cache_hits"  # counter
 METRIC_NUM_PREEMPTIONS = "pagoda:num_preemptions"  # counter
+# a vision model's encoder cache (`worker/encoder_cache.py`): counters of images looked up and
+# found already encoded (vLLM's mm cache counters' shape)
+METRIC_MM_ENCODER_CACHE_QUERIES = "pagoda:mm_encoder_cache_queries"
+METRIC_MM_ENCODER_CACHE_HITS = "pagoda:mm_encoder_cache_hits"
 METRIC_TUNED_PROFILE_INFO = "pagoda:tuned_profile_info"  # gauge 1, labels device/model/created
 # with --enable-lora (vLLM's lora_requests_info): gauge, the scrape's time; labels
 # running_lora_adapters / waiting_lora_adapters (comma-separated names) and max_lora

@@ -376,11 +376,14 @@ class EngineCore:
         return self.outputs.process(pending, self.clock) if pending is not None else []
 
     def reset_counters(self) -> None:
-        """Zero the cumulative counters of `stats` (prefix-cache lookups, preemptions)."""
+        """Zero the cumulative counters of `stats` (prefix-cache and encoder-cache lookups,
+        preemptions)."""
         self.kv.prefix_queries = self.kv.prefix_hits = 0
         self.scheduler.num_preemptions = 0
         if self.spec_stats is not None:
             self.spec_stats.reset()
+        if getattr(self.runner, "encoder_cache", None) is not None:
+            self.runner.encoder_cache.reset_counters()
 
     def stats(self) -> EngineStats:
         stats = EngineStats(
@@ -403,6 +406,13 @@ class EngineCore:
             stats.spec_num_draft_tokens = spec.num_draft_tokens
             stats.spec_num_accepted_tokens = spec.num_accepted_tokens
             stats.spec_accepted_per_pos = list(spec.accepted_per_pos)
+        images = getattr(self.runner, "encoder_cache", None)
+        if images is not None:  # a vision model's encoder cache (`worker/encoder_cache.py`)
+            stats.mm_encoder_cache = True
+            stats.mm_encoder_cache_queries, stats.mm_encoder_cache_hits = (
+                images.queries,
+                images.hits,
+            )
         return stats
 
     def check_integrity(self) -> None:

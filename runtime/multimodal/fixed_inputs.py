@@ -18,6 +18,11 @@ from pagoda.runtime.multimodal.image_processing import preprocess
 PROCESSOR_KWARGS: tuple[str, ...] = ()
 
 
+def max_run(vision: VisionConfig) -> int:
+    """The most placeholder tokens (feature rows) one image takes: every image's run."""
+    return vision.tokens_per_image
+
+
 def prepare_image(image: object, vision: VisionConfig) -> np.ndarray:
     """One image as the checkpoint's processor prepares it: float32 [3, H, W]."""
     return preprocess(image, vision.processing)

@@ -30,6 +30,12 @@ def with_processor_kwargs(vision: QwenVisionConfig, kwargs: dict[str, Any]) -> Q
     return dataclasses.replace(vision, processing=processing)
 
 
+def max_run(vision: QwenVisionConfig) -> int:
+    """The most placeholder tokens (feature rows) one image takes: an image resized to
+    max_pixels, in merged patches."""
+    return max(1, vision.processing.max_pixels // vision.processing.factor**2)
+
+
 def prepare_image(image: object, vision: QwenVisionConfig) -> tuple[np.ndarray, tuple]:
     """One PIL image → (patches, grid); ValueError for one that cannot be read."""
     return preprocess(image, vision.processing)  # type: ignore[arg-type]

@@ -119,3 +119,22 @@ def test_mm_processor_kwargs_change_the_runs_and_give_transformers_tokens(tiny):
     assert [o.outputs[0].token_ids for o in out] == want
     with pytest.raises(ValueError, match="mm_processor_kwargs: 'size' is not a setting"):
         llm.generate({**prompt, "mm_processor_kwargs": {"size": 1}}, GREEDY, use_tqdm=False)
+
+
+def test_requests_holding_one_image_encode_it_once(tiny):
+    """Two requests holding the same image, batched in 8-token chunks (the image's rows over
+    several steps for each): the tower encodes it once (the encoder cache); transformers'
+    tokens."""
+    path, loaded, _ = tiny
+    model = transformers.AutoModelForImageTextToText.from_pretrained(path).eval()
+    im = IMAGES[0]
+    prompts = [[1, 5, START, IMAGE_ID, END, 7, 8], [1, START, IMAGE_ID, END, 9]]
+    want = [hf_generate(model, _expanded(p, [im]), [im], NEW) for p in prompts]
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, block_size=8,
+              max_num_batched_tokens=8, max_num_seqs=2)  # fmt: skip
+    runner, calls = llm.engine.runner, []
+    encode = runner.model.encode_image_list
+    runner.model.encode_image_list = lambda px, grids: calls.append(len(px)) or encode(px, grids)
+    batch = [{"prompt_token_ids": p, "multi_modal_data": {"image": im}} for p in prompts]
+    assert _run(llm, batch) == want and calls == [1]
+    assert (runner.encoder_cache.queries, runner.encoder_cache.hits) == (2, 1)
