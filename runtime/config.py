@@ -18,7 +18,6 @@ from pagoda.runtime import option_rules, options
 from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
 from pagoda.runtime.multimodal.config import parse_limits
-from pagoda.runtime.multimodal.processor_kwargs import parse as parse_kwargs
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.pooler_config import PoolerConfig
@@ -166,7 +165,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
         object.__setattr__(self, "limit_mm_per_prompt", parse_limits(self.limit_mm_per_prompt))
-        object.__setattr__(self, "mm_processor_kwargs", parse_kwargs(self.mm_processor_kwargs))
+        kwargs = option_rules.parse_processor_kwargs(self.mm_processor_kwargs)
+        object.__setattr__(self, "mm_processor_kwargs", kwargs)
         if self.runner not in options.RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
                              f"{self.runner!r}")  # fmt: skip

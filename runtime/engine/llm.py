@@ -148,7 +148,7 @@ class LLM:
                 text, ids = encoded[k]
                 vision = processor_kwargs.apply(  # (a prompt's own processor settings)
                     self.engine.model_config.vision,
-                    processor_kwargs.parse(prompt.get("mm_processor_kwargs")),
+                    prompt.get("mm_processor_kwargs"),
                     "mm_processor_kwargs",
                 )
                 if "multi_modal_data" not in prompt:

@@ -8,41 +8,26 @@ A key is honoured where the family's processor reads it: its image-input module'
 `min_pixels` and `max_pixels` (the resized area, hence each image's placeholder run); LLaVA
 1.5's and Gemma 3's none (their runs are fixed by the tower). Any other key is refused: the
 flag's when the server starts (one line, exit 2), a request's with a 400. A request's keys
-apply over the flag's.
+apply over the flag's. (The flag's text is read by `option_rules.parse_processor_kwargs`.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from pagoda.runtime.multimodal import inputs
-
-EXAMPLE = '{"max_pixels": 1003520}'
-
-
-def parse(value: Any) -> dict[str, Any] | None:
-    """The flag's JSON text (or a dict) → its keys and values (None: none given or an empty
-    object); ValueError, one line, for anything but a JSON object."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise ValueError(f"mm_processor_kwargs must be a JSON object such as '{EXAMPLE}', "
-                             f"got {value!r}") from None  # fmt: skip
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ValueError(f"mm_processor_kwargs must be a JSON object such as '{EXAMPLE}', got "
-                         f"{value!r}")  # fmt: skip
-    return dict(value) or None
 
 
 def apply(vision: Any, kwargs: dict[str, Any] | None, name: str = "--mm-processor-kwargs") -> Any:
     """`vision` (a family's vision config; None: text only) with `kwargs` applied to its image
     processor (itself where there are none); ValueError, one line naming `name`, for a model
     that reads no images, a key its family's processor does not read, or a bad value."""
+    if kwargs is None:
+        return vision
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError(f"{name} must be a JSON object of the image processor's settings, "
+                         f"got {kwargs!r}")  # fmt: skip
     if not kwargs:
         return vision
     if vision is None:

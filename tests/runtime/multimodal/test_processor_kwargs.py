@@ -1,11 +1,12 @@
 """`multimodal.processor_kwargs` (vLLM's --mm-processor-kwargs and a request's
-mm_processor_kwargs): the flag's JSON read once, each key checked against the family's
+mm_processor_kwargs): the flag's JSON read once (`option_rules.parse_processor_kwargs`), each key checked against the family's
 processor (Qwen2-VL's min_pixels / max_pixels; LLaVA's none). Qwen2-VL's bounds against
 transformers' processor: tests/runtime/multimodal/test_qwen2_vl_processing.py."""
 
 from __future__ import annotations
 
 import pytest
+from pagoda.runtime import option_rules
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.multimodal import processor_kwargs
 from pagoda.runtime.multimodal.config import ImageProcessing, VisionConfig
@@ -21,16 +22,20 @@ QWEN = QwenVisionConfig(kind="qwen2_vl", width=32, intermediate_size=64, depth=2
 
 
 def test_the_flag_is_a_json_object_read_once():
-    assert processor_kwargs.parse('{"max_pixels": 4096}') == {"max_pixels": 4096}
-    assert processor_kwargs.parse({"min_pixels": 1}) == {"min_pixels": 1}
-    assert processor_kwargs.parse(None) is None and processor_kwargs.parse("{}") is None
-    for bad in ("max_pixels=4", "[1, 2]", {1: 2}):
-        with pytest.raises(ValueError, match="must be a JSON object"):
-            processor_kwargs.parse(bad)
+    parse = option_rules.parse_processor_kwargs
+    assert parse('{"max_pixels": 4096}') == {"max_pixels": 4096}
+    assert parse({"min_pixels": 1}) == {"min_pixels": 1}
+    assert parse(None) is None and parse("{}") is None
+    with pytest.raises(ValueError, match="mm_processor_kwargs: not JSON"):
+        parse("max_pixels=4")
+    with pytest.raises(ValueError, match="mm_processor_kwargs must be a JSON object"):
+        parse("[1, 2]")
     cfg = EngineConfig.create("m", mm_processor_kwargs='{"max_pixels": 4096}')
     assert cfg.mm_processor_kwargs == {"max_pixels": 4096}
     with pytest.raises(ValueError, match="must be a JSON object"):
         EngineConfig.create("m", mm_processor_kwargs="[]")
+    with pytest.raises(ValueError, match="mm_processor_kwargs must be a JSON object"):
+        processor_kwargs.apply(LLAVA, [("max_pixels", 1)], "mm_processor_kwargs")  # (a prompt's)
 
 
 def test_a_key_the_familys_processor_does_not_read_is_refused_in_one_line():
@@ -49,3 +54,4 @@ def test_a_key_the_familys_processor_does_not_read_is_refused_in_one_line():
         with pytest.raises(ValueError, match=match):
             processor_kwargs.apply(QWEN, bad)
     assert processor_kwargs.apply(LLAVA, None) is LLAVA and processor_kwargs.apply(None, {}) is None
+    assert processor_kwargs.apply(QWEN, {}) is QWEN
