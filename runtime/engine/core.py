@@ -406,13 +406,11 @@ class EngineCore:
             stats.spec_num_draft_tokens = spec.num_draft_tokens
             stats.spec_num_accepted_tokens = spec.num_accepted_tokens
             stats.spec_accepted_per_pos = list(spec.accepted_per_pos)
-        images = getattr(self.runner, "encoder_cache", None)
-        if images is not None:  # a vision model's encoder cache (`worker/encoder_cache.py`)
+        cache = getattr(self.runner, "encoder_cache", None)
+        if cache is not None:  # a vision model's encoder cache (`worker/encoder_cache.py`)
             stats.mm_encoder_cache = True
-            stats.mm_encoder_cache_queries, stats.mm_encoder_cache_hits = (
-                images.queries,
-                images.hits,
-            )
+            stats.mm_encoder_cache_queries = cache.queries
+            stats.mm_encoder_cache_hits = cache.hits
         return stats
 
     def check_integrity(self) -> None:

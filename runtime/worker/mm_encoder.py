@@ -88,7 +88,8 @@ def device_step(model, plan: ImagePlan, to_device) -> tuple[torch.Tensor, torch.
     elif ims:
         features = model.encode_images(to_device(np.stack([im.pixel_values for im in ims])))
     for (entry, _), f in zip(plan.encode, features if ims else ()):
-        entry.features = f
+        # a view of a batch of several would keep the whole batch alive while it is cached
+        entry.features = f if len(ims) == 1 else f.clone()
     pieces = [entry.features[a:b] for _, _, entry, a, b in plan.parts]
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
     for r, j, entry, _, b in plan.parts:
