@@ -58,7 +58,7 @@ def build(token_ids: Sequence[int], prepared: Sequence[tuple[np.ndarray, tuple]]
     out = np.repeat(ids, repeats)
     grids = [g for _, g in prepared]
     pos, delta = mrope_positions(len(out), offsets.tolist(), grids, m)
-    images = tuple(ImageInput(p, int(o), int(k), pixels_hash(p), grid=tuple(g))
+    images = tuple(ImageInput(p, int(o), int(k), pixels_hash(p, tuple(g)), grid=tuple(g))
                    for (p, g), o, k in zip(prepared, offsets, n))  # fmt: skip
     return out.tolist(), MultiModalInputs(images, mrope=pos, mrope_delta=delta)
 

@@ -1,6 +1,6 @@
 """Encoded images shared across requests by content (vLLM's EncoderCacheManager idea): the
-tower's features of an image, keyed by its content hash and grid, so that requests holding the
-same image, in one step or in later ones, encode it once.
+tower's features of an image, keyed by its content hash (of its pixels and Qwen2-VL's grid), so
+that requests holding the same image, in one step or in later ones, encode it once.
 
 An entry's size is its feature rows (its placeholder tokens). Each request that reaches one of
 an image's placeholders becomes a user of its entry until a step consumes the image's last
@@ -28,7 +28,7 @@ class Entry:
 
     __slots__ = ("features", "key", "rows", "users")
 
-    def __init__(self, key: tuple, rows: int) -> None:
+    def __init__(self, key: bytes, rows: int) -> None:
         self.key, self.rows = key, rows
         self.features: Any = None
         self.users: weakref.WeakSet = weakref.WeakSet()  # the requests that still read it
@@ -42,7 +42,7 @@ class EncoderCache:
         if budget_rows < 0:
             raise ValueError(f"the encoder cache's budget must be >= 0 rows, got {budget_rows}")
         self.budget = budget_rows
-        self.entries: OrderedDict[tuple, Entry] = OrderedDict()  # least recently used first
+        self.entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
         self.rows = 0  # feature rows of the entries held
         self.queries = self.hits = 0  # images looked up, and found encoded (or being encoded)
 
@@ -56,7 +56,7 @@ class EncoderCache:
     def acquire(self, request: Any, image: ImageInput) -> tuple[Entry, bool]:
         """`image`'s entry with `request` among its users, and whether it is new (to encode
         this step)."""
-        key = (image.content_hash, image.grid)
+        key = image.content_hash
         self.queries += 1
         entry = self.entries.get(key)
         new = entry is None

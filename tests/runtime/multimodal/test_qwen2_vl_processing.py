@@ -126,3 +126,13 @@ def test_min_and_max_pixels_change_the_run_as_transformers_processor():
         assert got_ids == [1, 291] + [290] * run + [292, 5]
         runs[str(kwargs)] = run
     assert len(set(runs.values())) == 3, runs
+
+
+def test_one_plain_image_in_two_grids_is_two_images():
+    """A plain image 64 x 48 and 48 x 64 px: the same patches in grids (1, 6, 8) and (1, 8, 6),
+    so other content hashes (neither the prefix cache nor the encoder cache shares them)."""
+    wide, tall = (Image.new("RGB", size, (90, 30, 200)) for size in ((64, 48), (48, 64)))
+    _, mm = inputs.from_images([1, 290, 290], [wide, tall], QWEN)
+    a, b = mm.images
+    assert np.array_equal(a.pixel_values, b.pixel_values) and a.grid != b.grid
+    assert a.content_hash != b.content_hash

@@ -1,4 +1,4 @@
-"""The encoder cache (runtime/worker/encoder_cache.py): images shared by content hash and grid,
+"""The encoder cache (runtime/worker/encoder_cache.py): images shared by content hash,
 an entry kept while a running request reads it, unused entries kept within the budget and
 dropped least recently used first past it."""
 
@@ -18,8 +18,8 @@ class Req:
     is_finished = False
 
 
-def _image(tag: bytes, rows: int, grid=None) -> ImageInput:
-    return ImageInput(np.zeros(1, np.float32), 0, rows, tag.ljust(16, b"\0"), grid)
+def _image(tag: bytes, rows: int) -> ImageInput:
+    return ImageInput(np.zeros(1, np.float32), 0, rows, tag.ljust(16, b"\0"))
 
 
 def test_one_image_is_one_entry_however_many_requests_hold_it():
@@ -27,7 +27,7 @@ def test_one_image_is_one_entry_however_many_requests_hold_it():
     first, new = cache.acquire(a, _image(b"x", 4))
     second, again = cache.acquire(b, _image(b"x", 4))
     assert new and not again and first is second and cache.rows == 4
-    other, new = cache.acquire(a, _image(b"x", 4, grid=(1, 2, 8)))  # same bytes, other grid
+    other, new = cache.acquire(a, _image(b"y", 4))
     assert new and other is not first and (cache.queries, cache.hits) == (3, 1)
     with pytest.raises(ValueError, match=">= 0 rows"):
         EncoderCache(-1)
@@ -58,6 +58,6 @@ def test_a_finished_or_collected_request_holds_nothing():
     del b
     gc.collect()
     cache.acquire(Req(), _image(b"z", 4))
-    assert [e.key[0][:1] for e in cache.entries.values()] == [b"z"]
+    assert [e.key[:1] for e in cache.entries.values()] == [b"z"]
     cache.reset_counters()
     assert (cache.queries, cache.hits) == (0, 0)
