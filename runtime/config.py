@@ -157,10 +157,16 @@ class EngineConfig:
     # images per prompt a vision model takes (vLLM's --limit-mm-per-prompt: a dict or its
     # JSON text, read into {"image": N}; None: vLLM's default, `multimodal.config`)
     limit_mm_per_prompt: Any = None
+    # the image processor's settings (vLLM's --mm-processor-kwargs: a dict or its JSON text,
+    # read into a dict; None: the checkpoint's); its keys are checked against the family's
+    # processor where the model is read (`multimodal.processor_kwargs.apply`)
+    mm_processor_kwargs: Any = None
 
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
         object.__setattr__(self, "limit_mm_per_prompt", parse_limits(self.limit_mm_per_prompt))
+        kwargs = option_rules.parse_processor_kwargs(self.mm_processor_kwargs)
+        object.__setattr__(self, "mm_processor_kwargs", kwargs)
         if self.runner not in options.RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
                              f"{self.runner!r}")  # fmt: skip

@@ -123,9 +123,16 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "longcat_flash": Untested(fp8="not tested"),
         **dict.fromkeys(("bert", "roberta", "modernbert"), _ENCODER),
         **dict.fromkeys(
-            ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"),
+            ("qwen2_vl", "qwen2_5_vl"),
             Untested(
-                tensor_parallel="its M-RoPE positions are not sent to the other ranks",
+                fp8="its vision tower is not quantized",
+                fp8_checkpoint="its vision tower is not quantized",
+            ),
+        ),
+        **dict.fromkeys(
+            ("qwen3_vl", "qwen3_vl_moe"),
+            Untested(
+                tensor_parallel="its DeepStack features are not tested on several ranks",
                 fp8="its vision tower is not quantized",
                 fp8_checkpoint="its vision tower is not quantized",
             ),

@@ -102,6 +102,18 @@ def json_object(name: str, value: Any, example: str) -> Mapping[str, Any]:
     return value
 
 
+MM_PROCESSOR_KWARGS_EXAMPLE = '{"min_pixels": 200704, "max_pixels": 1003520}'
+
+
+def parse_processor_kwargs(value: Any) -> dict[str, Any] | None:
+    """`--mm-processor-kwargs`' JSON text (`json_object`) or a mapping → its keys and values
+    (None: none given, or an empty object); checked against the model's image processor where
+    the model is read (`multimodal.processor_kwargs.apply`)."""
+    if value is None:
+        return None
+    return dict(json_object("mm_processor_kwargs", value, MM_PROCESSOR_KWARGS_EXAMPLE)) or None
+
+
 def parse_speculative(value: Any) -> spec_config.SpeculativeConfig | None:
     """`--speculative-config`'s JSON text (`json_object`), a mapping or a config → a checked
     `SpeculativeConfig`; None stays None."""

@@ -200,6 +200,10 @@ METRIC_KV_CACHE_USAGE = "pagoda:kv_cache_usage_perc"  # gauge, 1 = full
 METRIC_PREFIX_CACHE_QUERIES = "pagoda:prefix_cache_queries"  # counter
 METRIC_PREFIX_CACHE_HITS = "pagoda:prefix_cache_hits"  # counter
 METRIC_NUM_PREEMPTIONS = "pagoda:num_preemptions"  # counter
+# a vision model's encoder cache (`worker/encoder_cache.py`): counters of images looked up and
+# found already encoded (vLLM's mm cache counters' shape)
+METRIC_MM_ENCODER_CACHE_QUERIES = "pagoda:mm_encoder_cache_queries"
+METRIC_MM_ENCODER_CACHE_HITS = "pagoda:mm_encoder_cache_hits"
 METRIC_TUNED_PROFILE_INFO = "pagoda:tuned_profile_info"  # gauge 1, labels device/model/created
 # with --enable-lora (vLLM's lora_requests_info): gauge, the scrape's time; labels
 # running_lora_adapters / waiting_lora_adapters (comma-separated names) and max_lora
@@ -336,6 +340,9 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          None, metavar="JSON"),
     Flag("--limit-mm-per-prompt", "images a prompt of a vision model (LLaVA) may hold, vLLM's "
          "JSON: '{\"image\": N}' (default 999); more is a 400", None, metavar="JSON"),
+    Flag("--mm-processor-kwargs", "the image processor's settings over the checkpoint's, "
+         "vLLM's JSON, e.g. Qwen2-VL's '{\"min_pixels\": 200704, \"max_pixels\": 1003520}'; "
+         "a key the model's processor does not read is refused", None, metavar="JSON"),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(

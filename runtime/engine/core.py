@@ -53,6 +53,7 @@ from pagoda.runtime.engine.start_checks import (
 )
 from pagoda.runtime.lora import engine as lora
 from pagoda.runtime.model.loader import LoadedModel, load_model
+from pagoda.runtime.multimodal import processor_kwargs
 from pagoda.runtime.pooler_config import with_runner
 from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.sampling.bad_words import needs_history
@@ -80,7 +81,8 @@ class EngineCore:
     ) -> None:
         loaded = loaded or load_model(config.model)
         self.model_name = loaded.name
-        self.model_config = loaded.config
+        # (the image processor as --mm-processor-kwargs sets it: the images' preprocessing)
+        self.model_config = processor_kwargs.served(loaded.config, config.mm_processor_kwargs)
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         config = with_runner(config, loaded.path, loaded.config.hidden_size)  # --runner auto
@@ -374,11 +376,14 @@ class EngineCore:
         return self.outputs.process(pending, self.clock) if pending is not None else []
 
     def reset_counters(self) -> None:
-        """Zero the cumulative counters of `stats` (prefix-cache lookups, preemptions)."""
+        """Zero the cumulative counters of `stats` (prefix-cache and encoder-cache lookups,
+        preemptions)."""
         self.kv.prefix_queries = self.kv.prefix_hits = 0
         self.scheduler.num_preemptions = 0
         if self.spec_stats is not None:
             self.spec_stats.reset()
+        if getattr(self.runner, "encoder_cache", None) is not None:
+            self.runner.encoder_cache.reset_counters()
 
     def stats(self) -> EngineStats:
         stats = EngineStats(
@@ -401,6 +406,11 @@ class EngineCore:
             stats.spec_num_draft_tokens = spec.num_draft_tokens
             stats.spec_num_accepted_tokens = spec.num_accepted_tokens
             stats.spec_accepted_per_pos = list(spec.accepted_per_pos)
+        cache = getattr(self.runner, "encoder_cache", None)
+        if cache is not None:  # a vision model's encoder cache (`worker/encoder_cache.py`)
+            stats.mm_encoder_cache = True
+            stats.mm_encoder_cache_queries = cache.queries
+            stats.mm_encoder_cache_hits = cache.hits
         return stats
 
     def check_integrity(self) -> None:

@@ -19,7 +19,7 @@ from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.hf_overrides import overlay
 from pagoda.runtime.model.loader import LoadedModel, resolve_model_path
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
-from pagoda.runtime.multimodal import chat_images
+from pagoda.runtime.multimodal import chat_images, processor_kwargs
 from pagoda.runtime.multimodal import inputs as mm_inputs
 from pagoda.runtime.sampling.params import SamplingParams
 
@@ -41,10 +41,11 @@ class TokensPrompt(TypedDict, total=False):
 
 
 PromptType = str | Sequence[int] | dict[str, Any]
-# vLLM's TextPrompt / TokensPrompt keys this runtime serves besides `multi_modal_data` (which
-# `generate` reads for a vision model); any other (mm_processor_kwargs, ...) is refused rather
-# than ignored
+# vLLM's TextPrompt / TokensPrompt keys this runtime serves besides `MM_KEYS` (which
+# `generate` reads for a vision model: the images and their processor's settings,
+# `multimodal/processor_kwargs.py`); any other is refused rather than ignored
 PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
+MM_KEYS = frozenset({"multi_modal_data", "mm_processor_kwargs"})
 
 
 class LLM:
@@ -143,9 +144,15 @@ class LLM:
                              f"{len(plist)} for {len(prompts)} prompts")  # fmt: skip
         encoded = [self._to_ids(_text_side(p)) for p in prompts]
         for k, prompt in enumerate(prompts):  # images: placeholders expanded, pixels made
-            if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+            if isinstance(prompt, dict) and MM_KEYS & set(prompt):
                 text, ids = encoded[k]
-                vision = self.engine.model_config.vision
+                vision = processor_kwargs.apply(  # (a prompt's own processor settings)
+                    self.engine.model_config.vision,
+                    prompt.get("mm_processor_kwargs"),
+                    "mm_processor_kwargs",
+                )
+                if "multi_modal_data" not in prompt:
+                    continue
                 ids, mm = mm_inputs.from_data(ids, prompt["multi_modal_data"], vision)
                 encoded[k], plist[k] = (text, ids), plist[k].clone(multi_modal=mm)
         # all checked before any runs; the copies as validated now run (params are mutable)
@@ -325,9 +332,10 @@ class LLM:
 
 
 def _text_side(prompt: PromptType) -> PromptType:
-    """A prompt without its `multi_modal_data` (read by `generate` itself)."""
-    if isinstance(prompt, dict) and "multi_modal_data" in prompt:
-        return {k: v for k, v in prompt.items() if k != "multi_modal_data"}
+    """A prompt without its `multi_modal_data` and `mm_processor_kwargs` (read by `generate`
+    itself)."""
+    if isinstance(prompt, dict) and MM_KEYS & set(prompt):
+        return {k: v for k, v in prompt.items() if k not in MM_KEYS}
     return prompt
 
 

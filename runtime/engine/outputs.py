@@ -145,3 +145,8 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     lora_running: list[str] = msgspec.field(default_factory=list)
     lora_waiting: list[str] = msgspec.field(default_factory=list)
     max_lora: int = 0
+    # a vision model's encoder cache (`worker/encoder_cache.py`; cumulative): images looked up
+    # and found encoded; `mm_encoder_cache` false for a text model (no such counters)
+    mm_encoder_cache: bool = False
+    mm_encoder_cache_queries: int = 0
+    mm_encoder_cache_hits: int = 0

@@ -8,7 +8,9 @@ parts interleaved, `mrope_selector`). Text and generated tokens have the
 three equal, so a step with no prompt image rows runs the ordinary rotary at position + the
 request's delta (`worker/mrope_rows.py` sets the positions); a step with image rows carries
 their [3, T] positions (`MROPE_POSITIONS`) and the cos/sin rows are gathered per section here,
-then handed to the rotary as a table of one row per token (positions 0..T-1).
+then handed to the rotary as a table of one row per token (positions 0..T-1). With tensor
+parallelism rank 0 alone holds the tower; the other ranks receive the step's image features
+and [3, T] positions from it (`worker/step_channel.py`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,15 @@ class Qwen2VLModel(LlamaModel):
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
         vision = self.config.vision
-        if self.tp is not None:
-            raise ValueError(f"{self.name} with tensor parallelism is not supported (one GPU)")
+        half = self.config.head_dim // 2
+        if sum(vision.mrope_section) != half:
+            raise ValueError(f"mrope_section {list(vision.mrope_section)} does not sum to half "
+                             f"the head ({half})")  # fmt: skip
+        sel = mrope_selector(vision.mrope_section, vision.mrope_interleaved)
+        self.mrope_sel = torch.from_numpy(np.concatenate([sel, sel])).to(self.device)
+        self.tower = None
+        if self.tp is not None and self.tp.rank > 0:  # rank 0 encodes; features and M-RoPE
+            return  # positions broadcast (`worker/step_channel.py`)
         stored = w.stored
         if not hasattr(stored, "tensors_under"):
             raise ValueError(f"a {self.name} model's vision tower is read from safetensors files")
@@ -59,12 +68,6 @@ class Qwen2VLModel(LlamaModel):
         except KeyError as e:
             raise ValueError(f"the {self.name} checkpoint lacks the vision tensor "
                              f"'visual.{e.args[0]}'") from None  # fmt: skip
-        half = self.config.head_dim // 2
-        if sum(vision.mrope_section) != half:
-            raise ValueError(f"mrope_section {list(vision.mrope_section)} does not sum to half "
-                             f"the head ({half})")  # fmt: skip
-        sel = mrope_selector(vision.mrope_section, vision.mrope_interleaved)
-        self.mrope_sel = torch.from_numpy(np.concatenate([sel, sel])).to(self.device)
 
     @torch.inference_mode()
     def encode_image_list(self, patches: list[torch.Tensor], grids: list) -> list[torch.Tensor]:

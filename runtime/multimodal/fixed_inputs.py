@@ -13,6 +13,15 @@ from pagoda.runtime.multimodal.config import VisionConfig
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
 from pagoda.runtime.multimodal.image_processing import preprocess
 
+# the image processor's settings `--mm-processor-kwargs` may set (`processor_kwargs.py`):
+# none, a run is the tower's fixed size (so no `with_processor_kwargs` either)
+PROCESSOR_KWARGS: tuple[str, ...] = ()
+
+
+def max_run(vision: VisionConfig) -> int:
+    """The most placeholder tokens (feature rows) one image takes: every image's run."""
+    return vision.tokens_per_image
+
 
 def prepare_image(image: object, vision: VisionConfig) -> np.ndarray:
     """One image as the checkpoint's processor prepares it: float32 [3, H, W]."""

@@ -24,6 +24,16 @@ from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs,
 Prepared = tuple[np.ndarray, int, int]  # (tiles [T, 3, S, S], rows, cols)
 
 
+# the image processor's settings `--mm-processor-kwargs` may set (`processor_kwargs.py`): none
+PROCESSOR_KWARGS: tuple[str, ...] = ()
+
+
+def max_run(vision: Idefics3VisionConfig) -> int:
+    """The most placeholder tokens (feature rows) one image input takes: a tile's run (each
+    tile is an image input of the engine)."""
+    return vision.tokens_per_image
+
+
 def prepare_image(image: object, vision: Idefics3VisionConfig) -> Prepared:
     """One PIL image → (tiles, rows, cols); ValueError for one that cannot be read."""
     return preprocess(image, vision.processing)

@@ -50,10 +50,13 @@ class MultiModalInputs:
         return len(self.tiles) if self.tiles else len(self.images)
 
 
-def pixels_hash(pixels: np.ndarray) -> bytes:
-    """128-bit hash of preprocessed pixels (their shape and bytes)."""
+def pixels_hash(pixels: np.ndarray, grid: tuple[int, ...] | None = None) -> bytes:
+    """128-bit hash of preprocessed pixels (their shape and bytes) and Qwen2-VL's patch grid
+    (the same patches in a 4 x 6 or a 6 x 4 grid, a plain image's, are other images)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(repr(pixels.shape).encode())
+    if grid is not None:
+        h.update(repr(tuple(grid)).encode())
     h.update(np.ascontiguousarray(pixels).tobytes())
     return h.digest()
 

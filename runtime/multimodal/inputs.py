@@ -5,8 +5,10 @@ Each family's image input is one module of `FAMILIES` (keyed by its vision confi
 with the same four functions: `prepare_image` (one image as the checkpoint's processor prepares
 it), `expand` (the prompt's image tokens replaced by each image's run of placeholders, no image
 read: `/tokenize`), `build` (the prompt expanded and the prepared images placed at their runs)
-and `check` (the engine's: the images fit the model and sit over their runs). The functions
-here add what every family shares: the per-prompt image limit, `multi_modal_data`'s shape.
+and `check` (the engine's: the images fit the model and sit over their runs); `max_run` (the
+most placeholders one image takes: the encoder cache's size); and `PROCESSOR_KWARGS`, the processor settings `--mm-processor-kwargs` may set (with
+`with_processor_kwargs` where there are any: `processor_kwargs.py`). The functions here add
+what every family shares: the per-prompt image limit, `multi_modal_data`'s shape.
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ def whole_images(mm: MultiModalInputs | None, start: int, n: int, budget: int) -
                 return im.offset - start
             return im.end - start if im.end - start <= budget else 0
     return n
+
+
+def max_run(vision) -> int:
+    """The most placeholder tokens (feature rows) one image of `vision`'s family takes."""
+    return family(vision).max_run(vision)
 
 
 def image_list(data: object) -> list:

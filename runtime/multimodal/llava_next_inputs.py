@@ -19,6 +19,15 @@ from pagoda.runtime.multimodal.image_inputs import (
     repeat_runs,
 )
 
+# the image processor's settings `--mm-processor-kwargs` may set (`processor_kwargs.py`): none
+PROCESSOR_KWARGS: tuple[str, ...] = ()
+
+
+def max_run(vision: AnyresVisionConfig) -> int:
+    """The most placeholder tokens (feature rows) one image takes: an image the size of the
+    largest-run pinpoint (no padding to unpad)."""
+    return max(num_tokens(h, w, vision) for h, w in vision.pinpoints)
+
 
 def prepare_image(image: object, vision: AnyresVisionConfig) -> tuple[np.ndarray, tuple]:
     """One PIL image → (crops, (height, width)); ValueError for one that cannot be read."""

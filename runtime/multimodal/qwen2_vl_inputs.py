@@ -7,7 +7,9 @@ hits read them).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.image_inputs import (
@@ -18,6 +20,26 @@ from pagoda.runtime.multimodal.image_inputs import (
 )
 from pagoda.runtime.multimodal.qwen2_vl_config import QwenVisionConfig
 from pagoda.runtime.multimodal.qwen2_vl_processing import mrope_positions, placeholders, preprocess
+
+# the image processor's settings `--mm-processor-kwargs` may set (`processor_kwargs.py`):
+# the resized area's bounds, as vLLM's Qwen2-VL takes them
+PROCESSOR_KWARGS = ("min_pixels", "max_pixels")
+
+
+def with_processor_kwargs(vision: QwenVisionConfig, kwargs: dict[str, Any]) -> QwenVisionConfig:
+    """`vision` whose processor has `kwargs` (keys of `PROCESSOR_KWARGS`); ValueError for a
+    value that is not a positive integer, or min_pixels over max_pixels."""
+    for key, value in kwargs.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    processing = dataclasses.replace(vision.processing, **kwargs)
+    return dataclasses.replace(vision, processing=processing)
+
+
+def max_run(vision: QwenVisionConfig) -> int:
+    """The most placeholder tokens (feature rows) one image takes: an image resized to
+    max_pixels, in merged patches."""
+    return max(1, vision.processing.max_pixels // vision.processing.factor**2)
 
 
 def prepare_image(image: object, vision: QwenVisionConfig) -> tuple[np.ndarray, tuple]:
@@ -34,7 +56,7 @@ def build(token_ids: Sequence[int], prepared: Sequence[tuple[np.ndarray, tuple]]
     out, offsets = repeat_runs(token_ids, vision.image_token_index, n)
     grids = [g for _, g in prepared]
     pos, delta = mrope_positions(len(out), offsets.tolist(), grids, m)
-    images = tuple(ImageInput(p, int(o), int(k), pixels_hash(p), grid=tuple(g))
+    images = tuple(ImageInput(p, int(o), int(k), pixels_hash(p, tuple(g)), grid=tuple(g))
                    for (p, g), o, k in zip(prepared, offsets, n))  # fmt: skip
     return out.tolist(), MultiModalInputs(images, mrope=pos, mrope_delta=delta)
 

@@ -50,6 +50,7 @@ class ChatEndpoint(Endpoint):
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs",
                            code="invalid_value")  # fmt: skip
+        vision = chat_images.request_vision(info.vision, req.mm_processor_kwargs)
         max_tokens, renames = req.max_tokens, self.renames
         if req.max_completion_tokens is not None:  # OpenAI's newer name; errors must use it
             max_tokens = req.max_completion_tokens
@@ -64,7 +65,7 @@ class ChatEndpoint(Endpoint):
                                                     self.reasoning_parser is not None)  # fmt: skip
         mm = None
         if images:  # fetched, decoded and preprocessed here; placeholders expanded
-            ids, mm = chat_images.prompt_images(ids, images, info.vision)
+            ids, mm = chat_images.prompt_images(ids, images, vision)
         thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
         harmony = self.reasoning_parser == reasoning.HARMONY
         if harmony and spec is not None and not whole:  # its answer follows channels

@@ -8,9 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagoda.runtime.multimodal import inputs
+from pagoda.runtime.multimodal import inputs, processor_kwargs
 from pagoda.runtime.multimodal.chat_images import ImageError, load
 from pagoda.runtime.server.protocol import APIError
+
+
+def request_vision(vision: Any, kwargs: dict[str, Any] | None) -> Any:
+    """The vision config a request's images are preprocessed with: its `mm_processor_kwargs`
+    over the server's (`vision`, --mm-processor-kwargs applied); a 400 for a key the model's
+    processor does not read (or a model without images), or a bad value."""
+    try:
+        return processor_kwargs.apply(vision, kwargs, "mm_processor_kwargs")
+    except ValueError as e:
+        raise APIError(400, str(e), param="mm_processor_kwargs", code="invalid_value") from None
 
 
 def prompt_images(ids: list[int], parts: list[tuple[str, str]],

@@ -36,6 +36,7 @@ from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resol
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.shape_fingerprint import model_fingerprint
 from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
+from pagoda.runtime.multimodal import processor_kwargs
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.pooler_config import with_runner
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form
@@ -90,6 +91,7 @@ def preflight(
     check_pooling(engine_cfg, model_config)
     check_dtype(engine_cfg, model_config)
     check_block_size(engine_cfg, model_config)
+    processor_kwargs.apply(model_config.vision, engine_cfg.mm_processor_kwargs)
     draft = check_speculative(engine_cfg, model_config)  # (the draft's config, read once)
     if engine_cfg.lora is not None:  # the family, and every --lora-modules adapter read
         from pagoda.runtime.lora.adapter import check_adapters

@@ -35,6 +35,8 @@ from pagoda.runtime.options import (
     METRIC_INTER_TOKEN_LATENCY,
     METRIC_KV_CACHE_USAGE,
     METRIC_LORA_REQUESTS_INFO,
+    METRIC_MM_ENCODER_CACHE_HITS,
+    METRIC_MM_ENCODER_CACHE_QUERIES,
     METRIC_MODEL_LABEL,
     METRIC_NUM_PREEMPTIONS,
     METRIC_NUM_REQUESTS_RUNNING,
@@ -103,6 +105,17 @@ SPEC_COUNTERS = {
     METRIC_SPEC_NUM_ACCEPTED_TOKENS: ("Draft tokens accepted.", "spec_num_accepted_tokens"),
 }
 
+MM_ENCODER_COUNTERS = {
+    METRIC_MM_ENCODER_CACHE_QUERIES: (
+        "Images a step reached, looked up in the encoder cache.",
+        "mm_encoder_cache_queries",
+    ),
+    METRIC_MM_ENCODER_CACHE_HITS: (
+        "Images found in the encoder cache (encoded for another request, or earlier).",
+        "mm_encoder_cache_hits",
+    ),
+}
+
 
 class _EngineCollector(Collector):
     """Gauges and cumulative engine counters, read from the latest stats snapshot at scrape."""
@@ -140,6 +153,8 @@ class _EngineCollector(Collector):
         }
         if s is not None and s.spec_accepted_per_pos:  # speculative decoding is on
             counters.update(SPEC_COUNTERS)
+        if s is not None and s.mm_encoder_cache:  # a vision model
+            counters.update(MM_ENCODER_COUNTERS)
         for key, (doc, attr) in counters.items():
             c = CounterMetricFamily(key, doc, labels=[METRIC_MODEL_LABEL])
             c.add_metric(name, float(getattr(s, attr) if s else 0))

@@ -390,6 +390,9 @@ class ChatCompletionRequest(_StructuredFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # the image processor's settings for this request's images, over --mm-processor-kwargs
+    # (`multimodal/processor_kwargs.py`; a key the model's processor does not read: a 400)
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     @property
     def generation_prompt(self) -> bool:

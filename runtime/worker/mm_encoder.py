@@ -2,12 +2,14 @@
 encoded for them, and the (rows, features) the model scatters into its input embeddings
 (`llama.IMAGE_EMBEDS`).
 
-An image is encoded the first time a step reaches one of its placeholder tokens (the step's new
-images in one batch through the tower), and its features are kept on the request until a step
-has consumed its last placeholder: a prompt chunked across steps reads the rest of the same
-features, a prefix-cache hit that covers an image never encodes it, and a request preempted
-before its image was consumed reuses them on recompute (one consumed before is encoded again).
-The host plans with one NumPy range per image overlap, never a loop per token.
+An image is encoded the first time a step reaches one of its placeholder tokens and the shared
+encoder cache (`encoder_cache.py`, by content hash) does not hold it: the step's new images in
+one batch through the tower, each once however many of the step's requests hold it. A request
+keeps its image's cache entry until a step has consumed its last placeholder: a prompt chunked
+across steps reads the rest of the same features, a prefix-cache hit that covers an image never
+looks it up, and a request preempted before its image was consumed reuses them on recompute
+(one consumed before looks it up again). The host plans with one NumPy range per image
+overlap, never a loop per token.
 """
 
 from __future__ import annotations
@@ -16,23 +18,27 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from pagoda.runtime.multimodal.image_inputs import ImageInput
 from pagoda.runtime.request import Request
+from pagoda.runtime.worker.encoder_cache import EncoderCache, Entry
 
 
 @dataclass
 class ImagePlan:
     """A step's image rows, built on the host in `prepare`."""
 
-    encode: list[tuple[Request, int]]  # (request, image index) to encode this step
+    encode: list[tuple[Entry, ImageInput]]  # the cache entries to encode this step, and whose
     rows: np.ndarray  # int64 [R]: rows of the step's token batch that are image placeholders
-    # (request, image index, first feature row, end) in the order of `rows`
-    parts: list[tuple[Request, int, int, int]]
+    # (request, image index, its entry, first feature row, end) in the order of `rows`
+    parts: list[tuple[Request, int, Entry, int, int]]
+    cache: EncoderCache | None = None  # (rank 0's; the other ranks' plans carry rows only)
 
 
-def prepare(reqs: list[Request], starts: np.ndarray, qlens: np.ndarray,
+def prepare(cache: EncoderCache, reqs: list[Request], starts: np.ndarray, qlens: np.ndarray,
             cu: np.ndarray) -> ImagePlan | None:  # fmt: skip
-    """The step's image placeholder rows (None: its tokens hold none). Only the rows before
-    their request's last image are looked at (decodes never are)."""
+    """The step's image placeholder rows (None: its tokens hold none), each image a request
+    reaches for the first time looked up in `cache`. Only the rows before their request's last
+    image are looked at (decodes never are)."""
     ends = np.fromiter((r.images_end for r in reqs), dtype=np.int64, count=len(reqs))
     encode, rows, parts = [], [], []
     for i in np.flatnonzero(starts < ends).tolist():
@@ -42,17 +48,18 @@ def prepare(reqs: list[Request], starts: np.ndarray, qlens: np.ndarray,
             a, b = max(im.offset, st), min(im.end, end)
             if a >= b:
                 continue
-            cache = r.image_features
-            if cache is None:
-                cache = r.image_features = {}
-            if j not in cache:
-                cache[j] = None  # encoded in `device_step`
-                encode.append((r, j))
+            held = r.image_features
+            if held is None:
+                held = r.image_features = {}
+            if j not in held:
+                held[j], new = cache.acquire(r, im)
+                if new:  # encoded in `device_step`
+                    encode.append((held[j], im))
             rows.append(np.arange(a - st, b - st, dtype=np.int64) + int(cu[i]))
-            parts.append((r, j, a - im.offset, b - im.offset))
+            parts.append((r, j, held[j], a - im.offset, b - im.offset))
     if not parts:
         return None
-    return ImagePlan(encode, np.concatenate(rows), parts)
+    return ImagePlan(encode, np.concatenate(rows), parts, cache)
 
 
 def spans(rows: np.ndarray, positions: np.ndarray,
@@ -71,22 +78,23 @@ def spans(rows: np.ndarray, positions: np.ndarray,
 
 
 def device_step(model, plan: ImagePlan, to_device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encode the plan's new images (one batch), then (rows, features) for the model; an image
-    whose last placeholder this step reaches is dropped from its request's features."""
-    if plan.encode and getattr(model, "ragged_images", False):  # Qwen2-VL's: sizes differ
-        ims = [r.params.multi_modal.images[j] for r, j in plan.encode]
+    """Encode the plan's new images (one batch) into their cache entries, then (rows,
+    features) for the model; a request whose image's last placeholder this step reaches lets
+    go of its entry."""
+    ims = [im for _, im in plan.encode]
+    if ims and getattr(model, "ragged_images", False):  # Qwen2-VL's: sizes differ
         features = model.encode_image_list([to_device(im.pixel_values) for im in ims],
                                            [im.grid for im in ims])  # fmt: skip
-        for k, (r, j) in enumerate(plan.encode):
-            r.image_features[j] = features[k]
-    elif plan.encode:
-        pixels = np.stack([r.params.multi_modal.images[j].pixel_values for r, j in plan.encode])
-        features = model.encode_images(to_device(pixels))
-        for k, (r, j) in enumerate(plan.encode):
-            r.image_features[j] = features[k]
-    pieces = [r.image_features[j][a:b] for r, j, a, b in plan.parts]
+    elif ims:
+        features = model.encode_images(to_device(np.stack([im.pixel_values for im in ims])))
+    for (entry, _), f in zip(plan.encode, features if ims else ()):
+        # a view of a batch of several would keep the whole batch alive while it is cached
+        entry.features = f if len(ims) == 1 else f.clone()
+    pieces = [entry.features[a:b] for _, _, entry, a, b in plan.parts]
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-    for r, j, _, b in plan.parts:
-        if b == r.params.multi_modal.images[j].length:  # consumed: the features are let go
-            r.image_features.pop(j, None)
+    for r, j, entry, _, b in plan.parts:
+        if b != entry.rows or r.image_features.pop(j, None) is None:
+            continue
+        if entry not in r.image_features.values():  # consumed (not also its image's twin)
+            plan.cache.release(r, entry)
     return to_device(plan.rows), out

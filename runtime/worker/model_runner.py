@@ -64,6 +64,7 @@ from pagoda.runtime.worker import (
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cache_budget import CacheSize
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
+from pagoda.runtime.worker.encoder_cache import EncoderCache
 from pagoda.runtime.worker.mamba_state import MambaState
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.pooler import Pooler, execute_pooling, pool_rows
@@ -132,6 +133,9 @@ class ModelRunner:
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
                                           self.device, self.block_tables,
                                           1 if tp is None else tp.size)  # fmt: skip
+        # a vision model's encoded images, shared by content across requests (vLLM's encoder
+        # cache: the rows of a step's tokens, or of the largest image, `encoder_cache.py`)
+        self.encoder_cache = None if mc.vision is None else EncoderCache.for_model(config, mc)
         # a model's own per-sequence state (DeepSeek-V4's open windows), before the KV budget
         self.seq_state = self.model.sequence_state(config.scheduler.max_num_seqs)
         sized = self._size_cache(max_model_len)

@@ -91,7 +91,7 @@ def _add_state(
                                          inp.num_decodes, out.snapshots)  # fmt: skip
     model = runner.model
     if model.config.vision is not None:  # the image placeholders the step's tokens hold
-        inp.images = mm_encoder.prepare(reqs, starts, qlens, inp.cu)
+        inp.images = mm_encoder.prepare(runner.encoder_cache, reqs, starts, qlens, inp.cu)
         if getattr(model, "mrope_sel", None) is not None:  # Qwen2-VL's M-RoPE (model/qwen2_vl.py)
             inp.positions, inp.mrope = mrope_rows.prepare(
                 reqs, starts, qlens, inp.cu, inp.positions

@@ -19,7 +19,9 @@ crosses in three broadcasts:
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it; in a step that reaches
    a vision model's image placeholders, their rows (with the host arrays) and the features
-   rank 0's tower encoded for them (device group: the other ranks hold no tower).
+   rank 0's tower encoded for them (device group: the other ranks hold no tower); in a step
+   holding Qwen2-VL's prompt image rows, their [3, T] M-RoPE positions (with the host arrays:
+   `worker/mrope_rows.py`, `StepInputs.mrope`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pagoda.runtime.worker.mm_encoder import ImagePlan
 from pagoda.runtime.worker.step_inputs import StepInputs
 
 STOP, STEP = 0, 1
-HEADER = 16
+HEADER = 17
 SNAPSHOT_ROWS = (2, 2, 3)  # rows of `HostSlots.restore`, `save_end`, `save_mid`
 
 
@@ -70,9 +72,10 @@ class StepChannel:
         loads = _encode_loads(inp.lora_loads)
         images = inp.image_embeds  # (rows, features) on the device, or None
         rows = () if images is None else (inp.images.rows,)  # (on the host: no sync)
+        mrope = () if inp.mrope is None else (inp.mrope.reshape(-1),)  # Qwen2-VL's [3, T]
         h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), fresh, *counts,
                               sum(len(a) for a in seq), len(lora), len(loads),
-                              len(drafted), sum(len(r) for r in rows)]))  # fmt: skip
+                              len(drafted), sum(len(r) for r in rows), len(mrope)]))  # fmt: skip
         self.tp.broadcast_host(h)
         if loads:
             self.tp.broadcast_host(torch.frombuffer(bytearray(loads), dtype=torch.uint8))
@@ -81,7 +84,8 @@ class StepChannel:
                  prompt_lens, *state, *(a.reshape(-1) for a in snaps), *seq, *lora)  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
                                   np.asarray(inp.sampling, dtype=np.int64), extra,
-                                  np.asarray(drafted, dtype=np.int64), *rows])  # fmt: skip
+                                  np.asarray(drafted, dtype=np.int64), *rows,
+                                  *mrope])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
         self.tp.broadcast(ids)
         if images is not None:
@@ -100,7 +104,7 @@ class StepChannel:
             return None
         t, b, width, s, nd, e, fresh = h[1:8]
         counts, seq, lora, nloads = h[8:11], h[11], t * h[12], h[13]
-        nd_rows, nimage = h[14], h[15]
+        nd_rows, nimage, mrope = h[14], h[15], 3 * t * h[16]
         loads = None
         if nloads:
             raw = self.tp.broadcast_host(torch.empty(nloads, dtype=torch.uint8))
@@ -108,12 +112,13 @@ class StepChannel:
         state = b + fresh - 1 if fresh else 0
         snap = [n * c for n, c in zip(SNAPSHOT_ROWS, counts)]
         size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + lora + s + e + nd_rows
-        size += nimage
+        size += nimage + mrope
         a = self.tp.broadcast_host(torch.empty(size, dtype=torch.int64)).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s, e, nd_rows])
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s, e, nd_rows,
+                          nimage])  # fmt: skip
         (positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, restore, save_end,
-         save_mid, seq_rows, lora_slots, sampling, extra, drafted,
-         image_rows) = np.split(a, cuts)  # fmt: skip
+         save_mid, seq_rows, lora_slots, sampling, extra, drafted, image_rows,
+         mrope_rows) = np.split(a, cuts)  # fmt: skip
         device = self.tp.device
         ids = torch.empty(t, dtype=torch.int64, device=device)
         self.tp.broadcast(ids)
@@ -130,6 +135,7 @@ class StepChannel:
             seq_state=seq_rows if seq else None, lora=lora_slots if lora else None,
             lora_loads=loads, sample_rows=drafted if nd_rows else None, image_embeds=images,
             images=ImagePlan([], image_rows, []) if nimage else None,  # (rows: the masks')
+            mrope=mrope_rows.reshape(3, t) if mrope else None,
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)

@@ -37,6 +37,9 @@ COUNTERS = {
     "pagoda:spec_decode_num_draft_tokens_total",
     "pagoda:spec_decode_num_accepted_tokens_total",
     "pagoda:spec_decode_num_accepted_tokens_per_pos_total",
+    # a vision model's encoder cache only
+    "pagoda:mm_encoder_cache_queries_total",
+    "pagoda:mm_encoder_cache_hits_total",
 }
 SERIES = GAUGES | COUNTERS | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
 METRIC = re.compile(r"pagoda:[a-z0-9_]+")

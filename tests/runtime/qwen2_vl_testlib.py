@@ -125,8 +125,10 @@ def expanded(ids: list[int], images: list, processor=PROCESSOR) -> list[int]:
     return [t for i in ids for t in ([i] * runs(next(it)) if i == IMAGE_ID else [i])]
 
 
-def hf_generate(model, ids: list[int], images: list, n: int, processor=PROCESSOR) -> list[int]:
-    """transformers' greedy tokens after the expanded prompt `ids` with `images`."""
+def hf_generate(model, ids: list[int], images: list, n: int, processor=PROCESSOR,
+                **overrides) -> list[int]:  # fmt: skip
+    """transformers' greedy tokens after the expanded prompt `ids` with `images` (the image
+    processor's settings: `processor`, `overrides` over them)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -134,7 +136,7 @@ def hf_generate(model, ids: list[int], images: list, n: int, processor=PROCESSOR
     t = torch.tensor([ids])
     kwargs = {}
     if images:
-        out = Qwen2VLImageProcessorPil(**processor)(images, return_tensors="pt")
+        out = Qwen2VLImageProcessorPil(**{**processor, **overrides})(images, return_tensors="pt")
         kwargs = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
                   "mm_token_type_ids": (t == IMAGE_ID).int()}  # fmt: skip
     with torch.no_grad():

@@ -214,6 +214,9 @@ def engine_config(*argv: str, profile: str | None = None):
          "pooler_config: pooling_type must be one of LAST, MEAN, CLS, got 'MAX'"),
         (("--runner", "pooling", "--speculative-config", '{"num_speculative_tokens": 2}'),
          "speculative decoding is not supported with the pooling runner"),
+        (("--mm-processor-kwargs", '{"max_pixels": 4096}'),
+         "--mm-processor-kwargs: this model reads no images"),  # (SmolLM2: text only)
+        (("--mm-processor-kwargs", "[4096]"), "mm_processor_kwargs must be a JSON object"),
     ],
 )  # fmt: skip
 def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:

@@ -161,6 +161,7 @@ def test_every_documented_series_is_exported_with_its_type_and_labels():
     # an engine with speculative decoding exports its counters too
     m.last_stats = EngineStats(1, 0, 0.1, 10, 9, 0, 0, 0, 3, 9, 4, [3, 1, 0])
     m.last_stats.lora_running, m.last_stats.max_lora = ["sql"], 2  # and one with --enable-lora
+    m.last_stats.mm_encoder_cache = True  # and a vision model's encoder cache
     so = StructuredOutputs("m", m.registry, cache_bytes=1 << 20, timeout_s=1.0)
     so.count(StructuredOutputsParams(regex="a"))
     so.compile_seconds.labels("m", "regex").observe(0.1)

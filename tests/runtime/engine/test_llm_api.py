@@ -57,6 +57,8 @@ def test_vllm_call_shapes(llm):
         llm.generate(["a", "b"], [GREEDY])
     with pytest.raises(ValueError, match="multi_modal_data"):  # refused, not ignored
         llm.generate({"prompt": "Hi", "multi_modal_data": {"image": None}}, GREEDY)
+    with pytest.raises(ValueError, match="mm_processor_kwargs: this model reads no images"):
+        llm.generate({"prompt": "Hi", "mm_processor_kwargs": {"max_pixels": 4096}}, GREEDY)
     with pytest.raises(ValueError, match="needs 'prompt'"):
         llm.generate({}, GREEDY)
 

@@ -105,8 +105,9 @@ def test_preempted_requests_recompute_their_images(tiny, reference):
 def test_prefix_cache_keys_blocks_by_the_image(tiny):
     """The same image after the same prefix hits the cache (not encoded again); another image
     with the same placeholders does not reuse the blocks holding them; a hit that ends inside
-    the image (the text after it differs) encodes it and reads its last rows. Each reads as
-    transformers'. The image sits at positions [21, 30), blocks of 8."""
+    the image (the text after it differs) reads its last rows from the encoder cache (not
+    encoded again either). Each reads as transformers'. The image sits at positions [21, 30),
+    blocks of 8."""
     _, model, processor, loaded = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, block_size=8,
               enable_prefix_caching=True)  # fmt: skip
@@ -125,7 +126,28 @@ def test_prefix_cache_keys_blocks_by_the_image(tiny):
     assert run(ids, a) == (0, 1)
     assert run(ids, a) == (32, 1)  # the image's blocks hit: no encode
     assert run(ids, b) == (16, 2)  # the text blocks only
-    assert run(after, a) == (24, 3)  # up to the block inside the image
+    assert run(after, a) == (24, 2)  # up to the block inside the image; the encoder cache's
+    assert (llm.engine.runner.encoder_cache.queries, llm.engine.runner.encoder_cache.hits) == (3, 1)
+
+
+def test_requests_holding_one_image_encode_it_once(tiny):
+    """Three requests holding the same image (one of them twice) batched together, then one
+    more after they finish: the tower encodes it once (the encoder cache shares it by content
+    hash, `worker/encoder_cache.py`), and each request reads transformers' tokens."""
+    _, model, processor, loaded = tiny
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
+    calls = _count_encodes(llm)
+    im = image(7)
+    prompts = [[1, 5, IMAGE_ID, 7], [1, 6, IMAGE_ID, 8, 9], [1, IMAGE_ID, 4, IMAGE_ID, 3]]
+    want = [hf_generate(model, processor, _expanded(p), [im] * p.count(IMAGE_ID), NEW)
+            for p in prompts]  # fmt: skip
+    batch = [{"prompt_token_ids": p, "multi_modal_data": {"image": [im] * p.count(IMAGE_ID)}}
+             for p in prompts]  # fmt: skip
+    assert _run(llm, batch) == want and calls == [1]
+    assert _run(llm, batch[:1]) == want[:1] and calls == [1]  # still cached: no encode
+    cache = llm.engine.runner.encoder_cache
+    assert (cache.queries, cache.hits, cache.rows) == (5, 4, TOKENS_PER_IMAGE)
+    assert llm.engine.stats().mm_encoder_cache_hits == 4
 
 
 def test_full_feature_select_keeps_the_class_token(tmp_path):

@@ -1,7 +1,8 @@
 """`multimodal.qwen2_vl_processing` against transformers: the pixels and grids of
 `Qwen2VLImageProcessor` (its PIL backend) on images of several shapes and pixel
 bounds, and the M-RoPE positions and delta of `Qwen2VLModel.get_rope_index` for prompts with
-zero, one and two images of different sizes."""
+zero, one and two images of different sizes; --mm-processor-kwargs' min_pixels / max_pixels
+(`multimodal/processor_kwargs.py`) as the same kwargs given to transformers' processor."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import types
 import numpy as np
 import pytest
 import torch
+from pagoda.runtime.multimodal import inputs, processor_kwargs
+from pagoda.runtime.multimodal.qwen2_vl_config import QwenVisionConfig
 from pagoda.runtime.multimodal.qwen2_vl_processing import (
     QwenImageProcessing,
     mrope_positions,
@@ -18,6 +21,7 @@ from pagoda.runtime.multimodal.qwen2_vl_processing import (
     smart_resize,
 )
 from PIL import Image
+from qwen2_vl_testlib import PROCESSOR
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_pil  # noqa: E402
@@ -94,3 +98,41 @@ def test_processor_configs_outside_qwen2_vls_are_refused():
         QwenImageProcessing.from_json({"image_processor_type": "CLIPImageProcessor"})
     with pytest.raises(ValueError, match="min_pixels"):
         QwenImageProcessing.from_json({"min_pixels": 5000, "max_pixels": 100})
+
+
+QWEN = QwenVisionConfig(kind="qwen2_vl", width=32, intermediate_size=64, depth=2, num_heads=2,
+                        out_size=64, patch_size=8, temporal_patch_size=2, merge_size=2,
+                        image_token_index=290, processing=QwenImageProcessing(**PROCESSOR))  # fmt: skip
+
+
+def test_min_and_max_pixels_change_the_run_as_transformers_processor():
+    """An image's patches, grid and placeholder run with the bounds overridden equal those of
+    transformers' Qwen2VLImageProcessor given the same kwargs; the run differs from the
+    checkpoint's bounds'."""
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (70, 90, 3), dtype=np.uint8))
+    ids = [1, 291, 290, 292, 5]
+    runs = {}
+    for kwargs in ({}, {"max_pixels": 1024}, {"min_pixels": 8192, "max_pixels": 16384}):
+        vision = processor_kwargs.apply(QWEN, kwargs)  # (--mm-processor-kwargs)
+        got_ids, mm = inputs.from_images(ids, [image], vision)
+        want = hf_pil.Qwen2VLImageProcessorPil(**{**PROCESSOR, **kwargs})(
+            image, return_tensors="np"
+        )
+        grid = tuple(want["image_grid_thw"][0].tolist())
+        run = int(np.prod(grid)) // 4  # Qwen2VLProcessor's `<|image_pad|>` run
+        assert mm.images[0].grid == grid and mm.images[0].length == run
+        np.testing.assert_allclose(mm.images[0].pixel_values, want["pixel_values"], atol=2e-6)
+        assert got_ids == [1, 291] + [290] * run + [292, 5]
+        runs[str(kwargs)] = run
+    assert len(set(runs.values())) == 3, runs
+
+
+def test_one_plain_image_in_two_grids_is_two_images():
+    """A plain image 64 x 48 and 48 x 64 px: the same patches in grids (1, 6, 8) and (1, 8, 6),
+    so other content hashes (neither the prefix cache nor the encoder cache shares them)."""
+    wide, tall = (Image.new("RGB", size, (90, 30, 200)) for size in ((64, 48), (48, 64)))
+    _, mm = inputs.from_images([1, 290, 290], [wide, tall], QWEN)
+    a, b = mm.images
+    assert np.array_equal(a.pixel_values, b.pixel_values) and a.grid != b.grid
+    assert a.content_hash != b.content_hash

@@ -67,3 +67,24 @@ def test_a_step_with_a_lora_load_reaches_the_other_rank_as_sent():
     for name in ("positions", "slots", "table", "qlens", "seq_lens", "cu"):
         assert np.array_equal(getattr(got, name), getattr(inp, name)), name
     assert got.sampling == [0, 1]
+
+
+def test_a_step_with_m_rope_positions_reaches_the_other_rank_as_sent():
+    """Qwen2-VL's [3, T] positions (`StepInputs.mrope`) cross with the host arrays; a step
+    without them arrives without them."""
+    mrope = np.array([[0, 1, 1, 1], [0, 1, 1, 2], [0, 1, 2, 1]], dtype=np.int64)
+    inp = StepInputs(
+        ids=np.array([5, 9, 9, 9], dtype=np.int64), positions=np.arange(4, dtype=np.int64),
+        slots=np.arange(4, dtype=np.int64), table=np.array([[0]], dtype=np.int32),
+        qlens=np.array([4], dtype=np.int64), seq_lens=np.array([4], dtype=np.int64),
+        cu=np.array([0, 4], dtype=np.int64), sampling=[0], mrope=mrope,
+    )  # fmt: skip
+    for sent in (mrope, None):
+        inp.mrope = sent
+        group = Replay()
+        StepChannel(group).send(inp, torch.from_numpy(inp.ids))
+        group.receiving = True
+        got, ids = StepChannel(group).receive()
+        assert ids.tolist() == [5, 9, 9, 9] and not group.sent
+        assert np.array_equal(got.positions, inp.positions) and got.sampling == [0]
+        assert (got.mrope is None) if sent is None else np.array_equal(got.mrope, mrope)
