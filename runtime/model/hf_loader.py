@@ -249,6 +249,10 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.idefics3_config import read_idefics3
 
         vision = read_idefics3(top, model_dir)
+    elif arch == "llama4" and model_dir is not None:  # (multimodal/llama4_vision_config.py)
+        from pagoda.runtime.multimodal.llama4_vision_config import read_llama4_vision
+
+        vision = read_llama4_vision(top, model_dir)
     elif arch in ANYRES_ARCHS:  # (multimodal/anyres_config.py)
         from pagoda.runtime.multimodal.anyres_config import read_anyres
 

@@ -153,6 +153,8 @@ def model_class(config: ModelConfig) -> type[LlamaModel]:
     module, name = MODEL_CLASSES[config.architecture]
     if config.architecture == "gemma3" and config.vision is not None:  # its images read too
         module, name = "gemma3_mm", "Gemma3VisionModel"
+    if config.architecture == "llama4" and config.vision is not None:  # (its tower, projector)
+        module, name = "llama4_vision", "Llama4VisionModel"
     return getattr(importlib.import_module(f"pagoda.runtime.model.{module}"), name)
 
 

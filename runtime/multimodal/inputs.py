@@ -19,6 +19,7 @@ from types import MappingProxyType, ModuleType
 from pagoda.runtime.multimodal import (
     fixed_inputs,
     idefics3_inputs,
+    llama4_inputs,
     llava_next_inputs,
     qwen2_vl_inputs,
 )
@@ -37,6 +38,7 @@ FAMILIES: Mapping[str, ModuleType] = MappingProxyType(
         "idefics3": idefics3_inputs,  # Idefics3 / SmolVLM: tiles and a global image, each a run
         "llava_next": llava_next_inputs,  # LLaVA-NeXT: anyres crops, a run per image's size
         "llava_onevision": llava_next_inputs,  # LLaVA-OneVision: the same, its grid capped
+        "llama4": llama4_inputs,  # Llama 4: tiles and a global tile, each a run of <|patch|>
     }
 )
 
