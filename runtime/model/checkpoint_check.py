@@ -154,7 +154,7 @@ def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     h, out = c.hidden_size, {}
     if c.architecture == "gpt_oss":  # sinks, biases, its router (`_check_gpt_oss_experts`)
         out.update(_gpt_oss_shapes(c, i))
-    elif c.architecture == "llama4" and c.family.has_experts(i):  # router, experts stacked
+    elif c.architecture in LLAMA4 and c.family.has_experts(i):  # router, experts stacked
         e, n, p = c.family.num_experts, c.family.moe_intermediate_size, f"model.layers.{i}."
         out.update({p + "feed_forward.router.weight": (e, h),
                     p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
@@ -350,6 +350,7 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
 
 # experts checked by the family (per expert or stacked: `qwen3_next_config.check_experts`)
 _OWN_EXPERTS = ("qwen3_next", "qwen3_5_moe", "lara_mini")
+LLAMA4 = ("llama4", "llama4_vision")  # Llama 4's text model, with images or without
 _STACKED = ("hy_v4", "aria_text", "qwen3_vl_moe")  # experts stacked, in `expected_shapes`
 _UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
 _UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
@@ -399,7 +400,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             p, (up, down) = f"model.layers.{i}.mlp.", _UNGATED_NAMES.get(c.architecture, _UP_DOWN)
             out.append((f"{p}{up}.weight", f"{p}{up}.weight", f"{p}{down}.weight"))
             continue
-        if c.architecture == "llama4":  # Llama 4's dense MLP, or its shared expert
+        if c.architecture in LLAMA4:  # Llama 4's dense MLP, or its shared expert
             shared = "shared_expert." if c.family.has_experts(i) else ""
             p = f"model.layers.{i}.feed_forward.{shared}"
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))

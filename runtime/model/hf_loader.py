@@ -257,6 +257,11 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.anyres_config import read_anyres
 
         vision = read_anyres(ANYRES_ARCHS[arch], top, model_dir)
+    name = arch
+    if arch == "llama4" and vision is not None:  # (its own row of family_options)
+        name = "llama4_vision"
+        if not family_options.tested(name, "fp8_checkpoint") and read_quantization(model_dir):
+            family_options.refuse(name, "fp8_checkpoint")
     gemma3_images = "vision_config" in top and model_dir is not None
     if gemma3_images and top.get("architectures", [None])[0] == "Gemma3ForConditionalGeneration":
         from pagoda.runtime.multimodal.gemma3 import read_gemma3
@@ -279,7 +284,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
-        architecture=arch,
+        architecture=name,
         family=_family(cfg, arch, layers, scaling),
         vision=vision,
     )

@@ -66,6 +66,7 @@ MODEL_CLASSES = {
     "apertus1p5": ("apertus", "Apertus1p5Model"),  # Apertus', its LM head pruned
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
+    "llama4_vision": ("llama4_vision", "Llama4VisionModel"),  # Llama 4 reading images
     "exaone": ("llama", "LlamaModel"),  # EXAONE 3 / 3.5: Llama's under GPT-style names
     "nemotron": ("nemotron", "NemotronModel"),  # LayerNorm1P, ReLU² MLP
     "jais2": ("nemotron", "Jais2Model"),  # LayerNorm with biases, ReLU² MLP
@@ -153,8 +154,6 @@ def model_class(config: ModelConfig) -> type[LlamaModel]:
     module, name = MODEL_CLASSES[config.architecture]
     if config.architecture == "gemma3" and config.vision is not None:  # its images read too
         module, name = "gemma3_mm", "Gemma3VisionModel"
-    if config.architecture == "llama4" and config.vision is not None:  # (its tower, projector)
-        module, name = "llama4_vision", "Llama4VisionModel"
     return getattr(importlib.import_module(f"pagoda.runtime.model.{module}"), name)
 
 

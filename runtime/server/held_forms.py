@@ -201,6 +201,7 @@ def _stacked_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 FORMS = {
     "gpt_oss": _gpt_oss_as_held,  # stacked or MXFP4 experts
     "llama4": _llama4_as_held,  # stacked experts
+    "llama4_vision": _llama4_as_held,  # (the same text model, reading images)
     "qwen3_vl_moe": _qwen3_vl_moe_as_held,  # stacked experts, in either layout
     "jetmoe": _jetmoe_as_held,  # attention experts
     **dict.fromkeys(("qwen3_next", "qwen3_5_moe", "lara_mini"), _stacked_as_held),

@@ -68,7 +68,7 @@ def pagoda_tiles(**kw):
     from transformers.image_processing_base import ImageProcessingMixin
 
     class PagodaTiles(ImageProcessingMixin):
-        p = Llama4Processing(tile=TILE, max_patches=MAX_PATCHES, **kw)
+        p = Llama4Processing(tile=TILE, **{"max_patches": MAX_PATCHES, **kw})
         __call__ = _tiles
 
     return PagodaTiles()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import llama4_vision_testlib
 import pytest
 from pagoda.runtime import family_options
 from pagoda.runtime.config import CacheConfig, EngineConfig, ModelConfig
@@ -174,6 +175,11 @@ LLAVA_NEXT_MISTRAL = {**LLAVA_NEXT, "text_config": {**LLAMA, "architectures": No
 LLAVA_ONEVISION = {"architectures": ["LlavaOnevisionForConditionalGeneration"],
                    "model_type": "llava_onevision",
                    "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2"}}  # fmt: skip
+LLAMA4_VISION = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+                 "text_config": {"model_type": "llama4_text", "num_hidden_layers": 2},
+                 "vision_config": {**llama4_vision_testlib.VISION,
+                                   "model_type": "llama4_vision_model"},
+                 "image_token_index": llama4_vision_testlib.PATCH_ID}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -186,11 +192,14 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
                "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
                "idefics3": IDEFICS3, "llava_next": LLAVA_NEXT,
-               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION}  # fmt: skip
+               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION,
+               "llama4_vision": LLAMA4_VISION}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch
         d.mkdir()
+        if arch == "llama4_vision":  # (read with images where its tokenizer has their tokens)
+            llama4_vision_testlib.write_processor_files(d)
         (d / "config.json").write_text(json.dumps(cfg))
         assert read_model_config(str(d)).architecture == arch  # 16-bit: read
         (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": FP8}))
