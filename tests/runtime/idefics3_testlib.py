@@ -120,6 +120,22 @@ def image(seed: int, size: tuple[int, int] = (40, 52), mode: str = "RGB"):
     return Image.fromarray(data[..., 0] if channels == 1 else data, mode)
 
 
+def image_part(im) -> dict:
+    """A chat message's `image_url` part holding `im` as a base64 PNG."""
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(png_bytes(im)).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def logprob_ids(tokenizer, logprobs) -> list[int]:
+    """The ids of generated tokens by their `bytes` in an OpenAI response's logprobs (the tiny
+    byte-level vocabulary's byte tokens, "\\n\\n", its added tokens)."""
+    added, chars = tokenizer.get_added_vocab(), byte_chars()
+    return [added.get(t.token) or tokenizer.convert_tokens_to_ids("".join(chars[b] for b in t.bytes))
+            for t in logprobs]  # fmt: skip
+
+
 def png_bytes(im) -> bytes:
     out = io.BytesIO()
     im.save(out, format="PNG")

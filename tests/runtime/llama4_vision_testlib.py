@@ -3,8 +3,8 @@ Generation`: a 2-layer vision tower over 56 px tiles of 7 px patches, shuffled b
 a tile; a 2-layer Llama 4 text model of 300 tokens, 2 experts top-1, chunked attention of 8 on
 the rotary layer, NoPE with temperature tuning on the other), saved with its processor files:
 the image processor (max_patches 4: at most 4 tiles and the global tile) and a byte-level BPE
-tokenizer whose Llama 4 tokens (`<|image|>`, `<|patch|>`, ...) are added tokens, with the
-processor's chat template.
+tokenizer whose Llama 4 tokens (`<|image|>`, `<|patch|>`, ...) and reserved ones up to the
+300th id are added tokens, with the processor's chat template.
 
 The prompt ids are transformers' `Llama4Processor`'s. Its image processor
 (`Llama4ImageProcessor`) runs on torchvision, which this project does not install; where it is
@@ -25,7 +25,8 @@ TOKENS_PER_TILE = 16  # (56 / 7)² / 2²
 SPECIAL = ["<|begin_of_text|>", "<|eot|>", "<|header_start|>", "<|header_end|>",
            "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>",
            "<|tile_x_separator|>", "<|tile_y_separator|>"]  # fmt: skip
-IDS = {tok: 256 + i for i, tok in enumerate(SPECIAL)}
+SPECIAL += [f"<|reserved_special_token_{k}|>" for k in range(300 - 256 - len(SPECIAL))]
+IDS = {tok: 256 + i for i, tok in enumerate(SPECIAL)}  # (every id of the vocabulary a token)
 IMAGE, PATCH_ID = IDS["<|image|>"], IDS["<|patch|>"]
 TEXT = dict(TINY, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1,
             intermediate_size=32, intermediate_size_mlp=96, head_dim=16,
