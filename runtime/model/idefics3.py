@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaModel
-from pagoda.runtime.model.llava import _strip
+from pagoda.runtime.model.llava import tower_and_projection
 from pagoda.runtime.model.siglip_vision import SiglipVisionTower
 
 # stored prefix -> this module's (transformers 4's and 5's names, with or without `model.`)
@@ -47,33 +47,19 @@ class Idefics3Model(LlamaModel):
         if vision is None:
             raise ValueError("an Idefics3 model needs its vision_config and a tokenizer.json "
                              "with its image tokens")  # fmt: skip
-        self.tower = None
-        if self.tp is not None and self.tp.rank > 0:  # rank 0 encodes; features broadcast
-            return
-        stored = w.stored
-        if not hasattr(stored, "tensors_under"):
-            raise ValueError("an Idefics3 model's vision tower is read from safetensors files")
-        tower, proj = {}, None
-        for name, t in stored.tensors_under(_TOWER + _CONNECTOR).items():
-            t = t.to(device=self.device, dtype=self.dtype)
-            if _strip(name, _CONNECTOR) == "proj.weight":
-                proj = t
-            elif (p := _strip(name, _TOWER)) is not None:
-                tower[p] = t
-        try:
-            self.tower = SiglipVisionTower(tower, vision)
-        except KeyError as e:
-            raise ValueError(
-                f"the Idefics3 checkpoint lacks the vision tensor {e.args[0]!r}"
-            ) from None
-        side = vision.image_size // vision.patch_size
-        self.tower.positions = self.tower.positions[_position_ids(side).to(self.device)]
         want = (self.config.hidden_size, vision.hidden_size * vision.scale_factor**2)
-        if proj is None or tuple(proj.shape) != want:
-            got = "none" if proj is None else list(proj.shape)
-            raise ValueError(f"the connector's modality_projection.proj.weight is {got}, not "
-                             f"{list(want)}")  # fmt: skip
-        self.projection = proj
+        label = "connector's modality_projection.proj.weight"
+        self.tower, self.projection = tower_and_projection(
+            self, w, (_TOWER, _CONNECTOR), self._tower, ("proj.weight", label, want)
+        )
+
+    def _tower(self, tensors: dict[str, torch.Tensor]) -> SiglipVisionTower:
+        """The SigLIP tower, its positions as a full tile's buckets read them."""
+        vision = self.config.vision
+        tower = SiglipVisionTower(tensors, vision)
+        side = vision.image_size // vision.patch_size
+        tower.positions = tower.positions[_position_ids(side).to(self.device)]
+        return tower
 
     @torch.inference_mode()
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.idefics3 import pixel_shuffle
 from pagoda.runtime.model.llama import LayerContext
 from pagoda.runtime.model.llama4 import Llama4Model
-from pagoda.runtime.model.llava import _strip
+from pagoda.runtime.model.llava import tower_and_projection
 from pagoda.runtime.multimodal.llama4_vision_config import Llama4VisionConfig
 
 _TOWER = ("vision_model.", "model.vision_model.")
@@ -121,31 +121,11 @@ class Llama4VisionModel(Llama4Model):
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
         vision = self.config.vision
-        self.tower = None
-        if self.tp is not None and self.tp.rank > 0:
-            return
-        stored = w.stored
-        if not hasattr(stored, "tensors_under"):
-            raise ValueError("a Llama 4 model's vision tower is read from safetensors files")
-        tower, proj = {}, None
-        for name, t in stored.tensors_under(_TOWER + _PROJECTOR).items():
-            t = t.to(device=self.device, dtype=self.dtype)
-            if _strip(name, _PROJECTOR) == "linear_1.weight":
-                proj = t
-            elif (p := _strip(name, _TOWER)) is not None:
-                tower[p] = t
-        try:
-            self.tower = Llama4VisionTower(tower, vision)
-        except KeyError as e:
-            raise ValueError(
-                f"the Llama 4 checkpoint lacks the vision tensor {e.args[0]!r}"
-            ) from None
         want = (self.config.hidden_size, vision.vision_output_dim)
-        if proj is None or tuple(proj.shape) != want:
-            got = "none" if proj is None else list(proj.shape)
-            raise ValueError(f"the multi_modal_projector's linear_1.weight is {got}, not "
-                             f"{list(want)}")  # fmt: skip
-        self.projection = proj
+        self.tower, self.projection = tower_and_projection(
+            self, w, (_TOWER, _PROJECTOR), lambda t: Llama4VisionTower(t, vision),
+            ("linear_1.weight", "multi_modal_projector's linear_1.weight", want),
+        )  # fmt: skip
 
     @torch.inference_mode()
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:

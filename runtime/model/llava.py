@@ -30,6 +30,39 @@ def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:
     return next((name[len(p) :] for p in prefixes if name.startswith(p)), None)
 
 
+def tower_and_projection(model: LlamaModel, w: DeviceWeights, prefixes: tuple[tuple, tuple],
+                         build, projection: tuple[str, str, tuple[int, int]]):  # fmt: skip
+    """(the tower `build` makes of the tensors under `prefixes[0]`, by their names there; the
+    projection matrix `projection[0]` under `prefixes[1]`), on the model's device in its
+    dtype; (None, None) on a rank past 0 (rank 0 encodes, the features are broadcast).
+    ValueError, one line, for weights that are not in safetensors files, a missing tensor or a
+    projection (`projection`: its name, what the message calls it, its shape) of another
+    shape."""
+    if model.tp is not None and model.tp.rank > 0:
+        return None, None
+    family = model.config.architecture
+    stored = w.stored
+    if not hasattr(stored, "tensors_under"):
+        raise ValueError(f"a {family} model's vision tower is read from safetensors files")
+    held: tuple[dict, dict] = ({}, {})
+    for name, t in stored.tensors_under(prefixes[0] + prefixes[1]).items():
+        t = t.to(device=model.device, dtype=model.dtype)
+        if (p := _strip(name, prefixes[1])) is not None:
+            held[1][p] = t
+        elif (p := _strip(name, prefixes[0])) is not None:
+            held[0][p] = t
+    try:
+        tower = build(held[0])
+    except KeyError as e:
+        raise ValueError(f"the {family} checkpoint lacks the vision tensor {e.args[0]!r}") from None
+    key, label, want = projection
+    proj = held[1].get(key)
+    if proj is None or tuple(proj.shape) != want:
+        got = "none" if proj is None else list(proj.shape)
+        raise ValueError(f"the {label} is {got}, not {list(want)}")
+    return tower, proj
+
+
 def _read(name: str, layers_run: int) -> bool:
     """Whether the tower's tensor `name` is held: not the post-norm nor a layer after the one
     whose output is read (`VisionConfig.layers_run`)."""

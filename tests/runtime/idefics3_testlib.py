@@ -120,6 +120,19 @@ def image(seed: int, size: tuple[int, int] = (40, 52), mode: str = "RGB"):
     return Image.fromarray(data[..., 0] if channels == 1 else data, mode)
 
 
+def prompt_of(text: str, ims: list, **kw) -> dict:
+    """`LLM.generate`'s prompt of `text` with `ims` (`kw`: more of its fields)."""
+    return {"prompt": text, "multi_modal_data": {"image": ims}, **kw} if ims else {"prompt": text}
+
+
+def count_encodes(llm) -> list[int]:
+    """The tiles each `encode_images` call of `llm`'s model encodes, appended as it runs."""
+    model, calls = llm.engine.runner.model, []
+    encode = model.encode_images
+    model.encode_images = lambda px: calls.append(px.shape[0]) or encode(px)
+    return calls
+
+
 def image_part(im) -> dict:
     """A chat message's `image_url` part holding `im` as a base64 PNG."""
     import base64

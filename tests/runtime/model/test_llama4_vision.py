@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 
 import pytest
+from idefics3_testlib import count_encodes, prompt_of
 from llama4_vision_testlib import (
     IMAGE,
     TOKENS_PER_TILE,
@@ -48,23 +49,11 @@ def _cases():
     return [(ONE, ims[:1]), (TWO, ims[1:]), (TEXT, [])]
 
 
-def _prompt(text: str, ims: list, **kw) -> dict:
-    return {"prompt": text, "multi_modal_data": {"image": ims}, **kw} if ims else {"prompt": text}
-
-
 @pytest.fixture(scope="module")
 def reference(tiny):
     _, model, processor, _ = tiny
     cases = [hf_inputs(processor, text, ims) for text, ims in _cases()]
     return [c["input_ids"][0].tolist() for c in cases], [hf_generate(model, c, NEW) for c in cases]
-
-
-def _count_encodes(llm: LLM) -> list[int]:
-    """The tiles each `encode_images` call of `llm`'s model encodes, appended as it runs."""
-    model, calls = llm.engine.runner.model, []
-    encode = model.encode_images
-    model.encode_images = lambda px: calls.append(px.shape[0]) or encode(px)
-    return calls
 
 
 def _run(llm: LLM, prompts) -> list:
@@ -74,8 +63,8 @@ def _run(llm: LLM, prompts) -> list:
 def test_one_and_two_images_batched_with_text_are_transformers(tiny, reference):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20)
     assert llm.engine.model_config.architecture == "llama4_vision"
-    calls = _count_encodes(llm)
-    out = _run(llm, [_prompt(t, ims) for t, ims in _cases()])
+    calls = count_encodes(llm)
+    out = _run(llm, [prompt_of(t, ims) for t, ims in _cases()])
     ids, tokens = reference
     assert [o.prompt_token_ids for o in out] == ids  # Llama4Processor's input_ids
     assert [o.outputs[0].token_ids for o in out] == tokens
@@ -84,7 +73,7 @@ def test_one_and_two_images_batched_with_text_are_transformers(tiny, reference):
 
 def test_the_image_steers_the_tokens(tiny):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20)
-    a, b = (_run(llm, [_prompt(ONE, [image(s, (100, 130))])])[0].outputs[0].token_ids
+    a, b = (_run(llm, [prompt_of(ONE, [image(s, (100, 130))])])[0].outputs[0].token_ids
             for s in (0, 3))  # fmt: skip
     assert a != b
 
@@ -94,8 +83,8 @@ def test_chunked_prefill_splits_tiles_across_steps(tiny, reference):
     tile encoded once, its rows read in pieces), across attention chunks of 8."""
     llm = LLM(loaded=tiny[3], dtype="float32", max_num_batched_tokens=6, block_size=8,
               kv_cache_memory=8 << 20, max_num_seqs=3)  # fmt: skip
-    calls = _count_encodes(llm)
-    out = _run(llm, [_prompt(t, ims) for t, ims in _cases()])
+    calls = count_encodes(llm)
+    out = _run(llm, [prompt_of(t, ims) for t, ims in _cases()])
     assert [o.outputs[0].token_ids for o in out] == reference[1]
     assert sum(calls) == 10 and max(calls) < 10
 
@@ -107,12 +96,12 @@ def test_prefix_cache_keys_blocks_by_the_tiles(tiny):
     _, model, processor, loaded = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, block_size=8,
               enable_prefix_caching=True)  # fmt: skip
-    calls = _count_encodes(llm)
+    calls = count_encodes(llm)
     text = "User: a long enough prefix!!!!<|image|>Then?<|eot|>Assistant:"
     after = text.replace("Then?", "Now??")
 
     def run(prompt, im):
-        out = _run(llm, [_prompt(prompt, [im])])[0]
+        out = _run(llm, [prompt_of(prompt, [im])])[0]
         want = hf_inputs(processor, prompt, [im])
         assert out.prompt_token_ids == want["input_ids"][0].tolist()
         assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
@@ -135,10 +124,10 @@ def test_max_patches_from_the_flag_and_a_request(tiny, tmp_path):
     path, model, _, _ = tiny
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20,
               mm_processor_kwargs={"max_patches": 1})  # fmt: skip
-    calls = _count_encodes(llm)
+    calls = count_encodes(llm)
     ims = [image(1, (150, 60)), image(2, (20, 25))]
     one = make_processor(max_patches=1)
-    out = _run(llm, [_prompt(TWO, ims)])[0]
+    out = _run(llm, [prompt_of(TWO, ims)])[0]
     want = hf_inputs(one, TWO, ims)
     assert out.prompt_token_ids == want["input_ids"][0].tolist()
     assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
@@ -146,7 +135,7 @@ def test_max_patches_from_the_flag_and_a_request(tiny, tmp_path):
     ids = llm.get_tokenizer().encode(TWO, add_special_tokens=False)
     assert inputs.expand(ids, 2, vision)[0] == out.prompt_token_ids
     wide = image(4, (60, 150))
-    out = _run(llm, [_prompt(ONE, [wide], mm_processor_kwargs={"max_patches": 2})])[0]
+    out = _run(llm, [prompt_of(ONE, [wide], mm_processor_kwargs={"max_patches": 2})])[0]
     want = hf_inputs(make_processor(max_patches=2), ONE, [wide])
     assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
     assert calls == [2, 3]
@@ -155,15 +144,15 @@ def test_max_patches_from_the_flag_and_a_request(tiny, tmp_path):
 def test_images_are_counted_not_tiles_and_bad_input_is_refused(tiny):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20,
               limit_mm_per_prompt={"image": 1})  # fmt: skip
-    assert len(_run(llm, [_prompt(ONE, [image(0, (100, 130))])])[0].outputs[0].token_ids) == NEW
+    assert len(_run(llm, [prompt_of(ONE, [image(0, (100, 130))])])[0].outputs[0].token_ids) == NEW
     with pytest.raises(ValueError, match="at most 1 image"):
-        _run(llm, [_prompt(TWO, [image(0), image(1)])])
+        _run(llm, [prompt_of(TWO, [image(0), image(1)])])
     with pytest.raises(ValueError, match="1 image token"):
-        _run(llm, [_prompt(ONE, [image(0), image(1)])])
+        _run(llm, [prompt_of(ONE, [image(0), image(1)])])
     with pytest.raises(ValueError, match="PIL"):
-        _run(llm, [_prompt(ONE, ["x.png"])])
+        _run(llm, [prompt_of(ONE, ["x.png"])])
     with pytest.raises(ValueError, match="max_patches must be a positive integer"):
-        _run(llm, [_prompt(ONE, [image(0)], mm_processor_kwargs={"max_patches": 0})])
+        _run(llm, [prompt_of(ONE, [image(0)], mm_processor_kwargs={"max_patches": 0})])
     with pytest.raises(ValueError, match="depend on its size"):
         inputs.expand([1, IMAGE], 1, llm.engine.model_config.vision)
     assert not llm.engine.has_unfinished_requests()
@@ -201,7 +190,7 @@ def test_two_ranks_read_the_tiles_rank_0_encodes(tiny, reference):
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
              max_num_batched_tokens=6, max_num_seqs=3, block_size=8,
              kv_cache_memory=8 << 20) as two:  # fmt: skip
-        out = _run(two, [_prompt(t, ims) for t, ims in _cases()])
+        out = _run(two, [prompt_of(t, ims) for t, ims in _cases()])
         assert [o.outputs[0].token_ids for o in out] == reference[1]
         assert two.engine.runner.model.tower is not None
         two.engine.check_integrity()
