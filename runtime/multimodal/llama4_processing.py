@@ -139,14 +139,19 @@ def _weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def _resample(a: np.ndarray, n_out: int, axis: int) -> np.ndarray:
+    """`a` resized to `n_out` along `axis` (0 or 1 of [H, W, C]): the kernel's taps summed in
+    int32 as torch's are, one pass per tap over the whole image."""
     if a.shape[axis] == n_out:
         return a
     idx, w, bits = _weights(a.shape[axis], n_out)
-    x = np.take(a.astype(np.int64), idx, axis=axis)  # the axis → (n_out, K)
-    shape = [1] * x.ndim
-    shape[axis], shape[axis + 1] = w.shape
-    s = (x * w.astype(np.int64).reshape(shape)).sum(axis + 1) + (1 << (bits - 1))
-    return np.clip(s >> bits, 0, 255).astype(np.uint8)
+    x = np.ascontiguousarray(np.moveaxis(a, axis, 0), dtype=np.int32)  # (rows gathered whole)
+    acc = np.full((n_out, *x.shape[1:]), 1 << (bits - 1), dtype=np.int32)
+    w = w.astype(np.int32).reshape(*w.shape, *([1] * (x.ndim - 1)))
+    for k in range(idx.shape[1]):
+        tap = np.take(x, idx[:, k], axis=0)
+        tap *= w[:, k]
+        acc += tap
+    return np.ascontiguousarray(np.moveaxis(np.clip(acc >> bits, 0, 255).astype(np.uint8), 0, axis))
 
 
 def resize_uint8(a: np.ndarray, height: int, width: int) -> np.ndarray:

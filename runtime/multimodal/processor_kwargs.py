@@ -5,7 +5,8 @@ with (torch-free: the API process preprocesses).
 
 A key is honoured where the family's processor reads it: its image-input module's
 `PROCESSOR_KWARGS` (`inputs.FAMILIES`), applied by its `with_processor_kwargs`; Qwen2-VL's
-`min_pixels` and `max_pixels` (the resized area, hence each image's placeholder run); LLaVA
+`min_pixels` and `max_pixels` (the resized area, hence each image's placeholder run); Llama
+4's `max_patches` and `resize_to_max_canvas` (each image's tiles); LLaVA
 1.5's and Gemma 3's none (their runs are fixed by the tower). Any other key is refused: the
 flag's when the server starts (one line, exit 2), a request's with a 400. A request's keys
 apply over the flag's. (The flag's text is read by `option_rules.parse_processor_kwargs`.)
