@@ -257,11 +257,8 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.anyres_config import read_anyres
 
         vision = read_anyres(ANYRES_ARCHS[arch], top, model_dir)
-    name = arch
-    if arch == "llama4" and vision is not None:  # (its own row of family_options)
-        name = "llama4_vision"
-        if not family_options.tested(name, "fp8_checkpoint") and read_quantization(model_dir):
-            family_options.refuse(name, "fp8_checkpoint")
+    # (Llama 4 reading images: its own row of family_options)
+    name = "llama4_vision" if arch == "llama4" and vision is not None else arch
     gemma3_images = "vision_config" in top and model_dir is not None
     if gemma3_images and top.get("architectures", [None])[0] == "Gemma3ForConditionalGeneration":
         from pagoda.runtime.multimodal.gemma3 import read_gemma3

@@ -142,9 +142,13 @@ def _checked_processor(model_dir: Path | None, tokens: int, size: int) -> None:
 def read_llama4_vision(top: dict[str, Any], model_dir: Path | None) -> Llama4VisionConfig | None:
     """A Llama4ForConditionalGeneration config.json's image side; ValueError, one line, for
     what is not its shape; None (text only, logged) without a vision_config or a tokenizer.json
-    holding the image tokens."""
+    holding the image tokens, or for an FP8 checkpoint."""
     v = top.get("vision_config")
     if not isinstance(v, dict):
+        return None
+    if top.get("quantization_config"):  # (Maverick's FP8 release)
+        log.warning("an FP8 Llama 4 checkpoint is read text-only (its vision tower is not read "
+                    "in FP8): images are refused")  # fmt: skip
         return None
     ids = _token_ids(model_dir)
     if ids is None:

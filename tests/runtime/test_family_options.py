@@ -192,14 +192,11 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
                "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
                "idefics3": IDEFICS3, "llava_next": LLAVA_NEXT,
-               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION,
-               "llama4_vision": LLAMA4_VISION}  # fmt: skip
+               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch
         d.mkdir()
-        if arch == "llama4_vision":  # (read with images where its tokenizer has their tokens)
-            llama4_vision_testlib.write_processor_files(d)
         (d / "config.json").write_text(json.dumps(cfg))
         assert read_model_config(str(d)).architecture == arch  # 16-bit: read
         (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": FP8}))
@@ -209,6 +206,18 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
         with pytest.raises(ValueError) as e:
             read_model_config(str(d))
         _assert_refusal(str(e.value), arch, "fp8_checkpoint")
+
+
+def test_an_fp8_llama4_checkpoint_is_read_text_only(tmp_path) -> None:
+    """Llama 4 reads images where its tokenizer has their tokens (`llama4_vision`, its own
+    row); an FP8 checkpoint of it (Maverick's release) is read as its text model, as before."""
+    llama4_vision_testlib.write_processor_files(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA4_VISION))
+    assert read_model_config(str(tmp_path)).architecture == "llama4_vision"
+    fp8 = {**LLAMA4_VISION, "quantization_config": FP8}
+    (tmp_path / "config.json").write_text(json.dumps(fp8))
+    config = read_model_config(str(tmp_path))
+    assert config.architecture == "llama4" and config.vision is None
 
 
 def test_a_refused_option_is_one_line_and_exit_2_from_pagoda_serve(tmp_path) -> None:

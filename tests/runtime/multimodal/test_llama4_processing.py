@@ -133,6 +133,8 @@ def test_the_checkpoints_tokens_and_processor_are_checked(tmp_path):
     write_processor_files(tmp_path)
     vision = read_llama4_vision(top, tmp_path)
     assert vision.tokens_per_image == 16 and vision.processing.max_patches == MAX_PATCHES
+    fp8 = {"quant_method": "fbgemm_fp8"}  # (Maverick's FP8 release): read text-only
+    assert read_llama4_vision({**top, "quantization_config": fp8}, tmp_path) is None
     with pytest.raises(ValueError, match=re.escape("is not the tokenizer's <|patch|>")):
         read_llama4_vision({**top, "image_token_index": 5}, tmp_path)
     (tmp_path / "processor_config.json").write_text(json.dumps({"patch_size": 14}))
