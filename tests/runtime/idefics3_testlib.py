@@ -149,6 +149,20 @@ def logprob_ids(tokenizer, logprobs) -> list[int]:
             for t in logprobs]  # fmt: skip
 
 
+def check_chat(client, messages, ids: list[int], tokens: list[int], tokenizer, **extra) -> None:
+    """A greedy chat of `messages` through the `openai` SDK reads the prompt `ids` (seen
+    through vLLM's `prompt_logprobs`) and answers `tokens` (`extra`: more of its body)."""
+    name = client.models.list().data[0].id
+    got = client.chat.completions.create(
+        model=name, messages=messages, max_tokens=len(tokens), temperature=0, logprobs=True,
+        extra_body={"ignore_eos": True, "prompt_logprobs": 0, **extra},
+    )  # fmt: skip
+    assert got.usage.prompt_tokens == len(ids)
+    prompt = got.model_extra["prompt_logprobs"]
+    assert prompt[0] is None and [int(next(iter(e))) for e in prompt[1:]] == ids[1:]
+    assert logprob_ids(tokenizer, got.choices[0].logprobs.content) == tokens
+
+
 def png_bytes(im) -> bytes:
     out = io.BytesIO()
     im.save(out, format="PNG")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from idefics3_testlib import image_part, logprob_ids
+from idefics3_testlib import check_chat, image_part
 from llama4_vision_testlib import hf_generate, hf_inputs, image, make_processor, make_tiny
 from server_testlib import TINY_SERVE, openai_client
 
@@ -38,16 +38,9 @@ def test_image_chats_read_as_the_processor_writes_them(tmp_path):
     limit = ("--limit-mm-per-prompt", '{"image": 2}')
     with openai_client("--model", str(tmp_path), *TINY_SERVE, *limit) as client:
         name = client.models.list().data[0].id
-        for kwargs, want_ids, want_tokens in ((None, ids, tokens),
-                                              ({"max_patches": 1}, one_ids, one_tokens)):  # fmt: skip
-            extra = {"ignore_eos": True, "prompt_logprobs": 0, "mm_processor_kwargs": kwargs}
-            got = client.chat.completions.create(model=name, messages=ours, max_tokens=NEW,
-                                                 temperature=0, logprobs=True,
-                                                 extra_body=extra)  # fmt: skip
-            assert got.usage.prompt_tokens == len(want_ids)
-            prompt = got.model_extra["prompt_logprobs"]
-            assert prompt[0] is None and [int(next(iter(e))) for e in prompt[1:]] == want_ids[1:]
-            assert logprob_ids(processor.tokenizer, got.choices[0].logprobs.content) == want_tokens
+        check_chat(client, ours, ids, tokens, processor.tokenizer)
+        check_chat(client, ours, one_ids, one_tokens, processor.tokenizer,
+                   mm_processor_kwargs={"max_patches": 1})  # fmt: skip
         with pytest.raises(openai.BadRequestError, match="not a setting of the llama4"):
             client.chat.completions.create(model=name, messages=ours, max_tokens=NEW,
                                            extra_body={"mm_processor_kwargs": {"size": 3}})  # fmt: skip
