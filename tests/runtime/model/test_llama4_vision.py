@@ -174,11 +174,21 @@ def test_chat_renders_image_parts_as_the_processor_does(tiny):
 
 
 def test_the_weights_estimate_counts_the_tower_adapter_and_projector(tiny):
-    _, model, _, loaded = tiny
+    """`num_params` is transformers' count; `pagoda serve`'s estimate from the files is what
+    the built model holds (within 1%: the tower's rotary table is not a weight)."""
+    import torch
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import weights
+
+    path, model, _, loaded = tiny
     vision = loaded.config.vision
     held = sum(p.numel() for p in model.vision_model.parameters())
     held += sum(p.numel() for p in model.multi_modal_projector.parameters())
     assert vision.num_params(64) == held and vision.tokens_per_image == TOKENS_PER_TILE
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16")
+    estimate = weights.estimate(loaded.config, cfg, path).bytes
+    assert estimate == pytest.approx(held_bytes(build(path, torch.bfloat16)), rel=0.01)
 
 
 @pytest.mark.slow
