@@ -85,6 +85,7 @@ MODEL_CLASSES = {
     "qwen2_vl": ("qwen2_vl", "Qwen2VLModel"),  # Qwen2-VL: its tower, Qwen2's text model, M-RoPE
     "qwen2_5_vl": ("qwen2_vl", "Qwen2VLModel"),  # Qwen2.5-VL: its windowed tower, the same
     "llava": ("llava", "LlavaModel"),  # LLaVA 1.5: CLIP tower + projector, Llama's text model
+    "mistral3": ("pixtral", "PixtralModel"),  # Mistral 3 with its images: Pixtral's tower, merger
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
@@ -146,6 +147,8 @@ def model_class(config: ModelConfig) -> type[LlamaModel]:
     module, name = MODEL_CLASSES[config.architecture]
     if config.architecture == "gemma3" and config.vision is not None:  # its images read too
         module, name = "gemma3_mm", "Gemma3VisionModel"
+    if getattr(config.vision, "kind", None) == "pixtral":  # LLaVA-Pixtral's (and Mistral 3's)
+        module, name = "pixtral", "PixtralModel"
     return getattr(importlib.import_module(f"pagoda.runtime.model.{module}"), name)
 
 

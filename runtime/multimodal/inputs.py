@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType, ModuleType
 
-from pagoda.runtime.multimodal import fixed_inputs, qwen2_vl_inputs
+from pagoda.runtime.multimodal import fixed_inputs, pixtral_inputs, qwen2_vl_inputs
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
 
 __all__ = ["FAMILIES", "ImageInput", "MultiModalInputs", "pixels_hash"]
@@ -26,6 +26,7 @@ FAMILIES: Mapping[str, ModuleType] = MappingProxyType(
         "gemma3": fixed_inputs,  # Gemma 3: its marker's text around a fixed run
         "qwen2_vl": qwen2_vl_inputs,  # Qwen2-VL / 2.5-VL: a run per image's size, M-RoPE
         "qwen2_5_vl": qwen2_vl_inputs,
+        "pixtral": pixtral_inputs,  # Mistral 3, LLaVA-Pixtral: a run per image's size, row breaks
     }
 )
 
