@@ -94,7 +94,8 @@ def make_tiny_pixtral(path, kind: str = "mistral3"):
     randomize(model.model.language_model, scale=4.0, seed=1)
     randomize(model.lm_head, scale=4.0, seed=1)
     randomize(model.model.vision_tower, scale=1.0, seed=2)
-    randomize(model.model.multi_modal_projector, scale=1.0, seed=3)
+    # (LLaVA's projector x4: its images then steer the tokens as Mistral 3's merger does)
+    randomize(model.model.multi_modal_projector, scale=1.0 if kind == "mistral3" else 4.0, seed=3)
     model.save_pretrained(path)
     image_processor(kind).save_pretrained(path)  # (its patch_size: the processor's)
     processor = {"processor_class": "PixtralProcessor", "patch_size": PATCH,
