@@ -159,6 +159,9 @@ QWEN2_VL = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": 
             "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2_vl_text"}}  # fmt: skip
 QWEN2_5_VL = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
               "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2_5_vl_text"}}  # fmt: skip
+MISTRAL3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+            "vision_config": {"model_type": "pixtral", "hidden_size": 32, "num_attention_heads": 2},
+            "text_config": {**LLAMA, "architectures": None, "model_type": "mistral"}}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -168,12 +171,17 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "hy_v4": HY_V4, "qwen4_exp": QWEN4, "beam": BEAM,
                "dots3_note_text": DOTS3, "glm5_next": GLM5_NEXT, "minimax_m3": MINIMAX_M3,
                "bert": BERT, "roberta": XLMR, "modernbert": MODERNBERT,
-               "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL}  # fmt: skip
+               "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
+               "mistral3": MISTRAL3}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch
         d.mkdir()
         (d / "config.json").write_text(json.dumps(cfg))
+        if arch == "mistral3":  # (its images read: the tokenizer names [IMG_BREAK], [IMG_END])
+            from pixtral_testlib import tokenizer
+
+            tokenizer(d)
         assert read_model_config(str(d)).architecture == arch  # 16-bit: read
         (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": FP8}))
         if arch == "llama":

@@ -1,0 +1,51 @@
+"""`pagoda serve` on a tiny Mistral 3 (tests/runtime/pixtral_testlib.py) through the `openai`
+SDK: a chat with a base64 image part renders `[IMG]`, expanded to the image's rows of `[IMG]`
+with `[IMG_BREAK]` / `[IMG_END]`, and answers transformers' greedy tokens; a text-only chat after
+it too; `/tokenize` of messages with an image is a 400 (the run depends on the image)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import pytest
+from pixtral_testlib import BREAK, END, IMAGE_ID, MARKS, hf_generate, image, make_tiny_pixtral
+from server_testlib import TINY_SERVE, openai_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+NEW = 5
+
+
+def _id(token: str) -> int:
+    return MARKS.get(token) or int(token.removeprefix("w"))
+
+
+def test_an_image_chat_answers_transformers_tokens(tmp_path):
+    model = make_tiny_pixtral(tmp_path, "mistral3")
+    im = image(0, (50, 70))  # 48 x 64 px: 3 rows of 4 merged patches
+    out = io.BytesIO()
+    im.save(out, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    run = ([IMAGE_ID] * 4 + [BREAK]) * 3
+    run[-1] = END
+    ids = [3, 7, *run, 8, 5]  # w3 w7 [IMG] w8 w5, the image's run expanded
+    want = hf_generate(model, "mistral3", ids, [im], NEW)
+    parts = [{"type": "text", "text": "w7"}, {"type": "image_url", "image_url": {"url": url}},
+             {"type": "text", "text": "w8"}]  # fmt: skip
+    with openai_client("--model", str(tmp_path), *TINY_SERVE) as client:
+        name = client.models.list().data[0].id
+        got = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": parts}], max_tokens=NEW,
+            temperature=0, logprobs=True, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert got.usage.prompt_tokens == len(ids)
+        assert [_id(t.token) for t in got.choices[0].logprobs.content] == want
+        text = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "w7 w8"}], max_tokens=NEW,
+            temperature=0, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert text.usage.prompt_tokens == 4
+        shown = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize",
+                           json={"messages": [{"role": "user", "content": parts}]}, timeout=30)  # fmt: skip
+        assert shown.status_code == 400, shown.text
