@@ -135,7 +135,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="its vision tower and projector are not quantized",
         ),
         "mistral3": Untested(  # (Mistral 3 with its images: model/pixtral.py)
-            tensor_parallel="its vision tower runs on one device",
             fp8="its vision tower and projector are not quantized",
             fp8_checkpoint="its vision tower and projector are not quantized",
         ),

@@ -37,9 +37,11 @@ class PixtralModel(LlamaModel):
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
         vision = self.config.vision
-        if self.tp is not None:
-            raise ValueError("a Pixtral vision model (Mistral 3, LLaVA-Pixtral) with tensor "
-                             "parallelism is not supported (one GPU)")  # fmt: skip
+        marks = torch.tensor([vision.break_token, vision.end_token], device=self.device)
+        self.marks = self.embed_tokens(marks)  # [IMG_BREAK]'s and [IMG_END]'s rows (all ranks)
+        self.tower = None
+        if self.tp is not None and self.tp.rank > 0:  # rank 0 encodes; features broadcast
+            return
         stored = w.stored
         if not hasattr(stored, "tensors_under"):
             raise ValueError("a Pixtral model's vision tower is read from safetensors files")
@@ -63,8 +65,6 @@ class PixtralModel(LlamaModel):
         if self.linear_2[0].shape[0] != self.config.hidden_size:
             raise ValueError(f"the projector gives {self.linear_2[0].shape[0]} features, the "
                              f"text model reads {self.config.hidden_size}")  # fmt: skip
-        marks = torch.tensor([vision.break_token, vision.end_token], device=self.device)
-        self.marks = self.embed_tokens(marks)  # [IMG_BREAK]'s and [IMG_END]'s rows
 
     @torch.inference_mode()
     def encode_image_list(self, pixels: list[torch.Tensor], grids: list) -> list[torch.Tensor]:

@@ -252,6 +252,10 @@ def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     if v.get("model_type", "clip_vision_model") != "clip_vision_model":
         raise ValueError(f"LlavaForConditionalGeneration with a vision_config of model_type "
                          f"{v.get('model_type')!r} is not supported (clip_vision_model)")  # fmt: skip
+    kind = (top.get("text_config") or {}).get("model_type", "llama")
+    if kind != "llama":  # (Mistral beside a pixtral tower: multimodal/pixtral_config.py)
+        raise ValueError(f"LlavaForConditionalGeneration with a text_config of model_type "
+                         f"{kind!r} is not supported beside a clip_vision_model (llama)")  # fmt: skip
     layer = top.get("vision_feature_layer", -2)
     if not isinstance(layer, int):
         raise ValueError(f"vision_feature_layer {layer!r}: only one layer is supported")

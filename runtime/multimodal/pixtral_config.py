@@ -98,20 +98,23 @@ def token_ids(model_dir: Path | None, names: tuple[str, ...]) -> tuple[int, ...]
 
 def read_pixtral(top: dict[str, Any], model_dir: Path | None) -> PixtralVisionConfig | None:
     """The image side of a Mistral 3 or LLaVA config.json whose vision_config is `pixtral`;
-    ValueError, one line, for what is not its shape; None (text only, logged) without the
-    tokenizer.json that names `[IMG_BREAK]` and `[IMG_END]`."""
+    ValueError, one line, for what is not its shape; None for Mistral 3 (text only, logged)
+    without the tokenizer.json that names `[IMG_BREAK]` and `[IMG_END]` (LLaVA's: refused)."""
     proc = {}
     if model_dir is not None and (model_dir / "processor_config.json").is_file():
         proc = json.loads((model_dir / "processor_config.json").read_text())
     names = tuple(proc.get(k, d) for k, d in zip(("image_break_token", "image_end_token"), MARKS))
     marks = token_ids(model_dir, names)
+    mistral3 = top.get("architectures", [None])[0] == "Mistral3ForConditionalGeneration"
+    if marks is None and not mistral3:  # (LLaVA's text model is not served without its images)
+        raise ValueError(f"LLaVA with a pixtral vision_config needs the tokenizer.json naming "
+                         f"{' and '.join(names)} beside the checkpoint")  # fmt: skip
     if marks is None:
         log.warning("no tokenizer.json naming %s beside the checkpoint: it is read text-only "
                     "(images refused)", " and ".join(names))  # fmt: skip
         return None
     v = top.get("vision_config") or {}
     text = top.get("text_config") or {}
-    mistral3 = top.get("architectures", [None])[0] == "Mistral3ForConditionalGeneration"
     layer = top.get("vision_feature_layer", -1 if mistral3 else -2)  # (their configs' defaults)
     if not isinstance(layer, int):
         raise ValueError(f"vision_feature_layer {layer!r}: only one layer is supported")

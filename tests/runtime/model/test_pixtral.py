@@ -124,3 +124,17 @@ def test_the_weights_estimate_counts_what_the_tower_and_projector_hold(tiny):
     tower = sum(p.numel() for n, p in model.model.vision_tower.named_parameters() if unread not in n)
     projector = sum(p.numel() for p in model.model.multi_modal_projector.parameters())
     assert vision.num_params(64) == tower + projector
+
+
+def test_two_ranks_read_the_images_rank_0_encodes(tiny):
+    """Tensor parallelism over gloo, two ranks, 8-token chunks (runs split across steps): rank 0
+    alone holds the tower; each step's image rows and features are broadcast; transformers'
+    tokens."""
+    _, _, loaded, _, reference = tiny
+    with LLM(loaded.path, loaded=loaded, tensor_parallel_size=2, dtype="float32",
+             max_num_batched_tokens=8, max_num_seqs=3, block_size=8,
+             kv_cache_memory=8 << 20) as two:  # fmt: skip
+        out = two.generate([p for p, _, _ in _cases()], GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in out] == reference
+        assert two.engine.runner.model.tower is not None
+        two.engine.check_integrity()
