@@ -50,7 +50,9 @@ class PixtralModel(LlamaModel):
             if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 raise ValueError(f"the vision tensor {name!r} is {t.dtype}: the tower and "
                                  "projector are read in 16 or 32 bits")  # fmt: skip
-            into, prefixes = (projector, _PROJECTOR) if name.startswith(_PROJECTOR) else (tower, _TOWER)
+            into, prefixes = (
+                (projector, _PROJECTOR) if name.startswith(_PROJECTOR) else (tower, _TOWER)
+            )
             key = next(name[len(p) :] for p in prefixes if name.startswith(p))
             into[key] = t.to(device=self.device, dtype=self.dtype)
         try:

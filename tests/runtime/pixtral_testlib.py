@@ -35,7 +35,9 @@ def image_processor(kind: str):
 
     merge, edge = KINDS[kind]
     p = PATCH * merge
-    return PixtralImageProcessorPil(size={"longest_edge": edge}, patch_size={"height": p, "width": p})
+    return PixtralImageProcessorPil(
+        size={"longest_edge": edge}, patch_size={"height": p, "width": p}
+    )
 
 
 def pixtral_processor(kind: str, tokenizer):

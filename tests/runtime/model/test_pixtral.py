@@ -13,7 +13,14 @@ import io
 import pytest
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
-from pixtral_testlib import IMAGE_ID, hf_generate, image, make_tiny_pixtral, pixtral_processor, tokenizer
+from pixtral_testlib import (
+    IMAGE_ID,
+    hf_generate,
+    image,
+    make_tiny_pixtral,
+    pixtral_processor,
+    tokenizer,
+)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # two checkpoints written and run by transformers; nothing timed
@@ -75,7 +82,9 @@ def test_chunked_prefill_splitting_an_image_and_a_prefix_hit_are_transformers(ti
               max_num_batched_tokens=8, max_num_seqs=4, enable_prefix_caching=True)  # fmt: skip
     calls = _count_encodes(llm)
     prompts = [p for p, _, _ in _cases()]
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == reference
+    assert [
+        o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)
+    ] == reference
     assert sum(calls) == 3  # each image once, its run read over several steps
     again = llm.generate(prompts[:1], GREEDY, use_tqdm=False)[0]  # the same image: a cache hit
     assert again.outputs[0].token_ids == reference[0] and again.num_cached_tokens >= 8
@@ -121,7 +130,9 @@ def test_the_weights_estimate_counts_what_the_tower_and_projector_hold(tiny):
     _, model, loaded, _, _ = tiny
     vision = loaded.config.vision
     unread = f"layers.{vision.layers_run}."
-    tower = sum(p.numel() for n, p in model.model.vision_tower.named_parameters() if unread not in n)
+    tower = sum(
+        p.numel() for n, p in model.model.vision_tower.named_parameters() if unread not in n
+    )
     projector = sum(p.numel() for p in model.model.multi_modal_projector.parameters())
     assert vision.num_params(64) == tower + projector
 

@@ -105,7 +105,9 @@ def test_configs_read_and_refused(tmp_path):
     assert mc.architecture == "mistral3" and mc.vision.processing.max_size == (64, 64)
     assert mc.vision.feature_layer == -1 and not mc.vision.projector_bias
     (tmp_path / "tokenizer.json").unlink()  # no [IMG_BREAK] to name: read text-only
-    assert read_model_config(str(tmp_path)).architecture == "mistral" and not mc.vision.bidirectional
+    assert (
+        read_model_config(str(tmp_path)).architecture == "mistral" and not mc.vision.bidirectional
+    )
     _write(tmp_path, "llava", vision_feature_select_strategy="default")
     with pytest.raises(ValueError, match="vision_feature_select_strategy 'default'"):
         read_model_config(str(tmp_path))
