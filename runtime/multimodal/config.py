@@ -98,6 +98,45 @@ class ImageProcessing:
 
 
 @dataclass(frozen=True)
+class PixelSteps:
+    """What Qwen2-VL's and Pixtral's processors share after their resize: the resize filter
+    (PIL's number), rescale, normalize, RGB (`image_processing.rescale_normalize`)."""
+
+    resample: int = 3  # PIL.Image.BICUBIC
+    rescale_factor: float = 1 / 255
+    mean: tuple[float, float, float] = CLIP_MEAN
+    std: tuple[float, float, float] = CLIP_STD
+    do_resize: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+    do_convert_rgb: bool = True
+
+
+def pixel_steps(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`PixelSteps`' fields from a preprocessor_config.json (their defaults where left out)."""
+    return dict(
+        resample=int(cfg.get("resample", 3)),
+        rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
+        mean=_triple(cfg.get("image_mean", CLIP_MEAN), "image_mean"),
+        std=_triple(cfg.get("image_std", CLIP_STD), "image_std"),
+        **{k: bool(cfg.get(k, True)) for k in ("do_resize", "do_rescale", "do_normalize",
+                                               "do_convert_rgb")},
+    )  # fmt: skip
+
+
+def tokenizer_vocab(model_dir: Path | None) -> dict[str, int] | None:
+    """tokenizer.json's vocabulary and added tokens beside the checkpoint (None: no file)."""
+    path = None if model_dir is None else model_dir / "tokenizer.json"
+    if path is None or not path.is_file():
+        return None
+    tok = json.loads(path.read_text())
+    vocab = tok.get("model", {}).get("vocab", {})
+    if isinstance(vocab, list):  # (Unigram's [piece, score] rows)
+        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
+    return {**vocab, **{t["content"]: t["id"] for t in tok.get("added_tokens", [])}}
+
+
+@dataclass(frozen=True)
 class VisionConfig:
     """LLaVA 1.5's image side: a CLIP vision tower, the layer its features are taken from,
     whether the class token is dropped ("default") or kept ("full"), a 2-layer MLP projector."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagoda.runtime.multimodal.config import processor_json
+from pagoda.runtime.multimodal.config import processor_json, tokenizer_vocab
 from pagoda.runtime.multimodal.pixtral_processing import PixtralImageProcessing
 
 log = logging.getLogger(__name__)
@@ -81,17 +81,10 @@ class PixtralVisionConfig:
 
 
 def token_ids(model_dir: Path | None, names: tuple[str, ...]) -> tuple[int, ...] | None:
-    """The ids of the tokens `names` in tokenizer.json beside the checkpoint (its vocabulary and
-    added tokens); None where there is none, or it lacks one of them."""
-    path = None if model_dir is None else model_dir / "tokenizer.json"
-    if path is None or not path.is_file():
-        return None
-    tok = json.loads(path.read_text())
-    vocab = tok.get("model", {}).get("vocab", {})
-    if isinstance(vocab, list):  # (Unigram's [piece, score] rows)
-        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
-    vocab = {**vocab, **{t["content"]: t["id"] for t in tok.get("added_tokens", [])}}
-    if any(n not in vocab for n in names):
+    """The ids of the tokens `names` in tokenizer.json beside the checkpoint; None where there
+    is none, or it lacks one of them."""
+    vocab = tokenizer_vocab(model_dir)
+    if vocab is None or any(n not in vocab for n in names):
         return None
     return tuple(int(vocab[n]) for n in names)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pagoda.runtime.multimodal.config import CLIP_MEAN, CLIP_STD, _triple
+from pagoda.runtime.multimodal.config import PixelSteps, pixel_steps
 from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
 from PIL import Image
 
@@ -26,20 +26,12 @@ _PROCESSORS = ("PixtralImageProcessor", "PixtralImageProcessorFast", "PixtralIma
 
 
 @dataclass(frozen=True)
-class PixtralImageProcessing:
+class PixtralImageProcessing(PixelSteps):
     """`PixtralImageProcessor`'s fields (its defaults: 1024 px longest edge, bicubic, CLIP's
     mean and std); `patch`: the multiple each side is rounded up to (set from the model)."""
 
     max_size: tuple[int, int] = (1024, 1024)  # (height, width) the image is scaled to fit
     patch: int = 16
-    resample: int = 3  # PIL.Image.BICUBIC
-    rescale_factor: float = 1 / 255
-    mean: tuple[float, float, float] = CLIP_MEAN
-    std: tuple[float, float, float] = CLIP_STD
-    do_resize: bool = True
-    do_rescale: bool = True
-    do_normalize: bool = True
-    do_convert_rgb: bool = True
 
     def __post_init__(self) -> None:
         if min(*self.max_size, self.patch) < 1:
@@ -67,16 +59,7 @@ class PixtralImageProcessing:
         else:
             raise ValueError(f"preprocessor_config.json: size {size} is not supported "
                              "({'longest_edge': N} or {'height': H, 'width': W})")  # fmt: skip
-        return cls(
-            max_size=max_size,  # type: ignore[arg-type]
-            patch=patch,
-            resample=int(cfg.get("resample", 3)),
-            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
-            mean=_triple(cfg.get("image_mean", CLIP_MEAN), "image_mean"),
-            std=_triple(cfg.get("image_std", CLIP_STD), "image_std"),
-            **{k: bool(cfg.get(k, True)) for k in ("do_resize", "do_rescale", "do_normalize",
-                                                   "do_convert_rgb")},
-        )  # fmt: skip
+        return cls(max_size=max_size, patch=patch, **pixel_steps(cfg))  # type: ignore[arg-type]
 
 
 def resized_shape(height: int, width: int, p: PixtralImageProcessing) -> tuple[int, int]:

@@ -128,6 +128,30 @@ def greedy_chat(client: Any, messages: list[dict], max_tokens: int, **fields: An
     return got, "".join(c.choices[0].delta.content or "" for c in stream if c.choices), kw
 
 
+def check_image_chat(model_dir: Path, parts: list[dict], ids: list[int], want: list[int],
+                     token_id: Any) -> None:  # fmt: skip
+    """`pagoda serve` of a tiny vision checkpoint through the `openai` SDK: a greedy chat of
+    the content `parts` (images) reads the expanded prompt `ids` and answers `want` (tokens
+    read by `token_id`), a text-only chat "w7 w8" reads its 4 ids, and `/tokenize` of `parts`
+    is a 400 (the image runs depend on each image's size)."""
+    with openai_client("--model", str(model_dir), *TINY_SERVE) as client:
+        name = client.models.list().data[0].id
+        got = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": parts}], max_tokens=len(want),
+            temperature=0, logprobs=True, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert got.usage.prompt_tokens == len(ids)
+        assert [token_id(t.token) for t in got.choices[0].logprobs.content] == want
+        text = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "w7 w8"}], max_tokens=len(want),
+            temperature=0, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert text.usage.prompt_tokens == 4
+        shown = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize",
+                           json={"messages": [{"role": "user", "content": parts}]}, timeout=30)  # fmt: skip
+        assert shown.status_code == 400, shown.text
+
+
 def chat_prompt_ids(client: Any, **body: Any) -> list[int]:
     """The prompt ids /tokenize renders for a chat `body` (its messages, chat_template_kwargs,
     tools ...): the /v1/completions oracle's prompt."""

@@ -8,10 +8,9 @@ from __future__ import annotations
 import base64
 import io
 
-import httpx
 import pytest
 from pixtral_testlib import BREAK, END, IMAGE_ID, MARKS, hf_generate, image, make_tiny_pixtral
-from server_testlib import TINY_SERVE, openai_client
+from server_testlib import check_image_chat
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 NEW = 5
@@ -33,19 +32,4 @@ def test_an_image_chat_answers_transformers_tokens(tmp_path):
     want = hf_generate(model, "mistral3", ids, [im], NEW)
     parts = [{"type": "text", "text": "w7"}, {"type": "image_url", "image_url": {"url": url}},
              {"type": "text", "text": "w8"}]  # fmt: skip
-    with openai_client("--model", str(tmp_path), *TINY_SERVE) as client:
-        name = client.models.list().data[0].id
-        got = client.chat.completions.create(
-            model=name, messages=[{"role": "user", "content": parts}], max_tokens=NEW,
-            temperature=0, logprobs=True, extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        assert got.usage.prompt_tokens == len(ids)
-        assert [_id(t.token) for t in got.choices[0].logprobs.content] == want
-        text = client.chat.completions.create(
-            model=name, messages=[{"role": "user", "content": "w7 w8"}], max_tokens=NEW,
-            temperature=0, extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        assert text.usage.prompt_tokens == 4
-        shown = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize",
-                           json={"messages": [{"role": "user", "content": parts}]}, timeout=30)  # fmt: skip
-        assert shown.status_code == 400, shown.text
+    check_image_chat(tmp_path, parts, ids, want, _id)
