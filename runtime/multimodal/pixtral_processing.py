@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.config import PixelSteps, pixel_steps
-from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
+from pagoda.runtime.multimodal.image_processing import sized_pixels
 from PIL import Image
 
 _PROCESSORS = ("PixtralImageProcessor", "PixtralImageProcessorFast", "PixtralImageProcessorPil")
@@ -74,20 +74,8 @@ def resized_shape(height: int, width: int, p: PixtralImageProcessing) -> tuple[i
 def preprocess(image: Image.Image, p: PixtralImageProcessing) -> np.ndarray:
     """One image → float32 [3, H, W] (H, W multiples of `patch`), as `PixtralImageProcessor`
     computes it; ValueError, one line, for an image that cannot be read."""
-    image = checked(image, p.do_convert_rgb)
-    if p.do_resize:
-        h, w = resized_shape(image.height, image.width, p)
-        image = image.resize((w, h), resample=p.resample)
-    pixels = np.asarray(image)
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    pixels = np.moveaxis(pixels, -1, 0)
-    if pixels.shape[0] != 3:
-        raise ValueError(f"an image must have 3 channels, got {pixels.shape[0]}")
-    if pixels.shape[1] % p.patch or pixels.shape[2] % p.patch:
-        raise ValueError(f"an image of {pixels.shape[2]}x{pixels.shape[1]} pixels is not a "
-                         f"multiple of {p.patch} (do_resize is off)")  # fmt: skip
-    return np.ascontiguousarray(rescale_normalize(pixels, p), dtype=np.float32)
+    pixels = sized_pixels(image, p, lambda h, w: resized_shape(h, w, p), p.patch)
+    return np.ascontiguousarray(pixels, dtype=np.float32)
 
 
 def run_tokens(rows: int, cols: int, image: int, brk: int, end: int) -> np.ndarray:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.config import PixelSteps, pixel_steps
-from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
+from pagoda.runtime.multimodal.image_processing import sized_pixels
 from PIL import Image
 
 _PROCESSORS = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
@@ -107,20 +107,8 @@ def preprocess(
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image → (patches float32 [h * w, 3 * T * P * P], grid (1, h, w)), as
     `Qwen2VLImageProcessor` computes them."""
-    image = checked(image, p.do_convert_rgb)
-    if p.do_resize:
-        h, w = smart_resize(image.height, image.width, p.factor, p.min_pixels, p.max_pixels)
-        image = image.resize((w, h), resample=p.resample)
-    pixels = np.asarray(image)
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    pixels = np.moveaxis(pixels, -1, 0)
-    if pixels.shape[0] != 3:
-        raise ValueError(f"an image must have 3 channels, got {pixels.shape[0]}")
-    if pixels.shape[1] % p.factor or pixels.shape[2] % p.factor:
-        raise ValueError(f"an image of {pixels.shape[2]}x{pixels.shape[1]} pixels is not a "
-                         f"multiple of {p.factor} (do_resize is off)")  # fmt: skip
-    pixels = rescale_normalize(pixels, p)
+    size = lambda h, w: smart_resize(h, w, p.factor, p.min_pixels, p.max_pixels)  # noqa: E731
+    pixels = sized_pixels(image, p, size, p.factor)
     grid = (1, pixels.shape[1] // p.patch_size, pixels.shape[2] // p.patch_size)
     return patchify(pixels, p), grid
 
