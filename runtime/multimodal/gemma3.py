@@ -70,7 +70,7 @@ def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig | N
     if window is not None and int(window) < tokens:
         raise ValueError(f"text_config.sliding_window {window} is shorter than an image's "
                          f"{tokens} tokens (mm_tokens_per_image): not supported")  # fmt: skip
-    processing = ImageProcessing(size, (size, size), resample=2, mean=(0.5,) * 3,
+    processing = ImageProcessing(shortest_edge=size, crop=(size, size), resample=2, mean=(0.5,) * 3,
                                  std=(0.5,) * 3, do_center_crop=False, exact_resize=True)  # fmt: skip
     if model_dir is not None:
         processing = read_processing(model_dir, size, processing)
