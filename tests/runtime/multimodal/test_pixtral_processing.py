@@ -116,7 +116,44 @@ def test_configs_read_and_refused(tmp_path):
         read_model_config(str(tmp_path))
     _write(tmp_path, "llava")
     assert read_model_config(str(tmp_path)).architecture == "llava"
+    (tmp_path / "tokenizer.json").unlink()  # LLaVA's text model is not served without images
+    with pytest.raises(ValueError, match=r"needs the tokenizer.json naming \[IMG_BREAK\]"):
+        read_model_config(str(tmp_path))
+    tokenizer(tmp_path)
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(
         {"image_processor_type": "PixtralImageProcessor", "do_center_crop": True}))  # fmt: skip
     with pytest.raises(ValueError, match="do_center_crop"):
         read_model_config(str(tmp_path))
+
+
+def test_mistral_small_3_1s_published_config_reads_as_transformers(tmp_path):
+    """Mistral-Small-3.1-24B-Instruct-2503's config.json and preprocessor_config.json (its
+    vision side): 28 px merged patches, 1540 px longest edge, the processor's break and end
+    tokens; the weights estimate is transformers' tower and projector (built on `meta`)."""
+    import torch
+    from transformers.models.mistral3 import modeling_mistral3
+    from transformers.models.pixtral import modeling_pixtral
+
+    vision = {"head_dim": 64, "hidden_act": "silu", "hidden_size": 1024, "image_size": 1540,
+              "intermediate_size": 4096, "model_type": "pixtral", "num_attention_heads": 16,
+              "num_channels": 3, "num_hidden_layers": 24, "patch_size": 14,
+              "rope_theta": 10000.0}  # fmt: skip
+    text = {**TEXT, "hidden_size": 5120, "head_dim": 128, "rms_norm_eps": 1e-05}
+    top = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+           "image_token_index": 10, "multimodal_projector_bias": False,
+           "projector_hidden_act": "gelu", "spatial_merge_size": 2, "vision_feature_layer": -1,
+           "vision_config": vision, "text_config": text}  # fmt: skip
+    pre = {"image_processor_type": "PixtralImageProcessorFast", "do_center_crop": None,
+           "patch_size": {"height": 14, "width": 14}, "resample": 3,
+           "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1540}}  # fmt: skip
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(pre))
+    tokenizer(tmp_path)
+    v = read_pixtral(top, tmp_path)
+    assert (v.processing.patch, v.processing.max_size, v.merge_size) == (28, (1540, 1540), 2)
+    assert (v.image_token_index, v.break_token, v.end_token, v.hidden_act) == (10, 12, 13, "silu")
+    config = transformers.Mistral3Config(**{k: top[k] for k in top if k != "architectures"})
+    with torch.device("meta"):
+        tower = modeling_pixtral.PixtralVisionModel(config.vision_config)
+        projector = modeling_mistral3.Mistral3MultiModalProjector(config)
+    count = sum(p.numel() for m in (tower, projector) for p in m.parameters())
+    assert v.num_params(5120) == count
