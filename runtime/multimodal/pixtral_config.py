@@ -95,7 +95,10 @@ def read_pixtral(top: dict[str, Any], model_dir: Path | None) -> PixtralVisionCo
     without the tokenizer.json that names `[IMG_BREAK]` and `[IMG_END]` (LLaVA's: refused)."""
     proc = {}
     if model_dir is not None and (model_dir / "processor_config.json").is_file():
-        proc = json.loads((model_dir / "processor_config.json").read_text())
+        try:
+            proc = json.loads((model_dir / "processor_config.json").read_text())
+        except ValueError as e:
+            raise ValueError(f"processor_config.json is not valid JSON ({e})") from None
     names = tuple(proc.get(k, d) for k, d in zip(("image_break_token", "image_end_token"), MARKS))
     marks = token_ids(model_dir, names)
     mistral3 = top.get("architectures", [None])[0] == "Mistral3ForConditionalGeneration"
