@@ -232,8 +232,17 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     # default; the tokenizer's `eos_token` joins them in `read_tokenizer`
     ids = (gen.get("eos_token_id"), top.get("eos_token_id"), cfg.get("eos_token_id"))
     eos = tuple(dict.fromkeys(i for v in ids for i in _as_ids(v)))
-    vision = None
-    if arch == "llava":  # the image side: the tower, projector, processor (multimodal/config.py)
+    vision, served = None, arch  # (served: the architecture of the model built)
+    pixtral = (top.get("vision_config") or {}).get("model_type") == "pixtral"
+    if pixtral and arch in ("llava", "mistral") and model_dir is not None:  # Pixtral's images
+        from pagoda.runtime.multimodal.pixtral_config import read_pixtral
+
+        vision = read_pixtral(top, model_dir)  # (Mistral 3's, LLaVA's: model/pixtral.py)
+        if vision is not None and arch == "mistral":  # Mistral 3 with its images
+            served = "mistral3"
+            if read_quantization(model_dir) is not None:
+                family_options.refuse(served, "fp8_checkpoint")
+    elif arch == "llava":  # the image side: the tower, projector, processor (multimodal/config.py)
         from pagoda.runtime.multimodal.config import read_llava
 
         vision = read_llava(top, model_dir)
@@ -275,7 +284,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
-        architecture=arch,
+        architecture=served,
         family=_family(cfg, arch, layers, scaling),
         vision=vision,
     )

@@ -156,7 +156,8 @@ TEXT_MODEL_TYPES = {
     **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
     **inkling2.TEXT_MODEL_TYPES,  # Inkling 2's (model/inkling2.py)
     "Apertus1p5ForConditionalGeneration": {"apertus1p5_text": "apertus1p5"},
-    "LlavaForConditionalGeneration": {"llama": "llava"},  # (LLaVA 1.5's; others refused)
+    # LLaVA 1.5's; LLaVA-Pixtral's Mistral (its pixtral vision_config: multimodal/pixtral_config)
+    "LlavaForConditionalGeneration": {"llama": "llava", "mistral": "llava"},
     "Idefics3ForConditionalGeneration": {"llama": "idefics3"},
     "SmolVLMForConditionalGeneration": {"llama": "idefics3"},
     "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "qwen2_vl", "qwen2_vl": "qwen2_vl"},

@@ -174,6 +174,9 @@ LLAVA_NEXT_MISTRAL = {**LLAVA_NEXT, "text_config": {**LLAMA, "architectures": No
 LLAVA_ONEVISION = {"architectures": ["LlavaOnevisionForConditionalGeneration"],
                    "model_type": "llava_onevision",
                    "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2"}}  # fmt: skip
+MISTRAL3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+            "vision_config": {"model_type": "pixtral", "hidden_size": 32, "num_attention_heads": 2},
+            "text_config": {**LLAMA, "architectures": None, "model_type": "mistral"}}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -186,12 +189,17 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
                "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
                "idefics3": IDEFICS3, "llava_next": LLAVA_NEXT,
-               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION}  # fmt: skip
+               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION,
+               "mistral3": MISTRAL3}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch
         d.mkdir()
         (d / "config.json").write_text(json.dumps(cfg))
+        if arch == "mistral3":  # (its images read: the tokenizer names [IMG_BREAK], [IMG_END])
+            from pixtral_testlib import tokenizer
+
+            tokenizer(d)
         assert read_model_config(str(d)).architecture == arch  # 16-bit: read
         (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": FP8}))
         if arch == "llama":

@@ -11,7 +11,7 @@ from pagoda.runtime.multimodal.hashing import block_extra
 
 TOKEN = 7
 VISION = VisionConfig(32, 64, 2, 4, image_size=30, patch_size=10, image_token_index=TOKEN,
-                      processing=ImageProcessing(30, (30, 30)))  # fmt: skip
+                      processing=ImageProcessing(shortest_edge=30, crop=(30, 30)))  # fmt: skip
 
 
 def _pixels(seed: int) -> np.ndarray:
