@@ -199,8 +199,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "hrm_text": Untested(fp8="its FP8 GEMM is not tested"),
         "ergo": Untested(fp8="its FP8 GEMM is not tested"),  # (its experts split by expert)
-        "zaya": Untested(
-            tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
+        "zaya": Untested(  # (its conv state split by heads, the delayed values whole)
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
         ),
         "inkling": Untested(

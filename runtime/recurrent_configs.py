@@ -131,21 +131,24 @@ class ZayaCCA:
     time0: int
     time1: int
     router_hidden: int
+    delayed: int  # the delayed values' channels (KV heads x head_dim / 2): whole on every rank
 
     def __post_init__(self) -> None:
-        for name in ("time0", "time1", "router_hidden"):
+        for name in ("time0", "time1", "router_hidden", "delayed"):
             _positive(name, getattr(self, name))
 
-    def params(self, c: ModelConfig) -> int:
-        """One layer's weights beyond Llama's attention (the values' two halves are v's
-        rows) and the experts' (`FamilyConfig.num_experts`): the convs, the key scale, the
-        two residual scalings, the router (its state's scale too: the first layer has none)
-        less the one matrix `from_shapes` counts for it."""
+    def params(self, c: ModelConfig, tp: int = 1) -> int:
+        """One layer's weights on one of `tp` ranks beyond Llama's attention (the values' two
+        halves are v's rows, whole on every rank: the rest of them added) and the experts'
+        (`FamilyConfig.num_experts`): the convs and the key scale (a rank's heads'), the two
+        residual scalings, the router (its state's scale too: the first layer has none) less
+        the one matrix `from_shapes` counts for it."""
         h, d, e, r = c.hidden_size, c.head_dim, c.family.num_experts, self.router_hidden
-        qk = (c.num_heads + c.num_kv_heads) * d
+        qk = (c.num_heads + c.num_kv_heads) * d // tp
         conv = qk * (self.time0 + 1) + qk * (d * self.time1 + 1)
         router = r * h + 3 * r + 2 * (r * r + r) + (e + 1) * r + (e + 1) - e * h
-        return conv + c.num_kv_heads + 8 * h + router
+        values = c.num_kv_heads * d * h * (tp - 1) // tp
+        return conv + c.num_kv_heads // tp + 8 * h + router + values
 
 
 @dataclass(frozen=True)
@@ -426,9 +429,13 @@ class MambaConfig:
         """The mixers' shapes on one of `tp` ranks (`model/mamba_shard.py`, which says which
         heads and groups): n_heads / tp heads, and n_groups / tp groups where tp divides them,
         else the one group a rank's heads read (replicated); a Mamba-1 mixer's (one head of
-        d_inner) d_inner / tp channels (`model/mamba1.py`), RWKV's wkv channels likewise."""
+        d_inner) d_inner / tp channels (`model/mamba1.py`), RWKV's wkv channels likewise;
+        Zaya's conv state its heads' q/k channels and the delayed values whole."""
         if tp == 1:
             return self
+        if self.zaya is not None:  # Zaya's conv state: its heads' q/k, every delayed value
+            qk = (self.head_dim - self.zaya.delayed) // tp  # (`model/zaya.py`)
+            return replace(self, head_dim=qk + self.zaya.delayed)
         if self.mixer in ("mamba1", "short_conv") and self.n_heads == 1:  # by channels
             return replace(self, head_dim=self.head_dim // tp)  # (Jamba's, LFM2's: `lfm2.py`)
         if self.mixer == "wkv":  # RWKV's: its wkv channels; every rank both token shifts whole

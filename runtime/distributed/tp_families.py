@@ -39,6 +39,7 @@ TP_PROBLEMS: dict[str, str] = {
     "diffllama": "diffllama_config",  # each half of the query and KV heads
     "jetmoe": "jetmoe_config",  # the KV heads (not replicated)
     "ergo": "ergo_config",  # its experts, split by expert
+    "zaya": "zaya_config",  # the KV heads (not replicated: a key's residual reads its group)
 }
 
 # architecture -> the module of its `rank_rows`
@@ -58,6 +59,7 @@ RANK_ROWS: dict[str, str] = {
     "bitnet": "bitnet_config",  # its sub-norms by channels, its packed matrices' row scales
     "xlstm": "xlstm_config",  # the mLSTM's projections, gates and norm by heads
     "rwkv": "rwkv_config",  # the mixes' matrices by channels, the channel-mix's receptance whole
+    "zaya": "zaya_config",  # the key scales by KV heads, the values and the router whole
 }
 
 

@@ -82,13 +82,15 @@ def _stacked_experts(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -
 
 
 def _zaya(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """Zaya: its stacked experts; its convs (tensors, in the dtype) and balancing biases
-    (float32)."""
+    """Zaya: its stacked experts; its convs (tensors, in the dtype: a rank's heads' channels)
+    and balancing biases (float32)."""
     held = _stacked_experts(name, t, mc, lay, p)
     if held != GENERIC:
         return held
-    if ".conv_qk_" in name or name.endswith("balancing_biases"):
-        return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)
+    if ".conv_qk_" in name:
+        return t.numel // lay.size * p.dtype.itemsize
+    if name.endswith("balancing_biases"):
+        return t.numel * 4
     return GENERIC
 
 

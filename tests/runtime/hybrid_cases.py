@@ -383,6 +383,7 @@ TP_CASES = {
     "lfm2-moe": CASES["lfm2-moe"],  # the experts by width, the router whole
     "lfm3": CASES["lfm3"],  # sliding and full layers, each head's output gate with its heads
     "recurrent-gemma": CASES["recurrent-gemma"],  # the RG-LRU by gate blocks, its KV head replicated
+    "zaya": CASES["zaya"],  # its conv state by heads (the delayed values whole), experts by width
 }  # fmt: skip
 
 
@@ -516,7 +517,8 @@ REFUSED = {
                "fp8 is not supported for a zamba2 model"),
     "zamba": (4, "--tensor-parallel-size 4 does not divide the Mamba heads (n_mamba_heads 2)",
               "fp8 is not supported for a zamba model"),
-    "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
+    "zaya": (4, "--tensor-parallel-size 4 does not divide zaya's KV heads (num_key_value_heads 2)",
+             "fp8 is not supported for a zaya model"),
     "recurrent-gemma": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
                         _NO_FP8.format("recurrent_gemma", "rglru")),
     "rwkv": (3, "--tensor-parallel-size 3 does not divide the model's MLP width (128)",
