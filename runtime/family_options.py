@@ -202,8 +202,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "zaya": Untested(  # (its conv state split by heads, the delayed values whole)
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
         ),
-        "inkling": Untested(
-            tensor_parallel="its short convs' states and relative logits are not split over ranks",
+        "inkling": Untested(  # (its k/v convs split by KV heads, the output convs whole)
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),

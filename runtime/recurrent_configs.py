@@ -353,6 +353,10 @@ class MambaConfig:
     # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
     # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
     extra_conv_rows: int = 0
+    # (KV heads, head size) of each kind of layer whose k and v channels lead the conv state,
+    # the widest's rows kept (Inkling's and Inkling 2's full and window layers): a rank keeps
+    # its KV heads' (`on_ranks`); the rest of the state (their sublayers' outputs) whole
+    kv_convs: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
@@ -430,12 +434,17 @@ class MambaConfig:
         heads and groups): n_heads / tp heads, and n_groups / tp groups where tp divides them,
         else the one group a rank's heads read (replicated); a Mamba-1 mixer's (one head of
         d_inner) d_inner / tp channels (`model/mamba1.py`), RWKV's wkv channels likewise;
-        Zaya's conv state its heads' q/k channels and the delayed values whole."""
+        Zaya's conv state its heads' q/k channels and the delayed values whole, Inkling's its
+        KV heads' k and v channels and the outputs' whole."""
         if tp == 1:
             return self
         if self.zaya is not None:  # Zaya's conv state: its heads' q/k, every delayed value
             qk = (self.head_dim - self.zaya.delayed) // tp  # (`model/zaya.py`)
             return replace(self, head_dim=qk + self.zaya.delayed)
+        if self.kv_convs:  # Inkling's: k and v of a rank's KV heads (split, or one replicated)
+            whole, local = (2 * max((k // n if k >= n else 1) * d for k, d in self.kv_convs)
+                            for n in (1, tp))  # fmt: skip
+            return replace(self, head_dim=self.head_dim - whole + local)
         if self.mixer in ("mamba1", "short_conv") and self.n_heads == 1:  # by channels
             return replace(self, head_dim=self.head_dim // tp)  # (Jamba's, LFM2's: `lfm2.py`)
         if self.mixer == "wkv":  # RWKV's: its wkv channels; every rank both token shifts whole

@@ -10,6 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 from pagoda.runtime.model.gemma4_config import GEMMA4_LAYERS
+from pagoda.runtime.model.inkling_config import kv_conv_share
 from pagoda.runtime.server.placement import Placement, dense_bytes, float32_router_bytes
 from pagoda.runtime.server.stored import Stored
 
@@ -128,6 +129,8 @@ def _inkling(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | 
         return dense_bytes([t], mc, lay, p)
     if name.endswith(("shared_experts.gate_proj", "shared_experts.up_proj")):
         return None
+    if name.endswith(("k_sconv.conv1d.weight", "v_sconv.conv1d.weight")):  # a rank's KV heads'
+        return int(t.numel * kv_conv_share(name, mc, lay)) * 4
     # (Inkling 2's static taps, clip scales and block-residual queries too)
     if name.endswith(("conv1d.weight", "mlp.gate.weight", "gate.global_scale",
                       "gate.e_score_correction_bias", "static_weight", "norm.scale",

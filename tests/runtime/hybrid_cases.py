@@ -384,6 +384,8 @@ TP_CASES = {
     "lfm3": CASES["lfm3"],  # sliding and full layers, each head's output gate with its heads
     "recurrent-gemma": CASES["recurrent-gemma"],  # the RG-LRU by gate blocks, its KV head replicated
     "zaya": CASES["zaya"],  # its conv state by heads (the delayed values whole), experts by width
+    "inkling": CASES["inkling"],  # heads with their relative logits, each layer's KV heads
+    # (the window layer's two a rank, the full layer's one replicated), the experts by width
 }  # fmt: skip
 
 
@@ -525,7 +527,8 @@ REFUSED = {
              _NO_FP8.format("rwkv", "wkv")),
     "xlstm": (4, "--tensor-parallel-size 4 does not divide the mLSTM heads (num_heads 2)",
               _NO_FP8.format("xlstm", "mlstm")),
-    "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
+    "inkling": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+                "fp8 is not supported for a inkling model"),
     "inkling2": (2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"),
     "inkling2-loop": (
         2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"
