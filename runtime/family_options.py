@@ -206,8 +206,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),
-        "inkling2": Untested(
-            tensor_parallel="its short convs' states, block residuals and relative logits are not split over ranks",
+        "inkling2": Untested(  # (as Inkling's; its dynamic taps by KV heads, sinks by heads)
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),

@@ -40,7 +40,7 @@ TP_PROBLEMS: dict[str, str] = {
     "jetmoe": "jetmoe_config",  # the KV heads (not replicated)
     "ergo": "ergo_config",  # its experts, split by expert
     "zaya": "zaya_config",  # the KV heads (not replicated: a key's residual reads its group)
-    "inkling": "inkling_config",  # the window layers' KV heads
+    **dict.fromkeys(("inkling", "inkling2"), "inkling_config"),  # the window layers' KV heads
 }
 
 # architecture -> the module of its `rank_rows`
@@ -62,6 +62,7 @@ RANK_ROWS: dict[str, str] = {
     "rwkv": "rwkv_config",  # the mixes' matrices by channels, the channel-mix's receptance whole
     "zaya": "zaya_config",  # the key scales by KV heads, the values and the router whole
     "inkling": "inkling_config",  # each layer's heads' q/k/v/r rows, the stacked experts
+    "inkling2": "inkling2_config",  # Inkling's, its gate, sinks, dynamic taps and o_proj
 }
 
 

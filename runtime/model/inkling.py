@@ -75,7 +75,7 @@ class ShortConvs:
         def read(name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
             t = w.source(name + ".conv1d.weight")
             t = t if rows is None else t[rows[0] : rows[1]]
-            return t.float()[:, 0, :].contiguous()  # [C, K]
+            return t[:, 0].float().clone()  # [C, K] (a copy: a slice would keep every row)
 
         self.index = index
         # k and v in one conv (depthwise: their channels side by side)

@@ -10,6 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 from pagoda.runtime.model.gemma4_config import GEMMA4_LAYERS
+from pagoda.runtime.model.inkling2_config import held_share
 from pagoda.runtime.model.inkling_config import kv_conv_share
 from pagoda.runtime.server.placement import Placement, dense_bytes, float32_router_bytes
 from pagoda.runtime.server.stored import Stored
@@ -131,6 +132,8 @@ def _inkling(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | 
         return None
     if name.endswith(("k_sconv.conv1d.weight", "v_sconv.conv1d.weight")):  # a rank's KV heads'
         return int(t.numel * kv_conv_share(name, mc, lay)) * 4
+    if mc.architecture == "inkling2" and (share := held_share(name, mc, lay)) is not None:
+        return int(t.numel * share) * 4  # (its scales by heads, k/v taps by KV heads)
     # (Inkling 2's static taps, clip scales and block-residual queries too)
     if name.endswith(("conv1d.weight", "mlp.gate.weight", "gate.global_scale",
                       "gate.e_score_correction_bias", "static_weight", "norm.scale",

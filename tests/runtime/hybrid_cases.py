@@ -386,6 +386,8 @@ TP_CASES = {
     "zaya": CASES["zaya"],  # its conv state by heads (the delayed values whole), experts by width
     "inkling": CASES["inkling"],  # heads with their relative logits, each layer's KV heads
     # (the window layer's two a rank, the full layer's one replicated), the experts by width
+    "inkling2-loop": CASES["inkling2-loop"],  # Inkling's split, its sinks, gate and dynamic
+    # taps with their heads; the block residuals and loop gates whole; the head by vocabulary
 }  # fmt: skip
 
 
@@ -529,10 +531,10 @@ REFUSED = {
               _NO_FP8.format("xlstm", "mlstm")),
     "inkling": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
                 "fp8 is not supported for a inkling model"),
-    "inkling2": (2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"),
-    "inkling2-loop": (
-        2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"
-    ),
+    "inkling2": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+                 "fp8 is not supported for a inkling2 model"),
+    "inkling2-loop": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+                      "fp8 is not supported for a inkling2 model"),
 }  # fmt: skip
 
 
