@@ -94,8 +94,8 @@ def test_triton_refused_and_auto_picks_torch_in_one_line():
 def test_state_slots_estimate_checkpoint_check_and_refusals(built):
     """Every layer keeps a KV cache (the window layer its own shape) and a conv state of its
     four convs' inputs; the weights estimate against the built model; the checkpoint check
-    names a missing conv, relative-logit, shared-expert or embedding-norm tensor; tensor
-    parallelism and FP8 refused in one line."""
+    names a missing conv, relative-logit, shared-expert or embedding-norm tensor; three ranks
+    (not dividing the heads) and FP8 refused in one line (two ranks: test_tp_hybrid.py)."""
     from model_bytes import check_estimate
 
     path, _, loaded, _ = built("inkling", reference=False)
