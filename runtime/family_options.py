@@ -113,8 +113,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "granite_swa": Untested(fp8="not tested"),
         "granitemoe_swa": Untested(fp8="not tested"),
         "kolibri1": Untested(fp8="not tested"),
-        "kolibri1_1": Untested(
-            tensor_parallel="its KV-shared layers are not tested on several ranks",
+        "kolibri1_1": Untested(  # (rank 0 selects the indexed layers' keys for every rank)
             fp8="not tested",
             kv_cache="its indexed layers' keys and values are rounded to NVFP4 in the cache",
         ),

@@ -41,6 +41,7 @@ TP_PROBLEMS: dict[str, str] = {
     "ergo": "ergo_config",  # its experts, split by expert
     "zaya": "zaya_config",  # the KV heads (not replicated: a key's residual reads its group)
     **dict.fromkeys(("inkling", "inkling2"), "inkling_config"),  # the window layers' KV heads
+    "kolibri1_1": "kolibri1_config",  # rank 0 holds every query head its key selection reads
 }
 
 # architecture -> the module of its `rank_rows`
