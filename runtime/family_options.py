@@ -163,8 +163,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
         "lara_mini": Untested(fp8=_DELTANET),
-        "qwen4_exp": Untested(
-            tensor_parallel="its hyper-connections and Per-Layer Embeddings are not split",
+        "qwen4_exp": Untested(  # (its hyper-connections, PLE and QSA indexer whole a rank)
             fp8=_DELTANET,
             fp8_checkpoint="not tested",
             kv_cache="its QSA indexer is tested with 16/32-bit caches only",

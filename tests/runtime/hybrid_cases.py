@@ -497,9 +497,7 @@ REFUSED = {
     "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("qwen3_5", "gated_deltanet")),
     "lara-mini": (4, _DELTA_TP, _NO_FP8.format("lara_mini", "gated_deltanet")),
     "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("olmo_hybrid", "gated_deltanet")),
-    "qwen4-exp": (2, "--tensor-parallel-size 2 is not supported for a qwen4_exp model (its "
-                  "hyper-connections and Per-Layer Embeddings are not split)",
-                  _NO_FP8.format("qwen4_exp", "gated_deltanet")),
+    "qwen4-exp": (4, _DELTA_TP, _NO_FP8.format("qwen4_exp", "gated_deltanet")),
     "kimi-linear": (4, _KDA_TP.format(2), _NO_FP8.format("kimi_linear", "kda")),
     "bailing-hybrid": (  # (its KDA heads are the attention's)
         3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
