@@ -74,9 +74,8 @@ _SHORT_CONV, _MAMBA1 = "short_conv layers", "mamba1 layers"  # (LFM2's, Mamba-1'
 _DELTANET = "gated_deltanet layers"  # in the FP8 GEMM; split over ranks, as Gated DeltaNet's)
 
 # BERT's, RoBERTa's (model/bert.py) and ModernBERT's (model/modernbert.py): an encoder's
-# attention runs outside the paged backend
+# attention runs outside the paged backend (split by heads as a decoder's)
 _ENCODER = Untested(
-    tensor_parallel="its bidirectional attention is not split over ranks",
     fp8="not tested",
     fp8_checkpoint="not tested",
     kv_cache="an encoder keeps no keys or values: its attention reads the step's own",
