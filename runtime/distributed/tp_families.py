@@ -67,6 +67,17 @@ RANK_ROWS: dict[str, str] = {
 }
 
 
+def stacked_expert_rows(part: str, rows: int, cols: int, size: int, prefix: str = "mlp.experts."):
+    """A rank's (rows, columns) per expert of stacked experts ``<prefix>gate_up_proj`` (rows)
+    and ``<prefix>down_proj`` (columns) split by width over `size` ranks; None for another
+    tensor (MiniMax-M3's, Zaya's, Inkling's `rank_rows`)."""
+    if part == prefix + "gate_up_proj":
+        return rows // size, cols
+    if part == prefix + "down_proj":
+        return rows, cols // size
+    return None
+
+
 def _function(table: dict[str, str], arch: str, name: str):
     module = table.get(arch)
     if module is None:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.distributed.tp_families import stacked_expert_rows
 from pagoda.runtime.recurrent_configs import InklingLayers, MambaConfig
 
 ARCHITECTURES = {"InklingForCausalLM": "inkling", "InklingForConditionalGeneration": "inkling"}
@@ -211,12 +212,11 @@ def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
 def expert_rows(part: str, rows: int, cols: int, lay) -> tuple[int, int] | None:
     """A rank's (rows, columns) per expert of Inkling's stacked routed and shared experts: gate
     and up by rows, down by columns; None for other tensors."""
-    if part in ("mlp.experts.gate_up_proj", "mlp.shared_experts.gate_proj",
-                "mlp.shared_experts.up_proj"):  # fmt: skip
+    if part in ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"):
         return rows // lay.size, cols
-    if part in ("mlp.experts.down_proj", "mlp.shared_experts.down_proj"):
+    if part == "mlp.shared_experts.down_proj":
         return rows, cols // lay.size
-    return None
+    return stacked_expert_rows(part, rows, cols, lay.size)
 
 
 def kv_conv_share(name: str, c: ModelConfig, lay) -> float:

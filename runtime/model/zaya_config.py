@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.distributed.tp_families import stacked_expert_rows
 from pagoda.runtime.recurrent_configs import MambaConfig, ZayaCCA
 
 ARCHITECTURES = {"ZayaForCausalLM": "zaya"}
@@ -146,8 +147,4 @@ def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
         return k1 - k0, cols
     if part.startswith("mlp.gate."):
         return rows, cols
-    if part == "mlp.experts.gate_up_proj":
-        return rows // lay.size, cols
-    if part == "mlp.experts.down_proj":
-        return rows, cols // lay.size
-    return None
+    return stacked_expert_rows(part, rows, cols, lay.size)
