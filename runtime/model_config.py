@@ -355,7 +355,7 @@ class ModelConfig:
             llama = self.num_layers * (attn + 2 * h + mlp) + emb + h
             return m.zamba2.params(self, tp) - llama
         if m.inkling is not None or m.inkling2 is not None:  # its layers' own beyond Llama's
-            return (m.inkling or m.inkling2).params(self)  # (one rank)
+            return (m.inkling or m.inkling2).params(self, tp)
         if m.zaya is not None:  # its layers' own (a rank's), less the first's router state
             # scale, and the embeddings' scale and bias
             return self.num_layers * m.zaya.params(self, tp) - m.zaya.router_hidden + 2 * h

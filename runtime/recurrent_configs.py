@@ -151,6 +151,11 @@ class ZayaCCA:
         return conv + c.num_kv_heads // tp + 8 * h + router + values
 
 
+def _rank_heads(n: int, tp: int) -> int:
+    """The KV heads one of `tp` ranks holds of `n`: its share, or one replicated."""
+    return n // tp if n >= tp else 1
+
+
 @dataclass(frozen=True)
 class InklingLayers:
     """Inkling's layers (`model/inkling.py`, read by `model/inkling_config.py`): window layers
@@ -187,22 +192,24 @@ class InklingLayers:
             return self.swa_kv_heads, self.swa_head_dim
         return c.num_kv_heads, c.head_dim
 
-    def params(self, c: ModelConfig) -> int:
-        """The layers' weights beyond Llama's attention and MLPs and the experts'
-        (`FamilyConfig.num_experts`, routers counted): each layer's r_proj, relative-logit
-        profiles, its convs and the MLP's scale (dense) or the shared experts, the router's
-        shared rows, scale and correction bias (sparse); the embedding norm; less Llama's
-        attention where a window layer's shape differs."""
-        h, f, k = c.hidden_size, c.family, c.family.mamba.d_conv
+    def params(self, c: ModelConfig, tp: int = 1) -> int:
+        """The layers' weights on one of `tp` ranks beyond Llama's attention and MLPs and the
+        experts' (`FamilyConfig.num_experts`, routers counted): each layer's r_proj (a rank's
+        heads'), relative-logit profiles, its convs (k and v a rank's KV heads') and the MLP's
+        scale (dense) or the shared experts (by width), the router's shared rows, scale and
+        correction bias (sparse); the embedding norm; less Llama's attention where a window
+        layer's shape differs."""
+        h, f, k, nh = c.hidden_size, c.family, c.family.mamba.d_conv, c.num_heads // tp
         out = h  # the embedding norm
         for i in range(c.num_layers):
             hkv, d = self.kv_shape(c, i)
+            hkv, kv = _rank_heads(hkv, tp), _rank_heads(c.num_kv_heads, tp)
             extent = f.sliding_window if self.sliding[i] else self.rel_extent
-            out += c.num_heads * self.d_rel * h + self.d_rel * extent + (2 * hkv * d + 2 * h) * k
-            out += h * d * (c.num_heads * 2 + hkv * 2) + 2 * d  # attention, q/k norms
-            out -= h * c.head_dim * (c.num_heads * 2 + c.num_kv_heads * 2) + 2 * c.head_dim
+            out += nh * self.d_rel * h + self.d_rel * extent + (2 * hkv * d + 2 * h) * k
+            out += h * d * (nh * 2 + hkv * 2) + 2 * d  # attention, q/k norms
+            out -= h * c.head_dim * (nh * 2 + kv * 2) + 2 * c.head_dim
             if f.has_experts(i):
-                n, s = f.moe_intermediate_size, self.shared_experts
+                n, s = f.moe_intermediate_size // tp, self.shared_experts
                 out += s * 3 * h * n + s * h + 1 + f.num_experts
             else:
                 out += 1
@@ -252,19 +259,21 @@ class Inkling2Layers:
         layer = self.cache_layers()[layer]
         return (self.swa_kv_heads if self.sliding[layer] else c.num_kv_heads), c.head_dim
 
-    def params(self, c: ModelConfig) -> int:
-        """The weights beyond Llama's attention and the experts (routers counted): the gate,
-        sink, relative-logit and clip-scale tensors, the convs (dynamic on full layers), the
-        block residuals' queries, the full layers' extra norms; the padded embedding rows."""
-        h, f, k, nh, d = c.hidden_size, c.family, c.family.mamba.d_conv, c.num_heads, c.head_dim
-        out = h + (self.padded_vocab - c.vocab_size) * h + h  # embed norm, padding, final query
+    def params(self, c: ModelConfig, tp: int = 1) -> int:
+        """The weights on one of `tp` ranks beyond Llama's attention and the experts (routers
+        counted): the gate, sink, relative-logit and clip-scale tensors (a rank's heads'), the
+        convs (dynamic on full layers; k and v a rank's KV heads'), the block residuals'
+        queries, the full layers' extra norms; the padded embedding rows (a rank's share)."""
+        h, f, k, d = c.hidden_size, c.family, c.family.mamba.d_conv, c.head_dim
+        nh, kv = c.num_heads // tp, _rank_heads(c.num_kv_heads, tp)
+        out = h + (self.padded_vocab - c.vocab_size) * h // tp + h  # embed norm, padding, query
         for i in range(c.num_layers):
-            hkv = self.kv_shape(c, i)[0]
+            hkv = _rank_heads(self.kv_shape(c, i)[0], tp)
             extent = f.sliding_window if self.sliding[i] else self.rel_extent
             out += nh * d * h + nh * (h - 1) + nh * self.d_rel * (h + 1) + self.d_rel * extent
             out += nh * d + h + f.num_experts  # gate, sinks (gpt-oss's one logit a head counted),
             # relative logits; q scale, query, correction bias
-            out += 2 * h * hkv * d - 2 * h * c.num_kv_heads * d  # (a window layer's KV heads)
+            out += 2 * h * hkv * d - 2 * h * kv * d  # (a window layer's KV heads)
             out += 2 * h * k  # the output convs
             if self.sliding[i]:
                 out += 2 * hkv * d * k + (h if i else 0)
