@@ -131,21 +131,29 @@ class ZayaCCA:
     time0: int
     time1: int
     router_hidden: int
+    delayed: int  # the delayed values' channels (KV heads x head_dim / 2): whole on every rank
 
     def __post_init__(self) -> None:
-        for name in ("time0", "time1", "router_hidden"):
+        for name in ("time0", "time1", "router_hidden", "delayed"):
             _positive(name, getattr(self, name))
 
-    def params(self, c: ModelConfig) -> int:
-        """One layer's weights beyond Llama's attention (the values' two halves are v's
-        rows) and the experts' (`FamilyConfig.num_experts`): the convs, the key scale, the
-        two residual scalings, the router (its state's scale too: the first layer has none)
-        less the one matrix `from_shapes` counts for it."""
+    def params(self, c: ModelConfig, tp: int = 1) -> int:
+        """One layer's weights on one of `tp` ranks beyond Llama's attention (the values' two
+        halves are v's rows, whole on every rank: the rest of them added) and the experts'
+        (`FamilyConfig.num_experts`): the convs and the key scale (a rank's heads'), the two
+        residual scalings, the router (its state's scale too: the first layer has none) less
+        the one matrix `from_shapes` counts for it."""
         h, d, e, r = c.hidden_size, c.head_dim, c.family.num_experts, self.router_hidden
-        qk = (c.num_heads + c.num_kv_heads) * d
+        qk = (c.num_heads + c.num_kv_heads) * d // tp
         conv = qk * (self.time0 + 1) + qk * (d * self.time1 + 1)
         router = r * h + 3 * r + 2 * (r * r + r) + (e + 1) * r + (e + 1) - e * h
-        return conv + c.num_kv_heads + 8 * h + router
+        values = c.num_kv_heads * d * h * (tp - 1) // tp
+        return conv + c.num_kv_heads // tp + 8 * h + router + values
+
+
+def _rank_heads(n: int, tp: int) -> int:
+    """The KV heads one of `tp` ranks holds of `n`: its share, or one replicated."""
+    return n // tp if n >= tp else 1
 
 
 @dataclass(frozen=True)
@@ -184,22 +192,24 @@ class InklingLayers:
             return self.swa_kv_heads, self.swa_head_dim
         return c.num_kv_heads, c.head_dim
 
-    def params(self, c: ModelConfig) -> int:
-        """The layers' weights beyond Llama's attention and MLPs and the experts'
-        (`FamilyConfig.num_experts`, routers counted): each layer's r_proj, relative-logit
-        profiles, its convs and the MLP's scale (dense) or the shared experts, the router's
-        shared rows, scale and correction bias (sparse); the embedding norm; less Llama's
-        attention where a window layer's shape differs."""
-        h, f, k = c.hidden_size, c.family, c.family.mamba.d_conv
+    def params(self, c: ModelConfig, tp: int = 1) -> int:
+        """The layers' weights on one of `tp` ranks beyond Llama's attention and MLPs and the
+        experts' (`FamilyConfig.num_experts`, routers counted): each layer's r_proj (a rank's
+        heads'), relative-logit profiles, its convs (k and v a rank's KV heads') and the MLP's
+        scale (dense) or the shared experts (by width), the router's shared rows, scale and
+        correction bias (sparse); the embedding norm; less Llama's attention where a window
+        layer's shape differs."""
+        h, f, k, nh = c.hidden_size, c.family, c.family.mamba.d_conv, c.num_heads // tp
         out = h  # the embedding norm
         for i in range(c.num_layers):
             hkv, d = self.kv_shape(c, i)
+            hkv, kv = _rank_heads(hkv, tp), _rank_heads(c.num_kv_heads, tp)
             extent = f.sliding_window if self.sliding[i] else self.rel_extent
-            out += c.num_heads * self.d_rel * h + self.d_rel * extent + (2 * hkv * d + 2 * h) * k
-            out += h * d * (c.num_heads * 2 + hkv * 2) + 2 * d  # attention, q/k norms
-            out -= h * c.head_dim * (c.num_heads * 2 + c.num_kv_heads * 2) + 2 * c.head_dim
+            out += nh * self.d_rel * h + self.d_rel * extent + (2 * hkv * d + 2 * h) * k
+            out += h * d * (nh * 2 + hkv * 2) + 2 * d  # attention, q/k norms
+            out -= h * c.head_dim * (nh * 2 + kv * 2) + 2 * c.head_dim
             if f.has_experts(i):
-                n, s = f.moe_intermediate_size, self.shared_experts
+                n, s = f.moe_intermediate_size // tp, self.shared_experts
                 out += s * 3 * h * n + s * h + 1 + f.num_experts
             else:
                 out += 1
@@ -249,19 +259,21 @@ class Inkling2Layers:
         layer = self.cache_layers()[layer]
         return (self.swa_kv_heads if self.sliding[layer] else c.num_kv_heads), c.head_dim
 
-    def params(self, c: ModelConfig) -> int:
-        """The weights beyond Llama's attention and the experts (routers counted): the gate,
-        sink, relative-logit and clip-scale tensors, the convs (dynamic on full layers), the
-        block residuals' queries, the full layers' extra norms; the padded embedding rows."""
-        h, f, k, nh, d = c.hidden_size, c.family, c.family.mamba.d_conv, c.num_heads, c.head_dim
-        out = h + (self.padded_vocab - c.vocab_size) * h + h  # embed norm, padding, final query
+    def params(self, c: ModelConfig, tp: int = 1) -> int:
+        """The weights on one of `tp` ranks beyond Llama's attention and the experts (routers
+        counted): the gate, sink, relative-logit and clip-scale tensors (a rank's heads'), the
+        convs (dynamic on full layers; k and v a rank's KV heads'), the block residuals'
+        queries, the full layers' extra norms; the padded embedding rows (a rank's share)."""
+        h, f, k, d = c.hidden_size, c.family, c.family.mamba.d_conv, c.head_dim
+        nh, kv = c.num_heads // tp, _rank_heads(c.num_kv_heads, tp)
+        out = h + (self.padded_vocab - c.vocab_size) * h // tp + h  # embed norm, padding, query
         for i in range(c.num_layers):
-            hkv = self.kv_shape(c, i)[0]
+            hkv = _rank_heads(self.kv_shape(c, i)[0], tp)
             extent = f.sliding_window if self.sliding[i] else self.rel_extent
             out += nh * d * h + nh * (h - 1) + nh * self.d_rel * (h + 1) + self.d_rel * extent
             out += nh * d + h + f.num_experts  # gate, sinks (gpt-oss's one logit a head counted),
             # relative logits; q scale, query, correction bias
-            out += 2 * h * hkv * d - 2 * h * c.num_kv_heads * d  # (a window layer's KV heads)
+            out += 2 * h * hkv * d - 2 * h * kv * d  # (a window layer's KV heads)
             out += 2 * h * k  # the output convs
             if self.sliding[i]:
                 out += 2 * hkv * d * k + (h if i else 0)
@@ -350,6 +362,10 @@ class MambaConfig:
     # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
     # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
     extra_conv_rows: int = 0
+    # (KV heads, head size) of each kind of layer whose k and v channels lead the conv state,
+    # the widest's rows kept (Inkling's and Inkling 2's full and window layers): a rank keeps
+    # its KV heads' (`on_ranks`); the rest of the state (their sublayers' outputs) whole
+    kv_convs: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
@@ -426,9 +442,18 @@ class MambaConfig:
         """The mixers' shapes on one of `tp` ranks (`model/mamba_shard.py`, which says which
         heads and groups): n_heads / tp heads, and n_groups / tp groups where tp divides them,
         else the one group a rank's heads read (replicated); a Mamba-1 mixer's (one head of
-        d_inner) d_inner / tp channels (`model/mamba1.py`), RWKV's wkv channels likewise."""
+        d_inner) d_inner / tp channels (`model/mamba1.py`), RWKV's wkv channels likewise;
+        Zaya's conv state its heads' q/k channels and the delayed values whole, Inkling's its
+        KV heads' k and v channels and the outputs' whole."""
         if tp == 1:
             return self
+        if self.zaya is not None:  # Zaya's conv state: its heads' q/k, every delayed value
+            qk = (self.head_dim - self.zaya.delayed) // tp  # (`model/zaya.py`)
+            return replace(self, head_dim=qk + self.zaya.delayed)
+        if self.kv_convs:  # Inkling's: k and v of a rank's KV heads (split, or one replicated)
+            whole, local = (2 * max((k // n if k >= n else 1) * d for k, d in self.kv_convs)
+                            for n in (1, tp))  # fmt: skip
+            return replace(self, head_dim=self.head_dim - whole + local)
         if self.mixer in ("mamba1", "short_conv") and self.n_heads == 1:  # by channels
             return replace(self, head_dim=self.head_dim // tp)  # (Jamba's, LFM2's: `lfm2.py`)
         if self.mixer == "wkv":  # RWKV's: its wkv channels; every rank both token shifts whole

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.inkling_config import expert_rows, kv_conv_share
 from pagoda.runtime.recurrent_configs import Inkling2Layers, MambaConfig
 
 ARCHITECTURES = {"Inkling2ForCausalLM": "inkling2", "Inkling2ForConditionalGeneration": "inkling2",
@@ -186,7 +187,8 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
             layers=(True,) * len(layers.cache_layers()), n_heads=1,
             head_dim=2 * width + 2 * hidden, d_state=1,
             d_conv=int(cfg["conv_kernel_size"]), conv_bias=False, mixer="short_conv",
-            parallel_attention=True, inkling2=layers),
+            parallel_attention=True, inkling2=layers,
+            kv_convs=((kv, d), (swa_kv, d)) if any(sliding) else ((kv, d),)),
         "sliding_window": int(cfg["sliding_window_size"]) if any(sliding) else None,
         "window_layers": sliding if any(sliding) else (),
         "relative_logits": True,
@@ -255,3 +257,39 @@ def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
     if end > start:
         for name in ("queries", "kv_queries"):
             out[f"model.middle_cycle_cross_pass_{name}"] = (2 * (end - start), h)
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of Inkling 2's own splits (`model/inkling2.py`): q, the output
+    gate, the sinks and the relative states by its query heads, k, v and the dynamic taps by
+    the layer's KV heads (split or replicated), o_proj.linear by input columns, the stacked
+    experts by width; None for the others (`distributed/tp_families.py`)."""
+    if c.family.mamba is None or c.family.mamba.inkling2 is None:  # (a config built by hand)
+        return None
+    a = "self_attn."
+    hkv = c.family.mamba.inkling2.kv_shape(c, layer)[0]
+    (q0, q1), (k0, k1) = lay.heads(c.num_heads), lay.kv_heads(hkv)
+    by_heads = {a + "q_proj.linear.weight": c.head_dim, a + "o_proj.gate_proj.weight": c.head_dim,
+                a + "sink_proj.weight": 1, a + "relative_position_bias.linear.weight":
+                c.family.mamba.inkling2.d_rel}  # fmt: skip
+    if part in by_heads:
+        return (q1 - q0) * by_heads[part], cols
+    if part in (a + "k_proj.linear.weight", a + "v_proj.linear.weight"):
+        return (k1 - k0) * c.head_dim, cols
+    if part.endswith("_proj.sconv.weight_proj.weight"):  # (K taps a KV head)
+        return rows // hkv * (k1 - k0), cols
+    if part == a + "o_proj.linear.weight":
+        return rows, cols // lay.size
+    return expert_rows(part, rows, cols, lay)
+
+
+def held_share(name: str, c: ModelConfig, lay) -> float | None:
+    """The part one rank holds of Inkling 2's float32 tensors split by heads (the q and
+    relative-state clip scales: its query heads'; the k/v taps: its KV heads'), or None for
+    the others."""
+    if name.endswith(("q_proj.norm.scale", "relative_position_bias.norm.scale")):
+        q0, q1 = lay.heads(c.num_heads)
+        return (q1 - q0) / c.num_heads
+    if name.endswith(("_proj.sconv.static_weight", "_proj.sconv.conv1d.weight")):
+        return kv_conv_share(name, c, lay)
+    return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from pagoda.runtime.distributed.tp_families import stacked_expert_rows
 from pagoda.runtime.model_configs import BlockIndexConfig, ExpertRouting
 
 if TYPE_CHECKING:
@@ -199,8 +200,4 @@ def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay: 
         return rows // c.num_kv_heads * (k1 - k0), cols
     if part == "self_attn.indexer.k_proj.weight":
         return rows, cols
-    if part == "mlp.experts.gate_up_proj":
-        return rows // lay.size, cols
-    if part == "mlp.experts.down_proj":
-        return rows, cols // lay.size
-    return None
+    return stacked_expert_rows(part, rows, cols, lay.size)
