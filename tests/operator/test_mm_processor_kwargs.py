@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import engine_field_testlib as lib
 import pytest
-from crd_schema import validate
 from operator_harness import load_crd
-from pagoda.operator.children.build import build_children
 from pagoda.operator.children.config_map import build_config_map, config_hash
 from pagoda.operator.children.owner import Owner
 from pagoda.operator.spec.engine import MM_PROCESSOR_KWARGS
 from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
-from pagoda.operator.spec.status import compute_status
 from pagoda.runtime.multimodal.inputs import FAMILIES
 from pagoda.runtime.option_rules import parse_processor_kwargs
 from pagoda.runtime.server.cli import build_parser, server_config
@@ -29,7 +27,7 @@ FIELD = "spec.engine.mmProcessorKwargs"
 
 
 def parse(fields: dict[str, Any]) -> InferenceServiceSpec:
-    return InferenceServiceSpec.from_dict(fields, name="qwen-vl", default_image="img:1")
+    return lib.parse(fields, "qwen-vl")
 
 
 def engine(kwargs: Any) -> dict[str, Any]:
@@ -37,14 +35,11 @@ def engine(kwargs: Any) -> dict[str, Any]:
 
 
 def crd_errors(fields: dict[str, Any]) -> list[str]:
-    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
-           "metadata": {"name": "qwen-vl"}, "spec": fields}  # fmt: skip
-    return validate(load_crd(), doc)
+    return lib.crd_errors(fields, "qwen-vl")
 
 
 def server_args(spec: InferenceServiceSpec) -> list[str]:
-    (server,) = build_children(OWNER, spec).workload["spec"]["template"]["spec"]["containers"]
-    return server["args"]
+    return lib.server_args(OWNER, spec)
 
 
 def test_the_keys_are_those_the_runtimes_processors_read() -> None:
@@ -79,16 +74,7 @@ def test_bad_kwargs_are_refused_by_the_crd_and_the_operator(
 ) -> None:
     """What the schema refuses at `kubectl apply`, the operator refuses too (an API server
     without the schema): InvalidSpec, shown as Degraded=True with the field named."""
-    errors = crd_errors(engine(kwargs))
-    assert any(crd_says in e for e in errors), errors
-    with pytest.raises(SpecError) as e:
-        parse(engine(kwargs))
-    assert e.value.reason == "InvalidSpec" and operator_says in e.value.message, e.value
-    body = {"metadata": {"name": "qwen-vl", "generation": 3}}
-    degraded = {c["type"]: c for c in compute_status(body, None, spec_error=e.value)["conditions"]}
-    assert degraded["Degraded"]["status"] == "True"
-    assert degraded["Degraded"]["reason"] == "InvalidSpec"
-    assert operator_says in degraded["Degraded"]["message"]
+    lib.check_refused(engine(kwargs), "qwen-vl", crd_says, operator_says)
 
 
 @pytest.mark.parametrize(
