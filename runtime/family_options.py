@@ -130,7 +130,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         **dict.fromkeys(
             ("qwen3_vl", "qwen3_vl_moe"),
             Untested(
-                tensor_parallel="its DeepStack features are not tested on several ranks",
                 fp8="its vision tower is not quantized",
                 fp8_checkpoint="its vision tower is not quantized",
             ),

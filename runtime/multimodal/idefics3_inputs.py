@@ -19,7 +19,12 @@ from collections.abc import Sequence
 import numpy as np
 from pagoda.runtime.multimodal.idefics3_config import Idefics3VisionConfig
 from pagoda.runtime.multimodal.idefics3_processing import preprocess
-from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
+from pagoda.runtime.multimodal.image_inputs import (
+    ImageInput,
+    MultiModalInputs,
+    RunsNeedImages,
+    pixels_hash,
+)
 
 Prepared = tuple[np.ndarray, int, int]  # (tiles [T, 3, S, S], rows, cols)
 
@@ -101,9 +106,9 @@ def build(token_ids: Sequence[int], prepared: Sequence[Prepared],
 def expand(token_ids: Sequence[int], num_images: int,
            vision: Idefics3VisionConfig) -> tuple[list[int], list[int]]:  # fmt: skip
     """Without image splitting, each image's text (the global image alone) and its run's first
-    position; ValueError with it: the grid depends on each image's size."""
+    position; RunsNeedImages with it: the grid depends on each image's size."""
     if vision.processing.splitting:
-        raise ValueError("with do_image_splitting an image's tiles depend on its size: they are "
+        raise RunsNeedImages("with do_image_splitting an image's tiles depend on its size: they are "
                          "counted where the images are read")  # fmt: skip
     return _expanded(list(token_ids), [(0, 0)] * num_images, vision)
 

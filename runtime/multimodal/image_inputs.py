@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class RunsNeedImages(ValueError):
+    """A family's `expand`: its placeholder runs depend on each image (its size), so they are
+    counted where the images are read (`/tokenize` then reads them: `server/chat_images.py`)."""
+
+
 @dataclass(frozen=True, eq=False)
 class ImageInput:
     pixel_values: np.ndarray  # float32 [3, H, W], preprocessed

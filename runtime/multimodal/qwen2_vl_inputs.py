@@ -15,6 +15,7 @@ import numpy as np
 from pagoda.runtime.multimodal.image_inputs import (
     ImageInput,
     MultiModalInputs,
+    RunsNeedImages,
     pixels_hash,
     repeat_runs,
 )
@@ -62,8 +63,8 @@ def build(token_ids: Sequence[int], prepared: Sequence[tuple[np.ndarray, tuple]]
 
 
 def expand(token_ids: Sequence[int], num_images: int, vision: QwenVisionConfig) -> tuple:
-    """ValueError: a run's length is its image's grid, known only where the image is read."""
-    raise ValueError("Qwen2-VL's and Qwen3-VL's placeholder runs depend on each image's size: "
+    """RunsNeedImages: a run's length is its image's grid, known only where the image is read."""
+    raise RunsNeedImages("Qwen2-VL's and Qwen3-VL's placeholder runs depend on each image's size: "
                      "they are counted where the images are read")  # fmt: skip
 
 

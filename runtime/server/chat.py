@@ -117,10 +117,12 @@ class ChatEndpoint(Endpoint):
                setup: tools.ToolSetup | None) -> tuple[list[dict[str, Any]], str, list[int]]:  # fmt: skip
         """(the messages as the template gets them, the rendered text, its token ids): what the
         engine is fed (`/tokenize` with `messages` answers this too: images' placeholders
-        expanded, no image read)."""
+        expanded, as its `mm_processor_kwargs` over the server's set them; the images read only
+        where their runs depend on them: `chat_images.placeholders`)."""
+        vision = chat_images.request_vision(info.vision, req.mm_processor_kwargs)
         raw, text, ids, _, images = self._prompt(req, info, setup, tail=False)
         if images:
-            ids = chat_images.placeholders(ids, len(images), info.vision)
+            ids = chat_images.placeholders(ids, images, vision)
         return raw, text, ids
 
     def _prompt(self, req: ChatCompletionRequest, info: EngineInfo, setup: tools.ToolSetup | None,

@@ -10,6 +10,7 @@ from typing import Any
 
 from pagoda.runtime.multimodal import inputs, processor_kwargs
 from pagoda.runtime.multimodal.chat_images import ImageError, load
+from pagoda.runtime.multimodal.image_inputs import RunsNeedImages
 from pagoda.runtime.server.protocol import APIError
 
 
@@ -43,10 +44,15 @@ def prompt_images(ids: list[int], parts: list[tuple[str, str]],
         raise _misrendered(e) from None
 
 
-def placeholders(ids: list[int], num_images: int, vision: Any) -> list[int]:
-    """The prompt's ids with `num_images` images' placeholders, no image read (`/tokenize`)."""
+def placeholders(ids: list[int], parts: list[tuple[str, str]], vision: Any) -> list[int]:
+    """The prompt's ids with its images' placeholders (`/tokenize`): no image read where the
+    family's runs are fixed; where they depend on each image (Qwen2-VL's, Qwen3-VL's,
+    LLaVA-NeXT's, Idefics3's tiles: `RunsNeedImages`) the images of `parts` are read and
+    preprocessed as chat's, so the ids are those chat feeds the engine."""
     try:
-        return inputs.expand(ids, num_images, vision)[0]
+        return inputs.expand(ids, len(parts), vision)[0]
+    except RunsNeedImages:
+        return prompt_images(ids, parts, vision)[0]
     except ValueError as e:
         raise _misrendered(e) from None
 

@@ -21,7 +21,8 @@ crosses in three broadcasts:
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it; in a step that reaches
    a vision model's image placeholders, their rows (with the host arrays) and the features
-   rank 0's tower encoded for them (device group: the other ranks hold no tower); in a step
+   rank 0's tower encoded for them (device group: the other ranks hold no tower; rows of the
+   model's `image_feature_width`: Qwen3-VL's hold its DeepStack features too); in a step
    holding Qwen2-VL's prompt image rows, their [3, T] M-RoPE positions (with the host arrays:
    `worker/mrope_rows.py`, `StepInputs.mrope`).
 """
@@ -56,8 +57,9 @@ class StepChannel:
 
     @classmethod
     def of(cls, runner) -> StepChannel:
-        """The channel of a `ModelRunner`'s group, for its model's image features."""
-        return cls(runner.tp, runner.model_config.hidden_size, runner.dtype,
+        """The channel of a `ModelRunner`'s group, for its model's image features (Qwen3-VL's
+        rows hold its DeepStack features beside the merged ones: `image_feature_width`)."""
+        return cls(runner.tp, runner.model.image_feature_width, runner.dtype,
                    runner.model.token_history)  # fmt: skip
 
     def send(self, inp: StepInputs, ids: torch.Tensor) -> None:
