@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.conv_attention_configs import Inkling2Layers
 from pagoda.runtime.model.inkling_config import expert_rows, kv_conv_share
-from pagoda.runtime.recurrent_configs import Inkling2Layers, MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"Inkling2ForCausalLM": "inkling2", "Inkling2ForConditionalGeneration": "inkling2",
                  # Inkling2Loop: Inkling 2's layers, a span of them looped (`loop_fields`)

@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.conv_attention_configs import InklingLayers
 from pagoda.runtime.distributed.tp_families import stacked_expert_rows
-from pagoda.runtime.recurrent_configs import InklingLayers, MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"InklingForCausalLM": "inkling", "InklingForConditionalGeneration": "inkling"}
 # the multimodal wrapper's text model (`hf_tables.TEXT_MODEL_TYPES`); its tie default: false

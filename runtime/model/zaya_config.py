@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.conv_attention_configs import ZayaCCA
 from pagoda.runtime.distributed.tp_families import stacked_expert_rows
-from pagoda.runtime.recurrent_configs import MambaConfig, ZayaCCA
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"ZayaForCausalLM": "zaya"}
 # transformers' ZayaConfig defaults, where config.json leaves one out
