@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.conv_attention_configs import Inkling2Layers
 from pagoda.runtime.model.inkling_config import expert_rows, kv_conv_share
-from pagoda.runtime.recurrent_configs import Inkling2Layers, MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"Inkling2ForCausalLM": "inkling2", "Inkling2ForConditionalGeneration": "inkling2",
                  # Inkling2Loop: Inkling 2's layers, a span of them looped (`loop_fields`)
@@ -202,7 +203,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s tensors, all of them (`checkpoint_check._hybrid_layer`)."""
+    """Layer `i`'s tensors, all of them (`checkpoint_shapes._hybrid_layer`)."""
     ink, f, h = c.family.mamba.inkling2, c.family, c.hidden_size
     hkv, d, k = ink.kv_shape(c, i)[0], c.head_dim, c.family.mamba.d_conv
     q, kv, nh = c.num_heads * d, hkv * d, c.num_heads
@@ -246,7 +247,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
-    """In `checkpoint_check.expected_shapes`' tensors: the embeddings' norm, the final block
+    """In `checkpoint_shapes.expected_shapes`' tensors: the embeddings' norm, the final block
     residual's query, the embedding (and head) stored padded (their rows cut at load), the
     loop's message queries (`MESSAGE_QUERIES`)."""
     h, ink = c.hidden_size, c.family.mamba.inkling2

@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.conv_attention_configs import InklingLayers
 from pagoda.runtime.distributed.tp_families import stacked_expert_rows
-from pagoda.runtime.recurrent_configs import InklingLayers, MambaConfig
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"InklingForCausalLM": "inkling", "InklingForConditionalGeneration": "inkling"}
 # the multimodal wrapper's text model (`hf_tables.TEXT_MODEL_TYPES`); its tie default: false
@@ -140,7 +141,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s tensors, all of them (`checkpoint_check._hybrid_layer`)."""
+    """Layer `i`'s tensors, all of them (`checkpoint_shapes._hybrid_layer`)."""
     ink, f, h = c.family.mamba.inkling, c.family, c.hidden_size
     hkv, d = ink.kv_shape(c, i)
     q, kv, k = c.num_heads * d, hkv * d, c.family.mamba.d_conv
@@ -174,7 +175,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
-    """The embeddings' norm in `checkpoint_check.expected_shapes`' tensors."""
+    """The embeddings' norm in `checkpoint_shapes.expected_shapes`' tensors."""
     out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
 
 

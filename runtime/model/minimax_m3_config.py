@@ -137,7 +137,7 @@ def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its fused and stacked MLPs and sparse layers' indexers (`expected_shapes`) in
-    `checkpoint_check.expected_shapes`' tensors."""
+    `checkpoint_shapes.expected_shapes`' tensors."""
     for i in range(c.num_layers):
         out.update(expected_shapes(c, i))
 

@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.conv_attention_configs import ZayaCCA
 from pagoda.runtime.distributed.tp_families import stacked_expert_rows
-from pagoda.runtime.recurrent_configs import MambaConfig, ZayaCCA
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"ZayaForCausalLM": "zaya"}
 # transformers' ZayaConfig defaults, where config.json leaves one out
@@ -85,7 +86,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s tensors, all of them (`checkpoint_check._hybrid_layer`)."""
+    """Layer `i`'s tensors, all of them (`checkpoint_shapes._hybrid_layer`)."""
     z, h, d = c.family.mamba.zaya, c.hidden_size, c.head_dim
     q, kv, e, r = c.num_heads * d, c.num_kv_heads * d, c.family.num_experts, z.router_hidden
     p = f"model.layers.{i}."
@@ -118,7 +119,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
-    """The embeddings' scale and bias and the head's bias in `checkpoint_check.expected_shapes`'
+    """The embeddings' scale and bias and the head's bias in `checkpoint_shapes.expected_shapes`'
     tensors."""
     for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
         out[name] = (c.hidden_size,)
