@@ -32,6 +32,13 @@ from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.request_body import validation_error
 from pydantic import ValidationError
 
+
+def _word(name: str) -> str:
+    """A pattern matching `name` as a whole word (where it starts or ends with one)."""
+    head = r"\b" if name[0].isalnum() else ""
+    return head + re.escape(name) + (r"\b" if name[-1].isalnum() else "")
+
+
 # chat's field names → the Messages API's (in messages)
 FIELD_NAMES = {
     "tool_choice.function.name": "tool_choice.name",
@@ -42,8 +49,7 @@ FIELD_NAMES = {
     "tool call": "tool_use",
 }
 _CHAT_NAMES = re.compile(r"messages\[(\d+)\]|tools\[(\d+)\]\.function|"
-                         + "|".join(rf"\b{re.escape(a)}\b" if a[0].isalpha() else re.escape(a)
-                                    for a in FIELD_NAMES))  # fmt: skip
+                         + "|".join(_word(a) for a in FIELD_NAMES))  # fmt: skip
 # the engine's field names (`SamplingParams`' ParamErrors) as this API's
 RENAMES = {"prompt": "messages", "stop": "stop_sequences", "user": "metadata.user_id"}
 THINKING_SWITCH = "enable_thinking"  # the chat template variable (Qwen3's and others')
