@@ -206,7 +206,7 @@ def test_errors_on_the_messages_paths_are_anthropics():
     assert error_shape("/v1/messagesx", e) == e.body()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
                     lambda kids: st.lists(kids, max_size=3) |
                     st.dictionaries(st.sampled_from(["type", "role", "content", "text", "id",
