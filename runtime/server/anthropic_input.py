@@ -8,8 +8,10 @@ JSON text) and its `thinking` blocks its `reasoning_content`. A last assistant m
 continued (Anthropic's prefill: chat's `continue_final_message`). Tools become chat's function
 tools (`input_schema` as `parameters`), `tool_choice` chat's (`any` is `required`, `tool` a named
 function, `disable_parallel_tool_use` is `parallel_tool_calls: false`), `stop_sequences` chat's
-`stop`, `metadata.user_id` its `user`. `thinking` switches a reasoning model's thinking through
-its chat template's `enable_thinking` where the template reads it (`chat_thinking`).
+`stop`, `metadata.user_id` its `user`, `output_config.format` its `response_format` (a
+json_schema) and `output_config.effort` its `reasoning_effort`. `thinking` switches a reasoning
+model's thinking through its chat template's `enable_thinking` where the template reads it
+(`chat_thinking`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ def _word(name: str) -> str:
 # chat's field names → the Messages API's (in messages)
 FIELD_NAMES = {
     "tool_choice.function.name": "tool_choice.name",
+    "response_format.json_schema.schema": "output_config.format.schema",
+    "response_format.json_schema": "output_config.format",
+    "response_format": "output_config.format",
+    "reasoning_effort": "output_config.effort",
     ".parameters": ".input_schema",
     "tool_call_id": "tool_use_id",
     "'image_url'": "'image'",
@@ -51,7 +57,9 @@ FIELD_NAMES = {
 _CHAT_NAMES = re.compile(r"messages\[(\d+)\]|tools\[(\d+)\]\.function|"
                          + "|".join(_word(a) for a in FIELD_NAMES))  # fmt: skip
 # the engine's field names (`SamplingParams`' ParamErrors) as this API's
-RENAMES = {"prompt": "messages", "stop": "stop_sequences", "user": "metadata.user_id"}
+RENAMES = {"prompt": "messages", "stop": "stop_sequences", "user": "metadata.user_id",
+           "response_format": "output_config.format",
+           "response_format.json_schema.schema": "output_config.format.schema"}  # fmt: skip
 THINKING_SWITCH = "enable_thinking"  # the chat template variable (Qwen3's and others')
 
 
@@ -84,6 +92,12 @@ def chat_request(req: CountTokensRequest, variables: frozenset[str], reasoning: 
         )
         if choice.disable_parallel_tool_use is not None and req.tools:
             body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    out = req.output_config
+    if out is not None and out.format is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "output", "schema": out.format.schema_, "strict": True}}  # fmt: skip
+    if out is not None:
+        body["reasoning_effort"] = out.effort
     switch = chat_thinking(req, variables, reasoning)
     if switch is not None:
         body["chat_template_kwargs"] = {THINKING_SWITCH: switch}

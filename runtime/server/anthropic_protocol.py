@@ -3,9 +3,9 @@ schema, and what is refused.
 
 Types are checked strictly, as chat's are (`protocol.py`). A field this server does not honour
 is a 400 naming it (unknown fields, Anthropic's server-side features: `container`,
-`mcp_servers`, `output_config`, ...), never silently ignored; so are content blocks other than
-text, images (a base64 or URL source), tool use and its results, and thinking sent back, and
-tools other than custom ones (Anthropic's server tools: web search, code execution, ...).
+`mcp_servers`, `context_management`, ...), never silently ignored; so are content blocks other
+than text, images (a base64 or URL source), tool use and its results, and thinking sent back,
+and tools other than custom ones (Anthropic's server tools: web search, code execution, ...).
 `cache_control` is accepted wherever Anthropic takes it (`ephemeral`): it asks for what the
 prefix cache does for every prompt.
 
@@ -35,10 +35,14 @@ def error_body(e: APIError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": e.message}}
 
 
+def messages_path(path: str) -> bool:
+    """Whether `path` is one of the Messages API's (`/v1/messages` and the paths under it)."""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
 def error_shape(path: str, e: APIError) -> dict[str, Any]:
-    """The error body a route answers: Anthropic's under `MESSAGES_PATH`, else OpenAI's."""
-    return error_body(e) if path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/") \
-        else e.body()  # fmt: skip
+    """The error body a route answers: Anthropic's on the Messages API's paths, else OpenAI's."""
+    return error_body(e) if messages_path(path) else e.body()
 
 
 class CacheControl(_Strict):
@@ -185,6 +189,20 @@ class Metadata(_Strict):
     user_id: str | None = None
 
 
+class OutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Strict):
+    """`format`: the reply is JSON the schema holds (chat's `response_format` json_schema, the
+    structured-outputs engine); `effort`: the chat template's `reasoning_effort` (chat's rule:
+    low, medium or high, a 400 for a template that does not read it)."""
+
+    format: OutputFormat | None = None
+    effort: str | None = None
+
+
 class CountTokensRequest(_Strict):
     """`/v1/messages/count_tokens`: what the prompt is made of."""
 
@@ -199,6 +217,7 @@ class CountTokensRequest(_Strict):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     cache_control: CacheControl | None = None
+    output_config: OutputConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
 from pagoda.runtime.server.anthropic_messages import MessagesEndpoint, add_count_tokens_route
-from pagoda.runtime.server.anthropic_protocol import MESSAGES_PATH, error_shape
+from pagoda.runtime.server.anthropic_protocol import MESSAGES_PATH, error_shape, messages_path
 from pagoda.runtime.server.chat import ChatEndpoint
 from pagoda.runtime.server.classify import ClassifyRoute
 from pagoda.runtime.server.completions import CompletionEndpoint
@@ -199,7 +199,7 @@ def authorizer(cfg: ServerConfig) -> Callable[[Request], None]:
             return
         scheme, _, token = raw.headers.get("authorization", "").partition(" ")
         given = raw.headers.get("x-api-key")
-        if given is not None and raw.url.path.startswith(MESSAGES_PATH):
+        if given is not None and messages_path(raw.url.path):
             scheme, token = "bearer", given
         bearer = scheme.lower() == "bearer" and bool(token.strip())  # a token was given
         if not bearer or not secrets.compare_digest(token.strip().encode(), cfg.api_key.encode()):

@@ -148,6 +148,19 @@ def test_a_tool_call_round_trip(claude, client):
                                for t in want.tool_calls or ()])  # fmt: skip
 
 
+def test_output_config_format_holds_the_reply_to_a_schema(claude, client):
+    ask = [{"role": "user", "content": ASK}]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}  # fmt: skip
+    m = create(claude, ask, max_tokens=20,
+               output_config={"format": {"type": "json_schema", "schema": schema}})  # fmt: skip
+    spec = {"name": "output", "schema": schema, "strict": True}
+    c = chat(client, ask, max_tokens=20,
+             response_format={"type": "json_schema", "json_schema": spec})  # fmt: skip
+    assert text_of(m) == c.choices[0].message.content
+    assert m.stop_reason == "end_turn" and set(json.loads(text_of(m))) == {"city"}
+
+
 def test_count_tokens_is_the_prompt_a_message_runs(claude):
     ask = [{"role": "user", "content": ASK}]
     counted = claude.messages.count_tokens(model=MODEL, messages=ask, system=SYSTEM, tools=[TOOL])
@@ -162,6 +175,7 @@ def user(*blocks):
 REFUSED = [
     ({"max_tokens": None}, "max_tokens"),
     ({"container": "c"}, "container"),
+    ({"output_config": {"effort": "low"}}, "output_config.effort"),  # no such template variable
     ({"temperature": 1.5}, "temperature"),
     ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
