@@ -11,6 +11,7 @@ import json
 import anthropic
 import httpx
 import pytest
+from pydantic import BaseModel
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m"
@@ -159,6 +160,14 @@ def test_output_config_format_holds_the_reply_to_a_schema(claude, client):
              response_format={"type": "json_schema", "json_schema": spec})  # fmt: skip
     assert text_of(m) == c.choices[0].message.content
     assert m.stop_reason == "end_turn" and set(json.loads(text_of(m))) == {"city"}
+    parsed = claude.messages.parse(
+        model=MODEL, max_tokens=20, messages=ask, output_format=City, extra_body={"temperature": 0}
+    )  # the SDK's own schema
+    assert isinstance(parsed.parsed_output, City) and parsed.stop_reason == "end_turn"
+
+
+class City(BaseModel):
+    city: str
 
 
 def test_count_tokens_is_the_prompt_a_message_runs(claude):

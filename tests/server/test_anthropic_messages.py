@@ -74,6 +74,20 @@ def test_blocks_become_chat_messages():
     assert not chat.continue_final_message
 
 
+def test_output_config_is_chats_response_format_and_effort():
+    schema = {"type": "object"}
+    req = parse(output_config={"format": {"type": "json_schema", "schema": schema},
+                               "effort": "low"})  # fmt: skip
+    chat, _ = chat_request(req, frozenset(), False)
+    spec = chat.response_format.json_schema
+    assert (chat.response_format.type, spec.schema_, spec.strict) == ("json_schema", schema, True)
+    assert chat.reasoning_effort == "low"
+    req = parse(output_config={"effort": "max"})
+    with pytest.raises(APIError) as e:
+        chat_request(req, frozenset(), False)
+    assert e.value.param == "output_config.effort"
+
+
 def test_a_last_assistant_message_is_continued():
     req = parse(messages=[{"role": "user", "content": "Hi"},
                           {"role": "assistant", "content": "Hello"}])  # fmt: skip
