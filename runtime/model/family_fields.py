@@ -347,6 +347,7 @@ FIELDS: dict[str, Fields] = {
     **modernbert_config.FIELDS,  # ModernBERT's: local and global layers (model/modernbert.py)
     "qwen3": _qwen3,
     "qwen3_vl": _qwen3,
+    "internvl_qwen3": _qwen3,  # (InternVL 3.5's text model)
     "gemma3": _gemma3,
     **dict.fromkeys(
         gemma4.ARCHS,

@@ -113,6 +113,9 @@ HF_ARCHITECTURES = {
     # newline, beside a Llama, Mistral or Qwen2 text model (model/llava_next.py)
     "LlavaNextForConditionalGeneration": "llava_next",
     "LlavaOnevisionForConditionalGeneration": "llava_onevision",
+    # InternVL 3 / 3.5 (transformers' format): InternViT tiles, a pixel shuffle, an MLP
+    # projector, a Qwen2 or Qwen3 text model (model/internvl.py)
+    "InternVLForConditionalGeneration": "internvl",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -162,6 +165,7 @@ TEXT_MODEL_TYPES = {
     "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "qwen2_vl", "qwen2_vl": "qwen2_vl"},
     "LlavaNextForConditionalGeneration": {"llama": "llava_next", "mistral": "llava_next_mistral"},
     "LlavaOnevisionForConditionalGeneration": {"qwen2": "llava_onevision"},
+    "InternVLForConditionalGeneration": {"qwen2": "internvl", "qwen3": "internvl_qwen3"},
     "Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "qwen2_5_vl",
                                            "qwen2_5_vl": "qwen2_5_vl"},
     "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": "qwen3_vl", "qwen3_vl": "qwen3_vl"},
@@ -390,6 +394,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                 "rms_norm_eps": 1e-5},
     "qwen2": {"max_position_embeddings": 32_768},
     "qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},
+    "internvl": {"max_position_embeddings": 32_768},  # (InternVL's text models: Qwen2's and
+    "internvl_qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},  # Qwen3's)
     "qwen3_vl": {"max_position_embeddings": 128_000, "head_dim": 128,  # (Qwen3VLTextConfig's)
                  "rope_theta": 500_000.0},
     "qwen3_vl_moe": {"max_position_embeddings": 128_000, "num_local_experts": 60,  # (its text

@@ -92,6 +92,9 @@ MODEL_CLASSES = {
     "llava_next": ("llava_next", "LlavaNextModel"),
     "llava_next_mistral": ("llava_next", "LlavaNextModel"),
     "llava_onevision": ("llava_next", "LlavaNextModel"),
+    # InternVL 3 / 3.5: InternViT tiles, pixel shuffle, MLP projector; Qwen2's or Qwen3's text
+    "internvl": ("internvl", "InternVLModel"),
+    "internvl_qwen3": ("internvl", "InternVLQwen3Model"),
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved

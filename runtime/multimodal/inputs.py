@@ -20,6 +20,7 @@ from pagoda.runtime.multimodal import (
     fixed_inputs,
     idefics3_inputs,
     llava_next_inputs,
+    internvl_inputs,
     qwen2_vl_inputs,
 )
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
@@ -37,6 +38,7 @@ FAMILIES: Mapping[str, ModuleType] = MappingProxyType(
         "idefics3": idefics3_inputs,  # Idefics3 / SmolVLM: tiles and a global image, each a run
         "llava_next": llava_next_inputs,  # LLaVA-NeXT: anyres crops, a run per image's size
         "llava_onevision": llava_next_inputs,  # LLaVA-OneVision: the same, its grid capped
+        "internvl": internvl_inputs,  # InternVL 3 / 3.5: tiles and a thumbnail, one run
     }
 )
 
