@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.internvl_vision import InternVisionTower
 from pagoda.runtime.model.llama import LayerContext, LlamaModel
 from pagoda.runtime.model.llava import _strip
 from pagoda.runtime.model.qwen3 import Qwen3Model
-from pagoda.runtime.model.internvl_vision import InternVisionTower
 
 # stored prefix -> this module's (transformers 5's names, and 4's without `model.`)
 _TOWER = ("model.vision_tower.", "vision_tower.")

@@ -19,8 +19,8 @@ from types import MappingProxyType, ModuleType
 from pagoda.runtime.multimodal import (
     fixed_inputs,
     idefics3_inputs,
-    llava_next_inputs,
     internvl_inputs,
+    llava_next_inputs,
     qwen2_vl_inputs,
 )
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 from pagoda.runtime.multimodal.config import _triple
 from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
-from PIL import Image
 
 PROCESSORS = tuple(f"GotOcr2ImageProcessor{b}" for b in ("", "Fast", "Pil"))
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
