@@ -29,7 +29,9 @@ transformers = pytest.importorskip("transformers")
 NEW = 6
 GREEDY = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
 ONE = "<|im_start|>user\n<IMG_CONTEXT>\nWhat is it?<|im_end|>\n<|im_start|>assistant\n"
-TWO = "<|im_start|>user\n<IMG_CONTEXT>\nand<IMG_CONTEXT>\ndiffer?<|im_end|>\n<|im_start|>assistant\n"
+TWO = (
+    "<|im_start|>user\n<IMG_CONTEXT>\nand<IMG_CONTEXT>\ndiffer?<|im_end|>\n<|im_start|>assistant\n"
+)
 TEXT = "<|im_start|>user\nno image here<|im_end|>\n<|im_start|>assistant\n"
 
 
