@@ -82,14 +82,8 @@ def sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         return _smollm3_window(cfg)
     if arch == "qwen2moe":  # as the other Qwens: a window only with use_sliding_window
         return int(window) if window and cfg.get("use_sliding_window", False) else None
-    qwens = (
-        "qwen2",
-        "qwen3",
-        "qwen3moe",
-        "llava_onevision",  # (OneVision's text model: Qwen2)
-        "internvl",
-        "internvl_qwen3",
-    )  # (InternVL's: Qwen2's, Qwen3's)
+    # (OneVision's text model: Qwen2's; InternVL's: Qwen2's, Qwen3's)
+    qwens = ("qwen2", "qwen3", "qwen3moe", "llava_onevision", "internvl", "internvl_qwen3")
     if arch in qwens and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
