@@ -174,6 +174,10 @@ LLAVA_NEXT_MISTRAL = {**LLAVA_NEXT, "text_config": {**LLAMA, "architectures": No
 LLAVA_ONEVISION = {"architectures": ["LlavaOnevisionForConditionalGeneration"],
                    "model_type": "llava_onevision",
                    "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2"}}  # fmt: skip
+INTERNVL = {"architectures": ["InternVLForConditionalGeneration"], "model_type": "internvl",
+            "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2"}}  # fmt: skip
+INTERNVL_QWEN3 = {**INTERNVL, "text_config": {**LLAMA, "architectures": None,
+                                              "model_type": "qwen3"}}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -186,7 +190,8 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
                "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
                "idefics3": IDEFICS3, "llava_next": LLAVA_NEXT,
-               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION}  # fmt: skip
+               "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION,
+               "internvl": INTERNVL, "internvl_qwen3": INTERNVL_QWEN3}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch
