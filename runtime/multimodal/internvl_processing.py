@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.config import _triple
-from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
+from pagoda.runtime.multimodal.image_processing import checked, stacked_tiles
 
 PROCESSORS = tuple(f"GotOcr2ImageProcessor{b}" for b in ("", "Fast", "Pil"))
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -130,10 +130,4 @@ def preprocess(image: object, p: TileProcessing) -> np.ndarray:
                   for r in range(rows) for c in range(cols)]  # fmt: skip
     if len(frames) != 1:
         frames.append(np.asarray(im.resize((s, s), resample=p.resample)))
-    pixels = np.stack([f if f.ndim == 3 else f[:, :, None] for f in frames])
-    pixels = np.moveaxis(pixels, -1, 1)  # [T, C, S, S]
-    if pixels.shape[1] != 3:
-        raise ValueError(
-            f"an image must have 3 channels after preprocessing, got {pixels.shape[1]}"
-        )
-    return np.ascontiguousarray(rescale_normalize(pixels, p), dtype=np.float32)
+    return stacked_tiles(frames, p)

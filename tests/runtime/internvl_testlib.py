@@ -14,9 +14,17 @@ import re
 
 import torch
 from hf_oracle import TINY, randomize
-from idefics3_testlib import byte_chars, hf_generate, image, png_bytes
+from idefics3_testlib import (
+    byte_tokenizer,
+    count_encodes,
+    hf_generate,
+    image,
+    image_part,
+    image_prompt,
+    logprob_ids,
+)
 
-__all__ = ["hf_generate", "image", "png_bytes"]
+__all__ = ["count_encodes", "hf_generate", "image", "image_part", "image_prompt", "logprob_ids"]
 
 TILE, MAX_PATCHES = 32, 4
 TOKENS_PER_TILE = 16
@@ -41,20 +49,7 @@ TOWERS = {
 
 
 def _tokenizer():
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {ch: i for i, ch in enumerate(byte_chars())} | {"ĊĊ": 256}
-    tok = Tokenizer(models.BPE(vocab, [("Ċ", "Ċ")]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL)
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        chat_template=TEMPLATE,
-        extra_special_tokens=EXTRA,
-    )
+    return byte_tokenizer(SPECIAL, "<|im_end|>", TEMPLATE, extra_special_tokens=EXTRA)
 
 
 def image_processor(**kw):

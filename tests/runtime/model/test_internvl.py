@@ -8,18 +8,18 @@ prefix cache, with other min/max_patches, and without tiling (one tile an image)
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 import torch
 from internvl_testlib import (
     CONTEXT,
     TOKENS_PER_TILE,
+    count_encodes,
     hf_generate,
     hf_inputs,
     image,
+    image_part,
+    image_prompt,
     make_tiny,
-    png_bytes,
 )
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
@@ -49,23 +49,11 @@ def _cases():
     return [(ONE, ims[:1]), (TWO, ims[1:]), (TEXT, [])]
 
 
-def _prompt(text: str, ims: list) -> dict:
-    return {"prompt": text, "multi_modal_data": {"image": ims}} if ims else {"prompt": text}
-
-
 @pytest.fixture(scope="module")
 def reference(tiny):
     _, model, processor, _ = tiny
     cases = [hf_inputs(processor, text, ims) for text, ims in _cases()]
     return [c["input_ids"][0].tolist() for c in cases], [hf_generate(model, c, NEW) for c in cases]
-
-
-def _count_encodes(llm: LLM) -> list[int]:
-    """The tiles each `encode_images` call of `llm`'s model encodes, appended as it runs."""
-    model, calls = llm.engine.runner.model, []
-    encode = model.encode_images
-    model.encode_images = lambda px: calls.append(px.shape[0]) or encode(px)
-    return calls
 
 
 def _run(llm: LLM, prompts) -> list:
@@ -74,8 +62,8 @@ def _run(llm: LLM, prompts) -> list:
 
 def test_one_and_two_images_batched_with_text_are_transformers(tiny, reference):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20)
-    calls = _count_encodes(llm)
-    out = _run(llm, [_prompt(t, ims) for t, ims in _cases()])
+    calls = count_encodes(llm)
+    out = _run(llm, [image_prompt(t, ims) for t, ims in _cases()])
     ids, tokens = reference
     assert [o.prompt_token_ids for o in out] == ids  # the processor's input_ids
     assert [o.outputs[0].token_ids for o in out] == tokens
@@ -100,8 +88,8 @@ def test_chunked_prefill_splits_tiles_across_steps(tiny, reference):
     tile encoded once, its rows read in pieces)."""
     llm = LLM(loaded=tiny[3], dtype="float32", max_num_batched_tokens=6, block_size=8,
               kv_cache_memory=8 << 20, max_num_seqs=3)  # fmt: skip
-    calls = _count_encodes(llm)
-    out = _run(llm, [_prompt(t, ims) for t, ims in _cases()])
+    calls = count_encodes(llm)
+    out = _run(llm, [image_prompt(t, ims) for t, ims in _cases()])
     assert [o.outputs[0].token_ids for o in out] == reference[1]
     assert sum(calls) == 9 and max(calls) < 9
 
@@ -115,12 +103,12 @@ def test_prefix_cache_keys_blocks_by_the_tiles(tiny):
     _, model, processor, loaded = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, block_size=8,
               enable_prefix_caching=True)  # fmt: skip
-    calls = _count_encodes(llm)
+    calls = count_encodes(llm)
     text = "<|im_start|>user\nA long enough prefix: <IMG_CONTEXT>Then?<|im_end|>\n<|im_start|>assistant\n"
     after = text.replace("Then?", "Now??")
 
     def run(prompt, im):
-        out = _run(llm, [_prompt(prompt, [im])])[0]
+        out = _run(llm, [image_prompt(prompt, [im])])[0]
         want = hf_inputs(processor, prompt, [im])
         assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
         return out.num_cached_tokens, sum(calls)
@@ -142,17 +130,19 @@ def test_mm_processor_kwargs_set_the_tiles_and_give_transformers_tokens(tiny):
     small, large = {"max_patches": 2}, {"min_patches": 6, "max_patches": 6}
     im = image(0, (40, 52))
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, mm_processor_kwargs=small)
-    calls = _count_encodes(llm)
-    out = _run(llm, [_prompt(ONE, [im]), {**_prompt(ONE, [im]), "mm_processor_kwargs": large}])
+    calls = count_encodes(llm)
+    out = _run(
+        llm, [image_prompt(ONE, [im]), {**image_prompt(ONE, [im]), "mm_processor_kwargs": large}]
+    )
     for o, kw in zip(out, (small, large)):
         want = hf_inputs(processor, ONE, [im], **kw)
         assert o.prompt_token_ids == want["input_ids"][0].tolist()
         assert o.outputs[0].token_ids == hf_generate(model, want, NEW)
     assert calls == [1 + 6]
     with pytest.raises(ValueError, match="mm_processor_kwargs: 'size' is not a setting"):
-        _run(llm, {**_prompt(ONE, [im]), "mm_processor_kwargs": {"size": 1}})
+        _run(llm, {**image_prompt(ONE, [im]), "mm_processor_kwargs": {"size": 1}})
     with pytest.raises(ValueError, match="min_patches 3 and max_patches 2"):
-        _run(llm, {**_prompt(ONE, [im]), "mm_processor_kwargs": {"min_patches": 3}})
+        _run(llm, {**image_prompt(ONE, [im]), "mm_processor_kwargs": {"min_patches": 3}})
 
 
 def test_without_tiling_an_image_is_one_tile(tiny):
@@ -161,9 +151,9 @@ def test_without_tiling_an_image_is_one_tile(tiny):
     _, model, processor, loaded = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20,
               mm_processor_kwargs={"crop_to_patches": False})  # fmt: skip
-    calls = _count_encodes(llm)
+    calls = count_encodes(llm)
     ims = [image(1, (70, 30)), image(2, (20, 25))]
-    (out,) = _run(llm, [_prompt(TWO, ims)])
+    (out,) = _run(llm, [image_prompt(TWO, ims)])
     want = hf_inputs(processor, TWO, ims, crop_to_patches=False)
     assert out.prompt_token_ids == want["input_ids"][0].tolist()
     assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
@@ -176,13 +166,13 @@ def test_without_tiling_an_image_is_one_tile(tiny):
 def test_images_are_counted_not_tiles_and_bad_input_is_refused(tiny):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20,
               limit_mm_per_prompt={"image": 1})  # fmt: skip
-    assert len(_run(llm, [_prompt(ONE, [image(0)])])[0].outputs[0].token_ids) == NEW  # 5 tiles
+    assert len(_run(llm, [image_prompt(ONE, [image(0)])])[0].outputs[0].token_ids) == NEW  # 5 tiles
     with pytest.raises(ValueError, match="at most 1 image"):
-        _run(llm, [_prompt(TWO, [image(0), image(1)])])
+        _run(llm, [image_prompt(TWO, [image(0), image(1)])])
     with pytest.raises(ValueError, match="1 image token"):
-        _run(llm, [_prompt(ONE, [image(0), image(1)])])
+        _run(llm, [image_prompt(ONE, [image(0), image(1)])])
     with pytest.raises(ValueError, match="PIL"):
-        _run(llm, [_prompt(ONE, ["x.png"])])
+        _run(llm, [image_prompt(ONE, ["x.png"])])
     with pytest.raises(ValueError, match="depend on its size"):
         inputs.expand([1, CONTEXT], 1, llm.engine.model_config.vision)
     assert not llm.engine.has_unfinished_requests()
@@ -191,9 +181,7 @@ def test_images_are_counted_not_tiles_and_bad_input_is_refused(tiny):
 def test_chat_renders_image_parts_as_the_processor_does(tiny):
     _, model, processor, loaded = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
-    url = "data:image/png;base64," + base64.b64encode(png_bytes(image(4))).decode()
-    ours = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": "Hi"}]}]  # fmt: skip
+    ours = [{"role": "user", "content": [image_part(image(4)), {"type": "text", "text": "Hi"}]}]
     theirs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
     text = processor.tokenizer.apply_chat_template(theirs, add_generation_prompt=True,
                                                    tokenize=False)  # fmt: skip
@@ -220,7 +208,7 @@ def test_two_ranks_read_the_tiles_rank_0_encodes(tiny, reference):
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
              max_num_batched_tokens=6, max_num_seqs=3, block_size=8,
              kv_cache_memory=8 << 20) as two:  # fmt: skip
-        out = _run(two, [_prompt(t, ims) for t, ims in _cases()])
+        out = _run(two, [image_prompt(t, ims) for t, ims in _cases()])
         assert [o.outputs[0].token_ids for o in out] == reference[1]
         assert two.engine.runner.model.tower is not None
         two.engine.check_integrity()
