@@ -143,6 +143,10 @@ def test_mm_processor_kwargs_set_the_tiles_and_give_transformers_tokens(tiny):
         _run(llm, {**image_prompt(ONE, [im]), "mm_processor_kwargs": {"size": 1}})
     with pytest.raises(ValueError, match="min_patches 3 and max_patches 2"):
         _run(llm, {**image_prompt(ONE, [im]), "mm_processor_kwargs": {"min_patches": 3}})
+    for bad, match in (({"max_patches": 0}, "positive integer"),
+                       ({"crop_to_patches": 1}, "true or false")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            _run(llm, {**image_prompt(ONE, [im]), "mm_processor_kwargs": bad})
 
 
 def test_without_tiling_an_image_is_one_tile(tiny):
