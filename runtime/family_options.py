@@ -149,7 +149,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8_checkpoint="its vision tower and connector are not quantized",
         ),
         **dict.fromkeys(
-            ("internvl", "internvl_qwen3"),
+            ("internvl", "internvl_qwen3", "internvl_qwen3_moe"),
             Untested(
                 fp8="its vision tower and projector are not quantized",
                 fp8_checkpoint="its vision tower and projector are not quantized",

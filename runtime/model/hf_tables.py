@@ -165,7 +165,8 @@ TEXT_MODEL_TYPES = {
     "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "qwen2_vl", "qwen2_vl": "qwen2_vl"},
     "LlavaNextForConditionalGeneration": {"llama": "llava_next", "mistral": "llava_next_mistral"},
     "LlavaOnevisionForConditionalGeneration": {"qwen2": "llava_onevision"},
-    "InternVLForConditionalGeneration": {"qwen2": "internvl", "qwen3": "internvl_qwen3"},
+    "InternVLForConditionalGeneration": {"qwen2": "internvl", "qwen3": "internvl_qwen3",
+                                         "qwen3_moe": "internvl_qwen3_moe"},
     "Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "qwen2_5_vl",
                                            "qwen2_5_vl": "qwen2_5_vl"},
     "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": "qwen3_vl", "qwen3_vl": "qwen3_vl"},
@@ -441,6 +442,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **gemma3n.DEFAULTS,
 }  # fmt: skip
 DEFAULTS["vaultgemma"] = DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
+DEFAULTS["internvl_qwen3_moe"] = DEFAULTS["qwen3moe"]  # (InternVL3.5-MoE's text model)
 # LLaVA-NeXT's text models: LlamaConfig's (as LLaVA 1.5's), MistralConfig's; OneVision's Qwen2's
 DEFAULTS["llava_next"] = DEFAULTS["llava"]
 DEFAULTS["llava_next_mistral"] = {

@@ -2,7 +2,7 @@
 (`internvl_vision.py`), the pixel shuffle (each 2 x 2 block of a tile's patch rows, the class
 token dropped, one row of 4 x D: `InternVLModel.pixel_shuffle`), the projector (LayerNorm,
 linear, GELU, linear), and the text model: Qwen2's layers (this family's `LlamaModel`, q/k/v
-biases) or Qwen3's (`qwen3.Qwen3Model`).
+biases), Qwen3's (`qwen3.Qwen3Model`) or Qwen3-MoE's (`moe.Qwen3MoeModel`).
 
 `encode_images` turns a batch of preprocessed tiles into the rows that replace each tile's
 `<IMG_CONTEXT>` placeholders (the runner scatters them: `worker/mm_encoder.py`,
@@ -18,6 +18,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.internvl_vision import InternVisionTower
 from pagoda.runtime.model.llama import LayerContext, LlamaModel
 from pagoda.runtime.model.llava import _strip
+from pagoda.runtime.model.moe import Qwen3MoeModel
 from pagoda.runtime.model.qwen3 import Qwen3Model
 
 # stored prefix -> this module's (transformers 5's names, and 4's without `model.`)
@@ -84,3 +85,7 @@ class InternVLModel(InternVLImages, LlamaModel):
 
 class InternVLQwen3Model(InternVLImages, Qwen3Model):
     """InternVL with Qwen3's text model (InternVL3.5)."""
+
+
+class InternVLQwen3MoeModel(InternVLImages, Qwen3MoeModel):
+    """InternVL with Qwen3-MoE's text model (InternVL3.5-30B-A3B, -241B-A28B)."""

@@ -56,7 +56,7 @@ PATTERNS: dict[str, Callable[[Mapping[str, Any], int], tuple[bool, ...]]] = {
 }
 # the families whose config's `sliding_window` is read (Phi-3, Gemma 2, gpt-oss: every layer
 # or some; the others by `layer_types` or their pattern)
-WINDOWED = ("mistral", "llava_next_mistral", "llava_onevision", "internvl", "internvl_qwen3", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
+WINDOWED = ("mistral", "llava_next_mistral", "llava_onevision", "internvl", "internvl_qwen3", "internvl_qwen3_moe", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
             "gemma3n", "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
             "lara_mini", "gpt_neo", "gemma4_unified", "phi3", "gemma2", "vaultgemma",
             "gpt_oss")  # fmt: skip
@@ -83,7 +83,8 @@ def sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "qwen2moe":  # as the other Qwens: a window only with use_sliding_window
         return int(window) if window and cfg.get("use_sliding_window", False) else None
     # (OneVision's text model: Qwen2's; InternVL's: Qwen2's, Qwen3's)
-    qwens = ("qwen2", "qwen3", "qwen3moe", "llava_onevision", "internvl", "internvl_qwen3")
+    qwens = ("qwen2", "qwen3", "qwen3moe", "llava_onevision", "internvl", "internvl_qwen3",
+             "internvl_qwen3_moe")  # fmt: skip
     if arch in qwens and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
     if arch == "cohere2" and not window:  # its global layers are told apart by having none

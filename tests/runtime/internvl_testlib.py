@@ -45,6 +45,7 @@ TOWERS = {
     "qwen2": {"norm_type": "layer_norm", "use_qk_norm": False, "use_mean_pooling": True},
     "qwen3": {"norm_type": "rms_norm", "use_qk_norm": True, "use_mean_pooling": False,
               "attention_bias": True},
+    "qwen3_moe": {"norm_type": "layer_norm", "use_qk_norm": False, "use_mean_pooling": True},
 }  # fmt: skip
 
 
@@ -90,8 +91,12 @@ def make_tiny(path, text: str = "qwen2", **processor_kw):
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, image_size=TILE, patch_size=4, **TOWERS[text])  # fmt: skip
     cfg = {**TINY, "rope_theta": 10000.0, "model_type": text, "tie_word_embeddings": False}
-    if text == "qwen3":
+    if text in ("qwen3", "qwen3_moe"):
         cfg["head_dim"] = 16
+    if text == "qwen3_moe":
+        cfg.update(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
+        )
     config = transformers.InternVLConfig(vision_config=vision, text_config=cfg,
                                          image_token_id=CONTEXT,
                                          image_seq_length=TOKENS_PER_TILE,

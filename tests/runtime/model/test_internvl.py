@@ -216,3 +216,30 @@ def test_two_ranks_read_the_tiles_rank_0_encodes(tiny, reference):
         assert [o.outputs[0].token_ids for o in out] == reference[1]
         assert two.engine.runner.model.tower is not None
         two.engine.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """A tiny InternVL with a Qwen3-MoE text model (4 experts, 2 a token: InternVL3.5-MoE's)."""
+    path = tmp_path_factory.mktemp("internvl_qwen3_moe")
+    model, processor = make_tiny(path, "qwen3_moe")
+    cases = [hf_inputs(processor, text, ims) for text, ims in _cases()]
+    return path, load_model(str(path)), [hf_generate(model, c, NEW) for c in cases]
+
+
+def test_a_qwen3_moe_text_model_is_transformers(moe):
+    llm = LLM(loaded=moe[1], dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=6,
+              block_size=8, max_num_seqs=3)  # fmt: skip
+    out = _run(llm, [image_prompt(t, ims) for t, ims in _cases()])
+    assert [o.outputs[0].token_ids for o in out] == moe[2]
+
+
+@pytest.mark.slow
+def test_two_ranks_run_the_qwen3_moe_text_model(moe):
+    path, loaded, want = moe
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
+             max_num_batched_tokens=6, max_num_seqs=3, block_size=8,
+             kv_cache_memory=8 << 20) as two:  # fmt: skip
+        out = _run(two, [image_prompt(t, ims) for t, ims in _cases()])
+        assert [o.outputs[0].token_ids for o in out] == want
+        two.engine.check_integrity()
