@@ -41,6 +41,7 @@ from pagoda.runtime.model.hf_tables import (
     EPS,
     GPT_OSS_ROPE,
     HF_ARCHITECTURES,
+    INTERNVL_ARCHS,
     NULLABLE,
     PARTIAL_ROTARY,
     PROPORTIONAL_ROTARY,
@@ -249,7 +250,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.idefics3_config import read_idefics3
 
         vision = read_idefics3(top, model_dir)
-    elif arch in ("internvl", "internvl_qwen3", "internvl_qwen3_moe"):  # (multimodal/internvl_config.py)
+    elif arch in INTERNVL_ARCHS:  # (multimodal/internvl_config.py)
         from pagoda.runtime.multimodal.internvl_config import read_internvl
 
         vision = read_internvl(top, model_dir)

@@ -174,6 +174,8 @@ TEXT_MODEL_TYPES = {
                                            "qwen3_vl_moe": "qwen3_vl_moe"},
     **moe_families.TEXT_MODEL_TYPES,  # Aria's, Cohere Compass'
 }  # fmt: skip
+# InternVL's architectures, by its text model (Qwen2's, Qwen3's, Qwen3-MoE's)
+INTERNVL_ARCHS = ("internvl", "internvl_qwen3", "internvl_qwen3_moe")
 # the anyres architectures -> their image inputs' kind (`multimodal/anyres_config.py`)
 ANYRES_ARCHS = {"llava_next": "llava_next", "llava_next_mistral": "llava_next",
                 "llava_onevision": "llava_onevision"}  # fmt: skip
