@@ -149,6 +149,13 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
             fp8="its vision tower and projector are not quantized",
             fp8_checkpoint="its vision tower and projector are not quantized",
         ),
+        **dict.fromkeys(
+            ("internvl", "internvl_qwen3", "internvl_qwen3_moe"),
+            Untested(
+                fp8="its vision tower and projector are not quantized",
+                fp8_checkpoint="its vision tower and projector are not quantized",
+            ),
+        ),
         "bitnet": Untested(fp8="its layers are ternary already: BitLinear"),  # (split as Llama's)
         "jetmoe": Untested(fp8="its routed attention projections' FP8 GEMM is not tested"),
         "deepseek_v32": Untested(fp8=_DSA_FP8, kv_cache=_DSA_KV),

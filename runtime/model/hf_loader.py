@@ -41,6 +41,7 @@ from pagoda.runtime.model.hf_tables import (
     EPS,
     GPT_OSS_ROPE,
     HF_ARCHITECTURES,
+    INTERNVL_ARCHS,
     NULLABLE,
     PARTIAL_ROTARY,
     PROPORTIONAL_ROTARY,
@@ -258,6 +259,10 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.idefics3_config import read_idefics3
 
         vision = read_idefics3(top, model_dir)
+    elif arch in INTERNVL_ARCHS:  # (multimodal/internvl_config.py)
+        from pagoda.runtime.multimodal.internvl_config import read_internvl
+
+        vision = read_internvl(top, model_dir)
     elif arch in ANYRES_ARCHS:  # (multimodal/anyres_config.py)
         from pagoda.runtime.multimodal.anyres_config import read_anyres
 
@@ -280,7 +285,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=_tied(top, cfg),
-        attention_bias=arch in ("qwen2", "qwen2_vl", "qwen2_5_vl", "llava_onevision")
+        attention_bias=arch in ("qwen2", "qwen2_vl", "qwen2_5_vl", "llava_onevision", "internvl")
         or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,

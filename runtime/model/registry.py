@@ -93,6 +93,10 @@ MODEL_CLASSES = {
     "llava_next_mistral": ("llava_next", "LlavaNextModel"),
     "llava_onevision": ("llava_next", "LlavaNextModel"),
     "mistral3": ("pixtral", "PixtralModel"),  # Mistral 3 with its images: Pixtral's tower, merger
+    # InternVL 3 / 3.5: InternViT tiles, pixel shuffle, MLP projector; Qwen2's or Qwen3's text
+    "internvl": ("internvl", "InternVLModel"),
+    "internvl_qwen3": ("internvl", "InternVLQwen3Model"),
+    "internvl_qwen3_moe": ("internvl", "InternVLQwen3MoeModel"),  # (Qwen3-MoE's experts)
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved

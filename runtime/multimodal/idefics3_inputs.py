@@ -23,6 +23,7 @@ from pagoda.runtime.multimodal.image_inputs import (
     ImageInput,
     MultiModalInputs,
     RunsNeedImages,
+    check_tiles,
     pixels_hash,
 )
 
@@ -116,17 +117,5 @@ def expand(token_ids: Sequence[int], num_images: int,
 def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: Idefics3VisionConfig,
           step_tokens: int | None = None) -> None:  # fmt: skip
     """ValueError unless each tile is of the tower's shape over a run of image tokens and the
-    tiles add up to the images'."""
-    if sum(mm.tiles) != len(mm.images) or min(mm.tiles, default=1) < 1:
-        raise ValueError(f"multi_modal: tiles per image {mm.tiles} do not add up to its "
-                         f"{len(mm.images)} tiles")  # fmt: skip
-    ids = np.asarray(token_ids, dtype=np.int64)
-    shape, n = (3, vision.image_size, vision.image_size), vision.tokens_per_image
-    for i, im in enumerate(mm.images):
-        if tuple(im.pixel_values.shape) != shape or im.pixel_values.dtype != np.float32:
-            raise ValueError(f"tile {i}: pixels must be float32 {shape}, got "
-                             f"{im.pixel_values.dtype} {tuple(im.pixel_values.shape)}")  # fmt: skip
-        run = ids[im.offset : im.end]
-        if im.length != n or len(run) != n or (run != vision.image_token_index).any():
-            raise ValueError(f"tile {i}: its {n} placeholder tokens are not at prompt positions "
-                             f"[{im.offset}, {im.end})")  # fmt: skip
+    tiles add up to the images' (`image_inputs.check_tiles`)."""
+    check_tiles(token_ids, mm, vision)

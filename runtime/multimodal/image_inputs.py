@@ -79,3 +79,22 @@ def repeat_runs(token_ids, token: int, lengths: np.ndarray) -> tuple[np.ndarray,
     repeats[at] = n
     offsets = at + np.concatenate([[0], np.cumsum(n - 1)[:-1]]).astype(np.int64)
     return np.repeat(ids, repeats), offsets
+
+
+def check_tiles(token_ids, mm: MultiModalInputs, vision) -> None:
+    """ValueError unless each tile of `mm` (the families whose images are tiles, each an
+    `ImageInput`: Idefics3's, InternVL's) is float32 [3, S, S] of `vision.image_size` over a
+    run of `vision.tokens_per_image` image tokens, and the tiles add up to the images'."""
+    if sum(mm.tiles) != len(mm.images) or min(mm.tiles, default=1) < 1:
+        raise ValueError(f"multi_modal: tiles per image {mm.tiles} do not add up to its "
+                         f"{len(mm.images)} tiles")  # fmt: skip
+    ids = np.asarray(token_ids, dtype=np.int64)
+    shape, n = (3, vision.image_size, vision.image_size), vision.tokens_per_image
+    for i, im in enumerate(mm.images):
+        if tuple(im.pixel_values.shape) != shape or im.pixel_values.dtype != np.float32:
+            raise ValueError(f"tile {i}: pixels must be float32 {shape}, got "
+                             f"{im.pixel_values.dtype} {tuple(im.pixel_values.shape)}")  # fmt: skip
+        run = ids[im.offset : im.end]
+        if im.length != n or len(run) != n or (run != vision.image_token_index).any():
+            raise ValueError(f"tile {i}: its {n} placeholder tokens are not at prompt positions "
+                             f"[{im.offset}, {im.end})")  # fmt: skip

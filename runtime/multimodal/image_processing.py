@@ -92,6 +92,19 @@ def sized_pixels(image: object, p, size, multiple: int) -> np.ndarray:
     return rescale_normalize(pixels, p)
 
 
+def stacked_tiles(frames: list[np.ndarray], p) -> np.ndarray:
+    """Tiles cut from an image, uint8 [S, S, C] or [S, S] each → float32 [T, 3, S, S]
+    (C-contiguous), rescaled and normalized as `p` says (`rescale_normalize`); ValueError for
+    an image of another number of channels (the tiling families': Idefics3's, InternVL's)."""
+    pixels = np.stack([f if f.ndim == 3 else f[:, :, None] for f in frames])
+    pixels = np.moveaxis(pixels, -1, 1)  # [T, C, S, S]
+    if pixels.shape[1] != 3:
+        raise ValueError(
+            f"an image must have 3 channels after preprocessing, got {pixels.shape[1]}"
+        )
+    return np.ascontiguousarray(rescale_normalize(pixels, p), dtype=np.float32)
+
+
 def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
     """One image → float32 [3, H, W] (C-contiguous), as `CLIPImageProcessor` computes it."""
     image = checked(image, p.do_convert_rgb)

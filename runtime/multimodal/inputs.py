@@ -19,6 +19,7 @@ from types import MappingProxyType, ModuleType
 from pagoda.runtime.multimodal import (
     fixed_inputs,
     idefics3_inputs,
+    internvl_inputs,
     llava_next_inputs,
     pixtral_inputs,
     qwen2_vl_inputs,
@@ -39,6 +40,7 @@ FAMILIES: Mapping[str, ModuleType] = MappingProxyType(
         "llava_next": llava_next_inputs,  # LLaVA-NeXT: anyres crops, a run per image's size
         "llava_onevision": llava_next_inputs,  # LLaVA-OneVision: the same, its grid capped
         "pixtral": pixtral_inputs,  # Mistral 3, LLaVA-Pixtral: a run per image's size, row breaks
+        "internvl": internvl_inputs,  # InternVL 3 / 3.5: tiles and a thumbnail, one run
     }
 )
 

@@ -177,6 +177,13 @@ LLAVA_ONEVISION = {"architectures": ["LlavaOnevisionForConditionalGeneration"],
 MISTRAL3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
             "vision_config": {"model_type": "pixtral", "hidden_size": 32, "num_attention_heads": 2},
             "text_config": {**LLAMA, "architectures": None, "model_type": "mistral"}}  # fmt: skip
+INTERNVL = {"architectures": ["InternVLForConditionalGeneration"], "model_type": "internvl",
+            "text_config": {**LLAMA, "architectures": None, "model_type": "qwen2"}}  # fmt: skip
+INTERNVL_QWEN3 = {**INTERNVL, "text_config": {**LLAMA, "architectures": None,
+                                              "model_type": "qwen3"}}  # fmt: skip
+INTERNVL_QWEN3_MOE = {**INTERNVL, "text_config": {**LLAMA, "architectures": None,
+                                                  "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                                                  "moe_intermediate_size": 32}}  # fmt: skip
 FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
 
 
@@ -190,7 +197,9 @@ def test_fp8_checkpoints_are_refused_for_the_families_that_declare_it(tmp_path) 
                "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
                "idefics3": IDEFICS3, "llava_next": LLAVA_NEXT,
                "llava_next_mistral": LLAVA_NEXT_MISTRAL, "llava_onevision": LLAVA_ONEVISION,
-               "mistral3": MISTRAL3}  # fmt: skip
+               "mistral3": MISTRAL3,
+               "internvl": INTERNVL, "internvl_qwen3": INTERNVL_QWEN3,
+               "internvl_qwen3_moe": INTERNVL_QWEN3_MOE}  # fmt: skip
     assert set(configs) == untested, "a family row refusing FP8 checkpoints needs a config here"
     for arch, cfg in {**configs, "llama": LLAMA}.items():
         d = tmp_path / arch

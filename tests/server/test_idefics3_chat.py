@@ -7,29 +7,21 @@ images answers the processor's `input_ids` (the images read: the tiles depend on
 
 from __future__ import annotations
 
-import base64
-
 import httpx
 import openai
 import pytest
-from idefics3_testlib import byte_chars, hf_generate, hf_inputs, image, make_tiny, png_bytes
+from idefics3_testlib import (
+    hf_generate,
+    hf_inputs,
+    image,
+    image_part,
+    logprob_ids,
+    make_tiny,
+)
 from server_testlib import TINY_SERVE, openai_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 NEW = 5
-
-
-def _part(im) -> dict:
-    url = "data:image/png;base64," + base64.b64encode(png_bytes(im)).decode()
-    return {"type": "image_url", "image_url": {"url": url}}
-
-
-def _ids(tokenizer, logprobs) -> list[int]:
-    """The ids of generated tokens by their `bytes` (the tiny vocabulary's byte tokens, "\\n\\n",
-    its added tokens)."""
-    added, chars = tokenizer.get_added_vocab(), byte_chars()
-    return [added.get(t.token) or tokenizer.convert_tokens_to_ids("".join(chars[b] for b in t.bytes))
-            for t in logprobs]  # fmt: skip
 
 
 def test_image_chats_read_as_the_processor_writes_them(tmp_path):
@@ -41,8 +33,8 @@ def test_image_chats_read_as_the_processor_writes_them(tmp_path):
     want = hf_inputs(processor, text, ims)
     ids = want["input_ids"][0].tolist()
     tokens = hf_generate(model, want, NEW)
-    ours = [{"role": "user", "content": [_part(ims[0]), {"type": "text", "text": "Hi"},
-                                         _part(ims[1])]}]  # fmt: skip
+    ours = [{"role": "user", "content": [image_part(ims[0]), {"type": "text", "text": "Hi"},
+                                         image_part(ims[1])]}]  # fmt: skip
     limit = ("--limit-mm-per-prompt", '{"image": 2}')
     with openai_client("--model", str(tmp_path), *TINY_SERVE, *limit) as client:
         name = client.models.list().data[0].id
@@ -53,8 +45,8 @@ def test_image_chats_read_as_the_processor_writes_them(tmp_path):
         assert got.usage.prompt_tokens == len(ids)
         prompt = got.model_extra["prompt_logprobs"]
         assert prompt[0] is None and [int(next(iter(e))) for e in prompt[1:]] == ids[1:]
-        assert _ids(processor.tokenizer, got.choices[0].logprobs.content) == tokens
-        three = [{"role": "user", "content": [_part(ims[0])] * 3}]
+        assert logprob_ids(processor.tokenizer, got.choices[0].logprobs.content) == tokens
+        three = [{"role": "user", "content": [image_part(ims[0])] * 3}]
         with pytest.raises(openai.BadRequestError, match="at most 2"):
             client.chat.completions.create(model=name, messages=three, max_tokens=NEW)
         shown = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize",
