@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.image_inputs import (
-    RunsNeedImages,
     ImageInput,
     MultiModalInputs,
+    RunsNeedImages,
     check_tiles,
     pixels_hash,
 )
