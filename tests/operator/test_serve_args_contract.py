@@ -203,7 +203,7 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
             assert {camel(k): v for k, v in pooler.user_keys().items()} == want
         seen.add(("pooler", pooler is not None))
         want = spec["engine"].get("limitMMPerPrompt", {}).get("image", DEFAULT_IMAGE_LIMIT)
-        assert parse_limits(parsed.limit_mm_per_prompt) == {"image": want}  # the runtime's reader
+        assert parse_limits(parsed.limit_mm_per_prompt)["image"] == want  # the runtime's reader
         seen.add(("images", want))
     assert {v for k, v in seen if k == "dtype"} == set(DTYPES)
     assert {v for k, v in seen if k == "block"} == set(BLOCK_SIZES)
