@@ -35,6 +35,8 @@ class EngineInfo:
     vision: Any = None
     image_limit: int = 0
     video_limit: int = 0
+    # how a chat request's videos are sampled (--media-io-kwargs: `chat_videos.VideoIO`)
+    video_io: Any = None
 
     @classmethod
     def from_core(cls, core: Any) -> EngineInfo:
@@ -53,6 +55,7 @@ class EngineInfo:
             vision=getattr(core.model_config, "vision", None),
             image_limit=_image_limit(core),
             video_limit=_image_limit(core, "video"),
+            video_io=getattr(getattr(core, "config", None), "media_io_kwargs", None),
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:

@@ -96,14 +96,19 @@ def from_images(
     return build(token_ids, [prepare_image(im, vision) for im in images], vision)
 
 
+def reads_videos(vision) -> bool:
+    """Whether `vision`'s family reads videos (its module's `reads_videos`; none: no)."""
+    reads = getattr(family(vision), "reads_videos", None)
+    return reads is not None and reads(vision)
+
+
 def prepare_video(video: object, vision) -> object:
     """One video as the checkpoint's video processor prepares it (what `build` takes);
     ValueError for a family that reads no videos (one without `prepare_video`)."""
-    prepare = getattr(family(vision), "prepare_video", None)
-    if prepare is None:
-        raise ValueError(f"this model ({vision.kind}) reads images, not videos: "
-                         "multi_modal_data's 'video' is refused")  # fmt: skip
-    return prepare(video, vision)
+    if not reads_videos(vision):
+        raise ValueError(f"this model ({vision.kind}) reads no videos: multi_modal_data's "
+                         "'video' is refused")  # fmt: skip
+    return family(vision).prepare_video(video, vision)
 
 
 def from_data(token_ids: Sequence[int], data: object, vision) -> tuple[list[int], MultiModalInputs]:

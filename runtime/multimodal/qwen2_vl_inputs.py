@@ -48,12 +48,15 @@ def prepare_image(image: object, vision: QwenVisionConfig) -> tuple[np.ndarray, 
     return preprocess(image, vision.processing)  # type: ignore[arg-type]
 
 
+def reads_videos(vision: QwenVisionConfig) -> bool:
+    """Qwen2-VL's and Qwen2.5-VL's video input; Qwen3-VL's is refused: its processor writes
+    each temporal patch's timestamp into the prompt, which is not built here."""
+    return vision.kind != "qwen3_vl"
+
+
 def prepare_video(video: object, vision: QwenVisionConfig) -> Video:
     """One video (`qwen2_vl_video.frames_of`'s forms) → its patches and grid; ValueError for
-    one that cannot be read, or a Qwen3-VL's (its prompt holds each frame's timestamp)."""
-    if vision.kind == "qwen3_vl":
-        raise ValueError("Qwen3-VL's video input is refused: its processor writes each "
-                         "frame's timestamp into the prompt, which is not built here")  # fmt: skip
+    one that cannot be read."""
     return preprocess_video(video, vision.video)
 
 

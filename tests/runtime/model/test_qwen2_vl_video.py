@@ -85,7 +85,6 @@ def test_a_videos_frame_rate_spaces_its_temporal_positions(tiny):
     spacing = [4.0] if kind == "qwen2_5_vl" else None  # (Qwen2-VL's generate takes none)
     want = hf_generate_mm(model, mixed, [IMAGE], [VIDEO], NEW, seconds_per_grid=spacing)
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
-    print("DBG", _run(llm, _prompts()[:1]), _run(llm, _prompts((VIDEO, {"fps": 0.5}))[:1]), _run(llm, _prompts()), want)
     assert _run(llm, _prompts((VIDEO, {"fps": 0.5}))[:1]) == [want]
     ids, mm = from_data(MIXED, {"image": IMAGE, "video": (VIDEO, {"fps": 0.5})}, loaded.config.vision)
     t = torch.tensor([ids])
