@@ -40,10 +40,13 @@ def read_url(url: str, max_bytes: int = MAX_IMAGE_BYTES, timeout: float = FETCH_
         if len(payload) > (max_bytes + 2) // 3 * 4:
             raise ImageError(f"the {what} is larger than {max_bytes} bytes", f"{what}_too_large")
         try:
-            return base64.b64decode(payload, validate=True)
+            data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise ImageError("the data URL's payload is not valid base64",
                              f"invalid_{what}_url") from None  # fmt: skip
+        if len(data) > max_bytes:
+            raise ImageError(f"the {what} is larger than {max_bytes} bytes", f"{what}_too_large")
+        return data
     if not url.startswith(("http://", "https://")):
         raise ImageError(f"the {what} URL must be http(s):// or a base64 data: URL",
                          f"invalid_{what}_url")  # fmt: skip
