@@ -65,7 +65,9 @@ def hf_video(video: np.ndarray, processor=PROCESSOR) -> tuple[torch.Tensor, list
     rows = [o["pixel_values"].reshape(o["pixel_values"].shape[0], 3, tp, -1)[:, :, 0] for o in per]
     rows += [rows[-1]] * (-len(rows) % tp)  # the last frame repeated to whole temporal patches
     _, h, w = per[0]["image_grid_thw"][0].tolist()
-    pairs = [torch.stack(rows[i : i + tp], dim=2).reshape(h * w, -1) for i in range(0, len(rows), tp)]
+    pairs = [
+        torch.stack(rows[i : i + tp], dim=2).reshape(h * w, -1) for i in range(0, len(rows), tp)
+    ]
     return torch.cat(pairs), [len(pairs), h, w]
 
 

@@ -86,9 +86,11 @@ def test_a_videos_frame_rate_spaces_its_temporal_positions(tiny):
     want = hf_generate_mm(model, mixed, [IMAGE], [VIDEO], NEW, seconds_per_grid=spacing)
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
     assert _run(llm, _prompts((VIDEO, {"fps": 0.5}))[:1]) == [want]
-    ids, mm = from_data(MIXED, {"image": IMAGE, "video": (VIDEO, {"fps": 0.5})}, loaded.config.vision)
+    ids, mm = from_data(
+        MIXED, {"image": IMAGE, "video": (VIDEO, {"fps": 0.5})}, loaded.config.vision
+    )
     t = torch.tensor([ids])
-    px, grid = hf_video(VIDEO)
+    _, grid = hf_video(VIDEO)
     extra = {"second_per_grid_ts": torch.tensor(spacing)} if spacing else {}
     pos, delta = model.model.get_rope_index(
         t, (t == IMAGE_ID).int() + 2 * (t == VIDEO_ID).int(), image_grid_thw=_image_grid(),

@@ -43,7 +43,7 @@ def test_sampling_is_vllms():
 def test_what_is_not_a_video_is_an_image_error(monkeypatch):
     data = encode(VIDEO[:4])
     for bad in (data[: len(data) // 3][::-1], b"not a video", bytes(len(data))):
-        with pytest.raises(ImageError, match="could not be decoded|no video stream") as e:
+        with pytest.raises(ImageError, match=r"could not be decoded|no video stream") as e:
             decode(bad, VideoIO())
         assert e.value.code == "invalid_video"
     monkeypatch.setattr(chat_videos, "MAX_VIDEO_BYTES", len(data) - 1)

@@ -17,7 +17,9 @@ pytest.importorskip("transformers")
 P = QwenImageProcessing.from_json(PROCESSOR)
 
 
-@pytest.mark.parametrize("count, size", [(4, (16, 32)), (5, (20, 36)), (1, (40, 24)), (8, (70, 90))])
+@pytest.mark.parametrize(
+    "count, size", [(4, (16, 32)), (5, (20, 36)), (1, (40, 24)), (8, (70, 90))]
+)
 def test_patches_and_grid_are_transformers(count, size):
     video = frames(count, count, size)
     ours = preprocess_video(video, P)
