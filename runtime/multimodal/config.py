@@ -218,13 +218,17 @@ def _triple(value: Any, name: str) -> tuple[float, float, float]:
     return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
-def processor_json(model_dir: Path) -> dict[str, Any] | None:
+IMAGE_PROCESSOR_FILES = (
+    ("preprocessor_config.json", None),
+    ("processor_config.json", "image_processor"),
+)
+
+
+def processor_json(model_dir: Path, files=IMAGE_PROCESSOR_FILES) -> dict[str, Any] | None:
     """The image processor's fields saved beside the checkpoint: preprocessor_config.json
-    (transformers 4's), else processor_config.json's `image_processor` (transformers 5's)."""
-    for name, key in (
-        ("preprocessor_config.json", None),
-        ("processor_config.json", "image_processor"),
-    ):
+    (transformers 4's), else processor_config.json's `image_processor` (transformers 5's);
+    `files`: another processor's ((file name, key in it or None), ...) in that order."""
+    for name, key in files:
         path = model_dir / name
         if not path.is_file():
             continue

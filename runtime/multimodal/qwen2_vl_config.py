@@ -11,7 +11,6 @@ on the heads, `spatial_merge_size`^2 patches merged into one text token.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,13 +58,13 @@ class QwenVisionConfig:
         if self.width % self.num_heads or (self.width // self.num_heads) % 4:
             raise ValueError(f"vision_config: a head of {self.width}/{self.num_heads} is not a "
                              "multiple of 4 (its 2-D rotary)")  # fmt: skip
-        p = self.processing
-        if (p.patch_size, p.temporal_patch_size, p.merge_size) != (
-            self.patch_size, self.temporal_patch_size, self.merge_size):  # fmt: skip
-            raise ValueError(f"the image processor's patches ({p.patch_size}, "
-                             f"{p.temporal_patch_size}, merge {p.merge_size}) are not the tower's "
-                             f"({self.patch_size}, {self.temporal_patch_size}, merge "
-                             f"{self.merge_size})")  # fmt: skip
+        for what, p in (("image", self.processing), ("video", self.video)):
+            if (p.patch_size, p.temporal_patch_size, p.merge_size) != (
+                self.patch_size, self.temporal_patch_size, self.merge_size):  # fmt: skip
+                raise ValueError(f"the {what} processor's patches ({p.patch_size}, "
+                                 f"{p.temporal_patch_size}, merge {p.merge_size}) are not the "
+                                 f"tower's ({self.patch_size}, {self.temporal_patch_size}, merge "
+                                 f"{self.merge_size})")  # fmt: skip
         side = math.isqrt(self.pos_embeddings)
         if self.kind == "qwen3_vl" and (side < 2 or side * side != self.pos_embeddings):
             raise ValueError(f"vision_config: num_position_embeddings {self.pos_embeddings} is "
@@ -108,23 +107,16 @@ def read_processing(model_dir: Path | None) -> QwenImageProcessing:
     return QwenImageProcessing() if cfg is None else QwenImageProcessing.from_json(cfg)
 
 
+# the video processor's fields: transformers 4's file, else transformers 5's processor file's
+VIDEO_PROCESSOR_FILES = (("video_preprocessor_config.json", None),
+                         ("processor_config.json", "video_processor"))  # fmt: skip
+
+
 def read_video_processing(model_dir: Path | None) -> QwenImageProcessing | None:
-    """The video processor saved beside the checkpoint (video_preprocessor_config.json, else
-    processor_config.json's `video_processor`); None where there is none."""
-    if model_dir is None:
-        return None
-    for name, key in (("video_preprocessor_config.json", None),
-                      ("processor_config.json", "video_processor")):  # fmt: skip
-        path = model_dir / name
-        if path.is_file():
-            try:
-                cfg = json.loads(path.read_text())
-            except ValueError as e:
-                raise ValueError(f"{name} is not valid JSON ({e})") from None
-            cfg = cfg.get(key) if key is not None and isinstance(cfg, dict) else cfg
-            if isinstance(cfg, dict):
-                return QwenImageProcessing.from_json(cfg)
-    return None
+    """The video processor saved beside the checkpoint (`VIDEO_PROCESSOR_FILES`); None where
+    there is none (the image processor's fields are used)."""
+    cfg = None if model_dir is None else processor_json(model_dir, VIDEO_PROCESSOR_FILES)
+    return None if cfg is None else QwenImageProcessing.from_json(cfg)
 
 
 def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> QwenVisionConfig:

@@ -63,3 +63,26 @@ def test_qwen3_vl_videos_are_refused():
     assert not inputs.reads_videos(vision)
     with pytest.raises(ValueError, match=r"this model \(qwen3_vl\) reads no videos"):
         inputs.from_data([1, 151656], {"video": frames(0, 2, (16, 16))}, vision)
+
+
+def test_the_checkpoints_video_processor_is_read(tmp_path):
+    """video_preprocessor_config.json's fields (transformers' `size` names) over the image
+    processor's; none saved: the image processor's; patches unlike the tower's: refused."""
+    import json
+
+    from pagoda.runtime.multimodal.qwen2_vl_config import read_qwen2_vl
+
+    top = {"vision_config": {"patch_size": 8, "embed_dim": 32, "num_heads": 2}}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    assert read_qwen2_vl("qwen2_vl", top, tmp_path).video == P
+    video = {"video_processor_type": "Qwen2VLVideoProcessor", "patch_size": 8,
+             "size": {"shortest_edge": 512, "longest_edge": 4096}}  # fmt: skip
+    (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(video))
+    vision = read_qwen2_vl("qwen2_vl", top, tmp_path)
+    assert (vision.video.min_pixels, vision.video.max_pixels) == (512, 4096)
+    assert vision.processing == P
+    (tmp_path / "video_preprocessor_config.json").write_text(
+        json.dumps({**video, "patch_size": 14})
+    )
+    with pytest.raises(ValueError, match="the video processor's patches"):
+        read_qwen2_vl("qwen2_vl", top, tmp_path)
