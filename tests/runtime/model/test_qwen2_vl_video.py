@@ -15,6 +15,7 @@ from pagoda.runtime.model.loader import load_model
 from pagoda.runtime.multimodal.inputs import from_data
 from pagoda.runtime.multimodal.qwen2_vl_processing import QwenImageProcessing, placeholders
 from pagoda.runtime.multimodal.qwen2_vl_video import preprocess_video
+from PIL import Image
 from qwen2_vl_testlib import END, IMAGE_ID, PROCESSOR, START, expanded, image, make_tiny_qwen2_vl
 from qwen2_vl_video_testlib import VIDEO_ID, frames, hf_generate_mm, hf_video
 
@@ -64,7 +65,7 @@ def test_a_video_beside_an_image_batched_with_an_image_and_text_is_transformers(
     _, _, loaded, reference = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
     assert _run(llm, _prompts()) == reference
-    pil = [__import__("PIL.Image").Image.fromarray(f) for f in VIDEO]  # a list of PIL frames
+    pil = [Image.fromarray(f) for f in VIDEO]  # a list of PIL frames
     assert _run(llm, _prompts(pil)[:1]) == reference[:1]
 
 
@@ -115,3 +116,25 @@ def test_a_prompt_over_the_video_limit_is_refused(tiny):
               limit_mm_per_prompt={"image": 2, "video": 0})  # fmt: skip
     with pytest.raises(ValueError, match=r"at most 0 video\(s\) per prompt"):
         llm.generate(_prompts()[0], GREEDY, use_tqdm=False)
+
+
+def test_llm_chat_reads_a_video_url_as_the_server_does(tiny):
+    """`LLM.chat` with an mp4 (10 frames at 10 a second, PyAV-encoded) as a base64 video_url,
+    sampled to `media_io_kwargs`' 4 frames: 0, 3, 6 and 9 at 4 a second (Qwen2.5-VL's temporal
+    patches 0.5 s apart)."""
+    import base64
+
+    from qwen2_vl_video_testlib import decoded, encode
+
+    kind, model, loaded, _ = tiny
+    mp4 = encode(frames(3, 10, (32, 48)))
+    seen = decoded(mp4)[[0, 3, 6, 9]]
+    url = "data:video/mp4;base64," + base64.b64encode(mp4).decode()
+    ids = [3, START] + [VIDEO_ID] * 12 + [END, 7, 8, 5]  # 2 temporal patches of 2 x 3 merged
+    spacing = [0.5] if kind == "qwen2_5_vl" else None
+    want = hf_generate_mm(model, ids, [], [seen], NEW, seconds_per_grid=spacing)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20,
+              media_io_kwargs={"video": {"num_frames": 4}})  # fmt: skip
+    parts = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "w7 w8"}]
+    out = llm.chat([{"role": "user", "content": parts}], GREEDY, use_tqdm=False)[0]
+    assert out.prompt_token_ids == ids and out.outputs[0].token_ids == want
