@@ -38,9 +38,9 @@ def with_processor_kwargs(vision: QwenVisionConfig, kwargs: dict[str, Any]) -> Q
 
 
 def max_run(vision: QwenVisionConfig) -> int:
-    """The most placeholder tokens (feature rows) one image takes: an image resized to
-    max_pixels, in merged patches."""
-    return max(1, vision.processing.max_pixels // vision.processing.factor**2)
+    """The most placeholder tokens (feature rows) one image (or a video's temporal patch)
+    takes: an image (frame) resized to its processor's max_pixels, in merged patches."""
+    return max(1, *(p.max_pixels // p.factor**2 for p in (vision.processing, vision.video)))
 
 
 def prepare_image(image: object, vision: QwenVisionConfig) -> tuple[np.ndarray, tuple]:

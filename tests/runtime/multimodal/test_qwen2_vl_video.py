@@ -67,9 +67,11 @@ def test_qwen3_vl_videos_are_refused():
 
 def test_the_checkpoints_video_processor_is_read(tmp_path):
     """video_preprocessor_config.json's fields (transformers' `size` names) over the image
-    processor's; none saved: the image processor's; patches unlike the tower's: refused."""
+    processor's; none saved: the image processor's; the encoder cache's largest run covers a
+    video's temporal patch; patches unlike the tower's: refused."""
     import json
 
+    from pagoda.runtime.multimodal import qwen2_vl_inputs
     from pagoda.runtime.multimodal.qwen2_vl_config import read_qwen2_vl
 
     top = {"vision_config": {"patch_size": 8, "embed_dim": 32, "num_heads": 2}}
@@ -81,6 +83,11 @@ def test_the_checkpoints_video_processor_is_read(tmp_path):
     vision = read_qwen2_vl("qwen2_vl", top, tmp_path)
     assert (vision.video.min_pixels, vision.video.max_pixels) == (512, 4096)
     assert vision.processing == P
+    assert qwen2_vl_inputs.max_run(vision) == 16384 // 16**2  # the image's, the larger
+    (tmp_path / "video_preprocessor_config.json").write_text(
+        json.dumps({**video, "size": {"shortest_edge": 512, "longest_edge": 32768}})
+    )
+    assert qwen2_vl_inputs.max_run(read_qwen2_vl("qwen2_vl", top, tmp_path)) == 32768 // 16**2
     (tmp_path / "video_preprocessor_config.json").write_text(
         json.dumps({**video, "patch_size": 14})
     )
