@@ -14,6 +14,7 @@ from typing import Any
 
 # vLLM's default cap on images per prompt (`--limit-mm-per-prompt '{"image": N}'`)
 DEFAULT_IMAGE_LIMIT = 999
+MODALITIES = ("image", "video")  # what --limit-mm-per-prompt caps (videos: Qwen2-VL's family)
 # CLIPImageProcessor's defaults (OpenAI CLIP's mean and std, 224 px, bicubic)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -200,23 +201,28 @@ class VisionConfig:
 
 
 def parse_limits(value: Any) -> dict[str, int]:
-    """vLLM's `--limit-mm-per-prompt` (a dict or its JSON text, e.g. {"image": 2}) → the cap
-    per modality; None: vLLM's default. ValueError, one line, for another modality or count."""
+    """vLLM's `--limit-mm-per-prompt` (a dict or its JSON text, e.g. {"image": 2, "video": 1})
+    → the cap per modality (images, videos); None or an absent one: vLLM's default. ValueError,
+    one line, for another modality or count."""
     if value is None:
-        return {"image": DEFAULT_IMAGE_LIMIT}
+        value = {}
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
             raise ValueError(f"limit_mm_per_prompt must be JSON such as '{{\"image\": 2}}', got "
                              f"{value!r}") from None  # fmt: skip
-    if not isinstance(value, dict) or set(value) - {"image"}:
-        raise ValueError(f"limit_mm_per_prompt takes {{'image': N}} (images are the only "
-                         f"modality served), got {value!r}")  # fmt: skip
-    n = value.get("image", DEFAULT_IMAGE_LIMIT)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"limit_mm_per_prompt's image count must be an integer >= 0, got {n!r}")
-    return {"image": n}
+    if not isinstance(value, dict) or set(value) - set(MODALITIES):
+        raise ValueError(f"limit_mm_per_prompt takes {{'image': N, 'video': N}} (images and "
+                         f"videos are the modalities served), got {value!r}")  # fmt: skip
+    out = {}
+    for key in MODALITIES:
+        n = value.get(key, DEFAULT_IMAGE_LIMIT)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"limit_mm_per_prompt's {key} count must be an integer >= 0, "
+                             f"got {n!r}")  # fmt: skip
+        out[key] = n
+    return out
 
 
 def tower_shape(v: dict[str, Any]) -> dict[str, int]:
@@ -236,13 +242,17 @@ def _triple(value: Any, name: str) -> tuple[float, float, float]:
     return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
-def processor_json(model_dir: Path) -> dict[str, Any] | None:
+IMAGE_PROCESSOR_FILES = (
+    ("preprocessor_config.json", None),
+    ("processor_config.json", "image_processor"),
+)
+
+
+def processor_json(model_dir: Path, files=IMAGE_PROCESSOR_FILES) -> dict[str, Any] | None:
     """The image processor's fields saved beside the checkpoint: preprocessor_config.json
-    (transformers 4's), else processor_config.json's `image_processor` (transformers 5's)."""
-    for name, key in (
-        ("preprocessor_config.json", None),
-        ("processor_config.json", "image_processor"),
-    ):
+    (transformers 4's), else processor_config.json's `image_processor` (transformers 5's);
+    `files`: another processor's ((file name, key in it or None), ...) in that order."""
+    for name, key in files:
         path = model_dir / name
         if not path.is_file():
             continue

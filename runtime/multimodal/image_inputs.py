@@ -27,6 +27,9 @@ class ImageInput:
     # Qwen2-VL's patch grid (t, h, w), pixels its patches; LLaVA-NeXT's / OneVision's image
     # (height, width), pixels its crops [1 + crops, 3, S, S]; None: one [3, H, W] image
     grid: tuple[int, ...] | None = None
+    # one temporal patch of a video (Qwen2-VL's: its `<|video_pad|>` run, grid (1, h, w)), not
+    # an image: a video is the consecutive temporal patches its run holds
+    video: bool = False
 
     @property
     def end(self) -> int:
@@ -48,11 +51,12 @@ class MultiModalInputs:
     # an image of several tiles (Idefics3's: `idefics3_inputs.py`), each tile an `ImageInput`:
     # each image's count of them, in order; () where each image is one
     tiles: tuple[int, ...] = ()
+    num_videos: int = 0  # the prompt's videos (their temporal patches are `images` too)
 
     @property
     def num_images(self) -> int:
         """The prompt's images (what `--limit-mm-per-prompt` counts), not their tiles."""
-        return len(self.tiles) if self.tiles else len(self.images)
+        return len(self.tiles) if self.tiles else sum(not im.video for im in self.images)
 
 
 def pixels_hash(pixels: np.ndarray, grid: tuple[int, ...] | None = None) -> bytes:
@@ -74,6 +78,12 @@ def repeat_runs(token_ids, token: int, lengths: np.ndarray) -> tuple[np.ndarray,
     if len(at) != len(lengths):
         raise ValueError(f"the prompt has {len(at)} image token(s) (id {token}) for "
                          f"{len(lengths)} image(s): put one image token where each image goes")  # fmt: skip
+    return repeat_at(ids, at, lengths)
+
+
+def repeat_at(ids: np.ndarray, at: np.ndarray, lengths) -> tuple[np.ndarray, np.ndarray]:
+    """`ids` with the token at each position `at[k]` (ascending) repeated `lengths[k]` times,
+    and each run's first position."""
     n = np.asarray(lengths, dtype=np.int64)
     repeats = np.ones(len(ids), dtype=np.int64)
     repeats[at] = n

@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
+from pagoda.runtime.multimodal.image_inputs import (
+    ImageInput,
+    MultiModalInputs,
+    RunsNeedImages,
+    pixels_hash,
+)
 from pagoda.runtime.multimodal.pixtral_config import PixtralVisionConfig
 from pagoda.runtime.multimodal.pixtral_processing import preprocess, run_tokens
 
@@ -63,8 +68,8 @@ def build(token_ids: Sequence[int], prepared: Sequence[np.ndarray],
 
 
 def expand(token_ids: Sequence[int], num_images: int, vision: PixtralVisionConfig) -> tuple:
-    """ValueError: a run's length is its image's size, known only where the image is read."""
-    raise ValueError("Pixtral's placeholder runs depend on each image's size: "
+    """RunsNeedImages: a run's length is its image's size, known only where the image is read."""
+    raise RunsNeedImages("Pixtral's placeholder runs depend on each image's size: "
                      "they are counted where the images are read")  # fmt: skip
 
 

@@ -120,9 +120,12 @@ def placeholders(grid: Sequence[int], merge_size: int) -> int:
 
 
 def mrope_positions(length: int, offsets: Sequence[int], grids: Sequence[Sequence[int]],
-                    merge_size: int) -> tuple[np.ndarray, int]:  # fmt: skip
-    """int64 [3, length] positions of a prompt whose images (patch grids `grids`) take the runs
-    at `offsets` (in prompt order), and its delta: max position + 1 - length."""
+                    merge_size: int, intervals: Sequence[float] | None = None,
+                    ) -> tuple[np.ndarray, int]:  # fmt: skip
+    """int64 [3, length] positions of a prompt whose images and videos (patch grids `grids`)
+    take the runs at `offsets` (in prompt order), and its delta: max position + 1 - length.
+    A run's temporal positions are its temporal patches times its `intervals` entry, floored
+    (Qwen2.5-VL's videos; 1 elsewhere)."""
     g = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     t, h, w = g[:, 0], g[:, 1] // merge_size, g[:, 2] // merge_size
     n = t * h * w  # each image's tokens
@@ -132,9 +135,13 @@ def mrope_positions(length: int, offsets: Sequence[int], grids: Sequence[Sequenc
     np.add.at(shift, at + n, n - advance)  # each image ends: later text moves back
     pos = np.arange(length, dtype=np.int64) - np.cumsum(shift)[:length]
     out = np.repeat(pos[None], 3, axis=0)
-    for o, k, ti, hi, wi in zip(at.tolist(), n.tolist(), t.tolist(), h.tolist(), w.tolist()):
+    for i, (o, k, ti, hi, wi) in enumerate(
+        zip(at.tolist(), n.tolist(), t.tolist(), h.tolist(), w.tolist())
+    ):
         start = pos[o]
         grid = np.indices((ti, hi, wi), dtype=np.int64).reshape(3, k)
+        if intervals is not None and intervals[i] != 1:
+            grid[0] = (grid[0].astype(np.float32) * np.float32(intervals[i])).astype(np.int64)
         out[:, o : o + k] = grid + start
     delta = int(out.max()) + 1 - length if length else 0
     return out, delta

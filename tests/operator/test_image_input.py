@@ -72,7 +72,7 @@ def test_the_flag_is_the_runtimes(images: int) -> None:
     args = server_args(parse(engine({"image": images})))
     parsed = build_parser().parse_args(args)
     server_config(parsed)
-    assert parse_limits(parsed.limit_mm_per_prompt) == {"image": images}
+    assert parse_limits(parsed.limit_mm_per_prompt)["image"] == images
 
 
 def test_unset_renders_nothing_and_a_change_rolls_the_pods() -> None:
@@ -87,7 +87,7 @@ def test_unset_renders_nothing_and_a_change_rolls_the_pods() -> None:
             build_config_map(OWNER, plain)
         )
     parsed = build_parser().parse_args(server_args(plain))
-    assert parse_limits(parsed.limit_mm_per_prompt) == {"image": DEFAULT_IMAGE_LIMIT}
+    assert parse_limits(parsed.limit_mm_per_prompt)["image"] == DEFAULT_IMAGE_LIMIT
     for images in (2, 4):
         cm = build_config_map(OWNER, parse(engine({"image": images})))
         assert json.loads(cm["data"]["engine.json"])["limitMMPerPrompt"] == {"image": images}

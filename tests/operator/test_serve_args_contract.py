@@ -208,7 +208,7 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
             assert {camel(k): v for k, v in pooler.user_keys().items()} == want
         seen.add(("pooler", pooler is not None))
         want = spec["engine"].get("limitMMPerPrompt", {}).get("image", DEFAULT_IMAGE_LIMIT)
-        assert parse_limits(parsed.limit_mm_per_prompt) == {"image": want}  # the runtime's reader
+        assert parse_limits(parsed.limit_mm_per_prompt)["image"] == want  # the runtime's reader
         seen.add(("images", want))
         want = spec["engine"].get("mmProcessorKwargs") or None
         assert parse_processor_kwargs(parsed.mm_processor_kwargs) == want  # the runtime's reader

@@ -1,7 +1,7 @@
 """`pagoda serve` on a tiny Mistral 3 (tests/runtime/pixtral_testlib.py) through the `openai`
 SDK: a chat with a base64 image part renders `[IMG]`, expanded to the image's rows of `[IMG]`
 with `[IMG_BREAK]` / `[IMG_END]`, and answers transformers' greedy tokens; a text-only chat after
-it too; `/tokenize` of messages with an image is a 400 (the run depends on the image)."""
+it too; `/tokenize` of messages with an image reads it (the run depends on the image)."""
 
 from __future__ import annotations
 
