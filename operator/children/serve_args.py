@@ -78,7 +78,7 @@ def _limit_mm_json(images: int | None) -> str | None:
     return None if images is None else json.dumps({"image": images})
 
 
-def _processor_kwargs_json(pairs: tuple[tuple[str, int], ...] | None) -> str | None:
+def _processor_kwargs_json(pairs: tuple[tuple[str, int | bool], ...] | None) -> str | None:
     return None if pairs is None else json.dumps(dict(pairs))
 
 

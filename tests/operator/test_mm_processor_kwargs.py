@@ -63,7 +63,13 @@ def test_the_keys_are_those_the_runtimes_processors_read() -> None:
          f"{FIELD}.max_pixels must be an integer, got '1003520'"),
         ({"min_pixels": True}, "True is not of type 'integer'", "must be an integer"),
         ({"min_pixels": 4096, "size": 1}, "Additional properties are not allowed",
-         f"{FIELD}: unknown field(s) size (known: max_pixels, min_pixels)"),
+         f"{FIELD}: unknown field(s) size (known: crop_to_patches, max_patches, max_pixels, "
+         "min_patches, min_pixels)"),
+        ({"min_patches": 8, "max_patches": 4}, "min_patches must be <= max_patches",
+         f"{FIELD}.min_patches (8) must be <= max_patches (4)"),
+        ({"max_patches": 2000}, "is greater than the maximum of 1024", "between 1 and 1024"),
+        ({"crop_to_patches": "no"}, "'no' is not of type 'boolean'",
+         f"{FIELD}.crop_to_patches must be true or false, got 'no'"),
         ({"min_pixels": 8192, "max_pixels": 4096}, "min_pixels must be <= max_pixels",
          f"{FIELD}.min_pixels (8192) must be <= max_pixels (4096)"),
         ([{"min_pixels": 4096}], "is not of type 'object'", f"{FIELD} must be an object"),
@@ -80,9 +86,10 @@ def test_bad_kwargs_are_refused_by_the_crd_and_the_operator(
 @pytest.mark.parametrize(
     "kwargs",
     [{"min_pixels": 200704, "max_pixels": 1003520}, {"max_pixels": 1}, {"min_pixels": 1 << 30},
-     {"min_pixels": 4096, "max_pixels": 4096}],
+     {"min_pixels": 4096, "max_pixels": 4096},
+     {"min_patches": 1, "max_patches": 6, "crop_to_patches": True}, {"crop_to_patches": False}],
 )  # fmt: skip
-def test_the_flag_is_the_runtimes(kwargs: dict[str, int]) -> None:
+def test_the_flag_is_the_runtimes(kwargs: dict[str, int | bool]) -> None:
     """`--mm-processor-kwargs` as vLLM's JSON, which the real parser, the server's own checks
     and the runtime's reader (`option_rules.parse_processor_kwargs`) take as the settings asked."""
     assert crd_errors(engine(kwargs)) == []
