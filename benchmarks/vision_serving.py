@@ -89,12 +89,12 @@ def write_checkpoint(path: Path) -> None:
     ).save_pretrained(path)  # fmt: skip
 
 
-def pictures(n: int, size: int) -> list:
+def pictures(n: int, size: int, seed: int = 0) -> list:
     """`n` random RGB pictures, `size` px square."""
     import numpy as np
     from PIL import Image
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
             for _ in range(n)]  # fmt: skip
 
