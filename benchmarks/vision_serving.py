@@ -156,6 +156,15 @@ def p99(times: list[float]) -> float:
     return times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
 
 
+def timing_cells(runs: list[dict], requests: int, out_tokens: int) -> list[str]:
+    """requests/s, output tok/s, TTFT p50 and p99: medians over `runs` (each with its
+    `seconds` and sorted `ttft`)."""
+    sec = statistics.median(r["seconds"] for r in runs)
+    p50 = statistics.median(statistics.median(r["ttft"]) for r in runs)
+    tail = statistics.median(p99(r["ttft"]) for r in runs)
+    return [f"{requests / sec:.2f}", f"{out_tokens / sec:.1f}", f"{p50:.3f}", f"{tail:.3f}"]
+
+
 def workload(loaded, name: str, batch: list[dict], args) -> list[list[str]]:
     """One workload's rows: every configuration, alternating `--rounds` times; medians."""
     got: dict[str, list[dict]] = {label: [] for label, _, _ in CONFIGS}
@@ -171,24 +180,32 @@ def workload(loaded, name: str, batch: list[dict], args) -> list[list[str]]:
         sec = statistics.median(r["seconds"] for r in runs)
         out = runs[0]["out_tokens"]
         rows.append([name, label, str(runs[0]["encoded"]), str(runs[0]["cached"]),
-                     f"{len(batch) / sec:.2f}", f"{out / sec:.1f}",
-                     f"{statistics.median(statistics.median(r['ttft']) for r in runs):.3f}",
-                     f"{statistics.median(p99(r['ttft']) for r in runs):.3f}",
-                     f"{base / sec:.2f}x"])  # fmt: skip
+                     *timing_cells(runs, len(batch), out), f"{base / sec:.2f}x"])  # fmt: skip
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def workload_args(doc: str) -> argparse.ArgumentParser:
+    """The arguments of the workload both scripts run (this one and the server's)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--images", type=int, default=4, help="distinct pictures, shared")
     ap.add_argument("--size", type=int, default=336, help="picture side, px")
     ap.add_argument("--tokens", type=int, default=16, help="new tokens per request")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--max-num-seqs", type=int, help="the engine's (its default if not given)")
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if not 1 <= args.images <= args.requests:
         ap.error("--images must be 1 to --requests")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = workload_args(__doc__)
+    ap.add_argument("--max-num-seqs", type=int, help="the engine's (its default if not given)")
+    args = parse(ap, argv)
     from pagoda.runtime.model.loader import load_model
 
     print(machine(), f"load {os.getloadavg()[0]:.1f}", flush=True)

@@ -22,11 +22,9 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the other CPU benchmarks (busy cores)
 
-import argparse
 import asyncio
 import base64
 import io
-import statistics
 import sys
 import tempfile
 import time
@@ -37,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table
 from serving import Server
-from vision_serving import p99, pictures, write_checkpoint
+from vision_serving import parse, pictures, timing_cells, workload_args, write_checkpoint
 
 ENCODER = ("pagoda:mm_encoder_cache_queries", "pagoda:mm_encoder_cache_hits")
 
@@ -106,16 +104,9 @@ def measure(server: Server, model: str, urls: list[str], args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--images", type=int, default=4, help="distinct pictures, shared")
+    ap = workload_args(__doc__)
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients")
-    ap.add_argument("--size", type=int, default=336, help="picture side, px")
-    ap.add_argument("--tokens", type=int, default=16, help="new tokens per request")
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args(argv)
-    if not 1 <= args.images <= args.requests:
-        ap.error("--images must be 1 to --requests")
+    args = parse(ap, argv)
     print(machine(), f"load {os.getloadavg()[0]:.1f}", flush=True)
     path = Path(tempfile.mkdtemp(prefix="vision-serving-server-"))
     write_checkpoint(path)
@@ -146,11 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 for label, server in servers.items():
                     got[w, label].append(measure(server, model, urls, args))
         for (w, label), runs in got.items():
-            sec = statistics.median(r["seconds"] for r in runs)
-            rows.append([w, label, str(runs[0]["encoded"]), f"{args.requests / sec:.2f}",
-                         f"{runs[0]['tokens'] / sec:.1f}",
-                         f"{statistics.median(statistics.median(r['ttft']) for r in runs):.3f}",
-                         f"{statistics.median(p99(r['ttft']) for r in runs):.3f}"])  # fmt: skip
+            cells = timing_cells(runs, args.requests, runs[0]["tokens"])
+            rows.append([w, label, str(runs[0]["encoded"]), *cells])
     finally:
         for s in servers.values():
             s.stop()
