@@ -17,6 +17,7 @@ import torch
 from pagoda.runtime import option_rules, options
 from pagoda.runtime.lora_config import LORA_KWARGS, LoRAConfig
 from pagoda.runtime.model_config import FamilyConfig, ModelConfig
+from pagoda.runtime.multimodal.chat_videos import VideoIO
 from pagoda.runtime.multimodal.config import parse_limits
 from pagoda.runtime.options import DEFAULT_MODEL
 from pagoda.runtime.parallelism import Parallelism
@@ -161,12 +162,18 @@ class EngineConfig:
     # read into a dict; None: the checkpoint's); its keys are checked against the family's
     # processor where the model is read (`multimodal.processor_kwargs.apply`)
     mm_processor_kwargs: Any = None
+    # how the server samples a chat request's videos (vLLM's --media-io-kwargs: a dict or its
+    # JSON text, read into a `chat_videos.VideoIO`; None: 32 frames a video)
+    media_io_kwargs: Any = None
 
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
         object.__setattr__(self, "limit_mm_per_prompt", parse_limits(self.limit_mm_per_prompt))
         kwargs = option_rules.parse_processor_kwargs(self.mm_processor_kwargs)
         object.__setattr__(self, "mm_processor_kwargs", kwargs)
+        if not isinstance(self.media_io_kwargs, VideoIO):
+            media = option_rules.parse_media_io_kwargs(self.media_io_kwargs)
+            object.__setattr__(self, "media_io_kwargs", VideoIO.parse(media))
         if self.runner not in options.RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(options.RUNNERS)}, got "
                              f"{self.runner!r}")  # fmt: skip

@@ -74,9 +74,8 @@ _SHORT_CONV, _MAMBA1 = "short_conv layers", "mamba1 layers"  # (LFM2's, Mamba-1'
 _DELTANET = "gated_deltanet layers"  # in the FP8 GEMM; split over ranks, as Gated DeltaNet's)
 
 # BERT's, RoBERTa's (model/bert.py) and ModernBERT's (model/modernbert.py): an encoder's
-# attention runs outside the paged backend
+# attention runs outside the paged backend (split by heads as a decoder's)
 _ENCODER = Untested(
-    tensor_parallel="its bidirectional attention is not split over ranks",
     fp8="not tested",
     fp8_checkpoint="not tested",
     kv_cache="an encoder keeps no keys or values: its attention reads the step's own",
@@ -113,8 +112,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "granite_swa": Untested(fp8="not tested"),
         "granitemoe_swa": Untested(fp8="not tested"),
         "kolibri1": Untested(fp8="not tested"),
-        "kolibri1_1": Untested(
-            tensor_parallel="its KV-shared layers are not tested on several ranks",
+        "kolibri1_1": Untested(  # (rank 0 selects the indexed layers' keys for every rank)
             fp8="not tested",
             kv_cache="its indexed layers' keys and values are rounded to NVFP4 in the cache",
         ),
@@ -132,7 +130,6 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         **dict.fromkeys(
             ("qwen3_vl", "qwen3_vl_moe"),
             Untested(
-                tensor_parallel="its DeepStack features are not tested on several ranks",
                 fp8="its vision tower is not quantized",
                 fp8_checkpoint="its vision tower is not quantized",
             ),
@@ -147,6 +144,17 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "idefics3": Untested(
             fp8="its vision tower and connector are not quantized",
             fp8_checkpoint="its vision tower and connector are not quantized",
+        ),
+        "mistral3": Untested(  # (Mistral 3 with its images: model/pixtral.py)
+            fp8="its vision tower and projector are not quantized",
+            fp8_checkpoint="its vision tower and projector are not quantized",
+        ),
+        **dict.fromkeys(
+            ("internvl", "internvl_qwen3", "internvl_qwen3_moe"),
+            Untested(
+                fp8="its vision tower and projector are not quantized",
+                fp8_checkpoint="its vision tower and projector are not quantized",
+            ),
         ),
         # (an FP8 Llama 4 checkpoint is read text-only, `llama4`: model/hf_loader.py)
         "llama4_vision": Untested(fp8="its vision tower and projector are not quantized"),
@@ -180,8 +188,7 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         "qwen3_5": Untested(fp8=_DELTANET),
         "qwen3_5_moe": Untested(fp8=_DELTANET),
         "lara_mini": Untested(fp8=_DELTANET),
-        "qwen4_exp": Untested(
-            tensor_parallel="its hyper-connections and Per-Layer Embeddings are not split",
+        "qwen4_exp": Untested(  # (its hyper-connections, PLE and QSA indexer whole a rank)
             fp8=_DELTANET,
             fp8_checkpoint="not tested",
             kv_cache="its QSA indexer is tested with 16/32-bit caches only",
@@ -215,17 +222,14 @@ UNTESTED: Mapping[str, Untested] = MappingProxyType(
         ),
         "hrm_text": Untested(fp8="its FP8 GEMM is not tested"),
         "ergo": Untested(fp8="its FP8 GEMM is not tested"),  # (its experts split by expert)
-        "zaya": Untested(
-            tensor_parallel="its conv state's q/k/v and router MLP are not split over ranks",
+        "zaya": Untested(  # (its conv state split by heads, the delayed values whole)
             fp8="its conv-fed attention and router MLP's FP8 GEMM is not tested",
         ),
-        "inkling": Untested(
-            tensor_parallel="its short convs' states and relative logits are not split over ranks",
+        "inkling": Untested(  # (its k/v convs split by KV heads, the output convs whole)
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),
-        "inkling2": Untested(
-            tensor_parallel="its short convs' states, block residuals and relative logits are not split over ranks",
+        "inkling2": Untested(  # (as Inkling's; its dynamic taps by KV heads, sinks by heads)
             fp8="its FP8 GEMM is not tested",
             kv_cache="its relative logits are tested over a KV cache in the model's dtype only",
         ),

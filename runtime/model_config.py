@@ -355,10 +355,10 @@ class ModelConfig:
             llama = self.num_layers * (attn + 2 * h + mlp) + emb + h
             return m.zamba2.params(self, tp) - llama
         if m.inkling is not None or m.inkling2 is not None:  # its layers' own beyond Llama's
-            return (m.inkling or m.inkling2).params(self)  # (one rank)
-        if m.zaya is not None:  # its layers' own (one rank), less the first's router state
+            return (m.inkling or m.inkling2).params(self, tp)
+        if m.zaya is not None:  # its layers' own (a rank's), less the first's router state
             # scale, and the embeddings' scale and bias
-            return self.num_layers * m.zaya.params(self) - m.zaya.router_hidden + 2 * h
+            return self.num_layers * m.zaya.params(self, tp) - m.zaya.router_hidden + 2 * h
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
         if self.family.mla is not None:  # latent attention (Kimi Linear's), the rank's heads

@@ -102,6 +102,18 @@ def json_object(name: str, value: Any, example: str) -> Mapping[str, Any]:
     return value
 
 
+MEDIA_IO_KWARGS_EXAMPLE = '{"video": {"num_frames": 16}}'
+
+
+def parse_media_io_kwargs(value: Any) -> dict[str, Any] | None:
+    """`--media-io-kwargs`' JSON text (`json_object`) or a mapping → its keys and values
+    (None: none given); read into a `multimodal.chat_videos.VideoIO` by the engine's config."""
+    if value is None:
+        return None
+    return {k: dict(v) if isinstance(v, Mapping) else v
+            for k, v in json_object("media_io_kwargs", value, MEDIA_IO_KWARGS_EXAMPLE).items()}  # fmt: skip
+
+
 MM_PROCESSOR_KWARGS_EXAMPLE = '{"min_pixels": 200704, "max_pixels": 1003520}'
 
 

@@ -338,8 +338,12 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          '\'{"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true, "dimensions": D}\' '
          "(default: the checkpoint's sentence-transformers pooling, else LAST, normalized)",
          None, metavar="JSON"),
-    Flag("--limit-mm-per-prompt", "images a prompt of a vision model (LLaVA) may hold, vLLM's "
-         "JSON: '{\"image\": N}' (default 999); more is a 400", None, metavar="JSON"),
+    Flag("--limit-mm-per-prompt", "images and videos a prompt of a vision model may hold, "
+         "vLLM's JSON: '{\"image\": N, \"video\": N}' (default 999 each); more is a 400", None,
+         metavar="JSON"),
+    Flag("--media-io-kwargs", "how a chat request's videos are sampled, vLLM's JSON: "
+         "'{\"video\": {\"num_frames\": N, \"fps\": F}}' (default 32 frames a video; -1: "
+         "every frame; with fps, at most F frames a second of video)", None, metavar="JSON"),
     Flag("--mm-processor-kwargs", "the image processor's settings over the checkpoint's, "
          "vLLM's JSON, e.g. Qwen2-VL's '{\"min_pixels\": 200704, \"max_pixels\": 1003520}'; "
          "a key the model's processor does not read is refused", None, metavar="JSON"),

@@ -1,8 +1,10 @@
 """The frozen configs of a model's recurrent layers (`FamilyConfig.mamba`, runtime/model_config.py):
 the Mamba2 mixers of the hybrid models and their kin (LFM2's short convs, Mamba-1, Gated DeltaNet,
 KDA: `MambaConfig.mixer`), with what sizes their weights and per-sequence states, and what rides
-on them: Falcon-H1's scales, Nemotron-H's experts, Zamba2's shared blocks. Validated in
-``__post_init__`` like the rest (`model_configs.py` holds the attention and expert sub-configs).
+on them: Falcon-H1's scales, Nemotron-H's experts, Zamba2's shared blocks, MiniMax's residual
+weights (`conv_attention_configs.py` holds Zaya's and Inkling's conv-fed attention layers).
+Validated in ``__post_init__`` like the rest (`model_configs.py` holds the attention and expert
+sub-configs).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime import option_rules
+from pagoda.runtime.conv_attention_configs import Inkling2Layers, InklingLayers, ZayaCCA
 from pagoda.runtime.model_configs import ExpertRouting
 
 if TYPE_CHECKING:
@@ -120,158 +123,6 @@ class Zamba2Blocks:
 
 
 @dataclass(frozen=True)
-class ZayaCCA:
-    """Zaya's attention inputs (`model/zaya.py`, read by `model/zaya_config.py`): q and k from
-    a causal conv over the tokens (a depthwise conv of `time0` taps, then one of `time1` taps
-    grouped by head), half of each value from the token before; the conv state holds the last
-    ``time0 + time1 - 2`` q/k projections and the delayed value projection of the token before
-    (`MambaConfig.d_conv`, a short conv's state). Its router (`router_hidden` wide) reads the
-    previous layer's router state."""
-
-    time0: int
-    time1: int
-    router_hidden: int
-
-    def __post_init__(self) -> None:
-        for name in ("time0", "time1", "router_hidden"):
-            _positive(name, getattr(self, name))
-
-    def params(self, c: ModelConfig) -> int:
-        """One layer's weights beyond Llama's attention (the values' two halves are v's
-        rows) and the experts' (`FamilyConfig.num_experts`): the convs, the key scale, the
-        two residual scalings, the router (its state's scale too: the first layer has none)
-        less the one matrix `from_shapes` counts for it."""
-        h, d, e, r = c.hidden_size, c.head_dim, c.family.num_experts, self.router_hidden
-        qk = (c.num_heads + c.num_kv_heads) * d
-        conv = qk * (self.time0 + 1) + qk * (d * self.time1 + 1)
-        router = r * h + 3 * r + 2 * (r * r + r) + (e + 1) * r + (e + 1) - e * h
-        return conv + c.num_kv_heads + 8 * h + router
-
-
-@dataclass(frozen=True)
-class InklingLayers:
-    """Inkling's layers (`model/inkling.py`, read by `model/inkling_config.py`): window layers
-    (`sliding`) with their own KV heads and head size; relative-position logits (`d_rel`
-    profiles over `rel_extent` distances, the window's on window layers); the full layers'
-    logit scaling ``1 + log_alpha * log(max((p + 1) / log_floor, 1))`` (None: none); four short
-    convs per layer whose inputs are its conv state ([k | v | attention's output | the MLP's],
-    `MambaConfig.d_conv` taps); `shared_experts` beside the routed ones, scored with them,
-    weights times `route_scale`; the final hidden states over `logits_divisor`."""
-
-    sliding: tuple[bool, ...]
-    swa_kv_heads: int
-    swa_head_dim: int
-    d_rel: int
-    rel_extent: int
-    log_floor: int | None
-    log_alpha: float
-    shared_experts: int
-    route_scale: float
-    logits_divisor: float
-
-    def __post_init__(self) -> None:
-        for name in ("swa_kv_heads", "swa_head_dim", "d_rel", "rel_extent", "shared_experts"):
-            _positive(name, getattr(self, name))
-        if self.log_floor is not None:
-            _positive("log_scaling_n_floor", self.log_floor)
-        if self.logits_divisor <= 0:
-            raise ValueError(f"logits_mup_width_multiplier must be positive, got "
-                             f"{self.logits_divisor}")  # fmt: skip
-
-    def kv_shape(self, c: ModelConfig, layer: int) -> tuple[int, int]:
-        """(KV heads, head size) of `layer`."""
-        if self.sliding[layer]:
-            return self.swa_kv_heads, self.swa_head_dim
-        return c.num_kv_heads, c.head_dim
-
-    def params(self, c: ModelConfig) -> int:
-        """The layers' weights beyond Llama's attention and MLPs and the experts'
-        (`FamilyConfig.num_experts`, routers counted): each layer's r_proj, relative-logit
-        profiles, its convs and the MLP's scale (dense) or the shared experts, the router's
-        shared rows, scale and correction bias (sparse); the embedding norm; less Llama's
-        attention where a window layer's shape differs."""
-        h, f, k = c.hidden_size, c.family, c.family.mamba.d_conv
-        out = h  # the embedding norm
-        for i in range(c.num_layers):
-            hkv, d = self.kv_shape(c, i)
-            extent = f.sliding_window if self.sliding[i] else self.rel_extent
-            out += c.num_heads * self.d_rel * h + self.d_rel * extent + (2 * hkv * d + 2 * h) * k
-            out += h * d * (c.num_heads * 2 + hkv * 2) + 2 * d  # attention, q/k norms
-            out -= h * c.head_dim * (c.num_heads * 2 + c.num_kv_heads * 2) + 2 * c.head_dim
-            if f.has_experts(i):
-                n, s = f.moe_intermediate_size, self.shared_experts
-                out += s * 3 * h * n + s * h + 1 + f.num_experts
-            else:
-                out += 1
-        return out
-
-
-@dataclass(frozen=True)
-class Inkling2Layers:
-    """Inkling 2's layers (`model/inkling2.py`, read by `model/inkling2_config.py`): Inkling's
-    window layers (their own KV heads), relative logits and four short convs per layer (the
-    full layers' k/v convs dynamic: per-token taps), L2 clips of q, k (`qk_clip`) and the
-    relative states (`rel_clip`), the full layers' log scaling of q and those states,
-    per-token sinks, block attention residuals every `block` layers, softcapped SwiGLU experts
-    (`gate_cap`, `up_cap`) routed by normalised sigmoid scores times `route_scale`; the
-    embedding `padded_vocab` rows (the head: `ModelConfig.vocab_size`)."""
-
-    sliding: tuple[bool, ...]
-    swa_kv_heads: int
-    d_rel: int
-    rel_extent: int
-    log_floor: int
-    log_alpha: float
-    qk_clip: float
-    rel_clip: float
-    block: int
-    gate_cap: float
-    up_cap: float
-    route_scale: float
-    padded_vocab: int
-    # Inkling2Loop's looped layers [start, end) run `passes` times, each pass after the first
-    # with its own KV caches and conv states (cache indices after the model's layers) and
-    # message gates of rank `gate_rank`; (0, 0, 1, 0): none
-    loop: tuple[int, int, int, int] = (0, 0, 1, 0)
-
-    def __post_init__(self) -> None:
-        for name in ("swa_kv_heads", "d_rel", "rel_extent", "log_floor", "block", "padded_vocab"):
-            _positive(name, getattr(self, name))
-
-    def cache_layers(self) -> tuple[int, ...]:
-        """Each KV cache / conv state's layer: the model's, then the looped layers' again
-        for each further pass."""
-        start, end, passes, _ = self.loop
-        return (*range(len(self.sliding)), *(list(range(start, end)) * (passes - 1)))
-
-    def kv_shape(self, c: ModelConfig, layer: int) -> tuple[int, int]:
-        """(KV heads, head size) of `layer` (a cache index: `cache_layers`)."""
-        layer = self.cache_layers()[layer]
-        return (self.swa_kv_heads if self.sliding[layer] else c.num_kv_heads), c.head_dim
-
-    def params(self, c: ModelConfig) -> int:
-        """The weights beyond Llama's attention and the experts (routers counted): the gate,
-        sink, relative-logit and clip-scale tensors, the convs (dynamic on full layers), the
-        block residuals' queries, the full layers' extra norms; the padded embedding rows."""
-        h, f, k, nh, d = c.hidden_size, c.family, c.family.mamba.d_conv, c.num_heads, c.head_dim
-        out = h + (self.padded_vocab - c.vocab_size) * h + h  # embed norm, padding, final query
-        for i in range(c.num_layers):
-            hkv = self.kv_shape(c, i)[0]
-            extent = f.sliding_window if self.sliding[i] else self.rel_extent
-            out += nh * d * h + nh * (h - 1) + nh * self.d_rel * (h + 1) + self.d_rel * extent
-            out += nh * d + h + f.num_experts  # gate, sinks (gpt-oss's one logit a head counted),
-            # relative logits; q scale, query, correction bias
-            out += 2 * h * hkv * d - 2 * h * c.num_kv_heads * d  # (a window layer's KV heads)
-            out += 2 * h * k  # the output convs
-            if self.sliding[i]:
-                out += 2 * hkv * d * k + (h if i else 0)
-            else:
-                out += 2 * (k * hkv * d + hkv * k * h) + 2 * h + (3 * h if i else 0)
-        start, end, _, rank = self.loop  # four message gates a looped layer, their queries
-        return out + (end - start) * 4 * (2 * h * rank + 2 * rank * h + h)
-
-
-@dataclass(frozen=True)
 class MiniMaxScales:
     """MiniMax-Text-01's residual weights (`model/minimax.py`): each sublayer's output is
     ``alpha * x + beta * f(x)`` of its normalised input x, by sublayer kind."""
@@ -350,6 +201,10 @@ class MambaConfig:
     # rows of [d_conv - 1] each layer's conv state carries past `conv_dim`: Qwen4-Exp's PLE
     # conv inputs (`model/qwen4_exp.py`), snapshotted with the rest
     extra_conv_rows: int = 0
+    # (KV heads, head size) of each kind of layer whose k and v channels lead the conv state,
+    # the widest's rows kept (Inkling's and Inkling 2's full and window layers): a rank keeps
+    # its KV heads' (`on_ranks`); the rest of the state (their sublayers' outputs) whole
+    kv_convs: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.mixer not in ("mamba2", "short_conv", "mamba1", "gated_deltanet", "kda",
@@ -426,9 +281,18 @@ class MambaConfig:
         """The mixers' shapes on one of `tp` ranks (`model/mamba_shard.py`, which says which
         heads and groups): n_heads / tp heads, and n_groups / tp groups where tp divides them,
         else the one group a rank's heads read (replicated); a Mamba-1 mixer's (one head of
-        d_inner) d_inner / tp channels (`model/mamba1.py`), RWKV's wkv channels likewise."""
+        d_inner) d_inner / tp channels (`model/mamba1.py`), RWKV's wkv channels likewise;
+        Zaya's conv state its heads' q/k channels and the delayed values whole, Inkling's its
+        KV heads' k and v channels and the outputs' whole."""
         if tp == 1:
             return self
+        if self.zaya is not None:  # Zaya's conv state: its heads' q/k, every delayed value
+            qk = (self.head_dim - self.zaya.delayed) // tp  # (`model/zaya.py`)
+            return replace(self, head_dim=qk + self.zaya.delayed)
+        if self.kv_convs:  # Inkling's: k and v of a rank's KV heads (split, or one replicated)
+            whole, local = (2 * max((k // n if k >= n else 1) * d for k, d in self.kv_convs)
+                            for n in (1, tp))  # fmt: skip
+            return replace(self, head_dim=self.head_dim - whole + local)
         if self.mixer in ("mamba1", "short_conv") and self.n_heads == 1:  # by channels
             return replace(self, head_dim=self.head_dim // tp)  # (Jamba's, LFM2's: `lfm2.py`)
         if self.mixer == "wkv":  # RWKV's: its wkv channels; every rank both token shifts whole

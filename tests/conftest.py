@@ -59,7 +59,10 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/model/",
     "tests/server/test_gemma3_vision_chat.py",  # a Gemma 3 server's image answers; nothing timed
     "tests/server/test_qwen2_vl_chat.py",  # a Qwen2-VL server's answers; nothing timed
+    "tests/server/test_video_chat.py",  # a Qwen2-VL server's answers to videos; nothing timed
     "tests/server/test_llava_next_chat.py",  # LLaVA-NeXT / OneVision servers; nothing timed
+    "tests/server/test_pixtral_chat.py",  # a Mistral 3 server's image answers; nothing timed
+    "tests/server/test_internvl_chat.py",  # an InternVL server's image answers; nothing timed
     "tests/server/test_llama4_vision_chat.py",  # a Llama 4 server's image answers; untimed
     "tests/runtime/quantization/test_fp8_engine.py",  # tokens equal across batch and chunking
     "tests/runtime/spec/test_draft_model.py",  # a sampled law chi-square tested; untimed

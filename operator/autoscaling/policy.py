@@ -36,6 +36,8 @@ The HPA's algorithm, on what users feel instead of CPU:
   within the TTFT target (autotune/floor.py, llm-d's `TTFT_target − ISL/V_P` rule): it acts when
   the queue forms, before TTFT rises.
 
+floors.py applies the three floors to a recommendation (this module computes the ratio's).
+
 History is a tuple of (time, recommendation) pairs that each decision returns updated, with the
 capacity correction and the burst samples; the caller keeps all three (one per InferenceService)
 and passes a monotonic clock reading.
@@ -45,17 +47,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pagoda.operator.autoscaling import bursts as bursts_mod
-from pagoda.operator.autoscaling.demand import (
-    CORRECTION_PERIOD_S,
-    Demand,
-    demand_floor,
-    learn_correction,
-    request_work,
-)
-from pagoda.operator.autotune.floor import ceil_replicas, prefill_floor
+from pagoda.operator.autoscaling.floors import measured_demand, raise_to_floor
+from pagoda.operator.autotune.floor import ceil_replicas
 from pagoda.operator.spec.scaling import DEFAULT_TOLERANCE, AutoscalingSpec
+
+if TYPE_CHECKING:
+    from pagoda.operator.autoscaling.demand import Demand
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
 KV_CACHE_HIGH = 0.9  # scale down keeps the fullest KV cache below this
@@ -271,7 +271,7 @@ def decide(
         return _hold(policy, current, history, now, *held, correction, bursts)
     assert metrics is not None  # _unusable holds without metrics
     name, ratio = max(ratios(policy, metrics, base).items(), key=lambda kv: kv[1])
-    demand, correction, bursts = _measured_demand(
+    demand, correction, bursts = measured_demand(
         policy, metrics, ratio, current=current, ready=ready, history=history, now=now,
         correction=correction, bursts=bursts,
     )  # fmt: skip
@@ -302,33 +302,6 @@ def _unusable(
     return None
 
 
-def _measured_demand(
-    policy: Policy,
-    metrics: Metrics,
-    ratio: float,
-    *,
-    current: int,
-    ready: int,
-    history: History,
-    now: float,
-    correction: float,
-    bursts: bursts_mod.Bursts,
-) -> tuple[Demand | None, float, bursts_mod.Bursts]:
-    """The demand floor (None without a tuned profile's V_P and V_D), after learning the
-    capacity correction from this evaluation and raising it to the burst floor; with the
-    correction and burst state to keep."""
-    demand = _demand(policy, metrics, correction)
-    if demand is None:
-        return None, correction, bursts
-    overloaded = ratio > 1.0 + policy.tolerance and metrics.waiting > 0
-    at_floor = ready >= current >= demand.replicas
-    elapsed = now - history[-1][0] if history else CORRECTION_PERIOD_S
-    correction = learn_correction(correction, overloaded=overloaded and at_floor, elapsed_s=elapsed)
-    demand = _demand(policy, metrics, correction)
-    demand, bursts = _burst(policy, metrics, demand, bursts, now)
-    return demand, correction, bursts
-
-
 def _recommendation(
     policy: Policy,
     metrics: Metrics,
@@ -345,10 +318,10 @@ def _recommendation(
         # With the load measured, the floors size the fleet, up and down: a ratio of TTFT or
         # queue depth only says the load outran the fleet, not by how much (a backlog keeps the
         # minute's p95 high after it has drained, and TTFT is flat below saturation). The demand
-        # floor's backlog term and its learned correction are the feedback (_measured_demand).
+        # floor's backlog term and its learned correction are the feedback (measured_demand).
         rec, reason = policy.min_replicas, "BelowTarget"
     rec, reason = _hold_capacity(policy, metrics, base, current, ready, rec, reason)
-    return _floors(policy, metrics, demand, rec, reason)
+    return raise_to_floor(policy, metrics, demand, rec, reason)
 
 
 def _settle(
@@ -368,78 +341,6 @@ def _settle(
         # edit): they decide (a scale down "TTFTAboveTarget" or up "BelowTarget" would mislead)
         reason = "OutsideBounds"
     return desired, reason, history
-
-
-def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
-    if policy.prefill_tokens_per_s is None or policy.decode_tokens_per_s is None:
-        return None  # no tuned profile with both rates: no demand floor
-    work = request_work(
-        m.mean_prompt_tokens, m.mean_output_tokens, policy.prefill_tokens_per_s,
-        policy.decode_tokens_per_s,
-    )  # fmt: skip
-    work = None if work is None else work * correction
-    return demand_floor(
-        work_s=work, waiting=m.waiting_requests, arrival_rate=m.arrival_rate,
-        arrival_rate_slow=m.arrival_rate_slow, utilization=policy.target_utilization,
-        lead_s=policy.lead_s,
-    )  # fmt: skip
-
-
-def _burst(
-    policy: Policy, m: Metrics, demand: Demand | None, state: bursts_mod.Bursts, now: float
-) -> tuple[Demand | None, bursts_mod.Bursts]:
-    """Record this evaluation's fast need and raise the demand to the burst floor while bursts
-    recur or one is due (bursts.py). Returns the demand (its `burst` set when the burst floor is
-    the larger) and the state to keep."""
-    if demand is None or policy.burst_window_s <= 0 or m.arrival_rate_fast is None:
-        return demand, state
-    fast = m.arrival_rate_fast * demand.work_s
-    slow = (m.arrival_rate_slow or 0.0) * demand.work_s
-    clump = bursts_mod.clump_need(
-        m.arrival_rate_fast, m.mean_prompt_tokens, policy.prefill_tokens_per_s,
-        policy.target_ttft_s,
-    )  # fmt: skip
-    state = bursts_mod.record(
-        state, now, fast, slow, policy.burst_window_s, policy.burst_memory_s, clump
-    )
-    young = bursts_mod.young_need(state, now, policy.burst_window_s, policy.young_margin)
-    needs = [
-        n
-        for n in (
-            bursts_mod.burst_need(state),
-            bursts_mod.scheduled_need(state, now, policy.lead_s),
-            young,
-        )
-        if n is not None
-    ]
-    if not needs:
-        return demand, state
-    need = max(needs)
-    replicas = ceil_replicas(need / policy.target_utilization)
-    if replicas <= demand.replicas:
-        return demand, state
-    young_set = young is not None and young >= need
-    return dataclasses.replace(demand, replicas=replicas, burst=need, young=young_set), state
-
-
-def _floors(
-    policy: Policy, m: Metrics, demand: Demand | None, rec: int, reason: str
-) -> tuple[int, str, int | None]:
-    """Raise the recommendation to the predictive floor: the demand floor, or without it the
-    prefill floor (queued prompt tokens against the TTFT budget). Returns (rec, reason, floor)."""
-    if demand is not None:  # its backlog term already counts the queue's prefill
-        floor = demand.replicas
-        why = "BurstFloor" if demand.burst is not None else "DemandFloor"
-    else:
-        floor = prefill_floor(
-            m.queued_prompt_tokens, policy.prefill_tokens_per_s, policy.target_ttft_s,
-            m.mean_prompt_tokens,
-        )  # fmt: skip
-        why = "PrefillFloor"
-    if floor is None:
-        return rec, reason, None
-    floor = policy.clamp(floor)
-    return (floor, why, floor) if floor > rec else (rec, reason, floor)
 
 
 def _recommend(policy: Policy, name: str, ratio: float, base: int, current: int) -> tuple[int, str]:

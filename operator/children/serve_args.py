@@ -65,6 +65,8 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "pooler_config": None if (pc := e.pooler_config) is None else json.dumps(pc.user_keys()),
         # vLLM's JSON of the images a prompt may hold (None: the runtime's default, nothing)
         "limit_mm_per_prompt": _limit_mm_json(e.limit_mm_per_prompt),
+        # vLLM's JSON of the image processor's settings (None: the checkpoint's, nothing)
+        "mm_processor_kwargs": _processor_kwargs_json(e.mm_processor_kwargs),
         # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
         "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
         "revision": spec.model.commit,  # an hf:// branch's pin (None: not pinned, no flag)
@@ -74,6 +76,10 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
 
 def _limit_mm_json(images: int | None) -> str | None:
     return None if images is None else json.dumps({"image": images})
+
+
+def _processor_kwargs_json(pairs: tuple[tuple[str, int | bool], ...] | None) -> str | None:
+    return None if pairs is None else json.dumps(dict(pairs))
 
 
 def parallel_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[str, Any]:
@@ -174,6 +180,8 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         out["poolerConfig"] = {camel(k): v for k, v in e.pooler_config.user_keys().items()}
     if e.limit_mm_per_prompt is not None:  # likewise
         out["limitMMPerPrompt"] = {"image": e.limit_mm_per_prompt}
+    if e.mm_processor_kwargs is not None:  # likewise; the processor's own key names
+        out["mmProcessorKwargs"] = dict(e.mm_processor_kwargs)
     if (sc := e.speculative) is not None and e.draft is None:  # likewise; camelCase, bounds
         out["speculative"] = {
             "method": sc.method,

@@ -53,6 +53,15 @@ NGRAM_KEYS = ("promptLookupMax", "promptLookupMin")  # n-gram drafting's only
 # engine.limitMMPerPrompt: `--limit-mm-per-prompt`'s modalities the runtime serves (images)
 MM_MODALITIES = ("image",)
 MAX_MM_PER_PROMPT = 1 << 20  # the CRD's bound; unset: the runtime's default (999, vLLM's)
+# engine.mmProcessorKwargs: `--mm-processor-kwargs`' keys, the image processor's own names: those
+# some family's processor reads (each image-input module's `PROCESSOR_KWARGS`, runtime/multimodal/:
+# Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's resized area; InternVL's tile grid bounds and tiling
+# switch; test_mm_processor_kwargs.py checks the union); a key the served model's processor does
+# not read is refused by the server at start
+MM_PROCESSOR_KWARGS = ("crop_to_patches", "max_patches", "max_pixels", "min_patches", "min_pixels",
+                       "resize_to_max_canvas")  # fmt: skip
+MAX_PROCESSOR_PIXELS = 1 << 30  # the CRD's bound on each area
+MAX_PROCESSOR_PATCHES = 1024  # the CRD's bound on each tile count
 
 DEFAULT_TIME_BUDGET_S = 900  # `pagoda tune --time-budget 15m`
 MIN_TIME_BUDGET_S, MAX_TIME_BUDGET_S = 60, 14400
@@ -87,6 +96,9 @@ class EngineSpec:
     # `--limit-mm-per-prompt`'s images a prompt of a vision model (LLaVA) may hold; 0: none;
     # None: the runtime's default
     limit_mm_per_prompt: int | None = None
+    # `--mm-processor-kwargs`: the image processor's settings over the checkpoint's, (key,
+    # value) pairs in key order; None: the checkpoint's
+    mm_processor_kwargs: tuple[tuple[str, int | bool], ...] | None = None
     # `--max-loras` and the rest with spec.adapters (spec/model_ref.py); None: their defaults
     lora: LoraSpec | None = None
     extra_args: tuple[str, ...] = ()
@@ -156,6 +168,7 @@ class EngineSpec:
             runner=choice(d, "runner", p, RUNNERS, None) if d.get("runner") is not None else None,
             pooler_config=_pooler_config(d, p),
             limit_mm_per_prompt=_images_per_prompt(d, p),
+            mm_processor_kwargs=_processor_kwargs(d, p),
             lora=lora,
             extra_args=extra_args,
         )
@@ -186,6 +199,35 @@ def _images_per_prompt(engine: Mapping[str, Any], path: str) -> int | None:
     if value is None:
         return None
     return opt_int(value, "image", f"{path}.limitMMPerPrompt", 0, MAX_MM_PER_PROMPT)
+
+
+def _processor_kwargs(
+    engine: Mapping[str, Any], path: str
+) -> tuple[tuple[str, int | bool], ...] | None:
+    """`spec.engine.mmProcessorKwargs` (vLLM's `--mm-processor-kwargs` as an object, e.g.
+    `{min_pixels: 200704, max_pixels: 1003520}`, `{max_patches: 6}`) → its (key, value) pairs
+    set, in key order; None when absent, null or empty. A key no family's processor reads, a
+    value out of range or of another type, or a lower bound over its upper one is InvalidSpec."""
+    p = f"{path}.mmProcessorKwargs"
+    value = closed_object(engine, "mmProcessorKwargs", path, MM_PROCESSOR_KWARGS)
+    if value is None:
+        return None
+    pairs: dict[str, int | bool | None] = {}
+    for k in MM_PROCESSOR_KWARGS:
+        if k in ("crop_to_patches", "resize_to_max_canvas"):
+            flag = value.get(k)
+            if flag is not None and not isinstance(flag, bool):
+                raise SpecError("InvalidSpec", f"{p}.{k} must be true or false, got {show(flag)}")
+            pairs[k] = flag
+        else:
+            hi = MAX_PROCESSOR_PATCHES if k.endswith("patches") else MAX_PROCESSOR_PIXELS
+            pairs[k] = opt_int(value, k, p, 1, hi)
+    for unit in ("pixels", "patches"):
+        lo, hi = pairs[f"min_{unit}"], pairs[f"max_{unit}"]
+        if lo is not None and hi is not None and lo > hi:
+            raise SpecError("InvalidSpec",
+                            f"{p}.min_{unit} ({lo}) must be <= max_{unit} ({hi})")  # fmt: skip
+    return tuple((k, v) for k, v in pairs.items() if v is not None) or None
 
 
 def _speculative(

@@ -186,6 +186,7 @@ OPERATOR_FLAGS: Mapping[str, str] = {
     },
     "speculative_config": "spec.engine.speculative",
     "limit_mm_per_prompt": "spec.engine.limitMMPerPrompt",
+    "mm_processor_kwargs": "spec.engine.mmProcessorKwargs",
     "enable_lora": "spec.adapters",
     "lora_modules": "spec.adapters",
     "max_loras": "spec.engine.lora.maxLoras",

@@ -88,7 +88,8 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
     Gated DeltaNet layers split by key heads, which must divide, the KDA, lightning and RG-LRU layers by
     heads; Mamba-1's (Mamba's, Falcon-Mamba's, Jamba's) by channels of d_inner, which must
     divide, Zamba's by its heads, LFM2's short convs and RWKV's wkv by channels, xLSTM's mLSTM
-    by heads. Other mixers are not split:
+    by heads (Zaya's and Inkling's conv states by their attention heads: their families'
+    checks). Other mixers are not split:
     refused (their families' rows in `family_options.py` refuse them first, naming the
     architecture)."""
     if m.mixer == "gated_deltanet":  # Qwen3-Next's: by key heads (their value heads follow)
@@ -101,6 +102,8 @@ def mamba_problem(m: MambaConfig, size: int) -> str | None:
             return (f"--tensor-parallel-size {size} does not divide the Mamba mixers' channels "
                     f"(mamba d_inner {m.d_inner})")  # fmt: skip
         return None
+    if m.zaya is not None or m.kv_convs:  # Zaya's conv state, Inkling's: by their attention
+        return None  # heads (`zaya_config.tp_problem`, `inkling_config.tp_problem`)
     if m.mixer == "short_conv":  # LFM2's gated short convs: by channels (`model/lfm2.py`)
         if m.d_inner % size:
             return (f"--tensor-parallel-size {size} does not divide the short convs' channels "

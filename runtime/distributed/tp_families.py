@@ -39,6 +39,9 @@ TP_PROBLEMS: dict[str, str] = {
     "diffllama": "diffllama_config",  # each half of the query and KV heads
     "jetmoe": "jetmoe_config",  # the KV heads (not replicated)
     "ergo": "ergo_config",  # its experts, split by expert
+    "zaya": "zaya_config",  # the KV heads (not replicated: a key's residual reads its group)
+    **dict.fromkeys(("inkling", "inkling2"), "inkling_config"),  # the window layers' KV heads
+    "kolibri1_1": "kolibri1_config",  # rank 0 holds every query head its key selection reads
 }
 
 # architecture -> the module of its `rank_rows`
@@ -58,7 +61,21 @@ RANK_ROWS: dict[str, str] = {
     "bitnet": "bitnet_config",  # its sub-norms by channels, its packed matrices' row scales
     "xlstm": "xlstm_config",  # the mLSTM's projections, gates and norm by heads
     "rwkv": "rwkv_config",  # the mixes' matrices by channels, the channel-mix's receptance whole
+    "zaya": "zaya_config",  # the key scales by KV heads, the values and the router whole
+    "inkling": "inkling_config",  # each layer's heads' q/k/v/r rows, the stacked experts
+    "inkling2": "inkling2_config",  # Inkling's, its gate, sinks, dynamic taps and o_proj
 }
+
+
+def stacked_expert_rows(part: str, rows: int, cols: int, size: int, prefix: str = "mlp.experts."):
+    """A rank's (rows, columns) per expert of stacked experts ``<prefix>gate_up_proj`` (rows)
+    and ``<prefix>down_proj`` (columns) split by width over `size` ranks; None for another
+    tensor (MiniMax-M3's, Zaya's, Inkling's `rank_rows`)."""
+    if part == prefix + "gate_up_proj":
+        return rows // size, cols
+    if part == prefix + "down_proj":
+        return rows, cols // size
+    return None
 
 
 def _function(table: dict[str, str], arch: str, name: str):

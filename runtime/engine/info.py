@@ -34,6 +34,9 @@ class EngineInfo:
     # images a prompt may hold (--limit-mm-per-prompt)
     vision: Any = None
     image_limit: int = 0
+    video_limit: int = 0
+    # how a chat request's videos are sampled (--media-io-kwargs: `chat_videos.VideoIO`)
+    video_io: Any = None
 
     @classmethod
     def from_core(cls, core: Any) -> EngineInfo:
@@ -51,6 +54,8 @@ class EngineInfo:
             hidden_size=getattr(core.model_config, "hidden_size", 0),
             vision=getattr(core.model_config, "vision", None),
             image_limit=_image_limit(core),
+            video_limit=_image_limit(core, "video"),
+            video_io=getattr(getattr(core, "config", None), "media_io_kwargs", None),
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -147,7 +152,7 @@ def _max_token_bytes(tokenizer: Any, vocab_size: int) -> int:
     return longest
 
 
-def _image_limit(core: Any) -> int:
-    """--limit-mm-per-prompt's image count of a vision model's engine (0: text only)."""
+def _image_limit(core: Any, modality: str = "image") -> int:
+    """--limit-mm-per-prompt's image (video) count of a vision model's engine (0: text only)."""
     limits = getattr(getattr(core, "config", None), "limit_mm_per_prompt", None)
-    return limits["image"] if limits is not None else 0
+    return limits.get(modality, 0) if limits is not None else 0

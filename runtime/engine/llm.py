@@ -19,7 +19,7 @@ from pagoda.runtime.lora_config import LoRARequest
 from pagoda.runtime.model.hf_overrides import overlay
 from pagoda.runtime.model.loader import LoadedModel, resolve_model_path
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
-from pagoda.runtime.multimodal import chat_images, processor_kwargs
+from pagoda.runtime.multimodal import chat_images, chat_videos, processor_kwargs
 from pagoda.runtime.multimodal import inputs as mm_inputs
 from pagoda.runtime.sampling.params import SamplingParams
 
@@ -312,8 +312,15 @@ class LLM:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": ids}
             urls = [p["image_url"]["url"] for m in conv for p in _image_parts(m)]
+            videos = [p["video_url"]["url"] for m in conv for p in _image_parts(m, "video")]
+            data: dict[str, list] = {}
             if urls:  # a vision model's: read now (data: or http(s) URLs), placed by generate
-                prompt["multi_modal_data"] = {"image": [chat_images.load(u) for u in urls]}
+                data["image"] = [chat_images.load(u) for u in urls]
+            if videos:  # decoded and sampled as the server's (--media-io-kwargs)
+                io_ = self.engine.config.media_io_kwargs
+                data["video"] = [chat_videos.load(u, io_) for u in videos]
+            if data:
+                prompt["multi_modal_data"] = data
             prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
@@ -416,16 +423,16 @@ def template_messages(
     return out
 
 
-def _image_parts(message: Any) -> list[dict[str, Any]]:
-    """A message's `image_url` parts (each with its URL; ValueError for one without)."""
+def _image_parts(message: Any, kind: str = "image") -> list[dict[str, Any]]:
+    """A message's `image_url` (`kind` "video": `video_url`) parts (each with its URL;
+    ValueError for one without)."""
+    key = f"{kind}_url"
     content = message.get("content") if isinstance(message, dict) else None
-    found = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"] if \
+    found = [p for p in content if isinstance(p, dict) and p.get("type") == key] if \
         isinstance(content, list) else []  # fmt: skip
     for p in found:
-        if not isinstance(p.get("image_url"), dict) or not isinstance(
-            p["image_url"].get("url"), str
-        ):
-            raise ValueError("an image_url part needs {'image_url': {'url': ...}}")
+        if not isinstance(p.get(key), dict) or not isinstance(p[key].get("url"), str):
+            raise ValueError(f"an {key} part needs {{'{key}': {{'url': ...}}}}")
     return found
 
 
@@ -436,11 +443,11 @@ def _as_parts(content: Any, i: int) -> list[dict[str, Any]]:
     out = []
     for p in content:
         kind = p.get("type") if isinstance(p, dict) else None
-        if kind not in ("text", "image_url"):
+        if kind not in ("text", "image_url", "video_url"):
             raise ValueError(f"messages[{i}].content: parts of type {kind!r} are not supported "
-                             "(text, image_url)")  # fmt: skip
+                             "(text, image_url, video_url)")  # fmt: skip
         out.append({"type": "text", "text": str(p.get("text", ""))} if kind == "text" else
-                   {"type": "image"})  # fmt: skip
+                   {"type": kind.removesuffix("_url")})  # fmt: skip
     return out
 
 

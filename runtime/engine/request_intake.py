@@ -52,9 +52,9 @@ def validate(
     if params.structured_outputs is not None:  # offline: compiled here (server: before)
         compile_grammar(core, params.structured_outputs)
     if params.multi_modal is not None:  # images: a vision model's, each over its placeholders
-        limit = core.config.limit_mm_per_prompt["image"]
-        mm_inputs.check(prompt_token_ids, params.multi_modal, mc.vision, limit,
-                        core.config.scheduler.max_num_batched_tokens)  # fmt: skip
+        limits = core.config.limit_mm_per_prompt
+        mm_inputs.check(prompt_token_ids, params.multi_modal, mc.vision, limits["image"],
+                        core.config.scheduler.max_num_batched_tokens, limits["video"])  # fmt: skip
     return params
 
 

@@ -82,5 +82,5 @@ def rename_tensors(weights) -> None:
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its stacked experts, stored [in, out] (`expert_shapes`), in
-    `checkpoint_check.expected_shapes`' tensors."""
+    `checkpoint_shapes.expected_shapes`' tensors."""
     out.update(expert_shapes(c))

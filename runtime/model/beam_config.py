@@ -94,7 +94,7 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its norms around the MLP and attention's output gate (with a bias a head) in
-    `checkpoint_check.expected_shapes`' tensors."""
+    `checkpoint_shapes.expected_shapes`' tensors."""
     h, q = c.hidden_size, c.num_heads * c.head_dim
     for i in range(c.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."

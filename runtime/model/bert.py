@@ -13,6 +13,10 @@ KV cache, and writes nothing to it: the engine schedules each encoder prompt who
 request are its whole prompt. There is no final norm; the pooler reads the last layer's rows.
 A sequence classifier's head (`*ForSequenceClassification`, any number of labels) is a
 `ClassifierHead` the pooler runs on the pooled CLS row: dense, tanh, out.
+
+Tensor parallel as a decoder (ModernBERT's too): `bidirectional` runs the rank's heads
+(`LayerContext.num_heads`; an encoder's KV heads are its heads), o_proj row-parallel, the MLP
+by width; the hidden states are whole on every rank after the last all-reduce, rank 0 pools.
 """
 
 from __future__ import annotations

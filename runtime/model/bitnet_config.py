@@ -62,7 +62,7 @@ def family_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def expected_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
-    """`out` (`checkpoint_check.expected_shapes`) with BitNet's sub-norms, its MLPs (their width
+    """`out` (`checkpoint_shapes.expected_shapes`) with BitNet's sub-norms, its MLPs (their width
     is config.json's: ffn_sub_norm's) and, packed, each matrix as uint8 [rows / 4, cols] with its
     one-element weight_scale."""
     h, i = c.hidden_size, c.intermediate_size

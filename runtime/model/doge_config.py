@@ -48,7 +48,7 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its dynamic mask's A and dt_proj, its residual scales and, with experts, their router
-    and tables, in `checkpoint_check.expected_shapes`' tensors."""
+    and tables, in `checkpoint_shapes.expected_shapes`' tensors."""
     g, h, kv = c.family.doge, c.hidden_size, c.num_kv_heads
     for i in range(c.num_layers):
         p = f"model.layers.{i}."

@@ -111,7 +111,7 @@ def read_checkpoint_names(weights) -> None:
 
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
-    """`checkpoint_check.expected_shapes`' tensors without norm weights (Dory's norms are
+    """`checkpoint_shapes.expected_shapes`' tensors without norm weights (Dory's norms are
     weightless), with attention's gate and nGPT's scaled parameters, the head's logit scale."""
     for name in [n for n in out if n.endswith("norm.weight")]:
         del out[name]

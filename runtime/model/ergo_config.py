@@ -155,7 +155,7 @@ def expected_shapes(c) -> dict[str, tuple[int, ...]]:
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its norms, gates, q/k norms and experts (`expected_shapes`) in
-    `checkpoint_check.expected_shapes`' tensors."""
+    `checkpoint_shapes.expected_shapes`' tensors."""
     out.update(expected_shapes(c))
 
 

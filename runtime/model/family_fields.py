@@ -247,7 +247,7 @@ def _qwen_moe(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         round_topk_to_model_dtype=True,
         moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)),
     )
-    if arch in ("qwen3moe", "qwen3_vl_moe"):
+    if arch in ("qwen3moe", "qwen3_vl_moe", "internvl_qwen3_moe"):
         fields["qk_norm"] = True
     if arch == "qwen3_vl_moe":  # (its router renormalises the top k always)
         fields["norm_topk_prob"] = True
@@ -347,6 +347,7 @@ FIELDS: dict[str, Fields] = {
     **modernbert_config.FIELDS,  # ModernBERT's: local and global layers (model/modernbert.py)
     "qwen3": _qwen3,
     "qwen3_vl": _qwen3,
+    "internvl_qwen3": _qwen3,  # (InternVL 3.5's text model)
     "gemma3": _gemma3,
     **dict.fromkeys(
         gemma4.ARCHS,
@@ -374,6 +375,7 @@ FIELDS: dict[str, Fields] = {
     "mixtral": _mixtral,
     "qwen3moe": _qwen_moe,
     "qwen3_vl_moe": _qwen_moe,
+    "internvl_qwen3_moe": _qwen_moe,  # (InternVL3.5-MoE's text model)
     "qwen2moe": _qwen_moe,
     "olmo2": _olmo2,
     "olmo3": _olmo2,

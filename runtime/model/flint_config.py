@@ -65,6 +65,6 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its attention sinks (stored as `softmax_offset`, listed as `sinks`) in
-    `checkpoint_check.expected_shapes`' tensors."""
+    `checkpoint_shapes.expected_shapes`' tensors."""
     for i in range(c.num_layers):
         out[f"model.layers.{i}.self_attn.sinks"] = (c.num_heads,)

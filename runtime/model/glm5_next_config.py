@@ -174,7 +174,7 @@ def rename_weights(weights) -> None:
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s tensors beside its norms, its latent attention and its experts
-    (`checkpoint_check`'s): its KDA tensors (the conv: `check_conv`), the hyper-connections."""
+    (`checkpoint_shapes`'): its KDA tensors (the conv: `check_conv`), the hyper-connections."""
     f, h, p = c.family, c.hidden_size, f"model.layers.{i}."
     m, a, n = f.mamba, p + "self_attn.", f.hyper.mult
     out: dict[str, tuple[int, ...]] = {}

@@ -41,6 +41,7 @@ from pagoda.runtime.model.hf_tables import (
     EPS,
     GPT_OSS_ROPE,
     HF_ARCHITECTURES,
+    INTERNVL_ARCHS,
     NULLABLE,
     PARTIAL_ROTARY,
     PROPORTIONAL_ROTARY,
@@ -232,8 +233,17 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     # default; the tokenizer's `eos_token` joins them in `read_tokenizer`
     ids = (gen.get("eos_token_id"), top.get("eos_token_id"), cfg.get("eos_token_id"))
     eos = tuple(dict.fromkeys(i for v in ids for i in _as_ids(v)))
-    vision = None
-    if arch == "llava":  # the image side: the tower, projector, processor (multimodal/config.py)
+    vision, served = None, arch  # (served: the architecture of the model built)
+    pixtral = (top.get("vision_config") or {}).get("model_type") == "pixtral"
+    if pixtral and arch in ("llava", "mistral") and model_dir is not None:  # Pixtral's images
+        from pagoda.runtime.multimodal.pixtral_config import read_pixtral
+
+        vision = read_pixtral(top, model_dir)  # (Mistral 3's, LLaVA's: model/pixtral.py)
+        if vision is not None and arch == "mistral":  # Mistral 3 with its images
+            served = "mistral3"
+            if read_quantization(model_dir) is not None:
+                family_options.refuse(served, "fp8_checkpoint")
+    elif arch == "llava":  # the image side: the tower, projector, processor (multimodal/config.py)
         from pagoda.runtime.multimodal.config import read_llava
 
         vision = read_llava(top, model_dir)
@@ -253,12 +263,16 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.llama4_vision_config import read_llama4_vision
 
         vision = read_llama4_vision(top, model_dir)
+    elif arch in INTERNVL_ARCHS:  # (multimodal/internvl_config.py)
+        from pagoda.runtime.multimodal.internvl_config import read_internvl
+
+        vision = read_internvl(top, model_dir)
     elif arch in ANYRES_ARCHS:  # (multimodal/anyres_config.py)
         from pagoda.runtime.multimodal.anyres_config import read_anyres
 
         vision = read_anyres(ANYRES_ARCHS[arch], top, model_dir)
-    # (Llama 4 reading images: its own row of family_options)
-    name = "llama4_vision" if arch == "llama4" and vision is not None else arch
+    if arch == "llama4" and vision is not None:  # (Llama 4 reading images: its own row)
+        served = "llama4_vision"
     gemma3_images = "vision_config" in top and model_dir is not None
     if gemma3_images and top.get("architectures", [None])[0] == "Gemma3ForConditionalGeneration":
         from pagoda.runtime.multimodal.gemma3 import read_gemma3
@@ -277,11 +291,11 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=_tied(top, cfg),
-        attention_bias=arch in ("qwen2", "qwen2_vl", "qwen2_5_vl", "llava_onevision")
+        attention_bias=arch in ("qwen2", "qwen2_vl", "qwen2_5_vl", "llava_onevision", "internvl")
         or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
-        architecture=name,
+        architecture=served,
         family=_family(cfg, arch, layers, scaling),
         vision=vision,
     )

@@ -113,6 +113,9 @@ HF_ARCHITECTURES = {
     # newline, beside a Llama, Mistral or Qwen2 text model (model/llava_next.py)
     "LlavaNextForConditionalGeneration": "llava_next",
     "LlavaOnevisionForConditionalGeneration": "llava_onevision",
+    # InternVL 3 / 3.5 (transformers' format): InternViT tiles, a pixel shuffle, an MLP
+    # projector, a Qwen2 or Qwen3 text model (model/internvl.py)
+    "InternVLForConditionalGeneration": "internvl",
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "CodeGenForCausalLM": "codegen",  # CodeGen: GPT-J's, q/v/k fused in 4 groups (phi.py)
@@ -156,12 +159,15 @@ TEXT_MODEL_TYPES = {
     **inkling.TEXT_MODEL_TYPES,  # Inkling's text model (model/inkling.py)
     **inkling2.TEXT_MODEL_TYPES,  # Inkling 2's (model/inkling2.py)
     "Apertus1p5ForConditionalGeneration": {"apertus1p5_text": "apertus1p5"},
-    "LlavaForConditionalGeneration": {"llama": "llava"},  # (LLaVA 1.5's; others refused)
+    # LLaVA 1.5's; LLaVA-Pixtral's Mistral (its pixtral vision_config: multimodal/pixtral_config)
+    "LlavaForConditionalGeneration": {"llama": "llava", "mistral": "llava"},
     "Idefics3ForConditionalGeneration": {"llama": "idefics3"},
     "SmolVLMForConditionalGeneration": {"llama": "idefics3"},
     "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "qwen2_vl", "qwen2_vl": "qwen2_vl"},
     "LlavaNextForConditionalGeneration": {"llama": "llava_next", "mistral": "llava_next_mistral"},
     "LlavaOnevisionForConditionalGeneration": {"qwen2": "llava_onevision"},
+    "InternVLForConditionalGeneration": {"qwen2": "internvl", "qwen3": "internvl_qwen3",
+                                         "qwen3_moe": "internvl_qwen3_moe"},
     "Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "qwen2_5_vl",
                                            "qwen2_5_vl": "qwen2_5_vl"},
     "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": "qwen3_vl", "qwen3_vl": "qwen3_vl"},
@@ -169,6 +175,8 @@ TEXT_MODEL_TYPES = {
                                            "qwen3_vl_moe": "qwen3_vl_moe"},
     **moe_families.TEXT_MODEL_TYPES,  # Aria's, Cohere Compass'
 }  # fmt: skip
+# InternVL's architectures, by its text model (Qwen2's, Qwen3's, Qwen3-MoE's)
+INTERNVL_ARCHS = ("internvl", "internvl_qwen3", "internvl_qwen3_moe")
 # the anyres architectures -> their image inputs' kind (`multimodal/anyres_config.py`)
 ANYRES_ARCHS = {"llava_next": "llava_next", "llava_next_mistral": "llava_next",
                 "llava_onevision": "llava_onevision"}  # fmt: skip
@@ -390,6 +398,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                 "rms_norm_eps": 1e-5},
     "qwen2": {"max_position_embeddings": 32_768},
     "qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},
+    "internvl": {"max_position_embeddings": 32_768},  # (InternVL's text models: Qwen2's and
+    "internvl_qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},  # Qwen3's)
     "qwen3_vl": {"max_position_embeddings": 128_000, "head_dim": 128,  # (Qwen3VLTextConfig's)
                  "rope_theta": 500_000.0},
     "qwen3_vl_moe": {"max_position_embeddings": 128_000, "num_local_experts": 60,  # (its text
@@ -435,6 +445,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     **gemma3n.DEFAULTS,
 }  # fmt: skip
 DEFAULTS["vaultgemma"] = DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
+DEFAULTS["internvl_qwen3_moe"] = DEFAULTS["qwen3moe"]  # (InternVL3.5-MoE's text model)
 # LLaVA-NeXT's text models: LlamaConfig's (as LLaVA 1.5's), MistralConfig's; OneVision's Qwen2's
 DEFAULTS["llava_next"] = DEFAULTS["llava"]
 DEFAULTS["llava_next_mistral"] = {

@@ -92,7 +92,7 @@ def expected_shapes(c) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
-    """`checkpoint_check.expected_shapes`' tensors without norm weights (HRM-Text's norms are
+    """`checkpoint_shapes.expected_shapes`' tensors without norm weights (HRM-Text's norms are
     weightless), with attention's gates and z_L_init (`expected_shapes`)."""
     for name in [n for n in out if n.endswith("norm.weight")]:
         del out[name]

@@ -76,7 +76,7 @@ def rope(cfg: Mapping[str, Any], theta: float, scaling: Mapping[str, Any] | None
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its q/k norms (`query_layernorm`, `key_layernorm`: one weight a head size) in
-    `checkpoint_check.expected_shapes`' tensors."""
+    `checkpoint_shapes.expected_shapes`' tensors."""
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
         out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (c.head_dim,)

@@ -66,7 +66,7 @@ def rename_weights(weights) -> None:
 
 
 def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s tensors beside GLM-5's (`checkpoint_check.mla_shapes`, the shared experts):
+    """Layer `i`'s tensors beside GLM-5's (`checkpoint_shapes.mla_shapes`, the shared experts):
     the hyper-connections, attention's gate and sinks, the stacked experts; and the head's fold
     (with layer 0's)."""
     hc, h, heads = c.family.hyper, c.hidden_size, c.num_heads

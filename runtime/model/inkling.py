@@ -29,8 +29,15 @@ output] channels: `MambaConfig.inkling`, `parallel_attention`): decode rows one 
 over their slots, prefill chunks one conv over each sequence's state and tokens
 (`mamba2.packed_conv`), so chunked prefill, preemption and prefix caching's snapshots work as
 LFM2's short convs do. The final hidden states are divided by `logits_mup_width_multiplier`
-before the head. Tensor parallelism and FP8 are refused (`family_options`); on CUDA the torch
-attention backend runs (the Triton kernels take no relative logits).
+before the head.
+
+Tensor parallelism: each rank its query heads (their q and r_proj rows, their relative logits)
+and each layer's KV heads (split, or replicated when fewer than ranks: the window layers'
+own count, `inkling_config.tp_problem`) with their k/v conv channels and state slots;
+o_proj row-parallel, so attention's and the MLP's output convs run over whole hidden states,
+the same on every rank (their state slots too); the dense MLP and the routed and shared experts
+by width (one all-reduce), the router whole. FP8 is refused (`family_options`); on CUDA the
+torch attention backend runs (the Triton kernels take no relative logits).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from pagoda.runtime.model.llama import (
 )
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 
 TAU = "inkling_tau"  # `Step.rope`'s entry: (positions, float32 [T, 1, 1] full layers' q scale)
 
@@ -58,15 +66,21 @@ TAU = "inkling_tau"  # `Step.rope`'s entry: (positions, float32 [T, 1, 1] full l
 class ShortConvs:
     """One layer's four convs over its conv state's channel ranges (module docstring)."""
 
-    def __init__(self, w: DeviceWeights, prefix: str, index: int, kv: int, hidden: int) -> None:
+    def __init__(
+        self, w: DeviceWeights, prefix: str, index: int, kv: tuple[int, int], hidden: int
+    ) -> None:
+        """`kv`: the k/v channels [start, stop) this rank holds (its KV heads')."""
         a = prefix + "self_attn."
 
-        def read(name: str) -> torch.Tensor:
-            return w.source(name + ".conv1d.weight").float()[:, 0, :].contiguous()  # [C, K]
+        def read(name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+            t = w.source(name + ".conv1d.weight")
+            t = t if rows is None else t[rows[0] : rows[1]]
+            return t[:, 0].float().clone()  # [C, K] (a copy: a slice would keep every row)
 
         self.index = index
         # k and v in one conv (depthwise: their channels side by side)
-        self.kv = torch.cat([read(a + "k_sconv"), read(a + "v_sconv")])
+        self.kv = torch.cat([read(a + "k_sconv", kv), read(a + "v_sconv", kv)])
+        kv = kv[1] - kv[0]
         self.attn, self.mlp = read(prefix + "attn_sconv"), read(prefix + "mlp_sconv")
         self.ranges = {"kv": (0, 2 * kv), "attn": (2 * kv, 2 * kv + hidden),
                        "mlp": (2 * kv + hidden, 2 * kv + 2 * hidden)}  # fmt: skip
@@ -132,8 +146,7 @@ class InklingMoE:
         self.bias = w.source(p + "gate.e_score_correction_bias").float()
         scale = w.source(p + "gate.global_scale").float()
         self.scale = scale * ink.route_scale
-        gate_up, down = w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]
-        sg, su, sd = (w[p + "shared_experts." + n] for n in ("gate_proj", "up_proj", "down_proj"))
+        gate_up, down, sg, su, sd = _expert_tensors(w, p, f.moe_intermediate_size, ctx)
         w13 = torch.cat([gate_up, torch.cat([sg, su], dim=1)])  # [E + S, 2N, hidden]
         w2 = torch.cat([down, sd])  # [E + S, hidden, N]
         if w.device.type == "cuda":
@@ -144,6 +157,7 @@ class InklingMoE:
         self.experts = SparseMoE(ctx, None, experts, w13, w2, self.top_k + self.shared,
                                  False, False)  # fmt: skip
         self.shared_ids = torch.arange(self.routed, self.routed + self.shared, device=w.device)
+        self.tp = ctx.tp
 
     def linears(self) -> list:
         return [x for pair in self.experts.experts for x in pair]
@@ -157,7 +171,23 @@ class InklingMoE:
         weights = torch.exp(picked - torch.logsumexp(picked, dim=-1, keepdim=True)) * self.scale
         weights = weights.to(x.dtype).float()  # (transformers' weights: the model's dtype)
         ids = torch.cat([ids, self.shared_ids.expand(ids.shape[0], -1)], dim=-1)
-        return self.experts.run_experts(x, weights, ids)
+        out = self.experts.run_experts(x, weights, ids)  # (a rank's width of them: summed)
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+
+def _expert_tensors(w: DeviceWeights, p: str, n: int, ctx) -> list[torch.Tensor]:
+    """The routed experts' gate_up [E, 2N, hidden] and down [E, hidden, N], the shared ones'
+    gate, up [S, N, hidden] and down [S, hidden, N]: whole, or this rank's rows [r0, r1) of N
+    (of each half of gate_up; down's columns), only those read."""
+    e, s = p + "experts.", p + "shared_experts."
+    if ctx.tp is None:
+        return [w[e + "gate_up_proj"], w[e + "down_proj"],
+                *(w[s + x] for x in ("gate_proj", "up_proj", "down_proj"))]  # fmt: skip
+    r0, r1 = ctx.tp.layout.even(n)
+    gate_up = e + "gate_up_proj"
+    return [torch.cat([w.part(gate_up, 1, r0, r1), w.part(gate_up, 1, n + r0, n + r1)], dim=1),
+            w.part(e + "down_proj", 2, r0, r1), w.part(s + "gate_proj", 1, r0, r1),
+            w.part(s + "up_proj", 1, r0, r1), w.part(s + "down_proj", 2, r0, r1)]  # fmt: skip
 
 
 class InklingLayer(LlamaLayer):
@@ -173,9 +203,18 @@ class InklingLayer(LlamaLayer):
         self.index, a = index, prefix + "self_attn."
         self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
         self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
-        self.qkvr = linear_layer(ctx, w, [f"{a}{n}_proj.weight" for n in "qkvr"])
-        self.o_proj = linear_layer(ctx, w, [a + "o_proj.weight"])
-        self.sizes = [c.num_heads * d, hkv * d, hkv * d, c.num_heads * ink.d_rel]
+        names = [f"{a}{n}_proj.weight" for n in "qkvr"]
+        kv_rows = (0, hkv * d)
+        if ctx.tp is None:
+            self.qkvr = linear_layer(ctx, w, names)
+        else:  # this rank's query heads (q, r) and KV heads (k, v)
+            h0, h1 = ctx.tp.layout.heads(c.num_heads)
+            k0 = model.local_kv_heads(index)[0]
+            kv_rows = (k0 * d, (k0 + hkv) * d)
+            q_rows, r_rows = (h0 * d, h1 * d), (h0 * ink.d_rel, h1 * ink.d_rel)
+            self.qkvr = column_linear(ctx, w, names, [q_rows, kv_rows, kv_rows, r_rows])
+        self.o_proj = row_linear(ctx, w, a + "o_proj.weight")  # (whole on one rank)
+        self.sizes = [ctx.num_heads * d, hkv * d, hkv * d, ctx.num_heads * ink.d_rel]
         self.q_norm, self.k_norm = w[a + "q_norm.weight"], w[a + "k_norm.weight"]
         self.rel = w[a + "rel_logits_proj.proj"]  # [d_rel, extent]
         self.window, self.chunk, self.rope, self.kv_scales = (
@@ -187,7 +226,7 @@ class InklingLayer(LlamaLayer):
         self.log_scaled = self.window is None and ink.log_floor is not None
         # the backend's scale is 1 / head_dim of the full layers: a window layer's own
         self.q_scale = c.head_dim / d if d != c.head_dim else None
-        self.convs = ShortConvs(w, prefix, index, hkv * d, c.hidden_size)
+        self.convs = ShortConvs(w, prefix, index, kv_rows, c.hidden_size)
         self.mlp = model.make_mlp(w, prefix, index, ctx)
 
     def linears(self) -> list:
@@ -232,9 +271,17 @@ class InklingModel(LlamaModel):
         self._backends: dict[tuple[int, int], AttentionBackend] = {}
         super().__init__(config, weights, **kwargs)
 
+    def local_kv_heads(self, index: int) -> tuple[int, int]:
+        """Layer `index`'s KV heads [start, stop) on this rank: all of them on one, else split
+        or replicated by `layout.py` (the window layers have their own count)."""
+        kv = self.config.kv_layer_shapes[index][0]
+        return (0, kv) if self.tp is None else self.tp.layout.kv_heads(kv)
+
     def layer_backend(self, index: int) -> AttentionBackend:
-        """Layer `index`'s backend: the model's, or the window layers' shape's."""
-        shape = self.config.kv_layer_shapes[index]
+        """Layer `index`'s backend: the model's, or the window layers' shape's (this rank's
+        KV heads)."""
+        k0, k1 = self.local_kv_heads(index)
+        shape = (k1 - k0, self.config.kv_layer_shapes[index][1])
         if shape not in self._backends:
             self._backends[shape] = self.backend.with_geometry(*shape)
         return self._backends[shape]

@@ -29,8 +29,11 @@ with their own KV heads) with:
   mixes, by learned queries per looped layer and input, of the last pass's blocks (less the
   pre-loop output) and its output (transformers' `Inkling2LoopTextModel`).
 
-Tensor parallelism and FP8 are refused (`family_options`); on CUDA the torch attention
-backend runs, the experts one Linear each (their softcapped SwiGLU is no fused kernel's).
+Tensor parallelism as Inkling's (`inkling.py`), the output gate, sinks and clip scales with
+their query heads, the dynamic taps with their KV heads; the block residuals and loop gates
+over whole hidden states, alike on every rank; the head by rows of its first `vocab_size`.
+FP8 is refused (`family_options`); on CUDA the torch attention backend
+runs, the experts one Linear each (their softcapped SwiGLU is no fused kernel's).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from pagoda.runtime.model.inkling2_config import MESSAGE_QUERIES
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.parallel_linear import ParallelLMHead, column_linear, row_linear
 
 TAU = "inkling2_tau"  # `Step.rope`'s entry: (positions, float32 [T, 1, 1] the full layers' scale)
 
@@ -142,11 +146,17 @@ class Inkling2MoE:
         self.bias = w.source(p + "gate.e_score_correction_bias").float()
         act = capped_swiglu(ink.gate_cap, ink.up_cap)
         ctx = dataclasses.replace(ctx, act_and_mul=lambda x: act(x))
-        gate_up, down = w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]
+        gate_up, down = p + "experts.gate_up_proj", p + "experts.down_proj"
+        if ctx.tp is None:
+            gate_up, down = w[gate_up], w[down]
+        else:  # this rank's rows of the width (gate's and up's by turns: one run), down's cols
+            r0, r1 = ctx.tp.layout.even(f.moe_intermediate_size)
+            gate_up, down = w.part(gate_up, 1, 2 * r0, 2 * r1), w.part(down, 2, r0, r1)
         e, n2, hidden = gate_up.shape  # stored interleaved: gate and up rows by turns
         gate_up = gate_up.view(e, n2 // 2, 2, hidden).transpose(1, 2).reshape(e, n2, hidden)
         experts = [(ctx.linear(gate_up[e]), ctx.linear(down[e])) for e in range(f.num_experts)]
         self.experts = SparseMoE(ctx, None, experts, None, None, self.top_k, True, False)
+        self.tp = ctx.tp
 
     def linears(self) -> list:
         return [x for pair in self.experts.experts for x in pair]
@@ -156,7 +166,8 @@ class Inkling2MoE:
         ids = torch.topk(scores + self.bias, self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, ids)
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * self.scale
-        return self.experts.run_experts(x, weights, ids)
+        out = self.experts.run_experts(x, weights, ids)  # (a rank's width of them: summed)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class Inkling2Layer(LlamaLayer):
@@ -171,12 +182,7 @@ class Inkling2Layer(LlamaLayer):
         a, p = prefix + "self_attn.", prefix
         self.full = not ink.sliding[index]
         self.boundary = index % ink.block == 0
-        self.window, self.chunk, self.rope, self.kv_scales = (
-            c.family.window(index),
-            None,
-            None,
-            None,
-        )
+        self.window, self.chunk, self.rope, self.kv_scales = c.family.window(index), *[None] * 3
         if self.full:
             self.norms = [w[f"{p}{x}_input_layernorm.weight"] for x in "qkv"]
         else:
@@ -184,27 +190,34 @@ class Inkling2Layer(LlamaLayer):
         self.attn_query = w.source(p + "attention_input.query").float() if index else None
         self.mlp_query = w.source(p + "mlp_input.query").float()
         self.mlp_norm = w[p + "post_attention_layernorm.weight"]
-        r = a + "relative_position_bias."
+        r, k = a + "relative_position_bias.", c.family.mamba.d_conv
+        (h0, h1), (k0, k1) = model.local_heads(index)
         # the q input's matrices in one: q, the output gate, the sinks, the relative states
-        self.q = linear_layer(ctx, w, [a + "q_proj.linear.weight", a + "o_proj.gate_proj.weight",
-                                       a + "sink_proj.weight", r + "linear.weight"])  # fmt: skip
-        self.q_sizes = [c.num_heads * d, c.num_heads * d, c.num_heads, c.num_heads * ink.d_rel]
-        self.q_scale = w.source(a + "q_proj.norm.scale").float()
-        self.rel_scale = w.source(r + "norm.scale").float()
+        self.q = _rows(ctx, w, [a + "q_proj.linear.weight", a + "o_proj.gate_proj.weight",
+                                a + "sink_proj.weight", r + "linear.weight"],
+                       [(h0 * d, h1 * d), (h0 * d, h1 * d), (h0, h1),
+                        (h0 * ink.d_rel, h1 * ink.d_rel)])  # fmt: skip
+        nh = ctx.num_heads  # (this rank's)
+        self.q_sizes = [nh * d, nh * d, nh, nh * ink.d_rel]
+        # (copies: a slice would keep every head's)
+        self.q_scale = w.source(a + "q_proj.norm.scale")[h0:h1].float().clone()
+        self.rel_scale = w.source(r + "norm.scale")[h0:h1].float().clone()
         self.rel = w[r + "proj"]
-        self.o_proj = linear_layer(ctx, w, [a + "o_proj.linear.weight"])
+        self.o_proj = row_linear(ctx, w, a + "o_proj.linear.weight")  # (whole on one rank)
+        kv = (k0 * d, k1 * d)  # this rank's k/v channels
         if self.full:
-            self.k = linear_layer(ctx, w, [a + "k_proj.linear.weight"])
-            self.v = linear_layer(ctx, w, [a + "v_proj.linear.weight"])
-            self.k_dyn = linear_layer(ctx, w, [a + "k_proj.sconv.weight_proj.weight"])
-            self.v_dyn = linear_layer(ctx, w, [a + "v_proj.sconv.weight_proj.weight"])
+            self.k = _rows(ctx, w, [a + "k_proj.linear.weight"], [kv])
+            self.v = _rows(ctx, w, [a + "v_proj.linear.weight"], [kv])
+            self.k_dyn, self.v_dyn = (_rows(ctx, w, [f"{a}{x}_proj.sconv.weight_proj.weight"],
+                                            [(k0 * k, k1 * k)]) for x in "kv")  # fmt: skip
             self.k_static, self.v_static = (
-                w.source(f"{a}{x}_proj.sconv.static_weight").float().t().flip(-1).contiguous()
-                for x in "kv")  # fmt: skip
+                w.source(f"{a}{x}_proj.sconv.static_weight")[:, kv[0] : kv[1]].float().t()
+                .flip(-1).contiguous() for x in "kv")  # fmt: skip
         else:
-            self.kv = linear_layer(ctx, w, [a + "k_proj.linear.weight", a + "v_proj.linear.weight"])
+            self.kv = _rows(ctx, w, [a + "k_proj.linear.weight", a + "v_proj.linear.weight"],
+                            [kv, kv])  # fmt: skip
             self.k_conv, self.v_conv = (
-                w.source(f"{a}{x}_proj.sconv.conv1d.weight").float()[:, 0, :].contiguous()
+                w.source(f"{a}{x}_proj.sconv.conv1d.weight")[kv[0] : kv[1], 0].float().clone()
                 for x in "kv")  # fmt: skip
         self.attn_conv, self.mlp_conv = (
             w.source(f"{p}post_{x}_convolution.conv1d.weight").float()[:, 0, :].contiguous()
@@ -301,8 +314,17 @@ class Inkling2Model(LlamaModel):
         self.passes = [[self.layers[i].pass_copy(n + (p - 1) * (end - start) + i - start)
                         for i in range(start, end)] for p in range(1, passes)]  # fmt: skip
 
+    def local_heads(self, index: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Cache index `index`'s query heads and KV heads [start, stop) on this rank: all of
+        them on one, else as `layout.py` splits (or replicates) them."""
+        kv = self.config.kv_layer_shapes[index][0]
+        if self.tp is None:
+            return (0, self.config.num_heads), (0, kv)
+        return self.tp.layout.heads(self.config.num_heads), self.tp.layout.kv_heads(kv)
+
     def layer_backend(self, index: int) -> AttentionBackend:
-        shape = self.config.kv_layer_shapes[index]
+        k0, k1 = self.local_heads(index)[1]
+        shape = (k1 - k0, self.config.kv_layer_shapes[index][1])
         if shape not in self._backends:
             self._backends[shape] = self.backend.with_geometry(*shape)
         return self._backends[shape]
@@ -312,9 +334,13 @@ class Inkling2Model(LlamaModel):
         return [self.layer_backend(i) for i in range(self.config.num_kv_layers)]
 
     def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
-        # the head's first `vocab_size` rows (stored padded to the embedding's)
-        self.lm_head = ctx.linear(w["lm_head.weight"][: self.config.vocab_size])
-        self.vocab_size = self.config.vocab_size
+        # the head's first `vocab_size` rows (stored padded to the embedding's): a rank's
+        self.vocab_size = v = self.config.vocab_size
+        if self.tp is None:
+            self.lm_head = ctx.linear(w["lm_head.weight"][:v])
+        else:  # (rows past `v` cut from the gathered logits)
+            rows = w.part("lm_head.weight", 0, *self.tp.layout.vocab(v))
+            self.lm_head = ParallelLMHead(ctx.linear(rows), v, self.tp)
         self.embed_norm = w["model.embed_tokens.embed_norm.weight"]
         self.final_query = w.source("model.final_input.query").float()
         start, end, _, _ = self.config.family.mamba.inkling2.loop
@@ -368,3 +394,10 @@ class Inkling2Model(LlamaModel):
         if not cap:
             return super().logits(x, head)
         return torch.tanh(self.lm_head(x) / cap) * cap
+
+
+def _rows(ctx: LayerContext, w: DeviceWeights, names: list[str], parts: list[tuple[int, int]]):
+    """The matrices `names` stacked: whole on one rank, else rows `parts[i]` of each."""
+    if ctx.tp is None:
+        return linear_layer(ctx, w, names)
+    return column_linear(ctx, w, names, parts)

@@ -30,7 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.recurrent_configs import Inkling2Layers, MambaConfig
+from pagoda.runtime.conv_attention_configs import Inkling2Layers
+from pagoda.runtime.model.inkling_config import expert_rows, kv_conv_share
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"Inkling2ForCausalLM": "inkling2", "Inkling2ForConditionalGeneration": "inkling2",
                  # Inkling2Loop: Inkling 2's layers, a span of them looped (`loop_fields`)
@@ -186,7 +188,8 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
             layers=(True,) * len(layers.cache_layers()), n_heads=1,
             head_dim=2 * width + 2 * hidden, d_state=1,
             d_conv=int(cfg["conv_kernel_size"]), conv_bias=False, mixer="short_conv",
-            parallel_attention=True, inkling2=layers),
+            parallel_attention=True, inkling2=layers,
+            kv_convs=((kv, d), (swa_kv, d)) if any(sliding) else ((kv, d),)),
         "sliding_window": int(cfg["sliding_window_size"]) if any(sliding) else None,
         "window_layers": sliding if any(sliding) else (),
         "relative_logits": True,
@@ -200,7 +203,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s tensors, all of them (`checkpoint_check._hybrid_layer`)."""
+    """Layer `i`'s tensors, all of them (`checkpoint_shapes._hybrid_layer`)."""
     ink, f, h = c.family.mamba.inkling2, c.family, c.hidden_size
     hkv, d, k = ink.kv_shape(c, i)[0], c.head_dim, c.family.mamba.d_conv
     q, kv, nh = c.num_heads * d, hkv * d, c.num_heads
@@ -244,7 +247,7 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
-    """In `checkpoint_check.expected_shapes`' tensors: the embeddings' norm, the final block
+    """In `checkpoint_shapes.expected_shapes`' tensors: the embeddings' norm, the final block
     residual's query, the embedding (and head) stored padded (their rows cut at load), the
     loop's message queries (`MESSAGE_QUERIES`)."""
     h, ink = c.hidden_size, c.family.mamba.inkling2
@@ -255,3 +258,39 @@ def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
     if end > start:
         for name in ("queries", "kv_queries"):
             out[f"model.middle_cycle_cross_pass_{name}"] = (2 * (end - start), h)
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of Inkling 2's own splits (`model/inkling2.py`): q, the output
+    gate, the sinks and the relative states by its query heads, k, v and the dynamic taps by
+    the layer's KV heads (split or replicated), o_proj.linear by input columns, the stacked
+    experts by width; None for the others (`distributed/tp_families.py`)."""
+    if c.family.mamba is None or c.family.mamba.inkling2 is None:  # (a config built by hand)
+        return None
+    a = "self_attn."
+    hkv = c.family.mamba.inkling2.kv_shape(c, layer)[0]
+    (q0, q1), (k0, k1) = lay.heads(c.num_heads), lay.kv_heads(hkv)
+    by_heads = {a + "q_proj.linear.weight": c.head_dim, a + "o_proj.gate_proj.weight": c.head_dim,
+                a + "sink_proj.weight": 1, a + "relative_position_bias.linear.weight":
+                c.family.mamba.inkling2.d_rel}  # fmt: skip
+    if part in by_heads:
+        return (q1 - q0) * by_heads[part], cols
+    if part in (a + "k_proj.linear.weight", a + "v_proj.linear.weight"):
+        return (k1 - k0) * c.head_dim, cols
+    if part.endswith("_proj.sconv.weight_proj.weight"):  # (K taps a KV head)
+        return rows // hkv * (k1 - k0), cols
+    if part == a + "o_proj.linear.weight":
+        return rows, cols // lay.size
+    return expert_rows(part, rows, cols, lay)
+
+
+def held_share(name: str, c: ModelConfig, lay) -> float | None:
+    """The part one rank holds of Inkling 2's float32 tensors split by heads (the q and
+    relative-state clip scales: its query heads'; the k/v taps: its KV heads'), or None for
+    the others."""
+    if name.endswith(("q_proj.norm.scale", "relative_position_bias.norm.scale")):
+        q0, q1 = lay.heads(c.num_heads)
+        return (q1 - q0) / c.num_heads
+    if name.endswith(("_proj.sconv.static_weight", "_proj.sconv.conv1d.weight")):
+        return kv_conv_share(name, c, lay)
+    return None

@@ -27,7 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.recurrent_configs import InklingLayers, MambaConfig
+from pagoda.runtime.conv_attention_configs import InklingLayers
+from pagoda.runtime.distributed.tp_families import stacked_expert_rows
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"InklingForCausalLM": "inkling", "InklingForConditionalGeneration": "inkling"}
 # the multimodal wrapper's text model (`hf_tables.TEXT_MODEL_TYPES`); its tie default: false
@@ -123,7 +125,8 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
         "mamba": MambaConfig(
             layers=(True,) * n, n_heads=1, head_dim=2 * width + 2 * hidden, d_state=1,
             d_conv=int(cfg["conv_kernel_size"]), conv_bias=False, mixer="short_conv",
-            parallel_attention=True, inkling=layers),
+            parallel_attention=True, inkling=layers,
+            kv_convs=((kv, d), (swa_kv, swa_d)) if any(layers.sliding) else ((kv, d),)),
         "sliding_window": window if any(layers.sliding) else None,
         "window_layers": layers.sliding if any(layers.sliding) else (),
         "relative_logits": True,
@@ -138,7 +141,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s tensors, all of them (`checkpoint_check._hybrid_layer`)."""
+    """Layer `i`'s tensors, all of them (`checkpoint_shapes._hybrid_layer`)."""
     ink, f, h = c.family.mamba.inkling, c.family, c.hidden_size
     hkv, d = ink.kv_shape(c, i)
     q, kv, k = c.num_heads * d, hkv * d, c.family.mamba.d_conv
@@ -172,5 +175,56 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
-    """The embeddings' norm in `checkpoint_check.expected_shapes`' tensors."""
+    """The embeddings' norm in `checkpoint_shapes.expected_shapes`' tensors."""
     out["model.embed_tokens.embed_norm.weight"] = (c.hidden_size,)
+
+
+def tp_problem(c: ModelConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split Inkling's (or Inkling 2's) window layers (one line), or
+    None (`distributed/tp_families.py`): their KV heads must divide by `size` or it by them
+    (the full layers' are the shared check's)."""
+    if c.family.mamba is None:  # (a config built by hand)
+        return None
+    for kv, _ in c.family.mamba.kv_convs[1:]:
+        if kv % size and size % kv:
+            return (f"--tensor-parallel-size {size}: the window layers' {kv} KV heads can "
+                    f"neither be split over {size} ranks nor replicated evenly")  # fmt: skip
+    return None
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of Inkling's own splits (`model/inkling.py`): q and r_proj by
+    its query heads, k and v by the layer's KV heads (split or replicated), the stacked routed
+    and shared experts by width (gate and up rows, down's columns); None for the others
+    (`distributed/tp_families.py`)."""
+    if c.family.mamba is None or c.family.mamba.inkling is None:  # (a config built by hand)
+        return None
+    hkv, d = c.family.mamba.inkling.kv_shape(c, layer)
+    (q0, q1), (k0, k1) = lay.heads(c.num_heads), lay.kv_heads(hkv)
+    if part == "self_attn.q_proj.weight":
+        return (q1 - q0) * d, cols
+    if part == "self_attn.r_proj.weight":
+        return (q1 - q0) * c.family.mamba.inkling.d_rel, cols
+    if part in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+        return (k1 - k0) * d, cols
+    return expert_rows(part, rows, cols, lay)
+
+
+def expert_rows(part: str, rows: int, cols: int, lay) -> tuple[int, int] | None:
+    """A rank's (rows, columns) per expert of Inkling's stacked routed and shared experts: gate
+    and up by rows, down by columns; None for other tensors."""
+    if part in ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"):
+        return rows // lay.size, cols
+    if part == "mlp.shared_experts.down_proj":
+        return rows, cols // lay.size
+    return stacked_expert_rows(part, rows, cols, lay.size)
+
+
+def kv_conv_share(name: str, c: ModelConfig, lay) -> float:
+    """The part of a k or v conv (`*_sconv.conv1d.weight`, [KV heads x head size, 1, K]) one
+    rank holds: its layer's KV heads (split, or one replicated)."""
+    layer = int(name.split("model.layers.", 1)[1].split(".", 1)[0])
+    m = c.family.mamba
+    hkv = (m.inkling or m.inkling2).kv_shape(c, layer)[0]
+    k0, k1 = lay.kv_heads(hkv)
+    return (k1 - k0) / hkv

@@ -57,7 +57,7 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s attention and MLP tensors (module docstring), for `checkpoint_check`."""
+    """Layer `i`'s attention and MLP tensors (module docstring), for `checkpoint_shapes`."""
     h, e, n = c.hidden_size, c.family.num_experts, c.family.moe_intermediate_size
     kv = c.num_kv_heads * c.head_dim
     a, m = f"model.layers.{i}.self_attention.", f"model.layers.{i}.mlp."

@@ -126,7 +126,7 @@ def rename_mlps(weights) -> None:
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s KDA tensors (its conv: `check_conv`); nothing for a latent attention layer
-    (`checkpoint_check`'s DeepSeek shapes)."""
+    (`checkpoint_shapes`' DeepSeek shapes)."""
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}.self_attn."
     if not m.layers[i]:
         return {}

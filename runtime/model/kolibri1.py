@@ -22,7 +22,12 @@ attend to the kept keys only (float32 softmax). The pool the best are picked fro
 `index_compression` keys by their means of the keys before NVFP4 rounding (kept per KV slot
 in the `raw_keys` table beside the cache of the layers they read, each block's NVFP4 mean
 computed once, by the step whose token ends it, into their `pools` table: `side_tables`),
-the unfinished block competing with a zero score; the indexed layers after one reuse its pool (`meta.aux`)."""
+the unfinished block competing with a zero score; the indexed layers after one reuse its pool (`meta.aux`).
+
+Tensor parallelism: GLM-4.5's split (Kolibri 1's); a KV-shared layer reads its source's cache
+rows of the rank's KV heads; rank 0 picks each indexed layer's pool and kept keys (its heads
+include key head 0 and the `index_heads` query heads, `kolibri1_config.tp_problem`; the raw
+keys' and pools' tables on rank 0 alone) and broadcasts the kept keys."""
 
 from __future__ import annotations
 
@@ -66,10 +71,13 @@ def top_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class TokenSelection:
-    """An indexed layer's sparse attention past `Kolibri11.budget` (module docstring)."""
+    """An indexed layer's sparse attention past `Kolibri11.budget` (module docstring). On
+    tensor-parallel ranks rank 0 selects (it holds key head 0 and the `index_heads` query heads:
+    `kolibri1_config.tp_problem`), its kept keys broadcast to the others, each rank's heads
+    attending to them."""
 
-    def __init__(self, k11, head_dim: int, scale: float) -> None:
-        self.k11, self.scale = k11, scale
+    def __init__(self, k11, head_dim: int, scale: float, tp=None) -> None:
+        self.k11, self.scale, self.tp = k11, scale, tp
         self.head_weight = head_dim**-0.5 / k11.index_heads
 
     def score(self, routing: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -106,10 +114,24 @@ class TokenSelection:
         """Each query's heads ``q`` [T, H, D] over its kept keys of the cache → [T, H, D]; its
         pool a new one (``source``: an `index_layers` layer's, from ``pools``, the block means'
         `PoolTable`) or the step's last one."""
-        plan, c = index_plan(meta), self.k11
+        plan = index_plan(meta)
+        keys, values = backend.read_kv(k_cache, v_cache, plan.slots)  # [B, K, Hkv, D]
+        qp, width = plan.q_rows.shape[1], min(self.k11.budget, plan.slots.shape[1])
+        if self.tp is None or self.tp.rank == 0:
+            kept, real = self.select(q, keys, meta, plan, pools, source)
+        if self.tp is not None:  # rank 0's choice on every rank (-1: padding)
+            shared = (kept.masked_fill(~real, -1) if self.tp.rank == 0 else
+                      q.new_empty((q.shape[0], width), dtype=torch.long))  # fmt: skip
+            shared = self.tp.broadcast(shared)
+            kept, real = shared.clamp(min=0), shared >= 0
+        return self._attend(q, keys, values, plan.src // qp, kept, real)
+
+    def select(self, q, keys, meta: AttentionMetadata, plan, pools, source: bool):
+        """(kept [T, w], real [T, w]): each query's kept keys (at most the budget `w`) and
+        which of them are not padding."""
+        c = self.k11
         b, qp = plan.q_rows.shape
         kp = plan.slots.shape[1]
-        keys, values = backend.read_kv(k_cache, v_cache, plan.slots)  # [B, K, Hkv, D]
         routing_keys = nvfp4_round(keys[:, :, 0]).float().transpose(1, 2)  # [B, D, K]
         routing = nvfp4_round(q[:, : c.index_heads]).float()[plan.q_rows]  # [B, Q, n, D]
         pool = None
@@ -135,8 +157,7 @@ class TokenSelection:
             sel = (pos <= last) & (chosen | sinks | local | short)
             top = sel.to(torch.float32).topk(width, dim=-1)  # its (at most `width`) keys
             kept[:, r0:r1], real[:, r0:r1] = top.indices, top.values > 0
-        kept, real = kept.view(b * qp, width)[plan.src], real.view(b * qp, width)[plan.src]
-        return self._attend(q, keys, values, plan.src // qp, kept, real)
+        return kept.view(b * qp, width)[plan.src], real.view(b * qp, width)[plan.src]
 
     def _attend(self, q, keys, values, batch, kept, real) -> torch.Tensor:
         """Softmax attention of each token [T, H, D] (of sequence ``batch`` [T]) over its kept
@@ -196,9 +217,11 @@ class Kolibri11Layer(Glm4Layer):
         self.q_norm = model.norm_weight(w[a + "q_norm.weight"])
         self.k_norm = None if self.shared else model.norm_weight(w[a + "k_norm.weight"])
         self.indexed = model.config.family.window(index) is None  # (no window: indexed)
-        self.selection = TokenSelection(k, ctx.head_dim, ctx.backend.scale)
+        self.selection = TokenSelection(k, ctx.head_dim, ctx.backend.scale, ctx.tp)
         self.pool_source = k.pool_layers[index]  # (an `index_layers` layer: a new pool)
-        if not self.shared and index in {k.kv_source[i] for i, p in enumerate(k.pool_layers) if p}:
+        rank0 = ctx.tp is None or ctx.tp.rank == 0  # (rank 0 alone selects: its tables)
+        keeper = index in {k.kv_source[i] for i, p in enumerate(k.pool_layers) if p}
+        if rank0 and keeper and not self.shared:
             self.raw_keys = SlotTable(ctx.head_dim)
             self.pools = PoolTable(k.compression, ctx.head_dim)  # each finished block's mean
             self.side_tables = [self.raw_keys, self.pools]

@@ -199,3 +199,16 @@ def rename_tensors(weights) -> None:
         for old, new in _RENAMES:
             if name.endswith(old):
                 weights.rename(name, name[: -len(old)] + new)
+
+
+def tp_problem(c, size: int) -> str | None:
+    """Why `size` ranks cannot split Kolibri 1.1 (one line), or None: rank 0 selects each
+    indexed layer's keys (`kolibri1.TokenSelection`) by the first `index_heads` query heads, so
+    it must hold them all (`distributed/tp_families.py`)."""
+    k = c.family.kolibri11
+    if k is None or k.index_heads <= c.num_heads // size:
+        return None
+    return (
+        f"--tensor-parallel-size {size} leaves rank 0 {c.num_heads // size} query heads, "
+        f"fewer than Kolibri 1.1's index_num_heads ({k.index_heads}) its key selection reads"
+    )

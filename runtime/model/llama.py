@@ -299,6 +299,11 @@ class LlamaModel:
     rms_norm_16bit: Callable[..., Any] | None = None
     token_history = 0  # the tokens before each sequence's step it reads (`TOKEN_HISTORY`)
 
+    @property
+    def image_feature_width(self) -> int:
+        """A vision model's image feature row (`IMAGE_EMBEDS`; the step channel's width)."""
+        return self.config.hidden_size
+
     def __init__(
         self,
         config: ModelConfig,

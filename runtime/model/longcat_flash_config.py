@@ -130,7 +130,7 @@ def stored_names(message: str) -> str:
 
 def expected_shapes(c, mla_shapes) -> dict[str, tuple[int, ...]]:
     """Every tensor the model reads, with its shape, under the sublayers' names
-    (`checkpoint_check.expected_shapes`, which hands over its `mla_shapes`)."""
+    (`checkpoint_shapes.expected_shapes`, which hands over its `mla_shapes`)."""
     f, h, i = c.family, c.hidden_size, c.intermediate_size
     e, z, m = f.num_experts, f.routing.zero_experts, f.moe_intermediate_size
     out = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}

@@ -88,7 +88,7 @@ ARCHITECTURES = {
     **inkling_config.ARCHITECTURES,  # Inkling: short convs' state beside attention, experts
     **inkling2_config.ARCHITECTURES,  # Inkling 2: Inkling's, block attention residuals
 }
-# what a hybrid changes in the tensors `checkpoint_check.expected_shapes` lists, (c, out) -> None
+# what a hybrid changes in the tensors `checkpoint_shapes.expected_shapes` lists, (c, out) -> None
 CHECKPOINT_SHAPES = {arch: m.checkpoint_shapes for m in (zaya_config, inkling_config, inkling2_config)
                      for arch in m.ARCHITECTURES.values()}  # fmt: skip
 # transformers' config defaults, where config.json leaves one out

@@ -130,7 +130,7 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 def attention_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s attention tensors with their shapes (`checkpoint_check.expected_shapes`)."""
+    """Layer `i`'s attention tensors with their shapes (`checkpoint_shapes.expected_shapes`)."""
     m, h, d = c.family.mimo, c.hidden_size, c.head_dim
     kv = m.swa_kv_heads if c.family.window(i) else c.num_kv_heads
     a = f"model.layers.{i}.self_attn."

@@ -54,7 +54,7 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
-    """Its q_proj in `checkpoint_check.expected_shapes`' tensors: each head's query, then its
+    """Its q_proj in `checkpoint_shapes.expected_shapes`' tensors: each head's query, then its
     gate."""
     for i in range(c.num_layers):
         out[f"model.layers.{i}.self_attn.q_proj.weight"] = (2 * c.num_heads * c.head_dim,

@@ -87,7 +87,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
     """Layer `i`'s lightning attention (nothing for a softmax attention layer, checked as
-    Llama's) and its router (the experts: `checkpoint_check.mlp_triples`)."""
+    Llama's) and its router (the experts: `checkpoint_shapes.mlp_triples`)."""
     m, h, p = c.family.mamba, c.hidden_size, f"model.layers.{i}."
     out = {p + "block_sparse_moe.gate.weight": (c.family.num_experts, h)}
     if m.layers[i]:

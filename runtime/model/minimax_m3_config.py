@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from pagoda.runtime.distributed.tp_families import stacked_expert_rows
 from pagoda.runtime.model_configs import BlockIndexConfig, ExpertRouting
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def expected_shapes(c, i: int) -> dict[str, tuple[int, ...]]:
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its fused and stacked MLPs and sparse layers' indexers (`expected_shapes`) in
-    `checkpoint_check.expected_shapes`' tensors."""
+    `checkpoint_shapes.expected_shapes`' tensors."""
     for i in range(c.num_layers):
         out.update(expected_shapes(c, i))
 
@@ -199,8 +200,4 @@ def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay: 
         return rows // c.num_kv_heads * (k1 - k0), cols
     if part == "self_attn.indexer.k_proj.weight":
         return rows, cols
-    if part == "mlp.experts.gate_up_proj":
-        return rows // lay.size, cols
-    if part == "mlp.experts.down_proj":
-        return rows, cols // lay.size
-    return None
+    return stacked_expert_rows(part, rows, cols, lay.size)

@@ -76,5 +76,5 @@ def rename_tensors(weights) -> None:
 
 def checkpoint_shapes(c, out: dict[str, tuple[int, ...]]) -> None:
     """Its embedding's rows past the vocabulary (`EXTRA_EMBEDDINGS`) in
-    `checkpoint_check.expected_shapes`' tensors."""
+    `checkpoint_shapes.expected_shapes`' tensors."""
     out["model.embed_tokens.weight"] = (c.vocab_size + EXTRA_EMBEDDINGS, c.hidden_size)

@@ -93,6 +93,6 @@ ROPE = {arch: m.rope for m in MODULES if hasattr(m, "rope") for arch in m.ARCHIT
 # and the weights estimate run it on the opened checkpoint)
 RENAMES = {arch: m.rename_tensors for m in MODULES if hasattr(m, "rename_tensors")
            for arch in m.ARCHITECTURES.values()}  # fmt: skip
-# what a family changes in the tensors `checkpoint_check.expected_shapes` lists, (c, out) -> None
+# what a family changes in the tensors `checkpoint_shapes.expected_shapes` lists, (c, out) -> None
 CHECKPOINT_SHAPES = {arch: m.checkpoint_shapes for m in MODULES if hasattr(m, "checkpoint_shapes")
                      for arch in m.ARCHITECTURES.values()}  # fmt: skip

@@ -42,6 +42,11 @@ class Qwen3VLModel(Qwen2VLModel):
     tower_class = Qwen3VisionTower
     name = "Qwen3-VL"
 
+    @property
+    def image_feature_width(self) -> int:
+        """The merged features, then one row per DeepStack block, side by side."""
+        return self.config.hidden_size * (1 + len(self.config.vision.deepstack))
+
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_caches, meta, logits_indices, head=None):
         """`LlamaModel.forward`, the step's image features split: the merged ones replace the

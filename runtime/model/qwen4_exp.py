@@ -24,8 +24,11 @@ Per-Layer Embeddings of hashed n-grams on some DeltaNet layers, as transformers'
 
 Batched over the step: the n-gram and conv gathers are index tensors built once a step from
 its host lengths (`_step_plan`), no loop over sequences. The attention layers' QSA indexer and
-the sparse attention it selects: `qwen4_qsa.py`. Not supported, refused in one line: tensor
-parallelism and FP8 (`family_options.py`).
+the sparse attention it selects: `qwen4_qsa.py`. Tensor parallelism: Qwen3.5-MoE's split (the
+DeltaNet by key heads, attention by heads, the experts by width); the hyper-connections, the
+PLE (its conv's inputs past every rank's DeltaNet conv rows) and the QSA indexer whole on
+every rank, alike (their inputs are the streams every rank holds); the n-gram history crosses
+with the step (`worker/step_channel.py`). FP8 is refused (`family_options.py`).
 Prefix caching keeps the PLE conv's inputs in the DeltaNet layers' snapshots (the rows past
 their conv state: saved at a chunk's end with them, and at boundaries inside a chunk from the
 step's rows, `Prefill.snap_mid`); a prefix hit's first rows read the tokens before them from

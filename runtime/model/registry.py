@@ -93,6 +93,11 @@ MODEL_CLASSES = {
     "llava_next": ("llava_next", "LlavaNextModel"),
     "llava_next_mistral": ("llava_next", "LlavaNextModel"),
     "llava_onevision": ("llava_next", "LlavaNextModel"),
+    "mistral3": ("pixtral", "PixtralModel"),  # Mistral 3 with its images: Pixtral's tower, merger
+    # InternVL 3 / 3.5: InternViT tiles, pixel shuffle, MLP projector; Qwen2's or Qwen3's text
+    "internvl": ("internvl", "InternVLModel"),
+    "internvl_qwen3": ("internvl", "InternVLQwen3Model"),
+    "internvl_qwen3_moe": ("internvl", "InternVLQwen3MoeModel"),  # (Qwen3-MoE's experts)
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
@@ -154,6 +159,8 @@ def model_class(config: ModelConfig) -> type[LlamaModel]:
     module, name = MODEL_CLASSES[config.architecture]
     if config.architecture == "gemma3" and config.vision is not None:  # its images read too
         module, name = "gemma3_mm", "Gemma3VisionModel"
+    if getattr(config.vision, "kind", None) == "pixtral":  # LLaVA-Pixtral's (and Mistral 3's)
+        module, name = "pixtral", "PixtralModel"
     return getattr(importlib.import_module(f"pagoda.runtime.model.{module}"), name)
 
 

@@ -51,12 +51,12 @@ PATTERNS: dict[str, Callable[[Mapping[str, Any], int], tuple[bool, ...]]] = {
     # (transformers reads no other key: the `_sliding_window_pattern` it writes goes with
     # `layer_types`)
     "gemma3": _by_config_pattern(6),
-    **dict.fromkeys(("qwen2", "qwen3", "llava_onevision"), _qwen),
+    **dict.fromkeys(("qwen2", "qwen3", "llava_onevision", "internvl", "internvl_qwen3"), _qwen),
     "qwen2moe": _qwen2moe,
 }
 # the families whose config's `sliding_window` is read (Phi-3, Gemma 2, gpt-oss: every layer
 # or some; the others by `layer_types` or their pattern)
-WINDOWED = ("mistral", "llava_next_mistral", "llava_onevision", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
+WINDOWED = ("mistral", "llava_next_mistral", "llava_onevision", "internvl", "internvl_qwen3", "internvl_qwen3_moe", "mixtral", "gemma3", "gemma4", "qwen2", "qwen3", "qwen3moe", "olmo3",
             "gemma3n", "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm",
             "lara_mini", "gpt_neo", "gemma4_unified", "phi3", "gemma2", "vaultgemma",
             "gpt_oss")  # fmt: skip
@@ -82,7 +82,9 @@ def sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         return _smollm3_window(cfg)
     if arch == "qwen2moe":  # as the other Qwens: a window only with use_sliding_window
         return int(window) if window and cfg.get("use_sliding_window", False) else None
-    qwens = ("qwen2", "qwen3", "qwen3moe", "llava_onevision")  # (OneVision's text model: Qwen2)
+    # (OneVision's text model: Qwen2's; InternVL's: Qwen2's, Qwen3's)
+    qwens = ("qwen2", "qwen3", "qwen3moe", "llava_onevision", "internvl", "internvl_qwen3",
+             "internvl_qwen3_moe")  # fmt: skip
     if arch in qwens and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
     if arch == "cohere2" and not window:  # its global layers are told apart by having none

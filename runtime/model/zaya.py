@@ -27,7 +27,10 @@ the previous layer's router state times `router_states_scale`, this sum being th
 next layer reads; then RMSNorm, fc1, GELU, fc2, GELU, out_proj to one logit per expert and a
 skip choice; the softmax's top choice by probability plus `balancing_biases`, weighted by its
 probability; the skip choice weighs 0. The LM head may have a bias (`lm_head_bias`).
-Tensor parallelism and FP8 are refused (`family_options`).
+
+Tensor parallelism: each rank its query and KV heads (`CCAProjection`: N must divide the KV
+heads), o_proj row-parallel, the experts by width (their partial sums all-reduced), the router
+and the residual scalings whole on every rank. FP8 is refused (`family_options`).
 """
 
 from __future__ import annotations
@@ -38,24 +41,41 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.mamba2 import MAMBA_STEP, MambaStep, packed_conv, save_chunk_ends
 from pagoda.runtime.model.moe import SparseMoE
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 
 
 class CCAProjection:
-    """q, k and v of one layer from its conv state (module docstring)."""
+    """q, k and v of one layer from its conv state (module docstring). On a tensor-parallel
+    rank: its query heads and KV heads (N divides the KV heads, `zaya_config.tp_problem`, so
+    its query heads are those of its KV heads: the residuals stay on the rank), their q/k
+    channels of both convs; the values' halves whole, each rank's KV heads cut from them (the
+    delayed half whole in the conv state too: `MambaConfig.on_ranks`)."""
 
     def __init__(self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx):
         c = model.config
         z, p = c.family.mamba.zaya, prefix + "self_attn.qkv_proj."
-        self.index, self.ctx = index, ctx
-        self.heads, self.kv, self.d = c.num_heads, c.num_kv_heads, c.head_dim
-        self.qk = (self.heads + self.kv) * self.d
+        self.index, self.ctx, d = index, ctx, c.head_dim
+        self.heads, self.kv, self.d = ctx.num_heads, ctx.num_kv_heads, d
+        self.qk = (self.heads + self.kv) * d
         # q, k and the delayed values in one matmul (the conv's inputs: `server/weights.py`
         # counts them as one), the current values
-        self.proj = linear_layer(ctx, w, [p + "q_proj.weight", p + "k_proj.weight",
-                                          p + "v_proj_delayed.weight"])  # fmt: skip
+        names = [p + "q_proj.weight", p + "k_proj.weight", p + "v_proj_delayed.weight"]
         self.v_current = linear_layer(ctx, w, [p + "v_proj_current.weight"])
-        self.w0, self.b0 = w[p + "conv_qk_depthwise.weight"], w[p + "conv_qk_depthwise.bias"]
-        self.w1, self.b1 = w[p + "conv_qk_grouped.weight"], w[p + "conv_qk_grouped.bias"]
+        convs = [p + f"conv_qk_{n}.{x}" for n in ("depthwise", "grouped")
+                 for x in ("weight", "bias")]  # fmt: skip
+        if ctx.tp is None:
+            self.proj = linear_layer(ctx, w, names)
+            self.w0, self.b0, self.w1, self.b1 = (w[n] for n in convs)
+            self.values = None
+        else:  # this rank's q/k rows (of the projections and the convs), every delayed value
+            q_rows, k_rows, _ = ctx.tp.layout.qkv_rows(c.num_heads, c.num_kv_heads, d)
+            delayed = c.num_kv_heads * d // 2
+            self.proj = column_linear(ctx, w, names, [q_rows, k_rows, (0, delayed)])
+            k_conv = tuple(c.num_heads * d + r for r in k_rows)  # (the convs' k after all q)
+            self.w0, self.b0, self.w1, self.b1 = (
+                torch.cat([w.part(n, 0, *q_rows), w.part(n, 0, *k_conv)]) for n in convs
+            )
+            self.values = k_rows  # this rank's value channels of the whole [current | delayed]
         self.k = z.time0 + z.time1 - 1  # the window: the conv state's inputs, then the token
 
     def linears(self) -> list:
@@ -88,8 +108,10 @@ class CCAProjection:
         save_chunk_ends(step, self.index)  # prefix caching: boundaries at a chunk's end
         q = mixed[:, : h * d].view(t, h, d) + q_res
         k = mixed[:, h * d : self.qk].view(t, kv, d) + k_res
-        v = torch.cat([self.v_current(x), mixed[:, self.qk :]], dim=-1).view(t, kv, d)
-        return q, k, v
+        v = torch.cat([self.v_current(x), mixed[:, self.qk :]], dim=-1)
+        if self.values is not None:  # this rank's KV heads of the whole values
+            v = v[:, self.values[0] : self.values[1]]
+        return q, k, v.reshape(t, kv, d)
 
     def _decode(self, conv: torch.Tensor, raw: torch.Tensor, step: MambaStep) -> torch.Tensor:
         """One token of each decode row: its window (state, then the token), the new state
@@ -155,13 +177,15 @@ class ZayaLayer(LlamaLayer):
         self.ctx, self.index, a = ctx, index, prefix + "self_attn."
         self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
         self.mlp_norm = model.read_norm(w, prefix + "post_attention_layernorm.weight")
-        self.o_proj = linear_layer(ctx, w, [a + "o_proj.weight"])
+        self.o_proj = row_linear(ctx, w, a + "o_proj.weight")  # (whole on one rank)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))
         self.window = self.chunk = None
         self.rope, self.rotary = model.rope_table(index), ctx.ops.rotary_embedding
         self.mlp = model.make_mlp(w, prefix, index, ctx)
         self.cca = CCAProjection(model, w, prefix, index, ctx)
-        self.temp = w[prefix + "self_attn.qk_norm.temp"]
+        temp = prefix + "self_attn.qk_norm.temp"  # per KV head: this rank's
+        self.temp = w[temp] if ctx.tp is None else w.part(temp, 0, *ctx.tp.layout.kv_heads(
+            model.config.num_kv_heads))  # fmt: skip
         self.eps = torch.finfo(model.dtype).eps
         self.scale = self.ctx.head_dim**0.5
         self.router = ZayaRouter(w, prefix, index, ctx, self.mlp.router,
@@ -189,7 +213,8 @@ class ZayaLayer(LlamaLayer):
         s = _scaled(a, s, self.post_attention)
         x = norm(x=s.to(dtype), weight=self.mlp_norm, eps=eps)
         weights, ids, state = self.router(x, residual)
-        y = self.mlp.run_experts(x, weights, ids)
+        y = self.mlp.run_experts(x, weights, ids)  # (this rank's width of them: summed)
+        y = y if self.ctx.tp is None else self.ctx.tp.all_reduce(y)
         return _scaled(y, s, self.post_mlp), state
 
 

@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.recurrent_configs import MambaConfig, ZayaCCA
+from pagoda.runtime.conv_attention_configs import ZayaCCA
+from pagoda.runtime.distributed.tp_families import stacked_expert_rows
+from pagoda.runtime.recurrent_configs import MambaConfig
 
 ARCHITECTURES = {"ZayaForCausalLM": "zaya"}
 # transformers' ZayaConfig defaults, where config.json leaves one out
@@ -73,7 +75,8 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
         "mamba": MambaConfig(
             layers=(True,) * n, n_heads=1, head_dim=conv_channels(cfg), d_state=1,
             d_conv=t0 + t1 - 1, mixer="short_conv", parallel_attention=True,
-            zaya=ZayaCCA(time0=t0, time1=t1, router_hidden=int(cfg["router_hidden_size"]))),
+            zaya=ZayaCCA(time0=t0, time1=t1, router_hidden=int(cfg["router_hidden_size"]),
+                         delayed=int(cfg["num_key_value_heads"]) * int(cfg["head_dim"]) // 2)),
         "num_experts": int(cfg["num_experts"]),
         "num_experts_per_tok": 1,
         "moe_intermediate_size": int(cfg["moe_intermediate_size"]),
@@ -83,7 +86,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer `i`'s tensors, all of them (`checkpoint_check._hybrid_layer`)."""
+    """Layer `i`'s tensors, all of them (`checkpoint_shapes._hybrid_layer`)."""
     z, h, d = c.family.mamba.zaya, c.hidden_size, c.head_dim
     q, kv, e, r = c.num_heads * d, c.num_kv_heads * d, c.family.num_experts, z.router_hidden
     p = f"model.layers.{i}."
@@ -116,9 +119,33 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_shapes(c: ModelConfig, out: dict[str, tuple[int, ...]]) -> None:
-    """The embeddings' scale and bias and the head's bias in `checkpoint_check.expected_shapes`'
+    """The embeddings' scale and bias and the head's bias in `checkpoint_shapes.expected_shapes`'
     tensors."""
     for name in ("model.input_hidden_states_scale", "model.input_hidden_states_bias"):
         out[name] = (c.hidden_size,)
     if c.family.lm_head_bias:
         out["lm_head.bias"] = (c.vocab_size,)
+
+
+def tp_problem(c: ModelConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split Zaya (one line), or None: each rank its KV heads with the
+    query heads they serve (a key's residual averages its group's queries), so N divides the
+    KV heads (`distributed/tp_families.py`)."""
+    if c.num_kv_heads % size:
+        return (f"--tensor-parallel-size {size} does not divide zaya's KV heads "
+                f"(num_key_value_heads {c.num_kv_heads}): each key's residual averages the "
+                "query heads it serves")  # fmt: skip
+    return None
+
+
+def rank_rows(layer: int, part: str, rows: int, cols: int, c: ModelConfig, lay):
+    """A rank's (rows, columns) of Zaya's own tensors (`model/zaya.py`): the key scales by KV
+    heads, the router's down_proj whole (not a row-parallel down), the stacked experts (per
+    expert: gate_up by rows, down by columns); None for the others (the values' halves whole
+    by the shared rules; `distributed/tp_families.py`)."""
+    if part == "self_attn.qk_norm.temp":
+        k0, k1 = lay.kv_heads(c.num_kv_heads)
+        return k1 - k0, cols
+    if part.startswith("mlp.gate."):
+        return rows, cols
+    return stacked_expert_rows(part, rows, cols, lay.size)

@@ -130,7 +130,7 @@ def read_anyres(kind: str, top: dict[str, Any], model_dir: Path | None) -> Anyre
         select_strategy=top.get("vision_feature_select_strategy", default),
         projector_act=_ACTS[pact],
         projector_bias=bool(top.get("multimodal_projector_bias", True)),
-        processing=ImageProcessing(size, (size, size)),
+        processing=ImageProcessing(shortest_edge=size, crop=(size, size)),
     )
     pins = top.get("image_grid_pinpoints")
     pinpoints = _pinpoints(pins) if pins is not None else (
@@ -146,7 +146,9 @@ def read_anyres(kind: str, top: dict[str, Any], model_dir: Path | None) -> Anyre
     if cfg is not None:
         processing = _processing(kind, cfg, size, pinpoints)
     else:  # the processor classes' defaults at the tower's size (OneVision's crops none)
-        processing = ImageProcessing(size, (size, size), do_center_crop=kind == "llava_next")
+        processing = ImageProcessing(
+            shortest_edge=size, crop=(size, size), do_center_crop=kind == "llava_next"
+        )
     return AnyresVisionConfig(kind, tower, siglip, pinpoints, max_crops, processing)
 
 

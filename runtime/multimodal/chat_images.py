@@ -28,40 +28,45 @@ class ImageError(ValueError):
         self.code = code
 
 
-def read_url(url: str, max_bytes: int = MAX_IMAGE_BYTES, timeout: float = FETCH_TIMEOUT_S) -> bytes:
-    """The encoded image `url` names: a base64 `data:` URL's payload or an http(s) body."""
+def read_url(url: str, max_bytes: int = MAX_IMAGE_BYTES, timeout: float = FETCH_TIMEOUT_S,
+             what: str = "image") -> bytes:  # fmt: skip
+    """The encoded image (`what`: or video) `url` names: a base64 `data:` URL's payload or an
+    http(s) body."""
     if url.startswith("data:"):
         head, sep, payload = url.partition(",")
         if not sep or not head.endswith(";base64"):
-            raise ImageError("a data URL image must be base64: data:image/png;base64,...",
-                             "invalid_image_url")  # fmt: skip
+            raise ImageError(f"a data URL {what} must be base64: data:{what}/...;base64,...",
+                             f"invalid_{what}_url")  # fmt: skip
         if len(payload) > (max_bytes + 2) // 3 * 4:
-            raise ImageError(f"the image is larger than {max_bytes} bytes", "image_too_large")
+            raise ImageError(f"the {what} is larger than {max_bytes} bytes", f"{what}_too_large")
         try:
-            return base64.b64decode(payload, validate=True)
+            data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise ImageError("the data URL's payload is not valid base64",
-                             "invalid_image_url") from None  # fmt: skip
+                             f"invalid_{what}_url") from None  # fmt: skip
+        if len(data) > max_bytes:
+            raise ImageError(f"the {what} is larger than {max_bytes} bytes", f"{what}_too_large")
+        return data
     if not url.startswith(("http://", "https://")):
-        raise ImageError("an image URL must be http(s):// or a base64 data: URL",
-                         "invalid_image_url")  # fmt: skip
-    return _fetch(url, max_bytes, timeout)
+        raise ImageError(f"the {what} URL must be http(s):// or a base64 data: URL",
+                         f"invalid_{what}_url")  # fmt: skip
+    return _fetch(url, max_bytes, timeout, what)
 
 
-def _fetch(url: str, max_bytes: int, timeout: float) -> bytes:
+def _fetch(url: str, max_bytes: int, timeout: float, what: str) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             body = r.read(max_bytes + 1)
     except urllib.error.HTTPError as e:
         raise ImageError(
-            f"fetching the image answered HTTP {e.code}", "invalid_image_url"
+            f"fetching the {what} answered HTTP {e.code}", f"invalid_{what}_url"
         ) from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
-        raise ImageError(f"the image URL could not be fetched ({reason})",
-                         "invalid_image_url") from None  # fmt: skip
+        raise ImageError(f"the {what} URL could not be fetched ({reason})",
+                         f"invalid_{what}_url") from None  # fmt: skip
     if len(body) > max_bytes:
-        raise ImageError(f"the image is larger than {max_bytes} bytes", "image_too_large")
+        raise ImageError(f"the {what} is larger than {max_bytes} bytes", f"{what}_too_large")
     return body
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 # vLLM's default cap on images per prompt (`--limit-mm-per-prompt '{"image": N}'`)
 DEFAULT_IMAGE_LIMIT = 999
+MODALITIES = ("image", "video")  # what --limit-mm-per-prompt caps (videos: Qwen2-VL's family)
 # CLIPImageProcessor's defaults (OpenAI CLIP's mean and std, 224 px, bicubic)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -24,21 +25,42 @@ EXACT_PROCESSORS = ("Gemma3ImageProcessor", "Gemma3ImageProcessorFast", "Gemma3I
 
 
 @dataclass(frozen=True)
-class ImageProcessing:
-    """CLIPImageProcessor's steps: convert to RGB (transparency over white), resize the shortest
-    edge (`resample`: PIL's filter number), center-crop, rescale, normalize."""
+class PixelSteps:
+    """What every image processor here shares after its resize: the resize filter
+    (PIL's number), rescale, normalize, RGB (`image_processing.rescale_normalize`)."""
 
-    shortest_edge: int = 224
-    crop: tuple[int, int] = (224, 224)  # (height, width)
     resample: int = 3  # PIL.Image.BICUBIC
     rescale_factor: float = 1 / 255
     mean: tuple[float, float, float] = CLIP_MEAN
     std: tuple[float, float, float] = CLIP_STD
     do_resize: bool = True
-    do_center_crop: bool = True
     do_rescale: bool = True
     do_normalize: bool = True
     do_convert_rgb: bool = True
+
+
+def pixel_steps(cfg: dict[str, Any], resample: int = 3, mean: tuple = CLIP_MEAN,
+                std: tuple = CLIP_STD) -> dict[str, Any]:  # fmt: skip
+    """`PixelSteps`' fields from a preprocessor_config.json (the defaults given where left
+    out)."""
+    return dict(
+        resample=int(cfg.get("resample", resample)),
+        rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
+        mean=_triple(cfg.get("image_mean", mean), "image_mean"),
+        std=_triple(cfg.get("image_std", std), "image_std"),
+        **{k: bool(cfg.get(k, True)) for k in ("do_resize", "do_rescale", "do_normalize",
+                                               "do_convert_rgb")},
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ImageProcessing(PixelSteps):
+    """CLIPImageProcessor's steps: convert to RGB (transparency over white), resize the shortest
+    edge (`resample`: PIL's filter number), center-crop, rescale, normalize."""
+
+    shortest_edge: int = 224
+    crop: tuple[int, int] = (224, 224)  # (height, width)
+    do_center_crop: bool = True
     exact_resize: bool = False  # resize to `crop` (height, width) itself (Gemma 3's), no crop
 
     @classmethod
@@ -61,13 +83,9 @@ class ImageProcessing:
         return cls(
             shortest_edge=int(size["shortest_edge"]),
             crop=(int(crop["height"]), int(crop["width"])),
-            resample=int(cfg.get("resample", 3)),
-            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
-            mean=_triple(cfg.get("image_mean", CLIP_MEAN), "image_mean"),
-            std=_triple(cfg.get("image_std", CLIP_STD), "image_std"),
-            **{k: bool(cfg.get(k, True)) for k in ("do_resize", "do_center_crop", "do_rescale",
-                                                   "do_normalize", "do_convert_rgb")},
-        )  # fmt: skip
+            do_center_crop=bool(cfg.get("do_center_crop", True)),
+            **pixel_steps(cfg),
+        )
 
     @classmethod
     def exact_from_json(cls, cfg: dict[str, Any]) -> ImageProcessing:
@@ -86,15 +104,22 @@ class ImageProcessing:
         return cls(
             shortest_edge=int(size["height"]),
             crop=(int(size["height"]), int(size["width"])),
-            resample=int(cfg.get("resample", 2)),  # PIL.Image.BILINEAR
-            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
-            mean=_triple(cfg.get("image_mean", half), "image_mean"),
-            std=_triple(cfg.get("image_std", half), "image_std"),
             do_center_crop=False,
             exact_resize=True,
-            **{k: bool(cfg.get(k, True)) for k in ("do_resize", "do_rescale", "do_normalize",
-                                                   "do_convert_rgb")},
-        )  # fmt: skip
+            **pixel_steps(cfg, resample=2, mean=half, std=half),  # (PIL.Image.BILINEAR)
+        )
+
+
+def tokenizer_vocab(model_dir: Path | None) -> dict[str, int] | None:
+    """tokenizer.json's vocabulary and added tokens beside the checkpoint (None: no file)."""
+    path = None if model_dir is None else model_dir / "tokenizer.json"
+    if path is None or not path.is_file():
+        return None
+    tok = json.loads(path.read_text())
+    vocab = tok.get("model", {}).get("vocab", {})
+    if isinstance(vocab, list):  # (Unigram's [piece, score] rows)
+        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
+    return {**vocab, **{t["content"]: t["id"] for t in tok.get("added_tokens", [])}}
 
 
 @dataclass(frozen=True)
@@ -176,23 +201,28 @@ class VisionConfig:
 
 
 def parse_limits(value: Any) -> dict[str, int]:
-    """vLLM's `--limit-mm-per-prompt` (a dict or its JSON text, e.g. {"image": 2}) → the cap
-    per modality; None: vLLM's default. ValueError, one line, for another modality or count."""
+    """vLLM's `--limit-mm-per-prompt` (a dict or its JSON text, e.g. {"image": 2, "video": 1})
+    → the cap per modality (images, videos); None or an absent one: vLLM's default. ValueError,
+    one line, for another modality or count."""
     if value is None:
-        return {"image": DEFAULT_IMAGE_LIMIT}
+        value = {}
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
             raise ValueError(f"limit_mm_per_prompt must be JSON such as '{{\"image\": 2}}', got "
                              f"{value!r}") from None  # fmt: skip
-    if not isinstance(value, dict) or set(value) - {"image"}:
-        raise ValueError(f"limit_mm_per_prompt takes {{'image': N}} (images are the only "
-                         f"modality served), got {value!r}")  # fmt: skip
-    n = value.get("image", DEFAULT_IMAGE_LIMIT)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"limit_mm_per_prompt's image count must be an integer >= 0, got {n!r}")
-    return {"image": n}
+    if not isinstance(value, dict) or set(value) - set(MODALITIES):
+        raise ValueError(f"limit_mm_per_prompt takes {{'image': N, 'video': N}} (images and "
+                         f"videos are the modalities served), got {value!r}")  # fmt: skip
+    out = {}
+    for key in MODALITIES:
+        n = value.get(key, DEFAULT_IMAGE_LIMIT)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"limit_mm_per_prompt's {key} count must be an integer >= 0, "
+                             f"got {n!r}")  # fmt: skip
+        out[key] = n
+    return out
 
 
 def tower_shape(v: dict[str, Any]) -> dict[str, int]:
@@ -212,13 +242,17 @@ def _triple(value: Any, name: str) -> tuple[float, float, float]:
     return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
-def processor_json(model_dir: Path) -> dict[str, Any] | None:
+IMAGE_PROCESSOR_FILES = (
+    ("preprocessor_config.json", None),
+    ("processor_config.json", "image_processor"),
+)
+
+
+def processor_json(model_dir: Path, files=IMAGE_PROCESSOR_FILES) -> dict[str, Any] | None:
     """The image processor's fields saved beside the checkpoint: preprocessor_config.json
-    (transformers 4's), else processor_config.json's `image_processor` (transformers 5's)."""
-    for name, key in (
-        ("preprocessor_config.json", None),
-        ("processor_config.json", "image_processor"),
-    ):
+    (transformers 4's), else processor_config.json's `image_processor` (transformers 5's);
+    `files`: another processor's ((file name, key in it or None), ...) in that order."""
+    for name, key in files:
         path = model_dir / name
         if not path.is_file():
             continue
@@ -252,6 +286,10 @@ def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
     if v.get("model_type", "clip_vision_model") != "clip_vision_model":
         raise ValueError(f"LlavaForConditionalGeneration with a vision_config of model_type "
                          f"{v.get('model_type')!r} is not supported (clip_vision_model)")  # fmt: skip
+    kind = (top.get("text_config") or {}).get("model_type", "llama")
+    if kind != "llama":  # (Mistral beside a pixtral tower: multimodal/pixtral_config.py)
+        raise ValueError(f"LlavaForConditionalGeneration with a text_config of model_type "
+                         f"{kind!r} is not supported beside a clip_vision_model (llama)")  # fmt: skip
     layer = top.get("vision_feature_layer", -2)
     if not isinstance(layer, int):
         raise ValueError(f"vision_feature_layer {layer!r}: only one layer is supported")
@@ -261,7 +299,7 @@ def read_llava(top: dict[str, Any], model_dir: Path | None) -> VisionConfig:
         if a not in _ACTS:
             raise ValueError(f"{name} {a!r} is not supported ({', '.join(_ACTS)})")
     size = int(v.get("image_size", 224))
-    processing = ImageProcessing(size, (size, size))
+    processing = ImageProcessing(shortest_edge=size, crop=(size, size))
     if model_dir is not None:
         processing = read_processing(model_dir, size)
     return VisionConfig(

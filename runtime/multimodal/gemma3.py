@@ -11,7 +11,6 @@ Torch-free: the API process reads it too.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from pagoda.runtime.multimodal.config import (
     ImageProcessing,
     VisionConfig,
     read_processing,
+    tokenizer_vocab,
     tower_shape,
 )
 
@@ -30,14 +30,9 @@ MAX_NEWLINES = 31  # "\n" * k tokens looked up (Gemma's vocabulary has k = 1 .. 
 def newline_ids(model_dir: Path | None) -> tuple[int, ...] | None:
     """The ids of "\n" * k, k = 1, 2, ... while the tokenizer has one token for it; None
     without a tokenizer.json that has "\n\n" (the checkpoint is then read text-only)."""
-    path = None if model_dir is None else model_dir / "tokenizer.json"
-    if path is None or not path.is_file():
+    vocab = tokenizer_vocab(model_dir)
+    if vocab is None:
         return None
-    tok = json.loads(path.read_text())
-    vocab = tok.get("model", {}).get("vocab", {})
-    if isinstance(vocab, list):  # (Unigram's [piece, score] rows)
-        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
-    vocab = {**vocab, **{t["content"]: t["id"] for t in tok.get("added_tokens", [])}}
     ids = []
     for k in range(1, MAX_NEWLINES + 1):
         if "\n" * k not in vocab:
@@ -75,7 +70,7 @@ def read_gemma3(top: dict[str, Any], model_dir: Path | None) -> VisionConfig | N
     if window is not None and int(window) < tokens:
         raise ValueError(f"text_config.sliding_window {window} is shorter than an image's "
                          f"{tokens} tokens (mm_tokens_per_image): not supported")  # fmt: skip
-    processing = ImageProcessing(size, (size, size), resample=2, mean=(0.5,) * 3,
+    processing = ImageProcessing(shortest_edge=size, crop=(size, size), resample=2, mean=(0.5,) * 3,
                                  std=(0.5,) * 3, do_center_crop=False, exact_resize=True)  # fmt: skip
     if model_dir is not None:
         processing = read_processing(model_dir, size, processing)

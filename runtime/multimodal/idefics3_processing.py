@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal.config import _triple
-from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
+from pagoda.runtime.multimodal.image_processing import checked, stacked_tiles
 from PIL import Image
 
 MAX_IMAGE_SIZE = 4096  # transformers' cap on the resized image's longest edge
@@ -125,10 +125,4 @@ def preprocess(image: object, p: TileProcessing) -> tuple[np.ndarray, int, int]:
             frames.append(np.asarray(resize(im, s, s)))
         else:
             frames = [np.asarray(im)]
-    pixels = np.stack([f if f.ndim == 3 else f[:, :, None] for f in frames])
-    pixels = np.moveaxis(pixels, -1, 1)  # [T, C, S, S]
-    if pixels.shape[1] != 3:
-        raise ValueError(
-            f"an image must have 3 channels after preprocessing, got {pixels.shape[1]}"
-        )
-    return np.ascontiguousarray(rescale_normalize(pixels, p), dtype=np.float32), rows, cols
+    return stacked_tiles(frames, p), rows, cols

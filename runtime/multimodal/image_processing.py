@@ -72,6 +72,39 @@ def rescale_normalize(pixels: np.ndarray, p) -> np.ndarray:
     return pixels
 
 
+def sized_pixels(image: object, p, size, multiple: int) -> np.ndarray:
+    """`image` (checked) resized to `size(height, width)` where `p.do_resize` (PIL's filter on
+    the uint8 image), rescaled and normalized: float32 [3, H, W], H and W multiples of
+    `multiple` (Qwen2-VL's and Pixtral's processors; ValueError, one line, otherwise)."""
+    image = checked(image, p.do_convert_rgb)
+    if p.do_resize:
+        h, w = size(image.height, image.width)
+        image = image.resize((w, h), resample=p.resample)
+    pixels = np.asarray(image)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    pixels = np.moveaxis(pixels, -1, 0)
+    if pixels.shape[0] != 3:
+        raise ValueError(f"an image must have 3 channels, got {pixels.shape[0]}")
+    if pixels.shape[1] % multiple or pixels.shape[2] % multiple:
+        raise ValueError(f"an image of {pixels.shape[2]}x{pixels.shape[1]} pixels is not a "
+                         f"multiple of {multiple} (do_resize is off)")  # fmt: skip
+    return rescale_normalize(pixels, p)
+
+
+def stacked_tiles(frames: list[np.ndarray], p) -> np.ndarray:
+    """Tiles cut from an image, uint8 [S, S, C] or [S, S] each → float32 [T, 3, S, S]
+    (C-contiguous), rescaled and normalized as `p` says (`rescale_normalize`); ValueError for
+    an image of another number of channels (the tiling families': Idefics3's, InternVL's)."""
+    pixels = np.stack([f if f.ndim == 3 else f[:, :, None] for f in frames])
+    pixels = np.moveaxis(pixels, -1, 1)  # [T, C, S, S]
+    if pixels.shape[1] != 3:
+        raise ValueError(
+            f"an image must have 3 channels after preprocessing, got {pixels.shape[1]}"
+        )
+    return np.ascontiguousarray(rescale_normalize(pixels, p), dtype=np.float32)
+
+
 def preprocess(image: Image.Image, p: ImageProcessing) -> np.ndarray:
     """One image → float32 [3, H, W] (C-contiguous), as `CLIPImageProcessor` computes it."""
     image = checked(image, p.do_convert_rgb)

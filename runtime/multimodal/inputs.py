@@ -19,11 +19,14 @@ from types import MappingProxyType, ModuleType
 from pagoda.runtime.multimodal import (
     fixed_inputs,
     idefics3_inputs,
+    internvl_inputs,
     llama4_inputs,
     llava_next_inputs,
+    pixtral_inputs,
     qwen2_vl_inputs,
 )
 from pagoda.runtime.multimodal.image_inputs import ImageInput, MultiModalInputs, pixels_hash
+from PIL import Image
 
 __all__ = ["FAMILIES", "ImageInput", "MultiModalInputs", "pixels_hash"]
 
@@ -38,6 +41,8 @@ FAMILIES: Mapping[str, ModuleType] = MappingProxyType(
         "idefics3": idefics3_inputs,  # Idefics3 / SmolVLM: tiles and a global image, each a run
         "llava_next": llava_next_inputs,  # LLaVA-NeXT: anyres crops, a run per image's size
         "llava_onevision": llava_next_inputs,  # LLaVA-OneVision: the same, its grid capped
+        "pixtral": pixtral_inputs,  # Mistral 3, LLaVA-Pixtral: a run per image's size, row breaks
+        "internvl": internvl_inputs,  # InternVL 3 / 3.5: tiles and a thumbnail, one run
         "llama4": llama4_inputs,  # Llama 4: tiles and a global tile, each a run of <|patch|>
     }
 )
@@ -97,22 +102,49 @@ def from_images(
     return build(token_ids, [prepare_image(im, vision) for im in images], vision)
 
 
+def reads_videos(vision) -> bool:
+    """Whether `vision`'s family reads videos (its module's `reads_videos`; none: no)."""
+    reads = getattr(family(vision), "reads_videos", None)
+    return reads is not None and reads(vision)
+
+
+def prepare_video(video: object, vision) -> object:
+    """One video as the checkpoint's video processor prepares it (what `build` takes);
+    ValueError for a family that reads no videos (one without `prepare_video`)."""
+    if not reads_videos(vision):
+        raise ValueError(f"this model ({vision.kind}) reads no videos: multi_modal_data's "
+                         "'video' is refused")  # fmt: skip
+    return family(vision).prepare_video(video, vision)
+
+
 def from_data(token_ids: Sequence[int], data: object, vision) -> tuple[list[int], MultiModalInputs]:
-    """vLLM's `multi_modal_data` ({"image": a PIL image or a list of them}) over a prompt's
-    token ids; ValueError for a model without images, another modality, or a bad image."""
+    """vLLM's `multi_modal_data` ({"image": a PIL image or a list of them, "video": a video
+    or a list of them}) over a prompt's token ids; ValueError for a model without images,
+    another modality, or a bad image or video."""
     if vision is None:
         raise ValueError("this model does not read images: multi_modal_data is not supported")
-    if not isinstance(data, dict) or set(data) - {"image"}:
+    if not isinstance(data, dict) or set(data) - {"image", "video"}:
         keys = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"multi_modal_data must be {{'image': image or list of images}}; got "
-                         f"{keys} (only images are supported)")  # fmt: skip
-    return from_images(token_ids, image_list(data.get("image", [])), vision)
+        raise ValueError(f"multi_modal_data must be {{'image': image or list of images, "
+                         f"'video': video or list of videos}}; got {keys}")  # fmt: skip
+    images = [prepare_image(im, vision) for im in image_list(data.get("image", []))]
+    videos = [prepare_video(v, vision) for v in video_list(data.get("video", []))]
+    return build(token_ids, images + videos, vision)
 
 
-def check(token_ids: Sequence[int], mm: MultiModalInputs, vision,
-          limit: int, step_tokens: int | None = None) -> None:  # fmt: skip
+def video_list(data: object) -> list:
+    """`multi_modal_data["video"]`: one video (an array, a list of PIL images, or either with
+    its metadata as a tuple) or a list of them."""
+    if isinstance(data, list) and data and not isinstance(data[0], Image.Image):
+        return data
+    return [] if isinstance(data, list) and not data else [data]
+
+
+def check(token_ids: Sequence[int], mm: MultiModalInputs, vision, limit: int,
+          step_tokens: int | None = None, video_limit: int = 0) -> None:  # fmt: skip
     """ValueError unless `mm` fits the model and the prompt: a model that reads images, at most
-    `limit` of them, each of the tower's shape over a run of image tokens in the prompt."""
+    `limit` of them and `video_limit` videos, each of the tower's shape over a run of image
+    (video) tokens in the prompt."""
     if vision is None:
         raise ValueError("this model does not read images (multi_modal_data / image parts)")
     if not isinstance(mm, MultiModalInputs):
@@ -120,4 +152,7 @@ def check(token_ids: Sequence[int], mm: MultiModalInputs, vision,
     if mm.num_images > limit:
         raise ValueError(f"at most {limit} image(s) per prompt (--limit-mm-per-prompt), got "
                          f"{mm.num_images}")  # fmt: skip
+    if mm.num_videos > video_limit:
+        raise ValueError(f"at most {video_limit} video(s) per prompt (--limit-mm-per-prompt), "
+                         f"got {mm.num_videos}")  # fmt: skip
     family(vision).check(token_ids, mm, vision, step_tokens)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 from pagoda.runtime.multimodal import tiled_inputs
-from pagoda.runtime.multimodal.image_inputs import MultiModalInputs
+from pagoda.runtime.multimodal.image_inputs import MultiModalInputs, RunsNeedImages, check_tiles
 from pagoda.runtime.multimodal.llama4_processing import preprocess
 from pagoda.runtime.multimodal.llama4_vision_config import Llama4VisionConfig
 
@@ -83,9 +83,9 @@ def build(token_ids: Sequence[int], prepared: Sequence[Prepared],
 def expand(token_ids: Sequence[int], num_images: int,
            vision: Llama4VisionConfig) -> tuple[list[int], list[int]]:  # fmt: skip
     """With max_patches 1, each image's text (one tile) and its run's first position;
-    ValueError otherwise: the grid depends on each image's size."""
+    RunsNeedImages otherwise: the grid depends on each image's size."""
     if vision.processing.max_patches > 1:
-        raise ValueError("with max_patches over 1 an image's tiles depend on its size: they are "
+        raise RunsNeedImages("with max_patches over 1 an image's tiles depend on its size: they are "
                          "counted where the images are read")  # fmt: skip
     text = image_text(1, 1, vision)
     return tiled_inputs.expanded(token_ids, [text] * num_images, vision.image_token)
@@ -95,5 +95,4 @@ def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: Llama4VisionCo
           step_tokens: int | None = None) -> None:  # fmt: skip
     """ValueError unless each tile is of the tower's shape over a run of `<|patch|>` tokens
     and the tiles add up to the images'."""
-    tiled_inputs.check(token_ids, mm, vision.image_size, vision.tokens_per_image,
-                       vision.image_token_index)  # fmt: skip
+    check_tiles(token_ids, mm, vision)

@@ -15,6 +15,7 @@ from pagoda.runtime.multimodal.anyres_processing import num_crops, num_tokens, p
 from pagoda.runtime.multimodal.image_inputs import (
     ImageInput,
     MultiModalInputs,
+    RunsNeedImages,
     pixels_hash,
     repeat_runs,
 )
@@ -52,8 +53,8 @@ def build(token_ids: Sequence[int], prepared: Sequence[tuple[np.ndarray, tuple]]
 
 
 def expand(token_ids: Sequence[int], num_images: int, vision: AnyresVisionConfig) -> tuple:
-    """ValueError: a run's length is its image's size's, known only where the image is read."""
-    raise ValueError(f"{vision.kind}'s placeholder runs depend on each image's size: "
+    """RunsNeedImages: a run's length is its image's size's, known only where the image is read."""
+    raise RunsNeedImages(f"{vision.kind}'s placeholder runs depend on each image's size: "
                      "they are counted where the images are read")  # fmt: skip
 
 

@@ -47,18 +47,24 @@ class QwenVisionConfig:
     pos_embeddings: int = 0
     deepstack: tuple[int, ...] = ()
     mrope_interleaved: bool = False
+    # video: `<|video_pad|>`, the video processor's fields (`video_processor_json`; the image
+    # processor's where the checkpoint saves none, as transformers falls back) and Qwen2.5-VL's
+    # temporal positions per second of video (0: a video's temporal patches 1 apart)
+    video_token_index: int = 151656
+    video_processing: QwenImageProcessing | None = None
+    tokens_per_second: float = 0.0
 
     def __post_init__(self) -> None:
         if self.width % self.num_heads or (self.width // self.num_heads) % 4:
             raise ValueError(f"vision_config: a head of {self.width}/{self.num_heads} is not a "
                              "multiple of 4 (its 2-D rotary)")  # fmt: skip
-        p = self.processing
-        if (p.patch_size, p.temporal_patch_size, p.merge_size) != (
-            self.patch_size, self.temporal_patch_size, self.merge_size):  # fmt: skip
-            raise ValueError(f"the image processor's patches ({p.patch_size}, "
-                             f"{p.temporal_patch_size}, merge {p.merge_size}) are not the tower's "
-                             f"({self.patch_size}, {self.temporal_patch_size}, merge "
-                             f"{self.merge_size})")  # fmt: skip
+        for what, p in (("image", self.processing), ("video", self.video)):
+            if (p.patch_size, p.temporal_patch_size, p.merge_size) != (
+                self.patch_size, self.temporal_patch_size, self.merge_size):  # fmt: skip
+                raise ValueError(f"the {what} processor's patches ({p.patch_size}, "
+                                 f"{p.temporal_patch_size}, merge {p.merge_size}) are not the "
+                                 f"tower's ({self.patch_size}, {self.temporal_patch_size}, merge "
+                                 f"{self.merge_size})")  # fmt: skip
         side = math.isqrt(self.pos_embeddings)
         if self.kind == "qwen3_vl" and (side < 2 or side * side != self.pos_embeddings):
             raise ValueError(f"vision_config: num_position_embeddings {self.pos_embeddings} is "
@@ -69,6 +75,11 @@ class QwenVisionConfig:
         if self.kind == "qwen2_5_vl" and self.window_size % (self.patch_size * self.merge_size):
             raise ValueError(f"vision_config: window_size {self.window_size} is not a multiple "
                              f"of patch_size x spatial_merge_size")  # fmt: skip
+
+    @property
+    def video(self) -> QwenImageProcessing:
+        """The video processor's fields."""
+        return self.video_processing or self.processing
 
     @property
     def head_dim(self) -> int:
@@ -96,6 +107,18 @@ def read_processing(model_dir: Path | None) -> QwenImageProcessing:
     return QwenImageProcessing() if cfg is None else QwenImageProcessing.from_json(cfg)
 
 
+# the video processor's fields: transformers 4's file, else transformers 5's processor file's
+VIDEO_PROCESSOR_FILES = (("video_preprocessor_config.json", None),
+                         ("processor_config.json", "video_processor"))  # fmt: skip
+
+
+def read_video_processing(model_dir: Path | None) -> QwenImageProcessing | None:
+    """The video processor saved beside the checkpoint (`VIDEO_PROCESSOR_FILES`); None where
+    there is none (the image processor's fields are used)."""
+    cfg = None if model_dir is None else processor_json(model_dir, VIDEO_PROCESSOR_FILES)
+    return None if cfg is None else QwenImageProcessing.from_json(cfg)
+
+
 def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> QwenVisionConfig:
     """A Qwen2-VL / Qwen2.5-VL (`arch`: qwen2_vl, qwen2_5_vl) config.json's image side;
     ValueError, one line, on a bad one."""
@@ -113,6 +136,8 @@ def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> Qwe
         rope_theta=float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         processing=read_processing(model_dir),
         mrope_section=mrope_section(top),
+        video_token_index=int(top.get("video_token_id", 151656)),
+        video_processing=read_video_processing(model_dir),
     )
     act = v.get("hidden_act", "quick_gelu" if kind == "qwen2_vl" else "silu")
     if act not in ("quick_gelu", "silu", "gelu"):
@@ -128,6 +153,7 @@ def read_qwen2_vl(arch: str, top: dict[str, Any], model_dir: Path | None) -> Qwe
         out_size=int(v.get("out_hidden_size", 3584)),
         hidden_act=act,
         window_size=int(v.get("window_size", 112)),
+        tokens_per_second=float(v.get("tokens_per_second", 4)),
         fullatt_blocks=tuple(int(i) for i in v.get("fullatt_block_indexes", (7, 15, 23, 31))),
         **common,
     )

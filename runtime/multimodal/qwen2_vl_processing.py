@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pagoda.runtime.multimodal.config import CLIP_MEAN, CLIP_STD, _triple
-from pagoda.runtime.multimodal.image_processing import checked, rescale_normalize
+from pagoda.runtime.multimodal.config import PixelSteps, pixel_steps
+from pagoda.runtime.multimodal.image_processing import sized_pixels
 from PIL import Image
 
 _PROCESSORS = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
@@ -31,7 +31,7 @@ MAX_ASPECT = 200  # transformers refuses a longer side over 200 times the shorte
 
 
 @dataclass(frozen=True)
-class QwenImageProcessing:
+class QwenImageProcessing(PixelSteps):
     """`Qwen2VLImageProcessor`'s fields (its defaults: 56*56 to 28*28*1280 pixels, 14 px
     patches merged 2x2, two frames per patch, CLIP's mean and std, bicubic)."""
 
@@ -40,14 +40,6 @@ class QwenImageProcessing:
     patch_size: int = 14
     temporal_patch_size: int = 2
     merge_size: int = 2
-    resample: int = 3  # PIL.Image.BICUBIC
-    rescale_factor: float = 1 / 255
-    mean: tuple[float, float, float] = CLIP_MEAN
-    std: tuple[float, float, float] = CLIP_STD
-    do_resize: bool = True
-    do_rescale: bool = True
-    do_normalize: bool = True
-    do_convert_rgb: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.min_pixels <= self.max_pixels:
@@ -77,13 +69,8 @@ class QwenImageProcessing:
             patch_size=int(cfg.get("patch_size", d.patch_size)),
             temporal_patch_size=int(cfg.get("temporal_patch_size", d.temporal_patch_size)),
             merge_size=int(cfg.get("merge_size", d.merge_size)),
-            resample=int(cfg.get("resample", d.resample)),
-            rescale_factor=float(cfg.get("rescale_factor", d.rescale_factor)),
-            mean=_triple(cfg.get("image_mean", CLIP_MEAN), "image_mean"),
-            std=_triple(cfg.get("image_std", CLIP_STD), "image_std"),
-            **{k: bool(cfg.get(k, True)) for k in ("do_resize", "do_rescale", "do_normalize",
-                                                   "do_convert_rgb")},
-        )  # fmt: skip
+            **pixel_steps(cfg),
+        )
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int,
@@ -120,20 +107,8 @@ def preprocess(
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image → (patches float32 [h * w, 3 * T * P * P], grid (1, h, w)), as
     `Qwen2VLImageProcessor` computes them."""
-    image = checked(image, p.do_convert_rgb)
-    if p.do_resize:
-        h, w = smart_resize(image.height, image.width, p.factor, p.min_pixels, p.max_pixels)
-        image = image.resize((w, h), resample=p.resample)
-    pixels = np.asarray(image)
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    pixels = np.moveaxis(pixels, -1, 0)
-    if pixels.shape[0] != 3:
-        raise ValueError(f"an image must have 3 channels, got {pixels.shape[0]}")
-    if pixels.shape[1] % p.factor or pixels.shape[2] % p.factor:
-        raise ValueError(f"an image of {pixels.shape[2]}x{pixels.shape[1]} pixels is not a "
-                         f"multiple of {p.factor} (do_resize is off)")  # fmt: skip
-    pixels = rescale_normalize(pixels, p)
+    size = lambda h, w: smart_resize(h, w, p.factor, p.min_pixels, p.max_pixels)  # noqa: E731
+    pixels = sized_pixels(image, p, size, p.factor)
     grid = (1, pixels.shape[1] // p.patch_size, pixels.shape[2] // p.patch_size)
     return patchify(pixels, p), grid
 
@@ -145,9 +120,12 @@ def placeholders(grid: Sequence[int], merge_size: int) -> int:
 
 
 def mrope_positions(length: int, offsets: Sequence[int], grids: Sequence[Sequence[int]],
-                    merge_size: int) -> tuple[np.ndarray, int]:  # fmt: skip
-    """int64 [3, length] positions of a prompt whose images (patch grids `grids`) take the runs
-    at `offsets` (in prompt order), and its delta: max position + 1 - length."""
+                    merge_size: int, intervals: Sequence[float] | None = None,
+                    ) -> tuple[np.ndarray, int]:  # fmt: skip
+    """int64 [3, length] positions of a prompt whose images and videos (patch grids `grids`)
+    take the runs at `offsets` (in prompt order), and its delta: max position + 1 - length.
+    A run's temporal positions are its temporal patches times its `intervals` entry, floored
+    (Qwen2.5-VL's videos; 1 elsewhere)."""
     g = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     t, h, w = g[:, 0], g[:, 1] // merge_size, g[:, 2] // merge_size
     n = t * h * w  # each image's tokens
@@ -157,9 +135,13 @@ def mrope_positions(length: int, offsets: Sequence[int], grids: Sequence[Sequenc
     np.add.at(shift, at + n, n - advance)  # each image ends: later text moves back
     pos = np.arange(length, dtype=np.int64) - np.cumsum(shift)[:length]
     out = np.repeat(pos[None], 3, axis=0)
-    for o, k, ti, hi, wi in zip(at.tolist(), n.tolist(), t.tolist(), h.tolist(), w.tolist()):
+    for i, (o, k, ti, hi, wi) in enumerate(
+        zip(at.tolist(), n.tolist(), t.tolist(), h.tolist(), w.tolist())
+    ):
         start = pos[o]
         grid = np.indices((ti, hi, wi), dtype=np.int64).reshape(3, k)
+        if intervals is not None and intervals[i] != 1:
+            grid[0] = (grid[0].astype(np.float32) * np.float32(intervals[i])).astype(np.int64)
         out[:, o : o + k] = grid + start
     delta = int(out.max()) + 1 - length if length else 0
     return out, delta

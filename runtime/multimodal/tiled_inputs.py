@@ -1,8 +1,8 @@
-"""What the families whose images are tiles share (Idefics3's `idefics3_inputs.py`, Llama 4's
-`llama4_inputs.py`): each image token of the prompt replaced by its image's text (the
-family's, with a run of placeholders per tile), each tile one `ImageInput` over its run
+"""A tiled family's prompt expansion (Llama 4's `llama4_inputs.py`): each image token of the
+prompt replaced by its image's text (the family's, with a run of placeholders per tile), each tile one `ImageInput` over its run
 (`MultiModalInputs.tiles`: an image's count), so the engine encodes a step's new tiles in one
-batch and a prefill chunk may end inside any run; and the engine's check of them.
+batch and a prefill chunk may end inside any run (the engine's check of them:
+`image_inputs.check_tiles`).
 """
 
 from __future__ import annotations
@@ -50,22 +50,3 @@ def build(token_ids: Sequence[int], images: Sequence[tuple[np.ndarray, ImageText
     tiles = [t for pixels, _ in images for t in pixels]
     inputs = tuple(ImageInput(t, o, run, pixels_hash(t)) for t, o in zip(tiles, offsets))
     return ids, MultiModalInputs(inputs, tiles=tuple(len(p) for p, _ in images))
-
-
-def check(token_ids: Sequence[int], mm: MultiModalInputs, side: int, run: int,
-          placeholder: int) -> None:  # fmt: skip
-    """ValueError unless each tile is float32 [3, side, side] over a run of `run`
-    placeholders and the tiles add up to the images'."""
-    if sum(mm.tiles) != len(mm.images) or min(mm.tiles, default=1) < 1:
-        raise ValueError(f"multi_modal: tiles per image {mm.tiles} do not add up to its "
-                         f"{len(mm.images)} tiles")  # fmt: skip
-    ids = np.asarray(token_ids, dtype=np.int64)
-    shape = (3, side, side)
-    for i, im in enumerate(mm.images):
-        if tuple(im.pixel_values.shape) != shape or im.pixel_values.dtype != np.float32:
-            raise ValueError(f"tile {i}: pixels must be float32 {shape}, got "
-                             f"{im.pixel_values.dtype} {tuple(im.pixel_values.shape)}")  # fmt: skip
-        seen = ids[im.offset : im.end]
-        if im.length != run or len(seen) != run or (seen != placeholder).any():
-            raise ValueError(f"tile {i}: its {run} placeholder tokens are not at prompt "
-                             f"positions [{im.offset}, {im.end})")  # fmt: skip

@@ -19,6 +19,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
+from pagoda.runtime.server.anthropic_messages import MessagesEndpoint, add_count_tokens_route
+from pagoda.runtime.server.anthropic_protocol import MESSAGES_PATH, error_shape, messages_path
 from pagoda.runtime.server.chat import ChatEndpoint
 from pagoda.runtime.server.classify import ClassifyRoute
 from pagoda.runtime.server.completions import CompletionEndpoint
@@ -90,8 +92,9 @@ async def until_disconnect(raw: Request, work: Awaitable[Any]) -> tuple[bool, An
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
-def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+def error_response(e: APIError, path: str = "") -> JSONResponse:
+    """`e` as JSON: OpenAI's body, or Anthropic's on the Messages API's paths."""
+    return JSONResponse(error_shape(path, e), status_code=e.status, headers=e.headers)
 
 
 def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -> FastAPI:
@@ -130,8 +133,8 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
     app.add_middleware(ErrorGuard)
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return error_response(e)
+    async def _api_error(raw: Request, e: APIError) -> JSONResponse:
+        return error_response(e, raw.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(raw: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -139,7 +142,8 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         message, code = str(e.detail), HTTP_ERROR_CODES.get(e.status_code)
         if code is not None:  # name what was asked for: "Not Found: POST /v1/nope"
             message = f"{message}: {raw.method} {raw.url.path}"
-        return error_response(APIError(e.status_code, message, code=code, headers=e.headers))
+        err = APIError(e.status_code, message, code=code, headers=e.headers)
+        return error_response(err, raw.url.path)
 
     endpoints = {
         "/v1/completions": CompletionEndpoint(
@@ -157,6 +161,12 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             cfg.allow_chat_special_tokens,
             cfg.reasoning_parser,
         ),
+        MESSAGES_PATH: MessagesEndpoint(
+            cfg.served_model_names,
+            cfg.tool_call_parser,
+            cfg.allow_chat_special_tokens,
+            cfg.reasoning_parser,
+        ),
     }
     adapters = ServedAdapters(cfg.lora, cfg.served_model_names)  # LoRA: `model` names them
     for e in endpoints.values():
@@ -164,6 +174,8 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
     add_openai_routes(app, cfg, serving, endpoints)
     add_response_routes(app, endpoints["/v1/responses"], authorizer(cfg))
     add_lora_routes(app, adapters, engine, authorizer(cfg))
+    add_count_tokens_route(app, serving, endpoints[MESSAGES_PATH], authorizer(cfg),
+                           cfg.max_request_bytes)  # fmt: skip
     resolve = endpoints["/v1/completions"].resolve_model
     paths = {"/v1/embeddings": EmbeddingsRoute, "/classify": ClassifyRoute} | SCORE_PATHS
     routes = {cls: cls(serving, resolve) for cls in set(paths.values())}  # (one id counter each)
@@ -179,12 +191,16 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
 
 
 def authorizer(cfg: ServerConfig) -> Callable[[Request], None]:
-    """401 unless the request carries the API key (timing-safe comparison); no-op without one."""
+    """401 unless the request carries the API key (timing-safe comparison); no-op without one.
+    The key is a bearer token, or Anthropic's `x-api-key` header on the Messages API's paths."""
 
     def authorize(raw: Request) -> None:
         if cfg.api_key is None:
             return
         scheme, _, token = raw.headers.get("authorization", "").partition(" ")
+        given = raw.headers.get("x-api-key")
+        if given is not None and messages_path(raw.url.path):
+            scheme, token = "bearer", given
         bearer = scheme.lower() == "bearer" and bool(token.strip())  # a token was given
         if not bearer or not secrets.compare_digest(token.strip().encode(), cfg.api_key.encode()):
             # RFC 6750 §3: the scheme to use, and invalid_token when a bearer token was wrong
@@ -259,7 +275,7 @@ def add_openai_routes(
 
 # the generation APIs by request model, as a pooling server names them refusing them
 API_NAMES = {"CompletionRequest": "Completions", "ChatCompletionRequest": "Chat Completions",
-             "ResponsesRequest": "Responses"}  # fmt: skip
+             "ResponsesRequest": "Responses", "MessagesRequest": "Messages"}  # fmt: skip
 
 
 def add_pooling_routes(app: FastAPI, cfg: ServerConfig, routes: dict[str, EmbeddingsRoute]) -> None:

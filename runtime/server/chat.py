@@ -65,7 +65,7 @@ class ChatEndpoint(Endpoint):
                                                     self.reasoning_parser is not None)  # fmt: skip
         mm = None
         if images:  # fetched, decoded and preprocessed here; placeholders expanded
-            ids, mm = chat_images.prompt_images(ids, images, vision)
+            ids, mm = chat_images.prompt_images(ids, images, vision, info.video_io)
         thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
         harmony = self.reasoning_parser == reasoning.HARMONY
         if harmony and spec is not None and not whole:  # its answer follows channels
@@ -117,10 +117,12 @@ class ChatEndpoint(Endpoint):
                setup: tools.ToolSetup | None) -> tuple[list[dict[str, Any]], str, list[int]]:  # fmt: skip
         """(the messages as the template gets them, the rendered text, its token ids): what the
         engine is fed (`/tokenize` with `messages` answers this too: images' placeholders
-        expanded, no image read)."""
+        expanded, as its `mm_processor_kwargs` over the server's set them; the images read only
+        where their runs depend on them: `chat_images.placeholders`)."""
+        vision = chat_images.request_vision(info.vision, req.mm_processor_kwargs)
         raw, text, ids, _, images = self._prompt(req, info, setup, tail=False)
         if images:
-            ids = chat_images.placeholders(ids, len(images), info.vision)
+            ids = chat_images.placeholders(ids, images, vision)
         return raw, text, ids
 
     def _prompt(self, req: ChatCompletionRequest, info: EngineInfo, setup: tools.ToolSetup | None,
@@ -257,20 +259,30 @@ def _text_of(content: Any) -> str:
     return str(content or "")
 
 
-def _image_parts(req: ChatCompletionRequest, info: EngineInfo) -> list[tuple[str, str]]:
-    """(param, url) of the messages' image parts; a 400 where the model reads text only, or
-    for more images than --limit-mm-per-prompt allows."""
-    found = [(f"messages[{i}].content[{j}]", p.image_url.url)
+def _image_parts(req: ChatCompletionRequest, info: EngineInfo) -> list[tuple[str, str, str]]:
+    """(param, url, "image" or "video") of the messages' image and video parts, in order; a
+    400 where the model reads text only (or no videos), or for more images (videos) than
+    --limit-mm-per-prompt allows."""
+    found = [(f"messages[{i}].content[{j}]", p.image_url.url, "image")
              for i, m in enumerate(req.messages) for j, p in m.images]  # fmt: skip
-    if found and info.vision is None:
-        raise APIError(400, f"{found[0][0]}: content parts of type 'image_url' are not "
+    videos = [(f"messages[{i}].content[{j}]", p.video_url.url, "video")
+              for i, m in enumerate(req.messages) for j, p in m.videos]  # fmt: skip
+    if (found or videos) and info.vision is None:
+        param, _, kind = (found or videos)[0]
+        raise APIError(400, f"{param}: content parts of type '{kind}_url' are not "
                        "supported; this model reads text only (parts of type 'text')",
-                       param=f"{found[0][0]}.type", code="unsupported_content")  # fmt: skip
-    if len(found) > info.image_limit:
-        raise APIError(400, f"at most {info.image_limit} image(s) per request "
-                       f"(--limit-mm-per-prompt), got {len(found)}", param="messages",
-                       code="too_many_images")  # fmt: skip
-    return found
+                       param=f"{param}.type", code="unsupported_content")  # fmt: skip
+    if videos and not chat_images.reads_videos(info.vision):
+        raise APIError(400, f"{videos[0][0]}: content parts of type 'video_url' are not "
+                       f"supported; this model ({info.vision.kind}) reads images, not videos",
+                       param=f"{videos[0][0]}.type", code="unsupported_content")  # fmt: skip
+    for kind, parts, limit in (("image", found, info.image_limit),
+                               ("video", videos, info.video_limit)):  # fmt: skip
+        if len(parts) > limit:
+            raise APIError(400, f"at most {limit} {kind}(s) per request "
+                           f"(--limit-mm-per-prompt), got {len(parts)}", param="messages",
+                           code=f"too_many_{kind}s")  # fmt: skip
+    return found + videos
 
 
 def _calls(job: Job) -> bool:

@@ -10,6 +10,8 @@ import re
 from typing import TYPE_CHECKING
 
 from pagoda.runtime.model.gemma4_config import GEMMA4_LAYERS
+from pagoda.runtime.model.inkling2_config import held_share
+from pagoda.runtime.model.inkling_config import kv_conv_share
 from pagoda.runtime.server.placement import Placement, dense_bytes, float32_router_bytes
 from pagoda.runtime.server.stored import Stored
 
@@ -82,13 +84,15 @@ def _stacked_experts(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -
 
 
 def _zaya(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | None:
-    """Zaya: its stacked experts; its convs (tensors, in the dtype) and balancing biases
-    (float32)."""
+    """Zaya: its stacked experts; its convs (tensors, in the dtype: a rank's heads' channels)
+    and balancing biases (float32)."""
     held = _stacked_experts(name, t, mc, lay, p)
     if held != GENERIC:
         return held
-    if ".conv_qk_" in name or name.endswith("balancing_biases"):
-        return t.numel * (4 if name.endswith("biases") else p.dtype.itemsize)
+    if ".conv_qk_" in name:
+        return t.numel // lay.size * p.dtype.itemsize
+    if name.endswith("balancing_biases"):
+        return t.numel * 4
     return GENERIC
 
 
@@ -126,6 +130,10 @@ def _inkling(name: str, t: Stored, mc: ModelConfig, lay, p: Placement) -> int | 
         return dense_bytes([t], mc, lay, p)
     if name.endswith(("shared_experts.gate_proj", "shared_experts.up_proj")):
         return None
+    if name.endswith(("k_sconv.conv1d.weight", "v_sconv.conv1d.weight")):  # a rank's KV heads'
+        return int(t.numel * kv_conv_share(name, mc, lay)) * 4
+    if mc.architecture == "inkling2" and (share := held_share(name, mc, lay)) is not None:
+        return int(t.numel * share) * 4  # (its scales by heads, k/v taps by KV heads)
     # (Inkling 2's static taps, clip scales and block-residual queries too)
     if name.endswith(("conv1d.weight", "mlp.gate.weight", "gate.global_scale",
                       "gate.e_score_correction_bias", "static_weight", "norm.scale",

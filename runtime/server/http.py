@@ -18,6 +18,7 @@ import logging
 import re
 import uuid
 
+from pagoda.runtime.server.anthropic_protocol import error_shape
 from pagoda.runtime.server.protocol import APIError, shorten
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -112,13 +113,13 @@ class ErrorGuard:
                           scope.get("method"), scope.get("path"), request_id)  # fmt: skip
             if started:
                 raise  # the response is half sent: only closing the connection is honest
-            await self._internal_error(send_with_id, request_id, exc)
+            await self._internal_error(send_with_id, request_id, exc, scope.get("path", ""))
 
     @staticmethod
-    async def _internal_error(send: Send, request_id: str, exc: Exception) -> None:
+    async def _internal_error(send: Send, request_id: str, exc: Exception, path: str) -> None:
         err = APIError(500, f"internal error ({type(exc).__name__}); request id {request_id}",
                        code="internal_error")  # fmt: skip
-        body = json.dumps(err.body()).encode()
+        body = json.dumps(error_shape(path, err)).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]  # fmt: skip
         await send({"type": "http.response.start", "status": 500, "headers": headers})

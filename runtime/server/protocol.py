@@ -278,6 +278,18 @@ class ImagePart(_Strict):
     image_url: ImageURL
 
 
+class VideoURL(_Strict):
+    url: str
+
+
+class VideoPart(_Strict):
+    """A video (`multimodal.chat_videos`): a model that reads videos only (Qwen2-VL's); others
+    answer a 400."""
+
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
 class CalledFunction(_Strict):
     name: str
     arguments: str | dict[str, Any]  # OpenAI sends JSON text; an object is taken as is
@@ -312,7 +324,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | ImagePart] | None = None
+    content: str | list[TextPart | ImagePart | VideoPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -326,6 +338,12 @@ class ChatMessage(BaseModel):
         content = self.content if isinstance(self.content, list) else ()
         return [(j, p) for j, p in enumerate(content) if isinstance(p, ImagePart)]
 
+    @property
+    def videos(self) -> list[tuple[int, VideoPart]]:
+        """(index, part) of the content's video parts."""
+        content = self.content if isinstance(self.content, list) else ()
+        return [(j, p) for j, p in enumerate(content) if isinstance(p, VideoPart)]
+
     def as_template_dict(self, parts: bool = False) -> dict[str, Any]:
         """The message as chat templates read it: content a string (text parts one per line),
         or with `parts` (a vision model's templates) a list of {"type": "text", "text": ...}
@@ -337,7 +355,8 @@ class ChatMessage(BaseModel):
             content = self.content if isinstance(self.content, list) else [self.content or ""]
             data["content"] = [
                 {"type": "text", "text": p} if isinstance(p, str) else
-                {"type": "image"} if isinstance(p, ImagePart) else {"type": "text", "text": p.text}
+                {"type": "image"} if isinstance(p, ImagePart) else
+                {"type": "video"} if isinstance(p, VideoPart) else {"type": "text", "text": p.text}
                 for p in content
             ]  # fmt: skip
         elif isinstance(self.content, list):
@@ -461,11 +480,12 @@ class ChatCompletionRequest(_StructuredFields):
             parts = m.get("content") if isinstance(m, dict) else None
             for j, part in enumerate(parts if isinstance(parts, list) else ()):
                 kind = part.get("type") if isinstance(part, dict) else None
-                if isinstance(kind, str) and kind not in ("text", "image_url"):
+                if isinstance(kind, str) and kind not in ("text", "image_url", "video_url"):
                     raise APIError(
                         400, f"messages[{i}].content[{j}]: content parts of type "
-                        f"{shorten(kind, 40)!r} are not supported (parts of type 'text', and "
-                        "'image_url' for a model that reads images)",
+                        f"{shorten(kind, 40)!r} are not supported (parts of type 'text', "
+                        "'image_url' for a model that reads images, 'video_url' for one that "
+                        "reads videos)",
                         param=f"messages[{i}].content[{j}].type", code="unsupported_content",
                     )  # fmt: skip
         return data

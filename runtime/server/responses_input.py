@@ -67,6 +67,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]
         "stream": req.stream, "user": req.user, "service_tier": req.service_tier,
         "safety_identifier": req.safety_identifier, "prompt_cache_key": req.prompt_cache_key,
         "parallel_tool_calls": req.parallel_tool_calls,
+        "mm_processor_kwargs": req.mm_processor_kwargs,
     }  # fmt: skip
     if req.tools:
         body["tools"] = [{"type": "function", "function": chat_function(t)} for t in req.tools]

@@ -205,7 +205,7 @@ class ResponsesRequest(_Strict):
         "model", "instructions", "max_output_tokens", "temperature", "top_p", "seed", "tools",
         "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "store", "background",
         "previous_response_id", "metadata", "user", "service_tier", "safety_identifier",
-        "prompt_cache_key", *REFUSED})  # fmt: skip
+        "prompt_cache_key", "mm_processor_kwargs", *REFUSED})  # fmt: skip
     error_hints: ClassVar[dict[str, str]] = {
         "input": "input must be a string or a list of input items",
         "tools": "tools must be a list of function tools",
@@ -233,6 +233,9 @@ class ResponsesRequest(_Strict):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None  # prefix caching is automatic
+    # vLLM's: the image processor's settings for this request's images, over
+    # --mm-processor-kwargs (chat's field; a later response does not inherit them)
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod

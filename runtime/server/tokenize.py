@@ -5,9 +5,10 @@ They let a client use the served model's own tokenizer: lm-evaluation-harness's
 them (`tokenizer_backend=remote`, its default `auto`) to count context tokens for loglikelihood
 requests; without them it needs a Hugging Face tokenizer on the client. `/tokenize` takes a text
 `prompt` or, as vLLM's `TokenizeChatRequest`, chat `messages` (with `add_generation_prompt`,
-`continue_final_message`, `chat_template_kwargs`, `tools`, `tool_choice`): their ids are those
-`/v1/chat/completions` feeds the engine (its `usage.prompt_tokens` is their `count`), rendered by
-the chat endpoint's own code. `return_token_strs` adds each id's vocabulary string (vLLM's
+`continue_final_message`, `chat_template_kwargs`, `tools`, `tool_choice`, `mm_processor_kwargs`):
+their ids are those `/v1/chat/completions` feeds the engine (its `usage.prompt_tokens` is their
+`count`), rendered by the chat endpoint's own code: a vision model's images expanded to their
+runs, the images read where the runs depend on them. `return_token_strs` adds each id's vocabulary string (vLLM's
 `convert_ids_to_tokens`). As in vLLM, a prompt longer than `max_model_len` is counted, not
 refused.
 """
@@ -56,6 +57,8 @@ class TokenizeChatRequest(_Strict):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None  # `none` changes the prompt (no tool prompt where Pagoda writes one)
+    # the image processor's settings over --mm-processor-kwargs: each image's run (chat's)
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 def _tokenize_form(data: Any) -> str:

@@ -35,6 +35,7 @@ from pagoda.runtime.server import harmony_tools
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.tool_parsers import PARSERS, ToolParser, detect
 from pagoda.runtime.structured import schema as schemas
+from pagoda.runtime.structured import schema_document
 from pagoda.runtime.structured.params import StructuredOutputsParams
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -197,7 +198,7 @@ def check_parameters(parameters: dict[str, Any] | None, where: str) -> None:
         raise APIError(400, f"{where}: {e}", param=where, code="invalid_value") from e
     kind = parameters.get("type", "object")
     if "$ref" in parameters and "type" not in parameters:  # the type of what it refers to
-        target = schemas.deref(parameters, parameters)
+        target = schema_document.deref(parameters, parameters)
         kind = target.get("type") if isinstance(target, dict) and target is not parameters else None
     if kind != "object":
         got = "a $ref to a schema without it" if kind is None else f"type {json.dumps(kind)[:80]}"

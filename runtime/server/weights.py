@@ -281,11 +281,28 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
 
 
 def _group(name: str, mc: ModelConfig | None = None) -> str:
+    if mc is not None and mc.architecture == "inkling2":
+        return _inkling2_group(name, mc)
     m = None if mc is None or mc.architecture != "bailing_hybrid" else _LAYER.match(name)
     if m and mc.family.mamba.layers[int(m.group(1))]:  # its KDA gates in the one in_proj (its
         name = _BAILING_KDA_GATES.sub("self_attn.qkv_proj", name)  # attention's g_proj apart)
     for pattern, fused in _FUSED:
         name = pattern.sub(fused, name)
+    return name
+
+
+# Inkling 2's q input's matrices: one Linear (`model/inkling2.py`)
+_INKLING2_Q = re.compile(r"\bself_attn\.(q_proj\.linear|o_proj\.gate_proj|sink_proj|"
+                         r"relative_position_bias\.linear)\b")  # fmt: skip
+
+
+def _inkling2_group(name: str, mc: ModelConfig) -> str:
+    """Inkling 2's Linears (`model/inkling2.py`): q, the output gate, the sinks and the relative
+    states one; a window layer's k and v one; a full layer's k, v and their taps each apart."""
+    name = _INKLING2_Q.sub("self_attn.q_inputs", name)
+    m = _LAYER.match(name)
+    if m and mc.family.mamba.inkling2.sliding[int(m.group(1))]:
+        return re.sub(r"\bself_attn\.[kv]_proj\.linear\b", "self_attn.kv_proj.linear", name)
     return name
 
 

@@ -59,7 +59,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
 
         return held_bytes(f.dsv4, dtype, TPLayout(0, tp))
     if mc.architecture == "longcat_flash":  # (16 or 32 bits: `family_options`)
-        from pagoda.runtime.model.checkpoint_check import expected_shapes
+        from pagoda.runtime.model.checkpoint_shapes import expected_shapes
         from pagoda.runtime.model.longcat_flash_config import weight_bytes
 
         return weight_bytes(_rank_shapes(expected_shapes(mc), mc, tp), item)

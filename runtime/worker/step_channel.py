@@ -9,7 +9,9 @@ crosses in three broadcasts:
 2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
    lengths, their prefix sums, the prompts' lengths (longrope's table: `model/longrope.py`),
    the sampling rows, the rows scored for prompt logprobs, a step with drafts' rows projected
-   (`StepInputs.sample_rows`: every row of a drafted request, `spec/verify.py`);
+   (`StepInputs.sample_rows`: every row of a drafted request, `spec/verify.py`), the tokens
+   before each sequence's step a model reads (`StepInputs.history`: Qwen4-Exp's n-grams; its
+   [B, n] size from the model's `token_history`, the same on every rank);
    and a hybrid's state slots (`worker/mamba_state.HostSlots`: each sequence's, those to zero,
    and its prefix cache's snapshot copies: restores, saves at chunk ends and inside chunks);
    the model's per-sequence state slots (`LlamaModel.sequence_state`'s step as its ``rows()``,
@@ -19,7 +21,8 @@ crosses in three broadcasts:
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it; in a step that reaches
    a vision model's image placeholders, their rows (with the host arrays) and the features
-   rank 0's tower encoded for them (device group: the other ranks hold no tower); in a step
+   rank 0's tower encoded for them (device group: the other ranks hold no tower; rows of the
+   model's `image_feature_width`: Qwen3-VL's hold its DeepStack features too); in a step
    holding Qwen2-VL's prompt image rows, their [3, T] M-RoPE positions (with the host arrays:
    `worker/mrope_rows.py`, `StepInputs.mrope`).
 """
@@ -43,16 +46,21 @@ SNAPSHOT_ROWS = (2, 2, 3)  # rows of `HostSlots.restore`, `save_end`, `save_mid`
 
 
 class StepChannel:
-    def __init__(self, tp: TPGroup, hidden: int = 0, dtype: torch.dtype = torch.float32) -> None:
-        """`hidden`, `dtype`: the width and dtype of a vision model's image features."""
+    def __init__(
+        self, tp: TPGroup, hidden: int = 0, dtype: torch.dtype = torch.float32, history: int = 0
+    ) -> None:
+        """`hidden`, `dtype`: the width and dtype of a vision model's image features;
+        `history`: the tokens before each sequence's step the model reads (`token_history`)."""
         self.tp = tp
-        self.hidden, self.dtype = hidden, dtype
+        self.hidden, self.dtype, self.history = hidden, dtype, history
         self._header = torch.zeros(HEADER, dtype=torch.int64)
 
     @classmethod
     def of(cls, runner) -> StepChannel:
-        """The channel of a `ModelRunner`'s group, for its model's image features."""
-        return cls(runner.tp, runner.model_config.hidden_size, runner.dtype)
+        """The channel of a `ModelRunner`'s group, for its model's image features (Qwen3-VL's
+        rows hold its DeepStack features beside the merged ones: `image_feature_width`)."""
+        return cls(runner.tp, runner.model.image_feature_width, runner.dtype,
+                   runner.model.token_history)  # fmt: skip
 
     def send(self, inp: StepInputs, ids: torch.Tensor) -> None:
         """Rank 0: broadcast the step (`ids` on the device) to the other ranks."""
@@ -82,10 +90,11 @@ class StepChannel:
         prompt_lens = inp.prompt_lens if inp.prompt_lens is not None else inp.seq_lens
         parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu,
                  prompt_lens, *state, *(a.reshape(-1) for a in snaps), *seq, *lora)  # fmt: skip
+        history = () if not self.history else (inp.history.reshape(-1),)
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
                                   np.asarray(inp.sampling, dtype=np.int64), extra,
                                   np.asarray(drafted, dtype=np.int64), *rows,
-                                  *mrope])  # fmt: skip
+                                  *mrope, *history])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
         self.tp.broadcast(ids)
         if images is not None:
@@ -112,13 +121,13 @@ class StepChannel:
         state = b + fresh - 1 if fresh else 0
         snap = [n * c for n, c in zip(SNAPSHOT_ROWS, counts)]
         size = 2 * t + b * width + 4 * b + 1 + state + sum(snap) + seq + lora + s + e + nd_rows
-        size += nimage + mrope
+        size += nimage + mrope + b * self.history
         a = self.tp.broadcast_host(torch.empty(size, dtype=torch.int64)).numpy()
         cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, state, *snap, seq, lora, s, e, nd_rows,
-                          nimage])  # fmt: skip
+                          nimage, mrope])  # fmt: skip
         (positions, slots, table, qlens, seq_lens, cu, prompt_lens, state, restore, save_end,
          save_mid, seq_rows, lora_slots, sampling, extra, drafted, image_rows,
-         mrope_rows) = np.split(a, cuts)  # fmt: skip
+         mrope_rows, history) = np.split(a, cuts)  # fmt: skip
         device = self.tp.device
         ids = torch.empty(t, dtype=torch.int64, device=device)
         self.tp.broadcast(ids)
@@ -136,6 +145,7 @@ class StepChannel:
             lora_loads=loads, sample_rows=drafted if nd_rows else None, image_embeds=images,
             images=ImagePlan([], image_rows, []) if nimage else None,  # (rows: the masks')
             mrope=mrope_rows.reshape(3, t) if mrope else None,
+            history=history.reshape(b, self.history) if self.history else None,
         )  # fmt: skip
         if fresh:
             inp.mamba = HostSlots(state[:b], state[b:], qlens.tolist(), nd)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import engine_field_testlib as lib
 import kubernetes_validate
 import pytest
 import yaml
@@ -16,9 +17,7 @@ from operator_harness import ROOT, load_crd
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.config_map import build_config_map, config_hash
 from pagoda.operator.children.owner import Owner
-from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
-from pagoda.operator.spec.status import compute_status
 from pagoda.runtime.multimodal.config import DEFAULT_IMAGE_LIMIT, parse_limits
 from pagoda.runtime.server.cli import build_parser, server_config
 
@@ -28,7 +27,7 @@ EXAMPLE = ROOT / "examples" / "llava-gpu-images.yaml"
 
 
 def parse(fields: dict[str, Any]) -> InferenceServiceSpec:
-    return InferenceServiceSpec.from_dict(fields, name="llava", default_image="img:1")
+    return lib.parse(fields, "llava")
 
 
 def engine(limit: Any) -> dict[str, Any]:
@@ -36,14 +35,11 @@ def engine(limit: Any) -> dict[str, Any]:
 
 
 def crd_errors(fields: dict[str, Any]) -> list[str]:
-    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
-           "metadata": {"name": "llava"}, "spec": fields}  # fmt: skip
-    return validate(load_crd(), doc)
+    return lib.crd_errors(fields, "llava")
 
 
 def server_args(spec: InferenceServiceSpec) -> list[str]:
-    (server,) = build_children(OWNER, spec).workload["spec"]["template"]["spec"]["containers"]
-    return server["args"]
+    return lib.server_args(OWNER, spec)
 
 
 @pytest.mark.parametrize(
@@ -65,16 +61,7 @@ def test_bad_limits_are_refused_by_the_crd_and_the_operator(
 ) -> None:
     """What the schema refuses at `kubectl apply`, the operator refuses too (an API server
     without the schema): InvalidSpec, shown as Degraded=True with the field named."""
-    errors = crd_errors(engine(limit))
-    assert any(crd_says in e for e in errors), errors
-    with pytest.raises(SpecError) as e:
-        parse(engine(limit))
-    assert e.value.reason == "InvalidSpec" and operator_says in e.value.message, e.value
-    body = {"metadata": {"name": "llava", "generation": 3}}
-    degraded = {c["type"]: c for c in compute_status(body, None, spec_error=e.value)["conditions"]}
-    assert degraded["Degraded"]["status"] == "True"
-    assert degraded["Degraded"]["reason"] == "InvalidSpec"
-    assert operator_says in degraded["Degraded"]["message"]
+    lib.check_refused(engine(limit), "llava", crd_says, operator_says)
 
 
 @pytest.mark.parametrize("images", [0, 1, 4, 1 << 20])
@@ -85,7 +72,7 @@ def test_the_flag_is_the_runtimes(images: int) -> None:
     args = server_args(parse(engine({"image": images})))
     parsed = build_parser().parse_args(args)
     server_config(parsed)
-    assert parse_limits(parsed.limit_mm_per_prompt) == {"image": images}
+    assert parse_limits(parsed.limit_mm_per_prompt)["image"] == images
 
 
 def test_unset_renders_nothing_and_a_change_rolls_the_pods() -> None:
@@ -100,7 +87,7 @@ def test_unset_renders_nothing_and_a_change_rolls_the_pods() -> None:
             build_config_map(OWNER, plain)
         )
     parsed = build_parser().parse_args(server_args(plain))
-    assert parse_limits(parsed.limit_mm_per_prompt) == {"image": DEFAULT_IMAGE_LIMIT}
+    assert parse_limits(parsed.limit_mm_per_prompt)["image"] == DEFAULT_IMAGE_LIMIT
     for images in (2, 4):
         cm = build_config_map(OWNER, parse(engine({"image": images})))
         assert json.loads(cm["data"]["engine.json"])["limitMMPerPrompt"] == {"image": images}

@@ -33,7 +33,7 @@ from pagoda.operator.spec.inference_service import (
 )
 from pagoda.runtime import options
 from pagoda.runtime.multimodal.config import DEFAULT_IMAGE_LIMIT, parse_limits
-from pagoda.runtime.option_rules import camel, parse_speculative
+from pagoda.runtime.option_rules import camel, parse_processor_kwargs, parse_speculative
 from pagoda.runtime.pooler_config import PoolerConfig
 from pagoda.runtime.server.cli import build_parser, server_config
 from pagoda.runtime.spec.config import SpeculativeConfig
@@ -103,6 +103,7 @@ def _engine_spread() -> list[dict[str, Any]]:
     rng = random.Random(11)
     pooling = random.Random(13)  # its own draws: the other fields' stay as they were
     images = random.Random(17)  # likewise
+    processor = random.Random(19)  # likewise
     bounds = {
         "maxNumSeqs": (1, 4096),
         "maxModelLen": (2, 1 << 20),  # the CRD's range (a prompt token and one out)
@@ -151,6 +152,10 @@ def _engine_spread() -> list[dict[str, Any]]:
                 engine["runner"] = "auto"  # speculative decoding with the pooling runner: refused
         if images.random() < 0.3:  # a vision model's cap, vLLM's JSON ({}: the runtime's default)
             engine["limitMMPerPrompt"] = images.choice(({}, {"image": 0}, {"image": 1 << 20}))
+        if processor.random() < 0.3:  # the image processor's settings ({}: the checkpoint's)
+            engine["mmProcessorKwargs"] = processor.choice(
+                ({}, {"max_pixels": 1 << 30}, {"min_pixels": 1, "max_pixels": 1003520})
+            )
     return [{k: v for k, v in e.items() if v is not None} for e in combos]
 
 
@@ -203,8 +208,11 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
             assert {camel(k): v for k, v in pooler.user_keys().items()} == want
         seen.add(("pooler", pooler is not None))
         want = spec["engine"].get("limitMMPerPrompt", {}).get("image", DEFAULT_IMAGE_LIMIT)
-        assert parse_limits(parsed.limit_mm_per_prompt) == {"image": want}  # the runtime's reader
+        assert parse_limits(parsed.limit_mm_per_prompt)["image"] == want  # the runtime's reader
         seen.add(("images", want))
+        want = spec["engine"].get("mmProcessorKwargs") or None
+        assert parse_processor_kwargs(parsed.mm_processor_kwargs) == want  # the runtime's reader
+        seen.add(("processor", want is not None))
     assert {v for k, v in seen if k == "dtype"} == set(DTYPES)
     assert {v for k, v in seen if k == "block"} == set(BLOCK_SIZES)
     assert {v for k, v in seen if k == "prefix"} == {True, False}
@@ -213,6 +221,7 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
     assert {v for k, v in seen if k == "speculative"} == {True, False}
     assert {v for k, v in seen if k == "pooler"} == {True, False}
     assert {v for k, v in seen if k == "images"} == {0, DEFAULT_IMAGE_LIMIT, 1 << 20}
+    assert {v for k, v in seen if k == "processor"} == {True, False}
 
 
 def test_runtime_defaults_are_the_operators() -> None:
@@ -353,6 +362,7 @@ def test_extra_args_cannot_override_what_the_operator_renders() -> None:
         "--speculative-config": "spec.engine.speculative",
         "--pooler-config": "spec.engine.poolerConfig",
         "--limit-mm-per-prompt": "spec.engine.limitMMPerPrompt",
+        "--mm-processor-kwargs": "spec.engine.mmProcessorKwargs",
     }
     for word, field in cases.items():
         spec = {"model": "smollm2-135m", "engine": {"extraArgs": ["--seed", "1", word, "8"]}}

@@ -383,6 +383,11 @@ TP_CASES = {
     "lfm2-moe": CASES["lfm2-moe"],  # the experts by width, the router whole
     "lfm3": CASES["lfm3"],  # sliding and full layers, each head's output gate with its heads
     "recurrent-gemma": CASES["recurrent-gemma"],  # the RG-LRU by gate blocks, its KV head replicated
+    "zaya": CASES["zaya"],  # its conv state by heads (the delayed values whole), experts by width
+    "inkling": CASES["inkling"],  # heads with their relative logits, each layer's KV heads
+    # (the window layer's two a rank, the full layer's one replicated), the experts by width
+    "inkling2-loop": CASES["inkling2-loop"],  # Inkling's split, its sinks, gate and dynamic
+    # taps with their heads; the block residuals and loop gates whole; the head by vocabulary
 }  # fmt: skip
 
 
@@ -492,9 +497,7 @@ REFUSED = {
     "qwen3.5": (4, _DELTA_TP, _NO_FP8.format("qwen3_5", "gated_deltanet")),
     "lara-mini": (4, _DELTA_TP, _NO_FP8.format("lara_mini", "gated_deltanet")),
     "olmo-hybrid": (4, _DELTA_TP, _NO_FP8.format("olmo_hybrid", "gated_deltanet")),
-    "qwen4-exp": (2, "--tensor-parallel-size 2 is not supported for a qwen4_exp model (its "
-                  "hyper-connections and Per-Layer Embeddings are not split)",
-                  _NO_FP8.format("qwen4_exp", "gated_deltanet")),
+    "qwen4-exp": (4, _DELTA_TP, _NO_FP8.format("qwen4_exp", "gated_deltanet")),
     "kimi-linear": (4, _KDA_TP.format(2), _NO_FP8.format("kimi_linear", "kda")),
     "bailing-hybrid": (  # (its KDA heads are the attention's)
         3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
@@ -516,18 +519,20 @@ REFUSED = {
                "fp8 is not supported for a zamba2 model"),
     "zamba": (4, "--tensor-parallel-size 4 does not divide the Mamba heads (n_mamba_heads 2)",
               "fp8 is not supported for a zamba model"),
-    "zaya": (2, "not supported for a zaya model", "fp8 is not supported for a zaya model"),
+    "zaya": (4, "--tensor-parallel-size 4 does not divide zaya's KV heads (num_key_value_heads 2)",
+             "fp8 is not supported for a zaya model"),
     "recurrent-gemma": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
                         _NO_FP8.format("recurrent_gemma", "rglru")),
     "rwkv": (3, "--tensor-parallel-size 3 does not divide the model's MLP width (128)",
              _NO_FP8.format("rwkv", "wkv")),
     "xlstm": (4, "--tensor-parallel-size 4 does not divide the mLSTM heads (num_heads 2)",
               _NO_FP8.format("xlstm", "mlstm")),
-    "inkling": (2, "not supported for a inkling model", "fp8 is not supported for a inkling model"),
-    "inkling2": (2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"),
-    "inkling2-loop": (
-        2, "not supported for a inkling2 model", "fp8 is not supported for a inkling2 model"
-    ),
+    "inkling": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+                "fp8 is not supported for a inkling model"),
+    "inkling2": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+                 "fp8 is not supported for a inkling2 model"),
+    "inkling2-loop": (3, "--tensor-parallel-size 3 does not divide the model's 4 attention heads",
+                      "fp8 is not supported for a inkling2 model"),
 }  # fmt: skip
 
 

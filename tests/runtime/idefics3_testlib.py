@@ -39,7 +39,9 @@ def byte_chars() -> list[str]:
     return [chr(chars[b]) for b in range(256)]
 
 
-def _tokenizer():
+def byte_tokenizer(special: list[str], eos: str, template: str, **kw):
+    """A byte-level BPE tokenizer: the 256 bytes, "\\n\\n" (256), then `special` as added
+    tokens (from 257), with `template` (the tiling families' tiny checkpoints)."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -47,10 +49,14 @@ def _tokenizer():
     tok = Tokenizer(models.BPE(vocab, [("Ċ", "Ċ")]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL)
+    tok.add_special_tokens(special)
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<end_of_utterance>", chat_template=TEMPLATE
+        tokenizer_object=tok, eos_token=eos, chat_template=template, **kw
     )
+
+
+def _tokenizer():
+    return byte_tokenizer(SPECIAL, "<end_of_utterance>", TEMPLATE)
 
 
 def make_tiny(path, kind: str = "idefics3", splitting: bool = True):
@@ -120,35 +126,6 @@ def image(seed: int, size: tuple[int, int] = (40, 52), mode: str = "RGB"):
     return Image.fromarray(data[..., 0] if channels == 1 else data, mode)
 
 
-def prompt_of(text: str, ims: list, **kw) -> dict:
-    """`LLM.generate`'s prompt of `text` with `ims` (`kw`: more of its fields)."""
-    return {"prompt": text, "multi_modal_data": {"image": ims}, **kw} if ims else {"prompt": text}
-
-
-def count_encodes(llm) -> list[int]:
-    """The tiles each `encode_images` call of `llm`'s model encodes, appended as it runs."""
-    model, calls = llm.engine.runner.model, []
-    encode = model.encode_images
-    model.encode_images = lambda px: calls.append(px.shape[0]) or encode(px)
-    return calls
-
-
-def image_part(im) -> dict:
-    """A chat message's `image_url` part holding `im` as a base64 PNG."""
-    import base64
-
-    url = "data:image/png;base64," + base64.b64encode(png_bytes(im)).decode()
-    return {"type": "image_url", "image_url": {"url": url}}
-
-
-def logprob_ids(tokenizer, logprobs) -> list[int]:
-    """The ids of generated tokens by their `bytes` in an OpenAI response's logprobs (the tiny
-    byte-level vocabulary's byte tokens, "\\n\\n", its added tokens)."""
-    added, chars = tokenizer.get_added_vocab(), byte_chars()
-    return [added.get(t.token) or tokenizer.convert_tokens_to_ids("".join(chars[b] for b in t.bytes))
-            for t in logprobs]  # fmt: skip
-
-
 def check_chat(client, messages, ids: list[int], tokens: list[int], tokenizer, **extra) -> None:
     """A greedy chat of `messages` through the `openai` SDK reads the prompt `ids` (seen
     through vLLM's `prompt_logprobs`) and answers `tokens` (`extra`: more of its body)."""
@@ -167,6 +144,35 @@ def png_bytes(im) -> bytes:
     out = io.BytesIO()
     im.save(out, format="PNG")
     return out.getvalue()
+
+
+def image_prompt(text: str, ims: list) -> dict:
+    """An offline prompt of `text` with `ims` (a plain one without images)."""
+    return {"prompt": text, "multi_modal_data": {"image": ims}} if ims else {"prompt": text}
+
+
+def count_encodes(llm) -> list[int]:
+    """The tiles each `encode_images` call of `llm`'s model encodes, appended as it runs."""
+    model, calls = llm.engine.runner.model, []
+    encode = model.encode_images
+    model.encode_images = lambda px: calls.append(px.shape[0]) or encode(px)
+    return calls
+
+
+def image_part(im) -> dict:
+    """A chat content part holding `im` as a base64 PNG data URL."""
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(png_bytes(im)).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def logprob_ids(tokenizer, logprobs) -> list[int]:
+    """The ids of generated tokens by their `bytes` (the tiny vocabulary's byte tokens, "\\n\\n",
+    its added tokens)."""
+    added, chars = tokenizer.get_added_vocab(), byte_chars()
+    return [added.get(t.token) or tokenizer.convert_tokens_to_ids("".join(chars[b] for b in t.bytes))
+            for t in logprobs]  # fmt: skip
 
 
 def hf_inputs(processor, text: str, images: list) -> dict:

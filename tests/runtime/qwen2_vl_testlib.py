@@ -1,7 +1,8 @@
 """Tiny random-weight Qwen2-VL and Qwen2.5-VL written by transformers (towers 32 wide, 8 px
 patches merged 2x2; Qwen2.5-VL's windows 32 px with block 1 full; a 2-layer Qwen2 text model
 of 300 tokens with M-RoPE sections (2, 3, 3)), saved with a Qwen2VLImageProcessor of 8 px
-patches and 256 to 16384 pixels and a word-level tokenizer whose id 290 is `<|image_pad|>`.
+patches and 256 to 16384 pixels and a word-level tokenizer whose id 290 is `<|image_pad|>`
+(293 `<|video_pad|>`).
 Imported by tests (not a conftest)."""
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from hf_oracle import TINY, randomize
 
 IMAGE_ID = 290
 START, END = 291, 292  # <|vision_start|>, <|vision_end|>
+VIDEO_ID = 293  # <|video_pad|>
 PROCESSOR = {"min_pixels": 256, "max_pixels": 16384, "patch_size": 8}
 # Qwen2-VL's template's shape in the vocabulary's words: an image part renders
-# <|vision_start|><|image_pad|><|vision_end|>
+# <|vision_start|><|image_pad|><|vision_end|>, a video part <|vision_start|><|video_pad|><|vision_end|>
 TEMPLATE = (
     "{% for message in messages %}{{ 'w3 ' }}{% if message['content'] is string %}"
     "{{ message['content'] + ' ' }}{% else %}{% for c in message['content'] %}"
     "{% if c['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|> ' }}"
+    "{% elif c['type'] == 'video' %}{{ '<|vision_start|><|video_pad|><|vision_end|> ' }}"
     "{% else %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ 'w5' }}{% endif %}"
 )
@@ -31,7 +34,7 @@ def make_tiny_qwen2_vl(path, kind: str = "qwen2_vl"):
     text = {**TINY, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                         "mrope_section": [2, 3, 3]}}  # fmt: skip
     ids = dict(image_token_id=IMAGE_ID, vision_start_token_id=START, vision_end_token_id=END,
-               video_token_id=293, tie_word_embeddings=False)  # fmt: skip
+               video_token_id=VIDEO_ID, tie_word_embeddings=False)  # fmt: skip
     if kind == "qwen2_vl":
         vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=8)
         config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
@@ -72,11 +75,12 @@ def save_tokenizer(path) -> None:
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {f"w{i}": i for i in range(TINY["vocab_size"]) if i not in (IMAGE_ID, START, END)}
-    vocab |= {"<|image_pad|>": IMAGE_ID, "<|vision_start|>": START, "<|vision_end|>": END}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    special = {"<|image_pad|>": IMAGE_ID, "<|vision_start|>": START, "<|vision_end|>": END,
+               "<|video_pad|>": VIDEO_ID}  # fmt: skip
+    vocab = {f"w{i}": i for i in range(TINY["vocab_size"]) if i not in special.values()}
+    tok = Tokenizer(models.WordLevel(vocab | special, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"])
+    tok.add_special_tokens(list(special))
     transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="w1",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 from hf_oracle import TINY
-from qwen2_vl_testlib import END, IMAGE_ID, START, random_model, save_all
+from qwen2_vl_testlib import END, IMAGE_ID, START, VIDEO_ID, random_model, save_all
 
 PROCESSOR = {"min_pixels": 256, "max_pixels": 16384, "patch_size": 8,
              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
@@ -34,7 +34,7 @@ def make_tiny_qwen3_vl(path, kind: str = "qwen3_vl"):
         "eos_token_id": 299,
     }
     ids = dict(image_token_id=IMAGE_ID, vision_start_token_id=START, vision_end_token_id=END,
-               video_token_id=293, tie_word_embeddings=False)  # fmt: skip
+               video_token_id=VIDEO_ID, tie_word_embeddings=False)  # fmt: skip
     if kind == "qwen3_vl":
         config = transformers.Qwen3VLConfig(text_config=text, vision_config=VISION, **ids)
         cls = transformers.Qwen3VLForConditionalGeneration

@@ -217,6 +217,12 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--mm-processor-kwargs", '{"max_pixels": 4096}'),
          "--mm-processor-kwargs: this model reads no images"),  # (SmolLM2: text only)
         (("--mm-processor-kwargs", "[4096]"), "mm_processor_kwargs must be a JSON object"),
+        (("--media-io-kwargs", '{"video": {"num_frames": 0}}'),
+         "media_io_kwargs' video num_frames must be an integer >= 1 or -1, got 0"),
+        (("--media-io-kwargs", '{"image": {}}'), "media_io_kwargs takes {'video'"),
+        (("--limit-mm-per-prompt", '{"audio": 1}'), "images and videos are the modalities"),
+        (("--limit-mm-per-prompt", '{"video": -1}'),
+         "limit_mm_per_prompt's video count must be an integer >= 0, got -1"),
     ],
 )  # fmt: skip
 def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:

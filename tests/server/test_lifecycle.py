@@ -63,6 +63,25 @@ def test_api_key(keyed):
         openai.OpenAI(base_url=f"{keyed.base}/v1", api_key="nope", max_retries=0).models.list()
 
 
+def test_anthropic_clients_send_the_key_as_x_api_key(keyed):
+    """The `anthropic` SDK's `x-api-key` header carries the key on the Messages API's paths
+    (and nowhere else); a wrong one is Anthropic's 401 body."""
+    import anthropic
+
+    ask = {"model": "pagoda-test", "messages": [{"role": "user", "content": "Hi"}]}
+    claude = anthropic.Anthropic(base_url=keyed.base, api_key=KEY, max_retries=0)
+    assert claude.messages.count_tokens(**ask).input_tokens > 0
+    assert claude.messages.create(max_tokens=1, **ask).usage.output_tokens == 1
+    wrong = anthropic.Anthropic(base_url=keyed.base, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        wrong.messages.count_tokens(**ask)
+    assert e.value.body == {"type": "error", "error": {"type": "authentication_error",
+                                                       "message": "invalid or missing API key"}}  # fmt: skip
+    r = httpx.post(f"{keyed.base}/v1/completions", headers={"x-api-key": KEY}, timeout=60,
+                   json={"model": MODEL, "prompt": "Hi", "max_tokens": 1})  # fmt: skip
+    assert r.status_code == 401
+
+
 async def test_queue_full_is_503_with_retry_after(keyed):
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"model": MODEL, "prompt": "Tell me about rivers " * 8, "max_tokens": 2}

@@ -2,7 +2,8 @@
 (tests/runtime/llava_next_testlib.py) through the `openai` SDK: a chat with two base64 images
 of other sizes renders as the chat template and the processor write it (each `<image>`
 expanded to its own image's count) and answers transformers' greedy tokens; a text-only chat
-after it too; `/tokenize` of messages with an image is a 400 (the run depends on the image)."""
+after it too; `/tokenize` of messages with images answers the same ids (the images read: each run depends
+on its image)."""
 
 from __future__ import annotations
 

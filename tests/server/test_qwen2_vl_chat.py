@@ -2,10 +2,11 @@
 qwen3_vl_testlib.py) through the `openai` SDK: a chat with a base64 image renders
 `<|vision_start|><|image_pad|><|vision_end|>`, the pad expanded to the image's own run, and
 answers transformers' greedy tokens; a text-only chat after it too; `/tokenize` of messages with
-an image is a 400 (the run depends on the image). Qwen2-VL's server runs with
-`--mm-processor-kwargs '{"max_pixels": 4096}'`: its runs at those bounds, a request's
-`mm_processor_kwargs` (max_pixels) giving the image another run and transformers' tokens with
-the same kwargs, an unknown key a 400 (the flag's: refused before the server binds)."""
+an image answers the chat's prompt ids (the image read: its run depends on it). Qwen2-VL's
+server runs with `--mm-processor-kwargs '{"max_pixels": 4096}'`: its runs at those bounds, a
+request's `mm_processor_kwargs` (max_pixels) giving the image another run and transformers'
+tokens with the same kwargs, in chat, `/v1/responses` (an `input_image`) and `/tokenize` alike;
+an unknown key a 400 from each (the flag's: refused before the server binds)."""
 
 from __future__ import annotations
 
@@ -96,15 +97,50 @@ def test_mm_processor_kwargs_from_the_flag_and_the_request(tmp_path):
         assert got.usage.prompt_tokens == len(ids)
         want = hf_generate(model, ids, [im], NEW, **small)
         assert [_id(t.token) for t in got.choices[0].logprobs.content] == want
-        bad = httpx.post(str(client.base_url) + "chat/completions", timeout=30, json={
-            "model": name, "messages": [{"role": "user", "content": parts}], "max_tokens": 1,
-            "mm_processor_kwargs": {"do_resize": False}})  # fmt: skip
-        assert bad.status_code == 400, bad.text
-        error = bad.json()["error"]
-        assert error["param"] == "mm_processor_kwargs" and "'do_resize'" in error["message"]
-        shown = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize",
-                           json={"messages": [{"role": "user", "content": parts}]}, timeout=30)  # fmt: skip
-        assert shown.status_code == 400, shown.text
+        _check_responses(client, name, url, small, ids)
+        messages = [{"role": "user", "content": parts}]
+        tokenize = str(client.base_url).removesuffix("v1/") + "tokenize"
+        shown = httpx.post(tokenize, json={"messages": messages}, timeout=30)
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["tokens"] == [3, START] + [IMAGE_ID] * 12 + [END, 7, 8, 5]  # the flag's
+        shown = httpx.post(tokenize, json={"messages": messages, "mm_processor_kwargs": small},
+                           timeout=30)  # fmt: skip
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["tokens"] == ids
+        bad_kwargs = {"do_resize": False}
+        for path, body in (
+            ("v1/chat/completions", {"model": name, "messages": messages, "max_tokens": 1}),
+            (
+                "v1/responses",
+                {"model": name, "input": _responses_input(url), "max_output_tokens": 1},
+            ),
+            ("tokenize", {"messages": messages}),
+        ):
+            bad = httpx.post(tokenize.removesuffix("tokenize") + path, timeout=30,
+                             json={**body, "mm_processor_kwargs": bad_kwargs})  # fmt: skip
+            assert bad.status_code == 400, (path, bad.text)
+            error = bad.json()["error"]
+            assert error["param"] == "mm_processor_kwargs" and "'do_resize'" in error["message"]
+
+
+def _responses_input(url: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "input_image", "image_url": url},
+                                         {"type": "input_text", "text": "w7 w8"}]}]  # fmt: skip
+
+
+def _check_responses(client, name: str, url: str, kwargs: dict, ids: list[int]) -> None:
+    """`/v1/responses` with an `input_image` and `mm_processor_kwargs`: the image's run at those
+    settings (the prompt `ids`), and the answer chat gives the same request, greedy."""
+    got = client.responses.create(model=name, input=_responses_input(url), max_output_tokens=NEW,
+                                  temperature=0, extra_body={"mm_processor_kwargs": kwargs})  # fmt: skip
+    assert got.usage.input_tokens == len(ids)
+    chat = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "w7 w8"}]}],
+        max_tokens=NEW, temperature=0, extra_body={"mm_processor_kwargs": kwargs},
+    )  # fmt: skip
+    assert got.output_text == chat.choices[0].message.content
+    assert chat.usage.prompt_tokens == len(ids) and got.output_text
 
 
 def _preflight(path, kwargs: str):

@@ -117,6 +117,40 @@ def test_a_response_writes_the_thinking_as_a_reasoning_item(client):
     assert back.usage.input_tokens == want.usage.prompt_tokens
 
 
+def test_a_message_writes_the_thinking_as_a_thinking_block(server, client):
+    """`/v1/messages` with `thinking`: a thinking block before the text, whole and streamed
+    (`thinking_delta`); sent back, it is the assistant message's `reasoning_content`. This
+    template has no `enable_thinking` switch: `disabled` is a 400."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=server.base, api_key="unused", max_retries=0)
+    m = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=30,
+                                       temperature=0).choices[0].message  # fmt: skip
+    kw = dict(model=MODEL, max_tokens=30, messages=ASK, thinking={"type": "adaptive"},
+              extra_body={"temperature": 0})  # fmt: skip
+    r = claude.messages.create(**kw)
+    assert [(b.type, getattr(b, "thinking", None) or b.text) for b in r.content] == [
+        ("thinking", m.reasoning_content), ("text", m.content)]  # fmt: skip
+    with claude.messages.stream(**kw) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == m.reasoning_content
+    assert [b.to_dict() for b in final.content] == [b.to_dict() for b in r.content]
+    again = [
+        *ASK,
+        {"role": "assistant", "content": r.content},
+        {"role": "user", "content": "And 6+6?"},
+    ]
+    counted = claude.messages.count_tokens(model=MODEL, messages=again)
+    chat = [*ASK, {"role": "assistant", "content": m.content, "reasoning_content": m.reasoning_content},
+            {"role": "user", "content": "And 6+6?"}]  # fmt: skip
+    want = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=1, temperature=0)
+    assert counted.input_tokens == want.usage.prompt_tokens
+    with pytest.raises(anthropic.BadRequestError, match="enable_thinking"):
+        claude.messages.create(**{**kw, "thinking": {"type": "disabled"}})
+
+
 def test_cut_off_while_thinking_all_of_it_is_reasoning(client):
     text = raw(client, ASK, 4)
     r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import structured_testlib
@@ -116,3 +117,27 @@ def test_with_thinking_off_all_of_it_is_content(served):
         assert (m.content, m.reasoning_content) == (text, None)
         texts.append(text)
     assert any("</think>" in t for t in texts)  # the markers it writes stay content
+
+
+def test_anthropic_thinking_switches_enable_thinking(served):
+    """`/v1/messages`' `thinking` is the template's `enable_thinking`: the prompt counted is
+    chat's with it on or off, and a message without thinking is chat's reply with it off (all
+    text)."""
+    client, _ = served
+    base, model = str(client.base_url).removesuffix("/v1/"), client.models.list().data[0].id
+    body = {"model": model, "messages": ASK}
+
+    def count(thinking: dict) -> int:
+        r = httpx.post(f"{base}/v1/messages/count_tokens", json={**body, "thinking": thinking})
+        assert r.status_code == 200, r.text
+        return r.json()["input_tokens"]
+
+    on, off = prompt_ids(client), prompt_ids(client, **NO_THINKING)
+    assert (count({"type": "adaptive"}), count({"type": "disabled"})) == (len(on), len(off))
+    r = httpx.post(f"{base}/v1/messages", json={**body, "max_tokens": 8, "temperature": 0,
+                                                "thinking": {"type": "disabled"}}, timeout=60)  # fmt: skip
+    chat = client.chat.completions.create(model=model, messages=ASK, max_tokens=8, temperature=0,
+                                          extra_body=NO_THINKING).choices[0].message  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert [b["type"] for b in r.json()["content"]] in (["text"], [])
+    assert "".join(b["text"] for b in r.json()["content"]) == (chat.content or "")

@@ -48,7 +48,8 @@ def test_cors_simple_content_types_are_415(http, ctype):
 def test_openapi_describes_request_bodies(http):
     doc = http.get("/openapi.json").json()
     for path, model in (("/v1/completions", "CompletionRequest"),
-                        ("/v1/chat/completions", "ChatCompletionRequest")):  # fmt: skip
+                        ("/v1/chat/completions", "ChatCompletionRequest"),
+                        ("/v1/messages", "MessagesRequest")):  # fmt: skip
         body = doc["paths"][path]["post"]["requestBody"]
         ref = body["content"]["application/json"]["schema"]["$ref"]
         assert ref == f"#/components/schemas/{model}"

@@ -104,6 +104,19 @@ def test_image_chats_answer_transformers_tokens(tmp_path):
             )
             assert said.usage.input_tokens == len(ids)
             assert said.output_text == plain.choices[0].message.content
+            # the Messages API's image blocks (a base64 source, a url source) as well
+            b64 = {"type": "base64", "media_type": "image/png", "data": DATA_URL.split(",")[1]}
+            for source in (b64, {"type": "url", "url": url}):
+                r = httpx.post(str(client.base_url).removesuffix("v1/") + "v1/messages", json={
+                    "model": client.models.list().data[0].id, "max_tokens": NEW,
+                    "temperature": 0, "messages": [{"role": "user", "content": [
+                        {"type": "image", "source": source}, {"type": "text", "text": "w7 w8"}]}]},
+                    timeout=60)  # fmt: skip
+                assert r.status_code == 200, r.text
+                m = r.json()
+                usage = m["usage"]  # the prompt's tokens: those read from the cache, the rest
+                assert usage["input_tokens"] + usage["cache_read_input_tokens"] == len(ids)
+                assert m["content"][0]["text"] == plain.choices[0].message.content
             bad = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
             param = "messages[0].content[0].image_url"
             assert "decoded" in _refused(client, _user(_image_part(bad)), param, "invalid_image")

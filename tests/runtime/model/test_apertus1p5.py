@@ -77,7 +77,7 @@ def test_the_checked_tensors_and_the_estimate_count_the_pruned_head(built):
     """`expected_shapes` names every tensor transformers saved but the MLPs' (their widths are
     read from the weights), the head [260, 64] too; the weights estimate from config.json alone
     and the parameter count are the saved tensors'."""
-    from pagoda.runtime.model.checkpoint_check import expected_shapes
+    from pagoda.runtime.model.checkpoint_shapes import expected_shapes
     from pagoda.runtime.server.weights import from_shapes
     from safetensors import safe_open
 

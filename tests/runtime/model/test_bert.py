@@ -94,9 +94,21 @@ def test_xlm_roberta_from_a_pickle_pools_cls(tmp_path):
     np.testing.assert_allclose(got, hf_encoder_embeddings(model, PROMPTS, "CLS"), atol=1e-5)
 
 
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_vectors_equal_transformers(bert):
+    """Two ranks (gloo): each its head of the bidirectional attention (q/k/v rows with their
+    biases, o_proj row-parallel, its bias once), the MLP by width, the post-norm LayerNorms
+    and embeddings' tables whole; rank 0 pools: transformers' MEAN vectors."""
+    path, model = bert
+    with LLM(str(path), tensor_parallel_size=2, **ARGS) as two:
+        assert two.engine.runner.backend.num_heads == 1  # (this rank's)
+        got = _vectors(two.embed(PROMPTS, use_tqdm=False))
+    np.testing.assert_allclose(got, hf_encoder_embeddings(model, PROMPTS, "MEAN"), atol=1e-5)
+
+
 def test_refusals_are_one_line(bert):
-    """An encoder generates nothing; tensor parallelism, FP8 and a quantized KV cache are not
-    run for it (from config.json alone, as `pagoda serve` checks before loading)."""
+    """An encoder generates nothing; more ranks than its heads, FP8 and a quantized KV cache
+    are not run for it (from config.json alone, as `pagoda serve` checks before loading)."""
     from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.engine.start_checks import check_dtype
     from pagoda.runtime.model.loader import read_model_config
@@ -106,8 +118,9 @@ def test_refusals_are_one_line(bert):
     assert model_config.architecture == "bert"
     with pytest.raises(ValueError, match=r"BertModel is an encoder .* --runner pooling"):
         LLM(str(path), runner="generate", **ARGS)
-    with pytest.raises(ValueError, match="tensor-parallel-size 2 is not supported for a bert"):
-        check(model_config, 2)
+    check(model_config, 2)  # (split by heads as a decoder: two heads)
+    with pytest.raises(ValueError, match="tensor-parallel-size 4 does not divide the model's 2"):
+        check(model_config, 4)
     for flags in ({"quantization": "fp8"}, {"kv_cache_dtype": "int8"}):
         with pytest.raises(ValueError, match="not supported for a bert model") as e:
             check_dtype(EngineConfig.create(str(path), runner="pooling", **flags), model_config)

@@ -77,7 +77,7 @@ def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built
     estimate from config.json alone is their bytes, and the estimate from the checkpoint's
     metadata is what the built model holds in bf16, on one rank and on rank 0 of two."""
     from model_bytes import check_estimate
-    from pagoda.runtime.model.checkpoint_check import expected_shapes
+    from pagoda.runtime.model.checkpoint_shapes import expected_shapes
     from pagoda.runtime.server.weights import from_shapes
     from safetensors import safe_open
 

@@ -95,7 +95,7 @@ def test_the_checked_tensors_are_the_checkpoints_and_sized_from_the_config(built
     unweighted norms' weights made at load too), on one rank and on rank 0 of two (its heads
     and KV heads by layer, its MLP and experts' rows)."""
     from model_bytes import check_estimate
-    from pagoda.runtime.model.checkpoint_check import expected_shapes
+    from pagoda.runtime.model.checkpoint_shapes import expected_shapes
     from pagoda.runtime.server.weights import from_shapes
     from safetensors import safe_open
 

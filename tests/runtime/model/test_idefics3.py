@@ -7,8 +7,6 @@ steps, on a warm prefix cache, and without image splitting (one tile an image)."
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 from idefics3_testlib import (
     IMAGE_ID,
@@ -17,9 +15,9 @@ from idefics3_testlib import (
     hf_generate,
     hf_inputs,
     image,
+    image_part,
+    image_prompt,
     make_tiny,
-    png_bytes,
-    prompt_of,
 )
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
@@ -61,7 +59,7 @@ def _run(llm: LLM, prompts) -> list:
 def test_one_and_two_images_batched_with_text_are_transformers(tiny, reference):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20)
     calls = count_encodes(llm)
-    out = _run(llm, [prompt_of(t, ims) for t, ims in _cases()])
+    out = _run(llm, [image_prompt(t, ims) for t, ims in _cases()])
     ids, tokens = reference
     assert [o.prompt_token_ids for o in out] == ids  # the processor's input_ids
     assert [o.outputs[0].token_ids for o in out] == tokens
@@ -71,7 +69,7 @@ def test_one_and_two_images_batched_with_text_are_transformers(tiny, reference):
 def test_the_image_steers_the_tokens(tiny):
     """Two images in the same prompt answer differently (the features reach the text model)."""
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20)
-    a, b = (_run(llm, [prompt_of(ONE, [image(s)])])[0].outputs[0].token_ids for s in (0, 2))
+    a, b = (_run(llm, [image_prompt(ONE, [image(s)])])[0].outputs[0].token_ids for s in (0, 2))
     assert a != b
 
 
@@ -81,7 +79,7 @@ def test_chunked_prefill_splits_tiles_across_steps(tiny, reference):
     llm = LLM(loaded=tiny[3], dtype="float32", max_num_batched_tokens=6, block_size=8,
               kv_cache_memory=8 << 20, max_num_seqs=3)  # fmt: skip
     calls = count_encodes(llm)
-    out = _run(llm, [prompt_of(t, ims) for t, ims in _cases()])
+    out = _run(llm, [image_prompt(t, ims) for t, ims in _cases()])
     assert [o.outputs[0].token_ids for o in out] == reference[1]
     assert sum(calls) == 13 and max(calls) < 13
 
@@ -100,7 +98,7 @@ def test_prefix_cache_keys_blocks_by_the_tiles(tiny):
     after = text.replace("Then?", "Now??")
 
     def run(prompt, im):
-        out = _run(llm, [prompt_of(prompt, [im])])[0]
+        out = _run(llm, [image_prompt(prompt, [im])])[0]
         want = hf_inputs(processor, prompt, [im])
         assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
         return out.num_cached_tokens, sum(calls)
@@ -118,7 +116,7 @@ def test_without_splitting_an_image_is_one_tile(tmp_path):
     llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory=8 << 20)
     calls = count_encodes(llm)
     texts, ims = [ONE, TWO], [[image(0)], [image(1, (70, 30)), image(2, (20, 25))]]
-    out = _run(llm, [prompt_of(t, i) for t, i in zip(texts, ims)])
+    out = _run(llm, [image_prompt(t, i) for t, i in zip(texts, ims)])
     for o, t, i in zip(out, texts, ims):
         want = hf_inputs(processor, t, i)
         assert o.prompt_token_ids == want["input_ids"][0].tolist()
@@ -133,13 +131,13 @@ def test_without_splitting_an_image_is_one_tile(tmp_path):
 def test_images_are_counted_not_tiles_and_bad_input_is_refused(tiny):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20,
               limit_mm_per_prompt={"image": 1})  # fmt: skip
-    assert len(_run(llm, [prompt_of(ONE, [image(0)])])[0].outputs[0].token_ids) == NEW  # 5 tiles
+    assert len(_run(llm, [image_prompt(ONE, [image(0)])])[0].outputs[0].token_ids) == NEW  # 5 tiles
     with pytest.raises(ValueError, match="at most 1 image"):
-        _run(llm, [prompt_of(TWO, [image(0), image(1)])])
+        _run(llm, [image_prompt(TWO, [image(0), image(1)])])
     with pytest.raises(ValueError, match="1 image token"):
-        _run(llm, [prompt_of(ONE, [image(0), image(1)])])
+        _run(llm, [image_prompt(ONE, [image(0), image(1)])])
     with pytest.raises(ValueError, match="PIL"):
-        _run(llm, [prompt_of(ONE, ["x.png"])])
+        _run(llm, [image_prompt(ONE, ["x.png"])])
     vision = llm.engine.model_config.vision
     with pytest.raises(ValueError, match="depend on its size"):
         inputs.expand([1, IMAGE_ID], 1, vision)
@@ -149,9 +147,7 @@ def test_images_are_counted_not_tiles_and_bad_input_is_refused(tiny):
 def test_chat_renders_image_parts_as_the_processor_does(tiny):
     _, model, processor, loaded = tiny
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
-    url = "data:image/png;base64," + base64.b64encode(png_bytes(image(4))).decode()
-    ours = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": "Hi"}]}]  # fmt: skip
+    ours = [{"role": "user", "content": [image_part(image(4)), {"type": "text", "text": "Hi"}]}]
     theirs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
     text = processor.apply_chat_template(theirs, add_generation_prompt=True)
     want = hf_inputs(processor, text, [image(4)])
@@ -177,7 +173,7 @@ def test_two_ranks_read_the_tiles_rank_0_encodes(tiny, reference):
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
              max_num_batched_tokens=6, max_num_seqs=3, block_size=8,
              kv_cache_memory=8 << 20) as two:  # fmt: skip
-        out = _run(two, [prompt_of(t, ims) for t, ims in _cases()])
+        out = _run(two, [image_prompt(t, ims) for t, ims in _cases()])
         assert [o.outputs[0].token_ids for o in out] == reference[1]
         assert two.engine.runner.model.tower is not None
         two.engine.check_integrity()

@@ -93,9 +93,10 @@ def test_triton_refused_and_auto_picks_torch_in_one_line():
 
 def test_state_slots_estimate_checkpoint_check_and_refusals(built):
     """Every layer keeps a KV cache (the window layer its own shape) and a conv state of its
-    four convs' inputs; the weights estimate against the built model; the checkpoint check
-    names a missing conv, relative-logit, shared-expert or embedding-norm tensor; tensor
-    parallelism and FP8 refused in one line."""
+    four convs' inputs; the weights estimate against the built model, and from the shapes alone
+    (one rank or two) within 3% of the tensors' count; the checkpoint check
+    names a missing conv, relative-logit, shared-expert or embedding-norm tensor; three ranks
+    (not dividing the heads) and FP8 refused in one line (two ranks: test_tp_hybrid.py)."""
     from model_bytes import check_estimate
 
     path, _, loaded, _ = built("inkling", reference=False)
@@ -106,6 +107,13 @@ def test_state_slots_estimate_checkpoint_check_and_refusals(built):
     assert m.conv_dim == 2 * 4 * 16 + 2 * 64 and mc.family.window(0) == 8
     assert mc.family.window(1) is None and mc.family.relative_logits
     check_estimate(path, rel=0.02)
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    for tp in (1, 2):  # from the shapes alone: a rank's heads, KV heads and experts' width
+        got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        assert weights.from_shapes(mc, torch.bfloat16, False, tp) == pytest.approx(got, rel=0.03)
     p = "model.layers.1."
     check_missing_refused(loaded, [p + "self_attn.v_sconv.conv1d.weight",
                                    p + "self_attn.rel_logits_proj.proj",

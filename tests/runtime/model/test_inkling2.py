@@ -60,8 +60,8 @@ def test_per_token_sinks_in_the_torch_backend():
 def test_state_slots_estimate_checkpoint_check_and_refusals(built):
     """Every layer a KV cache (the window layers their own shape) and a conv state; the
     weights estimate against the built model; the checkpoint check names a missing dynamic
-    conv, block-residual query or sink tensor (in the published names); tensor parallelism and
-    FP8 refused in one line."""
+    conv, block-residual query or sink tensor (in the published names); three ranks (not
+    dividing the heads) and FP8 refused in one line (two ranks: test_tp_hybrid.py)."""
     from model_bytes import check_estimate
 
     path, _, loaded, _ = built("inkling2", reference=False)
@@ -80,7 +80,7 @@ def test_loop_caches_estimate_checkpoint_check_and_refusals(built):
     """Inkling2Loop ("inkling2-loop": layers 1-2 run three times): a KV cache and a conv state
     for each layer and for each further pass of the looped ones (their shapes the layer's);
     the weights estimate; the checkpoint check names a missing message gate or message query
-    (the published names); tensor parallelism and FP8 refused in one line."""
+    (the published names); three ranks and FP8 refused in one line."""
     from model_bytes import check_estimate
 
     path, _, loaded, _ = built("inkling2-loop", reference=False)

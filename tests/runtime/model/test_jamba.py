@@ -129,9 +129,9 @@ def test_jamba_1_5_mini_config(tmp_path):
 
 
 def _published_table(mc):
-    """A bf16 checkpoint's tensor table of `mc`'s shapes (`checkpoint_check.expected_shapes`,
+    """A bf16 checkpoint's tensor table of `mc`'s shapes (`checkpoint_shapes.expected_shapes`,
     with the MLPs and experts it checks apart)."""
-    from pagoda.runtime.model.checkpoint_check import expected_shapes
+    from pagoda.runtime.model.checkpoint_shapes import expected_shapes
     from pagoda.runtime.server.stored import Checkpoint, Stored
 
     shapes, h, f = dict(expected_shapes(mc)), mc.hidden_size, mc.family

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from idefics3_testlib import count_encodes, prompt_of
+from idefics3_testlib import count_encodes, image_prompt
 from llama4_vision_testlib import (
     IMAGE,
     TOKENS_PER_TILE,
@@ -64,7 +64,7 @@ def test_one_and_two_images_batched_with_text_are_transformers(tiny, reference):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20)
     assert llm.engine.model_config.architecture == "llama4_vision"
     calls = count_encodes(llm)
-    out = _run(llm, [prompt_of(t, ims) for t, ims in _cases()])
+    out = _run(llm, [image_prompt(t, ims) for t, ims in _cases()])
     ids, tokens = reference
     assert [o.prompt_token_ids for o in out] == ids  # Llama4Processor's input_ids
     assert [o.outputs[0].token_ids for o in out] == tokens
@@ -73,7 +73,7 @@ def test_one_and_two_images_batched_with_text_are_transformers(tiny, reference):
 
 def test_the_image_steers_the_tokens(tiny):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20)
-    a, b = (_run(llm, [prompt_of(ONE, [image(s, (100, 130))])])[0].outputs[0].token_ids
+    a, b = (_run(llm, [image_prompt(ONE, [image(s, (100, 130))])])[0].outputs[0].token_ids
             for s in (0, 3))  # fmt: skip
     assert a != b
 
@@ -84,7 +84,7 @@ def test_chunked_prefill_splits_tiles_across_steps(tiny, reference):
     llm = LLM(loaded=tiny[3], dtype="float32", max_num_batched_tokens=6, block_size=8,
               kv_cache_memory=8 << 20, max_num_seqs=3)  # fmt: skip
     calls = count_encodes(llm)
-    out = _run(llm, [prompt_of(t, ims) for t, ims in _cases()])
+    out = _run(llm, [image_prompt(t, ims) for t, ims in _cases()])
     assert [o.outputs[0].token_ids for o in out] == reference[1]
     assert sum(calls) == 10 and max(calls) < 10
 
@@ -101,7 +101,7 @@ def test_prefix_cache_keys_blocks_by_the_tiles(tiny):
     after = text.replace("Then?", "Now??")
 
     def run(prompt, im):
-        out = _run(llm, [prompt_of(prompt, [im])])[0]
+        out = _run(llm, [image_prompt(prompt, [im])])[0]
         want = hf_inputs(processor, prompt, [im])
         assert out.prompt_token_ids == want["input_ids"][0].tolist()
         assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
@@ -127,7 +127,7 @@ def test_max_patches_from_the_flag_and_a_request(tiny, tmp_path):
     calls = count_encodes(llm)
     ims = [image(1, (150, 60)), image(2, (20, 25))]
     one = make_processor(max_patches=1)
-    out = _run(llm, [prompt_of(TWO, ims)])[0]
+    out = _run(llm, [image_prompt(TWO, ims)])[0]
     want = hf_inputs(one, TWO, ims)
     assert out.prompt_token_ids == want["input_ids"][0].tolist()
     assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
@@ -135,7 +135,7 @@ def test_max_patches_from_the_flag_and_a_request(tiny, tmp_path):
     ids = llm.get_tokenizer().encode(TWO, add_special_tokens=False)
     assert inputs.expand(ids, 2, vision)[0] == out.prompt_token_ids
     wide = image(4, (60, 150))
-    out = _run(llm, [prompt_of(ONE, [wide], mm_processor_kwargs={"max_patches": 2})])[0]
+    out = _run(llm, [{**image_prompt(ONE, [wide]), "mm_processor_kwargs": {"max_patches": 2}}])[0]
     want = hf_inputs(make_processor(max_patches=2), ONE, [wide])
     assert out.outputs[0].token_ids == hf_generate(model, want, NEW)
     assert calls == [2, 3]
@@ -144,15 +144,17 @@ def test_max_patches_from_the_flag_and_a_request(tiny, tmp_path):
 def test_images_are_counted_not_tiles_and_bad_input_is_refused(tiny):
     llm = LLM(loaded=tiny[3], dtype="float32", kv_cache_memory=8 << 20,
               limit_mm_per_prompt={"image": 1})  # fmt: skip
-    assert len(_run(llm, [prompt_of(ONE, [image(0, (100, 130))])])[0].outputs[0].token_ids) == NEW
+    assert (
+        len(_run(llm, [image_prompt(ONE, [image(0, (100, 130))])])[0].outputs[0].token_ids) == NEW
+    )
     with pytest.raises(ValueError, match="at most 1 image"):
-        _run(llm, [prompt_of(TWO, [image(0), image(1)])])
+        _run(llm, [image_prompt(TWO, [image(0), image(1)])])
     with pytest.raises(ValueError, match="1 image token"):
-        _run(llm, [prompt_of(ONE, [image(0), image(1)])])
+        _run(llm, [image_prompt(ONE, [image(0), image(1)])])
     with pytest.raises(ValueError, match="PIL"):
-        _run(llm, [prompt_of(ONE, ["x.png"])])
+        _run(llm, [image_prompt(ONE, ["x.png"])])
     with pytest.raises(ValueError, match="max_patches must be a positive integer"):
-        _run(llm, [prompt_of(ONE, [image(0)], mm_processor_kwargs={"max_patches": 0})])
+        _run(llm, [{**image_prompt(ONE, [image(0)]), "mm_processor_kwargs": {"max_patches": 0}}])
     with pytest.raises(ValueError, match="depend on its size"):
         inputs.expand([1, IMAGE], 1, llm.engine.model_config.vision)
     assert not llm.engine.has_unfinished_requests()
@@ -200,7 +202,7 @@ def test_two_ranks_read_the_tiles_rank_0_encodes(tiny, reference):
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
              max_num_batched_tokens=6, max_num_seqs=3, block_size=8,
              kv_cache_memory=8 << 20) as two:  # fmt: skip
-        out = _run(two, [prompt_of(t, ims) for t, ims in _cases()])
+        out = _run(two, [image_prompt(t, ims) for t, ims in _cases()])
         assert [o.outputs[0].token_ids for o in out] == reference[1]
         assert two.engine.runner.model.tower is not None
         two.engine.check_integrity()

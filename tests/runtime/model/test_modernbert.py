@@ -3,7 +3,8 @@ whose local layers see 4 positions either side (prompts up to 32 tokens, so the 
 counts) pools CLS (normalized) and MEAN as transformers' last hidden states (float32, 1e-5);
 `ModernBertForSequenceClassification` scores pairs (one label, `classifier_pooling: mean`) and
 classifies (3 labels, CLS) as transformers; a config in the older form (global_rope_theta,
-global_attn_every_n_layers) reads as the same layers; the refusals are one line."""
+global_attn_every_n_layers) reads as the same layers; two tensor-parallel ranks pool as
+transformers; the refusals are one line."""
 
 from __future__ import annotations
 
@@ -102,6 +103,19 @@ OLDER = {"architectures": ["ModernBertModel"], "attention_bias": False, "bos_tok
          "vocab_size": 50368}  # fmt: skip
 
 
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_pool_as_transformers(encoder):
+    """Two ranks (gloo): each its query and KV head of the global and local layers' q/k/v
+    (one stored Wqkv), o_proj row-parallel, the GeGLU by width; rank 0 pools the whole hidden
+    states: transformers' CLS vectors, normalized."""
+    path, model = encoder
+    h, _ = _hf_hidden(model, PROMPTS)
+    with LLM(str(path), tensor_parallel_size=2, **ARGS) as two:
+        assert two.engine.runner.backend.num_heads == 1  # (this rank's)
+        got = np.array([o.outputs.embedding for o in two.embed(PROMPTS, use_tqdm=False)])
+    np.testing.assert_allclose(got, F.normalize(h[:, 0], dim=-1).numpy(), atol=1e-5)
+
+
 def test_older_config_reads_and_refusals_are_one_line(tmp_path):
     from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.model.loader import read_model_config
@@ -114,10 +128,9 @@ def test_older_config_reads_and_refusals_are_one_line(tmp_path):
     assert f.window_layers == tuple(i % 3 != 0 for i in range(22)) and c.context_length == 8192
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 512}')
     assert read_model_config(str(tmp_path)).context_length == 512  # (as BERT's: vLLM's bound)
-    with pytest.raises(
-        ValueError, match="tensor-parallel-size 2 is not supported for a modernbert"
-    ):
-        check(c, 2)
+    check(c, 4)  # (split by heads as a decoder: 12 heads, a GeGLU 1152 wide)
+    with pytest.raises(ValueError, match="tensor-parallel-size 5 does not divide the model's 12"):
+        check(c, 5)
     bad = {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0}}}
     for change, words in ((bad, "rope_type 'yarn' is not supported"),
                           ({"architectures": ["ModernBertForMaskedLM"]}, "encoder-only model not")):  # fmt: skip

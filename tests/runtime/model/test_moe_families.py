@@ -453,6 +453,7 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2), ("granitemoe-shared", 1), ("granitemoe-shared", 2),
              ("granitemoe-swa", 1), ("granitemoe-swa", 2), ("kolibri1", 1), ("kolibri1", 2), ("kolibri1_1", 1),
+             ("kolibri1_1", 2),
              ("axk1", 1), ("axk1", 2),
              ("dbrx", 1), ("dbrx", 2), ("solar-open", 2),
              ("cohere2-moe", 1), ("cohere2-moe", 2), ("cohere2-moe-rms", 2),
@@ -533,8 +534,11 @@ MISSING = [
 # GraniteMoeShared's shared MLP (Granite 4.0's, test_tp_hybrid.py). Their weights estimates are
 # checked at tp 2 (ESTIMATES). A.X-K1: DeepSeek-V3's latent attention by heads, each MoE
 # block's output norm after the ranks' sum; Kolibri 1: GLM-4's norms after attention and the
-# MLP, per-head q/k norms and NoPE full layers beside window layers, GLM-4.5's experts.
-TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe", "axk1", "kolibri1", "jetmoe", "granitemoe-swa"]
+# MLP, per-head q/k norms and NoPE full layers beside window layers, GLM-4.5's experts;
+# Kolibri 1.1: its KV-shared layers on their source's heads, the indexed layers' keys (pool
+# and selection) picked by rank 0 and broadcast.
+TWO_RANKS = ["afmoe", "dbrx", "cohere2-moe", "axk1", "kolibri1", "kolibri1_1", "jetmoe",
+             "granitemoe-swa"]  # fmt: skip
 # the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
 MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
              "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
@@ -643,6 +647,18 @@ def test_a_checkpoint_without_one_of_its_tensors_is_refused_at_config_time(
 def test_two_tensor_parallel_ranks_match_transformers(built, name):
     path, _, loaded, reference = built(name)
     check_two_ranks(path, loaded, reference, name, kv_heads=1)
+
+
+def test_kolibri1_1_ranks_leaving_rank_0_fewer_heads_than_its_selection_reads_are_refused(built):
+    """Rank 0 selects the indexed layers' keys by the first `index_num_heads` (2 of 4) query
+    heads: two ranks split the model, four leave rank 0 one head, refused in one line."""
+    from pagoda.runtime.distributed.layout import check
+
+    mc = read_model_config(str(built("kolibri1_1")[0]))
+    check(mc, 2)
+    with pytest.raises(ValueError, match=r"leaves rank 0 1 query heads, fewer than Kolibri "
+                       r"1\.1's index_num_heads \(2\)"):  # fmt: skip
+        check(mc, 4)
 
 
 def _fused_moe(name, runner):

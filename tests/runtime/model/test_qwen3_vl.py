@@ -4,16 +4,17 @@ inputs and M-RoPE rows): tiny random checkpoints written by transformers
 two blocks); the engine's greedy tokens are transformers' `generate` for prompts with one
 image and two images of different sizes batched with a text-only one (six tokens: decodes
 after the image at the M-RoPE delta), with chunked prefill splitting an image, on a warm
-prefix cache, and (MoE) with its experts stored in the hub's transposed layout."""
+prefix cache, on two ranks over gloo (tensor parallelism: the DeepStack rows broadcast), and (MoE) with its experts stored in the hub's transposed layout."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 from qwen2_vl_testlib import cases, expanded, hf_generate, image
-from qwen3_vl_testlib import PROCESSOR, make_tiny_qwen3_vl
+from qwen3_vl_testlib import MOE, PROCESSOR, make_tiny_qwen3_vl
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # two checkpoints written and run by transformers; nothing timed
@@ -58,6 +59,27 @@ def test_chunked_prefill_splitting_an_image_and_a_prefix_hit_are_transformers(ti
     assert _run(llm, prompts[:2]) == reference[:2]  # the same images again: cache hits
 
 
+def test_two_ranks_read_the_deepstack_rows_rank_0_sends(tiny):
+    """Tensor parallelism over gloo, two ranks, 8-token chunks (an image split across steps):
+    rank 0 alone holds the tower; each step's feature rows (the merged features and both
+    DeepStack blocks', three hidden sizes wide) and M-RoPE positions are broadcast; the
+    heads, MLP rows and (MoE) each expert's rows split; transformers' tokens."""
+    path, loaded, reference = tiny
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, dtype="float32",
+             max_num_batched_tokens=8, max_num_seqs=3, block_size=8,
+             kv_cache_memory=8 << 20) as two:  # fmt: skip
+        model = two.engine.runner.model
+        assert model.image_feature_width == 3 * loaded.config.hidden_size
+        assert two.engine.runner.channel.hidden == model.image_feature_width
+        assert _run(two, [p for p, _ in CASES]) == reference
+        assert model.tower is not None
+        if loaded.config.architecture == "qwen3_vl_moe":  # each expert's gate and up: half
+            gate_up = model.layers[0].mlp.experts[0][0]  # their rows on this rank
+            half = MOE["moe_intermediate_size"] // 2
+            assert gate_up(torch.zeros(1, loaded.config.hidden_size)).shape == (1, 2 * half)
+        two.engine.check_integrity()
+
+
 def _hub_layout(tmp_path_factory):
     """The tiny Qwen3-VL-MoE with its stacked experts transposed, as the hub stores them."""
     import shutil
@@ -100,7 +122,6 @@ def test_interleaved_sections_are_transformers_recomposition(section):
     them (every axis's frequencies tagged with its index)."""
     import types
 
-    import torch
     from pagoda.runtime.model.qwen2_vl import mrope_selector
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 

@@ -12,7 +12,8 @@ row (written once a session by its `built` fixture), float32, logits within 1e-3
 - bfloat16: the same tokens alone and chunked among others;
 - the QSA indexer's sparse selection (2 blocks of 4 and the tail: the prompts attend sparsely
   past 11 tokens; attending densely instead, the logits part from transformers' by 0.016);
-- refusals in one line: tensor parallelism, FP8, a missing tensor.
+- two tensor-parallel ranks (gloo): transformers' tokens;
+- refusals in one line: four ranks, FP8, a missing tensor.
 """
 
 from __future__ import annotations
@@ -130,8 +131,35 @@ def test_bf16_tokens_do_not_depend_on_chunks_or_batch(built):
     assert [t for t, _ in generate(busy, prompts())] == alone
 
 
+@pytest.mark.slow  # a second process (gloo)
+def test_two_ranks_match_transformers(built):
+    """Two ranks (gloo), the small pool (preempted) then a warm cache: each rank its DeltaNet
+    key heads and attention heads (one KV head), the experts by width; the hyper-connections,
+    the PLE (its n-gram history sent with each step, its conv's inputs in every rank's state
+    slots) and the QSA indexer whole on each; transformers' tokens and logits, preempted, then
+    on a warm prefix (each rank's DeltaNet heads' states and the whole PLE conv's inputs
+    restored from its snapshots)."""
+    from arch_cases import SMALL_POOL, prompts
+
+    path, model, loaded, reference = built(NAME)
+    first = [(11 * i + 3) % 290 + 5 for i in range(70)]  # (as the warm prefix test's)
+    second = [*first[:66], 21, 22]
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
+        got = generate(two, prompts())
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.runner.backend.num_kv_heads == 1
+        generate(two, [first], 1)
+        hits = core.kv.prefix_hits
+        warm = generate(two, [second], 3)[0]
+        assert core.kv.prefix_hits - hits == 64  # (each rank's snapshot at 64, restored)
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i], f"{NAME}: prompt {i}, two ranks")
+    check(warm, hf_greedy_plain(model, second, 3), "two ranks, warm")
+
+
 def test_refusals(built):
-    """Tensor parallelism and FP8 refused in one line; the context not capped by the QSA
+    """Four ranks (more than the DeltaNet key heads) and FP8 refused in one line; the context not capped by the QSA
     indexer (its sparse selection is built: 512 positions, 200 accepted); a missing
     hyper-connection, PLE or indexer tensor, naming it."""
     from pagoda.runtime.engine.start_checks import check_max_model_len

@@ -30,8 +30,8 @@ PUBLISHED = {"architectures": ["ZayaForCausalLM"], "model_type": "zaya", "hidden
 def test_state_slots_estimates_checkpoint_check_and_refusals(built):
     """Every layer keeps a KV cache and a conv state of q, k and half the values over 2 + 3 - 2
     tokens; the weights estimate exact from the tensors and from the shapes alone; the
-    checkpoint check names a missing conv, router or scaling tensor; tensor parallelism and
-    FP8 refused in one line."""
+    checkpoint check names a missing conv, router or scaling tensor; tensor parallelism over
+    more ranks than KV heads and FP8 refused in one line (two ranks: test_tp_hybrid.py)."""
     from model_bytes import check_estimate
     from pagoda.runtime.server import weights
     from pagoda.runtime.server.placement import Placement
@@ -43,9 +43,10 @@ def test_state_slots_estimates_checkpoint_check_and_refusals(built):
     assert m.conv_dim == (4 + 2) * 16 + 2 * 16 // 2 and mc.family.lm_head_bias
     check_estimate(path, rel=1e-6)
     ckpt = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", 1, None))
-    shapes = weights.from_shapes(mc, torch.bfloat16, False, 1)  # (the balancing biases,
-    assert got - shapes == 3 * 5 * 2  # held in float32, counted in the dtype)
+    for tp in (1, 2):  # (two ranks: each its heads' q/k and convs, the values whole)
+        got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp, None))
+        shapes = weights.from_shapes(mc, torch.bfloat16, False, tp)  # (the balancing biases,
+        assert got - shapes == 3 * 5 * 2, tp  # held in float32, counted in the dtype)
     p = "model.layers.1."
     check_missing_refused(loaded, [p + "self_attn.qkv_proj.conv_qk_grouped.weight",
                                    p + "mlp.gate.router_states_scale",

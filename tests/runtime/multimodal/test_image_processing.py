@@ -40,7 +40,9 @@ def test_a_processor_config_that_is_not_clips_or_the_towers_is_refused(tmp_path)
     with pytest.raises(ValueError, match="size"):
         ImageProcessing.from_json({"size": {"height": 30, "width": 30}})
     top = {"vision_config": {"image_size": 30, "patch_size": 10}}
-    assert read_llava(top, tmp_path).processing == ImageProcessing(30, (30, 30))  # none saved
+    assert read_llava(top, tmp_path).processing == ImageProcessing(
+        shortest_edge=30, crop=(30, 30)
+    )  # none saved
     (tmp_path / "preprocessor_config.json").write_text('{"crop_size": 20, "size": 20}')
     with pytest.raises(ValueError, match="crops"):
         read_llava(top, tmp_path)  # not the tower's size

@@ -11,7 +11,7 @@ from pagoda.runtime.multimodal.hashing import block_extra
 
 TOKEN = 7
 VISION = VisionConfig(32, 64, 2, 4, image_size=30, patch_size=10, image_token_index=TOKEN,
-                      processing=ImageProcessing(30, (30, 30)))  # fmt: skip
+                      processing=ImageProcessing(shortest_edge=30, crop=(30, 30)))  # fmt: skip
 
 
 def _pixels(seed: int) -> np.ndarray:
@@ -42,8 +42,10 @@ def test_mismatches_are_refused():
     )
     with pytest.raises(ValueError, match="float32"):
         inputs.check(ids, small, VISION, limit=1)
-    with pytest.raises(ValueError, match="only images"):
+    with pytest.raises(ValueError, match=r"'video': video or list of videos\}; got \['audio'\]"):
         inputs.from_data(ids, {"audio": 1}, VISION)
+    with pytest.raises(ValueError, match=r"this model \(llava\) reads no videos"):
+        inputs.from_data(ids, {"video": np.zeros((2, 8, 8, 3), np.uint8)}, VISION)
 
 
 def test_block_keys_name_the_images_a_block_holds():

@@ -14,7 +14,7 @@ from pagoda.runtime.multimodal.qwen2_vl_config import QwenVisionConfig
 from pagoda.runtime.multimodal.qwen2_vl_processing import QwenImageProcessing
 
 LLAVA = VisionConfig(32, 64, 2, 4, image_size=30, patch_size=10, image_token_index=7,
-                     processing=ImageProcessing(30, (30, 30)))  # fmt: skip
+                     processing=ImageProcessing(shortest_edge=30, crop=(30, 30)))  # fmt: skip
 PROCESSOR = {"min_pixels": 256, "max_pixels": 16384, "patch_size": 8}
 QWEN = QwenVisionConfig(kind="qwen2_vl", width=32, intermediate_size=64, depth=2, num_heads=2,
                         out_size=64, patch_size=8, temporal_patch_size=2, merge_size=2,

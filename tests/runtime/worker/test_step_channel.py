@@ -88,3 +88,22 @@ def test_a_step_with_m_rope_positions_reaches_the_other_rank_as_sent():
         assert ids.tolist() == [5, 9, 9, 9] and not group.sent
         assert np.array_equal(got.positions, inp.positions) and got.sampling == [0]
         assert (got.mrope is None) if sent is None else np.array_equal(got.mrope, mrope)
+
+
+def test_a_step_with_token_history_reaches_the_other_rank_as_sent():
+    """A model reading the tokens before each sequence's step (Qwen4-Exp's n-grams,
+    `token_history` 2 on both ranks): its [B, 2] history crosses after the rest."""
+    history = np.array([[-1, -1], [3, 4]], dtype=np.int64)
+    inp = StepInputs(
+        ids=np.array([5, 6, 7], dtype=np.int64), positions=np.array([0, 1, 4], dtype=np.int64),
+        slots=np.array([0, 1, 20], dtype=np.int64), table=np.array([[0], [1]], dtype=np.int32),
+        qlens=np.array([2, 1], dtype=np.int64), seq_lens=np.array([2, 5], dtype=np.int64),
+        cu=np.array([0, 2, 3], dtype=np.int64), sampling=[0, 1], num_decodes=0,
+        history=history,
+    )  # fmt: skip
+    group = Replay()
+    StepChannel(group, history=2).send(inp, torch.from_numpy(inp.ids))
+    group.receiving = True
+    got, _ = StepChannel(group, history=2).receive()
+    assert np.array_equal(got.history, history) and got.sampling == [0, 1] and not group.sent
+    assert np.array_equal(got.positions, inp.positions)
