@@ -64,7 +64,7 @@ def test_the_keys_are_those_the_runtimes_processors_read() -> None:
         ({"min_pixels": True}, "True is not of type 'integer'", "must be an integer"),
         ({"min_pixels": 4096, "size": 1}, "Additional properties are not allowed",
          f"{FIELD}: unknown field(s) size (known: crop_to_patches, max_patches, max_pixels, "
-         "min_patches, min_pixels)"),
+         "min_patches, min_pixels, resize_to_max_canvas)"),
         ({"min_patches": 8, "max_patches": 4}, "min_patches must be <= max_patches",
          f"{FIELD}.min_patches (8) must be <= max_patches (4)"),
         ({"max_patches": 2000}, "is greater than the maximum of 1024", "between 1 and 1024"),
