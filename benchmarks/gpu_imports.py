@@ -31,7 +31,12 @@ BENCH = ROOT / "benchmarks"
 
 # Third-party imports of runtime/ that no GPU step reaches, so not carried: s3:// models
 # (boto3, botocore), structured outputs and tool calls (xgrammar), the operator's (kopf).
-LAZY = {"boto3": "s3:// models", "botocore": "s3:// models", "xgrammar": "structured outputs"}
+LAZY = {
+    "boto3": "s3:// models",
+    "botocore": "s3:// models",
+    "xgrammar": "structured outputs",
+    "av": "video_url parts (decoded in the API process)",
+}
 # Imported only where they are used, so the GPU steps import without them even where the node
 # has them (test_gpu_imports): sentencepiece reads a tokenizer.model without tokenizer.json
 # (model/spm_files.py)

@@ -171,7 +171,7 @@ def test_bad_image_input_is_refused_before_anything_runs(tiny):
         llm.generate(two, GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="1 image token"):
         llm.generate({"prompt_token_ids": [1, IMAGE_ID], "multi_modal_data": {"image": []}}, GREEDY)
-    with pytest.raises(ValueError, match="only images"):
+    with pytest.raises(ValueError, match="reads no videos"):
         llm.generate({"prompt_token_ids": [1], "multi_modal_data": {"video": image(0)}}, GREEDY)
     with pytest.raises(ValueError, match="PIL"):
         llm.generate({"prompt_token_ids": [1, IMAGE_ID], "multi_modal_data": {"image": "x.png"}},
