@@ -17,14 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from pagoda.runtime.multimodal import tiled_inputs
 from pagoda.runtime.multimodal.idefics3_config import Idefics3VisionConfig
 from pagoda.runtime.multimodal.idefics3_processing import preprocess
 from pagoda.runtime.multimodal.image_inputs import (
-    ImageInput,
     MultiModalInputs,
     RunsNeedImages,
     check_tiles,
-    pixels_hash,
 )
 
 Prepared = tuple[np.ndarray, int, int]  # (tiles [T, 3, S, S], rows, cols)
@@ -66,42 +65,12 @@ def image_text(rows: int, cols: int, vision: Idefics3VisionConfig) -> tuple[list
     return out, starts
 
 
-def _image_tokens(token_ids: Sequence[int], num_images: int, vision) -> np.ndarray:
-    ids = np.asarray(token_ids, dtype=np.int64)
-    at = np.flatnonzero(ids == vision.image_token_index)
-    if len(at) != num_images:
-        raise ValueError(f"the prompt has {len(at)} image token(s) (id "
-                         f"{vision.image_token_index}) for {num_images} image(s): put one image "
-                         "token where each image goes")  # fmt: skip
-    return at
-
-
-def _expanded(token_ids: Sequence[int], grids: Sequence[tuple[int, int]],
-              vision: Idefics3VisionConfig) -> tuple[list[int], list[int]]:  # fmt: skip
-    """The prompt with each image token replaced by its image's text (`grids`: each image's
-    (rows, cols)), and the first position of every tile's run."""
-    at = _image_tokens(token_ids, len(grids), vision).tolist()
-    out: list[int] = []
-    offsets, prev = [], 0
-    for a, (rows, cols) in zip(at, grids):
-        out += token_ids[prev:a]
-        text, starts = image_text(rows, cols, vision)
-        offsets += [len(out) + s for s in starts]
-        out += text
-        prev = a + 1
-    out += token_ids[prev:]
-    return out, offsets
-
-
 def build(token_ids: Sequence[int], prepared: Sequence[Prepared],
           vision: Idefics3VisionConfig) -> tuple[list[int], MultiModalInputs]:  # fmt: skip
-    """The prompt with each image token replaced by its image's text, each tile at its run;
-    ValueError for another number of image tokens."""
-    ids, offsets = _expanded(list(token_ids), [(r, c) for _, r, c in prepared], vision)
-    tiles = [t for pixels, _, _ in prepared for t in pixels]
-    n = vision.tokens_per_image
-    images = tuple(ImageInput(t, o, n, pixels_hash(t)) for t, o in zip(tiles, offsets))
-    return ids, MultiModalInputs(images, tiles=tuple(len(p) for p, _, _ in prepared))
+    """The prompt with each image token replaced by its image's text, each tile at its run
+    (`tiled_inputs.build`); ValueError for another number of image tokens."""
+    images = [(pixels, image_text(r, c, vision)) for pixels, r, c in prepared]
+    return tiled_inputs.build(token_ids, images, vision.image_token_index, vision.tokens_per_image)
 
 
 def expand(token_ids: Sequence[int], num_images: int,
@@ -111,7 +80,8 @@ def expand(token_ids: Sequence[int], num_images: int,
     if vision.processing.splitting:
         raise RunsNeedImages("with do_image_splitting an image's tiles depend on its size: they are "
                          "counted where the images are read")  # fmt: skip
-    return _expanded(list(token_ids), [(0, 0)] * num_images, vision)
+    texts = [image_text(0, 0, vision)] * num_images
+    return tiled_inputs.expanded(token_ids, texts, vision.image_token_index)
 
 
 def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: Idefics3VisionConfig,

@@ -16,12 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from pagoda.runtime.multimodal import tiled_inputs
 from pagoda.runtime.multimodal.image_inputs import (
-    ImageInput,
     MultiModalInputs,
     RunsNeedImages,
     check_tiles,
-    pixels_hash,
 )
 from pagoda.runtime.multimodal.internvl_config import InternVLVisionConfig
 from pagoda.runtime.multimodal.internvl_processing import preprocess
@@ -56,36 +55,20 @@ def prepare_image(image: object, vision: InternVLVisionConfig) -> np.ndarray:
     return preprocess(image, vision.processing)
 
 
-def _expanded(token_ids: Sequence[int], counts: Sequence[int],
-              vision: InternVLVisionConfig) -> tuple[list[int], list[int]]:  # fmt: skip
-    """The prompt with its k-th image token replaced by `<img>`, the image's `counts[k]` tiles
-    of placeholders and `</img>`, and the first position of every tile's run."""
-    ids = np.asarray(token_ids, dtype=np.int64)
-    at = np.flatnonzero(ids == vision.image_token_index).tolist()
-    if len(at) != len(counts):
-        raise ValueError(f"the prompt has {len(at)} image token(s) (id "
-                         f"{vision.image_token_index}) for {len(counts)} image(s): put one image "
-                         "token where each image goes")  # fmt: skip
-    n, out, offsets, prev = vision.tokens_per_image, [], [], 0
-    for a, tiles in zip(at, counts):
-        out += token_ids[prev:a]
-        out.append(vision.start_token)
-        offsets += range(len(out), len(out) + tiles * n, n)
-        out += [vision.image_token_index] * (tiles * n) + [vision.end_token]
-        prev = a + 1
-    out += token_ids[prev:]
-    return out, offsets
+def image_text(tiles: int, vision: InternVLVisionConfig) -> tiled_inputs.ImageText:
+    """One image's text: `<img>`, its `tiles` tiles' runs of placeholders, `</img>`; and the
+    first position of each tile's run in it."""
+    n = vision.tokens_per_image
+    text = [vision.start_token] + [vision.image_token_index] * (tiles * n) + [vision.end_token]
+    return text, list(range(1, 1 + tiles * n, n))
 
 
 def build(token_ids: Sequence[int], prepared: Sequence[np.ndarray],
           vision: InternVLVisionConfig) -> tuple[list[int], MultiModalInputs]:  # fmt: skip
-    """The prompt with each image token replaced by its image's run, each tile at its place;
-    ValueError for another number of image tokens."""
-    ids, offsets = _expanded(list(token_ids), [len(p) for p in prepared], vision)
-    tiles = [t for pixels in prepared for t in pixels]
-    n = vision.tokens_per_image
-    images = tuple(ImageInput(t, o, n, pixels_hash(t)) for t, o in zip(tiles, offsets))
-    return ids, MultiModalInputs(images, tiles=tuple(len(p) for p in prepared))
+    """The prompt with each image token replaced by its image's text, each tile at its run
+    (`tiled_inputs.build`); ValueError for another number of image tokens."""
+    images = [(pixels, image_text(len(pixels), vision)) for pixels in prepared]
+    return tiled_inputs.build(token_ids, images, vision.image_token_index, vision.tokens_per_image)
 
 
 def expand(token_ids: Sequence[int], num_images: int,
@@ -95,7 +78,8 @@ def expand(token_ids: Sequence[int], num_images: int,
     if vision.processing.tiling:
         raise RunsNeedImages("with crop_to_patches an image's tiles depend on its size: they are "
                          "counted where the images are read")  # fmt: skip
-    return _expanded(list(token_ids), [1] * num_images, vision)
+    texts = [image_text(1, vision)] * num_images
+    return tiled_inputs.expanded(token_ids, texts, vision.image_token_index)
 
 
 def check(token_ids: Sequence[int], mm: MultiModalInputs, vision: InternVLVisionConfig,

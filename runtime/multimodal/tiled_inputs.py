@@ -1,8 +1,8 @@
-"""A tiled family's prompt expansion (Llama 4's `llama4_inputs.py`): each image token of the
-prompt replaced by its image's text (the family's, with a run of placeholders per tile), each tile one `ImageInput` over its run
-(`MultiModalInputs.tiles`: an image's count), so the engine encodes a step's new tiles in one
-batch and a prefill chunk may end inside any run (the engine's check of them:
-`image_inputs.check_tiles`).
+"""The tiled families' prompt expansion (Idefics3's, InternVL's, Llama 4's `*_inputs.py`):
+each image token of the prompt replaced by its image's text (the family's, with a run of
+placeholders per tile), each tile one `ImageInput` over its run (`MultiModalInputs.tiles`: an
+image's count), so the engine encodes a step's new tiles in one batch and a prefill chunk may
+end inside any run (the engine's check of them: `image_inputs.check_tiles`).
 """
 
 from __future__ import annotations
