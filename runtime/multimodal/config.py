@@ -39,6 +39,18 @@ class PixelSteps:
     do_convert_rgb: bool = True
 
 
+def processor_kind(
+    cfg: dict[str, Any], supported: tuple[str, ...], default: str | None = None
+) -> str:
+    """preprocessor_config.json's `image_processor_type` (`default`, else `supported[0]`, where
+    it names none); ValueError, one line, for one not in `supported`."""
+    kind = cfg.get("image_processor_type", default or supported[0])
+    if kind not in supported:
+        raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
+                         f"supported (supported: {', '.join(supported)})")  # fmt: skip
+    return kind
+
+
 def pixel_steps(cfg: dict[str, Any], resample: int = 3, mean: tuple = CLIP_MEAN,
                 std: tuple = CLIP_STD) -> dict[str, Any]:  # fmt: skip
     """`PixelSteps`' fields from a preprocessor_config.json (the defaults given where left
@@ -68,9 +80,7 @@ class ImageProcessing(PixelSteps):
         kind = cfg.get("image_processor_type", "CLIPImageProcessor")
         if kind in EXACT_PROCESSORS:
             return cls.exact_from_json(cfg)
-        if kind not in _PROCESSORS:
-            raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
-                             f"supported (supported: {', '.join(_PROCESSORS)})")  # fmt: skip
+        processor_kind(cfg, _PROCESSORS)
         size = cfg.get("size", {"shortest_edge": 224})
         if isinstance(size, int):
             size = {"shortest_edge": size}

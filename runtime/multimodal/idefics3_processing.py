@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pagoda.runtime.multimodal.config import _triple
+from pagoda.runtime.multimodal.config import _triple, processor_kind
 from pagoda.runtime.multimodal.image_processing import checked, stacked_tiles
 from PIL import Image
 
@@ -47,10 +47,7 @@ class TileProcessing:
     def from_json(cls, cfg: dict[str, Any], tile: int) -> TileProcessing:
         """The processor's fields (`preprocessor_config.json`; `{}`: the defaults at the
         tower's tile size `tile`); ValueError, one line, for another processor or size."""
-        kind = cfg.get("image_processor_type", PROCESSORS[0])
-        if kind not in PROCESSORS:
-            raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
-                             f"supported (supported: {', '.join(PROCESSORS)})")  # fmt: skip
+        processor_kind(cfg, PROCESSORS)
         sizes = {}
         for key, default in (("size", 4 * tile), ("max_image_size", tile)):
             size = cfg.get(key, {"longest_edge": default})

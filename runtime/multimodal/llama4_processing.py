@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pagoda.runtime.multimodal.config import _triple
+from pagoda.runtime.multimodal.config import _triple, processor_kind
 from pagoda.runtime.multimodal.image_processing import checked
 
 PROCESSORS = ("Llama4ImageProcessor", "Llama4ImageProcessorFast", "Llama4ImageProcessorPil")
@@ -47,10 +47,7 @@ class Llama4Processing:
         """The processor's fields (`preprocessor_config.json`; `{}`: the defaults at the
         tower's tile size `tile`); ValueError, one line, for what transformers' does not run
         or this one does not."""
-        kind = cfg.get("image_processor_type", PROCESSORS[0])
-        if kind not in PROCESSORS:
-            raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
-                             f"supported (supported: {', '.join(PROCESSORS)})")  # fmt: skip
+        processor_kind(cfg, PROCESSORS)
         size = cfg.get("size", {"height": tile, "width": tile})
         if not isinstance(size, dict) or set(size) != {"height", "width"} or \
                 size["height"] != size["width"]:  # fmt: skip

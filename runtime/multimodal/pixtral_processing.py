@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pagoda.runtime.multimodal.config import PixelSteps, pixel_steps
+from pagoda.runtime.multimodal.config import PixelSteps, pixel_steps, processor_kind
 from pagoda.runtime.multimodal.image_processing import sized_pixels
 from PIL import Image
 
@@ -42,10 +42,7 @@ class PixtralImageProcessing(PixelSteps):
     def from_json(cls, cfg: dict[str, Any], patch: int) -> PixtralImageProcessing:
         """preprocessor_config.json's fields; ValueError, one line, for another processor, a
         center crop, or a size other than {"longest_edge"} / {"height", "width"}."""
-        kind = cfg.get("image_processor_type", "PixtralImageProcessor")
-        if kind not in _PROCESSORS:
-            raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
-                             f"supported (supported: {', '.join(_PROCESSORS)})")  # fmt: skip
+        processor_kind(cfg, _PROCESSORS, "PixtralImageProcessor")
         if cfg.get("do_center_crop"):
             raise ValueError("preprocessor_config.json: do_center_crop true is not supported "
                              "(Pixtral's processor reads whole images)")  # fmt: skip

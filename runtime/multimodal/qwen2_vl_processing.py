@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pagoda.runtime.multimodal.config import PixelSteps, pixel_steps
+from pagoda.runtime.multimodal.config import PixelSteps, pixel_steps, processor_kind
 from pagoda.runtime.multimodal.image_processing import sized_pixels
 from PIL import Image
 
@@ -55,10 +55,7 @@ class QwenImageProcessing(PixelSteps):
 
     @classmethod
     def from_json(cls, cfg: dict[str, Any]) -> QwenImageProcessing:
-        kind = cfg.get("image_processor_type", "Qwen2VLImageProcessor")
-        if kind not in _PROCESSORS:
-            raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
-                             f"supported (supported: {', '.join(_PROCESSORS)})")  # fmt: skip
+        processor_kind(cfg, _PROCESSORS, "Qwen2VLImageProcessor")
         size = cfg.get("size") or {}
         lo = cfg.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels")
         hi = cfg.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels")
