@@ -233,7 +233,35 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
     # default; the tokenizer's `eos_token` joins them in `read_tokenizer`
     ids = (gen.get("eos_token_id"), top.get("eos_token_id"), cfg.get("eos_token_id"))
     eos = tuple(dict.fromkeys(i for v in ids for i in _as_ids(v)))
-    vision, served = None, arch  # (served: the architecture of the model built)
+    vision, served = _read_vision(arch, top, model_dir)  # (served: the model built)
+    return ModelConfig(
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(cfg.get(EPS.get(arch, "rms_norm_eps"), 1e-6)),
+        rope_theta=rope_theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=_tied(top, cfg),
+        attention_bias=arch in ("qwen2", "qwen2_vl", "qwen2_5_vl", "llava_onevision", "internvl")
+        or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
+        bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
+        eos_token_ids=eos,
+        architecture=served,
+        family=_family(cfg, arch, layers, scaling),
+        vision=vision,
+    )
+
+
+def _read_vision(arch: str, top: dict[str, Any], model_dir: Path | None) -> tuple[Any, str]:
+    """(the image side of a vision-language checkpoint, or None: read text-only; the
+    architecture of the model built): each family's reader in `multimodal/`, imported only
+    for its family."""
+    vision, served = None, arch
     pixtral = (top.get("vision_config") or {}).get("model_type") == "pixtral"
     if pixtral and arch in ("llava", "mistral") and model_dir is not None:  # Pixtral's images
         from pagoda.runtime.multimodal.pixtral_config import read_pixtral
@@ -278,27 +306,7 @@ def _model_config(model_dir: Path | None, top: dict[str, Any], arch: str) -> Mod
         from pagoda.runtime.multimodal.gemma3 import read_gemma3
 
         vision = read_gemma3(top, model_dir)  # its SigLIP tower (model/gemma3_mm.py)
-    return ModelConfig(
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(cfg.get(EPS.get(arch, "rms_norm_eps"), 1e-6)),
-        rope_theta=rope_theta,
-        rope_scaling=scaling,
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=_tied(top, cfg),
-        attention_bias=arch in ("qwen2", "qwen2_vl", "qwen2_5_vl", "llava_onevision", "internvl")
-        or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
-        bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
-        eos_token_ids=eos,
-        architecture=served,
-        family=_family(cfg, arch, layers, scaling),
-        vision=vision,
-    )
+    return vision, served
 
 
 def read_quantization(model_dir: Path) -> Fp8Scheme | None:
